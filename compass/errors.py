@@ -1,0 +1,182 @@
+"""Every error compass raises to a user, in one tree.
+
+::
+
+    CompassError                      code
+    ├── ConfigError                   "config"        bad configuration or arguments
+    ├── ProtocolError                 "protocol"      the peer broke the wire protocol
+    │   └── VersionMismatch           "version"       the peer speaks another protocol version
+    ├── AuthenticationError           "auth"          wrong or missing cluster token
+    ├── CompassConnectionError        "connection"    base of the connection errors below
+    │   ├── ConnectFailed             "connect"       could not reach the address
+    │   ├── ConnectionLost            "lost"          the peer went away (broken by peer)
+    │   └── ConnectionClosed          "closed"        used after *you* closed it
+    ├── CompassTimeout                "timeout"       a request got no answer in time
+    ├── RemoteError                   "internal"      the peer failed in an unexpected way
+    ├── WorkflowError                 "workflow"      an invalid workflow definition
+    │   ├── UnknownWorkflow           "unknown_workflow"
+    │   └── InvalidInputs             "invalid_inputs"
+    ├── CacheError                    "cache"         the model cache could not serve a request
+    │   ├── ModelTooLarge             "model_too_large"
+    │   └── StaleHandle               "stale_handle"
+    ├── JobFailed                     "job_failed"    a task of the job raised
+    ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
+    └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
+
+Errors cross the wire as ``{code, message, detail}`` (see :mod:`compass.wire.rpc`); the caller
+re-raises the class registered for ``code``, so a remote ``UnknownWorkflow`` is a local
+``UnknownWorkflow``. Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AuthenticationError",
+    "CacheError",
+    "CompassConnectionError",
+    "CompassError",
+    "CompassTimeout",
+    "ConfigError",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "ConnectionLost",
+    "InvalidInputs",
+    "JobFailed",
+    "ModelTooLarge",
+    "ProtocolError",
+    "RemoteError",
+    "StaleHandle",
+    "UnknownOperation",
+    "UnknownWorkflow",
+    "VersionMismatch",
+    "WorkerUnavailable",
+    "WorkflowError",
+    "error_from_wire",
+]
+
+
+class CompassError(Exception):
+    """Base of every error compass raises.
+
+    ``code`` is stable and travels on the wire; ``detail`` carries structured, msgpack-able
+    context (a remote traceback as text, the limit that was exceeded, ...).
+    """
+
+    code: ClassVar[str] = "error"
+    _by_code: ClassVar[dict[str, type[CompassError]]] = {}
+
+    def __init__(self, message: str, *, detail: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            CompassError._by_code[cls.code] = cls
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``{code, message, detail}`` form sent to a peer."""
+        return {"code": self.code, "message": self.message, "detail": self.detail}
+
+
+class ConfigError(CompassError, ValueError):
+    code = "config"
+
+
+class ProtocolError(CompassError):
+    code = "protocol"
+
+
+class VersionMismatch(ProtocolError):
+    code = "version"
+
+
+class AuthenticationError(CompassError):
+    code = "auth"
+
+
+class CompassConnectionError(CompassError, ConnectionError):
+    code = "connection"
+
+
+class ConnectFailed(CompassConnectionError):
+    code = "connect"
+
+
+class ConnectionLost(CompassConnectionError):
+    code = "lost"
+
+
+class ConnectionClosed(CompassConnectionError):
+    code = "closed"
+
+
+class CompassTimeout(CompassError, TimeoutError):
+    code = "timeout"
+
+
+class RemoteError(CompassError):
+    code = "internal"
+
+
+class WorkflowError(CompassError):
+    code = "workflow"
+
+
+class UnknownWorkflow(WorkflowError):
+    code = "unknown_workflow"
+
+
+class InvalidInputs(WorkflowError):
+    code = "invalid_inputs"
+
+
+class CacheError(CompassError):
+    code = "cache"
+
+
+class ModelTooLarge(CacheError):
+    code = "model_too_large"
+
+
+class StaleHandle(CacheError):
+    code = "stale_handle"
+
+
+class JobFailed(CompassError):
+    """A task raised. ``detail`` holds ``workflow``, ``task``, ``job_id`` and ``traceback``."""
+
+    code = "job_failed"
+
+    @property
+    def task(self) -> str | None:
+        return self.detail.get("task") if isinstance(self.detail, dict) else None
+
+    @property
+    def workflow(self) -> str | None:
+        return self.detail.get("workflow") if isinstance(self.detail, dict) else None
+
+    @property
+    def remote_traceback(self) -> str | None:
+        return self.detail.get("traceback") if isinstance(self.detail, dict) else None
+
+
+class UnknownOperation(CompassError):
+    code = "unknown_op"
+
+
+class WorkerUnavailable(CompassError):
+    code = "unavailable"
+
+
+def error_from_wire(code: object, message: object, detail: Any = None) -> CompassError:
+    """Rebuild the typed error a peer reported. Unknown codes become :class:`RemoteError`."""
+    cls = CompassError._by_code.get(code, RemoteError) if isinstance(code, str) else RemoteError
+    text = message if isinstance(message, str) else repr(message)
+    err = cls(text, detail=detail)
+    if cls is RemoteError and code != RemoteError.code:
+        err.detail = {"code": code, "detail": detail}
+    return err
