@@ -1,0 +1,68 @@
+"""The GPU model cache: a slab pool, eviction policy, memory backends and the async cache.
+
+The sans-IO modules (``slab``, ``pool``, ``policy``: :class:`SlabPool`, :class:`CacheCore`, ...)
+import neither asyncio nor torch, so the simulator reuses them unchanged. The async layer and
+the backends are loaded on first use (``from compass.cache import ModelCache``), and import
+torch only when a real model needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from compass.cache.policy import CacheCore, CacheStats, LoadPlan
+from compass.cache.pool import SlabPool
+from compass.cache.slab import TENSOR_ALIGN, SlabHandle, SlabLayout, TensorSlot
+
+if TYPE_CHECKING:
+    from compass.cache.backend import (
+        CapacityBackend,
+        CupyBackend,
+        HostBackend,
+        SlabBackend,
+        cuda_available,
+        make_backend,
+    )
+    from compass.cache.models import Lease, Model, ModelCache, TensorSpec
+
+__all__ = [
+    "TENSOR_ALIGN",
+    "CacheCore",
+    "CacheStats",
+    "CapacityBackend",
+    "CupyBackend",
+    "HostBackend",
+    "Lease",
+    "LoadPlan",
+    "Model",
+    "ModelCache",
+    "SlabBackend",
+    "SlabHandle",
+    "SlabLayout",
+    "SlabPool",
+    "TensorSlot",
+    "TensorSpec",
+    "cuda_available",
+    "make_backend",
+]
+
+_LAZY = {
+    "CapacityBackend": "compass.cache.backend",
+    "CupyBackend": "compass.cache.backend",
+    "HostBackend": "compass.cache.backend",
+    "SlabBackend": "compass.cache.backend",
+    "cuda_available": "compass.cache.backend",
+    "make_backend": "compass.cache.backend",
+    "Lease": "compass.cache.models",
+    "Model": "compass.cache.models",
+    "ModelCache": "compass.cache.models",
+    "TensorSpec": "compass.cache.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compass.cache' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

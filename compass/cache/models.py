@@ -1,0 +1,576 @@
+"""Models and the worker's model cache: weights loaded into slabs, leased to tasks, prefetched.
+
+A :class:`Model` is a name, a builder returning a ``torch.nn.Module`` and optional safetensors
+weights; or, for emulated mode, just a name and a size. :class:`ModelCache` is the async layer
+over :class:`~compass.cache.policy.CacheCore`: it keeps every model's weights in host memory
+(pinned when the arena is on a GPU), copies them into slabs in a worker thread, and builds a
+module whose parameters and buffers are views into those slabs.
+
+torch is imported only when a real model needs it: an emulated worker never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from compass.cache.backend import SlabBackend, make_backend
+from compass.cache.policy import CacheCore, CacheStats, LoadPlan
+from compass.cache.pool import SlabPool
+from compass.cache.slab import SlabHandle, SlabLayout
+from compass.config import CacheConfig
+from compass.errors import CacheError, CompassError, ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["Lease", "Model", "ModelCache", "TensorSpec"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One parameter or buffer of a model, under its first name in ``named_modules`` order."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """Where a tensor goes when a module is assembled: ``module_path``'s ``leaf`` slot."""
+
+    module_path: str
+    leaf: str
+    is_parameter: bool
+    key: str
+
+
+def _collect(module: nn.Module) -> tuple[list[_Binding], dict[str, torch.Tensor]]:
+    """Every parameter and buffer slot of ``module``; tied tensors share one key."""
+    keys: dict[int, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    bindings: list[_Binding] = []
+    for path, sub in module.named_modules(remove_duplicate=False):
+        slots: list[tuple[str, torch.Tensor | None, bool]] = [
+            *((leaf, p, True) for leaf, p in sub._parameters.items()),
+            *((leaf, b, False) for leaf, b in sub._buffers.items()),
+        ]
+        for leaf, tensor, is_parameter in slots:
+            if tensor is None:
+                continue
+            key = keys.get(id(tensor))
+            if key is None:
+                key = f"{path}.{leaf}" if path else leaf
+                keys[id(tensor)] = key
+                tensors[key] = tensor
+            bindings.append(_Binding(path, leaf, is_parameter, key))
+    return bindings, tensors
+
+
+class Model:
+    """A model declaration.
+
+    ``build`` returns the module (weights initialized by the builder itself unless ``weights``
+    names a safetensors file holding its state dict). ``size_bytes`` is measured from the
+    module's parameters and buffers; give it only for an emulated model (no builder).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[], nn.Module] | None = None,
+        weights: str | Path | None = None,
+        *,
+        size_bytes: int | None = None,
+    ) -> None:
+        if not name:
+            raise ConfigError("a model needs a non-empty name")
+        if build is None:
+            if size_bytes is None or size_bytes < 0:
+                raise ConfigError(f"emulated model {name!r} needs size_bytes >= 0")
+            if weights is not None:
+                raise ConfigError(f"model {name!r} has weights but no builder to load them into")
+        elif size_bytes is not None:
+            raise ConfigError(
+                f"model {name!r}: size_bytes is measured from the builder's module; "
+                "give it only for emulated models"
+            )
+        self.name = name
+        self.build = build
+        self.weights = Path(weights) if weights is not None else None
+        self._size_bytes = size_bytes
+        self._structure: tuple[list[_Binding], tuple[TensorSpec, ...]] | None = None
+        self._meta_build = True
+
+    @classmethod
+    def emulated(cls, name: str, size_bytes: int) -> Model:
+        """A model known only by name and size (emulated mode, workload specs)."""
+        return cls(name, size_bytes=size_bytes)
+
+    @property
+    def is_emulated(self) -> bool:
+        """True when there is no builder: loads only take time, no module exists."""
+        return self.build is None
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of parameters and buffers (tied tensors counted once)."""
+        if self._size_bytes is None:
+            self._size_bytes = sum(spec.nbytes for spec in self.tensor_specs())
+        return self._size_bytes
+
+    def tensor_specs(self) -> tuple[TensorSpec, ...]:
+        """The module's tensors, measured once on the meta device (no memory is allocated)."""
+        return self._inspect()[1]
+
+    def layout(self, slab_bytes: int) -> SlabLayout:
+        """How this model packs into slabs of ``slab_bytes``."""
+        if self.is_emulated:
+            return SlabLayout.uniform(self.size_bytes, slab_bytes)
+        return SlabLayout.pack(((s.key, s.nbytes) for s in self.tensor_specs()), slab_bytes)
+
+    def _inspect(self) -> tuple[list[_Binding], tuple[TensorSpec, ...]]:
+        if self._structure is None:
+            bindings, tensors = _collect(self._skeleton())
+            specs = tuple(
+                TensorSpec(key, t.dtype, tuple(t.shape), t.numel() * t.element_size())
+                for key, t in tensors.items()
+            )
+            self._structure = (bindings, specs)
+        return self._structure
+
+    def _skeleton(self) -> nn.Module:
+        """A fresh module whose tensors will be replaced: built on the meta device when the
+        builder allows it, so a load allocates no memory besides the slabs."""
+        import torch
+
+        if self.build is None:
+            raise CacheError(f"model {self.name!r} is emulated and has no module")
+        if self._meta_build:
+            try:
+                with torch.device("meta"):
+                    return self.build()
+            except Exception:  # a builder that insists on real tensors; fall back to the CPU
+                self._meta_build = False
+        return self.build()
+
+    def _stage(self, pin: bool) -> dict[str, torch.Tensor]:
+        """Build on the CPU, load the weights file, return contiguous host copies by key."""
+        if self.build is None:
+            raise CacheError(f"model {self.name!r} is emulated and has no weights")
+        module = self.build()
+        if self.weights is not None:
+            from safetensors.torch import load_file
+
+            try:
+                state = load_file(str(self.weights))
+            except Exception as exc:  # safetensors raises its own error types
+                raise CacheError(
+                    f"cannot read weights of model {self.name!r} from {self.weights}: {exc}"
+                ) from exc
+            try:
+                module.load_state_dict(state, strict=True)
+            except RuntimeError as exc:
+                raise CacheError(
+                    f"weights in {self.weights} do not fit model {self.name!r}: {exc}"
+                ) from exc
+        _, tensors = _collect(module)
+        expected = {spec.key: spec for spec in self.tensor_specs()}
+        staged: dict[str, torch.Tensor] = {}
+        for key, tensor in tensors.items():
+            spec = expected.get(key)
+            if spec is None or spec.dtype != tensor.dtype or spec.shape != tuple(tensor.shape):
+                raise CacheError(
+                    f"model {self.name!r}: the builder made a different module on the CPU than "
+                    f"on the meta device (tensor {key!r}); builders must be deterministic"
+                )
+            host = tensor.detach().contiguous()
+            staged[key] = host.pin_memory() if pin else host
+        if staged.keys() != expected.keys():
+            raise CacheError(f"model {self.name!r}: the builder's tensors changed between builds")
+        return staged
+
+    def _assemble(self, views: Mapping[str, torch.Tensor]) -> nn.Module:
+        """A module in eval mode whose parameters and buffers are ``views`` (no copies)."""
+        from torch import nn
+
+        bindings, _ = self._inspect()
+        module = self._skeleton()
+        parameters: dict[str, nn.Parameter] = {}
+        for binding in bindings:
+            owner = module.get_submodule(binding.module_path)
+            view = views[binding.key]
+            if binding.is_parameter:
+                parameter = parameters.get(binding.key)
+                if parameter is None:
+                    parameter = parameters[binding.key] = nn.Parameter(view, requires_grad=False)
+                owner._parameters[binding.leaf] = parameter
+            else:
+                owner._buffers[binding.leaf] = view
+        return module.eval()
+
+    def __repr__(self) -> str:
+        kind = "emulated" if self.is_emulated else "real"
+        return f"Model({self.name!r}, {kind})"
+
+
+class Lease:
+    """A pinned model, handed out by :meth:`ModelCache.ensure`.
+
+    The model cannot be evicted until :meth:`release` (idempotent; also on leaving a ``with``
+    block). ``module`` raises once released: its tensors may then belong to another model.
+    """
+
+    __slots__ = ("_module", "_release", "_released", "hit", "name")
+
+    def __init__(
+        self, name: str, hit: bool, module: nn.Module | None, release: Callable[[], None]
+    ) -> None:
+        self.name = name
+        #: whether the model was resident when it was asked for
+        self.hit = hit
+        self._module = module
+        self._release = release
+        self._released = False
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The torch module (None for an emulated model)."""
+        if self._released:
+            raise CacheError(f"lease on model {self.name!r} was released; ensure it again")
+        return self._module
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called."""
+        return self._released
+
+    def release(self) -> None:
+        """Unpin the model. Calling it again does nothing."""
+        if not self._released:
+            self._released = True
+            self._module = None
+            self._release()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "held"
+        return f"Lease({self.name!r}, hit={self.hit}, {state})"
+
+
+class ModelCache:
+    """The worker's model cache: an async layer over :class:`CacheCore` and a slab backend.
+
+    Emulated models, and every model on the ``capacity`` backend, hold no bytes: a load waits
+    ``size / emulated_h2d_bytes_per_s * time_scale`` seconds (no wait when no bandwidth is
+    given). Real models are copied from host memory into slabs in a worker thread. Use it as
+    ``async with ModelCache(...) as cache`` (stages every model's host weights first) or call
+    :meth:`aclose` when done.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, Model],
+        config: CacheConfig,
+        *,
+        emulated_h2d_bytes_per_s: float | None = None,
+        time_scale: float = 1.0,
+        backend: SlabBackend | None = None,
+    ) -> None:
+        if time_scale <= 0:
+            raise ConfigError(f"time_scale must be > 0, got {time_scale}")
+        if emulated_h2d_bytes_per_s is not None and emulated_h2d_bytes_per_s <= 0:
+            raise ConfigError("emulated_h2d_bytes_per_s must be > 0")
+        self._config = config
+        self._backend = backend if backend is not None else make_backend(config)
+        if self._backend.slab_bytes != config.slab_bytes:
+            raise ConfigError(
+                f"backend slabs are {self._backend.slab_bytes} B, config says {config.slab_bytes} B"
+            )
+        self._h2d = emulated_h2d_bytes_per_s
+        self._time_scale = time_scale
+        self._models = dict(models)
+        for key, model in self._models.items():
+            if key != model.name:
+                raise ConfigError(f"model registered as {key!r} is named {model.name!r}")
+        self._real = {
+            name
+            for name, model in self._models.items()
+            if not model.is_emulated and self._backend.holds_bytes
+        }
+        pool = SlabPool(self._backend.capacity_bytes, config.slab_bytes)
+        self._core = CacheCore(
+            pool,
+            {
+                name: model.size_bytes if model.is_emulated else model.layout(config.slab_bytes)
+                for name, model in self._models.items()
+            },
+        )
+        self._host: dict[str, dict[str, torch.Tensor]] = {}
+        self._stage_lock = threading.Lock()
+        self._modules: dict[str, nn.Module] = {}
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._prefetch: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    # -- views ------------------------------------------------------------------------------
+
+    @property
+    def core(self) -> CacheCore:
+        """The sans-IO core (read it; change the cache through this class)."""
+        return self._core
+
+    @property
+    def backend(self) -> SlabBackend:
+        """Where the slabs live."""
+        return self._backend
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of the counters."""
+        return self._core.stats
+
+    def resident(self) -> frozenset[str]:
+        """Models loaded and usable."""
+        return self._core.resident()
+
+    def loading(self) -> frozenset[str]:
+        """Models being loaded."""
+        return self._core.loading()
+
+    def free_bytes(self) -> int:
+        """Bytes in free slabs."""
+        return self._core.free_bytes()
+
+    def capacity_bytes(self) -> int:
+        """Bytes the cache holds (whole slabs)."""
+        return self._core.capacity_bytes()
+
+    def size_bytes(self, name: str) -> int:
+        """Bytes a load of ``name`` copies."""
+        return self._core.size_bytes(name)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A msgpack-able picture: resident and loading models, pins, bytes, counters."""
+        return {
+            "backend": self._backend.kind,
+            "resident": sorted(self._core.resident()),
+            "loading": sorted(self._core.loading()),
+            "pinned": {
+                name: self._core.pins(name)
+                for name in sorted(self._core.resident())
+                if self._core.pins(name)
+            },
+            "free_bytes": self.free_bytes(),
+            "capacity_bytes": self.capacity_bytes(),
+            "slab_bytes": self._config.slab_bytes,
+            "stats": self._core.stats.to_dict(),
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Stage every real model's weights in host memory (in a thread)."""
+        self._check_open()
+        for name in sorted(self._real):
+            await asyncio.to_thread(self._staged, name)
+
+    async def __aenter__(self) -> ModelCache:
+        await self.prepare()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Refuse new requests, wake waiters (they raise), finish loads under way, free memory."""
+        self._closed = True
+        self._notify()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._modules.clear()
+        self._host.clear()
+        self._backend.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheError("the model cache is closed")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def ensure(self, name: str, upcoming: Sequence[str] = ()) -> Lease:
+        """Make ``name`` resident and return it pinned.
+
+        ``upcoming`` lists the models the local queue needs after this task, in order; it
+        steers eviction. A load already under way (a prefetch, another lane) is shared. When
+        pinned or loading models hold the slabs it needs, this waits until they are released.
+        Raises ModelTooLarge when the model can never fit.
+        """
+        self._check_open()
+        hit = self._core.record_request(name)
+        waited = False
+        while True:
+            self._check_open()
+            if self._core.is_resident(name):
+                self._core.pin(name)
+                return self._lease(name, hit)
+            load = self._inflight.get(name)
+            if load is None:
+                plan = self._core.plan_load(name, upcoming)
+                if plan is None:
+                    if not waited:
+                        self._core.record_wait()
+                        waited = True
+                    await self._changed.wait()
+                    continue
+                load = self._start_load(name, plan, prefetch=False)
+            # pinned while loading, so nothing evicts it between the load's end and our wake-up
+            self._core.pin(name)
+            try:
+                await asyncio.shield(load)
+            except BaseException:
+                self._unpin(name)
+                raise
+            return self._lease(name, hit)
+
+    def prefetch(self, upcoming: Sequence[str]) -> None:
+        """Start loading the best prefetch candidate of the queue ``upcoming``, if any.
+
+        At most one prefetch runs at a time; it never evicts a model needed sooner than the
+        one it loads. Needs a running event loop.
+        """
+        if self._closed or (self._prefetch is not None and not self._prefetch.done()):
+            return
+        candidate = self._core.prefetch_candidate(upcoming, self._config.prefetch_depth)
+        if candidate is not None:
+            name, plan = candidate
+            self._prefetch = self._start_load(name, plan, prefetch=True)
+
+    def _lease(self, name: str, hit: bool) -> Lease:
+        return Lease(name, hit, self._modules.get(name), lambda: self._unpin(name))
+
+    def _unpin(self, name: str) -> None:
+        if self._core.unpin(name) == 0:
+            self._notify()
+
+    def _notify(self) -> None:
+        # wake every waiter; each re-checks, and a fresh event catches later changes
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def _start_load(self, name: str, plan: LoadPlan, *, prefetch: bool) -> asyncio.Task[None]:
+        handle = self._core.begin_load(name, plan, prefetch=prefetch)
+        for victim in plan.evict:
+            self._modules.pop(victim, None)
+        task = asyncio.get_running_loop().create_task(
+            self._load(name, handle), name=f"compass-cache-load-{name}"
+        )
+        self._inflight[name] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._load_done)
+        return task
+
+    def _load_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()  # retrieved here too, so a failed prefetch is never "lost"
+        if error is not None and task is self._prefetch:
+            log.warning("prefetch failed: %s", error)
+
+    async def _load(self, name: str, handle: SlabHandle) -> None:
+        try:
+            if name in self._real:
+                work = asyncio.ensure_future(asyncio.to_thread(self._copy_and_build, name, handle))
+                try:
+                    seconds, module = await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # the copy thread cannot be interrupted: free its slabs only once it stops
+                    work.add_done_callback(lambda done: self._abandon(name, done))
+                    raise
+                self._modules[name] = module
+            else:
+                seconds = self._core.size_bytes(name) / self._h2d if self._h2d else 0.0
+                await asyncio.sleep(seconds * self._time_scale)
+        except asyncio.CancelledError:
+            if name in self._real:
+                raise  # _abandon aborts once the thread is done
+            self._abort(name)
+            raise
+        except Exception as exc:
+            self._abort(name)
+            if isinstance(exc, CompassError):
+                raise
+            raise CacheError(f"loading model {name!r} failed: {exc!r}") from exc
+        self._core.finish_load(name, seconds)
+        del self._inflight[name]
+        self._notify()
+
+    def _abandon(self, name: str, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved so asyncio does not report it as lost
+        self._abort(name)
+
+    def _abort(self, name: str) -> None:
+        self._core.abort_load(name)
+        self._modules.pop(name, None)
+        self._inflight.pop(name, None)
+        self._notify()
+
+    def _staged(self, name: str) -> dict[str, torch.Tensor]:
+        with self._stage_lock:
+            host = self._host.get(name)
+            if host is None:
+                host = self._models[name]._stage(pin=self._backend.pin_host_memory)
+                self._host[name] = host
+            return host
+
+    def _copy_and_build(self, name: str, handle: SlabHandle) -> tuple[float, nn.Module]:
+        """In a worker thread: copy host weights into the slabs, build the module on views."""
+        model = self._models[name]
+        host = self._staged(name)
+        layout = self._core.layout(name)
+        slab_bytes = self._config.slab_bytes
+        specs = {spec.key: spec for spec in model.tensor_specs()}
+        offsets = {
+            slot.key: handle.byte_offset(slot, slab_bytes) for slot in layout.slots if slot.nbytes
+        }
+        started = time.perf_counter()
+        self._backend.copy_in([(offset, host[key]) for key, offset in offsets.items()])
+        seconds = time.perf_counter() - started
+        views = {
+            key: self._backend.tensor_view(offsets.get(key, 0), spec.dtype, spec.shape, spec.nbytes)
+            for key, spec in specs.items()
+        }
+        return seconds, model._assemble(views)

@@ -1,0 +1,41 @@
+"""Placement: the cluster view, cost tables, the Compass planner and the baseline policies.
+
+Everything here is synchronous and pure (numpy, no I/O): the worker calls it on its hot path
+and the simulator reuses it unchanged.
+"""
+
+from __future__ import annotations
+
+from compass.sched.cost import CostCache, TransferModel, WorkflowCosts
+from compass.sched.planner import CompassPolicy, JobInfo, Policy, plan_eft, record_plan
+from compass.sched.policies import (
+    POLICY_NAMES,
+    HashPolicy,
+    JoinShortestQueuePolicy,
+    RandomPolicy,
+    RoundRobinPolicy,
+    hash_worker,
+    make_policy,
+)
+from compass.sched.view import ClusterView, ViewSnapshot, WorkerState
+
+__all__ = [
+    "POLICY_NAMES",
+    "ClusterView",
+    "CompassPolicy",
+    "CostCache",
+    "HashPolicy",
+    "JobInfo",
+    "JoinShortestQueuePolicy",
+    "Policy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
+    "TransferModel",
+    "ViewSnapshot",
+    "WorkerState",
+    "WorkflowCosts",
+    "hash_worker",
+    "make_policy",
+    "plan_eft",
+    "record_plan",
+]

@@ -1,0 +1,230 @@
+"""Cost tables: what planning a job of one workflow on one set of workers needs, precomputed.
+
+A :class:`WorkflowCosts` turns a workflow, the current :class:`~compass.workflow.Profiles` and
+a worker list into flat Python tuples and numpy rows: the task order by upward rank,
+predecessor indices, per-task execution-time rows over the workers, model fetch rows, and a
+:class:`TransferModel` that gives a whole row of transfer times in one or two vector
+operations. It does not depend on the job or on queue state, so :class:`CostCache` reuses it
+until the profiles change (their version counters say when) or the worker list does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from compass.workflow.dag import Workflow
+from compass.workflow.profile import Profiles
+
+__all__ = ["CostCache", "TransferModel", "WorkflowCosts"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class TransferModel:
+    """Transfer times from one worker to every worker of ``names``, as numpy rows.
+
+    ``row(src, nbytes, base)`` is ``base + transfer_s(names[src], w, nbytes)`` for every ``w``,
+    with exactly ``base`` at ``src`` itself; ``src = -1`` means a sender outside ``names``.
+    It matches :meth:`Profiles.transfer_s` term for term.
+    """
+
+    __slots__ = (
+        "_d2h_default_inv",
+        "_fixed",
+        "_inv_d2h",
+        "_inv_h2d",
+        "_inv_net",
+        "_link_rows",
+        "_names",
+        "_per_byte",
+        "_profiles",
+        "n_workers",
+        "uniform",
+    )
+
+    def __init__(self, profiles: Profiles, names: tuple[str, ...]) -> None:
+        self._profiles = profiles
+        self._names = names
+        self.n_workers = len(names)
+        self._fixed = profiles.net_fixed_s
+        self._inv_net = 1.0 / profiles.net_bytes_per_s
+        inv_h2d = profiles.h2d_inverse(names) if profiles.staged else 0.0
+        inv_d2h = profiles.d2h_inverse(names) if profiles.staged else 0.0
+        self._inv_h2d = inv_h2d
+        self._inv_d2h = inv_d2h
+        self._d2h_default_inv = 1.0 / profiles.default_d2h_bytes_per_s if profiles.staged else 0.0
+        self.uniform = (
+            isinstance(inv_h2d, float) and isinstance(inv_d2h, float) and not profiles.has_links
+        )
+        # seconds per byte on the default path, all terms: the fast path of row()
+        self._per_byte = self._inv_net + (float(inv_h2d) + float(inv_d2h) if self.uniform else 0.0)
+        self._link_rows: dict[int, tuple[FloatArray | float, FloatArray | float]] = {}
+
+    def mean_s(self, nbytes: float) -> float:
+        """Transfer time on the default path (for ranks, which need one number per edge)."""
+        inv_h2d = float(np.mean(self._inv_h2d)) if self.n_workers else 0.0
+        inv_d2h = float(np.mean(self._inv_d2h)) if self.n_workers else 0.0
+        return self._fixed + nbytes * (self._inv_net + inv_h2d + inv_d2h)
+
+    def _net_row(self, src: int) -> tuple[FloatArray | float, FloatArray | float]:
+        """``(fixed, seconds per byte)`` of the network from ``src``, per destination."""
+        found = self._link_rows.get(src)
+        if found is not None:
+            return found
+        links = self._profiles.links_from(self._names[src]) if src >= 0 else {}
+        if not links:
+            result: tuple[FloatArray | float, FloatArray | float] = (self._fixed, self._inv_net)
+        else:
+            fixed = np.full(self.n_workers, self._fixed)
+            inv = np.full(self.n_workers, self._inv_net)
+            for dst, (bps, fix) in links.items():
+                # a link to a worker outside this view is irrelevant here
+                j = _position(self._names, dst)
+                if j >= 0:
+                    fixed[j] = fix
+                    inv[j] = 1.0 / bps
+            result = (fixed, inv)
+        self._link_rows[src] = result
+        return result
+
+    def row(self, src: int, nbytes: float, base: float) -> FloatArray:
+        """``base`` + seconds to move ``nbytes`` from worker ``src`` to each worker."""
+        if self.uniform:
+            out = np.full(self.n_workers, base + self._fixed + nbytes * self._per_byte)
+        else:
+            fixed, inv_net = self._net_row(src)
+            if src < 0:
+                d2h = self._d2h_default_inv
+            elif isinstance(self._inv_d2h, float):
+                d2h = self._inv_d2h
+            else:
+                d2h = float(self._inv_d2h[src])
+            seconds = (base + fixed) + nbytes * (inv_net + d2h + self._inv_h2d)
+            if isinstance(seconds, np.ndarray):
+                out = seconds
+            else:
+                out = np.full(self.n_workers, float(seconds))
+        if src >= 0:
+            out[src] = base
+        return out
+
+
+def _position(names: tuple[str, ...], name: str) -> int:
+    try:
+        return names.index(name)
+    except ValueError:
+        return -1
+
+
+class WorkflowCosts:
+    """Everything job-independent the planner needs for ``workflow`` over ``names``.
+
+    Tasks are referred to by their position in ``workflow.order``.
+    """
+
+    __slots__ = (
+        "exec_rows",
+        "fetch2_rows",
+        "fetch_rows",
+        "input_bytes",
+        "is_join",
+        "links_version",
+        "max_model_bytes",
+        "model_bytes",
+        "models",
+        "names",
+        "out_bytes",
+        "preds",
+        "profiles",
+        "rank",
+        "rank_order",
+        "transfer",
+        "wf_version",
+        "workflow",
+    )
+
+    def __init__(self, workflow: Workflow, profiles: Profiles, names: tuple[str, ...]) -> None:
+        profiles.add_workflow(workflow)
+        self.workflow = workflow
+        self.profiles = profiles
+        self.names = names
+        self.wf_version = profiles.workflow_version(workflow.name)
+        self.links_version = profiles.links_version
+        order = workflow.order
+        index = workflow.index
+        tasks = [workflow.tasks[t] for t in order]
+        self.preds: tuple[tuple[int, ...], ...] = tuple(
+            tuple(index[p] for p in task.after) for task in tasks
+        )
+        self.is_join = tuple(len(p) >= 2 for p in self.preds)
+        self.models: tuple[str | None, ...] = tuple(task.model for task in tasks)
+        self.model_bytes: tuple[int, ...] = tuple(
+            0 if task.model is None else profiles.model_bytes(task.model) for task in tasks
+        )
+        self.max_model_bytes = max(self.model_bytes)
+        self.input_bytes: tuple[int, ...] = tuple(task.profile.input_bytes for task in tasks)
+        self.out_bytes: tuple[float, ...] = tuple(
+            float(b) for b in profiles.output_vector(workflow.name)
+        )
+        exec_matrix = profiles.exec_matrix(workflow.name, names)
+        self.exec_rows: tuple[FloatArray, ...] = tuple(exec_matrix)
+        inv_h2d = profiles.h2d_inverse(names)
+        fetch: list[FloatArray | None] = []
+        fetch2: list[FloatArray | None] = []
+        for size in self.model_bytes:
+            if size == 0:
+                fetch.append(None)
+                fetch2.append(None)
+                continue
+            row = np.broadcast_to(np.asarray(size * inv_h2d, dtype=np.float64), (len(names),))
+            fetch.append(np.ascontiguousarray(row))
+            # the paper's eviction penalty: a fetch that must first evict counts twice
+            fetch2.append(2.0 * row)
+        self.fetch_rows: tuple[FloatArray | None, ...] = tuple(fetch)
+        self.fetch2_rows: tuple[FloatArray | None, ...] = tuple(fetch2)
+        self.transfer = TransferModel(profiles, names)
+        self.rank, self.rank_order = self._ranks(exec_matrix)
+
+    def _ranks(self, exec_matrix: FloatArray) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        """HEFT upward ranks from the current estimates (mean over workers), and the task
+        order by decreasing rank (ties: topological position, so predecessors come first)."""
+        n = len(self.preds)
+        mean_exec = exec_matrix.mean(axis=1) if exec_matrix.shape[1] else np.zeros(n)
+        succs: list[list[int]] = [[] for _ in range(n)]
+        for t, preds in enumerate(self.preds):
+            for p in preds:
+                succs[p].append(t)
+        rank = [0.0] * n
+        for t in reversed(range(n)):
+            xfer = self.transfer.mean_s(self.out_bytes[t])
+            rank[t] = float(mean_exec[t]) + max((xfer + rank[s] for s in succs[t]), default=0.0)
+        # a predecessor's rank exceeds its successor's (exec >= 0 and xfer >= 0); when exec and
+        # xfer are both zero the ranks tie and the topological position keeps the order valid
+        order = tuple(sorted(range(n), key=lambda t: (-rank[t], t)))
+        return tuple(rank), order
+
+
+class CostCache:
+    """One :class:`WorkflowCosts` per workflow, rebuilt when the profiles or workers change."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[str, WorkflowCosts] = {}
+
+    def get(self, workflow: Workflow, profiles: Profiles, names: tuple[str, ...]) -> WorkflowCosts:
+        """The cost table of ``workflow`` over ``names`` under the current ``profiles``."""
+        entry = self._entries.get(workflow.name)
+        if (
+            entry is not None
+            and entry.workflow is workflow
+            and entry.profiles is profiles
+            and (entry.names is names or entry.names == names)
+            and entry.links_version == profiles.links_version
+            and entry.wf_version == profiles.workflow_version(workflow.name)
+        ):
+            return entry
+        entry = WorkflowCosts(workflow, profiles, names)
+        self._entries[workflow.name] = entry
+        return entry

@@ -1,0 +1,219 @@
+"""Every placement policy behind one interface, and :func:`make_policy` to pick one by name.
+
+Compass and its variants live in :mod:`compass.sched.planner`; the baselines the paper compares
+against live here: ``hash``, ``random``, ``round_robin``, ``jsq`` (the paper's JIT) and, through
+:class:`~compass.sched.planner.CompassPolicy` flags, ``heft``.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from compass.errors import ConfigError, WorkerUnavailable
+from compass.sched.planner import TIE_S, CompassPolicy, JobInfo, Policy
+from compass.sched.view import ViewSnapshot
+from compass.workflow.profile import Profiles
+
+__all__ = [
+    "POLICY_NAMES",
+    "HashPolicy",
+    "JoinShortestQueuePolicy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
+    "hash_worker",
+    "make_policy",
+]
+
+POLICY_NAMES: tuple[str, ...] = (
+    "compass",
+    "compass_nocache",
+    "compass_noload",
+    "compass_noadjust",
+    "hash",
+    "random",
+    "round_robin",
+    "jsq",
+    "heft",
+    "central",
+)
+
+
+def make_policy(name: str, *, adjust_threshold: float = 1.5, seed: int = 0) -> Policy:
+    """The policy called ``name`` (one of :data:`POLICY_NAMES`).
+
+    ``adjust_threshold`` is Compass's keep-the-plan factor; ``seed`` seeds ``random``.
+    Policies with per-instance state (``round_robin``, ``random``, the cost caches) should be
+    made once per worker and reused.
+    """
+    if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
+        raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
+    t = adjust_threshold
+    if name == "compass":
+        return CompassPolicy(name, adjust_threshold=t)
+    if name == "compass_nocache":
+        return CompassPolicy(name, use_cache=False, adjust_threshold=t)
+    if name == "compass_noload":
+        return CompassPolicy(name, use_load=False, adjust_threshold=t)
+    if name == "compass_noadjust":
+        return CompassPolicy(name, dynamic=False, adjust_threshold=t)
+    if name == "central":
+        return CompassPolicy(name, central=True, adjust_threshold=t)
+    if name == "heft":
+        # classic HEFT: rank order, idle workers, transfers but no model cost, static
+        return CompassPolicy(name, use_load=False, use_cache=False, dynamic=False)
+    if name == "hash":
+        return HashPolicy()
+    if name == "random":
+        return RandomPolicy(seed)
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    if name == "jsq":
+        return JoinShortestQueuePolicy()
+    raise ConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+
+
+def hash_worker(job_id: str, task: str, names: tuple[str, ...]) -> str:
+    """A stable hash of task and job id onto ``names`` (the same on every worker and run)."""
+    if not names:
+        raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
+    key = f"{task}\x00{job_id}".encode()
+    return names[zlib.crc32(key) % len(names)]
+
+
+class _StaticPolicy:
+    """A plan that adjustment never changes, unless its worker has left the view."""
+
+    name = "static"
+    dynamic = False
+
+    def adjust(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> str:
+        """The planned worker, or a hashed one when it has left the view."""
+        planned = plan.get(task)
+        if planned is not None and planned in view.positions:
+            return planned
+        return hash_worker(job.job_id, task, view.names)
+
+    def planner(self, view: ViewSnapshot) -> str | None:
+        """None: the ingress plans."""
+        return None
+
+
+class HashPolicy(_StaticPolicy):
+    """Each task on the worker its name and the job id hash to; blind to load and cache."""
+
+    name = "hash"
+
+    def plan(
+        self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
+    ) -> dict[str, str]:
+        """See :class:`~compass.sched.planner.Policy`."""
+        names = view.names
+        return {t: hash_worker(job.job_id, t, names) for t in job.workflow.order}
+
+
+class RandomPolicy(_StaticPolicy):
+    """Each task on a uniformly random worker (seeded: runs are reproducible)."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def plan(
+        self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
+    ) -> dict[str, str]:
+        """See :class:`~compass.sched.planner.Policy`."""
+        names = view.names
+        if not names:
+            raise WorkerUnavailable(f"no workers in the view to plan job {job.job_id!r} on")
+        return {t: names[self._rng.randrange(len(names))] for t in job.workflow.order}
+
+
+class RoundRobinPolicy(_StaticPolicy):
+    """Tasks dealt to the workers in name order, continuing from job to job."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def plan(
+        self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
+    ) -> dict[str, str]:
+        """See :class:`~compass.sched.planner.Policy`."""
+        names = view.names
+        if not names:
+            raise WorkerUnavailable(f"no workers in the view to plan job {job.job_id!r} on")
+        plan = {}
+        for t in job.workflow.order:
+            plan[t] = names[self._next % len(names)]
+            self._next += 1
+        self._next %= len(names)
+        return plan
+
+
+class JoinShortestQueuePolicy(_StaticPolicy):
+    """The paper's JIT baseline: a hash plan, then every non-join task goes to the shortest
+    queue when it becomes ready (roots at plan time, the others in :meth:`adjust`). Joins
+    keep their hashed worker. Ties go to the planned worker, then the lowest index."""
+
+    name = "jsq"
+    dynamic = True
+
+    def plan(
+        self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
+    ) -> dict[str, str]:
+        """See :class:`~compass.sched.planner.Policy`."""
+        wf = job.workflow
+        names = view.names
+        plan = {t: hash_worker(job.job_id, t, names) for t in wf.order}
+        if len(wf.roots) == 1:
+            root = wf.roots[0]
+            plan[root] = _shortest(view.wait_s, view, plan[root])
+            return plan
+        # several roots start together: count each one in the queue the next one sees
+        profiles.add_workflow(wf)
+        waits = view.wait_s.copy()
+        for root in wf.roots:
+            worker = _shortest(waits, view, plan[root])
+            plan[root] = worker
+            waits[view.positions[worker]] += profiles.exec_s(wf.name, root, worker)
+        return plan
+
+    def adjust(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> str:
+        """The shortest queue for a non-join task; the planned worker for a join."""
+        planned = plan.get(task)
+        if planned is None or planned not in view.positions:
+            planned = hash_worker(job.job_id, task, view.names)
+        if job.workflow.is_join(task):
+            return planned
+        return _shortest(view.wait_s, view, planned)
+
+
+def _shortest(waits: npt.NDArray[np.float64], view: ViewSnapshot, prefer: str) -> str:
+    j = int(waits.argmin())
+    i = view.positions[prefer]
+    if float(waits[i]) <= float(waits[j]) + TIE_S:
+        return prefer
+    return view.names[j]

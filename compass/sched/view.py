@@ -1,0 +1,467 @@
+"""The cluster view: each worker's picture of every worker's queue, cached models and memory.
+
+:class:`WorkerState` is what a heartbeat carries. :class:`ClusterView` folds heartbeats in,
+counts the tasks this worker has just placed on peers until their heartbeats reflect them, and
+hands out immutable :class:`ViewSnapshot` objects: numpy arrays over the workers (sorted by
+name, the index of a worker is its position), so the planner evaluates all workers for a task
+with a few vector operations.
+
+The view keeps its arrays up to date in place, one heartbeat at a time, and hands them to a
+snapshot without copying; the first write after that copies them (copy on write). Planning
+many jobs between heartbeats therefore costs no copies at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from compass.errors import ConfigError, ProtocolError
+
+__all__ = ["ClusterView", "ViewSnapshot", "WorkerState"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One worker's state as its heartbeat reports it.
+
+    ``wait_s``: expected seconds before a task queued now would start (the sum of the expected
+    times of the tasks ahead of it, spread over its lanes); ``models``: models resident in its
+    GPU cache; ``loading``: models being loaded; ``free_bytes`` / ``capacity_bytes``: its cache;
+    ``seq``: increases with every heartbeat the worker sends, so a stale one is recognised.
+    """
+
+    name: str
+    wait_s: float
+    models: frozenset[str]
+    free_bytes: int
+    capacity_bytes: int
+    lanes: int = 1
+    lanes_busy: int = 0
+    seq: int = 0
+    loading: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"WorkerState.name must be a non-empty string, got {self.name!r}")
+        if not self.wait_s >= 0:
+            raise ConfigError(f"worker {self.name!r}: wait_s must be >= 0, got {self.wait_s!r}")
+        if self.capacity_bytes < 0 or not 0 <= self.free_bytes <= self.capacity_bytes:
+            raise ConfigError(
+                f"worker {self.name!r}: need 0 <= free_bytes ({self.free_bytes}) <= "
+                f"capacity_bytes ({self.capacity_bytes})"
+            )
+        if self.lanes < 1 or not 0 <= self.lanes_busy <= self.lanes:
+            raise ConfigError(
+                f"worker {self.name!r}: need lanes >= 1 and 0 <= lanes_busy <= lanes, "
+                f"got {self.lanes_busy}/{self.lanes}"
+            )
+
+    def to_wire(self) -> dict[str, Any]:
+        """A msgpack-able dict (short keys: heartbeats are frequent)."""
+        return {
+            "n": self.name,
+            "w": self.wait_s,
+            "m": sorted(self.models),
+            "f": self.free_bytes,
+            "c": self.capacity_bytes,
+            "l": self.lanes,
+            "b": self.lanes_busy,
+            "s": self.seq,
+            "ld": sorted(self.loading),
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> WorkerState:
+        """Rebuild a state from :meth:`to_wire`'s form; :class:`ProtocolError` if malformed."""
+        if not isinstance(data, Mapping):
+            raise ProtocolError(f"worker state: expected a map, got {type(data).__name__}")
+        try:
+            name, wait, models = data["n"], data["w"], data["m"]
+            free, cap, lanes = data["f"], data["c"], data["l"]
+            busy, seq, loading = data["b"], data["s"], data["ld"]
+        except KeyError as exc:
+            raise ProtocolError(f"worker state: missing field {exc.args[0]!r}") from None
+        ints = {"f": free, "c": cap, "l": lanes, "b": busy, "s": seq}
+        for key, value in ints.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ProtocolError(f"worker state: field {key!r} must be an integer")
+        if not isinstance(wait, int | float) or isinstance(wait, bool):
+            raise ProtocolError("worker state: field 'w' must be a number")
+        for key, names in (("m", models), ("ld", loading)):
+            if not isinstance(names, list | tuple) or not all(isinstance(m, str) for m in names):
+                raise ProtocolError(f"worker state: field {key!r} must be a list of model names")
+        try:
+            return cls(
+                name=name,
+                wait_s=float(wait),
+                models=frozenset(models),
+                free_bytes=free,
+                capacity_bytes=cap,
+                lanes=lanes,
+                lanes_busy=busy,
+                seq=seq,
+                loading=frozenset(loading),
+            )
+        except ConfigError as exc:
+            raise ProtocolError(f"worker state: {exc.message}") from None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ViewSnapshot:
+    """An immutable picture of the cluster, array-based.
+
+    ``names`` is sorted and a worker's index is its position. ``wait_s``, ``free_bytes`` and
+    ``capacity_bytes`` are read-only arrays over the workers; ``resident[model]`` is a read-only
+    boolean array, true where the model is resident, loading or on its way (a task just placed
+    there needs it). Waits already count the tasks recently placed on each worker.
+    """
+
+    names: tuple[str, ...]
+    wait_s: FloatArray
+    free_bytes: IntArray
+    capacity_bytes: IntArray
+    resident: Mapping[str, BoolArray]
+    positions: Mapping[str, int]
+    min_capacity_bytes: int
+
+    @classmethod
+    def build(cls, states: Sequence[WorkerState] | Iterable[WorkerState]) -> ViewSnapshot:
+        """A snapshot straight from worker states (tests, the simulator). Names must differ."""
+        by_name: dict[str, WorkerState] = {}
+        for state in states:
+            if state.name in by_name:
+                raise ConfigError(f"ViewSnapshot.build: worker {state.name!r} appears twice")
+            by_name[state.name] = state
+        names = tuple(sorted(by_name))
+        ordered = [by_name[n] for n in names]
+        wait, free, cap, resident = _arrays(ordered)
+        return cls._frozen(names, wait, free, cap, resident)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        names: tuple[str, ...],
+        wait_s: FloatArray,
+        free_bytes: IntArray,
+        capacity_bytes: IntArray,
+        resident: Mapping[str, BoolArray],
+        *,
+        positions: Mapping[str, int] | None = None,
+    ) -> ViewSnapshot:
+        """A snapshot over arrays the caller built (the simulator, which keeps its cluster
+        state in arrays already). ``names`` must be sorted; the arrays are indexed like it.
+
+        Nothing is copied: the arrays (and ``resident``'s rows) are made read-only, so the
+        caller must not reuse them for writing. ``positions``, when given, must map each name
+        to its index (pass the same mapping every time to avoid rebuilding it).
+        """
+        n = len(names)
+        if len(wait_s) != n or len(free_bytes) != n or len(capacity_bytes) != n:
+            raise ConfigError(
+                f"ViewSnapshot.from_arrays: {n} names but arrays of lengths "
+                f"{len(wait_s)}, {len(free_bytes)}, {len(capacity_bytes)}"
+            )
+        return cls._frozen(names, wait_s, free_bytes, capacity_bytes, resident, positions)
+
+    @classmethod
+    def _frozen(
+        cls,
+        names: tuple[str, ...],
+        wait: FloatArray,
+        free: IntArray,
+        cap: IntArray,
+        resident: Mapping[str, BoolArray],
+        positions: Mapping[str, int] | None = None,
+    ) -> ViewSnapshot:
+        for array in (wait, free, cap, *resident.values()):
+            array.setflags(write=False)
+        if positions is None:
+            positions = MappingProxyType({n: i for i, n in enumerate(names)})
+        return cls(
+            names=names,
+            wait_s=wait,
+            free_bytes=free,
+            capacity_bytes=cap,
+            resident=MappingProxyType(dict(resident)),
+            positions=positions,
+            min_capacity_bytes=int(cap.min()) if len(names) else 0,
+        )
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.positions
+
+    def index(self, name: str) -> int:
+        """Position of worker ``name``; :class:`ConfigError` if the view lacks it."""
+        i = self.positions.get(name)
+        if i is None:
+            raise ConfigError(f"worker {name!r} is not in this view ({len(self.names)} workers)")
+        return i
+
+    def holds(self, model: str) -> BoolArray:
+        """Where ``model`` is resident, loading or on its way (all false for an unseen model)."""
+        found = self.resident.get(model)
+        if found is None:
+            return np.zeros(len(self.names), dtype=np.bool_)
+        return found
+
+
+def _arrays(
+    states: Sequence[WorkerState],
+) -> tuple[FloatArray, IntArray, IntArray, dict[str, BoolArray]]:
+    n = len(states)
+    wait = np.fromiter((s.wait_s for s in states), dtype=np.float64, count=n)
+    free = np.fromiter((s.free_bytes for s in states), dtype=np.int64, count=n)
+    cap = np.fromiter((s.capacity_bytes for s in states), dtype=np.int64, count=n)
+    resident: dict[str, BoolArray] = {}
+    for i, state in enumerate(states):
+        for model in state.models | state.loading:
+            row = resident.get(model)
+            if row is None:
+                row = resident[model] = np.zeros(n, dtype=np.bool_)
+            row[i] = True
+    return wait, free, cap, resident
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    placed_at: float
+    seconds: float
+    model: str | None
+    model_bytes: int
+
+
+class ClusterView:
+    """One worker's view of the cluster, itself included.
+
+    Its own state (:meth:`update_self`) is always exact. A peer's comes from heartbeats
+    (:meth:`apply_heartbeat`), and tasks this worker just placed on a peer
+    (:meth:`note_placement`) count in that peer's wait until a heartbeat received more than
+    ``settle_s`` after the placement (default: two heartbeat intervals) must reflect them, or
+    until the task would have run. That keeps jobs planned back to back from piling onto the
+    one peer that looked idle at the last heartbeat.
+    """
+
+    def __init__(
+        self, self_name: str, *, heartbeat_s: float = 0.010, settle_s: float | None = None
+    ) -> None:
+        if not isinstance(self_name, str) or not self_name:
+            raise ConfigError(f"ClusterView needs this worker's name, got {self_name!r}")
+        if not heartbeat_s > 0:
+            raise ConfigError(f"ClusterView heartbeat_s must be > 0, got {heartbeat_s!r}")
+        self.self_name = self_name
+        self.settle_s = 2.0 * heartbeat_s if settle_s is None else float(settle_s)
+        if not self.settle_s >= 0:
+            raise ConfigError(f"ClusterView settle_s must be >= 0, got {settle_s!r}")
+        self._states: dict[str, WorkerState] = {}
+        self._received: dict[str, float] = {}
+        self._pending: dict[str, list[_Placement]] = {}
+        self._names: tuple[str, ...] = ()
+        self._positions: Mapping[str, int] = MappingProxyType({})
+        self._wait: FloatArray = np.zeros(0)
+        self._free: IntArray = np.zeros(0, dtype=np.int64)
+        self._cap: IntArray = np.zeros(0, dtype=np.int64)
+        self._resident: dict[str, BoolArray] = {}
+        self._shared = False  # the arrays belong to a snapshot: copy before writing
+        self._base: ViewSnapshot | None = None
+        self._placed: ViewSnapshot | None = None  # the base plus counted placements
+        self._next_expiry = math.inf
+
+    # -- updates ----------------------------------------------------------------------------
+
+    def update_self(self, state: WorkerState) -> None:
+        """This worker's own state: applied unconditionally, and it clears this worker's
+        counted placements (its own queue already holds them)."""
+        if state.name != self.self_name:
+            raise ConfigError(
+                f"update_self got the state of {state.name!r}; this is {self.self_name!r}"
+            )
+        self._pending.pop(self.self_name, None)
+        self._store(state)
+
+    def apply_heartbeat(self, state: WorkerState, now: float) -> bool:
+        """Fold in a peer's heartbeat received at ``now``; False (ignored) unless its ``seq``
+        is newer than the last one applied, or if it claims to be this worker."""
+        name = state.name
+        if name == self.self_name:
+            return False
+        old = self._states.get(name)
+        if old is not None and state.seq <= old.seq:
+            return False
+        self._received[name] = now
+        pending = self._pending.get(name)
+        if pending:
+            # a heartbeat received this long after a placement reflects it
+            kept = [p for p in pending if now - p.placed_at <= self.settle_s]
+            if kept:
+                self._pending[name] = kept
+            else:
+                del self._pending[name]
+        self._store(state)
+        return True
+
+    def note_placement(
+        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+    ) -> None:
+        """Count a task of ``seconds`` just placed on ``worker`` (see the class docstring).
+
+        A worker the view does not know is ignored: the plan will be adjusted when it fails.
+        """
+        if worker not in self._positions:
+            return
+        self._pending.setdefault(worker, []).append(_Placement(now, seconds, model, model_bytes))
+        self._next_expiry = min(self._next_expiry, now + seconds)
+        self._placed = None
+
+    def remove(self, worker: str) -> None:
+        """Forget a peer (it left or was declared dead); its next heartbeat re-adds it."""
+        if worker == self.self_name:
+            raise ConfigError(f"a worker cannot remove itself ({worker!r}) from its view")
+        if worker not in self._states:
+            return
+        del self._states[worker]
+        self._received.pop(worker, None)
+        self._pending.pop(worker, None)
+        self._rebuild()
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self._states
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def names(self) -> tuple[str, ...]:
+        """Every worker in the view, sorted."""
+        return self._names
+
+    def get(self, worker: str) -> WorkerState | None:
+        """The last state applied for ``worker``."""
+        return self._states.get(worker)
+
+    def age_s(self, worker: str, now: float) -> float:
+        """Seconds since ``worker``'s last applied heartbeat (0 for this worker)."""
+        if worker == self.self_name and worker in self._states:
+            return 0.0
+        received = self._received.get(worker)
+        if received is None:
+            raise ConfigError(f"worker {worker!r} is not in the view of {self.self_name!r}")
+        return max(0.0, now - received)
+
+    def pending(self, worker: str) -> int:
+        """How many placements on ``worker`` are still counted."""
+        return len(self._pending.get(worker, ()))
+
+    def snapshot(self, now: float) -> ViewSnapshot:
+        """An immutable picture at ``now``, counting placements not yet settled or run."""
+        self._expire(now)
+        if self._base is None:
+            self._base = ViewSnapshot._frozen(
+                self._names, self._wait, self._free, self._cap, self._resident, self._positions
+            )
+            self._shared = True
+        if not self._pending:
+            return self._base
+        if self._placed is None:
+            self._placed = self._with_placements(self._base)
+        return self._placed
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        # a placed task has run by placement time + its length: stop counting it
+        if now <= self._next_expiry:
+            return
+        self._placed = None
+        done = [
+            w for w, ps in self._pending.items() if any(now > p.placed_at + p.seconds for p in ps)
+        ]
+        for worker in done:
+            kept = [p for p in self._pending[worker] if now <= p.placed_at + p.seconds]
+            if kept:
+                self._pending[worker] = kept
+            else:
+                del self._pending[worker]
+        self._next_expiry = min(
+            (p.placed_at + p.seconds for ps in self._pending.values() for p in ps),
+            default=math.inf,
+        )
+
+    def _with_placements(self, base: ViewSnapshot) -> ViewSnapshot:
+        wait = base.wait_s.copy()
+        free = base.free_bytes.copy()
+        resident = dict(base.resident)
+        copied: set[str] = set()
+        n = len(base.names)
+        for worker, placements in self._pending.items():
+            i = self._positions[worker]
+            for p in placements:
+                wait[i] += p.seconds
+                if p.model is None:
+                    continue
+                row = resident.get(p.model)
+                if row is not None and row[i]:
+                    continue  # resident, loading or already counted as coming
+                if p.model not in copied:
+                    row = np.zeros(n, dtype=np.bool_) if row is None else row.copy()
+                    resident[p.model] = row
+                    copied.add(p.model)
+                assert row is not None
+                row[i] = True
+                free[i] -= p.model_bytes
+        np.maximum(free, 0, out=free)
+        return ViewSnapshot._frozen(
+            base.names, wait, free, base.capacity_bytes, resident, self._positions
+        )
+
+    def _store(self, state: WorkerState) -> None:
+        old = self._states.get(state.name)
+        self._states[state.name] = state
+        self._base = None
+        self._placed = None
+        if old is None:
+            self._rebuild()
+            return
+        if self._shared:
+            self._wait = self._wait.copy()
+            self._free = self._free.copy()
+            self._cap = self._cap.copy()
+            self._resident = {m: row.copy() for m, row in self._resident.items()}
+            self._shared = False
+        i = self._positions[state.name]
+        self._wait[i] = state.wait_s
+        self._free[i] = state.free_bytes
+        self._cap[i] = state.capacity_bytes
+        before = old.models | old.loading
+        after = state.models | state.loading
+        if before != after:
+            for model in before ^ after:
+                row = self._resident.get(model)
+                if row is None:
+                    row = self._resident[model] = np.zeros(len(self._names), dtype=np.bool_)
+                row[i] = model in after
+
+    def _rebuild(self) -> None:
+        names = tuple(sorted(self._states))
+        self._names = names
+        self._positions = MappingProxyType({n: i for i, n in enumerate(names)})
+        self._wait, self._free, self._cap, self._resident = _arrays(
+            [self._states[n] for n in names]
+        )
+        self._shared = False
+        self._base = None
+        self._placed = None

@@ -1,0 +1,329 @@
+"""Workflows: named DAGs of tasks, validated once, with the orders and ranks the planner needs.
+
+A :class:`Workflow` is immutable after construction. Everything the planner asks of it on its
+hot path (topological order, predecessor lists, task positions) is computed in ``__init__``;
+upward ranks are computed on first use and cached per bandwidth.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from compass.errors import InvalidInputs, ModelTooLarge, WorkflowError
+
+__all__ = ["Task", "TaskProfile", "Workflow"]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskProfile:
+    """What a task is expected to cost, as declared by the workflow's author.
+
+    ``exec_ms``: expected execution time in milliseconds; ``output_bytes``: size of its output;
+    ``input_bytes``: size of the job input a root task receives (0 for other tasks).
+    """
+
+    exec_ms: float
+    output_bytes: int
+    input_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.exec_ms) or not self.exec_ms >= 0:
+            raise WorkflowError(f"TaskProfile.exec_ms must be a number >= 0, got {self.exec_ms!r}")
+        for field_name in ("output_bytes", "input_bytes"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise WorkflowError(
+                    f"TaskProfile.{field_name} must be an integer >= 0, got {value!r}"
+                )
+
+    @property
+    def exec_s(self) -> float:
+        """Expected execution time in seconds."""
+        return self.exec_ms / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One step of a workflow.
+
+    ``fn(model_module_or_None, **inputs)`` computes the output: a root task receives the job's
+    inputs as keyword arguments, any other task one keyword argument per predecessor, named
+    after it. ``fn=None`` marks an emulated task (it stands in for compute with its profile).
+    """
+
+    name: str
+    model: str | None
+    after: tuple[str, ...]
+    profile: TaskProfile
+    fn: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise WorkflowError(f"a task name must be a non-empty string, got {self.name!r}")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise WorkflowError(
+                f"task {self.name!r}: model must be a non-empty string or None, got {self.model!r}"
+            )
+        if isinstance(self.after, str) or not isinstance(self.after, Iterable):
+            raise WorkflowError(
+                f"task {self.name!r}: 'after' must be a sequence of task names, got {self.after!r}"
+            )
+        after = tuple(self.after)
+        for dep in after:
+            if not isinstance(dep, str) or not dep:
+                raise WorkflowError(
+                    f"task {self.name!r}: 'after' holds {dep!r}, which is not a task name"
+                )
+        # accept any iterable for convenience but store the tuple the type promises
+        object.__setattr__(self, "after", after)
+        if not isinstance(self.profile, TaskProfile):
+            raise WorkflowError(
+                f"task {self.name!r}: profile must be a TaskProfile, got {self.profile!r}"
+            )
+        if self.fn is not None and not callable(self.fn):
+            raise WorkflowError(f"task {self.name!r}: fn must be callable or None")
+
+
+class Workflow:
+    """A validated DAG of tasks.
+
+    Raises :class:`~compass.errors.WorkflowError` naming the problem for an empty workflow,
+    duplicate task names, a dependency on an unknown task or on itself, and cycles (naming the
+    tasks on the cycle).
+
+    ``tasks`` iterates in topological order (stable: declaration order wherever the
+    dependencies allow); ``index`` maps each task to its position in ``order``.
+    """
+
+    __slots__ = (
+        "_preds",
+        "_rank_cache",
+        "_succs",
+        "best_ms",
+        "index",
+        "inputs",
+        "models",
+        "name",
+        "order",
+        "roots",
+        "sinks",
+        "tasks",
+    )
+
+    name: str
+    inputs: tuple[str, ...]
+    best_ms: float | None
+    tasks: Mapping[str, Task]
+    order: tuple[str, ...]
+    index: Mapping[str, int]
+    roots: tuple[str, ...]
+    sinks: tuple[str, ...]
+    models: frozenset[str]
+
+    def __init__(
+        self,
+        name: str,
+        tasks: Iterable[Task],
+        *,
+        inputs: Sequence[str] = (),
+        best_ms: float | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise WorkflowError(f"a workflow name must be a non-empty string, got {name!r}")
+        self.name = name
+        if isinstance(inputs, str):
+            raise WorkflowError(
+                f"workflow {name!r}: inputs must be a sequence of names, not the string {inputs!r}"
+            )
+        self.inputs = tuple(inputs)
+        if len(set(self.inputs)) != len(self.inputs):
+            raise WorkflowError(f"workflow {name!r}: inputs {list(self.inputs)} repeat a name")
+        if best_ms is not None and (not _is_number(best_ms) or not best_ms > 0):
+            raise WorkflowError(f"workflow {name!r}: best_ms must be > 0, got {best_ms!r}")
+        self.best_ms = best_ms
+
+        declared: dict[str, Task] = {}
+        for task in tasks:
+            if not isinstance(task, Task):
+                raise WorkflowError(f"workflow {name!r}: {task!r} is not a Task")
+            if task.name in declared:
+                raise WorkflowError(f"workflow {name!r}: duplicate task name {task.name!r}")
+            declared[task.name] = task
+        if not declared:
+            raise WorkflowError(f"workflow {name!r} has no tasks")
+        for task in declared.values():
+            seen: set[str] = set()
+            for dep in task.after:
+                if dep == task.name:
+                    raise WorkflowError(f"workflow {name!r}: task {task.name!r} waits for itself")
+                if dep not in declared:
+                    raise WorkflowError(
+                        f"workflow {name!r}: task {task.name!r} waits for unknown task {dep!r}"
+                    )
+                if dep in seen:
+                    raise WorkflowError(
+                        f"workflow {name!r}: task {task.name!r} lists {dep!r} twice in 'after'"
+                    )
+                seen.add(dep)
+
+        order = _topological_order(name, declared)
+        self.order = order
+        self.tasks = MappingProxyType({t: declared[t] for t in order})
+        self.index = MappingProxyType({t: i for i, t in enumerate(order)})
+        succs: dict[str, list[str]] = {t: [] for t in order}
+        for t in order:
+            for dep in declared[t].after:
+                succs[dep].append(t)
+        self._preds = {t: declared[t].after for t in order}
+        self._succs = {t: tuple(s) for t, s in succs.items()}
+        self.roots = tuple(t for t in order if not declared[t].after)
+        self.sinks = tuple(t for t in order if not succs[t])
+        self.models = frozenset(t.model for t in declared.values() if t.model is not None)
+        self._rank_cache: dict[float, Mapping[str, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, tasks={list(self.order)})"
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def _known(self, task: str) -> str:
+        if task not in self._preds:
+            raise WorkflowError(f"workflow {self.name!r} has no task {task!r}")
+        return task
+
+    def preds(self, task: str) -> tuple[str, ...]:
+        """The tasks ``task`` waits for, in declaration order."""
+        return self._preds[self._known(task)]
+
+    def succs(self, task: str) -> tuple[str, ...]:
+        """The tasks that wait for ``task``, in topological order."""
+        return self._succs[self._known(task)]
+
+    def is_join(self, task: str) -> bool:
+        """Whether ``task`` waits for two or more tasks (its inputs must meet on one worker)."""
+        return len(self._preds[self._known(task)]) >= 2
+
+    def upward_rank(self, bytes_per_s: float) -> Mapping[str, float]:
+        """HEFT upward rank in seconds, from the declared profiles.
+
+        ``rank(t) = exec(t) + max over successors s of (output(t) / bytes_per_s + rank(s))``.
+        Cached per bandwidth.
+        """
+        if not _is_number(bytes_per_s) or not bytes_per_s > 0:
+            raise WorkflowError(f"upward_rank: bytes_per_s must be > 0, got {bytes_per_s!r}")
+        key = float(bytes_per_s)
+        cached = self._rank_cache.get(key)
+        if cached is not None:
+            return cached
+        rank: dict[str, float] = {}
+        for t in reversed(self.order):
+            profile = self.tasks[t].profile
+            xfer = profile.output_bytes / key
+            tail = max((xfer + rank[s] for s in self._succs[t]), default=0.0)
+            rank[t] = profile.exec_s + tail
+        result = MappingProxyType({t: rank[t] for t in self.order})
+        self._rank_cache[key] = result
+        return result
+
+    def check_models(self, model_sizes: Mapping[str, int], capacity_bytes: int | None) -> None:
+        """Every model must be known, and (when ``capacity_bytes`` is given) fit in it.
+
+        Raises :class:`~compass.errors.WorkflowError` for an unknown model and
+        :class:`~compass.errors.ModelTooLarge` for one larger than ``capacity_bytes``.
+        """
+        for t in self.order:
+            model = self.tasks[t].model
+            if model is None:
+                continue
+            if model not in model_sizes:
+                raise WorkflowError(
+                    f"workflow {self.name!r}: task {t!r} uses unknown model {model!r} "
+                    f"(known: {', '.join(sorted(model_sizes)) or 'none'})"
+                )
+            size = model_sizes[model]
+            if capacity_bytes is not None and size > capacity_bytes:
+                raise ModelTooLarge(
+                    f"workflow {self.name!r}: model {model!r} ({size} B) is larger than the "
+                    f"GPU cache ({capacity_bytes} B); give workers more cache memory",
+                    detail={"model": model, "bytes": size, "capacity": capacity_bytes},
+                )
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """With declared ``inputs``, the job's inputs must be exactly those names.
+
+        Raises :class:`~compass.errors.InvalidInputs` naming the missing and the unexpected
+        names. A workflow that declares no inputs accepts any.
+        """
+        if not self.inputs:
+            return
+        missing = [n for n in self.inputs if n not in inputs]
+        unexpected = sorted(str(n) for n in inputs if n not in self.inputs)
+        if not missing and not unexpected:
+            return
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(repr(n) for n in missing)}")
+        if unexpected:
+            parts.append(f"unexpected {', '.join(repr(n) for n in unexpected)}")
+        raise InvalidInputs(
+            f"workflow {self.name!r}: bad inputs: {'; '.join(parts)} "
+            f"(expected {', '.join(repr(n) for n in self.inputs)})",
+            detail={"missing": missing, "unexpected": unexpected},
+        )
+
+
+def _topological_order(workflow: str, tasks: Mapping[str, Task]) -> tuple[str, ...]:
+    """Kahn's algorithm, always taking the earliest-declared ready task (a stable order)."""
+    position = {t: i for i, t in enumerate(tasks)}
+    pending = {t: len(task.after) for t, task in tasks.items()}
+    waiters: dict[str, list[str]] = {t: [] for t in tasks}
+    for t, task in tasks.items():
+        for dep in task.after:
+            waiters[dep].append(t)
+    ready = [position[t] for t, n in pending.items() if n == 0]
+    heapq.heapify(ready)
+    names = list(tasks)
+    order: list[str] = []
+    while ready:
+        t = names[heapq.heappop(ready)]
+        order.append(t)
+        for w in waiters[t]:
+            pending[w] -= 1
+            if pending[w] == 0:
+                heapq.heappush(ready, position[w])
+    if len(order) < len(tasks):
+        cycle = _find_cycle(tasks, {t for t, n in pending.items() if n > 0})
+        raise WorkflowError(
+            f"workflow {workflow!r} has a cycle: {' -> '.join(cycle)}",
+            detail={"cycle": cycle},
+        )
+    return tuple(order)
+
+
+def _find_cycle(tasks: Mapping[str, Task], stuck: set[str]) -> list[str]:
+    """A cycle among the tasks Kahn could not order; each of them waits for another stuck task.
+
+    Walks predecessor links from a stuck task until one repeats; the walk is bounded by the
+    number of stuck tasks.
+    """
+    start = next(t for t in tasks if t in stuck)
+    path: list[str] = []
+    at: dict[str, int] = {}
+    t = start
+    while t not in at:
+        at[t] = len(path)
+        path.append(t)
+        t = next(d for d in tasks[t].after if d in stuck)
+    loop = path[at[t] :]
+    # the walk followed 'waits for' links; report in execution direction
+    loop.reverse()
+    return [*loop, loop[0]]

@@ -1,0 +1,410 @@
+"""Online profiles: expected execution times, output sizes, bandwidths and model sizes.
+
+Every estimate the planner uses lives here. Execution times and output sizes start from the
+workflow's declared profile and follow measurements by an exponential moving average (EMA);
+bandwidths start from configuration and follow measurements the same way.
+
+Layout, for speed: each worker name seen gets a small integer slot; per-worker values live in
+numpy arrays indexed by slot, NaN meaning "never measured there, use the default". The planner
+asks for whole vectors ordered like a view's worker names (:meth:`Profiles.exec_matrix`,
+:meth:`Profiles.h2d_inverse`, ...), one gather each. Version counters let callers cache what
+they derive: :meth:`Profiles.workflow_version` changes when a workflow's times or sizes do,
+:attr:`Profiles.links_version` when a bandwidth or a model size does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
+from compass.workflow.dag import Workflow
+
+if TYPE_CHECKING:
+    from compass.workflow.spec import Workload
+
+__all__ = ["Profiles"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.intp]
+
+_INITIAL_SLOTS = 8
+
+
+def _check_positive(what: str, value: float) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"{what} must be a number > 0, got {value!r}")
+    if math.isinf(value):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    return float(value)
+
+
+def _check_nonnegative(what: str, value: float) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ConfigError(f"{what} must be a number >= 0, got {value!r}")
+    if math.isinf(value):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    return float(value)
+
+
+class _WorkflowProfile:
+    """Per-task estimates of one workflow, indexed like ``workflow.order``."""
+
+    __slots__ = ("exec_by_slot", "exec_s", "measured_on_workers", "output_bytes", "version", "wf")
+
+    def __init__(self, wf: Workflow, slots: int, version: int) -> None:
+        self.wf = wf
+        tasks = [wf.tasks[t] for t in wf.order]
+        self.exec_s: FloatArray = np.array([t.profile.exec_s for t in tasks], dtype=np.float64)
+        self.output_bytes: FloatArray = np.array(
+            [t.profile.output_bytes for t in tasks], dtype=np.float64
+        )
+        self.exec_by_slot: FloatArray = np.full((len(tasks), slots), np.nan)
+        self.measured_on_workers = False
+        self.version = version
+
+
+class Profiles:
+    """Expected costs for the planner, seeded from declarations and updated by measurement.
+
+    Transfer model: ``transfer_s(src, dst, n) = fixed + n / net`` between two different
+    workers, plus, when ``staged`` (the default, the paper's GPU-to-GPU constant), the
+    device-to-host copy at the source and the host-to-device copy at the destination. Loading a
+    model of ``n`` bytes onto a worker's GPU costs ``fetch_s(worker, n) = n / h2d(worker)``.
+
+    ``alpha`` is the EMA weight of a new measurement.
+    """
+
+    def __init__(
+        self,
+        *,
+        h2d_bytes_per_s: float,
+        net_bytes_per_s: float,
+        net_fixed_s: float = 0.0,
+        d2h_bytes_per_s: float | None = None,
+        model_sizes: Mapping[str, int] | None = None,
+        workflows: Iterable[Workflow] = (),
+        alpha: float = 0.2,
+        staged: bool = True,
+    ) -> None:
+        self._h2d_default = _check_positive("h2d_bytes_per_s", h2d_bytes_per_s)
+        self._d2h_default = _check_positive(
+            "d2h_bytes_per_s", h2d_bytes_per_s if d2h_bytes_per_s is None else d2h_bytes_per_s
+        )
+        self._net_default = _check_positive("net_bytes_per_s", net_bytes_per_s)
+        self._fixed_default = _check_nonnegative("net_fixed_s", net_fixed_s)
+        if not isinstance(alpha, int | float) or not 0 < alpha <= 1:
+            raise ConfigError(f"Profiles alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = float(alpha)
+        self.staged = bool(staged)
+        # one clock for every workflow's version: a replaced workflow never reuses a number
+        self._clock = itertools.count(1)
+        self.links_version = 0
+        self._models: dict[str, int] = {}
+        for name, size in (model_sizes or {}).items():
+            self.set_model_bytes(name, size)
+        self._slots: dict[str, int] = {}
+        self._capacity = _INITIAL_SLOTS
+        self._h2d: FloatArray = np.full(self._capacity, np.nan)
+        self._d2h: FloatArray = np.full(self._capacity, np.nan)
+        self._h2d_measured = False
+        self._d2h_measured = False
+        # (src, dst) -> (bytes/s, fixed s); empty in the common case of one network
+        self._links: dict[str, dict[str, tuple[float, float]]] = {}
+        self._workflows: dict[str, _WorkflowProfile] = {}
+        self._perm_names: tuple[str, ...] | None = None
+        self._perm: IntArray = np.zeros(0, dtype=np.intp)
+        for wf in workflows:
+            self.add_workflow(wf)
+
+    @classmethod
+    def from_workload(cls, workload: Workload, *, alpha: float = 0.2) -> Profiles:
+        """Profiles for a parsed workload: its cluster's bandwidths, models and workflows."""
+        c = workload.cluster
+        return cls(
+            h2d_bytes_per_s=c.h2d_bytes_per_s,
+            d2h_bytes_per_s=c.d2h_bytes_per_s,
+            net_bytes_per_s=c.net_bytes_per_s,
+            net_fixed_s=c.net_fixed_s,
+            model_sizes=workload.models,
+            workflows=workload.workflows.values(),
+            alpha=alpha,
+        )
+
+    # -- workflows ------------------------------------------------------------------------
+
+    def add_workflow(self, wf: Workflow) -> None:
+        """Register ``wf``, seeding its estimates from the declared profile.
+
+        Registering the same object again keeps the measurements; a different workflow under
+        the same name replaces them.
+        """
+        known = self._workflows.get(wf.name)
+        if known is not None and (known.wf is wf or dict(known.wf.tasks) == dict(wf.tasks)):
+            known.wf = wf
+            return
+        self._workflows[wf.name] = _WorkflowProfile(wf, self._capacity, next(self._clock))
+
+    def _wf(self, workflow: str) -> _WorkflowProfile:
+        prof = self._workflows.get(workflow)
+        if prof is None:
+            raise UnknownWorkflow(
+                f"no profile for workflow {workflow!r}; known: "
+                f"{', '.join(sorted(self._workflows)) or 'none'}"
+            )
+        return prof
+
+    def _task(self, prof: _WorkflowProfile, task: str) -> int:
+        i = prof.wf.index.get(task)
+        if i is None:
+            raise WorkflowError(f"workflow {prof.wf.name!r} has no task {task!r}")
+        return i
+
+    def workflow_version(self, workflow: str) -> int:
+        """Changes whenever an estimate of ``workflow`` does."""
+        return self._wf(workflow).version
+
+    def exec_s(self, workflow: str, task: str, worker: str | None = None) -> float:
+        """Expected execution seconds of ``task``, on ``worker`` when measured there."""
+        prof = self._wf(workflow)
+        i = self._task(prof, task)
+        if worker is not None:
+            slot = self._slots.get(worker)
+            if slot is not None:
+                value = float(prof.exec_by_slot[i, slot])
+                if not math.isnan(value):
+                    return value
+        return float(prof.exec_s[i])
+
+    def output_bytes(self, workflow: str, task: str) -> int:
+        """Expected output size of ``task`` in bytes."""
+        prof = self._wf(workflow)
+        return round(float(prof.output_bytes[self._task(prof, task)]))
+
+    def observe_exec(self, workflow: str, task: str, worker: str, seconds: float) -> None:
+        """Fold a measured execution time into the task's estimate, overall and on ``worker``."""
+        seconds = _check_nonnegative("measured execution seconds", seconds)
+        prof = self._wf(workflow)
+        i = self._task(prof, task)
+        slot = self._slot(worker)
+        a = self.alpha
+        overall = float(prof.exec_s[i])
+        prof.exec_s[i] = overall + a * (seconds - overall)
+        # a worker's first measurement blends with the overall estimate so one outlier
+        # cannot set its value alone
+        mine = float(prof.exec_by_slot[i, slot])
+        if math.isnan(mine):
+            mine = overall
+        prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
+        prof.measured_on_workers = True
+        prof.version = next(self._clock)
+
+    def observe_output(self, workflow: str, task: str, nbytes: int) -> None:
+        """Fold a measured output size into the task's estimate."""
+        size = _check_nonnegative("measured output bytes", nbytes)
+        prof = self._wf(workflow)
+        i = self._task(prof, task)
+        old = float(prof.output_bytes[i])
+        prof.output_bytes[i] = old + self.alpha * (size - old)
+        prof.version = next(self._clock)
+
+    # -- models -----------------------------------------------------------------------------
+
+    def model_bytes(self, name: str) -> int:
+        """Size of model ``name`` in bytes."""
+        size = self._models.get(name)
+        if size is None:
+            raise WorkflowError(
+                f"unknown model {name!r}; known: {', '.join(sorted(self._models)) or 'none'}"
+            )
+        return size
+
+    def set_model_bytes(self, name: str, nbytes: int) -> None:
+        """Declare or correct a model's size."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ConfigError(f"model {name!r}: size must be an integer >= 0, got {nbytes!r}")
+        self._models[name] = nbytes
+        self.links_version += 1
+
+    @property
+    def model_sizes(self) -> Mapping[str, int]:
+        """Every known model and its size in bytes (a read-only view)."""
+        return MappingProxyType(self._models)
+
+    # -- bandwidths -------------------------------------------------------------------------
+
+    def _slot(self, worker: str) -> int:
+        slot = self._slots.get(worker)
+        if slot is not None:
+            return slot
+        slot = len(self._slots)
+        if slot >= self._capacity:
+            self._grow(max(2 * self._capacity, slot + 1))
+        self._slots[worker] = slot
+        return slot
+
+    def _grow(self, capacity: int) -> None:
+        extra = capacity - self._capacity
+
+        def pad(a: FloatArray) -> FloatArray:
+            tail = np.full((*a.shape[:-1], extra), np.nan)
+            return np.concatenate([a, tail], axis=-1)
+
+        self._h2d = pad(self._h2d)
+        self._d2h = pad(self._d2h)
+        for prof in self._workflows.values():
+            prof.exec_by_slot = pad(prof.exec_by_slot)
+        self._capacity = capacity
+
+    def h2d_bytes_per_s(self, worker: str) -> float:
+        """Host-to-device bandwidth of ``worker``."""
+        slot = self._slots.get(worker)
+        value = math.nan if slot is None else float(self._h2d[slot])
+        return self._h2d_default if math.isnan(value) else value
+
+    def d2h_bytes_per_s(self, worker: str) -> float:
+        """Device-to-host bandwidth of ``worker``."""
+        slot = self._slots.get(worker)
+        value = math.nan if slot is None else float(self._d2h[slot])
+        return self._d2h_default if math.isnan(value) else value
+
+    def set_h2d(self, worker: str, bytes_per_s: float) -> None:
+        """Set ``worker``'s host-to-device bandwidth (a fresh measurement or a known value)."""
+        self._h2d[self._slot(worker)] = _check_positive("h2d_bytes_per_s", bytes_per_s)
+        self._h2d_measured = True
+        self.links_version += 1
+
+    def set_d2h(self, worker: str, bytes_per_s: float) -> None:
+        """Set ``worker``'s device-to-host bandwidth."""
+        self._d2h[self._slot(worker)] = _check_positive("d2h_bytes_per_s", bytes_per_s)
+        self._d2h_measured = True
+        self.links_version += 1
+
+    def observe_h2d(self, worker: str, nbytes: int, seconds: float) -> None:
+        """Fold a timed host-to-device copy into ``worker``'s bandwidth estimate."""
+        if nbytes <= 0 or not seconds > 0:
+            return  # nothing measurable: an empty copy or a clock that did not move
+        old = self.h2d_bytes_per_s(worker)
+        self.set_h2d(worker, old + self.alpha * (nbytes / seconds - old))
+
+    def set_network(self, bytes_per_s: float, fixed_s: float) -> None:
+        """Set the default network bandwidth and fixed latency between any two workers."""
+        self._net_default = _check_positive("net_bytes_per_s", bytes_per_s)
+        self._fixed_default = _check_nonnegative("net_fixed_s", fixed_s)
+        self.links_version += 1
+
+    def set_link(
+        self, src: str, dst: str, bytes_per_s: float, fixed_s: float | None = None
+    ) -> None:
+        """Set the network bandwidth (and fixed latency) from ``src`` to ``dst`` only."""
+        bps = _check_positive("link bytes_per_s", bytes_per_s)
+        fixed = self._fixed_default if fixed_s is None else _check_nonnegative("fixed_s", fixed_s)
+        self._links.setdefault(src, {})[dst] = (bps, fixed)
+        self.links_version += 1
+
+    def observe_transfer(self, src: str, dst: str, nbytes: int, seconds: float) -> None:
+        """Fold a timed network transfer into the ``src`` -> ``dst`` bandwidth estimate."""
+        bps, fixed = self.link(src, dst)
+        payload_s = seconds - fixed
+        if nbytes <= 0 or not payload_s > 0:
+            return
+        self.set_link(src, dst, bps + self.alpha * (nbytes / payload_s - bps), fixed)
+
+    def link(self, src: str, dst: str) -> tuple[float, float]:
+        """``(bytes_per_s, fixed_s)`` of the network path from ``src`` to ``dst``."""
+        pair = self._links.get(src)
+        if pair is not None:
+            found = pair.get(dst)
+            if found is not None:
+                return found
+        return self._net_default, self._fixed_default
+
+    def transfer_s(self, src: str, dst: str, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` of task output from ``src`` to ``dst``; 0 on one worker."""
+        if src == dst:
+            return 0.0
+        bps, fixed = self.link(src, dst)
+        seconds = fixed + nbytes / bps
+        if self.staged:
+            seconds += nbytes / self.d2h_bytes_per_s(src) + nbytes / self.h2d_bytes_per_s(dst)
+        return seconds
+
+    def fetch_s(self, worker: str, nbytes: int) -> float:
+        """Seconds to copy ``nbytes`` of model weights from host memory to ``worker``'s GPU."""
+        return nbytes / self.h2d_bytes_per_s(worker)
+
+    # -- vectors for the planner -----------------------------------------------------------
+
+    @property
+    def net_bytes_per_s(self) -> float:
+        """The default network bandwidth."""
+        return self._net_default
+
+    @property
+    def net_fixed_s(self) -> float:
+        """The default network fixed latency."""
+        return self._fixed_default
+
+    @property
+    def default_h2d_bytes_per_s(self) -> float:
+        """Host-to-device bandwidth of a worker never measured."""
+        return self._h2d_default
+
+    @property
+    def default_d2h_bytes_per_s(self) -> float:
+        """Device-to-host bandwidth of a worker never measured."""
+        return self._d2h_default
+
+    @property
+    def has_links(self) -> bool:
+        """Whether any worker pair has its own network estimate."""
+        return bool(self._links)
+
+    def links_from(self, src: str) -> Mapping[str, tuple[float, float]]:
+        """Per-destination ``(bytes_per_s, fixed_s)`` overrides from ``src`` (often empty)."""
+        return self._links.get(src, {})
+
+    def _perm_for(self, names: tuple[str, ...]) -> IntArray:
+        # snapshots of an unchanged membership share one names tuple: identity is the fast hit
+        if names is not self._perm_names and names != self._perm_names:
+            self._perm = np.fromiter(
+                (self._slot(n) for n in names), dtype=np.intp, count=len(names)
+            )
+            self._perm_names = names
+        return self._perm
+
+    def _per_worker(self, values: FloatArray, default: float, names: tuple[str, ...]) -> FloatArray:
+        picked = values[self._perm_for(names)]
+        return np.where(np.isnan(picked), default, picked)
+
+    def h2d_inverse(self, names: tuple[str, ...]) -> FloatArray | float:
+        """Seconds per byte of host-to-device copy, per worker of ``names`` (or one scalar
+        when no worker has its own measurement)."""
+        if not self._h2d_measured:
+            return 1.0 / self._h2d_default
+        return 1.0 / self._per_worker(self._h2d, self._h2d_default, names)
+
+    def d2h_inverse(self, names: tuple[str, ...]) -> FloatArray | float:
+        """Seconds per byte of device-to-host copy, per worker of ``names`` (or one scalar)."""
+        if not self._d2h_measured:
+            return 1.0 / self._d2h_default
+        return 1.0 / self._per_worker(self._d2h, self._d2h_default, names)
+
+    def exec_matrix(self, workflow: str, names: tuple[str, ...]) -> FloatArray:
+        """Expected execution seconds, shape ``(tasks in workflow.order, len(names))``."""
+        prof = self._wf(workflow)
+        overall = prof.exec_s[:, None]
+        if not prof.measured_on_workers:
+            return np.repeat(overall, len(names), axis=1)
+        picked = prof.exec_by_slot[:, self._perm_for(names)]
+        return np.where(np.isnan(picked), overall, picked)
+
+    def output_vector(self, workflow: str) -> FloatArray:
+        """Expected output bytes per task, indexed like ``workflow.order`` (a copy)."""
+        return self._wf(workflow).output_bytes.copy()

@@ -1,0 +1,308 @@
+"""Workload files: models, workflows, a cluster and an arrival process, in one JSON document.
+
+The format is the one of ``bench/workloads/paper.json``. Units: model sizes in MB (10^6 bytes),
+``*_kb`` in 10^3 bytes, times in ms, bandwidths in GB/s (10^9 bytes/s), ``net_fixed_us`` in
+microseconds. Every object is converted to SI units (bytes, bytes/s, seconds) here, except the
+task profile times, which stay in ms as :class:`~compass.workflow.dag.TaskProfile` declares them.
+
+Every error is a :class:`~compass.errors.WorkflowError` naming the source and the key path of
+the offending field (``paper.json: workflows.vqa.tasks.embed.exec_ms: expected a number``).
+Keys the format does not know are ignored, except inside a task, where a misspelt key would
+otherwise silently drop a field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from compass.errors import ModelTooLarge, WorkflowError
+from compass.workflow.dag import Task, TaskProfile, Workflow
+
+__all__ = [
+    "ARRIVAL_PROCESSES",
+    "ArrivalSpec",
+    "ClusterSpec",
+    "Workload",
+    "load_workload",
+    "parse_workload",
+]
+
+ARRIVAL_PROCESSES = ("uniform", "poisson", "gamma")
+
+_MB = 1_000_000
+_KB = 1_000
+_GB = 1_000_000_000
+_TASK_KEYS = frozenset({"model", "exec_ms", "input_kb", "output_kb", "after", "about", "note"})
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """The cluster a workload was profiled on: SI units throughout."""
+
+    workers: int
+    gpu_memory_bytes: int
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    net_bytes_per_s: float
+    net_fixed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalSpec:
+    """How clients submit jobs: one client per workflow, ``mean_interval_ms_per_client`` apart
+    on average, ``jobs`` in all, under each of ``processes``; ``gamma_cv`` is the coefficient of
+    variation of the gamma process's inter-arrival times."""
+
+    mean_interval_ms_per_client: float
+    jobs: int
+    processes: tuple[str, ...]
+    gamma_cv: float
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A parsed workload: ``models`` maps each model to its size in bytes."""
+
+    name: str
+    models: Mapping[str, int]
+    workflows: Mapping[str, Workflow]
+    cluster: ClusterSpec
+    arrivals: ArrivalSpec
+    about: str = ""
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload JSON file."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkflowError(f"cannot read workload file {str(source)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkflowError(
+            f"{source.name}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        ) from None
+    return parse_workload(data, source=source.name)
+
+
+def parse_workload(data: Mapping[str, Any], *, source: str = "workload") -> Workload:
+    """Validate a workload already decoded from JSON; ``source`` names it in errors."""
+    reader = _Reader(source)
+    top = reader.obj(data, "")
+    name = reader.opt_str(top, "name", "", source.rsplit(".", 1)[0] or source)
+    about = reader.opt_str(top, "about", "", "")
+    cluster = _parse_cluster(reader, reader.obj(reader.get(top, "cluster", ""), "cluster"))
+    models = _parse_models(reader, reader.obj(reader.get(top, "models", ""), "models"))
+    flows = reader.obj(reader.get(top, "workflows", ""), "workflows")
+    if not flows:
+        raise reader.error("workflows", "no workflows")
+    workflows: dict[str, Workflow] = {}
+    for wf_name, wf_data in flows.items():
+        workflows[wf_name] = _parse_workflow(reader, wf_name, wf_data, models, cluster)
+    arrivals = _parse_arrivals(reader, top.get("arrivals"))
+    return Workload(
+        name=name,
+        models=MappingProxyType(models),
+        workflows=MappingProxyType(workflows),
+        cluster=cluster,
+        arrivals=arrivals,
+        about=about,
+    )
+
+
+class _Reader:
+    """Typed field access that names the source and key path in every error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, path: str, problem: str) -> WorkflowError:
+        where = f"{self.source}: {path}" if path else self.source
+        return WorkflowError(f"{where}: {problem}", detail={"source": self.source, "key": path})
+
+    @staticmethod
+    def join(path: str, key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    def obj(self, value: object, path: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.error(path, f"expected an object, got {_kind(value)}")
+        return value
+
+    def get(self, parent: Mapping[str, Any], key: str, path: str) -> Any:
+        if key not in parent:
+            raise self.error(self.join(path, key), "missing")
+        return parent[key]
+
+    def number(
+        self,
+        parent: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        positive: bool = False,
+        default: float | None = None,
+    ) -> float:
+        if default is not None and key not in parent:
+            return default
+        value = self.get(parent, key, path)
+        where = self.join(path, key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self.error(where, f"expected a number, got {_kind(value)}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise self.error(where, f"expected a finite number, got {value!r}")
+        if positive and value <= 0:
+            raise self.error(where, f"must be > 0, got {value!r}")
+        if value < 0:
+            raise self.error(where, f"must be >= 0, got {value!r}")
+        return float(value)
+
+    def integer(self, parent: Mapping[str, Any], key: str, path: str, *, minimum: int) -> int:
+        value = self.get(parent, key, path)
+        where = self.join(path, key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.error(where, f"expected an integer, got {_kind(value)}")
+        if value < minimum:
+            raise self.error(where, f"must be >= {minimum}, got {value}")
+        return value
+
+    def opt_str(self, parent: Mapping[str, Any], key: str, path: str, default: str) -> str:
+        value = parent.get(key, default)
+        if not isinstance(value, str):
+            raise self.error(self.join(path, key), f"expected a string, got {_kind(value)}")
+        return value
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}
+    for cls, text in names.items():
+        if isinstance(value, cls):
+            return f"{text} ({value!r})" if cls in (bool, str) else text
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    return type(value).__name__
+
+
+def _parse_cluster(reader: _Reader, data: Mapping[str, Any]) -> ClusterSpec:
+    path = "cluster"
+    return ClusterSpec(
+        workers=reader.integer(data, "workers", path, minimum=1),
+        gpu_memory_bytes=round(reader.number(data, "gpu_memory_mb", path, positive=True) * _MB),
+        h2d_bytes_per_s=reader.number(data, "h2d_gbps", path, positive=True) * _GB,
+        d2h_bytes_per_s=reader.number(data, "d2h_gbps", path, positive=True) * _GB,
+        net_bytes_per_s=reader.number(data, "net_gbps", path, positive=True) * _GB,
+        net_fixed_s=reader.number(data, "net_fixed_us", path, default=0.0) / 1e6,
+    )
+
+
+def _parse_models(reader: _Reader, data: Mapping[str, Any]) -> dict[str, int]:
+    models: dict[str, int] = {}
+    for name, entry in data.items():
+        path = f"models.{name}"
+        models[name] = round(reader.number(reader.obj(entry, path), "size_mb", path) * _MB)
+    return models
+
+
+def _parse_workflow(
+    reader: _Reader,
+    name: str,
+    data: object,
+    models: Mapping[str, int],
+    cluster: ClusterSpec,
+) -> Workflow:
+    path = f"workflows.{name}"
+    entry = reader.obj(data, path)
+    best_ms = reader.number(entry, "best_ms", path, positive=True) if "best_ms" in entry else None
+    tasks_path = f"{path}.tasks"
+    tasks_data = reader.obj(reader.get(entry, "tasks", path), tasks_path)
+    tasks: list[Task] = []
+    for task_name, task_data in tasks_data.items():
+        tasks.append(_parse_task(reader, task_name, task_data, f"{tasks_path}.{task_name}", models))
+    try:
+        workflow = Workflow(name, tasks, best_ms=best_ms)
+    except WorkflowError as exc:
+        raise reader.error(path, exc.message) from None
+    for task_name in workflow.order:
+        task = workflow.tasks[task_name]
+        if task.after and task.profile.input_bytes:
+            raise reader.error(
+                f"{tasks_path}.{task_name}.input_kb",
+                "only a root task (one with an empty 'after') receives the job input",
+            )
+    try:
+        workflow.check_models(models, cluster.gpu_memory_bytes)
+    except ModelTooLarge as exc:
+        raise ModelTooLarge(f"{reader.source}: {path}: {exc.message}", detail=exc.detail) from None
+    return workflow
+
+
+def _parse_task(
+    reader: _Reader, name: str, data: object, path: str, models: Mapping[str, int]
+) -> Task:
+    entry = reader.obj(data, path)
+    unknown = sorted(set(entry) - _TASK_KEYS)
+    if unknown:
+        raise reader.error(
+            reader.join(path, unknown[0]),
+            f"unknown key (a task has {', '.join(sorted(_TASK_KEYS - {'about', 'note'}))})",
+        )
+    model = entry.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise reader.error(
+                f"{path}.model", f"expected a model name or null, got {_kind(model)}"
+            )
+        if model not in models:
+            raise reader.error(
+                f"{path}.model",
+                f"unknown model {model!r} (the file's models: {', '.join(sorted(models))})",
+            )
+    after = entry.get("after", [])
+    if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+        raise reader.error(f"{path}.after", f"expected a list of task names, got {_kind(after)}")
+    try:
+        profile = TaskProfile(
+            exec_ms=reader.number(entry, "exec_ms", path),
+            output_bytes=round(reader.number(entry, "output_kb", path) * _KB),
+            input_bytes=round(reader.number(entry, "input_kb", path, default=0.0) * _KB),
+        )
+        return Task(name=name, model=model, after=tuple(after), profile=profile)
+    except WorkflowError as exc:
+        if exc.detail is not None:  # already names its key path
+            raise
+        raise reader.error(path, exc.message) from None
+
+
+def _parse_arrivals(reader: _Reader, data: object) -> ArrivalSpec:
+    """The ``arrivals`` object is optional: a file that only declares workflows gets the
+    paper's defaults (2000 ms per client, 1000 jobs, all three processes, CV 10)."""
+    if data is None:
+        return ArrivalSpec(2000.0, 1000, ARRIVAL_PROCESSES, 10.0)
+    path = "arrivals"
+    entry = reader.obj(data, path)
+    processes = entry.get("processes", list(ARRIVAL_PROCESSES))
+    if not isinstance(processes, list) or not processes:
+        raise reader.error(f"{path}.processes", "expected a non-empty list of process names")
+    for i, process in enumerate(processes):
+        if process not in ARRIVAL_PROCESSES:
+            raise reader.error(
+                f"{path}.processes[{i}]",
+                f"unknown arrival process {process!r} (known: {', '.join(ARRIVAL_PROCESSES)})",
+            )
+    return ArrivalSpec(
+        mean_interval_ms_per_client=reader.number(
+            entry, "mean_interval_ms_per_client", path, positive=True
+        ),
+        jobs=reader.integer(entry, "jobs", path, minimum=1),
+        processes=tuple(processes),
+        gamma_cv=reader.number(entry, "gamma_cv", path, positive=True, default=10.0),
+    )

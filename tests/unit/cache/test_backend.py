@@ -1,0 +1,131 @@
+"""Slab backends: choice, host arena views, the capacity backend, sans-IO import hygiene."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import compass.cache
+from compass.cache.backend import (
+    CapacityBackend,
+    HostBackend,
+    cuda_available,
+    make_backend,
+)
+from compass.config import CacheConfig
+from compass.errors import CacheError, ConfigError
+
+KiB = 1024
+
+
+def test_make_backend_by_name():
+    assert isinstance(make_backend(CacheConfig(64 * KiB, 4 * KiB, "host")), HostBackend)
+    assert isinstance(make_backend(CacheConfig(64 * KiB, 4 * KiB, "capacity")), CapacityBackend)
+    auto = make_backend(CacheConfig(64 * KiB, 4 * KiB, "auto"))
+    assert auto.kind == ("cupy" if cuda_available() else "host")
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the error raised without CuPy or a GPU")
+def test_cupy_backend_without_a_gpu_fails_clearly():
+    with pytest.raises(ConfigError, match="cupy backend needs"):
+        make_backend(CacheConfig(64 * KiB, 4 * KiB, "cupy"))
+
+
+def test_slab_size_must_suit_tensor_alignment():
+    with pytest.raises(ConfigError, match="multiple of 256"):
+        HostBackend(64 * KiB, 1000)
+
+
+def test_host_arena_views_and_copies():
+    backend = HostBackend(64 * KiB + 5, 4 * KiB)
+    assert backend.capacity_bytes == 64 * KiB  # whole slabs only
+    source = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    backend.copy_in([(8 * KiB, source)])
+    view = backend.tensor_view(8 * KiB, torch.float32, (3, 4), source.nbytes)
+    assert torch.equal(view, source)
+    start, end = backend.address_range()
+    assert start <= view.data_ptr()
+    assert view.data_ptr() + view.nbytes <= end
+    # a view is the arena: writing through numpy shows in the tensor
+    backend.array[8 * KiB : 8 * KiB + 4] = 0
+    assert view[0, 0].item() == 0.0
+    empty = backend.tensor_view(0, torch.float16, (0, 5), 0)
+    assert empty.shape == (0, 5)
+    with pytest.raises(CacheError, match="outside"):
+        backend.tensor_view(63 * KiB, torch.float32, (1024,), 4 * KiB)
+    backend.close()
+    with pytest.raises(CacheError, match="closed"):
+        backend.arena()
+
+
+def test_capacity_backend_holds_no_bytes():
+    backend = CapacityBackend(14 * 10**9, 64 * 2**20)
+    assert not backend.holds_bytes
+    assert backend.capacity_bytes == 14 * 10**9 // (64 * 2**20) * (64 * 2**20)
+    with pytest.raises(CacheError, match="holds no bytes"):
+        backend.arena()
+    with pytest.raises(CacheError, match="holds no bytes"):
+        backend.copy_in([(0, torch.zeros(1))])
+
+
+def _run(code: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+SANS_IO = ("slab.py", "pool.py", "policy.py")
+SANS_IO_DEPENDENCIES = {"compass.errors", *(f"compass.cache.{f[:-3]}" for f in SANS_IO)}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("filename", SANS_IO)
+def test_sans_io_core_imports_neither_asyncio_nor_torch(filename):
+    # checked on the source: the package root (compass/__init__) may pull in asyncio for its
+    # client, but these modules must not, so the simulator can reuse them unchanged
+    package = Path(compass.cache.__file__).parent
+    for name in _imports(package / filename):
+        root = name.split(".")[0]
+        assert root not in {"asyncio", "torch", "cupy", "numpy", "threading"}, name
+        if root == "compass":
+            assert name in SANS_IO_DEPENDENCIES, f"{filename} imports non-sans-IO {name}"
+
+
+def test_emulated_cache_never_imports_torch():
+    _run(
+        """
+        import asyncio, sys
+        from compass.cache import Model, ModelCache
+        from compass.config import CacheConfig
+
+        async def main():
+            cache = ModelCache({"m": Model.emulated("m", 10**9)},
+                               CacheConfig(14 * 10**9, 64 * 2**20, "capacity"))
+            with await cache.ensure("m") as lease:
+                assert lease.module is None
+            await cache.aclose()
+
+        asyncio.run(main())
+        assert "torch" not in sys.modules
+        """
+    )

@@ -1,0 +1,251 @@
+"""The Compass planner and its adjustment, on crafted views."""
+
+from __future__ import annotations
+
+import pytest
+
+from compass.errors import ModelTooLarge
+from compass.sched import (
+    ClusterView,
+    CompassPolicy,
+    JobInfo,
+    ViewSnapshot,
+    WorkerState,
+    make_policy,
+    record_plan,
+)
+from compass.workflow import Profiles, Task, TaskProfile, Workflow
+
+GB = 1_000_000_000
+MB = 1_000_000
+
+
+def t(
+    name: str,
+    *after: str,
+    model: str | None = "m",
+    ms: float = 100.0,
+    out: int = 1000,
+    inp: int = 0,
+) -> Task:
+    return Task(name, model, after, TaskProfile(exec_ms=ms, output_bytes=out, input_bytes=inp))
+
+
+def worker(
+    name: str,
+    wait: float = 0.0,
+    models: tuple[str, ...] = (),
+    free: int = 10 * GB,
+    capacity: int = 10 * GB,
+) -> WorkerState:
+    return WorkerState(name, wait, frozenset(models), free, capacity)
+
+
+def profiles(*wfs: Workflow, net: float = 1e9, h2d: float = 1e9, **sizes: int) -> Profiles:
+    models = {"m": 1 * GB} | sizes
+    return Profiles(
+        h2d_bytes_per_s=h2d,
+        net_bytes_per_s=net,
+        net_fixed_s=1e-4,
+        model_sizes=models,
+        workflows=wfs,
+        staged=False,
+    )
+
+
+def job(wf: Workflow, ingress: str = "a", input_bytes: int = 0, job_id: str = "j1") -> JobInfo:
+    return JobInfo(job_id, wf, ingress, input_bytes)
+
+
+ONE = Workflow("one", [t("x", inp=1000)])
+
+
+def test_prefers_the_worker_holding_the_model() -> None:
+    view = ViewSnapshot.build([worker("a"), worker("b", models=("m",)), worker("c")])
+    p = profiles(ONE)
+    assert make_policy("compass").plan(job(ONE), view, p, 0.0) == {"x": "b"}
+    # blind to the cache, the tie goes to the ingress
+    assert make_policy("compass_nocache").plan(job(ONE), view, p, 0.0) == {"x": "a"}
+
+
+def test_stays_at_the_ingress_holding_a_large_input_on_a_slow_network() -> None:
+    view = ViewSnapshot.build([worker("a", wait=0.5, models=("m",)), worker("b", models=("m",))])
+    slow = profiles(ONE, net=1 * MB)  # 3 MB take 3 s
+    fast = profiles(ONE, net=10 * GB)
+    policy = make_policy("compass")
+    assert policy.plan(job(ONE, input_bytes=3 * MB), view, slow, 0.0) == {"x": "a"}
+    assert policy.plan(job(ONE, input_bytes=3 * MB), view, fast, 0.0) == {"x": "b"}
+
+
+def test_shorter_queue_when_the_model_is_everywhere() -> None:
+    view = ViewSnapshot.build(
+        [worker("a", 0.5, ("m",)), worker("b", 0.1, ("m",)), worker("c", 0.3, ("m",))]
+    )
+    p = profiles(ONE)
+    assert make_policy("compass").plan(job(ONE), view, p, 10.0) == {"x": "b"}
+    # without the load term every worker looks idle: the ingress wins the tie
+    assert make_policy("compass_noload").plan(job(ONE), view, p, 10.0) == {"x": "a"}
+
+
+DIAMOND = Workflow(
+    "diamond",
+    [
+        t("r", model=None, ms=1.0, out=20 * MB),
+        t("x", "r", model="mx", out=10 * MB),
+        t("y", "r", model="my", out=1 * MB),
+        t("j", "x", "y", model=None, ms=1.0),
+    ],
+)
+
+
+def test_join_goes_where_its_larger_input_is() -> None:
+    # x can only run cheaply on b, y on c; the join follows the 10 MB output, not the 1 MB one
+    view = ViewSnapshot.build(
+        [worker("a"), worker("b", models=("mx",)), worker("c", models=("my",))]
+    )
+    p = profiles(DIAMOND, net=100 * MB, mx=5 * GB, my=5 * GB)
+    plan = make_policy("compass").plan(job(DIAMOND), view, p, 0.0)
+    assert plan["x"] == "b"
+    assert plan["y"] == "c"
+    assert plan["j"] == "b"
+
+
+def test_keeps_a_join_and_its_inputs_together_when_transfer_is_expensive() -> None:
+    view = ViewSnapshot.build([worker("a", models=("mx", "my")), worker("b", models=("mx", "my"))])
+    slow = profiles(DIAMOND, net=10 * MB, mx=GB, my=GB)
+    plan = make_policy("compass").plan(job(DIAMOND), view, slow, 0.0)
+    assert set(plan.values()) == {"a"}
+    # with a fast network the two branches run in parallel on two workers
+    fast = profiles(DIAMOND, net=1000 * GB, mx=GB, my=GB)
+    plan = make_policy("compass").plan(job(DIAMOND), view, fast, 0.0)
+    assert plan["x"] != plan["y"]
+
+
+def test_spreads_jobs_planned_back_to_back_between_heartbeats() -> None:
+    wf = Workflow("q", [t("x")])
+    p = profiles(wf)
+    names = ("a", "b", "c", "d")
+
+    def run(record: bool) -> list[str]:
+        view = ClusterView("a")
+        view.update_self(worker("a", models=("m",)))
+        for name in names[1:]:
+            view.apply_heartbeat(worker(name, models=("m",)), now=0.0)
+        policy = make_policy("compass")
+        chosen = []
+        for k in range(4):
+            info = job(wf, job_id=f"j{k}")
+            plan = policy.plan(info, view.snapshot(0.001), p, 0.001)
+            if record:
+                record_plan(view, info, plan, p, 0.001)
+            chosen.append(plan["x"])
+        return chosen
+
+    assert sorted(run(record=True)) == list(names)
+    assert run(record=False) == ["a"] * 4  # what herding looks like
+
+
+def test_eviction_penalty_and_models_brought_by_earlier_tasks() -> None:
+    wf = Workflow(
+        "fan",
+        [t("r", model=None, ms=0.0, out=0), t("x", "r", ms=100), t("y", "r", ms=100)],
+    )
+    p = profiles(wf)  # fetching m takes 1 s; 2 s when the cache must evict first
+    view = ViewSnapshot.build([worker("a"), worker("b", free=GB // 2)])
+    plan = make_policy("compass").plan(job(wf), view, p, 0.0)
+    # x brings m to a; y then finds it there (1.1 s + 0.1) rather than evicting on b (2.1 s)
+    assert plan == {"r": "a", "x": "a", "y": "a"}
+    # where b has room, y runs there in parallel (1 s fetch + 0.1) instead of queueing
+    view = ViewSnapshot.build([worker("a"), worker("b")])
+    plan = make_policy("compass").plan(job(wf), view, p, 0.0)
+    assert {plan["x"], plan["y"]} == {"a", "b"}
+
+
+def test_never_places_a_model_where_it_cannot_fit() -> None:
+    p = profiles(ONE)
+    view = ViewSnapshot.build(
+        [worker("a", models=(), free=GB // 2, capacity=GB // 2), worker("b", wait=30.0)]
+    )
+    assert make_policy("compass").plan(job(ONE), view, p, 0.0) == {"x": "b"}
+    tiny = ViewSnapshot.build([worker("a", free=10, capacity=10)])
+    with pytest.raises(ModelTooLarge, match="'m'"):
+        make_policy("compass").plan(job(ONE), tiny, p, 0.0)
+
+
+def test_measured_slow_worker_is_avoided() -> None:
+    view = ViewSnapshot.build([worker("a", models=("m",)), worker("b", models=("m",))])
+    p = profiles(ONE)
+    policy = make_policy("compass")
+    assert policy.plan(job(ONE), view, p, 0.0) == {"x": "a"}
+    for _ in range(5):
+        p.observe_exec("one", "x", "a", 1.0)  # a turns out ten times slower than b
+        p.observe_exec("one", "x", "b", 0.1)
+    assert p.exec_s("one", "x", "a") > 2 * p.exec_s("one", "x", "b")
+    assert policy.plan(job(ONE), view, p, 0.0) == {"x": "b"}
+
+
+CHAIN = Workflow("chain", [t("x", ms=100), t("y", "x", ms=100), t("z", "x", "y", ms=100)])
+
+
+def test_adjust_keeps_a_join_even_on_an_overloaded_worker() -> None:
+    view = ViewSnapshot.build([worker("a", 50.0, ("m",)), worker("b", 0.0, ("m",))])
+    plan = {"x": "a", "y": "a", "z": "a"}
+    policy = make_policy("compass")
+    assert policy.adjust(job(CHAIN), "z", plan, view, profiles(CHAIN), 0.0) == "a"
+
+
+def test_adjust_keeps_the_plan_under_the_threshold() -> None:
+    plan = {"x": "b", "y": "a", "z": "a"}
+    p = profiles(CHAIN)
+    at_limit = ViewSnapshot.build([worker("a", 0.15, ("m",)), worker("b", 0.0, ("m",))])
+    assert make_policy("compass").adjust(job(CHAIN), "y", plan, at_limit, p, 0.0) == "a"
+    over = ViewSnapshot.build([worker("a", 0.16, ("m",)), worker("b", 0.0, ("m",))])
+    assert make_policy("compass").adjust(job(CHAIN), "y", plan, over, p, 0.0) == "b"
+    assert (
+        make_policy("compass", adjust_threshold=2.0).adjust(job(CHAIN), "y", plan, over, p, 0.0)
+        == "a"
+    )
+
+
+def test_adjust_moves_an_overloaded_task_to_the_smallest_wait_plus_fetch() -> None:
+    plan = {"x": "a", "y": "a", "z": "a"}
+    p = profiles(CHAIN)  # fetching m costs 1 s
+    view = ViewSnapshot.build(
+        [worker("a", 5.0, ("m",)), worker("b", 0.0), worker("c", 0.6, ("m",)), worker("d", 0.9)]
+    )
+    assert make_policy("compass").adjust(job(CHAIN), "y", plan, view, p, 0.0) == "c"
+    # the ablations: no adjustment, or no load information, keep the plan
+    assert make_policy("compass_noadjust").adjust(job(CHAIN), "y", plan, view, p, 0.0) == "a"
+    assert make_policy("compass_noload").adjust(job(CHAIN), "y", plan, view, p, 0.0) == "a"
+    # without the cache term the idle worker looks best
+    assert make_policy("compass_nocache").adjust(job(CHAIN), "y", plan, view, p, 0.0) == "b"
+
+
+def test_adjust_counts_the_output_transfer_from_the_finishing_worker() -> None:
+    wf = Workflow("big", [t("x", out=50 * MB), t("y", "x")])
+    plan = {"x": "a", "y": "c"}
+    view = ViewSnapshot.build(
+        [worker("a", 0.35, ("m",)), worker("b", 0.0, ("m",)), worker("c", 9.0, ("m",))]
+    )
+    slow = profiles(wf, net=100 * MB)  # moving the output costs 0.5 s
+    assert make_policy("compass").adjust(job(wf), "y", plan, view, slow, 0.0) == "a"
+    fast = profiles(wf, net=100 * GB)
+    assert make_policy("compass").adjust(job(wf), "y", plan, view, fast, 0.0) == "b"
+
+
+def test_adjust_replaces_a_worker_that_left() -> None:
+    plan = {"x": "a", "y": "gone", "z": "gone"}
+    view = ViewSnapshot.build([worker("a", 0.0, ("m",)), worker("b", 0.0, ("m",))])
+    p = profiles(CHAIN)
+    for name in ("compass", "compass_noadjust", "heft", "compass_noload"):
+        assert make_policy(name).adjust(job(CHAIN), "y", plan, view, p, 0.0) == "a"
+        assert make_policy(name).adjust(job(CHAIN), "z", plan, view, p, 0.0) == "a"
+
+
+def test_central_plans_at_the_lowest_name() -> None:
+    view = ViewSnapshot.build([worker("c"), worker("b")])
+    central = make_policy("central")
+    assert central.planner(view) == "b"
+    assert isinstance(central, CompassPolicy)
+    assert central.plan(job(ONE, ingress="b"), view, profiles(ONE), 0.0) == {"x": "b"}
+    assert make_policy("compass").planner(view) is None

@@ -1,0 +1,188 @@
+"""The cluster view: heartbeats, counted placements, snapshots."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from compass.errors import ConfigError, ProtocolError
+from compass.sched import ClusterView, ViewSnapshot, WorkerState
+
+GB = 1_000_000_000
+
+
+def state(
+    name: str,
+    wait: float = 0.0,
+    models: tuple[str, ...] = (),
+    seq: int = 0,
+    free: int = 10 * GB,
+    loading: tuple[str, ...] = (),
+) -> WorkerState:
+    return WorkerState(
+        name, wait, frozenset(models), free, 10 * GB, seq=seq, loading=frozenset(loading)
+    )
+
+
+def test_worker_state_round_trips_through_msgpack() -> None:
+    s = WorkerState(
+        "w1",
+        0.25,
+        frozenset({"a", "b"}),
+        5,
+        9,
+        lanes=2,
+        lanes_busy=1,
+        seq=7,
+        loading=frozenset({"c"}),
+    )
+    wire = msgpack.unpackb(msgpack.packb(s.to_wire()))
+    assert WorkerState.from_wire(wire) == s
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"w": "soon"}, "'w' must be a number"),
+        ({"s": 1.5}, "'s' must be an integer"),
+        ({"m": "abc"}, "'m' must be a list"),
+        ({"f": 20}, "free_bytes"),
+        ({"w": -1.0}, "wait_s"),
+    ],
+)
+def test_malformed_worker_state_is_a_protocol_error(
+    change: dict[str, object], problem: str
+) -> None:
+    wire = state("w1", free=5).to_wire()
+    wire["c"] = 10
+    wire.update(change)
+    with pytest.raises(ProtocolError, match=problem):
+        WorkerState.from_wire(wire)
+    del wire["n"]
+    with pytest.raises(ProtocolError, match="missing field 'n'"):
+        WorkerState.from_wire(wire)
+
+
+def test_stale_heartbeats_are_ignored() -> None:
+    view = ClusterView("me")
+    assert view.apply_heartbeat(state("p", wait=1.0, seq=5), now=0.0)
+    assert not view.apply_heartbeat(state("p", wait=9.0, seq=4), now=0.1)
+    assert not view.apply_heartbeat(state("p", wait=9.0, seq=5), now=0.1)
+    snap = view.snapshot(0.2)
+    assert snap.wait_s[snap.index("p")] == 1.0
+    assert view.age_s("p", 0.2) == pytest.approx(0.2)
+    assert view.apply_heartbeat(state("p", wait=2.0, seq=6, models=("m",)), now=0.3)
+    snap = view.snapshot(0.3)
+    assert snap.wait_s[snap.index("p")] == 2.0
+    assert snap.holds("m").tolist() == [True]
+    # a peer cannot speak for this worker
+    assert not view.apply_heartbeat(state("me", seq=100), now=0.3)
+    assert "me" not in view
+
+
+def test_placements_count_until_a_later_heartbeat_settles_them() -> None:
+    view = ClusterView("me", heartbeat_s=0.01)  # settles after 20 ms
+    view.update_self(state("me"))
+    view.apply_heartbeat(state("p", seq=1, free=5 * GB), now=0.0)
+    view.note_placement("p", 1.0, "m", 2 * GB, now=0.0)
+    view.note_placement("p", 0.5, "m", 2 * GB, now=0.0)
+    snap = view.snapshot(0.001)
+    i = snap.index("p")
+    assert snap.wait_s[i] == pytest.approx(1.5)
+    assert snap.holds("m")[i]
+    assert snap.free_bytes[i] == 3 * GB  # the model's bytes come off once
+    # a heartbeat sent before the placement could show in it: still counted
+    view.apply_heartbeat(state("p", seq=2, free=5 * GB), now=0.015)
+    assert view.snapshot(0.016).wait_s[i] == pytest.approx(1.5)
+    # one received long enough after: it reflects the tasks, so they are no longer added
+    view.apply_heartbeat(state("p", seq=3, wait=1.4, free=3 * GB, loading=("m",)), now=0.03)
+    snap = view.snapshot(0.031)
+    assert snap.wait_s[i] == pytest.approx(1.4)
+    assert view.pending("p") == 0
+
+
+def test_placements_expire_when_the_task_would_have_run() -> None:
+    view = ClusterView("me", heartbeat_s=10.0)
+    view.apply_heartbeat(state("p", seq=1), now=0.0)
+    view.note_placement("p", 0.2, None, 0, now=1.0)
+    assert view.snapshot(1.2).wait_s[0] == pytest.approx(0.2)
+    assert view.snapshot(1.21).wait_s[0] == 0.0
+    assert view.pending("p") == 0
+
+
+def test_self_placements_clear_on_update_self() -> None:
+    view = ClusterView("me")
+    view.update_self(state("me"))
+    view.note_placement("me", 0.3, None, 0, now=0.0)
+    assert view.snapshot(0.0).wait_s[0] == pytest.approx(0.3)
+    view.update_self(state("me", wait=0.3))
+    assert view.snapshot(0.0).wait_s[0] == pytest.approx(0.3)
+    assert view.age_s("me", 100.0) == 0.0
+    with pytest.raises(ConfigError, match="'other'"):
+        view.update_self(state("other"))
+
+
+def test_placement_on_unknown_worker_is_ignored() -> None:
+    view = ClusterView("me")
+    view.update_self(state("me"))
+    view.note_placement("ghost", 1.0, None, 0, now=0.0)
+    assert view.snapshot(0.0).names == ("me",)
+
+
+def test_remove() -> None:
+    view = ClusterView("me")
+    view.update_self(state("me"))
+    for name in ("c", "a", "b"):
+        view.apply_heartbeat(state(name, seq=3, models=(name,)), now=0.0)
+    assert view.names() == ("a", "b", "c", "me")
+    view.note_placement("b", 5.0, None, 0, now=0.0)
+    view.remove("b")
+    assert "b" not in view
+    snap = view.snapshot(0.0)
+    assert snap.names == ("a", "c", "me")
+    assert snap.holds("c").tolist() == [False, True, False]
+    assert "b" not in snap
+    with pytest.raises(ConfigError):
+        snap.index("b")
+    with pytest.raises(ConfigError):
+        view.age_s("b", 0.0)
+    with pytest.raises(ConfigError):
+        view.remove("me")
+    # it comes back with its next heartbeat, sequence numbers starting afresh
+    assert view.apply_heartbeat(state("b", seq=0), now=1.0)
+    assert view.names() == ("a", "b", "c", "me")
+    assert view.pending("b") == 0
+
+
+def test_snapshots_are_immutable_and_unaffected_by_later_updates() -> None:
+    view = ClusterView("me")
+    view.update_self(state("me"))
+    view.apply_heartbeat(state("p", wait=1.0, seq=1, models=("m",)), now=0.0)
+    first = view.snapshot(0.0)
+    assert view.snapshot(0.0) is first  # nothing changed: the same object
+    with pytest.raises(ValueError, match="read-only"):
+        first.wait_s[0] = 5.0
+    view.apply_heartbeat(state("p", wait=3.0, seq=2), now=0.1)
+    view.update_self(state("me", wait=0.5, models=("m",)))
+    second = view.snapshot(0.1)
+    assert first.wait_s.tolist() == [0.0, 1.0]
+    assert first.holds("m").tolist() == [False, True]
+    assert second.wait_s.tolist() == [0.5, 3.0]
+    assert second.holds("m").tolist() == [True, False]
+
+
+def test_build_snapshot_directly() -> None:
+    snap = ViewSnapshot.build(
+        [state("b", wait=2.0, models=("x",)), state("a", wait=1.0, loading=("x", "y"))]
+    )
+    assert snap.names == ("a", "b")
+    assert snap.index("b") == 1
+    assert snap.wait_s.tolist() == [1.0, 2.0]
+    assert snap.holds("x").tolist() == [True, True]
+    assert snap.holds("y").tolist() == [True, False]
+    assert snap.holds("never").tolist() == [False, False]
+    assert snap.capacity_bytes.dtype == np.int64
+    assert snap.min_capacity_bytes == 10 * GB
+    with pytest.raises(ConfigError, match="twice"):
+        ViewSnapshot.build([state("a"), state("a")])

@@ -1,0 +1,137 @@
+"""Online profiles: seeding, moving averages, bandwidths and transfer times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
+from compass.workflow import Profiles, Task, TaskProfile, Workflow, load_workload
+
+PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
+
+
+def two_step() -> Workflow:
+    return Workflow(
+        "w",
+        [
+            Task("a", "m", (), TaskProfile(exec_ms=1000, output_bytes=100)),
+            Task("b", None, ("a",), TaskProfile(exec_ms=10, output_bytes=0)),
+        ],
+    )
+
+
+def profiles(**kwargs: float | bool) -> Profiles:
+    args: dict[str, float | bool] = {
+        "h2d_bytes_per_s": 1e9,
+        "d2h_bytes_per_s": 2e9,
+        "net_bytes_per_s": 1e8,
+        "net_fixed_s": 1e-3,
+        "alpha": 0.5,
+    }
+    args.update(kwargs)
+    return Profiles(model_sizes={"m": 4_000_000}, workflows=[two_step()], **args)  # type: ignore[arg-type]
+
+
+def test_from_workload_seeds_declared_values() -> None:
+    p = Profiles.from_workload(load_workload(PAPER))
+    assert p.exec_s("translation", "generate") == pytest.approx(0.561)
+    assert p.exec_s("translation", "generate", "anyone") == pytest.approx(0.561)
+    assert p.output_bytes("img_to_sound", "speech") == 3_000_000
+    assert p.model_bytes("depth") == 3_900_000_000
+    assert p.fetch_s("w0", 9_700_000_000) == pytest.approx(1.0)
+    assert p.transfer_s("w0", "w1", 12_000) == pytest.approx(2e-6 + 1e-6 + 2 * 12_000 / 9.7e9)
+
+
+def test_exec_moving_average_overall_and_per_worker() -> None:
+    p = profiles()
+    version = p.workflow_version("w")
+    p.observe_exec("w", "a", "x", 2.0)
+    assert p.workflow_version("w") != version
+    assert p.exec_s("w", "a") == pytest.approx(1.5)
+    assert p.exec_s("w", "a", "x") == pytest.approx(1.5)  # blended from the overall 1.0
+    assert p.exec_s("w", "a", "y") == pytest.approx(1.5)  # never measured: the overall
+    p.observe_exec("w", "a", "y", 3.0)
+    assert p.exec_s("w", "a") == pytest.approx(2.25)
+    assert p.exec_s("w", "a", "y") == pytest.approx(2.25)
+    assert p.exec_s("w", "a", "x") == pytest.approx(1.5)
+    matrix = p.exec_matrix("w", ("x", "y", "z"))
+    assert matrix.shape == (2, 3)
+    assert matrix[0].tolist() == pytest.approx([1.5, 2.25, 2.25])
+    assert matrix[1].tolist() == pytest.approx([0.01, 0.01, 0.01])
+    with pytest.raises(ConfigError):
+        p.observe_exec("w", "a", "x", -1.0)
+
+
+def test_output_moving_average() -> None:
+    p = profiles()
+    p.observe_output("w", "a", 300)
+    assert p.output_bytes("w", "a") == 200
+    assert p.output_vector("w").tolist() == [200.0, 0.0]
+
+
+def test_unknown_names() -> None:
+    p = profiles()
+    with pytest.raises(UnknownWorkflow, match="'nope'"):
+        p.exec_s("nope", "a")
+    with pytest.raises(WorkflowError, match="no task 'zz'"):
+        p.exec_s("w", "zz")
+    with pytest.raises(WorkflowError, match="unknown model 'gpt'"):
+        p.model_bytes("gpt")
+
+
+def test_transfer_and_fetch() -> None:
+    p = profiles()
+    n = 1_000_000
+    assert p.transfer_s("x", "x", n) == 0.0
+    expected = 1e-3 + n / 1e8 + n / 2e9 + n / 1e9
+    assert p.transfer_s("x", "y", n) == pytest.approx(expected)
+    assert profiles(staged=False).transfer_s("x", "y", n) == pytest.approx(1e-3 + n / 1e8)
+    assert p.fetch_s("x", n) == pytest.approx(1e-3)
+    p.set_h2d("y", 5e8)
+    assert p.fetch_s("y", n) == pytest.approx(2e-3)
+    assert p.fetch_s("x", n) == pytest.approx(1e-3)
+    assert p.transfer_s("x", "y", n) == pytest.approx(expected + n / 5e8 - n / 1e9)
+
+
+def test_links_per_pair_and_default() -> None:
+    p = profiles(staged=False)
+    before = p.links_version
+    p.set_link("x", "y", 1e6, 0.0)
+    assert p.links_version > before
+    assert p.transfer_s("x", "y", 1_000_000) == pytest.approx(1.0)
+    assert p.transfer_s("y", "x", 1_000_000) == pytest.approx(1e-3 + 1e-2)
+    p.set_network(1e9, 0.0)
+    assert p.transfer_s("y", "x", 1_000_000) == pytest.approx(1e-3)
+    assert p.transfer_s("x", "y", 1_000_000) == pytest.approx(1.0)  # the pair keeps its own
+
+
+def test_bandwidth_measurements_move_estimates() -> None:
+    p = profiles(staged=False)
+    p.observe_h2d("x", 1_000_000, 1e-3 / 3)  # measured 3 GB/s; EMA with alpha 0.5
+    assert p.h2d_bytes_per_s("x") == pytest.approx(2e9)
+    p.observe_transfer("x", "y", 1_000_000, 1e-3 + 1e-3)  # 1 ms fixed + 1 ms payload: 1 GB/s
+    assert p.link("x", "y")[0] == pytest.approx(0.5 * 1e8 + 0.5 * 1e9)
+
+
+def test_many_workers_keep_their_values() -> None:
+    p = profiles()
+    names = tuple(f"w{i:02d}" for i in range(40))
+    for i, name in enumerate(names):
+        p.observe_exec("w", "a", name, float(i))
+        p.set_h2d(name, 1e9 + i)
+    inverse = p.h2d_inverse(names)
+    assert isinstance(inverse, np.ndarray)
+    assert (1.0 / inverse).tolist() == pytest.approx([1e9 + i for i in range(40)])
+    matrix = p.exec_matrix("w", names)
+    for i, name in enumerate(names):
+        assert matrix[0, i] == pytest.approx(p.exec_s("w", "a", name))
+
+
+def test_bad_configuration() -> None:
+    with pytest.raises(ConfigError, match="h2d_bytes_per_s"):
+        Profiles(h2d_bytes_per_s=0, net_bytes_per_s=1.0)
+    with pytest.raises(ConfigError, match="alpha"):
+        Profiles(h2d_bytes_per_s=1.0, net_bytes_per_s=1.0, alpha=0.0)
