@@ -6,13 +6,14 @@ Nothing here reads the environment or a file at import time; only ``cli/`` turns
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from compass.errors import ConfigError
 
 __all__ = [
     "DEFAULT_PORT",
     "PROTOCOL_VERSION",
+    "DEFAULT_CACHE_BYTES",
     "CacheConfig",
     "Limits",
     "SchedConfig",
@@ -27,6 +28,9 @@ DEFAULT_PORT = 7341
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+
+#: model cache capacity of a real worker when none is configured
+DEFAULT_CACHE_BYTES = 2 * GiB
 
 
 def _positive(owner: object, **values: float | int | None) -> None:
@@ -83,10 +87,12 @@ class CacheConfig:
     """The worker's model cache: a slab pool of ``capacity_bytes`` on ``backend``.
 
     ``backend`` is ``"auto"`` (CuPy on a GPU, host memory elsewhere), ``"cupy"``, ``"host"`` or
-    ``"capacity"`` (accounts slabs, holds no bytes: emulated mode).
+    ``"capacity"`` (accounts slabs, holds no bytes: emulated mode). ``capacity_bytes=None`` lets
+    the worker choose: the workload's GPU memory when emulated, :data:`DEFAULT_CACHE_BYTES`
+    otherwise (see :meth:`resolved`).
     """
 
-    capacity_bytes: int = 2 * GiB
+    capacity_bytes: int | None = None
     slab_bytes: int = 64 * MiB
     backend: str = "auto"
     prefetch_depth: int = 3
@@ -97,13 +103,24 @@ class CacheConfig:
             raise ConfigError(
                 f"CacheConfig.backend must be auto, cupy, host or capacity, got {self.backend!r}"
             )
-        if self.capacity_bytes < self.slab_bytes:
+        if self.capacity_bytes is not None and self.capacity_bytes < self.slab_bytes:
             raise ConfigError(
                 f"cache capacity {self.capacity_bytes} B is smaller than one slab "
                 f"({self.slab_bytes} B)"
             )
         if self.prefetch_depth < 0:
             raise ConfigError("CacheConfig.prefetch_depth must be >= 0")
+
+    @property
+    def capacity(self) -> int:
+        """The capacity in bytes, the default when none was chosen."""
+        return DEFAULT_CACHE_BYTES if self.capacity_bytes is None else self.capacity_bytes
+
+    def resolved(self, default_bytes: int | None = None) -> CacheConfig:
+        """This config with ``capacity_bytes`` set (to ``default_bytes`` if it was ``None``)."""
+        if self.capacity_bytes is not None:
+            return self
+        return replace(self, capacity_bytes=default_bytes or DEFAULT_CACHE_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +158,8 @@ class WorkerConfig:
     lanes: int = 1
     emulate: bool = False
     time_scale: float = 1.0
+    #: answered jobs an ingress remembers for `trace` (benchmarks read placements from it)
+    trace_jobs: int = 10000
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -1,0 +1,52 @@
+"""Shared output for benchmarks: a table on the terminal and a JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["machine", "print_table", "write_json"]
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(_fmt(v) for v in row))
+    Console().print(table)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0 or abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3f}"
+    return "-" if value is None else str(value)
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if not path:
+        return
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    print(f"wrote {path}")

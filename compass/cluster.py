@@ -1,0 +1,186 @@
+"""A local cluster of worker processes on loopback, for ``compass up``, tests and benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from compass.client import Client
+from compass.errors import CompassError, CompassTimeout, ConfigError
+
+__all__ = ["LocalCluster", "WorkerProcess"]
+
+LISTENING = "compass worker listening on "
+
+
+class WorkerProcess:
+    """One ``compass worker start`` subprocess."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.name = name
+        self.process = process
+        self.log_path = log_path
+        self.address = ""
+        self._drain: asyncio.Task[None] | None = None
+
+    async def read_address(self, timeout: float) -> str:
+        assert self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        except TimeoutError:
+            raise CompassTimeout(
+                f"worker {self.name} did not start within {timeout:.0f} s; see {self.log_path}"
+            ) from None
+        text = line.decode(errors="replace").strip()
+        if not text.startswith(LISTENING):
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise CompassError(f"worker {self.name} failed to start: {text!r}\n{tail}")
+        self.address = text[len(LISTENING) :]
+        self._drain = asyncio.create_task(self._drain_stdout())
+        return self.address
+
+    async def _drain_stdout(self) -> None:
+        assert self.process.stdout is not None
+        while await self.process.stdout.read(65536):
+            pass
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+    def kill(self) -> None:
+        """SIGKILL: the worker gets no chance to say goodbye (failure tests)."""
+        if self.running:
+            self.process.kill()
+
+    async def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        if self.running:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            self.process.kill()
+            code = await self.process.wait()
+        if self._drain is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+        return code
+
+
+class LocalCluster:
+    """``workers`` worker processes on 127.0.0.1, joined into one cluster.
+
+    ``args`` are passed to every ``compass worker start`` (``--workload``, ``--policy``, ...).
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        token: str | None = None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_dir: str | Path | None = None,
+        startup_timeout: float = 60.0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        if workers < 1:
+            raise ConfigError(f"a cluster needs at least one worker, got {workers}")
+        self.size = workers
+        self.token = token if token is not None else secrets.token_hex(16)
+        self.args = list(args)
+        self.env = env
+        self.host = host
+        self.startup_timeout = startup_timeout
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="compass-cluster-")
+            log_dir = self._tmp.name
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.workers: list[WorkerProcess] = []
+
+    @property
+    def addresses(self) -> list[str]:
+        return [w.address for w in self.workers]
+
+    async def start(self) -> LocalCluster:
+        try:
+            first = await self.spawn("w0")
+            await asyncio.gather(
+                *(self.spawn(f"w{i}", join=first.address) for i in range(1, self.size))
+            )
+            await self.wait_joined()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def spawn(self, name: str, join: str | None = None, extra: Sequence[str] = ()) -> WorkerProcess:
+        """Start one more worker (joined to ``join``) and wait until it listens."""
+        argv = [sys.executable, "-m", "cli.main", "worker", "start", "--host", self.host,
+                "--port", "0", "--name", name, *self.args, *extra]
+        if join:
+            argv += ["--join", join]
+        env = dict(os.environ if self.env is None else self.env)
+        env["COMPASS_TOKEN"] = self.token
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+                env=env,
+            )
+        worker = WorkerProcess(name, process, log_path)
+        self.workers.append(worker)
+        await worker.read_address(self.startup_timeout)
+        return worker
+
+    async def wait_joined(self, timeout: float | None = None) -> None:
+        """Wait until every running worker sees every other running worker."""
+        deadline = asyncio.get_running_loop().time() + (timeout or self.startup_timeout)
+        live = [w for w in self.workers if w.running]
+        delay = 0.01
+        for worker in live:
+            async with Client(worker.address, token=self.token) as client:
+                while True:
+                    status = await client.status()
+                    if len(status["peers"]) >= len(live) - 1:
+                        break
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise CompassTimeout(
+                            f"worker {worker.name} sees {len(status['peers'])} of "
+                            f"{len(live) - 1} peers after startup"
+                        )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.2)
+
+    async def aclose(self) -> list[int]:
+        codes = list(await asyncio.gather(*(w.stop() for w in self.workers)))
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        return codes
+
+    def client(self, index: int = 0) -> Client:
+        return Client(self.workers[index].address, token=self.token)
+
+    async def __aenter__(self) -> LocalCluster:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

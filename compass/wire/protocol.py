@@ -1,0 +1,453 @@
+"""Sans-IO connection: handshake, request ids and message kinds, in the style of h11.
+
+Bytes go in (``get_buffer``/``buffer_updated`` or ``receive_data``), events come out
+(``next_event``), and ``send_*`` calls queue bytes that the caller collects with
+``data_to_send``. Nothing here touches a socket or an event loop.
+
+Every message is a msgpack array whose first element is its kind::
+
+    HELLO    [0, {version, role, name, nonce, token, proof?}]
+    AUTH     [1, proof]
+    READY    [2]
+    REFUSE   [3, code, message]                 handshake failed; the sender closes
+    REQUEST  [4, id, op, body]
+    RESPONSE [5, id, body]
+    ERROR    [6, id, code, message, detail]     the request ``id`` failed
+    NOTIFY   [7, op, body]
+
+Handshake (mutual HMAC-SHA256 over the cluster token; no token means an empty key)::
+
+    initiator                                   acceptor
+    HELLO{nonce_i}                      ->
+                                        <-      HELLO{nonce_a, proof=H("acceptor"+nonce_i+nonce_a)}
+    checks proof; AUTH{H("initiator"+nonce_a+nonce_i)} ->
+                                        <-      READY   (or REFUSE{auth} and close)
+
+A version mismatch is answered with REFUSE{version}; a failed proof on either side with
+REFUSE{auth}, so both ends report the same typed error. The initiator proves itself only after
+the acceptor has, so a peer without the token learns nothing it could replay. Until READY,
+frames are limited to :data:`HANDSHAKE_MAX_FRAME_BYTES`, so an unauthenticated peer cannot make
+this side allocate much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from compass.config import PROTOCOL_VERSION, Limits
+from compass.errors import (
+    AuthenticationError,
+    CompassError,
+    ConfigError,
+    ProtocolError,
+    VersionMismatch,
+    error_from_wire,
+)
+from compass.wire.codec import check_depth, decode_message, encode_message
+from compass.wire.frames import PREFIX_BYTES, FrameDecoder, encode_frame, padded_size
+
+__all__ = [
+    "HANDSHAKE_MAX_FRAME_BYTES",
+    "PEER_ROLES",
+    "Connection",
+    "ErrorResponse",
+    "Event",
+    "HandshakeComplete",
+    "LocalProtocolError",
+    "MessageKind",
+    "Notify",
+    "Request",
+    "Response",
+    "State",
+]
+
+#: frame size limit while the peer is not yet authenticated
+HANDSHAKE_MAX_FRAME_BYTES = 64 * 1024
+#: what a peer may say it is
+PEER_ROLES = frozenset({"worker", "client"})
+_NONCE_BYTES = 32
+_MAX_NAME_CHARS = 1024
+
+
+class LocalProtocolError(RuntimeError):
+    """The caller misused the connection (a bug on this side, not a fault of the peer)."""
+
+
+class MessageKind(enum.IntEnum):
+    HELLO = 0
+    AUTH = 1
+    READY = 2
+    REFUSE = 3
+    REQUEST = 4
+    RESPONSE = 5
+    ERROR = 6
+    NOTIFY = 7
+
+
+_HELLO, _AUTH, _READY, _REFUSE = 0, 1, 2, 3
+_REQUEST, _RESPONSE, _ERROR, _NOTIFY = 4, 5, 6, 7
+
+
+class State(enum.Enum):
+    IDLE = "idle"  # initiator, before initiate()
+    SENT_HELLO = "sent hello"  # initiator waits for the acceptor's HELLO
+    WAIT_HELLO = "wait hello"  # acceptor waits for the initiator's HELLO
+    WAIT_AUTH = "wait auth"  # acceptor proved itself, waits for the initiator's AUTH
+    SENT_AUTH = "sent auth"  # initiator proved itself, waits for READY
+    READY = "ready"
+    FAILED = "failed"
+
+
+#: message kinds the peer may send in each state; anything else is a protocol error
+_EXPECTED: dict[State, frozenset[int]] = {
+    State.IDLE: frozenset(),
+    State.SENT_HELLO: frozenset({_HELLO, _REFUSE}),
+    State.WAIT_HELLO: frozenset({_HELLO}),
+    State.WAIT_AUTH: frozenset({_AUTH, _REFUSE}),
+    State.SENT_AUTH: frozenset({_READY, _REFUSE}),
+    State.READY: frozenset({_REQUEST, _RESPONSE, _ERROR, _NOTIFY}),
+    State.FAILED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeComplete:
+    """The peer is authenticated; requests and notifies may flow both ways."""
+
+    peer_name: str
+    peer_role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The peer asks for ``op``; answer with ``send_response(id, ...)`` or ``send_error``."""
+
+    id: int
+    op: str
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """The answer to our request ``id``."""
+
+    id: int
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """Our request ``id`` failed on the peer (see :func:`compass.errors.error_from_wire`)."""
+
+    id: int
+    code: str
+    message: str
+    detail: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """A one-way message; there is no answer."""
+
+    op: str
+    body: Any
+
+
+Event = HandshakeComplete | Request | Response | ErrorResponse | Notify
+
+
+def _handshake_limits(limits: Limits) -> Limits:
+    cap = min(limits.max_frame_bytes, HANDSHAKE_MAX_FRAME_BYTES)
+    return dataclasses.replace(
+        limits, max_frame_bytes=cap, max_header_bytes=min(limits.max_header_bytes, cap)
+    )
+
+
+def _proof(key: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(key, label + first + second, hashlib.sha256).digest()
+
+
+class Connection:
+    """One end of a compass connection, without I/O.
+
+    ``role`` says who opened the connection (``"initiator"``) and who accepted it
+    (``"acceptor"``); ``peer_kind`` is what *this* side is (``"worker"`` or ``"client"``), sent
+    to the peer in the handshake. Peer faults raise :class:`ProtocolError`,
+    :class:`AuthenticationError` or :class:`VersionMismatch` from ``next_event``; after one,
+    the connection is failed and should be closed once ``data_to_send`` is flushed (it may hold
+    a REFUSE telling the peer why).
+    """
+
+    def __init__(
+        self,
+        role: Literal["initiator", "acceptor"],
+        *,
+        token: str | None,
+        name: str,
+        peer_kind: str,
+        limits: Limits,
+    ) -> None:
+        if role not in ("initiator", "acceptor"):
+            raise ConfigError(f"connection role must be 'initiator' or 'acceptor', got {role!r}")
+        if peer_kind not in PEER_ROLES:
+            raise ConfigError(f"role must be 'worker' or 'client', got {peer_kind!r}")
+        if not isinstance(name, str) or len(name) > _MAX_NAME_CHARS:
+            raise ConfigError(f"name must be a str of at most {_MAX_NAME_CHARS} characters")
+        self.role = role
+        self.name = name
+        self.peer_kind = peer_kind
+        self.limits = limits
+        self.peer_name = ""
+        self.peer_role = ""
+        self._key = (token or "").encode()
+        self._has_token = bool(token)
+        self._nonce = secrets.token_bytes(_NONCE_BYTES)
+        self._peer_nonce = b""
+        self._peer_has_token = False
+        self._decoder = FrameDecoder(_handshake_limits(limits))
+        self._out: list[bytes | memoryview] = []
+        self._next_id = 1
+        self._error: CompassError | None = None
+        self._state = State.IDLE if role == "initiator" else State.WAIT_HELLO
+
+    @property
+    def state(self) -> State:
+        """Where the connection stands (see the table ``_EXPECTED``)."""
+        return self._state
+
+    # -- input ------------------------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """See :meth:`FrameDecoder.get_buffer`."""
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """See :meth:`FrameDecoder.buffer_updated`."""
+        self._decoder.buffer_updated(nbytes)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Copy received bytes in; then call ``next_event`` until it returns ``None``."""
+        self._decoder.receive_data(data)
+
+    @property
+    def decoder(self) -> FrameDecoder:
+        """The framer underneath (its reuse counters are useful in benchmarks)."""
+        return self._decoder
+
+    def next_event(self) -> Event | None:
+        """The next event, or ``None`` when more bytes are needed."""
+        if self._error is not None:
+            raise self._error
+        try:
+            while True:
+                frame = self._decoder.next_frame()
+                if frame is None:
+                    return None
+                message = decode_message(frame.header, frame.buffers, self.limits)
+                if type(message) is not list or not message:
+                    raise ProtocolError(f"message is not a non-empty array: {message!r:.80}")
+                kind = message[0]
+                if self._state is State.READY:
+                    return self._ready_event(kind, message)
+                event = self._handshake_event(kind, message)
+                if event is not None:
+                    return event
+        except CompassError as exc:
+            self._state = State.FAILED
+            self._error = exc
+            raise
+
+    def _ready_event(self, kind: object, message: list[Any]) -> Event:
+        size = len(message)
+        if kind == _REQUEST and size == 4:
+            _, rid, op, body = message
+            if type(rid) is int and type(op) is str:
+                return Request(rid, op, body)
+        elif kind == _RESPONSE and size == 3:
+            _, rid, body = message
+            if type(rid) is int:
+                return Response(rid, body)
+        elif kind == _NOTIFY and size == 3:
+            _, op, body = message
+            if type(op) is str:
+                return Notify(op, body)
+        elif kind == _ERROR and size == 5:
+            _, rid, code, text, detail = message
+            if type(rid) is int and type(code) is str and type(text) is str:
+                return ErrorResponse(rid, code, text, detail)
+        raise ProtocolError(f"malformed {_kind_name(kind)} message: {message!r:.200}")
+
+    # -- handshake --------------------------------------------------------------------------
+
+    def initiate(self) -> list[bytes | memoryview]:
+        """Start the handshake (initiator only); returns the bytes to send first."""
+        if self.role != "initiator" or self._state is not State.IDLE:
+            raise LocalProtocolError(f"initiate() on an {self.role} in state {self._state.value}")
+        self._queue([_HELLO, self._hello_fields()])
+        self._state = State.SENT_HELLO
+        return self.data_to_send()
+
+    def _hello_fields(self) -> dict[str, Any]:
+        return {
+            "version": PROTOCOL_VERSION,
+            "role": self.peer_kind,
+            "name": self.name,
+            "nonce": self._nonce,
+            "token": self._has_token,
+        }
+
+    def _handshake_event(self, kind: object, message: list[Any]) -> Event | None:
+        if kind not in _EXPECTED[self._state]:
+            if kind in _EXPECTED[State.READY]:
+                raise ProtocolError(f"peer sent {_kind_name(kind)} before the handshake completed")
+            raise ProtocolError(
+                f"peer sent {_kind_name(kind)} during the handshake (state {self._state.value})"
+            )
+        if kind == _REFUSE:
+            code, text = [*message, None, None][1:3]
+            raise error_from_wire(code, f"peer refused the connection: {text}")
+        if kind == _HELLO:
+            self._receive_hello(message)
+            return None
+        if kind == _AUTH:
+            proof = message[1] if len(message) == 2 else None
+            expected = _proof(self._key, b"initiator", self._nonce, self._peer_nonce)
+            if not isinstance(proof, bytes) or not hmac.compare_digest(proof, expected):
+                self._refuse_auth()
+            self._queue([_READY])
+        return self._complete()
+
+    def _receive_hello(self, message: list[Any]) -> None:
+        fields = message[1] if len(message) == 2 else None
+        if not isinstance(fields, dict):
+            raise ProtocolError(f"malformed HELLO: {message!r:.200}")
+        version = fields.get("version")
+        if version != PROTOCOL_VERSION:
+            text = (
+                f"peer {fields.get('name')!r} speaks protocol version {version!r}, this side "
+                f"speaks {PROTOCOL_VERSION}; run the same compass version on both"
+            )
+            self._queue([_REFUSE, VersionMismatch.code, text])
+            raise VersionMismatch(text)
+        name, role, nonce = fields.get("name"), fields.get("role"), fields.get("nonce")
+        if not (
+            isinstance(name, str)
+            and len(name) <= _MAX_NAME_CHARS
+            and role in PEER_ROLES
+            and isinstance(nonce, bytes)
+            and len(nonce) == _NONCE_BYTES
+        ):
+            raise ProtocolError(f"malformed HELLO fields: {fields!r:.200}")
+        self.peer_name, self.peer_role, self._peer_nonce = name, str(role), nonce
+        self._peer_has_token = bool(fields.get("token"))
+        if self.role == "acceptor":
+            fields = self._hello_fields()
+            fields["proof"] = _proof(self._key, b"acceptor", nonce, self._nonce)
+            self._queue([_HELLO, fields])
+            self._state = State.WAIT_AUTH
+            return
+        proof = fields.get("proof")
+        expected = _proof(self._key, b"acceptor", self._nonce, nonce)
+        if not isinstance(proof, bytes) or not hmac.compare_digest(proof, expected):
+            self._refuse_auth()
+        self._queue([_AUTH, _proof(self._key, b"initiator", nonce, self._nonce)])
+        self._state = State.SENT_AUTH
+
+    def _refuse_auth(self) -> None:
+        peer = repr(self.peer_name)
+        if self._has_token and not self._peer_has_token:
+            text = f"peer {peer} has no cluster token but this side requires one"
+        elif self._peer_has_token and not self._has_token:
+            text = f"peer {peer} requires a cluster token and this side has none"
+        else:
+            text = f"peer {peer} holds a different cluster token"
+        self._queue([_REFUSE, AuthenticationError.code, f"authentication failed: {text}"])
+        raise AuthenticationError(f"authentication failed: {text}")
+
+    def _complete(self) -> HandshakeComplete:
+        self._state = State.READY
+        self._decoder.limits = self.limits
+        return HandshakeComplete(self.peer_name, self.peer_role)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def data_to_send(self) -> list[bytes | memoryview]:
+        """Take the bytes queued so far (write them in order)."""
+        out = self._out
+        self._out = []
+        return out
+
+    def send_request(self, op: str, body: Any = None) -> int:
+        """Queue a request; returns its id (unique on this connection)."""
+        self._require_ready(op)
+        request_id = self._next_id
+        self._next_id = request_id + 1
+        self._queue([_REQUEST, request_id, op, body])
+        return request_id
+
+    def send_response(self, request_id: int, body: Any = None) -> None:
+        """Queue the answer to the peer's request ``request_id``."""
+        self._require_ready()
+        self._queue([_RESPONSE, request_id, body])
+
+    def send_error(self, request_id: int, code: str, message: str, detail: Any = None) -> None:
+        """Queue a failure answer to the peer's request ``request_id``.
+
+        A ``detail`` that cannot be encoded is sent as its ``repr`` rather than lost.
+        """
+        self._require_ready()
+        try:
+            self._queue([_ERROR, request_id, code, message, detail])
+        except ProtocolError:
+            self._queue([_ERROR, request_id, code, message, repr(detail)[:4096]])
+
+    def send_notify(self, op: str, body: Any = None) -> None:
+        """Queue a one-way message."""
+        self._require_ready(op)
+        self._queue([_NOTIFY, op, body])
+
+    def _require_ready(self, op: object = "") -> None:
+        if self._state is not State.READY:
+            raise LocalProtocolError(f"cannot send in state {self._state.value}")
+        if type(op) is not str:
+            raise LocalProtocolError(f"op must be a str, got {type(op).__name__}")
+
+    def _queue(self, message: list[Any]) -> None:
+        header, buffers = encode_message(message)
+        limits = self.limits
+        if len(header) > limits.max_header_bytes:
+            raise ProtocolError(
+                f"message header of {len(header)} bytes exceeds "
+                f"max_header_bytes={limits.max_header_bytes}"
+            )
+        check_depth(header, limits.max_depth)
+        if buffers:
+            if len(buffers) > limits.max_buffers:
+                raise ProtocolError(
+                    f"message with {len(buffers)} arrays exceeds max_buffers={limits.max_buffers}"
+                )
+            lengths = [b.nbytes for b in buffers]
+            total = PREFIX_BYTES + 8 * len(buffers) + len(header) + padded_size(lengths)
+            if total > limits.max_frame_bytes:
+                raise ProtocolError(
+                    f"frame of {total} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
+                )
+        elif PREFIX_BYTES + len(header) > limits.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {PREFIX_BYTES + len(header)} bytes exceeds "
+                f"max_frame_bytes={limits.max_frame_bytes}"
+            )
+        self._out.extend(encode_frame(header, buffers))
+
+
+def _kind_name(kind: object) -> str:
+    try:
+        return MessageKind(kind).name  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return f"unknown message kind {kind!r:.20}"

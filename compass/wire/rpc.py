@@ -1,0 +1,123 @@
+"""Handler tables, and the one place where exceptions become wire errors.
+
+::
+
+    router = Router()
+
+    @router.request("ping")
+    async def ping(channel: Channel, body: Any) -> Any:
+        return body
+
+    @router.notify("heartbeat")
+    def heartbeat(channel: Channel, body: Any) -> None: ...
+
+    server = await serve(host, port, token=..., name=..., handler=router.handle_request,
+                         notify_handler=router.handle_notify)
+
+A :class:`~compass.errors.CompassError` raised by a handler reaches the caller as the same class
+(its ``code`` travels); any other exception arrives as :class:`~compass.errors.RemoteError` with
+the remote traceback as text in ``detail["traceback"]``. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from compass.errors import CompassError, ConfigError, RemoteError, UnknownOperation
+
+if TYPE_CHECKING:
+    from compass.wire.transport import Channel
+
+__all__ = ["NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
+
+log = logging.getLogger("compass.wire")
+
+RequestFunc = Callable[["Channel", Any], Awaitable[Any]]
+NotifyFunc = Callable[["Channel", Any], None]
+_R = TypeVar("_R", bound=RequestFunc)
+_N = TypeVar("_N", bound=NotifyFunc)
+
+
+def exception_to_wire(exc: BaseException, *, context: str = "") -> tuple[str, str, Any]:
+    """``(code, message, detail)`` for an exception raised while serving a request.
+
+    A :class:`CompassError` keeps its code, message and detail. Anything else becomes
+    ``"internal"`` with ``context`` (e.g. "handling 'ping' on w1") in the message and the
+    traceback text in ``detail["traceback"]``.
+    """
+    if isinstance(exc, CompassError):
+        wire = exc.to_wire()
+        return wire["code"], wire["message"], wire["detail"]
+    where = f" while {context}" if context else ""
+    message = f"{type(exc).__name__}{where}: {exc}"
+    text = "".join(traceback.format_exception(exc))
+    return RemoteError.code, message, {"exception": type(exc).__qualname__, "traceback": text}
+
+
+class Router:
+    """Maps op names to handlers; ``handle_request``/``handle_notify`` plug into the transport."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, RequestFunc] = {}
+        self._notifies: dict[str, NotifyFunc] = {}
+
+    @property
+    def request_ops(self) -> frozenset[str]:
+        """Ops with a request handler."""
+        return frozenset(self._requests)
+
+    @property
+    def notify_ops(self) -> frozenset[str]:
+        """Ops with a notify handler."""
+        return frozenset(self._notifies)
+
+    def request(self, op: str) -> Callable[[_R], _R]:
+        """Decorator: ``async def f(channel, body) -> response`` handles requests for ``op``."""
+
+        def register(func: _R) -> _R:
+            self.add_request(op, func)
+            return func
+
+        return register
+
+    def notify(self, op: str) -> Callable[[_N], _N]:
+        """Decorator: ``def f(channel, body) -> None`` handles one-way ``op`` (sync, inline)."""
+
+        def register(func: _N) -> _N:
+            self.add_notify(op, func)
+            return func
+
+        return register
+
+    def add_request(self, op: str, func: RequestFunc) -> None:
+        """Register ``func`` for request ``op``; an op may have one handler."""
+        if op in self._requests:
+            raise ConfigError(f"request op {op!r} already has a handler")
+        self._requests[op] = func
+
+    def add_notify(self, op: str, func: NotifyFunc) -> None:
+        """Register ``func`` for notify ``op``; an op may have one handler."""
+        if op in self._notifies:
+            raise ConfigError(f"notify op {op!r} already has a handler")
+        self._notifies[op] = func
+
+    async def handle_request(self, channel: Channel, op: str, body: Any) -> Any:
+        """Run the handler for ``op``; :class:`UnknownOperation` if there is none."""
+        func = self._requests.get(op)
+        if func is None:
+            raise UnknownOperation(
+                f"{channel.local_name!r} has no handler for request {op!r}",
+                detail={"op": op},
+            )
+        return await func(channel, body)
+
+    def handle_notify(self, channel: Channel, op: str, body: Any) -> None:
+        """Run the handler for ``op``; an unknown op is logged and dropped."""
+        func = self._notifies.get(op)
+        if func is None:
+            log.warning("dropping notify %r from %r: no handler", op, channel.peer_name)
+            return
+        func(channel, body)

@@ -1,0 +1,118 @@
+"""Job bookkeeping, sans-IO: what an ingress remembers of its jobs, and the inbox where a
+worker gathers a task's inputs until all of them have arrived (a join waits for every
+predecessor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from compass.workflow.dag import Workflow
+
+__all__ = ["IngressJob", "Inbox", "InboxEntry", "JOB_INPUTS"]
+
+#: the "from" of a push that carries the job's own inputs to a root task
+JOB_INPUTS = ""
+
+
+@dataclass(slots=True)
+class IngressJob:
+    """A job as its ingress tracks it until it is answered exactly once."""
+
+    job_id: str
+    workflow: Workflow
+    inputs: dict[str, Any]
+    input_bytes: int
+    submitted_at: float
+    attempt: int = 0
+    #: task -> worker, kept current as workers report moves
+    plan: dict[str, str] = field(default_factory=dict)
+    #: sink task -> output, for workflows with several sinks
+    outputs: dict[str, Any] = field(default_factory=dict)
+    answered: bool = False
+
+    def involves(self, worker: str) -> bool:
+        return worker in self.plan.values()
+
+    def workers(self) -> set[str]:
+        return set(self.plan.values())
+
+
+@dataclass(slots=True)
+class InboxEntry:
+    workflow: str
+    needed: frozenset[str]
+    plan: dict[str, str]
+    ingress: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    arrived: set[str] = field(default_factory=set)
+    transfer_s: float = 0.0
+    first_at: float = 0.0
+
+
+class Inbox:
+    """Inputs of tasks whose predecessors have not all reported yet, keyed by job, attempt, task."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int, str], InboxEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        workflow: Workflow,
+        task: str,
+        source: str,
+        value: Any,
+        plan: dict[str, str],
+        ingress: str,
+        transfer_s: float,
+        now: float,
+    ) -> InboxEntry | None:
+        """Record one input; return the complete entry once every input is here, else ``None``.
+
+        ``source`` is a predecessor's name, or :data:`JOB_INPUTS` for a root task, whose value is
+        the mapping of job inputs. A repeated input (a retransmission) replaces the earlier one.
+        """
+        key = (job_id, attempt, task)
+        entry = self._entries.get(key)
+        if entry is None:
+            preds = workflow.preds(task)
+            entry = InboxEntry(
+                workflow=workflow.name,
+                needed=frozenset(preds) if preds else frozenset({JOB_INPUTS}),
+                plan=plan,
+                ingress=ingress,
+                first_at=now,
+            )
+            self._entries[key] = entry
+        else:
+            # later pushes may carry fresher placements of tasks further down the DAG
+            entry.plan.update(plan)
+        if source not in entry.needed:
+            return None
+        if source == JOB_INPUTS:
+            entry.inputs.update(value)
+        else:
+            entry.inputs[source] = value
+        entry.arrived.add(source)
+        entry.transfer_s = max(entry.transfer_s, transfer_s)
+        if entry.arrived >= entry.needed:
+            del self._entries[key]
+            return entry
+        return None
+
+    def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
+        stale = [
+            key
+            for key in self._entries
+            if key[0] == job_id and (below_attempt is None or key[1] < below_attempt)
+        ]
+        for key in stale:
+            del self._entries[key]
+        return len(stale)

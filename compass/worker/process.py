@@ -1,0 +1,82 @@
+"""Running one worker as a process: build its app and profiles, serve until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import replace
+
+from compass.app import App, load_app
+from compass.config import WorkerConfig
+from compass.errors import ConfigError
+from compass.wire.transport import new_event_loop
+from compass.worker.server import Worker
+from compass.workflow.profile import Profiles
+from compass.workflow.spec import load_workload
+
+__all__ = ["build_worker", "run_worker"]
+
+log = logging.getLogger("compass.worker")
+
+# First guesses for a real (non-emulated) worker, refined by measurement as it runs.
+REAL_H2D_GUESS = 10e9
+REAL_NET_GUESS = 1e9
+
+
+def build_worker(config: WorkerConfig) -> Worker:
+    """The worker ``config`` describes: an app module (real models) or a workload spec (emulated)."""
+    if (config.app is None) == (config.workload is None):
+        raise ConfigError("a worker needs exactly one of --app MODULE or --workload SPEC.json")
+    if config.workload is not None:
+        workload = load_workload(config.workload)
+        app = App.from_workload(workload)
+        profiles = Profiles.from_workload(workload)
+        if not config.emulate:
+            config = replace(config, emulate=True)
+        cache = config.cache.resolved(workload.cluster.gpu_memory_bytes)
+        if cache.backend == "auto":
+            cache = replace(cache, backend="capacity")
+        config = replace(config, cache=cache)
+    else:
+        assert config.app is not None
+        app = load_app(config.app)
+        profiles = Profiles(
+            h2d_bytes_per_s=REAL_H2D_GUESS,
+            net_bytes_per_s=REAL_NET_GUESS,
+            model_sizes={name: model.size_bytes for name, model in app.models.items()},
+            workflows=app.workflows.values(),
+        )
+    config = replace(config, cache=config.cache.resolved())
+    app.validate(config.cache.capacity)
+    return Worker(config, app, profiles)
+
+
+async def serve_worker(config: WorkerConfig) -> int:
+    worker = build_worker(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, worker.stop)
+    await worker.start()
+    # the first line on stdout is the contract with `compass up` and scripts
+    print(f"compass worker listening on {worker.address}", flush=True)
+    log.info("worker %s serving on %s (policy %s)", worker.name, worker.address, worker.policy.name)
+    try:
+        await worker.wait()
+    finally:
+        await worker.aclose()
+        log.info("worker %s stopped", worker.name)
+    return 0
+
+
+def run_worker(config: WorkerConfig) -> int:
+    """Serve until SIGINT or SIGTERM; returns the process exit code."""
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(serve_worker(config))
+    except ConfigError as exc:
+        print(f"compass worker: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        loop.close()

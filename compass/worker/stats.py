@@ -1,0 +1,68 @@
+"""Counters a worker keeps so that benchmarks can explain their results."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compass.worker.executor import TaskOutcome
+
+__all__ = ["WorkerStats", "payload_bytes"]
+
+
+def payload_bytes(value: Any) -> int:
+    """Approximate bytes ``value`` takes on the wire (arrays and tensors exactly)."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, bytes | bytearray | memoryview | str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values()) + 8 * len(value)
+    if isinstance(value, list | tuple):
+        return sum(payload_bytes(v) for v in value) + 8 * len(value)
+    element = getattr(value, "element_size", None)
+    numel = getattr(value, "numel", None)
+    if callable(element) and callable(numel):  # a torch tensor
+        return int(element()) * int(numel())
+    return 16
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Cumulative since start. Seconds are this worker's clock (scaled in emulated mode)."""
+
+    tasks_run: int = 0
+    tasks_failed: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    queue_s: float = 0.0
+    fetch_s: float = 0.0
+    transfer_s: float = 0.0
+    exec_s: float = 0.0
+    jobs_submitted: int = 0
+    jobs_completed: int = 0
+    jobs_failed: int = 0
+    moves: int = 0
+    replans: int = 0
+    peers_joined: int = 0
+    peers_lost: int = 0
+    messages_dropped: int = 0
+
+    def record(self, outcome: TaskOutcome) -> None:
+        self.tasks_run += 1
+        if outcome.error is not None:
+            self.tasks_failed += 1
+        if outcome.entry.model is not None:
+            if outcome.cache_hit:
+                self.cache_hits += 1
+            else:
+                self.cache_misses += 1
+        self.queue_s += outcome.queue_s
+        self.fetch_s += outcome.fetch_s
+        self.transfer_s += outcome.entry.transfer_s
+        self.exec_s += outcome.exec_s
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)

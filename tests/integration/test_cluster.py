@@ -1,0 +1,98 @@
+"""Several worker processes: decentralized planning, every policy, a worker killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from compass.cluster import LocalCluster
+from compass.sched import POLICY_NAMES
+from examples import vision_app
+
+from .conftest import PAPER
+
+PAPER_FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
+
+
+async def _trace(cluster: LocalCluster, index: int) -> list[dict]:
+    async with cluster.client(index) as client:
+        return await client.channel.request("trace", None)
+
+
+@pytest.mark.asyncio
+async def test_jobs_from_every_ingress_spread_over_the_cluster(worker_env: dict[str, str]) -> None:
+    args = ["--workload", PAPER, "--time-scale", "0.05"]
+    payload = np.zeros(3000 * 1000, dtype=np.uint8)
+    async with LocalCluster(3, args=args, env=worker_env) as cluster:
+        clients = [cluster.client(i) for i in range(3)]
+        for client in clients:
+            await client.connect()
+        try:
+            jobs = [
+                clients[i % 3].submit(PAPER_FLOWS[i % 4], data=payload, timeout=60)
+                for i in range(24)
+            ]
+            results = await asyncio.gather(*jobs)
+        finally:
+            for client in clients:
+                await client.aclose()
+        assert len(results) == 24
+        traces = [await _trace(cluster, i) for i in range(3)]
+    assert [len(t) for t in traces] == [8, 8, 8]
+    used = {worker for trace in traces for record in trace for worker in record["plan"].values()}
+    assert used == {"w0", "w1", "w2"}
+    assert all(record["ok"] for trace in traces for record in trace)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+async def test_every_policy_gives_correct_results(policy: str, worker_env: dict[str, str]) -> None:
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    expected = vision_app.reference(images)
+    args = ["--app", "examples.vision_app", "--policy", policy]
+    async with LocalCluster(2, args=args, env=worker_env) as cluster:
+        for index in (0, 1):
+            async with cluster.client(index) as client:
+                results = await asyncio.gather(
+                    *(client.submit("describe", image=images) for _ in range(4))
+                )
+            for got in results:
+                for key, value in expected.items():
+                    assert torch.equal(got[key], value), (policy, key)
+
+
+@pytest.mark.asyncio
+async def test_killed_worker_every_job_answered_exactly_once(worker_env: dict[str, str]) -> None:
+    # slow enough that the victim holds queued and running tasks when it dies
+    args = ["--workload", PAPER, "--time-scale", "0.2", "--peer-timeout-ms", "1000"]
+    payload = np.zeros(1000, dtype=np.uint8)
+    async with LocalCluster(4, args=args, env=worker_env) as cluster:
+        ingresses = [cluster.client(i) for i in range(3)]
+        for client in ingresses:
+            await client.connect()
+        try:
+            jobs = [
+                asyncio.ensure_future(
+                    ingresses[i % 3].submit(PAPER_FLOWS[i % 4], data=payload, timeout=120)
+                )
+                for i in range(30)
+            ]
+            await asyncio.sleep(0.5)
+            assert not all(job.done() for job in jobs)
+            cluster.workers[3].kill()
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+        finally:
+            for client in ingresses:
+                await client.aclose()
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert errors == []
+        traces = [await _trace(cluster, i) for i in range(3)]
+    records = [record for trace in traces for record in trace]
+    assert len(records) == 30
+    assert len({record["job"] for record in records}) == 30  # answered once each
+    assert all(record["ok"] for record in records)
+    assert any(record["attempts"] > 1 for record in records)  # some were re-planned
+    assert all("w3" not in record["plan"].values() for record in records if record["attempts"] > 1)

@@ -1,0 +1,75 @@
+"""Jobs through real worker processes: real torch models, emulated workloads, error paths."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from compass.cluster import LocalCluster
+from compass.errors import InvalidInputs, JobFailed, UnknownWorkflow
+from examples import vision_app
+
+from .conftest import PAPER
+
+APP = ["--app", "examples.vision_app"]
+
+
+@pytest.mark.asyncio
+async def test_real_models_match_running_them_directly(worker_env: dict[str, str]) -> None:
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    expected = vision_app.reference(images)
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        got = await client.submit("describe", image=images)
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            assert isinstance(got[key], torch.Tensor)
+            assert torch.equal(got[key], value), key
+        status = await client.status()
+        assert set(status["cache"]["resident"]) == {"encoder", "classifier"}
+
+
+@pytest.mark.asyncio
+async def test_errors_fail_the_job_and_the_worker_keeps_serving(worker_env: dict[str, str]) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        with pytest.raises(JobFailed) as failed:
+            await client.submit("fails", x=41)
+        assert failed.value.task == "explode"
+        assert failed.value.workflow == "fails"
+        assert "ValueError: cannot handle 41" in (failed.value.remote_traceback or "")
+        with pytest.raises(UnknownWorkflow, match="nope"):
+            await client.submit("nope", x=1)
+        with pytest.raises(InvalidInputs, match="image"):
+            await client.submit("describe", picture=1)
+        assert await client.submit("echo", x="still here") == "still here"
+
+
+@pytest.mark.asyncio
+async def test_many_concurrent_jobs(worker_env: dict[str, str]) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        results = await client.submit_many("echo", ({"x": i} for i in range(200)), concurrency=50)
+        assert results == list(range(200))
+
+
+@pytest.mark.asyncio
+async def test_emulated_paper_workload_with_eviction(worker_env: dict[str, str]) -> None:
+    # 8 GB of cache for 20.8 GB of models: every workflow mix forces evictions
+    args = ["--workload", PAPER, "--time-scale", "0.02", "--cache-mb", "8000"]
+    async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
+        payload = np.zeros(3000 * 1000, dtype=np.uint8)
+        names = ["translation", "question_answer", "img_to_sound", "object_detection"] * 3
+        results = await asyncio.gather(*(client.submit(n, data=payload) for n in names))
+        assert len(results) == len(names)
+        status = await client.status()
+        cache = status["cache"]
+        assert status["stats"]["jobs_completed"] == len(names)
+        assert cache["stats"]["evictions"] > 0
+        assert cache["capacity_bytes"] <= 8000 * (1 << 20)
+        resident = sum(
+            {"opt": 5720, "marian": 800, "mt5": 2000, "nli": 2140, "vit": 1700,
+             "txt2speech": 2700, "detr": 1800, "depth": 3900}[m] * 10**6
+            for m in cache["resident"]
+        )
+        assert resident <= cache["capacity_bytes"]

@@ -1,0 +1,153 @@
+"""A real worker process on loopback: handshake, status, bad peers, big arrays, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from compass import Client
+from compass.cluster import LocalCluster
+from compass.errors import AuthenticationError, ConnectFailed
+
+from .conftest import compass_argv
+
+APP = ["--app", "examples.vision_app"]
+
+
+@pytest.mark.asyncio
+async def test_ping_and_status(worker_env: dict[str, str]) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        rtt = await client.ping()
+        assert rtt > 0
+        status = await client.status()
+        assert status["name"] == "w0"
+        assert status["address"] == cluster.addresses[0]
+        assert status["version"] == __import__("compass").__version__
+        assert status["uptime_s"] >= 0
+        assert status["peers"] == []
+        assert "describe" in status["workflows"]
+
+
+@pytest.mark.asyncio
+async def test_wrong_and_missing_token_rejected(worker_env: dict[str, str]) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env, token="right-token") as cluster:
+        address = cluster.addresses[0]
+        with pytest.raises(AuthenticationError):
+            async with Client(address, token="wrong-token") as client:
+                await client.ping()
+        with pytest.raises(AuthenticationError):
+            async with Client(address, token=None) as client:
+                await client.ping()
+        async with cluster.client() as client:  # the worker still serves the right token
+            await client.ping()
+
+
+@pytest.mark.asyncio
+async def test_garbage_from_one_socket_does_not_disturb_others(worker_env: dict[str, str]) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as good:
+        host, port = cluster.addresses[0].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"\xff" * 4096 + b"GET / HTTP/1.1\r\n\r\n" * 10)
+        await writer.drain()
+        # the worker drops the offender: its socket reaches EOF
+        assert await asyncio.wait_for(reader.read(), 10) is not None
+        writer.close()
+        await good.ping()
+        assert (await good.submit("echo", x=[1, 2, 3])) == [1, 2, 3]
+
+
+@pytest.mark.asyncio
+async def test_big_array_round_trip_is_bit_exact(worker_env: dict[str, str]) -> None:
+    data = np.random.default_rng(7).integers(0, 2**63, size=(8 << 20,), dtype=np.uint64)  # 64 MiB
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        back = await client.submit("echo", x=data, timeout=60)
+        assert isinstance(back, np.ndarray)
+        assert back.dtype == data.dtype and back.shape == data.shape
+        assert np.array_equal(back, data)
+
+
+@pytest.mark.asyncio
+async def test_unreachable_address_fails_clearly() -> None:
+    with pytest.raises(ConnectFailed, match="127.0.0.1:1"):
+        async with Client("127.0.0.1:1") as client:
+            await client.ping()
+
+
+@pytest.mark.asyncio
+async def test_sigterm_exits_zero(worker_env: dict[str, str]) -> None:
+    cluster = LocalCluster(1, args=APP, env=worker_env)
+    await cluster.start()
+    try:
+        async with cluster.client() as client:
+            await client.ping()
+    finally:
+        codes = await cluster.aclose()
+    assert codes == [0]
+
+
+def test_status_cli(worker_env: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        compass_argv("worker", "start", "--port", "0", "--name", "solo", *APP),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**worker_env, "COMPASS_TOKEN": "t0k"},
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        assert first.startswith("compass worker listening on 127.0.0.1:")
+        address = first.rsplit(" ", 1)[1]
+        ok = subprocess.run(
+            compass_argv("status", address, "--json", "--token", "t0k"),
+            capture_output=True, text=True, env=worker_env, timeout=30,
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["name"] == "solo"
+        bad = subprocess.run(
+            compass_argv("status", address, "--token", "nope"),
+            capture_output=True, text=True, env=worker_env, timeout=30,
+        )
+        assert bad.returncode != 0
+        assert len(bad.stderr.strip().splitlines()) == 1
+        assert "token" in bad.stderr.lower() or "auth" in bad.stderr.lower()
+        down = subprocess.run(
+            compass_argv("status", "127.0.0.1:1"),
+            capture_output=True, text=True, env=worker_env, timeout=30,
+        )
+        assert down.returncode != 0 and "127.0.0.1:1" in down.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+        proc.stdout.close()
+
+
+def test_compass_up_starts_and_stops_a_joined_cluster(worker_env: dict[str, str], tmp_path) -> None:
+    proc = subprocess.Popen(
+        compass_argv("up", "--workers", "3", "--token", "up-token"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=worker_env,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().strip() for _ in range(3)]
+        addresses = [line.split()[1] for line in lines]
+        assert [line.split()[0] for line in lines] == ["w0", "w1", "w2"]
+
+        async def peers() -> int:
+            async with Client(addresses[2], token="up-token") as client:
+                return len((await client.status())["peers"])
+
+        assert asyncio.run(peers()) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
