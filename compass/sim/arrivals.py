@@ -53,7 +53,9 @@ def interarrival_s(
         return rng.exponential(mean_s, n)
     if process == "gamma":
         if not cv > 0 or not np.isfinite(cv):
-            raise ConfigError(f"gamma arrivals need a finite coefficient of variation > 0, got {cv!r}")
+            raise ConfigError(
+                f"gamma arrivals need a finite coefficient of variation > 0, got {cv!r}"
+            )
         return rng.gamma(1.0 / cv**2, mean_s * cv**2, n)
     raise ConfigError(f"unknown arrival process {process!r}; known: {', '.join(PROCESSES)}")
 
@@ -75,7 +77,9 @@ def job_arrivals(
     submit in lockstep). Times are shifted so that the first job arrives at 0.
     """
     if isinstance(workflows, str) or not workflows:
-        raise ConfigError(f"job_arrivals needs a non-empty sequence of workflow names, got {workflows!r}")
+        raise ConfigError(
+            f"job_arrivals needs a non-empty sequence of workflow names, got {workflows!r}"
+        )
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
         raise ConfigError(f"jobs must be an integer >= 0, got {jobs!r}")
     if not load > 0 or not np.isfinite(load):

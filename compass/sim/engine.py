@@ -1,0 +1,672 @@
+"""The discrete-event simulator: the real worker's decisions, in virtual time.
+
+Each simulated worker does what :class:`~compass.worker.server.Worker` does, with the same code
+for every decision:
+
+- the ingress plans a job with its policy (:func:`~compass.sched.make_policy`, one instance per
+  worker, as in a cluster) on a :class:`~compass.sched.view.ViewSnapshot` of its view, counts
+  the placements on peers, and pushes each root task to its worker (``central``: the plan is
+  asked of one worker, a round trip away);
+- a worker gathers a task's inputs in an :class:`~compass.worker.jobs.Inbox` (a join waits for
+  all) and queues it in a :class:`~compass.worker.queue.TaskQueue` on the virtual clock;
+- a lane pops tasks FIFO; a task's model is made resident and pinned exactly as
+  :meth:`ModelCache.ensure <compass.cache.models.ModelCache.ensure>` does it, over a
+  :class:`~compass.cache.policy.CacheCore` (plan_load, begin_load, pin, waiting while pinned or
+  loading models hold the slabs), then at most one prefetch is started as
+  :meth:`ModelCache.prefetch <compass.cache.models.ModelCache.prefetch>` does; then the task
+  runs for its profiled time;
+- when it finishes, the policy's ``adjust`` re-places each successor (if the policy is dynamic)
+  on this worker's view, and the output is pushed on; a sink's output goes to the ingress.
+
+Time costs: a model load takes ``Profiles.fetch_s`` at the spec's host-to-device bandwidth,
+a push between two workers ``Profiles.transfer_s`` of the output's declared size, a task its
+profiled execution time. What each worker sees of its peers is modelled in
+:mod:`compass.sim.state`.
+
+Events at the same virtual time run in the order they were scheduled; work a real worker would
+do in a later event-loop iteration (a lane waking up, a waiter retrying) runs after the current
+event, in order, as asyncio's ready queue would run it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from compass.cache.policy import CacheCore, LoadPlan
+from compass.cache.pool import SlabPool
+from compass.config import CacheConfig
+from compass.errors import CompassError, ConfigError, UnknownWorkflow
+from compass.sched import JobInfo, Policy, ViewSnapshot, make_policy
+from compass.sim.arrivals import Arrival
+from compass.sim.result import JobRecord, SimResult, TaskRecord
+from compass.sim.state import ClusterState
+from compass.worker.jobs import JOB_INPUTS, Inbox
+from compass.worker.queue import QueuedTask, TaskQueue
+from compass.workflow.dag import Task, Workflow
+from compass.workflow.profile import Profiles
+from compass.workflow.spec import Workload
+
+__all__ = ["simulate"]
+
+MiB = 1 << 20
+
+#: bytes of a plan request or reply on the wire (``central``): a few hundred bytes of msgpack
+_RPC_BYTES = 256
+
+#: a root task's "value": the job inputs are not simulated, only their size
+_NO_INPUTS: dict[str, Any] = {}
+
+Handler = Callable[[Any], None]
+
+
+def simulate(
+    workload: Workload,
+    *,
+    workers: int,
+    policy: str,
+    arrivals: Sequence[Arrival],
+    heartbeat_s: float = 0.01,
+    staleness_s: float | None = None,
+    lanes: int = 1,
+    prefetch: bool = True,
+    cache_bytes: int | None = None,
+    slab_bytes: int = 64 * MiB,
+    seed: int = 0,
+) -> SimResult:
+    """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
+
+    Workers are named ``w0`` .. ``w{n-1}`` (as a LocalCluster names them); client ``i`` submits
+    to ``w{i % workers}``. ``staleness_s`` (default ``heartbeat_s``) is how old the peers' state
+    in a view is at least; ``cache_bytes`` (default the spec's GPU memory) is each worker's
+    cache, in slabs of ``slab_bytes``; ``seed`` seeds the ``random`` policy.
+    """
+    sim = _Simulation(
+        workload,
+        workers=workers,
+        policy=policy,
+        heartbeat_s=heartbeat_s,
+        staleness_s=heartbeat_s if staleness_s is None else staleness_s,
+        lanes=lanes,
+        prefetch=prefetch,
+        cache_bytes=workload.cluster.gpu_memory_bytes if cache_bytes is None else cache_bytes,
+        slab_bytes=slab_bytes,
+        seed=seed,
+    )
+    return sim.run(arrivals)
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    id: str
+    workflow: Workflow
+    client: int
+    ingress: int
+    arrival: float
+    best_s: float
+    sinks_left: int
+    placed: dict[str, str] = field(default_factory=dict)
+    finish: float | None = None
+    error: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """One task on a lane, from pop to finish."""
+
+    worker: _Worker
+    entry: QueuedTask
+    job: _Job
+    task: Task
+    lane: int
+    fetch_from: float
+    upcoming: list[str] = field(default_factory=list)
+    hit: bool | None = None
+    waited: bool = False
+    fetch_s: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Load:
+    model: str
+    prefetch: bool
+    seconds: float
+    waiters: list[_Run] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Worker:
+    index: int
+    name: str
+    queue: TaskQueue
+    core: CacheCore
+    policy: Policy
+    inbox: Inbox = field(default_factory=Inbox)
+    busy: int = 0
+    idle_lanes: list[int] = field(default_factory=list)
+    inflight: dict[str, _Load] = field(default_factory=dict)
+    prefetching: bool = False
+    blocked: list[_Run] = field(default_factory=list)
+    busy_s: float = 0.0
+    jobs_planned: int = 0
+
+
+class _Simulation:
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        workers: int,
+        policy: str,
+        heartbeat_s: float,
+        staleness_s: float,
+        lanes: int,
+        prefetch: bool,
+        cache_bytes: int,
+        slab_bytes: int,
+        seed: int,
+    ) -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ConfigError(f"simulate needs workers >= 1, got {workers!r}")
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+            raise ConfigError(f"simulate needs lanes >= 1, got {lanes!r}")
+        if not heartbeat_s > 0:
+            raise ConfigError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
+        if not staleness_s >= 0:
+            raise ConfigError(f"staleness_s must be >= 0, got {staleness_s!r}")
+        # the same cache settings a worker validates (capacity vs slab size, prefetch depth)
+        self.cache_config = CacheConfig(
+            capacity_bytes=cache_bytes, slab_bytes=slab_bytes, backend="capacity"
+        )
+        self.workload = workload
+        self.policy_name = policy
+        self.lanes = lanes
+        self.prefetch = prefetch
+        self.profiles = Profiles.from_workload(workload)
+        self.now = 0.0
+        names = tuple(sorted(f"w{i}" for i in range(workers)))
+        self.names = names
+        self.workers: list[_Worker] = []
+        for i, name in enumerate(names):
+            core = CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models)
+            worker = _Worker(
+                index=i,
+                name=name,
+                queue=TaskQueue(self._clock),
+                core=core,
+                # one policy per worker, made as a worker makes its own: round_robin and
+                # random keep per-instance state, compass a per-instance cost cache
+                policy=make_policy(policy, seed=seed),
+            )
+            worker.idle_lanes = list(range(lanes - 1, -1, -1))
+            self.workers.append(worker)
+        capacity = [w.core.capacity_bytes() for w in self.workers]
+        self.state = ClusterState(
+            names,
+            sorted(workload.models),
+            capacity,
+            lanes=lanes,
+            heartbeat_s=heartbeat_s,
+            staleness_s=staleness_s,
+            # ClusterView's default: a heartbeat two intervals after a placement reflects it
+            settle_s=2.0 * heartbeat_s,
+        )
+        self.positions = self.state.positions
+        self._heap: list[tuple[float, int, Handler, Any]] = []
+        self._seq = itertools.count()
+        self._later: deque[tuple[Handler, Any]] = deque()
+        self._jobs: dict[str, _Job] = {}
+        self._best_s = {name: _best_s(wf) for name, wf in workload.workflows.items()}
+        self.job_records: list[JobRecord] = []
+        self.task_records: list[TaskRecord] = []
+        self.moves = 0
+        self.events = 0
+
+    def _clock(self) -> float:
+        return self.now
+
+    # -- the event loop -----------------------------------------------------------------------
+
+    def _at(self, t: float, handler: Handler, arg: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), handler, arg))
+
+    def _soon(self, handler: Handler, arg: Any) -> None:
+        """Run after the current event, at the same time (a later event-loop iteration)."""
+        self._later.append((handler, arg))
+
+    def run(self, arrivals: Sequence[Arrival]) -> SimResult:
+        started = time.perf_counter()
+        ordered = sorted(arrivals, key=lambda a: a.t_s)
+        for a in ordered:
+            if a.workflow not in self.workload.workflows:
+                raise UnknownWorkflow(
+                    f"arrival for workflow {a.workflow!r}, which the workload "
+                    f"{self.workload.name!r} does not define "
+                    f"(it has {', '.join(sorted(self.workload.workflows))})"
+                )
+            if not a.t_s >= 0 or a.client < 0:
+                raise ConfigError(f"arrival {a!r}: need t_s >= 0 and client >= 0")
+        heap = self._heap
+        later = self._later
+        state = self.state
+        pop = heapq.heappop
+        n = len(ordered)
+        next_arrival = 0
+        events = 0
+        while True:
+            if heap and (next_arrival >= n or heap[0][0] < ordered[next_arrival].t_s):
+                t, _, handler, arg = pop(heap)
+            elif next_arrival < n:
+                arg = ordered[next_arrival]
+                t, handler = arg.t_s, self._arrive
+                next_arrival += 1
+            else:
+                break
+            state.advance(t)
+            self.now = t
+            handler(arg)
+            while later:
+                handler, arg = later.popleft()
+                handler(arg)
+            events += 1
+        self.events = events
+        for job in self._jobs.values():  # never finished: a task failed, or it is stuck
+            self._record_job(job, error=job.error or "did not finish")
+        self._jobs.clear()
+        self.job_records.sort(key=lambda j: (j.arrival, j.id))
+        return self._result(time.perf_counter() - started)
+
+    def _result(self, wall_s: float) -> SimResult:
+        stats = [w.core.stats for w in self.workers]
+        return SimResult(
+            policy=self.policy_name,
+            workers=self.names,
+            lanes=self.lanes,
+            jobs=self.job_records,
+            tasks=self.task_records,
+            busy_s={w.name: w.busy_s for w in self.workers},
+            horizon_s=self.now,
+            model_bytes_loaded=sum(s.bytes_loaded for s in stats),
+            loads=sum(s.loads for s in stats),
+            prefetches=sum(s.prefetches for s in stats),
+            evictions=sum(s.evictions for s in stats),
+            moves=self.moves,
+            events=self.events,
+            wall_s=wall_s,
+        )
+
+    # -- ingress ------------------------------------------------------------------------------
+
+    def _arrive(self, arrival: Arrival) -> None:
+        wf = self.workload.workflows[arrival.workflow]
+        ingress = self.positions[f"w{arrival.client % len(self.names)}"]
+        worker = self.workers[ingress]
+        worker.jobs_planned += 1
+        job = _Job(
+            id=f"{worker.name}-{worker.jobs_planned}",  # the real ingress's job id format
+            workflow=wf,
+            client=arrival.client,
+            ingress=ingress,
+            arrival=self.now,
+            best_s=self._best_s[wf.name],
+            sinks_left=len(wf.sinks),
+        )
+        self._jobs[job.id] = job
+        info = JobInfo(job.id, wf, worker.name, 0)
+        view = self._view(worker)
+        central = worker.policy.planner(view)
+        if central is not None and central != worker.name:
+            delay = self.profiles.transfer_s(worker.name, central, _RPC_BYTES)
+            self._at(self.now + delay, self._plan_remote, (self.positions[central], job, info))
+            return
+        plan = self._plan_here(worker, job, info, view)
+        if plan is not None:
+            self._send_roots(job, plan)
+
+    def _plan_remote(self, arg: tuple[int, _Job, JobInfo]) -> None:
+        planner_index, job, info = arg
+        planner = self.workers[planner_index]
+        plan = self._plan_here(planner, job, info, self._view(planner))
+        if plan is not None:
+            ingress = self.names[job.ingress]
+            delay = self.profiles.transfer_s(planner.name, ingress, _RPC_BYTES)
+            self._at(self.now + delay, self._send_roots_event, (job, plan))
+
+    def _plan_here(
+        self, planner: _Worker, job: _Job, info: JobInfo, view: ViewSnapshot
+    ) -> dict[str, str] | None:
+        try:
+            plan = planner.policy.plan(info, view, self.profiles, self.now)
+        except CompassError as exc:
+            self._fail(job, f"planning failed: {exc.message}")
+            return None
+        wf = job.workflow
+        for task_name, target in plan.items():
+            if target != planner.name:
+                self._note_placement(planner, wf, task_name, target)
+        return plan
+
+    def _note_placement(self, viewer: _Worker, wf: Workflow, task_name: str, target: str) -> None:
+        model = wf.tasks[task_name].model
+        self.state.note_placement(
+            viewer.index,
+            self.positions[target],
+            self.profiles.exec_s(wf.name, task_name, target),
+            model,
+            self.profiles.model_bytes(model) if model is not None else 0,
+            self.now,
+        )
+
+    def _send_roots_event(self, arg: tuple[_Job, dict[str, str]]) -> None:
+        self._send_roots(*arg)
+
+    def _send_roots(self, job: _Job, plan: dict[str, str]) -> None:
+        ingress = self.names[job.ingress]
+        for root in job.workflow.roots:
+            target = plan[root]
+            nbytes = job.workflow.tasks[root].profile.input_bytes
+            self._push(ingress, target, job, root, JOB_INPUTS, plan, nbytes)
+
+    def _result_arrived(self, arg: tuple[_Job, str]) -> None:
+        job, _sink = arg
+        job.sinks_left -= 1
+        if job.sinks_left == 0 and not job.error:
+            job.finish = self.now
+            del self._jobs[job.id]
+            self._record_job(job)
+
+    def _fail(self, job: _Job, error: str) -> None:
+        if not job.error:
+            job.error = error
+        if self._jobs.pop(job.id, None) is not None:
+            self._record_job(job, error=job.error)
+
+    def _record_job(self, job: _Job, error: str = "") -> None:
+        latency = None if job.finish is None else job.finish - job.arrival
+        self.job_records.append(
+            JobRecord(
+                id=job.id,
+                workflow=job.workflow.name,
+                client=job.client,
+                arrival=job.arrival,
+                finish=job.finish,
+                latency_s=latency,
+                slowdown=None if latency is None else latency / job.best_s,
+                plan=job.placed,
+                error=error,
+            )
+        )
+
+    # -- messages between workers -------------------------------------------------------------
+
+    def _push(
+        self,
+        src: str,
+        dst: str,
+        job: _Job,
+        task: str,
+        source: str,
+        plan: dict[str, str],
+        nbytes: int,
+    ) -> None:
+        """Send one input of ``task`` (from ``source``) to ``dst``; local pushes are immediate
+        and share the plan dict, remote ones carry a copy, as on the wire."""
+        target = self.workers[self.positions[dst]]
+        if src == dst:
+            self._on_task(target, job, task, source, plan, 0.0)
+            return
+        seconds = self.profiles.transfer_s(src, dst, nbytes)
+        self._at(self.now + seconds, self._input, (target, job, task, source, dict(plan), seconds))
+
+    def _input(self, arg: tuple[_Worker, _Job, str, str, dict[str, str], float]) -> None:
+        self._on_task(*arg)
+
+    def _on_task(
+        self,
+        worker: _Worker,
+        job: _Job,
+        task_name: str,
+        source: str,
+        plan: dict[str, str],
+        transfer_s: float,
+    ) -> None:
+        if job.error:
+            return  # the ingress has told the workers to drop the job
+        wf = job.workflow
+        entry = worker.inbox.add(
+            job_id=job.id,
+            attempt=0,
+            workflow=wf,
+            task=task_name,
+            source=source,
+            value=_NO_INPUTS if source == JOB_INPUTS else None,
+            plan=plan,
+            ingress=self.names[job.ingress],
+            transfer_s=transfer_s,
+            now=self.now,
+        )
+        if entry is None:
+            return
+        task = wf.tasks[task_name]
+        expected = self.profiles.exec_s(wf.name, task_name, worker.name)
+        worker.queue.push(
+            QueuedTask(
+                job_id=job.id,
+                attempt=0,
+                workflow=wf.name,
+                task=task_name,
+                model=task.model,
+                expected_s=expected,
+                inputs=entry.inputs,
+                plan=entry.plan,
+                ingress=entry.ingress,
+                enqueued_at=self.now,
+                transfer_s=entry.transfer_s,
+            )
+        )
+        self.state.queue_push(worker.index, expected)
+        # Executor.submit: with every lane busy, use the time to bring in what comes next
+        if self.prefetch and worker.busy >= self.lanes:
+            self._prefetch(worker)
+        self._soon(self._lanes, worker)
+
+    # -- a worker's lanes ---------------------------------------------------------------------
+
+    def _lanes(self, worker: _Worker) -> None:
+        """Idle lanes take the next ready tasks (Executor._lane)."""
+        while worker.idle_lanes:
+            entry = worker.queue.pop()
+            if entry is None:
+                return
+            worker.busy += 1
+            lane = worker.idle_lanes.pop()
+            self.state.queue_pop(
+                worker.index,
+                entry.expected_s,
+                lane,
+                entry.started_at + entry.expected_s,
+                empty=len(worker.queue) == 0,
+            )
+            job = self._jobs.get(entry.job_id)
+            if job is None:  # failed while queued: the real worker drops such entries
+                worker.busy -= 1
+                worker.queue.finish(entry)
+                worker.idle_lanes.append(lane)
+                self.state.lane_free(worker.index, lane)
+                continue
+            task = job.workflow.tasks[entry.task]
+            job.placed[entry.task] = worker.name
+            run = _Run(worker, entry, job, task, lane, fetch_from=self.now)
+            if entry.model is None:
+                self._run_task(run)
+                continue
+            run.hit = worker.core.record_request(entry.model)
+            run.upcoming = worker.queue.upcoming_models()
+            self._ensure(run)
+
+    def _ensure(self, run: _Run) -> None:
+        """ModelCache.ensure, step by step: resident -> pin and go; loading -> pin and wait
+        for the load; else plan a load (evicting), or wait for pinned slabs to be released."""
+        worker = run.worker
+        core = worker.core
+        name = run.entry.model
+        assert name is not None
+        if core.is_resident(name):
+            core.pin(name)
+            self._run_task(run)
+            return
+        load = worker.inflight.get(name)
+        if load is None:
+            try:
+                plan = core.plan_load(name, run.upcoming)
+            except CompassError as exc:
+                self._task_failed(run, exc)
+                return
+            if plan is None:
+                if not run.waited:
+                    core.record_wait()
+                    run.waited = True
+                worker.blocked.append(run)
+                return
+            load = self._start_load(worker, name, plan, prefetch=False)
+        core.pin(name)  # pinned while loading: nothing evicts it before the task runs
+        load.waiters.append(run)
+
+    def _prefetch(self, worker: _Worker) -> None:
+        """ModelCache.prefetch: one prefetch at a time, never evicting what is needed sooner."""
+        if worker.prefetching:
+            return
+        candidate = worker.core.prefetch_candidate(
+            worker.queue.upcoming_models(), self.cache_config.prefetch_depth
+        )
+        if candidate is not None:
+            name, plan = candidate
+            self._start_load(worker, name, plan, prefetch=True)
+
+    def _start_load(self, worker: _Worker, name: str, plan: LoadPlan, *, prefetch: bool) -> _Load:
+        core = worker.core
+        core.begin_load(name, plan, prefetch=prefetch)
+        self.state.cache_changed(worker.index, name, plan.evict, core.free_bytes())
+        seconds = self.profiles.fetch_s(worker.name, core.size_bytes(name))
+        load = _Load(name, prefetch, seconds)
+        worker.inflight[name] = load
+        if prefetch:
+            worker.prefetching = True
+        self._at(self.now + seconds, self._load_done, (worker, load))
+        return load
+
+    def _load_done(self, arg: tuple[_Worker, _Load]) -> None:
+        worker, load = arg
+        worker.core.finish_load(load.model, load.seconds)
+        del worker.inflight[load.model]
+        if load.prefetch:
+            worker.prefetching = False
+        self._notify(worker)
+        for run in load.waiters:
+            self._soon(self._loaded, run)
+
+    def _loaded(self, run: _Run) -> None:
+        self._run_task(run)
+
+    def _notify(self, worker: _Worker) -> None:
+        """The cache changed: every waiter re-checks (after this event)."""
+        if worker.blocked:
+            waiting, worker.blocked = worker.blocked, []
+            for run in waiting:
+                self._soon(self._retry, run)
+
+    def _retry(self, run: _Run) -> None:
+        self._ensure(run)
+
+    def _run_task(self, run: _Run) -> None:
+        """The model is pinned (or none is needed): prefetch, then run for the profiled time."""
+        if run.entry.model is not None:
+            run.fetch_s = self.now - run.fetch_from
+        if self.prefetch:
+            self._prefetch(run.worker)
+        self._at(self.now + run.task.profile.exec_ms / 1000.0, self._task_done, run)
+
+    def _task_failed(self, run: _Run, exc: CompassError) -> None:
+        self._release_lane(run)
+        self._fail(run.job, f"task {run.entry.task!r} failed on {run.worker.name}: {exc.message}")
+        self._soon(self._lanes, run.worker)
+
+    def _release_lane(self, run: _Run) -> None:
+        worker = run.worker
+        worker.busy -= 1
+        worker.queue.finish(run.entry)
+        worker.idle_lanes.append(run.lane)
+        self.state.lane_free(worker.index, run.lane)
+        worker.busy_s += self.now - run.entry.started_at
+
+    def _task_done(self, run: _Run) -> None:
+        worker = run.worker
+        entry = run.entry
+        if entry.model is not None and worker.core.unpin(entry.model) == 0:
+            self._notify(worker)
+        self._release_lane(run)
+        self.task_records.append(
+            TaskRecord(
+                job_id=entry.job_id,
+                task=entry.task,
+                worker=worker.name,
+                queue_s=entry.started_at - entry.enqueued_at,
+                fetch_s=run.fetch_s,
+                transfer_s=entry.transfer_s,
+                exec_s=run.task.profile.exec_ms / 1000.0,
+                cache_hit=run.hit,
+            )
+        )
+        if not run.job.error:
+            self._task_finished(run)
+        self._lanes(worker)
+
+    def _task_finished(self, run: _Run) -> None:
+        """Worker._task_finished: adjust each successor, push the output on."""
+        worker = run.worker
+        entry = run.entry
+        job = run.job
+        wf = job.workflow
+        nbytes = run.task.profile.output_bytes
+        succs = wf.succs(entry.task)
+        if not succs:
+            ingress = self.names[job.ingress]
+            seconds = self.profiles.transfer_s(worker.name, ingress, nbytes)
+            self._at(self.now + seconds, self._result_arrived, (job, entry.task))
+            return
+        plan = entry.plan
+        if worker.policy.dynamic:
+            view = self._view(worker)
+            info = JobInfo(job.id, wf, entry.ingress, 0)
+            for succ in succs:
+                target = worker.policy.adjust(info, succ, plan, view, self.profiles, self.now)
+                if target != plan[succ]:
+                    plan = dict(plan)
+                    plan[succ] = target
+                    self.moves += 1
+                    if target != worker.name:
+                        self._note_placement(worker, wf, succ, target)
+        for succ in succs:
+            self._push(worker.name, plan[succ], job, succ, entry.task, plan, nbytes)
+
+    def _view(self, worker: _Worker) -> ViewSnapshot:
+        return self.state.snapshot(worker.index, self.now, worker.queue.wait_s())
+
+
+def _best_s(wf: Workflow) -> float:
+    """The workflow's best execution time: declared, or else its critical path of execution
+    times (no transfers, no model loads)."""
+    if wf.best_ms is not None:
+        return wf.best_ms / 1000.0
+    longest: dict[str, float] = {}
+    for t in wf.order:
+        before = max((longest[p] for p in wf.preds(t)), default=0.0)
+        longest[t] = before + wf.tasks[t].profile.exec_s
+    best = max(longest.values())
+    return best if best > 0 else math.inf

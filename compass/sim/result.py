@@ -1,0 +1,125 @@
+"""What a simulation run produced: per-job and per-task records, per-worker totals, a summary.
+
+:meth:`SimResult.summary` has the keys the end-to-end benchmark of the real cluster reports, so
+a simulated and a measured run can be compared line by line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["JobRecord", "SimResult", "TaskRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job. ``finish``, ``latency_s`` and ``slowdown`` are None for a failed job.
+
+    ``slowdown`` is the latency over the workflow's best execution time; ``plan`` is where each
+    task actually ran (the ingress plan with every dynamic move applied).
+    """
+
+    id: str
+    workflow: str
+    client: int
+    arrival: float
+    finish: float | None
+    latency_s: float | None
+    slowdown: float | None
+    plan: Mapping[str, str]
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """One task run: where, and where its time went (seconds).
+
+    ``queue_s``: ready to popped by a lane; ``fetch_s``: waiting for its model (0 on a hit);
+    ``transfer_s``: the slowest of its inputs on the wire; ``cache_hit``: None for a task
+    without a model.
+    """
+
+    job_id: str
+    task: str
+    worker: str
+    queue_s: float
+    fetch_s: float
+    transfer_s: float
+    exec_s: float
+    cache_hit: bool | None
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Everything one :func:`~compass.sim.engine.simulate` run measured.
+
+    ``busy_s`` is lane-seconds each worker spent on tasks (fetching their model or running);
+    ``horizon_s`` is the virtual time of the last event. ``events`` counts simulator events.
+    """
+
+    policy: str
+    workers: tuple[str, ...]
+    lanes: int
+    jobs: list[JobRecord]
+    tasks: list[TaskRecord]
+    busy_s: dict[str, float]
+    horizon_s: float
+    model_bytes_loaded: int
+    loads: int
+    prefetches: int
+    evictions: int
+    moves: int
+    events: int
+    wall_s: float
+
+    def utilization(self) -> dict[str, float]:
+        """Fraction of the run each worker's lanes were busy."""
+        span = self.horizon_s * self.lanes
+        return {w: (b / span if span > 0 else 0.0) for w, b in self.busy_s.items()}
+
+    def summary(self) -> dict[str, Any]:
+        """The benchmark's keys: completed, failed, p50/p95/p99_ms, median and mean slowdown,
+        cache_hit_rate, model_gb_loaded, utilization, breakdown_ms (mean per task) and
+        slowdown_by_workflow (median). Statistics of an empty set are None."""
+        done = [j for j in self.jobs if j.latency_s is not None]
+        latency_ms = np.array([j.latency_s for j in done], dtype=np.float64) * 1000.0
+        slowdown = np.array([j.slowdown for j in done], dtype=np.float64)
+        with_model = [t.cache_hit for t in self.tasks if t.cache_hit is not None]
+        by_workflow: dict[str, list[float]] = {}
+        for j in done:
+            assert j.slowdown is not None
+            by_workflow.setdefault(j.workflow, []).append(j.slowdown)
+        n_tasks = len(self.tasks)
+
+        def mean_ms(values: list[float]) -> float | None:
+            return float(np.mean(values)) * 1000.0 if values else None
+
+        return {
+            "completed": len(done),
+            "failed": len(self.jobs) - len(done),
+            "p50_ms": _stat(np.percentile, latency_ms, 50),
+            "p95_ms": _stat(np.percentile, latency_ms, 95),
+            "p99_ms": _stat(np.percentile, latency_ms, 99),
+            "median_slowdown": _stat(np.median, slowdown),
+            "mean_slowdown": _stat(np.mean, slowdown),
+            "cache_hit_rate": (sum(with_model) / len(with_model)) if with_model else None,
+            "model_gb_loaded": self.model_bytes_loaded / 1e9,
+            "utilization": self.utilization(),
+            "breakdown_ms": {
+                "queue": mean_ms([t.queue_s for t in self.tasks]) if n_tasks else None,
+                "fetch": mean_ms([t.fetch_s for t in self.tasks]) if n_tasks else None,
+                "transfer": mean_ms([t.transfer_s for t in self.tasks]) if n_tasks else None,
+                "exec": mean_ms([t.exec_s for t in self.tasks]) if n_tasks else None,
+            },
+            "slowdown_by_workflow": {
+                wf: float(np.median(values)) for wf, values in sorted(by_workflow.items())
+            },
+        }
+
+
+def _stat(fn: Any, values: np.ndarray[Any, Any], *args: Any) -> float | None:
+    return float(fn(values, *args)) if len(values) else None
