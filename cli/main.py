@@ -29,7 +29,9 @@ app = typer.Typer(
     add_completion=False,
 )
 worker_app = typer.Typer(help="Run a worker.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks: each prints a table and writes JSON.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks: each prints a table and writes JSON.", no_args_is_help=True
+)
 app.add_typer(worker_app, name="worker")
 app.add_typer(bench_app, name="bench")
 
@@ -37,7 +39,9 @@ MiB = 1 << 20
 
 Token = Annotated[
     str | None,
-    typer.Option("--token", envvar="COMPASS_TOKEN", help="Shared cluster token (or COMPASS_TOKEN)."),
+    typer.Option(
+        "--token", envvar="COMPASS_TOKEN", help="Shared cluster token (or COMPASS_TOKEN)."
+    ),
 ]
 
 
@@ -69,7 +73,9 @@ def worker_start(
     workload: Annotated[
         str | None, typer.Option(help="Workload spec JSON: run its workflows emulated.")
     ] = None,
-    policy: Annotated[str, typer.Option(help="Placement policy (same on every worker).")] = "compass",
+    policy: Annotated[
+        str, typer.Option(help="Placement policy (same on every worker).")
+    ] = "compass",
     lanes: Annotated[int, typer.Option(help="Execution lanes (tasks run at once).")] = 1,
     time_scale: Annotated[float, typer.Option(help="Emulated time multiplier.")] = 1.0,
     cache_mb: Annotated[int | None, typer.Option(help="Model cache capacity in MiB.")] = None,
@@ -120,7 +126,9 @@ def up(
     workers: Annotated[int, typer.Option(help="How many workers.")] = 3,
     token: Token = None,
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON (emulated).")] = None,
-    app_ref: Annotated[str | None, typer.Option("--app", help="App module for every worker.")] = None,
+    app_ref: Annotated[
+        str | None, typer.Option("--app", help="App module for every worker.")
+    ] = None,
     policy: Annotated[str, typer.Option(help="Placement policy.")] = "compass",
 ) -> None:
     """Start a local cluster of joined workers on loopback; Ctrl-C stops them all."""
@@ -185,7 +193,8 @@ def status(
         f"queue: {queue.get('ready', 0)} ready, {queue.get('running', 0)} running, "
         f"wait {queue.get('wait_ms', 0):.1f} ms\n"
         f"cache: {sorted(cache.get('resident', []))} "
-        f"free {cache.get('free_bytes', 0) / 1e9:.2f} / {cache.get('capacity_bytes', 0) / 1e9:.2f} GB"
+        f"free {cache.get('free_bytes', 0) / 1e9:.2f} GB "
+        f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB"
     )
 
 
@@ -194,7 +203,8 @@ def submit(
     address: Annotated[str, typer.Argument(help="HOST:PORT of any worker (the ingress).")],
     workflow: Annotated[str, typer.Argument(help="Workflow name.")],
     inputs: Annotated[
-        list[str] | None, typer.Option("--input", "-i", help="NAME=VALUE (VALUE parsed as JSON if it can be).")
+        list[str] | None,
+        typer.Option("--input", "-i", help="NAME=VALUE (VALUE parsed as JSON if it can be)."),
     ] = None,
     token: Token = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the result.")] = 60.0,
@@ -274,6 +284,160 @@ def bench_job(
     from bench import job
 
     job.run(jobs=jobs, json_path=json_path)
+
+
+@bench_app.command("chain")
+def bench_chain(
+    workers: Annotated[int, typer.Option(help="Worker processes the chain alternates over.")] = 2,
+    tasks: Annotated[int, typer.Option(help="Chain length: 10, 100 or 1000.")] = 1000,
+    repeats: Annotated[int, typer.Option(help="Runs of each side; the best is reported.")] = 3,
+    dask: Annotated[bool, typer.Option(help="Also run the chain on Dask distributed.")] = True,
+    json_path: JsonPath = None,
+) -> None:
+    """A chain of tiny tasks alternating between workers, compass against Dask distributed."""
+    from bench import chain
+
+    chain.run(tasks=tasks, workers=workers, repeats=repeats, json_path=json_path, with_dask=dask)
+
+
+Policies = Annotated[
+    str, typer.Option(help="Comma-separated policies: compass, jsq, heft, hash, random, ...")
+]
+Arrival = Annotated[str, typer.Option(help="uniform, poisson or gamma.")]
+
+
+def _sweep(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    lo, sep, hi = text.partition("..")
+    try:
+        low, high = int(lo), int(hi)
+    except ValueError:
+        low = high = 0
+    if not sep or not 1 <= low <= high:
+        _fail(f"--servers-sweep {text!r}: expected LO..HI with 1 <= LO <= HI", 2)
+    return low, high
+
+
+@bench_app.command("e2e")
+def bench_e2e(
+    workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 5,
+    policies: Policies = "compass,jsq,heft,hash",
+    arrival: Arrival = "poisson",
+    cv: Annotated[float, typer.Option(help="Gamma arrivals: std / mean of inter-arrivals.")] = 1.0,
+    load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
+    jobs: Annotated[int, typer.Option(help="Jobs per policy.")] = 200,
+    seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
+    time_scale: Annotated[float, typer.Option(help="Real seconds per spec second.")] = 0.1,
+    heartbeat_ms: Annotated[float, typer.Option(help="Worker heartbeat interval.")] = 10.0,
+    servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
+    target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
+    json_path: JsonPath = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here.")] = None,
+) -> None:
+    """The paper's workload on a real local cluster: every policy on the same arrivals."""
+    from bench import e2e
+
+    try:
+        config = e2e.E2EConfig(
+            workload=workload or e2e.DEFAULT_WORKLOAD,
+            workers=workers,
+            policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+            arrival=arrival,
+            cv=cv,
+            load=load,
+            jobs=jobs,
+            seed=seed,
+            time_scale=time_scale,
+            heartbeat_ms=heartbeat_ms,
+        )
+        e2e.run(
+            config,
+            json_path=json_path,
+            plot_path=plot,
+            servers_sweep=_sweep(servers_sweep),
+            target_slowdown=target_slowdown,
+        )
+    except CompassError as exc:
+        _fail(str(exc), 2)
+
+
+@app.command()
+def sim(
+    workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
+    workers: Annotated[int, typer.Option(help="Simulated workers (up to hundreds).")] = 5,
+    policies: Policies = "compass,jsq,heft,hash",
+    arrival: Arrival = "poisson",
+    cv: Annotated[float, typer.Option(help="Gamma arrivals: std / mean of inter-arrivals.")] = 1.0,
+    load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
+    jobs: Annotated[int, typer.Option(help="Jobs per policy.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
+    heartbeat_ms: Annotated[float, typer.Option(help="Heartbeat interval.")] = 10.0,
+    staleness_ms: Annotated[
+        float | None, typer.Option(help="Age of the peer state planners see.")
+    ] = None,
+    servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
+    target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
+    compare_real: Annotated[
+        bool, typer.Option(help="Also run the same config on a real cluster and compare.")
+    ] = False,
+    time_scale: Annotated[float, typer.Option(help="--compare-real: real s per spec s.")] = 0.1,
+    json_path: JsonPath = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here.")] = None,
+) -> None:
+    """Discrete-event simulation of the same planner and cache code in virtual time."""
+    from compass.sim import report
+
+    try:
+        if compare_real:
+            from bench import fidelity
+
+            fidelity.run(
+                workload=workload or _default_workload(),
+                workers=workers,
+                policies=[p.strip() for p in policies.split(",") if p.strip()],
+                arrival=arrival,
+                cv=cv,
+                load=load,
+                jobs=jobs,
+                seed=seed,
+                time_scale=time_scale,
+                json_path=json_path,
+            )
+            return
+        report.run_cli(
+            workload or _default_workload(),
+            workers,
+            [p.strip() for p in policies.split(",") if p.strip()],
+            arrival,
+            cv,
+            load,
+            jobs,
+            seed,
+            heartbeat_ms,
+            staleness_ms,
+            _sweep(servers_sweep),
+            target_slowdown,
+            json_path,
+            plot,
+        )
+    except CompassError as exc:
+        _fail(str(exc), 2)
+
+
+@app.command()
+def demo(
+    seconds: Annotated[float, typer.Option(help="About how long the whole demo runs.")] = 60.0,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 5,
+) -> None:
+    """Start a local cluster and race compass against hash and jsq on the paper's workload."""
+    from bench import demo as demo_module
+
+    try:
+        demo_module.run(seconds=seconds, workers=workers)
+    except CompassError as exc:
+        _fail(str(exc))
 
 
 def main() -> None:

@@ -14,6 +14,13 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from compass.errors import ConfigError
@@ -22,7 +29,14 @@ from compass.sim.arrivals import PROCESSES, job_arrivals
 from compass.sim.engine import simulate
 from compass.workflow.spec import Workload, load_workload
 
-__all__ = ["fewest_workers", "run_cli"]
+__all__ = [
+    "fewest_workers",
+    "plot_results",
+    "print_results",
+    "print_servers_needed",
+    "progress_bar",
+    "run_cli",
+]
 
 #: worker counts evaluated before bisecting, at most
 SWEEP_GRID_POINTS = 8
@@ -149,9 +163,43 @@ def run_cli(
         _write_json(json_path, out)
         console.print(f"wrote {json_path}")
     if plot_path:
-        _plot(plot_path, workload, latencies_ms, results, sweep, target_slowdown)
+        plot_results(plot_path, workload, latencies_ms, results, sweep, target_slowdown)
         console.print(f"wrote {plot_path}")
     return out
+
+
+def progress_bar() -> Progress:
+    """A progress display for long benchmark runs (jobs answered per policy)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+
+
+def print_results(
+    results: Mapping[str, Mapping[str, Any]],
+    *,
+    name: str,
+    workers: int,
+    arrival: str,
+    load: float,
+    per_policy: bool = True,
+) -> None:
+    """The tables ``compass sim`` prints, for any results with the summary keys."""
+    console = Console()
+    if per_policy:
+        for policy, summary in results.items():
+            console.print(_policy_table(policy, workers, summary, None))
+    console.print(_comparison_table(results, name, workers, arrival, load))
+
+
+def print_servers_needed(
+    needed: Mapping[str, int | None], sweep: tuple[int, int], target: float
+) -> None:
+    Console().print(_sweep_table(needed, sweep, target))
 
 
 def fewest_workers(
@@ -199,7 +247,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 
 def _policy_table(
-    policy: str, workers: int, summary: Mapping[str, Any], run: Mapping[str, Any]
+    policy: str, workers: int, summary: Mapping[str, Any], run: Mapping[str, Any] | None
 ) -> Table:
     table = Table(title=f"{policy} on {workers} workers")
     table.add_column("metric")
@@ -231,7 +279,8 @@ def _policy_table(
     rows += [
         (f"median slowdown {wf}", _fmt(v)) for wf, v in summary["slowdown_by_workflow"].items()
     ]
-    rows.append(("events / wall s", f"{run['events']:,} / {run['wall_s']:.2f}"))
+    if run is not None:
+        rows.append(("events / wall s", f"{run['events']:,} / {run['wall_s']:.2f}"))
     for name, value in rows:
         table.add_row(name, str(value))
     return table
@@ -284,7 +333,7 @@ def _write_json(path: str, data: Mapping[str, Any]) -> None:
         json.dump(data, f, indent=2, sort_keys=True)
 
 
-def _plot(
+def plot_results(
     path: str,
     workload: Workload,
     latencies_ms: Mapping[str, Sequence[float]],

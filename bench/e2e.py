@@ -1,0 +1,285 @@
+"""``compass bench e2e``: the paper's workload on a real local cluster, every policy on the same
+seeded arrivals, in one run.
+
+Workers run in emulated mode (``--workload``): task times and model loads follow the spec,
+scaled by ``--time-scale``; the wire, planning, cache decisions and slab accounting are the real
+code. Latencies are reported in unscaled milliseconds, so they read like the paper's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.report import machine, write_json
+from compass.client import Client
+from compass.cluster import LocalCluster
+from compass.errors import CompassError, ConfigError
+from compass.sim.arrivals import Arrival, job_arrivals
+from compass.wire.transport import new_event_loop
+from compass.workflow.spec import Workload, load_workload
+
+__all__ = ["E2EConfig", "run", "run_policy"]
+
+DEFAULT_WORKLOAD = str(Path(__file__).resolve().parent / "workloads" / "paper.json")
+
+
+@dataclass(frozen=True, slots=True)
+class E2EConfig:
+    workload: str = DEFAULT_WORKLOAD
+    workers: int = 5
+    policies: tuple[str, ...] = ("compass", "jsq", "heft", "hash")
+    arrival: str = "poisson"
+    cv: float = 1.0
+    load: float = 1.0
+    jobs: int = 200
+    seed: int = 0
+    time_scale: float = 0.1
+    heartbeat_ms: float = 10.0
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.jobs < 1:
+            raise ConfigError("e2e needs at least one worker and one job")
+        if not 0 < self.time_scale <= 10:
+            raise ConfigError(f"--time-scale must be in (0, 10], got {self.time_scale}")
+
+
+def arrivals_for(config: E2EConfig, workload: Workload) -> list[Arrival]:
+    return job_arrivals(
+        list(workload.workflows),
+        config.jobs,
+        process=config.arrival,
+        mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
+        load=config.load,
+        cv=config.cv,
+        seed=config.seed,
+    )
+
+
+def _input_payload(workload: Workload, workflow: str) -> dict[str, Any]:
+    wf = workload.workflows[workflow]
+    nbytes = max(wf.tasks[root].profile.input_bytes for root in wf.roots)
+    return {"data": np.zeros(nbytes, dtype=np.uint8)}
+
+
+async def run_policy(
+    config: E2EConfig,
+    workload: Workload,
+    policy: str,
+    arrivals: Sequence[Arrival],
+    *,
+    workers: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``arrivals`` on a fresh cluster running ``policy``; the summary of the run."""
+    n = workers or config.workers
+    scale = config.time_scale
+    args = [
+        "--workload", config.workload,
+        "--policy", policy,
+        "--time-scale", str(scale),
+        "--heartbeat-ms", str(config.heartbeat_ms),
+        *config.extra_args,
+    ]  # fmt: skip
+    async with LocalCluster(n, args=args) as cluster:
+        clients_needed = max(a.client for a in arrivals) + 1
+        # client i talks to worker i % n, as in the simulator: every worker is an ingress
+        clients = [
+            Client(cluster.addresses[i % n], token=cluster.token, name=f"client{i}")
+            for i in range(clients_needed)
+        ]
+        for client in clients:
+            await client.connect()
+        payloads = {wf: _input_payload(workload, wf) for wf in workload.workflows}
+        latencies: list[tuple[str, float | None]] = [("", None)] * len(arrivals)
+        done = 0
+
+        async def one(i: int, arrival: Arrival) -> None:
+            nonlocal done
+            t0 = time.perf_counter()
+            try:
+                await clients[arrival.client].submit(
+                    arrival.workflow, timeout=600, **payloads[arrival.workflow]
+                )
+                latencies[i] = (arrival.workflow, (time.perf_counter() - t0) / scale)
+            except CompassError:
+                latencies[i] = (arrival.workflow, None)
+            done += 1
+            if progress is not None:
+                progress(done)
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i, arrival in enumerate(arrivals):
+                    delay = start + arrival.t_s * scale - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    group.create_task(one(i, arrival))
+            elapsed = (loop.time() - start) / scale
+            statuses = [await c.status() for c in clients[: min(n, clients_needed)]]
+            statuses += [
+                await _status(cluster.addresses[i], cluster.token)
+                for i in range(min(n, clients_needed), n)
+            ]
+        finally:
+            for client in clients:
+                await client.aclose()
+    summary = summarize(workload, latencies, statuses, elapsed)
+    summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
+    return summary
+
+
+async def _status(address: str, token: str) -> dict[str, Any]:
+    async with Client(address, token=token) as client:
+        return await client.status()
+
+
+def summarize(
+    workload: Workload,
+    latencies: Sequence[tuple[str, float | None]],
+    statuses: Sequence[dict[str, Any]],
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """The same keys as :meth:`compass.sim.result.SimResult.summary`, from a real run."""
+    ok = [(wf, s) for wf, s in latencies if s is not None]
+    latency_ms = np.array([s for _, s in ok]) * 1000.0
+    slowdown = np.array([s * 1000.0 / _best_ms(workload, wf) for wf, s in ok])
+    stats = [s["stats"] for s in statuses]
+    caches = [s["cache"]["stats"] for s in statuses]
+    hits = sum(s["cache_hits"] for s in stats)
+    misses = sum(s["cache_misses"] for s in stats)
+    tasks = sum(s["tasks_run"] for s in stats) or 1
+    by_workflow: dict[str, list[float]] = {}
+    for (wf, s), sd in zip(ok, slowdown, strict=True):
+        del s
+        by_workflow.setdefault(wf, []).append(float(sd))
+
+    def pct(q: float) -> float | None:
+        return float(np.percentile(latency_ms, q)) if len(latency_ms) else None
+
+    return {
+        "completed": len(ok),
+        "failed": len(latencies) - len(ok),
+        "p50_ms": pct(50),
+        "p95_ms": pct(95),
+        "p99_ms": pct(99),
+        "median_slowdown": float(np.median(slowdown)) if len(slowdown) else None,
+        "mean_slowdown": float(np.mean(slowdown)) if len(slowdown) else None,
+        "cache_hit_rate": hits / (hits + misses) if hits + misses else None,
+        "model_gb_loaded": sum(c["bytes_loaded"] for c in caches) / 1e9,
+        "evictions": sum(c["evictions"] for c in caches),
+        "utilization": {
+            s["name"]: (st["exec_s"] + st["fetch_s"]) / elapsed_s if elapsed_s > 0 else 0.0
+            for s, st in zip(statuses, stats, strict=True)
+        },
+        "breakdown_ms": {
+            key: sum(st[f"{key}_s"] for st in stats) / tasks * 1000.0
+            for key in ("queue", "fetch", "transfer", "exec")
+        },
+        "slowdown_by_workflow": {
+            wf: float(np.median(values)) for wf, values in sorted(by_workflow.items())
+        },
+        "moves": sum(st["moves"] for st in stats),
+        "elapsed_s": elapsed_s,
+    }
+
+
+def _best_ms(workload: Workload, workflow: str) -> float:
+    best = workload.workflows[workflow].best_ms
+    if best is None:
+        raise ConfigError(f"workflow {workflow!r} has no best_ms: slowdown needs it")
+    return float(best)
+
+
+def run(
+    config: E2EConfig,
+    *,
+    json_path: str | None = None,
+    plot_path: str | None = None,
+    servers_sweep: tuple[int, int] | None = None,
+    target_slowdown: float = 2.0,
+) -> dict[str, Any]:
+    """Every policy of ``config`` on the same arrivals; prints tables, writes JSON and a plot."""
+    from compass.sim import report
+
+    workload = load_workload(config.workload)
+    arrivals = arrivals_for(config, workload)
+    results: dict[str, dict[str, Any]] = {}
+    latencies: dict[str, list[float]] = {}
+    sweep: dict[str, dict[int, float | None]] = {}
+    out: dict[str, Any] = {"config": {**asdict(config), "machine": machine(), "mode": "real"}}
+    loop = new_event_loop()
+    try:
+        with report.progress_bar() as bar:
+            for policy in config.policies:
+                task = bar.add_task(f"{policy} on {config.workers} workers", total=len(arrivals))
+                summary = loop.run_until_complete(
+                    run_policy(
+                        config,
+                        workload,
+                        policy,
+                        arrivals,
+                        progress=lambda n, t=task: bar.update(t, completed=n),
+                    )
+                )
+                latencies[policy] = summary.pop("latencies_ms")
+                results[policy] = summary
+        out["results"] = results
+        report.print_results(
+            results,
+            name=f"{workload.name} on {config.workers} worker processes",
+            workers=config.workers,
+            arrival=config.arrival,
+            load=config.load,
+        )
+        if servers_sweep is not None:
+            needed, sweep = _servers_needed(
+                loop, config, workload, arrivals, servers_sweep, target_slowdown
+            )
+            out["servers_needed"] = needed
+            out["sweep"] = {p: {str(n): v for n, v in sorted(t.items())} for p, t in sweep.items()}
+            report.print_servers_needed(needed, servers_sweep, target_slowdown)
+    finally:
+        loop.close()
+    write_json(json_path, out)
+    if plot_path:
+        report.plot_results(plot_path, workload, latencies, results, sweep, target_slowdown)
+        print(f"wrote {plot_path}")
+    return out
+
+
+def _servers_needed(
+    loop: asyncio.AbstractEventLoop,
+    config: E2EConfig,
+    workload: Workload,
+    arrivals: Sequence[Arrival],
+    sweep: tuple[int, int],
+    target: float,
+) -> tuple[dict[str, int | None], dict[str, dict[int, float | None]]]:
+    """Per policy, the fewest workers in the range whose median slowdown meets ``target``.
+
+    The search is the simulator's (:func:`compass.sim.report.fewest_workers`); here every point
+    it asks for is a real cluster run on the same arrivals.
+    """
+    from compass.sim.report import fewest_workers
+
+    needed: dict[str, int | None] = {}
+    table: dict[str, dict[int, float | None]] = {}
+    for policy in config.policies:
+
+        def median(n: int, policy: str = policy) -> float | None:
+            run = run_policy(config, workload, policy, arrivals, workers=n)
+            value: float | None = loop.run_until_complete(run)["median_slowdown"]
+            return value
+
+        needed[policy], table[policy] = fewest_workers(median, sweep[0], sweep[1], target)
+    return needed, table

@@ -1,0 +1,86 @@
+"""``compass sim --compare-real``: the same small configuration simulated and run for real."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import e2e
+from bench.report import machine, print_table, write_json
+from compass.sim.engine import simulate
+from compass.wire.transport import new_event_loop
+from compass.workflow.spec import load_workload
+
+__all__ = ["run"]
+
+
+def run(
+    *,
+    workload: str,
+    workers: int,
+    policies: list[str],
+    arrival: str,
+    cv: float,
+    load: float,
+    jobs: int,
+    seed: int,
+    time_scale: float,
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    config = e2e.E2EConfig(
+        workload=workload,
+        workers=workers,
+        policies=tuple(policies),
+        arrival=arrival,
+        cv=cv,
+        load=load,
+        jobs=jobs,
+        seed=seed,
+        time_scale=time_scale,
+    )
+    spec = load_workload(workload)
+    arrivals = e2e.arrivals_for(config, spec)
+    rows: list[list[Any]] = []
+    results: dict[str, Any] = {}
+    loop = new_event_loop()
+    try:
+        for policy in policies:
+            real = loop.run_until_complete(e2e.run_policy(config, spec, policy, arrivals))
+            simulated = simulate(spec, workers=workers, policy=policy, arrivals=arrivals).summary()
+            diff = {
+                key: _rel(simulated[key], real[key]) for key in ("p50_ms", "p99_ms", "median_slowdown")
+            }
+            results[policy] = {"real": real, "sim": simulated, "relative_difference": diff}
+            rows.append(
+                [
+                    policy,
+                    real["p50_ms"],
+                    simulated["p50_ms"],
+                    diff["p50_ms"],
+                    real["p99_ms"],
+                    simulated["p99_ms"],
+                    diff["p99_ms"],
+                ]
+            )
+    finally:
+        loop.close()
+    print_table(
+        f"simulator fidelity: {workers} workers, {jobs} jobs, {arrival}, load {load}",
+        ["policy", "real p50 ms", "sim p50 ms", "p50 diff", "real p99 ms", "sim p99 ms", "p99 diff"],
+        rows,
+    )
+    out = {"config": {**vars_of(config), "machine": machine()}, "results": results}
+    write_json(json_path, out)
+    return out
+
+
+def vars_of(config: e2e.E2EConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def _rel(simulated: float | None, real: float | None) -> float | None:
+    """(sim - real) / real."""
+    if simulated is None or not real:
+        return None
+    return (simulated - real) / real
