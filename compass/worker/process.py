@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from compass.app import App, load_app
 from compass.config import WorkerConfig
-from compass.errors import ConfigError
+from compass.errors import CompassError, ConfigError
 from compass.wire.transport import new_event_loop
 from compass.worker.server import Worker
 from compass.workflow.profile import Profiles
@@ -26,7 +26,7 @@ REAL_NET_GUESS = 1e9
 
 
 def build_worker(config: WorkerConfig) -> Worker:
-    """The worker ``config`` describes: an app module (real models) or a workload spec (emulated)."""
+    """The worker ``config`` describes: an app module (real models) or a workload (emulated)."""
     if (config.app is None) == (config.workload is None):
         raise ConfigError("a worker needs exactly one of --app MODULE or --workload SPEC.json")
     if config.workload is not None:
@@ -75,7 +75,7 @@ def run_worker(config: WorkerConfig) -> int:
     loop = new_event_loop()
     try:
         return loop.run_until_complete(serve_worker(config))
-    except ConfigError as exc:
+    except CompassError as exc:  # bad flags, a bad app or workload, a model too large
         print(f"compass worker: {exc}", file=sys.stderr)
         return 2
     finally:

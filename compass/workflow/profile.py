@@ -35,6 +35,9 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
 
 _INITIAL_SLOTS = 8
+#: a new measurement changes the version (and so rebuilds cached cost tables) only when it moves
+#: an estimate by more than this fraction from the value the tables were built from
+REPLAN_TOLERANCE = 0.02
 
 
 def _check_positive(what: str, value: float) -> float:
@@ -56,7 +59,15 @@ def _check_nonnegative(what: str, value: float) -> float:
 class _WorkflowProfile:
     """Per-task estimates of one workflow, indexed like ``workflow.order``."""
 
-    __slots__ = ("exec_by_slot", "exec_s", "measured_on_workers", "output_bytes", "version", "wf")
+    __slots__ = (
+        "exec_by_slot",
+        "exec_s",
+        "measured_on_workers",
+        "output_bytes",
+        "published",
+        "version",
+        "wf",
+    )
 
     def __init__(self, wf: Workflow, slots: int, version: int) -> None:
         self.wf = wf
@@ -68,6 +79,21 @@ class _WorkflowProfile:
         self.exec_by_slot: FloatArray = np.full((len(tasks), slots), np.nan)
         self.measured_on_workers = False
         self.version = version
+        #: the estimates as of the last version bump, what cached cost tables were built from
+        self.published: tuple[FloatArray, FloatArray, FloatArray] = self._copy()
+
+    def _copy(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        return self.exec_s.copy(), self.output_bytes.copy(), self.exec_by_slot.copy()
+
+    def drifted(self, which: int, index: tuple[int, ...], value: float) -> bool:
+        """Whether ``value`` is more than :data:`REPLAN_TOLERANCE` away from what was published."""
+        table = self.published[which]
+        if index[-1] >= table.shape[-1]:  # a worker slot added since the last bump
+            return True
+        old = float(table[index])
+        if math.isnan(old):
+            return True
+        return abs(value - old) > REPLAN_TOLERANCE * max(abs(old), 1e-9)
 
 
 class Profiles:
@@ -203,7 +229,10 @@ class Profiles:
             mine = overall
         prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
         prof.measured_on_workers = True
-        prof.version = next(self._clock)
+        if prof.drifted(0, (i,), float(prof.exec_s[i])) or prof.drifted(
+            2, (i, slot), float(prof.exec_by_slot[i, slot])
+        ):
+            self._bump(prof)
 
     def observe_output(self, workflow: str, task: str, nbytes: int) -> None:
         """Fold a measured output size into the task's estimate."""
@@ -212,7 +241,12 @@ class Profiles:
         i = self._task(prof, task)
         old = float(prof.output_bytes[i])
         prof.output_bytes[i] = old + self.alpha * (size - old)
+        if prof.drifted(1, (i,), float(prof.output_bytes[i])):
+            self._bump(prof)
+
+    def _bump(self, prof: _WorkflowProfile) -> None:
         prof.version = next(self._clock)
+        prof.published = prof._copy()
 
     # -- models -----------------------------------------------------------------------------
 

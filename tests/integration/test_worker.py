@@ -73,7 +73,7 @@ async def test_big_array_round_trip_is_bit_exact(worker_env: dict[str, str]) -> 
 
 @pytest.mark.asyncio
 async def test_unreachable_address_fails_clearly() -> None:
-    with pytest.raises(ConnectFailed, match="127.0.0.1:1"):
+    with pytest.raises(ConnectFailed, match=r"127\.0\.0\.1:1"):
         async with Client("127.0.0.1:1") as client:
             await client.ping()
 
@@ -105,26 +105,36 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
         address = first.rsplit(" ", 1)[1]
         ok = subprocess.run(
             compass_argv("status", address, "--json", "--token", "t0k"),
-            capture_output=True, text=True, env=worker_env, timeout=30,
+            capture_output=True,
+            text=True,
+            env=worker_env,
+            timeout=30,
         )
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["name"] == "solo"
         bad = subprocess.run(
             compass_argv("status", address, "--token", "nope"),
-            capture_output=True, text=True, env=worker_env, timeout=30,
+            capture_output=True,
+            text=True,
+            env=worker_env,
+            timeout=30,
         )
         assert bad.returncode != 0
         assert len(bad.stderr.strip().splitlines()) == 1
         assert "token" in bad.stderr.lower() or "auth" in bad.stderr.lower()
         down = subprocess.run(
             compass_argv("status", "127.0.0.1:1"),
-            capture_output=True, text=True, env=worker_env, timeout=30,
+            capture_output=True,
+            text=True,
+            env=worker_env,
+            timeout=30,
         )
         assert down.returncode != 0 and "127.0.0.1:1" in down.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
-        proc.stdout.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_compass_up_starts_and_stops_a_joined_cluster(worker_env: dict[str, str], tmp_path) -> None:
@@ -149,5 +159,31 @@ def test_compass_up_starts_and_stops_a_joined_cluster(worker_env: dict[str, str]
         assert asyncio.run(peers()) == 2
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cache-mb", "4000"], "opt"),  # a 5.7 GB model, a 4 GB cache
+        (["--policy", "fastest"], "fastest"),
+        (["--time-scale", "0"], "time_scale"),
+    ],
+)
+def test_bad_worker_configuration_fails_clearly(
+    worker_env: dict[str, str], args: list[str], message: str
+) -> None:
+    from .conftest import PAPER
+
+    done = subprocess.run(
+        compass_argv("worker", "start", "--workload", PAPER, *args),
+        capture_output=True,
+        text=True,
+        env=worker_env,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

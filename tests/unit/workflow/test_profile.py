@@ -135,3 +135,18 @@ def test_bad_configuration() -> None:
         Profiles(h2d_bytes_per_s=0, net_bytes_per_s=1.0)
     with pytest.raises(ConfigError, match="alpha"):
         Profiles(h2d_bytes_per_s=1.0, net_bytes_per_s=1.0, alpha=0.0)
+
+
+def test_steady_measurements_stop_changing_the_version() -> None:
+    wf = Workflow("w", [Task("a", None, (), TaskProfile(exec_ms=10.0, output_bytes=100))])
+    profiles = Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, workflows=[wf])
+    versions = []
+    for _ in range(60):  # the estimate converges on 10 ms, the declared value
+        profiles.observe_exec("w", "a", "w0", 0.010)
+        profiles.observe_output("w", "a", 100)
+        versions.append(profiles.workflow_version("w"))
+    assert len(set(versions[5:])) == 1  # nothing moved: cost tables stay cached
+    before = profiles.workflow_version("w")
+    profiles.observe_exec("w", "a", "w0", 0.050)  # a real change is published at once
+    assert profiles.workflow_version("w") != before
+    assert profiles.exec_s("w", "a", "w0") > 0.010

@@ -1,0 +1,81 @@
+"""The inbox gathers a task's inputs; a join waits for every predecessor."""
+
+from __future__ import annotations
+
+from compass.worker.jobs import JOB_INPUTS, Inbox, InboxEntry
+from compass.workflow.dag import Task, TaskProfile, Workflow
+
+P = TaskProfile(exec_ms=1.0, output_bytes=8)
+
+
+def diamond() -> Workflow:
+    return Workflow(
+        "diamond",
+        [
+            Task("a", None, (), P),
+            Task("b", None, ("a",), P),
+            Task("c", None, ("a",), P),
+            Task("d", None, ("b", "c"), P),
+        ],
+    )
+
+
+def add(
+    inbox: Inbox,
+    task: str,
+    source: str,
+    value: object,
+    attempt: int = 0,
+    plan: dict[str, str] | None = None,
+    transfer_s: float = 0.0,
+) -> InboxEntry | None:
+    return inbox.add(
+        job_id="j1",
+        attempt=attempt,
+        workflow=diamond(),
+        task=task,
+        source=source,
+        value=value,
+        plan=dict(plan or {"a": "w0"}),
+        ingress="w0",
+        transfer_s=transfer_s,
+        now=0.0,
+    )
+
+
+def test_root_gets_the_job_inputs_at_once() -> None:
+    inbox = Inbox()
+    entry = add(inbox, "a", JOB_INPUTS, {"x": 1, "y": 2})
+    assert entry is not None
+    assert entry.inputs == {"x": 1, "y": 2}
+    assert len(inbox) == 0
+
+
+def test_join_waits_for_every_predecessor_and_keeps_the_freshest_plan() -> None:
+    inbox = Inbox()
+    assert add(inbox, "d", "b", 10, plan={"d": "w1", "b": "w1"}, transfer_s=0.2) is None
+    assert len(inbox) == 1
+    assert add(inbox, "d", "b", 11) is None  # a repeat replaces, it does not complete
+    entry = add(inbox, "d", "c", 20, plan={"c": "w2"}, transfer_s=0.1)
+    assert entry is not None
+    assert entry.inputs == {"b": 11, "c": 20}
+    assert entry.plan["c"] == "w2" and entry.plan["d"] == "w1"
+    assert entry.transfer_s == 0.2  # the slowest input
+    assert len(inbox) == 0
+
+
+def test_inputs_from_a_non_predecessor_are_ignored() -> None:
+    inbox = Inbox()
+    assert add(inbox, "d", "a", 1) is None
+    assert add(inbox, "d", "b", 2) is None
+    assert add(inbox, "d", "c", 3) is not None
+
+
+def test_drop_job_removes_stale_attempts_only() -> None:
+    inbox = Inbox()
+    add(inbox, "d", "b", 1, attempt=0)
+    add(inbox, "d", "b", 1, attempt=1)
+    assert inbox.drop_job("j1", below_attempt=1) == 1
+    assert len(inbox) == 1
+    assert add(inbox, "d", "c", 2, attempt=1) is not None
+    assert inbox.drop_job("j1") == 0
