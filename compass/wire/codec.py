@@ -30,6 +30,7 @@ __all__ = [
     "EXT_NDARRAY",
     "EXT_TENSOR",
     "WIRE_DTYPES",
+    "Encoder",
     "check_depth",
     "decode_message",
     "encode_message",
@@ -66,30 +67,37 @@ _NAME_BY_KIND_SIZE = {
 _MAX_DIMS = 32
 
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
+_unpackb = msgpack.unpackb
 
 
 # -- encoding -------------------------------------------------------------------------------
 
 
-class _Encoder:
-    """A reusable msgpack packer whose ``default`` hook moves arrays out of band."""
+class Encoder:
+    """A reusable msgpack packer whose ``default`` hook moves arrays out of band.
+
+    Not thread-safe: one per thread (:func:`encode_message`) or per connection.
+    """
 
     def __init__(self) -> None:
         self.buffers: list[memoryview] = []
         self.packer = msgpack.Packer(default=self._default, autoreset=True, use_bin_type=True)
 
     def encode(self, obj: Any) -> tuple[bytes, list[memoryview]]:
-        buffers: list[memoryview] = []
-        self.buffers = buffers
+        """See :func:`encode_message`."""
         try:
             header: bytes = self.packer.pack(obj)
         except ProtocolError:
+            self.buffers = []
             raise
         except (TypeError, ValueError, OverflowError) as exc:
-            raise ProtocolError(f"cannot encode message: {exc}") from exc
-        finally:
             self.buffers = []
-        return header, buffers
+            raise ProtocolError(f"cannot encode message: {exc}") from exc
+        buffers = self.buffers
+        if buffers:
+            self.buffers = []
+            return header, buffers
+        return header, []
 
     def _default(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
@@ -162,9 +170,9 @@ def encode_message(obj: Any) -> tuple[bytes, list[memoryview]]:
     The buffers view the caller's arrays: do not modify those until the message is written.
     Raises :class:`ProtocolError` naming the first value that cannot be encoded.
     """
-    encoder: _Encoder | None = getattr(_local, "encoder", None)
+    encoder: Encoder | None = getattr(_local, "encoder", None)
     if encoder is None:
-        encoder = _local.encoder = _Encoder()
+        encoder = _local.encoder = Encoder()
     return encoder.encode(obj)
 
 
@@ -246,15 +254,27 @@ def decode_message(header: bytes | memoryview, buffers: list[memoryview], limits
     Raises :class:`ProtocolError` for anything malformed: bad msgpack, nesting deeper than
     ``limits.max_depth``, unknown extension types, dtype or shape not matching its buffer.
     """
-    check_depth(header, limits.max_depth)
-    hook = _ArrayDecoder(buffers) if buffers else _no_buffers_hook
+    max_depth = limits.max_depth
+    # inline fast case of check_depth: few enough bytes that could open a container
+    if len(header) > max_depth and (
+        type(header) is not bytes or len(header.translate(None, _OTHER_BYTES)) > max_depth
+    ):
+        check_depth(header, max_depth)
+    if not buffers:
+        try:
+            return _unpackb(header, ext_hook=_no_buffers_hook, strict_map_key=False)
+        except ProtocolError:
+            raise
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise ProtocolError(f"undecodable message: {type(exc).__name__}: {exc}") from exc
+    hook = _ArrayDecoder(buffers)
     try:
-        obj = msgpack.unpackb(header, ext_hook=hook, strict_map_key=False, raw=False)
+        obj = _unpackb(header, ext_hook=hook, strict_map_key=False)
     except ProtocolError:
         raise
     except (ValueError, TypeError, RecursionError) as exc:
         raise ProtocolError(f"undecodable message: {type(exc).__name__}: {exc}") from exc
-    if isinstance(hook, _ArrayDecoder) and not all(hook.used):
+    if not all(hook.used):
         raise ProtocolError(
             f"frame carries {len(buffers)} buffers but the message uses {sum(hook.used)}"
         )

@@ -27,19 +27,29 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from compass.config import Limits
 from compass.errors import ProtocolError
 
-__all__ = ["ALIGN", "PREFIX_BYTES", "Frame", "FrameDecoder", "encode_frame", "padded_size"]
+__all__ = [
+    "ALIGN",
+    "PREFIX",
+    "PREFIX_BYTES",
+    "Frame",
+    "FrameDecoder",
+    "encode_frame",
+    "padded_size",
+]
 
 #: buffers start at multiples of this many bytes from the payload start (one cache line)
 ALIGN = 64
 
-_PREFIX = struct.Struct("<QII")
+#: the fixed prefix: total frame bytes, header bytes, buffer count
+PREFIX = struct.Struct("<QII")
+_PREFIX = PREFIX
 _LENGTH = struct.Struct("<Q")
 #: bytes of the fixed prefix (total, hlen, nbuf)
 PREFIX_BYTES = _PREFIX.size
@@ -62,8 +72,7 @@ def padded_size(lengths: Sequence[int]) -> int:
     return end
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     """One decoded frame. ``buffers`` are writable views into the frame's payload memory."""
 
     header: bytes | memoryview
@@ -95,9 +104,12 @@ def encode_frame(header: bytes, buffers: Sequence[memoryview]) -> list[bytes | m
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
     """An uninitialised uint8 array whose data starts on an ALIGN boundary."""
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    offset = -raw.ctypes.data & (ALIGN - 1)
-    return raw[offset : offset + nbytes]
+    return _aligned_view(np.empty(nbytes + ALIGN, dtype=np.uint8), nbytes)
+
+
+def _aligned_view(owner: np.ndarray, nbytes: int) -> np.ndarray:
+    offset = -owner.ctypes.data & (ALIGN - 1)
+    return owner[offset : offset + nbytes]
 
 
 class FrameDecoder:
@@ -125,6 +137,8 @@ class FrameDecoder:
         self._payload_view: memoryview | None = None
         self._payload_filled = 0
         self._direct_header = b""
+        # the allocation behind the last large payload (a view's .base is always the owner
+        # of the memory, however views are stacked, so its refcount sees every user)
         self._spare: np.ndarray | None = None
         self._failed: ProtocolError | None = None
         #: counters, for tests and benchmarks
@@ -186,6 +200,27 @@ class FrameDecoder:
         """The next complete frame, or ``None`` when more bytes are needed."""
         if self._failed is not None:
             raise self._failed
+        if self._payload is None and not self._total:
+            start = self._read
+            available = self._write - start
+            if available < PREFIX_BYTES:
+                return None
+            # fast path: a complete small frame without buffers, within every limit
+            total, hlen, nbuf = _PREFIX.unpack_from(self._staging, start)
+            limits = self.limits
+            if (
+                not nbuf
+                and total <= available
+                and total == PREFIX_BYTES + hlen
+                and 0 < hlen <= limits.max_header_bytes
+                and total <= limits.max_frame_bytes
+            ):
+                end = start + total
+                if end == self._write:
+                    self._read = self._write = 0
+                else:
+                    self._read = end
+                return Frame(bytes(self._staging_view[start + PREFIX_BYTES : end]), [])
         try:
             return self._next_frame()
         except ProtocolError as exc:
@@ -297,15 +332,15 @@ class FrameDecoder:
     def _payload_buffer(self, nbytes: int) -> np.ndarray:
         spare = self._spare
         # 3 references: self._spare, the local name and getrefcount's argument; any more means
-        # a decoded array (or a view of one) is still alive somewhere
-        if spare is not None and len(spare) >= nbytes and sys.getrefcount(spare) == 3:
+        # a decoded array, a view of one or a memoryview on one is still alive somewhere
+        if spare is not None and len(spare) - ALIGN >= nbytes and sys.getrefcount(spare) == 3:
             self.payload_buffers_reused += 1
-            return spare[:nbytes]
+            return _aligned_view(spare, nbytes)
         self.payload_buffers_allocated += 1
-        fresh = _aligned_empty(nbytes)
+        owner = np.empty(nbytes + ALIGN, dtype=np.uint8)
         if nbytes >= _REUSE_MIN_BYTES:
-            self._spare = fresh
-        return fresh
+            self._spare = owner
+        return _aligned_view(owner, nbytes)
 
     def _finish_direct(self) -> Frame | None:
         view = self._payload_view

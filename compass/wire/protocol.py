@@ -49,7 +49,8 @@ from compass.errors import (
     VersionMismatch,
     error_from_wire,
 )
-from compass.wire.codec import check_depth, decode_message, encode_message
+from compass.wire.codec import Encoder, check_depth, decode_message
+from compass.wire.frames import PREFIX as _PREFIX
 from compass.wire.frames import PREFIX_BYTES, FrameDecoder, encode_frame, padded_size
 
 __all__ = [
@@ -71,6 +72,8 @@ __all__ = [
 HANDSHAKE_MAX_FRAME_BYTES = 64 * 1024
 #: what a peer may say it is
 PEER_ROLES = frozenset({"worker", "client"})
+#: body types that nest nothing: the envelope alone sets the depth of such a message
+_FLAT = frozenset({type(None), bool, int, float, str, bytes, bytearray, memoryview})
 _NONCE_BYTES = 32
 _MAX_NAME_CHARS = 1024
 
@@ -212,6 +215,7 @@ class Connection:
         self._peer_has_token = False
         self._decoder = FrameDecoder(_handshake_limits(limits))
         self._out: list[bytes | memoryview] = []
+        self._encoder = Encoder()
         self._next_id = 1
         self._error: CompassError | None = None
         self._state = State.IDLE if role == "initiator" else State.WAIT_HELLO
@@ -249,11 +253,21 @@ class Connection:
                 frame = self._decoder.next_frame()
                 if frame is None:
                     return None
-                message = decode_message(frame.header, frame.buffers, self.limits)
+                message = decode_message(frame[0], frame[1], self.limits)
                 if type(message) is not list or not message:
                     raise ProtocolError(f"message is not a non-empty array: {message!r:.80}")
                 kind = message[0]
                 if self._state is State.READY:
+                    # the two hot kinds first, inline
+                    if kind == _RESPONSE and len(message) == 3 and type(message[1]) is int:
+                        return Response(message[1], message[2])
+                    if (
+                        kind == _REQUEST
+                        and len(message) == 4
+                        and type(message[1]) is int
+                        and type(message[2]) is str
+                    ):
+                        return Request(message[1], message[2], message[3])
                     return self._ready_event(kind, message)
                 event = self._handshake_event(kind, message)
                 if event is not None:
@@ -303,8 +317,8 @@ class Connection:
         }
 
     def _handshake_event(self, kind: object, message: list[Any]) -> Event | None:
-        if kind not in _EXPECTED[self._state]:
-            if kind in _EXPECTED[State.READY]:
+        if type(kind) is not int or kind not in _EXPECTED[self._state]:
+            if type(kind) is int and kind in _EXPECTED[State.READY]:
                 raise ProtocolError(f"peer sent {_kind_name(kind)} before the handshake completed")
             raise ProtocolError(
                 f"peer sent {_kind_name(kind)} during the handshake (state {self._state.value})"
@@ -339,6 +353,7 @@ class Connection:
         if not (
             isinstance(name, str)
             and len(name) <= _MAX_NAME_CHARS
+            and isinstance(role, str)
             and role in PEER_ROLES
             and isinstance(nonce, bytes)
             and len(nonce) == _NONCE_BYTES
@@ -385,16 +400,18 @@ class Connection:
 
     def send_request(self, op: str, body: Any = None) -> int:
         """Queue a request; returns its id (unique on this connection)."""
-        self._require_ready(op)
+        if self._state is not State.READY or type(op) is not str:
+            self._require_ready(op)
         request_id = self._next_id
         self._next_id = request_id + 1
-        self._queue([_REQUEST, request_id, op, body])
+        self._queue([_REQUEST, request_id, op, body], type(body) in _FLAT)
         return request_id
 
     def send_response(self, request_id: int, body: Any = None) -> None:
         """Queue the answer to the peer's request ``request_id``."""
-        self._require_ready()
-        self._queue([_RESPONSE, request_id, body])
+        if self._state is not State.READY:
+            self._require_ready()
+        self._queue([_RESPONSE, request_id, body], type(body) in _FLAT)
 
     def send_error(self, request_id: int, code: str, message: str, detail: Any = None) -> None:
         """Queue a failure answer to the peer's request ``request_id``.
@@ -409,8 +426,9 @@ class Connection:
 
     def send_notify(self, op: str, body: Any = None) -> None:
         """Queue a one-way message."""
-        self._require_ready(op)
-        self._queue([_NOTIFY, op, body])
+        if self._state is not State.READY or type(op) is not str:
+            self._require_ready(op)
+        self._queue([_NOTIFY, op, body], type(body) in _FLAT)
 
     def _require_ready(self, op: object = "") -> None:
         if self._state is not State.READY:
@@ -418,30 +436,35 @@ class Connection:
         if type(op) is not str:
             raise LocalProtocolError(f"op must be a str, got {type(op).__name__}")
 
-    def _queue(self, message: list[Any]) -> None:
-        header, buffers = encode_message(message)
+    def _queue(self, message: list[Any], flat: bool = False) -> None:
+        """Encode and frame ``message``; ``flat``: its body holds no container (depth known)."""
+        header, buffers = self._encoder.encode(message)
         limits = self.limits
-        if len(header) > limits.max_header_bytes:
+        size = len(header)
+        if size > limits.max_header_bytes:
             raise ProtocolError(
-                f"message header of {len(header)} bytes exceeds "
-                f"max_header_bytes={limits.max_header_bytes}"
+                f"message header of {size} bytes exceeds max_header_bytes={limits.max_header_bytes}"
             )
-        check_depth(header, limits.max_depth)
-        if buffers:
-            if len(buffers) > limits.max_buffers:
+        if not flat and size > limits.max_depth:
+            # checked here too so that a message the peer would refuse fails on this side
+            check_depth(header, limits.max_depth)
+        if not buffers:
+            if PREFIX_BYTES + size > limits.max_frame_bytes:
                 raise ProtocolError(
-                    f"message with {len(buffers)} arrays exceeds max_buffers={limits.max_buffers}"
+                    f"frame of {PREFIX_BYTES + size} bytes exceeds "
+                    f"max_frame_bytes={limits.max_frame_bytes}"
                 )
-            lengths = [b.nbytes for b in buffers]
-            total = PREFIX_BYTES + 8 * len(buffers) + len(header) + padded_size(lengths)
-            if total > limits.max_frame_bytes:
-                raise ProtocolError(
-                    f"frame of {total} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
-                )
-        elif PREFIX_BYTES + len(header) > limits.max_frame_bytes:
+            self._out.append(_PREFIX.pack(PREFIX_BYTES + size, size, 0) + header)
+            return
+        if len(buffers) > limits.max_buffers:
             raise ProtocolError(
-                f"frame of {PREFIX_BYTES + len(header)} bytes exceeds "
-                f"max_frame_bytes={limits.max_frame_bytes}"
+                f"message with {len(buffers)} arrays exceeds max_buffers={limits.max_buffers}"
+            )
+        lengths = [b.nbytes for b in buffers]
+        total = PREFIX_BYTES + 8 * len(buffers) + size + padded_size(lengths)
+        if total > limits.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {total} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
             )
         self._out.extend(encode_frame(header, buffers))
 

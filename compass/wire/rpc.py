@@ -29,16 +29,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from compass.errors import CompassError, ConfigError, RemoteError, UnknownOperation
 
 if TYPE_CHECKING:
-    from compass.wire.transport import Channel
+    from compass.wire.transport import Channel, Immediate
 
-__all__ = ["NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
+__all__ = ["InlineFunc", "NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
 
 log = logging.getLogger("compass.wire")
 
 RequestFunc = Callable[["Channel", Any], Awaitable[Any]]
+InlineFunc = Callable[["Channel", Any], Any]
 NotifyFunc = Callable[["Channel", Any], None]
 _R = TypeVar("_R", bound=RequestFunc)
 _N = TypeVar("_N", bound=NotifyFunc)
+_I = TypeVar("_I", bound=InlineFunc)
 
 
 def exception_to_wire(exc: BaseException, *, context: str = "") -> tuple[str, str, Any]:
@@ -62,12 +64,13 @@ class Router:
 
     def __init__(self) -> None:
         self._requests: dict[str, RequestFunc] = {}
+        self._inline: dict[str, InlineFunc] = {}
         self._notifies: dict[str, NotifyFunc] = {}
 
     @property
     def request_ops(self) -> frozenset[str]:
         """Ops with a request handler."""
-        return frozenset(self._requests)
+        return frozenset(self._requests) | frozenset(self._inline)
 
     @property
     def notify_ops(self) -> frozenset[str]:
@@ -83,6 +86,22 @@ class Router:
 
         return register
 
+    def inline(self, op: str) -> Callable[[_I], _I]:
+        """Decorator: ``def f(channel, body) -> response``, a *synchronous* handler for ``op``
+        answered inside the callback that read the request (no task, one loop iteration less).
+
+        For cheap handlers that never block (``ping``, ``status``); anything that awaits
+        belongs in :meth:`request`.
+        """
+
+        def register(func: _I) -> _I:
+            if op in self._requests or op in self._inline:
+                raise ConfigError(f"request op {op!r} already has a handler")
+            self._inline[op] = func
+            return func
+
+        return register
+
     def notify(self, op: str) -> Callable[[_N], _N]:
         """Decorator: ``def f(channel, body) -> None`` handles one-way ``op`` (sync, inline)."""
 
@@ -94,7 +113,7 @@ class Router:
 
     def add_request(self, op: str, func: RequestFunc) -> None:
         """Register ``func`` for request ``op``; an op may have one handler."""
-        if op in self._requests:
+        if op in self._requests or op in self._inline:
             raise ConfigError(f"request op {op!r} already has a handler")
         self._requests[op] = func
 
@@ -104,15 +123,24 @@ class Router:
             raise ConfigError(f"notify op {op!r} already has a handler")
         self._notifies[op] = func
 
-    async def handle_request(self, channel: Channel, op: str, body: Any) -> Any:
-        """Run the handler for ``op``; :class:`UnknownOperation` if there is none."""
+    def handle_request(self, channel: Channel, op: str, body: Any) -> Awaitable[Any] | Immediate:
+        """The handler for ``op``, called; :class:`UnknownOperation` if there is none.
+
+        A plain function returning the handler's awaitable (one coroutine frame less per
+        request); an unknown op raises when called, which the transport answers the same way.
+        """
         func = self._requests.get(op)
         if func is None:
+            inline = self._inline.get(op)
+            if inline is not None:
+                from compass.wire.transport import Immediate
+
+                return Immediate(inline(channel, body))
             raise UnknownOperation(
                 f"{channel.local_name!r} has no handler for request {op!r}",
                 detail={"op": op},
             )
-        return await func(channel, body)
+        return func(channel, body)
 
     def handle_notify(self, channel: Channel, op: str, body: Any) -> None:
         """Run the handler for ``op``; an unknown op is logged and dropped."""

@@ -20,7 +20,9 @@ the next, so 64 pipelined answers cost one system call, not 64.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import ssl as _ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
@@ -51,6 +53,7 @@ __all__ = [
     "Channel",
     "CloseCallback",
     "Handler",
+    "Immediate",
     "NotifyHandler",
     "Server",
     "connect",
@@ -61,7 +64,25 @@ __all__ = [
 
 log = logging.getLogger("compass.wire")
 
-Handler = Callable[["Channel", str, Any], Awaitable[Any]]
+#: small writes held back within one loop iteration before they go out together; a few, not
+#: all: the peer starts on the first ones while this side prepares the rest (measured on
+#: loopback: 4-8 doubles pipelined throughput over writing each message; 32 loses half of it)
+_HELD_WRITES = 6
+
+class Immediate:
+    """A request handler's answer that is ready at once (see ``Router.request(inline=True)``).
+
+    The transport answers it inside the callback that read the request: no task, no extra
+    loop iteration. Only for handlers that never block.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate"]
 NotifyHandler = Callable[["Channel", str, Any], None]
 CloseCallback = Callable[["Channel", BaseException | None], None]
 
@@ -106,13 +127,15 @@ class _ChannelProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
+        # straight to the framer: called once per read
+        self.get_buffer = channel._conn.decoder.get_buffer  # type: ignore[method-assign]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.channel._connection_made(cast(asyncio.Transport, transport))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.channel._conn.get_buffer(sizehint)
+        return self.channel._conn.decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         self.channel._buffer_updated(nbytes)
@@ -153,13 +176,17 @@ class Channel:
         #: ``(channel, ConnectionLost)`` otherwise
         self.on_close: list[CloseCallback] = []
         self._conn = conn
+        self._decoder = conn.decoder
         self._loop = asyncio.get_running_loop()
         self._handler = handler
         self._notify_handler = notify_handler
         self._timeouts = timeouts
         self._transport: asyncio.Transport | None = None
         self._waiters: dict[int, asyncio.Future[Any]] = {}
-        self._handler_tasks: set[asyncio.Task[None]] = set()
+        # running request handlers by a serial of ours (peer ids may repeat), so a handler can
+        # remove itself without looking up its task
+        self._handler_tasks: dict[int, asyncio.Task[None]] = {}
+        self._handler_serial = 0
         self._handshake: asyncio.Future[None] = self._loop.create_future()
         # an acceptor's handshake outcome has no awaiter; mark its exception as seen
         self._handshake.add_done_callback(_consume_exception)
@@ -171,8 +198,16 @@ class Channel:
         self._refusing = False  # answer new requests with WorkerUnavailable (server closing)
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        # small writes held back until the end of the loop iteration (see _write_out)
         self._pending: list[bytes | memoryview] = []
-        self._tick_scheduled = False
+        self._flush_scheduled = False
+        self._unstarted_handlers = 0
+        self._reading = False
+        # request timeouts: one timer for the earliest deadline, a heap of (deadline, id, op,
+        # timeout) behind it; answered requests leave their entry to be dropped lazily
+        self._deadlines: list[tuple[float, int, str, float]] = []
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer_at = math.inf
         self._on_ready: Callable[[Channel], None] | None = None
 
     def __repr__(self) -> str:
@@ -191,7 +226,7 @@ class Channel:
         op: str,
         body: Any = None,
         *,
-        timeout: float | _Default | None = DEFAULT,  # noqa: ASYNC109 (the API asks for it)
+        timeout: float | _Default | None = DEFAULT,
     ) -> Any:
         """Send request ``op`` and wait for its answer.
 
@@ -205,20 +240,22 @@ class Channel:
         request_id = self._conn.send_request(op, body)
         self._write_out()
         future = self._loop.create_future()
-        self._waiters[request_id] = future
-        if isinstance(timeout, _Default):
-            timeout = self._timeouts.request
-        if timeout is None:
-            try:
-                return await future
-            finally:
-                self._waiters.pop(request_id, None)
-        timer = self._loop.call_later(timeout, self._expire, request_id, op, timeout)
+        waiters = self._waiters
+        waiters[request_id] = future
+        seconds = self._timeouts.request if isinstance(timeout, _Default) else timeout
+        if seconds is not None:
+            # one heap entry instead of a timer per request (see _on_deadline)
+            deadline = self._loop.time() + seconds
+            deadlines = self._deadlines
+            if len(deadlines) > 2 * len(waiters) + 64:
+                deadlines = self._prune_deadlines()
+            heapq.heappush(deadlines, (deadline, request_id, op, seconds))
+            if deadline < self._deadline_timer_at:
+                self._arm_deadline_timer(deadline)
         try:
             return await future
         finally:
-            timer.cancel()
-            self._waiters.pop(request_id, None)
+            waiters.pop(request_id, None)
 
     def notify(self, op: str, body: Any = None) -> None:
         """Send one-way message ``op``; buffered, never blocks (see :meth:`drain`)."""
@@ -253,19 +290,23 @@ class Channel:
                 transport.close()
             elif not self._ended.done():
                 self._ended.set_result(None)
-        await self.wait_closed()
+        await self._closing_finished()
 
-    async def wait_closed(self) -> None:
-        """Wait until the channel has ended and its handler tasks are done."""
+    async def _closing_finished(self) -> None:
+        """Wait for a closing transport to end, for at most ``timeouts.close``."""
         try:
             await asyncio.wait_for(asyncio.shield(self._ended), self._timeouts.close)
         except TimeoutError:
             # the peer does not read what is left to flush; do not wait for it forever
             if self._transport is not None:
                 self._transport.abort()
-            await self._ended
+        await self.wait_closed()
+
+    async def wait_closed(self) -> None:
+        """Wait until the channel has ended (closed or lost) and its handler tasks are done."""
+        await asyncio.shield(self._ended)
         if self._handler_tasks:
-            await asyncio.gather(*self._handler_tasks, return_exceptions=True)
+            await asyncio.gather(*self._handler_tasks.values(), return_exceptions=True)
 
     async def __aenter__(self) -> Channel:
         return self
@@ -276,24 +317,47 @@ class Channel:
     # -- sending ----------------------------------------------------------------------------
 
     def _write_out(self) -> None:
+        """Write what the connection queued, a few messages per system call.
+
+        The first write of a loop iteration goes out at once, so a lone request waits for
+        nothing. While other requests are in flight, later writes in the same iteration are
+        held until :data:`_HELD_WRITES` pieces have gathered or the iteration ends; answers to
+        a batch of requests read together are held until every handler of the batch has had
+        its first step.
+        """
         data = self._conn.data_to_send()
         if not data:
             return
-        if self._tick_scheduled:
+        if self._reading:
+            # answered inline while reading a batch of requests: one write when the batch ends
             self._pending.extend(data)
+            return
+        if self._unstarted_handlers or (
+            self._flush_scheduled and len(self._pending) < _HELD_WRITES
+        ):
+            self._pending.extend(data)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._scheduled_flush)
             return
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        self._tick_scheduled = True
-        self._loop.call_soon(self._end_tick)
+        if not self._flush_scheduled and len(self._waiters) + len(self._handler_tasks) > 1:
+            # other requests are in flight, so more writes are likely in this iteration: hold
+            # them until it is over (a lone request skips this bookkeeping)
+            self._flush_scheduled = True
+            self._loop.call_soon(self._scheduled_flush)
+        if self._pending:
+            data = self._pending + data
+            self._pending = []
         if len(data) == 1:
             transport.write(data[0])
         else:
             transport.writelines(data)
 
-    def _end_tick(self) -> None:
-        self._tick_scheduled = False
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
         self._flush_pending()
 
     def _flush_pending(self) -> None:
@@ -311,15 +375,45 @@ class Channel:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _expire(self, request_id: int, op: str, timeout: float) -> None:
-        future = self._waiters.pop(request_id, None)
-        if future is not None and not future.done():
-            future.set_exception(
-                CompassTimeout(
-                    f"request {op!r} to {self._describe()} got no answer within {timeout} s",
-                    detail={"op": op, "timeout": timeout},
-                )
-            )
+    def _prune_deadlines(self) -> list[tuple[float, int, str, float]]:
+        """Mostly answered requests in the heap: rebuild it from the pending ones.
+
+        Runs when the heap is twice the size of the pending set, so amortised O(1) a request.
+        """
+        waiters = self._waiters
+        deadlines = [entry for entry in self._deadlines if entry[1] in waiters]
+        heapq.heapify(deadlines)
+        self._deadlines = deadlines
+        return deadlines
+
+    def _arm_deadline_timer(self, when: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_timer = self._loop.call_at(when, self._on_deadline)
+        self._deadline_timer_at = when
+
+    def _on_deadline(self) -> None:
+        self._deadline_timer, self._deadline_timer_at = None, math.inf
+        # loop timers have millisecond resolution; do not re-arm for a sliver of time
+        horizon = self._loop.time() + 0.001
+        deadlines, waiters = self._deadlines, self._waiters
+        while deadlines:
+            deadline, request_id, op, timeout = deadlines[0]
+            future = waiters.get(request_id)
+            if future is not None and deadline > horizon:
+                self._arm_deadline_timer(deadline)
+                return
+            heapq.heappop(deadlines)
+            if future is not None:
+                del waiters[request_id]
+                if not future.done():
+                    future.set_exception(
+                        CompassTimeout(
+                            f"request {op!r} to {self._describe()} got no answer within "
+                            f"{timeout} s",
+                            detail={"op": op, "timeout": timeout},
+                        )
+                    )
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -339,8 +433,11 @@ class Channel:
 
     def _buffer_updated(self, nbytes: int) -> None:
         conn = self._conn
-        conn.buffer_updated(nbytes)
+        self._decoder.buffer_updated(nbytes)
+        if self._failure is not None:
+            return  # bytes that raced with closing: nobody is left to act on them
         waiters = self._waiters
+        self._reading = True
         try:
             while True:
                 event = conn.next_event()
@@ -364,8 +461,13 @@ class Channel:
             log.exception("closing connection %s after an internal error", self._describe())
             self._peer_fault(exc)
         else:
-            if self._failure is None:
+            self._reading = False
+            if not self._handshake.done():
                 self._write_out()  # handshake replies
+            elif self._pending and not self._flush_scheduled:
+                self._flush_pending()
+        finally:
+            self._reading = False
 
     def _dispatch_error(self, event: ErrorResponse) -> None:
         future = self._waiters.pop(event.id, None)
@@ -392,49 +494,68 @@ class Channel:
                     detail={"op": event.op},
                 )
             )
-            self._conn.send_error(event.id, error.code, error.message, error.detail)
+            self._conn.send_error(event.id, *exception_to_wire(error))
             self._write_out()
             return
-        task = self._loop.create_task(self._run_handler(event.id, event.op, event.body))
-        self._handler_tasks.add(task)
-
-    async def _run_handler(self, request_id: int, op: str, body: Any) -> None:
-        assert self._handler is not None
         try:
-            result = await self._handler(self, op, body)
+            outcome = self._handler(self, event.op, event.body)
+        except Exception as exc:  # raised before any await: an unknown op, a bad body
+            self._answer_error(event.id, event.op, exc)
+            return
+        if type(outcome) is Immediate:
+            self._answer(event.id, event.op, outcome.value)
+            return
+        serial = self._handler_serial = self._handler_serial + 1
+        self._handler_tasks[serial] = self._loop.create_task(
+            self._run_handler(serial, event.id, event.op, cast(Awaitable[Any], outcome))
+        )
+        self._unstarted_handlers += 1
+
+    async def _run_handler(
+        self, serial: int, request_id: int, op: str, outcome: Awaitable[Any]
+    ) -> None:
+        self._unstarted_handlers -= 1
+        try:
+            result = await outcome
         except asyncio.CancelledError:
             if self._failure is None:
-                self._conn.send_error(
-                    request_id,
-                    WorkerUnavailable.code,
-                    f"request {op!r} was cancelled: {self.local_name!r} is shutting down",
+                cancelled = WorkerUnavailable(
+                    f"request {op!r} was cancelled: {self.local_name!r} is shutting down"
                 )
+                self._conn.send_error(request_id, *exception_to_wire(cancelled))
                 self._write_out()
             raise
         except Exception as exc:
-            if self._failure is None:
-                code, text, detail = exception_to_wire(
-                    exc, context=f"handling {op!r} on {self.local_name!r}"
-                )
-                self._conn.send_error(request_id, code, text, detail)
-                self._write_out()
+            self._answer_error(request_id, op, exc)
         else:
-            if self._failure is None:
-                try:
-                    self._conn.send_response(request_id, result)
-                except CompassError as exc:
-                    code, text, detail = exception_to_wire(exc)
-                    self._conn.send_error(
-                        request_id, code, f"the answer to {op!r} cannot be sent: {text}", detail
-                    )
-                self._write_out()
+            self._answer(request_id, op, result)
         finally:
-            task = asyncio.current_task()
-            if task is not None:
-                self._handler_tasks.discard(task)
+            self._handler_tasks.pop(serial, None)
+
+    def _answer(self, request_id: int, op: str, result: Any) -> None:
+        if self._failure is not None:
+            return
+        try:
+            self._conn.send_response(request_id, result)
+        except CompassError as exc:
+            code, text, detail = exception_to_wire(exc)
+            self._conn.send_error(
+                request_id, code, f"the answer to {op!r} cannot be sent: {text}", detail
+            )
+        self._write_out()
+
+    def _answer_error(self, request_id: int, op: str, exc: Exception) -> None:
+        if self._failure is not None:
+            return
+        code, text, detail = exception_to_wire(
+            exc, context=f"handling {op!r} on {self.local_name!r}"
+        )
+        self._conn.send_error(request_id, code, text, detail)
+        self._write_out()
 
     def _handshake_complete(self, event: HandshakeComplete) -> None:
         self.peer_name, self.peer_role = event.peer_name, event.peer_role
+        self._write_out()  # the acceptor's READY, before anything else is sent
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
@@ -476,7 +597,10 @@ class Channel:
             self._handshake_timer.cancel()
         if not self._handshake.done():
             self._handshake.set_exception(
-                ConnectionLost(f"{self._describe()} closed the connection during the handshake")
+                ConnectionLost(
+                    f"{self._describe()} closed the connection during the handshake (not a "
+                    "compass peer, or TLS on one side only?)"
+                )
             )
         self._resume_writing()
         if not self._ended.done():
@@ -498,8 +622,12 @@ class Channel:
         for waiter in drains:
             if not waiter.done():
                 waiter.set_exception(kind(message))
-        for task in self._handler_tasks:
+        for task in self._handler_tasks.values():
             task.cancel()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines = []
 
     def _use_error(self) -> CompassError:
         assert self._failure is not None
@@ -553,7 +681,7 @@ async def connect(
     except BaseException:
         if channel.closed:
             # failed handshake: the transport is already closing after telling the peer why
-            await channel.wait_closed()
+            await channel._closing_finished()
         elif channel._transport is not None:
             channel._transport.abort()
         raise
@@ -588,7 +716,7 @@ class Server:
         channels = list(self._accepted)
         for channel in channels:
             channel._refusing = True
-        tasks = [task for channel in channels for task in channel._handler_tasks]
+        tasks = [task for channel in channels for task in channel._handler_tasks.values()]
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=self._timeouts.close)
             for task in late:

@@ -45,7 +45,7 @@ from compass.worker.jobs import JOB_INPUTS, Inbox, IngressJob
 from compass.worker.membership import Membership, Peer
 from compass.worker.queue import QueuedTask
 from compass.worker.stats import WorkerStats, payload_bytes
-from compass.workflow.dag import Task, Workflow
+from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
 __all__ = ["Worker"]
@@ -57,7 +57,7 @@ _FORGET_AFTER = 4096
 
 
 class Worker:
-    """A compass worker. Use as ``async with Worker(config, app) as worker: await worker.wait()``."""
+    """A compass worker: ``async with Worker(config, app, profiles) as w: await w.wait()``."""
 
     def __init__(self, config: WorkerConfig, app: App, profiles: Profiles) -> None:
         self.config = config
@@ -184,12 +184,12 @@ class Worker:
     # -- the request table ---------------------------------------------------------------------
     def _make_router(self) -> Router:
         router = Router()
-        router.request("ping")(self._on_ping)
-        router.request("status")(self._on_status)
+        router.inline("ping")(self._on_ping)
+        router.inline("status")(self._on_status)
+        router.inline("trace")(self._on_trace)
         router.request("submit")(self._on_submit)
         router.request("join")(self._on_join)
         router.request("plan")(self._on_plan)
-        router.request("trace")(self._on_trace)
         router.notify("heartbeat")(self._on_heartbeat)
         router.notify("task")(self._on_task)
         router.notify("result")(self._on_result)
@@ -198,10 +198,10 @@ class Worker:
         router.notify("done")(self._on_done)
         return router
 
-    async def _on_ping(self, channel: Channel, body: Any) -> Any:
+    def _on_ping(self, channel: Channel, body: Any) -> Any:
         return body
 
-    async def _on_status(self, channel: Channel, body: Any) -> dict[str, Any]:
+    def _on_status(self, channel: Channel, body: Any) -> dict[str, Any]:
         return self.status()
 
     def status(self) -> dict[str, Any]:
@@ -226,7 +226,7 @@ class Worker:
             "stats": self.stats.to_wire(),
         }
 
-    async def _on_trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
+    def _on_trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
         """The records of recently answered jobs; ``{"clear": true}`` empties the log."""
         records = list(self.trace)
         if isinstance(body, dict) and body.get("clear"):
@@ -322,9 +322,7 @@ class Worker:
                     "workflow": job.workflow.name,
                     "plan": job.plan,
                     "attempts": job.attempt + 1,
-                    "ok": future.done()
-                    and not future.cancelled()
-                    and future.exception() is None,
+                    "ok": future.done() and not future.cancelled() and future.exception() is None,
                     "latency_s": self.clock() - job.submitted_at,
                 }
             )
@@ -462,8 +460,14 @@ class Worker:
             self._notify(
                 body["ingress"],
                 "failed",
-                {"job": job_id, "att": attempt, "task": body["task"], "worker": self.name,
-                 "message": str(exc), "traceback": ""},
+                {
+                    "job": job_id,
+                    "att": attempt,
+                    "task": body["task"],
+                    "worker": self.name,
+                    "message": str(exc),
+                    "traceback": "",
+                },
             )
             return
         transfer_s = (
@@ -512,9 +516,14 @@ class Worker:
             self._notify(
                 entry.ingress,
                 "failed",
-                {"job": entry.job_id, "att": entry.attempt, "task": entry.task,
-                 "worker": self.name, "message": f"{type(outcome.error).__name__}: {outcome.error}",
-                 "traceback": outcome.error_text},
+                {
+                    "job": entry.job_id,
+                    "att": entry.attempt,
+                    "task": entry.task,
+                    "worker": self.name,
+                    "message": f"{type(outcome.error).__name__}: {outcome.error}",
+                    "traceback": outcome.error_text,
+                },
             )
             return
         workflow = self.app.get_workflow(entry.workflow)
@@ -526,8 +535,12 @@ class Worker:
             self._notify(
                 entry.ingress,
                 "result",
-                {"job": entry.job_id, "att": entry.attempt, "task": entry.task,
-                 "value": outcome.output},
+                {
+                    "job": entry.job_id,
+                    "att": entry.attempt,
+                    "task": entry.task,
+                    "value": outcome.output,
+                },
             )
             return
         now = self.clock()
@@ -545,8 +558,7 @@ class Worker:
                     self._notify(
                         entry.ingress,
                         "placed",
-                        {"job": entry.job_id, "att": entry.attempt, "task": succ,
-                         "worker": target},
+                        {"job": entry.job_id, "att": entry.attempt, "task": succ, "worker": target},
                     )
                     if target != self.name:
                         task = workflow.tasks[succ]
@@ -561,9 +573,17 @@ class Worker:
         for succ in succs:
             self._push(
                 plan[succ],
-                {"job": entry.job_id, "att": entry.attempt, "wf": workflow.name, "task": succ,
-                 "from": entry.task, "value": outcome.output, "plan": plan,
-                 "ingress": entry.ingress, "sent": sent},
+                {
+                    "job": entry.job_id,
+                    "att": entry.attempt,
+                    "wf": workflow.name,
+                    "task": succ,
+                    "from": entry.task,
+                    "value": outcome.output,
+                    "plan": plan,
+                    "ingress": entry.ingress,
+                    "sent": sent,
+                },
             )
 
     def _push(self, worker: str, body: dict[str, Any]) -> None:
@@ -575,8 +595,13 @@ class Worker:
     def _notify(self, worker: str, op: str, body: dict[str, Any]) -> None:
         """Send a one-way message to a worker, this one included (no wire then)."""
         if worker == self.name:
-            {"result": self._on_result, "failed": self._on_failed, "placed": self._on_placed,
-             "done": self._on_done, "task": self._on_task}[op](None, body)
+            {
+                "result": self._on_result,
+                "failed": self._on_failed,
+                "placed": self._on_placed,
+                "done": self._on_done,
+                "task": self._on_task,
+            }[op](None, body)
             return
         channel = None if self.membership is None else self.membership.channel(worker)
         if channel is None or channel.closed:

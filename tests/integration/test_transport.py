@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import shutil
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -17,6 +20,7 @@ import torch
 
 from compass.config import Limits, Timeouts
 from compass.errors import (
+    ConfigError,
     AuthenticationError,
     CompassTimeout,
     ConnectFailed,
@@ -79,6 +83,14 @@ def make_router() -> tuple[Router, list[Any]]:
     @router.notify("note")
     def note(channel: Channel, body: Any) -> None:
         notes.append(body)
+
+    @router.inline("inline_echo")
+    def inline_echo(channel: Channel, body: Any) -> Any:
+        return {"echo": body, "peer": channel.peer_name}
+
+    @router.inline("inline_typed")
+    def inline_typed(channel: Channel, body: Any) -> Any:
+        raise UnknownWorkflow(f"no workflow {body!r}", detail={"workflow": body})
 
     return router, notes
 
@@ -177,6 +189,23 @@ async def test_timeout_then_the_late_answer_is_dropped():
 
 
 @pytest.mark.asyncio
+async def test_shorter_timeout_issued_later_expires_first():
+    body_events["t5"] = asyncio.Event()
+    async with running() as (server, _), await client(server) as channel:
+        patient = asyncio.create_task(channel.request("wait", "t5", timeout=10))
+        await asyncio.sleep(0.01)
+        with pytest.raises(CompassTimeout):
+            await channel.request("wait", "t5", timeout=0.05)
+        assert not patient.done()
+        body_events["t5"].set()
+        assert await patient == "late"
+        # answered requests do not pile up in the timeout bookkeeping
+        for i in range(500):
+            assert await channel.request("echo", i) == i
+        assert len(channel._deadlines) <= 64 + 1
+
+
+@pytest.mark.asyncio
 async def test_cancelled_request_leaves_no_waiter():
     body_events["t2"] = asyncio.Event()
     async with running() as (server, _), await client(server) as channel:
@@ -210,7 +239,7 @@ PEER_SCRIPT = textwrap.dedent(
 
 @pytest.mark.asyncio
 async def test_peer_death_fails_pending_waiters_with_connection_lost():
-    peer = subprocess.Popen(
+    peer = subprocess.Popen(  # noqa: ASYNC220 (started once; its pipe is read in a thread)
         [sys.executable, "-c", PEER_SCRIPT, TOKEN], stdout=subprocess.PIPE, text=True
     )
     try:
@@ -287,9 +316,11 @@ async def test_a_frame_beyond_the_limits_loses_the_connection(caplog):
     limits = Limits(max_frame_bytes=1 << 20, max_header_bytes=1 << 16)
     async with running(limits=limits) as (server, _):
         channel = await client(server)  # the client's own limits are the defaults
-        with caplog.at_level(logging.WARNING, logger="compass.wire"):
-            with pytest.raises(ConnectionLost, match="'srv'"):
-                await channel.request("echo", np.zeros(1 << 18))
+        with (
+            caplog.at_level(logging.WARNING, logger="compass.wire"),
+            pytest.raises(ConnectionLost, match="'srv'"),
+        ):
+            await channel.request("echo", np.zeros(1 << 18))
         assert "exceeds max_frame_bytes=1048576" in caplog.text
         async with await client(server) as other:
             assert await other.request("echo", 1) == 1
@@ -304,6 +335,11 @@ async def test_64_mib_ndarray_round_trip_is_bit_exact():
         assert back["array"].dtype == np.float64
         assert back["array"].tobytes() == array.tobytes()
         assert torch.equal(back["tensor"], tensor)
+        del back
+        # the first answer's receive buffer is free again: the second lands in it
+        again = await channel.request("echo", array)
+        assert again.tobytes() == array.tobytes()
+        assert channel._conn.decoder.payload_buffers_reused >= 1
 
 
 @pytest.mark.asyncio
@@ -417,6 +453,39 @@ async def test_drain_applies_backpressure_and_returns():
         assert all(int(n["data"].sum()) == chunk.size for n in notes)
 
 
+@pytest.fixture
+def certificate(tmp_path):
+    """A self-signed certificate for 127.0.0.1: (cert path, key path)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-nodes", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.asyncio
+async def test_tls_channel(certificate):
+    cert, key = certificate
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    client_tls = ssl.create_default_context(cafile=str(cert))
+    array = np.arange(1 << 18, dtype=np.float32)
+    async with (
+        running(ssl=server_tls) as (server, _),
+        await client(server, ssl=client_tls) as channel,
+    ):
+        assert await channel.request("echo", "over tls") == "over tls"
+        assert (await channel.request("echo", array)).tobytes() == array.tobytes()
+        with pytest.raises(ConnectionLost, match="TLS on one side only"):
+            await connect(server.address, token=TOKEN, name="plain", timeouts=FAST)
+
+
 async def scenario() -> None:
     """The core behaviour, run once on each event loop."""
     async with running() as (server, notes), await client(server) as channel:
@@ -466,3 +535,42 @@ def test_install_event_loop_policy_selects_uvloop():
             loop.close()
     finally:
         asyncio.set_event_loop_policy(previous)
+
+
+def test_wire_benchmark_quick_run_writes_json(tmp_path):
+    from bench import wire
+
+    path = tmp_path / "wire.json"
+    result = wire.run(quick=True, json_path=str(path))
+    saved = json.loads(path.read_text())
+    for key in (
+        "rtt_p50_us", "raw_rtt_p50_us", "rtt_p99_us", "raw_rtt_p99_us", "rtt_ratio",
+        "pipelined_msgs_per_s", "raw_pipelined_msgs_per_s", "pipelined_ratio",
+        "bulk_gbps", "raw_bulk_gbps", "bulk_ratio",
+    ):  # fmt: skip
+        assert saved[key] == result[key]
+        assert result[key] > 0
+    assert result["rtt_p50_us"] <= result["rtt_p99_us"]
+
+
+@pytest.mark.asyncio
+async def test_inline_handlers_answer_and_fail_like_async_ones():
+    async with running() as (server, _):
+        channel = await client(server)
+        assert await channel.request("inline_echo", [1, 2]) == {"echo": [1, 2], "peer": "cli"}
+        with pytest.raises(UnknownWorkflow, match="nope") as raised:
+            await channel.request("inline_typed", "nope")
+        assert raised.value.detail == {"workflow": "nope"}
+        # a batch of inline and async requests read together: every one matched to its waiter
+        answers = await asyncio.gather(
+            *(channel.request("inline_echo" if i % 2 else "echo", i) for i in range(200))
+        )
+        assert answers == [{"echo": i, "peer": "cli"} if i % 2 else i for i in range(200)]
+        await channel.aclose()
+
+
+def test_an_op_has_one_handler_whatever_its_kind():
+    router = Router()
+    router.inline("x")(lambda channel, body: body)
+    with pytest.raises(ConfigError, match="'x'"):
+        router.request("x")(make_router()[0].handle_request)  # type: ignore[arg-type]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -30,21 +32,21 @@ LIMITS = Limits()
 NUMPY_DTYPES = [name for name in WIRE_DTYPES if name != "bfloat16"]
 
 
-def round_trip(obj, limits=LIMITS):
+def round_trip(obj: Any, limits: Limits = LIMITS) -> tuple[Any, list[memoryview]]:
     header, buffers = encode_message(obj)
     # what a receiver has: writable copies of the bytes, no link to the sender's memory
     received = [memoryview(bytearray(b)) for b in buffers]
     return decode_message(header, received, limits), received
 
 
-def tensor_bytes(tensor):
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
     tensor = tensor.detach().resolve_conj().resolve_neg().contiguous()
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.view(torch.int16)
     return tensor.numpy().tobytes()
 
 
-def assert_same(a, b):
+def assert_same(a: Any, b: Any) -> None:
     if isinstance(a, np.ndarray):
         assert type(b) is np.ndarray
         assert (a.dtype, a.shape) == (b.dtype.newbyteorder("="), b.shape) or (
@@ -96,7 +98,7 @@ def test_plain_values_round_trip(value):
     assert_same(value, decoded)
 
 
-def numpy_arrays(name):
+def numpy_arrays(name: str) -> st.SearchStrategy[np.ndarray]:
     return hnp.arrays(
         WIRE_DTYPES[name],
         hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5),
@@ -161,7 +163,7 @@ def test_tensors_of_every_dtype_round_trip_as_views(dtype, shape):
         assert decoded.data_ptr() == np.frombuffer(buffers[0], np.uint8).ctypes.data
 
 
-@given(st.sampled_from(NUMPY_DTYPES + ["bfloat16"]).flatmap(numpy_arrays))
+@given(st.sampled_from([*NUMPY_DTYPES, "bfloat16"]).flatmap(numpy_arrays))
 @settings(max_examples=150, deadline=None)
 def test_random_tensors_round_trip_bit_exact(array):
     if array.dtype == np.dtype("<u2") and np.random.default_rng(array.size).random() < 0.5:
@@ -200,11 +202,11 @@ def test_unencodable_values_name_the_problem(value, named):
         encode_message(value)
 
 
-def ext(code, meta):
+def ext(code: int, meta: Any) -> msgpack.ExtType:
     return msgpack.ExtType(code, msgpack.packb(meta))
 
 
-def buf(nbytes):
+def buf(nbytes: int) -> memoryview:
     return memoryview(bytearray(nbytes))
 
 
@@ -247,8 +249,8 @@ def test_truncated_or_invalid_msgpack_is_a_protocol_error(header):
         decode_message(header, [], LIMITS)
 
 
-def nested(depth):
-    value: object = 1
+def nested(depth: int) -> Any:
+    value: Any = 1
     for _ in range(depth):
         value = [value]
     return value
@@ -264,7 +266,7 @@ def test_nesting_depth_is_checked_before_unpacking(padding):
         decode_message(deep, [], limits)
 
 
-def depth_of(value):
+def depth_of(value: Any) -> int:
     if isinstance(value, list | tuple):
         return 1 + max((depth_of(v) for v in value), default=0)
     if isinstance(value, dict):
@@ -286,10 +288,8 @@ def test_depth_check_agrees_with_the_structure(value, limit):
 @given(st.binary(max_size=300))
 @settings(max_examples=300, deadline=None)
 def test_random_headers_raise_only_protocol_errors(data):
-    try:
+    with contextlib.suppress(ProtocolError):
         decode_message(data, [], Limits(max_depth=8))
-    except ProtocolError:
-        pass
 
 
 def test_torch_is_not_imported_to_decode_arrays():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import msgpack
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from compass.wire.protocol import (
     HANDSHAKE_MAX_FRAME_BYTES,
     Connection,
     ErrorResponse,
+    Event,
     HandshakeComplete,
     LocalProtocolError,
     MessageKind,
@@ -29,7 +33,13 @@ from compass.wire.protocol import (
 LIMITS = Limits()
 
 
-def make(role, token="secret", name=None, kind=None, limits=LIMITS):
+def make(
+    role: Any,
+    token: str | None = "secret",
+    name: str | None = None,
+    kind: str | None = None,
+    limits: Limits = LIMITS,
+) -> Connection:
     return Connection(
         role,
         token=token,
@@ -39,14 +49,14 @@ def make(role, token="secret", name=None, kind=None, limits=LIMITS):
     )
 
 
-def join(pieces):
+def join(pieces: list[bytes | memoryview]) -> bytes:
     return b"".join(bytes(p) for p in pieces)
 
 
-def events(conn, data=b""):
+def events(conn: Connection, data: bytes = b"") -> list[Event]:
     if data:
         conn.receive_data(data)
-    out = []
+    out: list[Event] = []
     for _ in range(10_000):
         event = conn.next_event()
         if event is None:
@@ -55,9 +65,10 @@ def events(conn, data=b""):
     raise AssertionError("connection never asked for more data")
 
 
-def handshake(initiator, acceptor):
+def handshake(initiator: Connection, acceptor: Connection) -> tuple[list[Event], list[Event]]:
     """Shuttle bytes until both sides are ready; returns each side's events."""
-    got_i, got_a = [], []
+    got_i: list[Event] = []
+    got_a: list[Event] = []
     got_a += events(acceptor, join(initiator.initiate()))
     got_i += events(initiator, join(acceptor.data_to_send()))
     got_a += events(acceptor, join(initiator.data_to_send()))
@@ -65,12 +76,12 @@ def handshake(initiator, acceptor):
     return got_i, got_a
 
 
-def raw_frame(message, buffers=()):
-    header, bufs = encode_message(message)
-    return join(encode_frame(header, list(bufs) or [memoryview(b) for b in buffers]))
+def raw_frame(message: Any) -> bytes:
+    header, buffers = encode_message(message)
+    return join(encode_frame(header, buffers))
 
 
-def ready_pair():
+def ready_pair() -> tuple[Connection, Connection]:
     initiator, acceptor = make("initiator"), make("acceptor")
     handshake(initiator, acceptor)
     return initiator, acceptor
@@ -129,7 +140,7 @@ def test_initiator_with_a_forged_auth_is_refused_by_the_acceptor():
         events(fresh, refusal)
 
 
-def hello(version=PROTOCOL_VERSION, **fields):
+def hello(version: int = PROTOCOL_VERSION, **fields: Any) -> bytes:
     base = {"version": version, "role": "client", "name": "x", "nonce": b"n" * 32}
     base.update(fields)
     return raw_frame([MessageKind.HELLO, base])
@@ -160,6 +171,7 @@ def test_initiator_checks_the_acceptor_version_too():
         ([MessageKind.NOTIFY, "gossip", None], "NOTIFY before the handshake completed"),
         ([MessageKind.READY], "READY during the handshake"),
         ([42], "unknown message kind 42"),
+        ([[4], 1], "unknown message kind \\[4\\]"),
         ({"version": 1}, "not a non-empty array"),
         ([], "not a non-empty array"),
         ([MessageKind.HELLO, "not a map"], "malformed HELLO"),
@@ -176,7 +188,13 @@ def test_anything_but_hello_first_is_a_protocol_error(message, match):
 
 @pytest.mark.parametrize(
     "fields",
-    [{"role": "admin"}, {"name": 5}, {"nonce": b"short"}, {"nonce": "text" * 8}],
+    [
+        {"role": "admin"},
+        {"role": ["worker"]},
+        {"name": 5},
+        {"nonce": b"short"},
+        {"nonce": "x" * 32},
+    ],
 )
 def test_malformed_hello_fields_are_rejected(fields):
     with pytest.raises(ProtocolError, match="malformed HELLO"):
@@ -213,7 +231,7 @@ def test_messages_flow_both_ways_after_the_handshake():
 
 
 def test_arrays_cross_a_connection_split_at_every_byte():
-    initiator, acceptor = ready_pair()
+    initiator, _ = ready_pair()
     array = np.arange(30, dtype=np.float32).reshape(5, 6)
     tensor = torch.arange(7, dtype=torch.bfloat16)
     initiator.send_notify("arrays", {"a": array, "t": tensor})
@@ -224,6 +242,7 @@ def test_arrays_cross_a_connection_split_at_every_byte():
         handshake(sender, receiver)
         got = events(receiver, stream[:cut]) + events(receiver, stream[cut:])
         assert len(got) == 1, cut
+        assert isinstance(got[0], Notify)
         body = got[0].body
         np.testing.assert_array_equal(body["a"], array)
         assert torch.equal(body["t"], tensor)
@@ -302,10 +321,8 @@ def test_random_bytes_only_raise_protocol_errors(data, as_acceptor):
     if not as_acceptor:
         conn = make("initiator")
         conn.initiate()
-    try:
+    with contextlib.suppress(ProtocolError, AuthenticationError):
         events(conn, data)
-    except (ProtocolError, AuthenticationError):
-        pass
 
 
 def test_random_bytes_after_the_handshake_fail_the_connection():
@@ -313,3 +330,48 @@ def test_random_bytes_after_the_handshake_fail_the_connection():
     stream = msgpack.packb([9, 9]) * 100
     with pytest.raises(ProtocolError):
         events(acceptor, stream)
+
+
+def test_a_held_tensor_keeps_its_receive_buffer_from_reuse():
+    initiator, acceptor = ready_pair()
+    ones = torch.ones(1 << 20, dtype=torch.bfloat16)  # 2 MiB: received into its own buffer
+    initiator.send_notify("t", ones)
+    (first,) = events(acceptor, join(initiator.data_to_send()))
+    assert isinstance(first, Notify)
+    held = first.body[5:10]  # a torch view: only the tensor chain keeps the memory alive
+    del first
+    initiator.send_notify("t", torch.zeros(1 << 20, dtype=torch.bfloat16))
+    (second,) = events(acceptor, join(initiator.data_to_send()))
+    assert isinstance(second, Notify)
+    assert torch.equal(held, torch.ones(5, dtype=torch.bfloat16))
+    assert acceptor.decoder.payload_buffers_reused == 0
+    del held, second
+    initiator.send_notify("t", ones)
+    (third,) = events(acceptor, join(initiator.data_to_send()))
+    assert isinstance(third, Notify)
+    assert acceptor.decoder.payload_buffers_reused == 1
+    assert torch.equal(third.body, ones)
+
+
+messages = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10) | st.text(max_size=8) | st.binary(max_size=40),
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=6), children)
+    ),
+    max_leaves=12,
+)
+
+
+# arrays that start with a real message kind reach the per-kind field checks
+enveloped = st.builds(lambda kind, rest: [kind, *rest], st.integers(0, 8), st.lists(messages))
+
+
+@given(st.lists(messages | enveloped, min_size=1, max_size=4), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_well_framed_nonsense_only_raises_peer_errors(bodies, after_handshake):
+    conn = make("acceptor")
+    if after_handshake:
+        _, conn = ready_pair()
+    stream = b"".join(raw_frame(body) for body in bodies)
+    with contextlib.suppress(ProtocolError, AuthenticationError):
+        events(conn, stream)
