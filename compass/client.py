@@ -79,7 +79,9 @@ class Client:
         assert isinstance(result, dict)
         return result
 
-    async def submit(self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any) -> Any:
+    async def submit(
+        self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any
+    ) -> Any:
         """Run one job of ``workflow`` with ``inputs`` and return its final output.
 
         Raises :class:`~compass.errors.JobFailed` when a task raised (with the task's name and

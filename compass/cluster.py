@@ -125,19 +125,37 @@ class LocalCluster:
             raise
         return self
 
-    async def spawn(self, name: str, join: str | None = None, extra: Sequence[str] = ()) -> WorkerProcess:
+    async def spawn(
+        self, name: str, join: str | None = None, extra: Sequence[str] = ()
+    ) -> WorkerProcess:
         """Start one more worker (joined to ``join``) and wait until it listens."""
-        argv = [sys.executable, "-m", "cli.main", "worker", "start", "--host", self.host,
-                "--port", "0", "--name", name, *self.args, *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "worker",
+            "start",
+            "--host",
+            self.host,
+            "--port",
+            "0",
+            "--name",
+            name,
+            *self.args,
+            *extra,
+        ]
         if join:
             argv += ["--join", join]
         env = dict(os.environ if self.env is None else self.env)
         env["COMPASS_TOKEN"] = self.token
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab") as log:
+        with log_path.open("ab") as log:  # noqa: ASYNC230 (opening a local log file is instant)
             process = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                stdin=asyncio.subprocess.DEVNULL,
                 env=env,
             )
         worker = WorkerProcess(name, process, log_path)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from compass.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_PORT",
     "PROTOCOL_VERSION",
-    "DEFAULT_CACHE_BYTES",
     "CacheConfig",
     "Limits",
     "SchedConfig",
@@ -174,7 +174,7 @@ class WorkerConfig:
 
 
 def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """``"host:port"``, ``"[::1]:port"`` or ``"host"`` -> ``(host, port)``; a clear error otherwise."""
+    """``"host:port"``, ``"[::1]:port"`` or ``"host"`` -> ``(host, port)``, or a clear error."""
     text = address.strip()
     if not text:
         raise ConfigError("empty address: expected HOST:PORT")

@@ -34,7 +34,8 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.conv1(x))
         x = torch.relu(self.conv2(x))
-        return self.proj(self.pool(x).flatten(1))
+        out: torch.Tensor = self.proj(self.pool(x).flatten(1))
+        return out
 
 
 class Classifier(nn.Module):
@@ -45,7 +46,8 @@ class Classifier(nn.Module):
         self.net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 def weights_for(name: str, module_type: type[nn.Module], seed: int) -> Path:
@@ -71,17 +73,19 @@ describe = app.workflow("describe", inputs=["image"], best_ms=5.0)
 
 @describe.task(model="encoder", expected_ms=2.0, output_bytes=256)
 def encode(model: nn.Module, image: torch.Tensor) -> torch.Tensor:
-    return model(image.float())
+    out: torch.Tensor = model(image.float())
+    return out
 
 
 @describe.task(model="classifier", after=["encode"], expected_ms=1.0, output_bytes=40)
 def classify(model: nn.Module, encode: torch.Tensor) -> torch.Tensor:
-    return model(encode)
+    out: torch.Tensor = model(encode)
+    return out
 
 
 @describe.task(after=["encode"], expected_ms=0.1, output_bytes=256)
 def normalize(model: None, encode: torch.Tensor) -> torch.Tensor:
-    return encode / encode.norm(dim=1, keepdim=True)
+    return torch.nn.functional.normalize(encode, dim=1)
 
 
 @describe.task(after=["classify", "normalize"], expected_ms=0.1, output_bytes=300)
@@ -122,5 +126,5 @@ def reference(image: torch.Tensor) -> dict[str, torch.Tensor]:
         return {
             "label": logits.argmax(dim=1),
             "probs": torch.softmax(logits, dim=1),
-            "embedding": features / features.norm(dim=1, keepdim=True),
+            "embedding": torch.nn.functional.normalize(features, dim=1),
         }

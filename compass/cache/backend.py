@@ -262,9 +262,9 @@ def make_backend(config: CacheConfig, *, device_id: int = 0) -> SlabBackend:
     if kind == "auto":
         kind = "cupy" if cuda_available() else "host"
     if kind == "cupy":
-        return CupyBackend(config.capacity_bytes, config.slab_bytes, device_id=device_id)
+        return CupyBackend(config.capacity, config.slab_bytes, device_id=device_id)
     if kind == "host":
-        return HostBackend(config.capacity_bytes, config.slab_bytes)
+        return HostBackend(config.capacity, config.slab_bytes)
     if kind == "capacity":
-        return CapacityBackend(config.capacity_bytes, config.slab_bytes)
+        return CapacityBackend(config.capacity, config.slab_bytes)
     raise ConfigError(f"unknown cache backend {kind!r}")

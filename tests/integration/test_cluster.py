@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,9 +18,10 @@ from .conftest import PAPER
 PAPER_FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
 
 
-async def _trace(cluster: LocalCluster, index: int) -> list[dict]:
+async def _trace(cluster: LocalCluster, index: int) -> list[dict[str, Any]]:
     async with cluster.client(index) as client:
-        return await client.channel.request("trace", None)
+        records: list[dict[str, Any]] = await client.channel.request("trace", None)
+        return records
 
 
 @pytest.mark.asyncio

@@ -68,8 +68,17 @@ async def test_emulated_paper_workload_with_eviction(worker_env: dict[str, str])
         assert cache["stats"]["evictions"] > 0
         assert cache["capacity_bytes"] <= 8000 * (1 << 20)
         resident = sum(
-            {"opt": 5720, "marian": 800, "mt5": 2000, "nli": 2140, "vit": 1700,
-             "txt2speech": 2700, "detr": 1800, "depth": 3900}[m] * 10**6
+            {
+                "opt": 5720,
+                "marian": 800,
+                "mt5": 2000,
+                "nli": 2140,
+                "vit": 1700,
+                "txt2speech": 2700,
+                "detr": 1800,
+                "depth": 3900,
+            }[m]
+            * 10**6
             for m in cache["resident"]
         )
         assert resident <= cache["capacity_bytes"]
