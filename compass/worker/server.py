@@ -54,6 +54,8 @@ log = logging.getLogger("compass.worker")
 
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
 _FORGET_AFTER = 4096
+#: pushes at least this large feed the measured network bandwidth
+_MEASURED_TRANSFER_BYTES = 1 << 20
 
 
 class Worker:
@@ -260,13 +262,24 @@ class Worker:
         interval = self.config.sched.heartbeat_ms / 1000.0
         timeout = self.config.sched.peer_timeout_ms / 1000.0
         assert self.membership is not None
+        loads_seen = (0, 0.0)
         while True:
+            if not self.config.emulate:
+                loads_seen = self._measure_h2d(loads_seen)
             state = self._state()
             self.view.update_self(state)
             if self.membership.peers:
                 self.membership.broadcast("heartbeat", state.to_wire())
                 self.membership.expire(timeout)
             await asyncio.sleep(interval)
+
+    def _measure_h2d(self, seen: tuple[int, float]) -> tuple[int, float]:
+        """Fold the model loads since the last call into this worker's host-to-device bandwidth."""
+        stats = self.cache.stats
+        nbytes, seconds = stats.bytes_loaded - seen[0], stats.load_seconds - seen[1]
+        if nbytes > 0 and seconds > 0:
+            self.profiles.observe_h2d(self.name, nbytes, seconds)
+        return stats.bytes_loaded, stats.load_seconds
 
     def _on_heartbeat(self, channel: Channel, body: Any) -> None:
         state = WorkerState.from_wire(body)
@@ -476,6 +489,10 @@ class Worker:
             else 0.0
         )
         now = self.clock()
+        if channel is not None and not self.config.emulate and transfer_s > 0:
+            nbytes = payload_bytes(body["value"])
+            if nbytes >= _MEASURED_TRANSFER_BYTES:  # small pushes measure latency, not bandwidth
+                self.profiles.observe_transfer(channel.peer_name, self.name, nbytes, transfer_s)
         entry = self.inbox.add(
             job_id=job_id,
             attempt=attempt,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 import numpy as np
@@ -98,3 +99,35 @@ async def test_killed_worker_every_job_answered_exactly_once(worker_env: dict[st
     assert all(record["ok"] for record in records)
     assert any(record["attempts"] > 1 for record in records)  # some were re-planned
     assert all("w3" not in record["plan"].values() for record in records if record["attempts"] > 1)
+
+
+@pytest.mark.asyncio
+async def test_silent_peer_is_removed_and_a_restarted_worker_rejoins(
+    worker_env: dict[str, str],
+) -> None:
+    args = ["--workload", PAPER, "--heartbeat-ms", "20", "--peer-timeout-ms", "400"]
+    async with LocalCluster(3, args=args, env=worker_env) as cluster:
+        victim = cluster.workers[2]
+        victim.process.send_signal(signal.SIGSTOP)  # alive but silent
+        try:
+            async with cluster.client(0) as client:
+                for _ in range(100):
+                    names = [p["name"] for p in (await client.status())["peers"]]
+                    if names == ["w1"]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert names == ["w1"]
+        finally:
+            victim.kill()
+            victim.process.send_signal(signal.SIGCONT)
+            await victim.stop()
+        cluster.workers.remove(victim)
+        await cluster.spawn("w2", join=cluster.addresses[1])
+        await cluster.wait_joined(timeout=20)
+        async with cluster.client(0) as client:
+            assert [p["name"] for p in (await client.status())["peers"]] == ["w1", "w2"]
+            payload = np.zeros(10, dtype=np.uint8)
+            results = await asyncio.gather(
+                *(client.submit(flow, data=payload, timeout=60) for flow in PAPER_FLOWS)
+            )
+            assert len(results) == 4
