@@ -10,7 +10,7 @@ from typing import Any
 
 from compass.workflow.dag import Workflow
 
-__all__ = ["IngressJob", "Inbox", "InboxEntry", "JOB_INPUTS"]
+__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob"]
 
 #: the "from" of a push that carries the job's own inputs to a root task
 JOB_INPUTS = ""

@@ -92,9 +92,7 @@ class Membership:
                 notify_handler=self._notify_handler,
             )
             try:
-                reply = await channel.request(
-                    "join", {"name": self.name, "address": self.address}
-                )
+                reply = await channel.request("join", {"name": self.name, "address": self.address})
             except BaseException:
                 await channel.aclose()
                 raise
@@ -116,7 +114,9 @@ class Membership:
 
     def register(self, channel: Channel, name: str, address: str) -> None:
         if name == self.name:
-            raise CompassError(f"a worker named {name!r} is already this worker: names must be unique")
+            raise CompassError(
+                f"a worker named {name!r} is already this worker: names must be unique"
+            )
         now = time.monotonic()
         old = self.peers.get(name)
         peer = Peer(name, address, channel, last_seen=now, joined_at=now)
