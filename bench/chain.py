@@ -7,7 +7,6 @@ to the next worker, the queue, the lane. Dask's scheduler sits in the middle of 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -49,7 +48,8 @@ def _inc(x: int) -> int:
 
 def _dask_chain(tasks: int, workers: int, repeats: int) -> list[float]:
     import dask
-    from distributed import Client, LocalCluster as DaskCluster
+    from distributed import Client
+    from distributed import LocalCluster as DaskCluster
 
     with (
         dask.config.set({"distributed.worker.daemon": False, "logging.distributed": "error"}),

@@ -9,6 +9,7 @@ code. Latencies are reported in unscaled milliseconds, so they read like the pap
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -193,6 +194,10 @@ def summarize(
     }
 
 
+def _advance(bar: Any, task: Any, completed: int) -> None:
+    bar.update(task, completed=completed)
+
+
 def _best_ms(workload: Workload, workflow: str) -> float:
     best = workload.workflows[workflow].best_ms
     if best is None:
@@ -228,7 +233,7 @@ def run(
                         workload,
                         policy,
                         arrivals,
-                        progress=lambda n, t=task: bar.update(t, completed=n),
+                        progress=functools.partial(_advance, bar, task),
                     )
                 )
                 latencies[policy] = summary.pop("latencies_ms")

@@ -47,7 +47,8 @@ def run(
             real = loop.run_until_complete(e2e.run_policy(config, spec, policy, arrivals))
             simulated = simulate(spec, workers=workers, policy=policy, arrivals=arrivals).summary()
             diff = {
-                key: _rel(simulated[key], real[key]) for key in ("p50_ms", "p99_ms", "median_slowdown")
+                key: _rel(simulated[key], real[key])
+                for key in ("p50_ms", "p99_ms", "median_slowdown")
             }
             results[policy] = {"real": real, "sim": simulated, "relative_difference": diff}
             rows.append(
@@ -65,7 +66,15 @@ def run(
         loop.close()
     print_table(
         f"simulator fidelity: {workers} workers, {jobs} jobs, {arrival}, load {load}",
-        ["policy", "real p50 ms", "sim p50 ms", "p50 diff", "real p99 ms", "sim p99 ms", "p99 diff"],
+        [
+            "policy",
+            "real p50 ms",
+            "sim p50 ms",
+            "p50 diff",
+            "real p99 ms",
+            "sim p99 ms",
+            "p99 diff",
+        ],
         rows,
     )
     out = {"config": {**vars_of(config), "machine": machine()}, "results": results}

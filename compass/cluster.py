@@ -150,7 +150,7 @@ class LocalCluster:
         env["COMPASS_TOKEN"] = self.token
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = self.log_dir / f"{name}.log"
-        with log_path.open("ab") as log:  # noqa: ASYNC230 (opening a local log file is instant)
+        with log_path.open("ab") as log:  # opening a local log file is instant
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdout=asyncio.subprocess.PIPE,

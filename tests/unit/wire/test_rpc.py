@@ -16,6 +16,7 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.wire.rpc import Router, exception_to_wire
+from compass.wire.transport import Immediate
 
 # the router reads only these two attributes of a channel
 CHANNEL = cast(Any, SimpleNamespace(local_name="w1", peer_name="c1"))
@@ -34,7 +35,9 @@ async def test_router_dispatches_requests_and_notifies():
     def note(channel, body):
         seen.append((channel.peer_name, body))
 
-    assert await router.handle_request(CHANNEL, "double", 21) == 42
+    outcome = router.handle_request(CHANNEL, "double", 21)
+    assert not isinstance(outcome, Immediate)
+    assert await outcome == 42
     router.handle_notify(CHANNEL, "note", "x")
     assert seen == [("c1", "x")]
     assert router.request_ops == {"double"}
@@ -44,7 +47,7 @@ async def test_router_dispatches_requests_and_notifies():
 @pytest.mark.asyncio
 async def test_unknown_request_op_names_the_op():
     with pytest.raises(UnknownOperation, match="'w1' has no handler for request 'nope'"):
-        await Router().handle_request(CHANNEL, "nope", None)
+        Router().handle_request(CHANNEL, "nope", None)
 
 
 def test_unknown_notify_op_is_logged_and_dropped(caplog):
