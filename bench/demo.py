@@ -26,7 +26,12 @@ def run(seconds: float = 60.0, workers: int = 5) -> dict[str, Any]:
     config = e2e.E2EConfig(
         workers=workers, policies=POLICIES, jobs=jobs, time_scale=TIME_SCALE, arrival="poisson"
     )
-    out = e2e.run(config, json_path="results/demo.json", plot_path="results/demo.png")
+    out = e2e.run(
+        config,
+        json_path="results/demo.json",
+        plot_path="results/demo.png",
+        per_policy_tables=False,
+    )
     results = out["results"]
     ours = results["compass"]
     rows = []

@@ -78,8 +78,13 @@ async def run_policy(
     *,
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    keep_plans: bool = False,
 ) -> dict[str, Any]:
-    """Replay ``arrivals`` on a fresh cluster running ``policy``; the summary of the run."""
+    """Replay ``arrivals`` on a fresh cluster running ``policy``; the summary of the run.
+
+    With ``keep_plans`` the summary also holds ``plans``: where each job's tasks ran, in
+    arrival order (read from the ingresses' traces).
+    """
     n = workers or config.workers
     scale = config.time_scale
     args = [
@@ -131,12 +136,33 @@ async def run_policy(
                 await _status(cluster.addresses[i], cluster.token)
                 for i in range(min(n, clients_needed), n)
             ]
+            plans = await _plans(cluster, arrivals) if keep_plans else None
         finally:
             for client in clients:
                 await client.aclose()
     summary = summarize(workload, latencies, statuses, elapsed)
     summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
+    if plans is not None:
+        summary["plans"] = plans
     return summary
+
+
+async def _plans(cluster: LocalCluster, arrivals: Sequence[Arrival]) -> list[dict[str, str]]:
+    """Each arrival's final placement. Ingress ``w`` numbers its jobs ``w-1, w-2, ...`` in the
+    order it receives them, which is arrival order for the clients attached to it."""
+    by_id: dict[str, dict[str, str]] = {}
+    for index in range(len(cluster.workers)):
+        async with cluster.client(index) as client:
+            for record in await client.channel.request("trace", None):
+                by_id[record["job"]] = record["plan"]
+    n = len(cluster.workers)
+    counts = [0] * n
+    plans = []
+    for arrival in arrivals:
+        ingress = arrival.client % n
+        counts[ingress] += 1
+        plans.append(by_id[f"{cluster.workers[ingress].name}-{counts[ingress]}"])
+    return plans
 
 
 async def _status(address: str, token: str) -> dict[str, Any]:
@@ -212,6 +238,7 @@ def run(
     plot_path: str | None = None,
     servers_sweep: tuple[int, int] | None = None,
     target_slowdown: float = 2.0,
+    per_policy_tables: bool = True,
 ) -> dict[str, Any]:
     """Every policy of ``config`` on the same arrivals; prints tables, writes JSON and a plot."""
     from compass.sim import report
@@ -245,6 +272,7 @@ def run(
             workers=config.workers,
             arrival=config.arrival,
             load=config.load,
+            per_policy=per_policy_tables,
         )
         if servers_sweep is not None:
             needed, sweep = _servers_needed(

@@ -164,7 +164,8 @@ class LocalCluster:
         return worker
 
     async def wait_joined(self, timeout: float | None = None) -> None:
-        """Wait until every running worker sees every other running worker."""
+        """Wait until every running worker is connected to, and has had a heartbeat from, every
+        other running worker (so that its first plan already sees the whole cluster)."""
         deadline = asyncio.get_running_loop().time() + (timeout or self.startup_timeout)
         live = [w for w in self.workers if w.running]
         delay = 0.01
@@ -172,7 +173,7 @@ class LocalCluster:
             async with Client(worker.address, token=self.token) as client:
                 while True:
                     status = await client.status()
-                    if len(status["peers"]) >= len(live) - 1:
+                    if len(status["peers"]) >= len(live) - 1 and len(status["view"]) >= len(live):
                         break
                     if asyncio.get_running_loop().time() > deadline:
                         raise CompassTimeout(

@@ -215,6 +215,8 @@ class Worker:
             "policy": self.policy.name,
             "emulate": self.config.emulate,
             "peers": [] if self.membership is None else self.membership.describe(),
+            # workers this one can place tasks on: itself and every peer it has heard from
+            "view": list(self.view.names()),
             "workflows": sorted(self.app.workflows),
             "queue": {
                 "ready": len(self.executor.queue),

@@ -1,0 +1,44 @@
+"""The end-to-end benchmark's machinery on a real cluster, briefly: a smoke test, and the
+simulator's placements against the real cluster's when jobs do not overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import e2e
+from compass.sim.arrivals import Arrival
+from compass.sim.engine import simulate
+from compass.workflow.spec import load_workload
+
+from .conftest import PAPER
+
+FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["compass", "hash"])
+async def test_short_e2e_run_completes_every_job(policy: str) -> None:
+    config = e2e.E2EConfig(workload=PAPER, workers=3, jobs=16, time_scale=0.02, policies=(policy,))
+    workload = load_workload(PAPER)
+    arrivals = e2e.arrivals_for(config, workload)
+    summary = await e2e.run_policy(config, workload, policy, arrivals)
+    assert summary["completed"] == 16
+    assert summary["failed"] == 0
+    assert summary["p50_ms"] is not None and summary["p50_ms"] > 0
+    assert summary["median_slowdown"] >= 0.9  # latency cannot beat the critical path by much
+    assert 0.0 <= summary["cache_hit_rate"] <= 1.0
+    assert summary["model_gb_loaded"] > 0  # cold caches: the first tasks load their models
+    assert set(summary["breakdown_ms"]) == {"queue", "fetch", "transfer", "exec"}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", ["compass", "jsq", "hash"])
+async def test_simulator_and_real_cluster_place_spaced_jobs_alike(policy: str) -> None:
+    workload = load_workload(PAPER)
+    # every job alone on the cluster: 6 s apart, longer than any job takes
+    arrivals = [Arrival(6.0 * i, FLOWS[i % 4], i % 4) for i in range(8)]
+    config = e2e.E2EConfig(workload=PAPER, workers=3, jobs=8, time_scale=0.05)
+    real_plans = await e2e.run_policy(config, workload, policy, arrivals, keep_plans=True)
+    simulated = simulate(workload, workers=3, policy=policy, arrivals=arrivals)
+    sim_plans = [dict(job.plan) for job in sorted(simulated.jobs, key=lambda j: j.arrival)]
+    assert real_plans["plans"] == sim_plans
