@@ -83,7 +83,10 @@ def worker_start(
     backend: Annotated[str, typer.Option(help="auto, cupy, host or capacity.")] = "auto",
     heartbeat_ms: Annotated[float, typer.Option(help="Heartbeat interval.")] = 10.0,
     peer_timeout_ms: Annotated[float, typer.Option(help="Drop a peer silent this long.")] = 2000.0,
-    adjust_threshold: Annotated[float, typer.Option(help="Dynamic adjustment threshold.")] = 1.5,
+    adjust_threshold: Annotated[float, typer.Option(help="Dynamic adjustment threshold.")] = 0.25,
+    warm: Annotated[
+        bool, typer.Option(help="Idle workers load models the cluster is short of.")
+    ] = True,
     max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, MiB.")] = 1024,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "warning",
 ) -> None:
@@ -114,6 +117,7 @@ def worker_start(
                 heartbeat_ms=heartbeat_ms,
                 peer_timeout_ms=peer_timeout_ms,
                 adjust_threshold=adjust_threshold,
+                warm=warm,
             ),
         )
     except CompassError as exc:

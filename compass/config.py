@@ -131,7 +131,10 @@ class SchedConfig:
     heartbeat_ms: float = 10.0
     peer_timeout_ms: float = 2000.0
     #: keep a successor on its planned worker while that worker's wait <= this x its exec time
-    adjust_threshold: float = 1.5
+    #: (the paper used 1.5; 0.25 cut compass's p99 by a third in the simulator, docs/RESULTS.md)
+    adjust_threshold: float = 0.25
+    #: idle workers fill free cache space with models the cluster is short of (if the policy does)
+    warm: bool = True
 
     def __post_init__(self) -> None:
         _positive(

@@ -475,6 +475,19 @@ class ModelCache:
             name, plan = candidate
             self._prefetch = self._start_load(name, plan, prefetch=True)
 
+    def warm(self, wanted: Sequence[str]) -> None:
+        """Load the first model of ``wanted`` that fits in free slabs (never evicts anything).
+
+        For an idle worker: it fills unused cache with models the cluster is short of. Shares
+        the single prefetch slot, so it never competes with a prefetch for bandwidth.
+        """
+        if self._closed or (self._prefetch is not None and not self._prefetch.done()):
+            return
+        candidate = self._core.warm_candidate(wanted)
+        if candidate is not None:
+            name, plan = candidate
+            self._prefetch = self._start_load(name, plan, prefetch=True)
+
     def _lease(self, name: str, hit: bool) -> Lease:
         return Lease(name, hit, self._modules.get(name), lambda: self._unpin(name))
 

@@ -287,6 +287,22 @@ class CacheCore:
             return (name, plan) if plan is not None else None
         return None
 
+    def warm_candidate(self, wanted: Sequence[str]) -> tuple[str, LoadPlan] | None:
+        """The first model of ``wanted`` that is neither resident nor loading and fits in the
+        free slabs as they are, with its plan (which evicts nothing); None if there is none.
+
+        For warming an idle cache (:func:`compass.sched.replicas.warm_order`): unlike
+        :meth:`prefetch_candidate`, it never takes slabs another model holds.
+        """
+        pool = self._pool
+        for name in wanted:
+            layout = self._layouts.get(name)
+            if layout is None or name in self._state.entries:
+                continue
+            if pool.can_alloc(layout):
+                return name, LoadPlan(name, (), layout.total_slabs, 0, False)
+        return None
+
     def _eviction_order(self, upcoming: Sequence[str], protect_before: int | None) -> list[str]:
         first_use: dict[str, int] = {}
         for position, model in enumerate(upcoming):

@@ -7,7 +7,15 @@ and the simulator reuses it unchanged.
 from __future__ import annotations
 
 from compass.sched.cost import CostCache, TransferModel, WorkflowCosts
-from compass.sched.planner import CompassPolicy, JobInfo, Policy, plan_eft, record_plan
+from compass.sched.planner import (
+    DEFAULT_ADJUST_THRESHOLD,
+    CompassPolicy,
+    JobInfo,
+    Policy,
+    adjust_successors,
+    plan_eft,
+    record_plan,
+)
 from compass.sched.policies import (
     POLICY_NAMES,
     HashPolicy,
@@ -17,9 +25,11 @@ from compass.sched.policies import (
     hash_worker,
     make_policy,
 )
+from compass.sched.replicas import model_demand, warm_order
 from compass.sched.view import ClusterView, ViewSnapshot, WorkerState
 
 __all__ = [
+    "DEFAULT_ADJUST_THRESHOLD",
     "POLICY_NAMES",
     "ClusterView",
     "CompassPolicy",
@@ -34,8 +44,11 @@ __all__ = [
     "ViewSnapshot",
     "WorkerState",
     "WorkflowCosts",
+    "adjust_successors",
     "hash_worker",
     "make_policy",
+    "model_demand",
     "plan_eft",
     "record_plan",
+    "warm_order",
 ]

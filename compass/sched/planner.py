@@ -14,6 +14,11 @@ and the task goes to the smallest finish (ties: fewest bytes to move, then the i
 lowest index), after which that worker's availability becomes the finish and its free bytes
 shrink by what was fetched. Each step is a handful of numpy operations over all workers.
 
+When a task finishes, :func:`adjust_successors` re-places its successors one after another on
+a view that counts the siblings already placed (so a fan-out does not pile onto one idle
+worker), and Compass also re-places a join whose every input comes from those siblings: none of
+its inputs has been sent yet, so it can still follow them.
+
 :class:`CompassPolicy` also implements the ablations (no cache term, no load term, no
 adjustment), classic HEFT and the ``central`` variant, all by flags on the same code.
 """
@@ -34,7 +39,15 @@ from compass.sched.view import ClusterView, ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
-__all__ = ["CompassPolicy", "JobInfo", "Policy", "plan_eft", "record_plan"]
+__all__ = [
+    "DEFAULT_ADJUST_THRESHOLD",
+    "CompassPolicy",
+    "JobInfo",
+    "Policy",
+    "adjust_successors",
+    "plan_eft",
+    "record_plan",
+]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -42,6 +55,13 @@ IntpArray = npt.NDArray[np.intp]
 
 #: finish times closer than this are a tie (seconds; far below any real task or transfer)
 TIE_S = 1e-9
+
+#: Compass keeps a successor on its planned worker while that worker's wait is at most this
+#: times the successor's expected time. The paper's 1.5 keeps a 0.8 s task waiting up to 1.2 s
+#: for its planned worker while others sit idle; with siblings counted in the view
+#: (:func:`adjust_successors`), anything from 0.01 to 0.5 cut the simulated p99 by about a
+#: fifth, across seeds, loads and bursty arrivals.
+DEFAULT_ADJUST_THRESHOLD = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +84,12 @@ class Policy(Protocol):
     name: str
     #: whether :meth:`adjust` may move tasks away from their planned worker
     dynamic: bool
+    #: whether a worker's queue runs tasks by their job's arrival (oldest job first) rather
+    #: than by their own arrival (FIFO)
+    oldest_job_first: bool
+    #: whether an idle worker fills free cache space with the models the cluster holds least
+    #: (:func:`compass.sched.replicas.warm_order`)
+    warms_cache: bool
 
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
@@ -212,7 +238,8 @@ class CompassPolicy:
 
     ``use_load``: count queue waits (off: every worker idle); ``use_cache``: count model
     fetches; ``dynamic``: let :meth:`adjust` move tasks; ``central``: one fixed worker (the
-    lowest name) plans every job.
+    lowest name) plans every job; ``oldest_job_first`` and ``warms_cache``: see
+    :class:`Policy` (both on for Compass, off for classic HEFT).
 
     Adjustment, on the worker where a predecessor finished: keep the planned worker when the
     successor is a join (its inputs must meet), or when that worker's wait is at most
@@ -230,8 +257,10 @@ class CompassPolicy:
         use_load: bool = True,
         use_cache: bool = True,
         dynamic: bool = True,
-        adjust_threshold: float = 1.5,
+        adjust_threshold: float = DEFAULT_ADJUST_THRESHOLD,
         central: bool = False,
+        oldest_job_first: bool = True,
+        warms_cache: bool = True,
     ) -> None:
         if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
             raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
@@ -241,7 +270,10 @@ class CompassPolicy:
         self.dynamic = dynamic
         self.adjust_threshold = float(adjust_threshold)
         self.central = central
+        self.oldest_job_first = oldest_job_first
+        self.warms_cache = warms_cache
         self._costs = CostCache()
+        self._joins: dict[tuple[str, str], tuple[Workflow, tuple[str, ...]]] = {}
 
     def __repr__(self) -> str:
         return f"CompassPolicy({self.name!r})"
@@ -344,6 +376,203 @@ class CompassPolicy:
         if self.central and view.names:
             return view.names[0]
         return None
+
+    def place_joins(
+        self,
+        job: JobInfo,
+        finished: str,
+        plan: Mapping[str, str],
+        finish: Mapping[str, tuple[int, float]],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> dict[str, str]:
+        """New workers for the joins that only the successors of ``finished`` feed.
+
+        ``finish`` maps each such successor to ``(worker index, expected finish)`` and
+        ``view`` already counts them. A join qualifies when each of its predecessors has
+        ``finished`` as its only predecessor: then every input of the join will be sent with
+        the plan decided now, so moving it cannot split its inputs. It goes where it would
+        finish first, preferring the worker of its last input (whose lane frees just then).
+        """
+        if not (self.dynamic and self.use_load) or not view.names:
+            return {}
+        wf = job.workflow
+        costs = self._costs.get(wf, profiles, view.names)
+        index = wf.index
+        moves: dict[str, str] = {}
+        for j in self.joins_fed_by(wf, finished):
+            preds = costs.preds[index[j]]
+            if not all(wf.order[p] in finish for p in preds):
+                continue
+            t = index[j]
+            arrive: FloatArray | None = None
+            for p in preds:
+                src, done = finish[wf.order[p]]
+                row = costs.transfer.row(src, costs.out_bytes[p], done)
+                arrive = row if arrive is None else np.maximum(arrive, row, out=arrive)
+            assert arrive is not None
+            np.maximum(arrive, view.wait_s + now, out=arrive)
+            model = costs.models[t]
+            if self.use_cache and model is not None:
+                fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
+                assert fetch1 is not None
+                assert fetch2 is not None
+                size = costs.model_bytes[t]
+                fetch = np.where(
+                    view.holds(model), 0.0, np.where(view.free_bytes < size, fetch2, fetch1)
+                )
+                fetch[view.capacity_bytes < size] = np.inf
+                arrive += fetch
+            arrive += costs.exec_rows[t]
+            k = int(arrive.argmin())
+            best = float(arrive[k])
+            if best == math.inf:
+                continue  # nowhere better: the planned worker stays
+            last = max(preds, key=lambda p: finish[wf.order[p]][1])
+            prefer = finish[wf.order[last]][0]
+            if float(arrive[prefer]) <= best + TIE_S:
+                k = prefer
+            target = view.names[k]
+            if target != plan.get(j):
+                moves[j] = target
+        return moves
+
+    def joins_fed_by(self, wf: Workflow, finished: str) -> tuple[str, ...]:
+        """The joins :meth:`place_joins` may move when ``finished`` completes (none unless
+        this policy adjusts with loads), in topological order; cached per workflow."""
+        if not (self.dynamic and self.use_load):
+            return ()
+        found = self._joins.get((wf.name, finished))
+        if found is None or found[0] is not wf:
+            found = (wf, _joins_fed_by(wf, finished))
+            self._joins[(wf.name, finished)] = found
+        return found[1]
+
+
+def _joins_fed_by(wf: Workflow, finished: str) -> tuple[str, ...]:
+    """Joins (in topological order) whose every predecessor has ``finished`` as its only
+    predecessor."""
+    succs = set(wf.succs(finished))
+    joins: set[str] = set()
+    for s in succs:
+        if wf.preds(s) != (finished,):
+            continue
+        for j in wf.succs(s):
+            if wf.is_join(j) and all(
+                p in succs and wf.preds(p) == (finished,) for p in wf.preds(j)
+            ):
+                joins.add(j)
+    return tuple(t for t in wf.order if t in joins)
+
+
+class _FanoutView:
+    """The view the successors of one finished task are placed on: a snapshot plus the
+    siblings placed so far, each busy on its worker until its expected finish and its model
+    counted as coming there."""
+
+    def __init__(self, view: ViewSnapshot) -> None:
+        self.base = view
+        self._wait = view.wait_s.copy()
+        self._free = view.free_bytes.copy()
+        self._resident = dict(view.resident)
+        self._current: ViewSnapshot | None = view
+
+    def snapshot(self) -> ViewSnapshot:
+        if self._current is None:
+            base = self.base
+            self._current = ViewSnapshot.from_arrays(
+                base.names,
+                self._wait.copy(),
+                self._free.copy(),
+                base.capacity_bytes,
+                self._resident,
+                positions=base.positions,
+            )
+        return self._current
+
+    def place(
+        self,
+        i: int,
+        input_s: float,
+        exec_s: float,
+        model: str | None,
+        model_bytes: int,
+        fetch_s: float,
+    ) -> float:
+        """Count a task on worker ``i`` whose input arrives after ``input_s``; return the
+        seconds from now until it is expected to finish."""
+        start = max(float(self._wait[i]), input_s)
+        if model is not None:
+            row = self._resident.get(model)
+            if row is None or not row[i]:
+                start += fetch_s
+                row = np.zeros(len(self.base.names), dtype=np.bool_) if row is None else row.copy()
+                row[i] = True
+                self._resident[model] = row
+                self._free[i] = max(0, int(self._free[i]) - model_bytes)
+        done = start + exec_s
+        self._wait[i] = done
+        self._current = None
+        return done
+
+
+def adjust_successors(
+    policy: Policy,
+    job: JobInfo,
+    finished: str,
+    plan: Mapping[str, str],
+    view: ViewSnapshot,
+    profiles: Profiles,
+    now: float,
+) -> dict[str, str]:
+    """The job's plan once task ``finished`` is done, before its output is pushed on.
+
+    Each successor of ``finished`` is re-placed by ``policy.adjust`` (see
+    :meth:`Policy.adjust`), highest upward rank first, on a view that counts the siblings
+    placed before it; a :class:`CompassPolicy` then re-places the joins those siblings alone
+    feed (:meth:`CompassPolicy.place_joins`). Returns the whole plan, with every change.
+    """
+    wf = job.workflow
+    succs = wf.succs(finished)
+    current = dict(plan)
+    if not policy.dynamic or len(succs) < 2:
+        # nothing to count between siblings, and a join needs two of them to be fed alone
+        for task in succs:
+            current[task] = policy.adjust(job, task, current, view, profiles, now)
+        return current
+    joins = policy.joins_fed_by(wf, finished) if isinstance(policy, CompassPolicy) else ()
+    profiles.add_workflow(wf)
+    ranks = wf.upward_rank(profiles.net_bytes_per_s)
+    ordered = sorted(succs, key=lambda task: (-ranks[task], wf.index[task]))
+    fanout = _FanoutView(view)
+    src = view.positions.get(plan.get(finished, ""), -1)
+    out_bytes = profiles.output_bytes(wf.name, finished)
+    finish: dict[str, tuple[int, float]] = {}
+    for k, task in enumerate(ordered):
+        target = policy.adjust(job, task, current, fanout.snapshot(), profiles, now)
+        current[task] = target
+        i = view.positions.get(target, -1)
+        if i < 0 or (k == len(ordered) - 1 and not joins):
+            continue
+        model = wf.tasks[task].model
+        size = 0 if model is None else profiles.model_bytes(model)
+        input_s = 0.0 if src in (-1, i) else profiles.transfer_s(view.names[src], target, out_bytes)
+        done = fanout.place(
+            i,
+            input_s,
+            profiles.exec_s(wf.name, task, target),
+            model,
+            size,
+            profiles.fetch_s(target, size) if model is not None else 0.0,
+        )
+        finish[task] = (i, now + done)
+    if joins:
+        assert isinstance(policy, CompassPolicy)
+        current.update(
+            policy.place_joins(job, finished, current, finish, fanout.snapshot(), profiles, now)
+        )
+    return current
 
 
 def record_plan(

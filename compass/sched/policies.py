@@ -15,7 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, WorkerUnavailable
-from compass.sched.planner import TIE_S, CompassPolicy, JobInfo, Policy
+from compass.sched.planner import (
+    DEFAULT_ADJUST_THRESHOLD,
+    TIE_S,
+    CompassPolicy,
+    JobInfo,
+    Policy,
+)
 from compass.sched.view import ViewSnapshot
 from compass.workflow.profile import Profiles
 
@@ -43,7 +49,9 @@ POLICY_NAMES: tuple[str, ...] = (
 )
 
 
-def make_policy(name: str, *, adjust_threshold: float = 1.5, seed: int = 0) -> Policy:
+def make_policy(
+    name: str, *, adjust_threshold: float = DEFAULT_ADJUST_THRESHOLD, seed: int = 0
+) -> Policy:
     """The policy called ``name`` (one of :data:`POLICY_NAMES`).
 
     ``adjust_threshold`` is Compass's keep-the-plan factor; ``seed`` seeds ``random``.
@@ -65,7 +73,14 @@ def make_policy(name: str, *, adjust_threshold: float = 1.5, seed: int = 0) -> P
         return CompassPolicy(name, central=True, adjust_threshold=t)
     if name == "heft":
         # classic HEFT: rank order, idle workers, transfers but no model cost, static
-        return CompassPolicy(name, use_load=False, use_cache=False, dynamic=False)
+        return CompassPolicy(
+            name,
+            use_load=False,
+            use_cache=False,
+            dynamic=False,
+            oldest_job_first=False,
+            warms_cache=False,
+        )
     if name == "hash":
         return HashPolicy()
     if name == "random":
@@ -90,6 +105,9 @@ class _StaticPolicy:
 
     name = "static"
     dynamic = False
+    # the paper's baselines run on its workers as they were: FIFO queues, caches filled on demand
+    oldest_job_first = False
+    warms_cache = False
 
     def adjust(
         self,

@@ -8,15 +8,22 @@ for every decision:
   the placements on peers, and pushes each root task to its worker (``central``: the plan is
   asked of one worker, a round trip away);
 - a worker gathers a task's inputs in an :class:`~compass.worker.jobs.Inbox` (a join waits for
-  all) and queues it in a :class:`~compass.worker.queue.TaskQueue` on the virtual clock;
-- a lane pops tasks FIFO; a task's model is made resident and pinned exactly as
+  all) and queues it in a :class:`~compass.worker.queue.TaskQueue` on the virtual clock, with
+  its job's arrival time as its priority when the policy runs queues oldest job first;
+- a lane pops tasks in queue order; a task's model is made resident and pinned exactly as
   :meth:`ModelCache.ensure <compass.cache.models.ModelCache.ensure>` does it, over a
   :class:`~compass.cache.policy.CacheCore` (plan_load, begin_load, pin, waiting while pinned or
   loading models hold the slabs), then at most one prefetch is started as
   :meth:`ModelCache.prefetch <compass.cache.models.ModelCache.prefetch>` does; then the task
   runs for its profiled time;
-- when it finishes, the policy's ``adjust`` re-places each successor (if the policy is dynamic)
-  on this worker's view, and the output is pushed on; a sink's output goes to the ingress.
+- when it finishes, :func:`~compass.sched.adjust_successors` re-places its successors (and,
+  for Compass, the joins only they feed) on this worker's view, and the output is pushed on;
+  a sink's output goes to the ingress;
+- a worker whose lanes and queue are idle, with no prefetch under way, warms its cache when the
+  policy does: it loads the first model of :func:`~compass.sched.replicas.warm_order` that fits
+  in its free slabs (:meth:`~compass.cache.policy.CacheCore.warm_candidate`). It checks when it
+  falls idle and when such a load ends (a real worker checks at every heartbeat; nothing else
+  changes its answer in between), and every worker checks once at time 0.
 
 Time costs: a model load takes ``Profiles.fetch_s`` at the spec's host-to-device bandwidth,
 a push between two workers ``Profiles.transfer_s`` of the output's declared size, a task its
@@ -43,7 +50,8 @@ from compass.cache.policy import CacheCore, LoadPlan
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
-from compass.sched import JobInfo, Policy, ViewSnapshot, make_policy
+from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, make_policy
+from compass.sched.replicas import model_demand, warm_order
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
@@ -76,6 +84,7 @@ def simulate(
     staleness_s: float | None = None,
     lanes: int = 1,
     prefetch: bool = True,
+    warm: bool = True,
     cache_bytes: int | None = None,
     slab_bytes: int = 64 * MiB,
     seed: int = 0,
@@ -85,7 +94,8 @@ def simulate(
     Workers are named ``w0`` .. ``w{n-1}`` (as a LocalCluster names them); client ``i`` submits
     to ``w{i % workers}``. ``staleness_s`` (default ``heartbeat_s``) is how old the peers' state
     in a view is at least; ``cache_bytes`` (default the spec's GPU memory) is each worker's
-    cache, in slabs of ``slab_bytes``; ``seed`` seeds the ``random`` policy.
+    cache, in slabs of ``slab_bytes``; ``seed`` seeds the ``random`` policy. ``prefetch=False``
+    turns off every speculative load; ``warm=False`` only the warming of idle caches.
     """
     sim = _Simulation(
         workload,
@@ -95,6 +105,7 @@ def simulate(
         staleness_s=heartbeat_s if staleness_s is None else staleness_s,
         lanes=lanes,
         prefetch=prefetch,
+        warm=warm,
         cache_bytes=workload.cluster.gpu_memory_bytes if cache_bytes is None else cache_bytes,
         slab_bytes=slab_bytes,
         seed=seed,
@@ -168,6 +179,7 @@ class _Simulation:
         staleness_s: float,
         lanes: int,
         prefetch: bool,
+        warm: bool,
         cache_bytes: int,
         slab_bytes: int,
         seed: int,
@@ -206,6 +218,11 @@ class _Simulation:
             )
             worker.idle_lanes = list(range(lanes - 1, -1, -1))
             self.workers.append(worker)
+        # every worker runs the same policy; warming needs prefetching (a speculative load)
+        self.warm = warm and prefetch and self.workers[0].policy.warms_cache
+        self.demand = model_demand(workload.workflows.values(), self.profiles)
+        self.model_sizes = {m: self.profiles.model_bytes(m) for m in self.demand}
+        self._smallest_model = min(self.model_sizes.values(), default=0)
         capacity = [w.core.capacity_bytes() for w in self.workers]
         self.state = ClusterState(
             names,
@@ -252,6 +269,9 @@ class _Simulation:
                 )
             if not a.t_s >= 0 or a.client < 0:
                 raise ConfigError(f"arrival {a!r}: need t_s >= 0 and client >= 0")
+        if self.warm:
+            for worker in self.workers:
+                self._at(0.0, self._warm, worker)
         heap = self._heap
         later = self._later
         state = self.state
@@ -455,6 +475,8 @@ class _Simulation:
             return
         task = wf.tasks[task_name]
         expected = self.profiles.exec_s(wf.name, task_name, worker.name)
+        # the real worker learns the job's arrival from the task message (see Worker._on_task)
+        priority = job.arrival if worker.policy.oldest_job_first else None
         worker.queue.push(
             QueuedTask(
                 job_id=job.id,
@@ -468,6 +490,7 @@ class _Simulation:
                 ingress=entry.ingress,
                 enqueued_at=self.now,
                 transfer_s=entry.transfer_s,
+                priority=priority,
             )
         )
         self.state.queue_push(worker.index, expected)
@@ -483,6 +506,8 @@ class _Simulation:
         while worker.idle_lanes:
             entry = worker.queue.pop()
             if entry is None:
+                if worker.busy == 0:
+                    self._warm(worker)
                 return
             worker.busy += 1
             lane = worker.idle_lanes.pop()
@@ -538,6 +563,24 @@ class _Simulation:
         core.pin(name)  # pinned while loading: nothing evicts it before the task runs
         load.waiters.append(run)
 
+    def _warm(self, worker: _Worker) -> None:
+        """Warm an idle cache with the model the cluster holds least for its demand (module
+        docstring): only into free slabs, one load at a time, never while work is queued."""
+        if not self.warm or worker.prefetching or worker.busy or len(worker.queue):
+            return
+        core = worker.core
+        free = core.free_bytes()
+        if free < self._smallest_model or not any(
+            size <= free and not core.is_resident(m) and not core.is_loading(m)
+            for m, size in self.model_sizes.items()
+        ):
+            return  # the common case once caches fill up: no need to look at the view
+        wanted = warm_order(self._view(worker), worker.name, self.demand)
+        candidate = worker.core.warm_candidate(wanted)
+        if candidate is not None:
+            name, plan = candidate
+            self._start_load(worker, name, plan, prefetch=True)
+
     def _prefetch(self, worker: _Worker) -> None:
         """ModelCache.prefetch: one prefetch at a time, never evicting what is needed sooner."""
         if worker.prefetching:
@@ -567,6 +610,7 @@ class _Simulation:
         del worker.inflight[load.model]
         if load.prefetch:
             worker.prefetching = False
+            self._soon(self._warm, worker)
         self._notify(worker)
         for run in load.waiters:
             self._soon(self._loaded, run)
@@ -642,16 +686,17 @@ class _Simulation:
             return
         plan = entry.plan
         if worker.policy.dynamic:
-            view = self._view(worker)
             info = JobInfo(job.id, wf, entry.ingress, 0)
-            for succ in succs:
-                target = worker.policy.adjust(info, succ, plan, view, self.profiles, self.now)
-                if target != plan[succ]:
-                    plan = dict(plan)
-                    plan[succ] = target
-                    self.moves += 1
-                    if target != worker.name:
-                        self._note_placement(worker, wf, succ, target)
+            adjusted = adjust_successors(
+                worker.policy, info, entry.task, plan, self._view(worker), self.profiles, self.now
+            )
+            moved = [t for t in wf.order if adjusted[t] != plan[t]]
+            if moved:
+                plan = adjusted
+                self.moves += len(moved)
+                for task_name in moved:
+                    if plan[task_name] != worker.name:
+                        self._note_placement(worker, wf, task_name, plan[task_name])
         for succ in succs:
             self._push(worker.name, plan[succ], job, succ, entry.task, plan, nbytes)
 

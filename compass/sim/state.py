@@ -129,7 +129,7 @@ class ClusterState:
     ) -> None:
         """A lane took a task (expected to end at ``ends``); ``empty``: the queue is now."""
         # the same arithmetic as TaskQueue.pop, so the published wait equals the real one
-        self.queued[worker] = 0.0 if empty else self.queued[worker] - expected_s
+        self.queued[worker] = 0.0 if empty else max(0.0, self.queued[worker] - expected_s)
         self.run_end[worker, lane] = ends
         self._dirty = True
 

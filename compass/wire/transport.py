@@ -69,6 +69,7 @@ log = logging.getLogger("compass.wire")
 #: loopback: 4-8 doubles pipelined throughput over writing each message; 32 loses half of it)
 _HELD_WRITES = 6
 
+
 class Immediate:
     """A request handler's answer that is ready at once (see ``Router.request(inline=True)``).
 

@@ -25,6 +25,9 @@ class IngressJob:
     inputs: dict[str, Any]
     input_bytes: int
     submitted_at: float
+    #: wall-clock submit time; travels with every push so that any worker can rank the job's
+    #: tasks by job age (oldest job first)
+    t0: float = 0.0
     attempt: int = 0
     #: task -> worker, kept current as workers report moves
     plan: dict[str, str] = field(default_factory=dict)

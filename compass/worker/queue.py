@@ -1,13 +1,20 @@
-"""The worker's local task queue: ready tasks in arrival order, and what they add up to.
+"""The worker's local task queue: ready tasks in priority order, and what they add up to.
 
 Sans-IO: the executor pops entries, the view reads :meth:`TaskQueue.wait_s` (the paper's queue
 wait: expected seconds of queued plus running work) and the model cache reads
 :meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch).
+
+Order: the smallest :attr:`QueuedTask.priority` first, ties (and tasks without one) in arrival
+order. A task without a priority ranks at its enqueue time, so a queue where no task has one is
+plain FIFO, as in the paper. Compass gives each task its job's arrival time (oldest job first):
+a task of a job that has been in the system longer overtakes tasks of younger jobs, so the
+short tail of a long job (a join, a last branch) does not queue behind fresh work.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,68 +40,88 @@ class QueuedTask:
     transfer_s: float = 0.0
     started_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the queue runs smaller first (on the queue's clock, e.g. the job's arrival time);
+    #: None ranks the task at its enqueue time
+    priority: float | None = None
 
 
 class TaskQueue:
-    """FIFO of ready tasks plus the set of running ones, with an O(1) expected-wait total."""
+    """Ready tasks by priority plus the running ones, with an O(1) expected-wait total."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._ready: deque[QueuedTask] = deque()
-        self._running: set[QueuedTask] = set()
+        self._ready: list[tuple[float, int, QueuedTask]] = []  # a heap
+        self._order = itertools.count()
+        # insertion-ordered, so upcoming_models() is deterministic
+        self._running: dict[QueuedTask, None] = {}
         self._queued_s = 0.0
 
     def __len__(self) -> int:
         return len(self._ready)
 
     def __iter__(self) -> Iterator[QueuedTask]:
-        return iter(self._ready)
+        """The queued tasks in the order they would be popped."""
+        return (entry for _, _, entry in sorted(self._ready, key=_heap_key))
 
     @property
     def running(self) -> frozenset[QueuedTask]:
+        """The tasks popped and not yet finished."""
         return frozenset(self._running)
 
     def push(self, entry: QueuedTask) -> None:
-        self._ready.append(entry)
+        """Queue ``entry`` at its priority (its enqueue time when it has none)."""
+        key = entry.enqueued_at if entry.priority is None else entry.priority
+        heapq.heappush(self._ready, (key, next(self._order), entry))
         self._queued_s += entry.expected_s
 
     def pop(self) -> QueuedTask | None:
         """The next task to run (marked running), or ``None`` when the queue is empty."""
         if not self._ready:
             return None
-        entry = self._ready.popleft()
-        self._queued_s -= entry.expected_s
-        if not self._ready:
-            self._queued_s = 0.0  # no float drift once empty
+        entry = heapq.heappop(self._ready)[2]
+        # no float drift once empty, and never below zero before that
+        self._queued_s = max(0.0, self._queued_s - entry.expected_s) if self._ready else 0.0
         entry.started_at = self._clock()
-        self._running.add(entry)
+        self._running[entry] = None
         return entry
 
     def finish(self, entry: QueuedTask) -> None:
-        self._running.discard(entry)
+        """``entry`` stopped running (done or failed)."""
+        self._running.pop(entry, None)
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> list[QueuedTask]:
         """Remove the job's queued tasks (of attempts below ``below_attempt`` when given)."""
-        kept: deque[QueuedTask] = deque()
+        kept: list[tuple[float, int, QueuedTask]] = []
         dropped: list[QueuedTask] = []
-        for entry in self._ready:
+        for item in self._ready:
+            entry = item[2]
             stale = entry.job_id == job_id and (
                 below_attempt is None or entry.attempt < below_attempt
             )
-            (dropped if stale else kept).append(entry)
+            if stale:
+                dropped.append(entry)
+            else:
+                kept.append(item)
         if dropped:
+            heapq.heapify(kept)
             self._ready = kept
-            self._queued_s = sum(e.expected_s for e in kept)
+            self._queued_s = sum(item[2].expected_s for item in kept)
         return dropped
 
     def wait_s(self) -> float:
-        """Expected seconds before a task queued now could start on a single lane."""
+        """Expected seconds before a task queued now could start on a single lane (one that
+        ranks behind every queued task, as a new job's does)."""
         now = self._clock()
         remaining = sum(max(0.0, e.started_at + e.expected_s - now) for e in self._running)
         return self._queued_s + remaining
 
     def upcoming_models(self) -> list[str]:
-        """Models of the queued tasks in queue order (running ones first: they are pinned)."""
+        """Models of the running and queued tasks, running first (they are pinned), then in
+        the order the queue will run them."""
         models = [e.model for e in self._running if e.model is not None]
-        models.extend(e.model for e in self._ready if e.model is not None)
+        models.extend(e.model for e in self if e.model is not None)
         return models
+
+
+def _heap_key(item: tuple[float, int, QueuedTask]) -> tuple[float, int]:
+    return item[0], item[1]

@@ -36,7 +36,8 @@ from compass.errors import (
     ProtocolError,
     WorkerUnavailable,
 )
-from compass.sched import JobInfo, Policy, make_policy, record_plan
+from compass.sched import JobInfo, Policy, adjust_successors, make_policy, record_plan
+from compass.sched.replicas import model_demand, warm_order
 from compass.sched.view import ClusterView, WorkerState
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
@@ -93,6 +94,9 @@ class Worker:
         )
         self.view = self._new_view()
         self.router = self._make_router()
+        self._warms = (
+            config.sched.warm and self.policy.warms_cache and config.cache.prefetch_depth > 0
+        )
         self.inbox = Inbox()
         self.jobs: dict[str, tuple[IngressJob, asyncio.Future[Any]]] = {}
         self._finished: OrderedDict[str, int] = OrderedDict()  # job id -> last attempt seen done
@@ -265,11 +269,15 @@ class Worker:
         timeout = self.config.sched.peer_timeout_ms / 1000.0
         assert self.membership is not None
         loads_seen = (0, 0.0)
+        demand = model_demand(self.app.workflows.values(), self.profiles)
         while True:
             if not self.config.emulate:
                 loads_seen = self._measure_h2d(loads_seen)
             state = self._state()
             self.view.update_self(state)
+            if self._warms and not self.executor.busy and not len(self.executor.queue):
+                # idle: fill free cache space with the models the cluster is shortest of
+                self.cache.warm(warm_order(self.view.snapshot(self.clock()), self.name, demand))
             if self.membership.peers:
                 self.membership.broadcast("heartbeat", state.to_wire())
                 self.membership.expire(timeout)
@@ -319,6 +327,7 @@ class Worker:
             inputs=inputs,
             input_bytes=sum(payload_bytes(v) for v in inputs.values()),
             submitted_at=self.clock(),
+            t0=time.time(),
         )
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.jobs[job.job_id] = (job, future)
@@ -403,6 +412,7 @@ class Worker:
                     "plan": plan,
                     "ingress": self.name,
                     "sent": sent,
+                    "t0": job.t0,
                 },
             )
 
@@ -510,6 +520,9 @@ class Worker:
         if entry is None:
             return
         task = workflow.tasks[body["task"]]
+        t0 = float(body["t0"])
+        # the job's arrival on this worker's clock: the queue runs oldest jobs first
+        arrival = now - max(0.0, time.time() - t0) / self.config.time_scale
         self.executor.submit(
             QueuedTask(
                 job_id=job_id,
@@ -523,6 +536,8 @@ class Worker:
                 ingress=entry.ingress,
                 enqueued_at=now,
                 transfer_s=entry.transfer_s,
+                priority=arrival if self.policy.oldest_job_first else None,
+                extra={"t0": t0},
             )
         )
 
@@ -566,28 +581,27 @@ class Worker:
         plan = entry.plan
         if self.policy.dynamic:
             self.view.update_self(self._state())
-            snapshot = self.view.snapshot(now)
             info = JobInfo(entry.job_id, workflow, entry.ingress, 0)
-            for succ in succs:
-                target = self.policy.adjust(info, succ, plan, snapshot, self.profiles, now)
-                if target != plan[succ]:
-                    plan = dict(plan)
-                    plan[succ] = target
-                    self.stats.moves += 1
+            adjusted = adjust_successors(
+                self.policy, info, entry.task, plan, self.view.snapshot(now), self.profiles, now
+            )
+            moved = [t for t in workflow.order if adjusted[t] != plan[t]]
+            if moved:
+                plan = adjusted
+                self.stats.moves += len(moved)
+                for name in moved:
                     self._notify(
                         entry.ingress,
                         "placed",
-                        {"job": entry.job_id, "att": entry.attempt, "task": succ, "worker": target},
+                        {
+                            "job": entry.job_id,
+                            "att": entry.attempt,
+                            "task": name,
+                            "worker": plan[name],
+                        },
                     )
-                    if target != self.name:
-                        task = workflow.tasks[succ]
-                        self.view.note_placement(
-                            target,
-                            self.profiles.exec_s(workflow.name, succ, target),
-                            task.model,
-                            self.profiles.model_bytes(task.model) if task.model else 0,
-                            now,
-                        )
+                    if plan[name] != self.name:
+                        record_plan(self.view, info, {name: plan[name]}, self.profiles, now)
         sent = time.time()
         for succ in succs:
             self._push(
@@ -602,6 +616,7 @@ class Worker:
                     "plan": plan,
                     "ingress": entry.ingress,
                     "sent": sent,
+                    "t0": entry.extra["t0"],
                 },
             )
 

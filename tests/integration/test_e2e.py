@@ -37,8 +37,12 @@ async def test_simulator_and_real_cluster_place_spaced_jobs_alike(policy: str) -
     workload = load_workload(PAPER)
     # every job alone on the cluster: 6 s apart, longer than any job takes
     arrivals = [Arrival(6.0 * i, FLOWS[i % 4], i % 4) for i in range(8)]
-    config = e2e.E2EConfig(workload=PAPER, workers=3, jobs=8, time_scale=0.05)
+    # idle-cache warming off on both sides: it starts when the workers do, before the first job
+    # in a real cluster and at its arrival in the simulator
+    config = e2e.E2EConfig(
+        workload=PAPER, workers=3, jobs=8, time_scale=0.05, extra_args=("--no-warm",)
+    )
     real_plans = await e2e.run_policy(config, workload, policy, arrivals, keep_plans=True)
-    simulated = simulate(workload, workers=3, policy=policy, arrivals=arrivals)
+    simulated = simulate(workload, workers=3, policy=policy, arrivals=arrivals, warm=False)
     sim_plans = [dict(job.plan) for job in sorted(simulated.jobs, key=lambda j: j.arrival)]
     assert real_plans["plans"] == sim_plans

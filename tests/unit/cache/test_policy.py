@@ -352,3 +352,26 @@ class CoreMachine(RuleBasedStateMachine):
 
 CoreMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_core_state_machine = CoreMachine.TestCase
+
+
+def test_warming_only_uses_free_slabs_and_skips_what_is_held():
+    core = make_core(9, {"a": 3 * S, "b": 3 * S, "c": 3 * S, "big": 7 * S})
+    load(core, "a")
+    plan = core.plan_load("b", [])
+    assert plan is not None
+    core.begin_load("b", plan)  # b is loading
+    # a is resident and b loading: neither is proposed; big does not fit without evicting
+    candidate = core.warm_candidate(["a", "b", "big", "c"])
+    assert candidate is not None
+    name, warm = candidate
+    assert name == "c" and warm.evict == () and warm.slabs == 3
+    before = picture(core)
+    assert core.warm_candidate(["big"]) is None  # nothing is ever evicted to warm
+    assert core.warm_candidate(["unknown"]) is None
+    assert picture(core) == before  # choosing changes nothing
+    core.begin_load("c", warm, prefetch=True)
+    core.finish_load("c")
+    core.finish_load("b")
+    core.validate()
+    assert core.warm_candidate(["big", "a"]) is None  # full
+    assert core.stats.prefetches == 1

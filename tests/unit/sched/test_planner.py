@@ -6,11 +6,13 @@ import pytest
 
 from compass.errors import ModelTooLarge
 from compass.sched import (
+    DEFAULT_ADJUST_THRESHOLD,
     ClusterView,
     CompassPolicy,
     JobInfo,
     ViewSnapshot,
     WorkerState,
+    adjust_successors,
     make_policy,
     record_plan,
 )
@@ -197,14 +199,20 @@ def test_adjust_keeps_a_join_even_on_an_overloaded_worker() -> None:
 def test_adjust_keeps_the_plan_under_the_threshold() -> None:
     plan = {"x": "b", "y": "a", "z": "a"}
     p = profiles(CHAIN)
+    paper = make_policy("compass", adjust_threshold=1.5)  # the paper's rule: 1.5 x 0.1 s
     at_limit = ViewSnapshot.build([worker("a", 0.15, ("m",)), worker("b", 0.0, ("m",))])
-    assert make_policy("compass").adjust(job(CHAIN), "y", plan, at_limit, p, 0.0) == "a"
+    assert paper.adjust(job(CHAIN), "y", plan, at_limit, p, 0.0) == "a"
     over = ViewSnapshot.build([worker("a", 0.16, ("m",)), worker("b", 0.0, ("m",))])
-    assert make_policy("compass").adjust(job(CHAIN), "y", plan, over, p, 0.0) == "b"
+    assert paper.adjust(job(CHAIN), "y", plan, over, p, 0.0) == "b"
     assert (
         make_policy("compass", adjust_threshold=2.0).adjust(job(CHAIN), "y", plan, over, p, 0.0)
         == "a"
     )
+    # compass's default keeps the plan only while the wait is within a quarter of the task
+    assert DEFAULT_ADJUST_THRESHOLD == 0.25
+    within = ViewSnapshot.build([worker("a", 0.025, ("m",)), worker("b", 0.0, ("m",))])
+    assert make_policy("compass").adjust(job(CHAIN), "y", plan, within, p, 0.0) == "a"
+    assert make_policy("compass").adjust(job(CHAIN), "y", plan, at_limit, p, 0.0) == "b"
 
 
 def test_adjust_moves_an_overloaded_task_to_the_smallest_wait_plus_fetch() -> None:
@@ -249,3 +257,92 @@ def test_central_plans_at_the_lowest_name() -> None:
     assert isinstance(central, CompassPolicy)
     assert central.plan(job(ONE, ingress="b"), view, profiles(ONE), 0.0) == {"x": "b"}
     assert make_policy("compass").planner(view) is None
+
+
+# a fan-out: r on its own, three branches of different lengths, a join with no model
+FAN = Workflow(
+    "fan",
+    [
+        t("r", model=None, ms=1.0),
+        t("short", "r", ms=100),
+        t("mid", "r", ms=200),
+        t("long", "r", ms=300),
+        t("join", "short", "mid", "long", model=None, ms=1.0),
+    ],
+)
+
+
+def fan_view() -> ViewSnapshot:
+    # r finished on a, which is busy for 5 s; b, c, d are idle and hold m
+    return ViewSnapshot.build(
+        [
+            worker("a", 5.0, ("m",)),
+            worker("b", 0.0, ("m",)),
+            worker("c", 0.0, ("m",)),
+            worker("d", 0.0, ("m",)),
+        ]
+    )
+
+
+def test_siblings_are_spread_instead_of_piling_onto_one_idle_worker() -> None:
+    policy = make_policy("compass")
+    p = profiles(FAN)
+    plan = dict.fromkeys(FAN.order, "a")
+    view = fan_view()
+    # each sibling alone, on the same snapshot, picks the same idle worker: the herd
+    alone = {s: policy.adjust(job(FAN), s, plan, view, p, 0.0) for s in ("short", "mid", "long")}
+    assert set(alone.values()) == {"b"}
+    new = adjust_successors(policy, job(FAN), "r", plan, view, p, 0.0)
+    assert {new["short"], new["mid"], new["long"]} == {"b", "c", "d"}
+    assert new["long"] == "b"  # the longest branch (highest rank) chooses first
+    assert new["r"] == "a"
+    assert plan == dict.fromkeys(FAN.order, "a")  # the caller's plan is not modified
+
+
+def test_a_join_fed_only_by_the_siblings_follows_its_last_input() -> None:
+    policy = make_policy("compass")
+    new = adjust_successors(
+        policy, job(FAN), "r", dict.fromkeys(FAN.order, "a"), fan_view(), profiles(FAN), 0.0
+    )
+    # 'long' finishes last; its worker's lane frees just as the join's last input is there
+    assert new["join"] == new["long"] != "a"
+
+
+def test_the_paper_policies_and_ablations_keep_joins_where_they_were() -> None:
+    plan = dict.fromkeys(FAN.order, "a")
+    for name in ("jsq", "compass_noadjust", "compass_noload", "hash", "heft"):
+        new = adjust_successors(
+            make_policy(name), job(FAN), "r", plan, fan_view(), profiles(FAN), 0.0
+        )
+        assert new["join"] == "a", name
+    # jsq moves every non-join to a short queue, now one per sibling
+    new = adjust_successors(make_policy("jsq"), job(FAN), "r", plan, fan_view(), profiles(FAN), 0.0)
+    assert {new["short"], new["mid"], new["long"]} == {"b", "c", "d"}
+    # the static policies change nothing
+    for name in ("hash", "heft", "compass_noadjust"):
+        assert (
+            adjust_successors(
+                make_policy(name), job(FAN), "r", plan, fan_view(), profiles(FAN), 0.0
+            )
+            == plan
+        )
+
+
+def test_a_join_with_an_input_from_elsewhere_is_not_moved() -> None:
+    # 'other' feeds 'mid' too: mid may already hold an input sent with the old plan
+    wf = Workflow(
+        "mixed",
+        [
+            t("r", model=None, ms=1.0),
+            t("other", model=None, ms=1.0),
+            t("short", "r", ms=100),
+            t("mid", "r", "other", ms=200),
+            t("join", "short", "mid", model=None, ms=1.0),
+        ],
+    )
+    plan = dict.fromkeys(wf.order, "a")
+    new = adjust_successors(
+        make_policy("compass"), job(wf), "r", plan, fan_view(), profiles(wf), 0.0
+    )
+    assert new["join"] == "a"
+    assert new["short"] != "a"  # the non-join successor still moves off the busy worker

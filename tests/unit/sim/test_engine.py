@@ -94,7 +94,7 @@ DIAMOND = hand_workload(
 
 
 def test_single_job_latency_is_the_hand_computed_critical_path() -> None:
-    result = run(CHAIN, [Arrival(0.0, "chain", 0)])
+    result = run(CHAIN, [Arrival(0.0, "chain", 0)], warm=False)
     (job,) = result.jobs
     assert job.plan == {"first": "w0", "second": "w1"}
     expected = (
@@ -137,6 +137,50 @@ def test_prefetch_overlaps_the_next_model_load_with_running() -> None:
     latency = with_prefetch.jobs[0].latency_s
     assert latency is not None
     assert with_prefetch.jobs[0].slowdown == pytest.approx(latency / (0.020 + 0.030 + 0.005))
+
+
+def test_an_idle_worker_warms_its_cache_before_the_first_job_needs_it() -> None:
+    # compass fills the idle cache (900 of 1000 MB) before a job arriving at 1 s
+    warm = run(DIAMOND, [Arrival(1.0, "diamond", 0)], workers=1)
+    warm_latency = warm.jobs[0].latency_s
+    assert warm_latency == pytest.approx(0.020 + 0.030 + 0.010 + 0.005)
+    assert all(t.cache_hit is not False for t in warm.tasks)
+    assert warm.prefetches == 3 and warm.loads == 3
+    # without warming, or under a paper baseline (caches filled on demand), every model misses
+    for result in (
+        run(DIAMOND, [Arrival(1.0, "diamond", 0)], workers=1, warm=False),
+        run(DIAMOND, [Arrival(1.0, "diamond", 0)], workers=1, policy="hash"),
+    ):
+        assert [t.cache_hit for t in result.tasks].count(False) == 3
+        cold_latency = result.jobs[0].latency_s
+        assert cold_latency is not None and warm_latency is not None
+        assert cold_latency > warm_latency + fetch(200)
+
+
+def test_compass_runs_the_oldest_job_first_and_the_baselines_fifo() -> None:
+    # job A (two 100 ms steps) at 0, job B (one 100 ms step) at 50 ms, one worker
+    workload = hand_workload(
+        {"m": 100},
+        {
+            "two": {
+                "tasks": {
+                    "x": {"model": None, "exec_ms": 100, "output_kb": 1, "after": []},
+                    "y": {"model": None, "exec_ms": 100, "output_kb": 1, "after": ["x"]},
+                }
+            },
+            "one": {"tasks": {"z": {"model": None, "exec_ms": 100, "output_kb": 1, "after": []}}},
+        },
+    )
+    arrivals = [Arrival(0.0, "two", 0), Arrival(0.05, "one", 1)]
+    oldest = run(workload, arrivals, workers=1, policy="compass")
+    fifo = run(workload, arrivals, workers=1, policy="jsq")
+    by_workflow = {j.workflow: j.latency_s for j in oldest.jobs}
+    # A's second step was queued after B's task but runs first: A's job is older
+    assert by_workflow["two"] == pytest.approx(0.200)
+    assert by_workflow["one"] == pytest.approx(0.300 - 0.05)
+    by_workflow = {j.workflow: j.latency_s for j in fifo.jobs}
+    assert by_workflow["two"] == pytest.approx(0.300)
+    assert by_workflow["one"] == pytest.approx(0.200 - 0.05)
 
 
 def test_a_repeated_job_hits_the_cache_and_is_faster() -> None:
