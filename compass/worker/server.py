@@ -23,6 +23,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import compass
@@ -55,6 +56,8 @@ log = logging.getLogger("compass.worker")
 
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
 _FORGET_AFTER = 4096
+PeerHandler = Callable[[Channel, Any], None]
+
 #: pushes at least this large feed the measured network bandwidth
 _MEASURED_TRANSFER_BYTES = 1 << 20
 
@@ -196,12 +199,12 @@ class Worker:
         router.request("submit")(self._on_submit)
         router.request("join")(self._on_join)
         router.request("plan")(self._on_plan)
-        router.notify("heartbeat")(self._on_heartbeat)
-        router.notify("task")(self._on_task)
-        router.notify("result")(self._on_result)
-        router.notify("failed")(self._on_failed)
-        router.notify("placed")(self._on_placed)
-        router.notify("done")(self._on_done)
+        router.notify("heartbeat")(self._from_peers(self._on_heartbeat))
+        router.notify("task")(self._from_peers(self._on_task))
+        router.notify("result")(self._from_peers(self._on_result))
+        router.notify("failed")(self._from_peers(self._on_failed))
+        router.notify("placed")(self._from_peers(self._on_placed))
+        router.notify("done")(self._from_peers(self._on_done))
         return router
 
     def _on_ping(self, channel: Channel, body: Any) -> Any:
@@ -245,6 +248,18 @@ class Worker:
         self._require_peer(channel, "join")
         assert self.membership is not None
         return self.membership.accept_join(channel, body)
+
+    def _from_peers(self, handler: PeerHandler) -> PeerHandler:
+        """A one-way handler that only workers may trigger; from a client it is dropped."""
+
+        def guarded(channel: Channel, body: Any) -> None:
+            if channel.peer_role != "worker":
+                self.stats.messages_dropped += 1
+                log.warning("%s: dropped a peer message from %s", self.name, channel.peer_role)
+                return
+            handler(channel, body)
+
+        return guarded
 
     def _require_peer(self, channel: Channel, op: str) -> None:
         if channel.peer_role != "worker":

@@ -187,3 +187,19 @@ def test_bad_worker_configuration_fails_clearly(
     assert done.stdout == ""
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_client_cannot_inject_peer_messages(worker_env: dict[str, str]) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        forged = {
+            "job": "x-1", "att": 0, "wf": "fails", "task": "explode", "from": "",
+            "value": {"x": 1}, "plan": {"explode": "w0"}, "ingress": "w0", "sent": 0.0, "t0": 0.0,
+        }  # fmt: skip
+        client.channel.notify("task", forged)
+        client.channel.notify("done", {"job": "x-1", "below": None})
+        await client.ping()  # notifies on one channel arrive in order: both were handled
+        stats = (await client.status())["stats"]
+        assert stats["tasks_run"] == 0
+        assert stats["messages_dropped"] == 2
+        assert await client.submit("echo", x=5) == 5
