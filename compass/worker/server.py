@@ -442,13 +442,18 @@ class Worker:
             else:
                 self._notify(worker, "done", body)
 
-    def _on_result(self, channel: Channel | None, body: Any) -> None:
+    def _live_job(self, body: Any) -> tuple[IngressJob, asyncio.Future[Any]] | None:
+        """The unanswered job a report is about, if it is about its current attempt."""
         record = self.jobs.get(body["job"])
+        if record is None or body["att"] != record[0].attempt or record[1].done():
+            return None
+        return record
+
+    def _on_result(self, channel: Channel | None, body: Any) -> None:
+        record = self._live_job(body)
         if record is None:
             return
         job, future = record
-        if body["att"] != job.attempt or future.done():
-            return
         job.outputs[body["task"]] = body["value"]
         sinks = job.workflow.sinks
         if all(s in job.outputs for s in sinks):
@@ -458,12 +463,10 @@ class Worker:
             future.set_result(value)
 
     def _on_failed(self, channel: Channel | None, body: Any) -> None:
-        record = self.jobs.get(body["job"])
+        record = self._live_job(body)
         if record is None:
             return
         job, future = record
-        if body["att"] != job.attempt or future.done():
-            return
         job.answered = True
         self.stats.jobs_failed += 1
         detail = {
@@ -482,8 +485,8 @@ class Worker:
         )
 
     def _on_placed(self, channel: Channel | None, body: Any) -> None:
-        record = self.jobs.get(body["job"])
-        if record is not None and record[0].attempt == body["att"]:
+        record = self._live_job(body)
+        if record is not None:
             record[0].plan[body["task"]] = body["worker"]
 
     # -- every worker: tasks in, outputs out ---------------------------------------------------
