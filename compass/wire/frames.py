@@ -152,9 +152,13 @@ class FrameDecoder:
         view = self._payload_view
         if view is not None and self._payload_filled < len(view):
             return view[self._payload_filled :]
-        if self._write == len(self._staging):
+        write = self._write
+        if not write:
+            return self._staging_view  # the common case: everything before was consumed
+        if write == len(self._staging):
             self._make_room()
-        return self._staging_view[self._write :]
+            write = self._write
+        return self._staging_view[write:]
 
     def buffer_updated(self, nbytes: int) -> None:
         """``nbytes`` were written at the start of the view the last ``get_buffer`` returned."""
@@ -198,6 +202,17 @@ class FrameDecoder:
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or ``None`` when more bytes are needed."""
+        frame = self.next_header_or_frame()
+        if type(frame) is bytes:
+            return Frame(frame, [])
+        return frame  # type: ignore[return-value]
+
+    def next_header_or_frame(self) -> bytes | Frame | None:
+        """Like :meth:`next_frame`, but a frame without buffers comes back as its header alone.
+
+        The hot path of :class:`~compass.wire.protocol.Connection`: most messages are small
+        and carry no arrays, and this spares building a :class:`Frame` for each.
+        """
         if self._failed is not None:
             raise self._failed
         if self._payload is None and not self._total:
@@ -220,7 +235,7 @@ class FrameDecoder:
                     self._read = self._write = 0
                 else:
                     self._read = end
-                return Frame(bytes(self._staging_view[start + PREFIX_BYTES : end]), [])
+                return bytes(self._staging_view[start + PREFIX_BYTES : end])
         try:
             return self._next_frame()
         except ProtocolError as exc:

@@ -38,7 +38,9 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+import msgpack
 
 from compass.config import PROTOCOL_VERSION, Limits
 from compass.errors import (
@@ -49,9 +51,15 @@ from compass.errors import (
     VersionMismatch,
     error_from_wire,
 )
-from compass.wire.codec import Encoder, check_depth, decode_message
+from compass.wire.codec import (
+    _OTHER_BYTES,
+    Encoder,
+    _no_buffers_hook,
+    check_depth,
+    decode_message,
+)
 from compass.wire.frames import PREFIX as _PREFIX
-from compass.wire.frames import PREFIX_BYTES, FrameDecoder, encode_frame, padded_size
+from compass.wire.frames import PREFIX_BYTES, Frame, FrameDecoder, encode_frame, padded_size
 
 __all__ = [
     "HANDSHAKE_MAX_FRAME_BYTES",
@@ -75,6 +83,8 @@ PEER_ROLES = frozenset({"worker", "client"})
 #: body types that nest nothing: the envelope alone sets the depth of such a message
 _FLAT = frozenset({type(None), bool, int, float, str, bytes, bytearray, memoryview})
 _NONCE_BYTES = 32
+_unpackb = msgpack.unpackb
+_NO_BUFFERS: list[memoryview] = []  # never appended to
 _MAX_NAME_CHARS = 1024
 
 
@@ -106,6 +116,8 @@ class State(enum.Enum):
     READY = "ready"
     FAILED = "failed"
 
+
+_STATE_READY = State.READY
 
 #: message kinds the peer may send in each state; anything else is a protocol error
 _EXPECTED: dict[State, frozenset[int]] = {
@@ -164,6 +176,14 @@ class Notify:
 
 Event = HandshakeComplete | Request | Response | ErrorResponse | Notify
 
+# slot setters of the two hot events (see next_event)
+_new = object.__new__
+_set_request_id = Request.__dict__["id"].__set__
+_set_request_op = Request.__dict__["op"].__set__
+_set_request_body = Request.__dict__["body"].__set__
+_set_response_id = Response.__dict__["id"].__set__
+_set_response_body = Response.__dict__["body"].__set__
+
 
 def _handshake_limits(limits: Limits) -> Limits:
     cap = min(limits.max_frame_bytes, HANDSHAKE_MAX_FRAME_BYTES)
@@ -216,6 +236,7 @@ class Connection:
         self._decoder = FrameDecoder(_handshake_limits(limits))
         self._out: list[bytes | memoryview] = []
         self._encoder = Encoder()
+        self._pack = self._encoder.packer.pack
         self._next_id = 1
         self._error: CompassError | None = None
         self._state = State.IDLE if role == "initiator" else State.WAIT_HELLO
@@ -250,24 +271,58 @@ class Connection:
             raise self._error
         try:
             while True:
-                frame = self._decoder.next_frame()
-                if frame is None:
+                got = self._decoder.next_header_or_frame()
+                if got is None:
                     return None
-                message = decode_message(frame[0], frame[1], self.limits)
+                max_depth = self.limits.max_depth
+                header: bytes | memoryview
+                if type(got) is bytes:
+                    header, buffers = got, _NO_BUFFERS
+                else:
+                    # a frame the framer did not take through its fast path
+                    header, buffers = cast(Frame, got)
+                if not buffers and (
+                    len(header) <= max_depth
+                    or (
+                        type(header) is bytes
+                        and len(header.translate(None, _OTHER_BYTES)) <= max_depth
+                    )
+                ):
+                    # inline fast case of decode_message: no arrays, too few container
+                    # markers to nest deeper than the limit
+                    try:
+                        message = _unpackb(header, ext_hook=_no_buffers_hook, strict_map_key=False)
+                    except ProtocolError:
+                        raise
+                    except (ValueError, TypeError, RecursionError) as exc:
+                        raise ProtocolError(
+                            f"undecodable message: {type(exc).__name__}: {exc}"
+                        ) from exc
+                else:
+                    message = decode_message(header, buffers, self.limits)
                 if type(message) is not list or not message:
                     raise ProtocolError(f"message is not a non-empty array: {message!r:.80}")
                 kind = message[0]
-                if self._state is State.READY:
+                if self._state is _STATE_READY:
                     # the two hot kinds first, inline
                     if kind == _RESPONSE and len(message) == 3 and type(message[1]) is int:
-                        return Response(message[1], message[2])
+                        # filled through the slots: a frozen dataclass's __init__ costs
+                        # twice as much, and this runs once per message
+                        response: Response = _new(Response)
+                        _set_response_id(response, message[1])
+                        _set_response_body(response, message[2])
+                        return response
                     if (
                         kind == _REQUEST
                         and len(message) == 4
                         and type(message[1]) is int
                         and type(message[2]) is str
                     ):
-                        return Request(message[1], message[2], message[3])
+                        request: Request = _new(Request)
+                        _set_request_id(request, message[1])
+                        _set_request_op(request, message[2])
+                        _set_request_body(request, message[3])
+                        return request
                     return self._ready_event(kind, message)
                 event = self._handshake_event(kind, message)
                 if event is not None:
@@ -400,7 +455,7 @@ class Connection:
 
     def send_request(self, op: str, body: Any = None) -> int:
         """Queue a request; returns its id (unique on this connection)."""
-        if self._state is not State.READY or type(op) is not str:
+        if self._state is not _STATE_READY or type(op) is not str:
             self._require_ready(op)
         request_id = self._next_id
         self._next_id = request_id + 1
@@ -409,7 +464,7 @@ class Connection:
 
     def send_response(self, request_id: int, body: Any = None) -> None:
         """Queue the answer to the peer's request ``request_id``."""
-        if self._state is not State.READY:
+        if self._state is not _STATE_READY:
             self._require_ready()
         self._queue([_RESPONSE, request_id, body], type(body) in _FLAT)
 
@@ -426,7 +481,7 @@ class Connection:
 
     def send_notify(self, op: str, body: Any = None) -> None:
         """Queue a one-way message."""
-        if self._state is not State.READY or type(op) is not str:
+        if self._state is not _STATE_READY or type(op) is not str:
             self._require_ready(op)
         self._queue([_NOTIFY, op, body], type(body) in _FLAT)
 
@@ -438,7 +493,17 @@ class Connection:
 
     def _queue(self, message: list[Any], flat: bool = False) -> None:
         """Encode and frame ``message``; ``flat``: its body holds no container (depth known)."""
-        header, buffers = self._encoder.encode(message)
+        if flat:
+            # a flat body can produce no out-of-band buffer: pack directly; on any failure the
+            # full encoder runs again to raise its typed error
+            try:
+                header: bytes = self._pack(message)
+            except Exception:
+                header, buffers = self._encoder.encode(message)
+            else:
+                buffers = _NO_BUFFERS
+        else:
+            header, buffers = self._encoder.encode(message)
         limits = self.limits
         size = len(header)
         if size > limits.max_header_bytes:

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from compass.errors import CompassError, ConfigError, RemoteError, UnknownOperation
 
 if TYPE_CHECKING:
-    from compass.wire.transport import Channel, Immediate
+    from compass.wire.transport import Channel
 
-__all__ = ["InlineFunc", "NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
+__all__ = ["Immediate", "InlineFunc", "NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
 
 log = logging.getLogger("compass.wire")
 
@@ -41,6 +41,20 @@ NotifyFunc = Callable[["Channel", Any], None]
 _R = TypeVar("_R", bound=RequestFunc)
 _N = TypeVar("_N", bound=NotifyFunc)
 _I = TypeVar("_I", bound=InlineFunc)
+
+
+class Immediate:
+    """A request handler's answer that is ready at once (see :meth:`Router.inline`).
+
+    The transport answers it inside the callback that read the request: no task, no extra
+    loop iteration. Only for handlers that never block. (Defined here rather than in the
+    transport so that :meth:`Router.handle_request` needs no import per call.)
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def exception_to_wire(exc: BaseException, *, context: str = "") -> tuple[str, str, Any]:
@@ -133,8 +147,6 @@ class Router:
         if func is None:
             inline = self._inline.get(op)
             if inline is not None:
-                from compass.wire.transport import Immediate
-
                 return Immediate(inline(channel, body))
             raise UnknownOperation(
                 f"{channel.local_name!r} has no handler for request {op!r}",

@@ -46,7 +46,7 @@ from compass.wire.protocol import (
     Request,
     Response,
 )
-from compass.wire.rpc import exception_to_wire
+from compass.wire.rpc import Immediate, exception_to_wire
 
 __all__ = [
     "DEFAULT",
@@ -68,19 +68,6 @@ log = logging.getLogger("compass.wire")
 #: all: the peer starts on the first ones while this side prepares the rest (measured on
 #: loopback: 4-8 doubles pipelined throughput over writing each message; 32 loses half of it)
 _HELD_WRITES = 6
-
-
-class Immediate:
-    """A request handler's answer that is ready at once (see ``Router.request(inline=True)``).
-
-    The transport answers it inside the callback that read the request: no task, no extra
-    loop iteration. Only for handlers that never block.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate"]
@@ -128,8 +115,9 @@ class _ChannelProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        # straight to the framer: called once per read
+        # straight to the framer and the channel: called once per read
         self.get_buffer = channel._conn.decoder.get_buffer  # type: ignore[method-assign]
+        self.buffer_updated = channel._buffer_updated  # type: ignore[method-assign]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -243,7 +231,7 @@ class Channel:
         future = self._loop.create_future()
         waiters = self._waiters
         waiters[request_id] = future
-        seconds = self._timeouts.request if isinstance(timeout, _Default) else timeout
+        seconds = self._timeouts.request if timeout is DEFAULT else cast("float | None", timeout)
         if seconds is not None:
             # one heap entry instead of a timer per request (see _on_deadline)
             deadline = self._loop.time() + seconds
@@ -287,6 +275,8 @@ class Channel:
             self._fail(ConnectionClosed, f"channel to {self._describe()} was closed by this side")
             transport = self._transport
             if transport is not None:
+                # answers given inline in a batch being read are still in the connection
+                self._pending.extend(self._conn.data_to_send())
                 self._flush_pending()
                 transport.close()
             elif not self._ended.done():
@@ -367,7 +357,10 @@ class Channel:
             self._pending = []
             transport = self._transport
             if transport is not None and not transport.is_closing():
-                transport.writelines(pending)
+                if len(pending) == 1:
+                    transport.write(pending[0])
+                else:
+                    transport.writelines(pending)
 
     def _resume_writing(self) -> None:
         self._write_paused = False
@@ -434,7 +427,8 @@ class Channel:
 
     def _buffer_updated(self, nbytes: int) -> None:
         conn = self._conn
-        self._decoder.buffer_updated(nbytes)
+        decoder = self._decoder
+        decoder.buffer_updated(nbytes)
         if self._failure is not None:
             return  # bytes that raced with closing: nobody is left to act on them
         waiters = self._waiters
@@ -442,19 +436,24 @@ class Channel:
         try:
             while True:
                 event = conn.next_event()
-                if type(event) is Response:
-                    future = waiters.pop(event.id, None)
+                kind = type(event)
+                if kind is Response:
+                    future = waiters.pop(event.id, None)  # type: ignore[union-attr]
                     if future is not None and not future.done():
-                        future.set_result(event.body)
-                elif type(event) is Request:
-                    self._start_handler(event)
-                elif type(event) is Notify:
-                    self._dispatch_notify(event)
-                elif type(event) is ErrorResponse:
-                    self._dispatch_error(event)
-                elif type(event) is HandshakeComplete:
-                    self._handshake_complete(event)
+                        future.set_result(event.body)  # type: ignore[union-attr]
+                elif kind is Request:
+                    self._start_handler(event)  # type: ignore[arg-type]
+                elif kind is Notify:
+                    self._dispatch_notify(event)  # type: ignore[arg-type]
+                elif kind is ErrorResponse:
+                    self._dispatch_error(event)  # type: ignore[arg-type]
+                elif kind is HandshakeComplete:
+                    self._handshake_complete(event)  # type: ignore[arg-type]
                 else:
+                    break
+                if not decoder._write and decoder._payload is None:
+                    # every received byte consumed (the framer rewinds an empty staging area
+                    # to 0): no further frame, skip asking for one
                     break
         except CompassError as exc:
             self._peer_fault(exc)
@@ -465,8 +464,16 @@ class Channel:
             self._reading = False
             if not self._handshake.done():
                 self._write_out()  # handshake replies
-            elif self._pending and not self._flush_scheduled:
-                self._flush_pending()
+            else:
+                # answers given inline during the batch stay queued in the connection
+                data = conn.data_to_send()
+                if data:
+                    if self._pending:
+                        self._pending.extend(data)
+                    else:
+                        self._pending = data
+                if self._pending and not self._flush_scheduled:
+                    self._flush_pending()
         finally:
             self._reading = False
 
@@ -543,7 +550,10 @@ class Channel:
             self._conn.send_error(
                 request_id, code, f"the answer to {op!r} cannot be sent: {text}", detail
             )
-        self._write_out()
+        if not self._reading:
+            # while reading a batch the answer stays queued in the connection, in order, and
+            # goes out with the batch (see _buffer_updated)
+            self._write_out()
 
     def _answer_error(self, request_id: int, op: str, exc: Exception) -> None:
         if self._failure is not None:
