@@ -38,6 +38,9 @@ _INITIAL_SLOTS = 8
 #: a new measurement changes the version (and so rebuilds cached cost tables) only when it moves
 #: an estimate by more than this fraction from the value the tables were built from
 REPLAN_TOLERANCE = 0.02
+#: ...and by more than this much in absolute terms (seconds for times, bytes for sizes): tiny
+#: tasks' times jitter by large fractions of nothing, which no plan depends on
+REPLAN_FLOOR = (0.0005, 4096.0, 0.0005)
 
 
 def _check_positive(what: str, value: float) -> float:
@@ -93,7 +96,7 @@ class _WorkflowProfile:
         old = float(table[index])
         if math.isnan(old):
             return True
-        return abs(value - old) > REPLAN_TOLERANCE * max(abs(old), 1e-9)
+        return abs(value - old) > max(REPLAN_TOLERANCE * abs(old), REPLAN_FLOOR[which])
 
 
 class Profiles:
