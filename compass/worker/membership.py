@@ -60,6 +60,7 @@ class Membership:
         self._on_leave = on_leave
         self.peers: dict[str, Peer] = {}
         self._connecting: set[str] = set()
+        self._closing: set[asyncio.Task[None]] = set()  # channels of removed peers, closing
         self._closed = False
 
     # -- joining -----------------------------------------------------------------------------
@@ -137,7 +138,9 @@ class Membership:
             return
         log.warning("%s: peer %s removed: %s", self.name, name, why)
         if not peer.channel.closed:
-            asyncio.get_running_loop().create_task(peer.channel.aclose())
+            task = asyncio.get_running_loop().create_task(peer.channel.aclose())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         self._on_leave(name, why)
 
     # -- liveness ----------------------------------------------------------------------------
@@ -174,4 +177,6 @@ class Membership:
         self._closed = True
         peers = list(self.peers.values())
         self.peers.clear()
-        await asyncio.gather(*(p.channel.aclose() for p in peers), return_exceptions=True)
+        await asyncio.gather(
+            *(p.channel.aclose() for p in peers), *self._closing, return_exceptions=True
+        )
