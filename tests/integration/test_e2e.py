@@ -46,3 +46,36 @@ async def test_simulator_and_real_cluster_place_spaced_jobs_alike(policy: str) -
     simulated = simulate(workload, workers=3, policy=policy, arrivals=arrivals, warm=False)
     sim_plans = [dict(job.plan) for job in sorted(simulated.jobs, key=lambda j: j.arrival)]
     assert real_plans["plans"] == sim_plans
+
+
+@pytest.mark.asyncio
+async def test_any_workload_in_the_spec_format_runs(tmp_path) -> None:
+    import json
+
+    spec = {
+        "name": "tiny",
+        "cluster": {"workers": 2, "gpu_memory_mb": 1000, "h2d_gbps": 2.0, "d2h_gbps": 2.0,
+                    "net_gbps": 1.0, "net_fixed_us": 5},
+        "models": {"a": {"size_mb": 600}, "b": {"size_mb": 300}},
+        "workflows": {
+            "pair": {"best_ms": 30, "tasks": {
+                "first": {"model": "a", "exec_ms": 20, "input_kb": 10, "output_kb": 5,
+                          "after": []},
+                "second": {"model": "b", "exec_ms": 10, "output_kb": 1, "after": ["first"]},
+            }},
+        },
+        "arrivals": {"mean_interval_ms_per_client": 100, "jobs": 10},
+    }  # fmt: skip
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(spec))
+    config = e2e.E2EConfig(workload=str(path), workers=2, jobs=12, time_scale=0.2)
+    workload = load_workload(path)
+    arrivals = e2e.arrivals_for(config, workload)
+    real = await e2e.run_policy(config, workload, "compass", arrivals)
+    simulated = simulate(workload, workers=2, policy="compass", arrivals=arrivals).summary()
+    for summary in (real, simulated):
+        assert summary["completed"] == 12
+        assert summary["failed"] == 0
+        assert summary["median_slowdown"] >= 0.9
+    # 600 + 300 MB models in a 1000 MB cache: both fit on one worker at once
+    assert real["cache_hit_rate"] > 0.5
