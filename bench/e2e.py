@@ -131,30 +131,37 @@ async def run_policy(
                         await asyncio.sleep(delay)
                     group.create_task(one(i, arrival))
             elapsed = (loop.time() - start) / scale
-            statuses = [await c.status() for c in clients[: min(n, clients_needed)]]
-            statuses += [
-                await _status(cluster.addresses[i], cluster.token)
-                for i in range(min(n, clients_needed), n)
-            ]
-            plans = await _plans(cluster, arrivals) if keep_plans else None
+            statuses, traces = await _collect(cluster, keep_plans)
         finally:
             for client in clients:
                 await client.aclose()
     summary = summarize(workload, latencies, statuses, elapsed)
     summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
-    if plans is not None:
-        summary["plans"] = plans
+    if keep_plans:
+        summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
 
 
-async def _plans(cluster: LocalCluster, arrivals: Sequence[Arrival]) -> list[dict[str, str]]:
-    """Each arrival's final placement. Ingress ``w`` numbers its jobs ``w-1, w-2, ...`` in the
-    order it receives them, which is arrival order for the clients attached to it."""
-    by_id: dict[str, dict[str, str]] = {}
+async def _collect(
+    cluster: LocalCluster, with_traces: bool
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """Every worker's status and, if asked, the final placement of each job it answered."""
+    statuses: list[dict[str, Any]] = []
+    plans: dict[str, dict[str, str]] = {}
     for index in range(len(cluster.workers)):
         async with cluster.client(index) as client:
-            for record in await client.channel.request("trace", None):
-                by_id[record["job"]] = record["plan"]
+            statuses.append(await client.status())
+            if with_traces:
+                for record in await client.channel.request("trace", None):
+                    plans[record["job"]] = record["plan"]
+    return statuses, plans
+
+
+def _plans(
+    cluster: LocalCluster, by_id: dict[str, dict[str, str]], arrivals: Sequence[Arrival]
+) -> list[dict[str, str]]:
+    """Each arrival's final placement. Ingress ``w`` numbers its jobs ``w-1, w-2, ...`` in the
+    order it receives them, which is arrival order for the clients attached to it."""
     n = len(cluster.workers)
     counts = [0] * n
     plans = []
@@ -163,11 +170,6 @@ async def _plans(cluster: LocalCluster, arrivals: Sequence[Arrival]) -> list[dic
         counts[ingress] += 1
         plans.append(by_id[f"{cluster.workers[ingress].name}-{counts[ingress]}"])
     return plans
-
-
-async def _status(address: str, token: str) -> dict[str, Any]:
-    async with Client(address, token=token) as client:
-        return await client.status()
 
 
 def summarize(

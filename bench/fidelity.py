@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from bench import e2e
@@ -77,15 +78,9 @@ def run(
         ],
         rows,
     )
-    out = {"config": {**vars_of(config), "machine": machine()}, "results": results}
+    out = {"config": {**asdict(config), "machine": machine()}, "results": results}
     write_json(json_path, out)
     return out
-
-
-def vars_of(config: e2e.E2EConfig) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(config)
 
 
 def _rel(simulated: float | None, real: float | None) -> float | None:

@@ -310,6 +310,11 @@ Policies = Annotated[
 Arrival = Annotated[str, typer.Option(help="uniform, poisson or gamma.")]
 
 
+def _names(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _sweep(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
@@ -347,7 +352,7 @@ def bench_e2e(
         config = e2e.E2EConfig(
             workload=workload or e2e.DEFAULT_WORKLOAD,
             workers=workers,
-            policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+            policies=tuple(_names(policies)),
             arrival=arrival,
             cv=cv,
             load=load,
@@ -400,7 +405,7 @@ def sim(
             fidelity.run(
                 workload=workload or _default_workload(),
                 workers=workers,
-                policies=[p.strip() for p in policies.split(",") if p.strip()],
+                policies=_names(policies),
                 arrival=arrival,
                 cv=cv,
                 load=load,
@@ -413,7 +418,7 @@ def sim(
         report.run_cli(
             workload or _default_workload(),
             workers,
-            [p.strip() for p in policies.split(",") if p.strip()],
+            _names(policies),
             arrival,
             cv,
             load,

@@ -33,7 +33,6 @@ class IngressJob:
     plan: dict[str, str] = field(default_factory=dict)
     #: sink task -> output, for workflows with several sinks
     outputs: dict[str, Any] = field(default_factory=dict)
-    answered: bool = False
 
     def involves(self, worker: str) -> bool:
         return worker in self.plan.values()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["QueuedTask", "TaskQueue"]
@@ -39,7 +39,8 @@ class QueuedTask:
     #: seconds its inputs spent on the wire (summed over pushes), for the time breakdown
     transfer_s: float = 0.0
     started_at: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: the job's wall-clock submit time, forwarded with the task's output
+    t0: float = 0.0
     #: the queue runs smaller first (on the queue's clock, e.g. the job's arrival time);
     #: None ranks the task at its enqueue time
     priority: float | None = None

@@ -97,6 +97,14 @@ class Worker:
         )
         self.view = self._new_view()
         self.router = self._make_router()
+        #: one-way messages to this worker itself skip the wire
+        self._local: dict[str, Callable[[Channel | None, Any], None]] = {
+            "result": self._on_result,
+            "failed": self._on_failed,
+            "placed": self._on_placed,
+            "done": self._on_done,
+            "task": self._on_task,
+        }
         self._warms = (
             config.sched.warm and self.policy.warms_cache and config.cache.prefetch_depth > 0
         )
@@ -457,7 +465,6 @@ class Worker:
         job.outputs[body["task"]] = body["value"]
         sinks = job.workflow.sinks
         if all(s in job.outputs for s in sinks):
-            job.answered = True
             self.stats.jobs_completed += 1
             value = job.outputs[sinks[0]] if len(sinks) == 1 else dict(job.outputs)
             future.set_result(value)
@@ -467,7 +474,6 @@ class Worker:
         if record is None:
             return
         job, future = record
-        job.answered = True
         self.stats.jobs_failed += 1
         detail = {
             "job_id": job.job_id,
@@ -555,7 +561,7 @@ class Worker:
                 enqueued_at=now,
                 transfer_s=entry.transfer_s,
                 priority=arrival if self.policy.oldest_job_first else None,
-                extra={"t0": t0},
+                t0=t0,
             )
         )
 
@@ -634,7 +640,7 @@ class Worker:
                     "plan": plan,
                     "ingress": entry.ingress,
                     "sent": sent,
-                    "t0": entry.extra["t0"],
+                    "t0": entry.t0,
                 },
             )
 
@@ -647,13 +653,7 @@ class Worker:
     def _notify(self, worker: str, op: str, body: dict[str, Any]) -> None:
         """Send a one-way message to a worker, this one included (no wire then)."""
         if worker == self.name:
-            {
-                "result": self._on_result,
-                "failed": self._on_failed,
-                "placed": self._on_placed,
-                "done": self._on_done,
-                "task": self._on_task,
-            }[op](None, body)
+            self._local[op](None, body)
             return
         channel = None if self.membership is None else self.membership.channel(worker)
         if channel is None or channel.closed:
