@@ -43,6 +43,7 @@ class E2EConfig:
     seed: int = 0
     time_scale: float = 0.1
     heartbeat_ms: float = 10.0
+    heartbeat_min_ms: float = 1.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -92,6 +93,7 @@ async def run_policy(
         "--policy", policy,
         "--time-scale", str(scale),
         "--heartbeat-ms", str(config.heartbeat_ms),
+        "--heartbeat-min-ms", str(config.heartbeat_min_ms),
         *config.extra_args,
     ]  # fmt: skip
     async with LocalCluster(n, args=args) as cluster:

@@ -40,13 +40,22 @@ def run(
     )
     spec = load_workload(workload)
     arrivals = e2e.arrivals_for(config, spec)
+    # the real workers gossip every change within heartbeat_min_ms of real time, which is
+    # heartbeat_min_ms / time_scale of workload time: the staleness the simulator must model
+    heartbeat_s = config.heartbeat_min_ms / 1000.0 / time_scale
     rows: list[list[Any]] = []
     results: dict[str, Any] = {}
     loop = new_event_loop()
     try:
         for policy in policies:
             real = loop.run_until_complete(e2e.run_policy(config, spec, policy, arrivals))
-            simulated = simulate(spec, workers=workers, policy=policy, arrivals=arrivals).summary()
+            simulated = simulate(
+                spec,
+                workers=workers,
+                policy=policy,
+                arrivals=arrivals,
+                heartbeat_s=heartbeat_s,
+            ).summary()
             diff = {
                 key: _rel(simulated[key], real[key])
                 for key in ("p50_ms", "p99_ms", "median_slowdown")

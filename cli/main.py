@@ -81,7 +81,12 @@ def worker_start(
     cache_mb: Annotated[int | None, typer.Option(help="Model cache capacity in MiB.")] = None,
     slab_mb: Annotated[int, typer.Option(help="Slab size in MiB.")] = 64,
     backend: Annotated[str, typer.Option(help="auto, cupy, host or capacity.")] = "auto",
-    heartbeat_ms: Annotated[float, typer.Option(help="Heartbeat interval.")] = 10.0,
+    heartbeat_ms: Annotated[
+        float, typer.Option(help="Heartbeat interval when nothing changes.")
+    ] = 10.0,
+    heartbeat_min_ms: Annotated[
+        float, typer.Option(help="Least gap between heartbeats; changes go out after it.")
+    ] = 1.0,
     peer_timeout_ms: Annotated[float, typer.Option(help="Drop a peer silent this long.")] = 2000.0,
     adjust_threshold: Annotated[float, typer.Option(help="Dynamic adjustment threshold.")] = 0.25,
     warm: Annotated[
@@ -115,6 +120,7 @@ def worker_start(
             sched=SchedConfig(
                 policy=policy,
                 heartbeat_ms=heartbeat_ms,
+                heartbeat_min_ms=heartbeat_min_ms,
                 peer_timeout_ms=peer_timeout_ms,
                 adjust_threshold=adjust_threshold,
                 warm=warm,
@@ -340,6 +346,9 @@ def bench_e2e(
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
     time_scale: Annotated[float, typer.Option(help="Real seconds per spec second.")] = 0.1,
     heartbeat_ms: Annotated[float, typer.Option(help="Worker heartbeat interval.")] = 10.0,
+    heartbeat_min_ms: Annotated[
+        float, typer.Option(help="Least gap between a worker's heartbeats.")
+    ] = 1.0,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     json_path: JsonPath = None,
@@ -360,6 +369,7 @@ def bench_e2e(
             seed=seed,
             time_scale=time_scale,
             heartbeat_ms=heartbeat_ms,
+            heartbeat_min_ms=heartbeat_min_ms,
         )
         e2e.run(
             config,
@@ -382,7 +392,9 @@ def sim(
     load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
     jobs: Annotated[int, typer.Option(help="Jobs per policy.")] = 1000,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
-    heartbeat_ms: Annotated[float, typer.Option(help="Heartbeat interval.")] = 10.0,
+    heartbeat_ms: Annotated[
+        float, typer.Option(help="How often peers' state reaches the views (virtual ms).")
+    ] = 10.0,
     staleness_ms: Annotated[
         float | None, typer.Option(help="Age of the peer state planners see.")
     ] = None,

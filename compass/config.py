@@ -128,7 +128,11 @@ class SchedConfig:
     """Placement policy and its knobs (every worker of a cluster uses the same)."""
 
     policy: str = "compass"
+    #: with nothing new to say, a worker still sends its state this often (liveness)
     heartbeat_ms: float = 10.0
+    #: a change to the queue or the cache is sent at once, but never sooner than this after
+    #: the previous heartbeat (so a burst of changes costs one message per peer)
+    heartbeat_min_ms: float = 1.0
     peer_timeout_ms: float = 2000.0
     #: keep a successor on its planned worker while that worker's wait <= this x its exec time
     #: (the paper used 1.5; 0.25 cut compass's p99 by a third in the simulator, docs/RESULTS.md)
@@ -140,9 +144,15 @@ class SchedConfig:
         _positive(
             self,
             heartbeat_ms=self.heartbeat_ms,
+            heartbeat_min_ms=self.heartbeat_min_ms,
             peer_timeout_ms=self.peer_timeout_ms,
             adjust_threshold=self.adjust_threshold,
         )
+        if self.heartbeat_min_ms > self.heartbeat_ms:
+            raise ConfigError(
+                f"SchedConfig.heartbeat_min_ms ({self.heartbeat_min_ms}) must not exceed "
+                f"heartbeat_ms ({self.heartbeat_ms})"
+            )
         if self.peer_timeout_ms <= self.heartbeat_ms:
             raise ConfigError("SchedConfig.peer_timeout_ms must exceed heartbeat_ms")
 

@@ -336,6 +336,8 @@ class ModelCache:
         self._prefetch: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._closed = False
+        #: called whenever a load starts or ends (what resident() / loading() report changed)
+        self.on_change: Callable[[], None] | None = None
 
     # -- views ------------------------------------------------------------------------------
 
@@ -499,6 +501,8 @@ class ModelCache:
         # wake every waiter; each re-checks, and a fresh event catches later changes
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.on_change is not None:
+            self.on_change()
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -512,6 +516,8 @@ class ModelCache:
         self._inflight[name] = task
         self._tasks.add(task)
         task.add_done_callback(self._load_done)
+        if self.on_change is not None:
+            self.on_change()
         return task
 
     def _load_done(self, task: asyncio.Task[None]) -> None:

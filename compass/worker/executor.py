@@ -68,6 +68,7 @@ class Executor:
         on_outcome: Callable[[TaskOutcome], None],
         clock: Callable[[], float] = time.monotonic,
         prefetch: bool = True,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.queue = TaskQueue(clock)
         self._clock = clock
@@ -80,16 +81,22 @@ class Executor:
         self._on_outcome = on_outcome
         self._prefetch = prefetch
         self._ready = asyncio.Semaphore(0)
+        #: called when the queue's expected wait changes (a task queued, finished or dropped)
+        self._on_change = on_change or _nothing
 
     def submit(self, entry: QueuedTask) -> None:
         self.queue.push(entry)
         self._ready.release()
+        self._on_change()
         if self._prefetch and self.busy >= self.lanes:
             # every lane is busy: use the time to bring in what the queue needs next
             self._cache.prefetch(self.queue.upcoming_models())
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
-        return len(self.queue.drop_job(job_id, below_attempt))
+        dropped = len(self.queue.drop_job(job_id, below_attempt))
+        if dropped:
+            self._on_change()
+        return dropped
 
     async def run(self) -> None:
         """Run the lanes until cancelled."""
@@ -109,6 +116,7 @@ class Executor:
             finally:
                 self.busy -= 1
                 self.queue.finish(entry)
+            self._on_change()
             self._on_outcome(outcome)
 
     async def _run_one(self, entry: QueuedTask) -> TaskOutcome:
@@ -140,6 +148,10 @@ class Executor:
             if lease is not None:
                 lease.release()
         return outcome
+
+
+def _nothing() -> None:
+    pass
 
 
 def _call(task: Task, module: Any, inputs: dict[str, Any]) -> Any:

@@ -94,7 +94,11 @@ class Worker:
             time_scale=config.time_scale,
             on_outcome=self._task_finished,
             clock=self.clock,
+            on_change=self._state_changed,
         )
+        self.cache.on_change = self._state_changed
+        #: set when the queue or the cache changed since the last heartbeat
+        self._changed = asyncio.Event()
         self.view = self._new_view()
         self.router = self._make_router()
         #: one-way messages to this worker itself skip the wire
@@ -121,7 +125,10 @@ class Worker:
         self._stopped = asyncio.Event()
 
     def _new_view(self) -> ClusterView:
-        return ClusterView(self.name, heartbeat_s=self.config.sched.heartbeat_ms / 1000.0)
+        # a change is gossiped within heartbeat_min_ms, so a heartbeat received two such
+        # gaps after a placement reflects it; the view runs on this worker's clock
+        gap_s = self.config.sched.heartbeat_min_ms / 1000.0 / self.config.time_scale
+        return ClusterView(self.name, heartbeat_s=gap_s)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -232,6 +239,8 @@ class Worker:
             "peers": [] if self.membership is None else self.membership.describe(),
             # workers this one can place tasks on: itself and every peer it has heard from
             "view": list(self.view.names()),
+            # what this worker's planner currently believes of each worker (itself included)
+            "cluster": self._view_status(),
             "workflows": sorted(self.app.workflows),
             "queue": {
                 "ready": len(self.executor.queue),
@@ -244,6 +253,27 @@ class Worker:
             "cache": self.cache.snapshot(),
             "stats": self.stats.to_wire(),
         }
+
+    def _view_status(self) -> list[dict[str, Any]]:
+        """Each worker's state as this worker's view holds it; ages and waits are in this
+        worker's clock (workload time for an emulated worker)."""
+        now = self.clock()
+        rows = []
+        for name in self.view.names():
+            state = self.view.get(name)
+            assert state is not None
+            rows.append(
+                {
+                    "name": name,
+                    "wait_ms": round(state.wait_s * 1000, 3),
+                    "models": sorted(state.models),
+                    "loading": sorted(state.loading),
+                    "free_bytes": state.free_bytes,
+                    "age_ms": round(self.view.age_s(name, now) * 1000, 3),
+                    "placements_counted": self.view.pending(name),
+                }
+            )
+        return rows
 
     def _on_trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
         """The records of recently answered jobs; ``{"clear": true}`` empties the log."""
@@ -287,13 +317,22 @@ class Worker:
             loading=self.cache.loading(),
         )
 
+    def _state_changed(self) -> None:
+        self._changed.set()
+
     async def _heartbeats(self) -> None:
-        interval = self.config.sched.heartbeat_ms / 1000.0
-        timeout = self.config.sched.peer_timeout_ms / 1000.0
+        """Send this worker's state to every peer when it changes (at most once per
+        ``heartbeat_min_ms``), and every ``heartbeat_ms`` regardless (liveness)."""
+        sched = self.config.sched
+        interval = sched.heartbeat_ms / 1000.0
+        min_gap = sched.heartbeat_min_ms / 1000.0
+        timeout = sched.peer_timeout_ms / 1000.0
         assert self.membership is not None
+        loop = asyncio.get_running_loop()
         loads_seen = (0, 0.0)
         demand = model_demand(self.app.workflows.values(), self.profiles)
         while True:
+            self._changed.clear()
             if not self.config.emulate:
                 loads_seen = self._measure_h2d(loads_seen)
             state = self._state()
@@ -304,7 +343,13 @@ class Worker:
             if self.membership.peers:
                 self.membership.broadcast("heartbeat", state.to_wire())
                 self.membership.expire(timeout)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min_gap)
+            if not self._changed.is_set() and interval > min_gap:
+                timer = loop.call_later(interval - min_gap, self._changed.set)
+                try:
+                    await self._changed.wait()
+                finally:
+                    timer.cancel()
 
     def _measure_h2d(self, seen: tuple[int, float]) -> tuple[int, float]:
         """Fold the model loads since the last call into this worker's host-to-device bandwidth."""
@@ -323,6 +368,7 @@ class Worker:
 
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
+        self._state_changed()  # the newcomer needs this worker's state now, not at the next tick
 
     def _peer_left(self, name: str, why: str) -> None:
         self.view.remove(name)

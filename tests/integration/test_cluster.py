@@ -131,3 +131,41 @@ async def test_silent_peer_is_removed_and_a_restarted_worker_rejoins(
                 *(client.submit(flow, data=payload, timeout=60) for flow in PAPER_FLOWS)
             )
             assert len(results) == 4
+
+
+@pytest.mark.asyncio
+async def test_changes_are_gossiped_without_waiting_for_the_periodic_heartbeat(
+    worker_env: dict[str, str],
+) -> None:
+    # The periodic heartbeat is a minute apart, so only change-driven heartbeats can bring
+    # each worker's view of its peers up to date while the test runs.
+    args = [
+        "--workload", PAPER,
+        "--heartbeat-ms", "60000", "--heartbeat-min-ms", "1", "--peer-timeout-ms", "120000",
+    ]  # fmt: skip
+    async with (
+        LocalCluster(2, args=args, env=worker_env) as cluster,
+        cluster.client(0) as c0,
+        cluster.client(1) as c1,
+    ):
+        payload = np.zeros(10, dtype=np.uint8)
+        await asyncio.gather(
+            *(c.submit(flow, data=payload, timeout=60) for c in (c0, c1) for flow in PAPER_FLOWS)
+        )
+        for _ in range(200):
+            s0, s1 = await asyncio.gather(c0.status(), c1.status())
+            views = {"w0": s1["cluster"], "w1": s0["cluster"]}
+            agree = all(
+                next(r for r in views[s["name"]] if r["name"] == s["name"])["models"]
+                == s["cache"]["resident"]
+                for s in (s0, s1)
+            )
+            if agree and all(s["cache"]["resident"] for s in (s0, s1)):
+                break
+            await asyncio.sleep(0.05)
+        assert agree, (
+            s0["cache"]["resident"],
+            views["w0"],
+            s1["cache"]["resident"],
+            views["w1"],
+        )

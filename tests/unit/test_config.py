@@ -49,6 +49,10 @@ def test_configs_validate_on_construction() -> None:
         CacheConfig(capacity_bytes=1, slab_bytes=2)
     with pytest.raises(ConfigError, match="peer_timeout_ms"):
         SchedConfig(heartbeat_ms=100, peer_timeout_ms=50)
+    with pytest.raises(ConfigError, match="heartbeat_min_ms"):
+        SchedConfig(heartbeat_ms=10, heartbeat_min_ms=20)
+    with pytest.raises(ConfigError, match="heartbeat_min_ms"):
+        SchedConfig(heartbeat_min_ms=0)
     with pytest.raises(ConfigError, match="port"):
         WorkerConfig(port=70000)
     with pytest.raises(ConfigError, match="not a number"):
