@@ -41,7 +41,7 @@ class E2EConfig:
     load: float = 1.0
     jobs: int = 200
     seed: int = 0
-    time_scale: float = 0.1
+    time_scale: float = 0.25
     heartbeat_ms: float = 10.0
     heartbeat_min_ms: float = 1.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)

@@ -344,7 +344,7 @@ def bench_e2e(
     load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
     jobs: Annotated[int, typer.Option(help="Jobs per policy.")] = 200,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
-    time_scale: Annotated[float, typer.Option(help="Real seconds per spec second.")] = 0.1,
+    time_scale: Annotated[float, typer.Option(help="Real seconds per spec second.")] = 0.25,
     heartbeat_ms: Annotated[float, typer.Option(help="Worker heartbeat interval.")] = 10.0,
     heartbeat_min_ms: Annotated[
         float, typer.Option(help="Least gap between a worker's heartbeats.")
@@ -403,7 +403,7 @@ def sim(
     compare_real: Annotated[
         bool, typer.Option(help="Also run the same config on a real cluster and compare.")
     ] = False,
-    time_scale: Annotated[float, typer.Option(help="--compare-real: real s per spec s.")] = 0.1,
+    time_scale: Annotated[float, typer.Option(help="--compare-real: real s per spec s.")] = 0.25,
     json_path: JsonPath = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG here.")] = None,
 ) -> None:
