@@ -44,6 +44,8 @@ class E2EConfig:
     time_scale: float = 0.25
     heartbeat_ms: float = 10.0
     heartbeat_min_ms: float = 1.0
+    #: model-less tasks on this many host lanes per worker (0: on the GPU lane, as in the paper)
+    host_lanes: int = 0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -94,6 +96,7 @@ async def run_policy(
         "--time-scale", str(scale),
         "--heartbeat-ms", str(config.heartbeat_ms),
         "--heartbeat-min-ms", str(config.heartbeat_min_ms),
+        "--host-lanes", str(config.host_lanes),
         *config.extra_args,
     ]  # fmt: skip
     async with LocalCluster(n, args=args) as cluster:

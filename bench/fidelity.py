@@ -26,6 +26,7 @@ def run(
     seed: int,
     time_scale: float,
     json_path: str | None = None,
+    host_lanes: int = 0,
 ) -> dict[str, Any]:
     config = e2e.E2EConfig(
         workload=workload,
@@ -37,6 +38,7 @@ def run(
         jobs=jobs,
         seed=seed,
         time_scale=time_scale,
+        host_lanes=host_lanes,
     )
     spec = load_workload(workload)
     arrivals = e2e.arrivals_for(config, spec)
@@ -55,6 +57,7 @@ def run(
                 policy=policy,
                 arrivals=arrivals,
                 heartbeat_s=heartbeat_s,
+                host_lanes=host_lanes,
             ).summary()
             diff = {
                 key: _rel(simulated[key], real[key])

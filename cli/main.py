@@ -77,6 +77,9 @@ def worker_start(
         str, typer.Option(help="Placement policy (same on every worker).")
     ] = "compass",
     lanes: Annotated[int, typer.Option(help="Execution lanes (tasks run at once).")] = 1,
+    host_lanes: Annotated[
+        int, typer.Option(help="Lanes for model-less tasks, off the GPU (0: they share it).")
+    ] = 0,
     time_scale: Annotated[float, typer.Option(help="Emulated time multiplier.")] = 1.0,
     cache_mb: Annotated[int | None, typer.Option(help="Model cache capacity in MiB.")] = None,
     slab_mb: Annotated[int, typer.Option(help="Slab size in MiB.")] = 64,
@@ -114,6 +117,7 @@ def worker_start(
             app=app_ref,
             workload=workload,
             lanes=lanes,
+            host_lanes=host_lanes,
             time_scale=time_scale,
             limits=Limits(max_frame_bytes=max_frame_mb * MiB),
             cache=cache,
@@ -314,6 +318,9 @@ Policies = Annotated[
     str, typer.Option(help="Comma-separated policies: compass, jsq, heft, hash, random, ...")
 ]
 Arrival = Annotated[str, typer.Option(help="uniform, poisson or gamma.")]
+HostLanes = Annotated[
+    int, typer.Option(help="Host lanes per worker for model-less tasks (0: they use the GPU).")
+]
 
 
 def _names(text: str) -> list[str]:
@@ -349,6 +356,7 @@ def bench_e2e(
     heartbeat_min_ms: Annotated[
         float, typer.Option(help="Least gap between a worker's heartbeats.")
     ] = 1.0,
+    host_lanes: HostLanes = 0,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     json_path: JsonPath = None,
@@ -370,6 +378,7 @@ def bench_e2e(
             time_scale=time_scale,
             heartbeat_ms=heartbeat_ms,
             heartbeat_min_ms=heartbeat_min_ms,
+            host_lanes=host_lanes,
         )
         e2e.run(
             config,
@@ -398,6 +407,7 @@ def sim(
     staleness_ms: Annotated[
         float | None, typer.Option(help="Age of the peer state planners see.")
     ] = None,
+    host_lanes: HostLanes = 0,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     compare_real: Annotated[
@@ -425,6 +435,7 @@ def sim(
                 seed=seed,
                 time_scale=time_scale,
                 json_path=json_path,
+                host_lanes=host_lanes,
             )
             return
         report.run_cli(
@@ -442,6 +453,7 @@ def sim(
             target_slowdown,
             json_path,
             plot,
+            host_lanes,
         )
     except CompassError as exc:
         _fail(str(exc), 2)

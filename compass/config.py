@@ -169,6 +169,9 @@ class WorkerConfig:
     app: str | None = None
     workload: str | None = None
     lanes: int = 1
+    #: lanes for model-less tasks, off the GPU lanes; 0 runs them on the GPU lanes (the paper's
+    #: execution model). The whole cluster should agree: planners assume it of every worker.
+    host_lanes: int = 0
     emulate: bool = False
     time_scale: float = 1.0
     #: answered jobs an ingress remembers for `trace` (benchmarks read placements from it)
@@ -182,6 +185,8 @@ class WorkerConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
         _positive(self, lanes=self.lanes, time_scale=self.time_scale)
+        if self.host_lanes < 0:
+            raise ConfigError(f"WorkerConfig.host_lanes must be >= 0, got {self.host_lanes}")
         for address in self.join:
             parse_address(address)
 

@@ -124,12 +124,14 @@ def plan_eft(
     *,
     use_load: bool = True,
     use_cache: bool = True,
+    host_lanes: bool = False,
 ) -> dict[str, str]:
     """Place every task of ``job`` at its earliest estimated finish (see the module docstring).
 
     ``use_load=False`` treats every worker as idle at ``now``; ``use_cache=False`` drops the
-    model fetch term. Raises :class:`WorkerUnavailable` on an empty view and
-    :class:`ModelTooLarge` when a model fits in no worker's cache.
+    model fetch term; ``host_lanes=True``: model-less tasks run off the GPU lanes, so they
+    neither wait for a worker's queue nor add to it. Raises :class:`WorkerUnavailable` on an
+    empty view and :class:`ModelTooLarge` when a model fits in no worker's cache.
     """
     n_workers = len(view.names)
     if n_workers == 0:
@@ -158,8 +160,10 @@ def plan_eft(
         else:
             root_bytes = job.input_bytes or costs.input_bytes[t]
             arrive = row(ingress, root_bytes, now)
-        np.maximum(arrive, avail, out=arrive)
         model = costs.models[t]
+        on_lane = model is not None or not host_lanes
+        if on_lane:
+            np.maximum(arrive, avail, out=arrive)
         have: BoolArray | None = None
         size = costs.model_bytes[t]
         if use_cache and model is not None:
@@ -190,7 +194,8 @@ def plan_eft(
             j = _fewest_bytes(ties, costs, t, sources, ingress, root_bytes, have, ingress)
         placed[t] = j
         finish[t] = float(arrive[j])
-        avail[j] = finish[t]
+        if on_lane:
+            avail[j] = finish[t]
         if have is not None and not have[j]:
             assert model is not None
             mine = have.copy()
@@ -239,7 +244,9 @@ class CompassPolicy:
     ``use_load``: count queue waits (off: every worker idle); ``use_cache``: count model
     fetches; ``dynamic``: let :meth:`adjust` move tasks; ``central``: one fixed worker (the
     lowest name) plans every job; ``oldest_job_first`` and ``warms_cache``: see
-    :class:`Policy` (both on for Compass, off for classic HEFT).
+    :class:`Policy` (both on for Compass, off for classic HEFT); ``host_lanes``: the workers
+    run model-less tasks on host lanes, off the GPU queue, so such a task's estimate has no
+    queue wait, it adds none, and adjustment leaves it where it was planned.
 
     Adjustment, on the worker where a predecessor finished: keep the planned worker when the
     successor is a join (its inputs must meet), or when that worker's wait is at most
@@ -261,6 +268,7 @@ class CompassPolicy:
         central: bool = False,
         oldest_job_first: bool = True,
         warms_cache: bool = True,
+        host_lanes: bool = False,
     ) -> None:
         if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
             raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
@@ -272,6 +280,7 @@ class CompassPolicy:
         self.central = central
         self.oldest_job_first = oldest_job_first
         self.warms_cache = warms_cache
+        self.host_lanes = host_lanes
         self._costs = CostCache()
         self._joins: dict[tuple[str, str], tuple[Workflow, tuple[str, ...]]] = {}
 
@@ -287,7 +296,15 @@ class CompassPolicy:
     ) -> dict[str, str]:
         """See :class:`Policy`."""
         costs = self._costs.get(job.workflow, profiles, view.names)
-        return plan_eft(job, view, costs, now, use_load=self.use_load, use_cache=self.use_cache)
+        return plan_eft(
+            job,
+            view,
+            costs,
+            now,
+            use_load=self.use_load,
+            use_cache=self.use_cache,
+            host_lanes=self.host_lanes,
+        )
 
     def adjust(
         self,
@@ -307,6 +324,8 @@ class CompassPolicy:
             assert planned is not None
             if not self.dynamic or not self.use_load or wf.is_join(task):
                 return planned
+            if self.host_lanes and wf.tasks[task].model is None:
+                return planned  # no queue to escape: it starts when its input arrives
             if float(view.wait_s[i]) <= self.adjust_threshold * profiles.exec_s(
                 wf.name, task, planned
             ):
@@ -342,10 +361,10 @@ class CompassPolicy:
         else:
             root_bytes = job.input_bytes or costs.input_bytes[t]
             start = row(ingress, root_bytes, 0.0)
-        if self.use_load:
+        model = costs.models[t]
+        if self.use_load and (model is not None or not self.host_lanes):
             np.maximum(start, view.wait_s, out=start)
         have: BoolArray | None = None
-        model = costs.models[t]
         if self.use_cache and model is not None:
             size = costs.model_bytes[t]
             have = view.holds(model)
@@ -412,8 +431,9 @@ class CompassPolicy:
                 row = costs.transfer.row(src, costs.out_bytes[p], done)
                 arrive = row if arrive is None else np.maximum(arrive, row, out=arrive)
             assert arrive is not None
-            np.maximum(arrive, view.wait_s + now, out=arrive)
             model = costs.models[t]
+            if model is not None or not self.host_lanes:
+                np.maximum(arrive, view.wait_s + now, out=arrive)
             if self.use_cache and model is not None:
                 fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
                 assert fetch1 is not None
@@ -499,9 +519,13 @@ class _FanoutView:
         model: str | None,
         model_bytes: int,
         fetch_s: float,
+        on_lane: bool = True,
     ) -> float:
         """Count a task on worker ``i`` whose input arrives after ``input_s``; return the
-        seconds from now until it is expected to finish."""
+        seconds from now until it is expected to finish. A task not ``on_lane`` (model-less,
+        on a host lane) neither waits for the queue nor adds to it."""
+        if not on_lane:
+            return input_s + exec_s
         start = max(float(self._wait[i]), input_s)
         if model is not None:
             row = self._resident.get(model)
@@ -542,6 +566,7 @@ def adjust_successors(
             current[task] = policy.adjust(job, task, current, view, profiles, now)
         return current
     joins = policy.joins_fed_by(wf, finished) if isinstance(policy, CompassPolicy) else ()
+    host_lanes = isinstance(policy, CompassPolicy) and policy.host_lanes
     profiles.add_workflow(wf)
     ranks = wf.upward_rank(profiles.net_bytes_per_s)
     ordered = sorted(succs, key=lambda task: (-ranks[task], wf.index[task]))
@@ -565,6 +590,7 @@ def adjust_successors(
             model,
             size,
             profiles.fetch_s(target, size) if model is not None else 0.0,
+            on_lane=model is not None or not host_lanes,
         )
         finish[task] = (i, now + done)
     if joins:
@@ -576,13 +602,22 @@ def adjust_successors(
 
 
 def record_plan(
-    view: ClusterView, job: JobInfo, plan: Mapping[str, str], profiles: Profiles, now: float
+    view: ClusterView,
+    job: JobInfo,
+    plan: Mapping[str, str],
+    profiles: Profiles,
+    now: float,
+    *,
+    host_lanes: bool = False,
 ) -> None:
     """Count every task of a fresh plan in its worker's wait (:meth:`ClusterView.note_placement`),
-    so the next job planned before the next heartbeats does not pile onto the same workers."""
+    so the next job planned before the next heartbeats does not pile onto the same workers.
+    With ``host_lanes`` model-less tasks are not counted: they do not use the queue."""
     wf = job.workflow
     profiles.add_workflow(wf)
     for task, worker in plan.items():
         model = wf.tasks[task].model
+        if model is None and host_lanes:
+            continue
         size = 0 if model is None else profiles.model_bytes(model)
         view.note_placement(worker, profiles.exec_s(wf.name, task, worker), model, size, now)

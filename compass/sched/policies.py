@@ -50,27 +50,33 @@ POLICY_NAMES: tuple[str, ...] = (
 
 
 def make_policy(
-    name: str, *, adjust_threshold: float = DEFAULT_ADJUST_THRESHOLD, seed: int = 0
+    name: str,
+    *,
+    adjust_threshold: float = DEFAULT_ADJUST_THRESHOLD,
+    seed: int = 0,
+    host_lanes: bool = False,
 ) -> Policy:
     """The policy called ``name`` (one of :data:`POLICY_NAMES`).
 
-    ``adjust_threshold`` is Compass's keep-the-plan factor; ``seed`` seeds ``random``.
-    Policies with per-instance state (``round_robin``, ``random``, the cost caches) should be
-    made once per worker and reused.
+    ``adjust_threshold`` is Compass's keep-the-plan factor; ``seed`` seeds ``random``;
+    ``host_lanes`` tells Compass's planner that model-less tasks run off the GPU lanes (see
+    :class:`~compass.sched.planner.CompassPolicy`). Policies with per-instance state
+    (``round_robin``, ``random``, the cost caches) should be made once per worker and reused.
     """
     if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
         raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
     t = adjust_threshold
+    h = host_lanes
     if name == "compass":
-        return CompassPolicy(name, adjust_threshold=t)
+        return CompassPolicy(name, adjust_threshold=t, host_lanes=h)
     if name == "compass_nocache":
-        return CompassPolicy(name, use_cache=False, adjust_threshold=t)
+        return CompassPolicy(name, use_cache=False, adjust_threshold=t, host_lanes=h)
     if name == "compass_noload":
-        return CompassPolicy(name, use_load=False, adjust_threshold=t)
+        return CompassPolicy(name, use_load=False, adjust_threshold=t, host_lanes=h)
     if name == "compass_noadjust":
-        return CompassPolicy(name, dynamic=False, adjust_threshold=t)
+        return CompassPolicy(name, dynamic=False, adjust_threshold=t, host_lanes=h)
     if name == "central":
-        return CompassPolicy(name, central=True, adjust_threshold=t)
+        return CompassPolicy(name, central=True, adjust_threshold=t, host_lanes=h)
     if name == "heft":
         # classic HEFT: rank order, idle workers, transfers but no model cost, static
         return CompassPolicy(

@@ -88,6 +88,7 @@ def simulate(
     cache_bytes: int | None = None,
     slab_bytes: int = 64 * MiB,
     seed: int = 0,
+    host_lanes: int = 0,
 ) -> SimResult:
     """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
 
@@ -96,6 +97,8 @@ def simulate(
     in a view is at least; ``cache_bytes`` (default the spec's GPU memory) is each worker's
     cache, in slabs of ``slab_bytes``; ``seed`` seeds the ``random`` policy. ``prefetch=False``
     turns off every speculative load; ``warm=False`` only the warming of idle caches.
+    ``host_lanes`` > 0 runs model-less tasks on that many host lanes per worker, off the GPU
+    lanes (``compass worker start --host-lanes``).
     """
     sim = _Simulation(
         workload,
@@ -109,6 +112,7 @@ def simulate(
         cache_bytes=workload.cluster.gpu_memory_bytes if cache_bytes is None else cache_bytes,
         slab_bytes=slab_bytes,
         seed=seed,
+        host_lanes=host_lanes,
     )
     return sim.run(arrivals)
 
@@ -166,6 +170,8 @@ class _Worker:
     blocked: list[_Run] = field(default_factory=list)
     busy_s: float = 0.0
     jobs_planned: int = 0
+    host_free: int = 0
+    host_waiting: deque[_Run] = field(default_factory=deque)
 
 
 class _Simulation:
@@ -183,11 +189,14 @@ class _Simulation:
         cache_bytes: int,
         slab_bytes: int,
         seed: int,
+        host_lanes: int = 0,
     ) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"simulate needs workers >= 1, got {workers!r}")
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
             raise ConfigError(f"simulate needs lanes >= 1, got {lanes!r}")
+        if not isinstance(host_lanes, int) or isinstance(host_lanes, bool) or host_lanes < 0:
+            raise ConfigError(f"simulate needs host_lanes >= 0, got {host_lanes!r}")
         if not heartbeat_s > 0:
             raise ConfigError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
         if not staleness_s >= 0:
@@ -199,6 +208,7 @@ class _Simulation:
         self.workload = workload
         self.policy_name = policy
         self.lanes = lanes
+        self.host_lanes = host_lanes
         self.prefetch = prefetch
         self.profiles = Profiles.from_workload(workload)
         self.now = 0.0
@@ -214,7 +224,8 @@ class _Simulation:
                 core=core,
                 # one policy per worker, made as a worker makes its own: round_robin and
                 # random keep per-instance state, compass a per-instance cost cache
-                policy=make_policy(policy, seed=seed),
+                policy=make_policy(policy, seed=seed, host_lanes=host_lanes > 0),
+                host_free=host_lanes,
             )
             worker.idle_lanes = list(range(lanes - 1, -1, -1))
             self.workers.append(worker)
@@ -374,6 +385,8 @@ class _Simulation:
 
     def _note_placement(self, viewer: _Worker, wf: Workflow, task_name: str, target: str) -> None:
         model = wf.tasks[task_name].model
+        if model is None and self.host_lanes:
+            return  # record_plan(host_lanes=True): it does not use the queue
         self.state.note_placement(
             viewer.index,
             self.positions[target],
@@ -477,22 +490,29 @@ class _Simulation:
         expected = self.profiles.exec_s(wf.name, task_name, worker.name)
         # the real worker learns the job's arrival from the task message (see Worker._on_task)
         priority = job.arrival if worker.policy.oldest_job_first else None
-        worker.queue.push(
-            QueuedTask(
-                job_id=job.id,
-                attempt=0,
-                workflow=wf.name,
-                task=task_name,
-                model=task.model,
-                expected_s=expected,
-                inputs=entry.inputs,
-                plan=entry.plan,
-                ingress=entry.ingress,
-                enqueued_at=self.now,
-                transfer_s=entry.transfer_s,
-                priority=priority,
-            )
+        queued = QueuedTask(
+            job_id=job.id,
+            attempt=0,
+            workflow=wf.name,
+            task=task_name,
+            model=task.model,
+            expected_s=expected,
+            inputs=entry.inputs,
+            plan=entry.plan,
+            ingress=entry.ingress,
+            enqueued_at=self.now,
+            transfer_s=entry.transfer_s,
+            priority=priority,
         )
+        if task.model is None and self.host_lanes:
+            # Executor.submit: a host lane, FIFO, outside the queue a heartbeat reports
+            run = _Run(worker, queued, job, task, -1, fetch_from=self.now)
+            if worker.host_free:
+                self._host_start(run)
+            else:
+                worker.host_waiting.append(run)
+            return
+        worker.queue.push(queued)
         self.state.queue_push(worker.index, expected)
         # Executor.submit: with every lane busy, use the time to bring in what comes next
         if self.prefetch and worker.busy >= self.lanes:
@@ -655,11 +675,36 @@ class _Simulation:
         if entry.model is not None and worker.core.unpin(entry.model) == 0:
             self._notify(worker)
         self._release_lane(run)
+        self._record_task(run)
+        if not run.job.error:
+            self._task_finished(run)
+        self._lanes(worker)
+
+    def _host_start(self, run: _Run) -> None:
+        worker = run.worker
+        worker.host_free -= 1
+        run.entry.started_at = self.now
+        run.job.placed[run.entry.task] = worker.name
+        self._at(self.now + run.task.profile.exec_ms / 1000.0, self._host_done, run)
+
+    def _host_done(self, run: _Run) -> None:
+        worker = run.worker
+        worker.host_free += 1
+        self._record_task(run)
+        if not run.job.error:
+            self._task_finished(run)
+        while worker.host_waiting and worker.host_free:
+            waiting = worker.host_waiting.popleft()
+            if waiting.entry.job_id in self._jobs:  # else its job failed while it waited
+                self._host_start(waiting)
+
+    def _record_task(self, run: _Run) -> None:
+        entry = run.entry
         self.task_records.append(
             TaskRecord(
                 job_id=entry.job_id,
                 task=entry.task,
-                worker=worker.name,
+                worker=run.worker.name,
                 queue_s=entry.started_at - entry.enqueued_at,
                 fetch_s=run.fetch_s,
                 transfer_s=entry.transfer_s,
@@ -667,9 +712,6 @@ class _Simulation:
                 cache_hit=run.hit,
             )
         )
-        if not run.job.error:
-            self._task_finished(run)
-        self._lanes(worker)
 
     def _task_finished(self, run: _Run) -> None:
         """Worker._task_finished: adjust each successor, push the output on."""

@@ -57,6 +57,7 @@ def run_cli(
     target_slowdown: float,
     json_path: str | None,
     plot_path: str | None,
+    host_lanes: int = 0,
 ) -> dict[str, Any]:
     """Simulate every policy of ``policies`` on the same arrivals of the workload at
     ``workload_path``; print a table per policy; write ``json_path`` and ``plot_path`` (PNG)
@@ -99,6 +100,7 @@ def run_cli(
             heartbeat_s=heartbeat_s,
             staleness_s=staleness_s,
             seed=seed,
+            host_lanes=host_lanes,
         )
 
     console = Console()
@@ -136,6 +138,7 @@ def run_cli(
             "seed": seed,
             "heartbeat_ms": heartbeat_ms,
             "staleness_ms": heartbeat_ms if staleness_ms is None else staleness_ms,
+            "host_lanes": host_lanes,
             "mean_interval_ms_per_client": workload.arrivals.mean_interval_ms_per_client,
             "cache_bytes": workload.cluster.gpu_memory_bytes,
             "servers_sweep": list(servers_sweep) if servers_sweep else None,

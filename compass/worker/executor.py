@@ -1,6 +1,11 @@
 """Execution lanes: each lane takes the next ready task, makes its model resident and pinned,
 runs it off the event loop, and reports the outcome.
 
+GPU lanes (``lanes``) run every task by default, as in the paper, so a model-less task (a join
+that aggregates, a decoding step) waits for the GPU like any other. With ``host_lanes`` > 0,
+model-less tasks go to a queue of their own served by that many host lanes, and never wait
+behind a GPU task (nor hold one up).
+
 Real mode calls the task's function with its torch module under ``torch.inference_mode()`` in a
 thread. Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a
 payload of the declared output size; model loads are emulated by the cache. Everything else (the
@@ -55,7 +60,8 @@ class TaskOutcome:
 
 
 class Executor:
-    """``lanes`` concurrent runners over one :class:`TaskQueue`."""
+    """``lanes`` concurrent runners over one :class:`TaskQueue` (GPU lanes), and
+    ``host_lanes`` over another for model-less tasks (none: they use the GPU lanes)."""
 
     def __init__(
         self,
@@ -69,11 +75,17 @@ class Executor:
         clock: Callable[[], float] = time.monotonic,
         prefetch: bool = True,
         on_change: Callable[[], None] | None = None,
+        host_lanes: int = 0,
     ) -> None:
         self.queue = TaskQueue(clock)
         self._clock = clock
         self.lanes = lanes
         self.busy = 0
+        #: model-less tasks when host lanes run them (else unused and empty)
+        self.host_queue = TaskQueue(clock)
+        self.host_lanes = host_lanes
+        self.host_busy = 0
+        self._host_ready = asyncio.Semaphore(0)
         self._cache = cache
         self._lookup = lookup
         self._emulate = emulate
@@ -85,6 +97,10 @@ class Executor:
         self._on_change = on_change or _nothing
 
     def submit(self, entry: QueuedTask) -> None:
+        if entry.model is None and self.host_lanes:
+            self.host_queue.push(entry)
+            self._host_ready.release()
+            return  # the GPU queue, the only one a heartbeat reports, is unchanged
         self.queue.push(entry)
         self._ready.release()
         self._on_change()
@@ -96,28 +112,38 @@ class Executor:
         dropped = len(self.queue.drop_job(job_id, below_attempt))
         if dropped:
             self._on_change()
-        return dropped
+        return dropped + len(self.host_queue.drop_job(job_id, below_attempt))
 
     async def run(self) -> None:
         """Run the lanes until cancelled."""
         async with asyncio.TaskGroup() as group:
             for _ in range(self.lanes):
                 group.create_task(self._lane())
+            for _ in range(self.host_lanes):
+                group.create_task(self._lane(host=True))
 
-    async def _lane(self) -> None:
+    async def _lane(self, host: bool = False) -> None:
+        queue, ready = (self.host_queue, self._host_ready) if host else (self.queue, self._ready)
         while True:
-            await self._ready.acquire()
-            entry = self.queue.pop()
+            await ready.acquire()
+            entry = queue.pop()
             if entry is None:  # its job was dropped while it waited
                 continue
-            self.busy += 1
+            self._count(host, 1)
             try:
                 outcome = await self._run_one(entry)
             finally:
-                self.busy -= 1
-                self.queue.finish(entry)
-            self._on_change()
+                self._count(host, -1)
+                queue.finish(entry)
+            if not host:
+                self._on_change()
             self._on_outcome(outcome)
+
+    def _count(self, host: bool, delta: int) -> None:
+        if host:
+            self.host_busy += delta
+        else:
+            self.busy += delta
 
     async def _run_one(self, entry: QueuedTask) -> TaskOutcome:
         outcome = TaskOutcome(entry, queue_s=entry.started_at - entry.enqueued_at)

@@ -70,8 +70,11 @@ class Worker:
         self.app = app
         self.profiles = profiles
         self.policy: Policy = make_policy(
-            config.sched.policy, adjust_threshold=config.sched.adjust_threshold
+            config.sched.policy,
+            adjust_threshold=config.sched.adjust_threshold,
+            host_lanes=config.host_lanes > 0,
         )
+        self._host_lanes = config.host_lanes > 0
         self.name = config.name
         self.address = ""
         self.stats = WorkerStats()
@@ -95,6 +98,7 @@ class Worker:
             on_outcome=self._task_finished,
             clock=self.clock,
             on_change=self._state_changed,
+            host_lanes=config.host_lanes,
         )
         self.cache.on_change = self._state_changed
         #: set when the queue or the cache changed since the last heartbeat
@@ -248,6 +252,9 @@ class Worker:
                 "running": self.executor.busy,
                 "lanes": self.executor.lanes,
                 "wait_ms": round(self.executor.queue.wait_s() * 1000, 3),
+                "host_ready": len(self.executor.host_queue),
+                "host_running": self.executor.host_busy,
+                "host_lanes": self.executor.host_lanes,
             },
             "jobs_in_flight": len(self.jobs),
             "cache": self.cache.snapshot(),
@@ -444,7 +451,7 @@ class Worker:
     def _plan_here(self, info: JobInfo, now: float) -> dict[str, str]:
         self.view.update_self(self._state())
         plan = self.policy.plan(info, self.view.snapshot(now), self.profiles, now)
-        record_plan(self.view, info, plan, self.profiles, now)
+        record_plan(self.view, info, plan, self.profiles, now, host_lanes=self._host_lanes)
         return plan
 
     async def _on_plan(self, channel: Channel, body: Any) -> dict[str, str]:
@@ -671,7 +678,14 @@ class Worker:
                         },
                     )
                     if plan[name] != self.name:
-                        record_plan(self.view, info, {name: plan[name]}, self.profiles, now)
+                        record_plan(
+                            self.view,
+                            info,
+                            {name: plan[name]},
+                            self.profiles,
+                            now,
+                            host_lanes=self._host_lanes,
+                        )
         sent = time.time()
         for succ in succs:
             self._push(

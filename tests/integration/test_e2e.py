@@ -32,18 +32,29 @@ async def test_short_e2e_run_completes_every_job(policy: str) -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("policy", ["compass", "jsq", "hash"])
-async def test_simulator_and_real_cluster_place_spaced_jobs_alike(policy: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "host_lanes"), [("compass", 0), ("jsq", 0), ("hash", 0), ("compass", 1)]
+)
+async def test_simulator_and_real_cluster_place_spaced_jobs_alike(
+    policy: str, host_lanes: int
+) -> None:
     workload = load_workload(PAPER)
     # every job alone on the cluster: 6 s apart, longer than any job takes
     arrivals = [Arrival(6.0 * i, FLOWS[i % 4], i % 4) for i in range(8)]
     # idle-cache warming off on both sides: it starts when the workers do, before the first job
     # in a real cluster and at its arrival in the simulator
     config = e2e.E2EConfig(
-        workload=PAPER, workers=3, jobs=8, time_scale=0.05, extra_args=("--no-warm",)
+        workload=PAPER,
+        workers=3,
+        jobs=8,
+        time_scale=0.05,
+        host_lanes=host_lanes,
+        extra_args=("--no-warm",),
     )
     real_plans = await e2e.run_policy(config, workload, policy, arrivals, keep_plans=True)
-    simulated = simulate(workload, workers=3, policy=policy, arrivals=arrivals, warm=False)
+    simulated = simulate(
+        workload, workers=3, policy=policy, arrivals=arrivals, warm=False, host_lanes=host_lanes
+    )
     sim_plans = [dict(job.plan) for job in sorted(simulated.jobs, key=lambda j: j.arrival)]
     assert real_plans["plans"] == sim_plans
 

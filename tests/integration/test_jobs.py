@@ -82,3 +82,42 @@ async def test_emulated_paper_workload_with_eviction(worker_env: dict[str, str])
             for m in cache["resident"]
         )
         assert resident <= cache["capacity_bytes"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("host_lanes", [0, 1])
+async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
+    host_lanes: int, worker_env: dict[str, str], tmp_path
+) -> None:
+    import json
+
+    spec = {
+        "name": "hosted",
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+                    "net_gbps": 10, "net_fixed_us": 2},
+        "models": {"m": {"size_mb": 10}},
+        "workflows": {
+            "gpu": {"tasks": {"x": {"model": "m", "exec_ms": 1500, "output_kb": 1, "after": []}}},
+            "cpu": {"tasks": {"z": {"model": None, "exec_ms": 1, "output_kb": 1, "after": []}}},
+        },
+    }  # fmt: skip
+    path = tmp_path / "hosted.json"
+    path.write_text(json.dumps(spec))
+    args = ["--workload", str(path), "--host-lanes", str(host_lanes)]
+    async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
+        order: list[str] = []
+
+        async def run(workflow: str) -> None:
+            await client.submit(workflow, data=np.zeros(8, dtype=np.uint8), timeout=30)
+            order.append(workflow)
+
+        gpu = asyncio.create_task(run("gpu"))
+        for _ in range(200):  # until the GPU task holds the only GPU lane
+            if (await client.status())["queue"]["running"]:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.gather(gpu, run("cpu"))
+        status = await client.status()
+    # on the GPU lane the model-less task waits for the 1.5 s task; on a host lane it passes
+    assert order == (["cpu", "gpu"] if host_lanes else ["gpu", "cpu"])
+    assert status["queue"]["host_lanes"] == host_lanes

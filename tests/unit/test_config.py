@@ -55,6 +55,8 @@ def test_configs_validate_on_construction() -> None:
         SchedConfig(heartbeat_min_ms=0)
     with pytest.raises(ConfigError, match="port"):
         WorkerConfig(port=70000)
+    with pytest.raises(ConfigError, match="host_lanes"):
+        WorkerConfig(host_lanes=-1)
     with pytest.raises(ConfigError, match="not a number"):
         WorkerConfig(join=("a:b",))
     assert Timeouts(request=None).request is None

@@ -346,3 +346,54 @@ def test_a_join_with_an_input_from_elsewhere_is_not_moved() -> None:
     )
     assert new["join"] == "a"
     assert new["short"] != "a"  # the non-join successor still moves off the busy worker
+
+
+# -- host lanes: model-less tasks off the GPU queue ------------------------------------------
+
+HOSTED = Workflow(
+    "hosted",
+    [
+        t("decode", model=None, ms=50.0, inp=10 * MB, out=10 * MB),
+        t("infer", "decode", ms=100.0, out=1000),
+        t("post", "infer", model=None, ms=50.0),
+    ],
+)
+
+
+def test_with_host_lanes_a_model_less_task_ignores_the_gpu_queue() -> None:
+    # the ingress a holds the 10 MB input but its GPU is busy for 2 s; b is idle and holds m
+    view = ViewSnapshot.build([worker("a", 2.0), worker("b", 0.0, ("m",))])
+    p = profiles(HOSTED, net=100 * MB)  # moving 10 MB costs 0.1 s
+    shared = make_policy("compass").plan(job(HOSTED, input_bytes=10 * MB), view, p, 0.0)
+    hosted = make_policy("compass", host_lanes=True).plan(
+        job(HOSTED, input_bytes=10 * MB), view, p, 0.0
+    )
+    # on GPU lanes, decoding at a would wait 2 s behind its queue: move the input to b
+    assert shared == {"decode": "b", "infer": "b", "post": "b"}
+    # on host lanes a decodes at once; only the inference moves to the idle GPU, and the
+    # post-processing runs where the inference ran without waiting for b's lane
+    assert hosted == {"decode": "a", "infer": "b", "post": "b"}
+
+
+def test_with_host_lanes_a_model_less_task_is_not_counted_in_the_wait() -> None:
+    view = ClusterView("a", heartbeat_s=1.0)
+    view.update_self(worker("a"))
+    view.apply_heartbeat(worker("b"), 0.0)
+    p = profiles(HOSTED)
+    plan = {"decode": "b", "infer": "b", "post": "b"}
+    record_plan(view, job(HOSTED), plan, p, 0.0, host_lanes=True)
+    assert view.snapshot(0.0).wait_s[1] == pytest.approx(0.1)  # infer only
+    record_plan(view, job(HOSTED, job_id="j2"), plan, p, 0.0)
+    assert view.snapshot(0.0).wait_s[1] == pytest.approx(0.1 + 0.2)  # all three
+
+
+def test_with_host_lanes_adjust_leaves_a_model_less_task_where_it_was_planned() -> None:
+    view = ViewSnapshot.build([worker("a", 5.0, ("m",)), worker("b", 0.0, ("m",))])
+    p = profiles(HOSTED)
+    plan = {"decode": "a", "infer": "a", "post": "a"}
+    shared = make_policy("compass")
+    hosted = make_policy("compass", host_lanes=True)
+    assert shared.adjust(job(HOSTED), "post", plan, view, p, 0.0) == "b"
+    assert hosted.adjust(job(HOSTED), "post", plan, view, p, 0.0) == "a"
+    # a task with a model still escapes a's 5 s queue
+    assert hosted.adjust(job(HOSTED), "infer", plan, view, p, 0.0) == "b"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
 from compass.workflow import Workload, load_workload, parse_workload
@@ -326,3 +327,37 @@ def test_a_load_waits_while_a_pinned_model_holds_the_slabs() -> None:
         fetch(500) + 0.100 + fetch(400)
     )
     assert result.evictions == 1
+
+
+HOSTED = hand_workload(
+    {"m": 100},
+    {
+        "gpu": {"tasks": {"x": {"model": "m", "exec_ms": 200, "output_kb": 1, "after": []}}},
+        "cpu": {"tasks": {"z": {"model": None, "exec_ms": 10, "output_kb": 1, "after": []}}},
+    },
+)
+
+
+def test_host_lanes_run_model_less_tasks_beside_the_gpu_lane() -> None:
+    # one worker: a 200 ms GPU task from 0, a 10 ms model-less one arriving at 50 ms
+    arrivals = [Arrival(0.0, "gpu", 0), Arrival(0.05, "cpu", 1)]
+    shared = run(HOSTED, arrivals, workers=1, warm=False)
+    hosted = run(HOSTED, arrivals, workers=1, warm=False, host_lanes=1)
+    gpu_done = fetch(100) + 0.200
+    latency = {j.workflow: j.latency_s for j in shared.jobs}
+    assert latency["cpu"] == pytest.approx(gpu_done + 0.010 - 0.05)  # waited for the lane
+    assert latency["gpu"] == pytest.approx(gpu_done)
+    latency = {j.workflow: j.latency_s for j in hosted.jobs}
+    assert latency["cpu"] == pytest.approx(0.010)
+    assert latency["gpu"] == pytest.approx(gpu_done)
+    assert tasks_of(hosted, hosted.jobs[1].id)["z"].queue_s == 0.0
+
+
+def test_model_less_tasks_queue_for_a_busy_host_lane() -> None:
+    arrivals = [Arrival(0.0, "cpu", 0), Arrival(0.002, "cpu", 1), Arrival(0.004, "cpu", 2)]
+    one = run(HOSTED, arrivals, workers=1, warm=False, host_lanes=1)
+    two = run(HOSTED, arrivals, workers=1, warm=False, host_lanes=2)
+    assert sorted(j.latency_s for j in one.jobs) == pytest.approx([0.010, 0.018, 0.026])
+    assert sorted(j.latency_s for j in two.jobs) == pytest.approx([0.010, 0.010, 0.016])
+    with pytest.raises(ConfigError, match="host_lanes"):
+        run(HOSTED, arrivals, workers=1, host_lanes=-1)
