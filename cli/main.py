@@ -79,7 +79,7 @@ def worker_start(
     lanes: Annotated[int, typer.Option(help="Execution lanes (tasks run at once).")] = 1,
     host_lanes: Annotated[
         int, typer.Option(help="Lanes for model-less tasks, off the GPU (0: they share it).")
-    ] = 0,
+    ] = 1,
     time_scale: Annotated[float, typer.Option(help="Emulated time multiplier.")] = 1.0,
     cache_mb: Annotated[int | None, typer.Option(help="Model cache capacity in MiB.")] = None,
     slab_mb: Annotated[int, typer.Option(help="Slab size in MiB.")] = 64,

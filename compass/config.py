@@ -170,8 +170,9 @@ class WorkerConfig:
     workload: str | None = None
     lanes: int = 1
     #: lanes for model-less tasks, off the GPU lanes; 0 runs them on the GPU lanes (the paper's
-    #: execution model). The whole cluster should agree: planners assume it of every worker.
-    host_lanes: int = 0
+    #: execution model, which the benchmarks reproduce). The whole cluster should agree:
+    #: planners assume it of every worker.
+    host_lanes: int = 1
     emulate: bool = False
     time_scale: float = 1.0
     #: answered jobs an ingress remembers for `trace` (benchmarks read placements from it)

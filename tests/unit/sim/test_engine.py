@@ -357,7 +357,7 @@ def test_model_less_tasks_queue_for_a_busy_host_lane() -> None:
     arrivals = [Arrival(0.0, "cpu", 0), Arrival(0.002, "cpu", 1), Arrival(0.004, "cpu", 2)]
     one = run(HOSTED, arrivals, workers=1, warm=False, host_lanes=1)
     two = run(HOSTED, arrivals, workers=1, warm=False, host_lanes=2)
-    assert sorted(j.latency_s for j in one.jobs) == pytest.approx([0.010, 0.018, 0.026])
-    assert sorted(j.latency_s for j in two.jobs) == pytest.approx([0.010, 0.010, 0.016])
+    assert sorted(j.latency_s or 0.0 for j in one.jobs) == pytest.approx([0.010, 0.018, 0.026])
+    assert sorted(j.latency_s or 0.0 for j in two.jobs) == pytest.approx([0.010, 0.010, 0.016])
     with pytest.raises(ConfigError, match="host_lanes"):
         run(HOSTED, arrivals, workers=1, host_lanes=-1)
