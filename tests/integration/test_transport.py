@@ -578,3 +578,24 @@ def test_an_op_has_one_handler_whatever_its_kind():
 
     with pytest.raises(ConfigError, match="'x'"):
         router.request("x")(other)
+
+
+@pytest.mark.asyncio
+async def test_close_flushes_the_writes_held_for_the_loop_iteration():
+    async with running() as (server, notes):
+        channel = await client(server)
+        body_events["held-a"], body_events["held-b"] = asyncio.Event(), asyncio.Event()
+        # two requests in flight: later writes are held until the loop iteration ends
+        waiting = [asyncio.ensure_future(channel.request("wait", k)) for k in ("held-a", "held-b")]
+        await asyncio.sleep(0.05)
+        for i in range(5):
+            channel.notify("note", i)
+        await channel.aclose()  # in the same iteration: the held notifies must still go out
+        for _ in range(200):
+            if len(notes) == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert notes == [0, 1, 2, 3, 4]
+        for future in waiting:
+            with pytest.raises(ConnectionClosed):
+                await future
