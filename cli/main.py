@@ -90,6 +90,9 @@ def worker_start(
     heartbeat_min_ms: Annotated[
         float, typer.Option(help="Least gap between heartbeats; changes go out after it.")
     ] = 1.0,
+    heartbeat_max_rate: Annotated[
+        float, typer.Option(help="Most heartbeat messages a second, over all peers.")
+    ] = 20000.0,
     peer_timeout_ms: Annotated[float, typer.Option(help="Drop a peer silent this long.")] = 2000.0,
     adjust_threshold: Annotated[float, typer.Option(help="Dynamic adjustment threshold.")] = 0.25,
     warm: Annotated[
@@ -125,6 +128,7 @@ def worker_start(
                 policy=policy,
                 heartbeat_ms=heartbeat_ms,
                 heartbeat_min_ms=heartbeat_min_ms,
+                heartbeat_max_rate=heartbeat_max_rate,
                 peer_timeout_ms=peer_timeout_ms,
                 adjust_threshold=adjust_threshold,
                 warm=warm,

@@ -133,6 +133,10 @@ class SchedConfig:
     #: a change to the queue or the cache is sent at once, but never sooner than this after
     #: the previous heartbeat (so a burst of changes costs one message per peer)
     heartbeat_min_ms: float = 1.0
+    #: most heartbeat messages a worker sends per second over all its peers: with many peers
+    #: this spaces heartbeats beyond heartbeat_min_ms (the mesh is full, so a heartbeat costs
+    #: one message per peer); 20,000/s is 1 ms with 20 peers, 12 ms with 240
+    heartbeat_max_rate: float = 20000.0
     peer_timeout_ms: float = 2000.0
     #: keep a successor on its planned worker while that worker's wait <= this x its exec time
     #: (the paper used 1.5; 0.25 cut compass's p99 by a third in the simulator, docs/RESULTS.md)
@@ -145,6 +149,7 @@ class SchedConfig:
             self,
             heartbeat_ms=self.heartbeat_ms,
             heartbeat_min_ms=self.heartbeat_min_ms,
+            heartbeat_max_rate=self.heartbeat_max_rate,
             peer_timeout_ms=self.peer_timeout_ms,
             adjust_threshold=self.adjust_threshold,
         )

@@ -19,9 +19,16 @@ from compass.config import Limits, Timeouts
 from compass.errors import CompassError
 from compass.wire.transport import Channel, Handler, NotifyHandler, connect
 
-__all__ = ["Membership", "Peer"]
+__all__ = ["Membership", "Peer", "gossip_gap_s"]
 
 log = logging.getLogger("compass.worker")
+
+
+def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
+    """The least seconds between two heartbeats of a worker with ``peers`` peers: at least
+    ``min_gap_s``, and enough that it sends at most ``max_rate`` messages a second in all
+    (a full mesh: one message per peer per heartbeat)."""
+    return max(min_gap_s, peers / max_rate)
 
 
 @dataclass(slots=True)

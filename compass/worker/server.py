@@ -44,7 +44,7 @@ from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
 from compass.worker.executor import Executor, TaskOutcome
 from compass.worker.jobs import JOB_INPUTS, Inbox, IngressJob
-from compass.worker.membership import Membership, Peer
+from compass.worker.membership import Membership, Peer, gossip_gap_s
 from compass.worker.queue import QueuedTask
 from compass.worker.stats import WorkerStats, payload_bytes
 from compass.workflow.dag import Task
@@ -329,10 +329,9 @@ class Worker:
 
     async def _heartbeats(self) -> None:
         """Send this worker's state to every peer when it changes (at most once per
-        ``heartbeat_min_ms``), and every ``heartbeat_ms`` regardless (liveness)."""
+        ``heartbeat_min_ms``, spaced further in a large cluster, see :func:`gossip_gap_s`), and
+        every ``heartbeat_ms`` regardless (liveness)."""
         sched = self.config.sched
-        interval = sched.heartbeat_ms / 1000.0
-        min_gap = sched.heartbeat_min_ms / 1000.0
         timeout = sched.peer_timeout_ms / 1000.0
         assert self.membership is not None
         loop = asyncio.get_running_loop()
@@ -347,9 +346,14 @@ class Worker:
             if self._warms and not self.executor.busy and not len(self.executor.queue):
                 # idle: fill free cache space with the models the cluster is shortest of
                 self.cache.warm(warm_order(self.view.snapshot(self.clock()), self.name, demand))
-            if self.membership.peers:
+            peers = len(self.membership.peers)
+            if peers:
                 self.membership.broadcast("heartbeat", state.to_wire())
                 self.membership.expire(timeout)
+            min_gap = gossip_gap_s(sched.heartbeat_min_ms / 1000.0, peers, sched.heartbeat_max_rate)
+            interval = max(sched.heartbeat_ms / 1000.0, min_gap)
+            # a heartbeat received two gaps after a placement reflects it (the view's clock)
+            self.view.settle_s = 2.0 * min_gap / self.config.time_scale
             await asyncio.sleep(min_gap)
             if not self._changed.is_set() and interval > min_gap:
                 timer = loop.call_later(interval - min_gap, self._changed.set)

@@ -53,6 +53,8 @@ def test_configs_validate_on_construction() -> None:
         SchedConfig(heartbeat_ms=10, heartbeat_min_ms=20)
     with pytest.raises(ConfigError, match="heartbeat_min_ms"):
         SchedConfig(heartbeat_min_ms=0)
+    with pytest.raises(ConfigError, match="heartbeat_max_rate"):
+        SchedConfig(heartbeat_max_rate=0)
     with pytest.raises(ConfigError, match="port"):
         WorkerConfig(port=70000)
     with pytest.raises(ConfigError, match="host_lanes"):
