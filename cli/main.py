@@ -209,11 +209,19 @@ def status(
         f"up {info['uptime_s']:.1f} s  policy {info.get('policy')}\n"
         f"peers: {peers}\n"
         f"queue: {queue.get('ready', 0)} ready, {queue.get('running', 0)} running, "
-        f"wait {queue.get('wait_ms', 0):.1f} ms\n"
+        f"wait {queue.get('wait_ms', 0):.1f} ms; host lanes: {queue.get('host_ready', 0)} "
+        f"ready, {queue.get('host_running', 0)} running of {queue.get('host_lanes', 0)}\n"
         f"cache: {sorted(cache.get('resident', []))} "
         f"free {cache.get('free_bytes', 0) / 1e9:.2f} GB "
         f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB"
     )
+    if info.get("cluster"):
+        typer.echo("view (what this worker plans on):")
+        for row in info["cluster"]:
+            typer.echo(
+                f"  {row['name']}: wait {row['wait_ms']:.1f} ms, models {row['models']}, "
+                f"age {row['age_ms']:.1f} ms, placements counted {row['placements_counted']}"
+            )
 
 
 @app.command()

@@ -112,6 +112,16 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
         )
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["name"] == "solo"
+        human = subprocess.run(
+            compass_argv("status", address, "--token", "t0k"),
+            capture_output=True,
+            text=True,
+            env=worker_env,
+            timeout=30,
+        )
+        assert human.returncode == 0, human.stderr
+        assert "host lanes: 0 ready, 0 running of 1" in human.stdout
+        assert "  solo: wait 0.0 ms" in human.stdout  # the view holds the worker itself
         bad = subprocess.run(
             compass_argv("status", address, "--token", "nope"),
             capture_output=True,
