@@ -67,7 +67,7 @@ async def serve_worker(config: WorkerConfig) -> int:
     finally:
         await worker.aclose()
         log.info("worker %s stopped", worker.name)
-    return 0
+    return 0 if worker.failure is None else 1
 
 
 def run_worker(config: WorkerConfig) -> int:

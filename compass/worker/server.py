@@ -127,6 +127,9 @@ class Worker:
         self.membership: Membership | None = None
         self._background: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        self._closing = False
+        #: why the worker stopped on its own (a background loop died), else None
+        self.failure: BaseException | None = None
 
     def _new_view(self) -> ClusterView:
         # a change is gossiped within heartbeat_min_ms, so a heartbeat received two such
@@ -170,6 +173,8 @@ class Worker:
             asyncio.create_task(self.executor.run(), name=f"{self.name}-lanes"),
             asyncio.create_task(self._heartbeats(), name=f"{self.name}-heartbeats"),
         ]
+        for task in self._background:
+            task.add_done_callback(self._background_done)
         if cfg.join:
             try:
                 await self.membership.join(list(cfg.join))
@@ -177,9 +182,11 @@ class Worker:
                 log.warning("%s: could not join %s: %s", self.name, ", ".join(cfg.join), exc)
 
     async def aclose(self) -> None:
-        """Stop serving: in-flight requests are answered or failed, connections closed."""
-        if self._stopped.is_set():
+        """Stop serving: in-flight requests are answered or failed, connections closed.
+        Idempotent; also what follows :meth:`stop` (a signal) once :meth:`wait` returns."""
+        if self._closing:
             return
+        self._closing = True
         self._stopped.set()
         for job, future in self.jobs.values():
             if not future.done():
@@ -197,6 +204,23 @@ class Worker:
 
     async def wait(self) -> None:
         await self._stopped.wait()
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        """A lane or the heartbeat loop ended before the worker stopped: a worker that can no
+        longer run tasks or gossip must not keep accepting them, so it stops (its peers then
+        drop it and re-plan its jobs) and the process exits non-zero."""
+        if task.cancelled() or self._closing:
+            return
+        error = task.exception()
+        self.failure = error or RuntimeError(f"{task.get_name()} ended")
+        log.critical(
+            "%s: %s stopped (%r); stopping the worker",
+            self.name,
+            task.get_name(),
+            self.failure,
+            exc_info=error,
+        )
+        self.stop()
 
     def stop(self) -> None:
         """Ask the worker to stop (signal handlers call this)."""

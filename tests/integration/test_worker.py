@@ -12,9 +12,9 @@ import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
-from compass.errors import AuthenticationError, ConnectFailed
+from compass.errors import AuthenticationError, ConnectFailed, WorkerUnavailable
 
-from .conftest import compass_argv
+from .conftest import PAPER, compass_argv
 
 APP = ["--app", "examples.vision_app"]
 
@@ -85,6 +85,39 @@ async def test_sigterm_exits_zero(worker_env: dict[str, str]) -> None:
     try:
         async with cluster.client() as client:
             await client.ping()
+    finally:
+        codes = await cluster.aclose()
+    assert codes == [0]
+
+
+@pytest.mark.asyncio
+async def test_sigterm_fails_in_flight_jobs_clearly_then_exits_zero(
+    worker_env: dict[str, str], tmp_path
+) -> None:
+    spec = {
+        "name": "slow",
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+                    "net_gbps": 10, "net_fixed_us": 2},
+        "models": {"m": {"size_mb": 10}},
+        "workflows": {
+            "slow": {"tasks": {"x": {"model": "m", "exec_ms": 30000, "output_kb": 1, "after": []}}}
+        },
+    }  # fmt: skip
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(spec))
+    cluster = LocalCluster(1, args=["--workload", str(path)], env=worker_env)
+    await cluster.start()
+    try:
+        async with cluster.client() as client:
+            job = asyncio.create_task(client.submit("slow", data=np.zeros(8, dtype=np.uint8)))
+            for _ in range(200):
+                if (await client.status())["queue"]["running"]:
+                    break
+                await asyncio.sleep(0.01)
+            cluster.workers[0].process.send_signal(signal.SIGTERM)
+            # answered before the connection closes: the job is lost, and the error says so
+            with pytest.raises(WorkerUnavailable, match="shutting down"):
+                await job
     finally:
         codes = await cluster.aclose()
     assert codes == [0]
@@ -213,3 +246,22 @@ async def test_a_client_cannot_inject_peer_messages(worker_env: dict[str, str]) 
         assert stats["tasks_run"] == 0
         assert stats["messages_dropped"] == 2
         assert await client.submit("echo", x=5) == 5
+
+
+@pytest.mark.asyncio
+async def test_a_worker_whose_heartbeat_loop_dies_stops_instead_of_lingering() -> None:
+    from compass.config import WorkerConfig
+    from compass.worker.process import build_worker
+
+    worker = build_worker(WorkerConfig(workload=PAPER, name="w0"))
+    async with worker:
+        assert worker.failure is None
+
+        def broken() -> object:
+            raise RuntimeError("injected: state unavailable")
+
+        worker._state = broken  # type: ignore[method-assign,assignment]
+        worker._state_changed()  # the next heartbeat builds the state, and fails
+        await asyncio.wait_for(worker.wait(), timeout=10)
+        assert isinstance(worker.failure, RuntimeError)
+        assert "injected" in str(worker.failure)
