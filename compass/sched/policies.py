@@ -33,6 +33,7 @@ __all__ = [
     "RoundRobinPolicy",
     "hash_worker",
     "make_policy",
+    "worker_seed",
 ]
 
 POLICY_NAMES: tuple[str, ...] = (
@@ -96,6 +97,12 @@ def make_policy(
     if name == "jsq":
         return JoinShortestQueuePolicy()
     raise ConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+
+
+def worker_seed(seed: int, worker: str) -> int:
+    """The seed of ``worker``'s own ``random`` policy: every worker draws its own sequence
+    (one shared seed would make every ingress pick the same workers in the same order)."""
+    return zlib.crc32(f"{seed}\x00{worker}".encode())
 
 
 def hash_worker(job_id: str, task: str, names: tuple[str, ...]) -> str:

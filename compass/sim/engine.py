@@ -51,6 +51,7 @@ from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, make_policy
+from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand, warm_order
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
@@ -224,7 +225,7 @@ class _Simulation:
                 core=core,
                 # one policy per worker, made as a worker makes its own: round_robin and
                 # random keep per-instance state, compass a per-instance cost cache
-                policy=make_policy(policy, seed=seed, host_lanes=host_lanes > 0),
+                policy=make_policy(policy, seed=worker_seed(seed, name), host_lanes=host_lanes > 0),
                 host_free=host_lanes,
             )
             worker.idle_lanes = list(range(lanes - 1, -1, -1))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from compass.errors import (
     WorkerUnavailable,
 )
 from compass.sched import JobInfo, Policy, adjust_successors, make_policy, record_plan
+from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand, warm_order
 from compass.sched.view import ClusterView, WorkerState
 from compass.wire.rpc import Router
@@ -73,6 +75,7 @@ class Worker:
             config.sched.policy,
             adjust_threshold=config.sched.adjust_threshold,
             host_lanes=config.host_lanes > 0,
+            seed=worker_seed(0, config.name or f"pid{os.getpid()}"),
         )
         self._host_lanes = config.host_lanes > 0
         self.name = config.name

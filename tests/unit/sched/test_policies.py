@@ -9,6 +9,7 @@ import pytest
 
 from compass.errors import ConfigError, WorkerUnavailable
 from compass.sched import POLICY_NAMES, JobInfo, ViewSnapshot, WorkerState, make_policy
+from compass.sched.policies import worker_seed
 from compass.workflow import Profiles, Task, TaskProfile, Workflow, load_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -142,3 +143,21 @@ def test_jsq_moves_roots_and_non_joins_to_the_shortest_queue() -> None:
     assert policy.adjust(info, "j", plan, view, profiles, 0.0) == plan["j"]
     # HEFT ignores the queues entirely
     assert make_policy("heft").plan(info, view, profiles, 0.0)["r"] == "w0"
+
+
+def test_every_worker_draws_its_own_random_sequence() -> None:
+    assert worker_seed(0, "w0") == worker_seed(0, "w0")  # reproducible
+    assert len({worker_seed(s, w) for s in (0, 1) for w in ("w0", "w1", "w2")}) == 6
+    wf = WORKLOAD.workflows["translation"]
+    view = cluster(5)
+    profiles = Profiles.from_workload(WORKLOAD)
+    plans = [
+        [
+            make_policy("random", seed=worker_seed(0, w)).plan(
+                JobInfo(f"j{k}", wf, w, 0), view, profiles, 0.0
+            )
+            for k in range(3)
+        ]
+        for w in ("w0", "w1")
+    ]
+    assert plans[0] != plans[1]
