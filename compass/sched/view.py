@@ -38,7 +38,9 @@ class WorkerState:
     ``wait_s``: expected seconds before a task queued now would start (the sum of the expected
     times of the tasks ahead of it, spread over its lanes); ``models``: models resident in its
     GPU cache; ``loading``: models being loaded; ``free_bytes`` / ``capacity_bytes``: its cache;
-    ``seq``: increases with every heartbeat the worker sends, so a stale one is recognised.
+    ``seq``: increases with every heartbeat the worker sends, so a stale one is recognised;
+    ``h2d_bytes_per_s``: its measured host-to-device bandwidth (0: not measured yet), so peers
+    estimate model fetches on a slower or faster GPU from what it measured.
     """
 
     name: str
@@ -50,6 +52,7 @@ class WorkerState:
     lanes_busy: int = 0
     seq: int = 0
     loading: frozenset[str] = frozenset()
+    h2d_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -60,6 +63,10 @@ class WorkerState:
             raise ConfigError(
                 f"worker {self.name!r}: need 0 <= free_bytes ({self.free_bytes}) <= "
                 f"capacity_bytes ({self.capacity_bytes})"
+            )
+        if not self.h2d_bytes_per_s >= 0:
+            raise ConfigError(
+                f"worker {self.name!r}: h2d_bytes_per_s must be >= 0, got {self.h2d_bytes_per_s!r}"
             )
         if self.lanes < 1 or not 0 <= self.lanes_busy <= self.lanes:
             raise ConfigError(
@@ -79,6 +86,7 @@ class WorkerState:
             "b": self.lanes_busy,
             "s": self.seq,
             "ld": sorted(self.loading),
+            "h": self.h2d_bytes_per_s,
         }
 
     @classmethod
@@ -96,8 +104,10 @@ class WorkerState:
         for key, value in ints.items():
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ProtocolError(f"worker state: field {key!r} must be an integer")
-        if not isinstance(wait, int | float) or isinstance(wait, bool):
-            raise ProtocolError("worker state: field 'w' must be a number")
+        h2d = data.get("h", 0.0)  # absent from a worker that predates it
+        for key, number in (("w", wait), ("h", h2d)):
+            if not isinstance(number, int | float) or isinstance(number, bool):
+                raise ProtocolError(f"worker state: field {key!r} must be a number")
         for key, names in (("m", models), ("ld", loading)):
             if not isinstance(names, list | tuple) or not all(isinstance(m, str) for m in names):
                 raise ProtocolError(f"worker state: field {key!r} must be a list of model names")
@@ -112,6 +122,7 @@ class WorkerState:
                 lanes_busy=busy,
                 seq=seq,
                 loading=frozenset(loading),
+                h2d_bytes_per_s=float(h2d),
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None

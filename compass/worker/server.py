@@ -63,6 +63,9 @@ PeerHandler = Callable[[Channel, Any], None]
 #: pushes at least this large feed the measured network bandwidth
 _MEASURED_TRANSFER_BYTES = 1 << 20
 
+#: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
+_H2D_TOLERANCE = 0.02
+
 
 class Worker:
     """A compass worker: ``async with Worker(config, app, profiles) as w: await w.wait()``."""
@@ -131,6 +134,7 @@ class Worker:
         self._background: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._closing = False
+        self._h2d_measured = False  # this worker's own host-to-device copies were timed
         #: why the worker stopped on its own (a background loop died), else None
         self.failure: BaseException | None = None
 
@@ -303,6 +307,7 @@ class Worker:
                     "models": sorted(state.models),
                     "loading": sorted(state.loading),
                     "free_bytes": state.free_bytes,
+                    "h2d_gbps": round(self.profiles.h2d_bytes_per_s(name) / 1e9, 4),
                     "age_ms": round(self.view.age_s(name, now) * 1000, 3),
                     "placements_counted": self.view.pending(name),
                 }
@@ -349,6 +354,7 @@ class Worker:
             lanes_busy=self.executor.busy,
             seq=next(self._hb_seq),
             loading=self.cache.loading(),
+            h2d_bytes_per_s=self.profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0,
         )
 
     def _state_changed(self) -> None:
@@ -395,6 +401,7 @@ class Worker:
         nbytes, seconds = stats.bytes_loaded - seen[0], stats.load_seconds - seen[1]
         if nbytes > 0 and seconds > 0:
             self.profiles.observe_h2d(self.name, nbytes, seconds)
+            self._h2d_measured = True
         return stats.bytes_loaded, stats.load_seconds
 
     def _on_heartbeat(self, channel: Channel, body: Any) -> None:
@@ -402,7 +409,17 @@ class Worker:
         assert self.membership is not None
         if state.name in self.membership.peers:
             self.membership.seen(state.name)
-            self.view.apply_heartbeat(state, self.clock())
+            if self.view.apply_heartbeat(state, self.clock()):
+                self._learn_h2d(state)
+
+    def _learn_h2d(self, state: WorkerState) -> None:
+        """Adopt a peer's measured host-to-device bandwidth when it differs by more than 2%
+        from what this worker assumes (smaller moves would only rebuild the cost tables)."""
+        measured = state.h2d_bytes_per_s
+        if measured > 0:
+            assumed = self.profiles.h2d_bytes_per_s(state.name)
+            if abs(measured - assumed) > _H2D_TOLERANCE * assumed:
+                self.profiles.set_h2d(state.name, measured)
 
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1

@@ -169,3 +169,31 @@ async def test_changes_are_gossiped_without_waiting_for_the_periodic_heartbeat(
             s1["cache"]["resident"],
             views["w1"],
         )
+
+
+@pytest.mark.asyncio
+async def test_workers_learn_each_others_measured_h2d_bandwidth(
+    worker_env: dict[str, str],
+) -> None:
+    # real models (the vision app): every worker times its own host-to-device copies, and its
+    # peers adopt the figure instead of the first guess (10 GB/s) they start with
+    async with (
+        LocalCluster(2, args=["--app", "examples.vision_app"], env=worker_env) as cluster,
+        cluster.client(0) as c0,
+        cluster.client(1) as c1,
+    ):
+        images = torch.randn(2, 3, 32, 32)
+        await asyncio.gather(
+            c0.submit("describe", image=images), c1.submit("describe", image=images)
+        )
+        learned = False
+        for _ in range(200):
+            s0, s1 = await asyncio.gather(c0.status(), c1.status())
+            rows = {s["name"]: {r["name"]: r["h2d_gbps"] for r in s["cluster"]} for s in (s0, s1)}
+            own = {w: rows[w][w] for w in ("w0", "w1")}
+            seen = {"w0": rows["w1"]["w0"], "w1": rows["w0"]["w1"]}
+            learned = all(own[w] != 10.0 and abs(seen[w] - own[w]) <= 0.021 * own[w] for w in own)
+            if learned:
+                break
+            await asyncio.sleep(0.05)
+        assert learned, (own, seen)

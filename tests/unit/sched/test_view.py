@@ -36,9 +36,12 @@ def test_worker_state_round_trips_through_msgpack() -> None:
         lanes_busy=1,
         seq=7,
         loading=frozenset({"c"}),
+        h2d_bytes_per_s=6.5e9,
     )
     wire = msgpack.unpackb(msgpack.packb(s.to_wire()))
     assert WorkerState.from_wire(wire) == s
+    del wire["h"]  # a peer that does not measure (or predates the field): unknown, 0
+    assert WorkerState.from_wire(wire).h2d_bytes_per_s == 0.0
 
 
 @pytest.mark.parametrize(
@@ -49,6 +52,8 @@ def test_worker_state_round_trips_through_msgpack() -> None:
         ({"m": "abc"}, "'m' must be a list"),
         ({"f": 20}, "free_bytes"),
         ({"w": -1.0}, "wait_s"),
+        ({"h": "fast"}, "'h' must be a number"),
+        ({"h": -1.0}, "h2d_bytes_per_s"),
     ],
 )
 def test_malformed_worker_state_is_a_protocol_error(
