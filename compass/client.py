@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from compass.config import Limits, Timeouts
-from compass.errors import ConnectionClosed
+from compass.errors import ConfigError, ConnectFailed, ConnectionClosed
 from compass.wire.transport import Channel, connect
 
 __all__ = ["Client"]
@@ -24,7 +24,14 @@ _DEFAULT: Any = object()
 
 
 class Client:
-    """One connection to one worker (the ingress of every job this client submits).
+    """A connection to one worker at a time: the ingress of every job this client submits.
+
+    Any worker can be the ingress, so ``address`` may list several: when the connection is
+    lost, the next call connects to the next one that answers (failover), and a client that was
+    never connected connects on its first call. A call in flight when the connection breaks
+    raises :class:`~compass.errors.ConnectionLost`; its job may be lost with the worker, and
+    resubmitting it is the caller's decision. After :meth:`aclose` calls fail until
+    :meth:`connect`.
 
     ``timeouts.request`` bounds each call, job submissions included, unless a call passes its own
     ``timeout`` (``None`` waits as long as the job takes).
@@ -32,31 +39,64 @@ class Client:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         token: str | None = None,
         name: str = "client",
         timeouts: Timeouts | None = None,
         limits: Limits | None = None,
     ) -> None:
-        self.address = address
+        addresses = (address,) if isinstance(address, str) else tuple(address)
+        if not addresses or not all(isinstance(a, str) and a for a in addresses):
+            raise ConfigError(f"Client needs one or more worker addresses, got {address!r}")
+        self.addresses = addresses
+        #: the worker this client talks to now (or will try first)
+        self.address = addresses[0]
         self._token = token
         self._name = name
         self.timeouts = timeouts or Timeouts()
         self.limits = limits or Limits()
         self._channel: Channel | None = None
+        self._closed = False  # by aclose(): no reconnecting behind the caller's back
+        self._connecting: asyncio.Lock | None = None
 
     async def connect(self) -> Client:
+        """Connect (to the first address that answers) unless connected already."""
+        self._closed = False
         if self._channel is None or self._channel.closed:
-            self._channel = await connect(
-                self.address,
-                token=self._token,
-                name=self._name,
-                role="client",
-                limits=self.limits,
-                timeouts=self.timeouts,
-            )
+            await self._connect_any()
         return self
+
+    async def _connect_any(self) -> None:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._channel is not None and not self._channel.closed:
+                return  # another call reconnected while this one waited
+            n = len(self.addresses)
+            first = self.addresses.index(self.address)
+            if self._channel is not None:
+                first += 1  # the current worker was lost: try the others first
+            problems: list[str] = []
+            for k in range(n):
+                address = self.addresses[(first + k) % n]
+                try:
+                    self._channel = await connect(
+                        address,
+                        token=self._token,
+                        name=self._name,
+                        role="client",
+                        limits=self.limits,
+                        timeouts=self.timeouts,
+                    )
+                except ConnectFailed as exc:
+                    problems.append(str(exc))
+                    continue
+                self.address = address
+                return
+            if n == 1:
+                raise ConnectFailed(problems[0])
+            raise ConnectFailed(f"no worker answered ({n} tried): " + "; ".join(problems))
 
     @property
     def channel(self) -> Channel:
@@ -112,9 +152,15 @@ class Client:
     async def _request(self, op: str, body: Any, timeout: float | None) -> Any:
         if timeout is _DEFAULT:
             timeout = self.timeouts.request
+        channel = self._channel
+        if channel is None or channel.closed:
+            if self._closed:
+                raise ConnectionClosed(f"client for {self.address} was closed")
+            await self._connect_any()
         return await self.channel.request(op, body, timeout=timeout)
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._channel is not None:
             await self._channel.aclose()
 

@@ -12,7 +12,15 @@ import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
-from compass.errors import AuthenticationError, ConnectFailed, WorkerUnavailable
+from compass.config import Timeouts
+from compass.errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectionLost,
+    WorkerUnavailable,
+)
 
 from .conftest import PAPER, compass_argv
 
@@ -265,3 +273,41 @@ async def test_a_worker_whose_heartbeat_loop_dies_stops_instead_of_lingering() -
         await asyncio.wait_for(worker.wait(), timeout=10)
         assert isinstance(worker.failure, RuntimeError)
         assert "injected" in str(worker.failure)
+
+
+@pytest.mark.asyncio
+async def test_a_client_given_several_workers_fails_over_when_its_worker_dies(
+    worker_env: dict[str, str],
+) -> None:
+    async with LocalCluster(2, args=["--workload", PAPER], env=worker_env) as cluster:
+        client = Client(cluster.addresses, token=cluster.token)
+        payload = np.zeros(10, dtype=np.uint8)
+        try:
+            assert (await client.status())["name"] == "w0"  # connects on the first call
+            cluster.workers[0].kill()
+            await cluster.workers[0].process.wait()
+            answered = None
+            for _ in range(50):
+                try:
+                    answered = await client.status()
+                    break
+                except ConnectionLost:  # a call already on its way to the dead worker
+                    await asyncio.sleep(0.05)
+            assert answered is not None and answered["name"] == "w1"
+            assert client.address == cluster.addresses[1]
+            assert await client.submit("question_answer", data=payload, timeout=30) is not None
+        finally:
+            await client.aclose()
+        with pytest.raises(ConnectionClosed, match="was closed"):
+            await client.ping()  # closed by the caller: no silent reconnect
+
+
+@pytest.mark.asyncio
+async def test_a_client_with_no_reachable_worker_says_which_it_tried() -> None:
+    client = Client(["127.0.0.1:1", "127.0.0.1:2"], timeouts=Timeouts(connect=2.0))
+    with pytest.raises(ConnectFailed) as failed:
+        await client.ping()
+    assert "2 tried" in str(failed.value)
+    assert "127.0.0.1:1" in str(failed.value) and "127.0.0.1:2" in str(failed.value)
+    with pytest.raises(ConfigError, match="one or more worker addresses"):
+        Client([])
