@@ -49,6 +49,7 @@ from compass.wire.protocol import (
 from compass.wire.rpc import Immediate, exception_to_wire
 
 __all__ = [
+    "CANCEL_OP",
     "DEFAULT",
     "Channel",
     "CloseCallback",
@@ -63,6 +64,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("compass.wire")
+
+#: the one-way message a requester sends when it stops waiting for an answer (its timeout
+#: passed, or its caller was cancelled): the peer cancels the handler still working on it, so
+#: abandoned work (a job nobody awaits) is dropped instead of running to the end
+CANCEL_OP = "$cancel"
 
 #: small writes held back within one loop iteration before they go out together; a few, not
 #: all: the peer starts on the first ones while this side prepares the rest (measured on
@@ -176,6 +182,8 @@ class Channel:
         # remove itself without looking up its task
         self._handler_tasks: dict[int, asyncio.Task[None]] = {}
         self._handler_serial = 0
+        self._serial_of: dict[int, int] = {}  # peer's request id -> serial of its handler
+        self._peer_cancelled: set[int] = set()  # serials the peer gave up on
         self._handshake: asyncio.Future[None] = self._loop.create_future()
         # an acceptor's handshake outcome has no awaiter; mark its exception as seen
         self._handshake.add_done_callback(_consume_exception)
@@ -243,8 +251,17 @@ class Channel:
                 self._arm_deadline_timer(deadline)
         try:
             return await future
+        except asyncio.CancelledError:
+            if request_id in waiters:  # no answer yet: the peer can stop working on it
+                self._send_cancel(request_id)
+            raise
         finally:
             waiters.pop(request_id, None)
+
+    def _send_cancel(self, request_id: int) -> None:
+        if self._failure is None:
+            self._conn.send_notify(CANCEL_OP, request_id)
+            self._write_out()
 
     def notify(self, op: str, body: Any = None) -> None:
         """Send one-way message ``op``; buffered, never blocks (see :meth:`drain`)."""
@@ -408,6 +425,7 @@ class Channel:
                             detail={"op": op, "timeout": timeout},
                         )
                     )
+                self._send_cancel(request_id)
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -483,6 +501,9 @@ class Channel:
             future.set_exception(error_from_wire(event.code, event.message, event.detail))
 
     def _dispatch_notify(self, event: Notify) -> None:
+        if event.op == CANCEL_OP:
+            self._cancel_handler(event.body)
+            return
         notify_handler = self._notify_handler
         if notify_handler is None:
             log.debug("dropping notify %r from %r: no notify handler", event.op, self.peer_name)
@@ -491,6 +512,16 @@ class Channel:
             notify_handler(self, event.op, event.body)
         except Exception:
             log.exception("notify handler for %r from %r failed", event.op, self.peer_name)
+
+    def _cancel_handler(self, request_id: Any) -> None:
+        """The peer stopped waiting for ``request_id``: cancel its handler if still running."""
+        serial = self._serial_of.get(request_id) if type(request_id) is int else None
+        task = None if serial is None else self._handler_tasks.get(serial)
+        if task is not None and serial is not None:
+            self._peer_cancelled.add(serial)
+            # on the next iteration: a handler started in this one has had its first step by
+            # then, so its own clean-up (finally clauses, bookkeeping) runs when it is cancelled
+            self._loop.call_soon(task.cancel)
 
     def _start_handler(self, event: Request) -> None:
         if self._handler is None or self._refusing:
@@ -517,6 +548,7 @@ class Channel:
         self._handler_tasks[serial] = self._loop.create_task(
             self._run_handler(serial, event.id, event.op, cast(Awaitable[Any], outcome))
         )
+        self._serial_of[event.id] = serial
         self._unstarted_handlers += 1
 
     async def _run_handler(
@@ -526,7 +558,8 @@ class Channel:
         try:
             result = await outcome
         except asyncio.CancelledError:
-            if self._failure is None:
+            # cancelled for the peer, which no longer waits: nothing to answer
+            if self._failure is None and serial not in self._peer_cancelled:
                 cancelled = WorkerUnavailable(
                     f"request {op!r} was cancelled: {self.local_name!r} is shutting down"
                 )
@@ -539,6 +572,9 @@ class Channel:
             self._answer(request_id, op, result)
         finally:
             self._handler_tasks.pop(serial, None)
+            if self._serial_of.get(request_id) == serial:
+                del self._serial_of[request_id]
+            self._peer_cancelled.discard(serial)
 
     def _answer(self, request_id: int, op: str, result: Any) -> None:
         if self._failure is not None:

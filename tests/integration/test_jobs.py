@@ -121,3 +121,45 @@ async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
     # on the GPU lane the model-less task waits for the 1.5 s task; on a host lane it passes
     assert order == (["cpu", "gpu"] if host_lanes else ["gpu", "cpu"])
     assert status["queue"]["host_lanes"] == host_lanes
+
+
+@pytest.mark.asyncio
+async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
+    worker_env: dict[str, str], tmp_path
+) -> None:
+    import json
+
+    from compass.errors import CompassTimeout
+
+    spec = {
+        "name": "slow",
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+                    "net_gbps": 10, "net_fixed_us": 2},
+        "models": {"m": {"size_mb": 10}},
+        "workflows": {
+            "slow": {"tasks": {"x": {"model": "m", "exec_ms": 30000, "output_kb": 1, "after": []}}}
+        },
+    }  # fmt: skip
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(spec))
+    data = np.zeros(8, dtype=np.uint8)
+    args = ["--workload", str(path)]
+    async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
+        first = asyncio.create_task(client.submit("slow", data=data, timeout=None))
+        for _ in range(200):  # until the first job's task holds the only lane
+            if (await client.status())["queue"]["running"]:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(CompassTimeout):  # queued behind it; the caller stops waiting
+            await client.submit("slow", data=data, timeout=0.3)
+        for _ in range(200):
+            status = await client.status()
+            if status["jobs_in_flight"] == 1:
+                break
+            await asyncio.sleep(0.01)
+        # the abandoned job is gone from the ingress and its queued task from the queue;
+        # the first job is untouched
+        assert status["jobs_in_flight"] == 1
+        assert status["queue"]["ready"] == 0
+        assert status["queue"]["running"] == 1
+        first.cancel()

@@ -64,6 +64,15 @@ def make_router() -> tuple[Router, list[Any]]:
         await body_events[body].wait()
         return "late"
 
+    @router.request("cancellable")
+    async def cancellable(channel: Channel, body: Any) -> Any:
+        try:
+            await asyncio.sleep(body)
+        except asyncio.CancelledError:
+            notes.append("cancelled")
+            raise
+        return "slept"
+
     @router.request("typed")
     async def typed(channel: Channel, body: Any) -> Any:
         raise UnknownWorkflow(f"no workflow {body!r}", detail={"workflow": body})
@@ -599,3 +608,29 @@ async def test_close_flushes_the_writes_held_for_the_loop_iteration():
         for future in waiting:
             with pytest.raises(ConnectionClosed):
                 await future
+
+
+@pytest.mark.asyncio
+async def test_a_request_the_caller_gives_up_on_is_cancelled_at_the_peer():
+    async with running() as (server, notes), await client(server) as channel:
+        # the timeout passes: the handler still working on it is cancelled, not left to run
+        with pytest.raises(CompassTimeout):
+            await channel.request("cancellable", 30.0, timeout=0.1)
+        for _ in range(100):
+            if notes == ["cancelled"]:
+                break
+            await asyncio.sleep(0.01)
+        assert notes == ["cancelled"]
+        # the caller's own task is cancelled: same
+        waiting = asyncio.ensure_future(channel.request("cancellable", 30.0, timeout=None))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        for _ in range(100):
+            if notes == ["cancelled", "cancelled"]:
+                break
+            await asyncio.sleep(0.01)
+        assert notes == ["cancelled", "cancelled"]
+        # an answered request is not disturbed, and the channel keeps working
+        assert await channel.request("cancellable", 0.01) == "slept"
+        assert await channel.request("echo", 7) == 7
+        assert notes == ["cancelled", "cancelled"]
