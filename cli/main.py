@@ -99,6 +99,9 @@ def worker_start(
         bool, typer.Option(help="Idle workers load models the cluster is short of.")
     ] = True,
     max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, MiB.")] = 1024,
+    max_jobs: Annotated[
+        int, typer.Option(help="Jobs in flight accepted as ingress; more are refused.")
+    ] = 10000,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "warning",
 ) -> None:
     """Start a worker; prints 'compass worker listening on HOST:PORT' first."""
@@ -122,6 +125,7 @@ def worker_start(
             lanes=lanes,
             host_lanes=host_lanes,
             time_scale=time_scale,
+            max_jobs=max_jobs,
             limits=Limits(max_frame_bytes=max_frame_mb * MiB),
             cache=cache,
             sched=SchedConfig(

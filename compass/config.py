@@ -182,6 +182,9 @@ class WorkerConfig:
     time_scale: float = 1.0
     #: answered jobs an ingress remembers for `trace` (benchmarks read placements from it)
     trace_jobs: int = 10000
+    #: jobs in flight this worker accepts as their ingress; more are refused with Overloaded
+    #: (each holds its inputs until it is answered, so this bounds the ingress's memory)
+    max_jobs: int = 10000
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -190,7 +193,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
-        _positive(self, lanes=self.lanes, time_scale=self.time_scale)
+        _positive(self, lanes=self.lanes, time_scale=self.time_scale, max_jobs=self.max_jobs)
         if self.host_lanes < 0:
             raise ConfigError(f"WorkerConfig.host_lanes must be >= 0, got {self.host_lanes}")
         for address in self.join:

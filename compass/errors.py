@@ -22,6 +22,7 @@
     ├── JobFailed                     "job_failed"    a task of the job raised
     ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
     └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
+        └── Overloaded                "overloaded"    too many jobs in flight at that ingress
 
 Errors cross the wire as ``{code, message, detail}`` (see :mod:`compass.wire.rpc`); the caller
 re-raises the class registered for ``code``, so a remote ``UnknownWorkflow`` is a local
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidInputs",
     "JobFailed",
     "ModelTooLarge",
+    "Overloaded",
     "ProtocolError",
     "RemoteError",
     "StaleHandle",
@@ -170,6 +172,13 @@ class UnknownOperation(CompassError):
 
 class WorkerUnavailable(CompassError):
     code = "unavailable"
+
+
+class Overloaded(WorkerUnavailable):
+    """The ingress already holds its limit of jobs in flight (``--max-jobs``): retry later or
+    submit to another worker. Nothing of the refused job was started."""
+
+    code = "overloaded"
 
 
 def error_from_wire(code: object, message: object, detail: Any = None) -> CompassError:

@@ -35,6 +35,7 @@ from compass.errors import (
     CompassError,
     InvalidInputs,
     JobFailed,
+    Overloaded,
     ProtocolError,
     WorkerUnavailable,
 )
@@ -438,6 +439,13 @@ class Worker:
     async def _on_submit(self, channel: Channel, body: Any) -> Any:
         if self._stopped.is_set():
             raise WorkerUnavailable(f"worker {self.name} is shutting down")
+        if len(self.jobs) >= self.config.max_jobs:
+            self.stats.jobs_refused += 1
+            raise Overloaded(
+                f"worker {self.name} already has {len(self.jobs)} jobs in flight (its --max-jobs); "
+                "retry later or submit to another worker",
+                detail={"jobs_in_flight": len(self.jobs), "max_jobs": self.config.max_jobs},
+            )
         if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
             raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
         workflow = self.app.get_workflow(body["workflow"])

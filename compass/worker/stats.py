@@ -44,6 +44,7 @@ class WorkerStats:
     jobs_submitted: int = 0
     jobs_completed: int = 0
     jobs_failed: int = 0
+    jobs_refused: int = 0
     moves: int = 0
     replans: int = 0
     peers_joined: int = 0

@@ -163,3 +163,45 @@ async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
         assert status["queue"]["ready"] == 0
         assert status["queue"]["running"] == 1
         first.cancel()
+
+
+@pytest.mark.asyncio
+async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_serving(
+    worker_env: dict[str, str], tmp_path
+) -> None:
+    import json
+
+    from compass.errors import Overloaded
+
+    spec = {
+        "name": "slow",
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+                    "net_gbps": 10, "net_fixed_us": 2},
+        "models": {"m": {"size_mb": 10}},
+        "workflows": {
+            "slow": {"tasks": {"x": {"model": "m", "exec_ms": 30000, "output_kb": 1, "after": []}}},
+            "quick": {"tasks": {"y": {"model": None, "exec_ms": 1, "output_kb": 1, "after": []}}},
+        },
+    }  # fmt: skip
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(spec))
+    data = np.zeros(8, dtype=np.uint8)
+    args = ["--workload", str(path), "--max-jobs", "2"]
+    async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
+        held = [asyncio.create_task(client.submit("slow", data=data, timeout=None)) for _ in "ab"]
+        for _ in range(200):
+            if (await client.status())["jobs_in_flight"] == 2:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match="2 jobs in flight") as refused:
+            await client.submit("quick", data=data)
+        assert refused.value.detail == {"jobs_in_flight": 2, "max_jobs": 2}
+        status = await client.status()
+        assert status["stats"]["jobs_refused"] == 1
+        for task in held:  # the caller gives up on them: the ingress drops them
+            task.cancel()
+        for _ in range(200):
+            if (await client.status())["jobs_in_flight"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await client.submit("quick", data=data) is not None  # room again

@@ -26,6 +26,7 @@ def test_all_is_pinned() -> None:
         "LocalCluster",
         "Model",
         "ModelTooLarge",
+        "Overloaded",
         "ProtocolError",
         "RemoteError",
         "SchedConfig",
