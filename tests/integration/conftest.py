@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from compass import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = str(ROOT / "bench" / "workloads" / "paper.json")
@@ -21,3 +27,34 @@ def worker_env() -> dict[str, str]:
 
 def compass_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
+
+
+def one_worker_workload(tmp_path: Path, **workflows: tuple[str | None, float]) -> str:
+    """A spec file for one-task workflows: ``name=(model or None, exec_ms)``; model ``m`` is
+    10 MB in a 1000 MB cache. Returns its path."""
+    spec = {
+        "name": "tiny",
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+                    "net_gbps": 10, "net_fixed_us": 2},
+        "models": {"m": {"size_mb": 10}},
+        "workflows": {
+            name: {"tasks": {"t": {"model": model, "exec_ms": ms, "output_kb": 1, "after": []}}}
+            for name, (model, ms) in workflows.items()
+        },
+    }  # fmt: skip
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+async def status_when(
+    client: Client, ready: Callable[[dict[str, Any]], bool], tries: int = 200
+) -> dict[str, Any]:
+    """The worker's status once ``ready(status)`` holds (or the last one after ``tries``)."""
+    status = await client.status()
+    for _ in range(tries):
+        if ready(status):
+            break
+        await asyncio.sleep(0.01)
+        status = await client.status()
+    return status

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from compass.cluster import LocalCluster
-from compass.errors import InvalidInputs, JobFailed, UnknownWorkflow
+from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
 from examples import vision_app
 
-from .conftest import PAPER
+from .conftest import PAPER, one_worker_workload, status_when
 
 APP = ["--app", "examples.vision_app"]
+DATA = np.zeros(8, dtype=np.uint8)
 
 
 @pytest.mark.asyncio
@@ -89,33 +90,17 @@ async def test_emulated_paper_workload_with_eviction(worker_env: dict[str, str])
 async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
     host_lanes: int, worker_env: dict[str, str], tmp_path
 ) -> None:
-    import json
-
-    spec = {
-        "name": "hosted",
-        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
-                    "net_gbps": 10, "net_fixed_us": 2},
-        "models": {"m": {"size_mb": 10}},
-        "workflows": {
-            "gpu": {"tasks": {"x": {"model": "m", "exec_ms": 1500, "output_kb": 1, "after": []}}},
-            "cpu": {"tasks": {"z": {"model": None, "exec_ms": 1, "output_kb": 1, "after": []}}},
-        },
-    }  # fmt: skip
-    path = tmp_path / "hosted.json"
-    path.write_text(json.dumps(spec))
-    args = ["--workload", str(path), "--host-lanes", str(host_lanes)]
+    spec = one_worker_workload(tmp_path, gpu=("m", 1500), cpu=(None, 1))
+    args = ["--workload", spec, "--host-lanes", str(host_lanes)]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         order: list[str] = []
 
         async def run(workflow: str) -> None:
-            await client.submit(workflow, data=np.zeros(8, dtype=np.uint8), timeout=30)
+            await client.submit(workflow, data=DATA, timeout=30)
             order.append(workflow)
 
         gpu = asyncio.create_task(run("gpu"))
-        for _ in range(200):  # until the GPU task holds the only GPU lane
-            if (await client.status())["queue"]["running"]:
-                break
-            await asyncio.sleep(0.01)
+        await status_when(client, lambda s: s["queue"]["running"] == 1)  # it holds the lane
         await asyncio.gather(gpu, run("cpu"))
         status = await client.status()
     # on the GPU lane the model-less task waits for the 1.5 s task; on a host lane it passes
@@ -127,36 +112,13 @@ async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
 async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
     worker_env: dict[str, str], tmp_path
 ) -> None:
-    import json
-
-    from compass.errors import CompassTimeout
-
-    spec = {
-        "name": "slow",
-        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
-                    "net_gbps": 10, "net_fixed_us": 2},
-        "models": {"m": {"size_mb": 10}},
-        "workflows": {
-            "slow": {"tasks": {"x": {"model": "m", "exec_ms": 30000, "output_kb": 1, "after": []}}}
-        },
-    }  # fmt: skip
-    path = tmp_path / "slow.json"
-    path.write_text(json.dumps(spec))
-    data = np.zeros(8, dtype=np.uint8)
-    args = ["--workload", str(path)]
+    args = ["--workload", one_worker_workload(tmp_path, slow=("m", 30000))]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
-        first = asyncio.create_task(client.submit("slow", data=data, timeout=None))
-        for _ in range(200):  # until the first job's task holds the only lane
-            if (await client.status())["queue"]["running"]:
-                break
-            await asyncio.sleep(0.01)
+        first = asyncio.create_task(client.submit("slow", data=DATA, timeout=None))
+        await status_when(client, lambda s: s["queue"]["running"] == 1)
         with pytest.raises(CompassTimeout):  # queued behind it; the caller stops waiting
-            await client.submit("slow", data=data, timeout=0.3)
-        for _ in range(200):
-            status = await client.status()
-            if status["jobs_in_flight"] == 1:
-                break
-            await asyncio.sleep(0.01)
+            await client.submit("slow", data=DATA, timeout=0.3)
+        status = await status_when(client, lambda s: s["jobs_in_flight"] == 1)
         # the abandoned job is gone from the ingress and its queued task from the queue;
         # the first job is untouched
         assert status["jobs_in_flight"] == 1
@@ -169,39 +131,17 @@ async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
 async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_serving(
     worker_env: dict[str, str], tmp_path
 ) -> None:
-    import json
-
-    from compass.errors import Overloaded
-
-    spec = {
-        "name": "slow",
-        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
-                    "net_gbps": 10, "net_fixed_us": 2},
-        "models": {"m": {"size_mb": 10}},
-        "workflows": {
-            "slow": {"tasks": {"x": {"model": "m", "exec_ms": 30000, "output_kb": 1, "after": []}}},
-            "quick": {"tasks": {"y": {"model": None, "exec_ms": 1, "output_kb": 1, "after": []}}},
-        },
-    }  # fmt: skip
-    path = tmp_path / "slow.json"
-    path.write_text(json.dumps(spec))
-    data = np.zeros(8, dtype=np.uint8)
-    args = ["--workload", str(path), "--max-jobs", "2"]
+    spec = one_worker_workload(tmp_path, slow=("m", 30000), quick=(None, 1))
+    args = ["--workload", spec, "--max-jobs", "2"]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
-        held = [asyncio.create_task(client.submit("slow", data=data, timeout=None)) for _ in "ab"]
-        for _ in range(200):
-            if (await client.status())["jobs_in_flight"] == 2:
-                break
-            await asyncio.sleep(0.01)
+        held = [asyncio.create_task(client.submit("slow", data=DATA, timeout=None)) for _ in "ab"]
+        await status_when(client, lambda s: s["jobs_in_flight"] == 2)
         with pytest.raises(Overloaded, match="2 jobs in flight") as refused:
-            await client.submit("quick", data=data)
+            await client.submit("quick", data=DATA)
         assert refused.value.detail == {"jobs_in_flight": 2, "max_jobs": 2}
         status = await client.status()
         assert status["stats"]["jobs_refused"] == 1
         for task in held:  # the caller gives up on them: the ingress drops them
             task.cancel()
-        for _ in range(200):
-            if (await client.status())["jobs_in_flight"] == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert await client.submit("quick", data=data) is not None  # room again
+        await status_when(client, lambda s: s["jobs_in_flight"] == 0)
+        assert await client.submit("quick", data=DATA) is not None  # room again

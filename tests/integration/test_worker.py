@@ -22,7 +22,7 @@ from compass.errors import (
     WorkerUnavailable,
 )
 
-from .conftest import PAPER, compass_argv
+from .conftest import PAPER, compass_argv, one_worker_workload, status_when
 
 APP = ["--app", "examples.vision_app"]
 
@@ -102,26 +102,13 @@ async def test_sigterm_exits_zero(worker_env: dict[str, str]) -> None:
 async def test_sigterm_fails_in_flight_jobs_clearly_then_exits_zero(
     worker_env: dict[str, str], tmp_path
 ) -> None:
-    spec = {
-        "name": "slow",
-        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
-                    "net_gbps": 10, "net_fixed_us": 2},
-        "models": {"m": {"size_mb": 10}},
-        "workflows": {
-            "slow": {"tasks": {"x": {"model": "m", "exec_ms": 30000, "output_kb": 1, "after": []}}}
-        },
-    }  # fmt: skip
-    path = tmp_path / "slow.json"
-    path.write_text(json.dumps(spec))
-    cluster = LocalCluster(1, args=["--workload", str(path)], env=worker_env)
+    spec = one_worker_workload(tmp_path, slow=("m", 30000))
+    cluster = LocalCluster(1, args=["--workload", spec], env=worker_env)
     await cluster.start()
     try:
         async with cluster.client() as client:
             job = asyncio.create_task(client.submit("slow", data=np.zeros(8, dtype=np.uint8)))
-            for _ in range(200):
-                if (await client.status())["queue"]["running"]:
-                    break
-                await asyncio.sleep(0.01)
+            await status_when(client, lambda s: s["queue"]["running"] == 1)
             cluster.workers[0].process.send_signal(signal.SIGTERM)
             # answered before the connection closes: the job is lost, and the error says so
             with pytest.raises(WorkerUnavailable, match="shutting down"):
