@@ -52,6 +52,7 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntpArray = npt.NDArray[np.intp]
+IntArray = npt.NDArray[np.int64]
 
 #: finish times closer than this are a tie (seconds; far below any real task or transfer)
 TIE_S = 1e-9
@@ -170,14 +171,8 @@ def plan_eft(
             have = brought.get(model)
             if have is None:
                 have = view.holds(model)
-            fetch1 = costs.fetch_rows[t]
-            fetch2 = costs.fetch2_rows[t]
-            assert fetch1 is not None
-            assert fetch2 is not None
-            fetch = np.where(have, 0.0, np.where(free < size, fetch2, fetch1))
-            if check_capacity and size > view.min_capacity_bytes:
-                fetch[view.capacity_bytes < size] = np.inf
-            arrive += fetch
+            capacity = view.capacity_bytes if check_capacity else None
+            arrive += _fetch_row(costs, t, have, free, capacity, view.min_capacity_bytes)
         arrive += costs.exec_rows[t]
         j = int(arrive.argmin())
         best = float(arrive[j])
@@ -209,6 +204,28 @@ def plan_eft(
     names = view.names
     order = job.workflow.order
     return {order[t]: names[placed[t]] for t in range(n_tasks)}
+
+
+def _fetch_row(
+    costs: WorkflowCosts,
+    t: int,
+    have: BoolArray,
+    free: IntArray,
+    capacity: IntArray | None,
+    smallest_capacity: int = 0,
+) -> FloatArray:
+    """Seconds to bring task ``t``'s model to each worker: 0 where it is (or is coming), the
+    eviction penalty where free bytes are short, infinite where the whole cache is too small
+    (skipped when ``capacity`` is None, or when every cache holds at least
+    ``smallest_capacity`` and the model is no larger)."""
+    fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
+    assert fetch1 is not None
+    assert fetch2 is not None
+    size = costs.model_bytes[t]
+    fetch = np.where(have, 0.0, np.where(free < size, fetch2, fetch1))
+    if capacity is not None and size > smallest_capacity:
+        fetch[capacity < size] = np.inf
+    return fetch
 
 
 def _fewest_bytes(
@@ -366,14 +383,8 @@ class CompassPolicy:
             np.maximum(start, view.wait_s, out=start)
         have: BoolArray | None = None
         if self.use_cache and model is not None:
-            size = costs.model_bytes[t]
             have = view.holds(model)
-            fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
-            assert fetch1 is not None
-            assert fetch2 is not None
-            fetch = np.where(have, 0.0, np.where(view.free_bytes < size, fetch2, fetch1))
-            fetch[view.capacity_bytes < size] = np.inf
-            start += fetch
+            start += _fetch_row(costs, t, have, view.free_bytes, view.capacity_bytes)
         start += costs.exec_rows[t]
         j = int(start.argmin())
         best = float(start[j])
@@ -435,15 +446,9 @@ class CompassPolicy:
             if model is not None or not self.host_lanes:
                 np.maximum(arrive, view.wait_s + now, out=arrive)
             if self.use_cache and model is not None:
-                fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
-                assert fetch1 is not None
-                assert fetch2 is not None
-                size = costs.model_bytes[t]
-                fetch = np.where(
-                    view.holds(model), 0.0, np.where(view.free_bytes < size, fetch2, fetch1)
+                arrive += _fetch_row(
+                    costs, t, view.holds(model), view.free_bytes, view.capacity_bytes
                 )
-                fetch[view.capacity_bytes < size] = np.inf
-                arrive += fetch
             arrive += costs.exec_rows[t]
             k = int(arrive.argmin())
             best = float(arrive[k])
