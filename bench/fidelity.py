@@ -14,50 +14,27 @@ from compass.workflow.spec import load_workload
 __all__ = ["run"]
 
 
-def run(
-    *,
-    workload: str,
-    workers: int,
-    policies: list[str],
-    arrival: str,
-    cv: float,
-    load: float,
-    jobs: int,
-    seed: int,
-    time_scale: float,
-    json_path: str | None = None,
-    host_lanes: int = 0,
-) -> dict[str, Any]:
-    config = e2e.E2EConfig(
-        workload=workload,
-        workers=workers,
-        policies=tuple(policies),
-        arrival=arrival,
-        cv=cv,
-        load=load,
-        jobs=jobs,
-        seed=seed,
-        time_scale=time_scale,
-        host_lanes=host_lanes,
-    )
-    spec = load_workload(workload)
+def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
+    """Run ``config`` on a real cluster and in the simulator, policy by policy; print the
+    relative differences of p50 and p99 and write them (with both summaries) as JSON."""
+    spec = load_workload(config.workload)
     arrivals = e2e.arrivals_for(config, spec)
     # the real workers gossip every change within heartbeat_min_ms of real time, which is
     # heartbeat_min_ms / time_scale of workload time: the staleness the simulator must model
-    heartbeat_s = config.heartbeat_min_ms / 1000.0 / time_scale
+    heartbeat_s = config.heartbeat_min_ms / 1000.0 / config.time_scale
     rows: list[list[Any]] = []
     results: dict[str, Any] = {}
     loop = new_event_loop()
     try:
-        for policy in policies:
+        for policy in config.policies:
             real = loop.run_until_complete(e2e.run_policy(config, spec, policy, arrivals))
             simulated = simulate(
                 spec,
-                workers=workers,
+                workers=config.workers,
                 policy=policy,
                 arrivals=arrivals,
                 heartbeat_s=heartbeat_s,
-                host_lanes=host_lanes,
+                host_lanes=config.host_lanes,
             ).summary()
             diff = {
                 key: _rel(simulated[key], real[key])
@@ -78,7 +55,8 @@ def run(
     finally:
         loop.close()
     print_table(
-        f"simulator fidelity: {workers} workers, {jobs} jobs, {arrival}, load {load}",
+        f"simulator fidelity: {config.workers} workers, {config.jobs} jobs, {config.arrival}, "
+        f"load {config.load}",
         [
             "policy",
             "real p50 ms",

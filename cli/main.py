@@ -438,21 +438,21 @@ def sim(
 
     try:
         if compare_real:
-            from bench import fidelity
+            from bench import e2e, fidelity
 
-            fidelity.run(
+            config = e2e.E2EConfig(
                 workload=workload or _default_workload(),
                 workers=workers,
-                policies=_names(policies),
+                policies=tuple(_names(policies)),
                 arrival=arrival,
                 cv=cv,
                 load=load,
                 jobs=jobs,
                 seed=seed,
                 time_scale=time_scale,
-                json_path=json_path,
                 host_lanes=host_lanes,
             )
+            fidelity.run(config, json_path)
             return
         report.run_cli(
             workload or _default_workload(),

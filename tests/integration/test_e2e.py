@@ -90,3 +90,24 @@ async def test_any_workload_in_the_spec_format_runs(tmp_path) -> None:
         assert summary["median_slowdown"] >= 0.9
     # 600 + 300 MB models in a 1000 MB cache: both fit on one worker at once
     assert real["cache_hit_rate"] > 0.5
+
+
+def test_compare_real_reports_the_relative_difference_of_both_runs(tmp_path) -> None:
+    import json
+
+    from bench import fidelity
+
+    config = e2e.E2EConfig(
+        workload=PAPER, workers=2, jobs=12, time_scale=0.05, policies=("compass", "hash")
+    )
+    out = fidelity.run(config, str(tmp_path / "fidelity.json"))
+    assert json.loads((tmp_path / "fidelity.json").read_text())["results"].keys() == {
+        "compass",
+        "hash",
+    }
+    for policy, result in out["results"].items():
+        real, sim = result["real"], result["sim"]
+        assert real["completed"] == sim["completed"] == 12, policy
+        for key in ("p50_ms", "p99_ms", "median_slowdown"):
+            expected = (sim[key] - real[key]) / real[key]
+            assert result["relative_difference"][key] == pytest.approx(expected), (policy, key)
