@@ -58,7 +58,7 @@ class Client:
         self.limits = limits or Limits()
         self._channel: Channel | None = None
         self._closed = False  # by aclose(): no reconnecting behind the caller's back
-        self._connecting: asyncio.Lock | None = None
+        self._connecting = asyncio.Lock()  # one reconnection at a time
 
     async def connect(self) -> Client:
         """Connect (to the first address that answers) unless connected already."""
@@ -68,8 +68,6 @@ class Client:
         return self
 
     async def _connect_any(self) -> None:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
         async with self._connecting:
             if self._channel is not None and not self._channel.closed:
                 return  # another call reconnected while this one waited

@@ -173,7 +173,9 @@ class LocalCluster:
             async with Client(worker.address, token=self.token) as client:
                 while True:
                     status = await client.status()
-                    if len(status["peers"]) >= len(live) - 1 and len(status["view"]) >= len(live):
+                    if len(status["peers"]) >= len(live) - 1 and len(status["cluster"]) >= len(
+                        live
+                    ):
                         break
                     if asyncio.get_running_loop().time() > deadline:
                         raise CompassTimeout(

@@ -1,10 +1,10 @@
 """Execution lanes: each lane takes the next ready task, makes its model resident and pinned,
 runs it off the event loop, and reports the outcome.
 
-GPU lanes (``lanes``) run every task by default, as in the paper, so a model-less task (a join
-that aggregates, a decoding step) waits for the GPU like any other. With ``host_lanes`` > 0,
-model-less tasks go to a queue of their own served by that many host lanes, and never wait
-behind a GPU task (nor hold one up).
+With ``host_lanes=0`` (the paper's execution model) the GPU lanes (``lanes``) run every task,
+so a model-less task (a join that aggregates, a decoding step) waits for the GPU like any
+other. With ``host_lanes`` > 0 (a worker's default is 1), model-less tasks go to a queue of
+their own served by that many host lanes, and never wait behind a GPU task (nor hold one up).
 
 Real mode calls the task's function with its torch module under ``torch.inference_mode()`` in a
 thread. Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a

@@ -140,10 +140,20 @@ class Worker:
         self.failure: BaseException | None = None
 
     def _new_view(self) -> ClusterView:
-        # a change is gossiped within heartbeat_min_ms, so a heartbeat received two such
-        # gaps after a placement reflects it; the view runs on this worker's clock
-        gap_s = self.config.sched.heartbeat_min_ms / 1000.0 / self.config.time_scale
-        return ClusterView(self.name, heartbeat_s=gap_s)
+        gap = self._gossip_gap_s(0)
+        return ClusterView(
+            self.name, heartbeat_s=gap / self.config.time_scale, settle_s=self._settle_s(gap)
+        )
+
+    def _gossip_gap_s(self, peers: int) -> float:
+        """Real seconds at least between two heartbeats with ``peers`` peers."""
+        sched = self.config.sched
+        return gossip_gap_s(sched.heartbeat_min_ms / 1000.0, peers, sched.heartbeat_max_rate)
+
+    def _settle_s(self, gap_s: float) -> float:
+        """How long the view counts a placement: changes are gossiped within ``gap_s``, so a
+        heartbeat received two gaps after a placement reflects it (in the view's clock)."""
+        return 2.0 * gap_s / self.config.time_scale
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -273,9 +283,8 @@ class Worker:
             "policy": self.policy.name,
             "emulate": self.config.emulate,
             "peers": [] if self.membership is None else self.membership.describe(),
-            # workers this one can place tasks on: itself and every peer it has heard from
-            "view": list(self.view.names()),
-            # what this worker's planner currently believes of each worker (itself included)
+            # the workers this one can place tasks on (itself and every peer it has heard from)
+            # and what its planner currently believes of each
             "cluster": self._view_status(),
             "workflows": sorted(self.app.workflows),
             "queue": {
@@ -384,10 +393,9 @@ class Worker:
             if peers:
                 self.membership.broadcast("heartbeat", state.to_wire())
                 self.membership.expire(timeout)
-            min_gap = gossip_gap_s(sched.heartbeat_min_ms / 1000.0, peers, sched.heartbeat_max_rate)
+            min_gap = self._gossip_gap_s(peers)
             interval = max(sched.heartbeat_ms / 1000.0, min_gap)
-            # a heartbeat received two gaps after a placement reflects it (the view's clock)
-            self.view.settle_s = 2.0 * min_gap / self.config.time_scale
+            self.view.settle_s = self._settle_s(min_gap)
             await asyncio.sleep(min_gap)
             if not self._changed.is_set() and interval > min_gap:
                 timer = loop.call_later(interval - min_gap, self._changed.set)
