@@ -131,42 +131,28 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
         first = proc.stdout.readline().strip()
         assert first.startswith("compass worker listening on 127.0.0.1:")
         address = first.rsplit(" ", 1)[1]
-        ok = subprocess.run(
-            compass_argv("status", address, "--json", "--token", "t0k"),
-            capture_output=True,
-            text=True,
-            env=worker_env,
-            timeout=30,
-        )
+
+        def status(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                compass_argv("status", *args),
+                capture_output=True,
+                text=True,
+                env=worker_env,
+                timeout=30,
+            )
+
+        ok = status(address, "--json", "--token", "t0k")
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["name"] == "solo"
-        human = subprocess.run(
-            compass_argv("status", address, "--token", "t0k"),
-            capture_output=True,
-            text=True,
-            env=worker_env,
-            timeout=30,
-        )
+        human = status(address, "--token", "t0k")
         assert human.returncode == 0, human.stderr
         assert "host lanes: 0 ready, 0 running of 1" in human.stdout
         assert "  solo: wait 0.0 ms" in human.stdout  # the view holds the worker itself
-        bad = subprocess.run(
-            compass_argv("status", address, "--token", "nope"),
-            capture_output=True,
-            text=True,
-            env=worker_env,
-            timeout=30,
-        )
+        bad = status(address, "--token", "nope")
         assert bad.returncode != 0
         assert len(bad.stderr.strip().splitlines()) == 1
         assert "token" in bad.stderr.lower() or "auth" in bad.stderr.lower()
-        down = subprocess.run(
-            compass_argv("status", "127.0.0.1:1"),
-            capture_output=True,
-            text=True,
-            env=worker_env,
-            timeout=30,
-        )
+        down = status("127.0.0.1:1")
         assert down.returncode != 0 and "127.0.0.1:1" in down.stderr
     finally:
         proc.send_signal(signal.SIGINT)
