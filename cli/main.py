@@ -66,7 +66,7 @@ def worker_start(
     join: Annotated[
         list[str] | None, typer.Option("--join", help="HOST:PORT of a cluster member (repeatable).")
     ] = None,
-    name: Annotated[str, typer.Option(help="Unique worker name (default: w<port>).")] = "",
+    name: Annotated[str, typer.Option(help="Unique worker name (default: <host>-<port>).")] = "",
     app_ref: Annotated[
         str | None, typer.Option("--app", help="Python module (or module:attr) with a compass.App.")
     ] = None,

@@ -19,6 +19,7 @@ are referenced by name and never shipped over the wire::
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -171,16 +172,23 @@ class App:
         return cls.from_workload(load_workload(path))
 
 
-def load_app(ref: str) -> App:
+def load_app(ref: str, app_dir: str | Path = ".") -> App:
     """Import ``"package.module"`` or ``"package.module:attribute"`` and return its :class:`App`.
 
-    Without an attribute the module's ``app`` is used.
+    Without an attribute the module's ``app`` is used. ``app_dir`` (default: the current
+    directory, as ``uvicorn module:app`` does) goes first on the import path, so an app module
+    beside the shell that starts the worker imports without ``PYTHONPATH``.
     """
     module_name, _, attr = ref.partition(":")
+    folder = str(Path(app_dir).resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import app module {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a missing module, a syntax error, or the module's own raise
+        raise ConfigError(
+            f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     obj = getattr(module, attr or "app", None)
     if not isinstance(obj, App):
         raise ConfigError(

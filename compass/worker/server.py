@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -66,6 +67,11 @@ _MEASURED_TRANSFER_BYTES = 1 << 20
 
 #: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
 _H2D_TOLERANCE = 0.02
+
+
+def default_worker_name(port: int) -> str:
+    """A worker started without ``--name`` is ``<host>-<port>``: unique wherever hosts are."""
+    return f"{socket.gethostname().split('.')[0] or 'worker'}-{port}"
 
 
 class Worker:
@@ -141,8 +147,11 @@ class Worker:
 
     def _new_view(self) -> ClusterView:
         gap = self._gossip_gap_s(0)
+        # a worker without --name is named when it binds (start); until then its view is unused
         return ClusterView(
-            self.name, heartbeat_s=gap / self.config.time_scale, settle_s=self._settle_s(gap)
+            self.name or "(unbound)",
+            heartbeat_s=gap / self.config.time_scale,
+            settle_s=self._settle_s(gap),
         )
 
     def _gossip_gap_s(self, peers: int) -> float:
@@ -172,7 +181,7 @@ class Worker:
         host, port = self._server.address[:2]
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if not self.name:
-            self.name = f"w{port}"
+            self.name = default_worker_name(port)
             self.view = self._new_view()
         self.membership = Membership(
             name=self.name,
