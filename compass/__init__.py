@@ -3,39 +3,46 @@
 The public surface: declare models and workflows with :class:`App`, run workers with
 ``compass worker start`` (or :class:`LocalCluster` for a local one), and submit jobs with the
 async :class:`Client`. Everything raised derives from :class:`CompassError`.
+
+Names are imported on first use (PEP 562), so importing a sans-IO module such as
+``compass.wire.frames`` or ``compass.sched.planner`` does not pull in asyncio or torch.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from compass.app import App, load_app
-from compass.cache.models import Model
-from compass.client import Client
-from compass.cluster import LocalCluster
-from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig
-from compass.errors import (
-    AuthenticationError,
-    CacheError,
-    CompassConnectionError,
-    CompassError,
-    CompassTimeout,
-    ConfigError,
-    ConnectFailed,
-    ConnectionClosed,
-    ConnectionLost,
-    InvalidInputs,
-    JobFailed,
-    ModelTooLarge,
-    Overloaded,
-    ProtocolError,
-    RemoteError,
-    UnknownWorkflow,
-    VersionMismatch,
-    WorkerUnavailable,
-    WorkflowError,
-)
-from compass.workflow.dag import Task, TaskProfile, Workflow
+if TYPE_CHECKING:
+    from compass.app import App, load_app
+    from compass.cache.models import Model
+    from compass.client import Client, SyncClient
+    from compass.cluster import LocalCluster
+    from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig
+    from compass.errors import (
+        AuthenticationError,
+        CacheError,
+        CompassConnectionError,
+        CompassError,
+        CompassTimeout,
+        ConfigError,
+        ConnectFailed,
+        ConnectionClosed,
+        ConnectionLost,
+        InvalidInputs,
+        JobFailed,
+        ModelTooLarge,
+        Overloaded,
+        ProtocolError,
+        RemoteError,
+        UnknownWorkflow,
+        VersionMismatch,
+        WorkerUnavailable,
+        WorkflowError,
+    )
+    from compass.workflow.dag import Task, TaskProfile, Workflow
 
 __all__ = [
     "App",
@@ -60,6 +67,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "SchedConfig",
+    "SyncClient",
     "Task",
     "TaskProfile",
     "Timeouts",
@@ -72,3 +80,57 @@ __all__ = [
     "__version__",
     "load_app",
 ]
+
+_ERRORS = (
+    "AuthenticationError",
+    "CacheError",
+    "CompassConnectionError",
+    "CompassError",
+    "CompassTimeout",
+    "ConfigError",
+    "ConnectFailed",
+    "ConnectionClosed",
+    "ConnectionLost",
+    "InvalidInputs",
+    "JobFailed",
+    "ModelTooLarge",
+    "Overloaded",
+    "ProtocolError",
+    "RemoteError",
+    "UnknownWorkflow",
+    "VersionMismatch",
+    "WorkerUnavailable",
+    "WorkflowError",
+)
+
+#: where each public name lives; imported on first access
+_LAZY: dict[str, str] = {
+    "App": "compass.app",
+    "load_app": "compass.app",
+    "Model": "compass.cache.models",
+    "Client": "compass.client",
+    "SyncClient": "compass.client",
+    "LocalCluster": "compass.cluster",
+    "CacheConfig": "compass.config",
+    "Limits": "compass.config",
+    "SchedConfig": "compass.config",
+    "Timeouts": "compass.config",
+    "WorkerConfig": "compass.config",
+    "Task": "compass.workflow.dag",
+    "TaskProfile": "compass.workflow.dag",
+    "Workflow": "compass.workflow.dag",
+    **dict.fromkeys(_ERRORS, "compass.errors"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

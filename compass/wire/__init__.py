@@ -1,8 +1,9 @@
 """The wire protocol: frames, codec, sans-IO connection, asyncio transport, handler tables.
 
 The sans-IO layers (:mod:`.frames`, :mod:`.codec`, :mod:`.protocol`) import no event loop;
-the asyncio layer (:mod:`.transport`, :mod:`.rpc`) is imported from here only when one of its
-names is first used, so importing a sans-IO module does not pull in asyncio.
+the asyncio layer (:mod:`.channel`, :mod:`.writes`, :mod:`.tcp`, :mod:`.eventloop`, gathered
+under :mod:`.transport`) and :mod:`.rpc` are imported from here only when one of their names is
+first used, so importing a sans-IO module does not pull in asyncio.
 """
 
 from __future__ import annotations
@@ -24,18 +25,11 @@ from compass.wire.protocol import (
 )
 
 if TYPE_CHECKING:
+    from compass.wire.channel import DEFAULT, Channel
+    from compass.wire.eventloop import install_event_loop_policy, new_event_loop
+    from compass.wire.handlers import Handler, NotifyHandler
     from compass.wire.rpc import Router, exception_to_wire
-    from compass.wire.transport import (
-        DEFAULT,
-        Channel,
-        Handler,
-        NotifyHandler,
-        Server,
-        connect,
-        install_event_loop_policy,
-        new_event_loop,
-        serve,
-    )
+    from compass.wire.tcp import Server, connect, serve
 
 __all__ = [
     "DEFAULT",
@@ -65,15 +59,15 @@ __all__ = [
 ]
 
 _LAZY = {
-    "DEFAULT": "transport",
-    "Channel": "transport",
-    "Handler": "transport",
-    "NotifyHandler": "transport",
-    "Server": "transport",
-    "connect": "transport",
-    "install_event_loop_policy": "transport",
-    "new_event_loop": "transport",
-    "serve": "transport",
+    "DEFAULT": "channel",
+    "Channel": "channel",
+    "Handler": "handlers",
+    "NotifyHandler": "handlers",
+    "Server": "tcp",
+    "connect": "tcp",
+    "install_event_loop_policy": "eventloop",
+    "new_event_loop": "eventloop",
+    "serve": "tcp",
     "Router": "rpc",
     "exception_to_wire": "rpc",
 }

@@ -145,6 +145,14 @@ class FrameDecoder:
         self.payload_buffers_allocated = 0
         self.payload_buffers_reused = 0
 
+    @property
+    def drained(self) -> bool:
+        """True when every received byte has been consumed and no large payload is under way.
+
+        A reader may stop asking for frames then: ``next_frame`` would return ``None``.
+        """
+        return not self._write and self._payload is None
+
     # -- input ------------------------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:

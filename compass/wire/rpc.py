@@ -27,9 +27,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compass.errors import CompassError, ConfigError, RemoteError, UnknownOperation
+from compass.wire.handlers import Immediate
 
 if TYPE_CHECKING:
-    from compass.wire.transport import Channel
+    from compass.wire.channel import Channel
 
 __all__ = ["Immediate", "InlineFunc", "NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
 
@@ -41,20 +42,6 @@ NotifyFunc = Callable[["Channel", Any], None]
 _R = TypeVar("_R", bound=RequestFunc)
 _N = TypeVar("_N", bound=NotifyFunc)
 _I = TypeVar("_I", bound=InlineFunc)
-
-
-class Immediate:
-    """A request handler's answer that is ready at once (see :meth:`Router.inline`).
-
-    The transport answers it inside the callback that read the request: no task, no extra
-    loop iteration. Only for handlers that never block. (Defined here rather than in the
-    transport so that :meth:`Router.handle_request` needs no import per call.)
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 def exception_to_wire(exc: BaseException, *, context: str = "") -> tuple[str, str, Any]:
