@@ -43,21 +43,34 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compass.cache.policy import CacheCore, LoadPlan
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
-from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, make_policy
+from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand, warm_order
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
-from compass.worker.jobs import JOB_INPUTS, Inbox
+from compass.worker.messages import JOB_INPUTS, PeerMessage, PlanRequest, ResultMsg, TaskMsg
 from compass.worker.queue import QueuedTask, TaskQueue
+from compass.worker.state import (
+    Answer,
+    Drop,
+    Enqueue,
+    Event,
+    PlanReady,
+    Received,
+    Send,
+    Submit,
+    TaskDone,
+    TaskFailed,
+    WorkerCore,
+)
 from compass.workflow.dag import Task, Workflow
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
@@ -68,9 +81,6 @@ MiB = 1 << 20
 
 #: bytes of a plan request or reply on the wire (``central``): a few hundred bytes of msgpack
 _RPC_BYTES = 256
-
-#: a root task's "value": the job inputs are not simulated, only their size
-_NO_INPUTS: dict[str, Any] = {}
 
 Handler = Callable[[Any], None]
 
@@ -120,16 +130,14 @@ def simulate(
 
 @dataclass(slots=True, eq=False)
 class _Job:
+    """What the simulation records of a job; its rules are the ingress core's."""
+
     id: str
     workflow: Workflow
     client: int
-    ingress: int
     arrival: float
     best_s: float
-    sinks_left: int
     placed: dict[str, str] = field(default_factory=dict)
-    finish: float | None = None
-    error: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -138,7 +146,6 @@ class _Run:
 
     worker: _Worker
     entry: QueuedTask
-    job: _Job
     task: Task
     lane: int
     fetch_from: float
@@ -163,14 +170,14 @@ class _Worker:
     queue: TaskQueue
     core: CacheCore
     policy: Policy
-    inbox: Inbox = field(default_factory=Inbox)
+    #: the worker's rules, the real worker's core (set once the worker exists)
+    rules: WorkerCore | None = None
     busy: int = 0
     idle_lanes: list[int] = field(default_factory=list)
     inflight: dict[str, _Load] = field(default_factory=dict)
     prefetching: bool = False
     blocked: list[_Run] = field(default_factory=list)
     busy_s: float = 0.0
-    jobs_planned: int = 0
     host_free: int = 0
     host_waiting: deque[_Run] = field(default_factory=deque)
 
@@ -247,6 +254,16 @@ class _Simulation:
             settle_s=2.0 * heartbeat_s,
         )
         self.positions = self.state.positions
+        for worker in self.workers:
+            worker.rules = WorkerCore(
+                worker.name,
+                workflow=self._workflow,
+                policy=worker.policy,
+                profiles=self.profiles,
+                view=_SimView(self.state, worker),
+                host_lanes=host_lanes > 0,
+                max_jobs=1 << 62,  # the simulator models no admission limit
+            )
         self._heap: list[tuple[float, int, Handler, Any]] = []
         self._seq = itertools.count()
         self._later: deque[tuple[Handler, Any]] = deque()
@@ -259,6 +276,12 @@ class _Simulation:
 
     def _clock(self) -> float:
         return self.now
+
+    def _workflow(self, name: str) -> Workflow:
+        try:
+            return self.workload.workflows[name]
+        except KeyError:
+            raise UnknownWorkflow(f"unknown workflow {name!r}") from None
 
     # -- the event loop -----------------------------------------------------------------------
 
@@ -308,8 +331,8 @@ class _Simulation:
                 handler(arg)
             events += 1
         self.events = events
-        for job in self._jobs.values():  # never finished: a task failed, or it is stuck
-            self._record_job(job, error=job.error or "did not finish")
+        for job in self._jobs.values():  # never answered: stuck
+            self._record_job(job, None, "did not finish")
         self._jobs.clear()
         self.job_records.sort(key=lambda j: (j.arrival, j.id))
         return self._result(time.perf_counter() - started)
@@ -337,99 +360,68 @@ class _Simulation:
 
     def _arrive(self, arrival: Arrival) -> None:
         wf = self.workload.workflows[arrival.workflow]
-        ingress = self.positions[f"w{arrival.client % len(self.names)}"]
-        worker = self.workers[ingress]
-        worker.jobs_planned += 1
+        worker = self.workers[self.positions[f"w{arrival.client % len(self.names)}"]]
+        rules = _rules(worker)
         job = _Job(
-            id=f"{worker.name}-{worker.jobs_planned}",  # the real ingress's job id format
+            id=rules.new_job_id(),  # the real ingress's job id
             workflow=wf,
             client=arrival.client,
-            ingress=ingress,
             arrival=self.now,
             best_s=self._best_s[wf.name],
-            sinks_left=len(wf.sinks),
         )
         self._jobs[job.id] = job
-        info = JobInfo(job.id, wf, worker.name, 0)
-        view = self._view(worker)
-        central = worker.policy.planner(view)
-        if central is not None and central != worker.name:
-            delay = self.profiles.transfer_s(worker.name, central, _RPC_BYTES)
-            self._at(self.now + delay, self._plan_remote, (self.positions[central], job, info))
-            return
-        plan = self._plan_here(worker, job, info, view)
-        if plan is not None:
-            self._send_roots(job, plan)
+        inputs = dict.fromkeys(wf.inputs)  # values are not simulated, only their size
+        self._apply(worker, Submit(self.now, job.id, wf.name, inputs, 0, self.now))
 
-    def _plan_remote(self, arg: tuple[int, _Job, JobInfo]) -> None:
-        planner_index, job, info = arg
-        planner = self.workers[planner_index]
-        plan = self._plan_here(planner, job, info, self._view(planner))
-        if plan is not None:
-            ingress = self.names[job.ingress]
-            delay = self.profiles.transfer_s(planner.name, ingress, _RPC_BYTES)
-            self._at(self.now + delay, self._send_roots_event, (job, plan))
+    def _apply(self, worker: _Worker, event: Event) -> None:
+        """Feed ``event`` to ``worker``'s core and carry out its instructions in virtual time."""
+        for step in _rules(worker).handle(event):
+            if isinstance(step, Send):
+                self._send(worker, step.peer, step.msg)
+            elif isinstance(step, Enqueue):
+                self._enqueue(worker, step.entry)
+            elif isinstance(step, Drop):
+                self._drop(worker, step.job_id, step.below)
+            elif isinstance(step, Answer):
+                self._answered(step)
+            else:
+                delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
+                self._at(self.now + delay, self._plan_remote, (worker, step.peer, step.request))
 
-    def _plan_here(
-        self, planner: _Worker, job: _Job, info: JobInfo, view: ViewSnapshot
-    ) -> dict[str, str] | None:
+    def _plan_remote(self, arg: tuple[_Worker, str, PlanRequest]) -> None:
+        """At the ``central`` planner: plan, and send the plan back to the ingress."""
+        ingress, planner, request = arg
         try:
-            plan = planner.policy.plan(info, view, self.profiles, self.now)
-        except CompassError as exc:
-            self._fail(job, f"planning failed: {exc.message}")
-            return None
-        wf = job.workflow
-        for task_name, target in plan.items():
-            if target != planner.name:
-                self._note_placement(planner, wf, task_name, target)
-        return plan
+            plan: dict[str, str] | None = _rules(self.workers[self.positions[planner]]).plan_for(
+                request, self.now
+            )
+        except CompassError:
+            plan = None  # the ingress plans it itself
+        delay = self.profiles.transfer_s(planner, ingress.name, _RPC_BYTES)
+        self._at(self.now + delay, self._plan_back, (ingress, request.job, plan))
 
-    def _note_placement(self, viewer: _Worker, wf: Workflow, task_name: str, target: str) -> None:
-        model = wf.tasks[task_name].model
-        if model is None and self.host_lanes:
-            return  # record_plan(host_lanes=True): it does not use the queue
-        self.state.note_placement(
-            viewer.index,
-            self.positions[target],
-            self.profiles.exec_s(wf.name, task_name, target),
-            model,
-            self.profiles.model_bytes(model) if model is not None else 0,
-            self.now,
-        )
+    def _plan_back(self, arg: tuple[_Worker, str, dict[str, str] | None]) -> None:
+        ingress, job_id, plan = arg
+        self._apply(ingress, PlanReady(self.now, job_id, plan))
 
-    def _send_roots_event(self, arg: tuple[_Job, dict[str, str]]) -> None:
-        self._send_roots(*arg)
+    def _answered(self, answer: Answer) -> None:
+        job = self._jobs.pop(answer.job_id, None)
+        if job is None:
+            return
+        if answer.error is None:
+            self._record_job(job, self.now, "")
+        else:
+            self._record_job(job, None, answer.error.message)
 
-    def _send_roots(self, job: _Job, plan: dict[str, str]) -> None:
-        ingress = self.names[job.ingress]
-        for root in job.workflow.roots:
-            target = plan[root]
-            nbytes = job.workflow.tasks[root].profile.input_bytes
-            self._push(ingress, target, job, root, JOB_INPUTS, plan, nbytes)
-
-    def _result_arrived(self, arg: tuple[_Job, str]) -> None:
-        job, _sink = arg
-        job.sinks_left -= 1
-        if job.sinks_left == 0 and not job.error:
-            job.finish = self.now
-            del self._jobs[job.id]
-            self._record_job(job)
-
-    def _fail(self, job: _Job, error: str) -> None:
-        if not job.error:
-            job.error = error
-        if self._jobs.pop(job.id, None) is not None:
-            self._record_job(job, error=job.error)
-
-    def _record_job(self, job: _Job, error: str = "") -> None:
-        latency = None if job.finish is None else job.finish - job.arrival
+    def _record_job(self, job: _Job, finish: float | None, error: str) -> None:
+        latency = None if finish is None else finish - job.arrival
         self.job_records.append(
             JobRecord(
                 id=job.id,
                 workflow=job.workflow.name,
                 client=job.client,
                 arrival=job.arrival,
-                finish=job.finish,
+                finish=finish,
                 latency_s=latency,
                 slowdown=None if latency is None else latency / job.best_s,
                 plan=job.placed,
@@ -439,86 +431,67 @@ class _Simulation:
 
     # -- messages between workers -------------------------------------------------------------
 
-    def _push(
-        self,
-        src: str,
-        dst: str,
-        job: _Job,
-        task: str,
-        source: str,
-        plan: dict[str, str],
-        nbytes: int,
-    ) -> None:
-        """Send one input of ``task`` (from ``source``) to ``dst``; local pushes are immediate
-        and share the plan dict, remote ones carry a copy, as on the wire."""
+    def _send(self, src: _Worker, dst: str, msg: PeerMessage) -> None:
+        """Deliver ``msg`` after its transfer time: a task input of its declared size, a sink's
+        output likewise, control messages as a few hundred bytes. A task input carries its own
+        copy of the plan, as on the wire."""
+        if isinstance(msg, TaskMsg):
+            tasks = self.workload.workflows[msg.workflow].tasks
+            profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
+            nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
+            msg = replace(msg, plan=dict(msg.plan))
+        elif isinstance(msg, ResultMsg):
+            job = self._jobs.get(msg.job)
+            nbytes = (
+                _RPC_BYTES if job is None else job.workflow.tasks[msg.task].profile.output_bytes
+            )
+        else:
+            nbytes = _RPC_BYTES
+        seconds = self.profiles.transfer_s(src.name, dst, nbytes)
         target = self.workers[self.positions[dst]]
-        if src == dst:
-            self._on_task(target, job, task, source, plan, 0.0)
-            return
-        seconds = self.profiles.transfer_s(src, dst, nbytes)
-        self._at(self.now + seconds, self._input, (target, job, task, source, dict(plan), seconds))
+        self._at(self.now + seconds, self._deliver, (target, src.name, msg, seconds))
 
-    def _input(self, arg: tuple[_Worker, _Job, str, str, dict[str, str], float]) -> None:
-        self._on_task(*arg)
+    def _deliver(self, arg: tuple[_Worker, str, PeerMessage, float]) -> None:
+        worker, sender, msg, seconds = arg
+        # one clock for every simulated worker: a task's t0 is its job's arrival
+        arrival = msg.t0 if isinstance(msg, TaskMsg) else None
+        self._apply(worker, Received(self.now, sender, msg, seconds, arrival))
 
-    def _on_task(
-        self,
-        worker: _Worker,
-        job: _Job,
-        task_name: str,
-        source: str,
-        plan: dict[str, str],
-        transfer_s: float,
-    ) -> None:
-        if job.error:
-            return  # the ingress has told the workers to drop the job
-        wf = job.workflow
-        entry = worker.inbox.add(
-            job_id=job.id,
-            attempt=0,
-            workflow=wf,
-            task=task_name,
-            source=source,
-            value=_NO_INPUTS if source == JOB_INPUTS else None,
-            plan=plan,
-            ingress=self.names[job.ingress],
-            transfer_s=transfer_s,
-            now=self.now,
-        )
-        if entry is None:
-            return
-        task = wf.tasks[task_name]
-        expected = self.profiles.exec_s(wf.name, task_name, worker.name)
-        # the real worker learns the job's arrival from the task message (see Worker._on_task)
-        priority = job.arrival if worker.policy.oldest_job_first else None
-        queued = QueuedTask(
-            job_id=job.id,
-            attempt=0,
-            workflow=wf.name,
-            task=task_name,
-            model=task.model,
-            expected_s=expected,
-            inputs=entry.inputs,
-            plan=entry.plan,
-            ingress=entry.ingress,
-            enqueued_at=self.now,
-            transfer_s=entry.transfer_s,
-            priority=priority,
-        )
+    def _enqueue(self, worker: _Worker, queued: QueuedTask) -> None:
+        """Executor.submit: a host lane for a model-less task when there are host lanes, else
+        the GPU queue (and a prefetch when every lane is busy)."""
+        task = self.workload.workflows[queued.workflow].tasks[queued.task]
         if task.model is None and self.host_lanes:
             # Executor.submit: a host lane, FIFO, outside the queue a heartbeat reports
-            run = _Run(worker, queued, job, task, -1, fetch_from=self.now)
+            run = _Run(worker, queued, task, -1, fetch_from=self.now)
             if worker.host_free:
                 self._host_start(run)
             else:
                 worker.host_waiting.append(run)
             return
         worker.queue.push(queued)
-        self.state.queue_push(worker.index, expected)
+        self.state.queue_push(worker.index, queued.expected_s)
         # Executor.submit: with every lane busy, use the time to bring in what comes next
         if self.prefetch and worker.busy >= self.lanes:
             self._prefetch(worker)
         self._soon(self._lanes, worker)
+
+    def _drop(self, worker: _Worker, job_id: str, below: int | None) -> None:
+        """Executor.drop_job: the job's queued tasks leave the queues (a failed or re-planned
+        job), and the published queue with them."""
+        if worker.queue.drop_job(job_id, below):
+            self.state.queue_set(worker.index, worker.queue.queued_s)
+        if worker.host_waiting:
+            worker.host_waiting = deque(
+                run
+                for run in worker.host_waiting
+                if run.entry.job_id != job_id or (below is not None and run.entry.attempt >= below)
+            )
+
+    def _placed(self, entry: QueuedTask, worker: _Worker) -> None:
+        job = self._jobs.get(entry.job_id)
+        if job is not None:
+            job.placed[entry.task] = worker.name
 
     # -- a worker's lanes ---------------------------------------------------------------------
 
@@ -539,16 +512,9 @@ class _Simulation:
                 entry.started_at + entry.expected_s,
                 empty=len(worker.queue) == 0,
             )
-            job = self._jobs.get(entry.job_id)
-            if job is None:  # failed while queued: the real worker drops such entries
-                worker.busy -= 1
-                worker.queue.finish(entry)
-                worker.idle_lanes.append(lane)
-                self.state.lane_free(worker.index, lane)
-                continue
-            task = job.workflow.tasks[entry.task]
-            job.placed[entry.task] = worker.name
-            run = _Run(worker, entry, job, task, lane, fetch_from=self.now)
+            task = self.workload.workflows[entry.workflow].tasks[entry.task]
+            self._placed(entry, worker)
+            run = _Run(worker, entry, task, lane, fetch_from=self.now)
             if entry.model is None:
                 self._run_task(run)
                 continue
@@ -659,7 +625,8 @@ class _Simulation:
 
     def _task_failed(self, run: _Run, exc: CompassError) -> None:
         self._release_lane(run)
-        self._fail(run.job, f"task {run.entry.task!r} failed on {run.worker.name}: {exc.message}")
+        error = f"{type(exc).__name__}: {exc.message}"
+        self._apply(run.worker, TaskFailed(self.now, run.entry, error, "", exc.code))
         self._soon(self._lanes, run.worker)
 
     def _release_lane(self, run: _Run) -> None:
@@ -677,27 +644,23 @@ class _Simulation:
             self._notify(worker)
         self._release_lane(run)
         self._record_task(run)
-        if not run.job.error:
-            self._task_finished(run)
+        self._apply(worker, TaskDone(self.now, entry, None))
         self._lanes(worker)
 
     def _host_start(self, run: _Run) -> None:
         worker = run.worker
         worker.host_free -= 1
         run.entry.started_at = self.now
-        run.job.placed[run.entry.task] = worker.name
+        self._placed(run.entry, worker)
         self._at(self.now + run.task.profile.exec_ms / 1000.0, self._host_done, run)
 
     def _host_done(self, run: _Run) -> None:
         worker = run.worker
         worker.host_free += 1
         self._record_task(run)
-        if not run.job.error:
-            self._task_finished(run)
+        self._apply(worker, TaskDone(self.now, run.entry, None))
         while worker.host_waiting and worker.host_free:
-            waiting = worker.host_waiting.popleft()
-            if waiting.entry.job_id in self._jobs:  # else its job failed while it waited
-                self._host_start(waiting)
+            self._host_start(worker.host_waiting.popleft())
 
     def _record_task(self, run: _Run) -> None:
         entry = run.entry
@@ -714,37 +677,35 @@ class _Simulation:
             )
         )
 
-    def _task_finished(self, run: _Run) -> None:
-        """Worker._task_finished: adjust each successor, push the output on."""
-        worker = run.worker
-        entry = run.entry
-        job = run.job
-        wf = job.workflow
-        nbytes = run.task.profile.output_bytes
-        succs = wf.succs(entry.task)
-        if not succs:
-            ingress = self.names[job.ingress]
-            seconds = self.profiles.transfer_s(worker.name, ingress, nbytes)
-            self._at(self.now + seconds, self._result_arrived, (job, entry.task))
-            return
-        plan = entry.plan
-        if worker.policy.dynamic:
-            info = JobInfo(job.id, wf, entry.ingress, 0)
-            adjusted = adjust_successors(
-                worker.policy, info, entry.task, plan, self._view(worker), self.profiles, self.now
-            )
-            moved = [t for t in wf.order if adjusted[t] != plan[t]]
-            if moved:
-                plan = adjusted
-                self.moves += len(moved)
-                for task_name in moved:
-                    if plan[task_name] != worker.name:
-                        self._note_placement(worker, wf, task_name, plan[task_name])
-        for succ in succs:
-            self._push(worker.name, plan[succ], job, succ, entry.task, plan, nbytes)
-
     def _view(self, worker: _Worker) -> ViewSnapshot:
         return self.state.snapshot(worker.index, self.now, worker.queue.wait_s())
+
+
+class _SimView:
+    """A simulated worker's :class:`~compass.worker.state.ViewPort`: its peers as
+    :class:`ClusterState` says it sees them, itself exactly."""
+
+    def __init__(self, state: ClusterState, worker: _Worker) -> None:
+        self._state = state
+        self._worker = worker
+
+    def snapshot(self, now: float) -> ViewSnapshot:
+        worker = self._worker
+        return self._state.snapshot(worker.index, now, worker.queue.wait_s())
+
+    def note_placement(
+        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+    ) -> None:
+        target = self._state.positions[worker]
+        self._state.note_placement(self._worker.index, target, seconds, model, model_bytes, now)
+
+    def remove(self, worker: str) -> None:
+        pass  # simulated workers are never lost
+
+
+def _rules(worker: _Worker) -> WorkerCore:
+    assert worker.rules is not None
+    return worker.rules
 
 
 def _best_s(wf: Workflow) -> float:

@@ -124,6 +124,11 @@ class ClusterState:
         self.queued[worker] += expected_s
         self._dirty = True
 
+    def queue_set(self, worker: int, queued_s: float) -> None:
+        """Tasks left ``worker``'s queue without running: ``queued_s`` is what it holds now."""
+        self.queued[worker] = queued_s
+        self._dirty = True
+
     def queue_pop(
         self, worker: int, expected_s: float, lane: int, ends: float, empty: bool
     ) -> None:

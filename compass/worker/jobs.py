@@ -8,12 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compass.worker.messages import JOB_INPUTS
 from compass.workflow.dag import Workflow
 
 __all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob"]
-
-#: the "from" of a push that carries the job's own inputs to a root task
-JOB_INPUTS = ""
 
 
 @dataclass(slots=True)

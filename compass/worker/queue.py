@@ -44,6 +44,8 @@ class QueuedTask:
     #: the queue runs smaller first (on the queue's clock, e.g. the job's arrival time);
     #: None ranks the task at its enqueue time
     priority: float | None = None
+    #: the job's submit time on this worker's clock (what oldest-job-first ranks by)
+    arrival: float = 0.0
 
 
 class TaskQueue:
@@ -63,6 +65,11 @@ class TaskQueue:
     def __iter__(self) -> Iterator[QueuedTask]:
         """The queued tasks in the order they would be popped."""
         return (entry for _, _, entry in sorted(self._ready, key=_heap_key))
+
+    @property
+    def queued_s(self) -> float:
+        """Expected seconds of the queued (not running) tasks."""
+        return self._queued_s
 
     @property
     def running(self) -> frozenset[QueuedTask]:

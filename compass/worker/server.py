@@ -1,5 +1,10 @@
-"""The worker process: serves clients and peers, plans the jobs it receives, runs tasks, and
-pushes outputs on to where the plan says.
+"""The worker process: the asyncio adapter around the worker core.
+
+The rules (admission, planning, the inbox, attempts, adjustment, one answer per job) live in
+the sans-IO :class:`~compass.worker.state.WorkerCore`; this module owns the sockets, the
+threads and the timers. It turns what arrives (a client's submit, a peer's message, a task's
+outcome, a lost peer) into the core's events and carries out the instructions the core
+returns (send a message, queue a task, drop a job's tasks, answer a client).
 
 One job's way through (see docs/ARCHITECTURE.md):
 
@@ -24,32 +29,50 @@ import logging
 import os
 import socket
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import compass
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.errors import (
-    CompassError,
-    InvalidInputs,
-    JobFailed,
-    Overloaded,
-    ProtocolError,
-    WorkerUnavailable,
-)
-from compass.sched import JobInfo, Policy, adjust_successors, make_policy, record_plan
+from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
+from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand, warm_order
 from compass.sched.view import ClusterView, WorkerState
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
 from compass.worker.executor import Executor, TaskOutcome
-from compass.worker.jobs import JOB_INPUTS, Inbox, IngressJob
 from compass.worker.membership import Membership, Peer, gossip_gap_s
-from compass.worker.queue import QueuedTask
+from compass.worker.messages import (
+    DoneMsg,
+    FailedMsg,
+    PeerMessage,
+    PlacedMsg,
+    PlanReply,
+    PlanRequest,
+    ResultMsg,
+    TaskMsg,
+    decode,
+)
+from compass.worker.state import (
+    Answer,
+    AskPlan,
+    Cancel,
+    Drop,
+    Enqueue,
+    Event,
+    PeerLost,
+    PlanReady,
+    Received,
+    Send,
+    Submit,
+    TaskDone,
+    TaskFailed,
+    WorkerCore,
+)
 from compass.worker.stats import WorkerStats, payload_bytes
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
@@ -58,8 +81,6 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("compass.worker")
 
-#: how many finished job ids a worker remembers, to drop late messages of those jobs
-_FORGET_AFTER = 4096
 PeerHandler = Callable[[Channel, Any], None]
 
 #: pushes at least this large feed the measured network bandwidth
@@ -72,6 +93,27 @@ _H2D_TOLERANCE = 0.02
 def default_worker_name(port: int) -> str:
     """A worker started without ``--name`` is ``<host>-<port>``: unique wherever hosts are."""
     return f"{socket.gethostname().split('.')[0] or 'worker'}-{port}"
+
+
+class _LiveView:
+    """The core's window onto the worker's :class:`ClusterView`: snapshots count this
+    worker's own state exactly as it is at that moment."""
+
+    def __init__(self, view: ClusterView, own_state: Callable[[], WorkerState]) -> None:
+        self._view = view
+        self._own_state = own_state
+
+    def snapshot(self, now: float) -> ViewSnapshot:
+        self._view.update_self(self._own_state())
+        return self._view.snapshot(now)
+
+    def note_placement(
+        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+    ) -> None:
+        self._view.note_placement(worker, seconds, model, model_bytes, now)
+
+    def remove(self, worker: str) -> None:
+        self._view.remove(worker)
 
 
 class Worker:
@@ -116,25 +158,17 @@ class Worker:
         self.cache.on_change = self._state_changed
         #: set when the queue or the cache changed since the last heartbeat
         self._changed = asyncio.Event()
-        self.view = self._new_view()
         self.router = self._make_router()
-        #: one-way messages to this worker itself skip the wire
-        self._local: dict[str, Callable[[Channel | None, Any], None]] = {
-            "result": self._on_result,
-            "failed": self._on_failed,
-            "placed": self._on_placed,
-            "done": self._on_done,
-            "task": self._on_task,
-        }
         self._warms = (
             config.sched.warm and self.policy.warms_cache and config.cache.prefetch_depth > 0
         )
-        self.inbox = Inbox()
-        self.jobs: dict[str, tuple[IngressJob, asyncio.Future[Any]]] = {}
-        self._finished: OrderedDict[str, int] = OrderedDict()  # job id -> last attempt seen done
         #: the last answered jobs of this ingress, for benchmarks and `compass status`
         self.trace: deque[dict[str, Any]] = deque(maxlen=config.trace_jobs)
-        self._job_ids = itertools.count(1)
+        #: the client's future of each job this worker is the ingress of
+        self._answers: dict[str, asyncio.Future[Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        # a worker without --name is named when it binds (start)
+        self._bind_name(self.name or "(unbound)")
         self._hb_seq = itertools.count(1)
         self._server: Server | None = None
         self.membership: Membership | None = None
@@ -145,13 +179,22 @@ class Worker:
         #: why the worker stopped on its own (a background loop died), else None
         self.failure: BaseException | None = None
 
-    def _new_view(self) -> ClusterView:
+    def _bind_name(self, name: str) -> None:
+        """Name the worker; its view and its core are made for that name."""
+        self.name = name
         gap = self._gossip_gap_s(0)
-        # a worker without --name is named when it binds (start); until then its view is unused
-        return ClusterView(
-            self.name or "(unbound)",
-            heartbeat_s=gap / self.config.time_scale,
-            settle_s=self._settle_s(gap),
+        self.view = ClusterView(
+            name, heartbeat_s=gap / self.config.time_scale, settle_s=self._settle_s(gap)
+        )
+        self.core = WorkerCore(
+            name,
+            workflow=self.app.get_workflow,
+            policy=self.policy,
+            profiles=self.profiles,
+            view=_LiveView(self.view, self._state),
+            host_lanes=self._host_lanes,
+            max_jobs=self.config.max_jobs,
+            stats=self.stats,
         )
 
     def _gossip_gap_s(self, peers: int) -> float:
@@ -171,7 +214,7 @@ class Worker:
             cfg.host,
             cfg.port,
             token=cfg.token,
-            name=self.name or "worker",
+            name=cfg.name or "worker",
             role="worker",
             handler=self.router.handle_request,
             notify_handler=self.router.handle_notify,
@@ -180,9 +223,8 @@ class Worker:
         )
         host, port = self._server.address[:2]
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if not self.name:
-            self.name = default_worker_name(port)
-            self.view = self._new_view()
+        if not cfg.name:
+            self._bind_name(default_worker_name(port))
         self.membership = Membership(
             name=self.name,
             address=self.address,
@@ -215,18 +257,18 @@ class Worker:
             return
         self._closing = True
         self._stopped.set()
-        for job, future in self.jobs.values():
+        for job_id, future in self._answers.items():
             if not future.done():
                 future.set_exception(
-                    WorkerUnavailable(f"worker {self.name} is shutting down; job {job.job_id} lost")
+                    WorkerUnavailable(f"worker {self.name} is shutting down; job {job_id} lost")
                 )
         if self._server is not None:
             await self._server.aclose()
         if self.membership is not None:
             await self.membership.aclose()
-        for task in self._background:
+        for task in [*self._background, *self._tasks]:
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._background, *self._tasks, return_exceptions=True)
         await self.cache.aclose()
 
     async def wait(self) -> None:
@@ -270,11 +312,8 @@ class Worker:
         router.request("join")(self._on_join)
         router.request("plan")(self._on_plan)
         router.notify("heartbeat")(self._from_peers(self._on_heartbeat))
-        router.notify("task")(self._from_peers(self._on_task))
-        router.notify("result")(self._from_peers(self._on_result))
-        router.notify("failed")(self._from_peers(self._on_failed))
-        router.notify("placed")(self._from_peers(self._on_placed))
-        router.notify("done")(self._from_peers(self._on_done))
+        for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
+            router.notify(message.op)(self._on_peer_message(message.op))
         return router
 
     def _on_ping(self, channel: Channel, body: Any) -> Any:
@@ -298,7 +337,7 @@ class Worker:
             "workflows": sorted(self.app.workflows),
             "queue": {
                 "ready": len(self.executor.queue),
-                "waiting_inputs": len(self.inbox),
+                "waiting_inputs": len(self.core.inbox),
                 "running": self.executor.busy,
                 "lanes": self.executor.lanes,
                 "wait_ms": round(self.executor.queue.wait_s() * 1000, 3),
@@ -306,7 +345,7 @@ class Worker:
                 "host_running": self.executor.host_busy,
                 "host_lanes": self.executor.host_lanes,
             },
-            "jobs_in_flight": len(self.jobs),
+            "jobs_in_flight": len(self.core.jobs),
             "cache": self.cache.snapshot(),
             "stats": self.stats.to_wire(),
         }
@@ -444,365 +483,149 @@ class Worker:
         self._state_changed()  # the newcomer needs this worker's state now, not at the next tick
 
     def _peer_left(self, name: str, why: str) -> None:
-        self.view.remove(name)
-        self.stats.peers_lost += 1
-        for job, future in list(self.jobs.values()):
-            if not future.done() and job.involves(name):
-                log.warning("%s: re-planning job %s: worker %s lost", self.name, job.job_id, name)
-                self.stats.replans += 1
-                self._start_attempt(job, cancel_previous=True)
+        log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
+        self._apply(PeerLost(self.clock(), name))
 
-    # -- ingress: submit, plan, answer ---------------------------------------------------------
+    # -- the core: events in, instructions out --------------------------------------------------
+    def _apply(self, event: Event) -> None:
+        """Feed ``event`` to the core and carry out what it says, in order."""
+        for step in self.core.handle(event):
+            match step:
+                case Send():
+                    self._send(step.peer, step.msg)
+                case Enqueue():
+                    self.executor.submit(step.entry)
+                case Drop():
+                    self.executor.drop_job(step.job_id, step.below)
+                case Answer():
+                    self._deliver(step)
+                case AskPlan():
+                    self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
+
+    def _send(self, worker: str, msg: PeerMessage) -> None:
+        channel = None if self.membership is None else self.membership.channel(worker)
+        if channel is None or channel.closed:
+            # the peer is gone: its jobs' ingresses re-plan them (PeerLost)
+            self.stats.messages_dropped += 1
+            return
+        body = msg.to_wire()
+        if isinstance(msg, TaskMsg):
+            body["sent"] = time.time()  # the receiver derives the push's transfer time
+        channel.notify(msg.op, body)
+
+    def _deliver(self, answer: Answer) -> None:
+        future = self._answers.get(answer.job_id)
+        if future is not None and not future.done():
+            if answer.error is not None:
+                future.set_exception(answer.error)
+            else:
+                future.set_result(answer.value)
+        if answer.record:
+            self.trace.append(dict(answer.record))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=f"{self.name}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _ask_plan(self, step: AskPlan) -> None:
+        """The ``central`` policy plans at one worker: ask it; no answer means plan here."""
+        assert self.membership is not None
+        channel = self.membership.channel(step.peer)
+        plan = None
+        if channel is not None:
+            try:
+                plan = PlanReply.from_wire(await channel.request("plan", step.request.to_wire()))
+            except CompassError as exc:
+                log.warning("%s: %s could not plan job %s: %s", self.name, step.peer,
+                            step.request.job, exc)  # fmt: skip
+        self._apply(PlanReady(self.clock(), step.request.job, plan))
+
+    # -- ingress: submit, answer ---------------------------------------------------------------
     async def _on_submit(self, channel: Channel, body: Any) -> Any:
         if self._stopped.is_set():
             raise WorkerUnavailable(f"worker {self.name} is shutting down")
-        if len(self.jobs) >= self.config.max_jobs:
-            self.stats.jobs_refused += 1
-            raise Overloaded(
-                f"worker {self.name} already has {len(self.jobs)} jobs in flight (its --max-jobs); "
-                "retry later or submit to another worker",
-                detail={"jobs_in_flight": len(self.jobs), "max_jobs": self.config.max_jobs},
-            )
         if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
             raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
-        workflow = self.app.get_workflow(body["workflow"])
         inputs = body.get("inputs") or {}
-        if not isinstance(inputs, dict):
-            raise InvalidInputs(f"inputs of {workflow.name!r} must be a mapping of name to value")
-        workflow.check_inputs(inputs)
-        job = IngressJob(
-            job_id=f"{self.name}-{next(self._job_ids)}",
-            workflow=workflow,
-            inputs=inputs,
-            input_bytes=sum(payload_bytes(v) for v in inputs.values()),
-            submitted_at=self.clock(),
-            t0=time.time(),
-        )
+        job_id = self.core.new_job_id()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.jobs[job.job_id] = (job, future)
-        self.stats.jobs_submitted += 1
+        self._answers[job_id] = future
         try:
-            plan = await self._plan(job)
-            job.plan = plan
-            self._start_attempt(job, cancel_previous=False, plan=plan)
+            self._apply(
+                Submit(
+                    self.clock(),
+                    job_id,
+                    body["workflow"],
+                    inputs,
+                    payload_bytes(inputs),
+                    time.time(),
+                )
+            )
             return await future
         finally:
-            self.jobs.pop(job.job_id, None)
-            self._finish_job(job)
-            self.trace.append(
-                {
-                    "job": job.job_id,
-                    "workflow": job.workflow.name,
-                    "plan": job.plan,
-                    "attempts": job.attempt + 1,
-                    "ok": future.done() and not future.cancelled() and future.exception() is None,
-                    "latency_s": self.clock() - job.submitted_at,
-                }
-            )
-
-    async def _plan(self, job: IngressJob) -> dict[str, str]:
-        now = self.clock()
-        info = JobInfo(job.job_id, job.workflow, self.name, job.input_bytes)
-        planner = getattr(self.policy, "planner", None)
-        central = planner(self.view.snapshot(now)) if planner is not None else None
-        if central is not None and central != self.name:
-            assert self.membership is not None
-            channel = self.membership.channel(central)
-            if channel is not None:
-                reply = await channel.request(
-                    "plan",
-                    {
-                        "job": job.job_id,
-                        "workflow": job.workflow.name,
-                        "ingress": self.name,
-                        "input_bytes": job.input_bytes,
-                    },
-                )
-                return {str(k): str(v) for k, v in reply.items()}
-        return self._plan_here(info, now)
-
-    def _plan_here(self, info: JobInfo, now: float) -> dict[str, str]:
-        self.view.update_self(self._state())
-        plan = self.policy.plan(info, self.view.snapshot(now), self.profiles, now)
-        record_plan(self.view, info, plan, self.profiles, now, host_lanes=self._host_lanes)
-        return plan
+            self._answers.pop(job_id, None)
+            if job_id in self.core.jobs:  # the client stopped waiting: drop the job everywhere
+                self._apply(Cancel(self.clock(), job_id))
 
     async def _on_plan(self, channel: Channel, body: Any) -> dict[str, str]:
         """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
         self._require_peer(channel, "plan")
-        workflow = self.app.get_workflow(body["workflow"])
-        info = JobInfo(str(body["job"]), workflow, str(body["ingress"]), int(body["input_bytes"]))
-        return self._plan_here(info, self.clock())
+        if not isinstance(body, dict):
+            raise ProtocolError("a plan request must be a map")
+        return self.core.plan_for(PlanRequest.from_wire(body), self.clock())
 
-    def _start_attempt(
-        self, job: IngressJob, *, cancel_previous: bool, plan: dict[str, str] | None = None
-    ) -> None:
-        if cancel_previous:
-            old_workers = job.workers()
-            job.attempt += 1
-            job.outputs.clear()
-            self._send_done(job, old_workers, below_attempt=job.attempt)
-            plan = self._plan_here(
-                JobInfo(job.job_id, job.workflow, self.name, job.input_bytes), self.clock()
-            )
-            job.plan = plan
-        assert plan is not None
-        sent = time.time()
-        for root in job.workflow.roots:
-            self._push(
-                plan[root],
-                {
-                    "job": job.job_id,
-                    "att": job.attempt,
-                    "wf": job.workflow.name,
-                    "task": root,
-                    "from": JOB_INPUTS,
-                    "value": job.inputs,
-                    "plan": plan,
-                    "ingress": self.name,
-                    "sent": sent,
-                    "t0": job.t0,
-                },
-            )
-
-    def _finish_job(self, job: IngressJob) -> None:
-        self._send_done(job, job.workers(), below_attempt=None)
-
-    def _send_done(self, job: IngressJob, workers: set[str], below_attempt: int | None) -> None:
-        body = {"job": job.job_id, "below": below_attempt}
-        for worker in workers:
-            if worker == self.name:
-                self._drop_job(job.job_id, below_attempt)
-            else:
-                self._notify(worker, "done", body)
-
-    def _live_job(self, body: Any) -> tuple[IngressJob, asyncio.Future[Any]] | None:
-        """The unanswered job a report is about, if it is about its current attempt."""
-        record = self.jobs.get(body["job"])
-        if record is None or body["att"] != record[0].attempt or record[1].done():
-            return None
-        return record
-
-    def _on_result(self, channel: Channel | None, body: Any) -> None:
-        record = self._live_job(body)
-        if record is None:
-            return
-        job, future = record
-        job.outputs[body["task"]] = body["value"]
-        sinks = job.workflow.sinks
-        if all(s in job.outputs for s in sinks):
-            self.stats.jobs_completed += 1
-            value = job.outputs[sinks[0]] if len(sinks) == 1 else dict(job.outputs)
-            future.set_result(value)
-
-    def _on_failed(self, channel: Channel | None, body: Any) -> None:
-        record = self._live_job(body)
-        if record is None:
-            return
-        job, future = record
-        self.stats.jobs_failed += 1
-        detail = {
-            "job_id": job.job_id,
-            "workflow": job.workflow.name,
-            "task": body["task"],
-            "worker": body.get("worker"),
-            "traceback": body.get("traceback", ""),
-        }
-        future.set_exception(
-            JobFailed(
-                f"task {body['task']!r} of workflow {job.workflow.name!r} failed on "
-                f"{body.get('worker')}: {body.get('message')}",
-                detail=detail,
-            )
-        )
-
-    def _on_placed(self, channel: Channel | None, body: Any) -> None:
-        record = self._live_job(body)
-        if record is not None:
-            record[0].plan[body["task"]] = body["worker"]
-
-    # -- every worker: tasks in, outputs out ---------------------------------------------------
+    # -- every worker: messages and tasks ------------------------------------------------------
     def _task(self, workflow: str, task: str) -> Task:
         return self.app.get_workflow(workflow).tasks[task]
 
-    def _on_task(self, channel: Channel | None, body: Any) -> None:
-        job_id, attempt = body["job"], body["att"]
-        if self._finished.get(job_id, -1) >= attempt:
-            return  # a late message of a job already done or re-planned
-        try:
-            workflow = self.app.get_workflow(body["wf"])
-        except CompassError as exc:
-            self._notify(
-                body["ingress"],
-                "failed",
-                {
-                    "job": job_id,
-                    "att": attempt,
-                    "task": body["task"],
-                    "worker": self.name,
-                    "message": str(exc),
-                    "traceback": "",
-                },
-            )
-            return
-        transfer_s = (
-            max(0.0, time.time() - body["sent"]) / self.config.time_scale
-            if channel is not None
-            else 0.0
-        )
+    def _on_peer_message(self, op: str) -> PeerHandler:
+        """The one-way handler of ``op``: only workers may send it; a malformed message is
+        counted and dropped, never raised inside the worker."""
+
+        def handle(channel: Channel, body: Any) -> None:
+            if channel.peer_role != "worker":
+                self.stats.messages_dropped += 1
+                log.warning("%s: dropped %r from a %s", self.name, op, channel.peer_role)
+                return
+            try:
+                msg = decode(op, body)
+            except ProtocolError as exc:
+                self.stats.messages_dropped += 1
+                log.warning("%s: dropped a malformed %r from %s: %s", self.name, op,
+                            channel.peer_name, exc)  # fmt: skip
+                return
+            if isinstance(msg, TaskMsg):
+                self._apply(self._task_arrived(channel, msg))
+            else:
+                self._apply(Received(self.clock(), channel.peer_name, msg))
+
+        return handle
+
+    def _task_arrived(self, channel: Channel, msg: TaskMsg) -> Received:
+        """A pushed task input: its transfer time and its job's age, from the wall clock."""
+        scale = self.config.time_scale
+        wall = time.time()
+        transfer_s = max(0.0, wall - msg.sent) / scale
         now = self.clock()
-        if channel is not None and not self.config.emulate and transfer_s > 0:
-            nbytes = payload_bytes(body["value"])
+        if not self.config.emulate and transfer_s > 0:
+            nbytes = payload_bytes(msg.value)
             if nbytes >= _MEASURED_TRANSFER_BYTES:  # small pushes measure latency, not bandwidth
                 self.profiles.observe_transfer(channel.peer_name, self.name, nbytes, transfer_s)
-        entry = self.inbox.add(
-            job_id=job_id,
-            attempt=attempt,
-            workflow=workflow,
-            task=body["task"],
-            source=body["from"],
-            value=body["value"],
-            plan=body["plan"],
-            ingress=body["ingress"],
-            transfer_s=transfer_s,
-            now=now,
-        )
-        if entry is None:
-            return
-        task = workflow.tasks[body["task"]]
-        t0 = float(body["t0"])
-        # the job's arrival on this worker's clock: the queue runs oldest jobs first
-        arrival = now - max(0.0, time.time() - t0) / self.config.time_scale
-        self.executor.submit(
-            QueuedTask(
-                job_id=job_id,
-                attempt=attempt,
-                workflow=workflow.name,
-                task=task.name,
-                model=task.model,
-                expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
-                inputs=entry.inputs,
-                plan=entry.plan,
-                ingress=entry.ingress,
-                enqueued_at=now,
-                transfer_s=entry.transfer_s,
-                priority=arrival if self.policy.oldest_job_first else None,
-                t0=t0,
-            )
-        )
+        arrival = now - max(0.0, wall - msg.t0) / scale
+        return Received(now, channel.peer_name, msg, transfer_s, arrival)
 
     def _task_finished(self, outcome: TaskOutcome) -> None:
         entry = outcome.entry
         self.stats.record(outcome)
-        if self._finished.get(entry.job_id, -1) >= entry.attempt:
-            return
-        if outcome.error is not None:
-            self._notify(
-                entry.ingress,
-                "failed",
-                {
-                    "job": entry.job_id,
-                    "att": entry.attempt,
-                    "task": entry.task,
-                    "worker": self.name,
-                    "message": f"{type(outcome.error).__name__}: {outcome.error}",
-                    "traceback": outcome.error_text,
-                },
-            )
-            return
-        workflow = self.app.get_workflow(entry.workflow)
-        if not self.config.emulate:
-            self.profiles.observe_exec(workflow.name, entry.task, self.name, outcome.exec_s)
-            self.profiles.observe_output(workflow.name, entry.task, payload_bytes(outcome.output))
-        succs = workflow.succs(entry.task)
-        if not succs:
-            self._notify(
-                entry.ingress,
-                "result",
-                {
-                    "job": entry.job_id,
-                    "att": entry.attempt,
-                    "task": entry.task,
-                    "value": outcome.output,
-                },
-            )
-            return
         now = self.clock()
-        plan = entry.plan
-        if self.policy.dynamic:
-            self.view.update_self(self._state())
-            info = JobInfo(entry.job_id, workflow, entry.ingress, 0)
-            adjusted = adjust_successors(
-                self.policy, info, entry.task, plan, self.view.snapshot(now), self.profiles, now
+        if outcome.error is not None:
+            error = outcome.error
+            self._apply(
+                TaskFailed(now, entry, f"{type(error).__name__}: {error}", outcome.error_text)
             )
-            moved = [t for t in workflow.order if adjusted[t] != plan[t]]
-            if moved:
-                plan = adjusted
-                self.stats.moves += len(moved)
-                for name in moved:
-                    self._notify(
-                        entry.ingress,
-                        "placed",
-                        {
-                            "job": entry.job_id,
-                            "att": entry.attempt,
-                            "task": name,
-                            "worker": plan[name],
-                        },
-                    )
-                    if plan[name] != self.name:
-                        record_plan(
-                            self.view,
-                            info,
-                            {name: plan[name]},
-                            self.profiles,
-                            now,
-                            host_lanes=self._host_lanes,
-                        )
-        sent = time.time()
-        for succ in succs:
-            self._push(
-                plan[succ],
-                {
-                    "job": entry.job_id,
-                    "att": entry.attempt,
-                    "wf": workflow.name,
-                    "task": succ,
-                    "from": entry.task,
-                    "value": outcome.output,
-                    "plan": plan,
-                    "ingress": entry.ingress,
-                    "sent": sent,
-                    "t0": entry.t0,
-                },
-            )
-
-    def _push(self, worker: str, body: dict[str, Any]) -> None:
-        if worker == self.name:
-            self._on_task(None, body)
-        else:
-            self._notify(worker, "task", body)
-
-    def _notify(self, worker: str, op: str, body: dict[str, Any]) -> None:
-        """Send a one-way message to a worker, this one included (no wire then)."""
-        if worker == self.name:
-            self._local[op](None, body)
             return
-        channel = None if self.membership is None else self.membership.channel(worker)
-        if channel is None or channel.closed:
-            # the peer is gone: its jobs' ingresses re-plan them (see _peer_left)
-            self.stats.messages_dropped += 1
-            return
-        channel.notify(op, body)
-
-    def _on_done(self, channel: Channel | None, body: Any) -> None:
-        self._drop_job(str(body["job"]), body.get("below"))
-
-    def _drop_job(self, job_id: str, below_attempt: int | None) -> None:
-        mark = (below_attempt - 1) if below_attempt is not None else 1 << 30
-        self._finished[job_id] = max(self._finished.get(job_id, -1), mark)
-        self._finished.move_to_end(job_id)
-        while len(self._finished) > _FORGET_AFTER:
-            self._finished.popitem(last=False)
-        self.inbox.drop_job(job_id, below_attempt)
-        self.executor.drop_job(job_id, below_attempt)
+        if not self.config.emulate:
+            self.profiles.observe_exec(entry.workflow, entry.task, self.name, outcome.exec_s)
+            self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(outcome.output))
+        self._apply(TaskDone(now, entry, outcome.output))

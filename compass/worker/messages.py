@@ -1,0 +1,287 @@
+"""Every one-way message between workers, typed: one frozen dataclass each, one encode
+(:meth:`to_wire`) and one decode (:func:`decode`).
+
+Decoding validates types and required fields, so a malformed message from a peer is a
+:class:`~compass.errors.ProtocolError` the worker counts and drops, never an exception inside
+its rules. Whether a message makes sense (a workflow this worker knows, a plan that places
+every task) is the worker core's to check: :mod:`compass.worker.state`.
+
+The wire layout (a msgpack map per message, keys as below) is documented in
+docs/ARCHITECTURE.md ("Peer messages"). Values (task outputs, job inputs) travel as the codec
+encodes them: arrays and tensors out of band.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+from compass.errors import ProtocolError
+
+__all__ = [
+    "JOB_INPUTS",
+    "DoneMsg",
+    "FailedMsg",
+    "PeerMessage",
+    "PlacedMsg",
+    "PlanReply",
+    "PlanRequest",
+    "ResultMsg",
+    "TaskMsg",
+    "decode",
+]
+
+#: the ``source`` of a push that carries the job's own inputs to a root task
+JOB_INPUTS = ""
+
+
+def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], op: str) -> Any:
+    try:
+        value = body[key]
+    except KeyError:
+        raise ProtocolError(f"peer message {op!r} lacks field {key!r}") from None
+    # bool is an int to isinstance; no field of ours takes a bool for a number
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise ProtocolError(
+            f"peer message {op!r}: field {key!r} must be {_names(kind)}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in _kinds(kind))
+
+
+def _plan(body: Mapping[str, Any], key: str, op: str) -> dict[str, str]:
+    plan = _field(body, key, dict, op)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+        raise ProtocolError(f"peer message {op!r}: {key!r} must map task names to worker names")
+    return dict(plan)
+
+
+_NUMBER = (int, float)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMsg:
+    """One input of ``task``: the output of predecessor ``source``, or (``source`` =
+    :data:`JOB_INPUTS`) the mapping of job inputs for a root task. ``plan`` is the job's plan
+    as the sender knows it; ``sent`` and ``t0`` are wall-clock seconds (push time, job submit
+    time) from which the receiver derives transfer time and job age."""
+
+    op: ClassVar[str] = "task"
+    job: str
+    attempt: int
+    workflow: str
+    task: str
+    source: str
+    value: Any
+    plan: dict[str, str]
+    ingress: str
+    sent: float = 0.0
+    t0: float = 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "att": self.attempt,
+            "wf": self.workflow,
+            "task": self.task,
+            "from": self.source,
+            "value": self.value,
+            "plan": self.plan,
+            "ingress": self.ingress,
+            "sent": self.sent,
+            "t0": self.t0,
+        }
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> TaskMsg:
+        op = cls.op
+        if "value" not in body:
+            raise ProtocolError(f"peer message {op!r} lacks field 'value'")
+        return cls(
+            job=_field(body, "job", str, op),
+            attempt=_field(body, "att", int, op),
+            workflow=_field(body, "wf", str, op),
+            task=_field(body, "task", str, op),
+            source=_field(body, "from", str, op),
+            value=body["value"],
+            plan=_plan(body, "plan", op),
+            ingress=_field(body, "ingress", str, op),
+            sent=float(_field(body, "sent", _NUMBER, op)),
+            t0=float(_field(body, "t0", _NUMBER, op)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResultMsg:
+    """The output of sink ``task``, for the job's ingress."""
+
+    op: ClassVar[str] = "result"
+    job: str
+    attempt: int
+    task: str
+    value: Any
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job": self.job, "att": self.attempt, "task": self.task, "value": self.value}
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> ResultMsg:
+        op = cls.op
+        if "value" not in body:
+            raise ProtocolError(f"peer message {op!r} lacks field 'value'")
+        return cls(
+            job=_field(body, "job", str, op),
+            attempt=_field(body, "att", int, op),
+            task=_field(body, "task", str, op),
+            value=body["value"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FailedMsg:
+    """``task`` of the job failed on ``worker``; ``code`` is the error's wire code
+    (:class:`~compass.errors.CompassError`), ``message`` and ``traceback`` its text."""
+
+    op: ClassVar[str] = "failed"
+    job: str
+    attempt: int
+    task: str
+    worker: str
+    message: str
+    traceback: str = ""
+    code: str = "job_failed"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "att": self.attempt,
+            "task": self.task,
+            "worker": self.worker,
+            "message": self.message,
+            "traceback": self.traceback,
+            "code": self.code,
+        }
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> FailedMsg:
+        op = cls.op
+        return cls(
+            job=_field(body, "job", str, op),
+            attempt=_field(body, "att", int, op),
+            task=_field(body, "task", str, op),
+            worker=_field(body, "worker", str, op),
+            message=_field(body, "message", str, op),
+            traceback=str(body.get("traceback", "")),
+            code=str(body.get("code", "job_failed")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedMsg:
+    """Dynamic adjustment moved ``task`` to ``worker``: the ingress keeps its plan current
+    (it re-plans the job if that worker is lost)."""
+
+    op: ClassVar[str] = "placed"
+    job: str
+    attempt: int
+    task: str
+    worker: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job": self.job, "att": self.attempt, "task": self.task, "worker": self.worker}
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> PlacedMsg:
+        op = cls.op
+        return cls(
+            job=_field(body, "job", str, op),
+            attempt=_field(body, "att", int, op),
+            task=_field(body, "task", str, op),
+            worker=_field(body, "worker", str, op),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DoneMsg:
+    """Drop what is held of the job: every attempt (``below`` None: it was answered or
+    abandoned), or the attempts below ``below`` (it was re-planned)."""
+
+    op: ClassVar[str] = "done"
+    job: str
+    below: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job": self.job, "below": self.below}
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> DoneMsg:
+        op = cls.op
+        below = body.get("below")
+        if below is not None and (not isinstance(below, int) or isinstance(below, bool)):
+            raise ProtocolError(f"peer message {op!r}: 'below' must be an int or nil")
+        return cls(job=_field(body, "job", str, op), below=below)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """Plan a job for another ingress (the ``central`` policy plans at one worker); a
+    request, answered with the plan (:func:`PlanReply.from_wire`)."""
+
+    op: ClassVar[str] = "plan"
+    job: str
+    workflow: str
+    ingress: str
+    input_bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "workflow": self.workflow,
+            "ingress": self.ingress,
+            "input_bytes": self.input_bytes,
+        }
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> PlanRequest:
+        op = cls.op
+        return cls(
+            job=_field(body, "job", str, op),
+            workflow=_field(body, "workflow", str, op),
+            ingress=_field(body, "ingress", str, op),
+            input_bytes=_field(body, "input_bytes", int, op),
+        )
+
+
+class PlanReply:
+    """The answer to a :class:`PlanRequest`: task -> worker."""
+
+    @staticmethod
+    def from_wire(body: Any) -> dict[str, str]:
+        if not isinstance(body, dict):
+            raise ProtocolError(f"a plan reply must be a map, got {type(body).__name__}")
+        return _plan({"plan": body}, "plan", "plan")
+
+
+PeerMessage: TypeAlias = TaskMsg | ResultMsg | FailedMsg | PlacedMsg | DoneMsg
+
+_BY_OP: dict[str, type[PeerMessage]] = {
+    cls.op: cls for cls in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg)
+}
+
+
+def decode(op: str, body: Any) -> PeerMessage:
+    """The typed message ``op`` with ``body``; :class:`ProtocolError` when it is malformed."""
+    cls = _BY_OP.get(op)
+    if cls is None:
+        raise ProtocolError(f"unknown peer message {op!r}")
+    if not isinstance(body, dict):
+        raise ProtocolError(f"peer message {op!r} must be a map, got {type(body).__name__}")
+    return cls.from_wire(body)

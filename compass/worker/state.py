@@ -1,0 +1,669 @@
+"""The worker core, sans-IO: a worker's rules as a state machine, events in, instructions out.
+
+:meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the
+current time (``now``, on the worker's clock); the core imports no asyncio and no socket code
+and reads no clock, so the same list of events always gives the same instructions. Two
+adapters drive it: the asyncio :class:`~compass.worker.server.Worker` (sockets, threads,
+timers) and the simulator (:mod:`compass.sim.engine`, a heap of timestamped events).
+
+What the core owns:
+
+- the **ingress records**: every job this worker accepted, its plan as reported moves keep it,
+  its current attempt, the sink outputs gathered so far; admission (``max_jobs``), planning
+  (here, or at the ``central`` planner), the one answer per job;
+- the **inbox**: the inputs of tasks whose predecessors have not all reported (a join waits for
+  every one of them); a task whose inputs are all here is handed out to run (:class:`Enqueue`);
+- the **attempt rules**: a job re-planned after a lost peer gets a new attempt; messages of an
+  older attempt, or of a job already done here, are dropped, so a job is answered exactly once;
+- **dynamic adjustment**: when a task finishes, its successors are re-placed on this worker's
+  view before the output is pushed on, and the ingress is told of every move.
+
+What it does not own: running tasks and loading models (the executor and the model cache, or
+the simulator's lanes), sending bytes, the view's heartbeats (:class:`ViewPort` is the core's
+window onto the view).
+
+Messages to this worker itself never leave it: the core handles them at once, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
+
+from compass.errors import (
+    CompassError,
+    ConfigError,
+    InvalidInputs,
+    JobFailed,
+    Overloaded,
+    ProtocolError,
+    WorkerUnavailable,
+    error_from_wire,
+)
+from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors
+from compass.worker.jobs import Inbox, IngressJob
+from compass.worker.messages import (
+    JOB_INPUTS,
+    DoneMsg,
+    FailedMsg,
+    PeerMessage,
+    PlacedMsg,
+    PlanRequest,
+    ResultMsg,
+    TaskMsg,
+)
+from compass.worker.queue import QueuedTask
+from compass.worker.stats import WorkerStats
+from compass.workflow.dag import Workflow
+from compass.workflow.profile import Profiles
+
+__all__ = [
+    "Answer",
+    "AskPlan",
+    "Cancel",
+    "Drop",
+    "Enqueue",
+    "Event",
+    "Instruction",
+    "PeerLost",
+    "PlanReady",
+    "Received",
+    "Send",
+    "Submit",
+    "TaskDone",
+    "TaskFailed",
+    "ViewPort",
+    "WorkerCore",
+]
+
+#: how many finished job ids a worker remembers, to drop late messages of those jobs
+FORGET_AFTER = 4096
+
+
+class ViewPort(Protocol):
+    """What the core needs of the worker's view of the cluster."""
+
+    def snapshot(self, now: float) -> ViewSnapshot:
+        """The view at ``now``, this worker's own state exact."""
+        ...
+
+    def note_placement(
+        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+    ) -> None:
+        """Count a task of ``seconds`` just placed on peer ``worker`` until its heartbeats do."""
+        ...
+
+    def remove(self, worker: str) -> None:
+        """Forget a lost peer."""
+        ...
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """A client submitted a job to this worker (its ingress). ``t0`` is the submit time on
+    the clock every worker shares for job ages (wall clock; virtual time in the simulator)."""
+
+    now: float
+    job_id: str
+    workflow: str
+    inputs: Any
+    input_bytes: int
+    t0: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReady:
+    """The plan asked of another worker (:class:`AskPlan`) arrived; ``None``: no answer,
+    plan here."""
+
+    now: float
+    job_id: str
+    plan: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message from a peer. For a :class:`TaskMsg`: ``transfer_s`` it spent on the wire and
+    ``job_arrival``, the job's submit time on this worker's clock."""
+
+    now: float
+    sender: str
+    msg: PeerMessage
+    transfer_s: float = 0.0
+    job_arrival: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDone:
+    """``entry`` ran to its end with ``output``."""
+
+    now: float
+    entry: QueuedTask
+    output: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    """``entry`` failed: ``error`` is ``Type: message``; ``code`` the error's wire code."""
+
+    now: float
+    entry: QueuedTask
+    error: str
+    traceback: str = ""
+    code: str = JobFailed.code
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLost:
+    """Peer ``name`` was declared dead or left."""
+
+    now: float
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The client of ``job_id`` stopped waiting: drop the job everywhere."""
+
+    now: float
+    job_id: str
+
+
+Event: TypeAlias = Submit | PlanReady | Received | TaskDone | TaskFailed | PeerLost | Cancel
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""
+
+    peer: str
+    msg: PeerMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """Every input of a task is here: queue it to run."""
+
+    entry: QueuedTask
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Remove the job's queued tasks (of attempts below ``below``; all when ``None``)."""
+
+    job_id: str
+    below: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AskPlan:
+    """Ask ``peer`` to plan the job (answer with :class:`PlanReady`)."""
+
+    peer: str
+    request: PlanRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The job's one answer: ``value``, or ``error``. ``record`` describes the job for the
+    worker's trace (plan, attempts, latency)."""
+
+    job_id: str
+    value: Any = None
+    error: CompassError | None = None
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+Instruction: TypeAlias = Send | Enqueue | Drop | AskPlan | Answer
+
+
+class WorkerCore:
+    """One worker's rules; see the module docstring.
+
+    ``workflow`` looks a workflow up by name (raising
+    :class:`~compass.errors.UnknownWorkflow`); ``host_lanes``: model-less tasks run off the
+    GPU queue and are not counted in a peer's wait.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        workflow: Callable[[str], Workflow],
+        policy: Policy,
+        profiles: Profiles,
+        view: ViewPort,
+        host_lanes: bool = False,
+        max_jobs: int = 10_000,
+        stats: WorkerStats | None = None,
+        forget_after: int = FORGET_AFTER,
+    ) -> None:
+        if not name:
+            raise ConfigError("a worker core needs its worker's name")
+        self.name = name
+        self.policy = policy
+        self.profiles = profiles
+        self.view = view
+        self.host_lanes = host_lanes
+        self.max_jobs = max_jobs
+        self.stats = stats if stats is not None else WorkerStats()
+        self._workflow = workflow
+        self._forget_after = forget_after
+        #: unanswered jobs this worker is the ingress of
+        self.jobs: dict[str, IngressJob] = {}
+        self.inbox = Inbox()
+        #: job id -> the highest attempt known done here (late messages of those are dropped)
+        self._finished: OrderedDict[str, int] = OrderedDict()
+        self._job_ids = itertools.count(1)
+        self._out: list[Instruction] = []
+
+    def new_job_id(self) -> str:
+        """A job id unique in the cluster (worker names are)."""
+        return f"{self.name}-{next(self._job_ids)}"
+
+    # -- the one entry point ------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply ``event``; return what the adapter must do, in order."""
+        out = self._out = []
+        match event:
+            case Received():
+                self._received(event)
+            case TaskDone():
+                self._task_done(event)
+            case TaskFailed():
+                self._task_failed(event)
+            case Submit():
+                self._submit(event)
+            case PlanReady():
+                self._plan_ready(event)
+            case PeerLost():
+                self._peer_lost(event)
+            case Cancel():
+                self._cancel(event)
+        self._out = []
+        return out
+
+    def plan_for(self, request: PlanRequest, now: float) -> dict[str, str]:
+        """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
+        workflow = self._workflow(request.workflow)
+        info = JobInfo(request.job, workflow, request.ingress, request.input_bytes)
+        return self._plan_here(info, now)
+
+    def is_done(self, job_id: str, attempt: int) -> bool:
+        """Whether messages of ``job_id``'s ``attempt`` are stale here."""
+        return self._finished.get(job_id, -1) >= attempt
+
+    # -- ingress ------------------------------------------------------------------------------
+
+    def _submit(self, ev: Submit) -> None:
+        if len(self.jobs) >= self.max_jobs:
+            self.stats.jobs_refused += 1
+            self._answer_now(
+                ev.job_id,
+                Overloaded(
+                    f"worker {self.name} already has {len(self.jobs)} jobs in flight (its "
+                    "--max-jobs); retry later or submit to another worker",
+                    detail={"jobs_in_flight": len(self.jobs), "max_jobs": self.max_jobs},
+                ),
+            )
+            return
+        try:
+            workflow = self._workflow(ev.workflow)
+            if not isinstance(ev.inputs, dict):
+                raise InvalidInputs(
+                    f"inputs of {workflow.name!r} must be a mapping of name to value"
+                )
+            workflow.check_inputs(ev.inputs)
+        except CompassError as exc:
+            self._answer_now(ev.job_id, exc)
+            return
+        job = IngressJob(
+            job_id=ev.job_id,
+            workflow=workflow,
+            inputs=ev.inputs,
+            input_bytes=ev.input_bytes,
+            submitted_at=ev.now,
+            t0=ev.t0,
+        )
+        self.jobs[job.job_id] = job
+        self.stats.jobs_submitted += 1
+        central = self.policy.planner(self.view.snapshot(ev.now))
+        if central is not None and central != self.name:
+            request = PlanRequest(job.job_id, workflow.name, self.name, job.input_bytes)
+            self._out.append(AskPlan(central, request))
+            return
+        self._first_attempt(job, None, ev.now)
+
+    def _plan_ready(self, ev: PlanReady) -> None:
+        job = self.jobs.get(ev.job_id)
+        if job is not None and not job.plan:
+            self._first_attempt(job, ev.plan, ev.now)
+
+    def _first_attempt(self, job: IngressJob, plan: dict[str, str] | None, now: float) -> None:
+        try:
+            if plan is None or set(plan) != set(job.workflow.tasks):
+                plan = self._plan_here(self._info(job), now)
+        except CompassError as exc:
+            self._answer(job, now, error=exc)
+            return
+        job.plan = plan
+        self._send_roots(job, now)
+
+    def _new_attempt(self, job: IngressJob, now: float) -> None:
+        """Plan ``job`` again from the inputs kept here; older attempts are dropped."""
+        old_workers = job.workers()
+        job.attempt += 1
+        job.outputs.clear()
+        self._send_done(job.job_id, old_workers, below=job.attempt, now=now)
+        try:
+            job.plan = self._plan_here(self._info(job), now)
+        except CompassError as exc:
+            self._answer(job, now, error=exc)
+            return
+        self._send_roots(job, now)
+
+    def _send_roots(self, job: IngressJob, now: float) -> None:
+        for root in job.workflow.roots:
+            self._send(
+                job.plan[root],
+                TaskMsg(
+                    job=job.job_id,
+                    attempt=job.attempt,
+                    workflow=job.workflow.name,
+                    task=root,
+                    source=JOB_INPUTS,
+                    value=job.inputs,
+                    plan=job.plan,
+                    ingress=self.name,
+                    t0=job.t0,
+                ),
+                now,
+                job_arrival=job.submitted_at,
+            )
+
+    def _info(self, job: IngressJob) -> JobInfo:
+        return JobInfo(job.job_id, job.workflow, self.name, job.input_bytes)
+
+    def _plan_here(self, info: JobInfo, now: float) -> dict[str, str]:
+        plan = self.policy.plan(info, self.view.snapshot(now), self.profiles, now)
+        self._note_placements(info.workflow, plan, now)
+        return plan
+
+    def _note_placements(self, workflow: Workflow, placed: Mapping[str, str], now: float) -> None:
+        """Count the tasks just placed on peers in their waits, so that the next job planned
+        before their heartbeats does not pile onto them. This worker's own state is exact;
+        model-less tasks on host lanes do not use the queue."""
+        for task, worker in placed.items():
+            if worker == self.name:
+                continue
+            model = workflow.tasks[task].model
+            if model is None and self.host_lanes:
+                continue
+            size = 0 if model is None else self.profiles.model_bytes(model)
+            seconds = self.profiles.exec_s(workflow.name, task, worker)
+            self.view.note_placement(worker, seconds, model, size, now)
+
+    def _live(self, job_id: str, attempt: int) -> IngressJob | None:
+        """The unanswered job a report is about, if it is about its current attempt."""
+        job = self.jobs.get(job_id)
+        return job if job is not None and job.attempt == attempt else None
+
+    def _result(self, msg: ResultMsg, now: float) -> None:
+        job = self._live(msg.job, msg.attempt)
+        if job is None:
+            return
+        job.outputs[msg.task] = msg.value
+        sinks = job.workflow.sinks
+        if all(s in job.outputs for s in sinks):
+            self.stats.jobs_completed += 1
+            value = job.outputs[sinks[0]] if len(sinks) == 1 else dict(job.outputs)
+            self._answer(job, now, value=value)
+
+    def _failed(self, msg: FailedMsg, now: float) -> None:
+        job = self._live(msg.job, msg.attempt)
+        if job is None:
+            return
+        self.stats.jobs_failed += 1
+        detail = {
+            "job_id": job.job_id,
+            "workflow": job.workflow.name,
+            "task": msg.task,
+            "worker": msg.worker,
+            "code": msg.code,
+            "traceback": msg.traceback,
+        }
+        text = (
+            f"task {msg.task!r} of workflow {job.workflow.name!r} failed on {msg.worker}: "
+            f"{msg.message}"
+        )
+        error: CompassError = JobFailed(text, detail=detail)
+        if msg.code not in (JobFailed.code, ProtocolError.code):
+            # a typed failure (a timeout, a model too large) keeps its type for the client
+            error = error_from_wire(msg.code, text, detail)
+        self._answer(job, now, error=error)
+
+    def _placed(self, msg: PlacedMsg) -> None:
+        job = self._live(msg.job, msg.attempt)
+        if job is not None and msg.task in job.plan:
+            job.plan[msg.task] = msg.worker
+
+    def _answer(
+        self, job: IngressJob, now: float, *, value: Any = None, error: CompassError | None = None
+    ) -> None:
+        """Answer ``job`` (once: it leaves :attr:`jobs`) and tell its workers to drop it."""
+        del self.jobs[job.job_id]
+        self._send_done(job.job_id, job.workers(), below=None, now=now)
+        record = {
+            "job": job.job_id,
+            "workflow": job.workflow.name,
+            "plan": dict(job.plan),
+            "attempts": job.attempt + 1,
+            "ok": error is None,
+            "latency_s": now - job.submitted_at,
+        }
+        self._out.append(Answer(job.job_id, value=value, error=error, record=record))
+
+    def _answer_now(self, job_id: str, error: CompassError) -> None:
+        """Refuse a job that was never accepted."""
+        self._out.append(Answer(job_id, error=error))
+
+    def _cancel(self, ev: Cancel) -> None:
+        job = self.jobs.get(ev.job_id)
+        if job is not None:
+            self._answer(job, ev.now, error=WorkerUnavailable("the client stopped waiting"))
+
+    def _peer_lost(self, ev: PeerLost) -> None:
+        if ev.name == self.name:
+            return
+        self.view.remove(ev.name)
+        self.stats.peers_lost += 1
+        for job in list(self.jobs.values()):
+            if job.involves(ev.name):
+                self.stats.replans += 1
+                self._new_attempt(job, ev.now)
+
+    # -- every worker: tasks in, outputs out --------------------------------------------------
+
+    def _received(self, ev: Received) -> None:
+        msg = ev.msg
+        if isinstance(msg, TaskMsg):
+            self._task_input(msg, ev.now, ev.transfer_s, ev.job_arrival)
+        elif isinstance(msg, ResultMsg):
+            self._result(msg, ev.now)
+        elif isinstance(msg, FailedMsg):
+            self._failed(msg, ev.now)
+        elif isinstance(msg, PlacedMsg):
+            self._placed(msg)
+        else:
+            self._drop_job(msg.job, msg.below)
+
+    def _task_input(
+        self, msg: TaskMsg, now: float, transfer_s: float, job_arrival: float | None
+    ) -> None:
+        if self.is_done(msg.job, msg.attempt):
+            return  # a late message of a job already done or re-planned
+        try:
+            workflow = self._workflow(msg.workflow)
+            self._check_task(workflow, msg)
+        except CompassError as exc:
+            self.stats.messages_dropped += 1
+            self._send_failed(msg.job, msg.attempt, msg.task, msg.ingress, exc, now)
+            return
+        entry = self.inbox.add(
+            job_id=msg.job,
+            attempt=msg.attempt,
+            workflow=workflow,
+            task=msg.task,
+            source=msg.source,
+            value=msg.value,
+            plan=msg.plan,
+            ingress=msg.ingress,
+            transfer_s=transfer_s,
+            now=now,
+        )
+        if entry is None:
+            return
+        task = workflow.tasks[msg.task]
+        arrival = now if job_arrival is None else job_arrival
+        self._out.append(
+            Enqueue(
+                QueuedTask(
+                    job_id=msg.job,
+                    attempt=msg.attempt,
+                    workflow=workflow.name,
+                    task=task.name,
+                    model=task.model,
+                    expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
+                    inputs=entry.inputs,
+                    plan=entry.plan,
+                    ingress=entry.ingress,
+                    enqueued_at=now,
+                    transfer_s=entry.transfer_s,
+                    priority=arrival if self.policy.oldest_job_first else None,
+                    t0=msg.t0,
+                    arrival=arrival,
+                )
+            )
+        )
+
+    @staticmethod
+    def _check_task(workflow: Workflow, msg: TaskMsg) -> None:
+        """A task message must name a task of its workflow, one of its inputs, and a plan
+        that places every task: anything else would fail later, far from its cause."""
+        if msg.task not in workflow.tasks:
+            raise ProtocolError(f"workflow {workflow.name!r} has no task {msg.task!r}")
+        preds = workflow.preds(msg.task)
+        if msg.source not in preds and not (msg.source == JOB_INPUTS and not preds):
+            raise ProtocolError(f"task {msg.task!r} takes no input from {msg.source!r}")
+        if msg.source == JOB_INPUTS and not isinstance(msg.value, dict):
+            raise ProtocolError(f"the job inputs of root task {msg.task!r} are not a mapping")
+        missing = [t for t in workflow.tasks if t not in msg.plan]
+        if missing:
+            raise ProtocolError(f"the plan places no worker for {', '.join(missing)}")
+
+    def _task_failed(self, ev: TaskFailed) -> None:
+        entry = ev.entry
+        if self.is_done(entry.job_id, entry.attempt):
+            return
+        self._out_failed(entry, ev.error, ev.traceback, ev.code, ev.now)
+
+    def _out_failed(
+        self, entry: QueuedTask, message: str, traceback: str, code: str, now: float
+    ) -> None:
+        failed = FailedMsg(
+            job=entry.job_id,
+            attempt=entry.attempt,
+            task=entry.task,
+            worker=self.name,
+            message=message,
+            traceback=traceback,
+            code=code,
+        )
+        self._send(entry.ingress, failed, now)
+
+    def _send_failed(
+        self, job: str, attempt: int, task: str, ingress: str, exc: CompassError, now: float
+    ) -> None:
+        msg = FailedMsg(job, attempt, task, self.name, str(exc), "", exc.code)
+        self._send(ingress, msg, now)
+
+    def _task_done(self, ev: TaskDone) -> None:
+        entry = ev.entry
+        if self.is_done(entry.job_id, entry.attempt):
+            return
+        now = ev.now
+        workflow = self._workflow(entry.workflow)
+        succs = workflow.succs(entry.task)
+        if not succs:
+            result = ResultMsg(entry.job_id, entry.attempt, entry.task, ev.output)
+            self._send(entry.ingress, result, now)
+            return
+        plan = entry.plan
+        if self.policy.dynamic:
+            try:
+                plan = self._adjust(workflow, entry, now)
+            except CompassError as exc:
+                self._out_failed(entry, f"{type(exc).__name__}: {exc}", "", exc.code, now)
+                return
+        for succ in succs:
+            msg = TaskMsg(
+                job=entry.job_id,
+                attempt=entry.attempt,
+                workflow=workflow.name,
+                task=succ,
+                source=entry.task,
+                value=ev.output,
+                plan=plan,
+                ingress=entry.ingress,
+                t0=entry.t0,
+            )
+            self._send(plan[succ], msg, now, job_arrival=entry.arrival)
+
+    def _adjust(self, workflow: Workflow, entry: QueuedTask, now: float) -> dict[str, str]:
+        """Re-place the successors of ``entry`` (the paper's dynamic adjustment); the
+        ingress hears of every move."""
+        plan = entry.plan
+        info = JobInfo(entry.job_id, workflow, entry.ingress, 0)
+        view = self.view.snapshot(now)
+        adjusted = adjust_successors(self.policy, info, entry.task, plan, view, self.profiles, now)
+        moved = {t: adjusted[t] for t in workflow.order if adjusted[t] != plan[t]}
+        if not moved:
+            return plan
+        self.stats.moves += len(moved)
+        for task, worker in moved.items():
+            self._send(entry.ingress, PlacedMsg(entry.job_id, entry.attempt, task, worker), now)
+        self._note_placements(workflow, moved, now)
+        return adjusted
+
+    # -- messages and bookkeeping -------------------------------------------------------------
+
+    def _send(
+        self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
+    ) -> None:
+        if peer == self.name:
+            self._received(Received(now, self.name, msg, 0.0, job_arrival))
+        else:
+            self._out.append(Send(peer, msg))
+
+    def _send_done(self, job_id: str, workers: set[str], *, below: int | None, now: float) -> None:
+        for worker in sorted(workers):
+            self._send(worker, DoneMsg(job_id, below), now)
+
+    def _drop_job(self, job_id: str, below: int | None) -> None:
+        mark = (below - 1) if below is not None else 1 << 30
+        self._finished[job_id] = max(self._finished.get(job_id, -1), mark)
+        self._finished.move_to_end(job_id)
+        while len(self._finished) > self._forget_after:
+            self._finished.popitem(last=False)
+        self.inbox.drop_job(job_id, below)
+        self._out.append(Drop(job_id, below))
