@@ -359,9 +359,10 @@ class WorkerCore:
         job.plan = plan
         self._send_roots(job, now)
 
-    def _new_attempt(self, job: IngressJob, now: float) -> None:
-        """Plan ``job`` again from the inputs kept here; older attempts are dropped."""
-        old_workers = job.workers()
+    def _new_attempt(self, job: IngressJob, lost: str, now: float) -> None:
+        """Plan ``job`` again from the inputs kept here; older attempts are dropped by the
+        workers that held them (``lost`` is gone)."""
+        old_workers = job.workers() - {lost}
         job.attempt += 1
         job.outputs.clear()
         self._send_done(job.job_id, old_workers, below=job.attempt, now=now)
@@ -490,7 +491,7 @@ class WorkerCore:
         for job in list(self.jobs.values()):
             if job.involves(ev.name):
                 self.stats.replans += 1
-                self._new_attempt(job, ev.now)
+                self._new_attempt(job, ev.name, ev.now)
 
     # -- every worker: tasks in, outputs out --------------------------------------------------
 

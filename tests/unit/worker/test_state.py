@@ -1,0 +1,460 @@
+"""The worker core's rules, driven with events and a fake clock: no loop, no sockets.
+
+Each test names the rule it guards and would fail if that rule were broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
+from compass.sched import ViewSnapshot, WorkerState, make_policy
+from compass.worker.messages import (
+    JOB_INPUTS,
+    DoneMsg,
+    FailedMsg,
+    PlacedMsg,
+    ResultMsg,
+    TaskMsg,
+)
+from compass.worker.state import (
+    Answer,
+    AskPlan,
+    Cancel,
+    Drop,
+    Enqueue,
+    Event,
+    Instruction,
+    PeerLost,
+    PlanReady,
+    Received,
+    Send,
+    Submit,
+    TaskDone,
+    TaskFailed,
+    WorkerCore,
+)
+from compass.workflow import Profiles, Task, TaskProfile, Workflow
+
+GB = 1_000_000_000
+
+CHAIN = Workflow(
+    "chain",
+    [
+        Task("a", "m", (), TaskProfile(exec_ms=100, output_bytes=1000)),
+        Task("b", "m", ("a",), TaskProfile(exec_ms=100, output_bytes=1000)),
+    ],
+)
+# a -> (b, c) -> d: d is a join of two predecessors
+DIAMOND = Workflow(
+    "diamond",
+    [
+        Task("a", "m", (), TaskProfile(exec_ms=100, output_bytes=1000)),
+        Task("b", "m", ("a",), TaskProfile(exec_ms=100, output_bytes=1000)),
+        Task("c", "m", ("a",), TaskProfile(exec_ms=100, output_bytes=1000)),
+        Task("d", None, ("b", "c"), TaskProfile(exec_ms=10, output_bytes=1000)),
+    ],
+)
+# a -> (b, c): two sinks
+FORK = Workflow(
+    "fork",
+    [
+        Task("a", "m", (), TaskProfile(exec_ms=100, output_bytes=1000)),
+        Task("b", "m", ("a",), TaskProfile(exec_ms=100, output_bytes=1000)),
+        Task("c", "m", ("a",), TaskProfile(exec_ms=100, output_bytes=1000)),
+    ],
+)
+WORKFLOWS = {wf.name: wf for wf in (CHAIN, DIAMOND, FORK)}
+
+
+def lookup(name: str) -> Workflow:
+    try:
+        return WORKFLOWS[name]
+    except KeyError:
+        raise UnknownWorkflow(f"unknown workflow {name!r}") from None
+
+
+class FakeView:
+    """A view whose waits the test sets; it records placements and removals."""
+
+    def __init__(self, names: Sequence[str], models: Sequence[str] = ("m",)) -> None:
+        self.waits = dict.fromkeys(names, 0.0)
+        self.models = set(models)
+        self.placed: list[tuple[str, float]] = []
+        self.removed: list[str] = []
+
+    def snapshot(self, now: float) -> ViewSnapshot:
+        return ViewSnapshot.build(
+            WorkerState(n, w, frozenset(self.models), 10 * GB, 10 * GB)
+            for n, w in self.waits.items()
+        )
+
+    def note_placement(
+        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+    ) -> None:
+        self.placed.append((worker, seconds))
+
+    def remove(self, worker: str) -> None:
+        self.removed.append(worker)
+        del self.waits[worker]
+
+
+def core(
+    name: str = "a",
+    names: Sequence[str] = ("a", "b", "c"),
+    policy: str = "compass",
+    **kwargs: Any,
+) -> tuple[WorkerCore, FakeView]:
+    view = FakeView(names)
+    profiles = Profiles(
+        h2d_bytes_per_s=1e9,
+        net_bytes_per_s=1e9,
+        net_fixed_s=1e-4,
+        model_sizes={"m": GB},
+        workflows=WORKFLOWS.values(),
+        staged=False,
+    )
+    made = WorkerCore(
+        name,
+        workflow=lookup,
+        policy=make_policy(policy),
+        profiles=profiles,
+        view=view,
+        **kwargs,
+    )
+    return made, view
+
+
+def of(kind: type, steps: Sequence[Instruction]) -> list[Any]:
+    return [s for s in steps if isinstance(s, kind)]
+
+
+def submit(c: WorkerCore, workflow: str = "chain", now: float = 0.0, **inputs: Any) -> str:
+    job_id = c.new_job_id()
+    c.handle(Submit(now, job_id, workflow, inputs or {"x": 1}, 8, t0=now))
+    return job_id
+
+
+def task_msg(
+    job: str = "w9-1",
+    attempt: int = 0,
+    task: str = "a",
+    source: str = JOB_INPUTS,
+    value: Any = None,
+    plan: dict[str, str] | None = None,
+    ingress: str = "w9",
+    workflow: str = "chain",
+) -> TaskMsg:
+    if value is None and source == JOB_INPUTS:
+        value = {"x": 1}
+    if plan is None:
+        plan = dict.fromkeys(WORKFLOWS[workflow].tasks if workflow in WORKFLOWS else "ab", "a")
+    return TaskMsg(job, attempt, workflow, task, source, value, plan, ingress)
+
+
+def received(msg: Any, now: float = 0.0, sender: str = "w9") -> Received:
+    return Received(now, sender, msg)
+
+
+def run_locally(c: WorkerCore, steps: list[Instruction], now: float) -> list[Instruction]:
+    """Run every queued task to its end (output: its name); return every instruction."""
+    out: list[Instruction] = []
+    pending = list(steps)
+    while pending:
+        step = pending.pop(0)
+        out.append(step)
+        if isinstance(step, Enqueue):
+            pending.extend(c.handle(TaskDone(now, step.entry, f"out-{step.entry.task}")))
+    return out
+
+
+# -- determinism ------------------------------------------------------------------------------
+
+
+def test_the_same_events_give_the_same_instructions() -> None:
+    def replay() -> list[Instruction]:
+        c, _ = core("a", ("a",))
+        job = c.new_job_id()
+        events: list[Event] = [Submit(0.0, job, "diamond", {"x": 1}, 8, 0.0)]
+        out: list[Instruction] = []
+        for event in events:
+            out.extend(run_locally(c, c.handle(event), 1.0))
+        return out
+
+    first, second = replay(), replay()
+    assert [repr(s) for s in first] == [repr(s) for s in second]  # QueuedTask compares by id
+    (answer,) = of(Answer, first)
+    assert answer.value == "out-d"
+
+
+# -- ingress: admission, planning, one answer -------------------------------------------------
+
+
+def test_a_job_runs_through_one_worker_and_is_answered_once() -> None:
+    c, _ = core("a", ("a",))
+    job = c.new_job_id()
+    steps = run_locally(c, c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0)), 1.0)
+    answers = of(Answer, steps)
+    assert len(answers) == 1 and answers[0].value == "out-b" and answers[0].error is None
+    assert answers[0].record["attempts"] == 1 and answers[0].record["ok"] is True
+    assert job not in c.jobs
+    # the job is dropped here once answered: a late input of it is ignored
+    assert c.handle(received(task_msg(job=job, task="b", source="a", value=1, ingress="a"))) == []
+
+
+def test_a_job_with_two_sinks_is_answered_when_both_have_reported() -> None:
+    c, view = core("a", ("a", "b"))
+    view.waits.update(a=100.0)
+    job = c.new_job_id()
+    c.handle(Submit(0.0, job, "fork", {"x": 1}, 8, 0.0))
+    assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "B"), 1.0, "b"))) == []
+    (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "c", "C"), 2.0, "b")))
+    assert answer.value == {"b": "B", "c": "C"}
+
+
+def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> None:
+    c, _ = core("a", ("a",), max_jobs=1)
+    first = submit(c)
+    refused = c.new_job_id()
+    (answer,) = c.handle(Submit(0.0, refused, "chain", {"x": 1}, 8, 0.0))
+    assert isinstance(answer, Answer) and isinstance(answer.error, Overloaded)
+    assert c.stats.jobs_refused == 1 and refused not in c.jobs
+    c.handle(Cancel(1.0, first))
+    assert first not in c.jobs
+    submit(c)
+    assert len(c.jobs) == 1
+
+
+@pytest.mark.parametrize(
+    ("workflow", "inputs", "error"),
+    [("nope", {"x": 1}, UnknownWorkflow), ("chain", [1, 2], InvalidInputs)],
+)
+def test_a_bad_submit_is_answered_with_a_typed_error(
+    workflow: str, inputs: Any, error: type
+) -> None:
+    c, _ = core("a", ("a",))
+    (answer,) = c.handle(Submit(0.0, c.new_job_id(), workflow, inputs, 8, 0.0))
+    assert isinstance(answer, Answer) and isinstance(answer.error, error)
+    assert c.jobs == {}
+
+
+def test_placements_on_peers_are_counted_in_the_view_but_not_on_itself() -> None:
+    c, view = core("a", ("a", "b"), policy="round_robin")
+    submit(c)
+    submit(c)
+    placed_on = {w for w, _ in view.placed}
+    assert "a" not in placed_on  # its own state is exact: counting it would count it twice
+    assert placed_on == {"b"}
+
+
+def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> None:
+    c, _ = core("b", ("a", "b"), policy="central")  # central plans at the first worker, "a"
+    job = c.new_job_id()
+    (ask,) = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
+    assert isinstance(ask, AskPlan) and ask.peer == "a" and ask.request.job == job
+    steps = c.handle(PlanReady(0.1, job, {"a": "a", "b": "a"}))
+    (send,) = of(Send, steps)
+    assert send.peer == "a" and isinstance(send.msg, TaskMsg) and send.msg.task == "a"
+    # no answer: it plans the job itself
+    job2 = c.new_job_id()
+    c.handle(Submit(0.2, job2, "chain", {"x": 1}, 8, 0.2))
+    steps = c.handle(PlanReady(0.3, job2, None))
+    assert of(Send, steps) or of(Enqueue, steps)
+    assert c.jobs[job2].plan.keys() == {"a", "b"}
+
+
+# -- attempts and exactly once ----------------------------------------------------------------
+
+
+def _job_on_peer(c: WorkerCore, view: FakeView, peer: str = "b") -> tuple[str, TaskMsg]:
+    """Submit a chain job at ``c`` whose root is planned on ``peer``."""
+    for other in view.waits:
+        view.waits[other] = 0.0 if other == peer else 100.0
+    job = c.new_job_id()
+    steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
+    (send,) = of(Send, steps)
+    assert send.peer == peer
+    assert isinstance(send.msg, TaskMsg)
+    return job, send.msg
+
+
+def test_results_of_a_superseded_attempt_are_dropped() -> None:
+    c, view = core("a", ("a", "b", "c"))
+    job, _ = _job_on_peer(c, view, "b")
+    view.waits.update(a=100.0, c=0.0)
+    steps = c.handle(PeerLost(1.0, "b"))  # re-planned: attempt 1
+    assert view.removed == ["b"]
+    assert c.jobs[job].attempt == 1 and c.stats.replans == 1
+    (resend,) = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
+    assert resend.peer == "c" and resend.msg.attempt == 1
+    # b's result for attempt 0 arrives late: not the answer
+    assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "stale"), 2.0, "b"))) == []
+    (answer,) = of(Answer, c.handle(received(ResultMsg(job, 1, "b", "fresh"), 3.0, "c")))
+    assert answer.value == "fresh" and answer.record["attempts"] == 2
+    # and a second result of the current attempt (a retransmission) gives no second answer
+    assert of(Answer, c.handle(received(ResultMsg(job, 1, "b", "again"), 4.0, "c"))) == []
+
+
+def test_a_lost_peer_replans_exactly_the_jobs_it_touched() -> None:
+    c, view = core("a", ("a", "b", "c"))
+    on_b, _ = _job_on_peer(c, view, "b")
+    on_c, _ = _job_on_peer(c, view, "c")
+    c.handle(PeerLost(1.0, "b"))
+    assert c.jobs[on_b].attempt == 1
+    assert c.jobs[on_c].attempt == 0  # never involved b: untouched
+
+
+def test_a_replanned_job_tells_the_old_workers_to_drop_the_older_attempt() -> None:
+    c, view = core("a", ("a", "b", "c"))
+    job, _ = _job_on_peer(c, view, "c")
+    c.handle(received(PlacedMsg(job, 0, "b", "b"), 0.5, "c"))  # c moved b to peer b
+    assert c.jobs[job].plan == {"a": "c", "b": "b"}
+    steps = c.handle(PeerLost(1.0, "b"))
+    dones = [s for s in of(Send, steps) if isinstance(s.msg, DoneMsg)]
+    assert {s.peer for s in dones} == {"c"}  # b is gone; c held attempt 0
+    assert all(s.msg.below == 1 for s in dones)
+
+
+def test_a_failed_task_fails_the_job_once_with_the_task_named() -> None:
+    c, view = core("a", ("a", "b"))
+    job, _ = _job_on_peer(c, view, "b")
+    failed = FailedMsg(job, 0, "a", "b", "ValueError: bad pixel", "Traceback...")
+    (answer,) = of(Answer, c.handle(received(failed, 1.0, "b")))
+    assert isinstance(answer.error, JobFailed)
+    assert answer.error.task == "a" and "bad pixel" in answer.error.message
+    assert of(Answer, c.handle(received(failed, 1.1, "b"))) == []
+    assert c.stats.jobs_failed == 1
+
+
+def test_a_typed_failure_keeps_its_type() -> None:
+    c, view = core("a", ("a", "b"))
+    job, _ = _job_on_peer(c, view, "b")
+    failed = FailedMsg(job, 0, "a", "b", "task past 50 ms", "", CompassTimeout.code)
+    (answer,) = of(Answer, c.handle(received(failed, 1.0, "b")))
+    assert isinstance(answer.error, CompassTimeout)
+    assert answer.error.detail["task"] == "a"
+
+
+def test_cancel_drops_the_job_at_its_workers() -> None:
+    c, view = core("a", ("a", "b"))
+    job, _ = _job_on_peer(c, view, "b")
+    steps = c.handle(Cancel(1.0, job))
+    assert job not in c.jobs
+    dones = [s for s in of(Send, steps) if isinstance(s.msg, DoneMsg)]
+    assert [(s.peer, s.msg.below) for s in dones] == [("b", None)]
+    # its result arriving after the cancel answers nothing
+    assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", 1), 2.0, "b"))) == []
+
+
+# -- every worker: the inbox, tasks, adjustment -----------------------------------------------
+
+
+def test_a_join_waits_for_every_input() -> None:
+    c, _ = core("a", ("a",))
+    plan = dict.fromkeys(DIAMOND.tasks, "a")
+    first = task_msg(task="d", source="b", value=1, plan=plan, workflow="diamond")
+    assert of(Enqueue, c.handle(received(first))) == []
+    assert len(c.inbox) == 1
+    second = task_msg(task="d", source="c", value=2, plan=plan, workflow="diamond")
+    (enqueue,) = of(Enqueue, c.handle(received(second, 0.5)))
+    assert enqueue.entry.inputs == {"b": 1, "c": 2}
+    assert len(c.inbox) == 0
+
+
+def test_messages_of_a_done_job_are_dropped_and_its_queued_tasks_removed() -> None:
+    c, _ = core("a", ("a",))
+    (drop,) = c.handle(received(DoneMsg("w9-1", None)))
+    assert drop == Drop("w9-1", None)
+    assert c.handle(received(task_msg(job="w9-1"))) == []
+
+
+def test_done_below_an_attempt_keeps_the_newer_attempt() -> None:
+    c, _ = core("a", ("a",))
+    plan = dict.fromkeys(DIAMOND.tasks, "a")
+    c.handle(received(task_msg(attempt=1, task="d", source="b", value=1, plan=plan,
+                               workflow="diamond")))  # fmt: skip
+    (drop,) = c.handle(received(DoneMsg("w9-1", below=1)))
+    assert drop == Drop("w9-1", 1)
+    assert len(c.inbox) == 1  # attempt 1's input kept
+    assert c.handle(received(task_msg(attempt=0))) == []  # attempt 0 is stale
+    assert of(Enqueue, c.handle(received(task_msg(attempt=1))))
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        task_msg(workflow="nope"),
+        task_msg(task="zzz"),
+        task_msg(task="b", source="zzz", value=1),
+        task_msg(plan={"a": "a"}),  # places no worker for b
+        task_msg(value=[1, 2]),  # a root's job inputs must be a mapping
+    ],
+)
+def test_a_bad_task_message_fails_its_job_at_the_ingress_and_is_counted(msg: TaskMsg) -> None:
+    c, _ = core("a", ("a",))
+    steps = c.handle(received(msg))
+    (send,) = steps
+    assert isinstance(send, Send) and send.peer == "w9" and isinstance(send.msg, FailedMsg)
+    assert send.msg.job == msg.job and send.msg.worker == "a"
+    assert c.stats.messages_dropped == 1
+
+
+def test_a_finished_task_pushes_its_output_to_each_successor_and_a_sink_to_the_ingress() -> None:
+    c, _ = core("a", ("a", "b"), policy="hash")  # static: no adjustment
+    plan = {"a": "a", "b": "b", "c": "a", "d": "b"}
+    (enqueue,) = c.handle(received(task_msg(workflow="diamond", plan=plan)))
+    steps = c.handle(TaskDone(1.0, enqueue.entry, "A"))
+    sends = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
+    assert [(s.peer, s.msg.task, s.msg.source, s.msg.value) for s in sends] == [
+        ("b", "b", "a", "A")
+    ]
+    (local,) = of(Enqueue, steps)  # c runs here: delivered without the wire
+    assert local.entry.task == "c" and local.entry.inputs == {"a": "A"}
+    # d is a sink: its output goes to the ingress w9
+    steps = c.handle(received(task_msg(workflow="diamond", task="d", source="b", value=1,
+                                       plan=dict.fromkeys(DIAMOND.tasks, "a"))))  # fmt: skip
+    assert steps == []
+    steps = c.handle(received(task_msg(workflow="diamond", task="d", source="c", value=2,
+                                       plan=dict.fromkeys(DIAMOND.tasks, "a"))))  # fmt: skip
+    (sink,) = of(Enqueue, steps)
+    (result,) = c.handle(TaskDone(2.0, sink.entry, "D"))
+    assert isinstance(result, Send) and result.peer == "w9"
+    assert result.msg == ResultMsg("w9-1", 0, "d", "D")
+
+
+def test_adjustment_moves_a_successor_off_a_long_queue_and_tells_the_ingress() -> None:
+    c, view = core("a", ("a", "b", "c"))
+    view.waits.update(a=50.0, b=50.0, c=0.0)  # b, where the plan sends task b, is far behind
+    (enqueue,) = c.handle(received(task_msg(plan={"a": "a", "b": "b"})))
+    steps = c.handle(TaskDone(1.0, enqueue.entry, "A"))
+    placed = [s for s in of(Send, steps) if isinstance(s.msg, PlacedMsg)]
+    pushed = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
+    assert len(pushed) == 1 and pushed[0].peer == "c"
+    assert [(p.peer, p.msg.task, p.msg.worker) for p in placed] == [("w9", "b", pushed[0].peer)]
+    assert pushed[0].msg.plan["b"] == pushed[0].peer
+    assert c.stats.moves == 1
+
+
+def test_a_failed_task_reports_to_its_ingress_unless_its_job_is_done() -> None:
+    c, _ = core("a", ("a",))
+    (enqueue,) = c.handle(received(task_msg()))
+    (send,) = c.handle(TaskFailed(1.0, enqueue.entry, "RuntimeError: boom", "tb"))
+    assert isinstance(send, Send) and isinstance(send.msg, FailedMsg)
+    assert send.msg.message == "RuntimeError: boom" and send.msg.traceback == "tb"
+    c.handle(received(DoneMsg("w9-1", None)))
+    assert c.handle(TaskFailed(2.0, enqueue.entry, "RuntimeError: boom", "tb")) == []
+    assert c.handle(TaskDone(2.0, enqueue.entry, "late")) == []
+
+
+def test_a_job_answered_once_when_its_peer_is_lost_mid_task_and_the_result_arrives_late() -> None:
+    c, view = core("a", ("a", "b"))
+    job, _ = _job_on_peer(c, view, "b")
+    steps = c.handle(PeerLost(1.0, "b"))  # b died mid-task, say: the job runs again here
+    answers = of(Answer, run_locally(c, steps, 2.0))
+    assert len(answers) == 1 and answers[0].value == "out-b"
+    # b was only slow: its result of attempt 0 arrives now
+    assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "late"), 3.0, "b"))) == []
+    assert c.stats.jobs_completed == 1
