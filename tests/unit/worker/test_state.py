@@ -132,6 +132,11 @@ def of(kind: type, steps: Sequence[Instruction]) -> list[Any]:
     return [s for s in steps if isinstance(s, kind)]
 
 
+def one(kind: type, steps: Sequence[Instruction]) -> Any:
+    (found,) = of(kind, steps)
+    return found
+
+
 def submit(c: WorkerCore, workflow: str = "chain", now: float = 0.0, **inputs: Any) -> str:
     job_id = c.new_job_id()
     c.handle(Submit(now, job_id, workflow, inputs or {"x": 1}, 8, t0=now))
@@ -405,7 +410,7 @@ def test_a_bad_task_message_fails_its_job_at_the_ingress_and_is_counted(msg: Tas
 def test_a_finished_task_pushes_its_output_to_each_successor_and_a_sink_to_the_ingress() -> None:
     c, _ = core("a", ("a", "b"), policy="hash")  # static: no adjustment
     plan = {"a": "a", "b": "b", "c": "a", "d": "b"}
-    (enqueue,) = c.handle(received(task_msg(workflow="diamond", plan=plan)))
+    enqueue = one(Enqueue, c.handle(received(task_msg(workflow="diamond", plan=plan))))
     steps = c.handle(TaskDone(1.0, enqueue.entry, "A"))
     sends = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
     assert [(s.peer, s.msg.task, s.msg.source, s.msg.value) for s in sends] == [
@@ -428,7 +433,7 @@ def test_a_finished_task_pushes_its_output_to_each_successor_and_a_sink_to_the_i
 def test_adjustment_moves_a_successor_off_a_long_queue_and_tells_the_ingress() -> None:
     c, view = core("a", ("a", "b", "c"))
     view.waits.update(a=50.0, b=50.0, c=0.0)  # b, where the plan sends task b, is far behind
-    (enqueue,) = c.handle(received(task_msg(plan={"a": "a", "b": "b"})))
+    enqueue = one(Enqueue, c.handle(received(task_msg(plan={"a": "a", "b": "b"}))))
     steps = c.handle(TaskDone(1.0, enqueue.entry, "A"))
     placed = [s for s in of(Send, steps) if isinstance(s.msg, PlacedMsg)]
     pushed = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
@@ -440,7 +445,7 @@ def test_adjustment_moves_a_successor_off_a_long_queue_and_tells_the_ingress() -
 
 def test_a_failed_task_reports_to_its_ingress_unless_its_job_is_done() -> None:
     c, _ = core("a", ("a",))
-    (enqueue,) = c.handle(received(task_msg()))
+    enqueue = one(Enqueue, c.handle(received(task_msg())))
     (send,) = c.handle(TaskFailed(1.0, enqueue.entry, "RuntimeError: boom", "tb"))
     assert isinstance(send, Send) and isinstance(send.msg, FailedMsg)
     assert send.msg.message == "RuntimeError: boom" and send.msg.traceback == "tb"
