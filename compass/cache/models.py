@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from compass.cache.backend import SlabBackend, make_backend
-from compass.cache.policy import CacheCore, CacheStats, LoadPlan
+from compass.cache.policy import READY, WAIT, CacheCore, CacheStats, LoadPlan
 from compass.cache.pool import SlabPool
 from compass.cache.slab import SlabHandle, SlabLayout
 from compass.config import CacheConfig
@@ -442,23 +442,20 @@ class ModelCache:
         waited = False
         while True:
             self._check_open()
-            if self._core.is_resident(name):
-                self._core.pin(name)
+            step = self._core.acquire(name, upcoming)
+            if step == READY:
                 return self._lease(name, hit)
-            load = self._inflight.get(name)
-            if load is None:
-                plan = self._core.plan_load(name, upcoming)
-                if plan is None:
-                    if not waited:
-                        self._core.record_wait()
-                        waited = True
-                    await self._changed.wait()
-                    continue
-                load = self._start_load(name, plan, prefetch=False)
-            # pinned while loading, so nothing evicts it between the load's end and our wake-up
-            self._core.pin(name)
+            if step == WAIT:
+                if not waited:
+                    self._core.record_wait()
+                    waited = True
+                await self._changed.wait()
+                continue
+            if isinstance(step, LoadPlan):
+                self._start_load(name, step, prefetch=False)
+                self._core.pin(name)
             try:
-                await asyncio.shield(load)
+                await asyncio.shield(self._inflight[name])
             except BaseException:
                 self._unpin(name)
                 raise

@@ -26,7 +26,14 @@ from compass.cache.pool import SlabPool
 from compass.cache.slab import SlabHandle, SlabLayout
 from compass.errors import CacheError, ModelTooLarge
 
-__all__ = ["CacheCore", "CacheStats", "LoadPlan"]
+__all__ = ["JOIN", "READY", "WAIT", "CacheCore", "CacheStats", "LoadPlan"]
+
+#: :meth:`CacheCore.acquire`: the model is resident, and now pinned: run the task
+READY = "ready"
+#: :meth:`CacheCore.acquire`: the model is being loaded, and now pinned: wait for that load
+JOIN = "join"
+#: :meth:`CacheCore.acquire`: pinned or loading models hold the slabs: wait for a change
+WAIT = "wait"
 
 
 @dataclass(slots=True)
@@ -250,6 +257,20 @@ class CacheCore:
         else:
             self._state.pins[name] = count - 1
         return count - 1
+
+    def acquire(self, name: str, upcoming: Sequence[str] = ()) -> str | LoadPlan:
+        """The next step in making ``name`` resident for a task about to run, the one rule
+        the worker's :meth:`ModelCache.ensure <compass.cache.models.ModelCache.ensure>` and
+        the simulator follow: :data:`READY` or :data:`JOIN` (pinned: run now, or once the load
+        under way ends), :data:`WAIT` (nothing changed: ask again when a pin or a load is
+        released), or a :class:`LoadPlan` (nothing changed: begin that load, then pin ``name``
+        so that nothing evicts it before the task runs). Raises :class:`ModelTooLarge` when it
+        can never fit."""
+        if name in self._state.entries:
+            self.pin(name)
+            return READY if name in self._state.lru else JOIN
+        plan = self._plan(name, upcoming, None)
+        return WAIT if plan is None else plan
 
     # -- planning ---------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from compass.cache.policy import CacheCore, LoadPlan
+from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
@@ -523,32 +523,27 @@ class _Simulation:
             self._ensure(run)
 
     def _ensure(self, run: _Run) -> None:
-        """ModelCache.ensure, step by step: resident -> pin and go; loading -> pin and wait
-        for the load; else plan a load (evicting), or wait for pinned slabs to be released."""
+        """ModelCache.ensure in virtual time: the same :meth:`CacheCore.acquire` steps."""
         worker = run.worker
-        core = worker.core
         name = run.entry.model
         assert name is not None
-        if core.is_resident(name):
-            core.pin(name)
-            self._run_task(run)
+        try:
+            step = worker.core.acquire(name, run.upcoming)
+        except CompassError as exc:
+            self._task_failed(run, exc)
             return
-        load = worker.inflight.get(name)
-        if load is None:
-            try:
-                plan = core.plan_load(name, run.upcoming)
-            except CompassError as exc:
-                self._task_failed(run, exc)
-                return
-            if plan is None:
-                if not run.waited:
-                    core.record_wait()
-                    run.waited = True
-                worker.blocked.append(run)
-                return
-            load = self._start_load(worker, name, plan, prefetch=False)
-        core.pin(name)  # pinned while loading: nothing evicts it before the task runs
-        load.waiters.append(run)
+        if step == READY:
+            self._run_task(run)
+        elif step == WAIT:
+            if not run.waited:
+                worker.core.record_wait()
+                run.waited = True
+            worker.blocked.append(run)
+        else:
+            if isinstance(step, LoadPlan):
+                self._start_load(worker, name, step, prefetch=False)
+                worker.core.pin(name)
+            worker.inflight[name].waiters.append(run)
 
     def _warm(self, worker: _Worker) -> None:
         """Warm an idle cache with the model the cluster holds least for its demand (module

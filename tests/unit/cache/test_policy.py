@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from compass.cache.policy import CacheCore, LoadPlan
+from compass.cache.policy import JOIN, READY, WAIT, CacheCore, LoadPlan
 from compass.cache.pool import SlabPool
 from compass.cache.slab import SlabLayout
 from compass.errors import CacheError, ModelTooLarge
@@ -375,3 +375,22 @@ def test_warming_only_uses_free_slabs_and_skips_what_is_held():
     core.validate()
     assert core.warm_candidate(["big", "a"]) is None  # full
     assert core.stats.prefetches == 1
+
+
+def test_acquire_steps_through_load_join_ready_and_wait() -> None:
+    core = make_core(3, {"a": 3 * S, "b": 3 * S, "huge": 4 * S})
+    step = core.acquire("a")
+    assert isinstance(step, LoadPlan) and core.pins("a") == 0  # nothing changed yet
+    core.begin_load("a", step)
+    core.pin("a")
+    assert core.acquire("a") == JOIN and core.pins("a") == 2  # a second task joins the load
+    assert core.acquire("b") == WAIT  # the only slabs are loading and pinned
+    core.finish_load("a")
+    assert core.acquire("a") == READY and core.pins("a") == 3
+    for _ in range(3):
+        core.unpin("a")
+    plan = core.acquire("b")  # now a can go
+    assert isinstance(plan, LoadPlan) and plan.evict == ("a",)
+    with pytest.raises(ModelTooLarge):
+        core.acquire("huge")
+    core.validate()
