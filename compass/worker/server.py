@@ -24,7 +24,6 @@ exactly once.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import socket
@@ -38,14 +37,13 @@ from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
-from compass.sched import Policy, ViewSnapshot, make_policy
+from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
-from compass.sched.replicas import model_demand, warm_order
-from compass.sched.view import ClusterView, WorkerState
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
 from compass.worker.executor import Executor, TaskOutcome
-from compass.worker.membership import Membership, Peer, gossip_gap_s
+from compass.worker.gossip import Gossip
+from compass.worker.membership import Membership, Peer
 from compass.worker.messages import (
     DoneMsg,
     FailedMsg,
@@ -86,34 +84,10 @@ PeerHandler = Callable[[Channel, Any], None]
 #: pushes at least this large feed the measured network bandwidth
 _MEASURED_TRANSFER_BYTES = 1 << 20
 
-#: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
-_H2D_TOLERANCE = 0.02
-
 
 def default_worker_name(port: int) -> str:
     """A worker started without ``--name`` is ``<host>-<port>``: unique wherever hosts are."""
     return f"{socket.gethostname().split('.')[0] or 'worker'}-{port}"
-
-
-class _LiveView:
-    """The core's window onto the worker's :class:`ClusterView`: snapshots count this
-    worker's own state exactly as it is at that moment."""
-
-    def __init__(self, view: ClusterView, own_state: Callable[[], WorkerState]) -> None:
-        self._view = view
-        self._own_state = own_state
-
-    def snapshot(self, now: float) -> ViewSnapshot:
-        self._view.update_self(self._own_state())
-        return self._view.snapshot(now)
-
-    def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
-    ) -> None:
-        self._view.note_placement(worker, seconds, model, model_bytes, now)
-
-    def remove(self, worker: str) -> None:
-        self._view.remove(worker)
 
 
 class Worker:
@@ -156,8 +130,6 @@ class Worker:
             host_lanes=config.host_lanes,
         )
         self.cache.on_change = self._state_changed
-        #: set when the queue or the cache changed since the last heartbeat
-        self._changed = asyncio.Event()
         self.router = self._make_router()
         self._warms = (
             config.sched.warm and self.policy.warms_cache and config.cache.prefetch_depth > 0
@@ -169,43 +141,37 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         # a worker without --name is named when it binds (start)
         self._bind_name(self.name or "(unbound)")
-        self._hb_seq = itertools.count(1)
         self._server: Server | None = None
         self.membership: Membership | None = None
         self._background: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._closing = False
-        self._h2d_measured = False  # this worker's own host-to-device copies were timed
         #: why the worker stopped on its own (a background loop died), else None
         self.failure: BaseException | None = None
 
     def _bind_name(self, name: str) -> None:
         """Name the worker; its view and its core are made for that name."""
         self.name = name
-        gap = self._gossip_gap_s(0)
-        self.view = ClusterView(
-            name, heartbeat_s=gap / self.config.time_scale, settle_s=self._settle_s(gap)
+        self.gossip = Gossip(
+            name,
+            self.config,
+            profiles=self.profiles,
+            executor=self.executor,
+            cache=self.cache,
+            workflows=lambda: list(self.app.workflows.values()),
+            clock=self.clock,
+            warms=self._warms,
         )
         self.core = WorkerCore(
             name,
             workflow=self.app.get_workflow,
             policy=self.policy,
             profiles=self.profiles,
-            view=_LiveView(self.view, self._state),
+            view=self.gossip,
             host_lanes=self._host_lanes,
             max_jobs=self.config.max_jobs,
             stats=self.stats,
         )
-
-    def _gossip_gap_s(self, peers: int) -> float:
-        """Real seconds at least between two heartbeats with ``peers`` peers."""
-        sched = self.config.sched
-        return gossip_gap_s(sched.heartbeat_min_ms / 1000.0, peers, sched.heartbeat_max_rate)
-
-    def _settle_s(self, gap_s: float) -> float:
-        """How long the view counts a placement: changes are gossiped within ``gap_s``, so a
-        heartbeat received two gaps after a placement reflects it (in the view's clock)."""
-        return 2.0 * gap_s / self.config.time_scale
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -236,11 +202,10 @@ class Worker:
             on_join=self._peer_joined,
             on_leave=self._peer_left,
         )
-        self.view.update_self(self._state())
         await self.cache.prepare()
         self._background = [
             asyncio.create_task(self.executor.run(), name=f"{self.name}-lanes"),
-            asyncio.create_task(self._heartbeats(), name=f"{self.name}-heartbeats"),
+            asyncio.create_task(self.gossip.run(self.membership), name=f"{self.name}-heartbeats"),
         ]
         for task in self._background:
             task.add_done_callback(self._background_done)
@@ -333,7 +298,7 @@ class Worker:
             "peers": [] if self.membership is None else self.membership.describe(),
             # the workers this one can place tasks on (itself and every peer it has heard from)
             # and what its planner currently believes of each
-            "cluster": self._view_status(),
+            "cluster": self.gossip.describe(),
             "workflows": sorted(self.app.workflows),
             "queue": {
                 "ready": len(self.executor.queue),
@@ -349,28 +314,6 @@ class Worker:
             "cache": self.cache.snapshot(),
             "stats": self.stats.to_wire(),
         }
-
-    def _view_status(self) -> list[dict[str, Any]]:
-        """Each worker's state as this worker's view holds it; ages and waits are in this
-        worker's clock (workload time for an emulated worker)."""
-        now = self.clock()
-        rows = []
-        for name in self.view.names():
-            state = self.view.get(name)
-            assert state is not None
-            rows.append(
-                {
-                    "name": name,
-                    "wait_ms": round(state.wait_s * 1000, 3),
-                    "models": sorted(state.models),
-                    "loading": sorted(state.loading),
-                    "free_bytes": state.free_bytes,
-                    "h2d_gbps": round(self.profiles.h2d_bytes_per_s(name) / 1e9, 4),
-                    "age_ms": round(self.view.age_s(name, now) * 1000, 3),
-                    "placements_counted": self.view.pending(name),
-                }
-            )
-        return rows
 
     def _on_trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
         """The records of recently answered jobs; ``{"clear": true}`` empties the log."""
@@ -401,82 +344,12 @@ class Worker:
             raise ProtocolError(f"{op!r} is for workers; a {channel.peer_role} sent it")
 
     # -- membership and the view ---------------------------------------------------------------
-    def _state(self) -> WorkerState:
-        return WorkerState(
-            name=self.name,
-            wait_s=self.executor.queue.wait_s(),
-            models=self.cache.resident(),
-            free_bytes=self.cache.free_bytes(),
-            capacity_bytes=self.cache.capacity_bytes(),
-            lanes=self.executor.lanes,
-            lanes_busy=self.executor.busy,
-            seq=next(self._hb_seq),
-            loading=self.cache.loading(),
-            h2d_bytes_per_s=self.profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0,
-        )
-
     def _state_changed(self) -> None:
-        self._changed.set()
-
-    async def _heartbeats(self) -> None:
-        """Send this worker's state to every peer when it changes (at most once per
-        ``heartbeat_min_ms``, spaced further in a large cluster, see :func:`gossip_gap_s`), and
-        every ``heartbeat_ms`` regardless (liveness)."""
-        sched = self.config.sched
-        timeout = sched.peer_timeout_ms / 1000.0
-        assert self.membership is not None
-        loop = asyncio.get_running_loop()
-        loads_seen = (0, 0.0)
-        demand = model_demand(self.app.workflows.values(), self.profiles)
-        while True:
-            self._changed.clear()
-            if not self.config.emulate:
-                loads_seen = self._measure_h2d(loads_seen)
-            state = self._state()
-            self.view.update_self(state)
-            if self._warms and not self.executor.busy and not len(self.executor.queue):
-                # idle: fill free cache space with the models the cluster is shortest of
-                self.cache.warm(warm_order(self.view.snapshot(self.clock()), self.name, demand))
-            peers = len(self.membership.peers)
-            if peers:
-                self.membership.broadcast("heartbeat", state.to_wire())
-                self.membership.expire(timeout)
-            min_gap = self._gossip_gap_s(peers)
-            interval = max(sched.heartbeat_ms / 1000.0, min_gap)
-            self.view.settle_s = self._settle_s(min_gap)
-            await asyncio.sleep(min_gap)
-            if not self._changed.is_set() and interval > min_gap:
-                timer = loop.call_later(interval - min_gap, self._changed.set)
-                try:
-                    await self._changed.wait()
-                finally:
-                    timer.cancel()
-
-    def _measure_h2d(self, seen: tuple[int, float]) -> tuple[int, float]:
-        """Fold the model loads since the last call into this worker's host-to-device bandwidth."""
-        stats = self.cache.stats
-        nbytes, seconds = stats.bytes_loaded - seen[0], stats.load_seconds - seen[1]
-        if nbytes > 0 and seconds > 0:
-            self.profiles.observe_h2d(self.name, nbytes, seconds)
-            self._h2d_measured = True
-        return stats.bytes_loaded, stats.load_seconds
+        self.gossip.changed()
 
     def _on_heartbeat(self, channel: Channel, body: Any) -> None:
-        state = WorkerState.from_wire(body)
         assert self.membership is not None
-        if state.name in self.membership.peers:
-            self.membership.seen(state.name)
-            if self.view.apply_heartbeat(state, self.clock()):
-                self._learn_h2d(state)
-
-    def _learn_h2d(self, state: WorkerState) -> None:
-        """Adopt a peer's measured host-to-device bandwidth when it differs by more than 2%
-        from what this worker assumes (smaller moves would only rebuild the cost tables)."""
-        measured = state.h2d_bytes_per_s
-        if measured > 0:
-            assumed = self.profiles.h2d_bytes_per_s(state.name)
-            if abs(measured - assumed) > _H2D_TOLERANCE * assumed:
-                self.profiles.set_h2d(state.name, measured)
+        self.gossip.on_heartbeat(channel, body, self.membership)
 
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
