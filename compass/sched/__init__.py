@@ -6,7 +6,7 @@ and the simulator reuses it unchanged.
 
 from __future__ import annotations
 
-from compass.sched.cost import CostCache, TransferModel, WorkflowCosts
+from compass.sched.cost import CostCache, TransferModel, WorkflowCosts, finish_row
 from compass.sched.planner import (
     DEFAULT_ADJUST_THRESHOLD,
     CompassPolicy,
@@ -45,6 +45,7 @@ __all__ = [
     "WorkerState",
     "WorkflowCosts",
     "adjust_successors",
+    "finish_row",
     "hash_worker",
     "make_policy",
     "model_demand",

@@ -1,4 +1,4 @@
-"""Cost tables: what planning a job of one workflow on one set of workers needs, precomputed.
+"""Cost tables, and the one rule every placement decision uses: where a task would finish.
 
 A :class:`WorkflowCosts` turns a workflow, the current :class:`~compass.workflow.Profiles` and
 a worker list into flat Python tuples and numpy rows: the task order by upward rank,
@@ -6,9 +6,15 @@ predecessor indices, per-task execution-time rows over the workers, model fetch 
 :class:`TransferModel` that gives a whole row of transfer times in one or two vector
 operations. It does not depend on the job or on queue state, so :class:`CostCache` reuses it
 until the profiles change (their version counters say when) or the worker list does.
+
+:func:`finish_row` is the finish-time rule (the paper's EST/EFT) over every worker at once, in
+absolute seconds on the caller's clock; planning, dynamic adjustment and join placement
+(:mod:`compass.sched.planner`) all rank workers by it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -16,9 +22,11 @@ import numpy.typing as npt
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
-__all__ = ["CostCache", "TransferModel", "WorkflowCosts"]
+__all__ = ["CostCache", "TransferModel", "WorkflowCosts", "fetch_row", "finish_row"]
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
 
 
 class TransferModel:
@@ -228,3 +236,66 @@ class CostCache:
         entry = WorkflowCosts(workflow, profiles, names)
         self._entries[workflow.name] = entry
         return entry
+
+
+def finish_row(
+    costs: WorkflowCosts,
+    t: int,
+    sources: Sequence[int],
+    ready: Sequence[float],
+    avail: FloatArray | None,
+    have: BoolArray | None,
+    free: IntArray,
+    capacity: IntArray,
+    min_capacity: int,
+    input_bytes: int = 0,
+) -> FloatArray:
+    """When task ``t`` would finish on each worker, in absolute seconds (a fresh array)::
+
+        arrive(w) = max over predecessors p of ready(p) + transfer(out_p, sources(p) -> w)
+        EST(w)    = max(avail(w), arrive(w)) + fetch(w);   EFT(w) = EST(w) + exec(w)
+
+    ``sources[k]`` and ``ready[k]`` are the worker index (-1: outside the view) holding the
+    output of the ``k``-th predecessor (``costs.preds[t]`` order) and the time it is there; a
+    root has one input instead, the job's ``input_bytes`` held at ``sources[0]`` (the ingress)
+    from ``ready[0]``. ``avail``: when each worker's lane frees (None: the task does not queue,
+    or load is ignored). ``have``: where the task's model is, or is coming (None: no fetch
+    term, for a model-less task or a planner blind to the cache); elsewhere the fetch is
+    :func:`fetch_row`'s over ``free``, ``capacity`` and ``min_capacity``.
+    """
+    row = costs.transfer.row
+    preds = costs.preds[t]
+    if preds:
+        out_bytes = costs.out_bytes
+        arrive = row(sources[0], out_bytes[preds[0]], ready[0])
+        for k in range(1, len(preds)):
+            np.maximum(arrive, row(sources[k], out_bytes[preds[k]], ready[k]), out=arrive)
+    else:
+        arrive = row(sources[0], input_bytes, ready[0])
+    if avail is not None:
+        np.maximum(arrive, avail, out=arrive)
+    if have is not None:
+        arrive += fetch_row(costs, t, have, free, capacity, min_capacity)
+    arrive += costs.exec_rows[t]
+    return arrive
+
+
+def fetch_row(
+    costs: WorkflowCosts,
+    t: int,
+    have: BoolArray,
+    free: IntArray,
+    capacity: IntArray,
+    min_capacity: int,
+) -> FloatArray:
+    """Seconds to bring task ``t``'s model to each worker: 0 where it is (or is coming), twice
+    the copy where free bytes are short (the paper's eviction penalty), infinite where the whole
+    cache is too small (no worker's is when the model fits in ``min_capacity``)."""
+    fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
+    assert fetch1 is not None
+    assert fetch2 is not None
+    size = costs.model_bytes[t]
+    fetch = np.where(have, 0.0, np.where(free < size, fetch2, fetch1))
+    if size > min_capacity:
+        fetch[capacity < size] = np.inf
+    return fetch

@@ -12,12 +12,15 @@ upward-rank order; for each task and each worker ``w``::
 
 and the task goes to the smallest finish (ties: fewest bytes to move, then the ingress, then the
 lowest index), after which that worker's availability becomes the finish and its free bytes
-shrink by what was fetched. Each step is a handful of numpy operations over all workers.
+shrink by what was fetched. That rule is :func:`~compass.sched.cost.finish_row`, a handful of
+numpy operations over all workers, and it is the only one: planning, dynamic adjustment and
+join placement all rank workers by it, in absolute seconds on the caller's clock ``now``.
 
 When a task finishes, :func:`adjust_successors` re-places its successors one after another on
-a view that counts the siblings already placed (so a fan-out does not pile onto one idle
-worker), and Compass also re-places a join whose every input comes from those siblings: none of
-its inputs has been sent yet, so it can still follow them.
+a view that counts the siblings already placed (each busy until the finish the policy expects
+of it, so a fan-out does not pile onto one idle worker), and Compass also re-places a join
+whose every input comes from those siblings: none of its inputs has been sent yet, so it can
+still follow them. What that needs of a policy is part of :class:`Policy`.
 
 :class:`CompassPolicy` also implements the ablations (no cache term, no load term, no
 adjustment), classic HEFT and the ``central`` variant, all by flags on the same code.
@@ -26,7 +29,7 @@ adjustment), classic HEFT and the ``central`` variant, all by flags on the same 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
-from compass.sched.cost import CostCache, WorkflowCosts
+from compass.sched.cost import CostCache, WorkflowCosts, finish_row
 from compass.sched.view import ClusterView, ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
@@ -45,6 +48,7 @@ __all__ = [
     "JobInfo",
     "Policy",
     "adjust_successors",
+    "finish_now",
     "plan_eft",
     "record_plan",
 ]
@@ -91,6 +95,9 @@ class Policy(Protocol):
     #: whether an idle worker fills free cache space with the models the cluster holds least
     #: (:func:`compass.sched.replicas.warm_order`)
     warms_cache: bool
+    #: whether this policy plans model-less tasks onto host lanes, off the GPU queue: such a
+    #: task neither waits for a worker's queue nor adds to it
+    host_lanes: bool
 
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
@@ -110,6 +117,41 @@ class Policy(Protocol):
         """The worker for successor ``task``, decided when one of its predecessors finishes,
         on the worker where it finished, before that output is sent. ``plan`` is the job's
         current plan (with earlier moves recorded)."""
+        ...
+
+    def finish_times(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> FloatArray:
+        """When ``task`` would finish on each worker of ``view``, in absolute seconds on the
+        clock of ``now``, by this policy's own terms (:func:`finish_now`): every input ready
+        now on the worker ``plan`` gives its producer. :func:`adjust_successors` counts a
+        successor busy on its worker until then."""
+        ...
+
+    def joins_fed_by(self, wf: Workflow, finished: str) -> tuple[str, ...]:
+        """The joins :meth:`place_joins` may move when task ``finished`` completes, in
+        topological order (none for a policy that never moves joins)."""
+        ...
+
+    def place_joins(
+        self,
+        job: JobInfo,
+        finished: str,
+        plan: Mapping[str, str],
+        finish: Mapping[str, tuple[int, float]],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> dict[str, str]:
+        """New workers for the joins of :meth:`joins_fed_by`, after the successors of
+        ``finished`` were placed: ``finish`` maps each of them to ``(worker index, expected
+        absolute finish)`` and ``view`` counts them. Only the joins that move."""
         ...
 
     def planner(self, view: ViewSnapshot) -> str | None:
@@ -141,54 +183,59 @@ def plan_eft(
     avail = view.wait_s + now if use_load else np.full(n_workers, now)
     free = view.free_bytes
     free_is_mine = False
+    capacity = view.capacity_bytes
+    min_capacity = view.min_capacity_bytes
     brought: dict[str, BoolArray] = {}
     placed = [0] * n_tasks
     finish = [0.0] * n_tasks
     ingress = view.positions.get(job.ingress, -1)
-    check_capacity = use_cache and costs.max_model_bytes > view.min_capacity_bytes
-    row = costs.transfer.row
+    from_ingress = (ingress,)
+    at_now = (now,)
     preds_of = costs.preds
-    out_bytes = costs.out_bytes
 
     for t in costs.rank_order:
         preds = preds_of[t]
         if preds:
-            p = preds[0]
-            arrive = row(placed[p], out_bytes[p], finish[p])
-            for p in preds[1:]:
-                np.maximum(arrive, row(placed[p], out_bytes[p], finish[p]), out=arrive)
+            sources: Sequence[int] = [placed[p] for p in preds]
+            ready: Sequence[float] = [finish[p] for p in preds]
             root_bytes = 0
         else:
+            sources, ready = from_ingress, at_now
             root_bytes = job.input_bytes or costs.input_bytes[t]
-            arrive = row(ingress, root_bytes, now)
         model = costs.models[t]
         on_lane = model is not None or not host_lanes
-        if on_lane:
-            np.maximum(arrive, avail, out=arrive)
         have: BoolArray | None = None
-        size = costs.model_bytes[t]
         if use_cache and model is not None:
             have = brought.get(model)
             if have is None:
                 have = view.holds(model)
-            capacity = view.capacity_bytes if check_capacity else None
-            arrive += _fetch_row(costs, t, have, free, capacity, view.min_capacity_bytes)
-        arrive += costs.exec_rows[t]
-        j = int(arrive.argmin())
-        best = float(arrive[j])
+        eft = finish_row(
+            costs,
+            t,
+            sources,
+            ready,
+            avail if on_lane else None,
+            have,
+            free,
+            capacity,
+            min_capacity,
+            root_bytes,
+        )
+        j = int(eft.argmin())
+        best = float(eft[j])
         if best == math.inf:
+            size = costs.model_bytes[t]
             raise ModelTooLarge(
                 f"job {job.job_id!r}: model {model!r} of task {job.workflow.order[t]!r} "
                 f"({size} B) fits in no worker's cache "
                 f"(largest: {int(view.capacity_bytes.max())} B)",
                 detail={"model": model, "bytes": size},
             )
-        ties = np.flatnonzero(arrive <= best + TIE_S)
+        ties = (eft <= best + TIE_S).nonzero()[0]
         if len(ties) > 1:
-            sources = [placed[p] for p in preds]
             j = _fewest_bytes(ties, costs, t, sources, ingress, root_bytes, have, ingress)
         placed[t] = j
-        finish[t] = float(arrive[j])
+        finish[t] = float(eft[j])
         if on_lane:
             avail[j] = finish[t]
         if have is not None and not have[j]:
@@ -199,40 +246,67 @@ def plan_eft(
             if not free_is_mine:
                 free = free.copy()
                 free_is_mine = True
-            free[j] -= size
+            free[j] -= costs.model_bytes[t]
 
     names = view.names
     order = job.workflow.order
     return {order[t]: names[placed[t]] for t in range(n_tasks)}
 
 
-def _fetch_row(
+def finish_now(
     costs: WorkflowCosts,
+    job: JobInfo,
     t: int,
-    have: BoolArray,
-    free: IntArray,
-    capacity: IntArray | None,
-    smallest_capacity: int = 0,
-) -> FloatArray:
-    """Seconds to bring task ``t``'s model to each worker: 0 where it is (or is coming), the
-    eviction penalty where free bytes are short, infinite where the whole cache is too small
-    (skipped when ``capacity`` is None, or when every cache holds at least
-    ``smallest_capacity`` and the model is no larger)."""
-    fetch1, fetch2 = costs.fetch_rows[t], costs.fetch2_rows[t]
-    assert fetch1 is not None
-    assert fetch2 is not None
-    size = costs.model_bytes[t]
-    fetch = np.where(have, 0.0, np.where(free < size, fetch2, fetch1))
-    if capacity is not None and size > smallest_capacity:
-        fetch[capacity < size] = np.inf
-    return fetch
+    plan: Mapping[str, str],
+    view: ViewSnapshot,
+    now: float,
+    *,
+    use_load: bool = True,
+    use_cache: bool = True,
+    host_lanes: bool = False,
+) -> tuple[FloatArray, list[int], int, BoolArray | None]:
+    """:func:`~compass.sched.cost.finish_row` of task ``t`` once a predecessor finished: each
+    input ready at ``now`` on the worker ``plan`` names for its producer (a root's: the job's
+    inputs, at the ingress), queues and models as ``view`` has them; ``use_load``,
+    ``use_cache`` and ``host_lanes`` as for :func:`plan_eft`.
+
+    Returns the finish row, the input sources (worker indices, -1 outside the view), the
+    root's input bytes (0 unless ``t`` is a root) and where the model is (None: no fetch term).
+    """
+    preds = costs.preds[t]
+    positions = view.positions
+    if preds:
+        order = job.workflow.order
+        sources = [positions.get(plan.get(order[p], ""), -1) for p in preds]
+        ready = [now] * len(preds)
+        root_bytes = 0
+    else:
+        sources = [positions.get(job.ingress, -1)]
+        ready = [now]
+        root_bytes = job.input_bytes or costs.input_bytes[t]
+    model = costs.models[t]
+    avail = view.wait_s + now if use_load and (model is not None or not host_lanes) else None
+    have = view.holds(model) if use_cache and model is not None else None
+    eft = finish_row(
+        costs,
+        t,
+        sources,
+        ready,
+        avail,
+        have,
+        view.free_bytes,
+        view.capacity_bytes,
+        view.min_capacity_bytes,
+        root_bytes,
+    )
+    return eft, sources, root_bytes, have
 
 
 def _fewest_bytes(
     ties: IntpArray,
     costs: WorkflowCosts,
     t: int,
-    sources: list[int],
+    sources: Sequence[int],
     ingress: int,
     root_bytes: int,
     have: BoolArray | None,
@@ -347,7 +421,43 @@ class CompassPolicy:
                 wf.name, task, planned
             ):
                 return planned
-        return self.best_worker(job, task, plan, view, profiles, prefer=i)
+        return self.best_worker(job, task, plan, view, profiles, now, prefer=i)
+
+    def finish_times(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> FloatArray:
+        """See :class:`Policy`: with this policy's load, cache and host-lane switches."""
+        if not view.names:
+            raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
+        costs = self._costs.get(job.workflow, profiles, view.names)
+        return self._finish_now(costs, job, job.workflow.index[task], plan, view, now)[0]
+
+    def _finish_now(
+        self,
+        costs: WorkflowCosts,
+        job: JobInfo,
+        t: int,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        now: float,
+    ) -> tuple[FloatArray, list[int], int, BoolArray | None]:
+        return finish_now(
+            costs,
+            job,
+            t,
+            plan,
+            view,
+            now,
+            use_load=self.use_load,
+            use_cache=self.use_cache,
+            host_lanes=self.host_lanes,
+        )
 
     def best_worker(
         self,
@@ -356,47 +466,31 @@ class CompassPolicy:
         plan: Mapping[str, str],
         view: ViewSnapshot,
         profiles: Profiles,
+        now: float,
         *,
         prefer: int = -1,
     ) -> str:
-        """Where ``task`` would finish first given its inputs' current workers in ``plan``
-        (ties: ``prefer``, then fewest bytes moved, then the lowest index)."""
+        """Where ``task`` would finish first (:meth:`finish_times`) given its inputs' current
+        workers in ``plan`` (ties: ``prefer``, then fewest bytes moved, then the lowest
+        index)."""
         if not view.names:
             raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
         costs = self._costs.get(job.workflow, profiles, view.names)
         t = job.workflow.index[task]
-        row = costs.transfer.row
-        preds = costs.preds[t]
-        order = job.workflow.order
-        sources = [view.positions.get(plan.get(order[p], ""), -1) for p in preds]
-        ingress = view.positions.get(job.ingress, -1)
-        root_bytes = 0
-        if preds:
-            start = row(sources[0], costs.out_bytes[preds[0]], 0.0)
-            for p, src in zip(preds[1:], sources[1:], strict=True):
-                np.maximum(start, row(src, costs.out_bytes[p], 0.0), out=start)
-        else:
-            root_bytes = job.input_bytes or costs.input_bytes[t]
-            start = row(ingress, root_bytes, 0.0)
-        model = costs.models[t]
-        if self.use_load and (model is not None or not self.host_lanes):
-            np.maximum(start, view.wait_s, out=start)
-        have: BoolArray | None = None
-        if self.use_cache and model is not None:
-            have = view.holds(model)
-            start += _fetch_row(costs, t, have, view.free_bytes, view.capacity_bytes)
-        start += costs.exec_rows[t]
-        j = int(start.argmin())
-        best = float(start[j])
+        eft, sources, root_bytes, have = self._finish_now(costs, job, t, plan, view, now)
+        j = int(eft.argmin())
+        best = float(eft[j])
         if best == math.inf:
             raise ModelTooLarge(
-                f"job {job.job_id!r}: model {model!r} of task {task!r} fits in no worker's cache",
-                detail={"model": model},
+                f"job {job.job_id!r}: model {costs.models[t]!r} of task {task!r} fits in no "
+                "worker's cache",
+                detail={"model": costs.models[t]},
             )
-        if prefer >= 0 and float(start[prefer]) <= best + TIE_S:
+        if prefer >= 0 and float(eft[prefer]) <= best + TIE_S:
             return view.names[prefer]
-        ties = np.flatnonzero(start <= best + TIE_S)
+        ties = (eft <= best + TIE_S).nonzero()[0]
         if len(ties) > 1:
+            ingress = view.positions.get(job.ingress, -1)
             finisher = next((s for s in sources if s >= 0), ingress)
             j = _fewest_bytes(ties, costs, t, sources, ingress, root_bytes, have, finisher)
         return view.names[j]
@@ -425,38 +519,42 @@ class CompassPolicy:
         the plan decided now, so moving it cannot split its inputs. It goes where it would
         finish first, preferring the worker of its last input (whose lane frees just then).
         """
-        if not (self.dynamic and self.use_load) or not view.names:
+        joins = self.joins_fed_by(job.workflow, finished)
+        if not joins or not view.names:
             return {}
         wf = job.workflow
+        order = wf.order
         costs = self._costs.get(wf, profiles, view.names)
-        index = wf.index
         moves: dict[str, str] = {}
-        for j in self.joins_fed_by(wf, finished):
-            preds = costs.preds[index[j]]
-            if not all(wf.order[p] in finish for p in preds):
+        for j in joins:
+            t = wf.index[j]
+            preds = costs.preds[t]
+            inputs = [finish.get(order[p]) for p in preds]
+            if any(found is None for found in inputs):
                 continue
-            t = index[j]
-            arrive: FloatArray | None = None
-            for p in preds:
-                src, done = finish[wf.order[p]]
-                row = costs.transfer.row(src, costs.out_bytes[p], done)
-                arrive = row if arrive is None else np.maximum(arrive, row, out=arrive)
-            assert arrive is not None
+            sources = [found[0] for found in inputs if found is not None]
+            ready = [found[1] for found in inputs if found is not None]
             model = costs.models[t]
-            if model is not None or not self.host_lanes:
-                np.maximum(arrive, view.wait_s + now, out=arrive)
-            if self.use_cache and model is not None:
-                arrive += _fetch_row(
-                    costs, t, view.holds(model), view.free_bytes, view.capacity_bytes
-                )
-            arrive += costs.exec_rows[t]
-            k = int(arrive.argmin())
-            best = float(arrive[k])
+            on_lane = model is not None or not self.host_lanes
+            eft = finish_row(
+                costs,
+                t,
+                sources,
+                ready,
+                view.wait_s + now if on_lane else None,
+                view.holds(model) if self.use_cache and model is not None else None,
+                view.free_bytes,
+                view.capacity_bytes,
+                view.min_capacity_bytes,
+            )
+            k = int(eft.argmin())
+            best = float(eft[k])
             if best == math.inf:
                 continue  # nowhere better: the planned worker stays
-            last = max(preds, key=lambda p: finish[wf.order[p]][1])
-            prefer = finish[wf.order[last]][0]
-            if float(arrive[prefer]) <= best + TIE_S:
+            # the first of the latest inputs, as max() picks it
+            last = max(range(len(ready)), key=ready.__getitem__)
+            prefer = sources[last]
+            if float(eft[prefer]) <= best + TIE_S:
                 k = prefer
             target = view.names[k]
             if target != plan.get(j):
@@ -516,34 +614,20 @@ class _FanoutView:
             )
         return self._current
 
-    def place(
-        self,
-        i: int,
-        input_s: float,
-        exec_s: float,
-        model: str | None,
-        model_bytes: int,
-        fetch_s: float,
-        on_lane: bool = True,
-    ) -> float:
-        """Count a task on worker ``i`` whose input arrives after ``input_s``; return the
-        seconds from now until it is expected to finish. A task not ``on_lane`` (model-less,
-        on a host lane) neither waits for the queue nor adds to it."""
-        if not on_lane:
-            return input_s + exec_s
-        start = max(float(self._wait[i]), input_s)
+    def place(self, i: int, busy_s: float, model: str | None, model_bytes: int) -> None:
+        """Count a task on worker ``i``'s queue that keeps it busy ``busy_s`` seconds from now
+        (until the task's expected finish), and its model as coming there."""
         if model is not None:
             row = self._resident.get(model)
             if row is None or not row[i]:
-                start += fetch_s
                 row = np.zeros(len(self.base.names), dtype=np.bool_) if row is None else row.copy()
                 row[i] = True
                 self._resident[model] = row
                 self._free[i] = max(0, int(self._free[i]) - model_bytes)
-        done = start + exec_s
-        self._wait[i] = done
+        # a policy blind to load finishes a task "before" the queue it ignores empties; the
+        # queue itself only grows
+        self._wait[i] = max(float(self._wait[i]), busy_s)
         self._current = None
-        return done
 
 
 def adjust_successors(
@@ -559,8 +643,9 @@ def adjust_successors(
 
     Each successor of ``finished`` is re-placed by ``policy.adjust`` (see
     :meth:`Policy.adjust`), highest upward rank first, on a view that counts the siblings
-    placed before it; a :class:`CompassPolicy` then re-places the joins those siblings alone
-    feed (:meth:`CompassPolicy.place_joins`). Returns the whole plan, with every change.
+    placed before it, each busy until its :meth:`Policy.finish_times` on its worker; then
+    ``policy.place_joins`` re-places the joins those siblings alone feed
+    (:meth:`Policy.joins_fed_by`). Returns the whole plan, with every change.
     """
     wf = job.workflow
     succs = wf.succs(finished)
@@ -570,36 +655,30 @@ def adjust_successors(
         for task in succs:
             current[task] = policy.adjust(job, task, current, view, profiles, now)
         return current
-    joins = policy.joins_fed_by(wf, finished) if isinstance(policy, CompassPolicy) else ()
-    host_lanes = isinstance(policy, CompassPolicy) and policy.host_lanes
+    joins = policy.joins_fed_by(wf, finished)
+    host_lanes = policy.host_lanes
     profiles.add_workflow(wf)
     ranks = wf.upward_rank(profiles.net_bytes_per_s)
     ordered = sorted(succs, key=lambda task: (-ranks[task], wf.index[task]))
     fanout = _FanoutView(view)
-    src = view.positions.get(plan.get(finished, ""), -1)
-    out_bytes = profiles.output_bytes(wf.name, finished)
     finish: dict[str, tuple[int, float]] = {}
+    last = len(ordered) - 1
     for k, task in enumerate(ordered):
-        target = policy.adjust(job, task, current, fanout.snapshot(), profiles, now)
+        seen = fanout.snapshot()
+        target = policy.adjust(job, task, current, seen, profiles, now)
         current[task] = target
         i = view.positions.get(target, -1)
-        if i < 0 or (k == len(ordered) - 1 and not joins):
+        if i < 0 or (k == last and not joins):
             continue
+        done = float(policy.finish_times(job, task, current, seen, profiles, now)[i])
+        if done == math.inf:
+            continue  # its model cannot fit there: no finish to count or to follow
+        finish[task] = (i, done)
         model = wf.tasks[task].model
-        size = 0 if model is None else profiles.model_bytes(model)
-        input_s = 0.0 if src in (-1, i) else profiles.transfer_s(view.names[src], target, out_bytes)
-        done = fanout.place(
-            i,
-            input_s,
-            profiles.exec_s(wf.name, task, target),
-            model,
-            size,
-            profiles.fetch_s(target, size) if model is not None else 0.0,
-            on_lane=model is not None or not host_lanes,
-        )
-        finish[task] = (i, now + done)
+        if model is not None or not host_lanes:
+            size = 0 if model is None else profiles.model_bytes(model)
+            fanout.place(i, done - now, model, size)
     if joins:
-        assert isinstance(policy, CompassPolicy)
         current.update(
             policy.place_joins(job, finished, current, finish, fanout.snapshot(), profiles, now)
         )

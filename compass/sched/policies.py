@@ -15,14 +15,17 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, WorkerUnavailable
+from compass.sched.cost import CostCache
 from compass.sched.planner import (
     DEFAULT_ADJUST_THRESHOLD,
     TIE_S,
     CompassPolicy,
     JobInfo,
     Policy,
+    finish_now,
 )
 from compass.sched.view import ViewSnapshot
+from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
 __all__ = [
@@ -114,13 +117,55 @@ def hash_worker(job_id: str, task: str, names: tuple[str, ...]) -> str:
 
 
 class _StaticPolicy:
-    """A plan that adjustment never changes, unless its worker has left the view."""
+    """A plan that adjustment never changes, unless its worker has left the view.
+
+    Its finish estimates (:meth:`finish_times`) count queues and model fetches, and every task
+    on a GPU lane: the paper's workers, which the baselines run on as they were. It never
+    moves a join (:meth:`joins_fed_by` is empty).
+    """
 
     name = "static"
     dynamic = False
-    # the paper's baselines run on its workers as they were: FIFO queues, caches filled on demand
+    # the paper's baselines run on its workers as they were: FIFO queues, caches filled on
+    # demand, every task on the GPU lanes
     oldest_job_first = False
     warms_cache = False
+    host_lanes = False
+
+    def __init__(self) -> None:
+        self._costs = CostCache()
+
+    def finish_times(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> npt.NDArray[np.float64]:
+        """See :class:`~compass.sched.planner.Policy`."""
+        if not view.names:
+            raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
+        costs = self._costs.get(job.workflow, profiles, view.names)
+        return finish_now(costs, job, job.workflow.index[task], plan, view, now)[0]
+
+    def joins_fed_by(self, wf: Workflow, finished: str) -> tuple[str, ...]:
+        """None: a baseline keeps every join where it was planned."""
+        return ()
+
+    def place_joins(
+        self,
+        job: JobInfo,
+        finished: str,
+        plan: Mapping[str, str],
+        finish: Mapping[str, tuple[int, float]],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> dict[str, str]:
+        """Nothing moves (:meth:`joins_fed_by` is empty)."""
+        return {}
 
     def adjust(
         self,
@@ -161,6 +206,7 @@ class RandomPolicy(_StaticPolicy):
     name = "random"
 
     def __init__(self, seed: int = 0) -> None:
+        super().__init__()
         self._rng = random.Random(seed)
 
     def plan(
@@ -179,6 +225,7 @@ class RoundRobinPolicy(_StaticPolicy):
     name = "round_robin"
 
     def __init__(self) -> None:
+        super().__init__()
         self._next = 0
 
     def plan(

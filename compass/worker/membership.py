@@ -41,7 +41,11 @@ class Peer:
 
 
 class Membership:
-    """Who is in the cluster, as seen from one worker."""
+    """Who is in the cluster, as seen from one worker.
+
+    ``clock`` is read for every time it keeps (join, last heartbeat, ages, expiry): seconds
+    that only move forward, :func:`time.monotonic` by default.
+    """
 
     def __init__(
         self,
@@ -55,6 +59,7 @@ class Membership:
         notify_handler: NotifyHandler,
         on_join: Callable[[Peer], None],
         on_leave: Callable[[str, str], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.address = address
@@ -65,6 +70,7 @@ class Membership:
         self._notify_handler = notify_handler
         self._on_join = on_join
         self._on_leave = on_leave
+        self._clock = clock
         self.peers: dict[str, Peer] = {}
         self._connecting: set[str] = set()
         self._closing: set[asyncio.Task[None]] = set()  # channels of removed peers, closing
@@ -125,7 +131,7 @@ class Membership:
             raise CompassError(
                 f"a worker named {name!r} is already this worker: names must be unique"
             )
-        now = time.monotonic()
+        now = self._clock()
         old = self.peers.get(name)
         peer = Peer(name, address, channel, last_seen=now, joined_at=now)
         self.peers[name] = peer
@@ -154,11 +160,11 @@ class Membership:
     def seen(self, name: str) -> None:
         peer = self.peers.get(name)
         if peer is not None:
-            peer.last_seen = time.monotonic()
+            peer.last_seen = self._clock()
 
     def expire(self, timeout_s: float) -> list[str]:
         """Remove peers silent for longer than ``timeout_s``; returns their names."""
-        now = time.monotonic()
+        now = self._clock()
         silent = [p.name for p in self.peers.values() if now - p.last_seen > timeout_s]
         for name in silent:
             self.remove(name, f"silent for more than {timeout_s * 1000:.0f} ms")
@@ -174,7 +180,7 @@ class Membership:
         return None if peer is None else peer.channel
 
     def describe(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
+        now = self._clock()
         return [
             {"name": p.name, "address": p.address, "age_ms": round((now - p.last_seen) * 1000, 1)}
             for p in sorted(self.peers.values(), key=lambda p: p.name)
