@@ -6,7 +6,7 @@ the worker and the simulator run, on a pool shaped like a large GPU: 64 MiB slab
 ``perf_counter_ns``; the table gives microseconds per operation, p50 and p99.
 
 Run: ``compass bench cache [--quick] [--json results/cache.json]`` or
-``python -m bench.cache``.
+``python -m compass._bench.cache``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.report import machine, print_table, write_json
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.cache.slab import SlabLayout
+
+from .report import machine, print_table, write_json
 
 __all__ = ["run"]
 

@@ -10,17 +10,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench.apps import CHAIN_LENGTHS
-from bench.report import machine, print_table, write_json
 from compass.cluster import LocalCluster
 from compass.errors import ConfigError
 from compass.wire.transport import new_event_loop
+
+from .apps import CHAIN_LENGTHS
+from .report import machine, print_table, write_json
 
 __all__ = ["run"]
 
 
 async def _compass_chain(tasks: int, workers: int, repeats: int) -> list[float]:
-    args = ["--app", "bench.apps", "--policy", "round_robin"]
+    args = ["--app", "compass._bench.apps", "--policy", "round_robin"]
     async with LocalCluster(workers, args=args) as cluster, cluster.client() as client:
         await client.submit(f"chain_{tasks}", x=0, timeout=120)  # warm up
         seconds = []

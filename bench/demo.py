@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import e2e
-from bench.report import print_table
+from . import e2e
+from .report import print_table
 
 __all__ = ["run"]
 

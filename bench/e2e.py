@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import machine, write_json
 from compass.client import Client
 from compass.cluster import LocalCluster
 from compass.errors import CompassError, ConfigError
 from compass.sim.arrivals import Arrival, job_arrivals
 from compass.wire.transport import new_event_loop
 from compass.workflow.spec import Workload, load_workload
+
+from .report import machine, write_json
 
 __all__ = ["E2EConfig", "run", "run_policy"]
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from bench import e2e
-from bench.report import machine, print_table, write_json
 from compass.sim.engine import simulate
 from compass.wire.transport import new_event_loop
 from compass.workflow.spec import load_workload
+
+from . import e2e
+from .report import machine, print_table, write_json
 
 __all__ = ["run"]
 

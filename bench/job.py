@@ -7,15 +7,19 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import machine, print_table, write_json
 from compass.cluster import LocalCluster
 from compass.wire.transport import new_event_loop
+
+from .report import machine, print_table, write_json
 
 __all__ = ["run"]
 
 
 async def _measure(jobs: int) -> dict[str, Any]:
-    async with LocalCluster(1, args=["--app", "bench.apps"]) as cluster, cluster.client() as client:
+    async with (
+        LocalCluster(1, args=["--app", "compass._bench.apps"]) as cluster,
+        cluster.client() as client,
+    ):
         for i in range(min(200, jobs)):  # warm up: imports, caches, branch predictors
             await client.submit("noop", x=i)
             await client.ping()

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import machine, print_table, write_json
 from compass.sim import job_arrivals, simulate
 from compass.workflow import load_workload
+
+from .report import machine, print_table, write_json
 
 __all__ = ["LOAD", "TARGET_S", "run"]
 

@@ -21,7 +21,8 @@ each, and each side keeps its better placement. On a small VM a wake-up across C
 of microseconds and, left alone, the scheduler places processes as it likes, which would swamp
 and randomise what is being compared. The unpinned round trip is in the table too.
 
-Run: ``compass bench wire [--quick] [--json results/wire.json]`` or ``python -m bench.wire``.
+Run: ``compass bench wire [--quick] [--json results/wire.json]`` or
+``python -m compass._bench.wire``.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import machine, print_table, write_json
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, connect, new_event_loop, serve
+
+from .report import machine, print_table, write_json
 
 __all__ = ["run"]
 
@@ -213,13 +215,13 @@ async def _until_terminated() -> None:
 
 
 class _ServerProcess:
-    """``python -m bench.wire serve-...`` on a free port; ended when the benchmark is done."""
+    """``python -m compass._bench.wire serve-...`` on a free port; ended when the bench is done."""
 
     def __init__(self, kind: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.wire", f"serve-{kind}", "--port", "0"],
+            [sys.executable, "-m", "compass._bench.wire", f"serve-{kind}", "--port", "0"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -423,7 +425,7 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, float]:
 
 def _main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.wire", description=__doc__.split("\n")[0]
+        prog="python -m compass._bench.wire", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "mode", nargs="?", default="run", choices=["run", "serve-raw", "serve-compass"]

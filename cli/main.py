@@ -1,4 +1,9 @@
-"""The ``compass`` command line: flags and environment in, library calls out. No logic here."""
+"""The ``compass`` command line: flags and environment in, library calls out. No logic here.
+
+Every mistake a user can make on the command line (a bad flag value, a missing or broken
+workload file, an unknown policy) ends as one line on stderr and a non-zero exit: :func:`main`
+maps usage errors, :class:`CompassError` and ``OSError`` to that line.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,25 @@ import logging
 import os
 import signal
 import sys
-from typing import Annotated, Any
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
 
 import typer
 
+import compass
 from compass.config import (
+    DEFAULT_PORT,
+    GPU_CACHE_FRACTION,
+    HOST_CACHE_FRACTION,
     CacheConfig,
     Limits,
     SchedConfig,
     Timeouts,
     WorkerConfig,
 )
-from compass.errors import CompassError
+from compass.errors import CompassError, ConfigError, WorkflowError
 
 app = typer.Typer(
     name="compass",
@@ -36,6 +48,7 @@ app.add_typer(worker_app, name="worker")
 app.add_typer(bench_app, name="bench")
 
 MiB = 1 << 20
+DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 
 Token = Annotated[
     str | None,
@@ -45,147 +58,298 @@ Token = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"compass: {message}", err=True)
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+    critical = "critical"
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"compass: {_one_line(message)}", err=True)
     raise typer.Exit(code)
 
 
-def _logging(level: str) -> None:
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _logging(level: LogLevel) -> None:
     logging.basicConfig(
-        level=level.upper(),
+        level=level.value.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"compass {compass.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_version
+        ),
+    ] = False,
+) -> None:
+    """Decentralized scheduling of ML workflows across GPU workers."""
+
+
+def _env(name: str) -> str:
+    return "COMPASS_" + name.upper()
+
+
+CACHE_DEFAULT = (
+    f"default: {GPU_CACHE_FRACTION:.0%} of free GPU memory, or {HOST_CACHE_FRACTION:.0%} of "
+    "host memory; with --workload, its GPU memory"
+)
+
+
 @worker_app.command("start")
 def worker_start(
-    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 0,
+    host: Annotated[
+        str, typer.Option(envvar=_env("host"), help="Address to bind (loopback by default).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(envvar=_env("port"), min=0, max=65535, help="Port to bind; 0: a free one."),
+    ] = DEFAULT_PORT,
     token: Token = None,
     join: Annotated[
-        list[str] | None, typer.Option("--join", help="HOST:PORT of a cluster member (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--join",
+            envvar=_env("join"),
+            help="HOST:PORT of a cluster member (repeatable; in the variable, space-separated).",
+        ),
     ] = None,
-    name: Annotated[str, typer.Option(help="Unique worker name (default: <host>-<port>).")] = "",
+    name: Annotated[
+        str, typer.Option(envvar=_env("name"), help="Unique worker name (default: <host>-<port>).")
+    ] = "",
     app_ref: Annotated[
-        str | None, typer.Option("--app", help="Python module (or module:attr) with a compass.App.")
+        str | None,
+        typer.Option(
+            "--app", envvar=_env("app"), help="Python module (or module:attr) with a compass.App."
+        ),
     ] = None,
     workload: Annotated[
-        str | None, typer.Option(help="Workload spec JSON: run its workflows emulated.")
+        str | None,
+        typer.Option(
+            envvar=_env("workload"), help="Workload spec JSON: run its workflows emulated."
+        ),
     ] = None,
     policy: Annotated[
-        str, typer.Option(help="Placement policy (same on every worker).")
+        str, typer.Option(envvar=_env("policy"), help="Placement policy (same on every worker).")
     ] = "compass",
-    lanes: Annotated[int, typer.Option(help="Execution lanes (tasks run at once).")] = 1,
-    host_lanes: Annotated[
-        int, typer.Option(help="Lanes for model-less tasks, off the GPU (0: they share it).")
+    lanes: Annotated[
+        int, typer.Option(envvar=_env("lanes"), min=1, help="Execution lanes (tasks run at once).")
     ] = 1,
-    time_scale: Annotated[float, typer.Option(help="Emulated time multiplier.")] = 1.0,
-    cache_mb: Annotated[int | None, typer.Option(help="Model cache capacity in MiB.")] = None,
-    slab_mb: Annotated[int, typer.Option(help="Slab size in MiB.")] = 64,
-    backend: Annotated[str, typer.Option(help="auto, cupy, host or capacity.")] = "auto",
+    host_lanes: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("host_lanes"),
+            min=0,
+            help="Lanes for model-less tasks, off the GPU (0: they share it).",
+        ),
+    ] = 1,
+    time_scale: Annotated[
+        float, typer.Option(envvar=_env("time_scale"), help="Emulated time multiplier.")
+    ] = 1.0,
+    cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            envvar=_env("cache_mb"),
+            min=1,
+            help=f"Model cache capacity in MiB ({CACHE_DEFAULT}).",
+            show_default=False,
+        ),
+    ] = None,
+    slab_mb: Annotated[
+        int, typer.Option(envvar=_env("slab_mb"), min=1, help="Slab size in MiB.")
+    ] = 64,
+    backend: Annotated[
+        str, typer.Option(envvar=_env("backend"), help="auto, cupy, host or capacity.")
+    ] = "auto",
     heartbeat_ms: Annotated[
-        float, typer.Option(help="Heartbeat interval when nothing changes.")
+        float,
+        typer.Option(envvar=_env("heartbeat_ms"), help="Heartbeat interval when nothing changes."),
     ] = 10.0,
     heartbeat_min_ms: Annotated[
-        float, typer.Option(help="Least gap between heartbeats; changes go out after it.")
+        float,
+        typer.Option(
+            envvar=_env("heartbeat_min_ms"),
+            help="Least gap between heartbeats; changes go out after it.",
+        ),
     ] = 1.0,
     heartbeat_max_rate: Annotated[
-        float, typer.Option(help="Most heartbeat messages a second, over all peers.")
+        float,
+        typer.Option(
+            envvar=_env("heartbeat_max_rate"),
+            help="Most heartbeat messages a second, over all peers.",
+        ),
     ] = 20000.0,
-    peer_timeout_ms: Annotated[float, typer.Option(help="Drop a peer silent this long.")] = 2000.0,
-    adjust_threshold: Annotated[float, typer.Option(help="Dynamic adjustment threshold.")] = 0.25,
+    peer_timeout_ms: Annotated[
+        float, typer.Option(envvar=_env("peer_timeout_ms"), help="Drop a peer silent this long.")
+    ] = 2000.0,
+    adjust_threshold: Annotated[
+        float,
+        typer.Option(envvar=_env("adjust_threshold"), help="Dynamic adjustment threshold."),
+    ] = 0.25,
     warm: Annotated[
-        bool, typer.Option(help="Idle workers load models the cluster is short of.")
+        bool,
+        typer.Option(envvar=_env("warm"), help="Idle workers load models the cluster is short of."),
     ] = True,
-    max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, MiB.")] = 1024,
+    max_frame_mb: Annotated[
+        int, typer.Option(envvar=_env("max_frame_mb"), min=1, help="Largest frame accepted, MiB.")
+    ] = 1024,
     max_jobs: Annotated[
-        int, typer.Option(help="Jobs in flight accepted as ingress; more are refused.")
+        int,
+        typer.Option(
+            envvar=_env("max_jobs"),
+            min=1,
+            help="Jobs in flight accepted as ingress; more are refused.",
+        ),
     ] = 10000,
-    log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "warning",
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(envvar=_env("log_level"), case_sensitive=False, help="Logging on stderr."),
+    ] = LogLevel.warning,
 ) -> None:
-    """Start a worker; prints 'compass worker listening on HOST:PORT' first."""
+    """Start a worker; prints 'compass worker listening on HOST:PORT' first.
+
+    Every option also reads a COMPASS_* environment variable (shown with each); a flag wins.
+    """
     from compass.worker.process import run_worker
 
     _logging(log_level)
-    try:
-        cache = CacheConfig(
-            capacity_bytes=None if cache_mb is None else cache_mb * MiB,
-            slab_bytes=slab_mb * MiB,
-            backend=backend,
-        )
-        config = WorkerConfig(
-            host=host,
-            port=port,
-            name=name,
-            token=token,
-            join=tuple(join or ()),
-            app=app_ref,
-            workload=workload,
-            lanes=lanes,
-            host_lanes=host_lanes,
-            time_scale=time_scale,
-            max_jobs=max_jobs,
-            limits=Limits(max_frame_bytes=max_frame_mb * MiB),
-            cache=cache,
-            sched=SchedConfig(
-                policy=policy,
-                heartbeat_ms=heartbeat_ms,
-                heartbeat_min_ms=heartbeat_min_ms,
-                heartbeat_max_rate=heartbeat_max_rate,
-                peer_timeout_ms=peer_timeout_ms,
-                adjust_threshold=adjust_threshold,
-                warm=warm,
-            ),
-        )
-    except CompassError as exc:
-        _fail(str(exc), 2)
+    cache = CacheConfig(
+        capacity_bytes=None if cache_mb is None else cache_mb * MiB,
+        slab_bytes=slab_mb * MiB,
+        backend=backend,
+    )
+    config = WorkerConfig(
+        host=host,
+        port=port,
+        name=name,
+        token=token,
+        join=tuple(join or ()),
+        app=app_ref,
+        workload=workload,
+        lanes=lanes,
+        host_lanes=host_lanes,
+        time_scale=time_scale,
+        max_jobs=max_jobs,
+        limits=Limits(max_frame_bytes=max_frame_mb * MiB),
+        cache=cache,
+        sched=SchedConfig(
+            policy=policy,
+            heartbeat_ms=heartbeat_ms,
+            heartbeat_min_ms=heartbeat_min_ms,
+            heartbeat_max_rate=heartbeat_max_rate,
+            peer_timeout_ms=peer_timeout_ms,
+            adjust_threshold=adjust_threshold,
+            warm=warm,
+        ),
+    )
     raise typer.Exit(run_worker(config))
 
 
-@app.command()
+#: chosen by `compass up` for each worker; the rest of `worker start`'s options pass through
+UP_OWNS = ("--host", "--port", "--name", "--join")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def up(
-    workers: Annotated[int, typer.Option(help="How many workers.")] = 3,
+    ctx: typer.Context,
+    workers: Annotated[int, typer.Option(min=1, help="How many workers.")] = 3,
     token: Token = None,
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON (emulated).")] = None,
     app_ref: Annotated[
         str | None, typer.Option("--app", help="App module for every worker.")
     ] = None,
     policy: Annotated[str, typer.Option(help="Placement policy.")] = "compass",
+    log_dir: Annotated[
+        Path, typer.Option(help="Folder for the workers' logs (w0.log, w1.log, ...).")
+    ] = Path("compass-logs"),
 ) -> None:
-    """Start a local cluster of joined workers on loopback; Ctrl-C stops them all."""
+    """Start a local cluster of joined workers on loopback; Ctrl-C stops them all.
+
+    Any other option is passed to every `compass worker start` (see its --help), e.g.
+    `compass up --app my_app --cache-mb 4096 --lanes 2 --log-level info`. The workers listen on
+    free ports chosen by the system; `compass worker start --port N` runs one on a fixed port.
+    With neither --app nor --workload, the workers emulate the paper's workload. Workers on one
+    GPU share it: each takes 80% of what is free when it starts, so give them --cache-mb.
+    """
     from compass.cluster import LocalCluster
     from compass.wire.transport import new_event_loop
 
+    extra = list(ctx.args)
+    _check_worker_args(extra)
+    if workload is not None and app_ref is not None:
+        _fail("give --workload or --app, not both", 2)
     if workload is None and app_ref is None:
         workload = _default_workload()
-    args = ["--policy", policy]
-    args += ["--workload", workload] if workload else ["--app", str(app_ref)]
+    _check_policies([policy])
+    if workload is not None:
+        _check_workload(workload)
+        source = ["--workload", str(Path(workload).resolve())]
+    else:
+        source = ["--app", str(app_ref)]
+    args = ["--policy", policy, *source, *extra]
+    logs = log_dir.resolve()
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with LocalCluster(workers, token=token, args=args, log_dir="compass-logs") as cluster:
+        async with LocalCluster(workers, token=token, args=args, log_dir=logs) as cluster:
             for worker in cluster.workers:
                 typer.echo(f"{worker.name} {worker.address}")
-            typer.echo(f"token {cluster.token}   logs compass-logs/   Ctrl-C stops the cluster")
+            if token is None:
+                typer.echo(f"token {cluster.token} (generated; set COMPASS_TOKEN to choose one)")
+            typer.echo(f"logs in {logs}{os.sep} (w0.log ... w{workers - 1}.log)")
+            typer.echo(
+                f"ready: {workers} workers on free ports chosen by the system "
+                "(`compass worker start --port N` for a fixed one); Ctrl-C stops them"
+            )
             await stop.wait()
             typer.echo("stopping workers...")
 
     loop = new_event_loop()
     try:
         loop.run_until_complete(main())
-    except CompassError as exc:
-        _fail(str(exc))
     finally:
         loop.close()
 
 
+def _check_worker_args(args: list[str]) -> None:
+    """Refuse what `compass up` chooses itself, and check the rest as `worker start` would."""
+    for arg in args:
+        if arg.split("=", 1)[0] in UP_OWNS:
+            _fail(
+                f"compass up chooses {arg.split('=', 1)[0]} for its workers; "
+                "start a worker with `compass worker start` to choose it",
+                2,
+            )
+    command = typer.main.get_command(app)
+    start = command.commands["worker"].commands["start"]  # type: ignore[attr-defined]
+    try:
+        start.make_context("compass worker start", list(args))
+    except typer.TyperException as exc:
+        message = _usage_error(exc, args)
+        _fail(f"{message}; passed to every worker (see compass worker start --help)", 2)
+
+
 @app.command()
 def status(
-    address: Annotated[str, typer.Argument(help="HOST:PORT of a worker.")],
+    address: Annotated[str, typer.Argument(help="HOST:PORT of a worker.")] = DEFAULT_ADDRESS,
     token: Token = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 5.0,
@@ -201,7 +365,7 @@ def status(
     try:
         info = asyncio.run(get())
     except CompassError as exc:
-        _fail(f"{address}: {exc}")
+        _fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
     if as_json:
         typer.echo(json.dumps(info, indent=2, sort_keys=True))
         return
@@ -230,8 +394,14 @@ def status(
 
 @app.command()
 def submit(
-    address: Annotated[str, typer.Argument(help="HOST:PORT of any worker (the ingress).")],
-    workflow: Annotated[str, typer.Argument(help="Workflow name.")],
+    target: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="[HOST:PORT] WORKFLOW",
+            help=f"The workflow to run, at any worker (the ingress; default {DEFAULT_ADDRESS}).",
+            show_default=False,
+        ),
+    ],
     inputs: Annotated[
         list[str] | None,
         typer.Option("--input", "-i", help="NAME=VALUE (VALUE parsed as JSON if it can be)."),
@@ -242,6 +412,9 @@ def submit(
     """Run one job and print its result."""
     from compass.client import Client
 
+    if len(target) > 2:
+        _fail(f"expected [HOST:PORT] WORKFLOW, got {' '.join(target)!r}", 2)
+    address, workflow = (DEFAULT_ADDRESS, target[0]) if len(target) == 1 else target
     kwargs: dict[str, Any] = {}
     for item in inputs or []:
         key, sep, value = item.partition("=")
@@ -259,7 +432,7 @@ def submit(
     try:
         result = asyncio.run(run())
     except CompassError as exc:
-        _fail(str(exc))
+        _fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
     typer.echo(_show(result))
 
 
@@ -274,8 +447,51 @@ def _show(value: Any) -> str:
 
 
 def _default_workload() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(here, "bench", "workloads", "paper.json")
+    from compass._bench.e2e import DEFAULT_WORKLOAD
+
+    return str(DEFAULT_WORKLOAD)
+
+
+def _check_workload(path: str) -> None:
+    """Read ``path`` as a workload now, so a bad file fails before anything starts."""
+    from compass.workflow.spec import load_workload
+
+    load_workload(path)
+
+
+def _check_policies(names: Sequence[str]) -> None:
+    from compass.sched import POLICY_NAMES
+
+    if not names:
+        raise ConfigError("no policy given")
+    for name in names:
+        if name not in POLICY_NAMES:
+            raise ConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+
+
+def _check_output(path: str | None, flag: str) -> None:
+    """Fail now, not after a long run, if ``path`` cannot be written."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        _fail(f"{flag} {path}: is a folder, expected a file path", 2)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"{flag} {path}: cannot create its folder: {exc.strerror}", 2)
+    if not os.access(target.parent, os.W_OK):
+        _fail(f"{flag} {path}: folder {str(target.parent)!r} is not writable", 2)
+
+
+def _check_plot(path: str | None) -> None:
+    if not path:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        _fail(f"--plot {path}: needs matplotlib (pip install matplotlib)", 2)
+    _check_output(path, "--plot")
 
 
 JsonPath = Annotated[str | None, typer.Option("--json", help="Write results as JSON here.")]
@@ -285,48 +501,61 @@ Quick = Annotated[bool, typer.Option("--quick", help="A shorter run.")]
 @bench_app.command("wire")
 def bench_wire(quick: Quick = False, json_path: JsonPath = None) -> None:
     """Wire protocol against a raw uvloop Protocol: round trip, pipelined, bulk."""
-    from bench import wire
+    from compass._bench import wire
 
+    _check_output(json_path, "--json")
     wire.run(quick=quick, json_path=json_path)
 
 
 @bench_app.command("cache")
 def bench_cache(quick: Quick = False, json_path: JsonPath = None) -> None:
     """Slab allocation and eviction decision cost with 100 models resident."""
-    from bench import cache
+    from compass._bench import cache
 
+    _check_output(json_path, "--json")
     cache.run(quick=quick, json_path=json_path)
 
 
 @bench_app.command("plan")
 def bench_plan(quick: Quick = False, json_path: JsonPath = None) -> None:
     """Microseconds to plan one job of each paper workflow over 5 to 240 workers."""
-    from bench import plan
+    from compass._bench import plan
 
+    _check_output(json_path, "--json")
     plan.run(quick=quick, json_path=json_path)
 
 
 @bench_app.command("job")
 def bench_job(
-    jobs: Annotated[int, typer.Option(help="Jobs to time.")] = 2000, json_path: JsonPath = None
+    jobs: Annotated[int, typer.Option(min=1, help="Jobs to time.")] = 2000,
+    json_path: JsonPath = None,
 ) -> None:
     """A one-task no-op job, client to worker and back: p50/p99 microseconds."""
-    from bench import job
+    from compass._bench import job
 
+    _check_output(json_path, "--json")
     job.run(jobs=jobs, json_path=json_path)
 
 
 @bench_app.command("chain")
 def bench_chain(
-    workers: Annotated[int, typer.Option(help="Worker processes the chain alternates over.")] = 2,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Worker processes the chain alternates over.")
+    ] = 2,
     tasks: Annotated[int, typer.Option(help="Chain length: 10, 100 or 1000.")] = 1000,
-    repeats: Annotated[int, typer.Option(help="Runs of each side; the best is reported.")] = 3,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Runs of each side; the best is reported.")
+    ] = 3,
     dask: Annotated[bool, typer.Option(help="Also run the chain on Dask distributed.")] = True,
     json_path: JsonPath = None,
 ) -> None:
     """A chain of tiny tasks alternating between workers, compass against Dask distributed."""
-    from bench import chain
+    from compass._bench import chain
+    from compass._bench.apps import CHAIN_LENGTHS
 
+    if tasks not in CHAIN_LENGTHS:
+        _fail(f"--tasks {tasks}: must be one of {', '.join(map(str, CHAIN_LENGTHS))}", 2)
+    _check_output(json_path, "--json")
     chain.run(tasks=tasks, workers=workers, repeats=repeats, json_path=json_path, with_dask=dask)
 
 
@@ -335,8 +564,11 @@ Policies = Annotated[
 ]
 Arrival = Annotated[str, typer.Option(help="uniform, poisson or gamma.")]
 HostLanes = Annotated[
-    int, typer.Option(help="Host lanes per worker for model-less tasks (0: they use the GPU).")
+    int,
+    typer.Option(min=0, help="Host lanes per worker for model-less tasks (0: they use the GPU)."),
 ]
+Workers = Annotated[int, typer.Option(min=1, help="Worker processes.")]
+Jobs = Annotated[int, typer.Option(min=1, help="Jobs per policy.")]
 
 
 def _names(text: str) -> list[str]:
@@ -360,12 +592,12 @@ def _sweep(text: str | None) -> tuple[int, int] | None:
 @bench_app.command("e2e")
 def bench_e2e(
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 5,
+    workers: Workers = 5,
     policies: Policies = "compass,jsq,heft,hash",
     arrival: Arrival = "poisson",
     cv: Annotated[float, typer.Option(help="Gamma arrivals: std / mean of inter-arrivals.")] = 1.0,
     load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
-    jobs: Annotated[int, typer.Option(help="Jobs per policy.")] = 200,
+    jobs: Jobs = 200,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
     time_scale: Annotated[float, typer.Option(help="Real seconds per spec second.")] = 0.25,
     heartbeat_ms: Annotated[float, typer.Option(help="Worker heartbeat interval.")] = 10.0,
@@ -376,46 +608,50 @@ def bench_e2e(
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     json_path: JsonPath = None,
-    plot: Annotated[str | None, typer.Option(help="Write a PNG here.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
-    from bench import e2e
+    from compass._bench import e2e
 
-    try:
-        config = e2e.E2EConfig(
-            workload=workload or e2e.DEFAULT_WORKLOAD,
-            workers=workers,
-            policies=tuple(_names(policies)),
-            arrival=arrival,
-            cv=cv,
-            load=load,
-            jobs=jobs,
-            seed=seed,
-            time_scale=time_scale,
-            heartbeat_ms=heartbeat_ms,
-            heartbeat_min_ms=heartbeat_min_ms,
-            host_lanes=host_lanes,
-        )
-        e2e.run(
-            config,
-            json_path=json_path,
-            plot_path=plot,
-            servers_sweep=_sweep(servers_sweep),
-            target_slowdown=target_slowdown,
-        )
-    except CompassError as exc:
-        _fail(str(exc), 2)
+    names = _names(policies)
+    _check_policies(names)
+    if workload is not None:
+        _check_workload(workload)
+    sweep = _sweep(servers_sweep)
+    _check_output(json_path, "--json")
+    _check_plot(plot)
+    config = e2e.E2EConfig(
+        workload=workload or e2e.DEFAULT_WORKLOAD,
+        workers=workers,
+        policies=tuple(names),
+        arrival=arrival,
+        cv=cv,
+        load=load,
+        jobs=jobs,
+        seed=seed,
+        time_scale=time_scale,
+        heartbeat_ms=heartbeat_ms,
+        heartbeat_min_ms=heartbeat_min_ms,
+        host_lanes=host_lanes,
+    )
+    e2e.run(
+        config,
+        json_path=json_path,
+        plot_path=plot,
+        servers_sweep=sweep,
+        target_slowdown=target_slowdown,
+    )
 
 
 @app.command()
 def sim(
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
-    workers: Annotated[int, typer.Option(help="Simulated workers (up to hundreds).")] = 5,
+    workers: Annotated[int, typer.Option(min=1, help="Simulated workers (up to hundreds).")] = 5,
     policies: Policies = "compass,jsq,heft,hash",
     arrival: Arrival = "poisson",
     cv: Annotated[float, typer.Option(help="Gamma arrivals: std / mean of inter-arrivals.")] = 1.0,
     load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
-    jobs: Annotated[int, typer.Option(help="Jobs per policy.")] = 1000,
+    jobs: Jobs = 1000,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
     heartbeat_ms: Annotated[
         float, typer.Option(help="How often peers' state reaches the views (virtual ms).")
@@ -431,66 +667,118 @@ def sim(
     ] = False,
     time_scale: Annotated[float, typer.Option(help="--compare-real: real s per spec s.")] = 0.25,
     json_path: JsonPath = None,
-    plot: Annotated[str | None, typer.Option(help="Write a PNG here.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
     from compass.sim import report
 
-    try:
-        if compare_real:
-            from bench import e2e, fidelity
+    names = _names(policies)
+    _check_policies(names)
+    spec = workload or _default_workload()
+    _check_workload(spec)
+    sweep = _sweep(servers_sweep)
+    _check_output(json_path, "--json")
+    _check_plot(plot)
+    if compare_real:
+        from compass._bench import e2e, fidelity
 
-            config = e2e.E2EConfig(
-                workload=workload or _default_workload(),
-                workers=workers,
-                policies=tuple(_names(policies)),
-                arrival=arrival,
-                cv=cv,
-                load=load,
-                jobs=jobs,
-                seed=seed,
-                time_scale=time_scale,
-                host_lanes=host_lanes,
-            )
-            fidelity.run(config, json_path)
-            return
-        report.run_cli(
-            workload or _default_workload(),
-            workers,
-            _names(policies),
-            arrival,
-            cv,
-            load,
-            jobs,
-            seed,
-            heartbeat_ms,
-            staleness_ms,
-            _sweep(servers_sweep),
-            target_slowdown,
-            json_path,
-            plot,
-            host_lanes,
+        config = e2e.E2EConfig(
+            workload=spec,
+            workers=workers,
+            policies=tuple(names),
+            arrival=arrival,
+            cv=cv,
+            load=load,
+            jobs=jobs,
+            seed=seed,
+            time_scale=time_scale,
+            host_lanes=host_lanes,
         )
-    except CompassError as exc:
-        _fail(str(exc), 2)
+        fidelity.run(config, json_path)
+        return
+    report.run_cli(
+        spec,
+        workers,
+        names,
+        arrival,
+        cv,
+        load,
+        jobs,
+        seed,
+        heartbeat_ms,
+        staleness_ms,
+        sweep,
+        target_slowdown,
+        json_path,
+        plot,
+        host_lanes,
+    )
 
 
 @app.command()
 def demo(
-    seconds: Annotated[float, typer.Option(help="About how long the whole demo runs.")] = 60.0,
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 5,
+    seconds: Annotated[
+        float, typer.Option(min=1, help="About how long the whole demo runs.")
+    ] = 60.0,
+    workers: Workers = 5,
 ) -> None:
     """Start a local cluster and race compass against hash and jsq on the paper's workload."""
-    from bench import demo as demo_module
+    from compass._bench import demo as demo_module
 
+    demo_module.run(seconds=seconds, workers=workers)
+
+
+def _usage_error(exc: typer.TyperException, argv: Sequence[str]) -> str:
+    """One line: what is wrong, and the value given where the message lacks it."""
+    message = _one_line(exc.format_message())
+    given = _given_value(getattr(exc, "param", None), argv)
+    if given is not None and f"'{given}'" not in message:
+        message = f"{message} (got {given!r})"
+    return message
+
+
+def _given_value(param: Any, argv: Sequence[str]) -> str | None:
+    """The value the user gave ``param``: from the command line, else from its variable."""
+    opts = getattr(param, "opts", None) or []
+    for index, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in opts:
+            if eq:
+                return value
+            return argv[index + 1] if index + 1 < len(argv) else None
+    envvar = getattr(param, "envvar", None)
+    return os.environ.get(envvar) if isinstance(envvar, str) else None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``compass`` script: exits with the command's code; a user's mistake is one line on
+    stderr (exit 2), never a traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        demo_module.run(seconds=seconds, workers=workers)
+        code = app(args=args, prog_name="compass", standalone_mode=False)
+    except typer.TyperException as exc:  # usage: a bad flag, a bad value, a missing argument
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # a group called bare: its help (typer has already printed it where rich is used)
+            if exc.format_message().strip():
+                typer.echo(exc.format_message(), err=True)
+            sys.exit(2)
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "compass"
+        typer.echo(f"{where}: {_usage_error(exc, args)}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("compass: aborted", err=True)
+        sys.exit(1)
+    except (ConfigError, WorkflowError) as exc:  # a bad value or file, found past parsing
+        typer.echo(f"compass: {_one_line(str(exc))}", err=True)
+        sys.exit(2)
     except CompassError as exc:
-        _fail(str(exc))
-
-
-def main() -> None:
-    app()
+        typer.echo(f"compass: {_one_line(str(exc))}", err=True)
+        sys.exit(1)
+    except OSError as exc:  # a file named on the command line that cannot be read or written
+        typer.echo(f"compass: {_one_line(str(exc))}", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

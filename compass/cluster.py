@@ -33,19 +33,36 @@ class WorkerProcess:
 
     async def read_address(self, timeout: float) -> str:
         assert self.process.stdout is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:  # an app module may print before the worker listens: skip its lines
+            try:
+                line = await asyncio.wait_for(
+                    self.process.stdout.readline(), max(deadline - loop.time(), 0.0)
+                )
+            except TimeoutError:
+                raise CompassTimeout(
+                    f"worker {self.name} did not start within {timeout:.0f} s; see {self.log_path}"
+                ) from None
+            if not line:
+                break
+            text = line.decode(errors="replace").strip()
+            if text.startswith(LISTENING):
+                self.address = text[len(LISTENING) :]
+                self._drain = asyncio.create_task(self._drain_stdout())
+                return self.address
+        # stdout closed: the worker exited, and says why in one line, the last of its log
         try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+            code = await asyncio.wait_for(self.process.wait(), max(deadline - loop.time(), 1.0))
         except TimeoutError:
             raise CompassTimeout(
-                f"worker {self.name} did not start within {timeout:.0f} s; see {self.log_path}"
+                f"worker {self.name} closed its stdout without listening; see {self.log_path}"
             ) from None
-        text = line.decode(errors="replace").strip()
-        if not text.startswith(LISTENING):
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise CompassError(f"worker {self.name} failed to start: {text!r}\n{tail}")
-        self.address = text[len(LISTENING) :]
-        self._drain = asyncio.create_task(self._drain_stdout())
-        return self.address
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        reason = lines[-1] if lines else f"exit code {code}"
+        raise CompassError(
+            f"worker {self.name} failed to start: {reason} (log: {self.log_path.resolve()})"
+        )
 
     async def _drain_stdout(self) -> None:
         assert self.process.stdout is not None
@@ -132,7 +149,7 @@ class LocalCluster:
         argv = [
             sys.executable,
             "-m",
-            "cli.main",
+            "compass",
             "worker",
             "start",
             "--host",

@@ -13,8 +13,11 @@ from compass.errors import ConfigError
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_PORT",
+    "GPU_CACHE_FRACTION",
+    "HOST_CACHE_FRACTION",
     "PROTOCOL_VERSION",
     "CacheConfig",
+    "DeviceMemory",
     "Limits",
     "SchedConfig",
     "Timeouts",
@@ -29,8 +32,12 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
-#: model cache capacity of a real worker when none is configured
+#: model cache capacity when none is configured and the device's memory is unknown
 DEFAULT_CACHE_BYTES = 2 * GiB
+#: share of the GPU's free memory a worker's cache takes by default (the rest: activations)
+GPU_CACHE_FRACTION = 0.8
+#: share of the machine's memory a host-backend cache takes by default
+HOST_CACHE_FRACTION = 0.25
 
 
 def _positive(owner: object, **values: float | int | None) -> None:
@@ -44,11 +51,19 @@ class Limits:
     """Wire limits, each checked before any memory is allocated for what it bounds."""
 
     max_frame_bytes: int = 1 * GiB
-    max_header_bytes: int = 16 * MiB
+    #: msgpack header bytes of one frame (arrays travel out of band, so headers stay small)
+    max_header_bytes: int = 1 * MiB
     max_buffers: int = 4096
     max_depth: int = 64
+    #: msgpack objects in one header, containers included: bounds the memory and time decoding
+    #: a header takes (an empty array is one wire byte but about 80 bytes of Python objects)
+    max_elements: int = 131_072
     #: write-buffer high-water mark for flow control (low-water is a quarter of it)
     write_high_water: int = 4 * MiB
+    #: open connections a server holds, authenticated or not; past it, new ones are refused
+    max_connections: int = 4096
+    #: connections still in the handshake; past it, the oldest of them is closed
+    max_unauthenticated: int = 256
 
     def __post_init__(self) -> None:
         _positive(
@@ -57,7 +72,10 @@ class Limits:
             max_header_bytes=self.max_header_bytes,
             max_buffers=self.max_buffers,
             max_depth=self.max_depth,
+            max_elements=self.max_elements,
             write_high_water=self.write_high_water,
+            max_connections=self.max_connections,
+            max_unauthenticated=self.max_unauthenticated,
         )
         if self.max_header_bytes > self.max_frame_bytes:
             raise ConfigError("Limits.max_header_bytes cannot exceed max_frame_bytes")
@@ -83,13 +101,36 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """The memory a worker's cache could take, measured on its machine.
+
+    ``backend`` is what the cache runs on (``"auto"`` already decided: ``"cupy"``, ``"host"`` or
+    ``"capacity"``); ``free_gpu_bytes`` and ``host_bytes`` are ``None`` where unknown.
+    :func:`compass.cache.backend.probe_memory` measures it; tests build it by hand.
+    """
+
+    backend: str
+    free_gpu_bytes: int | None = None
+    host_bytes: int | None = None
+
+    def default_cache_bytes(self) -> int:
+        """:data:`GPU_CACHE_FRACTION` of free GPU memory on CuPy, :data:`HOST_CACHE_FRACTION` of
+        host memory on the host backend, :data:`DEFAULT_CACHE_BYTES` otherwise."""
+        if self.backend == "cupy" and self.free_gpu_bytes:
+            return int(self.free_gpu_bytes * GPU_CACHE_FRACTION)
+        if self.backend == "host" and self.host_bytes:
+            return int(self.host_bytes * HOST_CACHE_FRACTION)
+        return DEFAULT_CACHE_BYTES
+
+
+@dataclass(frozen=True, slots=True)
 class CacheConfig:
     """The worker's model cache: a slab pool of ``capacity_bytes`` on ``backend``.
 
     ``backend`` is ``"auto"`` (CuPy on a GPU, host memory elsewhere), ``"cupy"``, ``"host"`` or
     ``"capacity"`` (accounts slabs, holds no bytes: emulated mode). ``capacity_bytes=None`` lets
-    the worker choose: the workload's GPU memory when emulated, :data:`DEFAULT_CACHE_BYTES`
-    otherwise (see :meth:`resolved`).
+    the worker choose: the workload's GPU memory when emulated, otherwise a share of the
+    device's memory (see :meth:`resolved` and :class:`DeviceMemory`).
     """
 
     capacity_bytes: int | None = None
@@ -116,11 +157,29 @@ class CacheConfig:
         """The capacity in bytes, the default when none was chosen."""
         return DEFAULT_CACHE_BYTES if self.capacity_bytes is None else self.capacity_bytes
 
-    def resolved(self, default_bytes: int | None = None) -> CacheConfig:
-        """This config with ``capacity_bytes`` set (to ``default_bytes`` if it was ``None``)."""
+    def resolved(
+        self, default_bytes: int | None = None, *, memory: DeviceMemory | None = None
+    ) -> CacheConfig:
+        """This config with ``capacity_bytes`` set, if it was ``None``, to ``default_bytes``, or
+        else to ``memory``'s default (measured on this machine when ``memory`` is ``None``),
+        rounded down to whole slabs."""
         if self.capacity_bytes is not None:
             return self
-        return replace(self, capacity_bytes=default_bytes or DEFAULT_CACHE_BYTES)
+        if default_bytes:
+            return replace(self, capacity_bytes=default_bytes)
+        if memory is None:
+            # imported here: the backend module builds on this one, and asks the device
+            from compass.cache.backend import probe_memory
+
+            memory = probe_memory(self.backend)
+        capacity = memory.default_cache_bytes() // self.slab_bytes * self.slab_bytes
+        if capacity < self.slab_bytes:
+            raise ConfigError(
+                f"the default model cache ({memory.default_cache_bytes()} B of {memory.backend} "
+                f"memory) is smaller than one slab ({self.slab_bytes} B): give a capacity "
+                "(--cache-mb) or a smaller slab (--slab-mb)"
+            )
+        return replace(self, capacity_bytes=capacity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,13 @@ pays for it.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from compass.cache.slab import TENSOR_ALIGN
-from compass.config import CacheConfig
+from compass.config import CacheConfig, DeviceMemory
 from compass.errors import CacheError, ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ __all__ = [
     "HostBackend",
     "SlabBackend",
     "cuda_available",
+    "host_memory_bytes",
     "make_backend",
+    "probe_memory",
 ]
 
 
@@ -254,6 +257,48 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def probe_memory(backend: str = "auto", *, device_id: int = 0) -> DeviceMemory:
+    """The memory a cache on ``backend`` could take here: free GPU memory for CuPy (what
+    ``"auto"`` picks on a GPU), the machine's memory for the host backend."""
+    kind = backend
+    if kind == "auto":
+        kind = "cupy" if cuda_available() else "host"
+    if kind == "cupy":
+        return DeviceMemory(kind, free_gpu_bytes=_free_gpu_bytes(device_id))
+    if kind == "host":
+        return DeviceMemory(kind, host_bytes=host_memory_bytes())
+    return DeviceMemory(kind)
+
+
+def _free_gpu_bytes(device_id: int) -> int | None:
+    try:
+        import cupy
+
+        with cupy.cuda.Device(device_id):
+            free, _total = cupy.cuda.runtime.memGetInfo()
+        return int(free)
+    except Exception:  # no CuPy, no driver: the caller falls back to a fixed default
+        return None
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory, or the container's memory limit where that is lower; ``None`` if
+    unknown."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # not POSIX
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = int(f.read().strip())
+        except (OSError, ValueError):  # absent, or "max": no limit
+            continue
+        if 0 < limit < total:
+            total = limit
+    return total if total > 0 else None
 
 
 def make_backend(config: CacheConfig, *, device_id: int = 0) -> SlabBackend:

@@ -89,6 +89,8 @@ def load_workload(path: str | Path) -> Workload:
         raise WorkflowError(
             f"{source.name}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise WorkflowError(f"{source.name}: JSON nested too deeply for a workload") from None
     return parse_workload(data, source=source.name)
 
 

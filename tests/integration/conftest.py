@@ -26,7 +26,7 @@ def worker_env() -> dict[str, str]:
 
 
 def compass_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", *args]
+    return [sys.executable, "-m", "compass", *args]
 
 
 def one_worker_workload(tmp_path: Path, **workflows: tuple[str | None, float]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import e2e
+from compass._bench import e2e
 from compass.sim.arrivals import Arrival
 from compass.sim.engine import simulate
 from compass.workflow.spec import load_workload
@@ -95,7 +95,7 @@ async def test_any_workload_in_the_spec_format_runs(tmp_path) -> None:
 def test_compare_real_reports_the_relative_difference_of_both_runs(tmp_path) -> None:
     import json
 
-    from bench import fidelity
+    from compass._bench import fidelity
 
     config = e2e.E2EConfig(
         workload=PAPER, workers=2, jobs=12, time_scale=0.05, policies=("compass", "hash")

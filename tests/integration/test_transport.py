@@ -547,7 +547,7 @@ def test_install_event_loop_policy_selects_uvloop():
 
 
 def test_wire_benchmark_quick_run_writes_json(tmp_path):
-    from bench import wire
+    from compass._bench import wire
 
     path = tmp_path / "wire.json"
     result = wire.run(quick=True, json_path=str(path))

@@ -1,8 +1,20 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig, parse_address
+from compass.cache.backend import host_memory_bytes, probe_memory
+from compass.config import (
+    DEFAULT_CACHE_BYTES,
+    CacheConfig,
+    DeviceMemory,
+    Limits,
+    SchedConfig,
+    Timeouts,
+    WorkerConfig,
+    parse_address,
+)
 from compass.errors import ConfigError
 
 
@@ -62,3 +74,54 @@ def test_configs_validate_on_construction() -> None:
     with pytest.raises(ConfigError, match="not a number"):
         WorkerConfig(join=("a:b",))
     assert Timeouts(request=None).request is None
+
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("memory", "expected"),
+    [
+        # 80% of free GPU memory on CuPy, whole slabs
+        (DeviceMemory("cupy", free_gpu_bytes=10 * GiB), 8 * GiB),
+        (DeviceMemory("cupy", free_gpu_bytes=1000 * MiB), 768 * MiB),  # 800 MiB -> 12 slabs
+        # 25% of host memory on the host backend
+        (DeviceMemory("host", host_bytes=16 * GiB), 4 * GiB),
+        (DeviceMemory("host", host_bytes=23 * GiB, free_gpu_bytes=80 * GiB), 5888 * MiB),
+        # unknown figures, or the capacity backend: the fixed default
+        (DeviceMemory("cupy"), DEFAULT_CACHE_BYTES),
+        (DeviceMemory("host", free_gpu_bytes=80 * GiB), DEFAULT_CACHE_BYTES),
+        (DeviceMemory("capacity", free_gpu_bytes=80 * GiB, host_bytes=64 * GiB), 2 * GiB),
+    ],
+)
+def test_the_default_cache_follows_the_device(memory: DeviceMemory, expected: int) -> None:
+    resolved = CacheConfig(slab_bytes=64 * MiB).resolved(memory=memory)
+    assert resolved.capacity_bytes == expected
+    assert resolved.capacity == expected
+
+
+def test_a_configured_or_workload_capacity_wins_over_the_device() -> None:
+    memory = DeviceMemory("cupy", free_gpu_bytes=40 * GiB)
+    assert CacheConfig(capacity_bytes=GiB).resolved(memory=memory).capacity_bytes == GiB
+    # an emulated worker's cache is its workload's GPU memory, whatever this machine has
+    assert CacheConfig().resolved(14 * 10**9, memory=memory).capacity_bytes == 14 * 10**9
+
+
+def test_a_default_cache_smaller_than_a_slab_says_what_to_do() -> None:
+    tiny = DeviceMemory("host", host_bytes=100 * MiB)  # 25 MiB: less than one 64 MiB slab
+    with pytest.raises(ConfigError, match="--cache-mb"):
+        CacheConfig(slab_bytes=64 * MiB).resolved(memory=tiny)
+    assert CacheConfig(slab_bytes=MiB).resolved(memory=tiny).capacity_bytes == 25 * MiB
+
+
+def test_probe_memory_measures_this_machine() -> None:
+    host = probe_memory("host")
+    assert host.backend == "host"
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert host.host_bytes is not None and 0 < host.host_bytes <= physical
+    assert host_memory_bytes() == host.host_bytes
+    assert probe_memory("capacity") == DeviceMemory("capacity")
+    # unset, a host-backend cache takes a quarter of the machine (or container)
+    resolved = CacheConfig(backend="host", slab_bytes=MiB).resolved()
+    assert resolved.capacity_bytes == host.host_bytes // 4 // MiB * MiB

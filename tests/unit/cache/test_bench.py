@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench import cache
+from compass._bench import cache
 
 
 def test_cache_benchmark_quick_run_writes_json(tmp_path, capsys):

@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.plan import run
+from compass._bench.plan import run
 from compass.sched import POLICY_NAMES, JobInfo, ViewSnapshot, WorkerState, make_policy
 from compass.sched.cost import WorkflowCosts
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
