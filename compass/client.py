@@ -1,26 +1,41 @@
-"""The async client an application embeds: connect to any worker, submit jobs, await results.
+"""The clients an application embeds: connect to any worker, submit jobs, await results.
 
 ::
 
     async with compass.Client("127.0.0.1:7341", token=token) as client:
         caption = await client.submit("img_to_text", image=pixels)
+
+    with compass.SyncClient("127.0.0.1:7341", token=token) as client:  # scripts, notebooks
+        caption = client.submit("img_to_text", image=pixels)
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from compass.config import Limits, Timeouts
-from compass.errors import ConfigError, ConnectFailed, ConnectionClosed
-from compass.wire.transport import Channel, connect
+from compass.errors import CompassTimeout, ConfigError, ConnectFailed, ConnectionClosed
+from compass.wire.transport import Channel, connect, new_event_loop
+from compass.worker.stats import payload_bytes
 
-__all__ = ["Client"]
+__all__ = ["BULK_THRESHOLD", "Client", "SyncClient"]
+
+log = logging.getLogger(__name__)
 
 _DEFAULT: Any = object()
+_T = TypeVar("_T")
+
+#: submissions whose inputs take more bytes than this travel on the client's second connection
+BULK_THRESHOLD = 1 << 20
 
 
 class Client:
@@ -32,6 +47,16 @@ class Client:
     raises :class:`~compass.errors.ConnectionLost`; its job may be lost with the worker, and
     resubmitting it is the caller's decision. After :meth:`aclose` calls fail until
     :meth:`connect`.
+
+    A frame goes out whole on its TCP stream, so a small call behind a 128 MiB one would wait
+    for it. Submissions whose inputs exceed ``bulk_threshold`` bytes therefore use a second
+    connection to the same worker, opened on first need; the two always point at the same
+    worker and fail over together. ``bulk_threshold=None`` keeps everything on one connection.
+    (A small submission whose *result* is large still answers on the first connection.)
+
+    A client belongs to the event loop it connected on until :meth:`aclose`; it can then be
+    used again on another loop. Use from a different loop while connected raises
+    :class:`~compass.errors.ConfigError`. :class:`SyncClient` wraps one for synchronous code.
 
     ``timeouts.request`` bounds each call, job submissions included, unless a call passes its own
     ``timeout`` (``None`` waits as long as the job takes).
@@ -45,65 +70,138 @@ class Client:
         name: str = "client",
         timeouts: Timeouts | None = None,
         limits: Limits | None = None,
+        bulk_threshold: int | None = BULK_THRESHOLD,
     ) -> None:
         addresses = (address,) if isinstance(address, str) else tuple(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
             raise ConfigError(f"Client needs one or more worker addresses, got {address!r}")
+        if bulk_threshold is not None and (
+            isinstance(bulk_threshold, bool)
+            or not isinstance(bulk_threshold, int)
+            or bulk_threshold < 0
+        ):
+            raise ConfigError(
+                f"Client bulk_threshold must be a byte count >= 0 or None, got {bulk_threshold!r}"
+            )
         self.addresses = addresses
         #: the worker this client talks to now (or will try first)
         self.address = addresses[0]
+        self.bulk_threshold = bulk_threshold
         self._token = token
         self._name = name
         self.timeouts = timeouts or Timeouts()
         self.limits = limits or Limits()
-        self._channel: Channel | None = None
+        self._channel: Channel | None = None  # every call but large submissions
+        self._bulk: Channel | None = None  # large submissions, to the same worker
         self._closed = False  # by aclose(): no reconnecting behind the caller's back
-        self._connecting = asyncio.Lock()  # one reconnection at a time
+        # the loop the channels belong to, and its lock for one (re)connection at a time
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    # -- connections ------------------------------------------------------------------------
 
     async def connect(self) -> Client:
         """Connect (to the first address that answers) unless connected already."""
         self._closed = False
-        if self._channel is None or self._channel.closed:
-            await self._connect_any()
+        await self._open(bulk=False)
         return self
-
-    async def _connect_any(self) -> None:
-        async with self._connecting:
-            if self._channel is not None and not self._channel.closed:
-                return  # another call reconnected while this one waited
-            n = len(self.addresses)
-            first = self.addresses.index(self.address)
-            if self._channel is not None:
-                first += 1  # the current worker was lost: try the others first
-            problems: list[str] = []
-            for k in range(n):
-                address = self.addresses[(first + k) % n]
-                try:
-                    self._channel = await connect(
-                        address,
-                        token=self._token,
-                        name=self._name,
-                        role="client",
-                        limits=self.limits,
-                        timeouts=self.timeouts,
-                    )
-                except ConnectFailed as exc:
-                    problems.append(str(exc))
-                    continue
-                self.address = address
-                return
-            if n == 1:
-                raise ConnectFailed(problems[0])
-            raise ConnectFailed(f"no worker answered ({n} tried): " + "; ".join(problems))
 
     @property
     def channel(self) -> Channel:
+        """The connection for every call but large submissions."""
         if self._channel is None:
             raise ConnectionClosed(
                 f"client for {self.address} is not connected: use 'async with Client(...)' "
                 "or 'await client.connect()'"
             )
         return self._channel
+
+    @property
+    def bulk_channel(self) -> Channel | None:
+        """The connection for submissions above ``bulk_threshold``, once one has been made."""
+        return self._bulk
+
+    def _lock_for_this_loop(self) -> asyncio.Lock:
+        """The connection lock of the running loop; refuses a loop the client is not open on."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._connecting is None:
+            if self._loop is not None and self._holds_connections():
+                ended = " (which has since ended)" if self._loop.is_closed() else ""
+                raise ConfigError(
+                    f"Client for {self.address} is open on another event loop{ended}: its "
+                    "connections belong to that loop. Use it there, 'await client.aclose()' "
+                    "there before using it on this loop, or use one client per loop "
+                    "(SyncClient for synchronous code)"
+                )
+            self._loop = loop
+            self._connecting = asyncio.Lock()
+        return self._connecting
+
+    def _holds_connections(self) -> bool:
+        live = any(c is not None and not c.closed for c in (self._channel, self._bulk))
+        return live or (self._connecting is not None and self._connecting.locked())
+
+    async def _open(self, *, bulk: bool) -> Channel:
+        """The channel for the next call: connected, reopened or failed over as needed."""
+        lock = self._lock_for_this_loop()
+        async with lock:
+            channel = self._channel
+            if channel is None or channel.closed:
+                if self._closed:
+                    raise ConnectionClosed(f"client for {self.address} was closed")
+                await self._fail_over()
+            if not bulk:
+                return self.channel
+            if self._bulk is not None and not self._bulk.closed:
+                return self._bulk
+            try:
+                self._bulk = await self._dial(self.address)
+            except (ConnectFailed, CompassTimeout):
+                # the worker does not take a second connection: treat it as lost, and move
+                # both connections to the next worker that answers
+                await self.channel.aclose()
+                await self._fail_over()
+                self._bulk = await self._dial(self.address)
+            return self._bulk
+
+    async def _fail_over(self) -> None:
+        """Connect to the first worker that answers; the current one last if it was lost."""
+        bulk, self._bulk = self._bulk, None
+        if bulk is not None:
+            await bulk.aclose()  # it points at the worker being left
+        n = len(self.addresses)
+        first = self.addresses.index(self.address)
+        if self._channel is not None:
+            first += 1  # the current worker was lost: try the others first
+        problems: list[str] = []
+        for k in range(n):
+            address = self.addresses[(first + k) % n]
+            try:
+                self._channel = await self._dial(address)
+            except ConnectFailed as exc:
+                problems.append(str(exc))
+                continue
+            self.address = address
+            return
+        if n == 1:
+            raise ConnectFailed(problems[0])
+        raise ConnectFailed(f"no worker answered ({n} tried): " + "; ".join(problems))
+
+    async def _dial(self, address: str) -> Channel:
+        channel = await connect(
+            address,
+            token=self._token,
+            name=self._name,
+            role="client",
+            limits=self.limits,
+            timeouts=self.timeouts,
+        )
+        if self._closed:  # aclose() ran while this connection was being made
+            await channel.aclose()
+            raise ConnectionClosed(f"client for {self.address} was closed")
+        return channel
+
+    # -- calls ------------------------------------------------------------------------------
 
     async def ping(self, *, timeout: float | None = _DEFAULT) -> float:
         """Round-trip time to the worker, in seconds."""
@@ -126,7 +224,10 @@ class Client:
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
         :class:`~compass.errors.InvalidInputs` for a bad request.
         """
-        return await self._request("submit", {"workflow": workflow, "inputs": inputs}, timeout)
+        threshold = self.bulk_threshold
+        bulk = threshold is not None and payload_bytes(inputs) > threshold
+        body = {"workflow": workflow, "inputs": inputs}
+        return await self._request("submit", body, timeout, bulk=bulk)
 
     async def submit_many(
         self,
@@ -147,20 +248,30 @@ class Client:
             tasks = [group.create_task(one(kwargs)) for kwargs in inputs]
         return [task.result() for task in tasks]
 
-    async def _request(self, op: str, body: Any, timeout: float | None) -> Any:
+    async def _request(self, op: str, body: Any, timeout: float | None, bulk: bool = False) -> Any:
         if timeout is _DEFAULT:
             timeout = self.timeouts.request
-        channel = self._channel
-        if channel is None or channel.closed:
-            if self._closed:
-                raise ConnectionClosed(f"client for {self.address} was closed")
-            await self._connect_any()
-        return await self.channel.request(op, body, timeout=timeout)
+        channel = self._bulk if bulk else self._channel
+        if (
+            channel is None
+            or channel.closed
+            or self._loop is not asyncio.get_running_loop()
+            or (bulk and (self._channel is None or self._channel.closed))
+        ):
+            channel = await self._open(bulk=bulk)
+        return await channel.request(op, body, timeout=timeout)
 
     async def aclose(self) -> None:
+        """Close both connections; calls then fail until :meth:`connect`. Idempotent."""
         self._closed = True
-        if self._channel is not None:
-            await self._channel.aclose()
+        if self._loop is None:
+            return
+        self._lock_for_this_loop()
+        channels = [c for c in (self._channel, self._bulk) if c is not None]
+        # forgotten, so that a later connect() starts at the same worker, not the next one
+        self._channel = self._bulk = None
+        await asyncio.gather(*(c.aclose() for c in channels))
+        self._loop = self._connecting = None  # free to be used on another loop now
 
     async def __aenter__(self) -> Client:
         return await self.connect()
@@ -172,3 +283,180 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread; coroutines are handed to it and awaited."""
+
+    def __init__(self, name: str, on_stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.loop = new_event_loop()
+        self._on_stop = on_stop
+        # guards handing work to the loop, so that nothing is handed over once it has stopped
+        self._lock = threading.Lock()
+        self._running = True
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+            with self._lock:
+                self._running = False
+            try:
+                loop.run_until_complete(self._on_stop())
+            except Exception:  # nobody waits for this thread: say why, then end cleanly
+                log.exception("closing the client on %s failed", self.thread.name)
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise ConfigError(
+                "a SyncClient method was called from its own event loop thread, where it "
+                "would wait for itself forever: use the async Client there"
+            )
+        with self._lock:
+            if not self._running:
+                coro.close()
+                raise ConnectionClosed("the client was closed (by another thread)")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self._running:
+                raise
+            raise ConnectionClosed("the client was closed while this call waited") from None
+        except BaseException:
+            future.cancel()  # an interrupted caller (Ctrl-C) cancels the call, job included
+            raise
+
+    def stop_soon(self) -> None:
+        """Ask the loop to close the client and end; does not wait."""
+        with contextlib.suppress(RuntimeError):  # the loop has closed already
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def stop(self) -> None:
+        self.stop_soon()
+        self.thread.join()
+
+
+class SyncClient:
+    """A blocking :class:`Client` for scripts and notebooks.
+
+    The same methods and arguments, without ``await``: the client runs on a private event loop
+    in a background thread, started on first use and ended by :meth:`close` (or the ``with``
+    block). Calls may come from several threads at once; they share one client. An interrupted
+    call (KeyboardInterrupt) is cancelled, its job too. After :meth:`close` calls fail until
+    :meth:`connect`.
+    """
+
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        *,
+        token: str | None = None,
+        name: str = "client",
+        timeouts: Timeouts | None = None,
+        limits: Limits | None = None,
+        bulk_threshold: int | None = BULK_THRESHOLD,
+    ) -> None:
+        self._client = Client(
+            address,
+            token=token,
+            name=name,
+            timeouts=timeouts,
+            limits=limits,
+            bulk_threshold=bulk_threshold,
+        )
+        self._runner: _LoopThread | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._closed = False
+        self._starting = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """The worker this client talks to now (or will try first)."""
+        return self._client.address
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return self._client.addresses
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        runner = self._runner
+        if runner is None:
+            with self._starting:
+                runner = self._runner
+                if runner is None:
+                    if self._closed:
+                        coro.close()
+                        raise ConnectionClosed(f"client for {self.address} was closed")
+                    runner = _LoopThread(f"compass-client-{self.address}", self._client.aclose)
+                    # a client dropped without close() still ends its thread and connections
+                    self._finalizer = weakref.finalize(self, runner.stop_soon)
+                    self._finalizer.atexit = False  # at exit the daemon thread just ends
+                    self._runner = runner
+        return runner.run(coro)
+
+    def connect(self) -> SyncClient:
+        """Connect (to the first address that answers) unless connected already."""
+        self._closed = False
+        self._run(self._client.connect())
+        return self
+
+    def ping(self, *, timeout: float | None = _DEFAULT) -> float:
+        """Round-trip time to the worker, in seconds."""
+        return self._run(self._client.ping(timeout=timeout))
+
+    def status(self, *, timeout: float | None = _DEFAULT) -> dict[str, Any]:
+        """The worker's status: name, address, version, uptime, peers, queue, cache, counters."""
+        return self._run(self._client.status(timeout=timeout))
+
+    def submit(self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any) -> Any:
+        """Run one job of ``workflow`` with ``inputs`` and return its final output (see
+        :meth:`Client.submit`)."""
+        return self._run(self._client.submit(workflow, timeout=timeout, **inputs))
+
+    def submit_many(
+        self,
+        workflow: str,
+        inputs: Iterable[Mapping[str, Any]],
+        *,
+        concurrency: int = 64,
+        timeout: float | None = _DEFAULT,
+    ) -> list[Any]:
+        """Run one job per inputs mapping, at most ``concurrency`` at once; results in order."""
+        return self._run(
+            self._client.submit_many(workflow, inputs, concurrency=concurrency, timeout=timeout)
+        )
+
+    def close(self) -> None:
+        """Close the connections and end the background thread. Idempotent."""
+        with self._starting:
+            self._closed = True
+            runner, self._runner = self._runner, None
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+        if runner is not None:
+            runner.stop()  # the loop closes the client before it ends
+
+    def __enter__(self) -> SyncClient:
+        return self.connect()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -30,6 +30,7 @@ def test_all_is_pinned() -> None:
         "ProtocolError",
         "RemoteError",
         "SchedConfig",
+        "SyncClient",
         "Task",
         "TaskProfile",
         "Timeouts",
