@@ -17,13 +17,23 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 from compass.config import Limits, Timeouts
-from compass.errors import CompassTimeout, ConfigError, ConnectFailed, ConnectionClosed
+from compass.errors import (
+    CompassError,
+    CompassTimeout,
+    ConfigError,
+    ConnectFailed,
+    ConnectionClosed,
+    ConnectionLost,
+    Overloaded,
+    WorkerUnavailable,
+)
 from compass.wire.transport import Channel, connect, new_event_loop
 from compass.worker.stats import payload_bytes
 
@@ -44,9 +54,12 @@ class Client:
     Any worker can be the ingress, so ``address`` may list several: when the connection is
     lost, the next call connects to the next one that answers (failover), and a client that was
     never connected connects on its first call. A call in flight when the connection breaks
-    raises :class:`~compass.errors.ConnectionLost`; its job may be lost with the worker, and
-    resubmitting it is the caller's decision. After :meth:`aclose` calls fail until
-    :meth:`connect`.
+    fails over too: a job whose worker is lost (:class:`~compass.errors.ConnectionLost`) or that
+    is shutting down (:class:`~compass.errors.WorkerUnavailable`) is submitted again to the next
+    worker, up to ``retries`` times (default 2). That runs a job's tasks again, so it requires
+    idempotent tasks, which inference is; ``retries=0`` raises at once. Every job carries a key
+    the client chose, so a worker that sees the same job twice (a retried request that did
+    arrive) answers both with one run. After :meth:`aclose` calls fail until :meth:`connect`.
 
     A frame goes out whole on its TCP stream, so a small call behind a 128 MiB one would wait
     for it. Submissions whose inputs exceed ``bulk_threshold`` bytes therefore use a second
@@ -71,6 +84,7 @@ class Client:
         timeouts: Timeouts | None = None,
         limits: Limits | None = None,
         bulk_threshold: int | None = BULK_THRESHOLD,
+        retries: int = 2,
     ) -> None:
         addresses = (address,) if isinstance(address, str) else tuple(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
@@ -83,6 +97,9 @@ class Client:
             raise ConfigError(
                 f"Client bulk_threshold must be a byte count >= 0 or None, got {bulk_threshold!r}"
             )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"Client retries must be an integer >= 0, got {retries!r}")
+        self.retries = retries
         self.addresses = addresses
         #: the worker this client talks to now (or will try first)
         self.address = addresses[0]
@@ -226,8 +243,23 @@ class Client:
         """
         threshold = self.bulk_threshold
         bulk = threshold is not None and payload_bytes(inputs) > threshold
-        body = {"workflow": workflow, "inputs": inputs}
-        return await self._request("submit", body, timeout, bulk=bulk)
+        body = {"workflow": workflow, "inputs": inputs, "key": uuid.uuid4().hex}
+        lost: CompassError | None = None
+        for _ in range(self.retries + 1):
+            try:
+                return await self._request("submit", body, timeout, bulk=bulk)
+            except ConnectFailed:
+                if lost is None:
+                    raise
+                raise lost from None  # no other worker to retry on: the job's own error
+            except (ConnectionLost, WorkerUnavailable) as exc:
+                if isinstance(exc, Overloaded):
+                    raise
+                lost = exc
+                if isinstance(exc, WorkerUnavailable) and self._channel is not None:
+                    await self._channel.aclose()  # it is going away: the next call fails over
+        assert lost is not None
+        raise lost
 
     async def submit_many(
         self,
@@ -368,6 +400,7 @@ class SyncClient:
         timeouts: Timeouts | None = None,
         limits: Limits | None = None,
         bulk_threshold: int | None = BULK_THRESHOLD,
+        retries: int = 2,
     ) -> None:
         self._client = Client(
             address,

@@ -186,7 +186,7 @@ async def test_a_lost_bulk_connection_is_reopened_to_the_same_worker(
 ) -> None:
     async with (
         proxied_worker(worker_env) as (cluster, proxy),
-        Client(proxy.address, token=cluster.token) as client,
+        Client(proxy.address, token=cluster.token, retries=0) as client,
     ):
         control = client.channel
         stuck = asyncio.create_task(client.submit("echo", x=big_array(3)))
