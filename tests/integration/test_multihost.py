@@ -1,0 +1,276 @@
+"""Three workers on three hosts, the way the recipes in deploy/ run them.
+
+Each host is a network namespace with its own address on one bridge (10.201.0.1-3/24; the
+bridge lives in a namespace of its own, so nothing here touches the machine's network). Every
+worker gets the same ``--join 10.201.0.1:7341``, as every pod of the StatefulSet does: the
+first finds its own address there and starts the cluster, the others retry until it answers
+(they all start at once). Worker 0 binds its address (systemd), worker 1 binds 0.0.0.0 and
+advertises its address (Kubernetes), worker 2 binds 0.0.0.0 and advertises nothing, so it tells
+its peers its primary address (a container). A client in worker 0's namespace then checks that
+every worker knows every other by its namespace address, that jobs complete with tasks on
+every worker, and that each worker's ``/ready`` answers on the metrics port.
+
+It needs root and ``ip netns``; elsewhere it is skipped with the reason. Run as a module
+(``python -m tests.integration.test_multihost ADDRESS...``) it is that client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compass import Client
+from compass.cluster import WorkerProcess
+
+from .conftest import PAPER
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBNET = "10.201.0"
+PORT = 7341
+METRICS_PORT = 9341
+WORKERS = 3
+JOBS = 12
+PAPER_FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
+#: emulated, and fast; round robin deals tasks to every worker in the view, so "tasks ran on
+#: every worker" is certain rather than likely
+EMULATED = ["--workload", PAPER, "--time-scale", "0.02", "--policy", "round_robin"]
+_names = itertools.count()
+
+
+def _address(i: int) -> str:
+    return f"{SUBNET}.{i + 1}"
+
+
+# -- the hosts -----------------------------------------------------------------------------------
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
+
+
+class Hosts:
+    """``count`` namespaces, host i at 10.201.0.(i+1)/24 on its ``eth0``, all on one bridge in
+    a hub namespace. Names carry this process's id (and a counter), so parallel runs and other
+    tests' namespaces never collide; links are made inside the namespaces and go with them."""
+
+    def __init__(self, count: int) -> None:
+        tag = f"{os.getpid()}-{next(_names)}"
+        self.hub = f"cmh-hub-{tag}"
+        self.spaces = [f"cmh-w{i}-{tag}" for i in range(count)]
+        self._made: list[str] = []
+
+    def build(self) -> None:
+        self._add(self.hub)
+        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.hub, "link", "set", "br0", "up")
+        for i, space in enumerate(self.spaces):
+            self._add(space)
+            _ip("-n", space, "link", "set", "lo", "up")
+            hub_end = f"v{i}"
+            _ip("-n", self.hub, "link", "add", hub_end, "type", "veth",
+                "peer", "name", "eth0", "netns", space)  # fmt: skip
+            _ip("-n", self.hub, "link", "set", hub_end, "master", "br0")
+            _ip("-n", self.hub, "link", "set", hub_end, "up")
+            _ip("-n", space, "addr", "add", f"{_address(i)}/24", "dev", "eth0")
+            _ip("-n", space, "link", "set", "eth0", "up")
+            # a default route gives a worker bound to 0.0.0.0 a primary address to advertise;
+            # it leads only to the bridge, which has no other way out
+            _ip("-n", space, "route", "add", "default", "dev", "eth0")
+
+    def _add(self, space: str) -> None:
+        _ip("netns", "add", space)
+        self._made.append(space)
+
+    def close(self) -> None:
+        for space in reversed(self._made):  # a namespace takes its links with it
+            subprocess.run(["ip", "netns", "del", space], capture_output=True, timeout=20)
+        self._made.clear()
+
+
+@contextlib.contextmanager
+def _hosts(count: int) -> Iterator[Hosts]:
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (iproute2): cannot build network namespaces")
+    hosts = Hosts(count)
+    try:
+        try:
+            hosts.build()
+        except subprocess.CalledProcessError as exc:
+            pytest.skip(
+                f"cannot build network namespaces here (`{' '.join(exc.cmd)}`: "
+                f"{(exc.stderr or '').strip()}); needs root and `ip netns`"
+            )
+        yield hosts
+    finally:
+        hosts.close()
+
+
+# -- the workers ---------------------------------------------------------------------------------
+
+
+def _compass() -> list[str]:
+    script = Path(sys.executable).with_name("compass")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "compass"]
+
+
+def _worker_argv(i: int) -> list[str]:
+    """Worker ``i``'s flags: the same seed for all, and one way of being addressed each."""
+    address = _address(i)
+    how = [
+        ["--host", address, "--metrics-host", address],  # systemd: bind the host's address
+        ["--host", "0.0.0.0", "--advertise-address", f"{address}:{PORT}",
+         "--metrics-host", "0.0.0.0"],  # Kubernetes: bind all, advertise the pod's name
+        ["--host", "0.0.0.0", "--metrics-host", "0.0.0.0"],  # a container: the primary address
+    ][i % 3]  # fmt: skip
+    return [
+        *_compass(), "worker", "start", *EMULATED, "--name", f"w{i}", "--port", str(PORT),
+        "--join", f"{_address(0)}:{PORT}", "--join-timeout", "60",
+        "--metrics-port", str(METRICS_PORT), *how,
+    ]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _workers_in(
+    hosts: Hosts, env: dict[str, str], log_dir: Path
+) -> AsyncIterator[list[WorkerProcess]]:
+    workers: list[WorkerProcess] = []
+    try:
+        for i, space in enumerate(hosts.spaces):  # all at once: the others wait for worker 0
+            log_path = log_dir / f"w{i}.log"
+            with log_path.open("ab") as log:
+                process = await asyncio.create_subprocess_exec(
+                    "ip", "netns", "exec", space, *_worker_argv(i),
+                    stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                )  # fmt: skip
+            workers.append(WorkerProcess(f"w{i}", process, log_path))
+        await asyncio.gather(*(w.read_address(60.0) for w in workers))
+        yield workers
+    finally:
+        await asyncio.gather(*(w.stop() for w in workers))
+
+
+# -- the client, run in a namespace --------------------------------------------------------------
+
+
+def _ready(address: str) -> int:
+    """The HTTP status of ``/ready`` on the metrics port of the worker at ``address``."""
+    host = address.rsplit(":", 1)[0]
+    try:
+        with urllib.request.urlopen(f"http://{host}:{METRICS_PORT}/ready", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _whole(statuses: Sequence[dict[str, Any]]) -> bool:
+    names = {s["name"] for s in statuses}
+    return len(names) == len(statuses) and all(
+        {p["name"] for p in s["peers"]} == names - {s["name"]}
+        and {row["name"] for row in s["cluster"]} == names
+        for s in statuses
+    )
+
+
+async def observe(addresses: Sequence[str], token: str, jobs: int) -> dict[str, Any]:
+    """What the test checks, seen from here: every worker's status once each knows every
+    other (or after 30 s), the plans of ``jobs`` jobs run through the first worker, every
+    worker's tasks run, and its ``/ready``."""
+    clients = [Client(address, token=token) for address in addresses]
+    try:
+        deadline = time.monotonic() + 30.0
+        while True:
+            statuses = list(await asyncio.gather(*(c.status(timeout=5.0) for c in clients)))
+            if _whole(statuses) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        first = clients[0]
+        payload = np.zeros(1000, dtype=np.uint8)
+        await asyncio.gather(
+            *(first.submit(PAPER_FLOWS[i % 4], data=payload, timeout=60.0) for i in range(jobs))
+        )
+        records: list[dict[str, Any]] = await first.channel.request("trace", None)
+        after = await asyncio.gather(*(c.status(timeout=5.0) for c in clients))
+    finally:
+        for client in clients:
+            await client.aclose()
+    ready = await asyncio.gather(*(asyncio.to_thread(_ready, a) for a in addresses))
+    return {
+        "statuses": [
+            {"name": s["name"], "address": s["address"], "peers": s["peers"]} for s in statuses
+        ],
+        "plans": [r["plan"] for r in records if r["ok"]],
+        "failed": [r for r in records if not r["ok"]],
+        "tasks_run": {s["name"]: s["stats"]["tasks_run"] for s in after},
+        "ready": dict(zip(addresses, ready, strict=True)),
+    }
+
+
+def main(argv: Sequence[str]) -> None:
+    """``python -m tests.integration.test_multihost ADDRESS...``: prints :func:`observe`'s JSON
+    (the token from COMPASS_TOKEN)."""
+    token = os.environ["COMPASS_TOKEN"]
+    result = asyncio.run(observe(list(argv), token, JOBS))
+    print(json.dumps(result))
+
+
+# -- the test ------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_workers_on_three_hosts_join_by_address_and_share_jobs(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**worker_env, "COMPASS_TOKEN": secrets.token_hex(16)}
+    addresses = [f"{_address(i)}:{PORT}" for i in range(WORKERS)]
+    with _hosts(WORKERS) as hosts:
+        async with _workers_in(hosts, env, tmp_path) as workers:
+            assert workers[0].address == addresses[0]  # the others bound 0.0.0.0
+            client = await asyncio.create_subprocess_exec(
+                "ip", "netns", "exec", hosts.spaces[0], sys.executable, "-m",
+                "tests.integration.test_multihost", *addresses,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                env=env, cwd=str(ROOT),
+            )  # fmt: skip
+            try:
+                out, err = await asyncio.wait_for(client.communicate(), 120.0)
+            finally:
+                if client.returncode is None:
+                    client.kill()
+                    await client.wait()
+            assert client.returncode == 0, err.decode(errors="replace")[-3000:]
+            seen = json.loads(out.decode().strip().splitlines()[-1])
+
+    names = [f"w{i}" for i in range(WORKERS)]
+    for status in seen["statuses"]:
+        # every peer by the address it advertises: its namespace's, not loopback or a wildcard
+        assert {p["name"]: p["address"] for p in status["peers"]} == {
+            name: a for name, a in zip(names, addresses, strict=True) if name != status["name"]
+        }, status
+    assert not seen["failed"]
+    assert len(seen["plans"]) == JOBS
+    placed = {worker for plan in seen["plans"] for worker in plan.values()}
+    assert placed == set(names)
+    ran = [name for name, count in seen["tasks_run"].items() if count > 0]
+    assert sorted(ran) == names, seen["tasks_run"]
+    assert seen["ready"] == dict.fromkeys(addresses, 200)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
