@@ -10,7 +10,16 @@ Errors, as trio separates them: using a channel *you* closed raises :class:`Conn
 a channel the peer broke (or that broke the protocol) fails with :class:`ConnectionLost`; a
 request with no answer in time raises :class:`CompassTimeout` and its late answer is dropped.
 A peer that sends garbage, fails the handshake or exceeds a limit loses its connection, with
-one WARNING line on the ``compass.wire`` logger; everyone else is served on.
+one WARNING line on the ``compass.wire`` logger, after being told why (an ERROR for its request
+and a REFUSE, see :mod:`~compass.wire.protocol`); everyone else is served on.
+
+Write back-pressure. While the transport's write buffer is above ``limits.write_high_water``
+(until it drains below a quarter of it), requests the peer sends are not started but queued;
+past :data:`MAX_DEFERRED` of them, the channel stops reading from the peer until the buffer
+drains. A peer that asks and never reads the answers is thus held to a bounded amount of this
+side's memory. Everything else (answers to our requests, notifies) is read on: those never add
+to what this side writes on the channel, and two peers pushing bulk notifies at each other
+while both are over the mark must keep reading each other, or neither buffer would ever drain.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import asyncio
 import heapq
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
@@ -44,7 +54,7 @@ from compass.wire.protocol import (
 from compass.wire.rpc import exception_to_wire
 from compass.wire.writes import WriteBatcher
 
-__all__ = ["CANCEL_OP", "DEFAULT", "Channel"]
+__all__ = ["CANCEL_OP", "DEFAULT", "MAX_DEFERRED", "Channel"]
 
 log = logging.getLogger("compass.wire")
 
@@ -52,6 +62,15 @@ log = logging.getLogger("compass.wire")
 #: passed, or its caller was cancelled): the peer cancels the handler still working on it, so
 #: abandoned work (a job nobody awaits) is dropped instead of running to the end
 CANCEL_OP = "$cancel"
+
+#: requests queued, not started, while the write buffer is over its high-water mark; one more
+#: and the channel stops reading from the peer until the buffer drains
+MAX_DEFERRED = 32
+#: requests started while reading one batch before what they answered goes to the transport
+#: (so that its flow control sees it): many answers held for one write would bypass it
+_SPILL_EVERY = 32
+#: bytes a faulty peer may still send, discarded, after being told why it is dropped
+LINGER_BYTES = 64 << 20
 
 
 class _Default:
@@ -93,6 +112,8 @@ class _ChannelProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.channel._connection_lost(exc)
+        # the transport may keep its protocol; do not let it keep the channel and its buffers
+        self.__dict__.clear()
 
     def pause_writing(self) -> None:
         self.channel._write_paused = True
@@ -150,6 +171,11 @@ class Channel:
         self._refusing = False  # answer new requests with WorkerUnavailable (server closing)
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        # requests not started while writing is paused, and whether reading is paused for them
+        self._deferred: deque[Request] = deque()
+        self._reading_paused = False
+        self._rejection: CompassError | None = None  # refused by the server before its handshake
+
         self._writes = WriteBatcher(self._loop, conn.data_to_send, self._in_flight)
         # bound once: called for every message sent
         self._write_out = self._writes.write_out
@@ -285,6 +311,20 @@ class Channel:
         if self._transport is not None:
             self._transport.abort()
 
+    def reject(self, error: CompassError) -> None:
+        """Refuse this connection before its handshake: the peer gets a REFUSE with ``error``'s
+        code and message, then the connection closes (see :class:`~compass.wire.tcp.Server`)."""
+        if self._failure is not None:
+            return
+        if self._transport is None:
+            self._rejection = error  # not connected yet: refused in _connection_made
+            return
+        self._conn.refuse(error)
+        if not self._handshake.done():
+            self._handshake.set_exception(error)
+        self._fail(ConnectionLost, f"connection from {self._describe()} refused: {error}")
+        self._writes.close()
+
     def refuse_requests(self) -> None:
         """Answer requests that arrive from now on with :class:`WorkerUnavailable`."""
         self._refusing = True
@@ -310,6 +350,25 @@ class Channel:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        if self._failure is not None:
+            self._deferred.clear()
+            return
+        deferred = self._deferred
+        while deferred and not self._write_paused:
+            self._start_handler(deferred.popleft())
+        if self._reading_paused and not deferred and not self._write_paused:
+            self._reading_paused = False
+            if self._transport is not None:
+                self._transport.resume_reading()
+            self._buffer_updated(0)  # frames that arrived before reading paused
+
+    def _defer(self, event: Request) -> None:
+        """Writing is paused: queue ``event``; stop reading once the queue is full."""
+        self._deferred.append(event)
+        if len(self._deferred) >= MAX_DEFERRED and not self._reading_paused:
+            self._reading_paused = True
+            if self._transport is not None:
+                self._transport.pause_reading()
 
     def _prune_deadlines(self) -> list[tuple[float, int, str, float]]:
         """Mostly answered requests in the heap: rebuild it from the pending ones.
@@ -362,6 +421,9 @@ class Channel:
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.peername = (str(peer[0]), int(peer[1]))
+        if self._rejection is not None:
+            self.reject(self._rejection)
+            return
         if self._conn.role == "initiator":
             transport.writelines(self._conn.initiate())
         else:
@@ -374,10 +436,17 @@ class Channel:
         decoder = self._decoder
         decoder.buffer_updated(nbytes)
         if self._failure is not None:
-            return  # bytes that raced with closing: nobody is left to act on them
+            # bytes that raced with closing, or a dropped peer still sending: discarded
+            decoder.drop_received()
+            if decoder.discarded > LINGER_BYTES and self._transport is not None:
+                self._transport.abort()
+            return
+        if self._reading_paused:
+            return  # the rest is read when writing resumes (see _resume_writing)
         waiters = self._waiters
         writes = self._writes
         writes.start_batch()
+        started = 0
         try:
             while True:
                 event = conn.next_event()
@@ -387,7 +456,16 @@ class Channel:
                     if future is not None and not future.done():
                         future.set_result(event.body)  # type: ignore[union-attr]
                 elif kind is Request:
-                    self._start_handler(event)  # type: ignore[arg-type]
+                    if self._write_paused:
+                        self._defer(event)  # type: ignore[arg-type]
+                        if self._reading_paused:
+                            break
+                    else:
+                        self._start_handler(event)  # type: ignore[arg-type]
+                        started += 1
+                        if started == _SPILL_EVERY:
+                            started = 0
+                            writes.spill()
                 elif kind is Notify:
                     self._dispatch_notify(event)  # type: ignore[arg-type]
                 elif kind is ErrorResponse:
@@ -424,6 +502,8 @@ class Channel:
             return
         try:
             notify_handler(self, event.op, event.body)
+        except CompassError as exc:  # the handler refused the message (a malformed body)
+            log.warning("dropped notify %r from %r: %s", event.op, self.peer_name, exc)
         except Exception:
             log.exception("notify handler for %r from %r failed", event.op, self.peer_name)
 
@@ -537,13 +617,38 @@ class Channel:
         """The peer broke the protocol (or the handshake failed): drop its connection."""
         if self._failure is not None:
             return
+        # kept by the handshake future and the connection: the traceback's frames would tie
+        # this channel into reference cycles that only the cycle collector frees
+        exc.__traceback__ = None
         if self._conn.role == "acceptor" or self._handshake.done():
             log.warning("closing connection %s: %s", self._describe(), exc)
         if not self._handshake.done():
             self._handshake.set_exception(exc)
         self._fail(ConnectionLost, f"connection to {self._describe()} lost: {exc}")
         # the connection may owe the peer a REFUSE saying why; write it before closing
-        self._writes.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Write what is owed to the peer, then close the writing side only, and read on,
+        discarding, until the peer closes (at most ``timeouts.close`` and
+        :data:`LINGER_BYTES`). Closing at once while the peer still sends (the rest of an
+        oversized frame) would reset the connection, and the reset can destroy the reason in
+        flight: the peer would see a bare "connection reset"."""
+        transport = self._transport
+        if transport is None or not transport.can_write_eof():
+            self._writes.close()
+            return
+        self._writes.end_batch(flush=True)
+        self._writes.flush()
+        self._decoder.release()  # what arrives from now on is discarded (see _buffer_updated)
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        transport.write_eof()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        # the one timer left to run on this channel: cancelled when the connection ends
+        self._handshake_timer = self._loop.call_later(self._timeouts.close, transport.abort)
 
     def _connection_lost(self, exc: Exception | None) -> None:
         if self._failure is None:
@@ -567,6 +672,14 @@ class Channel:
                 callback(self, failure)
             except Exception:
                 log.exception("on_close callback of %r failed", self)
+        # free the receive buffers now, and break the cycles through the transport, the write
+        # batcher and the timers, so that nothing waits for the cycle collector
+        self._decoder.release()
+        self._writes.detach()
+        self._transport = None
+        self._handshake_timer = None
+        self._deadline_timer = None
+        self._on_ready = None
 
     def _fail(self, kind: type[CompassError], message: str) -> None:
         self._failure = (kind, message)

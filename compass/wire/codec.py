@@ -32,6 +32,7 @@ __all__ = [
     "WIRE_DTYPES",
     "Encoder",
     "check_depth",
+    "check_structure",
     "decode_message",
     "encode_message",
 ]
@@ -252,14 +253,18 @@ def decode_message(header: bytes | memoryview, buffers: list[memoryview], limits
     """Decode a message; arrays and tensors come back as views on ``buffers``.
 
     Raises :class:`ProtocolError` for anything malformed: bad msgpack, nesting deeper than
-    ``limits.max_depth``, unknown extension types, dtype or shape not matching its buffer.
+    ``limits.max_depth``, more than ``limits.max_elements`` objects, unknown extension types,
+    dtype or shape not matching its buffer.
     """
-    max_depth = limits.max_depth
-    # inline fast case of check_depth: few enough bytes that could open a container
-    if len(header) > max_depth and (
-        type(header) is not bytes or len(header.translate(None, _OTHER_BYTES)) > max_depth
+    max_depth, max_elements = limits.max_depth, limits.max_elements
+    size = len(header)
+    # inline fast case of check_structure: too short to hold too many objects, and few enough
+    # bytes that could open a container
+    if size > max_elements or (
+        size > max_depth
+        and (type(header) is not bytes or len(header.translate(None, _OTHER_BYTES)) > max_depth)
     ):
-        check_depth(header, max_depth)
+        check_structure(header, max_depth, max_elements)
     if not buffers:
         try:
             return _unpackb(header, ext_hook=_no_buffers_hook, strict_map_key=False)
@@ -304,29 +309,46 @@ _CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
 
 
 def check_depth(data: bytes | memoryview, max_depth: int) -> None:
-    """Raise :class:`ProtocolError` if msgpack ``data`` nests deeper than ``max_depth``.
+    """Raise :class:`ProtocolError` if msgpack ``data`` nests deeper than ``max_depth``."""
+    check_structure(data, max_depth, len(data))
 
-    Runs before anything is unpacked. Each level of nesting needs one container marker byte, so
-    counting those bytes (at C speed) settles nearly every message; only headers with more
-    candidate bytes than ``max_depth`` are walked element by element.
+
+def check_structure(data: bytes | memoryview, max_depth: int, max_elements: int) -> None:
+    """Raise :class:`ProtocolError` if msgpack ``data`` nests deeper than ``max_depth`` or holds
+    more than ``max_elements`` objects (containers and scalars alike).
+
+    Runs before anything is unpacked, so a header cannot make the decoder build millions of
+    objects: an empty array is one byte on the wire and about 80 bytes of Python list. Every
+    object takes at least one byte, so a header no longer than ``max_elements`` holds few enough;
+    each level of nesting needs one container marker byte, so counting those bytes (at C speed)
+    settles the depth of nearly every message. Only the rest are walked object by object, and
+    the walk stops at the first object past the limit: its cost is bounded by ``max_elements``.
     """
-    if len(data) <= max_depth:
+    size = len(data)
+    if size <= max_depth and size <= max_elements:
         return
     raw = data if isinstance(data, bytes) else bytes(data)
     # what survives deleting every other byte value: the bytes that could open a container
-    if len(raw.translate(None, _OTHER_BYTES)) <= max_depth:
+    if size <= max_elements and len(raw.translate(None, _OTHER_BYTES)) <= max_depth:
         return
-    _walk_depth(raw, max_depth)
+    _walk(raw, max_depth, max_elements)
 
 
-def _walk_depth(data: bytes, max_depth: int) -> None:
+def _walk(data: bytes, max_depth: int, max_elements: int) -> None:
     remaining = [1]  # elements still to read in each open container; [0] is the top level
     pos, end = 0, len(data)
+    budget = max_elements  # objects still allowed
     while remaining:
         if remaining[-1] == 0:
             remaining.pop()
             continue
         remaining[-1] -= 1
+        budget -= 1
+        if budget < 0:
+            raise ProtocolError(
+                f"message holds more than max_elements={max_elements} objects; send bulk data "
+                "as numpy arrays or tensors, which travel out of band"
+            )
         if pos >= end:
             raise ProtocolError("truncated message header")
         first = data[pos]

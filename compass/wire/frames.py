@@ -38,6 +38,7 @@ __all__ = [
     "ALIGN",
     "PREFIX",
     "PREFIX_BYTES",
+    "STAGING_BYTES",
     "Frame",
     "FrameDecoder",
     "encode_frame",
@@ -57,7 +58,12 @@ PREFIX_BYTES = _PREFIX.size
 _PADDING = tuple(bytes(n) for n in range(ALIGN))
 
 #: staging area for small frames; a read can fill it with many frames at once
-_STAGING_BYTES = 256 * 1024
+STAGING_BYTES = 256 * 1024
+#: bytes of a rejected frame's header kept for the reply naming its request id
+_HEAD_BYTES = 16
+#: where a released decoder lets bytes land, shared by all: nobody reads them
+_DISCARD = bytearray(64 * 1024)
+_DISCARD_VIEW = memoryview(_DISCARD)
 #: payloads above this are received straight into their own buffer instead of via staging
 _DIRECT_PAYLOAD_BYTES = 64 * 1024
 #: a received payload buffer at least this large is kept for reuse
@@ -119,11 +125,16 @@ class FrameDecoder:
     :class:`asyncio.BufferedProtocol` does) or ``receive_data``; take frames out with
     ``next_frame`` until it returns ``None``. ``limits`` may be replaced between frames (the
     handshake runs under tighter ones). Any :class:`ProtocolError` leaves the decoder unusable.
+
+    ``staging_bytes`` is the staging area kept between frames; it grows while a frame needs more
+    (never past what the peer actually sent) and shrinks back after it. An unauthenticated peer
+    gets a small one (see :meth:`set_staging_bytes`), so idle connections hold little memory.
     """
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, *, staging_bytes: int = STAGING_BYTES) -> None:
         self.limits = limits
-        self._staging = bytearray(_STAGING_BYTES)
+        self._base = staging_bytes
+        self._staging = bytearray(staging_bytes)
         self._staging_view = memoryview(self._staging)
         self._read = 0  # first unread byte in staging
         self._write = 0  # end of received bytes in staging
@@ -141,9 +152,49 @@ class FrameDecoder:
         # of the memory, however views are stacked, so its refcount sees every user)
         self._spare: np.ndarray | None = None
         self._failed: ProtocolError | None = None
+        #: the first bytes of the header of a frame refused at its prefix, when they had arrived
+        #: (enough to read a request id and answer it)
+        self.rejected_head = b""
+        #: bytes dropped by :meth:`drop_received`
+        self.discarded = 0
+        self._released = False
         #: counters, for tests and benchmarks
         self.payload_buffers_allocated = 0
         self.payload_buffers_reused = 0
+
+    @property
+    def error(self) -> ProtocolError | None:
+        """The error that made this decoder unusable, if any."""
+        return self._failed
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of the staging area this decoder holds (for tests and memory accounting)."""
+        return 0 if self._released else len(self._staging)
+
+    def set_staging_bytes(self, nbytes: int) -> None:
+        """Keep a staging area of ``nbytes`` between frames from now on (grown at once)."""
+        self._base = nbytes
+        if len(self._staging) < nbytes:
+            self._grow(nbytes)
+
+    def release(self) -> None:
+        """Drop every buffer now; from then on received bytes are counted in :attr:`discarded`
+        and dropped (a closing connection may still receive some), and ``next_frame`` raises.
+        """
+        self._staging = _DISCARD
+        self._staging_view = _DISCARD_VIEW
+        self._read = self._write = 0
+        self._payload = self._payload_view = self._spare = None
+        self._direct_header = b""
+        self._released = True
+        if self._failed is None:
+            self._failed = ProtocolError("the connection is closed")
+
+    def drop_received(self) -> None:
+        """Forget the bytes received and not yet taken (counted in :attr:`discarded`)."""
+        self.discarded += self._write - self._read
+        self._read = self._write = 0
 
     @property
     def drained(self) -> bool:
@@ -292,6 +343,12 @@ class FrameDecoder:
     def _read_prefix(self) -> None:
         total, hlen, nbuf = _PREFIX.unpack_from(self._staging, self._read)
         limits = self.limits
+        if (
+            total > limits.max_frame_bytes
+            or hlen > limits.max_header_bytes
+            or nbuf > limits.max_buffers
+        ):
+            self._keep_head(hlen, nbuf)
         if total > limits.max_frame_bytes:
             raise ProtocolError(
                 f"frame of {total} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
@@ -312,6 +369,12 @@ class FrameDecoder:
                 f"and {nbuf} buffer lengths"
             )
         self._total, self._hlen, self._nbuf = total, hlen, nbuf
+
+    def _keep_head(self, hlen: int, nbuf: int) -> None:
+        start = self._read + PREFIX_BYTES + 8 * nbuf
+        end = start + min(hlen, _HEAD_BYTES)
+        if end <= self._write:
+            self.rejected_head = bytes(self._staging_view[start:end])
 
     def _read_lengths(self) -> None:
         start = self._read + PREFIX_BYTES
@@ -380,9 +443,9 @@ class FrameDecoder:
     def _end_frame(self) -> None:
         self._total = self._hlen = self._nbuf = 0
         self._lengths = None
-        if len(self._staging) > _STAGING_BYTES and self._read == self._write:
+        if len(self._staging) > self._base and self._read == self._write:
             # a large header grew staging; do not keep that memory for small frames
-            self._staging = bytearray(_STAGING_BYTES)
+            self._staging = bytearray(self._base)
             self._staging_view = memoryview(self._staging)
             self._read = self._write = 0
 

@@ -26,8 +26,16 @@ Handshake (mutual HMAC-SHA256 over the cluster token; no token means an empty ke
 A version mismatch is answered with REFUSE{version}; a failed proof on either side with
 REFUSE{auth}, so both ends report the same typed error. The initiator proves itself only after
 the acceptor has, so a peer without the token learns nothing it could replay. Until READY,
-frames are limited to :data:`HANDSHAKE_MAX_FRAME_BYTES`, so an unauthenticated peer cannot make
-this side allocate much.
+frames are limited to :data:`HANDSHAKE_MAX_FRAME_BYTES` and received into a small staging area
+(:data:`HANDSHAKE_STAGING_BYTES`, grown only as a frame needs), so an unauthenticated peer
+cannot make this side allocate much.
+
+Each HELLO also carries the sender's receive limits (frame, header and element counts); a side
+refuses to send a message the peer would refuse, with a :class:`ProtocolError` naming the
+limit, instead of writing it. A peer that sends one anyway (or any frame this side cannot
+accept) is told why before the connection closes: an ERROR for the request, when the refused
+frame is a request whose id can be read, then REFUSE with the reason, in any state. Received
+in the READY state, REFUSE means "closing because of this", and raises its typed error.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import enum
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -55,14 +64,22 @@ from compass.wire.codec import (
     _OTHER_BYTES,
     Encoder,
     _no_buffers_hook,
-    check_depth,
+    check_structure,
     decode_message,
 )
 from compass.wire.frames import PREFIX as _PREFIX
-from compass.wire.frames import PREFIX_BYTES, Frame, FrameDecoder, encode_frame, padded_size
+from compass.wire.frames import (
+    PREFIX_BYTES,
+    STAGING_BYTES,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+    padded_size,
+)
 
 __all__ = [
     "HANDSHAKE_MAX_FRAME_BYTES",
+    "HANDSHAKE_STAGING_BYTES",
     "PEER_ROLES",
     "Connection",
     "ErrorResponse",
@@ -78,6 +95,10 @@ __all__ = [
 
 #: frame size limit while the peer is not yet authenticated
 HANDSHAKE_MAX_FRAME_BYTES = 64 * 1024
+#: receive staging area until the peer is authenticated (a HELLO is about 150 bytes)
+HANDSHAKE_STAGING_BYTES = 4 * 1024
+#: the receive limits a HELLO announces, in this order
+_ANNOUNCED = ("max_frame_bytes", "max_header_bytes", "max_buffers", "max_depth", "max_elements")
 #: what a peer may say it is
 PEER_ROLES = frozenset({"worker", "client"})
 #: body types that nest nothing: the envelope alone sets the depth of such a message
@@ -123,10 +144,10 @@ _STATE_READY = State.READY
 _EXPECTED: dict[State, frozenset[int]] = {
     State.IDLE: frozenset(),
     State.SENT_HELLO: frozenset({_HELLO, _REFUSE}),
-    State.WAIT_HELLO: frozenset({_HELLO}),
+    State.WAIT_HELLO: frozenset({_HELLO, _REFUSE}),
     State.WAIT_AUTH: frozenset({_AUTH, _REFUSE}),
     State.SENT_AUTH: frozenset({_READY, _REFUSE}),
-    State.READY: frozenset({_REQUEST, _RESPONSE, _ERROR, _NOTIFY}),
+    State.READY: frozenset({_REQUEST, _RESPONSE, _ERROR, _NOTIFY, _REFUSE}),
     State.FAILED: frozenset(),
 }
 
@@ -196,6 +217,41 @@ def _proof(key: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(key, label + first + second, hashlib.sha256).digest()
 
 
+def _peer_limits(own: Limits, announced: object) -> Limits:
+    """``own`` tightened by the receive limits a peer announced (ignored if malformed)."""
+    if not (
+        isinstance(announced, list)
+        and len(announced) == len(_ANNOUNCED)
+        and all(type(v) is int and v > 0 for v in announced)
+    ):
+        return own
+    tighter = {
+        name: min(value, getattr(own, name))
+        for name, value in zip(_ANNOUNCED, announced, strict=True)
+    }
+    tighter["max_header_bytes"] = min(tighter["max_header_bytes"], tighter["max_frame_bytes"])
+    return dataclasses.replace(own, **tighter)
+
+
+def _request_id(head: bytes | memoryview) -> int | None:
+    """The id of the REQUEST whose header starts with ``head``, or ``None`` if it is not one.
+
+    Read by hand: ``[4, id, ...]`` is a 4-array marker, the kind, then an unsigned integer.
+    """
+    if len(head) < 3 or head[0] != 0x94 or head[1] != _REQUEST:
+        return None
+    first = head[2]
+    if first < 0x80:
+        return int(first)
+    size = _UINT_SIZES.get(first)
+    if size is None or len(head) < 3 + size:
+        return None
+    return int.from_bytes(head[3 : 3 + size], "big")
+
+
+_UINT_SIZES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+
+
 class Connection:
     """One end of a compass connection, without I/O.
 
@@ -233,10 +289,20 @@ class Connection:
         self._nonce = secrets.token_bytes(_NONCE_BYTES)
         self._peer_nonce = b""
         self._peer_has_token = False
-        self._decoder = FrameDecoder(_handshake_limits(limits))
+        self._decoder = FrameDecoder(
+            _handshake_limits(limits), staging_bytes=HANDSHAKE_STAGING_BYTES
+        )
+        #: what this side sends must fit these: its own limits, tightened by the peer's
+        self.send_limits = limits
+        # headers this short need no depth or element count (every object takes a byte)
+        self._direct_bytes = min(limits.max_depth, limits.max_elements)
+        self._peer_refused = False  # the failure is the peer's REFUSE: nothing to answer
         self._out: list[bytes | memoryview] = []
-        self._encoder = Encoder()
-        self._pack = self._encoder.packer.pack
+        # made on the first send: a msgpack packer reserves a 256 KiB buffer, and a connection
+        # that never says HELLO never needs one. Until then calling _pack fails, and _queue's
+        # fallback makes the encoder (no bound method of self here: that would be a cycle)
+        self._encoder_made: Encoder | None = None
+        self._pack: Callable[[Any], bytes] | None = None
         self._next_id = 1
         self._error: CompassError | None = None
         self._state = State.IDLE if role == "initiator" else State.WAIT_HELLO
@@ -274,22 +340,23 @@ class Connection:
                 got = self._decoder.next_header_or_frame()
                 if got is None:
                     return None
-                max_depth = self.limits.max_depth
                 header: bytes | memoryview
                 if type(got) is bytes:
                     header, buffers = got, _NO_BUFFERS
                 else:
                     # a frame the framer did not take through its fast path
                     header, buffers = cast(Frame, got)
+                size = len(header)
                 if not buffers and (
-                    len(header) <= max_depth
+                    size <= self._direct_bytes
                     or (
                         type(header) is bytes
-                        and len(header.translate(None, _OTHER_BYTES)) <= max_depth
+                        and size <= self.limits.max_elements
+                        and len(header.translate(None, _OTHER_BYTES)) <= self.limits.max_depth
                     )
                 ):
-                    # inline fast case of decode_message: no arrays, too few container
-                    # markers to nest deeper than the limit
+                    # inline fast case of decode_message: no arrays, too short for too many
+                    # objects, too few container markers to nest deeper than the limit
                     try:
                         message = _unpackb(header, ext_hook=_no_buffers_hook, strict_map_key=False)
                     except ProtocolError:
@@ -328,9 +395,35 @@ class Connection:
                 if event is not None:
                     return event
         except CompassError as exc:
+            if (
+                isinstance(exc, ProtocolError)
+                and not isinstance(exc, VersionMismatch)  # already answered with REFUSE
+                and not self._peer_refused
+            ):
+                self._tell_peer(exc, header if self._decoder.error is None else None)
             self._state = State.FAILED
             self._error = exc
             raise
+
+    def _tell_peer(self, exc: ProtocolError, header: bytes | memoryview | None) -> None:
+        """Queue the reason this side is closing: an ERROR for the offending request if its id
+        can be read, then REFUSE, so the sender learns which limit it broke."""
+        head = self._decoder.rejected_head if header is None else header
+        request_id = _request_id(head) if self._state is _STATE_READY else None
+        text = str(exc)
+        try:
+            if request_id is not None:
+                self._queue([_ERROR, request_id, exc.code, text, exc.detail])
+            self._queue([_REFUSE, exc.code, text])
+        except CompassError:  # unencodable detail: the REFUSE alone will do
+            self._queue([_REFUSE, exc.code, text[:4096]])
+
+    def refuse(self, error: CompassError) -> None:
+        """Tell the peer this side will not serve it (``error``'s code and message) and fail the
+        connection; the caller writes ``data_to_send`` and closes."""
+        self._queue([_REFUSE, error.code, str(error)])
+        self._state = State.FAILED
+        self._error = error
 
     def _ready_event(self, kind: object, message: list[Any]) -> Event:
         size = len(message)
@@ -350,6 +443,10 @@ class Connection:
             _, rid, code, text, detail = message
             if type(rid) is int and type(code) is str and type(text) is str:
                 return ErrorResponse(rid, code, text, detail)
+        elif kind == _REFUSE:
+            code, text = _refusal(message)
+            self._peer_refused = True
+            raise error_from_wire(code, f"peer {self.peer_name!r} closed the connection: {text}")
         raise ProtocolError(f"malformed {_kind_name(kind)} message: {message!r:.200}")
 
     # -- handshake --------------------------------------------------------------------------
@@ -369,6 +466,7 @@ class Connection:
             "name": self.name,
             "nonce": self._nonce,
             "token": self._has_token,
+            "limits": [getattr(self.limits, name) for name in _ANNOUNCED],
         }
 
     def _handshake_event(self, kind: object, message: list[Any]) -> Event | None:
@@ -379,7 +477,8 @@ class Connection:
                 f"peer sent {_kind_name(kind)} during the handshake (state {self._state.value})"
             )
         if kind == _REFUSE:
-            code, text = [*message, None, None][1:3]
+            code, text = _refusal(message)
+            self._peer_refused = True
             raise error_from_wire(code, f"peer refused the connection: {text}")
         if kind == _HELLO:
             self._receive_hello(message)
@@ -416,6 +515,7 @@ class Connection:
             raise ProtocolError(f"malformed HELLO fields: {fields!r:.200}")
         self.peer_name, self.peer_role, self._peer_nonce = name, str(role), nonce
         self._peer_has_token = bool(fields.get("token"))
+        self.send_limits = _peer_limits(self.limits, fields.get("limits"))
         if self.role == "acceptor":
             fields = self._hello_fields()
             fields["proof"] = _proof(self._key, b"acceptor", nonce, self._nonce)
@@ -443,6 +543,7 @@ class Connection:
     def _complete(self) -> HandshakeComplete:
         self._state = State.READY
         self._decoder.limits = self.limits
+        self._decoder.set_staging_bytes(STAGING_BYTES)
         return HandshakeComplete(self.peer_name, self.peer_role)
 
     # -- output -----------------------------------------------------------------------------
@@ -497,41 +598,67 @@ class Connection:
             # a flat body can produce no out-of-band buffer: pack directly; on any failure the
             # full encoder runs again to raise its typed error
             try:
-                header: bytes = self._pack(message)
+                header: bytes = self._pack(message)  # type: ignore[misc]
             except Exception:
-                header, buffers = self._encoder.encode(message)
+                header, buffers = self._encoder().encode(message)
             else:
                 buffers = _NO_BUFFERS
         else:
-            header, buffers = self._encoder.encode(message)
-        limits = self.limits
+            header, buffers = self._encoder().encode(message)
+        # checked here, against the peer's limits too, so that a message the peer would refuse
+        # fails on this side, with the connection intact, instead of being written
+        limits = self.send_limits
         size = len(header)
         if size > limits.max_header_bytes:
             raise ProtocolError(
-                f"message header of {size} bytes exceeds max_header_bytes={limits.max_header_bytes}"
+                f"message header of {size} bytes exceeds "
+                f"{self._whose('max_header_bytes')}={limits.max_header_bytes}"
             )
-        if not flat and size > limits.max_depth:
-            # checked here too so that a message the peer would refuse fails on this side
-            check_depth(header, limits.max_depth)
+        if not flat and (size > limits.max_depth or size > limits.max_elements):
+            try:
+                check_structure(header, limits.max_depth, limits.max_elements)
+            except ProtocolError as exc:
+                raise ProtocolError(f"cannot send: {exc}") from None
         if not buffers:
             if PREFIX_BYTES + size > limits.max_frame_bytes:
                 raise ProtocolError(
                     f"frame of {PREFIX_BYTES + size} bytes exceeds "
-                    f"max_frame_bytes={limits.max_frame_bytes}"
+                    f"{self._whose('max_frame_bytes')}={limits.max_frame_bytes}"
                 )
             self._out.append(_PREFIX.pack(PREFIX_BYTES + size, size, 0) + header)
             return
         if len(buffers) > limits.max_buffers:
             raise ProtocolError(
-                f"message with {len(buffers)} arrays exceeds max_buffers={limits.max_buffers}"
+                f"message with {len(buffers)} arrays exceeds "
+                f"{self._whose('max_buffers')}={limits.max_buffers}"
             )
         lengths = [b.nbytes for b in buffers]
         total = PREFIX_BYTES + 8 * len(buffers) + size + padded_size(lengths)
         if total > limits.max_frame_bytes:
             raise ProtocolError(
-                f"frame of {total} bytes exceeds max_frame_bytes={limits.max_frame_bytes}"
+                f"frame of {total} bytes exceeds "
+                f"{self._whose('max_frame_bytes')}={limits.max_frame_bytes}"
             )
         self._out.extend(encode_frame(header, buffers))
+
+    def _encoder(self) -> Encoder:
+        encoder = self._encoder_made
+        if encoder is None:
+            encoder = self._encoder_made = Encoder()
+            self._pack = encoder.packer.pack
+        return encoder
+
+    def _whose(self, name: str) -> str:
+        """``name``, saying so when the limit is the peer's rather than this side's."""
+        if getattr(self.send_limits, name) < getattr(self.limits, name):
+            return f"the peer's {name}"
+        return name
+
+
+def _refusal(message: list[Any]) -> tuple[str | None, str]:
+    """``(code, text)`` of a REFUSE message, whatever the peer put in it."""
+    code, text = [*message, None, None][1:3]
+    return (code if type(code) is str else None), (text if type(text) is str else f"{text!r:.200}")
 
 
 def _kind_name(kind: object) -> str:

@@ -2,17 +2,28 @@
 
 Each connection becomes a :class:`~compass.wire.channel.Channel` once its handshake is done; a
 server closes gracefully (running handlers get ``timeouts.close`` to finish).
+
+A server holds at most ``limits.max_connections`` connections (fewer if the process may not
+open that many files) and at most ``limits.max_unauthenticated`` of them in the handshake.
+Past the first, a new connection is refused at once with a REFUSE saying so
+(:class:`WorkerUnavailable` at the client): the ones already in are serving someone. Past the
+second, the *oldest* connection still in the handshake is closed to make room. Refusing the
+newest instead would let anyone who opens that many idle sockets lock every real client out
+until the handshake deadline, and again after it; evicting the oldest lets a real client, whose
+handshake takes one round trip, in unless the attacker opens ``max_unauthenticated``
+connections within that round trip, over and over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import ssl as _ssl
 from collections.abc import Callable
 
 from compass.config import Limits, Timeouts, parse_address
-from compass.errors import CompassTimeout, ConnectFailed
+from compass.errors import CompassTimeout, ConnectFailed, WorkerUnavailable
 from compass.wire.channel import Channel
 from compass.wire.handlers import Handler, NotifyHandler
 from compass.wire.protocol import Connection
@@ -20,6 +31,15 @@ from compass.wire.protocol import Connection
 __all__ = ["Server", "connect", "serve"]
 
 log = logging.getLogger("compass.wire")
+
+#: file descriptors left to the rest of the process when the file limit caps connections
+_SPARE_FILES = 64
+
+
+def _file_limit() -> int | None:
+    """The process's soft limit on open files, ``None`` if unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 async def connect(
@@ -75,15 +95,73 @@ async def connect(
 class Server:
     """A listening socket whose connections become channels. Made by :func:`serve`."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
+    def __init__(self, timeouts: Timeouts, limits: Limits = Limits(), name: str = "") -> None:
         #: the bound address (port resolved when 0 was asked for)
         self.address: tuple[str, int] = ("", 0)
         #: authenticated channels currently open
         self.channels: set[Channel] = set()
+        files = _file_limit()
+        #: connections held at most: ``limits.max_connections``, or fewer to stay below the
+        #: process's limit on open files (an ``accept`` failing for want of a descriptor would
+        #: stall every client, not just the newest)
+        self.max_connections = limits.max_connections
+        if files is not None:
+            self.max_connections = max(1, min(self.max_connections, files - _SPARE_FILES))
+        #: connections still in the handshake held at most
+        self.max_unauthenticated = min(limits.max_unauthenticated, self.max_connections)
+        #: connections refused for ``max_connections``, and closed in the handshake to make room
+        self.refused = 0
+        self.evicted = 0
+        self._name = name
         self._timeouts = timeouts
         self._server: asyncio.Server | None = None
         self._accepted: set[Channel] = set()  # every live channel, handshake done or not
+        # channels in the handshake, oldest first (a dict keeps insertion order)
+        self._handshaking: dict[Channel, None] = {}
         self._closing = False
+
+    def _admit(self, channel: Channel) -> None:
+        """Count ``channel`` in, making room by evicting the oldest handshake, or reject it."""
+        handshaking = self._handshaking
+        if len(handshaking) >= self.max_unauthenticated or (
+            handshaking and len(self._accepted) >= self.max_connections
+        ):
+            oldest = next(iter(handshaking))
+            self._forget(oldest)
+            self.evicted += 1
+            _note(
+                self.evicted,
+                "%s: %d connections still in the handshake: closed the oldest (%d so far)",
+                self._name,
+                len(handshaking) + 1,
+            )
+            oldest.reject(
+                WorkerUnavailable(
+                    f"{self._name!r} closed this connection: too many connections in the "
+                    f"handshake (max_unauthenticated={self.max_unauthenticated}); reconnect"
+                )
+            )
+        if len(self._accepted) >= self.max_connections:
+            self.refused += 1
+            _note(
+                self.refused,
+                "%s: refused a connection: %d open (%d refused so far)",
+                self._name,
+                len(self._accepted),
+            )
+            channel.reject(
+                WorkerUnavailable(
+                    f"{self._name!r} holds max_connections={self.max_connections} connections; "
+                    "try another worker, or later"
+                )
+            )
+            return
+        self._accepted.add(channel)
+        handshaking[channel] = None
+
+    def _forget(self, channel: Channel) -> None:
+        self._accepted.discard(channel)
+        self._handshaking.pop(channel, None)
 
     def __repr__(self) -> str:
         return f"<Server {self.address[0]}:{self.address[1]} channels={len(self.channels)}>"
@@ -114,6 +192,12 @@ class Server:
         await self.aclose()
 
 
+def _note(count: int, message: str, name: str, amount: int) -> None:
+    """A WARNING at the 1st, 2nd, 4th, 8th, ... occurrence: an attack logs a few lines."""
+    if count & (count - 1) == 0:
+        log.warning(message, name, amount, count)
+
+
 async def serve(
     host: str,
     port: int,
@@ -136,9 +220,10 @@ async def serve(
     """
     # validates role and name now rather than on the first connection
     Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
-    server = Server(timeouts)
+    server = Server(timeouts, limits, name)
 
     def channel_ready(channel: Channel) -> None:
+        server._handshaking.pop(channel, None)
         server.channels.add(channel)
         if on_channel is not None:
             try:
@@ -148,7 +233,7 @@ async def serve(
 
     def channel_ended(channel: Channel, _: BaseException | None) -> None:
         server.channels.discard(channel)
-        server._accepted.discard(channel)
+        server._forget(channel)
 
     def accept() -> asyncio.BufferedProtocol:
         conn = Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
@@ -162,7 +247,7 @@ async def serve(
         channel.on_close.append(channel_ended)
         if server._closing:
             channel.refuse_requests()
-        server._accepted.add(channel)
+        server._admit(channel)
         return channel.protocol()
 
     loop = asyncio.get_running_loop()

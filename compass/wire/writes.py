@@ -22,6 +22,14 @@ HELD_WRITES = 6
 Chunks = list[bytes | memoryview]
 
 
+def _nothing_in_flight() -> int:
+    return 0
+
+
+def _nothing_queued() -> Chunks:
+    return []
+
+
 class WriteBatcher:
     """Decides when the bytes a connection queued reach the transport.
 
@@ -124,6 +132,24 @@ class WriteBatcher:
             transport.write(data[0])
         else:
             transport.writelines(data)
+
+    def spill(self) -> None:
+        """Write what the batch being read has queued so far, now, and keep reading the batch.
+
+        A batch of many requests would otherwise answer them all before the transport's flow
+        control sees any of it (see :class:`~compass.wire.channel.Channel`).
+        """
+        data = self._source()
+        if data:
+            self._pending.extend(data)
+        self.flush()
+
+    def detach(self) -> None:
+        """The connection is gone: drop the transport and the callbacks into the channel."""
+        self._transport = None
+        self._pending = []
+        self._source = _nothing_queued
+        self._in_flight = _nothing_in_flight
 
     def flush(self) -> None:
         """Write everything gathered so far."""

@@ -303,7 +303,8 @@ async def test_garbage_loses_only_that_connection(caplog):
         with caplog.at_level(logging.WARNING, logger="compass.wire"):
             reader, writer = await asyncio.open_connection(*server.address)
             writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 4)
-            assert await asyncio.wait_for(reader.read(), 5) == b""  # the server hung up
+            # the server says why (a REFUSE naming the limit), then hangs up
+            assert b"max_frame_bytes=65536" in await asyncio.wait_for(reader.read(), 5)
             writer.close()
             await writer.wait_closed()
             # an authenticated peer that breaks the framing is dropped too
@@ -313,24 +314,45 @@ async def test_garbage_loses_only_that_connection(caplog):
             with pytest.raises(ConnectionLost):
                 await bad.request("sleep_echo", {"delay": 1, "value": 0})
         warnings = [r for r in caplog.records if r.name == "compass.wire"]
-        assert len(warnings) == 2
+        # one line for each connection the server dropped, one where the client was told why
+        assert len(warnings) == 3
         assert all(r.levelno == logging.WARNING for r in warnings)
         assert "max_frame_bytes" in warnings[0].getMessage()
+        assert "peer 'srv' closed the connection: frame of" in warnings[2].getMessage()
         assert await good.request("echo", "still here") == "still here"
         assert len(server.channels) == 1
 
 
 @pytest.mark.asyncio
-async def test_a_frame_beyond_the_limits_loses_the_connection(caplog):
+async def test_a_frame_beyond_the_peers_limits_is_refused_before_it_is_sent():
+    limits = Limits(max_frame_bytes=1 << 20, max_header_bytes=1 << 16)
+    # the client's own limits are the defaults; it learnt the server's in the handshake
+    async with running(limits=limits) as (server, _), await client(server) as channel:
+        with pytest.raises(ProtocolError, match="the peer's max_frame_bytes=1048576"):
+            await channel.request("echo", np.zeros(1 << 18))
+        with pytest.raises(ProtocolError, match="the peer's max_header_bytes=65536"):
+            await channel.request("echo", "x" * (1 << 17))
+        assert await channel.request("echo", 1) == 1  # nothing was sent: still connected
+
+
+@pytest.mark.asyncio
+async def test_a_frame_beyond_the_limits_is_answered_with_the_limit_then_closed(caplog):
     limits = Limits(max_frame_bytes=1 << 20, max_header_bytes=1 << 16)
     async with running(limits=limits) as (server, _):
-        channel = await client(server)  # the client's own limits are the defaults
+        channel = await client(server)
+        channel._conn.send_limits = Limits()  # a sender that ignores the server's limits
+        pending = asyncio.ensure_future(channel.request("sleep_echo", {"delay": 5, "value": 0}))
+        await asyncio.sleep(0.05)
         with (
             caplog.at_level(logging.WARNING, logger="compass.wire"),
-            pytest.raises(ConnectionLost, match="'srv'"),
+            pytest.raises(ProtocolError, match="exceeds max_frame_bytes=1048576"),
         ):
-            await channel.request("echo", np.zeros(1 << 18))
+            await channel.request("echo", np.zeros(1 << 20))  # 8 MiB
+        # the connection closes after telling why: the other request fails with the reason
+        with pytest.raises(ConnectionLost, match="max_frame_bytes=1048576"):
+            await pending
         assert "exceeds max_frame_bytes=1048576" in caplog.text
+        await channel.aclose()
         async with await client(server) as other:
             assert await other.request("echo", 1) == 1
 
