@@ -61,6 +61,7 @@ from compass.worker.queue import QueuedTask, TaskQueue
 from compass.worker.state import (
     Answer,
     Drop,
+    DropIngress,
     Enqueue,
     Event,
     PlanReady,
@@ -384,6 +385,8 @@ class _Simulation:
                 self._drop(worker, step.job_id, step.below)
             elif isinstance(step, Answer):
                 self._answered(step)
+            elif isinstance(step, DropIngress):
+                pass  # simulated workers are never lost
             else:
                 delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
                 self._at(self.now + delay, self._plan_remote, (worker, step.peer, step.request))

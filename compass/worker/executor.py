@@ -10,11 +10,24 @@ Real mode calls the task's function with its torch module under ``torch.inferenc
 thread. Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a
 payload of the declared output size; model loads are emulated by the cache. Everything else (the
 queue, the pool, the cache decisions, the wire) is the real code in both modes.
+
+Nothing a task does stops its lane: an exception, ``sys.exit()`` or any other ``BaseException``
+from user code becomes the task's error. A task past its timeout (its ``timeout_ms``, else the
+worker's ``task_timeout_s``) fails with :class:`~compass.errors.CompassTimeout` and its lane
+moves on at once; the thread, which Python cannot interrupt, is abandoned and keeps the model
+pinned until it returns. Task threads are daemon threads, so a stuck one never holds up the
+worker's exit. Past ``max_stuck`` such threads the worker is *degraded*: it runs no more GPU
+work (tasks with a model fail with :class:`~compass.errors.WorkerUnavailable`) and its
+heartbeats say so, so planners send their work elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -23,11 +36,20 @@ from typing import Any
 
 import numpy as np
 
-from compass.cache.models import ModelCache
+from compass.cache.models import Lease, ModelCache
+from compass.errors import CompassTimeout, WorkerUnavailable
 from compass.worker.queue import QueuedTask, TaskQueue
 from compass.workflow.dag import Task
 
-__all__ = ["Executor", "TaskOutcome", "emulated_output"]
+__all__ = ["Executor", "TaskAborted", "TaskOutcome", "TaskThreads", "emulated_output"]
+
+log = logging.getLogger("compass.worker")
+
+
+class TaskAborted(Exception):
+    """A task's code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``
+    from ``sys.exit()``, ``KeyboardInterrupt``...): it fails that task's job, nothing more."""
+
 
 _payloads: dict[int, np.ndarray] = {}
 
@@ -76,6 +98,8 @@ class Executor:
         prefetch: bool = True,
         on_change: Callable[[], None] | None = None,
         host_lanes: int = 0,
+        task_timeout_s: float = 300.0,
+        max_stuck: int = 4,
     ) -> None:
         self.queue = TaskQueue(clock)
         self._clock = clock
@@ -95,6 +119,16 @@ class Executor:
         self._ready = asyncio.Semaphore(0)
         #: called when the queue's expected wait changes (a task queued, finished or dropped)
         self._on_change = on_change or _nothing
+        self._task_timeout_s = task_timeout_s
+        self._max_stuck = max_stuck
+        self._threads = TaskThreads()
+        #: task threads abandoned past their timeout and still running
+        self.stuck = 0
+
+    @property
+    def degraded(self) -> bool:
+        """Too many stuck task threads: no more GPU work here (see the module docstring)."""
+        return self.stuck >= self._max_stuck
 
     def submit(self, entry: QueuedTask) -> None:
         if entry.model is None and self.host_lanes:
@@ -109,10 +143,19 @@ class Executor:
             self._cache.prefetch(self.queue.upcoming_models())
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
-        dropped = len(self.queue.drop_job(job_id, below_attempt))
+        return self._drop(
+            lambda e: e.job_id == job_id and (below_attempt is None or e.attempt < below_attempt)
+        )
+
+    def drop_ingress(self, ingress: str) -> int:
+        """Drop the queued tasks of every job whose ingress is ``ingress``."""
+        return self._drop(lambda e: e.ingress == ingress)
+
+    def _drop(self, stale: Callable[[QueuedTask], bool]) -> int:
+        dropped = len(self.queue.drop(stale))
         if dropped:
             self._on_change()
-        return dropped + len(self.host_queue.drop_job(job_id, below_attempt))
+        return dropped + len(self.host_queue.drop(stale))
 
     async def run(self) -> None:
         """Run the lanes until cancelled."""
@@ -131,13 +174,18 @@ class Executor:
                 continue
             self._count(host, 1)
             try:
-                outcome = await self._run_one(entry)
+                outcome = await self._run_one(
+                    entry, refuse=self.degraded and entry.model is not None
+                )
             finally:
                 self._count(host, -1)
                 queue.finish(entry)
             if not host:
                 self._on_change()
-            self._on_outcome(outcome)
+            try:
+                self._on_outcome(outcome)
+            except Exception:  # a bug in reporting one task must not end the lane
+                log.exception("reporting the outcome of task %r failed", entry.task)
 
     def _count(self, host: bool, delta: int) -> None:
         if host:
@@ -145,10 +193,19 @@ class Executor:
         else:
             self.busy += delta
 
-    async def _run_one(self, entry: QueuedTask) -> TaskOutcome:
+    async def _run_one(self, entry: QueuedTask, refuse: bool = False) -> TaskOutcome:
         outcome = TaskOutcome(entry, queue_s=entry.started_at - entry.enqueued_at)
+        if refuse:
+            outcome.error = WorkerUnavailable(
+                f"this worker has {self.stuck} stuck tasks (timed out, still running) and "
+                "takes no more GPU work"
+            )
+            return outcome
         task = self._lookup(entry.workflow, entry.task)
-        lease = None
+        timeout_s = (
+            task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
+        ) * self._time_scale
+        lease: Lease | None = None
         try:
             if task.model is not None:
                 t0 = self._clock()
@@ -159,14 +216,25 @@ class Executor:
                 self._cache.prefetch(self.queue.upcoming_models())
             t0 = self._clock()
             if self._emulate or task.fn is None:
-                await asyncio.sleep(task.profile.exec_ms / 1000.0 * self._time_scale)
+                delay = task.profile.exec_ms / 1000.0 * self._time_scale
+                await asyncio.wait_for(asyncio.sleep(delay), timeout_s)
                 outcome.output = emulated_output(task.profile.output_bytes)
             else:
                 module = None if lease is None else lease.module
-                outcome.output = await asyncio.to_thread(_call, task, module, entry.inputs)
+                work = self._threads.run(_call, task, module, entry.inputs)
+                try:
+                    outcome.output = await asyncio.wait_for(asyncio.shield(work), timeout_s)
+                except TimeoutError:
+                    self._abandon(work, lease)
+                    lease = None  # released when the thread returns
+                    raise
             outcome.exec_s = self._clock() - t0
         except asyncio.CancelledError:
             raise
+        except TimeoutError:
+            outcome.error = CompassTimeout(
+                f"task {task.name!r} ran past its timeout of {timeout_s / self._time_scale:g} s"
+            )
         except Exception as exc:
             outcome.error = exc
             outcome.error_text = traceback.format_exc()
@@ -174,6 +242,72 @@ class Executor:
             if lease is not None:
                 lease.release()
         return outcome
+
+    def _abandon(self, work: asyncio.Future[Any], lease: Lease | None) -> None:
+        """A timed-out task's thread runs on: count it stuck until it returns, keeping its
+        model pinned (its module is in use) until then."""
+        self.stuck += 1
+        self._on_change()
+        log.warning("a task thread is stuck past its timeout (%d stuck)", self.stuck)
+
+        def returned(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled():
+                done.exception()  # retrieved: nobody awaits it any more
+            self.stuck -= 1
+            if lease is not None:
+                lease.release()
+            self._on_change()
+
+        work.add_done_callback(returned)
+
+
+class TaskThreads:
+    """Daemon threads that run task functions, reused when idle. A thread stuck in a task is
+    never joined, so it cannot hold up the worker's exit; the next task gets another."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._count = 0
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` in a task thread; the future settles on the running loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1  # that thread takes this work
+            else:
+                self._count += 1
+                thread = threading.Thread(
+                    target=self._serve, name=f"compass-task-{self._count}", daemon=True
+                )
+                thread.start()
+        self._work.put((loop, future, fn, args))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            loop, future, fn, args = self._work.get()
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # _call turns user code's into Exceptions already
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            del loop, future, fn, args, result, error
+            with self._lock:
+                self._idle += 1
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _nothing() -> None:
@@ -184,5 +318,10 @@ def _call(task: Task, module: Any, inputs: dict[str, Any]) -> Any:
     import torch
 
     assert task.fn is not None
-    with torch.inference_mode():
-        return task.fn(module, **inputs)
+    try:
+        with torch.inference_mode():
+            return task.call(module, inputs)
+    except Exception:
+        raise
+    except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
+        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc

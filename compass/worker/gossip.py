@@ -32,6 +32,9 @@ __all__ = ["Gossip"]
 #: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
 _H2D_TOLERANCE = 0.02
 
+#: the wait a degraded worker (too many stuck tasks) reports: planners place nothing there
+_DEGRADED_WAIT_S = 1e6
+
 
 class Gossip:
     """The view and the heartbeats of worker ``name``; see the module docstring."""
@@ -58,6 +61,8 @@ class Gossip:
         self._warms = warms
         self._seq = itertools.count(1)
         self._h2d_measured = False  # this worker's own host-to-device copies were timed
+        #: this worker's incarnation, carried in its heartbeats
+        self.incarnation = 0
         #: set when the queue or the cache changed since the last heartbeat
         self._changed = asyncio.Event()
         gap = self._gap_s(0)
@@ -84,7 +89,7 @@ class Gossip:
         h2d = self._profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0
         return WorkerState(
             name=self.name,
-            wait_s=executor.queue.wait_s(),
+            wait_s=executor.queue.wait_s() + (_DEGRADED_WAIT_S if executor.degraded else 0.0),
             models=cache.resident(),
             free_bytes=cache.free_bytes(),
             capacity_bytes=cache.capacity_bytes(),
@@ -93,6 +98,7 @@ class Gossip:
             seq=next(self._seq),
             loading=cache.loading(),
             h2d_bytes_per_s=h2d,
+            incarnation=self.incarnation,
         )
 
     def changed(self) -> None:
@@ -123,6 +129,7 @@ class Gossip:
             self._changed.clear()
             if not self._config.emulate:
                 loads_seen = self._measure_h2d(loads_seen)
+            self.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
             state = self.own_state()
             self.view.update_self(state)
             if self._warms and not executor.busy and not len(executor.queue):
@@ -155,10 +162,11 @@ class Gossip:
     def on_heartbeat(self, channel: Channel, body: Any, membership: Membership) -> None:
         """A peer's heartbeat: it is alive, and its state goes into the view."""
         state = WorkerState.from_wire(body)
-        if state.name in membership.peers:
-            membership.seen(state.name)
-            if self.view.apply_heartbeat(state, self._clock()):
-                self._learn_h2d(state)
+        # only from a peer, of its current incarnation
+        if membership.seen(state.name, state.incarnation) and self.view.apply_heartbeat(
+            state, self._clock()
+        ):
+            self._learn_h2d(state)
 
     def _learn_h2d(self, state: WorkerState) -> None:
         """Adopt a peer's measured host-to-device bandwidth when it differs by more than 2%

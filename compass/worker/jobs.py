@@ -31,6 +31,12 @@ class IngressJob:
     plan: dict[str, str] = field(default_factory=dict)
     #: sink task -> output, for workflows with several sinks
     outputs: dict[str, Any] = field(default_factory=dict)
+    #: the client's name for the job (resubmissions of it attach here)
+    key: str | None = None
+    #: ids of later requests with the same key, answered with this job
+    waiters: list[str] = field(default_factory=list)
+    #: the request that submitted it stopped waiting (a waiter still does)
+    abandoned: bool = False
 
     def involves(self, worker: str) -> bool:
         return worker in self.plan.values()
@@ -106,6 +112,13 @@ class Inbox:
             del self._entries[key]
             return entry
         return None
+
+    def drop_ingress(self, ingress: str) -> set[str]:
+        """Drop the inputs of every job whose ingress is ``ingress``; return those jobs."""
+        stale = [key for key, entry in self._entries.items() if entry.ingress == ingress]
+        for key in stale:
+            del self._entries[key]
+        return {key[0] for key in stale}
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
         stale = [

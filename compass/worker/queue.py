@@ -99,14 +99,17 @@ class TaskQueue:
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> list[QueuedTask]:
         """Remove the job's queued tasks (of attempts below ``below_attempt`` when given)."""
+        return self.drop(
+            lambda e: e.job_id == job_id and (below_attempt is None or e.attempt < below_attempt)
+        )
+
+    def drop(self, stale: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
+        """Remove the queued tasks ``stale`` is true of; return them."""
         kept: list[tuple[float, int, QueuedTask]] = []
         dropped: list[QueuedTask] = []
         for item in self._ready:
             entry = item[2]
-            stale = entry.job_id == job_id and (
-                below_attempt is None or entry.attempt < below_attempt
-            )
-            if stale:
+            if stale(entry):
                 dropped.append(entry)
             else:
                 kept.append(item)

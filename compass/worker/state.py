@@ -65,6 +65,7 @@ __all__ = [
     "AskPlan",
     "Cancel",
     "Drop",
+    "DropIngress",
     "Enqueue",
     "Event",
     "Instruction",
@@ -75,12 +76,16 @@ __all__ = [
     "Submit",
     "TaskDone",
     "TaskFailed",
+    "Undeliverable",
     "ViewPort",
     "WorkerCore",
 ]
 
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
 FORGET_AFTER = 4096
+
+#: how many answered job keys an ingress remembers (with their answers) for resubmissions
+ANSWERED_KEYS = 4096
 
 
 class ViewPort(Protocol):
@@ -115,6 +120,8 @@ class Submit:
     inputs: Any
     input_bytes: int
     t0: float
+    #: the client's name for the job: a resubmission with the same key gets the same answer
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +182,20 @@ class Cancel:
     job_id: str
 
 
-Event: TypeAlias = Submit | PlanReady | Received | TaskDone | TaskFailed | PeerLost | Cancel
+@dataclass(frozen=True, slots=True)
+class Undeliverable:
+    """``msg`` could not be sent to ``peer``: ``error`` says why (a task output the wire
+    cannot encode, say). The job it carried fails; nothing else does."""
+
+    now: float
+    peer: str
+    msg: PeerMessage
+    error: str
+
+
+Event: TypeAlias = (
+    Submit | PlanReady | Received | TaskDone | TaskFailed | PeerLost | Cancel | Undeliverable
+)
 
 
 # -- instructions ----------------------------------------------------------------------------
@@ -223,7 +243,15 @@ class Answer:
     record: Mapping[str, Any] = field(default_factory=dict)
 
 
-Instruction: TypeAlias = Send | Enqueue | Drop | AskPlan | Answer
+@dataclass(frozen=True, slots=True)
+class DropIngress:
+    """Remove the queued tasks of every job whose ingress is ``ingress`` (it is gone: nobody
+    would receive their results)."""
+
+    ingress: str
+
+
+Instruction: TypeAlias = Send | Enqueue | Drop | DropIngress | AskPlan | Answer
 
 
 class WorkerCore:
@@ -244,6 +272,7 @@ class WorkerCore:
         view: ViewPort,
         host_lanes: bool = False,
         max_jobs: int = 10_000,
+        max_job_bytes: int = 1 << 62,
         stats: WorkerStats | None = None,
         forget_after: int = FORGET_AFTER,
     ) -> None:
@@ -255,6 +284,9 @@ class WorkerCore:
         self.view = view
         self.host_lanes = host_lanes
         self.max_jobs = max_jobs
+        self.max_job_bytes = max_job_bytes
+        #: bytes of job inputs held for the unanswered jobs (to re-plan them if a peer is lost)
+        self.held_bytes = 0
         self.stats = stats if stats is not None else WorkerStats()
         self._workflow = workflow
         self._forget_after = forget_after
@@ -265,6 +297,12 @@ class WorkerCore:
         self._finished: OrderedDict[str, int] = OrderedDict()
         self._job_ids = itertools.count(1)
         self._out: list[Instruction] = []
+        #: job key -> the id of the unanswered job it names
+        self._keys: dict[str, str] = {}
+        #: job key -> (value, error) of the answered job it named; the oldest forgotten first
+        self._answered: OrderedDict[str, tuple[Any, CompassError | None]] = OrderedDict()
+        #: requests that wait for another request's job (a resubmitted key) -> that job's id
+        self._attached: dict[str, str] = {}
 
     def new_job_id(self) -> str:
         """A job id unique in the cluster (worker names are)."""
@@ -290,6 +328,8 @@ class WorkerCore:
                 self._peer_lost(event)
             case Cancel():
                 self._cancel(event)
+            case Undeliverable():
+                self._undeliverable(event)
         self._out = []
         return out
 
@@ -306,14 +346,24 @@ class WorkerCore:
     # -- ingress ------------------------------------------------------------------------------
 
     def _submit(self, ev: Submit) -> None:
-        if len(self.jobs) >= self.max_jobs:
+        if ev.key is not None and self._resubmitted(ev):
+            return
+        if len(self.jobs) >= self.max_jobs or self.held_bytes + ev.input_bytes > self.max_job_bytes:
             self.stats.jobs_refused += 1
             self._answer_now(
                 ev.job_id,
                 Overloaded(
-                    f"worker {self.name} already has {len(self.jobs)} jobs in flight (its "
-                    "--max-jobs); retry later or submit to another worker",
-                    detail={"jobs_in_flight": len(self.jobs), "max_jobs": self.max_jobs},
+                    f"worker {self.name} already holds {len(self.jobs)} jobs in flight with "
+                    f"{self.held_bytes} bytes of inputs (its --max-jobs is {self.max_jobs}, its "
+                    f"--max-job-mb {self.max_job_bytes / 2**20:g} MiB); retry later or submit "
+                    "to another worker",
+                    detail={
+                        "jobs_in_flight": len(self.jobs),
+                        "max_jobs": self.max_jobs,
+                        "held_bytes": self.held_bytes,
+                        "input_bytes": ev.input_bytes,
+                        "max_job_bytes": self.max_job_bytes,
+                    },
                 ),
             )
             return
@@ -334,8 +384,12 @@ class WorkerCore:
             input_bytes=ev.input_bytes,
             submitted_at=ev.now,
             t0=ev.t0,
+            key=ev.key,
         )
         self.jobs[job.job_id] = job
+        self.held_bytes += job.input_bytes
+        if ev.key is not None:
+            self._keys[ev.key] = job.job_id
         self.stats.jobs_submitted += 1
         central = self.policy.planner(self.view.snapshot(ev.now))
         if central is not None and central != self.name:
@@ -343,6 +397,21 @@ class WorkerCore:
             self._out.append(AskPlan(central, request))
             return
         self._first_attempt(job, None, ev.now)
+
+    def _resubmitted(self, ev: Submit) -> bool:
+        """A key this ingress knows: wait for its running job, or get its kept answer."""
+        assert ev.key is not None
+        running = self._keys.get(ev.key)
+        if running is not None:
+            self.jobs[running].waiters.append(ev.job_id)
+            self._attached[ev.job_id] = running
+            return True
+        kept = self._answered.get(ev.key)
+        if kept is not None:
+            value, error = kept
+            self._out.append(Answer(ev.job_id, value=value, error=error))
+            return True
+        return False
 
     def _plan_ready(self, ev: PlanReady) -> None:
         job = self.jobs.get(ev.job_id)
@@ -383,7 +452,8 @@ class WorkerCore:
                     workflow=job.workflow.name,
                     task=root,
                     source=JOB_INPUTS,
-                    value=job.inputs,
+                    # only the job inputs the root takes travel (a large unused one stays)
+                    value=dict(job.workflow.tasks[root].take_inputs(job.inputs)),
                     plan=job.plan,
                     ingress=self.name,
                     t0=job.t0,
@@ -463,7 +533,16 @@ class WorkerCore:
     ) -> None:
         """Answer ``job`` (once: it leaves :attr:`jobs`) and tell its workers to drop it."""
         del self.jobs[job.job_id]
+        self.held_bytes -= job.input_bytes
         self._send_done(job.job_id, job.workers(), below=None, now=now)
+        if job.key is not None:
+            del self._keys[job.key]
+            self._answered[job.key] = (value, error)
+            while len(self._answered) > ANSWERED_KEYS:
+                self._answered.popitem(last=False)
+        for waiter in job.waiters:
+            del self._attached[waiter]
+            self._out.append(Answer(waiter, value=value, error=error))
         record = {
             "job": job.job_id,
             "workflow": job.workflow.name,
@@ -479,15 +558,33 @@ class WorkerCore:
         self._out.append(Answer(job_id, error=error))
 
     def _cancel(self, ev: Cancel) -> None:
-        job = self.jobs.get(ev.job_id)
-        if job is not None:
-            self._answer(job, ev.now, error=WorkerUnavailable("the client stopped waiting"))
+        """A requester stopped waiting: its job is dropped once nobody waits for it (a
+        resubmission of its key may still wait, or the request it was attached to)."""
+        attached = self._attached.pop(ev.job_id, None)
+        if attached is not None:
+            job = self.jobs[attached]
+            job.waiters.remove(ev.job_id)
+            if job.waiters or not job.abandoned:
+                return
+        else:
+            found = self.jobs.get(ev.job_id)
+            if found is None:
+                return
+            job = found
+            if job.waiters:
+                job.abandoned = True
+                return
+        self._answer(job, ev.now, error=WorkerUnavailable("the client stopped waiting"))
 
     def _peer_lost(self, ev: PeerLost) -> None:
         if ev.name == self.name:
             return
         self.view.remove(ev.name)
         self.stats.peers_lost += 1
+        # inputs of jobs whose ingress is gone would wait forever: nobody takes their results
+        for job_id in self.inbox.drop_ingress(ev.name):
+            self._forget(job_id, None)
+        self._out.append(DropIngress(ev.name))
         for job in list(self.jobs.values()):
             if job.involves(ev.name):
                 self.stats.replans += 1
@@ -646,6 +743,31 @@ class WorkerCore:
         self._note_placements(workflow, moved, now)
         return adjusted
 
+    def _undeliverable(self, ev: Undeliverable) -> None:
+        """A task's output (pushed on, or a sink's result) that cannot be sent fails the
+        job with the task named; a lost control message only counts as dropped."""
+        msg = ev.msg
+        self.stats.messages_dropped += 1
+        if isinstance(msg, TaskMsg) and msg.source != JOB_INPUTS:
+            task, ingress = msg.source, msg.ingress
+        elif isinstance(msg, ResultMsg):
+            task, ingress = msg.task, ev.peer
+        else:
+            return
+        if self.is_done(msg.job, msg.attempt):
+            return
+        text = f"its output could not be sent to {ev.peer}: {ev.error}"
+        failed = FailedMsg(msg.job, msg.attempt, task, self.name, text, "", ProtocolError.code)
+        self._send(ingress, failed, ev.now)
+
+    def _forget(self, job_id: str, below: int | None) -> None:
+        """Messages of ``job_id`` (of attempts below ``below``; all when None) are stale now."""
+        mark = (below - 1) if below is not None else 1 << 30
+        self._finished[job_id] = max(self._finished.get(job_id, -1), mark)
+        self._finished.move_to_end(job_id)
+        while len(self._finished) > self._forget_after:
+            self._finished.popitem(last=False)
+
     # -- messages and bookkeeping -------------------------------------------------------------
 
     def _send(
@@ -661,10 +783,6 @@ class WorkerCore:
             self._send(worker, DoneMsg(job_id, below), now)
 
     def _drop_job(self, job_id: str, below: int | None) -> None:
-        mark = (below - 1) if below is not None else 1 << 30
-        self._finished[job_id] = max(self._finished.get(job_id, -1), mark)
-        self._finished.move_to_end(job_id)
-        while len(self._finished) > self._forget_after:
-            self._finished.popitem(last=False)
+        self._forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self._out.append(Drop(job_id, below))

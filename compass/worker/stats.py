@@ -50,6 +50,8 @@ class WorkerStats:
     peers_joined: int = 0
     peers_lost: int = 0
     messages_dropped: int = 0
+    #: events whose handling raised (logged with their traceback); the worker serves on
+    internal_errors: int = 0
 
     def record(self, outcome: TaskOutcome) -> None:
         self.tasks_run += 1

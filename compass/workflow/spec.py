@@ -37,7 +37,9 @@ ARRIVAL_PROCESSES = ("uniform", "poisson", "gamma")
 _MB = 1_000_000
 _KB = 1_000
 _GB = 1_000_000_000
-_TASK_KEYS = frozenset({"model", "exec_ms", "input_kb", "output_kb", "after", "about", "note"})
+_TASK_KEYS = frozenset(
+    {"model", "exec_ms", "input_kb", "output_kb", "after", "timeout_ms", "about", "note"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +279,12 @@ def _parse_task(
             output_bytes=round(reader.number(entry, "output_kb", path) * _KB),
             input_bytes=round(reader.number(entry, "input_kb", path, default=0.0) * _KB),
         )
-        return Task(name=name, model=model, after=tuple(after), profile=profile)
+        timeout_ms = entry.get("timeout_ms")
+        if timeout_ms is not None:
+            timeout_ms = reader.number(entry, "timeout_ms", path, positive=True)
+        return Task(
+            name=name, model=model, after=tuple(after), profile=profile, timeout_ms=timeout_ms
+        )
     except WorkflowError as exc:
         if exc.detail is not None:  # already names its key path
             raise

@@ -138,7 +138,9 @@ async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_servin
         await status_when(client, lambda s: s["jobs_in_flight"] == 2)
         with pytest.raises(Overloaded, match="2 jobs in flight") as refused:
             await client.submit("quick", data=DATA)
-        assert refused.value.detail == {"jobs_in_flight": 2, "max_jobs": 2}
+        detail = refused.value.detail
+        assert (detail["jobs_in_flight"], detail["max_jobs"]) == (2, 2)
+        assert detail["held_bytes"] == 2 * (DATA.nbytes + 8)  # two jobs: an array + its name
         status = await client.status()
         assert status["stats"]["jobs_refused"] == 1
         for task in held:  # the caller gives up on them: the ingress drops them

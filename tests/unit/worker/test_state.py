@@ -25,6 +25,7 @@ from compass.worker.state import (
     AskPlan,
     Cancel,
     Drop,
+    DropIngress,
     Enqueue,
     Event,
     Instruction,
@@ -231,6 +232,18 @@ def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> 
     assert first not in c.jobs
     submit(c)
     assert len(c.jobs) == 1
+
+
+def test_admission_bounds_the_bytes_of_held_inputs() -> None:
+    c, _ = core("a", ("a",), max_job_bytes=100)
+    held = c.new_job_id()
+    c.handle(Submit(0.0, held, "chain", {"x": 1}, 80, 0.0))
+    assert c.held_bytes == 80
+    answer = one(Answer, c.handle(Submit(0.0, c.new_job_id(), "chain", {"x": 1}, 30, 0.0)))
+    assert isinstance(answer.error, Overloaded) and answer.error.detail["held_bytes"] == 80
+    c.handle(Submit(0.0, c.new_job_id(), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
+    c.handle(Cancel(1.0, held))
+    assert c.held_bytes == 20
 
 
 @pytest.mark.parametrize(
@@ -463,3 +476,57 @@ def test_a_job_answered_once_when_its_peer_is_lost_mid_task_and_the_result_arriv
     # b was only slow: its result of attempt 0 arrives now
     assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "late"), 3.0, "b"))) == []
     assert c.stats.jobs_completed == 1
+
+
+# -- job keys: one answer per key -------------------------------------------------------------
+
+
+def test_a_resubmitted_key_attaches_to_its_running_job() -> None:
+    c, view = core("a", ("a", "b"))
+    view.waits.update(a=100.0)
+    first = c.new_job_id()
+    c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k1"))
+    again = c.new_job_id()
+    assert c.handle(Submit(0.5, again, "chain", {"x": 1}, 8, 0.5, key="k1")) == []
+    assert len(c.jobs) == 1  # not run twice
+    answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
+    assert sorted((a.job_id, a.value) for a in answers) == [(first, "B"), (again, "B")]
+    # answered: the same key now gets the kept answer at once
+    late = c.new_job_id()
+    (answer,) = c.handle(Submit(2.0, late, "chain", {"x": 1}, 8, 2.0, key="k1"))
+    assert isinstance(answer, Answer) and (answer.job_id, answer.value) == (late, "B")
+    assert c.stats.jobs_submitted == 1
+
+
+def test_a_job_runs_on_while_a_resubmission_of_its_key_waits() -> None:
+    c, view = core("a", ("a", "b"))
+    view.waits.update(a=100.0)
+    first, again = c.new_job_id(), c.new_job_id()
+    c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k"))
+    c.handle(Submit(0.1, again, "chain", {"x": 1}, 8, 0.1, key="k"))
+    assert c.handle(Cancel(0.2, first)) == []  # the first caller gave up; the second waits
+    answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
+    assert {(a.job_id, a.value) for a in answers} == {(first, "B"), (again, "B")}
+    # when every requester gives up, the job is dropped
+    third, fourth = c.new_job_id(), c.new_job_id()
+    c.handle(Submit(2.0, third, "chain", {"x": 1}, 8, 2.0, key="k2"))
+    c.handle(Submit(2.1, fourth, "chain", {"x": 1}, 8, 2.1, key="k2"))
+    c.handle(Cancel(2.2, fourth))
+    assert third in c.jobs
+    steps = c.handle(Cancel(2.3, third))
+    assert third not in c.jobs
+    assert [s.msg for s in of(Send, steps)] == [DoneMsg(third, None)]
+
+
+def test_a_lost_ingress_leaves_no_inputs_behind() -> None:
+    c, _ = core("a", ("a", "w9"))
+    plan = dict.fromkeys(DIAMOND.tasks, "a")
+    c.handle(received(task_msg(task="d", source="b", value=1, plan=plan, workflow="diamond")))
+    assert len(c.inbox) == 1
+    steps = c.handle(PeerLost(1.0, "w9"))  # the ingress of w9-1 is gone
+    assert len(c.inbox) == 0
+    assert DropIngress("w9") in steps
+    # the job's other input arrives late: dropped, not held forever
+    late = task_msg(task="d", source="c", value=2, plan=plan, workflow="diamond")
+    assert c.handle(received(late, 2.0)) == []
+    assert len(c.inbox) == 0

@@ -191,3 +191,13 @@ def test_parse_workload_names_its_source() -> None:
     data["models"] = []
     with pytest.raises(WorkflowError, match=r"^mem: models: expected an object, got a list$"):
         parse_workload(data, source="mem")
+
+
+def test_a_task_timeout_is_read_and_checked(tmp_path: Path) -> None:
+    data = small()
+    data["workflows"]["w"]["tasks"]["t"]["timeout_ms"] = 250
+    wl = load_workload(write(tmp_path, data, "tiny.json"))
+    assert wl.workflows["w"].tasks["t"].timeout_ms == 250
+    assert wl.workflows["w"].tasks["u"].timeout_ms is None
+    data["workflows"]["w"]["tasks"]["t"]["timeout_ms"] = 0
+    assert "workflows.w.tasks.t.timeout_ms: must be > 0" in error_for(tmp_path, data)
