@@ -40,7 +40,10 @@ class WorkerState:
     GPU cache; ``loading``: models being loaded; ``free_bytes`` / ``capacity_bytes``: its cache;
     ``seq``: increases with every heartbeat the worker sends, so a stale one is recognised;
     ``h2d_bytes_per_s``: its measured host-to-device bandwidth (0: not measured yet), so peers
-    estimate model fetches on a slower or faster GPU from what it measured.
+    estimate model fetches on a slower or faster GPU from what it measured; ``incarnation``:
+    the worker's SWIM incarnation (see :mod:`compass.worker.membership`), raised each time it
+    rejoins after being declared dead, so ``(incarnation, seq)`` orders its heartbeats even
+    across a restart that starts ``seq`` again (0 where the sender predates it).
     """
 
     name: str
@@ -53,6 +56,7 @@ class WorkerState:
     seq: int = 0
     loading: frozenset[str] = frozenset()
     h2d_bytes_per_s: float = 0.0
+    incarnation: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -67,6 +71,10 @@ class WorkerState:
         if not self.h2d_bytes_per_s >= 0:
             raise ConfigError(
                 f"worker {self.name!r}: h2d_bytes_per_s must be >= 0, got {self.h2d_bytes_per_s!r}"
+            )
+        if self.incarnation < 0:
+            raise ConfigError(
+                f"worker {self.name!r}: incarnation must be >= 0, got {self.incarnation!r}"
             )
         if self.lanes < 1 or not 0 <= self.lanes_busy <= self.lanes:
             raise ConfigError(
@@ -87,6 +95,7 @@ class WorkerState:
             "s": self.seq,
             "ld": sorted(self.loading),
             "h": self.h2d_bytes_per_s,
+            "i": self.incarnation,
         }
 
     @classmethod
@@ -100,11 +109,12 @@ class WorkerState:
             busy, seq, loading = data["b"], data["s"], data["ld"]
         except KeyError as exc:
             raise ProtocolError(f"worker state: missing field {exc.args[0]!r}") from None
-        ints = {"f": free, "c": cap, "l": lanes, "b": busy, "s": seq}
+        h2d = data.get("h", 0.0)  # absent from a worker that predates it
+        incarnation = data.get("i", 0)  # likewise
+        ints = {"f": free, "c": cap, "l": lanes, "b": busy, "s": seq, "i": incarnation}
         for key, value in ints.items():
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ProtocolError(f"worker state: field {key!r} must be an integer")
-        h2d = data.get("h", 0.0)  # absent from a worker that predates it
         for key, number in (("w", wait), ("h", h2d)):
             if not isinstance(number, int | float) or isinstance(number, bool):
                 raise ProtocolError(f"worker state: field {key!r} must be a number")
@@ -123,6 +133,7 @@ class WorkerState:
                 seq=seq,
                 loading=frozenset(loading),
                 h2d_bytes_per_s=float(h2d),
+                incarnation=incarnation,
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None
@@ -304,13 +315,16 @@ class ClusterView:
         self._store(state)
 
     def apply_heartbeat(self, state: WorkerState, now: float) -> bool:
-        """Fold in a peer's heartbeat received at ``now``; False (ignored) unless its ``seq``
-        is newer than the last one applied, or if it claims to be this worker."""
+        """Fold in a peer's heartbeat received at ``now``; False (ignored) unless it is newer
+        than the last one applied, by ``(incarnation, seq)``, or if it claims to be this worker.
+
+        A newer incarnation wins whatever its ``seq`` (a restarted worker counts from 1 again);
+        an older one is stale, whatever its ``seq``."""
         name = state.name
         if name == self.self_name:
             return False
         old = self._states.get(name)
-        if old is not None and state.seq <= old.seq:
+        if old is not None and (state.incarnation, state.seq) <= (old.incarnation, old.seq):
             return False
         self._received[name] = now
         pending = self._pending.get(name)

@@ -1,17 +1,25 @@
-"""Membership: how often a worker may gossip, and when a silent peer is dropped."""
+"""Membership: how often a worker may gossip, when a silent peer is dropped, and how it comes
+back (backoff, incarnations, unique names, advertised addresses)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import random
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
-from compass.config import Limits, Timeouts
+from compass.config import Limits, Timeouts, WorkerConfig
+from compass.errors import ConfigError, ConnectFailed, ProtocolError
+from compass.sched.view import ClusterView, WorkerState
 from compass.wire.rpc import Router
-from compass.wire.transport import Channel, serve
-from compass.worker.membership import Membership, gossip_gap_s
+from compass.wire.transport import Channel, Server, serve
+from compass.worker.membership import Backoff, Membership, advertised_address, gossip_gap_s
 
 TOKEN = "cluster-secret"
 FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
@@ -30,7 +38,73 @@ def test_large_clusters_space_heartbeats_to_keep_the_message_rate() -> None:
         assert peers / gap == pytest.approx(20000.0)  # messages a second, over all peers
 
 
-# -- liveness on an injected clock -------------------------------------------------------------
+# -- backoff -----------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_from_a_tenth_of_a_second_up_to_five() -> None:
+    backoff = Backoff()
+    # rand 0: no jitter taken off
+    schedule = [backoff.delay_s(n, 0.0) for n in range(10)]
+    assert schedule == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0, 5.0])
+    assert backoff.delay_s(10_000, 0.0) == 5.0  # no overflow however long a peer is away
+
+
+def test_backoff_jitter_takes_off_at_most_half_and_spreads_the_retries() -> None:
+    backoff = Backoff()
+    rng = random.Random(7)
+    for n in range(12):
+        base = min(5.0, 0.1 * 2**n)
+        delays = [backoff.delay_s(n, rng.random()) for _ in range(200)]
+        assert all(base / 2 < d <= base for d in delays)
+        assert len({round(d, 9) for d in delays}) > 150  # not in lockstep
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"initial_s": 0.0}, {"initial_s": 6.0}, {"factor": 0.5}, {"jitter": 1.0}, {"jitter": -0.1}],
+)
+def test_a_bad_backoff_is_a_config_error(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match="Backoff"):
+        Backoff(**kwargs)
+
+
+# -- incarnations in the view ------------------------------------------------------------------
+
+
+def _state(name: str, seq: int, incarnation: int = 0, wait_s: float = 0.0) -> WorkerState:
+    return WorkerState(name, wait_s, frozenset(), 0, 10, seq=seq, incarnation=incarnation)
+
+
+def test_a_worker_state_carries_its_incarnation_and_defaults_to_zero() -> None:
+    state = _state("w1", 3, incarnation=4)
+    wire = state.to_wire()
+    assert WorkerState.from_wire(wire) == state
+    del wire["i"]  # a worker that predates incarnations
+    assert WorkerState.from_wire(wire).incarnation == 0
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(ProtocolError, match=r"'i' must be an integer|incarnation must be >= 0"):
+            WorkerState.from_wire({**state.to_wire(), "i": bad})
+
+
+def test_the_view_orders_heartbeats_by_incarnation_then_seq() -> None:
+    view = ClusterView("me")
+    assert view.apply_heartbeat(_state("p", seq=50, incarnation=1, wait_s=1.0), now=1.0)
+    # a late heartbeat of the incarnation before, however high its seq: stale
+    assert not view.apply_heartbeat(_state("p", seq=99, incarnation=0, wait_s=9.0), now=2.0)
+    assert not view.apply_heartbeat(_state("p", seq=50, incarnation=1, wait_s=9.0), now=2.0)
+    assert view.get("p") == _state("p", seq=50, incarnation=1, wait_s=1.0)
+    # a restarted worker counts seq from 1 again, in a newer incarnation: it wins
+    assert view.apply_heartbeat(_state("p", seq=1, incarnation=2, wait_s=2.0), now=3.0)
+    got = view.get("p")
+    assert got is not None and (got.incarnation, got.seq, got.wait_s) == (2, 1, 2.0)
+    # removed (declared dead), the peer is absent until its first heartbeat after rejoining
+    view.remove("p")
+    assert "p" not in view and view.names() == ()
+    assert view.apply_heartbeat(_state("p", seq=2, incarnation=3), now=4.0)
+    assert view.names() == ("p",)
+
+
+# -- members on real loopback channels, with an injected clock -----------------------------------
 
 
 class FakeClock:
@@ -44,7 +118,11 @@ class FakeClock:
 
 
 def membership(
-    name: str, clock: FakeClock, left: list[tuple[str, str]]
+    name: str,
+    clock: Callable[[], float],
+    left: list[tuple[str, str]],
+    backoff: Backoff = Backoff(),
+    joined: list[str] | None = None,
 ) -> tuple[Membership, Router]:
     router = Router()
     member = Membership(
@@ -55,9 +133,11 @@ def membership(
         timeouts=FAST,
         handler=router.handle_request,
         notify_handler=router.handle_notify,
-        on_join=lambda peer: None,
+        on_join=lambda peer: None if joined is None else joined.append(peer.name),
         on_leave=lambda peer, why: left.append((peer, why)),
         clock=clock,
+        backoff=backoff,
+        rng=random.Random(1),
     )
 
     @router.request("join")
@@ -67,24 +147,38 @@ def membership(
     return member, router
 
 
-@asynccontextmanager
-async def listening(member: Membership, router: Router) -> AsyncIterator[None]:
+async def _serve(member: Membership, router: Router, port: int = 0) -> Server:
     server = await serve(
         "127.0.0.1",
-        0,
+        port,
         token=TOKEN,
         name=member.name,
         handler=router.handle_request,
         notify_handler=router.handle_notify,
         timeouts=FAST,
     )
-    host, port = server.address[:2]
-    member.address = f"{host}:{port}"
+    host, bound = server.address[:2]
+    member.address = f"{host}:{bound}"
+    return server
+
+
+@asynccontextmanager
+async def listening(member: Membership, router: Router) -> AsyncIterator[None]:
+    server = await _serve(member, router)
     async with server:
         try:
             yield
         finally:
             await member.aclose()
+
+
+async def until(check: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+    """Wait, event loop running, until ``check()`` holds; fail after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        await asyncio.sleep(0.005)
 
 
 @pytest.mark.asyncio
@@ -100,7 +194,9 @@ async def test_a_silent_peer_expires_exactly_when_the_clock_passes_the_timeout()
         assert b.peers["a"].last_seen == 5.0  # each side reads its own clock
 
         clock_a.now = 1000.5
-        assert a.describe() == [{"name": "b", "address": b.address, "age_ms": 500.0}]
+        assert a.describe() == [
+            {"name": "b", "address": b.address, "age_ms": 500.0, "incarnation": 0}
+        ]
         a.seen("b")  # a heartbeat at 1000.5
         clock_a.now = 1002.5
         assert a.expire(2.0) == []  # silent for exactly the timeout: not yet
@@ -112,3 +208,214 @@ async def test_a_silent_peer_expires_exactly_when_the_clock_passes_the_timeout()
         assert "b" not in a.peers
         assert left_a == [("b", "silent for more than 2000 ms")]
         assert a.expire(2.0) == []  # removed once
+
+
+@pytest.mark.asyncio
+async def test_a_removed_peer_is_retried_on_the_backoff_schedule() -> None:
+    clock = FakeClock(1000.0)
+    backoff = Backoff(initial_s=0.1, max_s=0.4, jitter=0.0)  # no jitter: exact times
+    a, router_a = membership("a", clock, [], backoff)
+    b, router_b = membership("b", FakeClock(), [])
+    async with listening(a, router_a):
+        server_b = await _serve(b, router_b)
+        async with server_b:
+            await a.join([b.address])
+        await b.aclose()  # b is gone; its address is remembered
+        a.remove("b", "test")
+        assert a.describe_lost() == [
+            {"name": "b", "address": b.address, "lost_s": 0.0, "failures": 0, "retry_in_s": 0.1}
+        ]
+        assert a.due(1000.0999) == []
+        assert a.due(1000.1) == ["b"]
+        retry_at = []
+        for _ in range(5):  # nothing listens at b's address: each try fails, the wait doubles
+            with pytest.raises(ConnectFailed):
+                await a.connect_peer(b.address, expect="b")
+            a.failed("b", ConnectFailed("refused"))
+            retry_at.append(round(a.members["b"].retry_at - clock.now, 6))
+        assert retry_at == [0.2, 0.4, 0.4, 0.4, 0.4]  # capped
+        assert a.members["b"].failures == 5
+
+        # a peer lost for longer than forget_after_s is forgotten
+        clock.now += a.forget_after_s + 1
+        assert a.due(clock.now) == []
+        assert "b" not in a.members
+
+
+@pytest.mark.asyncio
+async def test_a_peer_declared_dead_rejoins_with_a_newer_incarnation() -> None:
+    clock_a, clock_b = FakeClock(1000.0), FakeClock(5.0)
+    left_a: list[tuple[str, str]] = []
+    left_b: list[tuple[str, str]] = []
+    joined_a: list[str] = []
+    a, router_a = membership("a", clock_a, left_a, joined=joined_a)
+    b, router_b = membership("b", clock_b, left_b)
+    async with listening(a, router_a), listening(b, router_b):
+        await a.join([b.address])
+        assert (a.incarnation, b.incarnation) == (0, 0)
+        clock_a.now += 3.0
+        assert a.expire(2.0) == ["b"]  # a declares b dead at incarnation 0; closes the channel
+        await until(lambda: "a" not in b.peers, "b sees its channel to a closed")
+        assert left_b and left_b[0][0] == "a"
+        assert a.seen("b", 0) is False  # not a peer any more: its heartbeats do not count
+
+        # b dials a back (its retry): a tells b it was declared dead at 0, and b tells a the
+        # same (b lost a when the channel closed): each takes incarnation 1
+        await b.connect_peer(a.address, expect="a")
+        assert set(a.peers) == {"b"} and set(b.peers) == {"a"}
+        assert (a.incarnation, b.incarnation) == (1, 1)
+        assert a.members["b"].incarnation == 1 and b.members["a"].incarnation == 1
+        assert a.describe()[0]["incarnation"] == 1
+        assert joined_a == ["b", "b"]  # joined, then joined again
+
+        # a heartbeat sent before the rejoin (incarnation 0) is stale; a newer one is adopted
+        clock_a.now += 1.0
+        assert a.seen("b", 0) is False
+        assert a.stale_heartbeats == 1
+        assert a.describe()[0]["age_ms"] == 1000.0  # the stale one did not refresh it
+        assert a.seen("b", 1) is True
+        assert a.describe()[0]["age_ms"] == 0.0
+        assert a.seen("b", 2) is True and a.members["b"].incarnation == 2
+
+        # dead again, at incarnation 2: it comes back as 3, not 2
+        clock_a.now += 1.0
+        assert a.expire(0.5) == ["b"]
+        await until(lambda: "a" not in b.peers, "b sees its channel to a closed again")
+        await a.connect_peer(b.address, expect="b")  # this time a dials
+        assert b.incarnation == 3 and a.members["b"].incarnation == 3
+
+
+@pytest.mark.asyncio
+async def test_a_duplicate_name_is_refused_and_the_cluster_not_split() -> None:
+    clock = FakeClock()
+    a, router_a = membership("a", clock, [])
+    b, router_b = membership("b", clock, [])
+    twin, router_twin = membership("b", clock, [])  # another process, same name
+    same_as_a, router_same = membership("a", clock, [])
+    async with listening(a, router_a), listening(b, router_b), listening(twin, router_twin):
+        await b.join([a.address])
+        with pytest.raises(ConfigError, match=r"'b' is taken: the worker at \S+ has it") as info:
+            await twin.join([a.address])
+        assert info.value.detail == {"name": "b", "address": b.address}
+        assert "--name" in info.value.message
+        async with listening(same_as_a, router_same):
+            with pytest.raises(
+                ConfigError, match=re.escape(f"'a' is taken: the worker at {a.address} has it")
+            ):
+                await same_as_a.join([a.address])
+        assert set(a.peers) == {"b"} and a.members["b"].instance == b.instance
+        assert twin.peers == {}
+
+        # once b is lost, a new process under its name is a restart, not a duplicate
+        a.remove("b", "test")
+        await twin.join([a.address])
+        assert set(a.peers) == {"b"}
+        assert a.peers["b"].address == twin.address
+        assert a.members["b"].instance == twin.instance
+        assert twin.incarnation == 1  # the name was declared dead at 0
+
+
+@pytest.mark.asyncio
+async def test_a_seed_that_is_this_worker_by_another_address_is_skipped() -> None:
+    # every pod of a StatefulSet joins pod 0, pod 0 included: it must start the cluster
+    a, router_a = membership("a", time.monotonic, [])
+    b, router_b = membership("b", time.monotonic, [])
+    async with listening(a, router_a), listening(b, router_b):
+        port = a.address.rsplit(":", 1)[1]
+        await a.join([f"localhost:{port}"], timeout_s=5.0)  # a itself: alone, no error
+        assert a.peers == {}
+        await a.join([f"localhost:{port}", b.address], timeout_s=5.0)
+        assert set(a.peers) == {"b"}
+
+
+@pytest.mark.asyncio
+async def test_join_keeps_trying_until_a_worker_listens_there() -> None:
+    a, router_a = membership("a", time.monotonic, [], Backoff(0.01, 0.05))
+    b, router_b = membership("b", time.monotonic, [])
+    with socket.socket() as sock:  # a free port, nothing listening on it yet
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    async with listening(a, router_a):
+        joining = asyncio.ensure_future(a.join([f"127.0.0.1:{port}"], timeout_s=30.0))
+        await asyncio.sleep(0.2)
+        assert not joining.done()  # refused, retrying
+        server_b = await _serve(b, router_b, port)
+        async with server_b:
+            await asyncio.wait_for(joining, 30.0)
+            assert set(a.peers) == {"b"}
+            await b.aclose()
+
+
+@pytest.mark.asyncio
+async def test_join_gives_up_after_its_timeout_with_a_clear_error() -> None:
+    a, router_a = membership("a", time.monotonic, [], Backoff(0.01, 0.05))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    async with listening(a, router_a):
+        with pytest.raises(ConnectFailed) as info:
+            await a.join([f"127.0.0.1:{port}"], timeout_s=0.3)
+    message = info.value.message
+    assert f"could not join the cluster at 127.0.0.1:{port} within 0.3 s" in message
+    assert "\n" not in message
+
+
+@pytest.mark.asyncio
+async def test_both_sides_retry_until_a_lost_peer_is_back() -> None:
+    backoff = Backoff(0.01, 0.05)
+    left: list[tuple[str, str]] = []
+    a, router_a = membership("a", time.monotonic, left, backoff)
+    b, router_b = membership("b", time.monotonic, [], backoff)
+    async with listening(a, router_a):
+        server_b = await _serve(b, router_b)
+        port = int(b.address.rsplit(":", 1)[1])
+        retrying = asyncio.ensure_future(a.run())
+        try:
+            async with server_b:
+                await a.join([b.address])
+            await b.aclose()  # b crashes: a loses it and keeps trying its address
+            await until(lambda: a.members["b"].failures >= 3, "a has retried b a few times")
+            assert [name for name, _ in left] == ["b"]
+            restarted, router_r = membership("b", time.monotonic, [], backoff)
+            server_r = await _serve(restarted, router_r, port)  # back at the same address
+            async with server_r:
+                await until(lambda: "b" in a.peers, "a has b back")
+                assert a.members["b"].instance == restarted.instance
+                assert restarted.incarnation == 1 and a.members["b"].incarnation == 1
+                assert a.describe_lost() == []
+                await restarted.aclose()
+        finally:
+            retrying.cancel()
+            await asyncio.gather(retrying, return_exceptions=True)
+
+
+# -- the address a worker advertises -----------------------------------------------------------
+
+
+def test_a_worker_never_advertises_a_wildcard() -> None:
+    assert advertised_address("127.0.0.1", 7341) == "127.0.0.1:7341"
+    assert advertised_address("::1", 7341) == "[::1]:7341"
+    for wildcard in ("0.0.0.0", "::"):
+        host = advertised_address(wildcard, 7341).rsplit(":", 1)[0].strip("[]")
+        assert host not in ("0.0.0.0", "::", "")
+    assert advertised_address("0.0.0.0", 7341, "10.1.2.3") == "10.1.2.3:7341"
+    assert advertised_address("0.0.0.0", 7341, "10.1.2.3:80") == "10.1.2.3:80"
+    assert advertised_address("0.0.0.0", 7341, "gpu7.lan:9000") == "gpu7.lan:9000"
+    with pytest.raises(ConfigError, match="wildcard"):
+        advertised_address("127.0.0.1", 7341, "0.0.0.0:7341")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"advertise_address": "0.0.0.0:7341"}, "wildcard"),
+        ({"advertise_address": "[::]"}, "wildcard"),
+        ({"advertise_address": "host:port"}, "not a number"),
+        ({"join_timeout_s": 0.0}, "join_timeout_s must be > 0"),
+    ],
+)
+def test_bad_join_and_advertise_settings_are_config_errors(
+    kwargs: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        WorkerConfig(**kwargs)
