@@ -1,0 +1,142 @@
+"""WorkerMetrics without a loop or a socket: what a job's answer and a task's end count, what
+the collector reads at scrape time; and the JSON log formatter."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from compass.config import WorkerConfig
+from compass.errors import JobFailed, WorkerUnavailable
+from compass.worker.executor import TaskOutcome
+from compass.worker.metrics import JsonLogFormatter
+from compass.worker.process import build_worker
+from compass.worker.queue import QueuedTask
+from compass.worker.server import Worker
+
+PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
+
+
+@pytest.fixture
+def worker() -> Worker:
+    return build_worker(WorkerConfig(name="w0", workload=PAPER))
+
+
+def samples(worker: Worker) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = generate_latest(worker.metrics.registry).decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def record(job: str, ok: bool, latency: float = 0.5) -> dict[str, object]:
+    return {"job": job, "workflow": "translation", "ok": ok, "latency_s": latency}
+
+
+def entry(task: str = "generate") -> QueuedTask:
+    return QueuedTask(
+        job_id="w0-1",
+        attempt=0,
+        workflow="translation",
+        task=task,
+        model="opt",
+        expected_s=0.5,
+        inputs={},
+        plan={},
+        ingress="w0",
+        enqueued_at=0.0,
+    )
+
+
+def test_answers_count_by_outcome_and_feed_the_latency_histogram(worker: Worker) -> None:
+    metrics = worker.metrics
+    metrics.job_answered(record("a", True, 0.003), None, waited=True)
+    metrics.job_answered(record("b", False), JobFailed("task raised"), waited=True)
+    # nobody waited for this error: the client had stopped waiting, the job was dropped
+    metrics.job_answered(record("c", False), WorkerUnavailable("gone"), waited=False)
+    # a job that completes after its client left still completed
+    metrics.job_answered(record("d", True), None, waited=False)
+    worker.stats.jobs_refused = 4
+    got = samples(worker)
+    jobs = {dict(k[1])["outcome"]: v for k, v in got.items() if k[0] == "compass_jobs_total"}
+    assert jobs == {"ok": 2, "failed": 1, "cancelled": 1, "refused": 4}
+    ok = frozenset({("workflow", "translation"), ("outcome", "ok")})
+    assert got["compass_job_latency_seconds_count", ok] == 2
+    assert got["compass_job_latency_seconds_sum", ok] == pytest.approx(0.503)
+    assert got["compass_job_latency_seconds_bucket", ok | {("le", "0.005")}] == 1
+
+
+def test_task_ends_feed_the_task_histograms(worker: Worker) -> None:
+    outcome = TaskOutcome(entry(), output=b"", queue_s=0.25, fetch_s=0.5, exec_s=1.0)
+    worker.metrics.task_finished(outcome)
+    worker.metrics.task_finished(TaskOutcome(entry(), error=ValueError("x"), exec_s=0.1))
+    got = samples(worker)
+    labels = frozenset({("workflow", "translation"), ("task", "generate")})
+    assert got["compass_task_latency_seconds_count", labels] == 2
+    assert got["compass_task_latency_seconds_sum", labels] == pytest.approx(1.85)
+    assert got["compass_task_exec_seconds_sum", labels] == pytest.approx(1.1)
+    queue = frozenset({("workflow", "translation")})
+    assert got["compass_task_queue_wait_seconds_sum", queue] == pytest.approx(0.25)
+    assert got["compass_task_fetch_seconds_sum", queue] == pytest.approx(0.5)
+
+
+def test_the_collector_reads_the_workers_counters_when_scraped(worker: Worker) -> None:
+    before = samples(worker)
+    assert before["compass_ready", frozenset()] == 0  # not started
+    assert before["compass_peers", frozenset()] == 0
+    worker.stats.tasks_run, worker.stats.tasks_failed = 7, 2
+    worker.stats.peers_lost = 3
+    after = samples(worker)
+    assert after["compass_tasks_total", frozenset({("outcome", "ok")})] == 5
+    assert after["compass_tasks_total", frozenset({("outcome", "failed")})] == 2
+    assert after["compass_peers_lost_total", frozenset()] == 3
+    assert after["compass_cache_capacity_bytes", frozenset()] == worker.cache.capacity_bytes()
+    assert worker.metrics.is_ready() == (False, "starting or stopping")
+
+
+def test_two_workers_in_one_process_never_share_a_metric() -> None:
+    first = build_worker(WorkerConfig(name="a", workload=PAPER))
+    second = build_worker(WorkerConfig(name="b", workload=PAPER))
+    first.stats.jobs_refused = 1
+    refused = frozenset({("outcome", "refused")})
+    assert samples(first)["compass_jobs_total", refused] == 1
+    assert samples(second)["compass_jobs_total", refused] == 0
+
+
+def _record(**extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("compass.worker", logging.INFO, __file__, 1, "ran %s", ("t",), None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_json_lines_carry_the_message_and_the_extra_fields() -> None:
+    line = JsonLogFormatter().format(_record(worker="w0", job="w0-1", task="t", path=Path("/x")))
+    assert "\n" not in line
+    got = json.loads(line)
+    assert got["level"] == "info" and got["logger"] == "compass.worker"
+    assert got["message"] == "ran t"
+    assert got["time"].endswith("+00:00")
+    assert (got["worker"], got["job"], got["task"]) == ("w0", "w0-1", "t")
+    assert got["path"] == "/x"  # what JSON cannot hold is written as its str()
+    assert "exception" not in got and "args" not in got and "msg" not in got
+
+
+def test_json_lines_carry_a_traceback_as_one_field() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("compass", logging.ERROR, __file__, 1, "failed", (), exc_info)
+    line = JsonLogFormatter().format(record)
+    assert "\n" not in line
+    got = json.loads(line)
+    assert got["level"] == "error"
+    assert "Traceback" in got["exception"] and "ValueError: boom" in got["exception"]
