@@ -7,6 +7,7 @@ to the next worker, the queue, the lane. Dask's scheduler sits in the middle of 
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from typing import Any
 
@@ -93,6 +94,10 @@ def run(
 ) -> dict[str, Any]:
     if tasks not in CHAIN_LENGTHS:
         raise ConfigError(f"--tasks must be one of {CHAIN_LENGTHS} (chains declared in bench.apps)")
+    if with_dask and importlib.util.find_spec("distributed") is None:
+        raise ConfigError(
+            "the Dask comparison needs distributed: pip install 'compass[bench]' (or --no-dask)"
+        )
     loop = new_event_loop()
     try:
         compass_s = loop.run_until_complete(_compass_chain(tasks, workers, repeats))

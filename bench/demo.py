@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from . import e2e
@@ -29,7 +30,7 @@ def run(seconds: float = 60.0, workers: int = 5) -> dict[str, Any]:
     out = e2e.run(
         config,
         json_path="results/demo.json",
-        plot_path="results/demo.png",
+        plot_path="results/demo.png" if _can_plot() else None,
         per_policy_tables=False,
     )
     results = out["results"]
@@ -50,8 +51,15 @@ def run(seconds: float = 60.0, workers: int = 5) -> dict[str, Any]:
         ["", "median slowdown", "p99 latency", "model GB loaded"],
         rows,
     )
-    print("table: results/demo.json   plot: results/demo.png")
+    if _can_plot():
+        print("table: results/demo.json   plot: results/demo.png")
+    else:
+        print("table: results/demo.json   (no plot: pip install 'compass[bench]' for matplotlib)")
     return out
+
+
+def _can_plot() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _ratio(theirs: float | None, ours: float | None) -> str:

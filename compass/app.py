@@ -4,43 +4,110 @@ Every worker imports the same app module (``compass worker start --app mypkg.app
 are referenced by name and never shipped over the wire::
 
     app = compass.App()
-    app.model("encoder", build=make_encoder, weights="encoder.safetensors")
-    wf = app.workflow("embed", inputs=["x"])
+    app.model("encoder", build=make_encoder, weights="encoder.safetensors")  # beside this file
+    app.resource("tokenizer", load_tokenizer)    # built once per worker process, on first use
+    wf = app.workflow("match", inputs=["query", "docs"])
 
-    @wf.task(model="encoder", expected_ms=5)
-    def encode(model, x):
-        return model(x)
+    @wf.task(model="encoder", inputs={"query": "texts"}, resources=["tokenizer"], name="q")
+    @wf.task(model="encoder", inputs={"docs": "texts"}, resources=["tokenizer"], name="d")
+    def encode(model, texts, tokenizer):   # one function, two tasks
+        return model(tokenizer(texts))
 
-    @wf.task(after=["encode"])
-    def norm(model, encode):          # a successor receives its predecessors' outputs by name
-        return encode / encode.norm()
+    @wf.task(after={"q": "query", "d": "docs"})
+    def score(model, query, docs):         # predecessors' outputs, renamed
+        return docs @ query.T
+
+How a task is called: a root task takes the job inputs named in ``inputs`` (every job input
+when it names none), any other task its predecessors' outputs, one per task in ``after``. Each
+comes under its own name when given as a list, or under the parameter a dict maps it to
+(``{source: parameter}``). Resources named in ``resources`` come as keywords of their own.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from compass.cache.models import Model
+from compass.cache.models import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
 from compass.workflow.dag import Task, TaskProfile, Workflow
 from compass.workflow.spec import Workload, load_workload
 
-__all__ = ["App", "WorkflowBuilder", "load_app"]
+__all__ = ["App", "Resource", "WorkflowBuilder", "load_app"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Resource:
+    """Something tasks share within one worker process that is not a model: a tokenizer, a
+    label table, a client. ``factory()`` runs on first use, once per process (a forked child
+    builds its own), under a lock; the instance is then shared by every task thread, so it must
+    be safe to use from several threads at once (or guard itself). A factory that raises fails
+    the task that asked, and the next use tries again.
+    """
+
+    __slots__ = ("_lock", "_pid", "_value", "factory", "name")
+
+    def __init__(self, name: str, factory: Callable[[], Any]) -> None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"a resource name must be a Python identifier, got {name!r}")
+        if not callable(factory):
+            raise ConfigError(f"resource {name!r}: the factory must be callable, got {factory!r}")
+        self.name = name
+        self.factory = factory
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._value: Any = None
+
+    @property
+    def built(self) -> bool:
+        """Whether this process has built the instance."""
+        return self._pid == os.getpid()
+
+    def get(self) -> Any:
+        """This process's instance, built on the first call."""
+        if self._pid == os.getpid():  # the common case takes no lock
+            return self._value
+        with self._lock:
+            if self._pid != os.getpid():
+                self._value = self.factory()
+                self._pid = os.getpid()
+            return self._value
+
+    def __repr__(self) -> str:
+        return f"Resource({self.name!r}, {'built' if self.built else 'not built'})"
+
+
+def _sources(
+    what: str, value: Iterable[str] | Mapping[str, str]
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A list of names (each passed under its own name) or a dict ``{source: parameter}``."""
+    if isinstance(value, Mapping):
+        return tuple(value), {k: v for k, v in value.items() if k != v}
+    if isinstance(value, str):
+        raise WorkflowError(f"{what!r} must be a list of names or a dict, not the string {value!r}")
+    return tuple(value), {}
 
 
 class WorkflowBuilder:
     """Collects tasks declared with :meth:`task`; the :class:`App` builds and validates them."""
 
-    def __init__(self, name: str, inputs: Sequence[str], best_ms: float | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        inputs: Sequence[str],
+        best_ms: float | None,
+        provider: Callable[[str], Any] | None = None,
+    ) -> None:
         self.name = name
         self.inputs = tuple(inputs)
         self.best_ms = best_ms
+        self._provider = provider
         self._tasks: list[Task] = []
 
     def task(
@@ -49,16 +116,30 @@ class WorkflowBuilder:
         *,
         name: str | None = None,
         model: str | None = None,
-        after: Iterable[str] = (),
+        after: Iterable[str] | Mapping[str, str] = (),
+        inputs: Iterable[str] | Mapping[str, str] | None = None,
+        resources: Iterable[str] = (),
         expected_ms: float = 1.0,
         output_bytes: int = 0,
         input_bytes: int = 0,
+        timeout_ms: float | None = None,
     ) -> Any:
-        """Declare a task: ``fn(model_module_or_None, **inputs) -> output``.
+        """Declare a task: ``fn(model_module_or_None, **keywords) -> output``.
 
-        Usable bare (``@wf.task``) or with arguments. ``expected_ms`` and ``output_bytes`` seed the
-        task's profile; measurements refine them at run time.
+        Usable bare (``@wf.task``) or with arguments, and stackable: the same function under
+        several names is several tasks. A root task takes the job inputs listed in
+        ``inputs`` (all of them when None); any other task one output per task in ``after``.
+        A list passes each under its own name, a dict ``{source: parameter}`` under the
+        parameter it names. Each name in ``resources`` (see :meth:`App.resource`) is passed as a
+        keyword too. ``expected_ms`` and ``output_bytes`` seed the task's profile; measurements
+        refine them at run time. A run longer than ``timeout_ms`` (default: the worker's
+        ``--task-timeout``) fails its job with ``CompassTimeout``.
         """
+        preds, renames = _sources("after", after)
+        taken: tuple[str, ...] | None = None
+        if inputs is not None:
+            taken, input_renames = _sources("inputs", inputs)
+            renames = {**renames, **input_renames}
 
         def register(func: F) -> F:
             profile = TaskProfile(
@@ -68,9 +149,14 @@ class WorkflowBuilder:
                 Task(
                     name=name or func.__name__,
                     model=model,
-                    after=tuple(after),
+                    after=preds,
                     profile=profile,
                     fn=func,
+                    timeout_ms=timeout_ms,
+                    inputs=taken,
+                    params=renames,
+                    resources=tuple(resources),
+                    provider=self._provider,
                 )
             )
             return func
@@ -87,6 +173,7 @@ class App:
     def __init__(self, name: str = "app") -> None:
         self.name = name
         self._models: dict[str, Model] = {}
+        self._resources: dict[str, Resource] = {}
         self._builders: dict[str, WorkflowBuilder] = {}
         self._workflows: dict[str, Workflow] = {}
 
@@ -97,14 +184,37 @@ class App:
         build: Callable[[], Any] | None = None,
         *,
         weights: str | Path | None = None,
+        loader: Callable[..., Any] | None = None,
+        keys: KeyMap | None = None,
+        strict: bool = True,
+        root: str | Path | None = None,
         size_bytes: int | None = None,
     ) -> Model:
-        """Register a model: a builder returning a ``torch.nn.Module`` and optional weights."""
+        """Register a model: a builder returning a ``torch.nn.Module`` and optional weights.
+
+        A relative ``weights`` path is relative to ``root``, by default the folder of the module
+        that calls this method (the app module), not the worker's working directory.
+        ``loader``, ``keys`` and ``strict`` fit checkpoints made elsewhere: see
+        :class:`~compass.cache.models.Model`.
+        """
         if build is None:
             if size_bytes is None:
                 raise ConfigError(f"model {name!r} needs a builder or a size_bytes")
             return self.add_model(Model.emulated(name, size_bytes))
-        return self.add_model(Model(name, build, weights=weights))
+        if root is None:
+            root = _caller_folder()
+        return self.add_model(
+            Model(name, build, weights=weights, loader=loader, keys=keys, strict=strict, root=root)
+        )
+
+    def resource(self, name: str, factory: Callable[[], Any]) -> Resource:
+        """Register a per-worker resource: ``factory()`` is built once per worker process, on
+        first use, and passed to every task that lists ``name`` in its ``resources``."""
+        if name in self._resources:
+            raise WorkflowError(f"resource {name!r} is registered twice")
+        resource = Resource(name, factory)
+        self._resources[name] = resource
+        return resource
 
     def add_model(self, model: Model) -> Model:
         if model.name in self._models:
@@ -118,7 +228,7 @@ class App:
         """Start declaring a workflow; add tasks with the returned builder's ``task`` decorator."""
         if name in self._builders or name in self._workflows:
             raise WorkflowError(f"workflow {name!r} is declared twice")
-        builder = WorkflowBuilder(name, inputs, best_ms)
+        builder = WorkflowBuilder(name, inputs, best_ms, provider=self._resource_value)
         self._builders[name] = builder
         return builder
 
@@ -132,6 +242,18 @@ class App:
     @property
     def models(self) -> Mapping[str, Model]:
         return self._models
+
+    @property
+    def resources(self) -> Mapping[str, Resource]:
+        return self._resources
+
+    def _resource_value(self, name: str) -> Any:
+        try:
+            resource = self._resources[name]
+        except KeyError:
+            known = ", ".join(sorted(self._resources)) or "none"
+            raise ConfigError(f"unknown resource {name!r} (known: {known})") from None
+        return resource.get()
 
     @property
     def workflows(self) -> Mapping[str, Workflow]:
@@ -154,7 +276,17 @@ class App:
     def _build_pending(self) -> None:
         while self._builders:
             name, builder = next(iter(self._builders.items()))
-            self._workflows[name] = builder.build()
+            workflow = builder.build()
+            for task in workflow.tasks.values():
+                unknown = [r for r in task.resources if r not in self._resources]
+                if unknown:
+                    known = ", ".join(sorted(self._resources)) or "none"
+                    raise WorkflowError(
+                        f"workflow {name!r}: task {task.name!r} uses unknown resource(s) "
+                        f"{', '.join(map(repr, unknown))} (known: {known}); "
+                        "register them with app.resource(name, factory)"
+                    )
+            self._workflows[name] = workflow
             del self._builders[name]
 
     @classmethod
@@ -170,6 +302,13 @@ class App:
     @classmethod
     def from_workload_file(cls, path: str | Path) -> App:
         return cls.from_workload(load_workload(path))
+
+
+def _caller_folder() -> Path:
+    """The folder of the module that called into App (two frames up), else the current one."""
+    frame = sys._getframe(2)
+    file = frame.f_globals.get("__file__")
+    return Path(file).resolve().parent if isinstance(file, str) else Path.cwd()
 
 
 def load_app(ref: str, app_dir: str | Path = ".") -> App:

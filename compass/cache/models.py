@@ -79,12 +79,24 @@ def _collect(module: nn.Module) -> tuple[list[_Binding], dict[str, torch.Tensor]
     return bindings, tensors
 
 
+#: renames a checkpoint's keys to the module's: a mapping (unlisted keys pass unchanged) or a
+#: function; ``None`` for a key drops it
+KeyMap = Mapping[str, str | None] | Callable[[str], str | None]
+
+
 class Model:
     """A model declaration.
 
     ``build`` returns the module (weights initialized by the builder itself unless ``weights``
-    names a safetensors file holding its state dict). ``size_bytes`` is measured from the
-    module's parameters and buffers; give it only for an emulated model (no builder).
+    or ``loader`` give its state). ``weights`` is a path (a relative one resolves against
+    ``root``, else the current directory, when the model is declared); by default it names a
+    safetensors file. ``loader`` reads a checkpoint another way: it is called as
+    ``loader(weights)`` (``loader()`` when no weights are given) and returns a state dict, or a
+    module whose ``state_dict()`` is taken. ``keys`` renames or drops the checkpoint's keys
+    before they are loaded. ``strict=False`` tolerates keys the module lacks (``position_ids`` of
+    older checkpoints, a pooler left out) and tensors the checkpoint lacks (they keep what the
+    builder made); both are logged at debug. ``size_bytes`` is measured from the module's
+    parameters and buffers; give it only for an emulated model (no builder).
     """
 
     def __init__(
@@ -94,22 +106,43 @@ class Model:
         weights: str | Path | None = None,
         *,
         size_bytes: int | None = None,
+        loader: Callable[..., Any] | None = None,
+        keys: KeyMap | None = None,
+        strict: bool = True,
+        root: str | Path | None = None,
     ) -> None:
         if not name:
             raise ConfigError("a model needs a non-empty name")
         if build is None:
             if size_bytes is None or size_bytes < 0:
                 raise ConfigError(f"emulated model {name!r} needs size_bytes >= 0")
-            if weights is not None:
+            if weights is not None or loader is not None:
                 raise ConfigError(f"model {name!r} has weights but no builder to load them into")
         elif size_bytes is not None:
             raise ConfigError(
                 f"model {name!r}: size_bytes is measured from the builder's module; "
                 "give it only for emulated models"
             )
+        if loader is not None and not callable(loader):
+            raise ConfigError(f"model {name!r}: loader must be callable, got {loader!r}")
+        if keys is not None and not (isinstance(keys, Mapping) or callable(keys)):
+            raise ConfigError(
+                f"model {name!r}: keys must be a mapping or a function of a key, got {keys!r}"
+            )
+        if not isinstance(strict, bool):
+            raise ConfigError(f"model {name!r}: strict must be True or False, got {strict!r}")
         self.name = name
         self.build = build
-        self.weights = Path(weights) if weights is not None else None
+        self.weights: Path | None = None
+        if weights is not None:
+            if not isinstance(weights, str | Path) or not str(weights):
+                raise ConfigError(f"model {name!r}: weights must be a path, got {weights!r}")
+            path = Path(weights).expanduser()
+            # resolved now: a worker's working directory is wherever it was started from
+            self.weights = path if path.is_absolute() else Path(root or Path.cwd()) / path
+        self.loader = loader
+        self.keys = keys
+        self.strict = strict
         self._size_bytes = size_bytes
         self._structure: tuple[list[_Binding], tuple[TensorSpec, ...]] | None = None
         self._meta_build = True
@@ -171,21 +204,8 @@ class Model:
         if self.build is None:
             raise CacheError(f"model {self.name!r} is emulated and has no weights")
         module = self.build()
-        if self.weights is not None:
-            from safetensors.torch import load_file
-
-            try:
-                state = load_file(str(self.weights))
-            except Exception as exc:  # safetensors raises its own error types
-                raise CacheError(
-                    f"cannot read weights of model {self.name!r} from {self.weights}: {exc}"
-                ) from exc
-            try:
-                module.load_state_dict(state, strict=True)
-            except RuntimeError as exc:
-                raise CacheError(
-                    f"weights in {self.weights} do not fit model {self.name!r}: {exc}"
-                ) from exc
+        if self.weights is not None or self.loader is not None:
+            self._load_state(module)
         _, tensors = _collect(module)
         expected = {spec.key: spec for spec in self.tensor_specs()}
         staged: dict[str, torch.Tensor] = {}
@@ -201,6 +221,69 @@ class Model:
         if staged.keys() != expected.keys():
             raise CacheError(f"model {self.name!r}: the builder's tensors changed between builds")
         return staged
+
+    def _read_state(self) -> Mapping[str, Any]:
+        """The checkpoint as a state dict: from ``loader`` or the safetensors file."""
+        from torch import nn
+
+        where = self.weights if self.weights is not None else "its loader"
+        try:
+            if self.loader is not None:
+                got = self.loader() if self.weights is None else self.loader(self.weights)
+            else:
+                from safetensors.torch import load_file
+
+                got = load_file(str(self.weights))
+        except Exception as exc:  # safetensors and user loaders raise their own error types
+            raise CacheError(
+                f"cannot read weights of model {self.name!r} from {where}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if isinstance(got, nn.Module):
+            got = got.state_dict()
+        if not isinstance(got, Mapping):
+            raise CacheError(
+                f"the loader of model {self.name!r} returned {type(got).__name__}, "
+                "not a state dict or a torch module"
+            )
+        return got
+
+    def _load_state(self, module: nn.Module) -> None:
+        """Load the checkpoint into ``module``, its keys mapped by ``keys``, as strict as asked."""
+        state: dict[str, Any] = {}
+        for key, value in self._read_state().items():
+            if self.keys is None:
+                target: str | None = key
+            elif isinstance(self.keys, Mapping):
+                target = self.keys.get(key, key)
+            else:
+                target = self.keys(key)
+            if target is None:
+                continue
+            if target in state:
+                raise CacheError(
+                    f"model {self.name!r}: keys maps two checkpoint keys to {target!r}"
+                )
+            state[target] = value
+        where = self.weights if self.weights is not None else "its loader"
+        try:
+            result = module.load_state_dict(state, strict=self.strict)
+        except RuntimeError as exc:
+            detail = " ".join(str(exc).split())  # torch's message spans lines
+            hint = "" if not self.strict else " (strict=False tolerates them; keys= renames them)"
+            raise CacheError(
+                f"weights from {where} do not fit model {self.name!r}: {detail}{hint}"
+            ) from exc
+        if result.missing_keys or result.unexpected_keys:
+            log.debug(
+                "model %s: weights from %s left out %d key(s) %s; the module lacks %d key(s) %s",
+                self.name,
+                where,
+                len(result.missing_keys),
+                result.missing_keys,
+                len(result.unexpected_keys),
+                result.unexpected_keys,
+            )
 
     def _assemble(self, views: Mapping[str, torch.Tensor]) -> nn.Module:
         """A module in eval mode whose parameters and buffers are ``views`` (no copies)."""
@@ -507,6 +590,9 @@ class ModelCache:
         handle = self._core.begin_load(name, plan, prefetch=prefetch)
         for victim in plan.evict:
             self._modules.pop(victim, None)
+            size = self._core.size_bytes(victim)
+            log.info("evicted model %s (%d bytes) to load %s", victim, size, name,
+                     extra={"model": victim, "bytes": size})  # fmt: skip
         task = asyncio.get_running_loop().create_task(
             self._load(name, handle), name=f"compass-cache-load-{name}"
         )
@@ -550,6 +636,9 @@ class ModelCache:
                 raise
             raise CacheError(f"loading model {name!r} failed: {exc!r}") from exc
         self._core.finish_load(name, seconds)
+        size = self._core.size_bytes(name)
+        log.info("loaded model %s: %d bytes in %.3f s", name, size, seconds,
+                 extra={"model": name, "bytes": size, "seconds": seconds})  # fmt: skip
         del self._inflight[name]
         self._notify()
 

@@ -344,7 +344,10 @@ def plot_results(
     sweep: Mapping[str, Mapping[int, float | None]],
     target: float,
 ) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

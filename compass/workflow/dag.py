@@ -8,8 +8,9 @@ upward ranks are computed on first use and cached per bandwidth.
 from __future__ import annotations
 
 import heapq
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -54,9 +55,13 @@ class TaskProfile:
 class Task:
     """One step of a workflow.
 
-    ``fn(model_module_or_None, **inputs)`` computes the output: a root task receives the job's
-    inputs as keyword arguments, any other task one keyword argument per predecessor, named
-    after it. ``fn=None`` marks an emulated task (it stands in for compute with its profile).
+    The calling convention lives in :meth:`call`: ``fn(model_module_or_None, **kwargs)`` where a
+    root task's keywords are job inputs (those named in ``inputs``, or every job input when
+    ``inputs`` is None), any other task's are its predecessors' outputs (one per task in
+    ``after``), each under its own name unless ``params`` renames it (source -> parameter), plus
+    one keyword per name in ``resources``, the worker process's instance from ``provider``. So
+    one function can serve several tasks with different sources. ``fn=None`` marks an emulated
+    task (it stands in for compute with its profile).
     """
 
     name: str
@@ -64,6 +69,15 @@ class Task:
     after: tuple[str, ...]
     profile: TaskProfile
     fn: Callable[..., Any] | None = None
+    #: a run past it fails its job with CompassTimeout (None: the worker's --task-timeout)
+    timeout_ms: float | None = None
+    #: the job inputs a root task takes (None: every one the job has)
+    inputs: tuple[str, ...] | None = None
+    #: source (job input or predecessor) -> the parameter it is passed as, where they differ
+    params: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: per-process resources passed by name (``provider(name)`` gives the instance)
+    resources: tuple[str, ...] = ()
+    provider: Callable[[str], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -72,16 +86,7 @@ class Task:
             raise WorkflowError(
                 f"task {self.name!r}: model must be a non-empty string or None, got {self.model!r}"
             )
-        if isinstance(self.after, str) or not isinstance(self.after, Iterable):
-            raise WorkflowError(
-                f"task {self.name!r}: 'after' must be a sequence of task names, got {self.after!r}"
-            )
-        after = tuple(self.after)
-        for dep in after:
-            if not isinstance(dep, str) or not dep:
-                raise WorkflowError(
-                    f"task {self.name!r}: 'after' holds {dep!r}, which is not a task name"
-                )
+        after = self._names("after", self.after, "a sequence of task names", "task name")
         # accept any iterable for convenience but store the tuple the type promises
         object.__setattr__(self, "after", after)
         if not isinstance(self.profile, TaskProfile):
@@ -90,6 +95,125 @@ class Task:
             )
         if self.fn is not None and not callable(self.fn):
             raise WorkflowError(f"task {self.name!r}: fn must be callable or None")
+        if self.timeout_ms is not None and (
+            isinstance(self.timeout_ms, bool)
+            or not isinstance(self.timeout_ms, int | float)
+            or not self.timeout_ms > 0
+        ):
+            raise WorkflowError(
+                f"task {self.name!r}: timeout_ms must be a positive number of milliseconds "
+                f"or None, got {self.timeout_ms!r}"
+            )
+        self._check_sources()
+
+    def _names(self, what: str, value: object, kind: str, noun: str) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            raise WorkflowError(f"task {self.name!r}: {what!r} must be {kind}, got {value!r}")
+        names = tuple(value)
+        for item in names:
+            if not isinstance(item, str) or not item:
+                raise WorkflowError(
+                    f"task {self.name!r}: {what!r} holds {item!r}, which is not a {noun}"
+                )
+        return names
+
+    def _check_sources(self) -> None:
+        if self.inputs is not None:
+            inputs = self._names("inputs", self.inputs, "a sequence of job input names", "name")
+            if self.after:
+                raise WorkflowError(
+                    f"task {self.name!r}: only a root task takes job inputs; this one waits for "
+                    f"{', '.join(map(repr, self.after))} (pass what it needs through them)"
+                )
+            if len(set(inputs)) != len(inputs):
+                raise WorkflowError(f"task {self.name!r}: 'inputs' {list(inputs)} repeat a name")
+            object.__setattr__(self, "inputs", inputs)
+        resources = self._names("resources", self.resources, "a sequence of resource names", "name")
+        if len(set(resources)) != len(resources):
+            raise WorkflowError(f"task {self.name!r}: 'resources' {list(resources)} repeat a name")
+        object.__setattr__(self, "resources", resources)
+        if resources and not callable(self.provider):
+            raise WorkflowError(
+                f"task {self.name!r} uses resources {list(resources)} but has no provider"
+            )
+        if not isinstance(self.params, Mapping):
+            raise WorkflowError(
+                f"task {self.name!r}: params must map sources to parameter names, "
+                f"got {self.params!r}"
+            )
+        sources = self.after if self.after else (self.inputs or ())
+        for source, param in self.params.items():
+            if source not in sources:
+                where = "'after'" if self.after else "'inputs'"
+                raise WorkflowError(
+                    f"task {self.name!r}: params renames {source!r}, which is not in its {where}"
+                )
+            if not isinstance(param, str) or not param.isidentifier():
+                raise WorkflowError(
+                    f"task {self.name!r}: {source!r} must be passed as a parameter name, "
+                    f"got {param!r}"
+                )
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        # a repeated source is the workflow's error to report (it names the dependency)
+        passed = [self.params.get(s, s) for s in dict.fromkeys(sources)] + list(resources)
+        twice = sorted({p for p in passed if passed.count(p) > 1})
+        if twice:
+            raise WorkflowError(
+                f"task {self.name!r} would pass parameter(s) {', '.join(map(repr, twice))} twice"
+            )
+        if self.fn is not None:
+            # complete when the sources are known: a root without 'inputs' gets whatever the job has
+            self._check_signature(passed, complete=bool(self.after) or self.inputs is not None)
+
+    def _check_signature(self, passed: list[str], complete: bool) -> None:
+        """Fail at declaration, not at the first job, when ``fn`` cannot take what it gets."""
+        try:
+            signature = inspect.signature(self.fn)  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # some builtins and C callables have none
+            return
+        bind = signature.bind if complete else signature.bind_partial
+        try:
+            bind(None, **dict.fromkeys(passed))
+        except TypeError as exc:
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            given = ", ".join(["module", *passed])
+            raise WorkflowError(
+                f"task {self.name!r}: {name}{signature} cannot be called with ({given}): {exc}"
+            ) from None
+
+    def arguments(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments from what arrived: the job's inputs (a root) or predecessors'
+        outputs by task name. Resources are not included (see :meth:`call`)."""
+        if self.after:
+            names: Iterable[str] = self.after
+        elif self.inputs is None:
+            names = inputs
+        else:
+            names = self.inputs
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise InvalidInputs(
+                    f"task {self.name!r} takes job input(s) {', '.join(map(repr, missing))}, "
+                    f"which this job does not have (it has: {', '.join(map(repr, inputs))})"
+                )
+        return {self.params.get(n, n): inputs[n] for n in names}
+
+    def take_inputs(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The job inputs a root task needs (all of them when ``inputs`` is None)."""
+        if self.inputs is None:
+            return inputs
+        return {n: inputs[n] for n in self.inputs if n in inputs}
+
+    def call(self, module: Any, inputs: Mapping[str, Any]) -> Any:
+        """Run ``fn`` on what arrived for this task (see the class docstring)."""
+        if self.fn is None:
+            raise WorkflowError(f"task {self.name!r} is emulated and has no function to call")
+        kwargs = self.arguments(inputs)
+        if self.resources:
+            assert self.provider is not None  # checked in __post_init__
+            for name in self.resources:
+                kwargs[name] = self.provider(name)
+        return self.fn(module, **kwargs)
 
 
 class Workflow:
@@ -173,6 +297,13 @@ class Workflow:
                         f"workflow {name!r}: task {task.name!r} lists {dep!r} twice in 'after'"
                     )
                 seen.add(dep)
+            unknown = [n for n in task.inputs or () if self.inputs and n not in self.inputs]
+            if unknown:
+                raise WorkflowError(
+                    f"workflow {name!r}: task {task.name!r} takes job input(s) "
+                    f"{', '.join(map(repr, unknown))}, which the workflow does not declare "
+                    f"(its inputs: {', '.join(map(repr, self.inputs))})"
+                )
 
         order = _topological_order(name, declared)
         self.order = order
