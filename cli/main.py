@@ -29,6 +29,7 @@ from compass.config import (
     Limits,
     SchedConfig,
     Timeouts,
+    TLSConfig,
     WorkerConfig,
 )
 from compass.errors import CompassError, ConfigError, WorkflowError
@@ -56,6 +57,47 @@ Token = Annotated[
         "--token", envvar="COMPASS_TOKEN", help="Shared cluster token (or COMPASS_TOKEN)."
     ),
 ]
+TlsCert = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-cert",
+        envvar="COMPASS_TLS_CERT",
+        help="Mutual TLS: this side's certificate, PEM (with --tls-key and --tls-ca).",
+        show_default=False,
+    ),
+]
+TlsKey = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-key",
+        envvar="COMPASS_TLS_KEY",
+        help="Mutual TLS: the private key of --tls-cert, PEM.",
+        show_default=False,
+    ),
+]
+TlsCa = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-ca",
+        envvar="COMPASS_TLS_CA",
+        help="Mutual TLS: the cluster CA, PEM; only certificates it signed are trusted.",
+        show_default=False,
+    ),
+]
+
+
+def _tls(cert: str | None, key: str | None, ca: str | None) -> TLSConfig | None:
+    """The three --tls-* flags as one TLSConfig: all or none."""
+    given = {"--tls-cert": cert, "--tls-key": key, "--tls-ca": ca}
+    if not any(given.values()):
+        return None
+    missing = [flag for flag, value in given.items() if not value]
+    if missing or cert is None or key is None or ca is None:
+        raise ConfigError(
+            f"mutual TLS needs --tls-cert, --tls-key and --tls-ca together; missing "
+            f"{', '.join(missing)}"
+        )
+    return TLSConfig(cert=cert, key=key, ca=ca)
 
 
 class LogLevel(StrEnum):
@@ -64,6 +106,11 @@ class LogLevel(StrEnum):
     warning = "warning"
     error = "error"
     critical = "critical"
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -75,7 +122,15 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def _logging(level: LogLevel) -> None:
+def _logging(level: LogLevel, log_format: LogFormat = LogFormat.text) -> None:
+    if log_format == LogFormat.json:
+        from compass.worker.metrics import JsonLogFormatter
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLogFormatter())
+        logging.basicConfig(level=level.value.upper(), handlers=[handler])
+        logging.captureWarnings(True)  # a warning printed raw would break a JSON log pipeline
+        return
     logging.basicConfig(
         level=level.value.upper(),
         stream=sys.stderr,
@@ -121,6 +176,16 @@ def worker_start(
         typer.Option(envvar=_env("port"), min=0, max=65535, help="Port to bind; 0: a free one."),
     ] = DEFAULT_PORT,
     token: Token = None,
+    allow_weak_token: Annotated[
+        bool,
+        typer.Option(
+            envvar=_env("allow_weak_token"),
+            help="Accept a token under 128 bits of estimated entropy (a trusted network only).",
+        ),
+    ] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     join: Annotated[
         list[str] | None,
         typer.Option(
@@ -129,6 +194,22 @@ def worker_start(
             help="HOST:PORT of a cluster member (repeatable; in the variable, space-separated).",
         ),
     ] = None,
+    join_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("join_timeout"),
+            min=0.001,
+            help="Seconds to keep retrying --join before exiting with an error.",
+        ),
+    ] = 60.0,
+    advertise_address: Annotated[
+        str,
+        typer.Option(
+            envvar=_env("advertise_address"),
+            help="HOST[:PORT] peers reach this worker at (NAT, or --host 0.0.0.0); "
+            "default: the bound address, or this host's primary address for 0.0.0.0.",
+        ),
+    ] = "",
     name: Annotated[
         str, typer.Option(envvar=_env("name"), help="Unique worker name (default: <host>-<port>).")
     ] = "",
@@ -216,18 +297,66 @@ def worker_start(
             help="Jobs in flight accepted as ingress; more are refused.",
         ),
     ] = 10000,
+    max_job_mb: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("max_job_mb"),
+            min=1,
+            help="MiB of job inputs held as ingress; more jobs are refused (Overloaded).",
+        ),
+    ] = 4096,
+    task_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("task_timeout"),
+            min=0.001,
+            help="Seconds a task may run unless it declares timeout_ms; past it its job fails.",
+        ),
+    ] = 300.0,
+    max_stuck_tasks: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("max_stuck_tasks"),
+            min=1,
+            help="Timed-out task threads still running past which the worker takes no GPU work.",
+        ),
+    ] = 4,
     log_level: Annotated[
         LogLevel,
         typer.Option(envvar=_env("log_level"), case_sensitive=False, help="Logging on stderr."),
     ] = LogLevel.warning,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            envvar=_env("log_format"),
+            case_sensitive=False,
+            help="text, or json: one JSON object per line (time, level, logger, message, ...).",
+        ),
+    ] = LogFormat.text,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar=_env("metrics_port"),
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics and /ready on this port (0: a free one; default: off).",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(envvar=_env("metrics_host"), help="Address the metrics port binds.")
+    ] = "127.0.0.1",
 ) -> None:
     """Start a worker; prints 'compass worker listening on HOST:PORT' first.
 
     Every option also reads a COMPASS_* environment variable (shown with each); a flag wins.
     """
+    from compass.security import check_token
     from compass.worker.process import run_worker
 
-    _logging(log_level)
+    if token is not None:  # no token at all is its own choice (see docs/DEPLOY.md)
+        check_token(token, allow_weak=allow_weak_token)
+    _logging(log_level, log_format)
     cache = CacheConfig(
         capacity_bytes=None if cache_mb is None else cache_mb * MiB,
         slab_bytes=slab_mb * MiB,
@@ -238,13 +367,21 @@ def worker_start(
         port=port,
         name=name,
         token=token,
+        tls=_tls(tls_cert, tls_key, tls_ca),
         join=tuple(join or ()),
+        join_timeout_s=join_timeout,
+        advertise_address=advertise_address,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
         app=app_ref,
         workload=workload,
         lanes=lanes,
         host_lanes=host_lanes,
         time_scale=time_scale,
         max_jobs=max_jobs,
+        max_job_bytes=max_job_mb * MiB,
+        task_timeout_s=task_timeout,
+        max_stuck_tasks=max_stuck_tasks,
         limits=Limits(max_frame_bytes=max_frame_mb * MiB),
         cache=cache,
         sched=SchedConfig(
@@ -269,6 +406,9 @@ def up(
     ctx: typer.Context,
     workers: Annotated[int, typer.Option(min=1, help="How many workers.")] = 3,
     token: Token = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON (emulated).")] = None,
     app_ref: Annotated[
         str | None, typer.Option("--app", help="App module for every worker.")
@@ -291,6 +431,7 @@ def up(
 
     extra = list(ctx.args)
     _check_worker_args(extra)
+    tls = _tls(tls_cert, tls_key, tls_ca)
     if workload is not None and app_ref is not None:
         _fail("give --workload or --app, not both", 2)
     if workload is None and app_ref is None:
@@ -309,7 +450,7 @@ def up(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with LocalCluster(workers, token=token, args=args, log_dir=logs) as cluster:
+        async with LocalCluster(workers, token=token, args=args, log_dir=logs, tls=tls) as cluster:
             for worker in cluster.workers:
                 typer.echo(f"{worker.name} {worker.address}")
             if token is None:
@@ -351,15 +492,20 @@ def _check_worker_args(args: list[str]) -> None:
 def status(
     address: Annotated[str, typer.Argument(help="HOST:PORT of a worker.")] = DEFAULT_ADDRESS,
     token: Token = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 5.0,
 ) -> None:
     """Print one worker's status."""
     from compass.client import Client
 
+    tls = _tls(tls_cert, tls_key, tls_ca)
+
     async def get() -> dict[str, Any]:
         timeouts = Timeouts(connect=timeout, handshake=timeout, request=timeout)
-        async with Client(address, token=token, timeouts=timeouts) as client:
+        async with Client(address, token=token, timeouts=timeouts, tls=tls) as client:
             return await client.status()
 
     try:
@@ -407,10 +553,15 @@ def submit(
         typer.Option("--input", "-i", help="NAME=VALUE (VALUE parsed as JSON if it can be)."),
     ] = None,
     token: Token = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the result.")] = 60.0,
 ) -> None:
     """Run one job and print its result."""
     from compass.client import Client
+
+    tls = _tls(tls_cert, tls_key, tls_ca)
 
     if len(target) > 2:
         _fail(f"expected [HOST:PORT] WORKFLOW, got {' '.join(target)!r}", 2)
@@ -426,7 +577,7 @@ def submit(
             kwargs[key] = value
 
     async def run() -> Any:
-        async with Client(address, token=token) as client:
+        async with Client(address, token=token, tls=tls) as client:
             return await client.submit(workflow, timeout=timeout, **kwargs)
 
     try:
@@ -434,6 +585,14 @@ def submit(
     except CompassError as exc:
         _fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
     typer.echo(_show(result))
+
+
+@app.command("token")
+def new_token() -> None:
+    """Print a new random cluster token (256 bits, hex): `export COMPASS_TOKEN=$(compass token)`."""
+    from compass.security import new_token as make_token
+
+    typer.echo(make_token())
 
 
 def _show(value: Any) -> str:
@@ -490,7 +649,7 @@ def _check_plot(path: str | None) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        _fail(f"--plot {path}: needs matplotlib (pip install matplotlib)", 2)
+        _fail(f"--plot {path}: needs matplotlib: pip install 'compass[bench]'", 2)
     _check_output(path, "--plot")
 
 
@@ -505,6 +664,23 @@ def bench_wire(quick: Quick = False, json_path: JsonPath = None) -> None:
 
     _check_output(json_path, "--json")
     wire.run(quick=quick, json_path=json_path)
+
+
+@bench_app.command("fuzz")
+def bench_fuzz(
+    frames: Annotated[int, typer.Option(min=1, help="Hostile frames and peer messages.")] = 2000,
+    seed: Annotated[int, typer.Option(help="Seed of the frame generator.")] = 0,
+    idle: Annotated[
+        int, typer.Option(min=0, help="Idle unauthenticated sockets opened first.")
+    ] = 3000,
+    json_path: JsonPath = None,
+) -> None:
+    """A worker process under random and mutated frames, malformed peer messages and idle
+    sockets: drops, crashes, RSS, and whether it kept serving."""
+    from compass._bench import fuzz
+
+    _check_output(json_path, "--json")
+    fuzz.run(frames=frames, seed=seed, idle=idle, json_path=json_path)
 
 
 @bench_app.command("cache")
@@ -535,6 +711,19 @@ def bench_job(
 
     _check_output(json_path, "--json")
     job.run(jobs=jobs, json_path=json_path)
+
+
+@bench_app.command("client")
+def bench_client(
+    rounds: Annotated[int, typer.Option(min=1, help="Large submissions per side.")] = 10,
+    mib: Annotated[int, typer.Option(min=2, max=900, help="Large submission, MiB.")] = 128,
+    json_path: JsonPath = None,
+) -> None:
+    """A small call's latency behind a 128 MiB submission: one connection against two."""
+    from compass._bench import client
+
+    _check_output(json_path, "--json")
+    client.run(rounds=rounds, mib=mib, json_path=json_path)
 
 
 @bench_app.command("chain")

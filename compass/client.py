@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import ssl
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from compass.config import Limits, Timeouts
+from compass.config import Limits, Timeouts, TLSConfig
 from compass.errors import (
     CompassError,
     CompassTimeout,
@@ -73,6 +74,12 @@ class Client:
 
     ``timeouts.request`` bounds each call, job submissions included, unless a call passes its own
     ``timeout`` (``None`` waits as long as the job takes).
+
+    ``tls`` connects with mutual TLS to workers started with ``--tls-cert``: a
+    :class:`~compass.config.TLSConfig` (this client's certificate and key, and the cluster CA;
+    files are read here) or a ready ``ssl.SSLContext``. The token's strength is not checked
+    here: workers refuse weak tokens when they start (``compass worker start``), and a client
+    cannot make the cluster's token weaker or stronger.
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class Client:
         limits: Limits | None = None,
         bulk_threshold: int | None = BULK_THRESHOLD,
         retries: int = 2,
+        tls: TLSConfig | ssl.SSLContext | None = None,
     ) -> None:
         addresses = (address,) if isinstance(address, str) else tuple(address)
         if not addresses or not all(isinstance(a, str) and a for a in addresses):
@@ -99,6 +107,11 @@ class Client:
             )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"Client retries must be an integer >= 0, got {retries!r}")
+        if tls is not None and not isinstance(tls, (TLSConfig, ssl.SSLContext)):
+            raise ConfigError(
+                f"Client tls must be a compass.config.TLSConfig or an ssl.SSLContext, got {tls!r}"
+            )
+        self._ssl = tls.client_context() if isinstance(tls, TLSConfig) else tls
         self.retries = retries
         self.addresses = addresses
         #: the worker this client talks to now (or will try first)
@@ -205,14 +218,18 @@ class Client:
         raise ConnectFailed(f"no worker answered ({n} tried): " + "; ".join(problems))
 
     async def _dial(self, address: str) -> Channel:
-        channel = await connect(
-            address,
-            token=self._token,
-            name=self._name,
-            role="client",
-            limits=self.limits,
-            timeouts=self.timeouts,
-        )
+        try:
+            channel = await connect(
+                address,
+                token=self._token,
+                name=self._name,
+                role="client",
+                limits=self.limits,
+                timeouts=self.timeouts,
+                ssl=self._ssl,
+            )
+        except (ConnectFailed, ConnectionLost) as exc:
+            raise ConnectFailed(_explain_refusal(address, exc, tls=self._ssl is not None)) from exc
         if self._closed:  # aclose() ran while this connection was being made
             await channel.aclose()
             raise ConnectionClosed(f"client for {self.address} was closed")
@@ -317,6 +334,39 @@ class Client:
         await self.aclose()
 
 
+def _explain_refusal(address: str, exc: ConnectFailed | ConnectionLost, *, tls: bool) -> str:
+    """Why dialing ``address`` failed, naming TLS on one side only or a refused certificate:
+    TLS reports these as a hang-up or an OpenSSL code."""
+    cause = exc.__cause__
+    refused = (
+        f"{address} refused this client's TLS certificate (none given, or not signed by the CA "
+        "the worker trusts: its --tls-ca), or it is not a compass worker"
+    )
+    if isinstance(exc, ConnectionLost):
+        # the peer hung up before the compass handshake ended: under TLS 1.3 that is how a
+        # client learns its certificate was refused (its own TLS handshake has already ended)
+        if tls:
+            return refused
+        return (
+            f"{address} closed the connection during the handshake: it requires TLS (a worker "
+            "started with --tls-cert: give this client tls=TLSConfig(...), or --tls-cert, "
+            "--tls-key and --tls-ca), or it is not a compass worker"
+        )
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (
+            f"could not verify the TLS certificate of {address}: {cause.verify_message}; it "
+            "must be signed by the CA this client trusts (tls.ca, --tls-ca)"
+        )
+    if isinstance(cause, ssl.SSLError) and "ALERT" in (cause.reason or ""):
+        return f"{refused} ({cause.reason})"  # TLS 1.2 refuses within the TLS handshake
+    if isinstance(cause, ssl.SSLError) or (tls and isinstance(cause, ConnectionResetError)):
+        return (
+            f"TLS handshake with {address} failed ({getattr(cause, 'reason', None) or cause}): "
+            "is the worker serving plain TCP (started without --tls-cert)?"
+        )
+    return str(exc)
+
+
 class _LoopThread:
     """An event loop running in a daemon thread; coroutines are handed to it and awaited."""
 
@@ -401,6 +451,7 @@ class SyncClient:
         limits: Limits | None = None,
         bulk_threshold: int | None = BULK_THRESHOLD,
         retries: int = 2,
+        tls: TLSConfig | ssl.SSLContext | None = None,
     ) -> None:
         self._client = Client(
             address,
@@ -409,6 +460,8 @@ class SyncClient:
             timeouts=timeouts,
             limits=limits,
             bulk_threshold=bulk_threshold,
+            retries=retries,
+            tls=tls,
         )
         self._runner: _LoopThread | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 from compass.client import Client
+from compass.config import TLSConfig
 from compass.errors import CompassError, CompassTimeout, ConfigError
 
 __all__ = ["LocalCluster", "WorkerProcess"]
@@ -97,6 +98,8 @@ class LocalCluster:
     """``workers`` worker processes on 127.0.0.1, joined into one cluster.
 
     ``args`` are passed to every ``compass worker start`` (``--workload``, ``--policy``, ...).
+    ``tls``: every worker serves (and dials its peers) with this certificate, and the cluster's
+    own clients present it too.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class LocalCluster:
         log_dir: str | Path | None = None,
         startup_timeout: float = 60.0,
         host: str = "127.0.0.1",
+        tls: TLSConfig | None = None,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"a cluster needs at least one worker, got {workers}")
@@ -117,6 +121,7 @@ class LocalCluster:
         self.args = list(args)
         self.env = env
         self.host = host
+        self.tls = tls
         self.startup_timeout = startup_timeout
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if log_dir is None:
@@ -161,6 +166,9 @@ class LocalCluster:
             *self.args,
             *extra,
         ]
+        if self.tls is not None:
+            argv += ["--tls-cert", self.tls.cert, "--tls-key", self.tls.key]
+            argv += ["--tls-ca", self.tls.ca]
         if join:
             argv += ["--join", join]
         env = dict(os.environ if self.env is None else self.env)
@@ -187,7 +195,7 @@ class LocalCluster:
         live = [w for w in self.workers if w.running]
         delay = 0.01
         for worker in live:
-            async with Client(worker.address, token=self.token) as client:
+            async with Client(worker.address, token=self.token, tls=self.tls) as client:
                 while True:
                     status = await client.status()
                     if len(status["peers"]) >= len(live) - 1 and len(status["cluster"]) >= len(
@@ -210,7 +218,7 @@ class LocalCluster:
         return codes
 
     def client(self, index: int = 0) -> Client:
-        return Client(self.workers[index].address, token=self.token)
+        return Client(self.workers[index].address, token=self.token, tls=self.tls)
 
     async def __aenter__(self) -> LocalCluster:
         return await self.start()

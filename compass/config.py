@@ -7,8 +7,12 @@ Nothing here reads the environment or a file at import time; only ``cli/`` turns
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from compass.errors import ConfigError
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -20,6 +24,7 @@ __all__ = [
     "DeviceMemory",
     "Limits",
     "SchedConfig",
+    "TLSConfig",
     "Timeouts",
     "WorkerConfig",
     "parse_address",
@@ -222,6 +227,38 @@ class SchedConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """Mutual TLS: this side's certificate and key, and the cluster CA that signs every peer's
+    (PEM paths). Host names are not checked unless ``check_hostname``: the CA is the trust
+    boundary (see :mod:`compass.security`). Files are read when a context is built."""
+
+    cert: str
+    key: str
+    ca: str
+    check_hostname: bool = False
+
+    def __post_init__(self) -> None:
+        for flag, value in (("cert", self.cert), ("key", self.key), ("ca", self.ca)):
+            if not isinstance(value, str) or not value:
+                raise ConfigError(
+                    f"TLSConfig.{flag} must be a file path, got {value!r}: mutual TLS needs "
+                    "a certificate, its key and the cluster CA (--tls-cert, --tls-key, --tls-ca)"
+                )
+
+    def server_context(self) -> ssl.SSLContext:
+        """Serve this certificate; require clients to present one the CA signed."""
+        from compass.security import server_context
+
+        return server_context(self.cert, self.key, self.ca)
+
+    def client_context(self) -> ssl.SSLContext:
+        """Present this certificate; trust only servers the CA signed."""
+        from compass.security import client_context
+
+        return client_context(self.cert, self.key, self.ca, check_hostname=self.check_hostname)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """Everything a worker process needs; built by ``compass worker start``."""
 
@@ -239,22 +276,60 @@ class WorkerConfig:
     host_lanes: int = 1
     emulate: bool = False
     time_scale: float = 1.0
-    #: answered jobs an ingress remembers for `trace` (benchmarks read placements from it)
-    trace_jobs: int = 10000
+    #: answered jobs an ingress remembers for `trace` (benchmarks read placements from it);
+    #: the whole trace is one answer, which must fit the wire's header and element limits
+    trace_jobs: int = 2048
     #: jobs in flight this worker accepts as their ingress; more are refused with Overloaded
     #: (each holds its inputs until it is answered, so this bounds the ingress's memory)
     max_jobs: int = 10000
+    #: bytes of job inputs this worker holds as ingress at most; more jobs are refused
+    max_job_bytes: int = 4 * GiB
+    #: seconds a task may run when it declares no timeout_ms of its own; past it the job fails
+    #: with CompassTimeout and the task's thread is abandoned (it cannot be interrupted)
+    task_timeout_s: float = 300.0
+    #: abandoned (stuck) task threads past which the worker stops taking GPU work
+    max_stuck_tasks: int = 4
+    #: seconds a worker keeps retrying --join (with backoff) before it gives up and exits
+    join_timeout_s: float = 60.0
+    #: ``HOST[:PORT]`` peers reach this worker at, when that differs from where it binds (a
+    #: wildcard bind, NAT); "" advertises the bound address (see
+    #: :func:`compass.worker.membership.advertised_address`)
+    advertise_address: str = ""
+    #: serve Prometheus ``/metrics`` and ``/ready`` on this port (0: one the system picks);
+    #: None: no metrics endpoint (compass/worker/metrics.py)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
+    #: mutual TLS for every connection, clients' and peers'; None: plain TCP
+    tls: TLSConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
-        _positive(self, lanes=self.lanes, time_scale=self.time_scale, max_jobs=self.max_jobs)
+        _positive(
+            self,
+            lanes=self.lanes,
+            time_scale=self.time_scale,
+            max_jobs=self.max_jobs,
+            max_job_bytes=self.max_job_bytes,
+            task_timeout_s=self.task_timeout_s,
+            max_stuck_tasks=self.max_stuck_tasks,
+            join_timeout_s=self.join_timeout_s,
+        )
+        if self.advertise_address:
+            advertised, _ = parse_address(self.advertise_address, default_port=0)
+            if advertised in ("0.0.0.0", "::"):
+                raise ConfigError(
+                    f"advertise address {self.advertise_address!r}: peers cannot reach a "
+                    "wildcard address; give this host's address as others see it"
+                )
         if self.host_lanes < 0:
             raise ConfigError(f"WorkerConfig.host_lanes must be >= 0, got {self.host_lanes}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
         for address in self.join:
             parse_address(address)
 

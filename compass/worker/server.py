@@ -36,14 +36,21 @@ import compass
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
+from compass.errors import (
+    CompassError,
+    CompassTimeout,
+    InvalidInputs,
+    JobFailed,
+    ProtocolError,
+    WorkerUnavailable,
+)
 from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
 from compass.worker.executor import Executor, TaskOutcome
 from compass.worker.gossip import Gossip
-from compass.worker.membership import Membership, Peer
+from compass.worker.membership import Membership, Peer, advertised_address
 from compass.worker.messages import (
     DoneMsg,
     FailedMsg,
@@ -55,11 +62,13 @@ from compass.worker.messages import (
     TaskMsg,
     decode,
 )
+from compass.worker.metrics import WorkerMetrics
 from compass.worker.state import (
     Answer,
     AskPlan,
     Cancel,
     Drop,
+    DropIngress,
     Enqueue,
     Event,
     PeerLost,
@@ -69,6 +78,7 @@ from compass.worker.state import (
     Submit,
     TaskDone,
     TaskFailed,
+    Undeliverable,
     WorkerCore,
 )
 from compass.worker.stats import WorkerStats, payload_bytes
@@ -107,6 +117,7 @@ class Worker:
         self.name = config.name
         self.address = ""
         self.stats = WorkerStats()
+        self.metrics = WorkerMetrics(self)
         self.started_at = time.monotonic()
         # Emulated workers live in the workload's time: a real second is 1/time_scale seconds of
         # it, so queue waits, plans and reported timings all read like the unscaled profiles.
@@ -128,6 +139,8 @@ class Worker:
             clock=self.clock,
             on_change=self._state_changed,
             host_lanes=config.host_lanes,
+            task_timeout_s=config.task_timeout_s,
+            max_stuck=config.max_stuck_tasks,
         )
         self.cache.on_change = self._state_changed
         self.router = self._make_router()
@@ -170,12 +183,17 @@ class Worker:
             view=self.gossip,
             host_lanes=self._host_lanes,
             max_jobs=self.config.max_jobs,
+            max_job_bytes=self.config.max_job_bytes,
             stats=self.stats,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
+        # read the certificates before opening anything: a bad file fails the start cleanly
+        server_tls = cfg.tls.server_context() if cfg.tls is not None else None
+        peer_tls = cfg.tls.client_context() if cfg.tls is not None else None
+        await self.metrics.start()  # first: a port taken fails the start with nothing open
         self._server = await serve(
             cfg.host,
             cfg.port,
@@ -186,6 +204,7 @@ class Worker:
             notify_handler=self.router.handle_notify,
             limits=cfg.limits,
             timeouts=cfg.timeouts,
+            ssl=server_tls,
         )
         host, port = self._server.address[:2]
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -193,7 +212,8 @@ class Worker:
             self._bind_name(default_worker_name(port))
         self.membership = Membership(
             name=self.name,
-            address=self.address,
+            # what peers are told: never a wildcard bind (0.0.0.0 advertises the host's address)
+            address=advertised_address(host, port, cfg.advertise_address),
             token=cfg.token,
             limits=cfg.limits,
             timeouts=cfg.timeouts,
@@ -201,6 +221,7 @@ class Worker:
             notify_handler=self.router.handle_notify,
             on_join=self._peer_joined,
             on_leave=self._peer_left,
+            ssl=peer_tls,
         )
         await self.cache.prepare()
         self._background = [
@@ -209,11 +230,19 @@ class Worker:
         ]
         for task in self._background:
             task.add_done_callback(self._background_done)
+        # lost peers are retried (from both sides) for as long as the worker runs
+        rejoin = asyncio.create_task(self.membership.run(), name=f"{self.name}-rejoin")
+        rejoin.add_done_callback(self._background_done)
+        self._background.append(rejoin)
         if cfg.join:
             try:
-                await self.membership.join(list(cfg.join))
-            except CompassError as exc:
-                log.warning("%s: could not join %s: %s", self.name, ", ".join(cfg.join), exc)
+                await self.membership.join(cfg.join, timeout_s=cfg.join_timeout_s)
+            except BaseException:
+                # no cluster to join (or this name is taken there): a worker alone would split
+                # it, so it stops, and the process exits with the error
+                await self.aclose()
+                raise
+        self.metrics.ready = True
 
     async def aclose(self) -> None:
         """Stop serving: in-flight requests are answered or failed, connections closed.
@@ -227,6 +256,10 @@ class Worker:
                 future.set_exception(
                     WorkerUnavailable(f"worker {self.name} is shutting down; job {job_id} lost")
                 )
+        await self.metrics.aclose()  # before the wire: probes fail while the rest closes
+        if self.membership is not None:
+            # peers forget a worker that leaves on purpose instead of retrying it for a day
+            self.membership.broadcast("leave", {"name": self.name})
         if self._server is not None:
             await self._server.aclose()
         if self.membership is not None:
@@ -277,6 +310,7 @@ class Worker:
         router.request("join")(self._on_join)
         router.request("plan")(self._on_plan)
         router.notify("heartbeat")(self._from_peers(self._on_heartbeat))
+        router.notify("leave")(self._from_peers(self._on_leave))
         for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
             router.notify(message.op)(self._on_peer_message(message.op))
         return router
@@ -295,7 +329,10 @@ class Worker:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "policy": self.policy.name,
             "emulate": self.config.emulate,
+            "advertised": "" if self.membership is None else self.membership.address,
             "peers": [] if self.membership is None else self.membership.describe(),
+            # peers lost and being retried (with backoff) until they answer again
+            "lost": [] if self.membership is None else self.membership.describe_lost(),
             # the workers this one can place tasks on (itself and every peer it has heard from)
             # and what its planner currently believes of each
             "cluster": self.gossip.describe(),
@@ -309,10 +346,13 @@ class Worker:
                 "host_ready": len(self.executor.host_queue),
                 "host_running": self.executor.host_busy,
                 "host_lanes": self.executor.host_lanes,
+                "stuck": self.executor.stuck,
+                "degraded": self.executor.degraded,
             },
             "jobs_in_flight": len(self.core.jobs),
             "cache": self.cache.snapshot(),
             "stats": self.stats.to_wire(),
+            "metrics": self.metrics.address or None,
         }
 
     def _on_trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
@@ -348,8 +388,21 @@ class Worker:
         self.gossip.changed()
 
     def _on_heartbeat(self, channel: Channel, body: Any) -> None:
+        # one of a peer that joined, of its current incarnation, counts (not one naming this
+        # worker, nor a stranger); a malformed one is dropped like any bad peer message
         assert self.membership is not None
-        self.gossip.on_heartbeat(channel, body, self.membership)
+        try:
+            self.gossip.on_heartbeat(channel, body, self.membership)
+        except CompassError as exc:
+            self.stats.messages_dropped += 1
+            log.warning("%s: dropped a malformed heartbeat from %s: %s", self.name,
+                        channel.peer_name, exc)  # fmt: skip
+
+    def _on_leave(self, channel: Channel, body: Any) -> None:
+        """A peer stopped on purpose: forget it (no retries), re-plan what it held."""
+        assert self.membership is not None
+        if isinstance(body, dict) and isinstance(body.get("name"), str):
+            self.membership.forget(body["name"], "it left the cluster")
 
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
@@ -361,7 +414,15 @@ class Worker:
 
     # -- the core: events in, instructions out --------------------------------------------------
     def _apply(self, event: Event) -> None:
-        """Feed ``event`` to the core and carry out what it says, in order."""
+        """Feed ``event`` to the core and carry out what it says, in order. Whatever goes
+        wrong here is logged and counted: no message and no task can stop the worker."""
+        try:
+            self._carry_out(event)
+        except Exception:
+            self.stats.internal_errors += 1
+            log.exception("%s: handling %s failed", self.name, type(event).__name__)
+
+    def _carry_out(self, event: Event) -> None:
         for step in self.core.handle(event):
             match step:
                 case Send():
@@ -370,6 +431,8 @@ class Worker:
                     self.executor.submit(step.entry)
                 case Drop():
                     self.executor.drop_job(step.job_id, step.below)
+                case DropIngress():
+                    self.executor.drop_ingress(step.ingress)
                 case Answer():
                     self._deliver(step)
                 case AskPlan():
@@ -384,7 +447,12 @@ class Worker:
         body = msg.to_wire()
         if isinstance(msg, TaskMsg):
             body["sent"] = time.time()  # the receiver derives the push's transfer time
-        channel.notify(msg.op, body)
+        try:
+            channel.notify(msg.op, body)
+        except Exception as exc:  # an output the wire cannot encode, or a channel just closed
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("%s: could not send %r to %s: %s", self.name, msg.op, worker, why)
+            self._apply(Undeliverable(self.clock(), worker, msg, why))
 
     def _deliver(self, answer: Answer) -> None:
         future = self._answers.get(answer.job_id)
@@ -395,6 +463,7 @@ class Worker:
                 future.set_result(answer.value)
         if answer.record:
             self.trace.append(dict(answer.record))
+            self.metrics.job_answered(answer.record, answer.error, waited=future is not None)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=f"{self.name}-{name}")
@@ -421,6 +490,9 @@ class Worker:
         if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
             raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
         inputs = body.get("inputs") or {}
+        key = body.get("key")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= 128):
+            raise InvalidInputs("a job key must be a string of 1 to 128 characters")
         job_id = self.core.new_job_id()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
@@ -438,7 +510,7 @@ class Worker:
             return await future
         finally:
             self._answers.pop(job_id, None)
-            if job_id in self.core.jobs:  # the client stopped waiting: drop the job everywhere
+            if not future.done() or future.cancelled():  # the client stopped waiting
                 self._apply(Cancel(self.clock(), job_id))
 
     async def _on_plan(self, channel: Channel, body: Any) -> dict[str, str]:
@@ -491,12 +563,14 @@ class Worker:
     def _task_finished(self, outcome: TaskOutcome) -> None:
         entry = outcome.entry
         self.stats.record(outcome)
+        self.metrics.task_finished(outcome)
         now = self.clock()
         if outcome.error is not None:
             error = outcome.error
-            self._apply(
-                TaskFailed(now, entry, f"{type(error).__name__}: {error}", outcome.error_text)
-            )
+            # compass's own verdicts keep their type for the client; a task's error is JobFailed
+            code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
+            text = f"{type(error).__name__}: {error}"
+            self._apply(TaskFailed(now, entry, text, outcome.error_text, code or JobFailed.code))
             return
         if not self.config.emulate:
             self.profiles.observe_exec(entry.workflow, entry.task, self.name, outcome.exec_s)

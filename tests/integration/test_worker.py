@@ -43,7 +43,9 @@ async def test_ping_and_status(worker_env: dict[str, str]) -> None:
 
 @pytest.mark.asyncio
 async def test_wrong_and_missing_token_rejected(worker_env: dict[str, str]) -> None:
-    async with LocalCluster(1, args=APP, env=worker_env, token="right-token") as cluster:
+    async with LocalCluster(
+        1, args=APP, env=worker_env, token="right-token-7f3a9c2e5b8d1f4a"
+    ) as cluster:
         address = cluster.addresses[0]
         with pytest.raises(AuthenticationError):
             async with Client(address, token="wrong-token") as client:
@@ -123,7 +125,7 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
         compass_argv("worker", "start", "--port", "0", "--name", "solo", *APP),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env={**worker_env, "COMPASS_TOKEN": "t0k"},
+        env={**worker_env, "COMPASS_TOKEN": "status-token-4e8b1d6a9c3f7e2b"},
         text=True,
     )
     try:
@@ -141,10 +143,10 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
                 timeout=30,
             )
 
-        ok = status(address, "--json", "--token", "t0k")
+        ok = status(address, "--json", "--token", "status-token-4e8b1d6a9c3f7e2b")
         assert ok.returncode == 0, ok.stderr
         assert json.loads(ok.stdout)["name"] == "solo"
-        human = status(address, "--token", "t0k")
+        human = status(address, "--token", "status-token-4e8b1d6a9c3f7e2b")
         assert human.returncode == 0, human.stderr
         assert "host lanes: 0 ready, 0 running of 1" in human.stdout
         assert "  solo: wait 0.0 ms" in human.stdout  # the view holds the worker itself
@@ -163,7 +165,7 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
 
 def test_compass_up_starts_and_stops_a_joined_cluster(worker_env: dict[str, str], tmp_path) -> None:
     proc = subprocess.Popen(
-        compass_argv("up", "--workers", "3", "--token", "up-token"),
+        compass_argv("up", "--workers", "3", "--token", "up-token-5c9e2a7d4b8f1e6a3d"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=worker_env,
@@ -177,7 +179,7 @@ def test_compass_up_starts_and_stops_a_joined_cluster(worker_env: dict[str, str]
         assert [line.split()[0] for line in lines] == ["w0", "w1", "w2"]
 
         async def peers() -> int:
-            async with Client(addresses[2], token="up-token") as client:
+            async with Client(addresses[2], token="up-token-5c9e2a7d4b8f1e6a3d") as client:
                 return len((await client.status())["peers"])
 
         assert asyncio.run(peers()) == 2
