@@ -43,7 +43,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
@@ -56,7 +56,15 @@ from compass.sched.replicas import model_demand, warm_order
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
-from compass.worker.messages import JOB_INPUTS, PeerMessage, PlanRequest, ResultMsg, TaskMsg
+from compass.worker.messages import (
+    JOB_INPUTS,
+    DoneMsg,
+    PeerMessage,
+    PlacedMsg,
+    PlanRequest,
+    ResultMsg,
+    TaskMsg,
+)
 from compass.worker.queue import QueuedTask, TaskQueue
 from compass.worker.state import (
     Answer,
@@ -442,13 +450,30 @@ class _Simulation:
             tasks = self.workload.workflows[msg.workflow].tasks
             profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
             nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
-            msg = replace(msg, plan=dict(msg.plan))
+            msg = TaskMsg(
+                msg.job,
+                msg.attempt,
+                msg.workflow,
+                msg.task,
+                msg.source,
+                msg.value,
+                dict(msg.plan),
+                msg.ingress,
+                msg.sent,
+                msg.t0,
+            )
         elif isinstance(msg, ResultMsg):
             job = self._jobs.get(msg.job)
             nbytes = (
                 _RPC_BYTES if job is None else job.workflow.tasks[msg.task].profile.output_bytes
             )
         else:
+            target = self.workers[self.positions[dst]]
+            if isinstance(msg, DoneMsg | PlacedMsg):
+                # bookkeeping that changes no simulated outcome (no simulated worker is ever
+                # lost): delivered after this event instead of through the heap
+                self._soon(self._deliver, (target, src.name, msg, 0.0))
+                return
             nbytes = _RPC_BYTES
         seconds = self.profiles.transfer_s(src.name, dst, nbytes)
         target = self.workers[self.positions[dst]]

@@ -217,17 +217,23 @@ class Executor:
             t0 = self._clock()
             if self._emulate or task.fn is None:
                 delay = task.profile.exec_ms / 1000.0 * self._time_scale
-                await asyncio.wait_for(asyncio.sleep(delay), timeout_s)
+                await asyncio.sleep(min(delay, timeout_s))
+                if delay > timeout_s:
+                    raise TimeoutError
                 outcome.output = emulated_output(task.profile.output_bytes)
             else:
                 module = None if lease is None else lease.module
                 work = self._threads.run(_call, task, module, entry.inputs)
+                # a timer, not wait_for + shield: those cost two more loop turns per task
+                timer = asyncio.get_running_loop().call_later(timeout_s, self._abandon, work, lease)
                 try:
-                    outcome.output = await asyncio.wait_for(asyncio.shield(work), timeout_s)
+                    outcome.output = await work
                 except TimeoutError:
-                    self._abandon(work, lease)
-                    lease = None  # released when the thread returns
+                    if work in self._threads.abandoned:
+                        lease = None  # released when the thread returns
                     raise
+                finally:
+                    timer.cancel()
             outcome.exec_s = self._clock() - t0
         except asyncio.CancelledError:
             raise
@@ -244,21 +250,22 @@ class Executor:
         return outcome
 
     def _abandon(self, work: asyncio.Future[Any], lease: Lease | None) -> None:
-        """A timed-out task's thread runs on: count it stuck until it returns, keeping its
-        model pinned (its module is in use) until then."""
-        self.stuck += 1
-        self._on_change()
-        log.warning("a task thread is stuck past its timeout (%d stuck)", self.stuck)
+        """A task ran past its timeout: its lane moves on (``work`` fails with TimeoutError),
+        its thread runs on, counted stuck until it returns and keeping its model pinned (its
+        module is in use) until then."""
+        if work.done():
+            return
 
-        def returned(done: asyncio.Future[Any]) -> None:
-            if not done.cancelled():
-                done.exception()  # retrieved: nobody awaits it any more
+        def returned() -> None:
             self.stuck -= 1
             if lease is not None:
                 lease.release()
             self._on_change()
 
-        work.add_done_callback(returned)
+        self._threads.abandon(work, returned)
+        self.stuck += 1
+        self._on_change()
+        log.warning("a task thread is stuck past its timeout (%d stuck)", self.stuck)
 
 
 class TaskThreads:
@@ -270,6 +277,15 @@ class TaskThreads:
         self._lock = threading.Lock()
         self._idle = 0
         self._count = 0
+        #: work given up on (timed out) -> what to call when its thread returns after all
+        self.abandoned: dict[asyncio.Future[Any], Callable[[], None]] = {}
+
+    def abandon(self, work: asyncio.Future[Any], returned: Callable[[], None]) -> None:
+        """Stop waiting for ``work`` (it fails with TimeoutError now); ``returned`` is called
+        on the loop when its thread is done with it."""
+        self.abandoned[work] = returned
+        work.set_exception(TimeoutError())
+        work.exception()  # retrieved: its awaiter may be gone
 
     def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` in a task thread; the future settles on the running loop."""
@@ -287,6 +303,18 @@ class TaskThreads:
         self._work.put((loop, future, fn, args))
         return future
 
+    def _settle(
+        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+    ) -> None:
+        returned = self.abandoned.pop(future, None)
+        if returned is not None:
+            returned()
+        elif not future.done():  # else cancelled: the worker is stopping
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
     def _serve(self) -> None:
         while True:
             loop, future, fn, args = self._work.get()
@@ -295,19 +323,10 @@ class TaskThreads:
             except BaseException as exc:  # _call turns user code's into Exceptions already
                 result, error = None, exc
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                loop.call_soon_threadsafe(self._settle, future, result, error)
             del loop, future, fn, args, result, error
             with self._lock:
                 self._idle += 1
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _nothing() -> None:

@@ -67,6 +67,9 @@ class WorkerMetrics:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
+        #: histograms are observed only when something can scrape them (``--metrics-port``):
+        #: four observations per task are a tenth of a tiny task's control-plane cost
+        self.enabled = worker.config.metrics_port is not None
         self.registry = CollectorRegistry()
         self.job_latency = Histogram(
             "compass_job_latency_seconds",
@@ -138,7 +141,10 @@ class WorkerMetrics:
         else:
             outcome = "failed" if waited else "cancelled"
         self.jobs[outcome] += 1
-        self.job_latency.labels(workflow, outcome).observe(latency)
+        if self.enabled:
+            self.job_latency.labels(workflow, outcome).observe(latency)
+        if outcome == "ok" and not log.isEnabledFor(logging.DEBUG):
+            return
         name = self._worker.name
         extra = {"worker": name, "job": job, "workflow": workflow, "outcome": outcome}
         if outcome == "failed":
@@ -151,20 +157,23 @@ class WorkerMetrics:
     def task_finished(self, outcome: TaskOutcome) -> None:
         """A task ended on this worker (ran, failed, timed out or was refused)."""
         entry = outcome.entry
-        key = (entry.workflow, entry.task)
-        children = self._task_children.get(key)
-        if children is None:
-            children = self._task_children[key] = (
-                self.task_latency.labels(*key),
-                self.task_exec.labels(*key),
-                self.queue_wait.labels(entry.workflow),
-                self.fetch_wait.labels(entry.workflow),
-            )
-        latency, exec_, queue, fetch = children
-        latency.observe(outcome.queue_s + outcome.fetch_s + outcome.exec_s)
-        exec_.observe(outcome.exec_s)
-        queue.observe(outcome.queue_s)
-        fetch.observe(outcome.fetch_s)
+        if self.enabled:
+            key = (entry.workflow, entry.task)
+            children = self._task_children.get(key)
+            if children is None:
+                children = self._task_children[key] = (
+                    self.task_latency.labels(*key),
+                    self.task_exec.labels(*key),
+                    self.queue_wait.labels(entry.workflow),
+                    self.fetch_wait.labels(entry.workflow),
+                )
+            latency, exec_, queue, fetch = children
+            latency.observe(outcome.queue_s + outcome.fetch_s + outcome.exec_s)
+            exec_.observe(outcome.exec_s)
+            queue.observe(outcome.queue_s)
+            fetch.observe(outcome.fetch_s)
+        if outcome.error is None and not log.isEnabledFor(logging.DEBUG):
+            return
         name = self._worker.name
         extra = {
             "worker": name,

@@ -391,12 +391,13 @@ class WorkerCore:
         if ev.key is not None:
             self._keys[ev.key] = job.job_id
         self.stats.jobs_submitted += 1
-        central = self.policy.planner(self.view.snapshot(ev.now))
+        view = self.view.snapshot(ev.now)
+        central = self.policy.planner(view)
         if central is not None and central != self.name:
             request = PlanRequest(job.job_id, workflow.name, self.name, job.input_bytes)
             self._out.append(AskPlan(central, request))
             return
-        self._first_attempt(job, None, ev.now)
+        self._first_attempt(job, None, ev.now, view)
 
     def _resubmitted(self, ev: Submit) -> bool:
         """A key this ingress knows: wait for its running job, or get its kept answer."""
@@ -418,10 +419,16 @@ class WorkerCore:
         if job is not None and not job.plan:
             self._first_attempt(job, ev.plan, ev.now)
 
-    def _first_attempt(self, job: IngressJob, plan: dict[str, str] | None, now: float) -> None:
+    def _first_attempt(
+        self,
+        job: IngressJob,
+        plan: dict[str, str] | None,
+        now: float,
+        view: ViewSnapshot | None = None,
+    ) -> None:
         try:
             if plan is None or set(plan) != set(job.workflow.tasks):
-                plan = self._plan_here(self._info(job), now)
+                plan = self._plan_here(self._info(job), now, view)
         except CompassError as exc:
             self._answer(job, now, error=exc)
             return
@@ -465,8 +472,13 @@ class WorkerCore:
     def _info(self, job: IngressJob) -> JobInfo:
         return JobInfo(job.job_id, job.workflow, self.name, job.input_bytes)
 
-    def _plan_here(self, info: JobInfo, now: float) -> dict[str, str]:
-        plan = self.policy.plan(info, self.view.snapshot(now), self.profiles, now)
+    def _plan_here(
+        self, info: JobInfo, now: float, view: ViewSnapshot | None = None
+    ) -> dict[str, str]:
+        """Plan on ``view`` (a fresh snapshot when None: nothing changed since it was taken)."""
+        if view is None:
+            view = self.view.snapshot(now)
+        plan = self.policy.plan(info, view, self.profiles, now)
         self._note_placements(info.workflow, plan, now)
         return plan
 
@@ -657,7 +669,8 @@ class WorkerCore:
     @staticmethod
     def _check_task(workflow: Workflow, msg: TaskMsg) -> None:
         """A task message must name a task of its workflow, one of its inputs, and a plan
-        that places every task: anything else would fail later, far from its cause."""
+        that places it and its successors: anything else would fail later, far from its
+        cause."""
         if msg.task not in workflow.tasks:
             raise ProtocolError(f"workflow {workflow.name!r} has no task {msg.task!r}")
         preds = workflow.preds(msg.task)
@@ -665,7 +678,9 @@ class WorkerCore:
             raise ProtocolError(f"task {msg.task!r} takes no input from {msg.source!r}")
         if msg.source == JOB_INPUTS and not isinstance(msg.value, dict):
             raise ProtocolError(f"the job inputs of root task {msg.task!r} are not a mapping")
-        missing = [t for t in workflow.tasks if t not in msg.plan]
+        # the entries this task's run will use: where it runs and where its output goes
+        needed = (msg.task, *workflow.succs(msg.task))
+        missing = [t for t in needed if not isinstance(msg.plan.get(t), str)]
         if missing:
             raise ProtocolError(f"the plan places no worker for {', '.join(missing)}")
 

@@ -25,7 +25,17 @@ PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper
 
 @pytest.fixture
 def worker() -> Worker:
-    return build_worker(WorkerConfig(name="w0", workload=PAPER))
+    # port 0 is never bound here (start() is not called): it only turns the histograms on
+    return build_worker(WorkerConfig(name="w0", workload=PAPER, metrics_port=0))
+
+
+def test_histograms_are_not_fed_when_nothing_can_scrape_them() -> None:
+    quiet = build_worker(WorkerConfig(name="w0", workload=PAPER))
+    assert not quiet.metrics.enabled
+    quiet.metrics.job_answered(record("w0-1", True), None, waited=True)
+    assert ("compass_job_latency_seconds_count", frozenset()) not in samples(quiet)
+    assert not any(name.startswith("compass_job_latency") and value for (name, _), value
+                   in samples(quiet).items())  # fmt: skip
 
 
 def samples(worker: Worker) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
