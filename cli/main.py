@@ -8,6 +8,7 @@ maps usage errors, :class:`CompassError` and ``OSError`` to that line.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -113,6 +114,16 @@ class LogFormat(StrEnum):
     json = "json"
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"compass: {_one_line(message)}", err=True)
     raise typer.Exit(code)
@@ -180,7 +191,8 @@ def worker_start(
         bool,
         typer.Option(
             envvar=_env("allow_weak_token"),
-            help="Accept a token under 128 bits of estimated entropy (a trusted network only).",
+            help="Accept a token under 128 bits of estimated entropy, or none on a non-loopback "
+            "address (a trusted network only).",
         ),
     ] = False,
     tls_cert: TlsCert = None,
@@ -354,8 +366,15 @@ def worker_start(
     from compass.security import check_token
     from compass.worker.process import run_worker
 
-    if token is not None:  # no token at all is its own choice (see docs/DEPLOY.md)
+    if token is not None:
         check_token(token, allow_weak=allow_weak_token)
+    elif not allow_weak_token and not _loopback(host):
+        # no token at all: anyone who reaches the address could run jobs and join as a peer
+        _fail(
+            f"a worker bound to {host} needs a cluster token (--token or COMPASS_TOKEN; "
+            "`compass token` makes one), or --allow-weak-token on a trusted network",
+            2,
+        )
     _logging(log_level, log_format)
     cache = CacheConfig(
         capacity_bytes=None if cache_mb is None else cache_mb * MiB,

@@ -94,3 +94,11 @@ def test_a_worker_with_a_weak_token_exits_2_with_one_line() -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "too weak" in lines[0] and "about 54 bits" in lines[0]
+
+
+def test_a_worker_on_a_non_loopback_address_needs_a_token() -> None:
+    done = _compass("worker", "start", "--host", "0.0.0.0", "--port", "0")  # no COMPASS_*
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "bound to 0.0.0.0 needs a cluster token" in lines[0]
