@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
 from compass.sched.cost import CostCache, WorkflowCosts, finish_row
-from compass.sched.view import ClusterView, ViewSnapshot
+from compass.sched.view import ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
@@ -685,21 +685,35 @@ def adjust_successors(
     return current
 
 
+class PlacementCounter(Protocol):
+    """What :func:`record_plan` counts placements in: a :class:`ClusterView`, or a worker
+    core's view port."""
+
+    def note_placement(
+        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+    ) -> None: ...
+
+
 def record_plan(
-    view: ClusterView,
+    view: PlacementCounter,
     job: JobInfo,
     plan: Mapping[str, str],
     profiles: Profiles,
     now: float,
     *,
     host_lanes: bool = False,
+    planner: str | None = None,
 ) -> None:
     """Count every task of a fresh plan in its worker's wait (:meth:`ClusterView.note_placement`),
     so the next job planned before the next heartbeats does not pile onto the same workers.
-    With ``host_lanes`` model-less tasks are not counted: they do not use the queue."""
+    With ``host_lanes`` model-less tasks are not counted: they do not use the queue. Tasks placed
+    on ``planner`` itself are not counted either: its own state is exact, and counting them too
+    would count them twice."""
     wf = job.workflow
     profiles.add_workflow(wf)
     for task, worker in plan.items():
+        if worker == planner:
+            continue
         model = wf.tasks[task].model
         if model is None and host_lanes:
             continue

@@ -43,7 +43,7 @@ from compass.errors import (
     WorkerUnavailable,
     error_from_wire,
 )
-from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors
+from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
 from compass.worker.jobs import Inbox, IngressJob
 from compass.worker.messages import (
     JOB_INPUTS,
@@ -479,22 +479,15 @@ class WorkerCore:
         if view is None:
             view = self.view.snapshot(now)
         plan = self.policy.plan(info, view, self.profiles, now)
-        self._note_placements(info.workflow, plan, now)
+        self._note_placements(info, plan, now)
         return plan
 
-    def _note_placements(self, workflow: Workflow, placed: Mapping[str, str], now: float) -> None:
-        """Count the tasks just placed on peers in their waits, so that the next job planned
-        before their heartbeats does not pile onto them. This worker's own state is exact;
-        model-less tasks on host lanes do not use the queue."""
-        for task, worker in placed.items():
-            if worker == self.name:
-                continue
-            model = workflow.tasks[task].model
-            if model is None and self.host_lanes:
-                continue
-            size = 0 if model is None else self.profiles.model_bytes(model)
-            seconds = self.profiles.exec_s(workflow.name, task, worker)
-            self.view.note_placement(worker, seconds, model, size, now)
+    def _note_placements(self, info: JobInfo, placed: Mapping[str, str], now: float) -> None:
+        """Count the tasks just placed on peers in their waits (:func:`record_plan`)."""
+        record_plan(
+            self.view, info, placed, self.profiles, now, host_lanes=self.host_lanes,
+            planner=self.name,
+        )  # fmt: skip
 
     def _live(self, job_id: str, attempt: int) -> IngressJob | None:
         """The unanswered job a report is about, if it is about its current attempt."""
@@ -627,7 +620,9 @@ class WorkerCore:
             self._check_task(workflow, msg)
         except CompassError as exc:
             self.stats.messages_dropped += 1
-            self._send_failed(msg.job, msg.attempt, msg.task, msg.ingress, exc, now)
+            self._report_failure(
+                msg.job, msg.attempt, msg.task, msg.ingress, now, str(exc), exc.code
+            )
             return
         entry = self.inbox.add(
             job_id=msg.job,
@@ -688,27 +683,25 @@ class WorkerCore:
         entry = ev.entry
         if self.is_done(entry.job_id, entry.attempt):
             return
-        self._out_failed(entry, ev.error, ev.traceback, ev.code, ev.now)
+        self._report_failure(
+            entry.job_id, entry.attempt, entry.task, entry.ingress, ev.now, ev.error, ev.code,
+            ev.traceback,
+        )  # fmt: skip
 
-    def _out_failed(
-        self, entry: QueuedTask, message: str, traceback: str, code: str, now: float
+    def _report_failure(
+        self,
+        job: str,
+        attempt: int,
+        task: str,
+        ingress: str,
+        now: float,
+        message: str,
+        code: str,
+        traceback: str = "",
     ) -> None:
-        failed = FailedMsg(
-            job=entry.job_id,
-            attempt=entry.attempt,
-            task=entry.task,
-            worker=self.name,
-            message=message,
-            traceback=traceback,
-            code=code,
-        )
-        self._send(entry.ingress, failed, now)
-
-    def _send_failed(
-        self, job: str, attempt: int, task: str, ingress: str, exc: CompassError, now: float
-    ) -> None:
-        msg = FailedMsg(job, attempt, task, self.name, str(exc), "", exc.code)
-        self._send(ingress, msg, now)
+        """Tell ``job``'s ingress that ``task`` failed here."""
+        failed = FailedMsg(job, attempt, task, self.name, message, traceback, code)
+        self._send(ingress, failed, now)
 
     def _task_done(self, ev: TaskDone) -> None:
         entry = ev.entry
@@ -726,7 +719,10 @@ class WorkerCore:
             try:
                 plan = self._adjust(workflow, entry, now)
             except CompassError as exc:
-                self._out_failed(entry, f"{type(exc).__name__}: {exc}", "", exc.code, now)
+                self._report_failure(
+                    entry.job_id, entry.attempt, entry.task, entry.ingress, now,
+                    f"{type(exc).__name__}: {exc}", exc.code,
+                )  # fmt: skip
                 return
         for succ in succs:
             msg = TaskMsg(
@@ -755,7 +751,7 @@ class WorkerCore:
         self.stats.moves += len(moved)
         for task, worker in moved.items():
             self._send(entry.ingress, PlacedMsg(entry.job_id, entry.attempt, task, worker), now)
-        self._note_placements(workflow, moved, now)
+        self._note_placements(info, moved, now)
         return adjusted
 
     def _undeliverable(self, ev: Undeliverable) -> None:
@@ -772,8 +768,7 @@ class WorkerCore:
         if self.is_done(msg.job, msg.attempt):
             return
         text = f"its output could not be sent to {ev.peer}: {ev.error}"
-        failed = FailedMsg(msg.job, msg.attempt, task, self.name, text, "", ProtocolError.code)
-        self._send(ingress, failed, ev.now)
+        self._report_failure(msg.job, msg.attempt, task, ingress, ev.now, text, ProtocolError.code)
 
     def _forget(self, job_id: str, below: int | None) -> None:
         """Messages of ``job_id`` (of attempts below ``below``; all when None) are stale now."""
