@@ -3,7 +3,8 @@
 The paper's evaluation (see ``docs/ARCHITECTURE.md`` and the workload's ``arrivals`` object)
 has one client per workflow submitting a job every ``mean_interval`` on average, under a
 uniform, a Poisson or a bursty gamma process. ``load`` scales every client's rate: load 2
-halves the mean interval.
+halves the mean interval. Workflows may differ in popularity: a client's ``weight`` divides
+its mean interval (the workload file's per-workflow ``weight``, default 1).
 
 Each client draws from its own random stream (spawned from the seed), so adding a workflow does
 not change the arrivals of the others, and the same seed always gives the same arrivals.
@@ -69,10 +70,12 @@ def job_arrivals(
     load: float = 1.0,
     cv: float = 1.0,
     seed: int = 0,
+    weights: Sequence[float] | None = None,
 ) -> list[Arrival]:
     """The first ``jobs`` arrivals of one client per workflow, merged by time.
 
-    Client ``i`` submits ``workflows[i]`` with mean interval ``mean_interval_s / load``; a
+    Client ``i`` submits ``workflows[i]`` with mean interval
+    ``mean_interval_s / (load * weights[i])`` (every weight 1 when ``weights`` is None); a
     uniform client starts at a random phase within its first interval (so clients do not
     submit in lockstep). Times are shifted so that the first job arrives at 0.
     """
@@ -84,12 +87,30 @@ def job_arrivals(
         raise ConfigError(f"jobs must be an integer >= 0, got {jobs!r}")
     if not load > 0 or not np.isfinite(load):
         raise ConfigError(f"load must be a finite number > 0, got {load!r}")
+    if weights is None:
+        rates = [1.0] * len(workflows)
+    else:
+        rates = list(weights)
+        if len(rates) != len(workflows):
+            raise ConfigError(
+                f"job_arrivals got {len(rates)} weights for {len(workflows)} workflows"
+            )
+        for name, weight in zip(workflows, rates, strict=True):
+            if (
+                not isinstance(weight, int | float)
+                or isinstance(weight, bool)
+                or not 0 < weight < np.inf
+            ):
+                raise ConfigError(
+                    f"workflow {name!r}: weight must be a finite number > 0, got {weight!r}"
+                )
     if jobs == 0:
         return []
-    mean_s = mean_interval_s / load
     streams = np.random.SeedSequence(seed).spawn(len(workflows))
     times: list[npt.NDArray[np.float64]] = []
-    for stream in streams:
+    for stream, rate in zip(streams, rates, strict=True):
+        # weight 1 divides by exactly 1.0: the arrivals of an unweighted call are unchanged
+        mean_s = mean_interval_s / load / rate
         rng = np.random.default_rng(stream)
         # a client contributes at most `jobs` of the first `jobs` merged arrivals
         gaps = interarrival_s(process, jobs, mean_s, cv, rng)

@@ -5,6 +5,10 @@ The format is the one of ``bench/workloads/paper.json``. Units: model sizes in M
 microseconds. Every object is converted to SI units (bytes, bytes/s, seconds) here, except the
 task profile times, which stay in ms as :class:`~compass.workflow.dag.TaskProfile` declares them.
 
+A workflow may carry a ``weight`` (a number > 0, default 1): how often its client submits
+relative to the others; its client's mean interval is ``mean_interval_ms_per_client / weight``
+(:attr:`Workload.weights`, which :func:`~compass.sim.arrivals.job_arrivals` takes).
+
 Every error is a :class:`~compass.errors.WorkflowError` naming the source and the key path of
 the offending field (``paper.json: workflows.vqa.tasks.embed.exec_ms: expected a number``).
 Keys the format does not know are ignored, except inside a task, where a misspelt key would
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -68,7 +72,8 @@ class ArrivalSpec:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """A parsed workload: ``models`` maps each model to its size in bytes."""
+    """A parsed workload: ``models`` maps each model to its size in bytes; ``weights`` each
+    workflow to its client's relative rate (a workflow missing from it has weight 1)."""
 
     name: str
     models: Mapping[str, int]
@@ -76,6 +81,12 @@ class Workload:
     cluster: ClusterSpec
     arrivals: ArrivalSpec
     about: str = ""
+    weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def weight_list(self) -> list[float]:
+        """The weights in workflow order, as :func:`~compass.sim.arrivals.job_arrivals` takes
+        them alongside ``list(workflows)``."""
+        return [self.weights.get(name, 1.0) for name in self.workflows]
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -108,8 +119,13 @@ def parse_workload(data: Mapping[str, Any], *, source: str = "workload") -> Work
     if not flows:
         raise reader.error("workflows", "no workflows")
     workflows: dict[str, Workflow] = {}
+    weights: dict[str, float] = {}
     for wf_name, wf_data in flows.items():
         workflows[wf_name] = _parse_workflow(reader, wf_name, wf_data, models, cluster)
+        entry = reader.obj(wf_data, f"workflows.{wf_name}")
+        weights[wf_name] = reader.number(
+            entry, "weight", f"workflows.{wf_name}", positive=True, default=1.0
+        )
     arrivals = _parse_arrivals(reader, top.get("arrivals"))
     return Workload(
         name=name,
@@ -118,6 +134,7 @@ def parse_workload(data: Mapping[str, Any], *, source: str = "workload") -> Work
         cluster=cluster,
         arrivals=arrivals,
         about=about,
+        weights=MappingProxyType(weights),
     )
 
 
