@@ -1,21 +1,24 @@
 """Every placement policy behind one interface, and :func:`make_policy` to pick one by name.
 
 Compass and its variants live in :mod:`compass.sched.planner`; the baselines the paper compares
-against live here: ``hash``, ``random``, ``round_robin``, ``jsq`` (the paper's JIT) and, through
-:class:`~compass.sched.planner.CompassPolicy` flags, ``heft``.
+against live here: ``hash``, ``random``, ``round_robin``, ``jsq`` (the paper's JIT), ``jit``
+(Cascade's JIT with model locality) and, through :class:`~compass.sched.planner.CompassPolicy`
+flags, ``heft``.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, WorkerUnavailable
-from compass.sched.cost import CostCache
+from compass.sched.cost import CostCache, WorkflowCosts, fetch_row
 from compass.sched.planner import (
     DEFAULT_ADJUST_THRESHOLD,
     TIE_S,
@@ -32,6 +35,7 @@ __all__ = [
     "POLICY_NAMES",
     "HashPolicy",
     "JoinShortestQueuePolicy",
+    "ModelLocalityPolicy",
     "RandomPolicy",
     "RoundRobinPolicy",
     "hash_worker",
@@ -48,6 +52,7 @@ POLICY_NAMES: tuple[str, ...] = (
     "random",
     "round_robin",
     "jsq",
+    "jit",
     "heft",
     "central",
 )
@@ -59,16 +64,20 @@ def make_policy(
     adjust_threshold: float = DEFAULT_ADJUST_THRESHOLD,
     seed: int = 0,
     host_lanes: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> Policy:
     """The policy called ``name`` (one of :data:`POLICY_NAMES`).
 
     ``adjust_threshold`` is Compass's keep-the-plan factor; ``seed`` seeds ``random``;
+    ``options`` changes ``compass``'s settings (:data:`VARIANT_OPTIONS`, for ablations);
     ``host_lanes`` tells Compass's planner that model-less tasks run off the GPU lanes (see
     :class:`~compass.sched.planner.CompassPolicy`). Policies with per-instance state
     (``round_robin``, ``random``, the cost caches) should be made once per worker and reused.
     """
     if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
         raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
+    if options:
+        return _compass_variant(name, adjust_threshold, host_lanes, options)
     t = adjust_threshold
     h = host_lanes
     if name == "compass":
@@ -99,7 +108,30 @@ def make_policy(
         return RoundRobinPolicy()
     if name == "jsq":
         return JoinShortestQueuePolicy()
+    if name == "jit":
+        return ModelLocalityPolicy()
     raise ConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+
+
+#: the :class:`CompassPolicy` settings ``make_policy(options=...)`` may change
+VARIANT_OPTIONS = frozenset(
+    {"use_load", "use_cache", "dynamic", "adjust_threshold", "oldest_job_first", "warms_cache"}
+)
+
+
+def _compass_variant(
+    name: str, threshold: float, host_lanes: bool, options: Mapping[str, Any]
+) -> Policy:
+    """``compass`` with some of its settings changed (for measuring each one's worth)."""
+    if name != "compass":
+        raise ConfigError(f"policy options apply to 'compass' only, not {name!r}")
+    unknown = sorted(set(options) - VARIANT_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"unknown compass option {unknown[0]!r}; known: {', '.join(sorted(VARIANT_OPTIONS))}"
+        )
+    settings: dict[str, Any] = {"adjust_threshold": threshold, **options}
+    return CompassPolicy(name, host_lanes=host_lanes, **settings)
 
 
 def worker_seed(seed: int, worker: str) -> int:
@@ -287,6 +319,126 @@ class JoinShortestQueuePolicy(_StaticPolicy):
         if job.workflow.is_join(task):
             return planned
         return _shortest(view.wait_s, view, planned)
+
+
+class ModelLocalityPolicy(JoinShortestQueuePolicy):
+    """Cascade's JIT with model locality, the paper's strongest baseline: ``jsq`` with the
+    shortest queue replaced by the cheapest start. A hash plan; then every non-join task, when
+    it becomes ready (roots at plan time, the others in :meth:`adjust`), goes to the worker
+    with the smallest::
+
+        wait(w) + fetch(w) + transfer(w)
+
+    ``fetch``: the model's host-to-device copy unless it is resident, loading or coming there
+    (compass's own pricing, :func:`~compass.sched.cost.fetch_row`: doubled where free cache
+    bytes are short, infinite where the cache is too small); ``transfer``: moving the task's
+    input from the worker holding it (a root's: the job's inputs, at the ingress). Ties go to
+    the task's current worker (the planned one), then the lowest index. Joins keep their
+    hashed worker. Everything else (FIFO queues, no cache warming, every task on the GPU
+    lanes) is ``jsq``'s, so the two differ only in counting model locality and transfers.
+    """
+
+    name = "jit"
+
+    def plan(
+        self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
+    ) -> dict[str, str]:
+        """See :class:`~compass.sched.planner.Policy`."""
+        wf = job.workflow
+        names = view.names
+        plan = {t: hash_worker(job.job_id, t, names) for t in wf.order}
+        costs = self._costs.get(wf, profiles, names)
+        ingress = [view.positions.get(job.ingress, -1)]
+        waits = view.wait_s
+        free = view.free_bytes
+        coming: dict[str, npt.NDArray[np.bool_]] = {}
+        last = len(wf.roots) - 1
+        for k, root in enumerate(wf.roots):
+            t = wf.index[root]
+            model = costs.models[t]
+            have = None if model is None else coming.get(model, view.holds(model))
+            root_bytes = job.input_bytes or costs.input_bytes[t]
+            cost = _start_cost(costs, t, ingress, [float(root_bytes)], waits, have, free, view)
+            j = _cheapest(cost, view.positions[plan[root]])
+            plan[root] = names[j]
+            if k == last:
+                break
+            # several roots start together: count each one where the next one looks
+            if waits is view.wait_s:
+                waits = waits.copy()
+            waits[j] += float(costs.exec_rows[t][j])
+            if have is not None and model is not None and not have[j]:
+                have = have.copy()
+                have[j] = True
+                coming[model] = have
+                if free is view.free_bytes:
+                    free = free.copy()
+                free[j] -= costs.model_bytes[t]
+        return plan
+
+    def adjust(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+    ) -> str:
+        """The cheapest start (see the class docstring) for a non-join task; the planned
+        worker for a join."""
+        planned = plan.get(task)
+        if planned is None or planned not in view.positions:
+            planned = hash_worker(job.job_id, task, view.names)
+        wf = job.workflow
+        if wf.is_join(task):
+            return planned
+        costs = self._costs.get(wf, profiles, view.names)
+        t = wf.index[task]
+        preds = costs.preds[t]
+        if preds:
+            order = wf.order
+            sources = [view.positions.get(plan.get(order[p], ""), -1) for p in preds]
+            nbytes = [costs.out_bytes[p] for p in preds]
+        else:
+            sources = [view.positions.get(job.ingress, -1)]
+            nbytes = [float(job.input_bytes or costs.input_bytes[t])]
+        model = costs.models[t]
+        have = None if model is None else view.holds(model)
+        cost = _start_cost(costs, t, sources, nbytes, view.wait_s, have, view.free_bytes, view)
+        return view.names[_cheapest(cost, view.positions[planned])]
+
+
+def _start_cost(
+    costs: WorkflowCosts,
+    t: int,
+    sources: list[int],
+    nbytes: list[float],
+    waits: npt.NDArray[np.float64],
+    have: npt.NDArray[np.bool_] | None,
+    free: npt.NDArray[np.int64],
+    view: ViewSnapshot,
+) -> npt.NDArray[np.float64]:
+    """``wait + fetch + transfer`` of task ``t`` on every worker: the inputs at ``sources``
+    (-1: outside the view) of ``nbytes`` each, the model where ``have`` says (None: none)."""
+    row = costs.transfer.row
+    # a task waits for its slowest input
+    cost = row(sources[0], nbytes[0], 0.0)
+    for src, size in zip(sources[1:], nbytes[1:], strict=True):
+        np.maximum(cost, row(src, size, 0.0), out=cost)
+    cost += waits
+    if have is not None:
+        cost += fetch_row(costs, t, have, free, view.capacity_bytes, view.min_capacity_bytes)
+    return cost
+
+
+def _cheapest(cost: npt.NDArray[np.float64], prefer: int) -> int:
+    """The index of the smallest ``cost``; ``prefer`` when it ties (or nothing is finite)."""
+    j = int(cost.argmin())
+    best = float(cost[j])
+    if best == math.inf or float(cost[prefer]) <= best + TIE_S:
+        return prefer
+    return j
 
 
 def _shortest(waits: npt.NDArray[np.float64], view: ViewSnapshot, prefer: str) -> str:

@@ -9,7 +9,8 @@ import pytest
 
 from compass.errors import ConfigError, WorkerUnavailable
 from compass.sched import POLICY_NAMES, JobInfo, ViewSnapshot, WorkerState, make_policy
-from compass.sched.policies import worker_seed
+from compass.sched.policies import hash_worker, worker_seed
+from compass.sim import job_arrivals, simulate
 from compass.workflow import Profiles, Task, TaskProfile, Workflow, load_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -62,7 +63,7 @@ def test_unknown_policy_names_the_valid_ones() -> None:
 
 def test_dynamic_flags() -> None:
     dynamic = {n for n in POLICY_NAMES if make_policy(n).dynamic}
-    assert dynamic == {"compass", "compass_nocache", "compass_noload", "central", "jsq"}
+    assert dynamic == {"compass", "compass_nocache", "compass_noload", "central", "jsq", "jit"}
 
 
 def test_an_empty_view_is_a_clear_error() -> None:
@@ -161,3 +162,175 @@ def test_every_worker_draws_its_own_random_sequence() -> None:
         for w in ("w0", "w1")
     ]
     assert plans[0] != plans[1]
+
+
+# jit: r -> x with a model; r -> y -> z without, y's output 1 GB; a join of x and z
+LOCAL = Workflow(
+    "local",
+    [
+        Task("r", "m", (), TaskProfile(100.0, 10, 10)),
+        Task("x", "m2", ("r",), TaskProfile(100.0, 10)),
+        Task("y", None, ("r",), TaskProfile(100.0, GB)),
+        Task("z", None, ("y",), TaskProfile(100.0, 10)),
+        Task("j", None, ("x", "z"), TaskProfile(1.0, 10)),
+    ],
+)
+
+
+def local_profiles() -> Profiles:
+    # a 1 GB model takes 1 s to fetch; moving 1 GB between GPUs takes 3 s (net, d2h, h2d)
+    return Profiles(
+        h2d_bytes_per_s=1e9,
+        net_bytes_per_s=1e9,
+        net_fixed_s=1e-6,
+        model_sizes={"m": GB, "m2": GB},
+        workflows=[LOCAL],
+    )
+
+
+def local_view(
+    waits: list[float], m2_on: set[int], m_on: frozenset[int] = frozenset()
+) -> ViewSnapshot:
+    return ViewSnapshot.build(
+        WorkerState(
+            f"w{i}",
+            w,
+            frozenset({"m2"} if i in m2_on else set()) | ({"m"} if i in m_on else set()),
+            2 * GB,
+            4 * GB,
+        )
+        for i, w in enumerate(waits)
+    )
+
+
+def test_jit_follows_the_model_unless_the_queue_costs_more_than_the_fetch() -> None:
+    policy = make_policy("jit")
+    profiles = local_profiles()
+    info = JobInfo("job", LOCAL, "w0", 0)
+    plan = dict.fromkeys(LOCAL.order, "w3")
+    plan["r"] = "w0"
+    # w1 holds m2 and waits 0.5 s longer than w2: cheaper than w2's 1 s fetch
+    view = local_view([3.0, 2.5, 2.0, 4.0], m2_on={1})
+    assert policy.adjust(info, "x", plan, view, profiles, 0.0) == "w1"
+    assert make_policy("jsq").adjust(info, "x", plan, view, profiles, 0.0) == "w2"
+    # 1.5 s longer: more than the fetch, so the shortest queue wins
+    view = local_view([3.0, 3.5, 2.0, 4.0], m2_on={1})
+    assert policy.adjust(info, "x", plan, view, profiles, 0.0) == "w2"
+    # a tie keeps the current worker: w3 holds m2 too and waits as long as w1
+    view = local_view([3.0, 2.5, 2.0, 2.5], m2_on={1, 3})
+    assert policy.adjust(info, "x", plan, view, profiles, 0.0) == "w3"
+    # the 1 GB input stays where it is (3 s to move) though w2's queue is 1 s shorter
+    view = local_view([3.0, 2.5, 2.0, 4.0], m2_on={1})
+    plan["y"] = "w0"
+    assert policy.adjust(info, "z", plan, view, profiles, 0.0) == "w0"
+    assert make_policy("jsq").adjust(info, "z", plan, view, profiles, 0.0) == "w2"
+    # joins stay where they were planned, whatever the queues
+    assert policy.adjust(info, "j", plan, view, profiles, 0.0) == "w3"
+
+
+def test_jit_never_picks_a_worker_too_small_for_the_model() -> None:
+    policy = make_policy("jit")
+    profiles = local_profiles()
+    states = [
+        WorkerState("w0", 5.0, frozenset(), 2 * GB, 4 * GB),
+        WorkerState("w1", 0.0, frozenset(), GB // 2, GB // 2),
+    ]
+    view = ViewSnapshot.build(states)
+    info = JobInfo("job", LOCAL, "w0", 0)
+    plan = dict.fromkeys(LOCAL.order, "w1")
+    assert policy.adjust(info, "x", plan, view, profiles, 0.0) == "w0"
+
+
+def test_jit_hashes_the_plan_as_hash_does_and_places_roots_by_locality() -> None:
+    policy = make_policy("jit")
+    profiles = local_profiles()
+    even = local_view([1.0] * 4, m2_on=set())
+    for k in range(20):
+        # the ingress outside the view and equal queues: nothing to choose between
+        info = JobInfo(f"j{k}", LOCAL, "client", 0)
+        assert policy.plan(info, even, profiles, 0.0) == make_policy("hash").plan(
+            info, even, profiles, 0.0
+        )
+    # the root's model on w2: it goes there; every other task keeps its hashed worker
+    view = local_view([1.0, 1.0, 1.2, 0.5], m2_on=set(), m_on=frozenset({2}))
+    for k in range(20):
+        info = JobInfo(f"j{k}", LOCAL, "client", 0)
+        plan = policy.plan(info, view, profiles, 0.0)
+        hashed = make_policy("hash").plan(info, view, profiles, 0.0)
+        assert plan["r"] == "w2"
+        assert {t: w for t, w in plan.items() if t != "r"} == {
+            t: w for t, w in hashed.items() if t != "r"
+        }
+
+
+def test_jit_only_chooses_workers_in_the_view() -> None:
+    policy = make_policy("jit")
+    profiles = local_profiles()
+    view = local_view([1.0, 1.0, 1.0, 1.0], m2_on=set())
+    info = JobInfo("job", LOCAL, "gone", 0)
+    plan = dict.fromkeys(LOCAL.order, "gone")
+    # the input and the planned worker are both outside the view: the hashed worker in it
+    for task in ("x", "y", "z", "j"):
+        expected = hash_worker("job", task, view.names)
+        assert policy.adjust(info, task, plan, view, profiles, 0.0) == expected
+    # a model that only the departed worker held is fetched anew, wherever is cheapest
+    view = local_view([2.0, 1.0, 3.0, 4.0], m2_on=set())
+    assert policy.adjust(info, "x", plan, view, profiles, 0.0) == "w1"
+    assert policy.plan(info, view, profiles, 0.0)["r"] == "w1"
+
+
+def test_jit_counts_earlier_roots_where_the_next_one_looks() -> None:
+    wf = Workflow(
+        "two_roots",
+        [
+            Task("a", "m", (), TaskProfile(1000.0, 10)),
+            Task("b", "m", (), TaskProfile(1000.0, 10)),
+            Task("j", None, ("a", "b"), TaskProfile(1.0, 10)),
+        ],
+    )
+    profiles = Profiles(
+        h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, model_sizes={"m": GB}, workflows=[wf]
+    )
+    # w0 holds m: a goes there; b then sees w0 busy 1 s longer, and w1 (1 s fetch, 0.5 s
+    # shorter queue) is cheaper
+    view = ViewSnapshot.build(
+        [
+            WorkerState("w0", 0.5, frozenset({"m"}), GB, 4 * GB),
+            WorkerState("w1", 0.0, frozenset(), 2 * GB, 4 * GB),
+        ]
+    )
+    plan = make_policy("jit").plan(JobInfo("job", wf, "client", 0), view, profiles, 0.0)
+    assert sorted([plan["a"], plan["b"]]) == ["w0", "w1"]
+
+
+def test_jit_and_jsq_finish_every_paper_job_in_the_simulator() -> None:
+    arrivals = job_arrivals(
+        list(WORKLOAD.workflows),
+        200,
+        process="poisson",
+        mean_interval_s=WORKLOAD.arrivals.mean_interval_ms_per_client / 1000.0,
+        seed=0,
+    )
+    results = {
+        name: simulate(WORKLOAD, workers=5, policy=name, arrivals=arrivals, seed=0)
+        for name in ("jsq", "jit")
+    }
+    for result in results.values():
+        summary = result.summary()
+        assert summary["completed"] == 200
+        assert summary["failed"] == 0
+    # following the models loads about a tenth of jsq's bytes (seeds 0, 1, 2: 65 GB vs 614 GB)
+    assert results["jit"].model_bytes_loaded <= results["jsq"].model_bytes_loaded
+
+
+def test_compass_options_change_its_settings_and_bad_ones_are_refused() -> None:
+    from compass.sched.planner import CompassPolicy
+
+    policy = make_policy("compass", options={"oldest_job_first": False, "adjust_threshold": 1.5})
+    assert isinstance(policy, CompassPolicy)
+    assert policy.oldest_job_first is False and policy.adjust_threshold == 1.5
+    assert make_policy("compass").oldest_job_first is True
+    with pytest.raises(ConfigError, match="unknown compass option 'colour'"):
+        make_policy("compass", options={"colour": "red"})
+    with pytest.raises(ConfigError, match="'compass' only"):
+        make_policy("jsq", options={"dynamic": False})
