@@ -588,11 +588,7 @@ class ModelCache:
 
     def _start_load(self, name: str, plan: LoadPlan, *, prefetch: bool) -> asyncio.Task[None]:
         handle = self._core.begin_load(name, plan, prefetch=prefetch)
-        for victim in plan.evict:
-            self._modules.pop(victim, None)
-            size = self._core.size_bytes(victim)
-            log.info("evicted model %s (%d bytes) to load %s", victim, size, name,
-                     extra={"model": victim, "bytes": size})  # fmt: skip
+        self._drop_modules(plan.evict, name)
         task = asyncio.get_running_loop().create_task(
             self._load(name, handle), name=f"compass-cache-load-{name}"
         )
@@ -613,39 +609,102 @@ class ModelCache:
 
     async def _load(self, name: str, handle: SlabHandle) -> None:
         try:
-            if name in self._real:
-                work = asyncio.ensure_future(asyncio.to_thread(self._copy_and_build, name, handle))
-                try:
-                    seconds, module = await asyncio.shield(work)
-                except asyncio.CancelledError:
-                    # the copy thread cannot be interrupted: free its slabs only once it stops
-                    work.add_done_callback(lambda done: self._abandon(name, done))
-                    raise
-                self._modules[name] = module
-            else:
-                seconds = self._core.size_bytes(name) / self._h2d if self._h2d else 0.0
-                await asyncio.sleep(seconds * self._time_scale)
+            seconds = await self._copy(name, handle, abandoned=lambda: self._abort(name))
         except asyncio.CancelledError:
-            if name in self._real:
-                raise  # _abandon aborts once the thread is done
+            if name not in self._real:
+                self._abort(name)  # a real copy is aborted once its thread is done
+            raise
+        except CompassError:
             self._abort(name)
             raise
         except Exception as exc:
             self._abort(name)
-            if isinstance(exc, CompassError):
-                raise
-            raise CacheError(f"loading model {name!r} failed: {exc!r}") from exc
+            raise _load_error(name, exc) from exc
         self._core.finish_load(name, seconds)
-        size = self._core.size_bytes(name)
-        log.info("loaded model %s: %d bytes in %.3f s", name, size, seconds,
-                 extra={"model": name, "bytes": size, "seconds": seconds})  # fmt: skip
+        self._loaded(name, seconds)
         del self._inflight[name]
         self._notify()
 
-    def _abandon(self, name: str, done: asyncio.Future[Any]) -> None:
+    async def _copy(
+        self, name: str, handle: SlabHandle, abandoned: Callable[[], None] | None = None
+    ) -> float:
+        """Fill ``name``'s slabs: copy a real model's weights in a thread and build its module,
+        or wait the emulated load time. Returns the seconds the copy took. Cancelled while a
+        thread copies, ``abandoned`` is called once that thread is done with the slabs."""
+        if name not in self._real:
+            seconds = self._core.size_bytes(name) / self._h2d if self._h2d else 0.0
+            await asyncio.sleep(seconds * self._time_scale)
+            return seconds
+        work = asyncio.ensure_future(asyncio.to_thread(self._copy_and_build, name, handle))
+        try:
+            seconds, module = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # the copy thread cannot be interrupted: its slabs are free only once it stops
+            work.add_done_callback(lambda done: self._thread_done(done, abandoned))
+            raise
+        self._modules[name] = module
+        return seconds
+
+    def _loaded(self, name: str, seconds: float) -> None:
+        size = self._core.size_bytes(name)
+        log.info("loaded model %s: %d bytes in %.3f s", name, size, seconds,
+                 extra={"model": name, "bytes": size, "seconds": seconds})  # fmt: skip
+
+    # -- loads the worker core decides ------------------------------------------------------
+
+    def fetch(
+        self,
+        name: str,
+        evicted: Sequence[str],
+        done: Callable[[str, float | CompassError], None],
+    ) -> None:
+        """Carry out a load the worker core began on :attr:`core` (its slabs allocated,
+        ``evicted`` gone to make room): copy the weights, then ``done(name, seconds)`` on the
+        loop, or ``done(name, error)`` when the load failed (the core frees the slabs)."""
+        self._check_open()
+        self._drop_modules(evicted, name)
+        handle = self._core.handle(name)
+        if handle is None:
+            raise CacheError(f"model {name!r} has no load under way to carry out")
+        task = asyncio.get_running_loop().create_task(
+            self._fetch(name, handle, done), name=f"compass-cache-load-{name}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(
+        self, name: str, handle: SlabHandle, done: Callable[[str, float | CompassError], None]
+    ) -> None:
+        try:
+            seconds = await self._copy(name, handle)
+        except asyncio.CancelledError:
+            raise  # the worker is stopping: nobody waits for this load
+        except Exception as exc:
+            self._modules.pop(name, None)
+            log.warning("loading model %s failed: %s", name, exc)
+            done(name, _load_error(name, exc))
+            return
+        self._loaded(name, seconds)
+        done(name, seconds)
+
+    def module(self, name: str) -> nn.Module | None:
+        """The module of a resident real model (None for an emulated one)."""
+        return self._modules.get(name)
+
+    def _drop_modules(self, evicted: Sequence[str], loading: str) -> None:
+        """Evicted models' modules go: their slabs now belong to ``loading``."""
+        for victim in evicted:
+            self._modules.pop(victim, None)
+            size = self._core.size_bytes(victim)
+            log.info("evicted model %s (%d bytes) to load %s", victim, size, loading,
+                     extra={"model": victim, "bytes": size})  # fmt: skip
+
+    @staticmethod
+    def _thread_done(done: asyncio.Future[Any], abandoned: Callable[[], None] | None) -> None:
         if not done.cancelled():
             done.exception()  # retrieved so asyncio does not report it as lost
-        self._abort(name)
+        if abandoned is not None:
+            abandoned()
 
     def _abort(self, name: str) -> None:
         self._core.abort_load(name)
@@ -679,3 +738,10 @@ class ModelCache:
             for key, spec in specs.items()
         }
         return seconds, model._assemble(views)
+
+
+def _load_error(name: str, exc: Exception) -> CompassError:
+    """A failed load as compass's error (a CompassError keeps its type)."""
+    if isinstance(exc, CompassError):
+        return exc
+    return CacheError(f"loading model {name!r} failed: {exc!r}")

@@ -289,18 +289,24 @@ class CacheCore:
         return self._plan(name, upcoming, protect_before)
 
     def prefetch_candidate(
-        self, upcoming: Sequence[str], depth: int
+        self, upcoming: Sequence[str], depth: int, *, evict: bool = True
     ) -> tuple[str, LoadPlan] | None:
         """The model to prefetch, and its plan, or None.
 
         Scans the first ``depth`` entries of ``upcoming`` for the first model neither resident
         nor loading. It is the candidate if it fits by evicting only models needed later than
-        it or not at all; otherwise None (as in the paper, the scan stops there: loading a
-        later model would take slabs the earlier one needs).
+        it or not at all (``evict=False``, the paper's rule: only into free slabs); otherwise
+        None (as in the paper, the scan stops there: loading a later model would take slabs
+        the earlier one needs).
         """
         for position, name in enumerate(upcoming[: max(depth, 0)]):
             if name in self._state.entries:
                 continue
+            if not evict:
+                layout = self.layout(name)
+                if not self._pool.can_alloc(layout):
+                    return None
+                return name, LoadPlan(name, (), layout.total_slabs, 0, False)
             try:
                 plan = self._plan(name, upcoming, position)
             except ModelTooLarge:

@@ -119,28 +119,16 @@ class ClusterState:
                 self._dirty = False
             self._tick = tick
 
-    def queue_push(self, worker: int, expected_s: float) -> None:
-        """A task of ``expected_s`` joined ``worker``'s queue."""
-        self.queued[worker] += expected_s
-        self._dirty = True
-
-    def queue_set(self, worker: int, queued_s: float) -> None:
-        """Tasks left ``worker``'s queue without running: ``queued_s`` is what it holds now."""
+    def queue_changed(self, worker: int, queued_s: float, run_ends: Sequence[float]) -> None:
+        """``worker``'s queue holds ``queued_s`` expected seconds, and its lanes run tasks
+        expected to end at ``run_ends`` (the worker core's :class:`TaskQueue`, read after each
+        event: the published wait equals the real one)."""
+        row = self.run_end[worker]
+        if self.queued[worker] == queued_s and _same_ends(row, run_ends):
+            return
         self.queued[worker] = queued_s
-        self._dirty = True
-
-    def queue_pop(
-        self, worker: int, expected_s: float, lane: int, ends: float, empty: bool
-    ) -> None:
-        """A lane took a task (expected to end at ``ends``); ``empty``: the queue is now."""
-        # the same arithmetic as TaskQueue.pop, so the published wait equals the real one
-        self.queued[worker] = 0.0 if empty else max(0.0, self.queued[worker] - expected_s)
-        self.run_end[worker, lane] = ends
-        self._dirty = True
-
-    def lane_free(self, worker: int, lane: int) -> None:
-        """``lane`` of ``worker`` finished its task."""
-        self.run_end[worker, lane] = 0.0
+        row[:] = 0.0  # an idle lane: no time left
+        row[: len(run_ends)] = run_ends
         self._dirty = True
 
     def cache_changed(
@@ -244,3 +232,9 @@ class ClusterState:
         wait.setflags(write=False)
         self._published = (q, wait, cap)
         return self._published
+
+
+def _same_ends(row: FloatArray, ends: Sequence[float]) -> bool:
+    """Whether the lanes' ``row`` already holds ``ends`` (in order, the rest idle)."""
+    n = len(ends)
+    return all(row[i] == (ends[i] if i < n else 0.0) for i in range(len(row)))

@@ -1,24 +1,21 @@
-"""Execution lanes: each lane takes the next ready task, makes its model resident and pinned,
-runs it off the event loop, and reports the outcome.
+"""Running tasks: the code of each task the worker core starts (a
+:class:`~compass.worker.lanes.RunTask`), off the event loop, under its timeout.
 
-With ``host_lanes=0`` (the paper's execution model) the GPU lanes (``lanes``) run every task,
-so a model-less task (a join that aggregates, a decoding step) waits for the GPU like any
-other. With ``host_lanes`` > 0 (a worker's default is 1), model-less tasks go to a queue of
-their own served by that many host lanes, and never wait behind a GPU task (nor hold one up).
+Which task runs when, on which lane, and with which model resident is the worker core's
+decision (:mod:`compass.worker.lanes`); this module carries it out and reports the outcome.
 
 Real mode calls the task's function with its torch module under ``torch.inference_mode()`` in a
 thread. Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a
-payload of the declared output size; model loads are emulated by the cache. Everything else (the
-queue, the pool, the cache decisions, the wire) is the real code in both modes.
+payload of the declared output size. Everything else (the queue, the pool, the cache decisions,
+the wire) is the real code in both modes.
 
-Nothing a task does stops its lane: an exception, ``sys.exit()`` or any other ``BaseException``
-from user code becomes the task's error. A task past its timeout (its ``timeout_ms``, else the
-worker's ``task_timeout_s``) fails with :class:`~compass.errors.CompassTimeout` and its lane
-moves on at once; the thread, which Python cannot interrupt, is abandoned and keeps the model
-pinned until it returns. Task threads are daemon threads, so a stuck one never holds up the
-worker's exit. Past ``max_stuck`` such threads the worker is *degraded*: it runs no more GPU
-work (tasks with a model fail with :class:`~compass.errors.WorkerUnavailable`) and its
-heartbeats say so, so planners send their work elsewhere.
+Nothing a task does stops the worker: an exception, ``sys.exit()`` or any other
+``BaseException`` from user code becomes the task's error. A task past its timeout (its
+``timeout_ms``, else the worker's ``task_timeout_s``) fails with
+:class:`~compass.errors.CompassTimeout` at once, reported as still running: the thread, which
+Python cannot interrupt, is abandoned and keeps its model pinned until it returns (then
+``on_returned``). Task threads are daemon threads, so a stuck one never holds up the worker's
+exit.
 """
 
 from __future__ import annotations
@@ -36,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from compass.cache.models import Lease, ModelCache
-from compass.errors import CompassTimeout, WorkerUnavailable
-from compass.worker.queue import QueuedTask, TaskQueue
+from compass.errors import CompassTimeout
+from compass.worker.lanes import RunTask
+from compass.worker.queue import QueuedTask
 from compass.workflow.dag import Task
 
-__all__ = ["Executor", "TaskAborted", "TaskOutcome", "TaskThreads", "emulated_output"]
+__all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
 
 log = logging.getLogger("compass.worker")
 
@@ -79,142 +76,67 @@ class TaskOutcome:
     fetch_s: float = 0.0
     exec_s: float = 0.0
     cache_hit: bool = True
+    #: abandoned past its timeout, its thread still runs (it keeps its model pinned)
+    still_running: bool = False
 
 
-class Executor:
-    """``lanes`` concurrent runners over one :class:`TaskQueue` (GPU lanes), and
-    ``host_lanes`` over another for model-less tasks (none: they use the GPU lanes)."""
+class TaskRunner:
+    """Runs the tasks the worker core starts; reports each outcome to ``on_outcome``.
+
+    ``module_of`` gives a resident model's module (the core pinned it for the task).
+    """
 
     def __init__(
         self,
         *,
-        lanes: int,
-        cache: ModelCache,
         lookup: Callable[[str, str], Task],
+        module_of: Callable[[str], Any],
         emulate: bool,
         time_scale: float,
         on_outcome: Callable[[TaskOutcome], None],
+        on_returned: Callable[[QueuedTask], None],
         clock: Callable[[], float] = time.monotonic,
-        prefetch: bool = True,
-        on_change: Callable[[], None] | None = None,
-        host_lanes: int = 0,
         task_timeout_s: float = 300.0,
-        max_stuck: int = 4,
     ) -> None:
-        self.queue = TaskQueue(clock)
-        self._clock = clock
-        self.lanes = lanes
-        self.busy = 0
-        #: model-less tasks when host lanes run them (else unused and empty)
-        self.host_queue = TaskQueue(clock)
-        self.host_lanes = host_lanes
-        self.host_busy = 0
-        self._host_ready = asyncio.Semaphore(0)
-        self._cache = cache
         self._lookup = lookup
+        self._module_of = module_of
         self._emulate = emulate
         self._time_scale = time_scale
         self._on_outcome = on_outcome
-        self._prefetch = prefetch
-        self._ready = asyncio.Semaphore(0)
-        #: called when the queue's expected wait changes (a task queued, finished or dropped)
-        self._on_change = on_change or _nothing
+        self._on_returned = on_returned
+        self._clock = clock
         self._task_timeout_s = task_timeout_s
-        self._max_stuck = max_stuck
         self._threads = TaskThreads()
-        #: task threads abandoned past their timeout and still running
-        self.stuck = 0
+        self._running: set[asyncio.Task[None]] = set()
 
-    @property
-    def degraded(self) -> bool:
-        """Too many stuck task threads: no more GPU work here (see the module docstring)."""
-        return self.stuck >= self._max_stuck
-
-    def submit(self, entry: QueuedTask) -> None:
-        if entry.model is None and self.host_lanes:
-            self.host_queue.push(entry)
-            self._host_ready.release()
-            return  # the GPU queue, the only one a heartbeat reports, is unchanged
-        self.queue.push(entry)
-        self._ready.release()
-        self._on_change()
-        if self._prefetch and self.busy >= self.lanes:
-            # every lane is busy: use the time to bring in what the queue needs next
-            self._cache.prefetch(self.queue.upcoming_models())
-
-    def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
-        return self._drop(
-            lambda e: e.job_id == job_id and (below_attempt is None or e.attempt < below_attempt)
+    def start(self, run: RunTask) -> None:
+        """Run ``run.entry`` now (needs a running event loop)."""
+        task = asyncio.get_running_loop().create_task(
+            self._run(run), name=f"compass-task-{run.entry.task}"
         )
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
-    def drop_ingress(self, ingress: str) -> int:
-        """Drop the queued tasks of every job whose ingress is ``ingress``."""
-        return self._drop(lambda e: e.ingress == ingress)
+    async def aclose(self) -> None:
+        """Stop waiting for the tasks under way (their threads are abandoned)."""
+        for task in self._running:
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
 
-    def _drop(self, stale: Callable[[QueuedTask], bool]) -> int:
-        dropped = len(self.queue.drop(stale))
-        if dropped:
-            self._on_change()
-        return dropped + len(self.host_queue.drop(stale))
-
-    async def run(self) -> None:
-        """Run the lanes until cancelled."""
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self.lanes):
-                group.create_task(self._lane())
-            for _ in range(self.host_lanes):
-                group.create_task(self._lane(host=True))
-
-    async def _lane(self, host: bool = False) -> None:
-        queue, ready = (self.host_queue, self._host_ready) if host else (self.queue, self._ready)
-        while True:
-            await ready.acquire()
-            entry = queue.pop()
-            if entry is None:  # its job was dropped while it waited
-                continue
-            self._count(host, 1)
-            try:
-                outcome = await self._run_one(
-                    entry, refuse=self.degraded and entry.model is not None
-                )
-            finally:
-                self._count(host, -1)
-                queue.finish(entry)
-            if not host:
-                self._on_change()
-            try:
-                self._on_outcome(outcome)
-            except Exception:  # a bug in reporting one task must not end the lane
-                log.exception("reporting the outcome of task %r failed", entry.task)
-
-    def _count(self, host: bool, delta: int) -> None:
-        if host:
-            self.host_busy += delta
-        else:
-            self.busy += delta
-
-    async def _run_one(self, entry: QueuedTask, refuse: bool = False) -> TaskOutcome:
-        outcome = TaskOutcome(entry, queue_s=entry.started_at - entry.enqueued_at)
-        if refuse:
-            outcome.error = WorkerUnavailable(
-                f"this worker has {self.stuck} stuck tasks (timed out, still running) and "
-                "takes no more GPU work"
-            )
-            return outcome
+    async def _run(self, run: RunTask) -> None:
+        entry = run.entry
+        outcome = TaskOutcome(
+            entry,
+            queue_s=entry.started_at - entry.enqueued_at,
+            fetch_s=run.fetch_s,
+            cache_hit=run.hit is not False,
+        )
         task = self._lookup(entry.workflow, entry.task)
         timeout_s = (
             task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
         ) * self._time_scale
-        lease: Lease | None = None
+        t0 = self._clock()
         try:
-            if task.model is not None:
-                t0 = self._clock()
-                lease = await self._cache.ensure(task.model, self.queue.upcoming_models())
-                outcome.fetch_s = self._clock() - t0
-                outcome.cache_hit = lease.hit
-            if self._prefetch:
-                self._cache.prefetch(self.queue.upcoming_models())
-            t0 = self._clock()
             if self._emulate or task.fn is None:
                 delay = task.profile.exec_ms / 1000.0 * self._time_scale
                 await asyncio.sleep(min(delay, timeout_s))
@@ -222,21 +144,18 @@ class Executor:
                     raise TimeoutError
                 outcome.output = emulated_output(task.profile.output_bytes)
             else:
-                module = None if lease is None else lease.module
+                module = None if entry.model is None else self._module_of(entry.model)
                 work = self._threads.run(_call, task, module, entry.inputs)
                 # a timer, not wait_for + shield: those cost two more loop turns per task
-                timer = asyncio.get_running_loop().call_later(timeout_s, self._abandon, work, lease)
+                timer = asyncio.get_running_loop().call_later(timeout_s, self._abandon, work, entry)
                 try:
                     outcome.output = await work
                 except TimeoutError:
-                    if work in self._threads.abandoned:
-                        lease = None  # released when the thread returns
+                    outcome.still_running = work in self._threads.abandoned
                     raise
                 finally:
                     timer.cancel()
             outcome.exec_s = self._clock() - t0
-        except asyncio.CancelledError:
-            raise
         except TimeoutError:
             outcome.error = CompassTimeout(
                 f"task {task.name!r} ran past its timeout of {timeout_s / self._time_scale:g} s"
@@ -244,28 +163,18 @@ class Executor:
         except Exception as exc:
             outcome.error = exc
             outcome.error_text = traceback.format_exc()
-        finally:
-            if lease is not None:
-                lease.release()
-        return outcome
+        try:
+            self._on_outcome(outcome)
+        except Exception:  # a bug in reporting one task must not go unseen
+            log.exception("reporting the outcome of task %r failed", entry.task)
 
-    def _abandon(self, work: asyncio.Future[Any], lease: Lease | None) -> None:
-        """A task ran past its timeout: its lane moves on (``work`` fails with TimeoutError),
-        its thread runs on, counted stuck until it returns and keeping its model pinned (its
-        module is in use) until then."""
+    def _abandon(self, work: asyncio.Future[Any], entry: QueuedTask) -> None:
+        """A task ran past its timeout: its runner reports it (``work`` fails with
+        TimeoutError); its thread runs on, and ``on_returned`` hears when it is done."""
         if work.done():
             return
-
-        def returned() -> None:
-            self.stuck -= 1
-            if lease is not None:
-                lease.release()
-            self._on_change()
-
-        self._threads.abandon(work, returned)
-        self.stuck += 1
-        self._on_change()
-        log.warning("a task thread is stuck past its timeout (%d stuck)", self.stuck)
+        self._threads.abandon(work, lambda: self._on_returned(entry))
+        log.warning("task %r of job %s is stuck past its timeout", entry.task, entry.job_id)
 
 
 class TaskThreads:
@@ -327,10 +236,6 @@ class TaskThreads:
             del loop, future, fn, args, result, error
             with self._lock:
                 self._idle += 1
-
-
-def _nothing() -> None:
-    pass
 
 
 def _call(task: Task, module: Any, inputs: dict[str, Any]) -> Any:

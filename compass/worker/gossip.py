@@ -3,8 +3,8 @@ ones it receives, and what it learns from them.
 
 A worker gossips its queue and cache to every peer within ``heartbeat_min_ms`` of a change
 (spaced further in a large cluster, see :func:`~compass.worker.membership.gossip_gap_s`) and
-every ``heartbeat_ms`` regardless, which is also how peers know it is alive. An idle worker
-uses the heartbeat tick to warm its cache with the models the cluster is shortest of.
+every ``heartbeat_ms`` regardless, which is also how peers know it is alive. Each heartbeat is
+also the worker core's periodic check (``tick``): an idle worker warms its cache then.
 
 :class:`Gossip` is also the worker core's :class:`~compass.worker.state.ViewPort`: a snapshot
 counts this worker's own state exactly as it is at that moment.
@@ -17,14 +17,11 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.sched.replicas import model_demand, warm_order
 from compass.sched.view import ClusterView, ViewSnapshot, WorkerState
 from compass.wire.transport import Channel
-from compass.worker.executor import Executor
+from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, gossip_gap_s
-from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
 __all__ = ["Gossip"]
@@ -45,20 +42,16 @@ class Gossip:
         config: WorkerConfig,
         *,
         profiles: Profiles,
-        executor: Executor,
-        cache: ModelCache,
-        workflows: Callable[[], list[Workflow]],
+        lanes: Lanes,
         clock: Callable[[], float],
-        warms: bool,
+        tick: Callable[[], None],
     ) -> None:
         self.name = name
         self._config = config
         self._profiles = profiles
-        self._executor = executor
-        self._cache = cache
-        self._workflows = workflows
+        self._lanes = lanes
         self._clock = clock
-        self._warms = warms
+        self._tick = tick
         self._seq = itertools.count(1)
         self._h2d_measured = False  # this worker's own host-to-device copies were timed
         #: this worker's incarnation, carried in its heartbeats
@@ -85,16 +78,17 @@ class Gossip:
 
     # -- this worker's state -------------------------------------------------------------------
     def own_state(self) -> WorkerState:
-        executor, cache = self._executor, self._cache
+        lanes, cache = self._lanes, self._lanes.cache
         h2d = self._profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0
+        wait_s = lanes.wait_s(self._clock())
         return WorkerState(
             name=self.name,
-            wait_s=executor.queue.wait_s() + (_DEGRADED_WAIT_S if executor.degraded else 0.0),
+            wait_s=wait_s + (_DEGRADED_WAIT_S if lanes.degraded else 0.0),
             models=cache.resident(),
             free_bytes=cache.free_bytes(),
             capacity_bytes=cache.capacity_bytes(),
-            lanes=executor.lanes,
-            lanes_busy=executor.busy,
+            lanes=lanes.lanes,
+            lanes_busy=lanes.busy,
             seq=next(self._seq),
             loading=cache.loading(),
             h2d_bytes_per_s=h2d,
@@ -123,8 +117,6 @@ class Gossip:
         timeout = sched.peer_timeout_ms / 1000.0
         loop = asyncio.get_running_loop()
         loads_seen = (0, 0.0)
-        demand = model_demand(self._workflows(), self._profiles)
-        executor = self._executor
         while True:
             self._changed.clear()
             if not self._config.emulate:
@@ -132,9 +124,7 @@ class Gossip:
             self.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
             state = self.own_state()
             self.view.update_self(state)
-            if self._warms and not executor.busy and not len(executor.queue):
-                # idle: fill free cache space with the models the cluster is shortest of
-                self._cache.warm(warm_order(self.view.snapshot(self._clock()), self.name, demand))
+            self._tick()  # an idle worker warms its cache (the core decides)
             peers = len(membership.peers)
             if peers:
                 membership.broadcast("heartbeat", state.to_wire())
@@ -152,7 +142,7 @@ class Gossip:
 
     def _measure_h2d(self, seen: tuple[int, float]) -> tuple[int, float]:
         """Fold the model loads since the last call into this worker's host-to-device bandwidth."""
-        stats = self._cache.stats
+        stats = self._lanes.cache.stats
         nbytes, seconds = stats.bytes_loaded - seen[0], stats.load_seconds - seen[1]
         if nbytes > 0 and seconds > 0:
             self._profiles.observe_h2d(self.name, nbytes, seconds)

@@ -230,7 +230,7 @@ class WorkerMetrics:
         """Whether the worker takes work now, and why not."""
         if not self.ready:
             return False, "starting or stopping"
-        if self._worker.executor.degraded:
+        if self._worker.lanes.degraded:
             return False, "degraded: too many stuck tasks"
         return True, "ready"
 
@@ -393,12 +393,12 @@ class WorkerCollector(Collector):
             yield CounterMetricFamily(name, text, value=getattr(stats, attr))
 
     def _queue_metrics(self) -> Iterator[Metric]:
-        w, executor = self._worker, self._worker.executor
+        w, lanes = self._worker, self._worker.lanes
         for name, text, gpu, host in (
             ("compass_queue_tasks", "Tasks ready, waiting for a lane.",
-             len(executor.queue), len(executor.host_queue)),
-            ("compass_lanes_busy", "Lanes running a task.", executor.busy, executor.host_busy),
-            ("compass_lanes", "Execution lanes.", executor.lanes, executor.host_lanes),
+             len(lanes.queue), len(lanes.host_queue)),
+            ("compass_lanes_busy", "Lanes running a task.", lanes.busy, lanes.host_busy),
+            ("compass_lanes", "Execution lanes.", lanes.lanes, lanes.host_lanes),
         ):  # fmt: skip
             family = GaugeMetricFamily(name, text, labels=["lane"])
             family.add_metric(["gpu"], gpu)
@@ -407,17 +407,15 @@ class WorkerCollector(Collector):
         yield _gauge(
             "compass_queue_wait_expected_seconds",
             "Expected seconds of queued and running work (what planners use).",
-            executor.queue.wait_s(),
+            lanes.wait_s(w.clock()),
         )
         waiting = len(w.core.inbox)
         yield _gauge("compass_tasks_waiting_inputs", "Tasks waiting for their inputs.", waiting)
-        yield _gauge(
-            "compass_tasks_stuck", "Task threads running past their timeout.", executor.stuck
-        )
+        yield _gauge("compass_tasks_stuck", "Task threads running past their timeout.", lanes.stuck)
         yield _gauge(
             "compass_worker_degraded",
             "1 once stuck tasks reach --max-stuck-tasks (no more GPU work here).",
-            float(executor.degraded),
+            float(lanes.degraded),
         )
 
     def _cache_metrics(self) -> Iterator[Metric]:

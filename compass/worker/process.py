@@ -80,3 +80,6 @@ def run_worker(config: WorkerConfig) -> int:
         return 2
     finally:
         loop.close()
+        # the worker has stopped: a SIGTERM arriving while the interpreter exits asks for what
+        # is already happening, and must not turn a clean exit into death by signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

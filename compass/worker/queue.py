@@ -1,7 +1,8 @@
 """The worker's local task queue: ready tasks in priority order, and what they add up to.
 
-Sans-IO: the executor pops entries, the view reads :meth:`TaskQueue.wait_s` (the paper's queue
-wait: expected seconds of queued plus running work) and the model cache reads
+Sans-IO (every call that depends on time is given ``now``): the lanes
+(:class:`~compass.worker.lanes.Lanes`) pop entries, the view reads :meth:`TaskQueue.wait_s` (the
+paper's queue wait: expected seconds of queued plus running work) and the cache decisions read
 :meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch).
 
 Order: the smallest :attr:`QueuedTask.priority` first, ties (and tasks without one) in arrival
@@ -51,8 +52,7 @@ class QueuedTask:
 class TaskQueue:
     """Ready tasks by priority plus the running ones, with an O(1) expected-wait total."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._ready: list[tuple[float, int, QueuedTask]] = []  # a heap
         self._order = itertools.count()
         # insertion-ordered, so upcoming_models() is deterministic
@@ -76,20 +76,24 @@ class TaskQueue:
         """The tasks popped and not yet finished."""
         return frozenset(self._running)
 
+    def run_ends(self) -> list[float]:
+        """When each running task is expected to end, in the order they started."""
+        return [e.started_at + e.expected_s for e in self._running]
+
     def push(self, entry: QueuedTask) -> None:
         """Queue ``entry`` at its priority (its enqueue time when it has none)."""
         key = entry.enqueued_at if entry.priority is None else entry.priority
         heapq.heappush(self._ready, (key, next(self._order), entry))
         self._queued_s += entry.expected_s
 
-    def pop(self) -> QueuedTask | None:
-        """The next task to run (marked running), or ``None`` when the queue is empty."""
+    def pop(self, now: float) -> QueuedTask | None:
+        """The next task to run (marked running at ``now``), or ``None`` when it is empty."""
         if not self._ready:
             return None
         entry = heapq.heappop(self._ready)[2]
         # no float drift once empty, and never below zero before that
         self._queued_s = max(0.0, self._queued_s - entry.expected_s) if self._ready else 0.0
-        entry.started_at = self._clock()
+        entry.started_at = now
         self._running[entry] = None
         return entry
 
@@ -119,10 +123,9 @@ class TaskQueue:
             self._queued_s = sum(item[2].expected_s for item in kept)
         return dropped
 
-    def wait_s(self) -> float:
-        """Expected seconds before a task queued now could start on a single lane (one that
-        ranks behind every queued task, as a new job's does)."""
-        now = self._clock()
+    def wait_s(self, now: float) -> float:
+        """Expected seconds before a task queued at ``now`` could start on a single lane (one
+        that ranks behind every queued task, as a new job's does)."""
         remaining = sum(max(0.0, e.started_at + e.expected_s - now) for e in self._running)
         return self._queued_s + remaining
 

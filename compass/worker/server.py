@@ -1,24 +1,15 @@
 """The worker process: the asyncio adapter around the worker core.
 
 The rules (admission, planning, the inbox, attempts, adjustment, one answer per job) live in
-the sans-IO :class:`~compass.worker.state.WorkerCore`; this module owns the sockets, the
-threads and the timers. It turns what arrives (a client's submit, a peer's message, a task's
-outcome, a lost peer) into the core's events and carries out the instructions the core
-returns (send a message, queue a task, drop a job's tasks, answer a client).
+the sans-IO :class:`~compass.worker.state.WorkerCore` (with its queues, lanes and cache
+decisions); this module owns the sockets, the threads and the timers. It turns what arrives (a
+client's submit, a peer's message, a task's outcome, a model loaded, a lost peer) into the
+core's events and carries out the instructions the core returns (send a message, run a task,
+load a model, answer a client). What clients and peers may ask is checked at the door by
+:mod:`compass.worker.requests`.
 
-One job's way through (see docs/ARCHITECTURE.md):
-
-1. a client sends ``submit``; this worker becomes the job's *ingress*, validates the inputs and
-   plans the whole job from its view of the cluster;
-2. each root task gets the job's inputs and the plan, pushed straight to its planned worker;
-3. a worker gathers a task's inputs (a join waits for all), queues it, runs it on a lane;
-4. when a task finishes, each successor's placement is re-checked (dynamic adjustment) and the
-   output pushed there; a sink's output goes back to the ingress;
-5. the ingress answers the client once, then tells the workers involved to drop the job's data.
-
-If a peer is lost, every unanswered job that involved it is planned again from the inputs the
-ingress kept (a new *attempt*; messages of older attempts are ignored), so each job is answered
-exactly once.
+A job's way through, and how a lost peer's jobs are planned again and answered exactly once,
+are in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -29,55 +20,42 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-import compass
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.errors import (
-    CompassError,
-    CompassTimeout,
-    InvalidInputs,
-    JobFailed,
-    ProtocolError,
-    WorkerUnavailable,
-)
+from compass.errors import CompassError, CompassTimeout, JobFailed, WorkerUnavailable
 from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
-from compass.wire.rpc import Router
-from compass.wire.transport import Channel, Server, serve
-from compass.worker.executor import Executor, TaskOutcome
+from compass.sched.replicas import model_demand
+from compass.wire.transport import Server, serve
+from compass.worker.executor import TaskOutcome, TaskRunner
 from compass.worker.gossip import Gossip
+from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, Peer, advertised_address
-from compass.worker.messages import (
-    DoneMsg,
-    FailedMsg,
-    PeerMessage,
-    PlacedMsg,
-    PlanReply,
-    PlanRequest,
-    ResultMsg,
-    TaskMsg,
-    decode,
-)
+from compass.worker.messages import PeerMessage, PlanReply, TaskMsg
 from compass.worker.metrics import WorkerMetrics
+from compass.worker.queue import QueuedTask
+from compass.worker.requests import describe, make_router
 from compass.worker.state import (
     Answer,
     AskPlan,
     Cancel,
-    Drop,
-    DropIngress,
-    Enqueue,
     Event,
+    LoadFailed,
+    LoadModel,
+    ModelLoaded,
     PeerLost,
     PlanReady,
-    Received,
+    RunTask,
     Send,
     Submit,
     TaskDone,
     TaskFailed,
+    TaskReturned,
+    Tick,
     Undeliverable,
     WorkerCore,
 )
@@ -88,11 +66,6 @@ from compass.workflow.profile import Profiles
 __all__ = ["Worker"]
 
 log = logging.getLogger("compass.worker")
-
-PeerHandler = Callable[[Channel, Any], None]
-
-#: pushes at least this large feed the measured network bandwidth
-_MEASURED_TRANSFER_BYTES = 1 << 20
 
 
 def default_worker_name(port: int) -> str:
@@ -113,7 +86,6 @@ class Worker:
             host_lanes=config.host_lanes > 0,
             seed=worker_seed(0, config.name or f"pid{os.getpid()}"),
         )
-        self._host_lanes = config.host_lanes > 0
         self.name = config.name
         self.address = ""
         self.stats = WorkerStats()
@@ -129,24 +101,26 @@ class Worker:
             emulated_h2d_bytes_per_s=profiles.default_h2d_bytes_per_s if config.emulate else None,
             time_scale=config.time_scale,
         )
-        self.executor = Executor(
+        warms = config.sched.warm and self.policy.warms_cache
+        self.lanes = Lanes(
             lanes=config.lanes,
-            cache=self.cache,
+            host_lanes=config.host_lanes,
+            cache=self.cache.core,
+            prefetch_depth=config.cache.prefetch_depth,
+            demand=model_demand(app.workflows.values(), profiles) if warms else None,
+            max_stuck=config.max_stuck_tasks,
+        )
+        self.runner = TaskRunner(
             lookup=self._task,
+            module_of=self.cache.module,
             emulate=config.emulate,
             time_scale=config.time_scale,
             on_outcome=self._task_finished,
+            on_returned=self._task_returned,
             clock=self.clock,
-            on_change=self._state_changed,
-            host_lanes=config.host_lanes,
             task_timeout_s=config.task_timeout_s,
-            max_stuck=config.max_stuck_tasks,
         )
-        self.cache.on_change = self._state_changed
-        self.router = self._make_router()
-        self._warms = (
-            config.sched.warm and self.policy.warms_cache and config.cache.prefetch_depth > 0
-        )
+        self.router = make_router(self)
         #: the last answered jobs of this ingress, for benchmarks and `compass status`
         self.trace: deque[dict[str, Any]] = deque(maxlen=config.trace_jobs)
         #: the client's future of each job this worker is the ingress of
@@ -169,11 +143,9 @@ class Worker:
             name,
             self.config,
             profiles=self.profiles,
-            executor=self.executor,
-            cache=self.cache,
-            workflows=lambda: list(self.app.workflows.values()),
+            lanes=self.lanes,
             clock=self.clock,
-            warms=self._warms,
+            tick=lambda: self.apply(Tick(self.clock())),
         )
         self.core = WorkerCore(
             name,
@@ -181,7 +153,7 @@ class Worker:
             policy=self.policy,
             profiles=self.profiles,
             view=self.gossip,
-            host_lanes=self._host_lanes,
+            lanes=self.lanes,
             max_jobs=self.config.max_jobs,
             max_job_bytes=self.config.max_job_bytes,
             stats=self.stats,
@@ -225,7 +197,6 @@ class Worker:
         )
         await self.cache.prepare()
         self._background = [
-            asyncio.create_task(self.executor.run(), name=f"{self.name}-lanes"),
             asyncio.create_task(self.gossip.run(self.membership), name=f"{self.name}-heartbeats"),
         ]
         for task in self._background:
@@ -267,6 +238,7 @@ class Worker:
         for task in [*self._background, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._background, *self._tasks, return_exceptions=True)
+        await self.runner.aclose()
         await self.cache.aclose()
 
     async def wait(self) -> None:
@@ -300,122 +272,22 @@ class Worker:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # -- the request table ---------------------------------------------------------------------
-    def _make_router(self) -> Router:
-        router = Router()
-        router.inline("ping")(self._on_ping)
-        router.inline("status")(self._on_status)
-        router.inline("trace")(self._on_trace)
-        router.request("submit")(self._on_submit)
-        router.request("join")(self._on_join)
-        router.request("plan")(self._on_plan)
-        router.notify("heartbeat")(self._from_peers(self._on_heartbeat))
-        router.notify("leave")(self._from_peers(self._on_leave))
-        for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
-            router.notify(message.op)(self._on_peer_message(message.op))
-        return router
-
-    def _on_ping(self, channel: Channel, body: Any) -> Any:
-        return body
-
-    def _on_status(self, channel: Channel, body: Any) -> dict[str, Any]:
-        return self.status()
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "address": self.address,
-            "version": compass.__version__,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "policy": self.policy.name,
-            "emulate": self.config.emulate,
-            "advertised": "" if self.membership is None else self.membership.address,
-            "peers": [] if self.membership is None else self.membership.describe(),
-            # peers lost and being retried (with backoff) until they answer again
-            "lost": [] if self.membership is None else self.membership.describe_lost(),
-            # the workers this one can place tasks on (itself and every peer it has heard from)
-            # and what its planner currently believes of each
-            "cluster": self.gossip.describe(),
-            "workflows": sorted(self.app.workflows),
-            "queue": {
-                "ready": len(self.executor.queue),
-                "waiting_inputs": len(self.core.inbox),
-                "running": self.executor.busy,
-                "lanes": self.executor.lanes,
-                "wait_ms": round(self.executor.queue.wait_s() * 1000, 3),
-                "host_ready": len(self.executor.host_queue),
-                "host_running": self.executor.host_busy,
-                "host_lanes": self.executor.host_lanes,
-                "stuck": self.executor.stuck,
-                "degraded": self.executor.degraded,
-            },
-            "jobs_in_flight": len(self.core.jobs),
-            "cache": self.cache.snapshot(),
-            "stats": self.stats.to_wire(),
-            "metrics": self.metrics.address or None,
-        }
-
-    def _on_trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
-        """The records of recently answered jobs; ``{"clear": true}`` empties the log."""
-        records = list(self.trace)
-        if isinstance(body, dict) and body.get("clear"):
-            self.trace.clear()
-        return records
-
-    async def _on_join(self, channel: Channel, body: Any) -> dict[str, Any]:
-        self._require_peer(channel, "join")
-        assert self.membership is not None
-        return self.membership.accept_join(channel, body)
-
-    def _from_peers(self, handler: PeerHandler) -> PeerHandler:
-        """A one-way handler that only workers may trigger; from a client it is dropped."""
-
-        def guarded(channel: Channel, body: Any) -> None:
-            if channel.peer_role != "worker":
-                self.stats.messages_dropped += 1
-                log.warning("%s: dropped a peer message from %s", self.name, channel.peer_role)
-                return
-            handler(channel, body)
-
-        return guarded
-
-    def _require_peer(self, channel: Channel, op: str) -> None:
-        if channel.peer_role != "worker":
-            raise ProtocolError(f"{op!r} is for workers; a {channel.peer_role} sent it")
-
-    # -- membership and the view ---------------------------------------------------------------
-    def _state_changed(self) -> None:
-        self.gossip.changed()
-
-    def _on_heartbeat(self, channel: Channel, body: Any) -> None:
-        # one of a peer that joined, of its current incarnation, counts (not one naming this
-        # worker, nor a stranger); a malformed one is dropped like any bad peer message
-        assert self.membership is not None
-        try:
-            self.gossip.on_heartbeat(channel, body, self.membership)
-        except CompassError as exc:
-            self.stats.messages_dropped += 1
-            log.warning("%s: dropped a malformed heartbeat from %s: %s", self.name,
-                        channel.peer_name, exc)  # fmt: skip
-
-    def _on_leave(self, channel: Channel, body: Any) -> None:
-        """A peer stopped on purpose: forget it (no retries), re-plan what it held."""
-        assert self.membership is not None
-        if isinstance(body, dict) and isinstance(body.get("name"), str):
-            self.membership.forget(body["name"], "it left the cluster")
-
+    # -- membership ---------------------------------------------------------------------------
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
-        self._state_changed()  # the newcomer needs this worker's state now, not at the next tick
+        self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
 
     def _peer_left(self, name: str, why: str) -> None:
         log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
-        self._apply(PeerLost(self.clock(), name))
+        self.apply(PeerLost(self.clock(), name))
 
     # -- the core: events in, instructions out --------------------------------------------------
-    def _apply(self, event: Event) -> None:
+    def apply(self, event: Event) -> None:
         """Feed ``event`` to the core and carry out what it says, in order. Whatever goes
-        wrong here is logged and counted: no message and no task can stop the worker."""
+        wrong here is logged and counted: no message and no task can stop the worker. A
+        closing worker takes no more events (a load or a task ending during the shutdown)."""
+        if self._closing:
+            return
         try:
             self._carry_out(event)
         except Exception:
@@ -427,16 +299,21 @@ class Worker:
             match step:
                 case Send():
                     self._send(step.peer, step.msg)
-                case Enqueue():
-                    self.executor.submit(step.entry)
-                case Drop():
-                    self.executor.drop_job(step.job_id, step.below)
-                case DropIngress():
-                    self.executor.drop_ingress(step.ingress)
+                case RunTask():
+                    self.runner.start(step)
+                case LoadModel():
+                    self.cache.fetch(step.model, step.evict, self._model_fetched)
                 case Answer():
                     self._deliver(step)
                 case AskPlan():
                     self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
+        self.gossip.changed()  # the queue or the cache may have changed: gossip it
+
+    def _model_fetched(self, model: str, result: float | CompassError) -> None:
+        if isinstance(result, CompassError):
+            self.apply(LoadFailed(self.clock(), model, result))
+        else:
+            self.apply(ModelLoaded(self.clock(), model, result))
 
     def _send(self, worker: str, msg: PeerMessage) -> None:
         channel = None if self.membership is None else self.membership.channel(worker)
@@ -452,7 +329,7 @@ class Worker:
         except Exception as exc:  # an output the wire cannot encode, or a channel just closed
             why = f"{type(exc).__name__}: {exc}"
             log.warning("%s: could not send %r to %s: %s", self.name, msg.op, worker, why)
-            self._apply(Undeliverable(self.clock(), worker, msg, why))
+            self.apply(Undeliverable(self.clock(), worker, msg, why))
 
     def _deliver(self, answer: Answer) -> None:
         future = self._answers.get(answer.job_id)
@@ -481,84 +358,33 @@ class Worker:
             except CompassError as exc:
                 log.warning("%s: %s could not plan job %s: %s", self.name, step.peer,
                             step.request.job, exc)  # fmt: skip
-        self._apply(PlanReady(self.clock(), step.request.job, plan))
+        self.apply(PlanReady(self.clock(), step.request.job, plan))
 
-    # -- ingress: submit, answer ---------------------------------------------------------------
-    async def _on_submit(self, channel: Channel, body: Any) -> Any:
+    # -- the public surface of the core ---------------------------------------------------------
+    async def submit(self, workflow: str, inputs: Any, key: str | None = None) -> Any:
+        """Run a job of ``workflow`` with this worker as its ingress; its answer (raises the
+        job's error). ``key``: the client's name for the job (a resubmission attaches)."""
         if self._stopped.is_set():
             raise WorkerUnavailable(f"worker {self.name} is shutting down")
-        if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
-            raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
-        inputs = body.get("inputs") or {}
-        key = body.get("key")
-        if key is not None and not (isinstance(key, str) and 0 < len(key) <= 128):
-            raise InvalidInputs("a job key must be a string of 1 to 128 characters")
         job_id = self.core.new_job_id()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
         try:
-            self._apply(
-                Submit(
-                    self.clock(),
-                    job_id,
-                    body["workflow"],
-                    inputs,
-                    payload_bytes(inputs),
-                    time.time(),
-                )
-            )
+            now, wall = self.clock(), time.time()
+            self.apply(Submit(now, job_id, workflow, inputs, payload_bytes(inputs), wall, key))
             return await future
         finally:
             self._answers.pop(job_id, None)
             if not future.done() or future.cancelled():  # the client stopped waiting
-                self._apply(Cancel(self.clock(), job_id))
+                self.apply(Cancel(self.clock(), job_id))
 
-    async def _on_plan(self, channel: Channel, body: Any) -> dict[str, str]:
-        """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
-        self._require_peer(channel, "plan")
-        if not isinstance(body, dict):
-            raise ProtocolError("a plan request must be a map")
-        return self.core.plan_for(PlanRequest.from_wire(body), self.clock())
+    def status(self) -> dict[str, Any]:
+        """What ``compass status`` shows."""
+        return describe(self)
 
-    # -- every worker: messages and tasks ------------------------------------------------------
+    # -- carrying out tasks --------------------------------------------------------------------
     def _task(self, workflow: str, task: str) -> Task:
         return self.app.get_workflow(workflow).tasks[task]
-
-    def _on_peer_message(self, op: str) -> PeerHandler:
-        """The one-way handler of ``op``: only workers may send it; a malformed message is
-        counted and dropped, never raised inside the worker."""
-
-        def handle(channel: Channel, body: Any) -> None:
-            if channel.peer_role != "worker":
-                self.stats.messages_dropped += 1
-                log.warning("%s: dropped %r from a %s", self.name, op, channel.peer_role)
-                return
-            try:
-                msg = decode(op, body)
-            except ProtocolError as exc:
-                self.stats.messages_dropped += 1
-                log.warning("%s: dropped a malformed %r from %s: %s", self.name, op,
-                            channel.peer_name, exc)  # fmt: skip
-                return
-            if isinstance(msg, TaskMsg):
-                self._apply(self._task_arrived(channel, msg))
-            else:
-                self._apply(Received(self.clock(), channel.peer_name, msg))
-
-        return handle
-
-    def _task_arrived(self, channel: Channel, msg: TaskMsg) -> Received:
-        """A pushed task input: its transfer time and its job's age, from the wall clock."""
-        scale = self.config.time_scale
-        wall = time.time()
-        transfer_s = max(0.0, wall - msg.sent) / scale
-        now = self.clock()
-        if not self.config.emulate and transfer_s > 0:
-            nbytes = payload_bytes(msg.value)
-            if nbytes >= _MEASURED_TRANSFER_BYTES:  # small pushes measure latency, not bandwidth
-                self.profiles.observe_transfer(channel.peer_name, self.name, nbytes, transfer_s)
-        arrival = now - max(0.0, wall - msg.t0) / scale
-        return Received(now, channel.peer_name, msg, transfer_s, arrival)
 
     def _task_finished(self, outcome: TaskOutcome) -> None:
         entry = outcome.entry
@@ -570,9 +396,15 @@ class Worker:
             # compass's own verdicts keep their type for the client; a task's error is JobFailed
             code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
             text = f"{type(error).__name__}: {error}"
-            self._apply(TaskFailed(now, entry, text, outcome.error_text, code or JobFailed.code))
+            code = code or JobFailed.code
+            running = outcome.still_running
+            self.apply(TaskFailed(now, entry, text, outcome.error_text, code, running))
             return
         if not self.config.emulate:
             self.profiles.observe_exec(entry.workflow, entry.task, self.name, outcome.exec_s)
             self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(outcome.output))
-        self._apply(TaskDone(now, entry, outcome.output))
+        self.apply(TaskDone(now, entry, outcome.output))
+
+    def _task_returned(self, entry: QueuedTask) -> None:
+        """The thread of a task abandoned past its timeout returned: its model is released."""
+        self.apply(TaskReturned(self.clock(), entry))

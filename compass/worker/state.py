@@ -16,11 +16,14 @@ What the core owns:
 - the **attempt rules**: a job re-planned after a lost peer gets a new attempt; messages of an
   older attempt, or of a job already done here, are dropped, so a job is answered exactly once;
 - **dynamic adjustment**: when a task finishes, its successors are re-placed on this worker's
-  view before the output is pushed on, and the ingress is told of every move.
+  view before the output is pushed on, and the ingress is told of every move;
+- the **queues, lanes and model residency** (:class:`~compass.worker.lanes.Lanes`): which task
+  runs next on which lane (:class:`RunTask`), which model is loaded, prefetched, warmed or
+  evicted (:class:`LoadModel`), and the stuck-task rule.
 
-What it does not own: running tasks and loading models (the executor and the model cache, or
-the simulator's lanes), sending bytes, the view's heartbeats (:class:`ViewPort` is the core's
-window onto the view).
+What it does not own: running a task's code and copying a model's bytes (the asyncio worker's
+task runner and model cache, or the simulator's timers), sending bytes, the view's heartbeats
+(:class:`ViewPort` is the core's window onto the view).
 
 Messages to this worker itself never leave it: the core handles them at once, in order.
 """
@@ -44,7 +47,9 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
+from compass.sched.replicas import warm_order
 from compass.worker.jobs import Inbox, IngressJob
+from compass.worker.lanes import Lanes, LoadModel, RunTask
 from compass.worker.messages import (
     JOB_INPUTS,
     DoneMsg,
@@ -64,18 +69,21 @@ __all__ = [
     "Answer",
     "AskPlan",
     "Cancel",
-    "Drop",
-    "DropIngress",
-    "Enqueue",
     "Event",
     "Instruction",
+    "LoadFailed",
+    "LoadModel",
+    "ModelLoaded",
     "PeerLost",
     "PlanReady",
     "Received",
+    "RunTask",
     "Send",
     "Submit",
     "TaskDone",
     "TaskFailed",
+    "TaskReturned",
+    "Tick",
     "Undeliverable",
     "ViewPort",
     "WorkerCore",
@@ -157,13 +165,49 @@ class TaskDone:
 
 @dataclass(frozen=True, slots=True)
 class TaskFailed:
-    """``entry`` failed: ``error`` is ``Type: message``; ``code`` the error's wire code."""
+    """``entry`` failed: ``error`` is ``Type: message``; ``code`` the error's wire code.
+    ``still_running``: it was abandoned past its timeout and its thread runs on (it keeps its
+    model pinned until :class:`TaskReturned`)."""
 
     now: float
     entry: QueuedTask
     error: str
     traceback: str = ""
     code: str = JobFailed.code
+    still_running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReturned:
+    """The thread of ``entry``, abandoned past its timeout, returned at last."""
+
+    now: float
+    entry: QueuedTask
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoaded:
+    """The load of ``model`` (a :class:`LoadModel`) ended after ``seconds`` of copying."""
+
+    now: float
+    model: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    """The load of ``model`` failed with ``error``; the tasks waiting for it fail with it."""
+
+    now: float
+    model: str
+    error: CompassError
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A periodic check (the real worker's heartbeat): an idle worker may warm its cache."""
+
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +238,18 @@ class Undeliverable:
 
 
 Event: TypeAlias = (
-    Submit | PlanReady | Received | TaskDone | TaskFailed | PeerLost | Cancel | Undeliverable
+    Submit
+    | PlanReady
+    | Received
+    | TaskDone
+    | TaskFailed
+    | TaskReturned
+    | ModelLoaded
+    | LoadFailed
+    | Tick
+    | PeerLost
+    | Cancel
+    | Undeliverable
 )
 
 
@@ -207,21 +262,6 @@ class Send:
 
     peer: str
     msg: PeerMessage
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    """Every input of a task is here: queue it to run."""
-
-    entry: QueuedTask
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """Remove the job's queued tasks (of attempts below ``below``; all when ``None``)."""
-
-    job_id: str
-    below: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,23 +283,16 @@ class Answer:
     record: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class DropIngress:
-    """Remove the queued tasks of every job whose ingress is ``ingress`` (it is gone: nobody
-    would receive their results)."""
-
-    ingress: str
-
-
-Instruction: TypeAlias = Send | Enqueue | Drop | DropIngress | AskPlan | Answer
+Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer
 
 
 class WorkerCore:
     """One worker's rules; see the module docstring.
 
     ``workflow`` looks a workflow up by name (raising
-    :class:`~compass.errors.UnknownWorkflow`); ``host_lanes``: model-less tasks run off the
-    GPU queue and are not counted in a peer's wait.
+    :class:`~compass.errors.UnknownWorkflow`); ``lanes``: this worker's queues, lanes and
+    cache (the core drives them); with host lanes, model-less tasks run off the GPU queue and
+    are not counted in a peer's wait.
     """
 
     def __init__(
@@ -270,7 +303,7 @@ class WorkerCore:
         policy: Policy,
         profiles: Profiles,
         view: ViewPort,
-        host_lanes: bool = False,
+        lanes: Lanes,
         max_jobs: int = 10_000,
         max_job_bytes: int = 1 << 62,
         stats: WorkerStats | None = None,
@@ -282,7 +315,10 @@ class WorkerCore:
         self.policy = policy
         self.profiles = profiles
         self.view = view
-        self.host_lanes = host_lanes
+        self.lanes = lanes
+        self.host_lanes = lanes.host_lanes > 0
+        lanes.on_fail = self._lane_failed
+        lanes.wanted = self._warm_wanted
         self.max_jobs = max_jobs
         self.max_job_bytes = max_job_bytes
         #: bytes of job inputs held for the unanswered jobs (to re-plan them if a peer is lost)
@@ -312,7 +348,8 @@ class WorkerCore:
 
     def handle(self, event: Event) -> list[Instruction]:
         """Apply ``event``; return what the adapter must do, in order."""
-        out = self._out = []
+        out: list[Instruction] = []
+        self._out = self.lanes.out = out
         match event:
             case Received():
                 self._received(event)
@@ -320,6 +357,14 @@ class WorkerCore:
                 self._task_done(event)
             case TaskFailed():
                 self._task_failed(event)
+            case ModelLoaded():
+                self.lanes.loaded(event.model, event.seconds, event.now)
+            case LoadFailed():
+                self.lanes.load_failed(event.model, event.error, event.now)
+            case TaskReturned():
+                self.lanes.returned(event.entry, event.now)
+            case Tick():
+                self.lanes.tick(event.now)
             case Submit():
                 self._submit(event)
             case PlanReady():
@@ -331,6 +376,7 @@ class WorkerCore:
             case Undeliverable():
                 self._undeliverable(event)
         self._out = []
+        self.lanes.out = self._out
         return out
 
     def plan_for(self, request: PlanRequest, now: float) -> dict[str, str]:
@@ -589,7 +635,8 @@ class WorkerCore:
         # inputs of jobs whose ingress is gone would wait forever: nobody takes their results
         for job_id in self.inbox.drop_ingress(ev.name):
             self._forget(job_id, None)
-        self._out.append(DropIngress(ev.name))
+        lost = ev.name
+        self.lanes.drop(lambda e: e.ingress == lost)
         for job in list(self.jobs.values()):
             if job.involves(ev.name):
                 self.stats.replans += 1
@@ -640,25 +687,24 @@ class WorkerCore:
             return
         task = workflow.tasks[msg.task]
         arrival = now if job_arrival is None else job_arrival
-        self._out.append(
-            Enqueue(
-                QueuedTask(
-                    job_id=msg.job,
-                    attempt=msg.attempt,
-                    workflow=workflow.name,
-                    task=task.name,
-                    model=task.model,
-                    expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
-                    inputs=entry.inputs,
-                    plan=entry.plan,
-                    ingress=entry.ingress,
-                    enqueued_at=now,
-                    transfer_s=entry.transfer_s,
-                    priority=arrival if self.policy.oldest_job_first else None,
-                    t0=msg.t0,
-                    arrival=arrival,
-                )
-            )
+        self.lanes.submit(
+            QueuedTask(
+                job_id=msg.job,
+                attempt=msg.attempt,
+                workflow=workflow.name,
+                task=task.name,
+                model=task.model,
+                expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
+                inputs=entry.inputs,
+                plan=entry.plan,
+                ingress=entry.ingress,
+                enqueued_at=now,
+                transfer_s=entry.transfer_s,
+                priority=arrival if self.policy.oldest_job_first else None,
+                t0=msg.t0,
+                arrival=arrival,
+            ),
+            now,
         )
 
     @staticmethod
@@ -681,12 +727,27 @@ class WorkerCore:
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
-        if self.is_done(entry.job_id, entry.attempt):
-            return
-        self._report_failure(
-            entry.job_id, entry.attempt, entry.task, entry.ingress, ev.now, ev.error, ev.code,
-            ev.traceback,
-        )  # fmt: skip
+        self.lanes.ended(entry, ev.now, still_running=ev.still_running)
+        if not self.is_done(entry.job_id, entry.attempt):
+            self._report_failure(
+                entry.job_id, entry.attempt, entry.task, entry.ingress, ev.now, ev.error,
+                ev.code, ev.traceback,
+            )  # fmt: skip
+        self.lanes.fill(ev.now)
+
+    def _lane_failed(self, entry: QueuedTask, error: CompassError, now: float) -> None:
+        """The lanes could not run ``entry`` (its model can never fit, its load failed, the
+        worker is degraded): its ingress hears why."""
+        self.stats.tasks_failed += 1
+        if not self.is_done(entry.job_id, entry.attempt):
+            self._report_failure(
+                entry.job_id, entry.attempt, entry.task, entry.ingress, now,
+                f"{type(error).__name__}: {error.message}", error.code,
+            )  # fmt: skip
+
+    def _warm_wanted(self, now: float) -> list[str]:
+        """Models worth warming here, most wanted first (:func:`warm_order`)."""
+        return warm_order(self.view.snapshot(now), self.name, self.lanes.demand)
 
     def _report_failure(
         self,
@@ -704,6 +765,13 @@ class WorkerCore:
         self._send(ingress, failed, now)
 
     def _task_done(self, ev: TaskDone) -> None:
+        self.lanes.ended(ev.entry, ev.now)
+        self._pass_on(ev)
+        self.lanes.fill(ev.now)
+
+    def _pass_on(self, ev: TaskDone) -> None:
+        """Send a finished task's output on: to its successors (re-placed first), or, from a
+        sink, to the ingress."""
         entry = ev.entry
         if self.is_done(entry.job_id, entry.attempt):
             return
@@ -795,4 +863,4 @@ class WorkerCore:
     def _drop_job(self, job_id: str, below: int | None) -> None:
         self._forget(job_id, below)
         self.inbox.drop_job(job_id, below)
-        self._out.append(Drop(job_id, below))
+        self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))

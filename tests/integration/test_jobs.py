@@ -147,3 +147,32 @@ async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_servin
             task.cancel()
         await status_when(client, lambda s: s["jobs_in_flight"] == 0)
         assert await client.submit("quick", data=DATA) is not None  # room again
+
+
+@pytest.mark.asyncio
+async def test_a_job_key_runs_once_however_often_it_is_submitted(
+    worker_env: dict[str, str], tmp_path
+) -> None:
+    spec = one_worker_workload(tmp_path, slow=(None, 300))
+    async with (
+        LocalCluster(1, args=["--workload", spec], env=worker_env) as cluster,
+        cluster.client() as first,
+        cluster.client() as second,
+    ):
+        await first.ping()  # connected: their channels exist
+        await second.ping()
+        body = {"workflow": "slow", "inputs": {"data": DATA}, "key": "job-7"}
+        # two clients with one key at once: one job, both answered with its output
+        answers = await asyncio.gather(
+            first.channel.request("submit", body), second.channel.request("submit", body)
+        )
+        assert answers[0] is not None and np.array_equal(answers[0], answers[1])
+        # and once it is answered, the key gets the kept answer without running again
+        again = await first.channel.request("submit", body)
+        assert np.array_equal(again, answers[0])
+        status = await first.status()
+        assert status["stats"]["tasks_run"] == 1
+        assert status["stats"]["jobs_submitted"] == 1
+        # another key is another job
+        await first.channel.request("submit", {**body, "key": "job-8"})
+        assert (await first.status())["stats"]["tasks_run"] == 2

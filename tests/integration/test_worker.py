@@ -244,7 +244,7 @@ async def test_a_worker_whose_heartbeat_loop_dies_stops_instead_of_lingering() -
             raise RuntimeError("injected: state unavailable")
 
         worker.gossip.own_state = broken  # type: ignore[method-assign,assignment]
-        worker._state_changed()  # the next heartbeat builds the state, and fails
+        worker.gossip.changed()  # the next heartbeat builds the state, and fails
         await asyncio.wait_for(worker.wait(), timeout=10)
         assert isinstance(worker.failure, RuntimeError)
         assert "injected" in str(worker.failure)

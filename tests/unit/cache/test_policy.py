@@ -229,6 +229,17 @@ def test_prefetch_never_evicts_a_model_needed_sooner(full_abc):
     assert full_abc.prefetch_candidate(["a", "b", "c", "huge", "d"], 5) is None
 
 
+def test_the_paper_s_prefetch_only_fills_free_slabs(full_abc):
+    # the cache is full: the paper's rule prefetches nothing, the generalized one evicts a
+    assert full_abc.prefetch_candidate(["b", "d", "c"], 3, evict=False) is None
+    assert full_abc.prefetch_candidate(["b", "d", "c"], 3) == ("d", LoadPlan("d", ("a",), 3, 3))
+    full_abc.evict("a")  # three slabs free: now d fits as it is
+    assert full_abc.prefetch_candidate(["b", "d", "c"], 3, evict=False) == (
+        "d",
+        LoadPlan("d", (), 3, 0),
+    )
+
+
 def fragmented_core() -> CacheCore:
     """Four slabs, 'm2' at slab 1 and 'm4' at slab 3; slabs 0 and 2 free: no two adjacent."""
     core = make_core(4, {f"m{i}": S for i in range(1, 5)})

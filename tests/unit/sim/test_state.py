@@ -34,7 +34,7 @@ def look(state: ClusterState, viewer: int, now: float, own_wait: float = 0.0) ->
 def test_peers_are_seen_as_of_the_last_tick_at_least_staleness_old() -> None:
     state = make_state()
     state.advance(0.003)
-    state.queue_push(1, 0.5)
+    state.queue_changed(1, 0.5, ())
     # at 0.015 the view shows tick 0 (0.005 is less than one heartbeat ago): before the push
     assert look(state, 0, 0.015).wait_s[1] == 0.0
     assert look(state, 0, 0.0199).wait_s[1] == 0.0
@@ -45,8 +45,8 @@ def test_peers_are_seen_as_of_the_last_tick_at_least_staleness_old() -> None:
 def test_running_work_counts_what_is_left_at_the_published_tick() -> None:
     state = make_state(staleness=0.0)
     state.advance(0.0)
-    state.queue_push(2, 0.2)
-    state.queue_pop(2, 0.2, lane=0, ends=0.2, empty=True)
+    state.queue_changed(2, 0.2, ())
+    state.queue_changed(2, 0.0, (0.2,))  # a lane took it, expected to end at 0.2
     # with no staleness the view at 0.055 shows tick 5 (t = 0.05): 0.15 s left
     assert look(state, 0, 0.055).wait_s[2] == pytest.approx(0.15)
     assert look(state, 0, 0.35).wait_s[2] == 0.0

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from compass.cache.policy import CacheCore
+from compass.cache.pool import SlabPool
 from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
 from compass.sched import ViewSnapshot, WorkerState, make_policy
 from compass.worker.messages import (
@@ -24,20 +26,19 @@ from compass.worker.state import (
     Answer,
     AskPlan,
     Cancel,
-    Drop,
-    DropIngress,
-    Enqueue,
     Event,
     Instruction,
     PeerLost,
     PlanReady,
     Received,
+    RunTask,
     Send,
     Submit,
     TaskDone,
     TaskFailed,
     WorkerCore,
 )
+from compass.worker.lanes import Lanes
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000
@@ -103,12 +104,25 @@ class FakeView:
         del self.waits[worker]
 
 
+def resident_cache(*models: str) -> CacheCore:
+    """A cache of 10 GB holding ``models`` (1 GB each), loaded already."""
+    cache = CacheCore(SlabPool(10 * GB, GB // 10), dict.fromkeys(("m", "n"), GB))
+    for model in models:
+        plan = cache.plan_load(model)
+        assert plan is not None
+        cache.begin_load(model, plan)
+        cache.finish_load(model)
+    return cache
+
+
 def core(
     name: str = "a",
     names: Sequence[str] = ("a", "b", "c"),
     policy: str = "compass",
+    lanes: int = 8,
     **kwargs: Any,
 ) -> tuple[WorkerCore, FakeView]:
+    """A core with ``lanes`` idle lanes (each ready task starts at once) and model m resident."""
     view = FakeView(names)
     profiles = Profiles(
         h2d_bytes_per_s=1e9,
@@ -124,6 +138,7 @@ def core(
         policy=make_policy(policy),
         profiles=profiles,
         view=view,
+        lanes=Lanes(lanes=lanes, cache=resident_cache("m")),
         **kwargs,
     )
     return made, view
@@ -172,7 +187,7 @@ def run_locally(c: WorkerCore, steps: list[Instruction], now: float) -> list[Ins
     while pending:
         step = pending.pop(0)
         out.append(step)
-        if isinstance(step, Enqueue):
+        if isinstance(step, RunTask):
             pending.extend(c.handle(TaskDone(now, step.entry, f"out-{step.entry.task}")))
     return out
 
@@ -280,7 +295,7 @@ def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> N
     job2 = c.new_job_id()
     c.handle(Submit(0.2, job2, "chain", {"x": 1}, 8, 0.2))
     steps = c.handle(PlanReady(0.3, job2, None))
-    assert of(Send, steps) or of(Enqueue, steps)
+    assert of(Send, steps) or of(RunTask, steps)
     assert c.jobs[job2].plan.keys() == {"a", "b"}
 
 
@@ -374,31 +389,41 @@ def test_a_join_waits_for_every_input() -> None:
     c, _ = core("a", ("a",))
     plan = dict.fromkeys(DIAMOND.tasks, "a")
     first = task_msg(task="d", source="b", value=1, plan=plan, workflow="diamond")
-    assert of(Enqueue, c.handle(received(first))) == []
+    assert of(RunTask, c.handle(received(first))) == []
     assert len(c.inbox) == 1
     second = task_msg(task="d", source="c", value=2, plan=plan, workflow="diamond")
-    (enqueue,) = of(Enqueue, c.handle(received(second, 0.5)))
+    (enqueue,) = of(RunTask, c.handle(received(second, 0.5)))
     assert enqueue.entry.inputs == {"b": 1, "c": 2}
     assert len(c.inbox) == 0
 
 
 def test_messages_of_a_done_job_are_dropped_and_its_queued_tasks_removed() -> None:
-    c, _ = core("a", ("a",))
-    (drop,) = c.handle(received(DoneMsg("w9-1", None)))
-    assert drop == Drop("w9-1", None)
+    c, _ = core("a", ("a",), lanes=1)
+    one(RunTask, c.handle(received(task_msg(job="w9-7"))))  # the lane is busy with it
+    assert c.handle(received(task_msg(job="w9-1"))) == []  # queued behind
+    assert [e.job_id for e in c.lanes.queue] == ["w9-1"]
+    assert c.handle(received(DoneMsg("w9-1", None))) == []
+    assert len(c.lanes.queue) == 0
     assert c.handle(received(task_msg(job="w9-1"))) == []
+    assert len(c.lanes.queue) == 0
 
 
 def test_done_below_an_attempt_keeps_the_newer_attempt() -> None:
-    c, _ = core("a", ("a",))
+    c, _ = core("a", ("a",), lanes=1)
+    one(RunTask, c.handle(received(task_msg(job="w9-7"))))  # the lane is busy with it
     plan = dict.fromkeys(DIAMOND.tasks, "a")
     c.handle(received(task_msg(attempt=1, task="d", source="b", value=1, plan=plan,
                                workflow="diamond")))  # fmt: skip
-    (drop,) = c.handle(received(DoneMsg("w9-1", below=1)))
-    assert drop == Drop("w9-1", 1)
+    c.handle(received(task_msg(attempt=0, task="b", source="a", value=1)))
+    c.handle(received(task_msg(attempt=1, task="b", source="a", value=1)))
+    assert [e.attempt for e in c.lanes.queue] == [0, 1]
+    assert c.handle(received(DoneMsg("w9-1", below=1))) == []
+    assert [e.attempt for e in c.lanes.queue] == [1]  # attempt 0's queued task removed
     assert len(c.inbox) == 1  # attempt 1's input kept
     assert c.handle(received(task_msg(attempt=0))) == []  # attempt 0 is stale
-    assert of(Enqueue, c.handle(received(task_msg(attempt=1))))
+    assert len(c.lanes.queue) == 1
+    assert c.handle(received(task_msg(attempt=1))) == []  # queued: the lane is busy
+    assert [e.attempt for e in c.lanes.queue] == [1, 1]
 
 
 @pytest.mark.parametrize(
@@ -423,13 +448,13 @@ def test_a_bad_task_message_fails_its_job_at_the_ingress_and_is_counted(msg: Tas
 def test_a_finished_task_pushes_its_output_to_each_successor_and_a_sink_to_the_ingress() -> None:
     c, _ = core("a", ("a", "b"), policy="hash")  # static: no adjustment
     plan = {"a": "a", "b": "b", "c": "a", "d": "b"}
-    enqueue = one(Enqueue, c.handle(received(task_msg(workflow="diamond", plan=plan))))
+    enqueue = one(RunTask, c.handle(received(task_msg(workflow="diamond", plan=plan))))
     steps = c.handle(TaskDone(1.0, enqueue.entry, "A"))
     sends = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
     assert [(s.peer, s.msg.task, s.msg.source, s.msg.value) for s in sends] == [
         ("b", "b", "a", "A")
     ]
-    (local,) = of(Enqueue, steps)  # c runs here: delivered without the wire
+    (local,) = of(RunTask, steps)  # c runs here: delivered without the wire
     assert local.entry.task == "c" and local.entry.inputs == {"a": "A"}
     # d is a sink: its output goes to the ingress w9
     steps = c.handle(received(task_msg(workflow="diamond", task="d", source="b", value=1,
@@ -437,7 +462,7 @@ def test_a_finished_task_pushes_its_output_to_each_successor_and_a_sink_to_the_i
     assert steps == []
     steps = c.handle(received(task_msg(workflow="diamond", task="d", source="c", value=2,
                                        plan=dict.fromkeys(DIAMOND.tasks, "a"))))  # fmt: skip
-    (sink,) = of(Enqueue, steps)
+    (sink,) = of(RunTask, steps)
     (result,) = c.handle(TaskDone(2.0, sink.entry, "D"))
     assert isinstance(result, Send) and result.peer == "w9"
     assert result.msg == ResultMsg("w9-1", 0, "d", "D")
@@ -446,7 +471,7 @@ def test_a_finished_task_pushes_its_output_to_each_successor_and_a_sink_to_the_i
 def test_adjustment_moves_a_successor_off_a_long_queue_and_tells_the_ingress() -> None:
     c, view = core("a", ("a", "b", "c"))
     view.waits.update(a=50.0, b=50.0, c=0.0)  # b, where the plan sends task b, is far behind
-    enqueue = one(Enqueue, c.handle(received(task_msg(plan={"a": "a", "b": "b"}))))
+    enqueue = one(RunTask, c.handle(received(task_msg(plan={"a": "a", "b": "b"}))))
     steps = c.handle(TaskDone(1.0, enqueue.entry, "A"))
     placed = [s for s in of(Send, steps) if isinstance(s.msg, PlacedMsg)]
     pushed = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
@@ -458,7 +483,7 @@ def test_adjustment_moves_a_successor_off_a_long_queue_and_tells_the_ingress() -
 
 def test_a_failed_task_reports_to_its_ingress_unless_its_job_is_done() -> None:
     c, _ = core("a", ("a",))
-    enqueue = one(Enqueue, c.handle(received(task_msg())))
+    enqueue = one(RunTask, c.handle(received(task_msg())))
     (send,) = c.handle(TaskFailed(1.0, enqueue.entry, "RuntimeError: boom", "tb"))
     assert isinstance(send, Send) and isinstance(send.msg, FailedMsg)
     assert send.msg.message == "RuntimeError: boom" and send.msg.traceback == "tb"
@@ -519,13 +544,16 @@ def test_a_job_runs_on_while_a_resubmission_of_its_key_waits() -> None:
 
 
 def test_a_lost_ingress_leaves_no_inputs_behind() -> None:
-    c, _ = core("a", ("a", "w9"))
+    c, _ = core("a", ("a", "w9", "w8"), lanes=1)
+    one(RunTask, c.handle(received(task_msg(job="w8-1", ingress="w8"))))  # the lane is busy
+    c.handle(received(task_msg(job="w9-2")))
+    c.handle(received(task_msg(job="w8-2", ingress="w8")))
     plan = dict.fromkeys(DIAMOND.tasks, "a")
     c.handle(received(task_msg(task="d", source="b", value=1, plan=plan, workflow="diamond")))
     assert len(c.inbox) == 1
-    steps = c.handle(PeerLost(1.0, "w9"))  # the ingress of w9-1 is gone
+    c.handle(PeerLost(1.0, "w9"))  # the ingress of w9-1 and w9-2 is gone
     assert len(c.inbox) == 0
-    assert DropIngress("w9") in steps
+    assert [e.job_id for e in c.lanes.queue] == ["w8-2"]  # w9-2's queued task removed
     # the job's other input arrives late: dropped, not held forever
     late = task_msg(task="d", source="c", value=2, plan=plan, workflow="diamond")
     assert c.handle(received(late, 2.0)) == []

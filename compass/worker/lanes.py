@@ -1,0 +1,371 @@
+"""A worker's queues, execution lanes and model residency, sans-IO: which task runs next, on
+which lane, when its model is resident, what is loaded, prefetched or evicted.
+
+Part of the worker core (:class:`~compass.worker.state.WorkerCore` drives it; the asyncio
+worker and the simulator both carry out what it decides). It imports no asyncio and reads no
+clock: every call passes the current time.
+
+The rules:
+
+- **Queues.** A ready task joins the GPU queue (a :class:`~compass.worker.queue.TaskQueue`,
+  priority order). With host lanes (``host_lanes > 0``) a model-less task joins a queue of its
+  own served by those lanes, never waiting behind a GPU task nor holding one up; without them
+  (the paper's model) the GPU lanes run every task.
+- **Lanes.** An idle lane takes the next task at once. A task with a model asks the cache for
+  it (:meth:`CacheCore.acquire <compass.cache.policy.CacheCore.acquire>`): resident, it runs
+  now (:class:`RunTask`, its model pinned); being loaded, it runs when the load ends; missing,
+  the load starts (:class:`LoadModel`, evicting what the plan says) and the task runs when it
+  ends; when pinned or loading models hold the slabs it needs, it waits until one is released.
+- **Prefetch.** When every lane is busy and a task is queued, and when a task starts, the
+  first model of the queue's look-ahead that is neither resident nor loading is loaded if it
+  fits without evicting anything needed sooner (or, the paper's rule, in free slabs only);
+  never while another load is under way (the
+  copy bandwidth is shared: a task's own load would take longer).
+- **Warming.** An idle worker (no task queued or running, no speculative load) whose policy
+  warms caches loads, into free slabs only, the model the cluster holds least for its demand.
+  It checks when it falls idle, when a speculative load ends, and on :meth:`Lanes.tick`.
+- **Stuck tasks.** A task that ran past its timeout frees its lane but keeps its model pinned
+  until its thread returns. Past ``max_stuck`` such tasks the worker is *degraded*: a task with
+  a model fails at once (:class:`~compass.errors.WorkerUnavailable`) instead of running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
+from compass.errors import CompassError, ConfigError, WorkerUnavailable
+from compass.worker.queue import QueuedTask, TaskQueue
+
+__all__ = ["Lanes", "LoadModel", "RunTask"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunTask:
+    """Run ``entry`` on ``lane`` now; its model (if any) is resident and pinned for it.
+
+    GPU lanes are numbered from 0, host lanes after them. ``fetch_s``: how long it waited for
+    its model; ``hit``: whether the model was resident when the task asked (None: no model).
+    """
+
+    entry: QueuedTask
+    lane: int
+    host: bool
+    fetch_s: float
+    hit: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel:
+    """Copy ``model``'s weights into the slabs the cache gave it; ``evict`` left the cache to
+    make room (their modules go). Answer with ``ModelLoaded`` or ``LoadFailed``."""
+
+    model: str
+    evict: tuple[str, ...]
+    prefetch: bool
+
+
+class Steps(Protocol):
+    """Where the lanes put what they decide (the worker core's list of instructions)."""
+
+    def append(self, step: RunTask | LoadModel, /) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """A task on a lane, from the moment the lane took it."""
+
+    entry: QueuedTask
+    lane: int
+    host: bool
+    asked_at: float
+    upcoming: list[str] = field(default_factory=list)
+    hit: bool | None = None
+    waited: bool = False
+
+
+class Lanes:
+    """The queues, lanes and model residency of one worker; see the module docstring.
+
+    ``cache`` decides residency (its pool is the worker's slabs). ``prefetch_depth`` is how far
+    the look-ahead reaches (0: no speculative loads at all); ``prefetch_evicts=False`` keeps
+    prefetches to free slabs (the paper's rule); ``demand`` (expected seconds of
+    use per model and job) turns warming on. Failures of a task inside the lanes (a model that
+    can never fit, a load that failed, a degraded worker) go to :attr:`on_fail`; the worker
+    core sets it, and :attr:`wanted`, the models worth warming (most wanted first).
+    """
+
+    def __init__(
+        self,
+        *,
+        lanes: int,
+        cache: CacheCore,
+        host_lanes: int = 0,
+        prefetch_depth: int = 3,
+        prefetch_evicts: bool = True,
+        demand: Mapping[str, float] | None = None,
+        max_stuck: int = 4,
+    ) -> None:
+        if lanes < 1 or host_lanes < 0:
+            raise ConfigError(f"need lanes >= 1 and host_lanes >= 0, got {lanes}, {host_lanes}")
+        self.cache = cache
+        self.lanes = lanes
+        self.host_lanes = host_lanes
+        self.queue = TaskQueue()
+        #: model-less tasks when host lanes run them (else unused and empty)
+        self.host_queue = TaskQueue()
+        self.prefetch_depth = prefetch_depth
+        self.prefetch_evicts = prefetch_evicts
+        known = cache.models()
+        #: models worth warming: those with demand the cache knows
+        self.demand = {m: s for m, s in (demand or {}).items() if m in known}
+        self.max_stuck = max_stuck
+        #: tasks abandoned past their timeout whose threads still run
+        self.stuck = 0
+        self._idle = list(range(lanes - 1, -1, -1))  # popped from the end: lane 0 first
+        self._host_idle = list(range(lanes + host_lanes - 1, lanes - 1, -1))
+        self._runs: dict[QueuedTask, _Run] = {}
+        #: model -> the runs waiting for its load
+        self._loading: dict[str, list[_Run]] = {}
+        #: the model of the speculative load under way (prefetch or warm), if any
+        self._speculating: str | None = None
+        #: runs waiting for pinned or loading slabs to be released
+        self._blocked: list[_Run] = []
+        self._sizes = {m: cache.size_bytes(m) for m in self.demand}
+        self._smallest = min(self._sizes.values(), default=0)
+        #: where :class:`RunTask` and :class:`LoadModel` go (the core's list of the moment)
+        self.out: Steps = []
+        self.on_fail: Callable[[QueuedTask, CompassError, float], None] = _unhandled
+        self.wanted: Callable[[float], Sequence[str]] = _nothing_wanted
+
+    # -- what the view and status read ---------------------------------------------------------
+
+    @property
+    def busy(self) -> int:
+        """GPU lanes running (or fetching the model of) a task."""
+        return self.lanes - len(self._idle)
+
+    @property
+    def host_busy(self) -> int:
+        """Host lanes running a task."""
+        return self.host_lanes - len(self._host_idle)
+
+    @property
+    def degraded(self) -> bool:
+        """Too many stuck tasks: no more GPU work here."""
+        return self.stuck >= self.max_stuck
+
+    def wait_s(self, now: float) -> float:
+        """The GPU queue's expected wait (what heartbeats report)."""
+        return self.queue.wait_s(now)
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    def submit(self, entry: QueuedTask, now: float) -> None:
+        """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
+        if entry.model is None and self.host_lanes:
+            self.host_queue.push(entry)
+            self._fill_host(now)
+            return
+        self.queue.push(entry)
+        if self._idle:
+            self.fill(now)
+        elif self.prefetch_depth:
+            # every lane is busy: use the time to bring in what the queue needs next
+            self._prefetch()
+
+    def drop(self, stale: Callable[[QueuedTask], bool]) -> int:
+        """Remove the queued (not yet running) tasks ``stale`` is true of."""
+        return len(self.queue.drop(stale)) + len(self.host_queue.drop(stale))
+
+    def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> None:
+        """``entry``'s run ended (done or failed): its lane is free. ``still_running``: it was
+        abandoned past its timeout, and keeps its model pinned until :meth:`returned`."""
+        run = self._runs.pop(entry, None)
+        if run is None:
+            return
+        if still_running:
+            self.stuck += 1
+        if run.host:
+            self._host_idle.append(run.lane)
+            self.host_queue.finish(entry)
+            return
+        self._idle.append(run.lane)
+        self.queue.finish(entry)
+        if entry.model is not None and not still_running:
+            self._unpin(entry.model, now)
+
+    def returned(self, entry: QueuedTask, now: float) -> None:
+        """The thread of an abandoned task returned: its model is unpinned."""
+        self.stuck -= 1
+        if entry.model is not None:
+            self._unpin(entry.model, now)
+        self.fill(now)
+
+    def fill(self, now: float) -> None:
+        """Idle lanes take the next ready tasks."""
+        while self._idle:
+            entry = self.queue.pop(now)
+            if entry is None:
+                if not self.busy:
+                    self._warm(now)
+                break
+            lane = self._idle.pop()
+            run = _Run(entry, lane, False, now)
+            self._runs[entry] = run
+            model = entry.model
+            if model is None:
+                self._start(run, now)
+            elif self.degraded:
+                self._fail(run, WorkerUnavailable(
+                    f"this worker has {self.stuck} stuck tasks (timed out, still running) "
+                    "and takes no more GPU work"
+                ), now)  # fmt: skip
+            else:
+                run.hit = self.cache.record_request(model)
+                run.upcoming = self.queue.upcoming_models()
+                self._ensure(run, now)
+        self._fill_host(now)
+
+    def _fill_host(self, now: float) -> None:
+        while self._host_idle:
+            entry = self.host_queue.pop(now)
+            if entry is None:
+                return
+            run = _Run(entry, self._host_idle.pop(), True, now)
+            self._runs[entry] = run
+            self.out.append(RunTask(entry, run.lane, True, 0.0, None))
+
+    def _ensure(self, run: _Run, now: float) -> None:
+        """The next step towards running ``run``: its model resident and pinned."""
+        name = run.entry.model
+        assert name is not None
+        try:
+            step = self.cache.acquire(name, run.upcoming)
+        except CompassError as exc:  # ModelTooLarge: it can never fit here
+            self._fail(run, exc, now)
+            return
+        if step == READY:
+            self._start(run, now)
+        elif step == WAIT:
+            if not run.waited:
+                self.cache.record_wait()
+                run.waited = True
+            self._blocked.append(run)
+        else:
+            if isinstance(step, LoadPlan):
+                self._begin_load(name, step, prefetch=False)
+                self.cache.pin(name)
+            self._loading[name].append(run)
+
+    def _start(self, run: _Run, now: float) -> None:
+        entry = run.entry
+        fetch_s = now - run.asked_at if entry.model is not None else 0.0
+        self.out.append(RunTask(entry, run.lane, False, fetch_s, run.hit))
+        if self.prefetch_depth:
+            self._prefetch()
+
+    def _fail(self, run: _Run, error: CompassError, now: float) -> None:
+        """``run`` cannot run: its lane is free, its job hears why."""
+        self._runs.pop(run.entry, None)
+        self._idle.append(run.lane)
+        self.queue.finish(run.entry)
+        self.on_fail(run.entry, error, now)
+
+    # -- models --------------------------------------------------------------------------------
+
+    def _begin_load(self, name: str, plan: LoadPlan, *, prefetch: bool) -> None:
+        self.cache.begin_load(name, plan, prefetch=prefetch)
+        self._loading[name] = []
+        if prefetch:
+            self._speculating = name
+        self.out.append(LoadModel(name, plan.evict, prefetch))
+
+    def loaded(self, name: str, seconds: float, now: float) -> None:
+        """The load of ``name`` ended in ``seconds``: its waiters run."""
+        waiters = self._loading.pop(name, None)
+        if waiters is None:
+            return  # not a load of this core's (already aborted)
+        self.cache.finish_load(name, seconds)
+        for run in waiters:
+            self._start(run, now)
+        self._load_ended(name, now)
+
+    def load_failed(self, name: str, error: CompassError, now: float) -> None:
+        """The load of ``name`` failed: its slabs are freed, the tasks waiting for it fail."""
+        waiters = self._loading.pop(name, None)
+        if waiters is None:
+            return
+        self.cache.abort_load(name)
+        for run in waiters:
+            self._unpin(name, now)
+            self._fail(run, error, now)
+        self._load_ended(name, now)
+
+    def _load_ended(self, name: str, now: float) -> None:
+        self._retry_blocked(now)
+        if self._speculating == name:
+            self._speculating = None
+            self._warm(now)
+        self.fill(now)
+
+    def _unpin(self, name: str, now: float) -> None:
+        if self.cache.unpin(name) == 0:
+            self._retry_blocked(now)
+
+    def _retry_blocked(self, now: float) -> None:
+        """A pin or a load was released: every waiting run asks again, in order."""
+        if not self._blocked:
+            return
+        waiting, self._blocked = self._blocked, []
+        for run in waiting:
+            self._ensure(run, now)
+
+    def _prefetch(self) -> None:
+        """One speculative load at a time, never evicting what is needed sooner, and never
+        while another load is under way (they would share the copy bandwidth: the load a
+        task waits for would take longer)."""
+        if self._loading:
+            return
+        upcoming = self.queue.upcoming_models()
+        candidate = self.cache.prefetch_candidate(
+            upcoming, self.prefetch_depth, evict=self.prefetch_evicts
+        )
+        if candidate is not None:
+            self._begin_load(*candidate, prefetch=True)
+
+    def tick(self, now: float) -> None:
+        """A periodic check (the real worker's heartbeat): warm the cache if idle."""
+        self._warm(now)
+
+    def _warm(self, now: float) -> None:
+        """Warm an idle cache with the model the cluster holds least for its demand: only into
+        free slabs, one load at a time, never while work is queued or running."""
+        if (
+            not self.demand
+            or not self.prefetch_depth
+            or self._loading
+            or self.busy
+            or len(self.queue)
+        ):
+            return
+        cache = self.cache
+        free = cache.free_bytes()
+        if free < self._smallest or not any(
+            size <= free and not cache.is_resident(m) and not cache.is_loading(m)
+            for m, size in self._sizes.items()
+        ):
+            return  # the common case once caches fill up: no need to look at the view
+        candidate = cache.warm_candidate(self.wanted(now))
+        if candidate is not None:
+            self._begin_load(*candidate, prefetch=True)
+
+
+def _unhandled(entry: QueuedTask, error: CompassError, now: float) -> None:
+    raise error
+
+
+def _nothing_wanted(now: float) -> Sequence[str]:
+    return ()

@@ -1,0 +1,224 @@
+"""The worker's request table: what clients and peers may ask of a worker, checked at the door.
+
+Clients may ``ping``, ask for ``status`` and ``trace``, and ``submit`` jobs. Peers (channels
+that authenticated as workers) may also ``join``, ask for a ``plan``, and send one-way
+heartbeats, ``leave`` notices and the typed peer messages of :mod:`compass.worker.messages`. A
+peer-only request from a client is refused with a :class:`~compass.errors.ProtocolError`; a
+peer-only notification from a client, or a malformed one from a peer, is counted as dropped and
+logged: it never raises inside the worker. What passes becomes an event of the worker core.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import compass
+from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
+from compass.wire.rpc import Router
+from compass.wire.transport import Channel
+from compass.worker.messages import (
+    DoneMsg,
+    FailedMsg,
+    PlacedMsg,
+    PlanRequest,
+    ResultMsg,
+    TaskMsg,
+    decode,
+)
+from compass.worker.state import Received
+from compass.worker.stats import payload_bytes
+
+if TYPE_CHECKING:
+    from compass.worker.membership import Membership
+    from compass.worker.server import Worker
+
+__all__ = ["describe", "make_router"]
+
+log = logging.getLogger("compass.worker")
+
+PeerHandler = Callable[[Channel, Any], None]
+
+#: pushes at least this large feed the measured network bandwidth
+MEASURED_TRANSFER_BYTES = 1 << 20
+
+#: the longest job key a client may give
+MAX_KEY_CHARS = 128
+
+
+def make_router(worker: Worker) -> Router:
+    """The request table of ``worker``."""
+    router = Router()
+    requests = _Requests(worker)
+    router.inline("ping")(requests.ping)
+    router.inline("status")(requests.status)
+    router.inline("trace")(requests.trace)
+    router.request("submit")(requests.submit)
+    router.request("join")(requests.join)
+    router.request("plan")(requests.plan)
+    router.notify("heartbeat")(requests.from_peers("heartbeat", requests.heartbeat))
+    router.notify("leave")(requests.from_peers("leave", requests.leave))
+    for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
+        handler = requests.peer_message(message.op)
+        router.notify(message.op)(requests.from_peers(message.op, handler))
+    return router
+
+
+def describe(worker: Worker) -> dict[str, Any]:
+    """``compass status``: the worker, its peers, its queues, cache and counters."""
+    lanes, membership = worker.lanes, worker.membership
+    return {
+        "name": worker.name,
+        "address": worker.address,
+        "version": compass.__version__,
+        "uptime_s": round(time.monotonic() - worker.started_at, 3),
+        "policy": worker.policy.name,
+        "emulate": worker.config.emulate,
+        "advertised": "" if membership is None else membership.address,
+        "peers": [] if membership is None else membership.describe(),
+        # peers lost and being retried (with backoff) until they answer again
+        "lost": [] if membership is None else membership.describe_lost(),
+        # the workers this one can place tasks on (itself and every peer it has heard from)
+        # and what its planner currently believes of each
+        "cluster": worker.gossip.describe(),
+        "workflows": sorted(worker.app.workflows),
+        "queue": {
+            "ready": len(lanes.queue),
+            "waiting_inputs": len(worker.core.inbox),
+            "running": lanes.busy,
+            "lanes": lanes.lanes,
+            "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
+            "host_ready": len(lanes.host_queue),
+            "host_running": lanes.host_busy,
+            "host_lanes": lanes.host_lanes,
+            "stuck": lanes.stuck,
+            "degraded": lanes.degraded,
+        },
+        "jobs_in_flight": len(worker.core.jobs),
+        "cache": worker.cache.snapshot(),
+        "stats": worker.stats.to_wire(),
+        "metrics": worker.metrics.address or None,
+    }
+
+
+class _Requests:
+    """The handlers, over one worker."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    # -- anyone --------------------------------------------------------------------------------
+    def ping(self, channel: Channel, body: Any) -> Any:
+        return body
+
+    def status(self, channel: Channel, body: Any) -> dict[str, Any]:
+        return describe(self.worker)
+
+    def trace(self, channel: Channel, body: Any) -> list[dict[str, Any]]:
+        """The records of recently answered jobs; ``{"clear": true}`` empties the log."""
+        trace = self.worker.trace
+        records = list(trace)
+        if isinstance(body, dict) and body.get("clear"):
+            trace.clear()
+        return records
+
+    async def submit(self, channel: Channel, body: Any) -> Any:
+        if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
+            raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
+        key = body.get("key")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS):
+            raise InvalidInputs(f"a job key must be a string of 1 to {MAX_KEY_CHARS} characters")
+        return await self.worker.submit(body["workflow"], body.get("inputs") or {}, key)
+
+    # -- peers ---------------------------------------------------------------------------------
+    async def join(self, channel: Channel, body: Any) -> dict[str, Any]:
+        membership = self._membership(channel, "join")
+        return membership.accept_join(channel, body)
+
+    async def plan(self, channel: Channel, body: Any) -> dict[str, str]:
+        """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
+        self._require_peer(channel, "plan")
+        if not isinstance(body, dict):
+            raise ProtocolError("a plan request must be a map")
+        worker = self.worker
+        return worker.core.plan_for(PlanRequest.from_wire(body), worker.clock())
+
+    def from_peers(self, op: str, handler: PeerHandler) -> PeerHandler:
+        """A one-way handler only workers may trigger: from a client, ``op`` is dropped."""
+        stats, name = self.worker.stats, self.worker.name
+
+        def guarded(channel: Channel, body: Any) -> None:
+            if channel.peer_role != "worker":
+                stats.messages_dropped += 1
+                log.warning("%s: dropped %r from a %s", name, op, channel.peer_role)
+                return
+            handler(channel, body)
+
+        return guarded
+
+    def heartbeat(self, channel: Channel, body: Any) -> None:
+        # one of a peer that joined, of its current incarnation, counts (not one naming this
+        # worker, nor a stranger); a malformed one is dropped like any bad peer message
+        worker = self.worker
+        if worker.membership is None:
+            return
+        try:
+            worker.gossip.on_heartbeat(channel, body, worker.membership)
+        except CompassError as exc:
+            worker.stats.messages_dropped += 1
+            log.warning("%s: dropped a malformed heartbeat from %s: %s", worker.name,
+                        channel.peer_name, exc)  # fmt: skip
+
+    def leave(self, channel: Channel, body: Any) -> None:
+        """A peer stopped on purpose: forget it (no retries); its jobs are re-planned."""
+        membership = self.worker.membership
+        if membership is not None and isinstance(body, dict) and isinstance(body.get("name"), str):
+            membership.forget(body["name"], "it left the cluster")
+
+    def peer_message(self, op: str) -> PeerHandler:
+        """The handler of the typed peer message ``op``: decoded and checked, then an event
+        of the core."""
+        worker = self.worker
+
+        def handle(channel: Channel, body: Any) -> None:
+            try:
+                msg = decode(op, body)
+            except ProtocolError as exc:
+                worker.stats.messages_dropped += 1
+                log.warning("%s: dropped a malformed %r from %s: %s", worker.name, op,
+                            channel.peer_name, exc)  # fmt: skip
+                return
+            if isinstance(msg, TaskMsg):
+                worker.apply(self._task_arrived(channel, msg))
+            else:
+                worker.apply(Received(worker.clock(), channel.peer_name, msg))
+
+        return handle
+
+    def _task_arrived(self, channel: Channel, msg: TaskMsg) -> Received:
+        """A pushed task input: its transfer time and its job's age, from the wall clock."""
+        worker = self.worker
+        scale = worker.config.time_scale
+        wall = time.time()
+        transfer_s = max(0.0, wall - msg.sent) / scale
+        now = worker.clock()
+        if not worker.config.emulate and transfer_s > 0:
+            nbytes = payload_bytes(msg.value)
+            if nbytes >= MEASURED_TRANSFER_BYTES:  # small pushes measure latency, not bandwidth
+                worker.profiles.observe_transfer(channel.peer_name, worker.name, nbytes, transfer_s)
+        arrival = now - max(0.0, wall - msg.t0) / scale
+        return Received(now, channel.peer_name, msg, transfer_s, arrival)
+
+    # -- checks --------------------------------------------------------------------------------
+    def _require_peer(self, channel: Channel, op: str) -> None:
+        if channel.peer_role != "worker":
+            raise ProtocolError(f"{op!r} is for workers; a {channel.peer_role} sent it")
+
+    def _membership(self, channel: Channel, op: str) -> Membership:
+        self._require_peer(channel, op)
+        membership = self.worker.membership
+        if membership is None:
+            raise WorkerUnavailable(f"worker {self.worker.name} is not serving yet")
+        return membership
