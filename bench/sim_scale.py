@@ -37,6 +37,7 @@ def run(json_path: str | None = None, jobs: int = 100_000, workers: int = 240) -
         mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
         load=LOAD,
         seed=0,
+        weights=workload.weight_list(),
     )
     arrivals_s = time.perf_counter() - started
     result = simulate(workload, workers=workers, policy="compass", arrivals=arrivals)

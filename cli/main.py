@@ -48,6 +48,8 @@ bench_app = typer.Typer(
 )
 app.add_typer(worker_app, name="worker")
 app.add_typer(bench_app, name="bench")
+workload_app = typer.Typer(help="Workload spec files.", no_args_is_help=True)
+app.add_typer(workload_app, name="workload")
 
 MiB = 1 << 20
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
@@ -777,6 +779,34 @@ HostLanes = Annotated[
 ]
 Workers = Annotated[int, typer.Option(min=1, help="Worker processes.")]
 Jobs = Annotated[int, typer.Option(min=1, help="Jobs per policy.")]
+Capacity = Annotated[
+    bool,
+    typer.Option(
+        "--capacity", help="Search each policy's highest load multiple that meets each SLO."
+    ),
+]
+SloFlag = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--slo",
+        help="--capacity: an SLO besides median2, p95x3, p99x5: pNNxS or medianS (repeatable).",
+    ),
+]
+MaxLoad = Annotated[float, typer.Option(help="--capacity: the highest load multiple tried.")]
+
+
+def _capacity_args(seeds: str, slo: list[str] | None, max_load: float) -> tuple[Any, Any]:
+    """``--seeds``, ``--slo`` and ``--max-load`` checked: (seeds, SLOs: built-ins first)."""
+    from compass.sim.capacity import BUILTIN_SLOS, parse_seeds, parse_slo
+
+    if not 0 < max_load < float("inf"):
+        _fail(f"--max-load {max_load}: must be a finite number > 0", 2)
+    slos = list(BUILTIN_SLOS)
+    for text in (t for value in slo or [] for t in _names(value)):
+        extra = parse_slo(text)
+        if extra.name not in {s.name for s in slos}:
+            slos.append(extra)
+    return parse_seeds(seeds), slos
 
 
 def _names(text: str) -> list[str]:
@@ -817,6 +847,11 @@ def bench_e2e(
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     json_path: JsonPath = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
+    capacity: Capacity = False,
+    seeds: Annotated[str, typer.Option(help="--capacity: arrival seeds, 0-4 or 0,1,2.")] = "0",
+    slo: SloFlag = None,
+    max_load: MaxLoad = 4.0,
+    steps: Annotated[int, typer.Option(min=0, help="--capacity: bisection steps.")] = 2,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
@@ -842,6 +877,20 @@ def bench_e2e(
         heartbeat_min_ms=heartbeat_min_ms,
         host_lanes=host_lanes,
     )
+    if capacity:
+        if sweep:
+            _fail("--capacity does not combine with --servers-sweep", 2)
+        seed_list, slos = _capacity_args(seeds, slo, max_load)
+        e2e.run_capacity(
+            config,
+            seeds=seed_list,
+            slos=slos,
+            max_load=max_load,
+            steps=steps,
+            json_path=json_path,
+            plot_path=plot,
+        )
+        return
     e2e.run(
         config,
         json_path=json_path,
@@ -851,10 +900,46 @@ def bench_e2e(
     )
 
 
+@bench_app.command("generalize")
+def bench_generalize(
+    workloads: Annotated[int, typer.Option(min=1, help="Generated workloads: seeds 0..N-1.")] = 20,
+    policies: Annotated[
+        str | None, typer.Option(help="Comma-separated; default compass,jsq,heft,hash,jit.")
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="Arrival seeds per workload, 0-4 or 0,1,2.")] = "0",
+    slo: SloFlag = None,
+    max_load: MaxLoad = 8.0,
+    jobs: Jobs = 500,
+    arrival: Arrival = "poisson",
+    json_path: JsonPath = None,
+) -> None:
+    """Compass's simulated capacity against the best baseline's on generated workloads."""
+    from compass._bench import generalize
+
+    names = _names(policies) if policies is not None else None
+    if names is not None:
+        _check_policies(names)
+    seed_list, slos = _capacity_args(seeds, slo, max_load)
+    _check_output(json_path, "--json")
+    generalize.run(
+        workloads=workloads,
+        policies=names,
+        seeds=seed_list,
+        slos=slos,
+        jobs=jobs,
+        max_load=max_load,
+        arrival=arrival,
+        json_path=json_path,
+    )
+
+
 @app.command()
 def sim(
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Simulated workers (up to hundreds).")] = 5,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Simulated workers (default: the spec's cluster.workers)."),
+    ] = None,
     policies: Policies = "compass,jsq,heft,hash",
     arrival: Arrival = "poisson",
     cv: Annotated[float, typer.Option(help="Gamma arrivals: std / mean of inter-arrivals.")] = 1.0,
@@ -876,6 +961,14 @@ def sim(
     time_scale: Annotated[float, typer.Option(help="--compare-real: real s per spec s.")] = 0.25,
     json_path: JsonPath = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
+    capacity: Capacity = False,
+    seeds: Annotated[str, typer.Option(help="--capacity: arrival seeds, 0-4 or 0,1,2.")] = "0-4",
+    slo: SloFlag = None,
+    max_load: MaxLoad = 8.0,
+    prefetch: Annotated[
+        str,
+        typer.Option(help="evict: prefetch may evict models needed later; free: free slabs only."),
+    ] = "evict",
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
     from compass.sim import report
@@ -884,9 +977,40 @@ def sim(
     _check_policies(names)
     spec = workload or _default_workload()
     _check_workload(spec)
+    if workers is None:
+        from compass.workflow.spec import load_workload
+
+        workers = load_workload(spec).cluster.workers
     sweep = _sweep(servers_sweep)
     _check_output(json_path, "--json")
     _check_plot(plot)
+    if prefetch not in ("evict", "free"):
+        _fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
+    evicts = prefetch == "evict"
+    if capacity:
+        from compass.sim.capacity import run_capacity_cli
+
+        if compare_real or sweep:
+            _fail("--capacity does not combine with --compare-real or --servers-sweep", 2)
+        seed_list, slos = _capacity_args(seeds, slo, max_load)
+        run_capacity_cli(
+            spec,
+            workers=workers,
+            policies=names,
+            seeds=seed_list,
+            slos=slos,
+            jobs=jobs,
+            max_load=max_load,
+            arrival=arrival,
+            cv=cv,
+            heartbeat_ms=heartbeat_ms,
+            staleness_ms=staleness_ms,
+            host_lanes=host_lanes,
+            json_path=json_path,
+            plot_path=plot,
+            options={"prefetch_evicts": evicts},
+        )
+        return
     if compare_real:
         from compass._bench import e2e, fidelity
 
@@ -920,7 +1044,31 @@ def sim(
         json_path,
         plot,
         host_lanes,
+        prefetch_evicts=evicts,
     )
+
+
+@workload_app.command("generate")
+def workload_generate(
+    seed: Annotated[int, typer.Option(help="Same seed, same workload.")] = 0,
+    json_path: Annotated[
+        str | None, typer.Option("--json", help="Write the spec here (default: stdout).")
+    ] = None,
+) -> None:
+    """Draw a realistic workload spec (compass.workflow.generate) and print a summary line."""
+    from compass.workflow.generate import generate_spec, summary_line
+    from compass.workflow.spec import parse_workload
+
+    _check_output(json_path, "--json")
+    spec = generate_spec(seed)
+    line = summary_line(parse_workload(spec, source=f"generated-{seed}"))
+    text = json.dumps(spec, indent=2) + "\n"
+    if json_path is None:
+        typer.echo(text, nl=False)
+        typer.echo(line, err=True)
+        return
+    Path(json_path).write_text(text, encoding="utf-8")
+    typer.echo(f"{line}; written to {json_path}")
 
 
 @app.command()

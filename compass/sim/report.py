@@ -6,7 +6,6 @@ a target (the paper's "same workload on half the servers" comparison).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +25,10 @@ from rich.table import Table
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, job_arrivals
+from compass.sim.capacity import write_json
 from compass.sim.engine import simulate
+from compass.workflow.best import declared_disagreements
+from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload, load_workload
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "print_servers_needed",
     "progress_bar",
     "run_cli",
+    "warn_declared_best",
 ]
 
 #: worker counts evaluated before bisecting, at most
@@ -58,6 +61,8 @@ def run_cli(
     json_path: str | None,
     plot_path: str | None,
     host_lanes: int = 0,
+    *,
+    prefetch_evicts: bool = True,
 ) -> dict[str, Any]:
     """Simulate every policy of ``policies`` on the same arrivals of the workload at
     ``workload_path``; print a table per policy; write ``json_path`` and ``plot_path`` (PNG)
@@ -78,6 +83,7 @@ def run_cli(
     if not target_slowdown > 0:
         raise ConfigError(f"target slowdown must be > 0, got {target_slowdown!r}")
     workload = load_workload(workload_path)
+    warn_declared_best(workload, Console(stderr=True), lanes=1, host_lanes=host_lanes)
     mean_interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
     arrivals = job_arrivals(
         list(workload.workflows),
@@ -87,6 +93,7 @@ def run_cli(
         load=load,
         cv=cv,
         seed=seed,
+        weights=workload.weight_list(),
     )
     heartbeat_s = heartbeat_ms / 1000.0
     staleness_s = None if staleness_ms is None else staleness_ms / 1000.0
@@ -101,6 +108,7 @@ def run_cli(
             staleness_s=staleness_s,
             seed=seed,
             host_lanes=host_lanes,
+            prefetch_evicts=prefetch_evicts,
         )
 
     console = Console()
@@ -139,6 +147,7 @@ def run_cli(
             "heartbeat_ms": heartbeat_ms,
             "staleness_ms": heartbeat_ms if staleness_ms is None else staleness_ms,
             "host_lanes": host_lanes,
+            "prefetch": "evict" if prefetch_evicts else "free",
             "mean_interval_ms_per_client": workload.arrivals.mean_interval_ms_per_client,
             "cache_bytes": workload.cluster.gpu_memory_bytes,
             "servers_sweep": list(servers_sweep) if servers_sweep else None,
@@ -163,12 +172,22 @@ def run_cli(
         out["sweep"] = {p: {str(n): v for n, v in sorted(s.items())} for p, s in sweep.items()}
         console.print(_sweep_table(needed, servers_sweep, target_slowdown))
     if json_path:
-        _write_json(json_path, out)
+        write_json(json_path, out)
         console.print(f"wrote {json_path}")
     if plot_path:
         plot_results(plot_path, workload, latencies_ms, results, sweep, target_slowdown)
         console.print(f"wrote {plot_path}")
     return out
+
+
+def warn_declared_best(
+    workload: Workload, console: Console, *, lanes: int = 1, host_lanes: int = 0
+) -> None:
+    """Print a warning for each workflow whose declared ``best_ms`` disagrees with the best
+    time compass computes (and uses) by more than 5%."""
+    profiles = Profiles.from_workload(workload)
+    for line in declared_disagreements(workload, profiles, lanes=lanes, host_lanes=host_lanes):
+        console.print(f"[yellow]warning:[/] {line}", highlight=False)
 
 
 def progress_bar() -> Progress:
@@ -326,14 +345,6 @@ def _sweep_table(needed: Mapping[str, int | None], sweep: tuple[int, int], targe
     for policy, n in needed.items():
         table.add_row(policy, "none" if n is None else str(n))
     return table
-
-
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
 
 
 def plot_results(

@@ -1,0 +1,680 @@
+"""Capacity at an SLO: the highest multiple of a workload's arrival rate a policy sustains.
+
+An SLO says what fraction of jobs must finish within what slowdown (latency over the
+workflow's best time): ``p95x3`` is "95% of jobs within 3x". A job that did not finish has an
+infinite slowdown. A policy *meets* an SLO at a load when its attainment (the fraction of jobs
+within the slowdown) is at least the SLO's quantile.
+
+Attainment falls with load in expectation, not in every seeded run, so the search is per seed:
+walk a grid of load multiples upward to the first load that misses, then bisect between the
+last grid load that met and that miss. A policy that misses even the lowest grid load has no
+capacity (None); one that meets every grid load is capped at the grid's top (``max_load``).
+Runs are cached per (policy, seed, load), so every SLO reads the same runs.
+
+The search takes the run as a function ``run(policy, seed, load) -> slowdowns``, so the same
+code drives the simulator (:func:`simulator_run`) and a real cluster
+(``compass bench e2e --capacity``). Beside each table stands the physical bound: the load at
+which the workers' lanes would be busy 100% of the time with the declared execution times.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from compass.errors import ConfigError
+from compass.sched import POLICY_NAMES
+from compass.sim.arrivals import PROCESSES, job_arrivals
+from compass.sim.engine import simulate
+from compass.workflow.spec import Workload, load_workload
+
+__all__ = [
+    "BUILTIN_SLOS",
+    "DEFAULT_LADDER",
+    "REFERENCE",
+    "CachedRuns",
+    "RunFn",
+    "Slo",
+    "attainment",
+    "capacity_at",
+    "capacity_for_workload",
+    "load_grid",
+    "meets",
+    "parse_seeds",
+    "parse_slo",
+    "physical_bound",
+    "plot_attainment",
+    "print_capacity",
+    "ratio",
+    "run_capacity_cli",
+    "search_capacity",
+    "simulator_run",
+    "slo_config",
+    "write_json",
+]
+
+#: per-job slowdowns (None: the job did not finish) of one run of ``policy`` at ``load``
+RunFn = Callable[[str, int, float], Sequence[float | None]]
+
+#: the policy every other is compared with in ``ratios``
+REFERENCE = "compass"
+
+#: load multiples tried before bisecting (those below ``max_load``, then ``max_load`` itself)
+DEFAULT_LADDER = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+
+#: a bisected load is rounded to this many decimals, so JSON keys stay readable
+_LOAD_DECIMALS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """At least ``quantile`` of the jobs finish within ``max_slowdown`` times their best time."""
+
+    name: str
+    quantile: float
+    max_slowdown: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.quantile <= 1:
+            raise ConfigError(f"SLO {self.name!r}: quantile must be in (0, 1], got {self.quantile}")
+        if not 0 < self.max_slowdown < math.inf:
+            raise ConfigError(
+                f"SLO {self.name!r}: max slowdown must be a finite number > 0, "
+                f"got {self.max_slowdown}"
+            )
+
+
+BUILTIN_SLOS = (
+    Slo("median2", 0.5, 2.0),
+    Slo("p95x3", 0.95, 3.0),
+    Slo("p99x5", 0.99, 5.0),
+)
+
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_PERCENTILE = re.compile(rf"p{_NUMBER}x{_NUMBER}")
+_MEDIAN = re.compile(rf"medianx?{_NUMBER}")
+
+
+def parse_slo(text: str) -> Slo:
+    """``"p90x4"`` (90% of jobs within 4x) or ``"median1.5"`` (median slowdown <= 1.5)."""
+    name = text.strip().lower()
+    percentile = _PERCENTILE.fullmatch(name)
+    median = _MEDIAN.fullmatch(name)
+    if percentile is not None:
+        pct, bound = float(percentile.group(1)), float(percentile.group(2))
+        if not 0 < pct <= 100:
+            raise ConfigError(f"SLO {text!r}: the percentile must be in (0, 100], got {pct:g}")
+        quantile = pct / 100.0
+    elif median is not None:
+        quantile, bound = 0.5, float(median.group(1))
+    else:
+        raise ConfigError(
+            f"SLO {text!r}: expected pNNxS (NN% of jobs within S times their best time, "
+            "e.g. p95x3) or medianS (e.g. median2)"
+        )
+    if bound <= 0:
+        raise ConfigError(f"SLO {text!r}: the slowdown must be > 0, got {bound:g}")
+    return Slo(name, quantile, bound)
+
+
+def attainment(slowdowns: Sequence[float | None], slo: Slo) -> float:
+    """The fraction of jobs within ``slo.max_slowdown``; an unfinished job (None) misses."""
+    if not slowdowns:
+        raise ConfigError("attainment of a run without jobs is undefined")
+    within = sum(1 for s in slowdowns if s is not None and s <= slo.max_slowdown)
+    return within / len(slowdowns)
+
+
+def meets(slowdowns: Sequence[float | None], slo: Slo) -> bool:
+    """Whether at least ``slo.quantile`` of the jobs are within the SLO's slowdown."""
+    if not slowdowns:
+        raise ConfigError("a run without jobs cannot meet an SLO")
+    within = sum(1 for s in slowdowns if s is not None and s <= slo.max_slowdown)
+    # counted, not divided: 95 of 100 jobs meets a 0.95 quantile whatever the rounding
+    return within >= slo.quantile * len(slowdowns) - 1e-9
+
+
+def load_grid(max_load: float, ladder: Sequence[float] = DEFAULT_LADDER) -> tuple[float, ...]:
+    """The ladder's loads below ``max_load``, then ``max_load``."""
+    if not 0 < max_load < math.inf:
+        raise ConfigError(f"max load must be a finite number > 0, got {max_load!r}")
+    return (*(float(x) for x in ladder if x < max_load), float(max_load))
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,7"`` -> (0, 2, 7); ``"3"`` -> (3,)."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise ConfigError(
+                f"seeds {text!r}: expected a range like 0-4 or a list like 0,1,2"
+            ) from None
+        if first < 0 or last < first:
+            raise ConfigError(f"seeds {text!r}: a range must be LO-HI with 0 <= LO <= HI")
+        seeds.extend(range(first, last + 1))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds {text!r}: a seed is given twice")
+    return tuple(seeds)
+
+
+class CachedRuns:
+    """``run`` with each (policy, seed, load) computed once; ``calls`` counts real runs."""
+
+    def __init__(
+        self, run: RunFn, progress: Callable[[str, int, float, float], None] | None = None
+    ) -> None:
+        self._run = run
+        self._progress = progress
+        self.results: dict[tuple[str, int, float], tuple[float | None, ...]] = {}
+        self.calls = 0
+
+    def __call__(self, policy: str, seed: int, load: float) -> tuple[float | None, ...]:
+        key = (policy, seed, load)
+        if key not in self.results:
+            started = time.perf_counter()
+            slowdowns = tuple(self._run(policy, seed, load))
+            if not slowdowns:
+                raise ConfigError(f"{policy} at load {load:g} (seed {seed}) ran no jobs")
+            self.calls += 1
+            self.results[key] = slowdowns
+            if self._progress is not None:
+                self._progress(policy, seed, load, time.perf_counter() - started)
+        return self.results[key]
+
+
+def capacity_at(
+    evaluate: Callable[[float], Sequence[float | None]],
+    slo: Slo,
+    grid: Sequence[float],
+    *,
+    rel_tol: float = 0.02,
+    max_steps: int = 8,
+) -> float | None:
+    """The highest load known to meet ``slo``: the last grid load met before the first miss,
+    raised by bisection towards that miss until the gap is within ``rel_tol`` of it or
+    ``max_steps`` runs were spent. None when the lowest grid load misses."""
+    good: float | None = None
+    bad: float | None = None
+    for load in grid:
+        if meets(evaluate(load), slo):
+            good = load
+        else:
+            bad = load
+            break
+    if good is None or bad is None:
+        return good
+    for _ in range(max_steps):
+        if bad - good <= rel_tol * good:
+            break
+        mid = round((good + bad) / 2.0, _LOAD_DECIMALS)
+        if not good < mid < bad:
+            break
+        if meets(evaluate(mid), slo):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    """``ours / theirs``; None when either side has no capacity."""
+    if ours is None or theirs is None or theirs <= 0:
+        return None
+    return ours / theirs
+
+
+def search_capacity(
+    run: RunFn,
+    *,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    slos: Sequence[Slo],
+    grid: Sequence[float],
+    rel_tol: float = 0.02,
+    max_steps: int = 8,
+    progress: Callable[[str, int, float, float], None] | None = None,
+) -> dict[str, Any]:
+    """Per seed, policy and SLO, the capacity (:func:`capacity_at`) over runs of ``run``.
+
+    Returns ``capacity`` ({SLO: {policy: {mean, min, max, seeds}}}; a seed without capacity
+    counts as 0 in mean/min/max, and the entry is None when no seed has one), ``ratios``
+    ({SLO: {policy: [compass / policy per seed]}}, for every policy but ``compass`` when it is
+    among them), ``attainment`` ({policy: {load: {SLO: mean fraction over the seeds that ran
+    that load}}}), ``attainment_by_seed`` ({policy: {seed: {load: {SLO: fraction}}}}) and
+    ``runs`` (the number of runs made).
+    """
+    _check_search(policies, seeds, slos, grid, rel_tol, max_steps)
+    cached = CachedRuns(run, progress)
+    per_seed: dict[str, dict[str, list[float | None]]] = {s.name: {} for s in slos}
+    for policy in policies:
+        for slo in slos:
+            per_seed[slo.name][policy] = [
+                capacity_at(
+                    functools.partial(cached, policy, seed),
+                    slo,
+                    grid,
+                    rel_tol=rel_tol,
+                    max_steps=max_steps,
+                )
+                for seed in seeds
+            ]
+    capacity = {
+        name: {policy: _spread(values) for policy, values in by_policy.items()}
+        for name, by_policy in per_seed.items()
+    }
+    ratios: dict[str, dict[str, list[float | None]]] = {}
+    if REFERENCE in policies:
+        for name, by_policy in per_seed.items():
+            ours = by_policy[REFERENCE]
+            ratios[name] = {
+                policy: [ratio(a, b) for a, b in zip(ours, theirs, strict=True)]
+                for policy, theirs in by_policy.items()
+                if policy != REFERENCE
+            }
+    by_seed: dict[str, dict[str, dict[str, dict[str, float]]]] = {p: {} for p in policies}
+    for (policy, seed, load), slowdowns in sorted(cached.results.items()):
+        by_seed[policy].setdefault(str(seed), {})[_key(load)] = {
+            slo.name: attainment(slowdowns, slo) for slo in slos
+        }
+    return {
+        "capacity": capacity,
+        "ratios": ratios,
+        "attainment": _mean_attainment(cached, policies, slos),
+        "attainment_by_seed": by_seed,
+        "runs": cached.calls,
+    }
+
+
+def _check_search(
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    slos: Sequence[Slo],
+    grid: Sequence[float],
+    rel_tol: float,
+    max_steps: int,
+) -> None:
+    if not policies or len(set(policies)) != len(policies):
+        raise ConfigError(f"capacity needs distinct policies, got {list(policies)!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"capacity needs distinct seeds, got {list(seeds)!r}")
+    names = [s.name for s in slos]
+    if not slos or len(set(names)) != len(names):
+        raise ConfigError(f"capacity needs SLOs with distinct names, got {names!r}")
+    if not grid or any(x <= 0 for x in grid) or list(grid) != sorted(set(grid)):
+        raise ConfigError(f"capacity needs increasing loads > 0, got {list(grid)!r}")
+    if not rel_tol > 0:
+        raise ConfigError(f"bisection tolerance must be > 0, got {rel_tol!r}")
+    if max_steps < 0:
+        raise ConfigError(f"bisection steps must be >= 0, got {max_steps!r}")
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, Any] | None:
+    if all(v is None for v in values):
+        return None
+    # below the lowest grid load: 0 is the bound the search can vouch for
+    floor = [0.0 if v is None else v for v in values]
+    return {
+        "mean": float(np.mean(floor)),
+        "min": min(floor),
+        "max": max(floor),
+        "seeds": list(values),
+    }
+
+
+def _mean_attainment(
+    cached: CachedRuns, policies: Sequence[str], slos: Sequence[Slo]
+) -> dict[str, dict[str, dict[str, float]]]:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for policy in policies:
+        loads = sorted({load for p, _, load in cached.results if p == policy})
+        out[policy] = {}
+        for load in loads:
+            runs = [s for (p, _, x), s in cached.results.items() if p == policy and x == load]
+            out[policy][_key(load)] = {
+                slo.name: float(np.mean([attainment(s, slo) for s in runs])) for slo in slos
+            }
+    return out
+
+
+def _key(load: float) -> str:
+    return format(load, "g")
+
+
+def physical_bound(
+    workload: Workload, workers: int, *, lanes: int = 1, host_lanes: int = 0
+) -> float | None:
+    """The load at which the workers' GPU lanes would be busy all the time: lane-seconds per
+    second over the GPU seconds demanded per second at load 1 (each workflow's declared
+    execution times; one client per workflow, ``weight`` jobs per mean interval). Model loads and
+    transfers are left out, so no policy can sustain more. With ``host_lanes`` > 0 the
+    model-less tasks run off the GPU lanes and do not count. None when nothing needs a lane."""
+    interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
+    demand = 0.0
+    for name, wf in workload.workflows.items():
+        gpu_s = sum(
+            t.profile.exec_s for t in wf.tasks.values() if host_lanes == 0 or t.model is not None
+        )
+        demand += workload.weights.get(name, 1.0) * gpu_s / interval_s
+    if demand <= 0:
+        return None
+    return workers * lanes / demand
+
+
+def simulator_run(
+    workload: Workload,
+    *,
+    workers: int,
+    jobs: int,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    heartbeat_s: float = 0.01,
+    staleness_s: float | None = None,
+    host_lanes: int = 0,
+    options: Mapping[str, Any] | None = None,
+) -> RunFn:
+    """A :data:`RunFn` that simulates ``jobs`` arrivals of ``workload`` on ``workers``; the
+    seed picks the arrivals (and seeds the ``random`` policy), so every run is deterministic.
+    ``options`` go to :func:`~compass.sim.engine.simulate` as they are (``prefetch_evicts``,
+    ``policy_options``...)."""
+    extra = dict(options or {})
+    if arrival not in PROCESSES:
+        raise ConfigError(f"unknown arrival process {arrival!r}; known: {', '.join(PROCESSES)}")
+    if jobs < 1:
+        raise ConfigError(f"capacity needs at least one job per run, got {jobs}")
+    flows = list(workload.workflows)
+    weights = workload.weight_list()
+    interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
+
+    def run(policy: str, seed: int, load: float) -> list[float | None]:
+        arrivals = job_arrivals(
+            flows,
+            jobs,
+            process=arrival,
+            mean_interval_s=interval_s,
+            load=load,
+            cv=cv,
+            seed=seed,
+            weights=weights,
+        )
+        result = simulate(
+            workload,
+            workers=workers,
+            policy=policy,
+            arrivals=arrivals,
+            heartbeat_s=heartbeat_s,
+            staleness_s=staleness_s,
+            seed=seed,
+            host_lanes=host_lanes,
+            **extra,
+        )
+        return [job.slowdown for job in result.jobs]
+
+    return run
+
+
+def capacity_for_workload(
+    workload: Workload,
+    *,
+    workers: int,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    slos: Sequence[Slo] = BUILTIN_SLOS,
+    jobs: int = 1000,
+    max_load: float = 8.0,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    heartbeat_ms: float = 10.0,
+    staleness_ms: float | None = None,
+    host_lanes: int = 0,
+    rel_tol: float = 0.02,
+    max_steps: int = 8,
+    progress: Callable[[str, int, float, float], None] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The simulated capacity of every policy on ``workload``: :func:`search_capacity`'s
+    result plus ``config`` (with ``physical_bound``)."""
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        raise ConfigError(
+            f"unknown policy {unknown[0]!r}; valid policies: {', '.join(POLICY_NAMES)}"
+        )
+    grid = load_grid(max_load)
+    run = simulator_run(
+        workload,
+        workers=workers,
+        jobs=jobs,
+        arrival=arrival,
+        cv=cv,
+        heartbeat_s=heartbeat_ms / 1000.0,
+        staleness_s=None if staleness_ms is None else staleness_ms / 1000.0,
+        host_lanes=host_lanes,
+        options=options,
+    )
+    found = search_capacity(
+        run,
+        policies=policies,
+        seeds=seeds,
+        slos=slos,
+        grid=grid,
+        rel_tol=rel_tol,
+        max_steps=max_steps,
+        progress=progress,
+    )
+    config = {
+        "mode": "sim",
+        "workload_name": workload.name,
+        "workers": workers,
+        "policies": list(policies),
+        "seeds": list(seeds),
+        "slos": slo_config(slos),
+        "jobs": jobs,
+        "arrival": arrival,
+        "cv": cv,
+        "heartbeat_ms": heartbeat_ms,
+        "staleness_ms": heartbeat_ms if staleness_ms is None else staleness_ms,
+        "host_lanes": host_lanes,
+        "mean_interval_ms_per_client": workload.arrivals.mean_interval_ms_per_client,
+        "clients": len(workload.workflows),
+        "grid": list(grid),
+        "max_load": max_load,
+        "rel_tol": rel_tol,
+        "max_steps": max_steps,
+        "physical_bound": physical_bound(workload, workers, host_lanes=host_lanes),
+        "options": dict(options or {}),
+    }
+    return {"config": config, **found}
+
+
+def slo_config(slos: Sequence[Slo]) -> dict[str, dict[str, float]]:
+    """What the JSON records of each SLO."""
+    return {s.name: {"quantile": s.quantile, "max_slowdown": s.max_slowdown} for s in slos}
+
+
+def run_capacity_cli(
+    workload_path: str,
+    *,
+    workers: int,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    slos: Sequence[Slo],
+    jobs: int,
+    max_load: float,
+    arrival: str,
+    cv: float,
+    heartbeat_ms: float,
+    staleness_ms: float | None,
+    host_lanes: int,
+    json_path: str | None,
+    plot_path: str | None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``compass sim --capacity``: search, print the tables, write JSON and the plot;
+    ``options`` go to every simulation (:func:`simulator_run`)."""
+    from compass.sim.report import warn_declared_best
+
+    workload = load_workload(workload_path)
+    console = Console()
+    warn_declared_best(workload, Console(stderr=True), host_lanes=host_lanes)
+
+    def progress(policy: str, seed: int, load: float, seconds: float) -> None:
+        console.print(f"  {policy} seed {seed} load {load:g}: {seconds:.2f} s", style="dim")
+
+    out = capacity_for_workload(
+        workload,
+        workers=workers,
+        policies=policies,
+        seeds=seeds,
+        slos=slos,
+        jobs=jobs,
+        max_load=max_load,
+        arrival=arrival,
+        cv=cv,
+        heartbeat_ms=heartbeat_ms,
+        staleness_ms=staleness_ms,
+        host_lanes=host_lanes,
+        progress=progress,
+        options=options,
+    )
+    out["config"]["workload"] = workload_path
+    print_capacity(out, title=f"{workload.name} on {workers} simulated workers")
+    if json_path:
+        write_json(json_path, out)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        plot_attainment(plot_path, out)
+        console.print(f"wrote {plot_path}")
+    return out
+
+
+def print_capacity(out: Mapping[str, Any], *, title: str) -> None:
+    """The capacity table (mean [min-max] per policy and SLO) and the ratio table."""
+    config = out["config"]
+    bound = config.get("physical_bound")
+    max_load = config.get("max_load")
+    slos = list(out["capacity"])
+    console = Console()
+    table = Table(
+        title=escape(
+            f"{title}: capacity (x the arrival rate), mean [min-max] over seeds "
+            f"{_seed_text(config['seeds'])}; physical bound {_num(bound)}"
+        )
+    )
+    table.add_column("policy")
+    for slo in slos:
+        table.add_column(slo, justify="right")
+    table.add_column("bound", justify="right")
+    for policy in config["policies"]:
+        cells = [escape(_capacity_cell(out["capacity"][slo][policy], max_load)) for slo in slos]
+        table.add_row(policy, *cells, _num(bound))
+    console.print(table)
+    if any(out.get("ratios", {}).values()):
+        ratios = Table(title=escape(f"{REFERENCE} / policy capacity: mean [min-max] over seeds"))
+        ratios.add_column("policy")
+        for slo in slos:
+            ratios.add_column(slo, justify="right")
+        for policy in (p for p in config["policies"] if p != REFERENCE):
+            cells = [escape(_ratio_cell(out["ratios"][slo][policy])) for slo in slos]
+            ratios.add_row(policy, *cells)
+        console.print(ratios)
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    return ",".join(str(s) for s in seeds)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _capacity_cell(entry: Mapping[str, Any] | None, max_load: float | None) -> str:
+    if entry is None:
+        return "none"
+    text = f"{entry['mean']:.2f} [{entry['min']:.2f}-{entry['max']:.2f}]"
+    if max_load is not None and entry["max"] >= max_load:
+        text += " (cap)"  # met at the top of the grid: the true capacity may be higher
+    return text
+
+
+def _ratio_cell(values: Sequence[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    text = f"{float(np.mean(known)):.2f} [{min(known):.2f}-{max(known):.2f}]"
+    if len(known) < len(values):
+        text += f" ({len(known)}/{len(values)} seeds)"
+    return text
+
+
+def write_json(path: str, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as indented JSON, creating the folder."""
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+
+
+def plot_attainment(path: str, out: Mapping[str, Any]) -> None:
+    """SLO attainment against load: one panel per SLO, one line per policy and seed (seeds
+    bisect at different loads, so their mean would zigzag), the SLO's quantile and the
+    physical bound as guides."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    slos = out["config"]["slos"]
+    bound = out["config"].get("physical_bound")
+    by_seed = out.get("attainment_by_seed") or {p: {"": v} for p, v in out["attainment"].items()}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(slos), figsize=(5 * len(slos), 4), squeeze=False)
+    for ax, (name, slo) in zip(axes[0], slos.items(), strict=True):
+        for i, (policy, seeds) in enumerate(by_seed.items()):
+            for j, by_load in enumerate(seeds.values()):
+                points = sorted((float(load), v[name]) for load, v in by_load.items())
+                ax.plot(
+                    [x for x, _ in points],
+                    [y for _, y in points],
+                    marker=".",
+                    linewidth=1,
+                    color=colors[i % len(colors)],
+                    label=policy if j == 0 else None,
+                )
+        ax.axhline(slo["quantile"], color="grey", linestyle="--", linewidth=1, label="SLO")
+        if bound is not None:
+            ax.axvline(bound, color="black", linestyle=":", linewidth=1, label="bound")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(ticker.FixedLocator(out["config"]["grid"]))
+        ax.xaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("load (x arrival rate)")
+        ax.set_ylabel(f"jobs within {slo['max_slowdown']:g}x")
+        ax.set_title(name)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
