@@ -124,6 +124,9 @@ class Lanes:
         self.max_stuck = max_stuck
         #: tasks abandoned past their timeout whose threads still run
         self.stuck = 0
+        #: counts changes a heartbeat would show (queue, lanes, cache, stuck tasks): an
+        #: adapter gossips when it moved
+        self.version = 0
         self._idle = list(range(lanes - 1, -1, -1))  # popped from the end: lane 0 first
         self._host_idle = list(range(lanes + host_lanes - 1, lanes - 1, -1))
         self._runs: dict[QueuedTask, _Run] = {}
@@ -165,6 +168,7 @@ class Lanes:
 
     def submit(self, entry: QueuedTask, now: float) -> None:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
+        self.version += 1
         if entry.model is None and self.host_lanes:
             self.host_queue.push(entry)
             self._fill_host(now)
@@ -178,7 +182,10 @@ class Lanes:
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> int:
         """Remove the queued (not yet running) tasks ``stale`` is true of."""
-        return len(self.queue.drop(stale)) + len(self.host_queue.drop(stale))
+        dropped = len(self.queue.drop(stale)) + len(self.host_queue.drop(stale))
+        if dropped:
+            self.version += 1
+        return dropped
 
     def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> None:
         """``entry``'s run ended (done or failed): its lane is free. ``still_running``: it was
@@ -186,6 +193,7 @@ class Lanes:
         run = self._runs.pop(entry, None)
         if run is None:
             return
+        self.version += 1
         if still_running:
             self.stuck += 1
         if run.host:
@@ -199,6 +207,7 @@ class Lanes:
 
     def returned(self, entry: QueuedTask, now: float) -> None:
         """The thread of an abandoned task returned: its model is unpinned."""
+        self.version += 1
         self.stuck -= 1
         if entry.model is not None:
             self._unpin(entry.model, now)
@@ -213,6 +222,7 @@ class Lanes:
                     self._warm(now)
                 break
             lane = self._idle.pop()
+            self.version += 1
             run = _Run(entry, lane, False, now)
             self._runs[entry] = run
             model = entry.model
@@ -278,6 +288,7 @@ class Lanes:
 
     def _begin_load(self, name: str, plan: LoadPlan, *, prefetch: bool) -> None:
         self.cache.begin_load(name, plan, prefetch=prefetch)
+        self.version += 1
         self._loading[name] = []
         if prefetch:
             self._speculating = name
@@ -305,6 +316,7 @@ class Lanes:
         self._load_ended(name, now)
 
     def _load_ended(self, name: str, now: float) -> None:
+        self.version += 1
         self._retry_blocked(now)
         if self._speculating == name:
             self._speculating = None

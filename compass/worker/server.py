@@ -295,6 +295,7 @@ class Worker:
             log.exception("%s: handling %s failed", self.name, type(event).__name__)
 
     def _carry_out(self, event: Event) -> None:
+        version = self.lanes.version
         for step in self.core.handle(event):
             match step:
                 case Send():
@@ -307,7 +308,8 @@ class Worker:
                     self._deliver(step)
                 case AskPlan():
                     self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
-        self.gossip.changed()  # the queue or the cache may have changed: gossip it
+        if self.lanes.version != version:
+            self.gossip.changed()  # the queue, the lanes or the cache changed: gossip it
 
     def _model_fetched(self, model: str, result: float | CompassError) -> None:
         if isinstance(result, CompassError):

@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import subprocess
+from typing import Any
 
 import numpy as np
 import pytest
@@ -286,3 +287,26 @@ async def test_a_client_with_no_reachable_worker_says_which_it_tried() -> None:
     assert "127.0.0.1:1" in str(failed.value) and "127.0.0.1:2" in str(failed.value)
     with pytest.raises(ConfigError, match="one or more worker addresses"):
         Client([])
+
+
+@pytest.mark.asyncio
+async def test_an_idle_worker_heartbeats_at_its_interval_not_its_minimum_gap() -> None:
+    from compass.config import SchedConfig, WorkerConfig
+    from compass.worker.process import build_worker
+
+    config = WorkerConfig(workload=PAPER, name="w0", sched=SchedConfig(heartbeat_ms=200.0))
+    worker = build_worker(config)
+    async with worker:
+        built = 0
+        own_state = worker.gossip.own_state
+
+        def counted() -> Any:
+            nonlocal built
+            built += 1
+            return own_state()
+
+        worker.gossip.own_state = counted  # type: ignore[method-assign]
+        await asyncio.sleep(1.0)
+    # about five heartbeats in a second at 200 ms; a heartbeat that woke the next one at the
+    # 1 ms minimum gap would build hundreds
+    assert built < 25, built

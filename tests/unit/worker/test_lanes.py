@@ -245,3 +245,14 @@ def test_dropping_a_job_removes_only_its_queued_tasks() -> None:
     assert h.lanes.drop(lambda e: e.job_id == "j1") == 1
     assert [e.task for e in h.lanes.queue] == ["q2"]
     assert running in h.lanes.queue.running  # a running task is not interrupted
+
+
+def test_the_version_moves_only_with_what_a_heartbeat_shows() -> None:
+    h = Harness(demand={"b": 1.0})
+    h.lanes.wanted = lambda now: ["b"]
+    version = h.lanes.version
+    loaded(h.cache, "b")  # nothing left to warm: a tick changes nothing
+    h.lanes.tick(0.0)
+    assert h.lanes.version == version
+    h.lanes.submit(entry("t1", "b"), 0.1)
+    assert h.lanes.version > version
