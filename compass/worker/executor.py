@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -83,7 +84,9 @@ class TaskOutcome:
 class TaskRunner:
     """Runs the tasks the worker core starts; reports each outcome to ``on_outcome``.
 
-    ``module_of`` gives a resident model's module (the core pinned it for the task).
+    ``module_of`` gives a resident model's module (the core pinned it for the task). No
+    coroutine per task: an emulated task is a timer, a real one a thread whose future reports
+    when it settles, and one timer at the earliest deadline watches every real task's timeout.
     """
 
     def __init__(
@@ -107,74 +110,109 @@ class TaskRunner:
         self._clock = clock
         self._task_timeout_s = task_timeout_s
         self._threads = TaskThreads()
-        self._running: set[asyncio.Task[None]] = set()
+        #: emulated tasks under way: their timers
+        self._timers: dict[QueuedTask, asyncio.TimerHandle] = {}
+        #: real tasks under way: their thread's future -> (deadline on the loop's clock, entry)
+        self._deadlines: dict[asyncio.Future[Any], tuple[float, QueuedTask]] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._closed = False
 
     def start(self, run: RunTask) -> None:
         """Run ``run.entry`` now (needs a running event loop)."""
-        task = asyncio.get_running_loop().create_task(
-            self._run(run), name=f"compass-task-{run.entry.task}"
-        )
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def aclose(self) -> None:
-        """Stop waiting for the tasks under way (their threads are abandoned)."""
-        for task in self._running:
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
-
-    async def _run(self, run: RunTask) -> None:
+        loop = asyncio.get_running_loop()
         entry = run.entry
+        task = self._lookup(entry.workflow, entry.task)
         outcome = TaskOutcome(
             entry,
             queue_s=entry.started_at - entry.enqueued_at,
             fetch_s=run.fetch_s,
             cache_hit=run.hit is not False,
         )
-        task = self._lookup(entry.workflow, entry.task)
         timeout_s = (
             task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
         ) * self._time_scale
         t0 = self._clock()
-        try:
-            if self._emulate or task.fn is None:
-                delay = task.profile.exec_ms / 1000.0 * self._time_scale
-                await asyncio.sleep(min(delay, timeout_s))
-                if delay > timeout_s:
-                    raise TimeoutError
-                outcome.output = emulated_output(task.profile.output_bytes)
-            else:
-                module = None if entry.model is None else self._module_of(entry.model)
-                work = self._threads.run(_call, task, module, entry.inputs)
-                # a timer, not wait_for + shield: those cost two more loop turns per task
-                timer = asyncio.get_running_loop().call_later(timeout_s, self._abandon, work, entry)
-                try:
-                    outcome.output = await work
-                except TimeoutError:
-                    outcome.still_running = work in self._threads.abandoned
-                    raise
-                finally:
-                    timer.cancel()
-            outcome.exec_s = self._clock() - t0
-        except TimeoutError:
-            outcome.error = CompassTimeout(
-                f"task {task.name!r} ran past its timeout of {timeout_s / self._time_scale:g} s"
+        if self._emulate or task.fn is None:
+            delay = task.profile.exec_ms / 1000.0 * self._time_scale
+            self._timers[entry] = loop.call_later(
+                min(delay, timeout_s), self._emulated_done, outcome, task, t0, delay > timeout_s
             )
-        except Exception as exc:
-            outcome.error = exc
-            outcome.error_text = traceback.format_exc()
+            return
+        module = None if entry.model is None else self._module_of(entry.model)
+        work = self._threads.run(_call, task, module, entry.inputs)
+        deadline = loop.time() + timeout_s
+        self._deadlines[work] = (deadline, entry)
+        work.add_done_callback(functools.partial(self._thread_done, outcome, task, t0))
+        watchdog = self._watchdog
+        if watchdog is None or deadline < watchdog.when():
+            self._arm(deadline)
+
+    async def aclose(self) -> None:
+        """Stop waiting for the tasks under way (their threads are abandoned)."""
+        self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for work in list(self._deadlines):
+            work.cancel()
+        self._deadlines.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _emulated_done(self, outcome: TaskOutcome, task: Task, t0: float, late: bool) -> None:
+        del self._timers[outcome.entry]
+        if late:
+            outcome.error = self._timeout_error(task)
+        else:
+            outcome.output = emulated_output(task.profile.output_bytes)
+            outcome.exec_s = self._clock() - t0
+        self._report(outcome)
+
+    def _thread_done(
+        self, outcome: TaskOutcome, task: Task, t0: float, work: asyncio.Future[Any]
+    ) -> None:
+        if self._deadlines.pop(work, None) is None or work.cancelled():
+            return  # the worker is stopping
+        error = work.exception()
+        if error is None:
+            outcome.output = work.result()
+            outcome.exec_s = self._clock() - t0
+        elif isinstance(error, TimeoutError) and work in self._threads.abandoned:
+            outcome.error = self._timeout_error(task)
+            outcome.still_running = True
+        else:
+            outcome.error = error
+            outcome.error_text = "".join(traceback.format_exception(error))
+        self._report(outcome)
+
+    def _report(self, outcome: TaskOutcome) -> None:
         try:
             self._on_outcome(outcome)
         except Exception:  # a bug in reporting one task must not go unseen
-            log.exception("reporting the outcome of task %r failed", entry.task)
+            log.exception("reporting the outcome of task %r failed", outcome.entry.task)
 
-    def _abandon(self, work: asyncio.Future[Any], entry: QueuedTask) -> None:
-        """A task ran past its timeout: its runner reports it (``work`` fails with
-        TimeoutError); its thread runs on, and ``on_returned`` hears when it is done."""
-        if work.done():
-            return
-        self._threads.abandon(work, lambda: self._on_returned(entry))
-        log.warning("task %r of job %s is stuck past its timeout", entry.task, entry.job_id)
+    def _timeout_error(self, task: Task) -> CompassTimeout:
+        limit = task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
+        return CompassTimeout(f"task {task.name!r} ran past its timeout of {limit:g} s")
+
+    def _arm(self, deadline: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = asyncio.get_running_loop().call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """Abandon every real task past its deadline, then wait for the next deadline. An
+        abandoned task fails with TimeoutError at once; its thread runs on, and
+        ``on_returned`` hears when it is done."""
+        self._watchdog = None
+        now = asyncio.get_running_loop().time()
+        for work, (deadline, entry) in list(self._deadlines.items()):
+            if deadline <= now and not work.done():
+                log.warning("task %r of job %s is stuck past its timeout", entry.task,
+                            entry.job_id)  # fmt: skip
+                self._threads.abandon(work, functools.partial(self._on_returned, entry))
+        if self._deadlines and not self._closed:
+            self._arm(min(deadline for deadline, _ in self._deadlines.values()))
 
 
 class TaskThreads:

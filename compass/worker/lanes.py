@@ -124,8 +124,8 @@ class Lanes:
         self.max_stuck = max_stuck
         #: tasks abandoned past their timeout whose threads still run
         self.stuck = 0
-        #: counts changes a heartbeat would show (queue, lanes, cache, stuck tasks): an
-        #: adapter gossips when it moved
+        #: counts changes a heartbeat would show (the GPU queue and lanes, the cache, stuck
+        #: tasks; not the host lanes): an adapter gossips when it moved
         self.version = 0
         self._idle = list(range(lanes - 1, -1, -1))  # popped from the end: lane 0 first
         self._host_idle = list(range(lanes + host_lanes - 1, lanes - 1, -1))
@@ -168,11 +168,12 @@ class Lanes:
 
     def submit(self, entry: QueuedTask, now: float) -> None:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
-        self.version += 1
         if entry.model is None and self.host_lanes:
+            # the host queue is not what heartbeats report: no version change
             self.host_queue.push(entry)
             self._fill_host(now)
             return
+        self.version += 1
         self.queue.push(entry)
         if self._idle:
             self.fill(now)
@@ -182,10 +183,10 @@ class Lanes:
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> int:
         """Remove the queued (not yet running) tasks ``stale`` is true of."""
-        dropped = len(self.queue.drop(stale)) + len(self.host_queue.drop(stale))
+        dropped = len(self.queue.drop(stale))
         if dropped:
             self.version += 1
-        return dropped
+        return dropped + len(self.host_queue.drop(stale))
 
     def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> None:
         """``entry``'s run ended (done or failed): its lane is free. ``still_running``: it was
@@ -193,13 +194,14 @@ class Lanes:
         run = self._runs.pop(entry, None)
         if run is None:
             return
-        self.version += 1
         if still_running:
             self.stuck += 1
+            self.version += 1
         if run.host:
             self._host_idle.append(run.lane)
             self.host_queue.finish(entry)
             return
+        self.version += 1
         self._idle.append(run.lane)
         self.queue.finish(entry)
         if entry.model is not None and not still_running:

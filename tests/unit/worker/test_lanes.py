@@ -256,3 +256,12 @@ def test_the_version_moves_only_with_what_a_heartbeat_shows() -> None:
     assert h.lanes.version == version
     h.lanes.submit(entry("t1", "b"), 0.1)
     assert h.lanes.version > version
+
+
+def test_host_lane_work_does_not_move_the_version() -> None:
+    h = Harness(host_lanes=1)
+    version = h.lanes.version
+    task = entry("host", None)
+    h.lanes.submit(task, 0.0)
+    h.lanes.ended(task, 1.0)
+    assert h.runs() == ["host"] and h.lanes.version == version  # heartbeats show no host work

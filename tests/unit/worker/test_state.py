@@ -14,6 +14,7 @@ from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
 from compass.sched import ViewSnapshot, WorkerState, make_policy
+from compass.worker.lanes import Lanes
 from compass.worker.messages import (
     JOB_INPUTS,
     DoneMsg,
@@ -38,7 +39,6 @@ from compass.worker.state import (
     TaskFailed,
     WorkerCore,
 )
-from compass.worker.lanes import Lanes
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000
