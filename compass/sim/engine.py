@@ -156,6 +156,8 @@ class _Worker:
     #: the worker's rules, the real worker's core (set once the worker exists)
     rules: WorkerCore | None = None
     busy_s: float = 0.0
+    #: the lanes' version last published to the cluster state
+    version: int = -1
 
 
 class _Simulation:
@@ -373,8 +375,10 @@ class _Simulation:
             elif isinstance(step, AskPlan):
                 delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
                 self._at(self.now + delay, self._plan_remote, (worker, step.peer, step.request))
-        queue = worker.lanes.queue
-        self.state.queue_changed(worker.index, queue.queued_s, queue.run_ends())
+        lanes = worker.lanes
+        if lanes.version != worker.version:  # what a heartbeat shows changed
+            worker.version = lanes.version
+            self.state.queue_changed(worker.index, lanes.queue.queued_s, lanes.queue.run_ends())
 
     def _plan_remote(self, arg: tuple[_Worker, str, PlanRequest]) -> None:
         """At the ``central`` planner: plan, and send the plan back to the ingress."""

@@ -124,8 +124,6 @@ class ClusterState:
         expected to end at ``run_ends`` (the worker core's :class:`TaskQueue`, read after each
         event: the published wait equals the real one)."""
         row = self.run_end[worker]
-        if self.queued[worker] == queued_s and _same_ends(row, run_ends):
-            return
         self.queued[worker] = queued_s
         row[:] = 0.0  # an idle lane: no time left
         row[: len(run_ends)] = run_ends
@@ -233,8 +231,3 @@ class ClusterState:
         self._published = (q, wait, cap)
         return self._published
 
-
-def _same_ends(row: FloatArray, ends: Sequence[float]) -> bool:
-    """Whether the lanes' ``row`` already holds ``ends`` (in order, the rest idle)."""
-    n = len(ends)
-    return all(row[i] == (ends[i] if i < n else 0.0) for i in range(len(row)))

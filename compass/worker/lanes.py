@@ -281,6 +281,7 @@ class Lanes:
 
     def _fail(self, run: _Run, error: CompassError, now: float) -> None:
         """``run`` cannot run: its lane is free, its job hears why."""
+        self.version += 1
         self._runs.pop(run.entry, None)
         self._idle.append(run.lane)
         self.queue.finish(run.entry)
