@@ -114,6 +114,7 @@ async def run_policy(
         ]
         for client in clients:
             await client.connect()
+        await settled(clients[:n])
         payloads = {wf: _input_payload(workload, wf) for wf in workload.workflows}
         latencies: list[tuple[str, float | None]] = [("", None)] * len(arrivals)
         done = 0
@@ -155,6 +156,23 @@ async def run_policy(
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
+
+
+async def settled(clients: Sequence[Client], timeout_s: float = 120.0) -> None:
+    """Wait until the workers' caches settle (no load under way, the same models resident
+    over three looks 50 ms apart): jobs then meet the cluster as a deployment would, warmed,
+    whatever the time scale, and as the simulator's ``warm_start`` models it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last: list[Any] = []
+    same = 0
+    while same < 3 and loop.time() < deadline:
+        statuses = [await client.status() for client in clients]
+        now = [(s["cache"]["resident"], s["cache"]["loading"]) for s in statuses]
+        loading = any(s["cache"]["loading"] for s in statuses)
+        same = same + 1 if now == last and not loading else 0
+        last = now
+        await asyncio.sleep(0.05)
 
 
 async def _collect(

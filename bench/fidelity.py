@@ -36,6 +36,7 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
                 arrivals=arrivals,
                 heartbeat_s=heartbeat_s,
                 host_lanes=config.host_lanes,
+                warm_start=True,  # the real run starts once the caches settled (e2e.settled)
             ).summary()
             diff = {
                 key: _rel(simulated[key], real[key])

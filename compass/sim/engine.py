@@ -33,7 +33,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compass.cache.policy import CacheCore
@@ -103,6 +103,7 @@ def simulate(
     host_lanes: int = 0,
     prefetch_evicts: bool = True,
     policy_options: Mapping[str, Any] | None = None,
+    warm_start: bool = False,
 ) -> SimResult:
     """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
 
@@ -114,7 +115,9 @@ def simulate(
     ``host_lanes`` > 0 runs model-less tasks on that many host lanes per worker, off the GPU
     lanes (``compass worker start --host-lanes``). ``prefetch_evicts=False`` prefetches into
     free slabs only (the paper's rule); ``policy_options`` changes compass's settings
-    (:func:`~compass.sched.make_policy`'s ``options``).
+    (:func:`~compass.sched.make_policy`'s ``options``). ``warm_start``: the first job arrives
+    once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a real
+    cluster), not at time 0 of a cold cluster.
     """
     sim = _Simulation(
         workload,
@@ -132,7 +135,7 @@ def simulate(
         prefetch_evicts=prefetch_evicts,
         policy_options=policy_options,
     )
-    return sim.run(arrivals)
+    return sim.run(arrivals, warm_start=warm_start)
 
 
 @dataclass(slots=True, eq=False)
@@ -280,7 +283,7 @@ class _Simulation:
         """Run after the current event, at the same time (a later event-loop iteration)."""
         self._later.append((handler, arg))
 
-    def run(self, arrivals: Sequence[Arrival]) -> SimResult:
+    def run(self, arrivals: Sequence[Arrival], *, warm_start: bool = False) -> SimResult:
         started = time.perf_counter()
         ordered = sorted(arrivals, key=lambda a: a.t_s)
         for a in ordered:
@@ -302,8 +305,16 @@ class _Simulation:
         n = len(ordered)
         next_arrival = 0
         events = 0
+        # with a warm start, the warming (all the heap holds before the first job) settles
+        # first, and every arrival comes that much later
+        offset = math.inf if warm_start else 0.0
         while True:
-            if heap and (next_arrival >= n or heap[0][0] < ordered[next_arrival].t_s):
+            if offset == math.inf and not heap:
+                offset = self.now
+                ordered = [replace(a, t_s=a.t_s + offset) for a in ordered]
+            if heap and (
+                offset == math.inf or next_arrival >= n or heap[0][0] < ordered[next_arrival].t_s
+            ):
                 t, _, handler, arg = pop(heap)
             elif next_arrival < n:
                 arg = ordered[next_arrival]

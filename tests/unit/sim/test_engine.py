@@ -379,3 +379,16 @@ def test_the_paper_s_prefetch_rule_only_fills_free_slabs() -> None:
     # jsq's caches are full: a prefetch that may not evict rarely finds room
     assert free_only.prefetches < evicting.prefetches / 2
     assert all(j.finish is not None for j in free_only.jobs)
+
+
+def test_a_warm_start_meets_the_first_job_with_the_caches_warmed() -> None:
+    # three models that all fit one cache: warming loads them before the first job arrives
+    one_at_0 = [Arrival(0.0, "diamond", 0)]
+    cold = run(DIAMOND, one_at_0, workers=1)
+    warm = run(DIAMOND, one_at_0, workers=1, warm_start=True)
+    (cold_job,), (warm_job,) = cold.jobs, warm.jobs
+    assert cold_job.arrival == 0.0
+    assert warm_job.arrival == pytest.approx(fetch(200) + fetch(300) + fetch(400))
+    assert all(t.cache_hit in (True, None) for t in warm.tasks)  # every model was resident
+    assert warm_job.latency_s == pytest.approx(0.020 + 0.030 + 0.010 + 0.005)
+    assert cold_job.latency_s is not None and cold_job.latency_s > warm_job.latency_s
