@@ -230,4 +230,3 @@ class ClusterState:
         wait.setflags(write=False)
         self._published = (q, wait, cap)
         return self._published
-

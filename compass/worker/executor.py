@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from compass.errors import CompassTimeout
+from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
 from compass.worker.lanes import RunTask
 from compass.worker.queue import QueuedTask
+from compass.worker.state import TaskDone, TaskFailed
 from compass.workflow.dag import Task
 
 __all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
@@ -79,6 +80,18 @@ class TaskOutcome:
     cache_hit: bool = True
     #: abandoned past its timeout, its thread still runs (it keeps its model pinned)
     still_running: bool = False
+
+    def event(self, now: float) -> TaskDone | TaskFailed:
+        """The worker core's event for this outcome. compass's own verdicts (a timeout, a
+        degraded worker) keep their type for the client; a task's own error is JobFailed."""
+        error = self.error
+        if error is None:
+            return TaskDone(now, self.entry, self.output)
+        code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
+        text = f"{type(error).__name__}: {error}"
+        return TaskFailed(
+            now, self.entry, text, self.error_text, code or JobFailed.code, self.still_running
+        )
 
 
 class TaskRunner:

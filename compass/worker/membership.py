@@ -113,6 +113,11 @@ def primary_address(ipv6: bool = False) -> str:
     return "::1" if ipv6 else "127.0.0.1"
 
 
+def default_worker_name(port: int) -> str:
+    """A worker started without ``--name`` is ``<host>-<port>``: unique wherever hosts are."""
+    return f"{socket.gethostname().split('.')[0] or 'worker'}-{port}"
+
+
 def advertised_address(bound_host: str, port: int, advertise: str = "") -> str:
     """The ``HOST:PORT`` this worker tells its peers to reach it at.
 

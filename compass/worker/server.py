@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 from collections import deque
 from collections.abc import Coroutine
@@ -26,7 +25,7 @@ from typing import Any
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.errors import CompassError, CompassTimeout, JobFailed, WorkerUnavailable
+from compass.errors import CompassError, WorkerUnavailable
 from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
@@ -34,7 +33,7 @@ from compass.wire.transport import Server, serve
 from compass.worker.executor import TaskOutcome, TaskRunner
 from compass.worker.gossip import Gossip
 from compass.worker.lanes import Lanes
-from compass.worker.membership import Membership, Peer, advertised_address
+from compass.worker.membership import Membership, Peer, advertised_address, default_worker_name
 from compass.worker.messages import PeerMessage, PlanReply, TaskMsg
 from compass.worker.metrics import WorkerMetrics
 from compass.worker.queue import QueuedTask
@@ -52,8 +51,6 @@ from compass.worker.state import (
     RunTask,
     Send,
     Submit,
-    TaskDone,
-    TaskFailed,
     TaskReturned,
     Tick,
     Undeliverable,
@@ -66,11 +63,6 @@ from compass.workflow.profile import Profiles
 __all__ = ["Worker"]
 
 log = logging.getLogger("compass.worker")
-
-
-def default_worker_name(port: int) -> str:
-    """A worker started without ``--name`` is ``<host>-<port>``: unique wherever hosts are."""
-    return f"{socket.gethostname().split('.')[0] or 'worker'}-{port}"
 
 
 class Worker:
@@ -389,23 +381,13 @@ class Worker:
         return self.app.get_workflow(workflow).tasks[task]
 
     def _task_finished(self, outcome: TaskOutcome) -> None:
-        entry = outcome.entry
         self.stats.record(outcome)
         self.metrics.task_finished(outcome)
-        now = self.clock()
-        if outcome.error is not None:
-            error = outcome.error
-            # compass's own verdicts keep their type for the client; a task's error is JobFailed
-            code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
-            text = f"{type(error).__name__}: {error}"
-            code = code or JobFailed.code
-            running = outcome.still_running
-            self.apply(TaskFailed(now, entry, text, outcome.error_text, code, running))
-            return
-        if not self.config.emulate:
+        entry = outcome.entry
+        if outcome.error is None and not self.config.emulate:
             self.profiles.observe_exec(entry.workflow, entry.task, self.name, outcome.exec_s)
             self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(outcome.output))
-        self.apply(TaskDone(now, entry, outcome.output))
+        self.apply(outcome.event(self.clock()))
 
     def _task_returned(self, entry: QueuedTask) -> None:
         """The thread of a task abandoned past its timeout returned: its model is released."""

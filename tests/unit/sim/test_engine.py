@@ -391,4 +391,5 @@ def test_a_warm_start_meets_the_first_job_with_the_caches_warmed() -> None:
     assert warm_job.arrival == pytest.approx(fetch(200) + fetch(300) + fetch(400))
     assert all(t.cache_hit in (True, None) for t in warm.tasks)  # every model was resident
     assert warm_job.latency_s == pytest.approx(0.020 + 0.030 + 0.010 + 0.005)
-    assert cold_job.latency_s is not None and cold_job.latency_s > warm_job.latency_s
+    assert cold_job.latency_s is not None and warm_job.latency_s is not None
+    assert cold_job.latency_s > warm_job.latency_s
