@@ -295,7 +295,7 @@ def worker_start(
     adjust_threshold: Annotated[
         float,
         typer.Option(envvar=_env("adjust_threshold"), help="Dynamic adjustment threshold."),
-    ] = 0.25,
+    ] = 0.1,
     warm: Annotated[
         bool,
         typer.Option(envvar=_env("warm"), help="Idle workers load models the cluster is short of."),
@@ -931,6 +931,33 @@ def bench_generalize(
         arrival=arrival,
         json_path=json_path,
     )
+
+
+@bench_app.command("defaults")
+def bench_defaults(
+    workloads: Annotated[int, typer.Option(min=0, help="Generated workloads: seeds 0..N-1.")] = 8,
+    seeds: Annotated[str, typer.Option(help="Arrival seeds per workload, 0-2 or 0,1,2.")] = "0-2",
+    knobs: Annotated[
+        str | None, typer.Option(help="Comma-separated settings (adjust_threshold,...); all.")
+    ] = None,
+    no_paper: Annotated[bool, typer.Option(help="Leave the paper workload out.")] = False,
+    max_load: MaxLoad = 8.0,
+    jobs: Jobs = 400,
+    json_path: JsonPath = None,
+) -> None:
+    """Each departure from the paper against compass as shipped: simulated capacity ratios."""
+    from compass._bench import defaults
+
+    argv = ["--workloads", str(workloads), "--seeds", seeds, "--jobs", str(jobs)]
+    argv += ["--max-load", str(max_load)]
+    if knobs is not None:
+        argv += ["--knobs", knobs]
+    if no_paper:
+        argv.append("--no-paper")
+    _check_output(json_path, "--json")
+    if json_path is not None:
+        argv += ["--json", json_path]
+    defaults.main(argv)
 
 
 @app.command()

@@ -65,8 +65,10 @@ TIE_S = 1e-9
 #: times the successor's expected time. The paper's 1.5 keeps a 0.8 s task waiting up to 1.2 s
 #: for its planned worker while others sit idle; with siblings counted in the view
 #: (:func:`adjust_successors`), anything from 0.01 to 0.5 cut the simulated p99 by about a
-#: fifth, across seeds, loads and bursty arrivals.
-DEFAULT_ADJUST_THRESHOLD = 0.25
+#: fifth, across seeds, loads and bursty arrivals. Of 0.1, 0.25, 0.5 and 1.5, 0.1 sustained the
+#: most load at every SLO on the paper's workload and on generated ones (``bench defaults``,
+#: docs/RESULTS.md "Defaults chosen for all workloads").
+DEFAULT_ADJUST_THRESHOLD = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,9 @@ class Policy(Protocol):
     #: whether this policy plans model-less tasks onto host lanes, off the GPU queue: such a
     #: task neither waits for a worker's queue nor adds to it
     host_lanes: bool
+    #: whether :func:`adjust_successors` places each successor of a finished task on a view
+    #: that counts the siblings placed before it (off: all on one snapshot, as the paper did)
+    counts_siblings: bool
 
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
@@ -335,9 +340,14 @@ class CompassPolicy:
     ``use_load``: count queue waits (off: every worker idle); ``use_cache``: count model
     fetches; ``dynamic``: let :meth:`adjust` move tasks; ``central``: one fixed worker (the
     lowest name) plans every job; ``oldest_job_first`` and ``warms_cache``: see
-    :class:`Policy` (both on for Compass, off for classic HEFT); ``host_lanes``: the workers
+    :class:`Policy` (FIFO queues and warming for Compass, both off for classic HEFT: oldest
+    job first gained 5-8% of capacity on the paper's workload but lost 9-15% at p99x5 on
+    generated ones, docs/RESULTS.md); ``host_lanes``: the workers
     run model-less tasks on host lanes, off the GPU queue, so such a task's estimate has no
-    queue wait, it adds none, and adjustment leaves it where it was planned.
+    queue wait, it adds none, and adjustment leaves it where it was planned;
+    ``counts_siblings``: see :class:`Policy`; ``moves_joins``: re-place a join fed only by
+    the successors of a finishing task (:meth:`place_joins`; off: joins stay where planned,
+    as in the paper).
 
     Adjustment, on the worker where a predecessor finished: keep the planned worker when the
     successor is a join (its inputs must meet), or when that worker's wait is at most
@@ -357,9 +367,11 @@ class CompassPolicy:
         dynamic: bool = True,
         adjust_threshold: float = DEFAULT_ADJUST_THRESHOLD,
         central: bool = False,
-        oldest_job_first: bool = True,
+        oldest_job_first: bool = False,
         warms_cache: bool = True,
         host_lanes: bool = False,
+        counts_siblings: bool = True,
+        moves_joins: bool = True,
     ) -> None:
         if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
             raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
@@ -372,6 +384,8 @@ class CompassPolicy:
         self.oldest_job_first = oldest_job_first
         self.warms_cache = warms_cache
         self.host_lanes = host_lanes
+        self.counts_siblings = counts_siblings
+        self.moves_joins = moves_joins
         self._costs = CostCache()
         self._joins: dict[tuple[str, str], tuple[Workflow, tuple[str, ...]]] = {}
 
@@ -563,8 +577,9 @@ class CompassPolicy:
 
     def joins_fed_by(self, wf: Workflow, finished: str) -> tuple[str, ...]:
         """The joins :meth:`place_joins` may move when ``finished`` completes (none unless
-        this policy adjusts with loads), in topological order; cached per workflow."""
-        if not (self.dynamic and self.use_load):
+        this policy adjusts with loads and moves joins), in topological order; cached per
+        workflow."""
+        if not (self.dynamic and self.use_load and self.moves_joins):
             return ()
         found = self._joins.get((wf.name, finished))
         if found is None or found[0] is not wf:
@@ -643,7 +658,8 @@ def adjust_successors(
 
     Each successor of ``finished`` is re-placed by ``policy.adjust`` (see
     :meth:`Policy.adjust`), highest upward rank first, on a view that counts the siblings
-    placed before it, each busy until its :meth:`Policy.finish_times` on its worker; then
+    placed before it, each busy until its :meth:`Policy.finish_times` on its worker (unless
+    ``policy.counts_siblings`` is off: then all on ``view``); then
     ``policy.place_joins`` re-places the joins those siblings alone feed
     (:meth:`Policy.joins_fed_by`). Returns the whole plan, with every change.
     """
@@ -663,8 +679,9 @@ def adjust_successors(
     fanout = _FanoutView(view)
     finish: dict[str, tuple[int, float]] = {}
     last = len(ordered) - 1
+    counts = policy.counts_siblings
     for k, task in enumerate(ordered):
-        seen = fanout.snapshot()
+        seen = fanout.snapshot() if counts else view
         target = policy.adjust(job, task, current, seen, profiles, now)
         current[task] = target
         i = view.positions.get(target, -1)
@@ -675,7 +692,7 @@ def adjust_successors(
             continue  # its model cannot fit there: no finish to count or to follow
         finish[task] = (i, done)
         model = wf.tasks[task].model
-        if model is not None or not host_lanes:
+        if counts and (model is not None or not host_lanes):
             size = 0 if model is None else profiles.model_bytes(model)
             fanout.place(i, done - now, model, size)
     if joins:

@@ -115,7 +115,16 @@ def make_policy(
 
 #: the :class:`CompassPolicy` settings ``make_policy(options=...)`` may change
 VARIANT_OPTIONS = frozenset(
-    {"use_load", "use_cache", "dynamic", "adjust_threshold", "oldest_job_first", "warms_cache"}
+    {
+        "use_load",
+        "use_cache",
+        "dynamic",
+        "adjust_threshold",
+        "oldest_job_first",
+        "warms_cache",
+        "counts_siblings",
+        "moves_joins",
+    }
 )
 
 
@@ -163,6 +172,7 @@ class _StaticPolicy:
     oldest_job_first = False
     warms_cache = False
     host_lanes = False
+    counts_siblings = True
 
     def __init__(self) -> None:
         self._costs = CostCache()

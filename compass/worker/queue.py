@@ -7,7 +7,8 @@ paper's queue wait: expected seconds of queued plus running work) and the cache 
 
 Order: the smallest :attr:`QueuedTask.priority` first, ties (and tasks without one) in arrival
 order. A task without a priority ranks at its enqueue time, so a queue where no task has one is
-plain FIFO, as in the paper. Compass gives each task its job's arrival time (oldest job first):
+plain FIFO, as in the paper (and compass by default). Compass with ``oldest_job_first`` gives
+each task its job's arrival time (oldest job first):
 a task of a job that has been in the system longer overtakes tasks of younger jobs, so the
 short tail of a long job (a join, a last branch) does not queue behind fresh work.
 """

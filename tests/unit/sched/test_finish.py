@@ -248,6 +248,7 @@ class Recording:
         self.oldest_job_first = inner.oldest_job_first
         self.warms_cache = inner.warms_cache
         self.host_lanes = inner.host_lanes
+        self.counts_siblings = inner.counts_siblings
         self.finishes: dict[str, FloatArray] = {}
         self.joins_finish: dict[str, tuple[int, float]] = {}
         self.joins_wait: list[float] = []

@@ -208,11 +208,12 @@ def test_adjust_keeps_the_plan_under_the_threshold() -> None:
         make_policy("compass", adjust_threshold=2.0).adjust(job(CHAIN), "y", plan, over, p, 0.0)
         == "a"
     )
-    # compass's default keeps the plan only while the wait is within a quarter of the task
-    assert DEFAULT_ADJUST_THRESHOLD == 0.25
-    within = ViewSnapshot.build([worker("a", 0.025, ("m",)), worker("b", 0.0, ("m",))])
+    # compass's default keeps the plan only while the wait is within a tenth of the task
+    assert DEFAULT_ADJUST_THRESHOLD == 0.1
+    within = ViewSnapshot.build([worker("a", 0.01, ("m",)), worker("b", 0.0, ("m",))])
     assert make_policy("compass").adjust(job(CHAIN), "y", plan, within, p, 0.0) == "a"
-    assert make_policy("compass").adjust(job(CHAIN), "y", plan, at_limit, p, 0.0) == "b"
+    beyond = ViewSnapshot.build([worker("a", 0.025, ("m",)), worker("b", 0.0, ("m",))])
+    assert make_policy("compass").adjust(job(CHAIN), "y", plan, beyond, p, 0.0) == "b"
 
 
 def test_adjust_moves_an_overloaded_task_to_the_smallest_wait_plus_fetch() -> None:
@@ -397,3 +398,26 @@ def test_with_host_lanes_adjust_leaves_a_model_less_task_where_it_was_planned() 
     assert hosted.adjust(job(HOSTED), "post", plan, view, p, 0.0) == "a"
     # a task with a model still escapes a's 5 s queue
     assert hosted.adjust(job(HOSTED), "infer", plan, view, p, 0.0) == "b"
+
+
+def test_without_sibling_counting_every_successor_is_placed_on_one_snapshot() -> None:
+    plan = dict.fromkeys(FAN.order, "a")
+    policy = make_policy("compass", options={"counts_siblings": False})
+    new = adjust_successors(policy, job(FAN), "r", plan, fan_view(), profiles(FAN), 0.0)
+    # the paper's rule: each sibling sees the same idle worker, so all three pile onto it
+    assert {new["short"], new["mid"], new["long"]} == {"b"}
+    counted = adjust_successors(
+        make_policy("compass"), job(FAN), "r", plan, fan_view(), profiles(FAN), 0.0
+    )
+    assert {counted["short"], counted["mid"], counted["long"]} == {"b", "c", "d"}
+
+
+def test_without_moving_joins_a_join_stays_where_it_was_planned() -> None:
+    plan = dict.fromkeys(FAN.order, "a")
+    policy = make_policy("compass", options={"moves_joins": False})
+    assert policy.joins_fed_by(FAN, "r") == ()
+    new = adjust_successors(policy, job(FAN), "r", plan, fan_view(), profiles(FAN), 0.0)
+    assert new["join"] == "a"
+    # the siblings still spread: only the join rule changed
+    assert {new["short"], new["mid"], new["long"]} == {"b", "c", "d"}
+    assert make_policy("compass").joins_fed_by(FAN, "r") == ("join",)

@@ -326,10 +326,10 @@ def test_jit_and_jsq_finish_every_paper_job_in_the_simulator() -> None:
 def test_compass_options_change_its_settings_and_bad_ones_are_refused() -> None:
     from compass.sched.planner import CompassPolicy
 
-    policy = make_policy("compass", options={"oldest_job_first": False, "adjust_threshold": 1.5})
+    policy = make_policy("compass", options={"oldest_job_first": True, "adjust_threshold": 1.5})
     assert isinstance(policy, CompassPolicy)
-    assert policy.oldest_job_first is False and policy.adjust_threshold == 1.5
-    assert make_policy("compass").oldest_job_first is True
+    assert policy.oldest_job_first is True and policy.adjust_threshold == 1.5
+    assert make_policy("compass").oldest_job_first is False
     with pytest.raises(ConfigError, match="unknown compass option 'colour'"):
         make_policy("compass", options={"colour": "red"})
     with pytest.raises(ConfigError, match="'compass' only"):
