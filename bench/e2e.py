@@ -150,9 +150,8 @@ async def run_policy(
     summary = summarize(workload, latencies, statuses, elapsed)
     summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
     # per job in arrival order, None for a failed job: what an SLO's attainment counts
-    summary["slowdowns"] = [
-        None if s is None else s * 1000.0 / _best_ms(workload, wf) for wf, s in latencies
-    ]
+    best = best_ms(workload)
+    summary["slowdowns"] = [None if s is None else s * 1000.0 / best[wf] for wf, s in latencies]
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
@@ -214,7 +213,8 @@ def summarize(
     """The same keys as :meth:`compass.sim.result.SimResult.summary`, from a real run."""
     ok = [(wf, s) for wf, s in latencies if s is not None]
     latency_ms = np.array([s for _, s in ok]) * 1000.0
-    slowdown = np.array([s * 1000.0 / _best_ms(workload, wf) for wf, s in ok])
+    best = best_ms(workload)
+    slowdown = np.array([s * 1000.0 / best[wf] for wf, s in ok])
     stats = [s["stats"] for s in statuses]
     caches = [s["cache"]["stats"] for s in statuses]
     hits = sum(s["cache_hits"] for s in stats)
@@ -259,19 +259,14 @@ def _advance(bar: Any, task: Any, completed: int) -> None:
     bar.update(task, completed=completed)
 
 
-def _best_ms(workload: Workload, workflow: str) -> float:
-    """The workflow's best time, computed as the simulator does (a lower bound: any number of
-    workers, each with a host lane; the declared ``best_ms`` is not trusted)."""
-    best = _BEST_MS.get((id(workload), workflow))
-    if best is None:
-        profiles = Profiles.from_workload(workload)
-        seconds = best_time_s(workload.workflows[workflow], profiles, host_lanes=1)
-        best = _BEST_MS[(id(workload), workflow)] = seconds * 1000.0 or math.inf
-    return best
-
-
-#: (workload id, workflow) -> best ms; workloads live as long as the benchmark
-_BEST_MS: dict[tuple[int, str], float] = {}
+def best_ms(workload: Workload) -> dict[str, float]:
+    """Each workflow's best time in ms, computed as the simulator does (a lower bound: any
+    number of workers, each with a host lane; the declared ``best_ms`` is not trusted)."""
+    profiles = Profiles.from_workload(workload)
+    return {
+        name: best_time_s(wf, profiles, host_lanes=1) * 1000.0 or math.inf
+        for name, wf in workload.workflows.items()
+    }
 
 
 def run(

@@ -322,12 +322,25 @@ class JoinShortestQueuePolicy(_StaticPolicy):
         profiles: Profiles,
         now: float,
     ) -> str:
-        """The shortest queue for a non-join task; the planned worker for a join."""
+        """The planned worker for a join (its hashed one when the plan's has left the view);
+        for any other task :meth:`_move`'s choice."""
         planned = plan.get(task)
         if planned is None or planned not in view.positions:
             planned = hash_worker(job.job_id, task, view.names)
         if job.workflow.is_join(task):
             return planned
+        return self._move(job, task, plan, planned, view, profiles)
+
+    def _move(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        planned: str,
+        view: ViewSnapshot,
+        profiles: Profiles,
+    ) -> str:
+        """Where a ready non-join task goes: the shortest queue (``planned`` on a tie)."""
         return _shortest(view.wait_s, view, planned)
 
 
@@ -386,23 +399,17 @@ class ModelLocalityPolicy(JoinShortestQueuePolicy):
                 free[j] -= costs.model_bytes[t]
         return plan
 
-    def adjust(
+    def _move(
         self,
         job: JobInfo,
         task: str,
         plan: Mapping[str, str],
+        planned: str,
         view: ViewSnapshot,
         profiles: Profiles,
-        now: float,
     ) -> str:
-        """The cheapest start (see the class docstring) for a non-join task; the planned
-        worker for a join."""
-        planned = plan.get(task)
-        if planned is None or planned not in view.positions:
-            planned = hash_worker(job.job_id, task, view.names)
+        """The cheapest start (see the class docstring), ``planned`` on a tie."""
         wf = job.workflow
-        if wf.is_join(task):
-            return planned
         costs = self._costs.get(wf, profiles, view.names)
         t = wf.index[task]
         preds = costs.preds[t]

@@ -672,9 +672,6 @@ def plot_attainment(path: str, out: Mapping[str, Any]) -> None:
         ax.set_ylabel(f"jobs within {slo['max_slowdown']:g}x")
         ax.set_title(name)
         ax.legend(fontsize="small")
-    fig.tight_layout()
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from compass.sim.report import save_figure
+
+    save_figure(fig, path)

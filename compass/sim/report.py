@@ -38,6 +38,7 @@ __all__ = [
     "print_servers_needed",
     "progress_bar",
     "run_cli",
+    "save_figure",
     "warn_declared_best",
 ]
 
@@ -406,6 +407,13 @@ def plot_results(
         line.set_ylabel("median slowdown")
         line.set_title("median slowdown vs workers")
         line.legend(fontsize="small")
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str) -> None:
+    """Lay ``fig`` out, write it to ``path`` (creating the folder), and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     folder = os.path.dirname(path)
     if folder:
