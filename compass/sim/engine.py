@@ -72,7 +72,7 @@ from compass.worker.state import (
     WorkerCore,
 )
 from compass.workflow.best import best_time_s
-from compass.workflow.dag import Workflow
+from compass.workflow.dag import Workflow, batch_scale
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
@@ -480,32 +480,42 @@ class _Simulation:
     # -- what a worker's lanes do -------------------------------------------------------------
 
     def _run(self, worker: _Worker, run: RunTask) -> None:
-        """A task runs for its profiled time."""
-        entry = run.entry
-        job = self._jobs.get(entry.job_id)
-        if job is not None:
-            job.placed[entry.task] = worker.name
-        exec_s = self.workload.workflows[entry.workflow].tasks[entry.task].profile.exec_s
+        """A task runs for its profiled time; a batch for its profile's batch curve at its
+        size, from the slowest of its tasks' single times."""
+        workflows = self.workload.workflows
+        for entry in run.entries:
+            job = self._jobs.get(entry.job_id)
+            if job is not None:
+                job.placed[entry.task] = worker.name
+        profile = workflows[run.entry.workflow].tasks[run.entry.task].profile
+        if run.mates:
+            single = max(workflows[e.workflow].tasks[e.task].profile.exec_s for e in run.entries)
+            exec_s = single * batch_scale(profile.batch_scale, len(run.entries))
+        else:
+            exec_s = profile.exec_s
         self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
 
     def _task_end(self, arg: tuple[_Worker, RunTask, float]) -> None:
         worker, run, exec_s = arg
-        entry = run.entry
         if not run.host:
-            worker.busy_s += self.now - entry.started_at
-        self.task_records.append(
-            TaskRecord(
-                job_id=entry.job_id,
-                task=entry.task,
-                worker=worker.name,
-                queue_s=entry.started_at - entry.enqueued_at,
-                fetch_s=run.fetch_s,
-                transfer_s=entry.transfer_s,
-                exec_s=exec_s,
-                cache_hit=run.hit,
+            worker.busy_s += self.now - run.entry.started_at
+        size = len(run.mates) + 1
+        for entry in run.entries:
+            self.task_records.append(
+                TaskRecord(
+                    job_id=entry.job_id,
+                    task=entry.task,
+                    worker=worker.name,
+                    queue_s=entry.started_at - entry.enqueued_at,
+                    fetch_s=run.fetch_s,
+                    transfer_s=entry.transfer_s,
+                    exec_s=exec_s,
+                    cache_hit=run.hit,
+                    batch=size,
+                )
             )
-        )
-        self._apply(worker, TaskDone(self.now, entry, None))
+        for entry in run.entries:
+            self._apply(worker, TaskDone(self.now, entry, None))
 
     def _load(self, worker: _Worker, load: LoadModel) -> None:
         """A model load takes its bytes over the host-to-device bandwidth."""

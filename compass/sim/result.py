@@ -40,7 +40,7 @@ class TaskRecord:
 
     ``queue_s``: ready to popped by a lane; ``fetch_s``: waiting for its model (0 on a hit);
     ``transfer_s``: the slowest of its inputs on the wire; ``cache_hit``: None for a task
-    without a model.
+    without a model; ``batch``: how many tasks its run took (1: it ran alone).
     """
 
     job_id: str
@@ -51,6 +51,7 @@ class TaskRecord:
     transfer_s: float
     exec_s: float
     cache_hit: bool | None
+    batch: int = 1
 
 
 @dataclass(slots=True)

@@ -6,8 +6,12 @@ decision (:mod:`compass.worker.lanes`); this module carries it out and reports t
 
 Real mode calls the task's function with its torch module under ``torch.inference_mode()`` in a
 thread. Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a
-payload of the declared output size. Everything else (the queue, the pool, the cache decisions,
-the wire) is the real code in both modes.
+payload of the declared output size. A batch (a :class:`RunTask` with mates) is one call of the
+function on every entry's inputs, each keyword a list with one item per entry
+(:meth:`Task.call_batch <compass.workflow.dag.Task.call_batch>`), or one sleep for the batch's
+profiled time; each entry gets its own outcome: its own output, or the batch's error when the
+call failed (an output that is an ``Exception`` fails its entry alone). Everything else (the
+queue, the pool, the cache decisions, the wire) is the real code in both modes.
 
 Nothing a task does stops the worker: an exception, ``sys.exit()`` or any other
 ``BaseException`` from user code becomes the task's error. A task past its timeout (its
@@ -38,7 +42,7 @@ from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
 from compass.worker.lanes import RunTask
 from compass.worker.queue import QueuedTask
 from compass.worker.state import TaskDone, TaskFailed
-from compass.workflow.dag import Task
+from compass.workflow.dag import Task, batch_scale
 
 __all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
 
@@ -80,6 +84,10 @@ class TaskOutcome:
     cache_hit: bool = True
     #: abandoned past its timeout, its thread still runs (it keeps its model pinned)
     still_running: bool = False
+    #: how many tasks its run took (1: it ran alone)
+    batch: int = 1
+    #: the first entry of its run (the one a batch's measurements are recorded under)
+    first: bool = True
 
     def event(self, now: float) -> TaskDone | TaskFailed:
         """The worker core's event for this outcome. compass's own verdicts (a timeout, a
@@ -89,6 +97,8 @@ class TaskOutcome:
             return TaskDone(now, self.entry, self.output)
         code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
         text = f"{type(error).__name__}: {error}"
+        if self.batch > 1:
+            text += f" (in a batch of {self.batch})"
         return TaskFailed(
             now, self.entry, text, self.error_text, code or JobFailed.code, self.still_running
         )
@@ -131,31 +141,44 @@ class TaskRunner:
         self._closed = False
 
     def start(self, run: RunTask) -> None:
-        """Run ``run.entry`` now (needs a running event loop)."""
+        """Run ``run``'s entries (one task, or a batch) now (needs a running event loop)."""
         loop = asyncio.get_running_loop()
-        entry = run.entry
-        task = self._lookup(entry.workflow, entry.task)
-        outcome = TaskOutcome(
-            entry,
-            queue_s=entry.started_at - entry.enqueued_at,
-            fetch_s=run.fetch_s,
-            cache_hit=run.hit is not False,
-        )
+        entries = run.entries
+        task = self._lookup(run.entry.workflow, run.entry.task)
+        outcomes = [
+            TaskOutcome(
+                entry,
+                queue_s=entry.started_at - entry.enqueued_at,
+                fetch_s=run.fetch_s,
+                cache_hit=run.hit is not False,
+                batch=len(entries),
+                first=entry is run.entry,
+            )
+            for entry in entries
+        ]
         timeout_s = (
             task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
         ) * self._time_scale
         t0 = self._clock()
         if self._emulate or task.fn is None:
-            delay = task.profile.exec_ms / 1000.0 * self._time_scale
-            self._timers[entry] = loop.call_later(
-                min(delay, timeout_s), self._emulated_done, outcome, task, t0, delay > timeout_s
+            single_ms = max(self._lookup(e.workflow, e.task).profile.exec_ms for e in entries)
+            delay = (
+                single_ms * batch_scale(task.profile.batch_scale, len(entries))
+                / 1000.0 * self._time_scale
+            )  # fmt: skip
+            self._timers[run.entry] = loop.call_later(
+                min(delay, timeout_s), self._emulated_done, outcomes, task, t0, delay > timeout_s
             )
             return
-        module = None if entry.model is None else self._module_of(entry.model)
-        work = self._threads.run(_call, task, module, entry.inputs)
+        module = None if run.entry.model is None else self._module_of(run.entry.model)
+        if run.mates:
+            arguments = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
+            work = self._threads.run(_call_batch, task, module, arguments)
+        else:
+            work = self._threads.run(_call, task, module, run.entry.inputs)
         deadline = loop.time() + timeout_s
-        self._deadlines[work] = (deadline, entry)
-        work.add_done_callback(functools.partial(self._thread_done, outcome, task, t0))
+        self._deadlines[work] = (deadline, run.entry)
+        work.add_done_callback(functools.partial(self._thread_done, outcomes, task, t0))
         watchdog = self._watchdog
         if watchdog is None or deadline < watchdog.when():
             self._arm(deadline)
@@ -172,37 +195,58 @@ class TaskRunner:
         if self._watchdog is not None:
             self._watchdog.cancel()
 
-    def _emulated_done(self, outcome: TaskOutcome, task: Task, t0: float, late: bool) -> None:
-        del self._timers[outcome.entry]
-        if late:
-            outcome.error = self._timeout_error(task)
-        else:
-            outcome.output = emulated_output(task.profile.output_bytes)
-            outcome.exec_s = self._clock() - t0
-        self._report(outcome)
+    def _emulated_done(
+        self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool
+    ) -> None:
+        del self._timers[outcomes[0].entry]
+        exec_s = self._clock() - t0
+        for outcome in outcomes:
+            entry = outcome.entry
+            if late:
+                outcome.error = self._timeout_error(task)
+            else:
+                size = self._lookup(entry.workflow, entry.task).profile.output_bytes
+                outcome.output = emulated_output(size)
+                outcome.exec_s = exec_s
+        self._report(outcomes)
 
     def _thread_done(
-        self, outcome: TaskOutcome, task: Task, t0: float, work: asyncio.Future[Any]
+        self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
     ) -> None:
         if self._deadlines.pop(work, None) is None or work.cancelled():
             return  # the worker is stopping
         error = work.exception()
         if error is None:
-            outcome.output = work.result()
-            outcome.exec_s = self._clock() - t0
+            exec_s = self._clock() - t0
+            result = work.result()
+            if len(outcomes) == 1:
+                outcomes[0].output = result
+                outcomes[0].exec_s = exec_s
+            else:
+                for outcome, output in zip(outcomes, result, strict=True):
+                    outcome.exec_s = exec_s
+                    if isinstance(output, Exception):  # this item alone failed
+                        outcome.error = output
+                        outcome.error_text = "".join(traceback.format_exception(output))
+                    else:
+                        outcome.output = output
         elif isinstance(error, TimeoutError) and work in self._threads.abandoned:
-            outcome.error = self._timeout_error(task)
-            outcome.still_running = True
+            for outcome in outcomes:
+                outcome.error = self._timeout_error(task)
+                outcome.still_running = True
         else:
-            outcome.error = error
-            outcome.error_text = "".join(traceback.format_exception(error))
-        self._report(outcome)
+            text = "".join(traceback.format_exception(error))
+            for outcome in outcomes:
+                outcome.error = error
+                outcome.error_text = text
+        self._report(outcomes)
 
-    def _report(self, outcome: TaskOutcome) -> None:
-        try:
-            self._on_outcome(outcome)
-        except Exception:  # a bug in reporting one task must not go unseen
-            log.exception("reporting the outcome of task %r failed", outcome.entry.task)
+    def _report(self, outcomes: list[TaskOutcome]) -> None:
+        for outcome in outcomes:
+            try:
+                self._on_outcome(outcome)
+            except Exception:  # a bug in reporting one task must not go unseen
+                log.exception("reporting the outcome of task %r failed", outcome.entry.task)
 
     def _timeout_error(self, task: Task) -> CompassTimeout:
         limit = task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
@@ -287,6 +331,18 @@ class TaskThreads:
             del loop, future, fn, args, result, error
             with self._lock:
                 self._idle += 1
+
+
+def _call_batch(task: Task, module: Any, arguments: list[dict[str, Any]]) -> list[Any]:
+    import torch
+
+    try:
+        with torch.inference_mode():
+            return task.call_batch(module, arguments)
+    except Exception:
+        raise
+    except BaseException as exc:  # sys.exit() and the like fail the batch, not the worker
+        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _call(task: Task, module: Any, inputs: dict[str, Any]) -> Any:

@@ -16,6 +16,10 @@ The rules:
   now (:class:`RunTask`, its model pinned); being loaded, it runs when the load ends; missing,
   the load starts (:class:`LoadModel`, evicting what the plan says) and the task runs when it
   ends; when pinned or loading models hold the slabs it needs, it waits until one is released.
+- **Batches.** When a task of a batch group (one function and model) starts, the queued tasks
+  of its group come along, up to its ``max_batch``, in queue order: one :class:`RunTask` with
+  several entries, one lane, one pin of the model. The lane is free when every entry has
+  ended. The lanes never hold a lane idle waiting for a batch to fill.
 - **Prefetch.** When every lane is busy and a task is queued, and when a task starts, the
   first model of the queue's look-ahead that is neither resident nor loading is loaded if it
   fits without evicting anything needed sooner (or, the paper's rule, in free slabs only);
@@ -44,7 +48,9 @@ __all__ = ["Lanes", "LoadModel", "RunTask"]
 
 @dataclass(frozen=True, slots=True)
 class RunTask:
-    """Run ``entry`` on ``lane`` now; its model (if any) is resident and pinned for it.
+    """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
+    group); its model (if any) is resident and pinned for the run. Each entry ends with an
+    event of its own.
 
     GPU lanes are numbered from 0, host lanes after them. ``fetch_s``: how long it waited for
     its model; ``hit``: whether the model was resident when the task asked (None: no model).
@@ -55,6 +61,12 @@ class RunTask:
     host: bool
     fetch_s: float
     hit: bool | None
+    mates: tuple[QueuedTask, ...] = ()
+
+    @property
+    def entries(self) -> tuple[QueuedTask, ...]:
+        """Every task of the run, its first (``entry``) first."""
+        return (self.entry, *self.mates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,10 @@ class _Run:
     upcoming: list[str] = field(default_factory=list)
     hit: bool | None = None
     waited: bool = False
+    #: entries of the run not yet ended (a batch's, once it started)
+    pending: int = 1
+    #: abandoned past its timeout: its model stays pinned until its thread returns
+    stuck: bool = False
 
 
 class Lanes:
@@ -194,18 +210,23 @@ class Lanes:
         run = self._runs.pop(entry, None)
         if run is None:
             return
-        if still_running:
+        if still_running and not run.stuck:
+            run.stuck = True
             self.stuck += 1
             self.version += 1
+        run.pending -= 1
+        if run.pending:
+            return  # the rest of its batch is still to report
+        lead = run.entry
         if run.host:
             self._host_idle.append(run.lane)
-            self.host_queue.finish(entry)
+            self.host_queue.finish(lead)
             return
         self.version += 1
         self._idle.append(run.lane)
-        self.queue.finish(entry)
-        if entry.model is not None and not still_running:
-            self._unpin(entry.model, now)
+        self.queue.finish(lead)
+        if lead.model is not None and not run.stuck:
+            self._unpin(lead.model, now)
 
     def returned(self, entry: QueuedTask, now: float) -> None:
         """The thread of an abandoned task returned: its model is unpinned."""
@@ -275,7 +296,11 @@ class Lanes:
     def _start(self, run: _Run, now: float) -> None:
         entry = run.entry
         fetch_s = now - run.asked_at if entry.model is not None else 0.0
-        self.out.append(RunTask(entry, run.lane, False, fetch_s, run.hit))
+        mates = self.queue.take(entry, now) if entry.group is not None else []
+        for mate in mates:
+            self._runs[mate] = run
+        run.pending = 1 + len(mates)
+        self.out.append(RunTask(entry, run.lane, False, fetch_s, run.hit, tuple(mates)))
         if self.prefetch_depth:
             self._prefetch()
 

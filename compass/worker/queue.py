@@ -5,6 +5,12 @@ Sans-IO (every call that depends on time is given ``now``): the lanes
 paper's queue wait: expected seconds of queued plus running work) and the cache decisions read
 :meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch).
 
+Batches: tasks that share a :attr:`QueuedTask.group` (one function and model) may run as one
+batch of up to ``max_batch`` items (:meth:`TaskQueue.take`): the queue's expected work counts
+each group's queued tasks as the batches they will form (a batch of ``b`` costs
+``expected_s * scale(b)``), and :meth:`TaskQueue.batchable` tells the view, per model, how many
+such tasks wait and when the first of them is expected to start.
+
 Order: the smallest :attr:`QueuedTask.priority` first, ties (and tasks without one) in arrival
 order. A task without a priority ranks at its enqueue time, so a queue where no task has one is
 plain FIFO, as in the paper (and compass by default). Compass with ``oldest_job_first`` gives
@@ -21,7 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["QueuedTask", "TaskQueue"]
+from compass.workflow.dag import batch_scale
+
+__all__ = ["QueuedTask", "TaskQueue", "batch_limit"]
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +56,51 @@ class QueuedTask:
     priority: float | None = None
     #: the job's submit time on this worker's clock (what oldest-job-first ranks by)
     arrival: float = 0.0
+    #: tasks of one group (one function and model) may run as one batch; None: never batched
+    group: str | None = None
+    #: the most items one batch of its group takes
+    max_batch: int = 1
+    #: a batch of b items costs ``expected_s * batch_scale(scale, b)`` (empty: b runs)
+    scale: tuple[float, ...] = ()
+    #: expected seconds of the run it is part of (a batch's, on its first entry; 0 on the
+    #: others), set when the run starts
+    run_s: float = 0.0
+
+    def batch_s(self, size: int) -> float:
+        """Expected seconds of a batch of ``size`` items led by this task."""
+        return self.expected_s * batch_scale(self.scale, size)
+
+
+def batch_limit(scale: tuple[float, ...], size: int) -> int:
+    """The largest batch, up to ``size``, whose every extra item costs less than one run."""
+    n = 1
+    while n < size and batch_scale(scale, n + 1) - batch_scale(scale, n) < 1.0:
+        n += 1
+    return n
+
+
+def _work(scale: tuple[float, ...], size: int, count: int) -> float:
+    """Cost (in single runs) of ``count`` tasks run in batches of at most ``size``."""
+    full, rest = divmod(count, size)
+    return full * batch_scale(scale, size) + (batch_scale(scale, rest) if rest else 0.0)
+
+
+class _Group:
+    """The queued tasks of one batch group: how many, and their summed single times."""
+
+    __slots__ = ("count", "expected_s", "scale", "size")
+
+    def __init__(self, entry: QueuedTask) -> None:
+        self.count = 0
+        self.expected_s = 0.0
+        self.size = batch_limit(entry.scale, entry.max_batch)
+        self.scale = entry.scale
+
+    def work_s(self) -> float:
+        """Expected seconds of the batches the group's queued tasks will form."""
+        if not self.count:
+            return 0.0
+        return self.expected_s / self.count * _work(self.scale, self.size, self.count)
 
 
 class TaskQueue:
@@ -58,7 +111,10 @@ class TaskQueue:
         self._order = itertools.count()
         # insertion-ordered, so upcoming_models() is deterministic
         self._running: dict[QueuedTask, None] = {}
+        #: expected seconds of the queued tasks that never batch
         self._queued_s = 0.0
+        #: batch group -> its queued tasks (groups with none are removed)
+        self._groups: dict[str, _Group] = {}
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -69,37 +125,87 @@ class TaskQueue:
 
     @property
     def queued_s(self) -> float:
-        """Expected seconds of the queued (not running) tasks."""
-        return self._queued_s
+        """Expected seconds of the queued (not running) tasks, each batch group's as the
+        batches it will form."""
+        if not self._groups:
+            return self._queued_s
+        return self._queued_s + sum(g.work_s() for g in self._groups.values())
 
     @property
     def running(self) -> frozenset[QueuedTask]:
-        """The tasks popped and not yet finished."""
+        """The runs under way (a batch by its first task), popped and not yet finished."""
         return frozenset(self._running)
 
     def run_ends(self) -> list[float]:
-        """When each running task is expected to end, in the order they started."""
-        return [e.started_at + e.expected_s for e in self._running]
+        """When each run under way is expected to end, in the order they started."""
+        return [e.started_at + e.run_s for e in self._running]
 
     def push(self, entry: QueuedTask) -> None:
         """Queue ``entry`` at its priority (its enqueue time when it has none)."""
         key = entry.enqueued_at if entry.priority is None else entry.priority
         heapq.heappush(self._ready, (key, next(self._order), entry))
-        self._queued_s += entry.expected_s
+        self._count_in(entry)
+
+    def _count_in(self, entry: QueuedTask) -> None:
+        if entry.group is None:
+            self._queued_s += entry.expected_s
+            return
+        group = self._groups.get(entry.group)
+        if group is None:
+            group = self._groups[entry.group] = _Group(entry)
+        group.count += 1
+        group.expected_s += entry.expected_s
+
+    def _count_out(self, entry: QueuedTask) -> None:
+        if entry.group is None:
+            # no float drift once empty, and never below zero before that
+            self._queued_s = max(0.0, self._queued_s - entry.expected_s) if self._ready else 0.0
+            return
+        group = self._groups[entry.group]
+        group.count -= 1
+        group.expected_s -= entry.expected_s
+        if not group.count:
+            del self._groups[entry.group]
 
     def pop(self, now: float) -> QueuedTask | None:
         """The next task to run (marked running at ``now``), or ``None`` when it is empty."""
         if not self._ready:
             return None
         entry = heapq.heappop(self._ready)[2]
-        # no float drift once empty, and never below zero before that
-        self._queued_s = max(0.0, self._queued_s - entry.expected_s) if self._ready else 0.0
+        self._count_out(entry)
         entry.started_at = now
+        entry.run_s = entry.expected_s
         self._running[entry] = None
         return entry
 
+    def take(self, lead: QueuedTask, now: float) -> list[QueuedTask]:
+        """Batch ``lead`` (just popped) with the queued tasks of its group, in queue order, up
+        to its ``max_batch`` and as long as an extra item costs less than a run of its own
+        (with no gain, a batch would only delay its first items); return the others taken (started at ``now``). The run's expected
+        time, kept on ``lead``, is the batch's."""
+        group = lead.group
+        room = batch_limit(lead.scale, lead.max_batch) - 1
+        if group is None or room <= 0 or group not in self._groups:
+            return []
+        chosen = sorted((item for item in self._ready if item[2].group == group), key=_heap_key)[
+            :room
+        ]
+        taken = {id(item[2]) for item in chosen}
+        self._ready = [item for item in self._ready if id(item[2]) not in taken]
+        heapq.heapify(self._ready)
+        mates = [item[2] for item in chosen]
+        for entry in mates:
+            self._count_out(entry)
+            entry.started_at = now
+        if not self._ready:
+            self._queued_s = 0.0
+        lead.run_s = max(e.expected_s for e in (lead, *mates)) * batch_scale(
+            lead.scale, 1 + len(mates)
+        )
+        return mates
+
     def finish(self, entry: QueuedTask) -> None:
-        """``entry`` stopped running (done or failed)."""
+        """``entry``'s run stopped (done or failed): a batch by its first task."""
         self._running.pop(entry, None)
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> list[QueuedTask]:
@@ -121,14 +227,41 @@ class TaskQueue:
         if dropped:
             heapq.heapify(kept)
             self._ready = kept
-            self._queued_s = sum(item[2].expected_s for item in kept)
+            self._queued_s = 0.0
+            self._groups.clear()
+            for item in kept:
+                self._count_in(item[2])
         return dropped
 
     def wait_s(self, now: float) -> float:
         """Expected seconds before a task queued at ``now`` could start on a single lane (one
         that ranks behind every queued task, as a new job's does)."""
-        remaining = sum(max(0.0, e.started_at + e.expected_s - now) for e in self._running)
-        return self._queued_s + remaining
+        remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
+        return self.queued_s + remaining
+
+    def batchable(self, now: float, lanes: int = 1) -> dict[str, tuple[int, float]]:
+        """Per model, the queued tasks that may batch: how many, and the expected seconds
+        before the first of them starts (the work ahead of it, spread over ``lanes``). A
+        task of that model arriving in time joins their batch instead of queueing behind
+        everything (the planner's batch-aware rule reads this)."""
+        if not self._groups:
+            return {}
+        found: dict[str, tuple[int, float]] = {}
+        ahead = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
+        started: set[str] = set()
+        for entry in self:
+            group = entry.group
+            if group is None:
+                ahead += entry.expected_s
+                continue
+            assert entry.model is not None  # only model tasks batch
+            count, first = found.get(entry.model, (0, ahead / lanes))
+            found[entry.model] = (count + 1, first)
+            if group not in started:
+                # the group's first task leads its batches: they run from here on
+                started.add(group)
+                ahead += self._groups[group].work_s()
+        return found
 
     def upcoming_models(self) -> list[str]:
         """Models of the running and queued tasks, running first (they are pinned), then in

@@ -385,7 +385,10 @@ class Worker:
         self.metrics.task_finished(outcome)
         entry = outcome.entry
         if outcome.error is None and not self.config.emulate:
-            self.profiles.observe_exec(entry.workflow, entry.task, self.name, outcome.exec_s)
+            if outcome.first:  # a batch is one measurement, of its size
+                self.profiles.observe_batch(
+                    entry.workflow, entry.task, self.name, outcome.batch, outcome.exec_s
+                )
             self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(outcome.output))
         self.apply(outcome.event(self.clock()))
 

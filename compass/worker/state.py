@@ -60,9 +60,9 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.queue import QueuedTask
+from compass.worker.queue import QueuedTask, batch_limit
 from compass.worker.stats import WorkerStats
-from compass.workflow.dag import Workflow
+from compass.workflow.dag import Task, Workflow
 from compass.workflow.profile import Profiles
 
 __all__ = [
@@ -94,6 +94,15 @@ FORGET_AFTER = 4096
 
 #: how many answered job keys an ingress remembers (with their answers) for resubmissions
 ANSWERED_KEYS = 4096
+
+
+def _batch_group(task: Task) -> str:
+    """The batch group of a batchable task: tasks of one function and model, whatever their
+    workflow (an emulated task, which has no function: of one task name and model)."""
+    if task.fn is None:
+        return f"{task.model}/{task.name}"
+    fn = task.fn
+    return f"{task.model}/{fn.__module__}.{getattr(fn, '__qualname__', '')}#{id(fn)}"
 
 
 class ViewPort(Protocol):
@@ -687,6 +696,12 @@ class WorkerCore:
             return
         task = workflow.tasks[msg.task]
         arrival = now if job_arrival is None else job_arrival
+        group: str | None = None
+        scale: tuple[float, ...] = ()
+        if task.batch > 1:
+            scale = self.profiles.batch_scale(workflow.name, task.name, self.name)
+            if batch_limit(scale, task.batch) > 1:  # else batching would gain nothing
+                group = _batch_group(task)
         self.lanes.submit(
             QueuedTask(
                 job_id=msg.job,
@@ -703,6 +718,9 @@ class WorkerCore:
                 priority=arrival if self.policy.oldest_job_first else None,
                 t0=msg.t0,
                 arrival=arrival,
+                group=group,
+                max_batch=task.batch,
+                scale=scale,
             ),
             now,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import inspect
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -16,11 +17,34 @@ from typing import Any
 
 from compass.errors import InvalidInputs, ModelTooLarge, WorkflowError
 
-__all__ = ["Task", "TaskProfile", "Workflow"]
+__all__ = ["Task", "TaskProfile", "Workflow", "batch_scale", "linear_scale"]
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def linear_scale(item: float, size: int) -> tuple[float, ...]:
+    """A batch curve where each item past the first adds ``item`` of one run: the multiples
+    for batches of 1..``size`` (``item=1``: no gain; 0.15: a mild one; 0.05: a strong one)."""
+    if not _is_number(item) or not 0 <= item <= 1:
+        raise WorkflowError(
+            f"a batch item cost must be a fraction of one run in [0, 1], got {item!r}"
+        )
+    return tuple(1.0 + item * b for b in range(size))
+
+
+def batch_scale(scale: Sequence[float], size: int) -> float:
+    """The cost of a batch of ``size`` as a multiple of one run, from a per-size ``scale``
+    (empty: no gain; past its end, each item adds the table's last step)."""
+    if size <= 1:
+        return 1.0
+    if not scale:
+        return float(size)
+    if size <= len(scale):
+        return scale[size - 1]
+    step = scale[-1] - scale[-2] if len(scale) >= 2 else 1.0
+    return scale[-1] + step * (size - len(scale))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +53,15 @@ class TaskProfile:
 
     ``exec_ms``: expected execution time in milliseconds; ``output_bytes``: size of its output;
     ``input_bytes``: size of the job input a root task receives (0 for other tasks).
+    ``batch_scale``: what a batch of ``b`` items costs, as a multiple of one run, for ``b`` =
+    1, 2, ... (so it starts at 1.0 and never falls); a batch larger than the table adds its last
+    step per item. Empty: no gain, a batch of ``b`` costs ``b`` runs.
     """
 
     exec_ms: float
     output_bytes: int
     input_bytes: int = 0
+    batch_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not _is_number(self.exec_ms) or not self.exec_ms >= 0:
@@ -44,6 +72,24 @@ class TaskProfile:
                 raise WorkflowError(
                     f"TaskProfile.{field_name} must be an integer >= 0, got {value!r}"
                 )
+        scale = self.batch_scale
+        if isinstance(scale, str) or not isinstance(scale, Iterable):
+            raise WorkflowError(f"TaskProfile.batch_scale must be a sequence, got {scale!r}")
+        scale = tuple(scale)
+        if scale and (
+            not all(_is_number(x) for x in scale)
+            or scale[0] != 1.0
+            or any(b < a for a, b in itertools.pairwise(scale))
+        ):
+            raise WorkflowError(
+                "TaskProfile.batch_scale must start at 1.0 and never fall (the cost of a batch "
+                f"of 1, 2, ... items as a multiple of one run), got {list(scale)!r}"
+            )
+        object.__setattr__(self, "batch_scale", scale)
+
+    def batch_ms(self, size: int) -> float:
+        """Expected milliseconds of a batch of ``size`` items (:func:`batch_scale`)."""
+        return self.exec_ms * batch_scale(self.batch_scale, size)
 
     @property
     def exec_s(self) -> float:
@@ -78,6 +124,9 @@ class Task:
     #: per-process resources passed by name (``provider(name)`` gives the instance)
     resources: tuple[str, ...] = ()
     provider: Callable[[str], Any] | None = field(default=None, compare=False)
+    #: the most items one run takes (1: no batching). A batched task's function gets a list
+    #: per keyword (one item per job) and returns a list of outputs, one per item
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -103,6 +152,15 @@ class Task:
             raise WorkflowError(
                 f"task {self.name!r}: timeout_ms must be a positive number of milliseconds "
                 f"or None, got {self.timeout_ms!r}"
+            )
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise WorkflowError(
+                f"task {self.name!r}: batch must be an integer >= 1 (the most items one run "
+                f"takes), got {self.batch!r}"
+            )
+        if self.batch > 1 and self.model is None:
+            raise WorkflowError(
+                f"task {self.name!r}: only a task with a model batches (batch={self.batch})"
             )
         self._check_sources()
 
@@ -214,6 +272,36 @@ class Task:
             for name in self.resources:
                 kwargs[name] = self.provider(name)
         return self.fn(module, **kwargs)
+
+    def call_batch(self, module: Any, arguments: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Run ``fn`` once on several jobs' arguments (each item's :meth:`arguments`): each
+        keyword is passed as a list with one value per item, resources once; returns one output
+        per item. An output that is an ``Exception`` instance fails its item alone."""
+        if self.fn is None:
+            raise WorkflowError(f"task {self.name!r} is emulated and has no function to call")
+        names = list(arguments[0])
+        if any(list(args) != names for args in arguments):
+            raise WorkflowError(
+                f"batched task {self.name!r}: the items of one batch pass different keywords"
+            )
+        kwargs: dict[str, Any] = {k: [args[k] for args in arguments] for k in names}
+        if self.resources:
+            assert self.provider is not None
+            for name in self.resources:
+                kwargs[name] = self.provider(name)
+        outputs = self.fn(module, **kwargs)
+        if isinstance(outputs, str | bytes | Mapping) or not isinstance(outputs, Iterable):
+            raise WorkflowError(
+                f"batched task {self.name!r} must return one output per item (a list), "
+                f"got {type(outputs).__name__}"
+            )
+        outputs = list(outputs)  # a list, a tuple, a tensor's first dimension
+        if len(outputs) != len(arguments):
+            raise WorkflowError(
+                f"batched task {self.name!r} returned {len(outputs)} outputs for a batch of "
+                f"{len(arguments)}"
+            )
+        return outputs
 
 
 class Workflow:

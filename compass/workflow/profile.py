@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
-from compass.workflow.dag import Workflow
+from compass.workflow.dag import Workflow, batch_scale
 
 if TYPE_CHECKING:
     from compass.workflow.spec import Workload
@@ -147,6 +147,8 @@ class Profiles:
         # (src, dst) -> (bytes/s, fixed s); empty in the common case of one network
         self._links: dict[str, dict[str, tuple[float, float]]] = {}
         self._workflows: dict[str, _WorkflowProfile] = {}
+        #: (workflow, task, worker) -> size -> measured seconds of a batch of that size (EMA)
+        self._batches: dict[tuple[str, str, str], dict[int, float]] = {}
         self._perm_names: tuple[str, ...] | None = None
         self._perm: IntArray = np.zeros(0, dtype=np.intp)
         for wf in workflows:
@@ -236,6 +238,42 @@ class Profiles:
             2, (i, slot), float(prof.exec_by_slot[i, slot])
         ):
             self._bump(prof)
+
+    def observe_batch(
+        self, workflow: str, task: str, worker: str, size: int, seconds: float
+    ) -> None:
+        """Fold a measured batch of ``size`` items (``size`` 1 is :meth:`observe_exec`)."""
+        if size <= 1:
+            self.observe_exec(workflow, task, worker, seconds)
+            return
+        seconds = _check_nonnegative("measured batch seconds", seconds)
+        self._task(self._wf(workflow), task)
+        table = self._batches.setdefault((workflow, task, worker), {})
+        old = table.get(size)
+        table[size] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def batch_scale(self, workflow: str, task: str, worker: str) -> tuple[float, ...]:
+        """The cost of a batch of 1, 2, ... items of ``task`` on ``worker`` as multiples of one
+        run: measured sizes from :meth:`observe_batch`, the declared curve elsewhere (never
+        falling with size)."""
+        prof = self._wf(workflow)
+        declared_task = prof.wf.tasks[prof.wf.order[self._task(prof, task)]]
+        declared = declared_task.profile.batch_scale
+        table = self._batches.get((workflow, task, worker))
+        if not table:
+            return declared
+        single = self.exec_s(workflow, task, worker)
+        size = max(declared_task.batch, max(table))
+        scale = [1.0]
+        for b in range(2, size + 1):
+            measured = table.get(b)
+            value = (
+                measured / single
+                if measured is not None and single > 0
+                else batch_scale(declared, b)
+            )
+            scale.append(max(scale[-1], value))
+        return tuple(scale)
 
     def observe_output(self, workflow: str, task: str, nbytes: int) -> None:
         """Fold a measured output size into the task's estimate."""

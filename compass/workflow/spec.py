@@ -9,6 +9,11 @@ A workflow may carry a ``weight`` (a number > 0, default 1): how often its clien
 relative to the others; its client's mean interval is ``mean_interval_ms_per_client / weight``
 (:attr:`Workload.weights`, which :func:`~compass.sim.arrivals.job_arrivals` takes).
 
+A task with a model may batch: ``batch`` is the most items one run takes; its cost curve is
+``batch_item`` (each item past the first adds that fraction of one run) or ``batch_ms`` (the
+milliseconds of a batch of 1, 2, ... items; its first entry is the task's ``exec_ms`` when that
+is not given). With ``batch`` alone a batch costs as many runs as it has items.
+
 Every error is a :class:`~compass.errors.WorkflowError` naming the source and the key path of
 the offending field (``paper.json: workflows.vqa.tasks.embed.exec_ms: expected a number``).
 Keys the format does not know are ignored, except inside a task, where a misspelt key would
@@ -17,6 +22,7 @@ otherwise silently drop a field.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from compass.errors import ModelTooLarge, WorkflowError
-from compass.workflow.dag import Task, TaskProfile, Workflow
+from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -42,8 +48,11 @@ _MB = 1_000_000
 _KB = 1_000
 _GB = 1_000_000_000
 _TASK_KEYS = frozenset(
-    {"model", "exec_ms", "input_kb", "output_kb", "after", "timeout_ms", "about", "note"}
-)
+    {
+        "model", "exec_ms", "input_kb", "output_kb", "after", "timeout_ms", "batch",
+        "batch_item", "batch_ms", "about", "note",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,21 +300,62 @@ def _parse_task(
     if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
         raise reader.error(f"{path}.after", f"expected a list of task names, got {_kind(after)}")
     try:
+        exec_ms, batch, scale = _parse_batch(reader, entry, path)
         profile = TaskProfile(
-            exec_ms=reader.number(entry, "exec_ms", path),
+            exec_ms=exec_ms,
             output_bytes=round(reader.number(entry, "output_kb", path) * _KB),
             input_bytes=round(reader.number(entry, "input_kb", path, default=0.0) * _KB),
+            batch_scale=scale,
         )
         timeout_ms = entry.get("timeout_ms")
         if timeout_ms is not None:
             timeout_ms = reader.number(entry, "timeout_ms", path, positive=True)
         return Task(
-            name=name, model=model, after=tuple(after), profile=profile, timeout_ms=timeout_ms
+            name=name,
+            model=model,
+            after=tuple(after),
+            profile=profile,
+            timeout_ms=timeout_ms,
+            batch=batch,
         )
     except WorkflowError as exc:
         if exc.detail is not None:  # already names its key path
             raise
         raise reader.error(path, exc.message) from None
+
+
+def _parse_batch(
+    reader: _Reader, entry: Mapping[str, Any], path: str
+) -> tuple[float, int, tuple[float, ...]]:
+    """A task's ``exec_ms``, its largest batch and its batch curve (see the module docstring)."""
+    table = entry.get("batch_ms")
+    if table is None:
+        exec_ms = reader.number(entry, "exec_ms", path)
+    else:
+        where = f"{path}.batch_ms"
+        if (
+            not isinstance(table, list)
+            or not table
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in table)
+        ):
+            raise reader.error(where, f"expected a list of milliseconds, got {_kind(table)}")
+        if not table[0] > 0 or any(b < a for a, b in itertools.pairwise(table)):
+            raise reader.error(where, f"must start above 0 and never fall, got {table!r}")
+        exec_ms = reader.number(entry, "exec_ms", path, default=float(table[0]))
+        if "batch_item" in entry:
+            raise reader.error(f"{path}.batch_item", "give batch_item or batch_ms, not both")
+    batch = reader.integer(entry, "batch", path, minimum=1) if "batch" in entry else None
+    if table is not None:
+        if batch is None:
+            batch = len(table)
+        return exec_ms, batch, tuple(float(x) / float(table[0]) for x in table)
+    if "batch_item" in entry:
+        item = reader.number(entry, "batch_item", path)
+        if item > 1:
+            raise reader.error(f"{path}.batch_item", f"must be at most 1 (one run), got {item}")
+        size = 8 if batch is None else batch
+        return exec_ms, size, linear_scale(item, max(size, 2))
+    return exec_ms, 1 if batch is None else batch, ()
 
 
 def _parse_arrivals(reader: _Reader, data: object) -> ArrivalSpec:
