@@ -98,9 +98,10 @@ ANSWERED_KEYS = 4096
 
 def _batch_group(task: Task) -> str:
     """The batch group of a batchable task: tasks of one function and model, whatever their
-    workflow (an emulated task, which has no function: of one task name and model)."""
+    workflow. An emulated task has no function: it stands for its model's forward pass, so
+    emulated tasks of one model batch together."""
     if task.fn is None:
-        return f"{task.model}/{task.name}"
+        return f"{task.model}"
     fn = task.fn
     return f"{task.model}/{fn.__module__}.{getattr(fn, '__qualname__', '')}#{id(fn)}"
 
