@@ -254,8 +254,8 @@ class Profiles:
 
     def batch_scale(self, workflow: str, task: str, worker: str) -> tuple[float, ...]:
         """The cost of a batch of 1, 2, ... items of ``task`` on ``worker`` as multiples of one
-        run: measured sizes from :meth:`observe_batch`, the declared curve elsewhere (never
-        falling with size)."""
+        run: measured sizes from :meth:`observe_batch`, the declared curve elsewhere (capped by
+        the measurement of a larger size), never falling with size."""
         prof = self._wf(workflow)
         declared_task = prof.wf.tasks[prof.wf.order[self._task(prof, task)]]
         declared = declared_task.profile.batch_scale
@@ -264,16 +264,19 @@ class Profiles:
             return declared
         single = self.exec_s(workflow, task, worker)
         size = max(declared_task.batch, max(table))
-        scale = [1.0]
-        for b in range(2, size + 1):
+        values = [1.0]
+        cap = math.inf  # a measured size bounds the guesses for smaller sizes
+        guesses: list[float] = []
+        for b in range(size, 1, -1):
             measured = table.get(b)
-            value = (
-                measured / single
-                if measured is not None and single > 0
-                else batch_scale(declared, b)
-            )
-            scale.append(max(scale[-1], value))
-        return tuple(scale)
+            if measured is not None and single > 0:
+                cap = measured / single
+                guesses.append(cap)
+            else:
+                guesses.append(min(batch_scale(declared, b), cap))
+        for value in reversed(guesses):
+            values.append(max(values[-1], value))  # never falling, whatever the noise
+        return tuple(values)
 
     def observe_output(self, workflow: str, task: str, nbytes: int) -> None:
         """Fold a measured output size into the task's estimate."""
