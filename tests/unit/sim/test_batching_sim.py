@@ -23,7 +23,7 @@ def one_task(batch: dict[str, float]) -> Workload:
                 "d2h_gbps": 10,
                 "net_gbps": 1,
                 "net_fixed_us": 0,
-            },  # fmt: skip
+            },
             "models": {"m": {"size_mb": 100}},
             "workflows": {
                 "w": {"tasks": {"t": {"model": "m", "exec_ms": 100, "output_kb": 0, **batch}}}

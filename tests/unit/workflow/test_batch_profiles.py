@@ -26,7 +26,7 @@ def spec(task: dict[str, Any]) -> dict[str, Any]:
             "d2h_gbps": 10,
             "net_gbps": 1,
             "net_fixed_us": 0,
-        },  # fmt: skip
+        },
         "models": {"m": {"size_mb": 100}},
         "workflows": {"w": {"tasks": {"t": {"model": "m", "output_kb": 1, **task}}}},
     }
@@ -68,7 +68,7 @@ def test_a_bad_batch_profile_names_its_key(task: dict[str, Any], says: str) -> N
 def test_only_a_task_with_a_model_batches_and_a_curve_never_falls() -> None:
     with pytest.raises(WorkflowError, match="only a task with a model batches"):
         Task("t", None, (), TaskProfile(1.0, 0), batch=2)
-    with pytest.raises(WorkflowError, match="start at 1.0 and never fall"):
+    with pytest.raises(WorkflowError, match=r"start at 1\.0 and never fall"):
         TaskProfile(1.0, 0, batch_scale=(1.0, 0.9))
     assert batch_scale((), 3) == 3.0 and batch_scale((1.0, 1.5), 1) == 1.0
 
