@@ -113,3 +113,46 @@ def test_compare_real_reports_the_relative_difference_of_both_runs(tmp_path) -> 
         for key in ("p50_ms", "p99_ms", "median_slowdown"):
             expected = (sim[key] - real[key]) / real[key]
             assert result["relative_difference"][key] == pytest.approx(expected), (policy, key)
+
+
+def test_e2e_capacity_searches_real_clusters_and_writes_the_capacity_layout(tmp_path) -> None:
+    """``compass bench e2e --capacity`` end to end, on real worker processes: an SLO met at
+    every load on the grid has the grid's top as capacity, an impossible one (a median
+    slowdown below 1) none, and the JSON has the issue's layout."""
+    import json
+
+    from compass.sim.capacity import parse_slo
+
+    spec = {
+        "name": "one-step",
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 2.0, "d2h_gbps": 2.0,
+                    "net_gbps": 1.0, "net_fixed_us": 5},
+        "models": {"a": {"size_mb": 100}},
+        "workflows": {"one": {"tasks": {
+            "step": {"model": "a", "exec_ms": 20, "input_kb": 1, "output_kb": 1, "after": []},
+        }}},
+        "arrivals": {"mean_interval_ms_per_client": 400, "jobs": 6},
+    }  # fmt: skip
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(spec))
+    config = e2e.E2EConfig(
+        workload=str(path), workers=1, jobs=6, time_scale=0.2, policies=("compass", "hash")
+    )
+    out_path = tmp_path / "capacity.json"
+    out = e2e.run_capacity(
+        config,
+        seeds=(0,),
+        slos=[parse_slo("median100"), parse_slo("median0.5")],
+        max_load=1.0,
+        steps=0,
+        json_path=str(out_path),
+    )
+    written = json.loads(out_path.read_text())
+    assert written["config"]["mode"] == "real" and written["config"]["seeds"] == [0]
+    for policy in ("compass", "hash"):
+        easy = written["capacity"]["median100"][policy]
+        assert easy == {"mean": 1.0, "min": 1.0, "max": 1.0, "seeds": [1.0]}
+        assert written["capacity"]["median0.5"][policy] is None
+    assert written["ratios"]["median100"]["hash"] == [1.0]
+    # every run was a real cluster: the loads of the grid, each policy once per load
+    assert out["runs"] == 2 * len(written["config"]["grid"])
