@@ -21,11 +21,28 @@ How a task is called: a root task takes the job inputs named in ``inputs`` (ever
 when it names none), any other task its predecessors' outputs, one per task in ``after``. Each
 comes under its own name when given as a list, or under the parameter a dict maps it to
 (``{source: parameter}``). Resources named in ``resources`` come as keywords of their own.
+
+A task with a model may batch: queued tasks of the same function and model, from any jobs, then
+run as one call. It declares the most items a call takes and what a batch costs, per extra item
+(``batch_item``, a fraction of one run) or per size (``batch_ms``)::
+
+    @wf.task(model="encoder", batch=8, batch_item=0.15)
+    def encode(model, image):              # image: a list, one tensor per job
+        return model(torch.stack(image))   # one output per item, in order: a row each
+
+A batched task's function always gets each keyword as a list with one item per job (a list of
+one when it runs alone; resources come once, not in lists) and returns one output per item: a
+list, or a tensor whose first dimension is the batch. Lists, not stacked tensors: the function
+stacks (or pads, or concatenates) as its model needs, so jobs may send inputs of different
+shapes. An output that is an ``Exception`` instance (returned, not raised) fails that item's
+job alone with :class:`~compass.errors.JobFailed`; a raise fails every job of the batch with
+``JobFailed``, its message saying ``in a batch of N``.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import sys
 import threading
@@ -35,7 +52,7 @@ from typing import Any, TypeVar
 
 from compass.cache.models import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
-from compass.workflow.dag import Task, TaskProfile, Workflow
+from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload, load_workload
 
 __all__ = ["App", "Resource", "WorkflowBuilder", "load_app"]
@@ -94,6 +111,78 @@ def _sources(
     return tuple(value), {}
 
 
+#: the largest batch a ``batch_item`` curve gets when ``batch`` is not given (as in specs)
+DEFAULT_BATCH = 8
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _batch_profile(
+    task: str,
+    model: str | None,
+    expected_ms: float | None,
+    batch: int | None,
+    item: float | None,
+    table: Sequence[float] | None,
+) -> tuple[float, int, tuple[float, ...]]:
+    """A task's ``exec_ms``, its largest batch and its batch curve, from :meth:`task`'s
+    arguments (the rules of workload specs' ``batch``, ``batch_item`` and ``batch_ms``)."""
+    if expected_ms is not None and (not _is_number(expected_ms) or not expected_ms >= 0):
+        raise WorkflowError(
+            f"task {task!r}: expected_ms must be a number of milliseconds >= 0, got {expected_ms!r}"
+        )
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise WorkflowError(
+            f"task {task!r}: batch must be an integer >= 1 (the most items one run takes), "
+            f"got {batch!r}"
+        )
+    curve = item is not None or table is not None
+    if curve and model is None:
+        raise WorkflowError(
+            f"task {task!r}: batch_item and batch_ms need a model (only a task with a model "
+            "batches)"
+        )
+    if item is not None and table is not None:
+        raise WorkflowError(f"task {task!r}: give batch_item or batch_ms, not both")
+    exec_ms = 1.0 if expected_ms is None else float(expected_ms)
+    if table is not None:
+        if (
+            isinstance(table, str | bytes)
+            or not isinstance(table, Sequence)
+            or not table
+            or not all(_is_number(x) for x in table)
+        ):
+            raise WorkflowError(
+                f"task {task!r}: batch_ms must be a list of the milliseconds of a batch of 1, "
+                f"2, ... items, got {table!r}"
+            )
+        if not table[0] > 0 or any(b < a for a, b in itertools.pairwise(table)):
+            raise WorkflowError(
+                f"task {task!r}: batch_ms must start above 0 and never fall, got {list(table)!r}"
+            )
+        if expected_ms is None:
+            exec_ms = float(table[0])
+        size = len(table) if batch is None else batch
+        return exec_ms, size, tuple(float(x) / float(table[0]) for x in table)
+    if item is not None:
+        if not _is_number(item) or not 0 <= item <= 1:
+            raise WorkflowError(
+                f"task {task!r}: batch_item must be the fraction of one run each item past the "
+                f"first adds, in [0, 1], got {item!r}"
+            )
+        size = DEFAULT_BATCH if batch is None else batch
+        return exec_ms, size, linear_scale(float(item), max(size, 2))
+    if batch is not None and batch > 1 and model is not None:
+        raise WorkflowError(
+            f"task {task!r}: batch={batch} needs a cost curve, batch_item=<fraction of a run "
+            "each extra item adds> or batch_ms=[ms of a batch of 1, 2, ...]: without one a "
+            "batch costs as many runs as it has items, so none would form"
+        )
+    return exec_ms, 1 if batch is None else batch, ()
+
+
 class WorkflowBuilder:
     """Collects tasks declared with :meth:`task`; the :class:`App` builds and validates them."""
 
@@ -119,10 +208,13 @@ class WorkflowBuilder:
         after: Iterable[str] | Mapping[str, str] = (),
         inputs: Iterable[str] | Mapping[str, str] | None = None,
         resources: Iterable[str] = (),
-        expected_ms: float = 1.0,
+        expected_ms: float | None = None,
         output_bytes: int = 0,
         input_bytes: int = 0,
         timeout_ms: float | None = None,
+        batch: int | None = None,
+        batch_item: float | None = None,
+        batch_ms: Sequence[float] | None = None,
     ) -> Any:
         """Declare a task: ``fn(model_module_or_None, **keywords) -> output``.
 
@@ -131,9 +223,19 @@ class WorkflowBuilder:
         ``inputs`` (all of them when None); any other task one output per task in ``after``.
         A list passes each under its own name, a dict ``{source: parameter}`` under the
         parameter it names. Each name in ``resources`` (see :meth:`App.resource`) is passed as a
-        keyword too. ``expected_ms`` and ``output_bytes`` seed the task's profile; measurements
-        refine them at run time. A run longer than ``timeout_ms`` (default: the worker's
-        ``--task-timeout``) fails its job with ``CompassTimeout``.
+        keyword too. ``expected_ms`` (default 1) and ``output_bytes`` seed the task's profile;
+        measurements refine them at run time. A run longer than ``timeout_ms`` (default: the
+        worker's ``--task-timeout``) fails its job with ``CompassTimeout`` (every job of a
+        batch that runs past it).
+
+        Batching (a task with a model): ``batch`` is the most items one call takes, and its
+        cost curve is ``batch_item`` (each item past the first adds that fraction of one run:
+        0.15 is a mild gain, 0.05 a strong one) or ``batch_ms`` (the milliseconds of a batch of
+        1, 2, ... items; ``expected_ms`` defaults to its first entry). ``batch`` defaults to 8
+        with ``batch_item`` and to the table's length with ``batch_ms``, as in workload specs.
+        A lane batches only while an extra item costs less than a run of its own; the worker
+        refines the curve from what it measures. The function then takes lists and returns one
+        output per item (see the module docstring).
         """
         preds, renames = _sources("after", after)
         taken: tuple[str, ...] | None = None
@@ -142,12 +244,19 @@ class WorkflowBuilder:
             renames = {**renames, **input_renames}
 
         def register(func: F) -> F:
+            task_name = name or func.__name__
+            exec_ms, size, scale = _batch_profile(
+                task_name, model, expected_ms, batch, batch_item, batch_ms
+            )
             profile = TaskProfile(
-                exec_ms=float(expected_ms), output_bytes=int(output_bytes), input_bytes=input_bytes
+                exec_ms=exec_ms,
+                output_bytes=int(output_bytes),
+                input_bytes=input_bytes,
+                batch_scale=scale,
             )
             self._tasks.append(
                 Task(
-                    name=name or func.__name__,
+                    name=task_name,
                     model=model,
                     after=preds,
                     profile=profile,
@@ -157,6 +266,7 @@ class WorkflowBuilder:
                     params=renames,
                     resources=tuple(resources),
                     provider=self._provider,
+                    batch=size,
                 )
             )
             return func

@@ -171,7 +171,7 @@ class TaskRunner:
             )
             return
         module = None if run.entry.model is None else self._module_of(run.entry.model)
-        if run.mates:
+        if task.batch > 1:  # a batchable function takes lists, even for one item
             arguments = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
             work = self._threads.run(_call_batch, task, module, arguments)
         else:
@@ -219,7 +219,7 @@ class TaskRunner:
         if error is None:
             exec_s = self._clock() - t0
             result = work.result()
-            if len(outcomes) == 1:
+            if task.batch <= 1:
                 outcomes[0].output = result
                 outcomes[0].exec_s = exec_s
             else:

@@ -3,10 +3,13 @@ job and task ends, and JSON log records.
 
 :class:`WorkerMetrics` belongs to one :class:`~compass.worker.server.Worker`. Its registry is
 its own (never prometheus_client's global one), so several workers in one process, as in
-tests, never share a metric. Two kinds of metric live in it:
+tests, never share a metric. Three kinds of metric live in it:
 
 - histograms observed where a job is answered (:meth:`WorkerMetrics.job_answered`, at its
   ingress) and where a task ends (:meth:`WorkerMetrics.task_finished`, where it ran);
+- the sizes of the runs of each model's tasks (``compass_batch_size``, 1 for a task run
+  alone), counted at every run's first outcome whether or not anything scrapes them, since
+  ``compass status`` shows them too (:meth:`WorkerMetrics.batch_sizes`);
 - everything else, read at scrape time from the counters the worker keeps anyway
   (:class:`~compass.worker.stats.WorkerStats`, the cache's ``CacheStats``, the executor, the
   membership and the view) by :class:`WorkerCollector`, so the hot path pays nothing for it.
@@ -34,7 +37,12 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -53,6 +61,9 @@ log = logging.getLogger("compass.worker")
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+
+#: tasks per run of a model: 1 is a task run alone; 8 is the default largest batch
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # written as 1.0, ..., as Histogram does
 
 #: a request's line and headers; a scraper or probe sends a few hundred bytes
 _MAX_HEAD_BYTES = 8192
@@ -108,6 +119,8 @@ class WorkerMetrics:
         )
         #: jobs answered at this ingress, by outcome (refusals come from WorkerStats)
         self.jobs = {"ok": 0, "failed": 0, "cancelled": 0}
+        #: runs of each model's tasks here, by how many tasks each took: model -> size -> runs
+        self.batches: dict[str, dict[int, int]] = {}
         self._collector = WorkerCollector(worker, self)
         self.registry.register(self._collector)
         self._histograms = (
@@ -157,6 +170,9 @@ class WorkerMetrics:
     def task_finished(self, outcome: TaskOutcome) -> None:
         """A task ended on this worker (ran, failed, timed out or was refused)."""
         entry = outcome.entry
+        if outcome.first and entry.model is not None:  # a batch is one run, of its size
+            runs = self.batches.setdefault(entry.model, {})
+            runs[outcome.batch] = runs.get(outcome.batch, 0) + 1
         if self.enabled:
             key = (entry.workflow, entry.task)
             children = self._task_children.get(key)
@@ -192,6 +208,14 @@ class WorkerMetrics:
         if outcome.error_text:
             log.debug("%s: task %s of job %s failed with\n%s", name, entry.task, entry.job_id,
                       outcome.error_text.rstrip(), extra=extra)  # fmt: skip
+
+    def batch_sizes(self) -> dict[str, dict[str, int]]:
+        """For ``compass status``: each model's runs here by batch size (``{"1": 7, "4": 2}``:
+        seven tasks ran alone, two batches of four), sizes as strings as JSON keys are."""
+        return {
+            model: {str(size): runs[size] for size in sorted(runs)}
+            for model, runs in sorted(self.batches.items())
+        }
 
     # -- the endpoint -----------------------------------------------------------------------
 
@@ -391,6 +415,23 @@ class WorkerCollector(Collector):
         yield tasks
         for name, attr, text in _WORKER_COUNTERS:
             yield CounterMetricFamily(name, text, value=getattr(stats, attr))
+        yield self._batch_metric()
+
+    def _batch_metric(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(
+            "compass_batch_size",
+            "Tasks per run of each model's tasks here (1: a task run alone; more: a batch).",
+            labels=["model"],
+        )
+        for model, runs in sorted(self._metrics.batches.items()):
+            buckets = [
+                (str(float(bound)), float(sum(n for size, n in runs.items() if size <= bound)))
+                for bound in BATCH_BUCKETS
+            ]
+            buckets.append(("+Inf", float(sum(runs.values()))))
+            total = float(sum(size * count for size, count in runs.items()))
+            family.add_metric([model], buckets, total)
+        return family
 
     def _queue_metrics(self) -> Iterator[Metric]:
         w, lanes = self._worker, self._worker.lanes

@@ -99,6 +99,7 @@ def describe(worker: Worker) -> dict[str, Any]:
         "jobs_in_flight": len(worker.core.jobs),
         "cache": worker.cache.snapshot(),
         "stats": worker.stats.to_wire(),
+        "batches": worker.metrics.batch_sizes(),  # model -> {batch size: runs}
         "metrics": worker.metrics.address or None,
     }
 

@@ -394,3 +394,92 @@ def test_a_function_that_cannot_take_its_parameters_fails_at_declaration() -> No
 
     with pytest.raises(WorkflowError, match="missing a required argument: 'other'"):
         wf.task(lambda model, text, other: 0, name="two", inputs=["text"])
+
+
+# -- batching ------------------------------------------------------------------------------------
+
+
+def test_a_batched_task_declares_its_largest_batch_and_cost_curve() -> None:
+    app = compass.App()
+    app.model("m", size_bytes=1)
+    wf = app.workflow("w", inputs=["x"])
+    wf.task(lambda model, x: x, name="mild", model="m", batch=4, batch_item=0.15, expected_ms=10)
+    wf.task(lambda model, x: x, name="table", model="m", batch_ms=[10, 12, 13])
+    wf.task(lambda model, x: x, name="item_only", model="m", batch_item=0.05)
+    wf.task(lambda model, x: x, name="longer", model="m", batch=5, batch_ms=[4, 6], expected_ms=5)
+    wf.task(lambda model, x: x, name="alone", model="m")
+    tasks = app.get_workflow("w").tasks
+    mild = tasks["mild"]
+    assert mild.batch == 4 and mild.profile.exec_ms == 10
+    assert mild.profile.batch_scale == pytest.approx((1.0, 1.15, 1.3, 1.45))
+    assert mild.profile.batch_ms(4) == pytest.approx(14.5)
+    table = tasks["table"]  # its first entry is the single run; its length the largest batch
+    assert table.batch == 3 and table.profile.exec_ms == 10
+    assert table.profile.batch_scale == pytest.approx((1.0, 1.2, 1.3))
+    assert tasks["item_only"].batch == 8  # as in workload specs
+    longer = tasks["longer"]  # past the table each item adds its last step
+    assert longer.batch == 5 and longer.profile.exec_ms == 5
+    assert longer.profile.batch_ms(4) == pytest.approx(5 * (1.0 + 0.5 * 3))
+    alone = tasks["alone"]
+    assert alone.batch == 1 and alone.profile.batch_scale == () and alone.profile.exec_ms == 1.0
+
+
+@pytest.mark.parametrize(
+    ("declare", "message"),
+    [
+        ({"batch": 0, "batch_item": 0.1}, r"task 'b': batch must be an integer >= 1.*got 0"),
+        ({"batch": 2.5, "batch_item": 0.1}, r"task 'b': batch must be an integer >= 1.*got 2.5"),
+        ({"batch": True, "batch_item": 0.1}, r"task 'b': batch must be an integer.*got True"),
+        ({"batch": 8}, r"task 'b': batch=8 needs a cost curve, batch_item=.* or batch_ms="),
+        ({"batch_item": 1.5}, r"task 'b': batch_item must be .* in \[0, 1\], got 1.5"),
+        ({"batch_item": "mild"}, r"task 'b': batch_item must be .*got 'mild'"),
+        ({"batch_ms": [5, 4]}, r"task 'b': batch_ms must start above 0 and never fall.*\[5, 4\]"),
+        ({"batch_ms": [0, 4]}, r"task 'b': batch_ms must start above 0"),
+        ({"batch_ms": []}, r"task 'b': batch_ms must be a list of the milliseconds.*got \[\]"),
+        ({"batch_ms": "10,12"}, r"task 'b': batch_ms must be a list .*got '10,12'"),
+        ({"batch_ms": [10, 12], "batch_item": 0.1}, r"task 'b': give batch_item or batch_ms"),
+        ({"model": None, "batch_item": 0.1}, r"task 'b': batch_item and batch_ms need a model"),
+        ({"model": None, "batch": 2}, r"task 'b': only a task with a model batches \(batch=2\)"),
+        ({"expected_ms": -1}, r"task 'b': expected_ms must be a number .*>= 0, got -1"),
+    ],
+)
+def test_bad_batch_declarations_are_one_line_errors_naming_the_task(
+    declare: dict[str, Any], message: str
+) -> None:
+    app = compass.App()
+    app.model("m", size_bytes=1)
+    wf = app.workflow("w", inputs=["x"])
+    with pytest.raises(WorkflowError, match=message) as info:
+        wf.task(lambda model, x: x, name="b", **{"model": "m", **declare})
+    assert "\n" not in str(info.value)
+
+
+def test_a_batched_task_takes_lists_and_returns_one_output_per_item() -> None:
+    """The documented convention, through Task.call_batch as the executor calls it: one list
+    per keyword, resources once; a returned Exception stays that item's output."""
+    app = compass.App()
+    app.model("m", size_bytes=1)
+    app.resource("offset", lambda: 100)
+    wf = app.workflow("w", inputs=["x", "y"])
+    seen: list[dict[str, Any]] = []
+
+    @wf.task(model="m", batch=4, batch_item=0.1, resources=["offset"])
+    def add(model: None, x: list[int], y: list[int], offset: int) -> list[int | Exception]:
+        seen.append({"x": x, "y": y, "offset": offset})
+        pairs = zip(x, y, strict=True)
+        return [a + b + offset if a >= 0 else ValueError(f"bad {a}") for a, b in pairs]
+
+    task = app.get_workflow("w").tasks["add"]
+    items = [task.arguments({"x": x, "y": 10 * x}) for x in (1, -2, 3)]
+    outputs = task.call_batch(None, items)
+    assert seen == [{"x": [1, -2, 3], "y": [10, -20, 30], "offset": 100}]
+    assert outputs[0] == 111 and outputs[2] == 133
+    assert isinstance(outputs[1], ValueError) and str(outputs[1]) == "bad -2"
+    # a tensor whose first dimension is the batch is one output per row
+    rows = compass.App()
+    rows.model("m", size_bytes=1)
+    wf2 = rows.workflow("w", inputs=["x"])
+    wf2.task(lambda model, x: torch.stack(x) * 2, name="double", model="m", batch_item=0.1)
+    double = rows.get_workflow("w").tasks["double"]
+    out = double.call_batch(None, [{"x": torch.ones(3)}, {"x": torch.zeros(3)}])
+    assert len(out) == 2 and torch.equal(out[0], torch.full((3,), 2.0))

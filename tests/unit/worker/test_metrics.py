@@ -3,6 +3,7 @@ the collector reads at scrape time; and the JSON log formatter."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -18,6 +19,7 @@ from compass.worker.executor import TaskOutcome
 from compass.worker.metrics import JsonLogFormatter
 from compass.worker.process import build_worker
 from compass.worker.queue import QueuedTask
+from compass.worker.requests import describe
 from compass.worker.server import Worker
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
@@ -96,6 +98,44 @@ def test_task_ends_feed_the_task_histograms(worker: Worker) -> None:
     queue = frozenset({("workflow", "translation")})
     assert got["compass_task_queue_wait_seconds_sum", queue] == pytest.approx(0.25)
     assert got["compass_task_fetch_seconds_sum", queue] == pytest.approx(0.5)
+
+
+def batch_outcomes(model: str | None, size: int, errors: int = 0) -> list[TaskOutcome]:
+    """The outcomes of one run of ``size`` tasks, as the executor reports them: the first
+    entry's first; ``errors`` of them failed (a failed item is still part of the run)."""
+    entries = [dataclasses.replace(entry(), job_id=f"w0-{i}", model=model) for i in range(size)]
+    return [
+        TaskOutcome(
+            e, error=ValueError("bad item") if i < errors else None, batch=size, first=i == 0
+        )
+        for i, e in enumerate(entries)
+    ]
+
+
+@pytest.mark.parametrize("scraped", [True, False])
+def test_each_run_counts_once_by_its_batch_size_per_model(scraped: bool) -> None:
+    # counted even when nothing scrapes: compass status shows them
+    worker = build_worker(
+        WorkerConfig(name="w0", workload=PAPER, metrics_port=0 if scraped else None)
+    )
+    runs = [("opt", 1, 0), ("opt", 3, 1), ("opt", 3, 3), ("opt", 8, 0), ("whisper", 2, 0)]
+    for model, size, errors in runs:
+        for outcome in batch_outcomes(model, size, errors):
+            worker.metrics.task_finished(outcome)
+    for outcome in batch_outcomes(None, 1):  # a task without a model runs on a host lane
+        worker.metrics.task_finished(outcome)
+    assert worker.metrics.batch_sizes() == {"opt": {"1": 1, "3": 2, "8": 1}, "whisper": {"2": 1}}
+    assert describe(worker)["batches"] == worker.metrics.batch_sizes()
+    got = samples(worker)
+    opt = frozenset({("model", "opt")})
+    buckets = {
+        le: got["compass_batch_size_bucket", opt | {("le", le)}]
+        for le in ("1.0", "2.0", "3.0", "4.0", "8.0", "64.0", "+Inf")
+    }
+    assert buckets == {"1.0": 1, "2.0": 1, "3.0": 3, "4.0": 3, "8.0": 4, "64.0": 4, "+Inf": 4}
+    assert got["compass_batch_size_count", opt] == 4  # runs
+    assert got["compass_batch_size_sum", opt] == 15  # tasks they took
+    assert got["compass_batch_size_count", frozenset({("model", "whisper")})] == 1
 
 
 def test_the_collector_reads_the_workers_counters_when_scraped(worker: Worker) -> None:
