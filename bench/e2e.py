@@ -4,15 +4,22 @@ seeded arrivals, in one run.
 Workers run in emulated mode (``--workload``): task times and model loads follow the spec,
 scaled by ``--time-scale``; the wire, planning, cache decisions and slab accounting are the real
 code. Latencies are reported in unscaled milliseconds, so they read like the paper's.
+
+``batching`` and ``batch_gain`` transform the workload (:func:`compass.workflow.batching.
+apply_batching`) before anything runs; the workers get the transformed workload as a spec file
+written for each cluster, so they run exactly what the driver measures against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,13 +32,14 @@ from compass.cluster import LocalCluster
 from compass.errors import CompassError, ConfigError
 from compass.sim.arrivals import Arrival, job_arrivals
 from compass.wire.transport import new_event_loop
+from compass.workflow.batching import BATCH_GAINS, apply_batching
 from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
-from compass.workflow.spec import Workload, load_workload
+from compass.workflow.spec import Workload, load_workload, write_workload
 
 from .report import machine, write_json
 
-__all__ = ["E2EConfig", "run", "run_capacity", "run_policy"]
+__all__ = ["E2EConfig", "run", "run_capacity", "run_policy", "workload_for"]
 
 DEFAULT_WORKLOAD = str(Path(__file__).resolve().parent / "workloads" / "paper.json")
 
@@ -52,12 +60,26 @@ class E2EConfig:
     #: model-less tasks on this many host lanes per worker (0: on the GPU lane, as in the paper)
     host_lanes: int = 0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    #: off: every task runs one item at a time; on: tasks batch as the workload declares, and
+    #: model tasks that declare no curve take ``batch_gain``'s (None: they do not batch)
+    batching: bool = True
+    batch_gain: str | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.jobs < 1:
             raise ConfigError("e2e needs at least one worker and one job")
         if not 0 < self.time_scale <= 10:
             raise ConfigError(f"--time-scale must be in (0, 10], got {self.time_scale}")
+        if self.batch_gain is not None and self.batch_gain not in BATCH_GAINS:
+            raise ConfigError(
+                f"--batch-gain {self.batch_gain!r}: expected one of {', '.join(BATCH_GAINS)}"
+            )
+
+
+def workload_for(config: E2EConfig) -> Workload:
+    """The workload ``config`` runs: its spec file with its batching applied."""
+    workload = load_workload(config.workload)
+    return apply_batching(workload, batching=config.batching, gain=config.batch_gain)
 
 
 def arrivals_for(config: E2EConfig, workload: Workload) -> list[Arrival]:
@@ -96,16 +118,7 @@ async def run_policy(
     """
     n = workers or config.workers
     scale = config.time_scale
-    args = [
-        "--workload", config.workload,
-        "--policy", policy,
-        "--time-scale", str(scale),
-        "--heartbeat-ms", str(config.heartbeat_ms),
-        "--heartbeat-min-ms", str(config.heartbeat_min_ms),
-        "--host-lanes", str(config.host_lanes),
-        *config.extra_args,
-    ]  # fmt: skip
-    async with LocalCluster(n, args=args) as cluster:
+    async with _cluster(config, workload, policy, n) as cluster:
         clients_needed = max(a.client for a in arrivals) + 1
         # client i talks to worker i % n, as in the simulator: every worker is an ingress
         clients = [
@@ -155,6 +168,29 @@ async def run_policy(
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
+
+
+@contextlib.asynccontextmanager
+async def _cluster(
+    config: E2EConfig, workload: Workload, policy: str, workers: int
+) -> AsyncIterator[LocalCluster]:
+    """A fresh cluster of ``workers`` running ``policy`` on exactly ``workload``: the workers
+    read it from a spec file written here, since it may not be ``config.workload`` as the file
+    has it (batching transforms it)."""
+    with tempfile.TemporaryDirectory(prefix="compass-e2e-") as folder:
+        spec = Path(folder) / "workload.json"
+        write_workload(workload, spec)
+        args = [
+            "--workload", str(spec),
+            "--policy", policy,
+            "--time-scale", str(config.time_scale),
+            "--heartbeat-ms", str(config.heartbeat_ms),
+            "--heartbeat-min-ms", str(config.heartbeat_min_ms),
+            "--host-lanes", str(config.host_lanes),
+            *config.extra_args,
+        ]  # fmt: skip
+        async with LocalCluster(workers, args=args) as cluster:
+            yield cluster
 
 
 async def settled(clients: Sequence[Client], timeout_s: float = 120.0) -> None:
@@ -210,7 +246,9 @@ def summarize(
     statuses: Sequence[dict[str, Any]],
     elapsed_s: float,
 ) -> dict[str, Any]:
-    """The same keys as :meth:`compass.sim.result.SimResult.summary`, from a real run."""
+    """The same keys as :meth:`compass.sim.result.SimResult.summary`, from a real run, plus
+    ``batch_sizes``: runs of model tasks per batch size over every worker, as
+    :func:`compass.sim.report.batch_sizes` counts a simulated run's."""
     ok = [(wf, s) for wf, s in latencies if s is not None]
     latency_ms = np.array([s for _, s in ok]) * 1000.0
     best = best_ms(workload)
@@ -220,6 +258,10 @@ def summarize(
     hits = sum(s["cache_hits"] for s in stats)
     misses = sum(s["cache_misses"] for s in stats)
     tasks = sum(s["tasks_run"] for s in stats) or 1
+    batches: Counter[str] = Counter()
+    for status in statuses:
+        for runs in status.get("batches", {}).values():
+            batches.update(runs)
     by_workflow: dict[str, list[float]] = {}
     for (wf, s), sd in zip(ok, slowdown, strict=True):
         del s
@@ -251,6 +293,7 @@ def summarize(
             wf: float(np.median(values)) for wf, values in sorted(by_workflow.items())
         },
         "moves": sum(st["moves"] for st in stats),
+        "batch_sizes": {size: batches[size] for size in sorted(batches, key=int)},
         "elapsed_s": elapsed_s,
     }
 
@@ -281,7 +324,7 @@ def run(
     """Every policy of ``config`` on the same arrivals; prints tables, writes JSON and a plot."""
     from compass.sim import report
 
-    workload = load_workload(config.workload)
+    workload = workload_for(config)
     report.warn_declared_best(workload, Console(stderr=True), host_lanes=1)
     arrivals = arrivals_for(config, workload)
     results: dict[str, dict[str, Any]] = {}
@@ -378,7 +421,7 @@ def run_capacity(
     bisections."""
     from compass.sim import capacity
 
-    workload = load_workload(config.workload)
+    workload = workload_for(config)
     chosen = list(capacity.BUILTIN_SLOS if slos is None else slos)
     grid = capacity.load_grid(max_load, CAPACITY_LADDER)
     loop = new_event_loop()

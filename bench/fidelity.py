@@ -7,7 +7,6 @@ from typing import Any
 
 from compass.sim.engine import simulate
 from compass.wire.transport import new_event_loop
-from compass.workflow.spec import load_workload
 
 from . import e2e
 from .report import machine, print_table, write_json
@@ -18,7 +17,7 @@ __all__ = ["run"]
 def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
     """Run ``config`` on a real cluster and in the simulator, policy by policy; print the
     relative differences of p50 and p99 and write them (with both summaries) as JSON."""
-    spec = load_workload(config.workload)
+    spec = e2e.workload_for(config)
     arrivals = e2e.arrivals_for(config, spec)
     # the real workers gossip every change within heartbeat_min_ms of real time, which is
     # heartbeat_min_ms / time_scale of workload time: the staleness the simulator must model

@@ -116,6 +116,19 @@ class LogFormat(StrEnum):
     json = "json"
 
 
+class Batching(StrEnum):
+    on = "on"
+    off = "off"
+
+
+class BatchGain(StrEnum):
+    """The curves of :data:`compass.workflow.batching.BATCH_GAINS` (a test pins them equal)."""
+
+    none = "none"
+    mild = "mild"
+    strong = "strong"
+
+
 def _loopback(host: str) -> bool:
     """Whether ``host`` only accepts connections from this machine."""
     if host == "localhost":
@@ -793,6 +806,30 @@ SloFlag = Annotated[
     ),
 ]
 MaxLoad = Annotated[float, typer.Option(help="--capacity: the highest load multiple tried.")]
+BatchingFlag = Annotated[
+    Batching,
+    typer.Option(
+        "--batching",
+        case_sensitive=False,
+        help="Batched execution on every worker (off: every task runs one item at a time).",
+    ),
+]
+BatchGainFlag = Annotated[
+    BatchGain | None,
+    typer.Option(
+        "--batch-gain",
+        case_sensitive=False,
+        help="A batch curve for every model task whose spec declares none: none (a batch of b "
+        "costs b runs), mild (each extra item +15% of a run), strong (+5%); default: only "
+        "tasks whose spec declares a batch profile batch.",
+        show_default=False,
+    ),
+]
+
+
+def _batching(batching: Batching, gain: BatchGain | None) -> dict[str, Any]:
+    """The two batching flags as the keywords the runners take."""
+    return {"batching": batching == Batching.on, "batch_gain": None if gain is None else gain.value}
 
 
 def _capacity_args(seeds: str, slo: list[str] | None, max_load: float) -> tuple[Any, Any]:
@@ -852,6 +889,8 @@ def bench_e2e(
     slo: SloFlag = None,
     max_load: MaxLoad = 4.0,
     steps: Annotated[int, typer.Option(min=0, help="--capacity: bisection steps.")] = 2,
+    batching: BatchingFlag = Batching.on,
+    batch_gain: BatchGainFlag = None,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
@@ -876,6 +915,7 @@ def bench_e2e(
         heartbeat_ms=heartbeat_ms,
         heartbeat_min_ms=heartbeat_min_ms,
         host_lanes=host_lanes,
+        **_batching(batching, batch_gain),
     )
     if capacity:
         if sweep:
@@ -960,6 +1000,49 @@ def bench_defaults(
     defaults.main(argv)
 
 
+@bench_app.command("batching")
+def bench_batching(
+    workloads: Annotated[
+        int, typer.Option(min=0, help="Generated workloads besides the paper's: seeds 0..N-1.")
+    ] = 3,
+    seeds: Annotated[str, typer.Option(help="Arrival seeds per workload, 0-2 or 0,1,2.")] = "0-2",
+    jobs: Jobs = 1000,
+    policies: Annotated[str, typer.Option(help="Comma-separated; compass among them.")] = (
+        "compass,jit,jsq,heft,hash"
+    ),
+    curves: Annotated[str, typer.Option(help="Comma-separated batch curves.")] = (
+        "none,mild,strong"
+    ),
+    slo: SloFlag = None,
+    max_load: MaxLoad = 8.0,
+    workload: Annotated[
+        str | None, typer.Option(help="Workload spec JSON in place of the paper's.")
+    ] = None,
+    json_path: JsonPath = None,
+) -> None:
+    """Simulated capacity of every policy with batching off and on, per batch curve, on the
+    paper's and generated workloads; p99 at 1.5x the rate."""
+    from compass._bench import batching
+
+    names = _names(policies)
+    _check_policies(names)
+    spec = workload or _default_workload()
+    _check_workload(spec)
+    seed_list, slos = _capacity_args(seeds, slo, max_load)
+    _check_output(json_path, "--json")
+    batching.run(
+        workloads=workloads,
+        curves=_names(curves),
+        policies=names,
+        seeds=seed_list,
+        slos=slos,
+        jobs=jobs,
+        max_load=max_load,
+        spec=spec,
+        json_path=json_path,
+    )
+
+
 @app.command()
 def sim(
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
@@ -996,6 +1079,8 @@ def sim(
         str,
         typer.Option(help="evict: prefetch may evict models needed later; free: free slabs only."),
     ] = "evict",
+    batching: BatchingFlag = Batching.on,
+    batch_gain: BatchGainFlag = None,
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
     from compass.sim import report
@@ -1014,6 +1099,7 @@ def sim(
     if prefetch not in ("evict", "free"):
         _fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
     evicts = prefetch == "evict"
+    batch = _batching(batching, batch_gain)
     if capacity:
         from compass.sim.capacity import run_capacity_cli
 
@@ -1036,6 +1122,7 @@ def sim(
             json_path=json_path,
             plot_path=plot,
             options={"prefetch_evicts": evicts},
+            **batch,
         )
         return
     if compare_real:
@@ -1052,6 +1139,7 @@ def sim(
             seed=seed,
             time_scale=time_scale,
             host_lanes=host_lanes,
+            **batch,
         )
         fidelity.run(config, json_path)
         return
@@ -1072,6 +1160,7 @@ def sim(
         plot,
         host_lanes,
         prefetch_evicts=evicts,
+        **batch,
     )
 
 

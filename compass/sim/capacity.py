@@ -523,12 +523,16 @@ def run_capacity_cli(
     json_path: str | None,
     plot_path: str | None,
     options: Mapping[str, Any] | None = None,
+    batching: bool = True,
+    batch_gain: str | None = None,
 ) -> dict[str, Any]:
     """``compass sim --capacity``: search, print the tables, write JSON and the plot;
-    ``options`` go to every simulation (:func:`simulator_run`)."""
+    ``options`` go to every simulation (:func:`simulator_run`), which runs the workload with
+    ``batching`` and ``batch_gain`` applied (:func:`~compass.workflow.batching.apply_batching`)."""
     from compass.sim.report import warn_declared_best
+    from compass.workflow.batching import apply_batching
 
-    workload = load_workload(workload_path)
+    workload = apply_batching(load_workload(workload_path), batching=batching, gain=batch_gain)
     console = Console()
     warn_declared_best(workload, Console(stderr=True), host_lanes=host_lanes)
 
@@ -551,7 +555,7 @@ def run_capacity_cli(
         progress=progress,
         options=options,
     )
-    out["config"]["workload"] = workload_path
+    out["config"].update(workload=workload_path, batching=batching, batch_gain=batch_gain)
     print_capacity(out, title=f"{workload.name} on {workers} simulated workers")
     if json_path:
         write_json(json_path, out)

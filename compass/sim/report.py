@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,11 +28,14 @@ from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, job_arrivals
 from compass.sim.capacity import write_json
 from compass.sim.engine import simulate
+from compass.sim.result import SimResult
+from compass.workflow.batching import apply_batching
 from compass.workflow.best import declared_disagreements
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload, load_workload
 
 __all__ = [
+    "batch_sizes",
     "fewest_workers",
     "plot_results",
     "print_results",
@@ -64,10 +68,14 @@ def run_cli(
     host_lanes: int = 0,
     *,
     prefetch_evicts: bool = True,
+    batching: bool = True,
+    batch_gain: str | None = None,
 ) -> dict[str, Any]:
     """Simulate every policy of ``policies`` on the same arrivals of the workload at
-    ``workload_path``; print a table per policy; write ``json_path`` and ``plot_path`` (PNG)
-    when given; return ``{"config", "results": {policy: summary}}`` plus, with
+    ``workload_path`` (with ``batching`` and ``batch_gain`` applied:
+    :func:`~compass.workflow.batching.apply_batching`); print a table per policy; write
+    ``json_path`` and ``plot_path`` (PNG) when given; return ``{"config", "results": {policy:
+    summary}, "runs": {policy: {..., "batch_sizes": ...}}}`` (:func:`batch_sizes`) plus, with
     ``servers_sweep=(lo, hi)``, ``"servers_needed": {policy: N or None}`` and ``"sweep"``
     (median slowdown per worker count tried)."""
     if not policies:
@@ -83,7 +91,7 @@ def run_cli(
         raise ConfigError(f"servers sweep needs 1 <= lo <= hi, got {servers_sweep!r}")
     if not target_slowdown > 0:
         raise ConfigError(f"target slowdown must be > 0, got {target_slowdown!r}")
-    workload = load_workload(workload_path)
+    workload = apply_batching(load_workload(workload_path), batching=batching, gain=batch_gain)
     warn_declared_best(workload, Console(stderr=True), lanes=1, host_lanes=host_lanes)
     mean_interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
     arrivals = job_arrivals(
@@ -128,6 +136,7 @@ def run_cli(
             "prefetches": result.prefetches,
             "evictions": result.evictions,
             "horizon_s": result.horizon_s,
+            "batch_sizes": batch_sizes(result),
         }
         latencies_ms[policy] = [
             j.latency_s * 1000.0 for j in result.jobs if j.latency_s is not None
@@ -149,6 +158,8 @@ def run_cli(
             "staleness_ms": heartbeat_ms if staleness_ms is None else staleness_ms,
             "host_lanes": host_lanes,
             "prefetch": "evict" if prefetch_evicts else "free",
+            "batching": batching,
+            "batch_gain": batch_gain,
             "mean_interval_ms_per_client": workload.arrivals.mean_interval_ms_per_client,
             "cache_bytes": workload.cluster.gpu_memory_bytes,
             "servers_sweep": list(servers_sweep) if servers_sweep else None,
@@ -179,6 +190,14 @@ def run_cli(
         plot_results(plot_path, workload, latencies_ms, results, sweep, target_slowdown)
         console.print(f"wrote {plot_path}")
     return out
+
+
+def batch_sizes(result: SimResult) -> dict[str, int]:
+    """How many runs of model tasks had each batch size (``{"1": 700, "2": 38}``), as a real
+    worker's status counts them under ``batches``."""
+    tasks = Counter(t.batch for t in result.tasks if t.cache_hit is not None)
+    # each run of b tasks left b records
+    return {str(b): n // b for b, n in sorted(tasks.items())}
 
 
 def warn_declared_best(

@@ -14,6 +14,11 @@ A task with a model may batch: ``batch`` is the most items one run takes; its co
 milliseconds of a batch of 1, 2, ... items; its first entry is the task's ``exec_ms`` when that
 is not given). With ``batch`` alone a batch costs as many runs as it has items.
 
+:func:`workload_to_dict` (and :func:`write_workload`) write a parsed workload back in this
+format, exactly: :func:`parse_workload` of what they write equals the workload field for field,
+batch curves included, so a transformed workload (``compass.workflow.batching``) can be handed
+to worker processes as a file.
+
 Every error is a :class:`~compass.errors.WorkflowError` naming the source and the key path of
 the offending field (``paper.json: workflows.vqa.tasks.embed.exec_ms: expected a number``).
 Keys the format does not know are ignored, except inside a task, where a misspelt key would
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -40,6 +46,8 @@ __all__ = [
     "Workload",
     "load_workload",
     "parse_workload",
+    "workload_to_dict",
+    "write_workload",
 ]
 
 ARRIVAL_PROCESSES = ("uniform", "poisson", "gamma")
@@ -382,3 +390,112 @@ def _parse_arrivals(reader: _Reader, data: object) -> ArrivalSpec:
         processes=tuple(processes),
         gamma_cv=reader.number(entry, "gamma_cv", path, positive=True, default=10.0),
     )
+
+
+def write_workload(workload: Workload, path: str | Path) -> None:
+    """Write ``workload`` as a spec file that :func:`load_workload` reads back exactly."""
+    text = json.dumps(workload_to_dict(workload), indent=2) + "\n"
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def workload_to_dict(workload: Workload) -> dict[str, Any]:
+    """``workload`` in the JSON layout :func:`parse_workload` reads, chosen so that parsing it
+    gives back every field exactly (floats are written as the values that convert back to the
+    same bits). Only emulated tasks have a spec form: a task with a function, named inputs,
+    parameters or resources is an error."""
+    cluster = workload.cluster
+    workflows: dict[str, Any] = {}
+    for name, wf in workload.workflows.items():
+        entry: dict[str, Any] = {
+            "weight": workload.weights.get(name, 1.0),
+            "tasks": {t: _task_to_dict(name, wf.tasks[t]) for t in wf.order},
+        }
+        if wf.inputs:
+            raise WorkflowError(f"workflow {name!r}: named job inputs have no spec form")
+        if wf.best_ms is not None:
+            entry["best_ms"] = wf.best_ms
+        workflows[name] = entry
+    arrivals = workload.arrivals
+    return {
+        "name": workload.name,
+        "about": workload.about,
+        "cluster": {
+            "workers": cluster.workers,
+            "gpu_memory_mb": _size(cluster.gpu_memory_bytes, _MB),
+            "h2d_gbps": _inverse(cluster.h2d_bytes_per_s, lambda x: x * _GB, _GB),
+            "d2h_gbps": _inverse(cluster.d2h_bytes_per_s, lambda x: x * _GB, _GB),
+            "net_gbps": _inverse(cluster.net_bytes_per_s, lambda x: x * _GB, _GB),
+            "net_fixed_us": _inverse(cluster.net_fixed_s, lambda x: x / 1e6, 1e-6),
+        },
+        "models": {m: {"size_mb": _size(size, _MB)} for m, size in workload.models.items()},
+        "workflows": workflows,
+        "arrivals": {
+            "mean_interval_ms_per_client": arrivals.mean_interval_ms_per_client,
+            "jobs": arrivals.jobs,
+            "processes": list(arrivals.processes),
+            "gamma_cv": arrivals.gamma_cv,
+        },
+    }
+
+
+def _task_to_dict(workflow: str, task: Task) -> dict[str, Any]:
+    if task.fn is not None or task.inputs is not None or task.params or task.resources:
+        raise WorkflowError(
+            f"workflow {workflow!r}: task {task.name!r} has a function, named inputs, "
+            "parameters or resources, which a workload spec cannot carry"
+        )
+    profile = task.profile
+    out: dict[str, Any] = {
+        "model": task.model,
+        "exec_ms": profile.exec_ms,
+        "output_kb": _size(profile.output_bytes, _KB),
+        "after": list(task.after),
+    }
+    if profile.input_bytes:
+        out["input_kb"] = _size(profile.input_bytes, _KB)
+    if task.timeout_ms is not None:
+        out["timeout_ms"] = task.timeout_ms
+    return {**out, **_batch_to_dict(profile, task.batch)}
+
+
+def _batch_to_dict(profile: TaskProfile, batch: int) -> dict[str, Any]:
+    """The batch keys giving back ``batch`` and ``profile.batch_scale`` (module docstring)."""
+    scale = profile.batch_scale
+    if not scale:
+        return {} if batch == 1 else {"batch": batch}
+    size = max(batch, 2)
+    if len(scale) == size:
+        item = _solve(lambda x: linear_scale(x, size) if 0 <= x <= 1 else None, scale, scale[1] - 1)
+        if item is not None:
+            return {"batch": batch, "batch_item": item}
+    first = profile.exec_ms
+    table = [_solve(lambda x: x / first, s, s * first) for s in scale] if first > 0 else [None]
+    if all(x is not None for x in table):
+        return {"batch": batch, "batch_ms": table}
+    # no table in milliseconds gives these ratios back (a 0 ms task): the ratios themselves
+    # are a table whose first entry is 1, and exec_ms is given apart
+    return {"batch": batch, "batch_ms": list(scale)}
+
+
+def _size(count: int, unit: int) -> float:
+    """``count`` in ``unit``s, as the parser's ``round(x * unit)`` reads it back."""
+    return _inverse(count, lambda x: round(x * unit), unit)
+
+
+def _inverse(value: float, forward: Callable[[float], object], unit: float) -> float:
+    """The number ``x`` near ``value / unit`` for which ``forward(x) == value``; the plain
+    quotient when none is (a value the parser could not have produced)."""
+    guess = value / unit
+    found = _solve(forward, value, guess)
+    return guess if found is None else found
+
+
+def _solve(forward: Callable[[float], object], target: object, guess: float) -> float | None:
+    """A float within a few steps of ``guess`` that ``forward`` maps to ``target``: a quotient
+    rounds, so the exact preimage may sit one or two floats away."""
+    candidates = [guess]
+    up = down = guess
+    for _ in range(4):
+        up, down = math.nextafter(up, math.inf), math.nextafter(down, -math.inf)
+        candidates += [up, down]
+    return next((x for x in candidates if forward(x) == target), None)
