@@ -9,6 +9,7 @@ from __future__ import annotations
 from compass.sched.cost import CostCache, TransferModel, WorkflowCosts, finish_row
 from compass.sched.planner import (
     DEFAULT_ADJUST_THRESHOLD,
+    DEFAULT_DEADLINE_SLACK,
     CompassPolicy,
     JobInfo,
     Policy,
@@ -31,6 +32,7 @@ from compass.sched.view import ClusterView, ViewSnapshot, WorkerState
 
 __all__ = [
     "DEFAULT_ADJUST_THRESHOLD",
+    "DEFAULT_DEADLINE_SLACK",
     "POLICY_NAMES",
     "ClusterView",
     "CompassPolicy",

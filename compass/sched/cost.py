@@ -9,7 +9,10 @@ until the profiles change (their version counters say when) or the worker list d
 
 :func:`finish_row` is the finish-time rule (the paper's EST/EFT) over every worker at once, in
 absolute seconds on the caller's clock; planning, dynamic adjustment and join placement
-(:mod:`compass.sched.planner`) all rank workers by it.
+(:mod:`compass.sched.planner`) all rank workers by it. Given the queued batches of the task's
+model (:func:`join_row`), it also counts joining one: a batchable task whose input arrives
+before a queued batch of its model starts, where that batch has room, finishes with the batch,
+its marginal cost instead of the whole queue's wait.
 """
 
 from __future__ import annotations
@@ -19,14 +22,27 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from compass.workflow.dag import Workflow
+from compass.workflow.dag import Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
-__all__ = ["CostCache", "TransferModel", "WorkflowCosts", "fetch_row", "finish_row"]
+__all__ = [
+    "BatchRows",
+    "CostCache",
+    "TransferModel",
+    "WorkflowCosts",
+    "fetch_row",
+    "finish_and_join",
+    "finish_row",
+    "join_row",
+]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
+
+#: a model's queued batches over the workers: (tasks queued that may batch, absolute expected
+#: start of the first of them)
+BatchRows = tuple[IntArray, FloatArray]
 
 
 class TransferModel:
@@ -128,10 +144,18 @@ def _position(names: tuple[str, ...], name: str) -> int:
 class WorkflowCosts:
     """Everything job-independent the planner needs for ``workflow`` over ``names``.
 
-    Tasks are referred to by their position in ``workflow.order``.
+    Tasks are referred to by their position in ``workflow.order``. A task that batches on
+    some worker has ``batch_limits[t]`` (the largest batch worth forming on each worker, 1
+    where its curve gains nothing: :func:`~compass.workflow.dag.batch_limit`) and
+    ``batch_scales[t]`` (row ``w``, column ``k``: a batch of ``k`` costs that many single runs
+    on worker ``w``); None for the others. ``batch_shared[t]``: another batchable task of the
+    workflow has its model, so one plan may batch them together.
     """
 
     __slots__ = (
+        "batch_limits",
+        "batch_scales",
+        "batch_shared",
         "exec_rows",
         "fetch2_rows",
         "fetch_rows",
@@ -193,6 +217,33 @@ class WorkflowCosts:
         self.fetch2_rows: tuple[FloatArray | None, ...] = tuple(fetch2)
         self.transfer = TransferModel(profiles, names)
         self.rank, self.rank_order = self._ranks(exec_matrix)
+        limits: list[IntArray | None] = []
+        scales: list[FloatArray | None] = []
+        for task in tasks:
+            curves = (
+                [profiles.batch_scale(workflow.name, task.name, w) for w in names]
+                if task.batch > 1
+                else []
+            )
+            limit = np.array([batch_limit(c, task.batch) for c in curves], dtype=np.int64)
+            if not curves or int(limit.max()) <= 1:
+                limits.append(None)
+                scales.append(None)
+                continue
+            # columns 0..max limit + 1: a join adds one item to fewer than the limit
+            size = int(limit.max()) + 2
+            table = np.array(
+                [[batch_scale(c, k) if k else 0.0 for k in range(size)] for c in curves]
+            )
+            limits.append(limit)
+            scales.append(table)
+        self.batch_limits: tuple[IntArray | None, ...] = tuple(limits)
+        self.batch_scales: tuple[FloatArray | None, ...] = tuple(scales)
+        batchable = [m for m, lim in zip(self.models, limits, strict=True) if lim is not None]
+        self.batch_shared: tuple[bool, ...] = tuple(
+            lim is not None and batchable.count(m) > 1
+            for m, lim in zip(self.models, limits, strict=True)
+        )
 
     def _ranks(self, exec_matrix: FloatArray) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """HEFT upward ranks from the current estimates (mean over workers), and the task
@@ -249,11 +300,13 @@ def finish_row(
     capacity: IntArray,
     min_capacity: int,
     input_bytes: int = 0,
+    batches: BatchRows | None = None,
 ) -> FloatArray:
     """When task ``t`` would finish on each worker, in absolute seconds (a fresh array)::
 
         arrive(w) = max over predecessors p of ready(p) + transfer(out_p, sources(p) -> w)
         EST(w)    = max(avail(w), arrive(w)) + fetch(w);   EFT(w) = EST(w) + exec(w)
+        finish(w) = min(EFT(w), join(w))   (join: :func:`join_row`, given ``batches``)
 
     ``sources[k]`` and ``ready[k]`` are the worker index (-1: outside the view) holding the
     output of the ``k``-th predecessor (``costs.preds[t]`` order) and the time it is there; a
@@ -261,8 +314,29 @@ def finish_row(
     from ``ready[0]``. ``avail``: when each worker's lane frees (None: the task does not queue,
     or load is ignored). ``have``: where the task's model is, or is coming (None: no fetch
     term, for a model-less task or a planner blind to the cache); elsewhere the fetch is
-    :func:`fetch_row`'s over ``free``, ``capacity`` and ``min_capacity``.
+    :func:`fetch_row`'s over ``free``, ``capacity`` and ``min_capacity``. ``batches``: the
+    queued batches of the task's model (None: batch-blind, or none queued).
     """
+    return finish_and_join(
+        costs, t, sources, ready, avail, have, free, capacity, min_capacity, input_bytes, batches
+    )[0]
+
+
+def finish_and_join(
+    costs: WorkflowCosts,
+    t: int,
+    sources: Sequence[int],
+    ready: Sequence[float],
+    avail: FloatArray | None,
+    have: BoolArray | None,
+    free: IntArray,
+    capacity: IntArray,
+    min_capacity: int,
+    input_bytes: int = 0,
+    batches: BatchRows | None = None,
+) -> tuple[FloatArray, FloatArray | None]:
+    """:func:`finish_row`, and the :func:`join_row` it took into account (None: joining a
+    batch is possible nowhere), so a caller knows where the task would join one."""
     row = costs.transfer.row
     preds = costs.preds[t]
     if preds:
@@ -272,12 +346,49 @@ def finish_row(
             np.maximum(arrive, row(sources[k], out_bytes[preds[k]], ready[k]), out=arrive)
     else:
         arrive = row(sources[0], input_bytes, ready[0])
+    joined = None
+    if batches is not None and costs.batch_limits[t] is not None:
+        joined = join_row(costs, t, arrive, batches)
     if avail is not None:
         np.maximum(arrive, avail, out=arrive)
     if have is not None:
         arrive += fetch_row(costs, t, have, free, capacity, min_capacity)
     arrive += costs.exec_rows[t]
-    return arrive
+    if joined is not None:
+        np.minimum(arrive, joined, out=arrive)
+    return arrive, joined
+
+
+def join_row(
+    costs: WorkflowCosts, t: int, arrive: FloatArray, batches: BatchRows
+) -> FloatArray | None:
+    """When task ``t`` would finish on each worker by joining the batch of its model queued
+    there (infinite where it cannot), or None where it can join none.
+
+    ``batches`` is ``(counts, start)``: ``counts[w]`` tasks of the model wait on ``w`` to
+    batch, the first expected to start at ``start[w]``. The task joins when its input arrives
+    (``arrive``) by then and the batch has room (fewer than ``costs.batch_limits[t]``); then
+    it finishes with it, at ``start + exec * scale(count + 1)``, with no model fetch (the
+    queued batch brings the model). The row ranks the join by that finish plus what it costs
+    the batch's other members, ``count * exec * (scale(count + 1) - scale(count))``: each of
+    them now ends that much later, so a join is chosen only where it saves more than it costs
+    (at low load an idle worker usually beats a join that delays a whole batch)."""
+    limits = costs.batch_limits[t]
+    table = costs.batch_scales[t]
+    if limits is None or table is None:
+        return None
+    counts, start = batches
+    ok = (counts > 0) & (counts < limits) & (arrive <= start)
+    if not ok.any():
+        return None
+    rows = np.arange(len(counts))
+    size = np.minimum(counts + 1, table.shape[1] - 1)
+    scale: FloatArray = table[rows, size]
+    added = scale - table[rows, np.minimum(counts, table.shape[1] - 1)]
+    exec_s = costs.exec_rows[t]
+    joined: FloatArray = start + exec_s * (scale + counts * added)
+    joined[~ok] = np.inf
+    return joined
 
 
 def fetch_row(

@@ -16,6 +16,17 @@ shrink by what was fetched. That rule is :func:`~compass.sched.cost.finish_row`,
 numpy operations over all workers, and it is the only one: planning, dynamic adjustment and
 join placement all rank workers by it, in absolute seconds on the caller's clock ``now``.
 
+Batches (``batch_aware``): a task that batches (``Task.batch > 1``, with a curve where a batch
+gains) may also join a batch of its model already queued on ``w``: when ``c`` such tasks wait
+there (``0 < c <`` the batch limit) and its input arrives before the first of them is expected
+to start, at ``s``, it finishes with them::
+
+    join(w)   = s + exec(w) * scale(c + 1)       finish(w) = min(EFT(w), join(w))
+
+(no fetch: the queued batch brings the model). A plan counts its own tasks in those batches,
+so two same-model tasks of one job see each other; so does adjustment, for the siblings it
+places.
+
 When a task finishes, :func:`adjust_successors` re-places its successors one after another on
 a view that counts the siblings already placed (each busy until the finish the policy expects
 of it, so a fan-out does not pile onto one idle worker), and Compass also re-places a join
@@ -37,9 +48,9 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
-from compass.sched.cost import CostCache, WorkflowCosts, finish_row
+from compass.sched.cost import BatchRows, CostCache, WorkflowCosts, finish_and_join
 from compass.sched.view import ViewSnapshot
-from compass.workflow.dag import Workflow
+from compass.workflow.dag import Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
 __all__ = [
@@ -60,6 +71,13 @@ IntArray = npt.NDArray[np.int64]
 
 #: finish times closer than this are a tie (seconds; far below any real task or transfer)
 TIE_S = 1e-9
+
+#: Compass's queues run a task by its job's deadline: the job's arrival plus this many times
+#: its workflow's best time. A short job's task overtakes a long job's that arrived a little
+#: earlier, a long job that has waited long enough overtakes fresh short ones. Chosen on the
+#: paper's workload and six generated ones, four arrival seeds each (docs/RESULTS.md, "Queue
+#: order by deadline"): 4 gained capacity at p95x3 and p99x5 on five of the seven workloads.
+DEFAULT_DEADLINE_SLACK = 4.0
 
 #: Compass keeps a successor on its planned worker while that worker's wait is at most this
 #: times the successor's expected time. The paper's 1.5 keeps a 0.8 s task waiting up to 1.2 s
@@ -94,6 +112,9 @@ class Policy(Protocol):
     #: whether a worker's queue runs tasks by their job's arrival (oldest job first) rather
     #: than by their own arrival (FIFO)
     oldest_job_first: bool
+    #: a worker's queue runs tasks by their job's deadline, its arrival plus this many times
+    #: its workflow's best time (None: by ``oldest_job_first``, else FIFO)
+    deadline_slack: float | None
     #: whether an idle worker fills free cache space with the models the cluster holds least
     #: (:func:`compass.sched.replicas.warm_order`)
     warms_cache: bool
@@ -103,6 +124,9 @@ class Policy(Protocol):
     #: whether :func:`adjust_successors` places each successor of a finished task on a view
     #: that counts the siblings placed before it (off: all on one snapshot, as the paper did)
     counts_siblings: bool
+    #: whether the policy's finish times count joining a batch queued on a worker (then
+    #: :func:`adjust_successors` counts the siblings it places in those batches too)
+    batch_aware: bool
 
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
@@ -173,12 +197,14 @@ def plan_eft(
     use_load: bool = True,
     use_cache: bool = True,
     host_lanes: bool = False,
+    batch_aware: bool = False,
 ) -> dict[str, str]:
     """Place every task of ``job`` at its earliest estimated finish (see the module docstring).
 
     ``use_load=False`` treats every worker as idle at ``now``; ``use_cache=False`` drops the
     model fetch term; ``host_lanes=True``: model-less tasks run off the GPU lanes, so they
-    neither wait for a worker's queue nor add to it. Raises :class:`WorkerUnavailable` on an
+    neither wait for a worker's queue nor add to it; ``batch_aware=True`` (with ``use_load``)
+    counts joining a queued batch. Raises :class:`WorkerUnavailable` on an
     empty view and :class:`ModelTooLarge` when a model fits in no worker's cache.
     """
     n_workers = len(view.names)
@@ -197,6 +223,7 @@ def plan_eft(
     from_ingress = (ingress,)
     at_now = (now,)
     preds_of = costs.preds
+    batches = _PlanBatches(view, now) if batch_aware and use_load else None
 
     for t in costs.rank_order:
         preds = preds_of[t]
@@ -214,7 +241,10 @@ def plan_eft(
             have = brought.get(model)
             if have is None:
                 have = view.holds(model)
-        eft = finish_row(
+        rows = None
+        if batches is not None and model is not None and costs.batch_limits[t] is not None:
+            rows = batches.rows(model)
+        eft, joined = finish_and_join(
             costs,
             t,
             sources,
@@ -225,6 +255,7 @@ def plan_eft(
             capacity,
             min_capacity,
             root_bytes,
+            rows,
         )
         j = int(eft.argmin())
         best = float(eft[j])
@@ -241,21 +272,87 @@ def plan_eft(
             j = _fewest_bytes(ties, costs, t, sources, ingress, root_bytes, have, ingress)
         placed[t] = j
         finish[t] = float(eft[j])
-        if on_lane:
-            avail[j] = finish[t]
+        joins = joined is not None and float(joined[j]) <= finish[t]
+        if joins:
+            # the batch runs longer by this item: so does everything queued behind it
+            assert rows is not None and model is not None and batches is not None
+            scale = costs.batch_scales[t]
+            assert scale is not None
+            c = int(rows[0][j])
+            extra = float(costs.exec_rows[t][j]) * float(scale[j, c + 1] - scale[j, c])
+            avail[j] = max(float(avail[j]) + extra, finish[t])
+            if costs.batch_shared[t]:
+                batches.joined(model, j)
+        else:
+            if on_lane:
+                avail[j] = finish[t]
+            if batches is not None and costs.batch_shared[t]:
+                assert model is not None
+                limits = costs.batch_limits[t]
+                assert limits is not None
+                batches.opened(model, j, finish[t] - float(costs.exec_rows[t][j]), int(limits[j]))
         if have is not None and not have[j]:
             assert model is not None
             mine = have.copy()
             mine[j] = True
             brought[model] = mine
-            if not free_is_mine:
-                free = free.copy()
-                free_is_mine = True
-            free[j] -= costs.model_bytes[t]
+            if not joins:  # a joined batch brings the model itself
+                if not free_is_mine:
+                    free = free.copy()
+                    free_is_mine = True
+                free[j] -= costs.model_bytes[t]
 
     names = view.names
     order = job.workflow.order
     return {order[t]: names[placed[t]] for t in range(n_tasks)}
+
+
+class _PlanBatches:
+    """The batches one plan may join, per model: the view's (with absolute starts) plus the
+    plan's own batchable tasks, copied on the plan's first change to a model's rows."""
+
+    __slots__ = ("_mine", "_now", "_rows", "_view")
+
+    def __init__(self, view: ViewSnapshot, now: float) -> None:
+        self._view = view
+        self._now = now
+        self._rows: dict[str, BatchRows | None] = {}
+        self._mine: set[str] = set()
+
+    def rows(self, model: str) -> BatchRows | None:
+        """``(counts, absolute start)`` of ``model``'s batches (None: none anywhere)."""
+        if model in self._rows:
+            return self._rows[model]
+        found = self._view.batched(model)
+        rows = None if found is None else (found[0], found[1] + self._now)
+        self._rows[model] = rows
+        return rows
+
+    def _own(self, model: str) -> BatchRows:
+        rows = self.rows(model)
+        if rows is None:
+            n = len(self._view.names)
+            rows = (np.zeros(n, dtype=np.int64), np.zeros(n))
+        elif model not in self._mine:
+            rows = (rows[0].copy(), rows[1])  # the starts are already this plan's own array
+        self._mine.add(model)
+        self._rows[model] = rows
+        return rows
+
+    def joined(self, model: str, j: int) -> None:
+        """A task of the plan joined ``model``'s batch on worker ``j``."""
+        self._own(model)[0][j] += 1
+
+    def opened(self, model: str, j: int, start: float, limit: int) -> None:
+        """A task of the plan queued on ``j`` without joining, to start at ``start``: it leads
+        the next batch there, unless full batches of the model wait ahead of it (they would
+        take it: not counted)."""
+        rows = self.rows(model)
+        if rows is not None and rows[0][j] >= limit:
+            return
+        counts, starts = self._own(model)
+        counts[j] = 1
+        starts[j] = start
 
 
 def finish_now(
@@ -269,11 +366,12 @@ def finish_now(
     use_load: bool = True,
     use_cache: bool = True,
     host_lanes: bool = False,
+    batch_aware: bool = False,
 ) -> tuple[FloatArray, list[int], int, BoolArray | None]:
     """:func:`~compass.sched.cost.finish_row` of task ``t`` once a predecessor finished: each
     input ready at ``now`` on the worker ``plan`` names for its producer (a root's: the job's
     inputs, at the ingress), queues and models as ``view`` has them; ``use_load``,
-    ``use_cache`` and ``host_lanes`` as for :func:`plan_eft`.
+    ``use_cache``, ``host_lanes`` and ``batch_aware`` as for :func:`plan_eft`.
 
     Returns the finish row, the input sources (worker indices, -1 outside the view), the
     root's input bytes (0 unless ``t`` is a root) and where the model is (None: no fetch term).
@@ -292,7 +390,8 @@ def finish_now(
     model = costs.models[t]
     avail = view.wait_s + now if use_load and (model is not None or not host_lanes) else None
     have = view.holds(model) if use_cache and model is not None else None
-    eft = finish_row(
+    rows = _view_batches(costs, t, view, now) if batch_aware and avail is not None else None
+    eft, _ = finish_and_join(
         costs,
         t,
         sources,
@@ -303,8 +402,19 @@ def finish_now(
         view.capacity_bytes,
         view.min_capacity_bytes,
         root_bytes,
+        rows,
     )
     return eft, sources, root_bytes, have
+
+
+def _view_batches(costs: WorkflowCosts, t: int, view: ViewSnapshot, now: float) -> BatchRows | None:
+    """The batches of task ``t``'s model in ``view``, starts made absolute (None: ``t`` does
+    not batch, or no worker has any)."""
+    model = costs.models[t]
+    if model is None or costs.batch_limits[t] is None:
+        return None
+    found = view.batched(model)
+    return None if found is None else (found[0], found[1] + now)
 
 
 def _fewest_bytes(
@@ -347,7 +457,11 @@ class CompassPolicy:
     queue wait, it adds none, and adjustment leaves it where it was planned;
     ``counts_siblings``: see :class:`Policy`; ``moves_joins``: re-place a join fed only by
     the successors of a finishing task (:meth:`place_joins`; off: joins stay where planned,
-    as in the paper).
+    as in the paper); ``deadline_slack``: queues run tasks by their job's deadline (see
+    :class:`Policy`; None: FIFO, or oldest job first); ``batch_aware``: finish times count
+    joining a batch queued on a worker
+    (the module docstring), in planning, adjustment and join placement (it needs
+    ``use_load``: without queues there is no batch to join, so it is off then).
 
     Adjustment, on the worker where a predecessor finished: keep the planned worker when the
     successor is a join (its inputs must meet), or when that worker's wait is at most
@@ -355,7 +469,9 @@ class CompassPolicy:
     worker where it would finish first, ``max(wait, input transfer) + fetch + exec``. The
     paper's rule is the smallest ``wait + fetch``; counting the transfer of the finished
     output from this worker (and the execution time, for unequal GPUs) is our addition, so a
-    3 MB output does not chase a queue a few microseconds shorter across a slow network.
+    3 MB output does not chase a queue a few microseconds shorter across a slow network. With
+    ``batch_aware``, a successor that would join a batch queued on its planned worker counts
+    the wait it would see there, ``join - exec - now``, when that is below the queue's wait.
     """
 
     def __init__(
@@ -372,9 +488,18 @@ class CompassPolicy:
         host_lanes: bool = False,
         counts_siblings: bool = True,
         moves_joins: bool = True,
+        batch_aware: bool = True,
+        deadline_slack: float | None = DEFAULT_DEADLINE_SLACK,
     ) -> None:
         if not isinstance(adjust_threshold, int | float) or not adjust_threshold > 0:
             raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
+        if deadline_slack is not None and (
+            isinstance(deadline_slack, bool)
+            or not isinstance(deadline_slack, int | float)
+            or not deadline_slack >= 0
+        ):
+            raise ConfigError(f"deadline_slack must be >= 0 or None, got {deadline_slack!r}")
+        self.deadline_slack = None if deadline_slack is None else float(deadline_slack)
         self.name = name
         self.use_load = use_load
         self.use_cache = use_cache
@@ -386,6 +511,7 @@ class CompassPolicy:
         self.host_lanes = host_lanes
         self.counts_siblings = counts_siblings
         self.moves_joins = moves_joins
+        self.batch_aware = bool(batch_aware) and use_load
         self._costs = CostCache()
         self._joins: dict[tuple[str, str], tuple[Workflow, tuple[str, ...]]] = {}
 
@@ -409,6 +535,7 @@ class CompassPolicy:
             use_load=self.use_load,
             use_cache=self.use_cache,
             host_lanes=self.host_lanes,
+            batch_aware=self.batch_aware,
         )
 
     def adjust(
@@ -431,11 +558,39 @@ class CompassPolicy:
                 return planned
             if self.host_lanes and wf.tasks[task].model is None:
                 return planned  # no queue to escape: it starts when its input arrives
-            if float(view.wait_s[i]) <= self.adjust_threshold * profiles.exec_s(
-                wf.name, task, planned
-            ):
+            exec_s = profiles.exec_s(wf.name, task, planned)
+            if float(view.wait_s[i]) <= self.adjust_threshold * exec_s:
+                return planned
+            if self.batch_aware and self._joined_wait_s(
+                job, task, plan, view, profiles, now, i
+            ) <= (self.adjust_threshold * exec_s):
                 return planned
         return self.best_worker(job, task, plan, view, profiles, now, prefer=i)
+
+    def _joined_wait_s(
+        self,
+        job: JobInfo,
+        task: str,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        profiles: Profiles,
+        now: float,
+        i: int,
+    ) -> float:
+        """The wait ``task`` would see on worker ``i`` by joining a batch queued there
+        (infinite when it would not join one)."""
+        costs = self._costs.get(job.workflow, profiles, view.names)
+        t = job.workflow.index[task]
+        model = costs.models[t]
+        if model is None or costs.batch_limits[t] is None:
+            return math.inf
+        rows = view.batched(model)
+        if rows is None or not rows[0][i]:
+            return math.inf
+        eft = self._finish_now(costs, job, t, plan, view, now)[0]
+        waited = float(eft[i]) - now - float(costs.exec_rows[t][i])
+        # only a join finishes before the queue's wait plus the run
+        return waited if waited < float(view.wait_s[i]) else math.inf
 
     def finish_times(
         self,
@@ -471,6 +626,7 @@ class CompassPolicy:
             use_load=self.use_load,
             use_cache=self.use_cache,
             host_lanes=self.host_lanes,
+            batch_aware=self.batch_aware,
         )
 
     def best_worker(
@@ -550,7 +706,8 @@ class CompassPolicy:
             ready = [found[1] for found in inputs if found is not None]
             model = costs.models[t]
             on_lane = model is not None or not self.host_lanes
-            eft = finish_row(
+            rows = _view_batches(costs, t, view, now) if self.batch_aware and on_lane else None
+            eft, _ = finish_and_join(
                 costs,
                 t,
                 sources,
@@ -560,6 +717,8 @@ class CompassPolicy:
                 view.free_bytes,
                 view.capacity_bytes,
                 view.min_capacity_bytes,
+                0,
+                rows,
             )
             k = int(eft.argmin())
             best = float(eft[k])
@@ -604,21 +763,41 @@ def _joins_fed_by(wf: Workflow, finished: str) -> tuple[str, ...]:
     return tuple(t for t in wf.order if t in joins)
 
 
+@dataclass(frozen=True, slots=True)
+class _Batchable:
+    """A batchable sibling on its worker: its single run and batch curve there, the largest
+    batch worth forming."""
+
+    exec_s: float
+    scale: tuple[float, ...]
+    limit: int
+
+
+#: how close a sibling's expected finish must be to its batch's to count as having joined it
+_JOIN_MATCH_S = 1e-6
+
+
 class _FanoutView:
     """The view the successors of one finished task are placed on: a snapshot plus the
     siblings placed so far, each busy on its worker until its expected finish and its model
-    counted as coming there."""
+    counted as coming there (and, for a batch-aware policy, counted in its model's batches)."""
 
     def __init__(self, view: ViewSnapshot) -> None:
         self.base = view
         self._wait = view.wait_s.copy()
         self._free = view.free_bytes.copy()
         self._resident = dict(view.resident)
+        self._batches: dict[str, BatchRows] = dict(view.batches)
+        self._own_batches: set[str] = set()
         self._current: ViewSnapshot | None = view
 
     def snapshot(self) -> ViewSnapshot:
         if self._current is None:
             base = self.base
+            batches = {
+                m: (c.copy(), s.copy()) if m in self._own_batches else (c, s)
+                for m, (c, s) in self._batches.items()
+            }
             self._current = ViewSnapshot.from_arrays(
                 base.names,
                 self._wait.copy(),
@@ -626,23 +805,68 @@ class _FanoutView:
                 base.capacity_bytes,
                 self._resident,
                 positions=base.positions,
+                batches=batches,
             )
         return self._current
 
-    def place(self, i: int, busy_s: float, model: str | None, model_bytes: int) -> None:
+    def place(
+        self,
+        i: int,
+        busy_s: float,
+        model: str | None,
+        model_bytes: int,
+        batch: _Batchable | None = None,
+    ) -> None:
         """Count a task on worker ``i``'s queue that keeps it busy ``busy_s`` seconds from now
-        (until the task's expected finish), and its model as coming there."""
+        (until the task's expected finish), and its model as coming there; ``batch``: it may
+        batch there (see :meth:`_place_batch`)."""
+        joined = (
+            batch is not None and model is not None and self._place_batch(i, busy_s, model, batch)
+        )
         if model is not None:
             row = self._resident.get(model)
             if row is None or not row[i]:
                 row = np.zeros(len(self.base.names), dtype=np.bool_) if row is None else row.copy()
                 row[i] = True
                 self._resident[model] = row
-                self._free[i] = max(0, int(self._free[i]) - model_bytes)
-        # a policy blind to load finishes a task "before" the queue it ignores empties; the
-        # queue itself only grows
-        self._wait[i] = max(float(self._wait[i]), busy_s)
+                if not joined:  # a joined batch brings the model itself
+                    self._free[i] = max(0, int(self._free[i]) - model_bytes)
+        if not joined:
+            # a policy blind to load finishes a task "before" the queue it ignores empties;
+            # the queue itself only grows
+            self._wait[i] = max(float(self._wait[i]), busy_s)
         self._current = None
+
+    def _place_batch(self, i: int, busy_s: float, model: str, batch: _Batchable) -> bool:
+        """Count a batchable task finishing ``busy_s`` from now in ``model``'s batches on
+        ``i``: True when that finish is its batch's (it joined: the queue grows by the item's
+        cost only), else it leads the next batch there, from its start."""
+        rows = self._batches.get(model)
+        count = 0 if rows is None else int(rows[0][i])
+        if rows is not None and 0 < count < batch.limit:
+            joined_s = float(rows[1][i]) + batch.exec_s * batch_scale(batch.scale, count + 1)
+            if abs(busy_s - joined_s) <= _JOIN_MATCH_S:
+                counts, _ = self._own(model)
+                counts[i] += 1
+                extra = batch_scale(batch.scale, count + 1) - batch_scale(batch.scale, count)
+                self._wait[i] += batch.exec_s * extra
+                return True
+        if count < batch.limit:
+            counts, starts = self._own(model)
+            counts[i] = 1
+            starts[i] = max(0.0, busy_s - batch.exec_s)
+        return False
+
+    def _own(self, model: str) -> BatchRows:
+        rows = self._batches.get(model)
+        if rows is None:
+            n = len(self.base.names)
+            rows = (np.zeros(n, dtype=np.int64), np.zeros(n))
+        elif model not in self._own_batches:
+            rows = (rows[0].copy(), rows[1].copy())
+        self._own_batches.add(model)
+        self._batches[model] = rows
+        return rows
 
 
 def adjust_successors(
@@ -694,12 +918,25 @@ def adjust_successors(
         model = wf.tasks[task].model
         if counts and (model is not None or not host_lanes):
             size = 0 if model is None else profiles.model_bytes(model)
-            fanout.place(i, done - now, model, size)
+            batch = _batchable(wf, task, target, profiles) if policy.batch_aware else None
+            fanout.place(i, done - now, model, size, batch)
     if joins:
         current.update(
             policy.place_joins(job, finished, current, finish, fanout.snapshot(), profiles, now)
         )
     return current
+
+
+def _batchable(wf: Workflow, task: str, worker: str, profiles: Profiles) -> _Batchable | None:
+    """``task`` on ``worker`` as a batch member, or None where it never batches."""
+    declared = wf.tasks[task]
+    if declared.batch <= 1:
+        return None
+    scale = profiles.batch_scale(wf.name, task, worker)
+    limit = batch_limit(scale, declared.batch)
+    if limit <= 1:
+        return None
+    return _Batchable(profiles.exec_s(wf.name, task, worker), scale, limit)
 
 
 class PlacementCounter(Protocol):

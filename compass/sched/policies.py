@@ -99,6 +99,8 @@ def make_policy(
             dynamic=False,
             oldest_job_first=False,
             warms_cache=False,
+            batch_aware=False,
+            deadline_slack=None,
         )
     if name == "hash":
         return HashPolicy()
@@ -124,6 +126,8 @@ VARIANT_OPTIONS = frozenset(
         "warms_cache",
         "counts_siblings",
         "moves_joins",
+        "batch_aware",
+        "deadline_slack",
     }
 )
 
@@ -170,9 +174,12 @@ class _StaticPolicy:
     # the paper's baselines run on its workers as they were: FIFO queues, caches filled on
     # demand, every task on the GPU lanes
     oldest_job_first = False
+    deadline_slack: float | None = None
     warms_cache = False
     host_lanes = False
     counts_siblings = True
+    # every policy's workers batch; knowing where a task would join a batch is compass's
+    batch_aware = False
 
     def __init__(self) -> None:
         self._costs = CostCache()

@@ -9,13 +9,18 @@ with a few vector operations.
 The view keeps its arrays up to date in place, one heartbeat at a time, and hands them to a
 snapshot without copying; the first write after that copies them (copy on write). Planning
 many jobs between heartbeats therefore costs no copies at all.
+
+Batches: a worker also reports, per model, how many queued tasks may batch and when the first
+of them is expected to start (:meth:`~compass.worker.queue.TaskQueue.batchable`), so the
+planner can send a task of that model where it joins their batch. Most of the time no worker
+has any, and then a snapshot holds no arrays for them at all.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -24,11 +29,17 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError, ProtocolError
 
-__all__ = ["ClusterView", "ViewSnapshot", "WorkerState"]
+__all__ = ["BatchRows", "ClusterView", "ViewSnapshot", "WorkerState"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+#: per model: (queued batchable tasks, seconds before the first of them starts), per worker
+BatchRows = tuple[IntArray, FloatArray]
+
+_NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})
+_NO_ROWS: Mapping[str, BatchRows] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +54,10 @@ class WorkerState:
     estimate model fetches on a slower or faster GPU from what it measured; ``incarnation``:
     the worker's SWIM incarnation (see :mod:`compass.worker.membership`), raised each time it
     rejoins after being declared dead, so ``(incarnation, seq)`` orders its heartbeats even
-    across a restart that starts ``seq`` again (0 where the sender predates it).
+    across a restart that starts ``seq`` again (0 where the sender predates it). ``batches``:
+    per model, ``(queued tasks that may batch, seconds before the first of them is expected to
+    start)``, counted like ``wait_s`` from when the state was taken (empty where the sender
+    predates it, or where nothing queued batches).
     """
 
     name: str
@@ -57,6 +71,10 @@ class WorkerState:
     loading: frozenset[str] = frozenset()
     h2d_bytes_per_s: float = 0.0
     incarnation: int = 0
+    #: not hashed (a mapping is not hashable); compared like every other field
+    batches: Mapping[str, tuple[int, float]] = field(
+        default_factory=lambda: _NO_BATCHES, hash=False
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -81,6 +99,38 @@ class WorkerState:
                 f"worker {self.name!r}: need lanes >= 1 and 0 <= lanes_busy <= lanes, "
                 f"got {self.lanes_busy}/{self.lanes}"
             )
+        if self.batches is not _NO_BATCHES:
+            object.__setattr__(self, "batches", self._checked_batches(self.batches))
+
+    def _checked_batches(self, batches: object) -> Mapping[str, tuple[int, float]]:
+        if not isinstance(batches, Mapping):
+            raise ConfigError(
+                f"worker {self.name!r}: batches must map model names to (count, seconds), "
+                f"got {type(batches).__name__}"
+            )
+        if not batches:
+            return _NO_BATCHES
+        checked: dict[str, tuple[int, float]] = {}
+        for model, entry in batches.items():
+            if not isinstance(model, str) or not model:
+                raise ConfigError(
+                    f"worker {self.name!r}: a batches key must be a model name, got {model!r}"
+                )
+            count, first = entry if isinstance(entry, tuple | list) and len(entry) == 2 else (0, 0)
+            if (
+                not isinstance(count, int)
+                or isinstance(count, bool)
+                or count < 1
+                or not isinstance(first, int | float)
+                or isinstance(first, bool)
+                or not 0 <= first < math.inf
+            ):
+                raise ConfigError(
+                    f"worker {self.name!r}: batches[{model!r}] must be (count >= 1, seconds >= 0), "
+                    f"got {entry!r}"
+                )
+            checked[model] = (count, float(first))
+        return MappingProxyType(checked)
 
     def to_wire(self) -> dict[str, Any]:
         """A msgpack-able dict (short keys: heartbeats are frequent)."""
@@ -96,6 +146,8 @@ class WorkerState:
             "ld": sorted(self.loading),
             "h": self.h2d_bytes_per_s,
             "i": self.incarnation,
+            # optional: {model: [count, seconds]}, left out when nothing queued batches
+            **({"q": {m: list(v) for m, v in self.batches.items()}} if self.batches else {}),
         }
 
     @classmethod
@@ -111,6 +163,9 @@ class WorkerState:
             raise ProtocolError(f"worker state: missing field {exc.args[0]!r}") from None
         h2d = data.get("h", 0.0)  # absent from a worker that predates it
         incarnation = data.get("i", 0)  # likewise
+        batches = data.get("q", _NO_BATCHES)  # likewise, and left out when empty
+        if not isinstance(batches, Mapping):
+            raise ProtocolError("worker state: field 'q' must map model names to [count, seconds]")
         ints = {"f": free, "c": cap, "l": lanes, "b": busy, "s": seq, "i": incarnation}
         for key, value in ints.items():
             if not isinstance(value, int) or isinstance(value, bool):
@@ -134,6 +189,7 @@ class WorkerState:
                 loading=frozenset(loading),
                 h2d_bytes_per_s=float(h2d),
                 incarnation=incarnation,
+                batches=batches,
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None
@@ -147,6 +203,9 @@ class ViewSnapshot:
     ``capacity_bytes`` are read-only arrays over the workers; ``resident[model]`` is a read-only
     boolean array, true where the model is resident, loading or on its way (a task just placed
     there needs it). Waits already count the tasks recently placed on each worker.
+    ``batches[model]`` (:meth:`batched`): read-only ``(counts, start_s)`` arrays, the queued
+    tasks of ``model`` that may batch on each worker and the seconds before the first of them
+    is expected to start (like ``wait_s``: from now); only for models some worker reports.
     """
 
     names: tuple[str, ...]
@@ -156,6 +215,7 @@ class ViewSnapshot:
     resident: Mapping[str, BoolArray]
     positions: Mapping[str, int]
     min_capacity_bytes: int
+    batches: Mapping[str, BatchRows] = field(default_factory=lambda: _NO_ROWS)
 
     @classmethod
     def build(cls, states: Sequence[WorkerState] | Iterable[WorkerState]) -> ViewSnapshot:
@@ -168,7 +228,7 @@ class ViewSnapshot:
         names = tuple(sorted(by_name))
         ordered = [by_name[n] for n in names]
         wait, free, cap, resident = _arrays(ordered)
-        return cls._frozen(names, wait, free, cap, resident)
+        return cls._frozen(names, wait, free, cap, resident, batches=_batch_rows(ordered))
 
     @classmethod
     def from_arrays(
@@ -180,13 +240,15 @@ class ViewSnapshot:
         resident: Mapping[str, BoolArray],
         *,
         positions: Mapping[str, int] | None = None,
+        batches: Mapping[str, BatchRows] | None = None,
     ) -> ViewSnapshot:
         """A snapshot over arrays the caller built (the simulator, which keeps its cluster
         state in arrays already). ``names`` must be sorted; the arrays are indexed like it.
 
-        Nothing is copied: the arrays (and ``resident``'s rows) are made read-only, so the
-        caller must not reuse them for writing. ``positions``, when given, must map each name
-        to its index (pass the same mapping every time to avoid rebuilding it).
+        Nothing is copied: the arrays (and ``resident``'s and ``batches``' rows) are made
+        read-only, so the caller must not reuse them for writing. ``positions``, when given,
+        must map each name to its index (pass the same mapping every time to avoid rebuilding
+        it). ``batches``: see the class docstring (None: no worker reports any).
         """
         n = len(names)
         if len(wait_s) != n or len(free_bytes) != n or len(capacity_bytes) != n:
@@ -194,7 +256,14 @@ class ViewSnapshot:
                 f"ViewSnapshot.from_arrays: {n} names but arrays of lengths "
                 f"{len(wait_s)}, {len(free_bytes)}, {len(capacity_bytes)}"
             )
-        return cls._frozen(names, wait_s, free_bytes, capacity_bytes, resident, positions)
+        if batches:
+            for model, (counts, start) in batches.items():
+                if len(counts) != n or len(start) != n:
+                    raise ConfigError(
+                        f"ViewSnapshot.from_arrays: {n} names but batches[{model!r}] has "
+                        f"arrays of lengths {len(counts)}, {len(start)}"
+                    )
+        return cls._frozen(names, wait_s, free_bytes, capacity_bytes, resident, positions, batches)
 
     @classmethod
     def _frozen(
@@ -205,9 +274,14 @@ class ViewSnapshot:
         cap: IntArray,
         resident: Mapping[str, BoolArray],
         positions: Mapping[str, int] | None = None,
+        batches: Mapping[str, BatchRows] | None = None,
     ) -> ViewSnapshot:
         for array in (wait, free, cap, *resident.values()):
             array.setflags(write=False)
+        if batches:
+            for counts, start in batches.values():
+                counts.setflags(write=False)
+                start.setflags(write=False)
         if positions is None:
             positions = MappingProxyType({n: i for i, n in enumerate(names)})
         return cls(
@@ -218,6 +292,7 @@ class ViewSnapshot:
             resident=MappingProxyType(dict(resident)),
             positions=positions,
             min_capacity_bytes=int(cap.min()) if len(names) else 0,
+            batches=MappingProxyType(dict(batches)) if batches else _NO_ROWS,
         )
 
     def __len__(self) -> int:
@@ -240,6 +315,11 @@ class ViewSnapshot:
             return np.zeros(len(self.names), dtype=np.bool_)
         return found
 
+    def batched(self, model: str) -> BatchRows | None:
+        """``(counts, start_s)`` of ``model``'s queued batchable tasks over the workers (see
+        the class docstring); None when no worker reports any."""
+        return self.batches.get(model) if self.batches else None
+
 
 def _arrays(
     states: Sequence[WorkerState],
@@ -256,6 +336,20 @@ def _arrays(
                 row = resident[model] = np.zeros(n, dtype=np.bool_)
             row[i] = True
     return wait, free, cap, resident
+
+
+def _batch_rows(states: Sequence[WorkerState]) -> dict[str, BatchRows]:
+    """Per model, the batch counts and first starts of ``states`` as arrays over them."""
+    rows: dict[str, BatchRows] = {}
+    n = len(states)
+    for i, state in enumerate(states):
+        for model, (count, first) in state.batches.items():
+            row = rows.get(model)
+            if row is None:
+                row = rows[model] = (np.zeros(n, dtype=np.int64), np.zeros(n))
+            row[0][i] = count
+            row[1][i] = first
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +391,7 @@ class ClusterView:
         self._free: IntArray = np.zeros(0, dtype=np.int64)
         self._cap: IntArray = np.zeros(0, dtype=np.int64)
         self._resident: dict[str, BoolArray] = {}
+        self._batches: dict[str, BatchRows] = {}
         self._shared = False  # the arrays belong to a snapshot: copy before writing
         self._base: ViewSnapshot | None = None
         self._placed: ViewSnapshot | None = None  # the base plus counted placements
@@ -396,7 +491,13 @@ class ClusterView:
         self._expire(now)
         if self._base is None:
             self._base = ViewSnapshot._frozen(
-                self._names, self._wait, self._free, self._cap, self._resident, self._positions
+                self._names,
+                self._wait,
+                self._free,
+                self._cap,
+                self._resident,
+                self._positions,
+                self._batches,
             )
             self._shared = True
         if not self._pending:
@@ -449,8 +550,9 @@ class ClusterView:
                 row[i] = True
                 free[i] -= p.model_bytes
         np.maximum(free, 0, out=free)
+        # a placement joins the back of its worker's queue: the batches ahead are unchanged
         return ViewSnapshot._frozen(
-            base.names, wait, free, base.capacity_bytes, resident, self._positions
+            base.names, wait, free, base.capacity_bytes, resident, self._positions, base.batches
         )
 
     def _store(self, state: WorkerState) -> None:
@@ -466,6 +568,7 @@ class ClusterView:
             self._free = self._free.copy()
             self._cap = self._cap.copy()
             self._resident = {m: row.copy() for m, row in self._resident.items()}
+            self._batches = {m: (c.copy(), s.copy()) for m, (c, s) in self._batches.items()}
             self._shared = False
         i = self._positions[state.name]
         self._wait[i] = state.wait_s
@@ -479,14 +582,35 @@ class ClusterView:
                 if row is None:
                     row = self._resident[model] = np.zeros(len(self._names), dtype=np.bool_)
                 row[i] = model in after
+        if old.batches or state.batches:
+            self._store_batches(i, old.batches, state.batches)
+
+    def _store_batches(
+        self,
+        i: int,
+        before: Mapping[str, tuple[int, float]],
+        after: Mapping[str, tuple[int, float]],
+    ) -> None:
+        n = len(self._names)
+        for model in before.keys() | after.keys():
+            count, first = after.get(model, (0, 0.0))
+            row = self._batches.get(model)
+            if row is None:
+                if not count:
+                    continue
+                row = self._batches[model] = (np.zeros(n, dtype=np.int64), np.zeros(n))
+            row[0][i] = count
+            row[1][i] = first
+            if not count and not row[0].any():
+                del self._batches[model]  # no worker has any: keep snapshots free of it
 
     def _rebuild(self) -> None:
         names = tuple(sorted(self._states))
         self._names = names
         self._positions = MappingProxyType({n: i for i, n in enumerate(names)})
-        self._wait, self._free, self._cap, self._resident = _arrays(
-            [self._states[n] for n in names]
-        )
+        ordered = [self._states[n] for n in names]
+        self._wait, self._free, self._cap, self._resident = _arrays(ordered)
+        self._batches = _batch_rows(ordered)
         self._shared = False
         self._base = None
         self._placed = None

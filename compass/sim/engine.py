@@ -389,7 +389,12 @@ class _Simulation:
         lanes = worker.lanes
         if lanes.version != worker.version:  # what a heartbeat shows changed
             worker.version = lanes.version
-            self.state.queue_changed(worker.index, lanes.queue.queued_s, lanes.queue.run_ends())
+            self.state.queue_changed(
+                worker.index,
+                lanes.queue.queued_s,
+                lanes.queue.run_ends(),
+                lanes.queue.batchable(self.now, lanes.lanes),
+            )
 
     def _plan_remote(self, arg: tuple[_Worker, str, PlanRequest]) -> None:
         """At the ``central`` planner: plan, and send the plan back to the ingress."""
@@ -542,7 +547,10 @@ class _SimView:
 
     def snapshot(self, now: float) -> ViewSnapshot:
         worker = self._worker
-        return self._state.snapshot(worker.index, now, worker.lanes.wait_s(now))
+        lanes = worker.lanes
+        return self._state.snapshot(
+            worker.index, now, lanes.wait_s(now), lanes.queue.batchable(now, lanes.lanes)
+        )
 
     def note_placement(
         self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float

@@ -13,6 +13,12 @@ constant, so it is copied (O(workers)) at most once per tick, and only when it c
 the first event of a later tick arrives, before that event changes anything. A queue wait
 depends on time through the running tasks' remaining seconds, so the copy keeps their expected
 end times and the published wait is computed at the tick it stands for, once per tick.
+
+Batches: each worker also publishes, per model, its queued tasks that may batch and when the
+first of them is expected to start (:meth:`~compass.worker.queue.TaskQueue.batchable`). The
+live state keeps that start as an absolute time, so the published one, like the wait, is what
+is left of it at the tick. Most of the time no worker has any: then a capture holds none and a
+snapshot carries no arrays for them.
 """
 
 from __future__ import annotations
@@ -27,13 +33,18 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
-from compass.sched.view import ViewSnapshot
+from compass.sched.view import BatchRows, ViewSnapshot
 
 __all__ = ["ClusterState"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+#: per model: (queued batchable tasks, absolute expected start of the first of them)
+_Batches = Mapping[str, tuple[int, float]]
+_NONE: _Batches = MappingProxyType({})
+_NO_ROWS: Mapping[str, BatchRows] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -46,6 +57,8 @@ class _Capture:
     free: IntArray
     held: BoolArray
     rows: Mapping[str, BoolArray]
+    #: each worker's batches (absolute starts); None: no worker had any
+    batches: tuple[_Batches, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +111,13 @@ class ClusterState:
         self.run_end: FloatArray = np.zeros((n, lanes))  # 0 on an idle lane: no time left
         self.free: IntArray = self.capacity.copy()
         self.held: BoolArray = np.zeros((len(self.models), n), dtype=np.bool_)
+        self.batches: list[_Batches] = [_NONE] * n
+        self._batching: set[int] = set()  # workers with batches
+        self._now = 0.0
         self._dirty = False
         self._tick = 0
         self._captures: deque[_Capture] = deque([self._capture(0)])
-        self._published: tuple[int, FloatArray, _Capture] | None = None
+        self._published: tuple[int, FloatArray, _Capture, Mapping[str, BatchRows]] | None = None
         self._pending: list[list[_Placement]] = [[] for _ in range(n)]
 
     # -- live updates (the simulator calls these as things happen) ---------------------------
@@ -111,6 +127,7 @@ class ClusterState:
 
         Call before applying the changes of an event at ``now``.
         """
+        self._now = now
         tick = int(now / self.heartbeat_s)
         if tick > self._tick:
             if self._dirty:
@@ -119,10 +136,25 @@ class ClusterState:
                 self._dirty = False
             self._tick = tick
 
-    def queue_changed(self, worker: int, queued_s: float, run_ends: Sequence[float]) -> None:
+    def queue_changed(
+        self,
+        worker: int,
+        queued_s: float,
+        run_ends: Sequence[float],
+        batches: _Batches | None = None,
+    ) -> None:
         """``worker``'s queue holds ``queued_s`` expected seconds, and its lanes run tasks
         expected to end at ``run_ends`` (the worker core's :class:`TaskQueue`, read after each
-        event: the published wait equals the real one)."""
+        event: the published wait equals the real one). ``batches``: per model, its queued
+        tasks that may batch and the seconds, from the current event (:meth:`advance`'s
+        ``now``), before the first of them starts (:meth:`TaskQueue.batchable`)."""
+        if batches:
+            now = self._now
+            self.batches[worker] = {m: (c, now + first) for m, (c, first) in batches.items()}
+            self._batching.add(worker)
+        elif worker in self._batching:
+            self.batches[worker] = _NONE
+            self._batching.discard(worker)
         row = self.run_end[worker]
         self.queued[worker] = queued_s
         row[:] = 0.0  # an idle lane: no time left
@@ -161,10 +193,18 @@ class ClusterState:
 
     # -- views --------------------------------------------------------------------------------
 
-    def snapshot(self, viewer: int, now: float, own_wait_s: float) -> ViewSnapshot:
+    def snapshot(
+        self,
+        viewer: int,
+        now: float,
+        own_wait_s: float,
+        own_batches: _Batches | None = None,
+    ) -> ViewSnapshot:
         """What ``viewer`` sees at ``now``: peers as of the last tick at least ``staleness_s``
-        old plus its own recent placements, itself exactly (``own_wait_s`` from its queue)."""
-        _, base_wait, cap = self._at(now)
+        old plus its own recent placements, itself exactly (``own_wait_s`` and
+        ``own_batches``, seconds from ``now`` as :meth:`TaskQueue.batchable` gives them, from
+        its queue)."""
+        _, base_wait, cap, published = self._at(now)
         wait = base_wait.copy()
         wait[viewer] = own_wait_s
         free = cap.free.copy()
@@ -197,9 +237,46 @@ class ClusterState:
             if kept:
                 np.maximum(free, 0, out=free)
         resident = {**cap.rows, **rows} if rows else cap.rows
+        batches = published
+        if published or own_batches:
+            batches = self._own_batches(viewer, published, own_batches or _NONE)
         return ViewSnapshot.from_arrays(
-            self.names, wait, free, self.capacity, resident, positions=self.positions
+            self.names,
+            wait,
+            free,
+            self.capacity,
+            resident,
+            positions=self.positions,
+            batches=batches,
         )
+
+    def _own_batches(
+        self, viewer: int, published: Mapping[str, BatchRows], own: _Batches
+    ) -> dict[str, BatchRows]:
+        """``published`` with ``viewer``'s own entries replaced by ``own`` (rows copied only
+        where they change; models no worker has left out)."""
+        out = dict(published)
+        n = len(self.names)
+        for model in published.keys() | own.keys():
+            count, first = own.get(model, (0, 0.0))
+            row = published.get(model)
+            if (
+                row is not None
+                and row[0][viewer] == count
+                and (not count or row[1][viewer] == first)
+            ):
+                continue
+            if row is None:
+                counts, starts = np.zeros(n, dtype=np.int64), np.zeros(n)
+            else:
+                counts, starts = row[0].copy(), row[1].copy()
+            counts[viewer] = count
+            starts[viewer] = first
+            if counts.any():
+                out[model] = (counts, starts)
+            else:
+                out.pop(model, None)
+        return out
 
     def pending(self, viewer: int) -> int:
         """Placements ``viewer`` counts (including expired ones not yet pruned)."""
@@ -211,12 +288,14 @@ class ClusterState:
         held = self.held.copy()
         held.setflags(write=False)
         rows = MappingProxyType({m: held[i] for i, m in enumerate(self.models)})
+        batches = tuple(self.batches) if self._batching else None
         return _Capture(
-            label, self.queued.copy(), self.run_end.copy(), self.free.copy(), held, rows
+            label, self.queued.copy(), self.run_end.copy(), self.free.copy(), held, rows, batches
         )
 
-    def _at(self, now: float) -> tuple[int, FloatArray, _Capture]:
-        """The published tick for ``now``, its waits and its capture (cached per tick)."""
+    def _at(self, now: float) -> tuple[int, FloatArray, _Capture, Mapping[str, BatchRows]]:
+        """The published tick for ``now``, its waits, its capture and its batches (starts in
+        seconds from the tick), cached per tick."""
         q = math.floor((now - self.staleness_s) / self.heartbeat_s)
         published = self._published
         if published is not None and published[0] == q:
@@ -228,5 +307,26 @@ class ClusterState:
         at = max(q, 0) * self.heartbeat_s
         wait = cap.queued + np.maximum(cap.run_end - at, 0.0).sum(axis=1)
         wait.setflags(write=False)
-        self._published = (q, wait, cap)
+        self._published = (q, wait, cap, self._batch_rows(cap.batches, at))
         return self._published
+
+    def _batch_rows(
+        self, batches: tuple[_Batches, ...] | None, at: float
+    ) -> Mapping[str, BatchRows]:
+        """Per model, the workers' batch counts and the seconds left at ``at`` before the
+        first of each starts (read-only arrays)."""
+        if batches is None:
+            return _NO_ROWS
+        n = len(self.names)
+        rows: dict[str, BatchRows] = {}
+        for i, found in enumerate(batches):
+            for model, (count, start) in found.items():
+                row = rows.get(model)
+                if row is None:
+                    row = rows[model] = (np.zeros(n, dtype=np.int64), np.zeros(n))
+                row[0][i] = count
+                row[1][i] = max(0.0, start - at)
+        for counts, starts in rows.values():
+            counts.setflags(write=False)
+            starts.setflags(write=False)
+        return MappingProxyType(rows)

@@ -80,7 +80,10 @@ class Gossip:
     def own_state(self) -> WorkerState:
         lanes, cache = self._lanes, self._lanes.cache
         h2d = self._profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0
-        wait_s = lanes.wait_s(self._clock())
+        now = self._clock()
+        wait_s = lanes.wait_s(now)
+        # a degraded worker takes no GPU work: no batch there to join either
+        batches = {} if lanes.degraded else lanes.queue.batchable(now, lanes.lanes)
         return WorkerState(
             name=self.name,
             wait_s=wait_s + (_DEGRADED_WAIT_S if lanes.degraded else 0.0),
@@ -93,6 +96,7 @@ class Gossip:
             loading=cache.loading(),
             h2d_bytes_per_s=h2d,
             incarnation=self.incarnation,
+            batches=batches,
         )
 
     def changed(self) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from compass.workflow.dag import batch_scale
+from compass.workflow.dag import batch_limit, batch_scale
 
 __all__ = ["QueuedTask", "TaskQueue", "batch_limit"]
 
@@ -69,14 +69,6 @@ class QueuedTask:
     def batch_s(self, size: int) -> float:
         """Expected seconds of a batch of ``size`` items led by this task."""
         return self.expected_s * batch_scale(self.scale, size)
-
-
-def batch_limit(scale: tuple[float, ...], size: int) -> int:
-    """The largest batch, up to ``size``, whose every extra item costs less than one run."""
-    n = 1
-    while n < size and batch_scale(scale, n + 1) - batch_scale(scale, n) < 1.0:
-        n += 1
-    return n
 
 
 def _work(scale: tuple[float, ...], size: int, count: int) -> float:
@@ -181,8 +173,8 @@ class TaskQueue:
     def take(self, lead: QueuedTask, now: float) -> list[QueuedTask]:
         """Batch ``lead`` (just popped) with the queued tasks of its group, in queue order, up
         to its ``max_batch`` and as long as an extra item costs less than a run of its own
-        (with no gain, a batch would only delay its first items); return the others taken (started at ``now``). The run's expected
-        time, kept on ``lead``, is the batch's."""
+        (with no gain, a batch would only delay its first items); return the others taken
+        (started at ``now``). The run's expected time, kept on ``lead``, is the batch's."""
         group = lead.group
         room = batch_limit(lead.scale, lead.max_batch) - 1
         if group is None or room <= 0 or group not in self._groups:

@@ -62,6 +62,7 @@ from compass.worker.messages import (
 )
 from compass.worker.queue import QueuedTask, batch_limit
 from compass.worker.stats import WorkerStats
+from compass.workflow.best import best_time_s
 from compass.workflow.dag import Task, Workflow
 from compass.workflow.profile import Profiles
 
@@ -349,6 +350,8 @@ class WorkerCore:
         self._answered: OrderedDict[str, tuple[Any, CompassError | None]] = OrderedDict()
         #: requests that wait for another request's job (a resubmitted key) -> that job's id
         self._attached: dict[str, str] = {}
+        #: workflow -> (its profile version, its best time in seconds), for deadline order
+        self._best: dict[str, tuple[int, float]] = {}
 
     def new_job_id(self) -> str:
         """A job id unique in the cluster (worker names are)."""
@@ -716,7 +719,7 @@ class WorkerCore:
                 ingress=entry.ingress,
                 enqueued_at=now,
                 transfer_s=entry.transfer_s,
-                priority=arrival if self.policy.oldest_job_first else None,
+                priority=self._priority(workflow, arrival),
                 t0=msg.t0,
                 arrival=arrival,
                 group=group,
@@ -725,6 +728,22 @@ class WorkerCore:
             ),
             now,
         )
+
+    def _priority(self, workflow: Workflow, arrival: float) -> float | None:
+        """Where a task ranks in the queue (None: FIFO). Oldest job first ranks it at its
+        job's arrival; by deadline, at its arrival plus ``deadline_slack`` times its
+        workflow's best time (a short job's deadline comes sooner)."""
+        slack = self.policy.deadline_slack
+        if slack is not None:
+            version = self.profiles.workflow_version(workflow.name)
+            known = self._best.get(workflow.name)
+            if known is None or known[0] != version:  # the estimates moved
+                known = self._best[workflow.name] = (
+                    version,
+                    best_time_s(workflow, self.profiles),
+                )
+            return arrival + slack * known[1]
+        return arrival if self.policy.oldest_job_first else None
 
     @staticmethod
     def _check_task(workflow: Workflow, msg: TaskMsg) -> None:

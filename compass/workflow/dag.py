@@ -17,7 +17,7 @@ from typing import Any
 
 from compass.errors import InvalidInputs, ModelTooLarge, WorkflowError
 
-__all__ = ["Task", "TaskProfile", "Workflow", "batch_scale", "linear_scale"]
+__all__ = ["Task", "TaskProfile", "Workflow", "batch_limit", "batch_scale", "linear_scale"]
 
 
 def _is_number(value: object) -> bool:
@@ -45,6 +45,14 @@ def batch_scale(scale: Sequence[float], size: int) -> float:
         return scale[size - 1]
     step = scale[-1] - scale[-2] if len(scale) >= 2 else 1.0
     return scale[-1] + step * (size - len(scale))
+
+
+def batch_limit(scale: Sequence[float], size: int) -> int:
+    """The largest batch, up to ``size``, whose every extra item costs less than one run."""
+    n = 1
+    while n < size and batch_scale(scale, n + 1) - batch_scale(scale, n) < 1.0:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,3 +191,103 @@ def test_build_snapshot_directly() -> None:
     assert snap.min_capacity_bytes == 10 * GB
     with pytest.raises(ConfigError, match="twice"):
         ViewSnapshot.build([state("a"), state("a")])
+
+
+def batching(
+    name: str, seq: int, batches: dict[str, tuple[int, float]], wait: float = 1.0
+) -> WorkerState:
+    return WorkerState(name, wait, frozenset(), 5, 10, seq=seq, batches=batches)
+
+
+def test_batches_round_trip_and_are_optional_on_the_wire() -> None:
+    s = batching("w1", 3, {"opt": (3, 0.25), "mt5": (1, 0.0)})
+    wire = msgpack.unpackb(msgpack.packb(s.to_wire()))
+    back = WorkerState.from_wire(wire)
+    assert back == s
+    assert dict(back.batches) == {"opt": (3, 0.25), "mt5": (1, 0.0)}
+    # nothing batchable queued: the key is left out, and a peer that predates it sends none
+    plain = batching("w1", 3, {})
+    assert "q" not in plain.to_wire()
+    assert WorkerState.from_wire(plain.to_wire()).batches == {}
+    assert s != plain
+    assert hash(s) == hash(plain)  # batches are compared, not hashed
+
+
+@pytest.mark.parametrize(
+    ("batches", "problem"),
+    [
+        ([["m", 1, 0.5]], "'q' must map model names"),
+        ({"m": [0, 0.5]}, r"batches\['m'\] must be \(count >= 1"),
+        ({"m": [1.0, 0.5]}, r"batches\['m'\]"),
+        ({"m": [True, 0.5]}, r"batches\['m'\]"),
+        ({"m": [1, -0.1]}, r"seconds >= 0"),
+        ({"m": [1, float("inf")]}, r"batches\['m'\]"),
+        ({"m": [1, "soon"]}, r"batches\['m'\]"),
+        ({"m": [1]}, r"batches\['m'\]"),
+        ({"m": 3}, r"batches\['m'\]"),
+        ({"": [1, 0.5]}, "a batches key must be a model name"),
+        ({7: [1, 0.5]}, "a batches key must be a model name"),
+    ],
+)
+def test_malformed_batches_are_a_protocol_error(batches: object, problem: str) -> None:
+    wire = batching("w1", 1, {}).to_wire()
+    wire["q"] = batches
+    with pytest.raises(ProtocolError, match=problem):
+        WorkerState.from_wire(wire)
+
+
+def test_snapshot_has_batch_arrays_only_for_models_some_worker_reports() -> None:
+    view = ClusterView("me")
+    view.update_self(batching("me", 1, {}))
+    view.apply_heartbeat(batching("p", 1, {}), now=0.0)
+    view.apply_heartbeat(batching("q", 1, {}), now=0.0)
+    quiet = view.snapshot(0.0)
+    assert not quiet.batches
+    assert quiet.batched("m") is None
+    view.apply_heartbeat(batching("q", 2, {"m": (2, 0.3)}), now=0.1)
+    view.update_self(batching("me", 2, {"m": (1, 0.1), "n": (4, 0.0)}))
+    snap = view.snapshot(0.1)
+    rows = snap.batched("m")
+    assert rows is not None
+    assert rows[0].tolist() == [1, 0, 2]  # me, p, q
+    assert rows[1].tolist() == [0.1, 0.0, 0.3]
+    with pytest.raises(ValueError, match="read-only"):
+        rows[0][1] = 5
+    n_rows = snap.batched("n")
+    assert n_rows is not None
+    assert n_rows[0].tolist() == [4, 0, 0]
+    # placements counted on a peer leave its batches alone (they queue behind them)
+    view.note_placement("q", 0.5, "m", 0, now=0.1)
+    placed = view.snapshot(0.11)
+    assert placed.wait_s[2] == pytest.approx(1.5)
+    assert placed.batched("m") is not None
+    # batches start and leave: a model no worker reports any more has no arrays
+    view.apply_heartbeat(batching("q", 3, {}), now=0.2)
+    view.update_self(batching("me", 3, {"n": (5, 0.2)}))
+    later = view.snapshot(0.2)
+    assert later.batched("m") is None
+    later_n = later.batched("n")
+    assert later_n is not None
+    assert later_n[0].tolist() == [5, 0, 0]
+    # the earlier snapshot kept what it showed (copy on write)
+    assert rows[0].tolist() == [1, 0, 2]
+    assert n_rows[0].tolist() == [4, 0, 0]
+    # a worker that joins (or is removed) rebuilds the rows
+    view.apply_heartbeat(batching("a", 1, {"m": (1, 0.4)}), now=0.3)
+    rebuilt = view.snapshot(0.3).batched("m")
+    assert rebuilt is not None
+    assert rebuilt[0].tolist() == [1, 0, 0, 0]  # a, me, p, q
+    view.remove("a")
+    assert view.snapshot(0.3).batched("m") is None
+
+
+def test_build_and_from_arrays_carry_batches() -> None:
+    snap = ViewSnapshot.build([batching("b", 1, {"m": (2, 0.5)}), batching("a", 1, {})])
+    rows = snap.batched("m")
+    assert rows is not None
+    assert rows[0].tolist() == [0, 2]
+    assert rows[1].tolist() == [0.0, 0.5]
+    cap = np.full(2, 10, dtype=np.int64)
+    bad = {"m": (np.zeros(3, dtype=np.int64), np.zeros(3))}
+    with pytest.raises(ConfigError, match=r"batches\['m'\]"):
+        ViewSnapshot.from_arrays(("a", "b"), np.zeros(2), cap.copy(), cap, {}, batches=bad)

@@ -177,7 +177,12 @@ def test_oldest_job_first_runs_an_older_jobs_step_first_and_fifo_does_not() -> N
         },
     )
     arrivals = [Arrival(0.0, "two", 0), Arrival(0.05, "one", 1)]
-    oldest = run(workload, arrivals, workers=1, policy_options={"oldest_job_first": True})
+    oldest = run(
+        workload,
+        arrivals,
+        workers=1,
+        policy_options={"oldest_job_first": True, "deadline_slack": None},
+    )
     fifo = run(workload, arrivals, workers=1, policy="jsq")
     by_workflow = {j.workflow: j.latency_s for j in oldest.jobs}
     # A's second step was queued after B's task but runs first: A's job is older
@@ -186,9 +191,29 @@ def test_oldest_job_first_runs_an_older_jobs_step_first_and_fifo_does_not() -> N
     by_workflow = {j.workflow: j.latency_s for j in fifo.jobs}
     assert by_workflow["two"] == pytest.approx(0.300)
     assert by_workflow["one"] == pytest.approx(0.200 - 0.05)
-    # compass's default is the paper's FIFO too (docs/RESULTS.md, "Defaults chosen...")
-    default = run(workload, arrivals, workers=1)
-    assert {j.workflow: j.latency_s for j in default.jobs} == by_workflow
+    # compass without deadlines is the paper's FIFO too (docs/RESULTS.md, "Defaults chosen...")
+    plain = run(workload, arrivals, workers=1, policy_options={"deadline_slack": None})
+    assert {j.workflow: j.latency_s for j in plain.jobs} == by_workflow
+
+
+def test_deadline_order_runs_a_short_jobs_task_before_a_longer_jobs_queued_earlier() -> None:
+    # one worker busy until 100 ms; a 400 ms job arrives at 10 ms, a 100 ms one at 20 ms.
+    # Deadlines (arrival + 4 x best time): 1.61 s and 0.42 s: the short job runs first
+    workload = hand_workload(
+        {"m": 100},
+        {
+            name: {"tasks": {"t": {"model": None, "exec_ms": ms, "output_kb": 1, "after": []}}}
+            for name, ms in (("head", 100), ("long", 400), ("short", 100))
+        },
+    )
+    arrivals = [Arrival(0.0, "head", 0), Arrival(0.01, "long", 1), Arrival(0.02, "short", 2)]
+    by_deadline = {j.workflow: j.latency_s for j in run(workload, arrivals, workers=1).jobs}
+    assert by_deadline["short"] == pytest.approx(0.200 - 0.02)
+    assert by_deadline["long"] == pytest.approx(0.600 - 0.01)
+    fifo = run(workload, arrivals, workers=1, policy_options={"deadline_slack": None})
+    by_arrival = {j.workflow: j.latency_s for j in fifo.jobs}
+    assert by_arrival["long"] == pytest.approx(0.500 - 0.01)
+    assert by_arrival["short"] == pytest.approx(0.600 - 0.02)
 
 
 def test_a_repeated_job_hits_the_cache_and_is_faster() -> None:
