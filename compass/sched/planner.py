@@ -75,8 +75,9 @@ TIE_S = 1e-9
 #: Compass's queues run a task by its job's deadline: the job's arrival plus this many times
 #: its workflow's best time. A short job's task overtakes a long job's that arrived a little
 #: earlier, a long job that has waited long enough overtakes fresh short ones. Chosen on the
-#: paper's workload and six generated ones, four arrival seeds each (docs/RESULTS.md, "Queue
-#: order by deadline"): 4 gained capacity at p95x3 and p99x5 on five of the seven workloads.
+#: paper's workload and five generated ones, up to four arrival seeds each (docs/RESULTS.md,
+#: "Queue order by deadline"): against FIFO, +29-54% at the paper's tail SLOs, up to 2x at
+#: p99x5 on generated ones, one loss (-10% at p99x5 on one workload and seed pair).
 DEFAULT_DEADLINE_SLACK = 4.0
 
 #: Compass keeps a successor on its planned worker while that worker's wait is at most this
@@ -450,9 +451,9 @@ class CompassPolicy:
     ``use_load``: count queue waits (off: every worker idle); ``use_cache``: count model
     fetches; ``dynamic``: let :meth:`adjust` move tasks; ``central``: one fixed worker (the
     lowest name) plans every job; ``oldest_job_first`` and ``warms_cache``: see
-    :class:`Policy` (FIFO queues and warming for Compass, both off for classic HEFT: oldest
-    job first gained 5-8% of capacity on the paper's workload but lost 9-15% at p99x5 on
-    generated ones, docs/RESULTS.md); ``host_lanes``: the workers
+    :class:`Policy` (warming on for Compass, off for classic HEFT; oldest job first applies
+    only without ``deadline_slack``: it gained 5-8% of capacity on the paper's workload but
+    lost 9-15% at p99x5 on generated ones, docs/RESULTS.md); ``host_lanes``: the workers
     run model-less tasks on host lanes, off the GPU queue, so such a task's estimate has no
     queue wait, it adds none, and adjustment leaves it where it was planned;
     ``counts_siblings``: see :class:`Policy`; ``moves_joins``: re-place a join fed only by
