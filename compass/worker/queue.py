@@ -13,10 +13,11 @@ such tasks wait and when the first of them is expected to start.
 
 Order: the smallest :attr:`QueuedTask.priority` first, ties (and tasks without one) in arrival
 order. A task without a priority ranks at its enqueue time, so a queue where no task has one is
-plain FIFO, as in the paper (and compass by default). Compass with ``oldest_job_first`` gives
-each task its job's arrival time (oldest job first):
-a task of a job that has been in the system longer overtakes tasks of younger jobs, so the
-short tail of a long job (a join, a last branch) does not queue behind fresh work.
+plain FIFO, as in the paper (and the baselines). Compass gives each task its job's deadline,
+the job's arrival plus ``deadline_slack`` times its workflow's best time (the worker core
+computes it): a short job's step overtakes a longer job's that arrived a little earlier, and a
+job that has waited long overtakes fresh ones. With ``oldest_job_first`` instead, a task ranks
+at its job's arrival.
 """
 
 from __future__ import annotations
