@@ -173,9 +173,9 @@ class TaskRunner:
         module = None if run.entry.model is None else self._module_of(run.entry.model)
         if task.batch > 1:  # a batchable function takes lists, even for one item
             arguments = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
-            work = self._threads.run(_call_batch, task, module, arguments)
+            work = self._threads.run(_call, task, task.call_batch, module, arguments)
         else:
-            work = self._threads.run(_call, task, module, run.entry.inputs)
+            work = self._threads.run(_call, task, task.call, module, run.entry.inputs)
         deadline = loop.time() + timeout_s
         self._deadlines[work] = (deadline, run.entry)
         work.add_done_callback(functools.partial(self._thread_done, outcomes, task, t0))
@@ -333,25 +333,15 @@ class TaskThreads:
                 self._idle += 1
 
 
-def _call_batch(task: Task, module: Any, arguments: list[dict[str, Any]]) -> list[Any]:
-    import torch
-
-    try:
-        with torch.inference_mode():
-            return task.call_batch(module, arguments)
-    except Exception:
-        raise
-    except BaseException as exc:  # sys.exit() and the like fail the batch, not the worker
-        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
-
-
-def _call(task: Task, module: Any, inputs: dict[str, Any]) -> Any:
+def _call(task: Task, method: Callable[..., Any], *args: Any) -> Any:
+    """``method(*args)`` (the task's ``call`` or ``call_batch``) under inference mode; a
+    ``BaseException`` from user code becomes the task's error, not the worker's."""
     import torch
 
     assert task.fn is not None
     try:
         with torch.inference_mode():
-            return task.call(module, inputs)
+            return method(*args)
     except Exception:
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
