@@ -250,6 +250,7 @@ class Recording:
         self.host_lanes = inner.host_lanes
         self.counts_siblings = inner.counts_siblings
         self.batch_aware = inner.batch_aware
+        self.deadline_slack = inner.deadline_slack
         self.finishes: dict[str, FloatArray] = {}
         self.joins_finish: dict[str, tuple[int, float]] = {}
         self.joins_wait: list[float] = []
