@@ -302,6 +302,25 @@ def _advance(bar: Any, task: Any, completed: int) -> None:
     bar.update(task, completed=completed)
 
 
+#: the least real time the shortest workflow's best time should take in an emulated run: a
+#: hop between workers costs 0.5-1 ms of real time whatever the time scale (two event loops,
+#: the wire), so a run at a scale where the shortest workflow takes a few real milliseconds
+#: measures that cost, not the workload (the short generated workload ran 19% slower than
+#: simulated at time scale 1.0 and within 6% at 4.0, docs/RESULTS.md)
+SHORTEST_REAL_MS = 25.0
+
+#: the time scale used when the workload's workflows are all long enough
+DEFAULT_TIME_SCALE = 0.25
+
+
+def auto_time_scale(workload: Workload) -> float:
+    """The time scale for an emulated run of ``workload``: :data:`DEFAULT_TIME_SCALE`, or
+    slower, so that its shortest workflow takes :data:`SHORTEST_REAL_MS` of real time at
+    best (at most 10)."""
+    shortest = min(best_ms(workload).values())
+    return min(10.0, max(DEFAULT_TIME_SCALE, round(SHORTEST_REAL_MS / shortest, 2)))
+
+
 def best_ms(workload: Workload) -> dict[str, float]:
     """Each workflow's best time in ms, computed as the simulator does (a lower bound: any
     number of workers, each with a host lane; the declared ``best_ms`` is not trusted)."""

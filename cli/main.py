@@ -864,6 +864,25 @@ def _sweep(text: str | None) -> tuple[int, int] | None:
     return low, high
 
 
+_TIME_SCALE_HELP = (
+    "Real seconds per spec second (default: 0.25, slower for workloads whose shortest "
+    "workflow would take under 25 ms real)."
+)
+
+
+def _time_scale(given: float | None, spec: str) -> float:
+    """``--time-scale``, or the one the workload needs (:func:`e2e.auto_time_scale`)."""
+    if given is not None:
+        return given
+    from compass._bench import e2e
+    from compass.workflow.spec import load_workload
+
+    scale = e2e.auto_time_scale(load_workload(spec))
+    if scale != e2e.DEFAULT_TIME_SCALE:
+        print(f"time scale {scale:g}: the workload's shortest workflow needs it (--time-scale)")
+    return float(scale)
+
+
 @bench_app.command("e2e")
 def bench_e2e(
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
@@ -874,7 +893,7 @@ def bench_e2e(
     load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
     jobs: Jobs = 200,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
-    time_scale: Annotated[float, typer.Option(help="Real seconds per spec second.")] = 0.25,
+    time_scale: Annotated[float | None, typer.Option(help=_TIME_SCALE_HELP)] = None,
     heartbeat_ms: Annotated[float, typer.Option(help="Worker heartbeat interval.")] = 10.0,
     heartbeat_min_ms: Annotated[
         float, typer.Option(help="Least gap between a worker's heartbeats.")
@@ -911,7 +930,7 @@ def bench_e2e(
         load=load,
         jobs=jobs,
         seed=seed,
-        time_scale=time_scale,
+        time_scale=_time_scale(time_scale, workload or e2e.DEFAULT_WORKLOAD),
         heartbeat_ms=heartbeat_ms,
         heartbeat_min_ms=heartbeat_min_ms,
         host_lanes=host_lanes,
@@ -1068,7 +1087,9 @@ def sim(
     compare_real: Annotated[
         bool, typer.Option(help="Also run the same config on a real cluster and compare.")
     ] = False,
-    time_scale: Annotated[float, typer.Option(help="--compare-real: real s per spec s.")] = 0.25,
+    time_scale: Annotated[
+        float | None, typer.Option(help=f"--compare-real: {_TIME_SCALE_HELP}")
+    ] = None,
     json_path: JsonPath = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
     capacity: Capacity = False,
@@ -1137,7 +1158,7 @@ def sim(
             load=load,
             jobs=jobs,
             seed=seed,
-            time_scale=time_scale,
+            time_scale=_time_scale(time_scale, spec),
             host_lanes=host_lanes,
             **batch,
         )

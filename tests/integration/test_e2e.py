@@ -3,6 +3,8 @@ simulator's placements against the real cluster's when jobs do not overlap."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from compass._bench import e2e
@@ -156,3 +158,14 @@ def test_e2e_capacity_searches_real_clusters_and_writes_the_capacity_layout(tmp_
     assert written["ratios"]["median100"]["hash"] == [1.0]
     # every run was a real cluster: the loads of the grid, each policy once per load
     assert out["runs"] == 2 * len(written["config"]["grid"])
+
+
+def test_short_workloads_are_emulated_at_a_slower_time_scale() -> None:
+    """A hop costs real milliseconds whatever the time scale: a workload whose shortest
+    workflow would take a few real ms at 0.25 runs slower, so the hop stays a small share."""
+    root = Path(__file__).resolve().parents[2] / "bench" / "workloads"
+    assert e2e.auto_time_scale(load_workload(root / "paper.json")) == 0.25
+    short = load_workload(root / "short.json")
+    shortest = min(e2e.best_ms(short).values())
+    assert shortest < 10  # 7 ms: 1.8 ms of real time at 0.25
+    assert e2e.auto_time_scale(short) == pytest.approx(e2e.SHORTEST_REAL_MS / shortest, abs=0.01)
