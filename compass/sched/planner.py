@@ -21,9 +21,15 @@ gains) may also join a batch of its model already queued on ``w``: when ``c`` su
 there (``0 < c <`` the batch limit) and its input arrives before the first of them is expected
 to start, at ``s``, it finishes with them::
 
-    join(w)   = s + exec(w) * scale(c + 1)       finish(w) = min(EFT(w), join(w))
+    join(w)   = s + exec(w) * (scale(c + 1) + c * (scale(c + 1) - scale(c)))
+    finish(w) = min(EFT(w), join(w))
 
-(no fetch: the queued batch brings the model). A plan counts its own tasks in those batches,
+(no fetch: the queued batch brings the model). The second term is what the join costs the
+batch's ``c`` members (each ends that much later), so a join is taken only where it saves
+more than it costs. It stays in the finish the task's successors are planned on, which
+over-states when a joined task ends: splitting it into a rank term and a true finish was
+measured worse at 1.5x the rate (docs/RESULTS.md, "Batching"), so the conservative finish
+stays until a capacity study says otherwise. A plan counts its own tasks in those batches,
 so two same-model tasks of one job see each other; so does adjustment, for the siblings it
 places.
 
@@ -322,12 +328,9 @@ class _PlanBatches:
 
     def rows(self, model: str) -> BatchRows | None:
         """``(counts, absolute start)`` of ``model``'s batches (None: none anywhere)."""
-        if model in self._rows:
-            return self._rows[model]
-        found = self._view.batched(model)
-        rows = None if found is None else (found[0], found[1] + self._now)
-        self._rows[model] = rows
-        return rows
+        if model not in self._rows:
+            self._rows[model] = _absolute(self._view, model, self._now)
+        return self._rows[model]
 
     def _own(self, model: str) -> BatchRows:
         rows = self.rows(model)
@@ -414,6 +417,11 @@ def _view_batches(costs: WorkflowCosts, t: int, view: ViewSnapshot, now: float) 
     model = costs.models[t]
     if model is None or costs.batch_limits[t] is None:
         return None
+    return _absolute(view, model, now)
+
+
+def _absolute(view: ViewSnapshot, model: str, now: float) -> BatchRows | None:
+    """``model``'s queued batches in ``view``, their starts on the caller's clock."""
     found = view.batched(model)
     return None if found is None else (found[0], found[1] + now)
 
