@@ -70,12 +70,17 @@ class Harness:
         steps, self.out[:] = list(self.out), []
         return [s for s in steps if isinstance(s, RunTask)]
 
+    def hold_lane(self) -> QueuedTask:
+        """Start a task of model b that never batches, so what comes next queues."""
+        busy = entry("busy", "b", group=None, job="j0")
+        self.lanes.submit(busy, 0.0)
+        assert len(self.runs()) == 1
+        return busy
+
 
 def test_a_lane_takes_the_queued_tasks_of_its_group_up_to_the_largest_batch() -> None:
     h = Harness()
-    first = entry("busy", "b", group=None, job="j0")
-    h.lanes.submit(first, 0.0)
-    assert len(h.runs()) == 1
+    first = h.hold_lane()
     queued = [entry(f"t{i}", job=f"j{i}", at=0.1 * i) for i in range(1, 7)]
     other = entry("other", "b", group=None, job="jx", at=0.15)
     h.lanes.submit(queued[0], 0.1)
@@ -94,9 +99,7 @@ def test_a_lane_takes_the_queued_tasks_of_its_group_up_to_the_largest_batch() ->
 
 def test_a_batched_lane_is_free_only_when_every_entry_has_ended() -> None:
     h = Harness()
-    busy = entry("busy", "b", group=None, job="j0")
-    h.lanes.submit(busy, 0.0)
-    h.runs()
+    busy = h.hold_lane()
     batch = [entry(f"t{i}", job=f"j{i}") for i in range(3)]
     for e in batch:
         h.lanes.submit(e, 0.1)
@@ -198,9 +201,7 @@ def test_tasks_that_queue_while_the_leads_model_loads_join_its_batch() -> None:
 
 def test_a_timed_out_batch_is_one_stuck_run_that_keeps_its_pin_until_it_returns() -> None:
     h = Harness()
-    busy = entry("busy", "b", group=None, job="j0")
-    h.lanes.submit(busy, 0.0)
-    h.runs()
+    busy = h.hold_lane()
     batch = [entry(f"t{i}", job=f"j{i}") for i in range(3)]
     for e in batch:
         h.lanes.submit(e, 0.1)
