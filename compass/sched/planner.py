@@ -953,7 +953,13 @@ class PlacementCounter(Protocol):
     core's view port."""
 
     def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+        self,
+        worker: str,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        now: float,
+        job: str = "",
     ) -> None: ...
 
 
@@ -971,7 +977,8 @@ def record_plan(
     so the next job planned before the next heartbeats does not pile onto the same workers.
     With ``host_lanes`` model-less tasks are not counted: they do not use the queue. Tasks placed
     on ``planner`` itself are not counted either: its own state is exact, and counting them too
-    would count them twice."""
+    would count them twice. Each placement names its job, whose own later re-planning leaves it
+    out (:meth:`ClusterView.snapshot`)."""
     wf = job.workflow
     profiles.add_workflow(wf)
     for task, worker in plan.items():
@@ -981,4 +988,5 @@ def record_plan(
         if model is None and host_lanes:
             continue
         size = 0 if model is None else profiles.model_bytes(model)
-        view.note_placement(worker, profiles.exec_s(wf.name, task, worker), model, size, now)
+        seconds = profiles.exec_s(wf.name, task, worker)
+        view.note_placement(worker, seconds, model, size, now, job.job_id)

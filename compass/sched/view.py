@@ -358,6 +358,7 @@ class _Placement:
     seconds: float
     model: str | None
     model_bytes: int
+    job: str  # the job it is a task of ("": none named)
 
 
 class ClusterView:
@@ -434,15 +435,23 @@ class ClusterView:
         return True
 
     def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+        self,
+        worker: str,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        now: float,
+        job: str = "",
     ) -> None:
-        """Count a task of ``seconds`` just placed on ``worker`` (see the class docstring).
+        """Count a task of ``seconds`` of ``job`` just placed on ``worker`` (see the class
+        docstring).
 
         A worker the view does not know is ignored: the plan will be adjusted when it fails.
         """
         if worker not in self._positions:
             return
-        self._pending.setdefault(worker, []).append(_Placement(now, seconds, model, model_bytes))
+        placement = _Placement(now, seconds, model, model_bytes, job)
+        self._pending.setdefault(worker, []).append(placement)
         self._next_expiry = min(self._next_expiry, now + seconds)
         self._placed = None
 
@@ -486,8 +495,13 @@ class ClusterView:
         """How many placements on ``worker`` are still counted."""
         return len(self._pending.get(worker, ()))
 
-    def snapshot(self, now: float) -> ViewSnapshot:
-        """An immutable picture at ``now``, counting placements not yet settled or run."""
+    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+        """An immutable picture at ``now``, counting placements not yet settled or run, except
+        those of job ``without``.
+
+        A job re-planned or adjusted must not see its own tasks as other work queued ahead of
+        them: a task counted on the worker it was planned for would wait behind itself there,
+        with its model counted as already coming."""
         self._expire(now)
         if self._base is None:
             self._base = ViewSnapshot._frozen(
@@ -502,6 +516,8 @@ class ClusterView:
             self._shared = True
         if not self._pending:
             return self._base
+        if without and any(p.job == without for ps in self._pending.values() for p in ps):
+            return self._with_placements(self._base, without)
         if self._placed is None:
             self._placed = self._with_placements(self._base)
         return self._placed
@@ -527,7 +543,7 @@ class ClusterView:
             default=math.inf,
         )
 
-    def _with_placements(self, base: ViewSnapshot) -> ViewSnapshot:
+    def _with_placements(self, base: ViewSnapshot, without: str = "") -> ViewSnapshot:
         wait = base.wait_s.copy()
         free = base.free_bytes.copy()
         resident = dict(base.resident)
@@ -536,6 +552,8 @@ class ClusterView:
         for worker, placements in self._pending.items():
             i = self._positions[worker]
             for p in placements:
+                if without and p.job == without:
+                    continue
                 wait[i] += p.seconds
                 if p.model is None:
                     continue

@@ -545,18 +545,26 @@ class _SimView:
         self._state = state
         self._worker = worker
 
-    def snapshot(self, now: float) -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
         worker = self._worker
         lanes = worker.lanes
         return self._state.snapshot(
-            worker.index, now, lanes.wait_s(now), lanes.queue.batchable(now, lanes.lanes)
+            worker.index, now, lanes.wait_s(now), lanes.queue.batchable(now, lanes.lanes), without
         )
 
     def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+        self,
+        worker: str,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        now: float,
+        job: str = "",
     ) -> None:
         target = self._state.positions[worker]
-        self._state.note_placement(self._worker.index, target, seconds, model, model_bytes, now)
+        self._state.note_placement(
+            self._worker.index, target, seconds, model, model_bytes, now, job
+        )
 
     def remove(self, worker: str) -> None:
         pass  # simulated workers are never lost

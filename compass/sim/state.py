@@ -69,6 +69,7 @@ class _Placement:
     model_bytes: int
     ends: float  # counted while now <= ends: placed at + seconds
     settles: float  # counted while now < settles: the first heartbeat that reflects it
+    job: str  # the job it is a task of ("": none named)
 
 
 class ClusterState:
@@ -180,15 +181,17 @@ class ClusterState:
         model: str | None,
         model_bytes: int,
         now: float,
+        job: str = "",
     ) -> None:
-        """``viewer`` just placed a task of ``seconds`` on peer ``worker``: count it in its view
-        until a heartbeat received more than ``settle_s`` later, or until it would have run."""
+        """``viewer`` just placed a task of ``seconds`` of ``job`` on peer ``worker``: count it
+        in its view until a heartbeat received more than ``settle_s`` later, or until it would
+        have run."""
         hb = self.heartbeat_s
         # heartbeats of tick k are received at k * hb + staleness
         k = math.floor((now + self.settle_s - self.staleness_s) / hb) + 1
         settles = k * hb + self.staleness_s
         self._pending[viewer].append(
-            _Placement(worker, seconds, model, model_bytes, now + seconds, settles)
+            _Placement(worker, seconds, model, model_bytes, now + seconds, settles, job)
         )
 
     # -- views --------------------------------------------------------------------------------
@@ -199,9 +202,11 @@ class ClusterState:
         now: float,
         own_wait_s: float,
         own_batches: _Batches | None = None,
+        without: str = "",
     ) -> ViewSnapshot:
         """What ``viewer`` sees at ``now``: peers as of the last tick at least ``staleness_s``
-        old plus its own recent placements, itself exactly (``own_wait_s`` and
+        old plus its own recent placements (but those of job ``without``, as
+        :meth:`ClusterView.snapshot` leaves them out), itself exactly (``own_wait_s`` and
         ``own_batches``, seconds from ``now`` as :meth:`TaskQueue.batchable` gives them, from
         its queue)."""
         _, base_wait, cap, published = self._at(now)
@@ -223,6 +228,8 @@ class ClusterState:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
             self._pending[viewer] = kept
             for p in kept:
+                if without and p.job == without:
+                    continue
                 i = p.worker
                 wait[i] += p.seconds
                 if p.model is None:

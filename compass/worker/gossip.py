@@ -64,14 +64,20 @@ class Gossip:
         )
 
     # -- the core's ViewPort -------------------------------------------------------------------
-    def snapshot(self, now: float) -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
         self.view.update_self(self.own_state())
-        return self.view.snapshot(now)
+        return self.view.snapshot(now, without)
 
     def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+        self,
+        worker: str,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        now: float,
+        job: str = "",
     ) -> None:
-        self.view.note_placement(worker, seconds, model, model_bytes, now)
+        self.view.note_placement(worker, seconds, model, model_bytes, now, job)
 
     def remove(self, worker: str) -> None:
         self.view.remove(worker)

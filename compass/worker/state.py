@@ -110,14 +110,22 @@ def _batch_group(task: Task) -> str:
 class ViewPort(Protocol):
     """What the core needs of the worker's view of the cluster."""
 
-    def snapshot(self, now: float) -> ViewSnapshot:
-        """The view at ``now``, this worker's own state exact."""
+    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+        """The view at ``now``, this worker's own state exact, the counted placements of job
+        ``without`` left out (:meth:`ClusterView.snapshot`)."""
         ...
 
     def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+        self,
+        worker: str,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        now: float,
+        job: str = "",
     ) -> None:
-        """Count a task of ``seconds`` just placed on peer ``worker`` until its heartbeats do."""
+        """Count a task of ``seconds`` of ``job`` just placed on peer ``worker`` until its
+        heartbeats do."""
         ...
 
     def remove(self, worker: str) -> None:
@@ -536,7 +544,7 @@ class WorkerCore:
     ) -> dict[str, str]:
         """Plan on ``view`` (a fresh snapshot when None: nothing changed since it was taken)."""
         if view is None:
-            view = self.view.snapshot(now)
+            view = self.view.snapshot(now, without=info.job_id)
         plan = self.policy.plan(info, view, self.profiles, now)
         self._note_placements(info, plan, now)
         return plan
@@ -849,7 +857,7 @@ class WorkerCore:
         ingress hears of every move."""
         plan = entry.plan
         info = JobInfo(entry.job_id, workflow, entry.ingress, 0)
-        view = self.view.snapshot(now)
+        view = self.view.snapshot(now, without=entry.job_id)
         adjusted = adjust_successors(self.policy, info, entry.task, plan, view, self.profiles, now)
         moved = {t: adjusted[t] for t in workflow.order if adjusted[t] != plan[t]}
         if not moved:

@@ -107,6 +107,26 @@ def test_placements_count_until_a_later_heartbeat_settles_them() -> None:
     assert view.pending("p") == 0
 
 
+def test_a_job_does_not_see_its_own_placements_but_other_jobs_do() -> None:
+    view = ClusterView("me", heartbeat_s=0.01)
+    view.update_self(state("me"))
+    view.apply_heartbeat(state("p", seq=1, free=5 * GB), now=0.0)
+    view.note_placement("p", 1.0, "m", 2 * GB, now=0.0, job="j1")
+    view.note_placement("p", 0.5, None, 0, now=0.0, job="j2")
+    i = view.snapshot(0.001).index("p")
+    # j1 re-planned: its task would not wait behind itself, nor find its model coming
+    own = view.snapshot(0.001, without="j1")
+    assert own.wait_s[i] == pytest.approx(0.5)
+    assert not own.holds("m")[i]
+    assert own.free_bytes[i] == 5 * GB
+    # every other job, and the plain snapshot (cached), count both
+    for snap in (view.snapshot(0.001, without="j3"), view.snapshot(0.001)):
+        assert snap.wait_s[i] == pytest.approx(1.5)
+        assert snap.holds("m")[i]
+        assert snap.free_bytes[i] == 3 * GB
+    assert view.snapshot(0.001, without="j2").wait_s[i] == pytest.approx(1.0)
+
+
 def test_placements_expire_when_the_task_would_have_run() -> None:
     view = ClusterView("me", heartbeat_s=10.0)
     view.apply_heartbeat(state("p", seq=1), now=0.0)

@@ -421,3 +421,26 @@ def test_a_warm_start_meets_the_first_job_with_the_caches_warmed() -> None:
     assert warm_job.latency_s == pytest.approx(0.020 + 0.030 + 0.010 + 0.005)
     assert cold_job.latency_s is not None and warm_job.latency_s is not None
     assert cold_job.latency_s > warm_job.latency_s
+
+
+@pytest.mark.parametrize("host_lanes", [0, 1])
+def test_a_job_adjusted_at_its_ingress_counts_the_model_loads_its_own_plan_started(
+    paper: Workload, host_lanes: int
+) -> None:
+    # cold caches: detr (1.8 GB, 178 ms) ends well before depth (3.9 GB, 147 ms) on another
+    # worker, so the join belongs with depth. The ingress counted its plan's tasks on the peers
+    # until their heartbeats show them; had its own adjustment counted them too, depth would
+    # have waited behind itself with its model already there, and ended first.
+    result = run(
+        paper,
+        [Arrival(0.0, "object_detection", 0)],
+        workers=3,
+        warm=False,
+        host_lanes=host_lanes,
+        slab_bytes=64 * MB,
+    )
+    (job,) = result.jobs
+    tasks = tasks_of(result, job.id)
+    assert tasks["detr"].worker != tasks["depth"].worker
+    assert not tasks["detr"].cache_hit and not tasks["depth"].cache_hit
+    assert job.plan["aggregate"] == tasks["depth"].worker

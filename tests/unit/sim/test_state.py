@@ -96,6 +96,21 @@ def test_placements_count_until_a_heartbeat_settles_them() -> None:
     assert state.pending(0) == 0
 
 
+def test_a_job_does_not_see_its_own_placements_but_other_jobs_do() -> None:
+    state = make_state()
+    state.note_placement(0, 2, 0.5, "m", 3 * GB, now=0.021, job="j1")
+    state.note_placement(0, 2, 0.25, None, 0, now=0.021, job="j2")
+    state.advance(0.021)
+    own = state.snapshot(0, 0.021, 0.0, without="j1")
+    assert own.wait_s[2] == pytest.approx(0.25)
+    assert not own.holds("m")[2]
+    assert own.free_bytes[2] == 10 * GB
+    other = state.snapshot(0, 0.021, 0.0, without="j3")
+    assert other.wait_s[2] == pytest.approx(0.75)
+    assert bool(other.holds("m")[2])
+    assert other.free_bytes[2] == 7 * GB
+
+
 def test_placements_stop_counting_once_they_would_have_run() -> None:
     state = make_state()
     state.note_placement(0, 1, 0.004, None, 0, now=0.0)

@@ -86,18 +86,28 @@ class FakeView:
         self.waits = dict.fromkeys(names, 0.0)
         self.models = set(models)
         self.placed: list[tuple[str, float]] = []
+        self.jobs: list[str] = []  # the job each placement named
+        self.without: list[str] = []  # the job each snapshot left out
         self.removed: list[str] = []
 
-    def snapshot(self, now: float) -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+        self.without.append(without)
         return ViewSnapshot.build(
             WorkerState(n, w, frozenset(self.models), 10 * GB, 10 * GB)
             for n, w in self.waits.items()
         )
 
     def note_placement(
-        self, worker: str, seconds: float, model: str | None, model_bytes: int, now: float
+        self,
+        worker: str,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        now: float,
+        job: str = "",
     ) -> None:
         self.placed.append((worker, seconds))
+        self.jobs.append(job)
 
     def remove(self, worker: str) -> None:
         self.removed.append(worker)
@@ -281,6 +291,8 @@ def test_placements_on_peers_are_counted_in_the_view_but_not_on_itself() -> None
     placed_on = {w for w, _ in view.placed}
     assert "a" not in placed_on  # its own state is exact: counting it would count it twice
     assert placed_on == {"b"}
+    # each placement names its job, so that the job's own re-planning can leave it out
+    assert set(view.jobs) == set(c.jobs) and len(c.jobs) == 2
 
 
 def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> None:
@@ -479,6 +491,8 @@ def test_adjustment_moves_a_successor_off_a_long_queue_and_tells_the_ingress() -
     assert [(p.peer, p.msg.task, p.msg.worker) for p in placed] == [("w9", "b", pushed[0].peer)]
     assert pushed[0].msg.plan["b"] == pushed[0].peer
     assert c.stats.moves == 1
+    # the adjustment saw the view without the job's own counted placements, and counted the move
+    assert view.without[-1] == "w9-1" and view.jobs == ["w9-1"]
 
 
 def test_a_failed_task_reports_to_its_ingress_unless_its_job_is_done() -> None:
