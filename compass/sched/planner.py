@@ -55,7 +55,7 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
 from compass.sched.cost import BatchRows, CostCache, WorkflowCosts, finish_and_join
-from compass.sched.view import ViewSnapshot
+from compass.sched.view import BatchCurve, ViewSnapshot
 from compass.workflow.dag import Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
@@ -938,14 +938,20 @@ def adjust_successors(
 
 def _batchable(wf: Workflow, task: str, worker: str, profiles: Profiles) -> _Batchable | None:
     """``task`` on ``worker`` as a batch member, or None where it never batches."""
+    curve = _curve(wf, task, worker, profiles)
+    if curve is None:
+        return None
+    return _Batchable(profiles.exec_s(wf.name, task, worker), curve.scale, curve.limit)
+
+
+def _curve(wf: Workflow, task: str, worker: str, profiles: Profiles) -> BatchCurve | None:
+    """How ``task`` batches on ``worker``, or None where it never does."""
     declared = wf.tasks[task]
     if declared.batch <= 1:
         return None
     scale = profiles.batch_scale(wf.name, task, worker)
     limit = batch_limit(scale, declared.batch)
-    if limit <= 1:
-        return None
-    return _Batchable(profiles.exec_s(wf.name, task, worker), scale, limit)
+    return BatchCurve(scale, limit) if limit > 1 else None
 
 
 class PlacementCounter(Protocol):
@@ -960,6 +966,7 @@ class PlacementCounter(Protocol):
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None: ...
 
 
@@ -972,13 +979,16 @@ def record_plan(
     *,
     host_lanes: bool = False,
     planner: str | None = None,
+    batch_aware: bool = False,
 ) -> None:
     """Count every task of a fresh plan in its worker's wait (:meth:`ClusterView.note_placement`),
     so the next job planned before the next heartbeats does not pile onto the same workers.
     With ``host_lanes`` model-less tasks are not counted: they do not use the queue. Tasks placed
     on ``planner`` itself are not counted either: its own state is exact, and counting them too
     would count them twice. Each placement names its job, whose own later re-planning leaves it
-    out (:meth:`ClusterView.snapshot`)."""
+    out (:meth:`ClusterView.snapshot`). With ``batch_aware`` a task that may batch counts in its
+    model's batches on its worker, as that worker's queue will count it
+    (:class:`~compass.sched.view.PlacedCounts`)."""
     wf = job.workflow
     profiles.add_workflow(wf)
     for task, worker in plan.items():
@@ -989,4 +999,5 @@ def record_plan(
             continue
         size = 0 if model is None else profiles.model_bytes(model)
         seconds = profiles.exec_s(wf.name, task, worker)
-        view.note_placement(worker, seconds, model, size, now, job.job_id)
+        curve = _curve(wf, task, worker, profiles) if batch_aware else None
+        view.note_placement(worker, seconds, model, size, now, job.job_id, curve)

@@ -28,8 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, ProtocolError
+from compass.workflow.dag import batch_scale
 
-__all__ = ["BatchRows", "ClusterView", "ViewSnapshot", "WorkerState"]
+__all__ = [
+    "BatchCurve",
+    "BatchRows",
+    "ClusterView",
+    "PlacedCounts",
+    "ViewSnapshot",
+    "WorkerState",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -353,12 +361,106 @@ def _batch_rows(states: Sequence[WorkerState]) -> dict[str, BatchRows]:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchCurve:
+    """How a task placed on a worker may batch there: its batch curve on that worker (what a
+    batch of 1, 2, ... costs, as multiples of one run) and the largest batch worth forming."""
+
+    scale: tuple[float, ...]
+    limit: int
+
+
+class PlacedCounts:
+    """A snapshot's arrays with placements not yet in any heartbeat counted in: the view and
+    the simulator's state count them alike through this.
+
+    ``wait`` and ``free`` are the caller's own copies, changed in place; ``resident`` and
+    ``batches`` rows are copied the first time a placement changes them.
+    """
+
+    __slots__ = ("_batches", "_resident", "_rows", "_runs", "free", "wait")
+
+    def __init__(
+        self,
+        wait: FloatArray,
+        free: IntArray,
+        resident: Mapping[str, BoolArray],
+        batches: Mapping[str, BatchRows],
+    ) -> None:
+        self.wait = wait
+        self.free = free
+        self._resident = resident
+        self._batches = batches
+        self._rows: dict[str, BoolArray] = {}
+        self._runs: dict[str, BatchRows] = {}
+
+    def add(
+        self,
+        i: int,
+        seconds: float,
+        model: str | None,
+        model_bytes: int,
+        curve: BatchCurve | None = None,
+    ) -> None:
+        """Count a task of ``seconds`` placed at the back of worker ``i``'s queue: its wait
+        grows by the task's run, or only by its share of a batch (``curve``: it may batch)
+        where a batch of its model waits there with room; its model counts as coming."""
+        if model is not None and curve is not None:
+            seconds = self._batch(i, seconds, model, curve)
+        self.wait[i] += seconds
+        if model is None:
+            return
+        row = self._rows.get(model)
+        if row is None:
+            row = self._resident.get(model)
+            if row is not None and row[i]:
+                return  # resident, loading or already counted as coming
+            row = self._rows[model] = (
+                np.zeros(len(self.wait), dtype=np.bool_) if row is None else row.copy()
+            )
+        elif row[i]:
+            return
+        row[i] = True
+        self.free[i] -= model_bytes
+
+    def _batch(self, i: int, seconds: float, model: str, curve: BatchCurve) -> float:
+        """The seconds a batchable task adds to worker ``i``'s queue, counted in ``model``'s
+        batches there: as the queue counts it (:meth:`TaskQueue.batchable`), it joins a
+        waiting batch with room, or leads the next one."""
+        rows = self._runs.get(model)
+        if rows is None:
+            found = self._batches.get(model)
+            n = len(self.wait)
+            rows = self._runs[model] = (
+                (np.zeros(n, dtype=np.int64), np.zeros(n))
+                if found is None
+                else (found[0].copy(), found[1].copy())
+            )
+        counts, starts = rows
+        count = int(counts[i])
+        counts[i] = count + 1
+        if 0 < count < curve.limit:
+            return seconds * (batch_scale(curve.scale, count + 1) - batch_scale(curve.scale, count))
+        if count == 0:
+            starts[i] = self.wait[i]
+        return seconds
+
+    def resident(self) -> Mapping[str, BoolArray]:
+        """The residency rows, placed models included."""
+        return {**self._resident, **self._rows} if self._rows else self._resident
+
+    def batches(self) -> Mapping[str, BatchRows]:
+        """The batch rows, placed batchable tasks included."""
+        return {**self._batches, **self._runs} if self._runs else self._batches
+
+
+@dataclass(frozen=True, slots=True)
 class _Placement:
     placed_at: float
     seconds: float
     model: str | None
     model_bytes: int
     job: str  # the job it is a task of ("": none named)
+    curve: BatchCurve | None  # how it may batch there (None: it does not)
 
 
 class ClusterView:
@@ -442,15 +544,17 @@ class ClusterView:
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None:
         """Count a task of ``seconds`` of ``job`` just placed on ``worker`` (see the class
-        docstring).
+        docstring); ``curve``: it may batch there, so it may join a batch of its model waiting
+        there (:class:`PlacedCounts`).
 
         A worker the view does not know is ignored: the plan will be adjusted when it fails.
         """
         if worker not in self._positions:
             return
-        placement = _Placement(now, seconds, model, model_bytes, job)
+        placement = _Placement(now, seconds, model, model_bytes, job, curve)
         self._pending.setdefault(worker, []).append(placement)
         self._next_expiry = min(self._next_expiry, now + seconds)
         self._placed = None
@@ -544,33 +648,24 @@ class ClusterView:
         )
 
     def _with_placements(self, base: ViewSnapshot, without: str = "") -> ViewSnapshot:
-        wait = base.wait_s.copy()
-        free = base.free_bytes.copy()
-        resident = dict(base.resident)
-        copied: set[str] = set()
-        n = len(base.names)
+        counts = PlacedCounts(
+            base.wait_s.copy(), base.free_bytes.copy(), base.resident, base.batches
+        )
         for worker, placements in self._pending.items():
             i = self._positions[worker]
             for p in placements:
-                if without and p.job == without:
-                    continue
-                wait[i] += p.seconds
-                if p.model is None:
-                    continue
-                row = resident.get(p.model)
-                if row is not None and row[i]:
-                    continue  # resident, loading or already counted as coming
-                if p.model not in copied:
-                    row = np.zeros(n, dtype=np.bool_) if row is None else row.copy()
-                    resident[p.model] = row
-                    copied.add(p.model)
-                assert row is not None
-                row[i] = True
-                free[i] -= p.model_bytes
+                if not (without and p.job == without):
+                    counts.add(i, p.seconds, p.model, p.model_bytes, p.curve)
+        free = counts.free
         np.maximum(free, 0, out=free)
-        # a placement joins the back of its worker's queue: the batches ahead are unchanged
         return ViewSnapshot._frozen(
-            base.names, wait, free, base.capacity_bytes, resident, self._positions, base.batches
+            base.names,
+            counts.wait,
+            free,
+            base.capacity_bytes,
+            counts.resident(),
+            self._positions,
+            counts.batches(),
         )
 
     def _store(self, state: WorkerState) -> None:

@@ -43,6 +43,7 @@ from compass.errors import CompassError, ConfigError, UnknownWorkflow
 from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
+from compass.sched.view import BatchCurve
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
@@ -560,10 +561,11 @@ class _SimView:
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None:
         target = self._state.positions[worker]
         self._state.note_placement(
-            self._worker.index, target, seconds, model, model_bytes, now, job
+            self._worker.index, target, seconds, model, model_bytes, now, job, curve
         )
 
     def remove(self, worker: str) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
-from compass.sched.view import BatchRows, ViewSnapshot
+from compass.sched.view import BatchCurve, BatchRows, PlacedCounts, ViewSnapshot
 
 __all__ = ["ClusterState"]
 
@@ -70,6 +70,7 @@ class _Placement:
     ends: float  # counted while now <= ends: placed at + seconds
     settles: float  # counted while now < settles: the first heartbeat that reflects it
     job: str  # the job it is a task of ("": none named)
+    curve: BatchCurve | None  # how it may batch there (None: it does not)
 
 
 class ClusterState:
@@ -182,6 +183,7 @@ class ClusterState:
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None:
         """``viewer`` just placed a task of ``seconds`` of ``job`` on peer ``worker``: count it
         in its view until a heartbeat received more than ``settle_s`` later, or until it would
@@ -191,7 +193,7 @@ class ClusterState:
         k = math.floor((now + self.settle_s - self.staleness_s) / hb) + 1
         settles = k * hb + self.staleness_s
         self._pending[viewer].append(
-            _Placement(worker, seconds, model, model_bytes, now + seconds, settles, job)
+            _Placement(worker, seconds, model, model_bytes, now + seconds, settles, job, curve)
         )
 
     # -- views --------------------------------------------------------------------------------
@@ -223,30 +225,21 @@ class ClusterState:
                 row = cap.rows[name].copy()
                 row[viewer] = own[m]
                 rows[name] = row
+        resident: Mapping[str, BoolArray] = {**cap.rows, **rows} if rows else cap.rows
+        batches = published
+        if published or own_batches:
+            batches = self._own_batches(viewer, published, own_batches or _NONE)
         pending = self._pending[viewer]
         if pending:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
             self._pending[viewer] = kept
-            for p in kept:
-                if without and p.job == without:
-                    continue
-                i = p.worker
-                wait[i] += p.seconds
-                if p.model is None:
-                    continue
-                row = rows.get(p.model, cap.rows[p.model])
-                if row[i]:
-                    continue  # resident, loading or already counted as coming
-                if p.model not in rows:
-                    row = rows[p.model] = row.copy()
-                row[i] = True
-                free[i] -= p.model_bytes
             if kept:
+                counts = PlacedCounts(wait, free, resident, batches)
+                for p in kept:
+                    if not (without and p.job == without):
+                        counts.add(p.worker, p.seconds, p.model, p.model_bytes, p.curve)
                 np.maximum(free, 0, out=free)
-        resident = {**cap.rows, **rows} if rows else cap.rows
-        batches = published
-        if published or own_batches:
-            batches = self._own_batches(viewer, published, own_batches or _NONE)
+                resident, batches = counts.resident(), counts.batches()
         return ViewSnapshot.from_arrays(
             self.names,
             wait,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compass.config import WorkerConfig
-from compass.sched.view import ClusterView, ViewSnapshot, WorkerState
+from compass.sched.view import BatchCurve, ClusterView, ViewSnapshot, WorkerState
 from compass.wire.transport import Channel
 from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, gossip_gap_s
@@ -76,8 +76,9 @@ class Gossip:
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None:
-        self.view.note_placement(worker, seconds, model, model_bytes, now, job)
+        self.view.note_placement(worker, seconds, model, model_bytes, now, job, curve)
 
     def remove(self, worker: str) -> None:
         self.view.remove(worker)

@@ -48,6 +48,7 @@ from compass.errors import (
 )
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
 from compass.sched.replicas import warm_order
+from compass.sched.view import BatchCurve
 from compass.worker.jobs import Inbox, IngressJob
 from compass.worker.lanes import Lanes, LoadModel, RunTask
 from compass.worker.messages import (
@@ -123,9 +124,10 @@ class ViewPort(Protocol):
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None:
         """Count a task of ``seconds`` of ``job`` just placed on peer ``worker`` until its
-        heartbeats do."""
+        heartbeats do; ``curve``: it may batch there."""
         ...
 
     def remove(self, worker: str) -> None:
@@ -553,7 +555,7 @@ class WorkerCore:
         """Count the tasks just placed on peers in their waits (:func:`record_plan`)."""
         record_plan(
             self.view, info, placed, self.profiles, now, host_lanes=self.host_lanes,
-            planner=self.name,
+            planner=self.name, batch_aware=self.policy.batch_aware,
         )  # fmt: skip
 
     def _live(self, job_id: str, attempt: int) -> IngressJob | None:

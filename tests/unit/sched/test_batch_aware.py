@@ -11,12 +11,14 @@ import pytest
 
 from compass.sched import (
     POLICY_NAMES,
+    ClusterView,
     CompassPolicy,
     JobInfo,
     ViewSnapshot,
     WorkerState,
     adjust_successors,
     make_policy,
+    record_plan,
 )
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 from compass.workflow.dag import linear_scale
@@ -230,3 +232,24 @@ def test_join_placement_counts_joining_a_batch() -> None:
     blind = adjust_successors(blind_policy, info, "r", planned, view, p, NOW)
     assert (aware["p1"], aware["p2"], aware["j"]) == ("c", "c", "a")
     assert blind["j"] == "c"
+
+
+def test_a_job_planned_before_the_next_heartbeat_joins_the_batch_the_last_one_opened() -> None:
+    # the ingress i is busy; b busy 0.2 s, c 0.7 s, all holding m. The first job's x goes to b;
+    # the second, planned before b's heartbeat shows it, joins it there (done at 1.35 s, ranked
+    # 0.15 s later for the first) rather than queueing on c (1.7 s). Counted as a whole run, x
+    # would have made b look busy until 1.2 s, and the second would have gone to c.
+    wf = one()
+    for aware, expected in ((True, "b"), (False, "c")):
+        view = ClusterView("i", heartbeat_s=0.01)
+        view.update_self(state("i", 10.0))
+        view.apply_heartbeat(state("b", 0.2), now=NOW)
+        view.apply_heartbeat(state("c", 0.7), now=NOW)
+        policy = make_policy("compass", options={"batch_aware": aware})
+        p = profiles(wf)
+        first = JobInfo("j1", wf, "i", 0)
+        placed = policy.plan(first, view.snapshot(NOW), p, NOW)
+        assert placed == {"x": "b"}
+        record_plan(view, first, placed, p, NOW, planner="i", batch_aware=policy.batch_aware)
+        second = JobInfo("j2", wf, "i", 0)
+        assert policy.plan(second, view.snapshot(NOW + 0.001), p, NOW + 0.001) == {"x": expected}

@@ -8,6 +8,8 @@ import pytest
 
 from compass.errors import ConfigError, ProtocolError
 from compass.sched import ClusterView, ViewSnapshot, WorkerState
+from compass.sched.view import BatchCurve
+from compass.workflow.dag import linear_scale
 
 GB = 1_000_000_000
 
@@ -19,9 +21,17 @@ def state(
     seq: int = 0,
     free: int = 10 * GB,
     loading: tuple[str, ...] = (),
+    batches: dict[str, tuple[int, float]] | None = None,
 ) -> WorkerState:
     return WorkerState(
-        name, wait, frozenset(models), free, 10 * GB, seq=seq, loading=frozenset(loading)
+        name,
+        wait,
+        frozenset(models),
+        free,
+        10 * GB,
+        seq=seq,
+        loading=frozenset(loading),
+        batches=batches or {},
     )
 
 
@@ -311,3 +321,34 @@ def test_build_and_from_arrays_carry_batches() -> None:
     bad = {"m": (np.zeros(3, dtype=np.int64), np.zeros(3))}
     with pytest.raises(ConfigError, match=r"batches\['m'\]"):
         ViewSnapshot.from_arrays(("a", "b"), np.zeros(2), cap.copy(), cap, {}, batches=bad)
+
+
+def test_a_placed_batchable_task_joins_a_batch_waiting_there_or_leads_the_next() -> None:
+    curve = BatchCurve(linear_scale(0.15, 8), 3)  # each extra item: 0.15 of a run, at most 3
+    view = ClusterView("me", heartbeat_s=0.01)
+    view.update_self(state("me"))
+    view.apply_heartbeat(state("p", wait=2.0, seq=1, models=("m",), batches={"m": (1, 0.5)}),
+                         now=0.0)  # fmt: skip
+    view.apply_heartbeat(state("q", wait=1.0, seq=1), now=0.0)
+    view.note_placement("p", 0.4, "m", GB, now=0.0, job="j1", curve=curve)
+    view.note_placement("q", 0.4, "m", GB, now=0.0, job="j1", curve=curve)
+    snap = view.snapshot(0.001)
+    p, q = snap.index("p"), snap.index("q")
+    counts, starts = snap.batched("m") or ((), ())
+    # on p it joins the queued batch: the queue grows by its share of the batch only
+    assert counts[p] == 2 and starts[p] == 0.5
+    assert snap.wait_s[p] == pytest.approx(2.0 + 0.4 * 0.15)
+    # on q nothing of m waits: it leads the next batch, from the end of q's queue
+    assert counts[q] == 1 and starts[q] == pytest.approx(1.0)
+    assert snap.wait_s[q] == pytest.approx(1.4)
+    # a third on p fills the batch; a fourth would wait for the next one: a whole run
+    view.note_placement("p", 0.4, "m", GB, now=0.0, job="j2", curve=curve)
+    view.note_placement("p", 0.4, "m", GB, now=0.0, job="j3", curve=curve)
+    snap = view.snapshot(0.001)
+    assert (snap.batched("m") or ((),))[0][p] == 4
+    assert snap.wait_s[p] == pytest.approx(2.0 + 2 * 0.4 * 0.15 + 0.4)
+    # without a curve (a task that does not batch, or a batch-blind policy): a whole run
+    view.note_placement("q", 0.4, "m", GB, now=0.0, job="j4")
+    assert view.snapshot(0.001).wait_s[q] == pytest.approx(1.8)
+    # the heartbeat's own rows are left as they were
+    assert (view.snapshot(0.001, without="j1").batched("m") or ((),))[0][p] == 3

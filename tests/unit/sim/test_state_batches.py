@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from compass.sched.view import ViewSnapshot
+from compass.sched.view import BatchCurve, ViewSnapshot
 from compass.sim.state import ClusterState
+from compass.workflow.dag import linear_scale
 
 HB = 0.010
 GB = 1_000_000_000
@@ -97,3 +98,25 @@ def test_own_batches_are_exact_and_replace_the_published_ones() -> None:
     assert look(state, 0, 0.065).batched("m") is None
     # snapshots never write into the published rows
     assert published[0].tolist() == [0, 2, 1]
+
+
+def test_a_placed_batchable_task_joins_a_published_batch_or_leads_the_next() -> None:
+    curve = BatchCurve(linear_scale(0.15, 8), 8)
+    state = make_state()
+    state.advance(0.002)
+    state.queue_changed(1, 0.4, (0.102,), {"m": (1, 0.1)})  # w1: one task of m, from 0.102
+    state.note_placement(0, 1, 0.3, "m", GB, now=0.051, curve=curve)
+    state.note_placement(0, 2, 0.3, "m", GB, now=0.051, curve=curve)
+    view = look(state, 0, 0.051)
+    rows = view.batched("m")
+    assert rows is not None
+    # on w1 it joins: the batch waits 0.052 s more and the queue grows by 0.15 of a run
+    assert rows[0].tolist() == [0, 2, 1]
+    assert rows[1][1] == pytest.approx(0.052)
+    assert view.wait_s[1] == pytest.approx(0.4 + 0.052 + 0.3 * 0.15)
+    # on the idle w2 it leads a batch starting now, and the queue grows by a whole run
+    assert rows[1][2] == 0.0
+    assert view.wait_s[2] == pytest.approx(0.3)
+    # another viewer sees only what was published
+    other = look(state, 2, 0.051).batched("m")
+    assert other is not None and other[0].tolist() == [0, 1, 0]

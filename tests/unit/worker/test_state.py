@@ -14,6 +14,7 @@ from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
 from compass.sched import ViewSnapshot, WorkerState, make_policy
+from compass.sched.view import BatchCurve
 from compass.worker.lanes import Lanes
 from compass.worker.messages import (
     JOB_INPUTS,
@@ -105,6 +106,7 @@ class FakeView:
         model_bytes: int,
         now: float,
         job: str = "",
+        curve: BatchCurve | None = None,
     ) -> None:
         self.placed.append((worker, seconds))
         self.jobs.append(job)
