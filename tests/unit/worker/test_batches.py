@@ -14,6 +14,7 @@ import pytest
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassError
+from compass.sched.view import WorkerState
 from compass.worker.lanes import Lanes, RunTask
 from compass.worker.queue import QueuedTask, TaskQueue, batch_limit
 from compass.workflow.dag import linear_scale
@@ -214,3 +215,28 @@ def test_a_timed_out_batch_is_one_stuck_run_that_keeps_its_pin_until_it_returns(
     assert h.lanes.stuck == 1 and h.cache.pins("a") == 1 and h.lanes.busy == 0
     h.lanes.returned(batch[0], 6.0)
     assert h.lanes.stuck == 0 and h.cache.pins("a") == 0
+
+
+def test_heartbeats_carry_the_queued_batches_and_none_from_a_degraded_worker() -> None:
+    from compass.config import WorkerConfig
+    from compass.worker.gossip import Gossip
+    from compass.workflow import Profiles
+
+    h = Harness()
+    h.hold_lane()  # model b, expected 1 s, started at 0
+    for i in (1, 2, 3):
+        h.lanes.submit(entry(f"t{i}", job=f"j{i}", at=0.1 * i), 0.1 * i)
+    profiles = Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, net_fixed_s=0.0,
+                        model_sizes={"a": GB, "b": GB}, workflows=(), staged=False)  # fmt: skip
+    gossip = Gossip(
+        "w0", WorkerConfig(name="w0"), profiles=profiles, lanes=h.lanes,
+        clock=lambda: 0.25, tick=lambda: None,
+    )  # fmt: skip
+    state = gossip.own_state()
+    # three tasks of a wait to batch; the first starts when the running 1 s task ends
+    assert dict(state.batches) == {"a": (3, 0.75)}
+    # the batches travel in the heartbeat and come back out of it
+    assert dict(WorkerState.from_wire(state.to_wire()).batches) == {"a": (3, 0.75)}
+    h.lanes.stuck = h.lanes.max_stuck  # degraded: it takes no GPU work, so no batch to join
+    degraded = gossip.own_state()
+    assert degraded.batches == {} and degraded.wait_s >= 1e6
