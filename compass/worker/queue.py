@@ -6,7 +6,8 @@ paper's queue wait: expected seconds of queued plus running work) and the cache 
 :meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch).
 
 Batches: tasks that share a :attr:`QueuedTask.group` (one function and model) may run as one
-batch of up to ``max_batch`` items (:meth:`TaskQueue.take`): the queue's expected work counts
+batch of up to ``max_batch`` items (:meth:`TaskQueue.take`), of runs within ``SIMILAR_RUNS`` of
+each other (a batch runs as long as its longest item): the queue's expected work counts
 each group's queued tasks as the batches they will form (a batch of ``b`` costs
 ``expected_s * scale(b)``), and :meth:`TaskQueue.batchable` tells the view, per model, how many
 such tasks wait and when the first of them is expected to start.
@@ -30,7 +31,14 @@ from typing import Any
 
 from compass.workflow.dag import batch_limit, batch_scale
 
-__all__ = ["QueuedTask", "TaskQueue", "batch_limit"]
+__all__ = ["SIMILAR_RUNS", "QueuedTask", "TaskQueue", "batch_limit"]
+
+#: the longest single run in a batch is at most this many times its shortest: a batch runs as
+#: long as its longest item (times the curve), so a short task batched with a long one of the
+#: same model would wait for it. Emulated tasks of one model group together whatever their
+#: lengths (a real function's calls share one expected time); measured against grouping them
+#: all on the paper's workload and six generated ones (docs/RESULTS.md, "Batching").
+SIMILAR_RUNS = 2.0
 
 
 @dataclass(slots=True, eq=False)
@@ -174,15 +182,24 @@ class TaskQueue:
     def take(self, lead: QueuedTask, now: float) -> list[QueuedTask]:
         """Batch ``lead`` (just popped) with the queued tasks of its group, in queue order, up
         to its ``max_batch`` and as long as an extra item costs less than a run of its own
-        (with no gain, a batch would only delay its first items); return the others taken
-        (started at ``now``). The run's expected time, kept on ``lead``, is the batch's."""
+        (with no gain, a batch would only delay its first items), skipping those that would
+        make the batch's longest run more than ``SIMILAR_RUNS`` times its shortest; return the
+        others taken (started at ``now``). The run's expected time, kept on ``lead``, is the
+        batch's."""
         group = lead.group
         room = batch_limit(lead.scale, lead.max_batch) - 1
         if group is None or room <= 0 or group not in self._groups:
             return []
-        chosen = sorted((item for item in self._ready if item[2].group == group), key=_heap_key)[
-            :room
-        ]
+        shortest = longest = lead.expected_s
+        chosen: list[tuple[float, int, QueuedTask]] = []
+        for item in sorted((i for i in self._ready if i[2].group == group), key=_heap_key):
+            run_s = item[2].expected_s
+            if max(longest, run_s) > SIMILAR_RUNS * min(shortest, run_s):
+                continue
+            chosen.append(item)
+            shortest, longest = min(shortest, run_s), max(longest, run_s)
+            if len(chosen) == room:
+                break
         taken = {id(item[2]) for item in chosen}
         self._ready = [item for item in self._ready if id(item[2]) not in taken]
         heapq.heapify(self._ready)

@@ -16,7 +16,7 @@ from compass.cache.pool import SlabPool
 from compass.errors import CompassError
 from compass.sched.view import WorkerState
 from compass.worker.lanes import Lanes, RunTask
-from compass.worker.queue import QueuedTask, TaskQueue, batch_limit
+from compass.worker.queue import SIMILAR_RUNS, QueuedTask, TaskQueue, batch_limit
 from compass.workflow.dag import linear_scale
 
 GB = 1_000_000_000
@@ -240,3 +240,20 @@ def test_heartbeats_carry_the_queued_batches_and_none_from_a_degraded_worker() -
     h.lanes.stuck = h.lanes.max_stuck  # degraded: it takes no GPU work, so no batch to join
     degraded = gossip.own_state()
     assert degraded.batches == {} and degraded.wait_s >= 1e6
+
+
+def test_a_batch_takes_only_mates_whose_runs_are_within_twice_each_other() -> None:
+    # a batch runs as long as its longest item: a 0.3 s task would wait for a 1 s lead, and a
+    # 1.5 s one would make the 0.6 s mate wait 2.5 times its run
+    assert SIMILAR_RUNS == 2.0
+    q = TaskQueue()
+    lead = entry("lead", job="j0", expected_s=1.0)
+    q.push(lead)
+    lengths = {"t1": 0.3, "t2": 0.6, "t3": 1.5, "t4": 1.1}
+    for i, (name, seconds) in enumerate(lengths.items(), start=1):
+        q.push(entry(name, job=f"j{i}", at=0.1 * i, expected_s=seconds))
+    assert q.pop(1.0) is lead
+    mates = q.take(lead, 1.0)
+    assert [e.task for e in mates] == ["t2", "t4"]
+    assert lead.run_s == pytest.approx(1.1 * 1.3)  # the longest, times the curve for 3
+    assert [e.task for e in q] == ["t1", "t3"]
