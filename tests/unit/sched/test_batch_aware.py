@@ -253,3 +253,29 @@ def test_a_job_planned_before_the_next_heartbeat_joins_the_batch_the_last_one_op
         record_plan(view, first, placed, p, NOW, planner="i", batch_aware=policy.batch_aware)
         second = JobInfo("j2", wf, "i", 0)
         assert policy.plan(second, view.snapshot(NOW + 0.001), p, NOW + 0.001) == {"x": expected}
+
+
+def test_the_fanout_view_counts_a_sibling_that_joined_a_batch_as_busy_until_its_ranked_finish() -> (
+    None
+):
+    # r ran on a; s1 (model m) joins the batch of m queued on a (one task, from 0.2 s; ranked
+    # at 0.2 + 1.15 + 0.15 = 1.5 s); s2 (model n, does not batch) then sees a busy until 1.5 s
+    # (done at 2.5 s) and goes to b (2.42 s). Counting s1's join at its share of the batch only
+    # (a's queue 1.35 s, s2 staying) measured worse: docs/RESULTS.md, "Batching".
+    wf = Workflow(
+        "mix",
+        [
+            task("r", model=None, ms=1.0),
+            task("s1", "r"),
+            task("s2", "r", model="n", batch=1),
+            task("z", "s1", "s2", model=None, ms=1.0),
+        ],
+    )
+    view = ViewSnapshot.build(
+        [state("a", 1.2, ("m", "n"), {"m": (1, 0.2)}), state("b", 1.42, ("m", "n"))]
+    )
+    planned = {"r": "a", "s1": "a", "s2": "a", "z": "a"}
+    found = adjust_successors(
+        make_policy("compass"), JobInfo("j", wf, "a", 0), "r", planned, view, profiles(wf), NOW
+    )
+    assert (found["s1"], found["s2"]) == ("a", "b")
