@@ -55,7 +55,7 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
 from compass.sched.cost import BatchRows, CostCache, WorkflowCosts, finish_and_join
-from compass.sched.view import BatchCurve, ViewSnapshot
+from compass.sched.view import BatchCurve, Placement, ViewSnapshot
 from compass.workflow.dag import Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
@@ -958,16 +958,7 @@ class PlacementCounter(Protocol):
     """What :func:`record_plan` counts placements in: a :class:`ClusterView`, or a worker
     core's view port."""
 
-    def note_placement(
-        self,
-        worker: str,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None: ...
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None: ...
 
 
 def record_plan(
@@ -998,6 +989,6 @@ def record_plan(
         if model is None and host_lanes:
             continue
         size = 0 if model is None else profiles.model_bytes(model)
-        seconds = profiles.exec_s(wf.name, task, worker)
         curve = _curve(wf, task, worker, profiles) if batch_aware else None
-        view.note_placement(worker, seconds, model, size, now, job.job_id, curve)
+        seconds = profiles.exec_s(wf.name, task, worker)
+        view.note_placement(worker, Placement(seconds, model, size, job.job_id, curve), now)

@@ -35,6 +35,7 @@ __all__ = [
     "BatchRows",
     "ClusterView",
     "PlacedCounts",
+    "Placement",
     "ViewSnapshot",
     "WorkerState",
 ]
@@ -369,6 +370,20 @@ class BatchCurve:
     limit: int
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A task just placed on a worker, as the placing worker's view counts it there until that
+    worker's heartbeats show it: ``seconds`` of expected run, its model and the model's bytes
+    (None and 0: none), the job it is a task of ("": none named, so never left out) and
+    ``curve``, how it may batch there (None: it does not)."""
+
+    seconds: float
+    model: str | None = None
+    model_bytes: int = 0
+    job: str = ""
+    curve: BatchCurve | None = None
+
+
 class PlacedCounts:
     """A snapshot's arrays with placements not yet in any heartbeat counted in: the view and
     the simulator's state count them alike through this.
@@ -393,19 +408,13 @@ class PlacedCounts:
         self._rows: dict[str, BoolArray] = {}
         self._runs: dict[str, BatchRows] = {}
 
-    def add(
-        self,
-        i: int,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        curve: BatchCurve | None = None,
-    ) -> None:
-        """Count a task of ``seconds`` placed at the back of worker ``i``'s queue: its wait
-        grows by the task's run, or only by its share of a batch (``curve``: it may batch)
-        where a batch of its model waits there with room; its model counts as coming."""
-        if model is not None and curve is not None:
-            seconds = self._batch(i, seconds, model, curve)
+    def add(self, i: int, placed: Placement) -> None:
+        """Count a task placed at the back of worker ``i``'s queue: its wait grows by the
+        task's run, or only by its share of a batch (it has a ``curve``) where a batch of its
+        model waits there with room; its model counts as coming."""
+        model, seconds = placed.model, placed.seconds
+        if model is not None and placed.curve is not None:
+            seconds = self._batch(i, seconds, model, placed.curve)
         self.wait[i] += seconds
         if model is None:
             return
@@ -420,7 +429,7 @@ class PlacedCounts:
         elif row[i]:
             return
         row[i] = True
-        self.free[i] -= model_bytes
+        self.free[i] -= placed.model_bytes
 
     def _batch(self, i: int, seconds: float, model: str, curve: BatchCurve) -> float:
         """The seconds a batchable task adds to worker ``i``'s queue, counted in ``model``'s
@@ -454,13 +463,14 @@ class PlacedCounts:
 
 
 @dataclass(frozen=True, slots=True)
-class _Placement:
+class _Pending:
     placed_at: float
-    seconds: float
-    model: str | None
-    model_bytes: int
-    job: str  # the job it is a task of ("": none named)
-    curve: BatchCurve | None  # how it may batch there (None: it does not)
+    task: Placement
+
+    @property
+    def ends(self) -> float:
+        """When the task would have run: no longer counted after."""
+        return self.placed_at + self.task.seconds
 
 
 class ClusterView:
@@ -487,7 +497,7 @@ class ClusterView:
             raise ConfigError(f"ClusterView settle_s must be >= 0, got {settle_s!r}")
         self._states: dict[str, WorkerState] = {}
         self._received: dict[str, float] = {}
-        self._pending: dict[str, list[_Placement]] = {}
+        self._pending: dict[str, list[_Pending]] = {}
         self._names: tuple[str, ...] = ()
         self._positions: Mapping[str, int] = MappingProxyType({})
         self._wait: FloatArray = np.zeros(0)
@@ -536,27 +546,16 @@ class ClusterView:
         self._store(state)
         return True
 
-    def note_placement(
-        self,
-        worker: str,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None:
-        """Count a task of ``seconds`` of ``job`` just placed on ``worker`` (see the class
-        docstring); ``curve``: it may batch there, so it may join a batch of its model waiting
-        there (:class:`PlacedCounts`).
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
+        """Count a task just placed on ``worker`` (see the class docstring and
+        :class:`PlacedCounts`).
 
         A worker the view does not know is ignored: the plan will be adjusted when it fails.
         """
         if worker not in self._positions:
             return
-        placement = _Placement(now, seconds, model, model_bytes, job, curve)
-        self._pending.setdefault(worker, []).append(placement)
-        self._next_expiry = min(self._next_expiry, now + seconds)
+        self._pending.setdefault(worker, []).append(_Pending(now, placed))
+        self._next_expiry = min(self._next_expiry, now + placed.seconds)
         self._placed = None
 
     def remove(self, worker: str) -> None:
@@ -620,7 +619,7 @@ class ClusterView:
             self._shared = True
         if not self._pending:
             return self._base
-        if without and any(p.job == without for ps in self._pending.values() for p in ps):
+        if without and any(p.task.job == without for ps in self._pending.values() for p in ps):
             return self._with_placements(self._base, without)
         if self._placed is None:
             self._placed = self._with_placements(self._base)
@@ -633,17 +632,15 @@ class ClusterView:
         if now <= self._next_expiry:
             return
         self._placed = None
-        done = [
-            w for w, ps in self._pending.items() if any(now > p.placed_at + p.seconds for p in ps)
-        ]
+        done = [w for w, ps in self._pending.items() if any(now > p.ends for p in ps)]
         for worker in done:
-            kept = [p for p in self._pending[worker] if now <= p.placed_at + p.seconds]
+            kept = [p for p in self._pending[worker] if now <= p.ends]
             if kept:
                 self._pending[worker] = kept
             else:
                 del self._pending[worker]
         self._next_expiry = min(
-            (p.placed_at + p.seconds for ps in self._pending.values() for p in ps),
+            (p.ends for ps in self._pending.values() for p in ps),
             default=math.inf,
         )
 
@@ -654,8 +651,8 @@ class ClusterView:
         for worker, placements in self._pending.items():
             i = self._positions[worker]
             for p in placements:
-                if not (without and p.job == without):
-                    counts.add(i, p.seconds, p.model, p.model_bytes, p.curve)
+                if not (without and p.task.job == without):
+                    counts.add(i, p.task)
         free = counts.free
         np.maximum(free, 0, out=free)
         return ViewSnapshot._frozen(

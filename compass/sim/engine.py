@@ -43,7 +43,7 @@ from compass.errors import CompassError, ConfigError, UnknownWorkflow
 from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
-from compass.sched.view import BatchCurve
+from compass.sched.view import Placement
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
@@ -553,20 +553,8 @@ class _SimView:
             worker.index, now, lanes.wait_s(now), lanes.queue.batchable(now, lanes.lanes), without
         )
 
-    def note_placement(
-        self,
-        worker: str,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None:
-        target = self._state.positions[worker]
-        self._state.note_placement(
-            self._worker.index, target, seconds, model, model_bytes, now, job, curve
-        )
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
+        self._state.note_placement(self._worker.index, self._state.positions[worker], placed, now)
 
     def remove(self, worker: str) -> None:
         pass  # simulated workers are never lost

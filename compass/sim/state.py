@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
-from compass.sched.view import BatchCurve, BatchRows, PlacedCounts, ViewSnapshot
+from compass.sched.view import BatchRows, PlacedCounts, Placement, ViewSnapshot
 
 __all__ = ["ClusterState"]
 
@@ -62,15 +62,11 @@ class _Capture:
 
 
 @dataclass(frozen=True, slots=True)
-class _Placement:
+class _Pending:
     worker: int
-    seconds: float
-    model: str | None
-    model_bytes: int
+    task: Placement
     ends: float  # counted while now <= ends: placed at + seconds
     settles: float  # counted while now < settles: the first heartbeat that reflects it
-    job: str  # the job it is a task of ("": none named)
-    curve: BatchCurve | None  # how it may batch there (None: it does not)
 
 
 class ClusterState:
@@ -120,7 +116,7 @@ class ClusterState:
         self._tick = 0
         self._captures: deque[_Capture] = deque([self._capture(0)])
         self._published: tuple[int, FloatArray, _Capture, Mapping[str, BatchRows]] | None = None
-        self._pending: list[list[_Placement]] = [[] for _ in range(n)]
+        self._pending: list[list[_Pending]] = [[] for _ in range(n)]
 
     # -- live updates (the simulator calls these as things happen) ---------------------------
 
@@ -174,27 +170,14 @@ class ClusterState:
         self.free[worker] = free_bytes
         self._dirty = True
 
-    def note_placement(
-        self,
-        viewer: int,
-        worker: int,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None:
-        """``viewer`` just placed a task of ``seconds`` of ``job`` on peer ``worker``: count it
-        in its view until a heartbeat received more than ``settle_s`` later, or until it would
-        have run."""
+    def note_placement(self, viewer: int, worker: int, placed: Placement, now: float) -> None:
+        """``viewer`` just placed a task on peer ``worker``: count it in its view until a
+        heartbeat received more than ``settle_s`` later, or until it would have run."""
         hb = self.heartbeat_s
         # heartbeats of tick k are received at k * hb + staleness
         k = math.floor((now + self.settle_s - self.staleness_s) / hb) + 1
         settles = k * hb + self.staleness_s
-        self._pending[viewer].append(
-            _Placement(worker, seconds, model, model_bytes, now + seconds, settles, job, curve)
-        )
+        self._pending[viewer].append(_Pending(worker, placed, now + placed.seconds, settles))
 
     # -- views --------------------------------------------------------------------------------
 
@@ -236,8 +219,8 @@ class ClusterState:
             if kept:
                 counts = PlacedCounts(wait, free, resident, batches)
                 for p in kept:
-                    if not (without and p.job == without):
-                        counts.add(p.worker, p.seconds, p.model, p.model_bytes, p.curve)
+                    if not (without and p.task.job == without):
+                        counts.add(p.worker, p.task)
                 np.maximum(free, 0, out=free)
                 resident, batches = counts.resident(), counts.batches()
         return ViewSnapshot.from_arrays(

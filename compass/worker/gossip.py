@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compass.config import WorkerConfig
-from compass.sched.view import BatchCurve, ClusterView, ViewSnapshot, WorkerState
+from compass.sched.view import ClusterView, Placement, ViewSnapshot, WorkerState
 from compass.wire.transport import Channel
 from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, gossip_gap_s
@@ -68,17 +68,8 @@ class Gossip:
         self.view.update_self(self.own_state())
         return self.view.snapshot(now, without)
 
-    def note_placement(
-        self,
-        worker: str,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None:
-        self.view.note_placement(worker, seconds, model, model_bytes, now, job, curve)
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
+        self.view.note_placement(worker, placed, now)
 
     def remove(self, worker: str) -> None:
         self.view.remove(worker)

@@ -48,7 +48,7 @@ from compass.errors import (
 )
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
 from compass.sched.replicas import warm_order
-from compass.sched.view import BatchCurve
+from compass.sched.view import Placement
 from compass.worker.jobs import Inbox, IngressJob
 from compass.worker.lanes import Lanes, LoadModel, RunTask
 from compass.worker.messages import (
@@ -116,18 +116,8 @@ class ViewPort(Protocol):
         ``without`` left out (:meth:`ClusterView.snapshot`)."""
         ...
 
-    def note_placement(
-        self,
-        worker: str,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None:
-        """Count a task of ``seconds`` of ``job`` just placed on peer ``worker`` until its
-        heartbeats do; ``curve``: it may batch there."""
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
+        """Count a task just placed on peer ``worker`` until its heartbeats do."""
         ...
 
     def remove(self, worker: str) -> None:

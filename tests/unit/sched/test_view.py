@@ -8,7 +8,7 @@ import pytest
 
 from compass.errors import ConfigError, ProtocolError
 from compass.sched import ClusterView, ViewSnapshot, WorkerState
-from compass.sched.view import BatchCurve
+from compass.sched.view import BatchCurve, Placement
 from compass.workflow.dag import linear_scale
 
 GB = 1_000_000_000
@@ -100,8 +100,8 @@ def test_placements_count_until_a_later_heartbeat_settles_them() -> None:
     view = ClusterView("me", heartbeat_s=0.01)  # settles after 20 ms
     view.update_self(state("me"))
     view.apply_heartbeat(state("p", seq=1, free=5 * GB), now=0.0)
-    view.note_placement("p", 1.0, "m", 2 * GB, now=0.0)
-    view.note_placement("p", 0.5, "m", 2 * GB, now=0.0)
+    view.note_placement("p", Placement(1.0, "m", 2 * GB), now=0.0)
+    view.note_placement("p", Placement(0.5, "m", 2 * GB), now=0.0)
     snap = view.snapshot(0.001)
     i = snap.index("p")
     assert snap.wait_s[i] == pytest.approx(1.5)
@@ -121,8 +121,8 @@ def test_a_job_does_not_see_its_own_placements_but_other_jobs_do() -> None:
     view = ClusterView("me", heartbeat_s=0.01)
     view.update_self(state("me"))
     view.apply_heartbeat(state("p", seq=1, free=5 * GB), now=0.0)
-    view.note_placement("p", 1.0, "m", 2 * GB, now=0.0, job="j1")
-    view.note_placement("p", 0.5, None, 0, now=0.0, job="j2")
+    view.note_placement("p", Placement(1.0, "m", 2 * GB, job="j1"), now=0.0)
+    view.note_placement("p", Placement(0.5, job="j2"), now=0.0)
     i = view.snapshot(0.001).index("p")
     # j1 re-planned: its task would not wait behind itself, nor find its model coming
     own = view.snapshot(0.001, without="j1")
@@ -140,7 +140,7 @@ def test_a_job_does_not_see_its_own_placements_but_other_jobs_do() -> None:
 def test_placements_expire_when_the_task_would_have_run() -> None:
     view = ClusterView("me", heartbeat_s=10.0)
     view.apply_heartbeat(state("p", seq=1), now=0.0)
-    view.note_placement("p", 0.2, None, 0, now=1.0)
+    view.note_placement("p", Placement(0.2), now=1.0)
     assert view.snapshot(1.2).wait_s[0] == pytest.approx(0.2)
     assert view.snapshot(1.21).wait_s[0] == 0.0
     assert view.pending("p") == 0
@@ -149,7 +149,7 @@ def test_placements_expire_when_the_task_would_have_run() -> None:
 def test_self_placements_clear_on_update_self() -> None:
     view = ClusterView("me")
     view.update_self(state("me"))
-    view.note_placement("me", 0.3, None, 0, now=0.0)
+    view.note_placement("me", Placement(0.3), now=0.0)
     assert view.snapshot(0.0).wait_s[0] == pytest.approx(0.3)
     view.update_self(state("me", wait=0.3))
     assert view.snapshot(0.0).wait_s[0] == pytest.approx(0.3)
@@ -161,7 +161,7 @@ def test_self_placements_clear_on_update_self() -> None:
 def test_placement_on_unknown_worker_is_ignored() -> None:
     view = ClusterView("me")
     view.update_self(state("me"))
-    view.note_placement("ghost", 1.0, None, 0, now=0.0)
+    view.note_placement("ghost", Placement(1.0), now=0.0)
     assert view.snapshot(0.0).names == ("me",)
 
 
@@ -171,7 +171,7 @@ def test_remove() -> None:
     for name in ("c", "a", "b"):
         view.apply_heartbeat(state(name, seq=3, models=(name,)), now=0.0)
     assert view.names() == ("a", "b", "c", "me")
-    view.note_placement("b", 5.0, None, 0, now=0.0)
+    view.note_placement("b", Placement(5.0), now=0.0)
     view.remove("b")
     assert "b" not in view
     snap = view.snapshot(0.0)
@@ -287,7 +287,7 @@ def test_snapshot_has_batch_arrays_only_for_models_some_worker_reports() -> None
     assert n_rows is not None
     assert n_rows[0].tolist() == [4, 0, 0]
     # placements counted on a peer leave its batches alone (they queue behind them)
-    view.note_placement("q", 0.5, "m", 0, now=0.1)
+    view.note_placement("q", Placement(0.5, "m", 0), now=0.1)
     placed = view.snapshot(0.11)
     assert placed.wait_s[2] == pytest.approx(1.5)
     assert placed.batched("m") is not None
@@ -330,8 +330,8 @@ def test_a_placed_batchable_task_joins_a_batch_waiting_there_or_leads_the_next()
     view.apply_heartbeat(state("p", wait=2.0, seq=1, models=("m",), batches={"m": (1, 0.5)}),
                          now=0.0)  # fmt: skip
     view.apply_heartbeat(state("q", wait=1.0, seq=1), now=0.0)
-    view.note_placement("p", 0.4, "m", GB, now=0.0, job="j1", curve=curve)
-    view.note_placement("q", 0.4, "m", GB, now=0.0, job="j1", curve=curve)
+    view.note_placement("p", Placement(0.4, "m", GB, job="j1", curve=curve), now=0.0)
+    view.note_placement("q", Placement(0.4, "m", GB, job="j1", curve=curve), now=0.0)
     snap = view.snapshot(0.001)
     p, q = snap.index("p"), snap.index("q")
     counts, starts = snap.batched("m") or ((), ())
@@ -342,13 +342,13 @@ def test_a_placed_batchable_task_joins_a_batch_waiting_there_or_leads_the_next()
     assert counts[q] == 1 and starts[q] == pytest.approx(1.0)
     assert snap.wait_s[q] == pytest.approx(1.4)
     # a third on p fills the batch; a fourth would wait for the next one: a whole run
-    view.note_placement("p", 0.4, "m", GB, now=0.0, job="j2", curve=curve)
-    view.note_placement("p", 0.4, "m", GB, now=0.0, job="j3", curve=curve)
+    view.note_placement("p", Placement(0.4, "m", GB, job="j2", curve=curve), now=0.0)
+    view.note_placement("p", Placement(0.4, "m", GB, job="j3", curve=curve), now=0.0)
     snap = view.snapshot(0.001)
     assert (snap.batched("m") or ((),))[0][p] == 4
     assert snap.wait_s[p] == pytest.approx(2.0 + 2 * 0.4 * 0.15 + 0.4)
     # without a curve (a task that does not batch, or a batch-blind policy): a whole run
-    view.note_placement("q", 0.4, "m", GB, now=0.0, job="j4")
+    view.note_placement("q", Placement(0.4, "m", GB, job="j4"), now=0.0)
     assert view.snapshot(0.001).wait_s[q] == pytest.approx(1.8)
     # the heartbeat's own rows are left as they were
     assert (view.snapshot(0.001, without="j1").batched("m") or ((),))[0][p] == 3

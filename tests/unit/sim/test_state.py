@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compass.errors import ConfigError
-from compass.sched.view import ViewSnapshot
+from compass.sched.view import Placement, ViewSnapshot
 from compass.sim.state import ClusterState
 
 HB = 0.010
@@ -82,7 +82,7 @@ def test_eviction_shows_up_in_the_view() -> None:
 
 def test_placements_count_until_a_heartbeat_settles_them() -> None:
     state = make_state()
-    state.note_placement(0, 2, 0.5, "m", 3 * GB, now=0.021)
+    state.note_placement(0, 2, Placement(0.5, "m", 3 * GB), now=0.021)
     view = look(state, 0, 0.021)
     assert view.wait_s[2] == pytest.approx(0.5)
     assert bool(view.holds("m")[2])
@@ -98,8 +98,8 @@ def test_placements_count_until_a_heartbeat_settles_them() -> None:
 
 def test_a_job_does_not_see_its_own_placements_but_other_jobs_do() -> None:
     state = make_state()
-    state.note_placement(0, 2, 0.5, "m", 3 * GB, now=0.021, job="j1")
-    state.note_placement(0, 2, 0.25, None, 0, now=0.021, job="j2")
+    state.note_placement(0, 2, Placement(0.5, "m", 3 * GB, job="j1"), now=0.021)
+    state.note_placement(0, 2, Placement(0.25, job="j2"), now=0.021)
     state.advance(0.021)
     own = state.snapshot(0, 0.021, 0.0, without="j1")
     assert own.wait_s[2] == pytest.approx(0.25)
@@ -113,15 +113,15 @@ def test_a_job_does_not_see_its_own_placements_but_other_jobs_do() -> None:
 
 def test_placements_stop_counting_once_they_would_have_run() -> None:
     state = make_state()
-    state.note_placement(0, 1, 0.004, None, 0, now=0.0)
+    state.note_placement(0, 1, Placement(0.004), now=0.0)
     assert look(state, 0, 0.003).wait_s[1] == pytest.approx(0.004)
     assert look(state, 0, 0.005).wait_s[1] == 0.0
 
 
 def test_two_placements_of_one_model_fetch_it_once() -> None:
     state = make_state()
-    state.note_placement(0, 1, 0.1, "n", 2 * GB, now=0.0)
-    state.note_placement(0, 1, 0.2, "n", 2 * GB, now=0.0)
+    state.note_placement(0, 1, Placement(0.1, "n", 2 * GB), now=0.0)
+    state.note_placement(0, 1, Placement(0.2, "n", 2 * GB), now=0.0)
     view = look(state, 0, 0.001)
     assert view.wait_s[1] == pytest.approx(0.3)
     assert view.free_bytes[1] == 8 * GB
@@ -134,7 +134,7 @@ def test_snapshots_are_read_only_and_do_not_leak_into_each_other() -> None:
         first.wait_s[1] = 5.0
     with pytest.raises(ValueError, match="read-only"):
         first.holds("m")[1] = True
-    state.note_placement(0, 1, 0.3, "m", GB, now=0.0)
+    state.note_placement(0, 1, Placement(0.3, "m", GB), now=0.0)
     second = look(state, 0, 0.0)
     assert second.wait_s[1] == pytest.approx(0.3)
     assert first.wait_s[1] == 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from compass.sched.view import BatchCurve, ViewSnapshot
+from compass.sched.view import BatchCurve, Placement, ViewSnapshot
 from compass.sim.state import ClusterState
 from compass.workflow.dag import linear_scale
 
@@ -105,8 +105,8 @@ def test_a_placed_batchable_task_joins_a_published_batch_or_leads_the_next() -> 
     state = make_state()
     state.advance(0.002)
     state.queue_changed(1, 0.4, (0.102,), {"m": (1, 0.1)})  # w1: one task of m, from 0.102
-    state.note_placement(0, 1, 0.3, "m", GB, now=0.051, curve=curve)
-    state.note_placement(0, 2, 0.3, "m", GB, now=0.051, curve=curve)
+    state.note_placement(0, 1, Placement(0.3, "m", GB, curve=curve), now=0.051)
+    state.note_placement(0, 2, Placement(0.3, "m", GB, curve=curve), now=0.051)
     view = look(state, 0, 0.051)
     rows = view.batched("m")
     assert rows is not None

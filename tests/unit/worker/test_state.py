@@ -14,7 +14,7 @@ from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
 from compass.sched import ViewSnapshot, WorkerState, make_policy
-from compass.sched.view import BatchCurve
+from compass.sched.view import Placement
 from compass.worker.lanes import Lanes
 from compass.worker.messages import (
     JOB_INPUTS,
@@ -98,18 +98,9 @@ class FakeView:
             for n, w in self.waits.items()
         )
 
-    def note_placement(
-        self,
-        worker: str,
-        seconds: float,
-        model: str | None,
-        model_bytes: int,
-        now: float,
-        job: str = "",
-        curve: BatchCurve | None = None,
-    ) -> None:
-        self.placed.append((worker, seconds))
-        self.jobs.append(job)
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
+        self.placed.append((worker, placed.seconds))
+        self.jobs.append(placed.job)
 
     def remove(self, worker: str) -> None:
         self.removed.append(worker)
