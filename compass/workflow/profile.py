@@ -149,6 +149,8 @@ class Profiles:
         self._workflows: dict[str, _WorkflowProfile] = {}
         #: (workflow, task, worker) -> size -> measured seconds of a batch of that size (EMA)
         self._batches: dict[tuple[str, str, str], dict[int, float]] = {}
+        #: per (workflow, task, worker, size): the batch cost cached cost tables last saw
+        self._batches_published: dict[tuple[str, str, str, int], float] = {}
         self._perm_names: tuple[str, ...] | None = None
         self._perm: IntArray = np.zeros(0, dtype=np.intp)
         for wf in workflows:
@@ -242,15 +244,23 @@ class Profiles:
     def observe_batch(
         self, workflow: str, task: str, worker: str, size: int, seconds: float
     ) -> None:
-        """Fold a measured batch of ``size`` items (``size`` 1 is :meth:`observe_exec`)."""
+        """Fold a measured batch of ``size`` items (``size`` 1 is :meth:`observe_exec`). Like
+        a single run's, a batch cost that moves by more than :data:`REPLAN_TOLERANCE` changes
+        the workflow's version, so the planner's cost tables take the learned curve."""
         if size <= 1:
             self.observe_exec(workflow, task, worker, seconds)
             return
         seconds = _check_nonnegative("measured batch seconds", seconds)
-        self._task(self._wf(workflow), task)
+        prof = self._wf(workflow)
+        self._task(prof, task)
         table = self._batches.setdefault((workflow, task, worker), {})
         old = table.get(size)
-        table[size] = seconds if old is None else old + self.alpha * (seconds - old)
+        new = table[size] = seconds if old is None else old + self.alpha * (seconds - old)
+        key = (workflow, task, worker, size)
+        seen = self._batches_published.get(key)
+        if seen is None or abs(new - seen) > max(REPLAN_TOLERANCE * seen, REPLAN_FLOOR[0]):
+            self._batches_published[key] = new
+            self._bump(prof)
 
     def batch_scale(self, workflow: str, task: str, worker: str) -> tuple[float, ...]:
         """The cost of a batch of 1, 2, ... items of ``task`` on ``worker`` as multiples of one

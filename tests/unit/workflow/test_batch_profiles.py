@@ -103,3 +103,26 @@ def test_a_worker_learns_a_batch_curve_per_size_and_keeps_it_monotone() -> None:
     assert profiles.batch_scale("w", "t", "w1") == (1.0, 1.5, 2.0, 2.5)  # per worker
     profiles.observe_batch("w", "t", "w0", 1, 0.2)  # size 1 is a plain measurement
     assert profiles.exec_s("w", "t", "w0") == pytest.approx(0.2)
+
+
+def test_a_learned_batch_cost_reaches_the_planners_cost_tables() -> None:
+    from compass.sched.cost import CostCache
+
+    workload = parse_workload(spec({"exec_ms": 100, "batch": 4, "batch_item": 0.5}))
+    profiles = Profiles.from_workload(workload, alpha=1.0)
+    wf = workload.workflows["w"]
+    cache = CostCache()
+    before = cache.get(wf, profiles, ("w0",))
+    table = before.batch_scales[0]
+    assert table is not None and table[0, 3] == pytest.approx(2.0)  # declared: 3 items, 2 runs
+    version = profiles.workflow_version("w")
+    profiles.observe_batch("w", "t", "w0", 3, 0.12)  # measured: 1.2 runs
+    assert profiles.workflow_version("w") != version
+    after = cache.get(wf, profiles, ("w0",))
+    table = after.batch_scales[0]
+    assert after is not before and table is not None and table[0, 3] == pytest.approx(1.2)
+    # a measurement within the tolerance leaves the tables as they are
+    version = profiles.workflow_version("w")
+    profiles.observe_batch("w", "t", "w0", 3, 0.1201)
+    assert profiles.workflow_version("w") == version
+    assert cache.get(wf, profiles, ("w0",)) is after
