@@ -31,7 +31,6 @@ __all__ = [
     "TransferModel",
     "WorkflowCosts",
     "fetch_row",
-    "finish_and_join",
     "finish_row",
     "join_row",
 ]
@@ -301,8 +300,10 @@ def finish_row(
     min_capacity: int,
     input_bytes: int = 0,
     batches: BatchRows | None = None,
-) -> FloatArray:
-    """When task ``t`` would finish on each worker, in absolute seconds (a fresh array)::
+) -> tuple[FloatArray, FloatArray | None]:
+    """When task ``t`` would finish on each worker, in absolute seconds (a fresh array), and
+    the :func:`join_row` that took into account (None: joining a batch is possible nowhere), so
+    a caller knows where the task would join one::
 
         arrive(w) = max over predecessors p of ready(p) + transfer(out_p, sources(p) -> w)
         EST(w)    = max(avail(w), arrive(w)) + fetch(w);   EFT(w) = EST(w) + exec(w)
@@ -317,26 +318,6 @@ def finish_row(
     :func:`fetch_row`'s over ``free``, ``capacity`` and ``min_capacity``. ``batches``: the
     queued batches of the task's model (None: batch-blind, or none queued).
     """
-    return finish_and_join(
-        costs, t, sources, ready, avail, have, free, capacity, min_capacity, input_bytes, batches
-    )[0]
-
-
-def finish_and_join(
-    costs: WorkflowCosts,
-    t: int,
-    sources: Sequence[int],
-    ready: Sequence[float],
-    avail: FloatArray | None,
-    have: BoolArray | None,
-    free: IntArray,
-    capacity: IntArray,
-    min_capacity: int,
-    input_bytes: int = 0,
-    batches: BatchRows | None = None,
-) -> tuple[FloatArray, FloatArray | None]:
-    """:func:`finish_row`, and the :func:`join_row` it took into account (None: joining a
-    batch is possible nowhere), so a caller knows where the task would join one."""
     row = costs.transfer.row
     preds = costs.preds[t]
     if preds:

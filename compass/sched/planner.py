@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
-from compass.sched.cost import BatchRows, CostCache, WorkflowCosts, finish_and_join
+from compass.sched.cost import BatchRows, CostCache, WorkflowCosts, finish_row
 from compass.sched.view import BatchCurve, Placement, ViewSnapshot
 from compass.workflow.dag import Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
@@ -251,7 +251,7 @@ def plan_eft(
         rows = None
         if batches is not None and model is not None and costs.batch_limits[t] is not None:
             rows = batches.rows(model)
-        eft, joined = finish_and_join(
+        eft, joined = finish_row(
             costs,
             t,
             sources,
@@ -395,7 +395,7 @@ def finish_now(
     avail = view.wait_s + now if use_load and (model is not None or not host_lanes) else None
     have = view.holds(model) if use_cache and model is not None else None
     rows = _view_batches(costs, t, view, now) if batch_aware and avail is not None else None
-    eft, _ = finish_and_join(
+    eft, _ = finish_row(
         costs,
         t,
         sources,
@@ -716,7 +716,7 @@ class CompassPolicy:
             model = costs.models[t]
             on_lane = model is not None or not self.host_lanes
             rows = _view_batches(costs, t, view, now) if self.batch_aware and on_lane else None
-            eft, _ = finish_and_join(
+            eft, _ = finish_row(
                 costs,
                 t,
                 sources,

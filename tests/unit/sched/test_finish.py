@@ -86,7 +86,7 @@ def row_of_y(
         view.free_bytes,
         view.capacity_bytes,
         view.min_capacity_bytes,
-    )
+    )[0]
 
 
 def test_finish_row_counts_queue_wait_model_fetch_and_input_transfer() -> None:
@@ -118,11 +118,11 @@ def test_finish_row_of_a_root_and_of_a_join() -> None:
     assert out_r == pytest.approx(0.2 * 10 * MB)
     args = (view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
     # a root receives the job's 5 MB from the ingress (b)
-    root = finish_row(costs, wf.index["r"], [1], [NOW], view.wait_s + NOW, None, *args, 5 * MB)
+    root = finish_row(costs, wf.index["r"], [1], [NOW], view.wait_s + NOW, None, *args, 5 * MB)[0]
     assert root.tolist() == exact([100.6, 100.1, 100.3])
     # a join waits for its last input: r's 2 MB from a at 100.0 (0.0201 s away from b and c),
     # s's empty output from c at 101.0 (the fixed 0.1 ms away from a and b)
-    join = finish_row(costs, wf.index["j"], [0, 2], [NOW, 101.0], view.wait_s + NOW, None, *args)
+    join = finish_row(costs, wf.index["j"], [0, 2], [NOW, 101.0], view.wait_s + NOW, None, *args)[0]
     assert join.tolist() == exact([101.0001 + 0.01, 101.0001 + 0.01, 101.0 + 0.01])
 
 
@@ -165,7 +165,7 @@ def test_planning_places_each_task_at_the_smallest_finish() -> None:
         view.free_bytes,
         view.capacity_bytes,
         view.min_capacity_bytes,
-    )
+    )[0]
     assert int(eft.argmin()) == view.index(plan["y"])
     assert eft[0] == exact(100.7)
 
@@ -315,7 +315,7 @@ class Recording:
                 view.free_bytes,
                 view.capacity_bytes,
                 view.min_capacity_bytes,
-            )
+            )[0]
             assert eft[view.index(target)] <= eft.min() + TIE_S
         return moves
 
