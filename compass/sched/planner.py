@@ -56,7 +56,7 @@ import numpy.typing as npt
 from compass.errors import ConfigError, ModelTooLarge, WorkerUnavailable
 from compass.sched.cost import BatchRows, CostCache, WorkflowCosts, finish_row
 from compass.sched.view import BatchCurve, Placement, ViewSnapshot
-from compass.workflow.dag import Workflow, batch_limit, batch_scale
+from compass.workflow.dag import Workflow, batch_limit
 from compass.workflow.profile import Profiles
 
 __all__ = [
@@ -774,22 +774,22 @@ def _joins_fed_by(wf: Workflow, finished: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _Batchable:
-    """A batchable sibling on its worker: its single run and batch curve there, the largest
-    batch worth forming."""
+    """A batchable sibling on its worker: its single run there and the largest batch worth
+    forming."""
 
     exec_s: float
-    scale: tuple[float, ...]
     limit: int
-
-
-#: how close a sibling's expected finish must be to its batch's to count as having joined it
-_JOIN_MATCH_S = 1e-6
 
 
 class _FanoutView:
     """The view the successors of one finished task are placed on: a snapshot plus the
     siblings placed so far, each busy on its worker until its expected finish and its model
-    counted as coming there (and, for a batch-aware policy, counted in its model's batches)."""
+    counted as coming there (and, for a batch-aware policy, leading the next batch of its model
+    there, so a later sibling may join it).
+
+    A sibling that joined a queued batch counts the same way, busy until the finish its join
+    was ranked by: counting only its share of the batch measured worse (docs/RESULTS.md,
+    "Batching")."""
 
     def __init__(self, view: ViewSnapshot) -> None:
         self.base = view
@@ -828,43 +828,25 @@ class _FanoutView:
     ) -> None:
         """Count a task on worker ``i``'s queue that keeps it busy ``busy_s`` seconds from now
         (until the task's expected finish), and its model as coming there; ``batch``: it may
-        batch there (see :meth:`_place_batch`)."""
-        joined = (
-            batch is not None and model is not None and self._place_batch(i, busy_s, model, batch)
-        )
+        batch there, so it leads the next batch of its model there, from its start (unless
+        full batches wait ahead of it: they would take it)."""
         if model is not None:
             row = self._resident.get(model)
             if row is None or not row[i]:
                 row = np.zeros(len(self.base.names), dtype=np.bool_) if row is None else row.copy()
                 row[i] = True
                 self._resident[model] = row
-                if not joined:  # a joined batch brings the model itself
-                    self._free[i] = max(0, int(self._free[i]) - model_bytes)
-        if not joined:
-            # a policy blind to load finishes a task "before" the queue it ignores empties;
-            # the queue itself only grows
-            self._wait[i] = max(float(self._wait[i]), busy_s)
+                self._free[i] = max(0, int(self._free[i]) - model_bytes)
+            if batch is not None:
+                rows = self._batches.get(model)
+                if rows is None or int(rows[0][i]) < batch.limit:
+                    counts, starts = self._own(model)
+                    counts[i] = 1
+                    starts[i] = max(0.0, busy_s - batch.exec_s)
+        # a policy blind to load finishes a task "before" the queue it ignores empties; the
+        # queue itself only grows
+        self._wait[i] = max(float(self._wait[i]), busy_s)
         self._current = None
-
-    def _place_batch(self, i: int, busy_s: float, model: str, batch: _Batchable) -> bool:
-        """Count a batchable task finishing ``busy_s`` from now in ``model``'s batches on
-        ``i``: True when that finish is its batch's (it joined: the queue grows by the item's
-        cost only), else it leads the next batch there, from its start."""
-        rows = self._batches.get(model)
-        count = 0 if rows is None else int(rows[0][i])
-        if rows is not None and 0 < count < batch.limit:
-            joined_s = float(rows[1][i]) + batch.exec_s * batch_scale(batch.scale, count + 1)
-            if abs(busy_s - joined_s) <= _JOIN_MATCH_S:
-                counts, _ = self._own(model)
-                counts[i] += 1
-                extra = batch_scale(batch.scale, count + 1) - batch_scale(batch.scale, count)
-                self._wait[i] += batch.exec_s * extra
-                return True
-        if count < batch.limit:
-            counts, starts = self._own(model)
-            counts[i] = 1
-            starts[i] = max(0.0, busy_s - batch.exec_s)
-        return False
 
     def _own(self, model: str) -> BatchRows:
         rows = self._batches.get(model)
@@ -941,7 +923,7 @@ def _batchable(wf: Workflow, task: str, worker: str, profiles: Profiles) -> _Bat
     curve = _curve(wf, task, worker, profiles)
     if curve is None:
         return None
-    return _Batchable(profiles.exec_s(wf.name, task, worker), curve.scale, curve.limit)
+    return _Batchable(profiles.exec_s(wf.name, task, worker), curve.limit)
 
 
 def _curve(wf: Workflow, task: str, worker: str, profiles: Profiles) -> BatchCurve | None:
