@@ -38,6 +38,7 @@ __all__ = [
     "Placement",
     "ViewSnapshot",
     "WorkerState",
+    "batch_rows",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -237,7 +238,8 @@ class ViewSnapshot:
         names = tuple(sorted(by_name))
         ordered = [by_name[n] for n in names]
         wait, free, cap, resident = _arrays(ordered)
-        return cls._frozen(names, wait, free, cap, resident, batches=_batch_rows(ordered))
+        batches = batch_rows([s.batches for s in ordered])
+        return cls._frozen(names, wait, free, cap, resident, batches=batches)
 
     @classmethod
     def from_arrays(
@@ -347,17 +349,22 @@ def _arrays(
     return wait, free, cap, resident
 
 
-def _batch_rows(states: Sequence[WorkerState]) -> dict[str, BatchRows]:
-    """Per model, the batch counts and first starts of ``states`` as arrays over them."""
+def batch_rows(
+    per_worker: Sequence[Mapping[str, tuple[int, float]]], since: float = 0.0
+) -> dict[str, BatchRows]:
+    """Per model, the workers' batch counts and the seconds from ``since`` before the first of
+    each starts (none below 0), as arrays over the workers (``per_worker``'s order). Starts
+    are seconds from when each state was taken with ``since`` 0 (heartbeats), or absolute
+    times with ``since`` the time they are read at (the simulator)."""
     rows: dict[str, BatchRows] = {}
-    n = len(states)
-    for i, state in enumerate(states):
-        for model, (count, first) in state.batches.items():
+    n = len(per_worker)
+    for i, batches in enumerate(per_worker):
+        for model, (count, first) in batches.items():
             row = rows.get(model)
             if row is None:
                 row = rows[model] = (np.zeros(n, dtype=np.int64), np.zeros(n))
             row[0][i] = count
-            row[1][i] = first
+            row[1][i] = max(0.0, first - since)
     return rows
 
 
@@ -720,7 +727,7 @@ class ClusterView:
         self._positions = MappingProxyType({n: i for i, n in enumerate(names)})
         ordered = [self._states[n] for n in names]
         self._wait, self._free, self._cap, self._resident = _arrays(ordered)
-        self._batches = _batch_rows(ordered)
+        self._batches = batch_rows([s.batches for s in ordered])
         self._shared = False
         self._base = None
         self._placed = None

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
-from compass.sched.view import BatchRows, PlacedCounts, Placement, ViewSnapshot
+from compass.sched.view import BatchRows, PlacedCounts, Placement, ViewSnapshot, batch_rows
 
 __all__ = ["ClusterState"]
 
@@ -290,26 +290,16 @@ class ClusterState:
         at = max(q, 0) * self.heartbeat_s
         wait = cap.queued + np.maximum(cap.run_end - at, 0.0).sum(axis=1)
         wait.setflags(write=False)
-        self._published = (q, wait, cap, self._batch_rows(cap.batches, at))
+        self._published = (q, wait, cap, _frozen_rows(cap.batches, at))
         return self._published
 
-    def _batch_rows(
-        self, batches: tuple[_Batches, ...] | None, at: float
-    ) -> Mapping[str, BatchRows]:
-        """Per model, the workers' batch counts and the seconds left at ``at`` before the
-        first of each starts (read-only arrays)."""
-        if batches is None:
-            return _NO_ROWS
-        n = len(self.names)
-        rows: dict[str, BatchRows] = {}
-        for i, found in enumerate(batches):
-            for model, (count, start) in found.items():
-                row = rows.get(model)
-                if row is None:
-                    row = rows[model] = (np.zeros(n, dtype=np.int64), np.zeros(n))
-                row[0][i] = count
-                row[1][i] = max(0.0, start - at)
-        for counts, starts in rows.values():
-            counts.setflags(write=False)
-            starts.setflags(write=False)
-        return MappingProxyType(rows)
+
+def _frozen_rows(batches: tuple[_Batches, ...] | None, at: float) -> Mapping[str, BatchRows]:
+    """The published batches at tick time ``at`` (:func:`batch_rows`), read-only."""
+    if batches is None:
+        return _NO_ROWS
+    rows = batch_rows(batches, since=at)
+    for counts, starts in rows.values():
+        counts.setflags(write=False)
+        starts.setflags(write=False)
+    return MappingProxyType(rows)

@@ -31,7 +31,7 @@ from typing import Any
 
 from compass.workflow.dag import batch_limit, batch_scale
 
-__all__ = ["SIMILAR_RUNS", "QueuedTask", "TaskQueue", "batch_limit"]
+__all__ = ["SIMILAR_RUNS", "QueuedTask", "TaskQueue"]
 
 #: the longest single run in a batch is at most this many times its shortest: a batch runs as
 #: long as its longest item (times the curve), so a short task batched with a long one of the

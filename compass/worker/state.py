@@ -61,10 +61,10 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.queue import QueuedTask, batch_limit
+from compass.worker.queue import QueuedTask
 from compass.worker.stats import WorkerStats
 from compass.workflow.best import best_time_s
-from compass.workflow.dag import Task, Workflow
+from compass.workflow.dag import Task, Workflow, batch_limit
 from compass.workflow.profile import Profiles
 
 __all__ = [

@@ -16,8 +16,8 @@ from compass.cache.pool import SlabPool
 from compass.errors import CompassError
 from compass.sched.view import WorkerState
 from compass.worker.lanes import Lanes, RunTask
-from compass.worker.queue import SIMILAR_RUNS, QueuedTask, TaskQueue, batch_limit
-from compass.workflow.dag import linear_scale
+from compass.worker.queue import SIMILAR_RUNS, QueuedTask, TaskQueue
+from compass.workflow.dag import batch_limit, linear_scale
 
 GB = 1_000_000_000
 MILD = linear_scale(0.15, 8)
