@@ -229,6 +229,15 @@ def worker_start(
             help="Seconds to keep retrying --join before exiting with an error.",
         ),
     ] = 60.0,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("drain_timeout"),
+            min=0.0,
+            help="Seconds a worker drains on SIGTERM or Ctrl-C (no new work; it finishes what "
+            "it holds, then leaves); 0 stops at once. A second signal stops at once.",
+        ),
+    ] = 25.0,
     advertise_address: Annotated[
         str,
         typer.Option(
@@ -404,6 +413,7 @@ def worker_start(
         tls=_tls(tls_cert, tls_key, tls_ca),
         join=tuple(join or ()),
         join_timeout_s=join_timeout,
+        drain_timeout_s=drain_timeout,
         advertise_address=advertise_address,
         metrics_port=metrics_port,
         metrics_host=metrics_host,

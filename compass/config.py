@@ -297,6 +297,10 @@ class WorkerConfig:
     advertise_address: str = ""
     #: serve Prometheus ``/metrics`` and ``/ready`` on this port (0: one the system picks);
     #: None: no metrics endpoint (compass/worker/metrics.py)
+    #: seconds a stopping worker (SIGTERM) drains at most: it takes no new jobs and no new
+    #: tasks from its peers' plans, and finishes what it holds; 0 stops at once. The default
+    #: fits inside Kubernetes' 30 s grace period
+    drain_timeout_s: float = 25.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     limits: Limits = field(default_factory=Limits)
@@ -332,6 +336,11 @@ class WorkerConfig:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
         for address in self.join:
             parse_address(address)
+        if not 0 <= self.drain_timeout_s < float("inf"):
+            raise ConfigError(
+                f"WorkerConfig.drain_timeout_s must be a number of seconds >= 0, got "
+                f"{self.drain_timeout_s!r}"
+            )
 
 
 def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:

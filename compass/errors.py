@@ -20,9 +20,13 @@
     │   ├── ModelTooLarge             "model_too_large"
     │   └── StaleHandle               "stale_handle"
     ├── JobFailed                     "job_failed"    a task of the job raised
+    ├── JobTooLarge                   "job_too_large" one job's inputs exceed the ingress's limit
     ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
     └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
         └── Overloaded                "overloaded"    too many jobs in flight at that ingress
+
+An error about one job carries its id (``detail["job_id"]``, :attr:`CompassError.job_id`), the
+id the workers' logs name it by.
 
 Errors cross the wire as ``{code, message, detail}`` (see :mod:`compass.wire.rpc`); the caller
 re-raises the class registered for ``code``, so a remote ``UnknownWorkflow`` is a local
@@ -45,6 +49,7 @@ __all__ = [
     "ConnectionLost",
     "InvalidInputs",
     "JobFailed",
+    "JobTooLarge",
     "ModelTooLarge",
     "Overloaded",
     "ProtocolError",
@@ -78,6 +83,12 @@ class CompassError(Exception):
         super().__init_subclass__(**kwargs)
         if "code" in cls.__dict__:
             CompassError._by_code[cls.code] = cls
+
+    @property
+    def job_id(self) -> str | None:
+        """The id of the job this error is about, where it is about one (workers log it)."""
+        value = self.detail.get("job_id") if isinstance(self.detail, dict) else None
+        return value if isinstance(value, str) else None
 
     def to_wire(self) -> dict[str, Any]:
         """The ``{code, message, detail}`` form sent to a peer."""
@@ -164,6 +175,13 @@ class JobFailed(CompassError):
     @property
     def remote_traceback(self) -> str | None:
         return self.detail.get("traceback") if isinstance(self.detail, dict) else None
+
+
+class JobTooLarge(CompassError):
+    """One job's inputs are larger than the ingress takes (its ``--max-job-mb``). Not worth
+    retrying anywhere with the same inputs: make them smaller, or raise the limit."""
+
+    code = "job_too_large"
 
 
 class UnknownOperation(CompassError):

@@ -56,6 +56,9 @@ class Gossip:
         self._h2d_measured = False  # this worker's own host-to-device copies were timed
         #: this worker's incarnation, carried in its heartbeats
         self.incarnation = 0
+        #: peers that said they drain: out of the view (nothing new is placed there), their
+        #: heartbeats still keep them alive
+        self.draining: set[str] = set()
         #: set when the queue or the cache changed since the last heartbeat
         self._changed = asyncio.Event()
         gap = self._gap_s(0)
@@ -154,11 +157,19 @@ class Gossip:
     def on_heartbeat(self, channel: Channel, body: Any, membership: Membership) -> None:
         """A peer's heartbeat: it is alive, and its state goes into the view."""
         state = WorkerState.from_wire(body)
-        # only from a peer, of its current incarnation
-        if membership.seen(state.name, state.incarnation) and self.view.apply_heartbeat(
-            state, self._clock()
+        # only from a peer, of its current incarnation; a draining peer is only alive
+        if (
+            membership.seen(state.name, state.incarnation)
+            and state.name not in self.draining
+            and self.view.apply_heartbeat(state, self._clock())
         ):
             self._learn_h2d(state)
+
+    def peer_draining(self, name: str) -> None:
+        """Peer ``name`` drains: plan nothing new there (tasks already sent still run)."""
+        if name != self.name:
+            self.draining.add(name)
+            self.view.remove(name)
 
     def _learn_h2d(self, state: WorkerState) -> None:
         """Adopt a peer's measured host-to-device bandwidth when it differs by more than 2%

@@ -52,6 +52,7 @@ from compass.errors import (
     ConfigError,
     ConnectFailed,
     ProtocolError,
+    WorkerUnavailable,
 )
 from compass.wire.transport import Channel, Handler, NotifyHandler, connect
 
@@ -69,6 +70,10 @@ log = logging.getLogger("compass.worker")
 
 #: a lost peer is forgotten after this long without answering (Serf's reconnect_timeout)
 FORGET_AFTER_S = 24 * 3600.0
+
+#: a peer that left on purpose is retried this long: it is most often restarting (a rolling
+#: update, a new version), and a worker whose seed it was has no other way to find it again
+FORGET_LEFT_AFTER_S = 3600.0
 
 #: addresses that mean "every interface here": peers cannot connect to them
 _WILDCARDS = ("0.0.0.0", "::", "")
@@ -172,6 +177,10 @@ class Backoff:
         return base * (1.0 - self.jitter * rand)
 
 
+#: the retries of a peer that left on purpose: soon and often, as it comes back within seconds
+LEFT_BACKOFF = Backoff(initial_s=0.1, max_s=1.0)
+
+
 # -- who is there --------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Peer:
@@ -202,6 +211,8 @@ class Member:
     failures: int = 0
     #: when to try it next (lost members only)
     retry_at: float = math.inf
+    #: it said it left (a planned stop): retried often, forgotten sooner
+    left: bool = False
 
     @property
     def declared_dead(self) -> bool:
@@ -234,6 +245,7 @@ class Membership:
         rng: random.Random | None = None,
         forget_after_s: float = FORGET_AFTER_S,
         ssl: _ssl.SSLContext | None = None,
+        instance: str | None = None,
     ) -> None:
         self.name = name
         self._ssl = ssl  # mutual TLS to peers, when the cluster uses it
@@ -252,7 +264,7 @@ class Membership:
         #: this worker's incarnation; raised when a peer says it declared it dead
         self.incarnation = 0
         #: this process's id, to tell a duplicate name from a rejoin
-        self.instance = secrets.token_hex(8)
+        self.instance = instance or secrets.token_hex(6)
         self.peers: dict[str, Peer] = {}
         #: every worker seen, live or lost, by name
         self.members: dict[str, Member] = {}
@@ -263,6 +275,13 @@ class Membership:
         self._retries: dict[str, asyncio.Task[None]] = {}  # reconnections in flight, by name
         self._wake = asyncio.Event()  # a peer was lost or a retry ended: look at the schedule
         self._closed = False
+        self._leaving = False  # said it leaves: takes nobody in any more
+        #: the addresses this worker joined through (itself left out): tried again, with
+        #: :attr:`backoff`, whenever it has no peer at all
+        self.seeds: list[str] = []
+        self._seed_failures = 0
+        self._seed_retry_at = 0.0
+        self._seed_retry: asyncio.Task[None] | None = None
 
     # -- joining -----------------------------------------------------------------------------
     async def join(self, addresses: Iterable[str], *, timeout_s: float | None = None) -> None:
@@ -272,11 +291,14 @@ class Membership:
         While no seed answers, the seeds are tried again with :attr:`backoff` until one does or
         ``timeout_s`` passes (then :class:`ConnectFailed`); ``None`` tries each seed once. A
         refusal (the name is taken, a wrong token or version) is raised at once. A member that
-        cannot be reached after the seed answered is left to :meth:`run` to retry.
+        cannot be reached after the seed answered is left to :meth:`run` to retry. A seed that
+        turns out to be this worker (by its instance, whatever address names it) is skipped; the
+        others are kept, and tried again whenever this worker has no peer (:meth:`run`).
         """
-        seeds = [a for a in dict.fromkeys(addresses) if a != self.address]
+        seeds = list(dict.fromkeys(addresses))
         if not seeds:
             return
+        self.seeds = seeds  # _join_seeds drops this worker's own addresses from it
         pending = await self._join_seeds(seeds, timeout_s)
         tried = set(seeds)
         while pending:
@@ -352,6 +374,12 @@ class Membership:
                 notify_handler=self._notify_handler,
                 ssl=self._ssl,
             )
+            if expect is None:  # a seed: it may be a lost member's address
+                expect = next(
+                    (m.name for m in self.members.values()
+                     if m.address == address and m.lost_at is not None),
+                    None,
+                )  # fmt: skip
             try:
                 known = self.members.get(expect) if expect is not None else None
                 dead = known.dead_incarnation if known is not None and known.declared_dead else None
@@ -361,7 +389,10 @@ class Membership:
                 name = str(reply["name"])
                 if expect is not None and name != expect:
                     self._moved(expect, address, name)
-                if not self._unique(name, str(reply.get("instance", ""))):
+                instance = str(reply.get("instance", ""))
+                if not self._unique(name, instance) and not self._restarted(
+                    name, str(reply["address"])
+                ):
                     log.error("%s: %s at %s has the name of live peer %s at %s; ignoring it",
                               self.name, name, address, name, self.peers[name].address)  # fmt: skip
                     await channel.aclose()
@@ -396,7 +427,9 @@ class Membership:
                 "names must be unique in a cluster, so start this one with another --name",
                 detail={"name": name, "address": self.address},
             )
-        if not self._unique(name, instance):
+        if self._leaving:
+            raise WorkerUnavailable(f"worker {self.name} is leaving the cluster")
+        if not self._unique(name, instance) and not self._restarted(name, address):
             taken = self.peers[name].address
             raise ConfigError(
                 f"the worker name {name!r} is taken: the worker at {taken} has it; names "
@@ -442,6 +475,17 @@ class Membership:
             and instance
             and known.instance != instance
         )
+
+    def _restarted(self, name: str, address: str) -> bool:
+        """A new instance of live peer ``name`` speaks from ``address``: True if that is where
+        the peer listens, which makes it a restart (only one process can listen there, so the
+        old one is gone, though its connection may not have said so yet): the old instance is
+        removed, and its jobs with it. False: a second worker under a taken name."""
+        peer = self.peers[name]
+        if peer.address != address:
+            return False
+        self.remove(name, f"it restarted (a new instance of it answers at {address})")
+        return True
 
     def _refute(self, dead: object, *, by: str) -> None:
         """``by`` says it declared this worker dead at incarnation ``dead``: take a newer one."""
@@ -491,6 +535,7 @@ class Membership:
             known.instance = instance
         known.incarnation = max(known.incarnation, incarnation)
         known.lost_at, known.failures, known.retry_at = None, 0, math.inf
+        known.left = False
         old = self.peers.get(name)
         peer = Peer(name, address, channel, last_seen=now, joined_at=now)
         self.peers[name] = peer
@@ -523,16 +568,22 @@ class Membership:
             task.add_done_callback(self._closing.discard)
         self._on_leave(name, why)
 
-    def forget(self, name: str, why: str) -> None:
-        """Peer ``name`` left on purpose: remove it and do not retry it."""
+    def left(self, name: str, why: str) -> None:
+        """Peer ``name`` left on purpose: remove it, and retry it soon and often
+        (:data:`LEFT_BACKOFF`) for :data:`FORGET_LEFT_AFTER_S`: a worker that leaves is most
+        often restarting, and where it was the seed, its peers are how it finds the cluster."""
+        known = self.members.get(name)
+        if known is not None:
+            known.left = True
+            known.failures = 0
         self.remove(name, why)
-        if self.members.pop(name, None) is not None:
-            log.info("%s: %s left the cluster", self.name, name)
+        log.info("%s: %s left the cluster", self.name, name)
 
     def _lost(self, member: Member, now: float) -> None:
         if member.lost_at is None:
             member.lost_at, member.failures = now, 0
-        member.retry_at = now + self.backoff.delay_s(member.failures, self._rng.random())
+        backoff = LEFT_BACKOFF if member.left else self.backoff
+        member.retry_at = now + backoff.delay_s(member.failures, self._rng.random())
         self._wake.set()
 
     # -- liveness ----------------------------------------------------------------------------
@@ -569,7 +620,8 @@ class Membership:
         for name in [
             m.name
             for m in self.members.values()
-            if m.lost_at is not None and now - m.lost_at > self.forget_after_s
+            if m.lost_at is not None
+            and now - m.lost_at > (FORGET_LEFT_AFTER_S if m.left else self.forget_after_s)
         ]:
             log.info("%s: forgetting %s, unreachable for %.0f s", self.name, name,
                      now - (self.members[name].lost_at or now))  # fmt: skip
@@ -592,7 +644,8 @@ class Membership:
                 name, known.address, error, known.retry_at - self._clock())  # fmt: skip
 
     async def run(self) -> None:
-        """Retry lost peers, each on its own backoff, until cancelled."""
+        """Retry lost peers, each on its own backoff, and the seeds while this worker has no
+        peer at all, until cancelled."""
         while not self._closed:
             self._wake.clear()
             now = self._clock()
@@ -600,11 +653,18 @@ class Membership:
                 self._retries[name] = asyncio.create_task(
                     self._retry(name), name=f"{self.name}-rejoin-{name}"
                 )
+            alone = not self.peers and bool(self.seeds) and self._seed_retry is None
+            if alone and self._seed_retry_at <= now:
+                self._seed_retry = asyncio.create_task(
+                    self._retry_seeds(), name=f"{self.name}-rejoin-seeds"
+                )
             waiting = [
                 m.retry_at
                 for m in self.members.values()
                 if m.lost_at is not None and m.name not in self._retries
             ]
+            if alone and self._seed_retry is None:
+                waiting.append(self._seed_retry_at)
             wait_s = min(waiting, default=math.inf) - now
             if math.isinf(wait_s):
                 await self._wake.wait()
@@ -635,6 +695,31 @@ class Membership:
         finally:
             self._retries.pop(name, None)
             self._wake.set()
+
+    async def _retry_seeds(self) -> None:
+        """Join through the seeds again (this worker has no peer): once each, then back off."""
+        try:
+            await self.join(self.seeds, timeout_s=None)
+        except ConfigError as exc:  # refused: the name clash needs a person
+            log.warning("%s: a seed refused this worker: %s", self.name, exc)
+            self._seeds_failed()
+        except (CompassError, OSError) as exc:
+            log.debug("%s: no seed answered: %s", self.name, exc)
+            self._seeds_failed()
+        except Exception:  # a bug must not stop the retries
+            log.exception("%s: joining the seeds again failed", self.name)
+            self._seeds_failed()
+        else:
+            self._seed_failures = 0
+        finally:
+            self._seed_retry = None
+            self._wake.set()
+
+    def _seeds_failed(self) -> None:
+        self._seed_retry_at = self._clock() + self.backoff.delay_s(
+            self._seed_failures, self._rng.random()
+        )
+        self._seed_failures += 1
 
     # -- talking -----------------------------------------------------------------------------
     def broadcast(self, op: str, body: Any) -> None:
@@ -668,15 +753,24 @@ class Membership:
                 "lost_s": round(now - m.lost_at, 3),
                 "failures": m.failures,
                 "retry_in_s": round(max(m.retry_at - now, 0.0), 3),
+                "left": m.left,
             }
             for m in sorted(self.members.values(), key=lambda m: m.name)
             if m.lost_at is not None
         ]
 
+    def leave(self) -> None:
+        """Tell every peer this worker leaves on purpose (they retry it soon, see
+        :meth:`left`), and take nobody in from now on."""
+        self._leaving = True
+        self.broadcast("leave", {"name": self.name})
+
     async def aclose(self) -> None:
         self._closed = True
         self._wake.set()
         retries = list(self._retries.values())
+        if self._seed_retry is not None:
+            retries.append(self._seed_retry)
         for task in retries:
             task.cancel()
         peers = list(self.peers.values())

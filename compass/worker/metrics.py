@@ -253,7 +253,11 @@ class WorkerMetrics:
     def is_ready(self) -> tuple[bool, str]:
         """Whether the worker takes work now, and why not."""
         if not self.ready:
-            return False, "starting or stopping"
+            return False, "starting, draining or stopping"
+        membership = self._worker.membership
+        # configured with --join, it has no peer, and its seeds are other workers: split off
+        if self._worker.config.join and membership and not membership.peers and membership.seeds:
+            return False, "no peer: configured with --join, it is not in a cluster"
         if self._worker.lanes.degraded:
             return False, "degraded: too many stuck tasks"
         return True, "ready"

@@ -64,6 +64,10 @@ async def serve_worker(config: WorkerConfig) -> int:
     log.info("worker %s serving on %s (policy %s)", worker.name, worker.address, worker.policy.name)
     try:
         await worker.wait()
+        # SIGTERM or Ctrl-C: drain first (a second signal cuts it short); a worker that failed
+        # stops at once
+        if worker.failure is None and config.drain_timeout_s > 0:
+            await worker.drain(config.drain_timeout_s)
     finally:
         await worker.aclose()
         log.info("worker %s stopped", worker.name)
@@ -71,7 +75,8 @@ async def serve_worker(config: WorkerConfig) -> int:
 
 
 def run_worker(config: WorkerConfig) -> int:
-    """Serve until SIGINT or SIGTERM; returns the process exit code."""
+    """Serve until SIGINT or SIGTERM, then drain (``config.drain_timeout_s``) and stop;
+    returns the process exit code."""
     loop = new_event_loop()
     try:
         return loop.run_until_complete(serve_worker(config))

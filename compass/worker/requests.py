@@ -60,6 +60,7 @@ def make_router(worker: Worker) -> Router:
     router.request("plan")(requests.plan)
     router.notify("heartbeat")(requests.from_peers("heartbeat", requests.heartbeat))
     router.notify("leave")(requests.from_peers("leave", requests.leave))
+    router.notify("drain")(requests.from_peers("drain", requests.drain))
     for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
@@ -76,6 +77,8 @@ def describe(worker: Worker) -> dict[str, Any]:
         "uptime_s": round(time.monotonic() - worker.started_at, 3),
         "policy": worker.policy.name,
         "emulate": worker.config.emulate,
+        "instance": worker.instance,
+        "draining": worker.draining,
         "advertised": "" if membership is None else membership.address,
         "peers": [] if membership is None else membership.describe(),
         # peers lost and being retried (with backoff) until they answer again
@@ -173,10 +176,18 @@ class _Requests:
                         channel.peer_name, exc)  # fmt: skip
 
     def leave(self, channel: Channel, body: Any) -> None:
-        """A peer stopped on purpose: forget it (no retries); its jobs are re-planned."""
+        """A peer stopped on purpose: its jobs are re-planned, and it is retried soon (it is
+        most often restarting)."""
         membership = self.worker.membership
         if membership is not None and isinstance(body, dict) and isinstance(body.get("name"), str):
-            membership.forget(body["name"], "it left the cluster")
+            membership.left(body["name"], "it left the cluster")
+
+    def drain(self, channel: Channel, body: Any) -> None:
+        """A peer drains before it stops: plan nothing new there."""
+        membership = self.worker.membership
+        name = body.get("name") if isinstance(body, dict) else None
+        if membership is not None and isinstance(name, str) and name in membership.peers:
+            self.worker.gossip.peer_draining(name)
 
     def peer_message(self, op: str) -> PeerHandler:
         """The handler of the typed peer message ``op``: decoded and checked, then an event

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Coroutine
@@ -79,6 +80,9 @@ class Worker:
             seed=worker_seed(0, config.name or f"pid{os.getpid()}"),
         )
         self.name = config.name
+        #: this process's id: peers tell a restart under the same name by it, and it is in every
+        #: job id, so that no id repeats across restarts
+        self.instance = secrets.token_hex(6)
         self.address = ""
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics(self)
@@ -124,6 +128,10 @@ class Worker:
         self.membership: Membership | None = None
         self._background: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        #: set while the worker drains (see :meth:`drain`)
+        self.draining = False
+        self._drained = asyncio.Event()  # draining, and nothing is left to finish
+        self._hurry = asyncio.Event()  # a second stop(): end the drain now
         self._closing = False
         #: why the worker stopped on its own (a background loop died), else None
         self.failure: BaseException | None = None
@@ -149,6 +157,7 @@ class Worker:
             max_jobs=self.config.max_jobs,
             max_job_bytes=self.config.max_job_bytes,
             stats=self.stats,
+            instance=self.instance,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -186,6 +195,7 @@ class Worker:
             on_join=self._peer_joined,
             on_leave=self._peer_left,
             ssl=peer_tls,
+            instance=self.instance,
         )
         await self.cache.prepare()
         self._background = [
@@ -221,8 +231,9 @@ class Worker:
                 )
         await self.metrics.aclose()  # before the wire: probes fail while the rest closes
         if self.membership is not None:
-            # peers forget a worker that leaves on purpose instead of retrying it for a day
-            self.membership.broadcast("leave", {"name": self.name})
+            # peers re-plan its jobs at once instead of waiting for the connection to drop, and
+            # retry it soon: it is most often restarting
+            self.membership.leave()
         if self._server is not None:
             await self._server.aclose()
         if self.membership is not None:
@@ -235,6 +246,52 @@ class Worker:
 
     async def wait(self) -> None:
         await self._stopped.wait()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Leave gracefully: take no new jobs (a submission gets a retryable
+        :class:`~compass.errors.WorkerUnavailable`, so a client fails over), tell the peers so
+        that their planners place nothing new here, and finish what this worker holds: the jobs
+        it is the ingress of, and the tasks queued and running here. Returns True once that is
+        done, False if ``timeout_s`` passed first or :meth:`stop` was called again (what is
+        left then fails over when the worker closes: the clients' retries and the peers'
+        re-plans take it)."""
+        if not self.draining:
+            self.draining = True
+            self.metrics.ready = False  # an orchestrator stops routing clients here
+            if self.membership is not None:
+                self.membership.broadcast("drain", {"name": self.name})
+            log.warning("%s: draining for up to %g s: %d jobs in flight here, %d tasks queued, "
+                        "%d running", self.name, timeout_s, len(self.core.jobs),
+                        self._tasks_held(), self.lanes.busy + self.lanes.host_busy)  # fmt: skip
+            self._check_drained()
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        drained = asyncio.ensure_future(self._drained.wait())
+        try:
+            await asyncio.wait({hurry, drained}, timeout=timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            hurry.cancel()
+            drained.cancel()
+        if self._drained.is_set():
+            log.warning("%s: drained: every job and task held here is done", self.name)
+            return True
+        log.warning("%s: drain ended with %d jobs in flight here and %d tasks held; they fail "
+                    "over", self.name, len(self.core.jobs), self._tasks_held())  # fmt: skip
+        return False
+
+    def _tasks_held(self) -> int:
+        lanes = self.lanes
+        return len(lanes.queue) + len(lanes.host_queue) + len(self.core.inbox)
+
+    def _check_drained(self) -> None:
+        lanes = self.lanes
+        if (
+            not self.core.jobs
+            and not self._tasks_held()
+            and lanes.busy == 0
+            and lanes.host_busy == 0
+        ):
+            self._drained.set()
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
         """A lane or the heartbeat loop ended before the worker stopped: a worker that can no
@@ -254,7 +311,10 @@ class Worker:
         self.stop()
 
     def stop(self) -> None:
-        """Ask the worker to stop (signal handlers call this)."""
+        """Ask the worker to stop (signal handlers call this); asked again, a drain under way
+        ends at once."""
+        if self._stopped.is_set():
+            self._hurry.set()
         self._stopped.set()
 
     async def __aenter__(self) -> Worker:
@@ -267,9 +327,11 @@ class Worker:
     # -- membership ---------------------------------------------------------------------------
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
+        self.gossip.draining.discard(peer.name)  # a new instance, or one that came back
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
 
     def _peer_left(self, name: str, why: str) -> None:
+        self.gossip.draining.discard(name)
         log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
         self.apply(PeerLost(self.clock(), name))
 
@@ -302,6 +364,8 @@ class Worker:
                     self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
         if self.lanes.version != version:
             self.gossip.changed()  # the queue, the lanes or the cache changed: gossip it
+        if self.draining:
+            self._check_drained()
 
     def _model_fetched(self, model: str, result: float | CompassError) -> None:
         if isinstance(result, CompassError):
@@ -359,7 +423,10 @@ class Worker:
         """Run a job of ``workflow`` with this worker as its ingress; its answer (raises the
         job's error). ``key``: the client's name for the job (a resubmission attaches)."""
         if self._stopped.is_set():
-            raise WorkerUnavailable(f"worker {self.name} is shutting down")
+            state = "draining" if self.draining and not self._closing else "shutting down"
+            raise WorkerUnavailable(
+                f"worker {self.name} is {state}: it takes no new jobs; submit to another worker"
+            )
         job_id = self.core.new_job_id()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
@@ -367,6 +434,9 @@ class Worker:
             now, wall = self.clock(), time.time()
             self.apply(Submit(now, job_id, workflow, inputs, payload_bytes(inputs), wall, key))
             return await future
+        except CompassError as exc:
+            _name_job(exc, job_id)
+            raise
         finally:
             self._answers.pop(job_id, None)
             if not future.done() or future.cancelled():  # the client stopped waiting
@@ -395,3 +465,12 @@ class Worker:
     def _task_returned(self, entry: QueuedTask) -> None:
         """The thread of a task abandoned past its timeout returned: its model is released."""
         self.apply(TaskReturned(self.clock(), entry))
+
+
+def _name_job(error: CompassError, job_id: str) -> None:
+    """Put ``job_id`` in ``error``'s detail (the client reads it as ``error.job_id``), unless
+    it names a job already: a resubmitted key's answer names the job that ran."""
+    if error.detail is None:
+        error.detail = {"job_id": job_id}
+    elif isinstance(error.detail, dict):
+        error.detail.setdefault("job_id", job_id)

@@ -41,6 +41,7 @@ from compass.errors import (
     ConfigError,
     InvalidInputs,
     JobFailed,
+    JobTooLarge,
     Overloaded,
     ProtocolError,
     WorkerUnavailable,
@@ -319,10 +320,13 @@ class WorkerCore:
         max_job_bytes: int = 1 << 62,
         stats: WorkerStats | None = None,
         forget_after: int = FORGET_AFTER,
+        instance: str = "",
     ) -> None:
         if not name:
             raise ConfigError("a worker core needs its worker's name")
         self.name = name
+        #: this worker process's id: in every job id, so that ids never repeat across restarts
+        self.instance = instance
         self.policy = policy
         self.profiles = profiles
         self.view = view
@@ -354,7 +358,11 @@ class WorkerCore:
         self._best: dict[str, tuple[int, float]] = {}
 
     def new_job_id(self) -> str:
-        """A job id unique in the cluster (worker names are)."""
+        """A job id unique in the cluster (worker names are) and across restarts of a worker
+        under the same name (its instance is in the id: the counter starts again at 1, and its
+        peers still remember the ids of the jobs they finished for the last instance)."""
+        if self.instance:
+            return f"{self.name}-{self.instance}-{next(self._job_ids)}"
         return f"{self.name}-{next(self._job_ids)}"
 
     # -- the one entry point ------------------------------------------------------------------
@@ -407,6 +415,22 @@ class WorkerCore:
     def _submit(self, ev: Submit) -> None:
         if ev.key is not None and self._resubmitted(ev):
             return
+        if ev.input_bytes > self.max_job_bytes:
+            self.stats.jobs_refused += 1
+            self._answer_now(
+                ev.job_id,
+                JobTooLarge(
+                    f"job {ev.job_id}: its inputs take {ev.input_bytes} bytes, more than worker "
+                    f"{self.name} takes for one job (its --max-job-mb is "
+                    f"{self.max_job_bytes / 2**20:g} MiB); send smaller inputs or raise the limit",
+                    detail={
+                        "job_id": ev.job_id,
+                        "input_bytes": ev.input_bytes,
+                        "max_job_bytes": self.max_job_bytes,
+                    },
+                ),
+            )
+            return
         if len(self.jobs) >= self.max_jobs or self.held_bytes + ev.input_bytes > self.max_job_bytes:
             self.stats.jobs_refused += 1
             self._answer_now(
@@ -417,6 +441,7 @@ class WorkerCore:
                     f"--max-job-mb {self.max_job_bytes / 2**20:g} MiB); retry later or submit "
                     "to another worker",
                     detail={
+                        "job_id": ev.job_id,
                         "jobs_in_flight": len(self.jobs),
                         "max_jobs": self.max_jobs,
                         "held_bytes": self.held_bytes,

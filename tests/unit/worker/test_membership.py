@@ -15,11 +15,18 @@ from typing import Any
 import pytest
 
 from compass.config import Limits, Timeouts, WorkerConfig
-from compass.errors import ConfigError, ConnectFailed, ProtocolError
+from compass.errors import ConfigError, ConnectFailed, ProtocolError, WorkerUnavailable
 from compass.sched.view import ClusterView, WorkerState
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
-from compass.worker.membership import Backoff, Membership, advertised_address, gossip_gap_s
+from compass.worker.membership import (
+    FORGET_LEFT_AFTER_S,
+    LEFT_BACKOFF,
+    Backoff,
+    Membership,
+    advertised_address,
+    gossip_gap_s,
+)
 
 TOKEN = "cluster-secret"
 FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
@@ -222,9 +229,8 @@ async def test_a_removed_peer_is_retried_on_the_backoff_schedule() -> None:
             await a.join([b.address])
         await b.aclose()  # b is gone; its address is remembered
         a.remove("b", "test")
-        assert a.describe_lost() == [
-            {"name": "b", "address": b.address, "lost_s": 0.0, "failures": 0, "retry_in_s": 0.1}
-        ]
+        lost = {"lost_s": 0.0, "failures": 0, "retry_in_s": 0.1, "left": False}
+        assert a.describe_lost() == [{"name": "b", "address": b.address, **lost}]
         assert a.due(1000.0999) == []
         assert a.due(1000.1) == ["b"]
         retry_at = []
@@ -387,6 +393,80 @@ async def test_both_sides_retry_until_a_lost_peer_is_back() -> None:
         finally:
             retrying.cancel()
             await asyncio.gather(retrying, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_a_new_instance_where_a_live_peer_listens_is_a_restart_not_a_duplicate() -> None:
+    # killed and started again within a heartbeat: its old connection has not broken yet
+    left: list[tuple[str, str]] = []
+    a, router_a = membership("a", FakeClock(), left)
+    b, router_b = membership("b", FakeClock(), [])
+    restarted, router_r = membership("b", FakeClock(), [])
+    async with listening(a, router_a), listening(b, router_b), listening(restarted, router_r):
+        await b.join([a.address])
+        old_instance = b.instance
+        restarted.address = b.address  # the new process listens where the old one did
+        await restarted.join([a.address])
+        assert [name for name, _ in left] == ["b"]  # the old instance's jobs are re-planned
+        assert a.peers["b"].address == b.address
+        assert a.members["b"].instance == restarted.instance != old_instance
+        assert restarted.incarnation == 1  # the old instance was declared dead at 0
+
+
+@pytest.mark.asyncio
+async def test_a_peer_that_left_is_retried_soon_and_often_then_forgotten_after_an_hour() -> None:
+    clock = FakeClock(1000.0)
+    a, router_a = membership("a", clock, [], Backoff(initial_s=1.0, max_s=60.0, jitter=0.0))
+    b, router_b = membership("b", FakeClock(), [])
+    async with listening(a, router_a), listening(b, router_b):
+        await a.join([b.address])
+        a.left("b", "it left the cluster")
+        (lost,) = a.describe_lost()
+        assert lost["left"] is True and lost["retry_in_s"] <= LEFT_BACKOFF.initial_s
+        for _ in range(6):  # each failed try backs off, up to a second, not the minute
+            a.failed("b", ConnectFailed("refused"))
+        assert a.members["b"].retry_at - clock.now <= LEFT_BACKOFF.max_s
+        clock.now += FORGET_LEFT_AFTER_S - 1
+        assert a.due(clock.now) and "b" in a.members
+        clock.now += 2
+        a.due(clock.now)
+        assert "b" not in a.members
+
+
+@pytest.mark.asyncio
+async def test_a_worker_with_no_peer_joins_through_its_seeds_again() -> None:
+    backoff = Backoff(0.01, 0.05)
+    a, router_a = membership("a", time.monotonic, [], backoff)
+    b, router_b = membership("b", time.monotonic, [], backoff)
+    async with listening(a, router_a):
+        server_b = await _serve(b, router_b)
+        port = int(b.address.rsplit(":", 1)[1])
+        a.forget_after_s = 0.0  # b is forgotten at once: only the seed list can find it again
+        retrying = asyncio.ensure_future(a.run())
+        try:
+            async with server_b:
+                await a.join([b.address])
+            assert a.seeds == [b.address]
+            await b.aclose()
+            await until(lambda: not a.members, "a has forgotten b")
+            restarted, router_r = membership("b", time.monotonic, [], backoff)
+            async with await _serve(restarted, router_r, port):
+                await until(lambda: "b" in a.peers, "a has joined its seed again")
+                await restarted.aclose()
+        finally:
+            retrying.cancel()
+            await asyncio.gather(retrying, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_a_leaving_worker_takes_nobody_in() -> None:
+    a, router_a = membership("a", FakeClock(), [])
+    b, router_b = membership("b", FakeClock(), [])
+    async with listening(a, router_a), listening(b, router_b):
+        a.leave()
+        with pytest.raises(WorkerUnavailable, match="leaving"):
+            await b.join([a.address])
+        assert a.peers == {}
 
 
 # -- the address a worker advertises -----------------------------------------------------------

@@ -12,7 +12,14 @@ import pytest
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.errors import CompassTimeout, InvalidInputs, JobFailed, Overloaded, UnknownWorkflow
+from compass.errors import (
+    CompassTimeout,
+    InvalidInputs,
+    JobFailed,
+    JobTooLarge,
+    Overloaded,
+    UnknownWorkflow,
+)
 from compass.sched import ViewSnapshot, WorkerState, make_policy
 from compass.sched.view import Placement
 from compass.worker.lanes import Lanes
@@ -565,3 +572,46 @@ def test_a_lost_ingress_leaves_no_inputs_behind() -> None:
     late = task_msg(task="d", source="c", value=2, plan=plan, workflow="diamond")
     assert c.handle(received(late, 2.0)) == []
     assert len(c.inbox) == 0
+
+
+# -- one attempt per answer, identity across restarts, one job too large -----------------------
+
+
+def test_a_replanned_job_with_two_sinks_is_answered_from_one_attempt_only() -> None:
+    # the old attempt's sink output must not make up half of the new attempt's answer
+    c, view = core("a", ("a", "b", "c"))
+    view.waits.update(a=100.0, c=100.0)  # everything goes to b
+    job = submit(c, "fork")
+    c.handle(received(ResultMsg(job, 0, "b", "b-of-attempt-0"), 0.5, "b"))  # one sink reported
+    view.waits.update(c=0.0)
+    c.handle(PeerLost(1.0, "b"))  # re-planned: attempt 1
+    assert c.jobs[job].attempt == 1
+    # attempt 1's c reports first: with attempt 0's b kept, this would answer a mix
+    assert of(Answer, c.handle(received(ResultMsg(job, 1, "c", "c-of-attempt-1"), 2.0, "c"))) == []
+    (answer,) = of(Answer, c.handle(received(ResultMsg(job, 1, "b", "b-of-attempt-1"), 3.0, "c")))
+    assert answer.value == {"b": "b-of-attempt-1", "c": "c-of-attempt-1"}
+
+
+def test_job_ids_carry_the_instance_so_a_restart_under_the_same_name_never_reuses_one() -> None:
+    before, _ = core("a", ("a",), instance="0f0f0f")
+    after, _ = core("a", ("a",), instance="a1a1a1")  # the same name, restarted
+    first = [before.new_job_id() for _ in range(3)]
+    again = [after.new_job_id() for _ in range(3)]
+    assert first == ["a-0f0f0f-1", "a-0f0f0f-2", "a-0f0f0f-3"]
+    assert not set(first) & set(again)
+    # a peer that finished the first instance's jobs still runs the second one's
+    peer, _ = core("b", ("a", "b"))
+    for job in first:
+        peer.handle(received(task_msg(job=job, ingress="a", plan={"a": "b", "b": "b"}), sender="a"))
+        peer.handle(received(DoneMsg(job, None), sender="a"))
+    assert all(peer.is_done(job, 0) for job in first)
+    assert not any(peer.is_done(job, 0) for job in again)
+
+
+def test_one_job_over_the_byte_limit_is_too_large_not_overloaded() -> None:
+    c, _ = core("a", ("a",), max_job_bytes=100)
+    job = c.new_job_id()
+    answer = one(Answer, c.handle(Submit(0.0, job, "chain", {"x": 1}, 101, 0.0)))
+    assert isinstance(answer.error, JobTooLarge) and not isinstance(answer.error, Overloaded)
+    assert answer.error.job_id == job and answer.error.detail["max_job_bytes"] == 100
+    assert job in answer.error.message and not c.jobs and c.stats.jobs_refused == 1
