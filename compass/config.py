@@ -291,16 +291,16 @@ class WorkerConfig:
     max_stuck_tasks: int = 4
     #: seconds a worker keeps retrying --join (with backoff) before it gives up and exits
     join_timeout_s: float = 60.0
+    #: seconds a stopping worker (SIGTERM) drains at most: it takes no new jobs and no new
+    #: tasks from its peers' plans, and finishes what it holds; 0 stops at once. The default
+    #: fits inside Kubernetes' 30 s grace period
+    drain_timeout_s: float = 25.0
     #: ``HOST[:PORT]`` peers reach this worker at, when that differs from where it binds (a
     #: wildcard bind, NAT); "" advertises the bound address (see
     #: :func:`compass.worker.membership.advertised_address`)
     advertise_address: str = ""
     #: serve Prometheus ``/metrics`` and ``/ready`` on this port (0: one the system picks);
     #: None: no metrics endpoint (compass/worker/metrics.py)
-    #: seconds a stopping worker (SIGTERM) drains at most: it takes no new jobs and no new
-    #: tasks from its peers' plans, and finishes what it holds; 0 stops at once. The default
-    #: fits inside Kubernetes' 30 s grace period
-    drain_timeout_s: float = 25.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     limits: Limits = field(default_factory=Limits)
