@@ -123,7 +123,7 @@ class DeviceMemory:
         host memory on the host backend, :data:`DEFAULT_CACHE_BYTES` otherwise."""
         if self.backend == "cupy" and self.free_gpu_bytes:
             return int(self.free_gpu_bytes * GPU_CACHE_FRACTION)
-        if self.backend == "host" and self.host_bytes:
+        if self.backend in ("host", "strict") and self.host_bytes:
             return int(self.host_bytes * HOST_CACHE_FRACTION)
         return DEFAULT_CACHE_BYTES
 
@@ -132,23 +132,29 @@ class DeviceMemory:
 class CacheConfig:
     """The worker's model cache: a slab pool of ``capacity_bytes`` on ``backend``.
 
-    ``backend`` is ``"auto"`` (CuPy on a GPU, host memory elsewhere), ``"cupy"``, ``"host"`` or
-    ``"capacity"`` (accounts slabs, holds no bytes: emulated mode). ``capacity_bytes=None`` lets
-    the worker choose: the workload's GPU memory when emulated, otherwise a share of the
-    device's memory (see :meth:`resolved` and :class:`DeviceMemory`).
+    ``backend`` is ``"auto"`` (CuPy on a GPU, host memory elsewhere), ``"cupy"``, ``"host"``,
+    ``"strict"`` (host memory that checks GPU rules: alignment, copies visible only after a sync,
+    no copy into slabs a task may still read) or ``"capacity"`` (accounts slabs, holds no bytes:
+    emulated mode). ``device`` is the CUDA device the cupy backend allocates on.
+    ``capacity_bytes=None`` lets the worker choose: the workload's GPU memory when emulated,
+    otherwise a share of the device's memory (see :meth:`resolved` and :class:`DeviceMemory`).
     """
 
     capacity_bytes: int | None = None
     slab_bytes: int = 64 * MiB
     backend: str = "auto"
     prefetch_depth: int = 3
+    device: int = 0
 
     def __post_init__(self) -> None:
         _positive(self, capacity_bytes=self.capacity_bytes, slab_bytes=self.slab_bytes)
-        if self.backend not in ("auto", "cupy", "host", "capacity"):
+        if self.backend not in ("auto", "cupy", "host", "strict", "capacity"):
             raise ConfigError(
-                f"CacheConfig.backend must be auto, cupy, host or capacity, got {self.backend!r}"
+                "CacheConfig.backend must be auto, cupy, host, strict or capacity, "
+                f"got {self.backend!r}"
             )
+        if self.device < 0:
+            raise ConfigError(f"CacheConfig.device must be >= 0, got {self.device}")
         if self.capacity_bytes is not None and self.capacity_bytes < self.slab_bytes:
             raise ConfigError(
                 f"cache capacity {self.capacity_bytes} B is smaller than one slab "
@@ -176,7 +182,7 @@ class CacheConfig:
             # imported here: the backend module builds on this one, and asks the device
             from compass.cache.backend import probe_memory
 
-            memory = probe_memory(self.backend)
+            memory = probe_memory(self.backend, device_id=self.device)
         capacity = memory.default_cache_bytes() // self.slab_bytes * self.slab_bytes
         if capacity < self.slab_bytes:
             raise ConfigError(

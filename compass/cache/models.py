@@ -3,8 +3,15 @@
 A :class:`Model` is a name, a builder returning a ``torch.nn.Module`` and optional safetensors
 weights; or, for emulated mode, just a name and a size. :class:`ModelCache` is the async layer
 over :class:`~compass.cache.policy.CacheCore`: it keeps every model's weights in host memory
-(pinned when the arena is on a GPU), copies them into slabs in a worker thread, and builds a
-module whose parameters and buffers are views into those slabs.
+(one exact-size buffer per model, laid out as its slabs, page-locked when the arena is on a
+GPU), copies them into slabs in a worker thread, and builds a module whose parameters and
+buffers are views into those slabs.
+
+**Fences.** A module handed to a task (:meth:`ModelCache.module`) may have kernels reading its
+slabs after the task's function returns; the task's thread runs in :meth:`ModelCache.compute`,
+which synchronizes the thread's compute stream on the way out (the compute fence) before the
+model can be unpinned, evicted and its slabs overwritten by the next load. A task that launches
+work on streams of its own must synchronize them before it returns.
 
 torch is imported only when a real model needs it: an emulated worker never imports it.
 """
@@ -12,10 +19,11 @@ torch is imported only when a real model needs it: an emulated worker never impo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,12 +47,61 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One parameter or buffer of a model, under its first name in ``named_modules`` order."""
+    """One parameter or buffer of a model, under its first name in ``named_modules`` order.
+
+    ``stride`` is kept for a dense layout other than the contiguous one (channels_last, a
+    transposed weight); ``None`` means contiguous.
+    """
 
     key: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     nbytes: int
+    stride: tuple[int, ...] | None = None
+
+
+def _dense_stride(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...] | None:
+    """``stride`` if it lays ``shape`` out densely (every element once, no gaps) and is not the
+    contiguous layout; ``None`` (contiguous) otherwise."""
+    contiguous: list[int] = []
+    step = 1
+    for size in reversed(shape):
+        contiguous.append(step)
+        step *= max(size, 1)
+    if tuple(stride) == tuple(reversed(contiguous)):
+        return None
+    expected = 1
+    for size, step in sorted(
+        ((size, step) for size, step in zip(shape, stride, strict=True) if size != 1),
+        key=lambda pair: (pair[1], pair[0]),
+    ):
+        if step != expected:
+            return None  # overlapping or with gaps: staged contiguous
+        expected *= size
+    return tuple(stride)
+
+
+#: safetensors header dtype names -> torch dtype names (getattr(torch, name))
+_SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "C64": "complex64",
+}  # fmt: skip
+
+
+def _safetensors_dtypes(path: Path) -> dict[str, str]:
+    """Each tensor's dtype name in a safetensors file, read from its header alone."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size <= 100 * 2**20:
+            raise ValueError(f"header of {size} B")
+        header = json.loads(f.read(size))
+    return {
+        key: _SAFETENSORS_DTYPES.get(entry.get("dtype", ""), "")
+        for key, entry in header.items()
+        if key != "__metadata__" and isinstance(entry, dict)
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +134,25 @@ def _collect(module: nn.Module) -> tuple[list[_Binding], dict[str, torch.Tensor]
                 tensors[key] = tensor
             bindings.append(_Binding(path, leaf, is_parameter, key))
     return bindings, tensors
+
+
+def _narrower_float(narrow: torch.dtype, wide: torch.dtype) -> bool:
+    """Whether ``narrow`` is a floating dtype that ``wide``, a wider floating dtype, holds
+    exactly (bf16, fp16 and fp8 in fp32)."""
+    return (
+        narrow.is_floating_point
+        and wide.is_floating_point
+        and narrow.itemsize < wide.itemsize
+        and wide.itemsize >= 4
+    )
+
+
+def _typed(raw: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    """``raw`` bytes as the tensor ``spec`` describes (its dtype, shape and dense layout)."""
+    flat = raw.view(spec.dtype)
+    if spec.stride is None:
+        return flat.reshape(spec.shape)
+    return flat.as_strided(spec.shape, spec.stride)
 
 
 #: renames a checkpoint's keys to the module's: a mapping (unlisted keys pass unchanged) or a
@@ -176,13 +252,54 @@ class Model:
 
     def _inspect(self) -> tuple[list[_Binding], tuple[TensorSpec, ...]]:
         if self._structure is None:
+            import torch
+
             bindings, tensors = _collect(self._skeleton())
-            specs = tuple(
-                TensorSpec(key, t.dtype, tuple(t.shape), t.numel() * t.element_size())
-                for key, t in tensors.items()
-            )
-            self._structure = (bindings, specs)
+            stored = self._checkpoint_dtypes()
+            specs: list[TensorSpec] = []
+            for key, t in tensors.items():
+                dtype = t.dtype
+                kept = stored.get(key)
+                if kept is not None and kept != dtype and _narrower_float(kept, dtype):
+                    # keep the checkpoint's precision: load_state_dict would cast a bf16
+                    # checkpoint into fp32 slabs (twice the bytes); fp32 holds every bf16,
+                    # fp16 and fp8 value exactly, so staging casts back without loss
+                    dtype = kept
+                size = torch.empty((), dtype=dtype).element_size()
+                specs.append(
+                    TensorSpec(
+                        key, dtype, tuple(t.shape), t.numel() * size,
+                        _dense_stride(tuple(t.shape), tuple(t.stride())),
+                    )
+                )  # fmt: skip
+            self._structure = (bindings, tuple(specs))
         return self._structure
+
+    def _checkpoint_dtypes(self) -> dict[str, torch.dtype]:
+        """The dtype of each tensor in a safetensors weights file, under the module's keys
+        (empty for a loader, or a file whose header cannot be read: it fails later, clearly)."""
+        import torch
+
+        if self.weights is None or self.loader is not None:
+            return {}
+        try:
+            names = _safetensors_dtypes(self.weights)
+        except (OSError, ValueError):
+            return {}
+        dtypes: dict[str, torch.dtype] = {}
+        for key, name in names.items():
+            target = self._target_key(key)
+            if target is not None and name:
+                dtypes[target] = getattr(torch, name)
+        return dtypes
+
+    def _target_key(self, key: str) -> str | None:
+        """The module key a checkpoint key maps to (``keys``), or None when dropped."""
+        if self.keys is None:
+            return key
+        if isinstance(self.keys, Mapping):
+            return self.keys.get(key, key)
+        return self.keys(key)
 
     def _skeleton(self) -> nn.Module:
         """A fresh module whose tensors will be replaced: built on the meta device when the
@@ -199,28 +316,38 @@ class Model:
                 self._meta_build = False
         return self.build()
 
-    def _stage(self, pin: bool) -> dict[str, torch.Tensor]:
-        """Build on the CPU, load the weights file, return contiguous host copies by key."""
+    def _stage(self, layout: SlabLayout, buffer_for: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """Build on the CPU, load the weights, and copy every tensor into one host buffer of
+        ``buffer_for(layout.staging_bytes)``, laid out as the slabs will be
+        (:meth:`SlabLayout.staging`): a load is then one copy per slab group."""
         if self.build is None:
             raise CacheError(f"model {self.name!r} is emulated and has no weights")
         module = self.build()
         if self.weights is not None or self.loader is not None:
             self._load_state(module)
         _, tensors = _collect(module)
+        del module
         expected = {spec.key: spec for spec in self.tensor_specs()}
-        staged: dict[str, torch.Tensor] = {}
-        for key, tensor in tensors.items():
-            spec = expected.get(key)
-            if spec is None or spec.dtype != tensor.dtype or spec.shape != tuple(tensor.shape):
+        if tensors.keys() != expected.keys():
+            raise CacheError(f"model {self.name!r}: the builder's tensors changed between builds")
+        starts = layout.staging()
+        buffer = buffer_for(layout.staging_bytes)
+        for slot in layout.slots:
+            tensor = tensors.pop(slot.key)
+            spec = expected[slot.key]
+            if spec.shape != tuple(tensor.shape) or not (
+                spec.dtype == tensor.dtype or _narrower_float(spec.dtype, tensor.dtype)
+            ):
                 raise CacheError(
                     f"model {self.name!r}: the builder made a different module on the CPU than "
-                    f"on the meta device (tensor {key!r}); builders must be deterministic"
+                    f"on the meta device (tensor {slot.key!r}); builders must be deterministic"
                 )
-            host = tensor.detach().contiguous()
-            staged[key] = host.pin_memory() if pin else host
-        if staged.keys() != expected.keys():
-            raise CacheError(f"model {self.name!r}: the builder's tensors changed between builds")
-        return staged
+            if slot.nbytes:
+                at = starts[slot.group][0] + slot.offset
+                target = _typed(buffer[at : at + slot.nbytes], spec)
+                target.copy_(tensor.detach())
+            del tensor  # the staged bytes replace it: at most one tensor is held twice
+        return buffer
 
     def _read_state(self) -> Mapping[str, Any]:
         """The checkpoint as a state dict: from ``loader`` or the safetensors file."""
@@ -252,12 +379,7 @@ class Model:
         """Load the checkpoint into ``module``, its keys mapped by ``keys``, as strict as asked."""
         state: dict[str, Any] = {}
         for key, value in self._read_state().items():
-            if self.keys is None:
-                target: str | None = key
-            elif isinstance(self.keys, Mapping):
-                target = self.keys.get(key, key)
-            else:
-                target = self.keys(key)
+            target = self._target_key(key)
             if target is None:
                 continue
             if target in state:
@@ -411,7 +533,8 @@ class ModelCache:
                 for name, model in self._models.items()
             },
         )
-        self._host: dict[str, dict[str, torch.Tensor]] = {}
+        #: each real model's weights in one host buffer laid out as its slabs
+        self._host: dict[str, torch.Tensor] = {}
         self._stage_lock = threading.Lock()
         self._modules: dict[str, nn.Module] = {}
         self._inflight: dict[str, asyncio.Task[None]] = {}
@@ -459,10 +582,16 @@ class ModelCache:
         """Bytes a load of ``name`` copies."""
         return self._core.size_bytes(name)
 
+    def staged_bytes(self) -> int:
+        """Host bytes holding staged weights (page-locked on a GPU backend)."""
+        return sum(buffer.numel() for buffer in list(self._host.values()))
+
     def snapshot(self) -> dict[str, Any]:
-        """A msgpack-able picture: resident and loading models, pins, bytes, counters."""
+        """A msgpack-able picture: backend and device (and why ``auto`` fell back to host
+        memory, if it did), resident and loading models, pins, bytes, counters."""
         return {
-            "backend": self._backend.kind,
+            **self._backend.describe(),
+            "staged_bytes": self.staged_bytes(),
             "resident": sorted(self._core.resident()),
             "loading": sorted(self._core.loading()),
             "pinned": {
@@ -571,7 +700,17 @@ class ModelCache:
             self._prefetch = self._start_load(name, plan, prefetch=True)
 
     def _lease(self, name: str, hit: bool) -> Lease:
-        return Lease(name, hit, self._modules.get(name), lambda: self._unpin(name))
+        module = self.module(name)
+        if module is None:
+            return Lease(name, hit, None, lambda: self._unpin(name))
+
+        def release() -> None:
+            # the lease holder's kernels may still read the slabs: fence before the unpin
+            self._backend.synchronize_compute()
+            self._backend.close_reads(name)
+            self._unpin(name)
+
+        return Lease(name, hit, module, release)
 
     def _unpin(self, name: str) -> None:
         if self._core.unpin(name) == 0:
@@ -688,8 +827,37 @@ class ModelCache:
         done(name, seconds)
 
     def module(self, name: str) -> nn.Module | None:
-        """The module of a resident real model (None for an emulated one)."""
-        return self._modules.get(name)
+        """The module of a resident real model for a task that starts now (None for an
+        emulated one). Its slabs count as read by that task until its compute fence: run the
+        task in :meth:`compute`, which passes the fence on the way out."""
+        module = self._modules.get(name)
+        if module is not None:
+            self._backend.open_reads(name, self._ranges(name))
+        return module
+
+    @contextlib.contextmanager
+    def compute(self, name: str | None) -> Iterator[None]:
+        """In a task's thread, around its code: its kernels go on the thread's compute stream,
+        and on the way out (raised or not) the stream is synchronized, the compute fence, and
+        the reads the task's :meth:`module` opened are closed. Only then may the model be
+        unpinned: a load may then overwrite its slabs. The time spent inside is the task's
+        time on the device, not only the time to launch its kernels."""
+        backend = self._backend
+        with backend.compute_stream():
+            try:
+                yield
+            finally:
+                backend.synchronize_compute()
+                if name is not None and name in self._real:
+                    backend.close_reads(name)
+
+    def _ranges(self, name: str) -> list[tuple[int, int]]:
+        """``(offset, nbytes)`` of each slab run ``name`` holds."""
+        handle = self._core.handle(name)
+        if handle is None:
+            return []
+        slab = self._config.slab_bytes
+        return [(first * slab, length * slab) for first, length in handle.runs]
 
     def _drop_modules(self, evicted: Sequence[str], loading: str) -> None:
         """Evicted models' modules go: their slabs now belong to ``loading``."""
@@ -712,31 +880,38 @@ class ModelCache:
         self._inflight.pop(name, None)
         self._notify()
 
-    def _staged(self, name: str) -> dict[str, torch.Tensor]:
+    def _staged(self, name: str) -> torch.Tensor:
         with self._stage_lock:
             host = self._host.get(name)
             if host is None:
-                host = self._models[name]._stage(pin=self._backend.pin_host_memory)
+                layout = self._core.layout(name)
+                host = self._models[name]._stage(layout, self._backend.host_buffer)
                 self._host[name] = host
             return host
 
     def _copy_and_build(self, name: str, handle: SlabHandle) -> tuple[float, nn.Module]:
-        """In a worker thread: copy host weights into the slabs, build the module on views."""
+        """In a worker thread: copy the staged weights into the slabs (one copy per slab
+        group), wait for the copies, build the module on views of the slabs."""
         model = self._models[name]
         host = self._staged(name)
         layout = self._core.layout(name)
         slab_bytes = self._config.slab_bytes
-        specs = {spec.key: spec for spec in model.tensor_specs()}
-        offsets = {
-            slot.key: handle.byte_offset(slot, slab_bytes) for slot in layout.slots if slot.nbytes
-        }
-        started = time.perf_counter()
-        self._backend.copy_in([(offset, host[key]) for key, offset in offsets.items()])
-        seconds = time.perf_counter() - started
-        views = {
-            key: self._backend.tensor_view(offsets.get(key, 0), spec.dtype, spec.shape, spec.nbytes)
-            for key, spec in specs.items()
-        }
+        writes = [
+            (handle.runs[group][0] * slab_bytes, host[start : start + extent])
+            for group, (start, extent) in enumerate(layout.staging())
+        ]
+        job = self._backend.copy_in(writes, urgent=not self._core.is_prefetch(name))
+        seconds = job.wait()  # the bytes are in the slabs only now
+        slots = {slot.key: slot for slot in layout.slots}
+        # a zero-byte tensor is an empty view at the model's first slab (or the arena's start)
+        empty_at = handle.runs[0][0] * slab_bytes if handle.runs else 0
+        views: dict[str, torch.Tensor] = {}
+        for spec in model.tensor_specs():
+            slot = slots[spec.key]
+            offset = handle.byte_offset(slot, slab_bytes) if slot.nbytes else empty_at
+            views[spec.key] = self._backend.tensor_view(
+                offset, spec.dtype, spec.shape, spec.nbytes, spec.stride
+            )
         return seconds, model._assemble(views)
 
 

@@ -189,6 +189,11 @@ class CacheCore:
         entry = self._state.entries.get(name)
         return entry is not None and entry.loading
 
+    def is_prefetch(self, name: str) -> bool:
+        """Whether the load of ``name`` under way was begun speculatively (no task waited)."""
+        entry = self._state.entries.get(name)
+        return entry is not None and entry.loading and entry.prefetch
+
     def handle(self, name: str) -> SlabHandle | None:
         """The slabs of a resident or loading model."""
         entry = self._state.entries.get(name)

@@ -72,6 +72,28 @@ class SlabLayout:
         """Bytes of tensor data (what a load copies)."""
         return sum(slot.nbytes for slot in self.slots)
 
+    def staging(self) -> tuple[tuple[int, int], ...]:
+        """Where each group's bytes sit in one host staging buffer: ``(start, extent)`` per
+        group. A group's extent runs to the end of its last tensor, aligned; groups follow one
+        another, so the buffer holds the payload and alignment padding, not whole slabs, and a
+        load is one copy per group."""
+        extents = [0] * len(self.groups)
+        for slot in self.slots:
+            if slot.group >= 0:
+                extents[slot.group] = max(extents[slot.group], slot.offset + slot.nbytes)
+        placed: list[tuple[int, int]] = []
+        start = 0
+        for extent in extents:
+            extent = _align_up(extent, TENSOR_ALIGN)
+            placed.append((start, extent))
+            start += extent
+        return tuple(placed)
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of the host staging buffer :meth:`staging` lays out."""
+        return sum(extent for _, extent in self.staging())
+
     @property
     def longest_run(self) -> int:
         """The most contiguous slabs one group needs (1 when no tensor exceeds a slab)."""

@@ -5,9 +5,19 @@ Which task runs when, on which lane, and with which model resident is the worker
 decision (:mod:`compass.worker.lanes`); this module carries it out and reports the outcome.
 
 Real mode calls the task's function with its torch module under ``torch.inference_mode()`` in a
-thread. Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a
-payload of the declared output size. A batch (a :class:`RunTask` with mates) is one call of the
-function on every entry's inputs, each keyword a list with one item per entry
+thread, inside the model cache's compute scope (:meth:`ModelCache.compute
+<compass.cache.models.ModelCache.compute>`): the thread synchronizes its compute stream before
+the task is reported done, so the model is unpinned (and its slabs may be overwritten by the
+next load) only once its kernels have finished, and ``exec_s`` is the task's time on the device.
+
+**Devices.** A task with a model gets its inputs on the model's device: every torch tensor in
+them (inside dicts, lists and tuples too) is moved there before the call. Its output leaves on
+the host: every tensor in it is moved to the CPU before it is reported, so it can be sent to
+another worker or answered. A task without a model gets and returns host tensors.
+
+Emulated mode sleeps for the task's profiled time (times ``time_scale``) and returns a payload
+of the declared output size. A batch (a :class:`RunTask` with mates) is one call of the function
+on every entry's inputs, each keyword a list with one item per entry
 (:meth:`Task.call_batch <compass.workflow.dag.Task.call_batch>`), or one sleep for the batch's
 profiled time; each entry gets its own outcome: its own output, or the batch's error when the
 call failed (an output that is an ``Exception`` fails its entry alone). Everything else (the
@@ -32,7 +42,8 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,9 +118,12 @@ class TaskOutcome:
 class TaskRunner:
     """Runs the tasks the worker core starts; reports each outcome to ``on_outcome``.
 
-    ``module_of`` gives a resident model's module (the core pinned it for the task). No
-    coroutine per task: an emulated task is a timer, a real one a thread whose future reports
-    when it settles, and one timer at the earliest deadline watches every real task's timeout.
+    ``module_of`` gives a resident model's module (the core pinned it for the task); ``compute``
+    gives the scope a real task's code runs in, in its thread (the model cache's
+    :meth:`~compass.cache.models.ModelCache.compute`: a compute stream, and the fence before the
+    task is reported). No coroutine per task: an emulated task is a timer, a real one a thread
+    whose future reports when it settles, and one timer at the earliest deadline watches every
+    real task's timeout.
     """
 
     def __init__(
@@ -123,9 +137,11 @@ class TaskRunner:
         on_returned: Callable[[QueuedTask], None],
         clock: Callable[[], float] = time.monotonic,
         task_timeout_s: float = 300.0,
+        compute: Callable[[str | None], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self._lookup = lookup
         self._module_of = module_of
+        self._compute = compute
         self._emulate = emulate
         self._time_scale = time_scale
         self._on_outcome = on_outcome
@@ -170,12 +186,16 @@ class TaskRunner:
                 min(delay, timeout_s), self._emulated_done, outcomes, task, t0, delay > timeout_s
             )
             return
-        module = None if run.entry.model is None else self._module_of(run.entry.model)
+        model = run.entry.model
+        payload: Any = run.entry.inputs
+        method: Callable[[Any, Any], Any] = task.call
         if task.batch > 1:  # a batchable function takes lists, even for one item
-            arguments = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
-            work = self._threads.run(_call, task, task.call_batch, module, arguments)
-        else:
-            work = self._threads.run(_call, task, task.call, module, run.entry.inputs)
+            payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
+            method = task.call_batch
+        # taken last: from here the model's slabs count as read until the thread's fence
+        module = None if model is None else self._module_of(model)
+        scope = nullcontext() if self._compute is None else self._compute(model)
+        work = self._threads.run(_call, task, method, module, payload, scope)
         deadline = loop.time() + timeout_s
         self._deadlines[work] = (deadline, run.entry)
         work.add_done_callback(functools.partial(self._thread_done, outcomes, task, t0))
@@ -333,16 +353,53 @@ class TaskThreads:
                 self._idle += 1
 
 
-def _call(task: Task, method: Callable[..., Any], *args: Any) -> Any:
-    """``method(*args)`` (the task's ``call`` or ``call_batch``) under inference mode; a
-    ``BaseException`` from user code becomes the task's error, not the worker's."""
+def _call(
+    task: Task,
+    method: Callable[..., Any],
+    module: Any,
+    payload: Any,
+    scope: AbstractContextManager[Any],
+) -> Any:
+    """``method(module, payload)`` (the task's ``call`` or ``call_batch``) under inference mode
+    inside ``scope`` (the compute stream and fence): inputs moved to the module's device, the
+    output to the host. A ``BaseException`` from user code becomes the task's error, not the
+    worker's."""
     import torch
 
     assert task.fn is not None
     try:
-        with torch.inference_mode():
-            return method(*args)
+        with scope, torch.inference_mode():
+            device = _device_of(module)
+            if device is None or device.type == "cpu":
+                return method(module, payload)
+            return _moved(method(module, _moved(payload, device)), torch.device("cpu"))
     except Exception:
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
         raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _device_of(module: Any) -> Any:
+    """The device of a torch module's first parameter or buffer (None: no module, no tensors)."""
+    from torch import nn
+
+    if not isinstance(module, nn.Module):
+        return None
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return None
+
+
+def _moved(value: Any, device: Any) -> Any:
+    """``value`` with every torch tensor in it (in dicts, lists and tuples too) on ``device``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {key: _moved(item, device) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_moved(item, device) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # not a namedtuple
+        return tuple(_moved(item, device) for item in value)
+    return value

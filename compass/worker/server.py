@@ -109,6 +109,7 @@ class Worker:
         self.runner = TaskRunner(
             lookup=self._task,
             module_of=self.cache.module,
+            compute=self.cache.compute,  # the compute fence before a model is unpinned
             emulate=config.emulate,
             time_scale=config.time_scale,
             on_outcome=self._task_finished,

@@ -45,7 +45,7 @@ def test_cupy_arena_is_one_device_allocation_shared_with_torch():
     assert arena.data_ptr() == backend.array.data.ptr  # DLPack: the same memory, no copy
     source = torch.randn(256, 256)
     offset = 8 * MiB
-    backend.copy_in([(offset, source)])
+    backend.copy_in([(offset, source)]).wait()
     view = backend.tensor_view(offset, torch.float32, (256, 256), source.nbytes)
     assert view.device.type == "cuda"
     assert torch.equal(view.cpu(), source)

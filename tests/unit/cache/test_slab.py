@@ -104,3 +104,19 @@ def test_packing_property(raw_sizes):
     big = sorted((-(-n // SLAB) for n in raw_sizes if n > SLAB), reverse=True)
     assert [c for c in layout.groups if c > 1] == [c for c in big if c > 1]
     assert layout.total_slabs <= sum(-(-n // SLAB) for n in raw_sizes)
+
+
+def test_staging_lays_groups_end_to_end_without_whole_slabs():
+    layout = SlabLayout.pack([("big", 10_000), ("a", 300), ("b", 100), ("empty", 0)], 4096)
+    staging = layout.staging()
+    assert len(staging) == len(layout.groups)
+    # each group's extent ends at its last tensor (aligned), and the next group follows it
+    start = 0
+    for (at, extent), group in zip(staging, range(len(layout.groups)), strict=True):
+        assert at == start
+        last = max(s.offset + s.nbytes for s in layout.slots if s.group == group)
+        assert extent == -(-last // 256) * 256
+        start += extent
+    assert layout.staging_bytes == start
+    assert layout.payload_bytes <= layout.staging_bytes < layout.footprint_bytes
+    assert layout.staging_bytes - layout.payload_bytes < 256 * len(layout.slots)
