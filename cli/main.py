@@ -969,6 +969,69 @@ def bench_e2e(
     )
 
 
+@bench_app.command("peers")
+def bench_peers(
+    system: Annotated[str, typer.Option(help="The peer to run beside compass: ray-serve.")],
+    workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
+    workers: Workers = 5,
+    loads: Annotated[str, typer.Option(help="Comma-separated load multiples.")] = "0.5,1,2",
+    jobs: Jobs = 200,
+    seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
+    time_scale: Annotated[float | None, typer.Option(help=_TIME_SCALE_HELP)] = None,
+    capacity: Capacity = False,
+    seeds: Annotated[str, typer.Option(help="--capacity: arrival seeds, 0-4 or 0,1,2.")] = "0",
+    max_load: MaxLoad = 4.0,
+    steps: Annotated[int, typer.Option(min=0, help="--capacity: bisection steps.")] = 0,
+    servers_sweep: Annotated[
+        str | None, typer.Option(help="LO..HI: servers needed at load 1.")
+    ] = None,
+    target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
+    overheads: Annotated[bool, typer.Option(help="Also a no-op job and a chain.")] = True,
+    models_per_replica: Annotated[
+        int | None, typer.Option(min=1, help="Ray Serve: models per replica (default: fit).")
+    ] = None,
+    json_path: JsonPath = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
+) -> None:
+    """compass against another serving system on the same workload, arrivals and time scale."""
+    from compass._bench import e2e, peers, peers_ray
+    from compass.sim.capacity import parse_seeds
+
+    if workload is not None:
+        _check_workload(workload)
+    sweep = _sweep(servers_sweep)
+    _check_output(json_path, "--json")
+    _check_plot(plot)
+    try:
+        load_list = [float(x) for x in _names(loads)]
+    except ValueError:
+        _fail(f"--loads {loads!r}: expected comma-separated numbers", 2)
+    spec = workload or e2e.DEFAULT_WORKLOAD
+    config = e2e.E2EConfig(
+        workload=spec,
+        workers=workers,
+        policies=("compass",),
+        jobs=jobs,
+        seed=seed,
+        time_scale=_time_scale(time_scale, spec),
+    )
+    peers.run(
+        config,
+        system=system,
+        loads=load_list,
+        capacity_search=capacity,
+        seeds=parse_seeds(seeds),
+        max_load=max_load,
+        steps=steps,
+        servers_sweep=sweep,
+        target_slowdown=target_slowdown,
+        overheads=overheads,
+        ray_config=peers_ray.RayServeConfig(models_per_replica=models_per_replica),
+        json_path=json_path,
+        plot_path=plot,
+    )
+
+
 @bench_app.command("generalize")
 def bench_generalize(
     workloads: Annotated[int, typer.Option(min=1, help="Generated workloads: seeds 0..N-1.")] = 20,
