@@ -56,8 +56,9 @@ def embed(model: nn.Module, x: list[torch.Tensor]) -> list[torch.Tensor | Except
             shape = tuple(item.shape) if isinstance(item, torch.Tensor) else type(item).__name__
             outputs.append(ValueError(f"x must be a [rows, {IN_FEATURES}] tensor, got {shape}"))
     if good:
-        device = next(model.parameters()).device
-        out = model(torch.cat([item.float() for _, item in good]).to(device)).cpu()
+        # the inputs arrived on the model's device, and the outputs leave for the host: the
+        # worker moves them (the device convention), so this code is the same on CPU and GPU
+        out = model(torch.cat([item.float() for _, item in good]))
         parts = out.split([item.shape[0] for _, item in good])
         for (i, _), part in zip(good, parts, strict=True):
             outputs[i] = part

@@ -19,6 +19,8 @@ Workflows (inputs are strings or lists of strings):
 What it shows of the App: a checkpoint made elsewhere (``keys`` drops what ``BertModel`` has
 no slot for), a per-worker resource (the tokenizer), root tasks that take only some job
 inputs, and one function registered as several tasks with different parameter mappings.
+``embed`` makes its token tensors itself, so it puts them on the model's device; its output is
+moved to the host by the worker (compass's device convention), like every task's.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def embed(model: nn.Module, texts: str | list[str], tokenizer: Tokenizer) -> tor
     ).last_hidden_state
     weights = mask.to(device, tokens.dtype).unsqueeze(-1)
     pooled = (tokens * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-    return torch.nn.functional.normalize(pooled, dim=1).cpu()
+    return torch.nn.functional.normalize(pooled, dim=1)
 
 
 def rank_docs(model: None, query: torch.Tensor, docs: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -3,6 +3,11 @@
 Start workers with it: ``compass worker start --app examples.vision_app``. The weights are made
 once, deterministically, and saved next to this file (``examples/weights/``, not committed), the
 way a deployment would ship trained weights.
+
+The tasks follow compass's device convention: a task with a model gets its input tensors on the
+model's device (the GPU with ``--backend cupy``) and its output tensors are moved to the host for
+it, so the same functions run on every backend (``--backend strict`` checks the GPU's rules on a
+CPU).
 """
 
 from __future__ import annotations

@@ -173,6 +173,11 @@ class Model:
     older checkpoints, a pooler left out) and tensors the checkpoint lacks (they keep what the
     builder made); both are logged at debug. ``size_bytes`` is measured from the module's
     parameters and buffers; give it only for an emulated model (no builder).
+
+    A safetensors checkpoint whose floating-point tensors are narrower than the builder's (a
+    bf16 checkpoint, an fp32 module) keeps its dtype in the slabs rather than being cast up to
+    twice the bytes: the task casts its inputs to the model's dtype. Dense layouts the builder
+    chose (channels_last, a transposed weight) are kept.
     """
 
     def __init__(
@@ -257,6 +262,7 @@ class Model:
             bindings, tensors = _collect(self._skeleton())
             stored = self._checkpoint_dtypes()
             specs: list[TensorSpec] = []
+            narrowed: dict[str, str] = {}
             for key, t in tensors.items():
                 dtype = t.dtype
                 kept = stored.get(key)
@@ -264,6 +270,7 @@ class Model:
                     # keep the checkpoint's precision: load_state_dict would cast a bf16
                     # checkpoint into fp32 slabs (twice the bytes); fp32 holds every bf16,
                     # fp16 and fp8 value exactly, so staging casts back without loss
+                    narrowed[key] = f"{kept} (built as {dtype})"
                     dtype = kept
                 size = torch.empty((), dtype=dtype).element_size()
                 specs.append(
@@ -271,6 +278,11 @@ class Model:
                         key, dtype, tuple(t.shape), t.numel() * size,
                         _dense_stride(tuple(t.shape), tuple(t.stride())),
                     )
+                )  # fmt: skip
+            if narrowed:
+                log.info(
+                    "model %s keeps its checkpoint's narrower dtype in %d tensor(s) (the task's "
+                    "inputs must match): %s", self.name, len(narrowed), narrowed,
                 )  # fmt: skip
             self._structure = (bindings, tuple(specs))
         return self._structure

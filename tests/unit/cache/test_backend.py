@@ -129,3 +129,32 @@ def test_emulated_cache_never_imports_torch():
         assert "torch" not in sys.modules
         """
     )
+
+
+def test_auto_says_when_it_falls_back_to_host_memory(monkeypatch, caplog):
+    import compass.cache.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "cuda_problem", lambda: "CuPy does not import (boom)")
+    monkeypatch.setattr(backend_module, "_torch_sees_cuda", lambda: True)
+    with caplog.at_level("WARNING", logger="compass.cache.backend"):
+        backend = make_backend(CacheConfig(64 * KiB, 4 * KiB, "auto"))
+    assert isinstance(backend, HostBackend)
+    assert backend.fallback is not None
+    assert "torch sees CUDA but CuPy does not import (boom)" in backend.fallback
+    assert backend.describe()["fallback"] == backend.fallback
+    assert any("falls back" in r.message or "host memory" in r.message for r in caplog.records)
+    # no GPU at all: host memory is the plain choice, nothing to warn about
+    monkeypatch.setattr(backend_module, "_torch_sees_cuda", lambda: False)
+    caplog.clear()
+    quiet = make_backend(CacheConfig(64 * KiB, 4 * KiB, "auto"))
+    assert quiet.fallback is None
+    assert "fallback" not in quiet.describe()
+    assert not caplog.records
+
+
+def test_cuda_problem_names_what_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    problem = compass.cache.backend.cuda_problem()
+    assert problem is not None
+    assert problem.startswith("CuPy does not import (")
+    assert "compass[gpu]" in problem
