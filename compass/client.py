@@ -60,7 +60,10 @@ class Client:
     worker, up to ``retries`` times (default 2). That runs a job's tasks again, so it requires
     idempotent tasks, which inference is; ``retries=0`` raises at once. Every job carries a key
     the client chose, so a worker that sees the same job twice (a retried request that did
-    arrive) answers both with one run. After :meth:`aclose` calls fail until :meth:`connect`.
+    arrive) answers both with one run. A worker that refuses a job because it drains (it was
+    told to stop) still answers the jobs already in flight on the same connection: only new
+    calls go to the next worker. An error about a job names it (``error.job_id``, as the
+    workers' logs do). After :meth:`aclose` calls fail until :meth:`connect`.
 
     A frame goes out whole on its TCP stream, so a small call behind a 128 MiB one would wait
     for it. Submissions whose inputs exceed ``bulk_threshold`` bytes therefore use a second
@@ -123,6 +126,10 @@ class Client:
         self.limits = limits or Limits()
         self._channel: Channel | None = None  # every call but large submissions
         self._bulk: Channel | None = None  # large submissions, to the same worker
+        # channels to a worker that is going away (it drains, or one of them broke): no new
+        # call goes there, and the calls in flight on them finish (the worker answers them
+        # before it leaves); closed by the worker, or by aclose()
+        self._retired: set[Channel] = set()
         self._closed = False  # by aclose(): no reconnecting behind the caller's back
         # the loop the channels belong to, and its lock for one (re)connection at a time
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -171,18 +178,30 @@ class Client:
         live = any(c is not None and not c.closed for c in (self._channel, self._bulk))
         return live or (self._connecting is not None and self._connecting.locked())
 
+    def _usable(self, channel: Channel | None) -> bool:
+        return channel is not None and not channel.closed and channel not in self._retired
+
+    def _retire(self, channel: Channel) -> None:
+        """``channel``'s worker is going away: the next call fails over, while the calls in
+        flight on this channel (and on the other one to the same worker) go on."""
+        for ch in (channel, self._channel, self._bulk):
+            if ch is not None and not ch.closed and ch not in self._retired:
+                self._retired.add(ch)
+                ch.on_close.append(lambda closed, _exc: self._retired.discard(closed))
+
     async def _open(self, *, bulk: bool) -> Channel:
         """The channel for the next call: connected, reopened or failed over as needed."""
         lock = self._lock_for_this_loop()
         async with lock:
             channel = self._channel
-            if channel is None or channel.closed:
+            if not self._usable(channel):
                 if self._closed:
                     raise ConnectionClosed(f"client for {self.address} was closed")
                 await self._fail_over()
             if not bulk:
                 return self.channel
-            if self._bulk is not None and not self._bulk.closed:
+            if self._usable(self._bulk):
+                assert self._bulk is not None
                 return self._bulk
             try:
                 self._bulk = await self._dial(self.address)
@@ -197,7 +216,7 @@ class Client:
     async def _fail_over(self) -> None:
         """Connect to the first worker that answers; the current one last if it was lost."""
         bulk, self._bulk = self._bulk, None
-        if bulk is not None:
+        if bulk is not None and not bulk.closed and bulk not in self._retired:
             await bulk.aclose()  # it points at the worker being left
         n = len(self.addresses)
         first = self.addresses.index(self.address)
@@ -258,13 +277,16 @@ class Client:
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
         :class:`~compass.errors.InvalidInputs` for a bad request.
         """
+        if timeout is _DEFAULT:
+            timeout = self.timeouts.request
         threshold = self.bulk_threshold
         bulk = threshold is not None and payload_bytes(inputs) > threshold
         body = {"workflow": workflow, "inputs": inputs, "key": uuid.uuid4().hex}
         lost: CompassError | None = None
         for _ in range(self.retries + 1):
+            channel = await self._channel_for(bulk)
             try:
-                return await self._request("submit", body, timeout, bulk=bulk)
+                return await channel.request("submit", body, timeout=timeout)
             except ConnectFailed:
                 if lost is None:
                     raise
@@ -273,8 +295,11 @@ class Client:
                 if isinstance(exc, Overloaded):
                     raise
                 lost = exc
-                if isinstance(exc, WorkerUnavailable) and self._channel is not None:
-                    await self._channel.aclose()  # it is going away: the next call fails over
+                if isinstance(exc, WorkerUnavailable):
+                    # it is going away: the next call fails over; the other jobs in flight
+                    # there are answered before it leaves (a draining worker finishes them),
+                    # or fail over themselves
+                    self._retire(channel)
         assert lost is not None
         raise lost
 
@@ -297,18 +322,23 @@ class Client:
             tasks = [group.create_task(one(kwargs)) for kwargs in inputs]
         return [task.result() for task in tasks]
 
-    async def _request(self, op: str, body: Any, timeout: float | None, bulk: bool = False) -> Any:
+    async def _request(self, op: str, body: Any, timeout: float | None) -> Any:
         if timeout is _DEFAULT:
             timeout = self.timeouts.request
+        channel = await self._channel_for(bulk=False)
+        return await channel.request(op, body, timeout=timeout)
+
+    async def _channel_for(self, bulk: bool) -> Channel:
+        """The channel the next call goes on, (re)connected or failed over as needed."""
         channel = self._bulk if bulk else self._channel
         if (
-            channel is None
-            or channel.closed
+            not self._usable(channel)
             or self._loop is not asyncio.get_running_loop()
-            or (bulk and (self._channel is None or self._channel.closed))
+            or (bulk and not self._usable(self._channel))
         ):
             channel = await self._open(bulk=bulk)
-        return await channel.request(op, body, timeout=timeout)
+        assert channel is not None
+        return channel
 
     async def aclose(self) -> None:
         """Close both connections; calls then fail until :meth:`connect`. Idempotent."""
@@ -316,9 +346,10 @@ class Client:
         if self._loop is None:
             return
         self._lock_for_this_loop()
-        channels = [c for c in (self._channel, self._bulk) if c is not None]
+        channels = [c for c in (self._channel, self._bulk, *self._retired) if c is not None]
         # forgotten, so that a later connect() starts at the same worker, not the next one
         self._channel = self._bulk = None
+        self._retired.clear()
         await asyncio.gather(*(c.aclose() for c in channels))
         self._loop = self._connecting = None  # free to be used on another loop now
 

@@ -25,10 +25,18 @@ LISTENING = "compass worker listening on "
 class WorkerProcess:
     """One ``compass worker start`` subprocess."""
 
-    def __init__(self, name: str, process: asyncio.subprocess.Process, log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        process: asyncio.subprocess.Process,
+        log_path: Path,
+        argv: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.process = process
         self.log_path = log_path
+        #: the command it was started with (a restart runs it again, bound to the same port)
+        self.argv = list(argv)
         self.address = ""
         self._drain: asyncio.Task[None] | None = None
 
@@ -79,8 +87,9 @@ class WorkerProcess:
         if self.running:
             self.process.kill()
 
-    async def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+    async def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (the worker drains, then leaves), then SIGKILL after ``timeout``; returns
+        the exit code."""
         if self.running:
             self.process.send_signal(signal.SIGTERM)
         try:
@@ -148,9 +157,10 @@ class LocalCluster:
         return self
 
     async def spawn(
-        self, name: str, join: str | None = None, extra: Sequence[str] = ()
+        self, name: str, join: str | None = None, extra: Sequence[str] = (), port: int = 0
     ) -> WorkerProcess:
-        """Start one more worker (joined to ``join``) and wait until it listens."""
+        """Start one more worker (joined to ``join``, on ``port``: 0 for any free one) and
+        wait until it listens."""
         argv = [
             sys.executable,
             "-m",
@@ -160,7 +170,7 @@ class LocalCluster:
             "--host",
             self.host,
             "--port",
-            "0",
+            str(port),
             "--name",
             name,
             *self.args,
@@ -171,6 +181,21 @@ class LocalCluster:
             argv += ["--tls-ca", self.tls.ca]
         if join:
             argv += ["--join", join]
+        return await self._start(name, argv)
+
+    async def restart(self, index: int, *, kill: bool = False) -> WorkerProcess:
+        """Stop worker ``index`` and start it again as a supervisor would: the same name, port
+        and flags. ``kill``: SIGKILL (a crash) instead of SIGTERM (a drain, waited for)."""
+        old = self.workers[index]
+        if kill:
+            old.kill()
+        await old.stop()
+        port = old.address.rsplit(":", 1)[1]
+        argv = list(old.argv)
+        argv[argv.index("--port") + 1] = port
+        return await self._start(old.name, argv, index=index)
+
+    async def _start(self, name: str, argv: list[str], index: int | None = None) -> WorkerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env["COMPASS_TOKEN"] = self.token
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -183,8 +208,11 @@ class LocalCluster:
                 stdin=asyncio.subprocess.DEVNULL,
                 env=env,
             )
-        worker = WorkerProcess(name, process, log_path)
-        self.workers.append(worker)
+        worker = WorkerProcess(name, process, log_path, argv)
+        if index is None:
+            self.workers.append(worker)
+        else:
+            self.workers[index] = worker
         await worker.read_address(self.startup_timeout)
         return worker
 

@@ -61,7 +61,11 @@ from compass.worker.stats import WorkerStats, payload_bytes
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
-__all__ = ["Worker"]
+__all__ = ["HOLD_S", "Worker"]
+
+#: seconds a message for a worker this one has not met yet waits for it to connect (a
+#: restarted worker meets every member within moments of joining)
+HOLD_S = 2.0
 
 log = logging.getLogger("compass.worker")
 
@@ -123,6 +127,9 @@ class Worker:
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: messages for workers this one has not met yet, by name, and their give-up timers
+        self._held: dict[str, list[PeerMessage]] = {}
+        self._held_timers: dict[str, asyncio.TimerHandle] = {}
         # a worker without --name is named when it binds (start)
         self._bind_name(self.name or "(unbound)")
         self._server: Server | None = None
@@ -239,6 +246,8 @@ class Worker:
             await self._server.aclose()
         if self.membership is not None:
             await self.membership.aclose()
+        for timer in self._held_timers.values():
+            timer.cancel()
         for task in [*self._background, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._background, *self._tasks, return_exceptions=True)
@@ -329,6 +338,8 @@ class Worker:
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
         self.gossip.draining.discard(peer.name)  # a new instance, or one that came back
+        if peer.name in self._held:
+            asyncio.get_running_loop().call_soon(self._flush_held, peer.name)
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
 
     def _peer_left(self, name: str, why: str) -> None:
@@ -375,8 +386,20 @@ class Worker:
             self.apply(ModelLoaded(self.clock(), model, result))
 
     def _send(self, worker: str, msg: PeerMessage) -> None:
-        channel = None if self.membership is None else self.membership.channel(worker)
+        membership = self.membership
+        channel = None if membership is None else membership.channel(worker)
+        if worker in self._held:
+            self._held[worker].append(msg)  # behind what waits already: in order
+            return
         if channel is None or channel.closed:
+            if membership is not None and worker not in membership.members:
+                # not met yet: this worker restarted, or the peer did, and they are still
+                # connecting (a plan made elsewhere names it); wait for it a moment
+                self._held[worker] = [msg]
+                self._held_timers[worker] = asyncio.get_running_loop().call_later(
+                    HOLD_S, self._give_up_held, worker
+                )
+                return
             # the peer is gone: its jobs' ingresses re-plan them (PeerLost)
             self.stats.messages_dropped += 1
             return
@@ -389,6 +412,24 @@ class Worker:
             why = f"{type(exc).__name__}: {exc}"
             log.warning("%s: could not send %r to %s: %s", self.name, msg.op, worker, why)
             self.apply(Undeliverable(self.clock(), worker, msg, why))
+
+    def _flush_held(self, worker: str) -> None:
+        """Peer ``worker`` is connected: send what waited for it, in order."""
+        timer = self._held_timers.pop(worker, None)
+        if timer is not None:
+            timer.cancel()
+        for msg in self._held.pop(worker, []):
+            self._send(worker, msg)
+
+    def _give_up_held(self, worker: str) -> None:
+        """No connection to ``worker`` within :data:`HOLD_S`: each job of what waited is
+        planned again by its ingress."""
+        self._held_timers.pop(worker, None)
+        why = f"no connection to {worker} within {HOLD_S:g} s"
+        for msg in self._held.pop(worker, []):
+            log.warning("%s: could not send %r of job %s to %s: %s", self.name, msg.op,
+                        getattr(msg, "job", "?"), worker, why)  # fmt: skip
+            self.apply(Undeliverable(self.clock(), worker, msg, why, unreachable=True))
 
     def _deliver(self, answer: Answer) -> None:
         future = self._answers.get(answer.job_id)

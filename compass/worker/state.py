@@ -95,6 +95,9 @@ __all__ = [
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
 FORGET_AFTER = 4096
 
+#: attempts of a job at most when workers report they could not take or pass on its tasks
+MAX_ATTEMPTS = 4
+
 #: how many answered job keys an ingress remembers (with their answers) for resubmissions
 ANSWERED_KEYS = 4096
 
@@ -241,12 +244,15 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class Undeliverable:
     """``msg`` could not be sent to ``peer``: ``error`` says why (a task output the wire
-    cannot encode, say). The job it carried fails; nothing else does."""
+    cannot encode, say). The job it carried fails; nothing else does. ``unreachable``: this
+    worker has no connection to ``peer`` (one that restarted and has not reached it yet):
+    the job's ingress plans it again instead."""
 
     now: float
     peer: str
     msg: PeerMessage
     error: str
+    unreachable: bool = False
 
 
 Event: TypeAlias = (
@@ -593,6 +599,12 @@ class WorkerCore:
         job = self._live(msg.job, msg.attempt)
         if job is None:
             return
+        if msg.code == WorkerUnavailable.code and job.attempt < MAX_ATTEMPTS - 1:
+            # a worker could not take or pass on a task (it had no connection to the next
+            # one yet, or it refuses GPU work): plan the job again, from the inputs kept here
+            self.stats.replans += 1
+            self._new_attempt(job, "", now)
+            return
         self.stats.jobs_failed += 1
         detail = {
             "job_id": job.job_id,
@@ -637,6 +649,7 @@ class WorkerCore:
             "workflow": job.workflow.name,
             "plan": dict(job.plan),
             "attempts": job.attempt + 1,
+            "key": job.key,  # the client's name for the job: a job run twice shows twice
             "ok": error is None,
             "latency_s": now - job.submitted_at,
         }
@@ -899,7 +912,8 @@ class WorkerCore:
         if self.is_done(msg.job, msg.attempt):
             return
         text = f"its output could not be sent to {ev.peer}: {ev.error}"
-        self._report_failure(msg.job, msg.attempt, task, ingress, ev.now, text, ProtocolError.code)
+        code = WorkerUnavailable.code if ev.unreachable else ProtocolError.code
+        self._report_failure(msg.job, msg.attempt, task, ingress, ev.now, text, code)
 
     def _forget(self, job_id: str, below: int | None) -> None:
         """Messages of ``job_id`` (of attempts below ``below``; all when None) are stale now."""

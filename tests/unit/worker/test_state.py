@@ -32,6 +32,7 @@ from compass.worker.messages import (
     TaskMsg,
 )
 from compass.worker.state import (
+    MAX_ATTEMPTS,
     Answer,
     AskPlan,
     Cancel,
@@ -615,3 +616,17 @@ def test_one_job_over_the_byte_limit_is_too_large_not_overloaded() -> None:
     assert isinstance(answer.error, JobTooLarge) and not isinstance(answer.error, Overloaded)
     assert answer.error.job_id == job and answer.error.detail["max_job_bytes"] == 100
     assert job in answer.error.message and not c.jobs and c.stats.jobs_refused == 1
+
+
+def test_a_task_a_worker_could_not_pass_on_is_planned_again_a_bounded_number_of_times() -> None:
+    # a restarted worker that has not met every peer yet reports "unavailable"
+    c, view = core("a", ("a", "b", "c"))
+    job, _ = _job_on_peer(c, view, "b")
+    for attempt in range(MAX_ATTEMPTS - 1):
+        failed = FailedMsg(job, attempt, "a", "b", "no connection to c", "", "unavailable")
+        steps = c.handle(received(failed, 1.0 + attempt, "b"))
+        assert of(Answer, steps) == [] and c.jobs[job].attempt == attempt + 1
+        assert [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]  # sent again
+    last = FailedMsg(job, MAX_ATTEMPTS - 1, "a", "b", "no connection to c", "", "unavailable")
+    (answer,) = of(Answer, c.handle(received(last, 9.0, "b")))
+    assert answer.error is not None and answer.error.job_id == job
