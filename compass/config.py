@@ -41,6 +41,9 @@ GiB = 1 << 30
 DEFAULT_CACHE_BYTES = 2 * GiB
 #: share of the GPU's free memory a worker's cache takes by default (the rest: activations)
 GPU_CACHE_FRACTION = 0.8
+#: GPU memory a default cache always leaves free for activations and the CUDA context, however
+#: large the device (the smaller of the two rules wins)
+GPU_HEADROOM_BYTES = 1 << 30
 #: share of the machine's memory a host-backend cache takes by default
 HOST_CACHE_FRACTION = 0.25
 
@@ -119,10 +122,12 @@ class DeviceMemory:
     host_bytes: int | None = None
 
     def default_cache_bytes(self) -> int:
-        """:data:`GPU_CACHE_FRACTION` of free GPU memory on CuPy, :data:`HOST_CACHE_FRACTION` of
-        host memory on the host backend, :data:`DEFAULT_CACHE_BYTES` otherwise."""
+        """:data:`GPU_CACHE_FRACTION` of free GPU memory on CuPy, less where that would leave
+        under :data:`GPU_HEADROOM_BYTES` free; :data:`HOST_CACHE_FRACTION` of host memory on the
+        host backends, :data:`DEFAULT_CACHE_BYTES` otherwise."""
         if self.backend == "cupy" and self.free_gpu_bytes:
-            return int(self.free_gpu_bytes * GPU_CACHE_FRACTION)
+            free = self.free_gpu_bytes
+            return max(0, min(int(free * GPU_CACHE_FRACTION), free - GPU_HEADROOM_BYTES))
         if self.backend in ("host", "strict") and self.host_bytes:
             return int(self.host_bytes * HOST_CACHE_FRACTION)
         return DEFAULT_CACHE_BYTES

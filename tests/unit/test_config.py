@@ -85,7 +85,7 @@ GiB = 1 << 30
     [
         # 80% of free GPU memory on CuPy, whole slabs
         (DeviceMemory("cupy", free_gpu_bytes=10 * GiB), 8 * GiB),
-        (DeviceMemory("cupy", free_gpu_bytes=1000 * MiB), 768 * MiB),  # 800 MiB -> 12 slabs
+        (DeviceMemory("cupy", free_gpu_bytes=4000 * MiB), 2944 * MiB),  # 1 GiB left: 46 slabs
         # 25% of host memory on the host backend
         (DeviceMemory("host", host_bytes=16 * GiB), 4 * GiB),
         (DeviceMemory("host", host_bytes=23 * GiB, free_gpu_bytes=80 * GiB), 5888 * MiB),
@@ -109,6 +109,10 @@ def test_a_configured_or_workload_capacity_wins_over_the_device() -> None:
 
 
 def test_a_default_cache_smaller_than_a_slab_says_what_to_do() -> None:
+    # a GPU with less free than the headroom left for activations: no default cache at all
+    assert DeviceMemory("cupy", free_gpu_bytes=1000 * MiB).default_cache_bytes() == 0
+    with pytest.raises(ConfigError, match="--cache-mb"):
+        CacheConfig(slab_bytes=MiB).resolved(memory=DeviceMemory("cupy", free_gpu_bytes=GiB))
     tiny = DeviceMemory("host", host_bytes=100 * MiB)  # 25 MiB: less than one 64 MiB slab
     with pytest.raises(ConfigError, match="--cache-mb"):
         CacheConfig(slab_bytes=64 * MiB).resolved(memory=tiny)

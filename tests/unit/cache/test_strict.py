@@ -121,3 +121,28 @@ def test_strided_views_keep_their_layout():
     view = backend.tensor_view(0, torch.float32, image.shape, image.nbytes, image.stride())
     assert view.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(view, image)
+
+
+@pytest.mark.asyncio
+async def test_demand_loads_are_urgent_and_prefetches_are_not():
+    from torch import nn
+
+    from compass.cache import Model, ModelCache
+
+    models = {name: Model(name, lambda: nn.Linear(8, 8)) for name in ("a", "b")}
+    config = CacheConfig(capacity_bytes=64 * KiB, slab_bytes=4 * KiB, backend="strict")
+    async with ModelCache(models, config) as cache:
+        backend = cache.backend
+        assert isinstance(backend, StrictBackend)
+        with await cache.ensure("a"):  # a task waits for it: a high-priority stream on a GPU
+            pass
+        assert (backend.copies_completed, backend.urgent_copies) == (1, 1)
+        cache.prefetch(["b"])  # nobody waits: an ordinary stream
+        with await cache.ensure("b"):
+            pass
+        assert (backend.copies_completed, backend.urgent_copies) == (2, 1)
+        assert backend.reads_in_flight() == {}  # both leases fenced on release
+        # one copy per slab group, from one staging buffer per model
+        assert cache.staged_bytes() == 2 * Model("x", lambda: nn.Linear(8, 8)).layout(
+            4 * KiB
+        ).staging_bytes
