@@ -161,8 +161,8 @@ class WorkerMetrics:
         name = self._worker.name
         extra = {"worker": name, "job": job, "workflow": workflow, "outcome": outcome}
         if outcome == "failed":
-            log.info("%s: job %s (%s) failed after %.3f s: %s", name, job, workflow, latency,
-                     error, extra=extra)  # fmt: skip
+            log.warning("%s: job %s (%s) failed after %.3f s: %s", name, job, workflow,
+                        latency, error, extra=extra)  # fmt: skip
         else:
             log.debug("%s: job %s (%s) %s after %.3f s", name, job, workflow, outcome, latency,
                       extra=extra)  # fmt: skip
@@ -203,8 +203,9 @@ class WorkerMetrics:
                       name, entry.task, entry.job_id, outcome.queue_s, outcome.fetch_s,
                       outcome.exec_s, extra=extra)  # fmt: skip
             return
-        log.info("%s: task %s of job %s (%s) failed: %s: %s", name, entry.task, entry.job_id,
-                 entry.workflow, type(error).__name__, error, extra=extra)  # fmt: skip
+        log.warning("%s: task %s of job %s (%s) failed: %s: %s", name, entry.task,
+                    entry.job_id, entry.workflow, type(error).__name__, error,
+                    extra=extra)  # fmt: skip
         if outcome.error_text:
             log.debug("%s: task %s of job %s failed with\n%s", name, entry.task, entry.job_id,
                       outcome.error_text.rstrip(), extra=extra)  # fmt: skip

@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILES = [DEPLOY / "Dockerfile", DEPLOY / "Dockerfile.cuda"]
 K8S = DEPLOY / "k8s"
-UNIT = DEPLOY / "compass-worker.service"
+UNIT = DEPLOY / "compass-worker@.service"
 ENV_FILE = DEPLOY / "compass-worker.env"
+INSTANCE_ENV_FILE = DEPLOY / "compass-worker-instance.env"
 DOC = ROOT / "docs" / "DEPLOY.md"
 
 WORKER_PORT = 7341
@@ -269,6 +270,36 @@ def test_the_statefulset_names_advertises_joins_and_probes_consistently() -> Non
     assert pod_security["runAsNonRoot"] is True and pod_security["runAsUser"] != 0
 
 
+def test_every_kubernetes_object_is_valid_against_the_api_schema() -> None:
+    validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks them")
+    checked = 0
+    for path, doc in _k8s_documents():
+        if doc.get("kind") == "Kustomization" or path.parent.name == "cuda":
+            continue  # kustomize's own file, and the GPU overlay's patch (a partial object)
+        validate.validate(doc, "1.30.0", strict=True)  # raises on a field that is wrong
+        checked += 1
+    assert checked >= 4  # two Services, the StatefulSet, the PodDisruptionBudget
+
+
+def test_a_stopping_pod_drains_within_its_grace_period_one_at_a_time() -> None:
+    docs = [doc for path, doc in _k8s_documents() if path.parent.name == "base"]
+    (sts,) = [d for d in docs if d.get("kind") == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (drain_text,) = _option(container["args"], "--drain-timeout")
+    grace = pod["terminationGracePeriodSeconds"]
+    assert 0 < float(drain_text) < grace  # never killed mid-drain
+    pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    assert "kill -TERM 1" in pre_stop and "kill -0 1" in pre_stop  # starts the drain, waits
+    (budget,) = [d for d in docs if d.get("kind") == "PodDisruptionBudget"]
+    assert budget["spec"]["maxUnavailable"] == 1
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    gpu = [d for path, d in _k8s_documents() if path.name == "gpu.yaml"]
+    (gpu_args,) = [c["args"] for d in gpu for c in _containers(d)]
+    assert _option(gpu_args, "--drain-timeout") == [drain_text]  # the overlay replaces args
+
+
 def test_the_cuda_variant_asks_for_one_gpu_per_worker() -> None:
     (patch,) = [d for p, d in _k8s_documents() if p.parent.name == "cuda" and d.get("spec")]
     (container,) = patch["spec"]["template"]["spec"]["containers"]
@@ -317,11 +348,21 @@ def test_the_systemd_unit_runs_the_worker_with_flags_and_variables_it_has(
     for key, value in entries:
         if key == "Environment":
             env.update(_assignment(word) for word in shlex.split(value))
-    (env_file,) = [value for key, value in entries if key == "EnvironmentFile"]
-    assert env_file == "/etc/compass/worker.env"
-    from_file = _env_file(ENV_FILE.read_text())
+    env_files = [value for key, value in entries if key == "EnvironmentFile"]
+    assert env_files == ["/etc/compass/worker.env", "/etc/compass/worker-%i.env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "%i"  # an instance per GPU
+    from_file = {**_env_file(ENV_FILE.read_text()), **_env_file(INSTANCE_ENV_FILE.read_text())}
     assert "COMPASS_TOKEN" in from_file  # the token comes from the file, never the command line
     assert not _option(argv, "--token")
+    # every instance binds its own ports: nothing in the unit pins one (a flag beats a variable)
+    for flag in ("--port", "--metrics-port", "--name"):
+        assert not _option(argv, flag), flag
+    assert {"COMPASS_PORT", "COMPASS_METRICS_PORT", "COMPASS_NAME"} <= set(from_file)
+    # systemd waits longer than the worker drains before it kills it
+    (drain_text,) = _option(argv, "--drain-timeout")
+    drain = float(drain_text)
+    stop = float(dict(entries)["TimeoutStopSec"])
+    assert 0 < drain < stop
     _check_command(f"{UNIT.name} with {ENV_FILE.name}", argv[3:], {**env, **from_file}, monkeypatch)
     user = dict(entries).get("User")
     assert user not in (None, "root", "0")
