@@ -213,15 +213,14 @@ async def seed_restart(env: dict[str, str] | None, log_dir: Path | None) -> Outc
 async def drain(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
     outcome = Outcome("drain")
     cluster = _cluster(2, env, log_dir)
-    async with cluster:
-        async with cluster.client(0) as client:
-            jobs = [asyncio.ensure_future(_job(client, i)) for i in range(24)]
-            await asyncio.sleep(0.2)  # submitted and queued
-            t0 = time.monotonic()
-            await cluster.workers[0].stop()
-            outcome.exit_s = round(time.monotonic() - t0, 2)
-            for result in await asyncio.gather(*jobs):
-                outcome.count(result)
+    async with cluster, cluster.client(0) as client:
+        jobs = [asyncio.ensure_future(_job(client, i)) for i in range(24)]
+        await asyncio.sleep(0.2)  # submitted and queued
+        t0 = time.monotonic()
+        await cluster.workers[0].stop()
+        outcome.exit_s = round(time.monotonic() - t0, 2)
+        for result in await asyncio.gather(*jobs):
+            outcome.count(result)
     return outcome
 
 

@@ -770,6 +770,29 @@ def bench_client(
     client.run(rounds=rounds, mib=mib, json_path=json_path)
 
 
+@bench_app.command("restarts")
+def bench_restarts(
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(help="same_name, crash_loop, seed_restart, drain or rolling (repeatable)."),
+    ] = None,
+    worker_pythonpath: Annotated[
+        str | None, typer.Option(help="Run the workers from this checkout (a before/after).")
+    ] = None,
+    json_path: JsonPath = None,
+) -> None:
+    """Restarts, crashes, drains and a rolling restart on a local cluster: jobs ok, hung,
+    failed or run twice, and the time until every view is whole again."""
+    from compass._bench import restarts
+
+    names = scenario or list(restarts.SCENARIOS)
+    unknown = [n for n in names if n not in restarts.SCENARIOS]
+    if unknown:
+        _fail(f"--scenario {unknown[0]!r}: expected one of {', '.join(restarts.SCENARIOS)}", 2)
+    _check_output(json_path, "--json")
+    restarts.run(names, worker_pythonpath=worker_pythonpath, json_path=json_path)
+
+
 @bench_app.command("chain")
 def bench_chain(
     workers: Annotated[
