@@ -311,3 +311,16 @@ def test_torch_is_not_imported_to_decode_arrays():
     if result.returncode == 3:
         pytest.skip("importing compass already imports torch")
     assert result.returncode == 0, result.stderr.decode()
+
+
+# -- the bounds hold on the fast paths too ------------------------------------------------------
+
+
+@pytest.mark.parametrize("item", [0, "a"], ids=["scalars", "short strings"])
+def test_one_flat_array_past_max_elements_is_refused_and_one_at_it_decodes(item: Any) -> None:
+    limits = Limits()
+    at_limit = msgpack.packb([item] * (limits.max_elements - 1))  # the list counts too
+    assert len(decode_message(at_limit, [], limits)) == limits.max_elements - 1
+    past = msgpack.packb([item] * limits.max_elements)
+    with pytest.raises(ProtocolError, match="max_elements"):
+        decode_message(past, [], limits)

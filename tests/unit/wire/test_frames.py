@@ -6,6 +6,7 @@ import contextlib
 import struct
 import tracemalloc
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -266,3 +267,18 @@ def test_a_reused_buffer_still_referenced_is_not_reused_again():
     assert bytes(third.buffers[0][:1]) == b"\x03"
     assert held.tolist() == [2] * 10, "a live array was overwritten"
     assert decoder.payload_buffers_reused == 1
+
+
+def test_a_small_complete_frame_past_max_header_bytes_is_refused_on_the_fast_path() -> None:
+    # no buffers, whole in the receive buffer, well under max_frame_bytes: only the header
+    # bound stops it
+    limits = Limits(max_header_bytes=1024)
+    decoder = FrameDecoder(limits)
+    for data in encode_frame(msgpack.packb("x" * 1100), []):
+        decoder.receive_data(bytes(data))
+    with pytest.raises(ProtocolError, match="max_header_bytes=1024"):
+        decoder.next_header_or_frame()
+    fits = FrameDecoder(limits)
+    for data in encode_frame(msgpack.packb("x" * 1000), []):
+        fits.receive_data(bytes(data))
+    assert fits.next_header_or_frame() == msgpack.packb("x" * 1000)
