@@ -291,6 +291,7 @@ def run(
     if worker_pythonpath:
         env = dict(os.environ)
         env["PYTHONPATH"] = worker_pythonpath
+        env["PYTHONSAFEPATH"] = "1"  # `python -m` would put the working directory first
     outcomes = []
     for name in scenarios:
         path = Path(log_dir) / name if log_dir else None
@@ -308,6 +309,8 @@ def run(
 
 def _row(o: Outcome) -> str:
     view = "never" if o.view_s is None else f"{o.view_s:.2f} s"
+    if o.exit_s is not None:  # a drain: one worker is gone for good
+        view = "-"
     extra = f", exit {o.exit_s:.2f} s" if o.exit_s is not None else ""
     errors = f"  {o.errors}" if o.errors else ""
     return (
