@@ -8,13 +8,14 @@ maps usage errors, :class:`CompassError` and ``OSError`` to that line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -291,8 +292,14 @@ def worker_start(
         int, typer.Option(envvar=_env("slab_mb"), min=1, help="Slab size in MiB.")
     ] = 64,
     backend: Annotated[
-        str, typer.Option(envvar=_env("backend"), help="auto, cupy, host or capacity.")
+        str, typer.Option(envvar=_env("backend"), help="auto, cupy, host, strict or capacity.")
     ] = "auto",
+    device: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("device"), min=0, help="CUDA device of the model cache (cupy backend)."
+        ),
+    ] = 0,
     heartbeat_ms: Annotated[
         float,
         typer.Option(envvar=_env("heartbeat_ms"), help="Heartbeat interval when nothing changes."),
@@ -404,6 +411,7 @@ def worker_start(
         capacity_bytes=None if cache_mb is None else cache_mb * MiB,
         slab_bytes=slab_mb * MiB,
         backend=backend,
+        device=device,
     )
     config = WorkerConfig(
         host=host,
@@ -461,6 +469,13 @@ def up(
     log_dir: Annotated[
         Path, typer.Option(help="Folder for the workers' logs (w0.log, w1.log, ...).")
     ] = Path("compass-logs"),
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="CUDA devices, e.g. 0,1,2,3: worker i gets --device of the i-th (in turn); "
+            "workers start one after another."
+        ),
+    ] = None,
 ) -> None:
     """Start a local cluster of joined workers on loopback; Ctrl-C stops them all.
 
@@ -488,13 +503,15 @@ def up(
         source = ["--app", str(app_ref)]
     args = ["--policy", policy, *source, *extra]
     logs = log_dir.resolve()
+    devices = None if gpus is None else _gpus(gpus, extra)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with LocalCluster(workers, token=token, args=args, log_dir=logs, tls=tls) as cluster:
+        cluster = LocalCluster(workers, token=token, args=args, log_dir=logs, tls=tls)
+        async with cluster if devices is None else _on_devices(cluster, devices):
             for worker in cluster.workers:
                 typer.echo(f"{worker.name} {worker.address}")
             if token is None:
@@ -512,6 +529,34 @@ def up(
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+def _gpus(text: str, extra: list[str]) -> list[int]:
+    """``--gpus 0,1,...`` as device numbers; refused beside a --device for every worker."""
+    if any(arg.split("=", 1)[0] == "--device" for arg in extra):
+        _fail("give --gpus (a device per worker) or --device (one for all), not both", 2)
+    try:
+        devices = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        devices = []
+    if not devices or min(devices) < 0:
+        _fail(f"--gpus {text!r}: expected comma-separated device numbers, e.g. 0,1,2,3", 2)
+    return devices
+
+
+@contextlib.asynccontextmanager
+async def _on_devices(cluster: Any, devices: list[int]) -> AsyncIterator[Any]:
+    """Start ``cluster``'s workers one after another, worker i on ``devices[i % n]`` (so each
+    sees the memory its predecessors on the same device left), and stop them on the way out."""
+    try:
+        first = await cluster.spawn("w0", extra=["--device", str(devices[0])])
+        for i in range(1, cluster.size):
+            device = ["--device", str(devices[i % len(devices)])]
+            await cluster.spawn(f"w{i}", join=first.address, extra=device)
+        await cluster.wait_joined()
+        yield cluster
+    finally:
+        await cluster.aclose()
 
 
 def _check_worker_args(args: list[str]) -> None:
@@ -569,10 +614,14 @@ def status(
         f"queue: {queue.get('ready', 0)} ready, {queue.get('running', 0)} running, "
         f"wait {queue.get('wait_ms', 0):.1f} ms; host lanes: {queue.get('host_ready', 0)} "
         f"ready, {queue.get('host_running', 0)} running of {queue.get('host_lanes', 0)}\n"
-        f"cache: {sorted(cache.get('resident', []))} "
+        f"cache ({cache.get('backend', '?')} on {cache.get('device', '?')}): "
+        f"{sorted(cache.get('resident', []))} "
         f"free {cache.get('free_bytes', 0) / 1e9:.2f} GB "
-        f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB"
+        f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB, "
+        f"{cache.get('staged_bytes', 0) / 1e9:.2f} GB of weights staged on the host"
     )
+    if cache.get("fallback"):
+        typer.echo(f"cache fallback: {cache['fallback']}")
     if info.get("cluster"):
         typer.echo("view (what this worker plans on):")
         for row in info["cluster"]:
@@ -734,6 +783,20 @@ def bench_cache(quick: Quick = False, json_path: JsonPath = None) -> None:
 
     _check_output(json_path, "--json")
     cache.run(quick=quick, json_path=json_path)
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    quick: Annotated[bool, typer.Option("--quick", help="A 2 GiB prefetch, not 8.")] = False,
+    json_path: JsonPath = None,
+) -> None:
+    """The first run on a GPU: arena, dtypes, the eviction race, load bandwidth, pinned memory,
+    two workers on one device, pytest -m gpu. Without CUDA: one line, exit 0."""
+    from compass._bench import gpu
+
+    _check_output(json_path, "--json")
+    if gpu.run(json_path=json_path, quick=quick).get("passed") is False:
+        raise typer.Exit(1)
 
 
 @bench_app.command("plan")

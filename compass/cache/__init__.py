@@ -1,5 +1,8 @@
 """The GPU model cache: a slab pool, eviction policy, memory backends and the async cache.
 
+Backends: CuPy on a GPU, host memory elsewhere, ``strict`` (host memory that enforces the GPU's
+rules, for tests) and ``capacity`` (slab accounting only, for emulated workers).
+
 The sans-IO modules (``slab``, ``pool``, ``policy``: :class:`SlabPool`, :class:`CacheCore`, ...)
 import neither asyncio nor torch, so the simulator reuses them unchanged. The async layer and
 the backends are loaded on first use (``from compass.cache import ModelCache``), and import
@@ -18,9 +21,11 @@ from compass.cache.slab import TENSOR_ALIGN, SlabHandle, SlabLayout, TensorSlot
 if TYPE_CHECKING:
     from compass.cache.backend import (
         CapacityBackend,
+        CopyJob,
         CupyBackend,
         HostBackend,
         SlabBackend,
+        StrictBackend,
         cuda_available,
         make_backend,
     )
@@ -31,6 +36,7 @@ __all__ = [
     "CacheCore",
     "CacheStats",
     "CapacityBackend",
+    "CopyJob",
     "CupyBackend",
     "HostBackend",
     "Lease",
@@ -41,6 +47,7 @@ __all__ = [
     "SlabHandle",
     "SlabLayout",
     "SlabPool",
+    "StrictBackend",
     "TensorSlot",
     "TensorSpec",
     "cuda_available",
@@ -49,9 +56,11 @@ __all__ = [
 
 _LAZY = {
     "CapacityBackend": "compass.cache.backend",
+    "CopyJob": "compass.cache.backend",
     "CupyBackend": "compass.cache.backend",
     "HostBackend": "compass.cache.backend",
     "SlabBackend": "compass.cache.backend",
+    "StrictBackend": "compass.cache.backend",
     "cuda_available": "compass.cache.backend",
     "make_backend": "compass.cache.backend",
     "Lease": "compass.cache.models",

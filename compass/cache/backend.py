@@ -484,6 +484,10 @@ class CupyBackend(SlabBackend):
 
     kind = "cupy"
     pin_host_memory = True
+    #: a speculative load's copies are queued in pieces of at most this many bytes
+    PREFETCH_CHUNK: ClassVar[int] = 64 << 20
+    #: and at most this many pieces ahead of the copy engine
+    PREFETCH_AHEAD: ClassVar[int] = 2
 
     def __init__(self, capacity_bytes: int, slab_bytes: int, *, device_id: int = 0) -> None:
         super().__init__(capacity_bytes, slab_bytes)
@@ -523,6 +527,8 @@ class CupyBackend(SlabBackend):
 
         self._tensor: torch.Tensor | None = from_dlpack(self._array)
         self._local = threading.local()
+        self._urgent_lock = threading.Lock()
+        self._urgent: list[Any] = []
 
     @property
     def device(self) -> str:
@@ -556,23 +562,53 @@ class CupyBackend(SlabBackend):
     def copy_in(
         self, writes: Sequence[tuple[int, torch.Tensor]], *, urgent: bool = False
     ) -> CopyJob:
+        """Queue the copies on a new stream and return at once when ``urgent``. A speculative
+        load (not urgent) is queued from this thread in pieces of at most
+        :attr:`PREFETCH_CHUNK`, at most :attr:`PREFETCH_AHEAD` of them ahead of the copy engine,
+        and waits for every urgent load's copies before queueing the next piece: copy engines
+        serve streams in the order copies were queued (stream priorities order kernels, not
+        copies), so this is what keeps a demand load from waiting behind a whole prefetch."""
         import torch
 
         arena = self.arena()
+        pieces: list[tuple[int, torch.Tensor]] = []
+        for offset, source in writes:
+            data = _bytes_of(source)
+            self._check_range(offset, data.numel())
+            step = data.numel() if urgent else self.PREFETCH_CHUNK
+            for at in range(0, data.numel(), max(step, 1)):
+                pieces.append((offset + at, data[at : at + step]))
         # lower is more urgent; torch clamps to the device's range
         stream = torch.cuda.Stream(  # type: ignore[no-untyped-call]
             device=self.device_id, priority=-1 if urgent else 0
         )
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        ahead: list[Any] = []
         with torch.cuda.device(self.device_id), torch.cuda.stream(stream):
             start.record(stream)
-            for offset, source in writes:
-                data = _bytes_of(source)
-                self._check_range(offset, data.numel())
+            for offset, data in pieces:
+                if not urgent:
+                    while len(ahead) >= self.PREFETCH_AHEAD:
+                        ahead.pop(0).synchronize()
+                    for event in self._urgent_in_flight():
+                        event.synchronize()
                 arena[offset : offset + data.numel()].copy_(data, non_blocking=True)
+                if not urgent:
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(stream)
+                    ahead.append(event)
             end.record(stream)
+        if urgent:
+            with self._urgent_lock:
+                self._urgent.append(end)
         return _CudaCopy(stream, start, end)
+
+    def _urgent_in_flight(self) -> list[Any]:
+        """The end events of urgent loads whose copies are not done yet."""
+        with self._urgent_lock:
+            self._urgent = [event for event in self._urgent if not event.query()]
+            return list(self._urgent)
 
     @contextlib.contextmanager
     def compute_stream(self) -> Iterator[None]:

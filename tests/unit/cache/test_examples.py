@@ -28,7 +28,7 @@ def worker_env() -> dict[str, str]:
 
 
 def strict(app: str, cache_mb: int, slab_mb: int) -> list[str]:
-    return ["--app", app, "--backend", "strict", "--cache-mb", str(cache_mb),
+    return ["--app", app, "--backend", "strict", "--device", "0", "--cache-mb", str(cache_mb),
             "--slab-mb", str(slab_mb), "--no-warm"]  # fmt: skip
 
 

@@ -143,6 +143,7 @@ async def test_demand_loads_are_urgent_and_prefetches_are_not():
         assert (backend.copies_completed, backend.urgent_copies) == (2, 1)
         assert backend.reads_in_flight() == {}  # both leases fenced on release
         # one copy per slab group, from one staging buffer per model
-        assert cache.staged_bytes() == 2 * Model("x", lambda: nn.Linear(8, 8)).layout(
-            4 * KiB
-        ).staging_bytes
+        assert (
+            cache.staged_bytes()
+            == 2 * Model("x", lambda: nn.Linear(8, 8)).layout(4 * KiB).staging_bytes
+        )
