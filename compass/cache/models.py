@@ -860,7 +860,9 @@ class ModelCache:
                 yield
             finally:
                 backend.synchronize_compute()
-                if name is not None and name in self._real:
+                # reads were opened when the task took the module (none for an emulated model,
+                # nor once the cache closed under a task still running)
+                if name is not None and backend.reads_in_flight().get(name):
                     backend.close_reads(name)
 
     def _ranges(self, name: str) -> list[tuple[int, int]]:
