@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 import compass.cache
 from compass.cache.backend import (
     CapacityBackend,
+    CupyBackend,
     HostBackend,
     cuda_available,
     make_backend,
@@ -158,3 +161,39 @@ def test_cuda_problem_names_what_is_missing(monkeypatch):
     assert problem is not None
     assert problem.startswith("CuPy does not import (")
     assert "compass[gpu]" in problem
+
+
+class _FakeCupy(types.ModuleType):
+    """Just enough of CuPy for CupyBackend to reach its allocation: it runs out of memory."""
+
+    class _OutOfMemoryError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        super().__init__("cupy")
+        memory = types.SimpleNamespace(OutOfMemoryError=self._OutOfMemoryError)
+
+        def allocate(nbytes: int) -> None:
+            raise self._OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
+
+        self.cuda = types.SimpleNamespace(
+            Device=lambda device: contextlib.nullcontext(),
+            Memory=allocate,
+            memory=memory,
+            runtime=types.SimpleNamespace(memGetInfo=lambda: (3 * 2**30, 80 * 2**30)),
+        )
+
+
+def test_a_gpu_cache_that_does_not_fit_is_one_clear_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError) as raised:
+        CupyBackend(8 * 2**30, 64 * 2**20, device_id=1)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "cannot allocate a 8192 MiB model cache on cuda:1" in message
+    assert "3072 MiB free" in message
+    assert "--cache-mb" in message
+    with pytest.raises(ConfigError, match=r"CUDA device 2 does not exist here \(2 visible"):
+        CupyBackend(8 * 2**30, 64 * 2**20, device_id=2)
