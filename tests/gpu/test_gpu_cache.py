@@ -154,6 +154,7 @@ async def test_the_workers_fetch_path_and_pinned_staging():
         plan = cache.core.acquire("a")
         assert isinstance(plan, LoadPlan)
         cache.core.begin_load("a", plan)
+        cache.core.pin("a")  # as the lanes do: the task that asked holds it
         done: asyncio.Future[float | CompassError] = asyncio.get_running_loop().create_future()
         cache.fetch("a", plan.evict, lambda name, result: done.set_result(result))
         seconds = await asyncio.wait_for(done, 60)
