@@ -400,6 +400,7 @@ class Model:
                 )
             state[target] = value
         where = self.weights if self.weights is not None else "its loader"
+        self._warn_cast_up(module, state, where)
         try:
             result = module.load_state_dict(state, strict=self.strict)
         except RuntimeError as exc:
@@ -418,6 +419,30 @@ class Model:
                 len(result.unexpected_keys),
                 result.unexpected_keys,
             )
+
+    def _warn_cast_up(self, module: nn.Module, state: Mapping[str, Any], where: object) -> None:
+        """Say so when checkpoint tensors narrower than the builder's will be cast up (a loader
+        whose dtypes are not known before staging): the cache then holds more bytes."""
+        import torch
+
+        current = module.state_dict()
+        specs = {spec.key: spec for spec in self.tensor_specs()}
+        cast = sorted(
+            key
+            for key, value in state.items()
+            if isinstance(value, torch.Tensor)
+            and key in current
+            and key in specs
+            and specs[key].dtype != value.dtype
+            and _narrower_float(value.dtype, current[key].dtype)
+        )
+        if cast:
+            log.warning(
+                "model %s: %d tensor(s) from %s are narrower than the builder's and are cast up "
+                "(more bytes in the cache), e.g. %s %s -> %s; build the module in the "
+                "checkpoint's dtype, or give a safetensors file (its dtypes are kept)",
+                self.name, len(cast), where, cast[0], state[cast[0]].dtype, current[cast[0]].dtype,
+            )  # fmt: skip
 
     def _assemble(self, views: Mapping[str, torch.Tensor]) -> nn.Module:
         """A module in eval mode whose parameters and buffers are ``views`` (no copies)."""

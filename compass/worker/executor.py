@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import queue
 import threading
@@ -385,9 +386,8 @@ def _device_of(module: Any) -> Any:
 
     if not isinstance(module, nn.Module):
         return None
-    for tensor in (*module.parameters(), *module.buffers()):
-        return tensor.device
-    return None
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return None if first is None else first.device
 
 
 def _moved(value: Any, device: Any) -> Any:

@@ -15,14 +15,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from compass.cache import Model, ModelCache
-from compass.cache.backend import CupyBackend, cuda_available
+from compass.cache.backend import CupyBackend, cuda_available, cuda_problem
 from compass.config import CacheConfig
 
 pytestmark = pytest.mark.gpu
 
-cupy = pytest.importorskip("cupy")
 if not cuda_available():
-    pytest.skip("no CUDA device usable by both CuPy and torch", allow_module_level=True)
+    pytest.skip(f"no GPU for the cupy backend: {cuda_problem()}", allow_module_level=True)
 
 MiB = 1 << 20
 

@@ -107,3 +107,21 @@ async def test_a_bf16_checkpoint_stays_bf16_in_the_slabs(tmp_path: Path):
     assert cache.staged_bytes() < model.size_bytes * 1.1 + 256 * len(specs)
     await cache.aclose()
     assert cache.staged_bytes() == 0
+
+
+@pytest.mark.asyncio
+async def test_a_loader_checkpoint_cast_up_is_said(caplog):
+    # a loader's dtypes are known only once it runs: the cast is made, and logged
+    def loader() -> dict[str, torch.Tensor]:
+        torch.manual_seed(9)
+        return {"lin.weight": torch.randn(16, 8).bfloat16(), "lin.bias": torch.randn(16).bfloat16()}
+
+    model = Model("zoo", build_zoo, loader=loader, strict=False)
+    with caplog.at_level("WARNING", logger="compass.cache.models"):
+        cache, module = await load(model)
+    lin = module.get_submodule("lin")
+    assert isinstance(lin, nn.Linear)
+    assert lin.weight.dtype == torch.float32
+    assert torch.equal(lin.weight, loader()["lin.weight"].float())
+    assert any("cast up" in record.getMessage() for record in caplog.records)
+    await cache.aclose()

@@ -147,6 +147,9 @@ async def test_a_load_never_overwrites_slabs_a_finished_task_may_still_read():
     stats = worker.cache.stats
     assert stats.loads == 2
     assert stats.evictions == 1
+    backend = worker.cache.backend
+    assert isinstance(backend, StrictBackend)
+    assert backend.urgent_copies == 2  # tasks waited for both loads: high-priority streams
     # the first task's reads were closed (its compute fence passed) before it was reported,
     # hence before its model was unpinned and could be evicted
     assert worker.reads_at_report["first"] == {}
