@@ -66,6 +66,8 @@ __all__ = ["HOLD_S", "Worker"]
 #: seconds a message for a worker this one has not met yet waits for it to connect (a
 #: restarted worker meets every member within moments of joining)
 HOLD_S = 2.0
+#: messages held for workers not met yet, at most (past it they are dropped as for a lost peer)
+MAX_HELD = 10_000
 
 log = logging.getLogger("compass.worker")
 
@@ -388,18 +390,11 @@ class Worker:
     def _send(self, worker: str, msg: PeerMessage) -> None:
         membership = self.membership
         channel = None if membership is None else membership.channel(worker)
-        if worker in self._held:
-            self._held[worker].append(msg)  # behind what waits already: in order
+        unmet = membership is not None and worker not in membership.members
+        if worker in self._held or (unmet and (channel is None or channel.closed)):
+            self._hold(worker, msg)
             return
         if channel is None or channel.closed:
-            if membership is not None and worker not in membership.members:
-                # not met yet: this worker restarted, or the peer did, and they are still
-                # connecting (a plan made elsewhere names it); wait for it a moment
-                self._held[worker] = [msg]
-                self._held_timers[worker] = asyncio.get_running_loop().call_later(
-                    HOLD_S, self._give_up_held, worker
-                )
-                return
             # the peer is gone: its jobs' ingresses re-plan them (PeerLost)
             self.stats.messages_dropped += 1
             return
@@ -412,6 +407,21 @@ class Worker:
             why = f"{type(exc).__name__}: {exc}"
             log.warning("%s: could not send %r to %s: %s", self.name, msg.op, worker, why)
             self.apply(Undeliverable(self.clock(), worker, msg, why))
+
+    def _hold(self, worker: str, msg: PeerMessage) -> None:
+        """``worker`` is not met yet: this worker restarted, or the peer did, and they are
+        still connecting (a plan made elsewhere names it). ``msg`` waits for it, behind what
+        waits already, up to :data:`HOLD_S`."""
+        if sum(map(len, self._held.values())) >= MAX_HELD:
+            why = f"no connection to {worker}, and {MAX_HELD} messages wait already"
+            self.apply(Undeliverable(self.clock(), worker, msg, why, unreachable=True))
+            return
+        if worker not in self._held:
+            self._held[worker] = []
+            self._held_timers[worker] = asyncio.get_running_loop().call_later(
+                HOLD_S, self._give_up_held, worker
+            )
+        self._held[worker].append(msg)
 
     def _flush_held(self, worker: str) -> None:
         """Peer ``worker`` is connected: send what waited for it, in order."""

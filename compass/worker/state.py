@@ -905,6 +905,8 @@ class WorkerCore:
         self.stats.messages_dropped += 1
         if isinstance(msg, TaskMsg) and msg.source != JOB_INPUTS:
             task, ingress = msg.source, msg.ingress
+        elif isinstance(msg, TaskMsg) and ev.unreachable:
+            task, ingress = msg.task, msg.ingress  # a root, sent by this ingress: plan again
         elif isinstance(msg, ResultMsg):
             task, ingress = msg.task, ev.peer
         else:

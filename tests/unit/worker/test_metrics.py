@@ -149,7 +149,7 @@ def test_the_collector_reads_the_workers_counters_when_scraped(worker: Worker) -
     assert after["compass_tasks_total", frozenset({("outcome", "failed")})] == 2
     assert after["compass_peers_lost_total", frozenset()] == 3
     assert after["compass_cache_capacity_bytes", frozenset()] == worker.cache.capacity_bytes()
-    assert worker.metrics.is_ready() == (False, "starting or stopping")
+    assert worker.metrics.is_ready() == (False, "starting, draining or stopping")
 
 
 def test_two_workers_in_one_process_never_share_a_metric() -> None:
@@ -190,3 +190,29 @@ def test_json_lines_carry_a_traceback_as_one_field() -> None:
     got = json.loads(line)
     assert got["level"] == "error"
     assert "Traceback" in got["exception"] and "ValueError: boom" in got["exception"]
+
+
+def test_a_worker_with_other_seeds_and_no_peer_is_not_ready_and_a_first_worker_is() -> None:
+    from compass.config import Limits, Timeouts
+    from compass.wire.rpc import Router
+    from compass.worker.membership import Membership
+
+    router = Router()
+
+    def alone(seeds: list[str]) -> Worker:
+        split = build_worker(WorkerConfig(name="a", workload=PAPER, join=("127.0.0.1:7399",)))
+        split.membership = Membership(
+            name="a", address="127.0.0.1:7400", token=None, limits=Limits(), timeouts=Timeouts(),
+            handler=router.handle_request, notify_handler=router.handle_notify,
+            on_join=lambda peer: None, on_leave=lambda name, why: None,
+        )  # fmt: skip
+        split.membership.seeds = seeds
+        split.metrics.ready = True
+        return split
+
+    ready, why = alone(["127.0.0.1:7399"]).metrics.is_ready()
+    assert not ready and "no peer" in why  # split off: no orchestrator should route here
+    assert alone([]).metrics.is_ready() == (True, "ready")  # its only seed was itself: the first
+    draining = alone([])
+    draining.metrics.ready = False  # what drain() does
+    assert draining.metrics.is_ready() == (False, "starting, draining or stopping")

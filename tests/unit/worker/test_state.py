@@ -46,6 +46,7 @@ from compass.worker.state import (
     Submit,
     TaskDone,
     TaskFailed,
+    Undeliverable,
     WorkerCore,
 )
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
@@ -630,3 +631,12 @@ def test_a_task_a_worker_could_not_pass_on_is_planned_again_a_bounded_number_of_
     last = FailedMsg(job, MAX_ATTEMPTS - 1, "a", "b", "no connection to c", "", "unavailable")
     (answer,) = of(Answer, c.handle(received(last, 9.0, "b")))
     assert answer.error is not None and answer.error.job_id == job
+
+
+def test_a_root_the_ingress_could_not_send_to_a_worker_not_met_yet_is_planned_again() -> None:
+    c, view = core("a", ("a", "b", "c"))
+    job, root = _job_on_peer(c, view, "b")
+    steps = c.handle(Undeliverable(1.0, "b", root, "no connection to b", unreachable=True))
+    assert of(Answer, steps) == [] and c.jobs[job].attempt == 1
+    # a message the wire could not encode still fails nothing but its own job's pushes
+    assert of(Answer, c.handle(Undeliverable(2.0, "b", root, "cannot encode"))) == []
