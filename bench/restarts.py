@@ -9,9 +9,11 @@ what happened to the jobs submitted meanwhile:
 - ``crash_loop``: a worker killed (SIGKILL) and started again within a second, five times;
 - ``seed_restart``: three workers that all ``--join`` the first (DEPLOY.md's pattern), the seed
   stopped and started again with the same flags; the time until every view is whole;
-- ``drain``: a worker with queued work told to stop: its jobs' answers and its exit time;
+- ``drain``: a worker with queued work stopped with Ctrl-C (SIGINT) while a client that knows
+  both workers has jobs in flight there: their answers, and the worker's exit time;
 - ``rolling``: every worker of four restarted in turn (SIGTERM, wait for the exit, start with
-  the same name and flags) under a steady stream of jobs from a client that fails over.
+  the same name and flags) under a steady stream of jobs from one client per worker, each
+  failing over to the next worker when its own goes away.
 
 A job is ``ok`` (answered with its result), ``failed`` (answered with an error), ``hung`` (no
 answer within its timeout) or run ``twice`` (two ingresses answered the same job key: the
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -213,11 +216,13 @@ async def seed_restart(env: dict[str, str] | None, log_dir: Path | None) -> Outc
 async def drain(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
     outcome = Outcome("drain")
     cluster = _cluster(2, env, log_dir)
-    async with cluster, cluster.client(0) as client:
-        jobs = [asyncio.ensure_future(_job(client, i)) for i in range(24)]
-        await asyncio.sleep(0.2)  # submitted and queued
+    async with cluster, Client(cluster.addresses, token=cluster.token) as client:
+        jobs = [asyncio.ensure_future(_job(client, i)) for i in range(48)]
+        await asyncio.sleep(0.2)  # submitted, and queued behind each other
         t0 = time.monotonic()
-        await cluster.workers[0].stop()
+        worker = cluster.workers[0]
+        worker.process.send_signal(signal.SIGINT)  # Ctrl-C drains as SIGTERM does
+        await worker.process.wait()
         outcome.exit_s = round(time.monotonic() - t0, 2)
         for result in await asyncio.gather(*jobs):
             outcome.count(result)
@@ -232,29 +237,35 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
         keys = _Keys(cluster)
         stop_watch = asyncio.Event()
         watcher = asyncio.ensure_future(keys.watch(stop_watch))
-        client = Client(cluster.addresses, token=cluster.token, retries=4)
+        addresses = cluster.addresses
+        # one client per worker, as behind a load balancer: every worker is an ingress; each
+        # fails over to the next one when its own goes away
+        clients = [
+            Client(addresses[i:] + addresses[:i], token=cluster.token, retries=4)
+            for i in range(len(addresses))
+        ]
         jobs: list[asyncio.Future[BaseException | None]] = []
         streaming = asyncio.Event()
 
-        async def stream() -> None:
+        async def stream(client: Client) -> None:
             i = 0
-            while not streaming.is_set() and i < 2000:
+            while not streaming.is_set() and i < 1000:
                 jobs.append(asyncio.ensure_future(_job(client, i)))
                 i += 1
-                await asyncio.sleep(0.03)
+                await asyncio.sleep(0.1)
 
-        async with client:
-            feeder = asyncio.ensure_future(stream())
-            await asyncio.sleep(1.0)
-            for index in range(4):
-                await cluster.restart(index)
-            since = time.monotonic()
-            await asyncio.sleep(1.0)
-            streaming.set()
-            await feeder
-            for result in await asyncio.gather(*jobs):
-                outcome.count(result)
-            outcome.view_s = await _views_whole(cluster, since)
+        feeders = [asyncio.ensure_future(stream(client)) for client in clients]
+        await asyncio.sleep(1.0)
+        for index in range(4):
+            await cluster.restart(index)
+        since = time.monotonic()
+        await asyncio.sleep(1.0)
+        streaming.set()
+        await asyncio.gather(*feeders)
+        for result in await asyncio.gather(*jobs):
+            outcome.count(result)
+        outcome.view_s = await _views_whole(cluster, since)
+        await asyncio.gather(*(client.aclose() for client in clients))
         stop_watch.set()
         await watcher
         outcome.twice = keys.twice()

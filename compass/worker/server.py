@@ -63,10 +63,10 @@ from compass.workflow.profile import Profiles
 
 __all__ = ["HOLD_S", "Worker"]
 
-#: seconds a message for a worker this one has not met yet waits for it to connect (a
-#: restarted worker meets every member within moments of joining)
+#: seconds a message for a worker this one has no connection to waits for one (a restarted
+#: worker meets every member within moments of joining, and they take it back as soon)
 HOLD_S = 2.0
-#: messages held for workers not met yet, at most (past it they are dropped as for a lost peer)
+#: messages held for workers not connected, at most (past it their jobs are planned again)
 MAX_HELD = 10_000
 
 log = logging.getLogger("compass.worker")
@@ -129,7 +129,7 @@ class Worker:
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        #: messages for workers this one has not met yet, by name, and their give-up timers
+        #: messages for workers this one has no connection to, by name, and their timers
         self._held: dict[str, list[PeerMessage]] = {}
         self._held_timers: dict[str, asyncio.TimerHandle] = {}
         # a worker without --name is named when it binds (start)
@@ -390,14 +390,13 @@ class Worker:
     def _send(self, worker: str, msg: PeerMessage) -> None:
         membership = self.membership
         channel = None if membership is None else membership.channel(worker)
-        unmet = membership is not None and worker not in membership.members
-        if worker in self._held or (unmet and (channel is None or channel.closed)):
+        if membership is not None and (worker in self._held or channel is None or channel.closed):
+            # not connected (yet, or any more): wait a moment for it. A worker this one lost
+            # may be back already for the job's ingress, whose plan names it; one that is gone
+            # for good has its jobs planned again by their ingresses (PeerLost) meanwhile
             self._hold(worker, msg)
             return
-        if channel is None or channel.closed:
-            # the peer is gone: its jobs' ingresses re-plan them (PeerLost)
-            self.stats.messages_dropped += 1
-            return
+        assert channel is not None
         body = msg.to_wire()
         if isinstance(msg, TaskMsg):
             body["sent"] = time.time()  # the receiver derives the push's transfer time
@@ -409,9 +408,10 @@ class Worker:
             self.apply(Undeliverable(self.clock(), worker, msg, why))
 
     def _hold(self, worker: str, msg: PeerMessage) -> None:
-        """``worker`` is not met yet: this worker restarted, or the peer did, and they are
-        still connecting (a plan made elsewhere names it). ``msg`` waits for it, behind what
-        waits already, up to :data:`HOLD_S`."""
+        """No connection to ``worker``: this worker restarted, or the peer did, and they are
+        still connecting, or this worker lost it while the job's ingress has it back. ``msg``
+        waits for it, behind what waits already, up to :data:`HOLD_S`; then its job is
+        planned again by its ingress."""
         if sum(map(len, self._held.values())) >= MAX_HELD:
             why = f"no connection to {worker}, and {MAX_HELD} messages wait already"
             self.apply(Undeliverable(self.clock(), worker, msg, why, unreachable=True))
