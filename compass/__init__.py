@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from compass.app import App, load_app
     from compass.cache.models import Model
-    from compass.client import Client, SyncClient
+    from compass.client import Client, JobResult, SyncClient
     from compass.cluster import LocalCluster
     from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig
     from compass.errors import (
@@ -60,6 +60,7 @@ __all__ = [
     "ConnectionLost",
     "InvalidInputs",
     "JobFailed",
+    "JobResult",
     "JobTooLarge",
     "Limits",
     "LocalCluster",
@@ -112,6 +113,7 @@ _LAZY: dict[str, str] = {
     "load_app": "compass.app",
     "Model": "compass.cache.models",
     "Client": "compass.client",
+    "JobResult": "compass.client",
     "SyncClient": "compass.client",
     "LocalCluster": "compass.cluster",
     "CacheConfig": "compass.config",

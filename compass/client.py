@@ -21,6 +21,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -33,12 +34,13 @@ from compass.errors import (
     ConnectionClosed,
     ConnectionLost,
     Overloaded,
+    ProtocolError,
     WorkerUnavailable,
 )
 from compass.wire.transport import Channel, connect, new_event_loop
 from compass.worker.stats import payload_bytes
 
-__all__ = ["BULK_THRESHOLD", "Client", "SyncClient"]
+__all__ = ["BULK_THRESHOLD", "Client", "JobResult", "SyncClient"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,15 @@ _T = TypeVar("_T")
 
 #: submissions whose inputs take more bytes than this travel on the client's second connection
 BULK_THRESHOLD = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """A job's answer with its id (:meth:`Client.submit_job`): the id the workers' logs and
+    traces name the job by."""
+
+    job_id: str
+    value: Any
 
 
 class Client:
@@ -275,13 +286,30 @@ class Client:
 
         Raises :class:`~compass.errors.JobFailed` when a task raised (with the task's name and
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
-        :class:`~compass.errors.InvalidInputs` for a bad request.
+        :class:`~compass.errors.InvalidInputs` for a bad request; each names the job
+        (``error.job_id``).
         """
+        return await self._submit(workflow, inputs, timeout, {})
+
+    async def submit_job(
+        self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any
+    ) -> JobResult:
+        """:meth:`submit`, answering the job's id with its output (:class:`JobResult`)."""
+        answer = await self._submit(workflow, inputs, timeout, {"reply": "job"})
+        if not (isinstance(answer, dict) and isinstance(answer.get("job"), str)):
+            raise ProtocolError(
+                f"{self.address} answered a job without its id: the worker predates submit_job"
+            )
+        return JobResult(answer["job"], answer.get("value"))
+
+    async def _submit(
+        self, workflow: str, inputs: dict[str, Any], timeout: float | None, extra: dict[str, Any]
+    ) -> Any:
         if timeout is _DEFAULT:
             timeout = self.timeouts.request
         threshold = self.bulk_threshold
         bulk = threshold is not None and payload_bytes(inputs) > threshold
-        body = {"workflow": workflow, "inputs": inputs, "key": uuid.uuid4().hex}
+        body = {"workflow": workflow, "inputs": inputs, "key": uuid.uuid4().hex, **extra}
         lost: CompassError | None = None
         for _ in range(self.retries + 1):
             channel = await self._channel_for(bulk)
@@ -542,6 +570,12 @@ class SyncClient:
         """Run one job of ``workflow`` with ``inputs`` and return its final output (see
         :meth:`Client.submit`)."""
         return self._run(self._client.submit(workflow, timeout=timeout, **inputs))
+
+    def submit_job(
+        self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any
+    ) -> JobResult:
+        """Run one job and return its id with its output (see :meth:`Client.submit_job`)."""
+        return self._run(self._client.submit_job(workflow, timeout=timeout, **inputs))
 
     def submit_many(
         self,

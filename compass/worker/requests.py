@@ -134,7 +134,12 @@ class _Requests:
         key = body.get("key")
         if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS):
             raise InvalidInputs(f"a job key must be a string of 1 to {MAX_KEY_CHARS} characters")
-        return await self.worker.submit(body["workflow"], body.get("inputs") or {}, key)
+        job_id, value = await self.worker.submit_job(
+            body["workflow"], body.get("inputs") or {}, key
+        )
+        if body.get("reply") == "job":  # Client.submit_job: the job's id with its answer
+            return {"job": job_id, "value": value}
+        return value
 
     # -- peers ---------------------------------------------------------------------------------
     async def join(self, channel: Channel, body: Any) -> dict[str, Any]:

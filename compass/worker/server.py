@@ -474,6 +474,12 @@ class Worker:
     async def submit(self, workflow: str, inputs: Any, key: str | None = None) -> Any:
         """Run a job of ``workflow`` with this worker as its ingress; its answer (raises the
         job's error). ``key``: the client's name for the job (a resubmission attaches)."""
+        return (await self.submit_job(workflow, inputs, key))[1]
+
+    async def submit_job(
+        self, workflow: str, inputs: Any, key: str | None = None
+    ) -> tuple[str, Any]:
+        """:meth:`submit`, answering the job's id with its answer (an error names it too)."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
@@ -485,7 +491,7 @@ class Worker:
         try:
             now, wall = self.clock(), time.time()
             self.apply(Submit(now, job_id, workflow, inputs, payload_bytes(inputs), wall, key))
-            return await future
+            return job_id, await future
         except CompassError as exc:
             _name_job(exc, job_id)
             raise

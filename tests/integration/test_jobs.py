@@ -48,6 +48,29 @@ async def test_errors_fail_the_job_and_the_worker_keeps_serving(worker_env: dict
 
 
 @pytest.mark.asyncio
+async def test_a_job_s_id_comes_with_its_result_and_its_error_and_is_in_the_log(
+    worker_env: dict[str, str],
+) -> None:
+    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+        answer = await client.submit_job("echo", x=7)
+        assert answer.value == 7 and answer.job_id.startswith("w0-")
+        again = await client.submit_job("echo", x=8)
+        assert again.job_id != answer.job_id
+        with pytest.raises(JobFailed) as failed:
+            await client.submit("fails", x=41)
+        job_id = failed.value.job_id
+        assert job_id is not None and job_id.startswith("w0-")
+        # the worker logged the failure at the default level, with the id the client was given
+        log = cluster.log_dir / "w0.log"
+        for _ in range(200):
+            lines = [line for line in log.read_text().splitlines() if job_id in line]
+            if any("WARNING" in line and "failed" in line for line in lines):
+                break
+            await asyncio.sleep(0.02)
+        assert any("WARNING" in line and "failed" in line for line in lines), lines
+
+
+@pytest.mark.asyncio
 async def test_many_concurrent_jobs(worker_env: dict[str, str]) -> None:
     async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
         results = await client.submit_many("echo", ({"x": i} for i in range(200)), concurrency=50)

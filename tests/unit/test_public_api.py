@@ -22,6 +22,7 @@ def test_all_is_pinned() -> None:
         "ConnectionLost",
         "InvalidInputs",
         "JobFailed",
+        "JobResult",
         "JobTooLarge",
         "Limits",
         "LocalCluster",
