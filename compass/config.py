@@ -341,17 +341,17 @@ class WorkerConfig:
                     f"advertise address {self.advertise_address!r}: peers cannot reach a "
                     "wildcard address; give this host's address as others see it"
                 )
+        if not 0 <= self.drain_timeout_s < float("inf"):
+            raise ConfigError(
+                f"WorkerConfig.drain_timeout_s must be a number of seconds >= 0, got "
+                f"{self.drain_timeout_s!r}"
+            )
         if self.host_lanes < 0:
             raise ConfigError(f"WorkerConfig.host_lanes must be >= 0, got {self.host_lanes}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
         for address in self.join:
             parse_address(address)
-        if not 0 <= self.drain_timeout_s < float("inf"):
-            raise ConfigError(
-                f"WorkerConfig.drain_timeout_s must be a number of seconds >= 0, got "
-                f"{self.drain_timeout_s!r}"
-            )
 
 
 def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:

@@ -73,6 +73,10 @@ def test_configs_validate_on_construction() -> None:
         WorkerConfig(host_lanes=-1)
     with pytest.raises(ConfigError, match="not a number"):
         WorkerConfig(join=("a:b",))
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="drain_timeout_s"):
+            WorkerConfig(drain_timeout_s=bad)
+    assert WorkerConfig(drain_timeout_s=0).drain_timeout_s == 0  # stop at once
     assert Timeouts(request=None).request is None
 
 
