@@ -341,13 +341,14 @@ def worker_start(
         ),
     ] = 10000,
     max_job_mb: Annotated[
-        int,
+        float,
         typer.Option(
             envvar=_env("max_job_mb"),
-            min=1,
-            help="MiB of job inputs held as ingress; more jobs are refused (Overloaded).",
+            min=0.001,
+            help="MiB of job inputs held as ingress: a job over it alone is refused "
+            "(JobTooLarge), more jobs than fit together are refused for now (Overloaded).",
         ),
-    ] = 4096,
+    ] = 4096.0,
     task_timeout: Annotated[
         float,
         typer.Option(
@@ -431,7 +432,7 @@ def worker_start(
         host_lanes=host_lanes,
         time_scale=time_scale,
         max_jobs=max_jobs,
-        max_job_bytes=max_job_mb * MiB,
+        max_job_bytes=int(max_job_mb * MiB),
         task_timeout_s=task_timeout,
         max_stuck_tasks=max_stuck_tasks,
         limits=Limits(max_frame_bytes=max_frame_mb * MiB),

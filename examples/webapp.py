@@ -18,6 +18,8 @@ compass errors become HTTP statuses with a JSON body ``{"error": code, "message"
 UnknownWorkflow                            404
 InvalidInputs (and a body that is no JSON  422
 object)
+JobTooLarge (inputs over the worker's        413
+``--max-job-mb``)
 Overloaded, WorkerUnavailable, connection  503, with ``Retry-After``
 errors
 CompassTimeout                             504
@@ -51,6 +53,7 @@ from compass.errors import (
     ConfigError,
     InvalidInputs,
     JobFailed,
+    JobTooLarge,
     UnknownWorkflow,
     WorkerUnavailable,
 )
@@ -165,6 +168,8 @@ def _error_response(exc: CompassError) -> JSONResponse:
         status = 404
     elif isinstance(exc, InvalidInputs):
         status = 422
+    elif isinstance(exc, JobTooLarge):
+        status = 413  # retrying cannot help: smaller inputs, or a larger --max-job-mb
     elif isinstance(exc, WorkerUnavailable | CompassConnectionError):
         status = 503
         headers["Retry-After"] = str(RETRY_AFTER_S)

@@ -158,7 +158,7 @@ async def test_timeouts_refusals_hangups_and_a_lost_worker(
     # slow runs on the host lane and keeps running there when its job is dropped; quick has a
     # model, so it runs on the GPU lane beside it
     spec = one_worker_workload(tmp_path, slow=(None, 60_000), quick=("m", 1))
-    args = ["--workload", spec, "--max-jobs", "1"]
+    args = ["--workload", spec, "--max-jobs", "1", "--max-job-mb", "0.05"]
     async with (
         LocalCluster(1, args=args, env=worker_env) as cluster,
         cluster.client() as worker,
@@ -172,6 +172,10 @@ async def test_timeouts_refusals_hangups_and_a_lost_worker(
 
         quick = await http.post("/jobs/quick", json=data)
         assert quick.status_code == 200, quick.text
+
+        huge = await http.post("/jobs/quick", json={"data": "x" * 60_000})  # > 0.05 MiB
+        assert huge.status_code == 413 and huge.json()["error"] == "job_too_large", huge.text
+        assert "Retry-After" not in huge.headers and "--max-job-mb" in huge.json()["message"]
 
         late = await http.post("/jobs/slow?timeout=0.2", json=data)
         assert late.status_code == 504 and late.json()["error"] == "timeout"
