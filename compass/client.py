@@ -312,8 +312,9 @@ class Client:
         body = {"workflow": workflow, "inputs": inputs, "key": uuid.uuid4().hex, **extra}
         lost: CompassError | None = None
         for _ in range(self.retries + 1):
-            channel = await self._channel_for(bulk)
+            channel: Channel | None = None
             try:
+                channel = await self._channel_for(bulk)
                 return await channel.request("submit", body, timeout=timeout)
             except ConnectFailed:
                 if lost is None:
@@ -323,7 +324,7 @@ class Client:
                 if isinstance(exc, Overloaded):
                     raise
                 lost = exc
-                if isinstance(exc, WorkerUnavailable):
+                if isinstance(exc, WorkerUnavailable) and channel is not None:
                     # it is going away: the next call fails over; the other jobs in flight
                     # there are answered before it leaves (a draining worker finishes them),
                     # or fail over themselves
