@@ -12,8 +12,8 @@ what happened to the jobs submitted meanwhile:
 - ``drain``: a worker with queued work stopped with Ctrl-C (SIGINT) while a client that knows
   both workers has jobs in flight there: their answers, and the worker's exit time;
 - ``rolling``: every worker of four restarted in turn (SIGTERM, wait for the exit, start with
-  the same name and flags) under a steady stream of jobs from one client per worker, each
-  failing over to the next worker when its own goes away.
+  the same name and flags) under a steady stream of jobs dealt to the workers in turn, as a
+  load balancer would (each job fails over to the next worker while its own is away).
 
 A job is ``ok`` (answered with its result), ``failed`` (answered with an error), ``hung`` (no
 answer within its timeout) or run ``twice`` (two ingresses answered the same job key: the
@@ -238,23 +238,25 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
         stop_watch = asyncio.Event()
         watcher = asyncio.ensure_future(keys.watch(stop_watch))
         addresses = cluster.addresses
-        # one client per worker, as behind a load balancer: every worker is an ingress; each
-        # fails over to the next one when its own goes away
-        clients = [
-            Client(addresses[i:] + addresses[:i], token=cluster.token, retries=4)
-            for i in range(len(addresses))
-        ]
         jobs: list[asyncio.Future[BaseException | None]] = []
         streaming = asyncio.Event()
 
-        async def stream(client: Client) -> None:
-            i = 0
-            while not streaming.is_set() and i < 1000:
-                jobs.append(asyncio.ensure_future(_job(client, i)))
-                i += 1
-                await asyncio.sleep(0.1)
+        async def routed(i: int) -> BaseException | None:
+            # as behind a load balancer: each job to the next worker in turn, restarted ones
+            # included, failing over to the others while that one is away
+            first = i % len(addresses)
+            order = addresses[first:] + addresses[:first]
+            async with Client(order, token=cluster.token, retries=4) as client:
+                return await _job(client, i)
 
-        feeders = [asyncio.ensure_future(stream(client)) for client in clients]
+        async def stream() -> None:
+            i = 0
+            while not streaming.is_set() and i < 4000:
+                jobs.append(asyncio.ensure_future(routed(i)))
+                i += 1
+                await asyncio.sleep(0.025)
+
+        feeders = [asyncio.ensure_future(stream())]
         await asyncio.sleep(1.0)
         for index in range(4):
             await cluster.restart(index)
@@ -265,7 +267,6 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
         for result in await asyncio.gather(*jobs):
             outcome.count(result)
         outcome.view_s = await _views_whole(cluster, since)
-        await asyncio.gather(*(client.aclose() for client in clients))
         stop_watch.set()
         await watcher
         outcome.twice = keys.twice()
