@@ -173,10 +173,9 @@ async def same_name(env: dict[str, str] | None, log_dir: Path | None) -> Outcome
         async with cluster.client(1) as client:
             await _jobs(client, 12, Outcome("warm-up"))
         await cluster.restart(1)
-        since = time.monotonic()
+        outcome.view_s = await _views_whole(cluster, time.monotonic())
         async with cluster.client(1) as client:
             await _jobs(client, 12, outcome)
-        outcome.view_s = await _views_whole(cluster, since)
     return outcome
 
 
@@ -184,16 +183,15 @@ async def crash_loop(env: dict[str, str] | None, log_dir: Path | None) -> Outcom
     outcome = Outcome("crash_loop")
     cluster = _cluster(2, env, log_dir)
     async with cluster:
-        since = time.monotonic()
-        for _ in range(5):
+        for round_ in range(5):
             async with cluster.client(1) as client:
                 await _jobs(client, 4, Outcome("warm-up"))
             await cluster.restart(1, kill=True)
-            since = time.monotonic()
+            if round_ == 4:
+                outcome.view_s = await _views_whole(cluster, time.monotonic())
             for index in (1, 0):
                 async with cluster.client(index) as client:
                     await _jobs(client, 4, outcome)
-        outcome.view_s = await _views_whole(cluster, since)
     return outcome
 
 
