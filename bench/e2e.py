@@ -228,15 +228,17 @@ async def _collect(
 def _plans(
     cluster: LocalCluster, by_id: dict[str, dict[str, str]], arrivals: Sequence[Arrival]
 ) -> list[dict[str, str]]:
-    """Each arrival's final placement. Ingress ``w`` numbers its jobs ``w-1, w-2, ...`` in the
-    order it receives them, which is arrival order for the clients attached to it."""
+    """Each arrival's final placement. Ingress ``w`` numbers its jobs ``w-<instance>-1,
+    w-<instance>-2, ...`` in the order it receives them, which is arrival order for the
+    clients attached to it."""
     n = len(cluster.workers)
     counts = [0] * n
+    by_count = {(job.rsplit("-", 2)[0], int(job.rsplit("-", 1)[1])): p for job, p in by_id.items()}
     plans = []
     for arrival in arrivals:
         ingress = arrival.client % n
         counts[ingress] += 1
-        plans.append(by_id[f"{cluster.workers[ingress].name}-{counts[ingress]}"])
+        plans.append(by_count[cluster.workers[ingress].name, counts[ingress]])
     return plans
 
 

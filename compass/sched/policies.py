@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -153,11 +154,18 @@ def worker_seed(seed: int, worker: str) -> int:
     return zlib.crc32(f"{seed}\x00{worker}".encode())
 
 
+#: a job id's ingress instance (``<ingress>-<instance>-<n>``: 12 hex digits)
+_INSTANCE = re.compile(r"-[0-9a-f]{12}(?=-\d+$)")
+
+
 def hash_worker(job_id: str, task: str, names: tuple[str, ...]) -> str:
-    """A stable hash of task and job id onto ``names`` (the same on every worker and run)."""
+    """A stable hash of task and job id onto ``names`` (the same on every worker and run).
+
+    The id's instance part is left out: it is random per worker process, and the hash must
+    place the n-th job of an ingress alike in every run, real or simulated."""
     if not names:
         raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
-    key = f"{task}\x00{job_id}".encode()
+    key = f"{task}\x00{_INSTANCE.sub('', job_id)}".encode()
     return names[zlib.crc32(key) % len(names)]
 
 

@@ -334,3 +334,13 @@ def test_compass_options_change_its_settings_and_bad_ones_are_refused() -> None:
         make_policy("compass", options={"colour": "red"})
     with pytest.raises(ConfigError, match="'compass' only"):
         make_policy("jsq", options={"dynamic": False})
+
+
+def test_hash_places_a_job_alike_whatever_its_ingress_instance() -> None:
+    # the real worker's ids carry its random instance, the simulator's do not
+    names = ("w0", "w1", "w2", "w3", "w4")
+    for n in range(1, 50):
+        for task in ("a", "b", "aggregate"):
+            simulated = hash_worker(f"w1-{n}", task, names)
+            assert hash_worker(f"w1-3fa2c1d0e9b7-{n}", task, names) == simulated
+            assert hash_worker(f"w1-a1b2c3d4e5f6-{n}", task, names) == simulated
