@@ -232,12 +232,13 @@ async def test_json_logs_name_model_loads_and_failed_tasks(
     failed = [r for r in records if r.get("task") == "explode"]
     assert len(failed) == 1
     task_line = failed[0]
-    assert task_line["level"] == "info" and task_line["worker"] == "w0"
+    assert task_line["level"] == "warning" and task_line["worker"] == "w0"
     assert "ValueError" in task_line["message"] and "cannot handle 41" in task_line["message"]
     job_lines = [
         r for r in records if r.get("job") == task_line["job"] and r.get("outcome") == "failed"
     ]
     assert len(job_lines) == 1 and job_lines[0]["workflow"] == "fails"
+    assert job_lines[0]["level"] == "warning"  # seen at the default log level
     assert any("metrics on http://" in r["message"] for r in records)
 
 
