@@ -36,6 +36,9 @@ __all__ = ["SYSTEMS", "compare_loads", "run"]
 SYSTEMS = ("ray-serve",)
 #: the SLOs the comparison reports by default
 DEFAULT_SLOS = ("median2", "p99x5")
+#: the loads a capacity search tries before bisecting: ``bench e2e``'s, and two below it, since
+#: a peer may miss an SLO at half the paper's rate (Ray Serve did, docs/RESULTS.md)
+CAPACITY_LADDER = (0.125, 0.25, *e2e.CAPACITY_LADDER)
 
 
 class _Sides:
@@ -174,7 +177,7 @@ def run(
         out["results"] = compare_loads(sides, systems, loads, config.seed, chosen)
         print_loads(out["results"], chosen, title=f"{workload.name} on {config.workers} workers")
         if capacity_search:
-            grid = capacity.load_grid(max_load, e2e.CAPACITY_LADDER)
+            grid = capacity.load_grid(max_load, CAPACITY_LADDER)
 
             def slowdowns(policy: str, seed: int, load: float) -> list[float | None]:
                 values: list[float | None] = sides(policy, seed, load)["slowdowns"]
