@@ -117,6 +117,11 @@ class LogFormat(StrEnum):
     json = "json"
 
 
+class OnMiss(StrEnum):
+    drop = "drop"
+    finish = "finish"
+
+
 class Batching(StrEnum):
     on = "on"
     off = "off"
@@ -651,6 +656,20 @@ def submit(
     tls_key: TlsKey = None,
     tls_ca: TlsCa = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the result.")] = 60.0,
+    deadline_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Answer within this many ms, or not at all: refused at once when no plan "
+            "can (DeadlineUnreachable), dropped when it falls too late (DeadlineExceeded).",
+        ),
+    ] = None,
+    priority: Annotated[
+        int, typer.Option(min=0, max=9, help="0-9; a higher priority's tasks run first.")
+    ] = 0,
+    on_miss: Annotated[
+        OnMiss, typer.Option(help="finish: run the job to the end even past its deadline.")
+    ] = OnMiss.drop,
 ) -> None:
     """Run one job and print its result."""
     from compass.client import Client
@@ -672,7 +691,10 @@ def submit(
 
     async def run() -> Any:
         async with Client(address, token=token, tls=tls) as client:
-            return await client.submit(workflow, timeout=timeout, **kwargs)
+            return await client.submit(
+                workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
+                on_miss=on_miss.value, **kwargs,
+            )  # fmt: skip
 
     try:
         result = asyncio.run(run())

@@ -192,10 +192,13 @@ class WorkflowBuilder:
         inputs: Sequence[str],
         best_ms: float | None,
         provider: Callable[[str], Any] | None = None,
+        slo_ms: float | None = None,
+        slo_x: float | None = None,
     ) -> None:
         self.name = name
         self.inputs = tuple(inputs)
         self.best_ms = best_ms
+        self.slo_ms, self.slo_x = slo_ms, slo_x
         self._provider = provider
         self._tasks: list[Task] = []
 
@@ -274,7 +277,10 @@ class WorkflowBuilder:
         return register(fn) if fn is not None else register
 
     def build(self) -> Workflow:
-        return Workflow(self.name, self._tasks, inputs=self.inputs, best_ms=self.best_ms)
+        return Workflow(
+            self.name, self._tasks, inputs=self.inputs, best_ms=self.best_ms,
+            slo_ms=self.slo_ms, slo_x=self.slo_x,
+        )  # fmt: skip
 
 
 class App:
@@ -333,12 +339,22 @@ class App:
         return model
 
     def workflow(
-        self, name: str, *, inputs: Sequence[str] = (), best_ms: float | None = None
+        self,
+        name: str,
+        *,
+        inputs: Sequence[str] = (),
+        best_ms: float | None = None,
+        slo_ms: float | None = None,
+        slo_x: float | None = None,
     ) -> WorkflowBuilder:
-        """Start declaring a workflow; add tasks with the returned builder's ``task`` decorator."""
+        """Start declaring a workflow; add tasks with the returned builder's ``task`` decorator.
+        ``slo_ms`` (or ``slo_x``, a multiple of its computed best time): the deadline of a job
+        submitted without ``deadline_ms``."""
         if name in self._builders or name in self._workflows:
             raise WorkflowError(f"workflow {name!r} is declared twice")
-        builder = WorkflowBuilder(name, inputs, best_ms, provider=self._resource_value)
+        builder = WorkflowBuilder(
+            name, inputs, best_ms, provider=self._resource_value, slo_ms=slo_ms, slo_x=slo_x
+        )
         self._builders[name] = builder
         return builder
 

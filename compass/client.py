@@ -37,6 +37,7 @@ from compass.errors import (
     ProtocolError,
     WorkerUnavailable,
 )
+from compass.objective import check_objective
 from compass.wire.transport import Channel, connect, new_event_loop
 from compass.worker.stats import payload_bytes
 
@@ -280,22 +281,48 @@ class Client:
         return result
 
     async def submit(
-        self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any
+        self,
+        workflow: str,
+        /,
+        *,
+        timeout: float | None = _DEFAULT,
+        deadline_ms: float | None = None,
+        priority: int = 0,
+        on_miss: str = "drop",
+        **inputs: Any,
     ) -> Any:
         """Run one job of ``workflow`` with ``inputs`` and return its final output.
+
+        The job's objective: ``deadline_ms`` (answer within this many milliseconds of
+        submission, or not at all: a job no plan can finish in time is refused at once with
+        :class:`~compass.errors.DeadlineUnreachable`, one that falls too late on the way is
+        dropped and answered :class:`~compass.errors.DeadlineExceeded`; ``on_miss="finish"``
+        runs it to the end regardless), and ``priority`` (0 to 9, higher first: a worker
+        runs a higher priority's tasks before a lower one's). Without them a job runs as it
+        always has. Their names are not job inputs.
 
         Raises :class:`~compass.errors.JobFailed` when a task raised (with the task's name and
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
         :class:`~compass.errors.InvalidInputs` for a bad request; each names the job
         (``error.job_id``).
         """
-        return await self._submit(workflow, inputs, timeout, {})
+        extra = _objective(deadline_ms, priority, on_miss)
+        return await self._submit(workflow, inputs, timeout, extra)
 
     async def submit_job(
-        self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any
+        self,
+        workflow: str,
+        /,
+        *,
+        timeout: float | None = _DEFAULT,
+        deadline_ms: float | None = None,
+        priority: int = 0,
+        on_miss: str = "drop",
+        **inputs: Any,
     ) -> JobResult:
         """:meth:`submit`, answering the job's id with its output (:class:`JobResult`)."""
-        answer = await self._submit(workflow, inputs, timeout, {"reply": "job"})
+        extra = {"reply": "job", **_objective(deadline_ms, priority, on_miss)}
+        answer = await self._submit(workflow, inputs, timeout, extra)
         if not (isinstance(answer, dict) and isinstance(answer.get("job"), str)):
             raise ProtocolError(
                 f"{self.address} answered a job without its id: the worker predates submit_job"
@@ -339,13 +366,18 @@ class Client:
         *,
         concurrency: int = 64,
         timeout: float | None = _DEFAULT,
+        deadline_ms: float | None = None,
+        priority: int = 0,
+        on_miss: str = "drop",
     ) -> list[Any]:
-        """Run one job per inputs mapping, at most ``concurrency`` at once; results in order."""
+        """Run one job per inputs mapping, at most ``concurrency`` at once; results in order.
+        The objective, as for :meth:`submit`, is every job's."""
         limit = asyncio.Semaphore(concurrency)
+        extra = _objective(deadline_ms, priority, on_miss)
 
         async def one(kwargs: Mapping[str, Any]) -> Any:
             async with limit:
-                return await self.submit(workflow, timeout=timeout, **kwargs)
+                return await self._submit(workflow, dict(kwargs), timeout, extra)
 
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(one(kwargs)) for kwargs in inputs]
@@ -392,6 +424,20 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _objective(deadline_ms: float | None, priority: int, on_miss: str) -> dict[str, Any]:
+    """The objective's fields of a submission (none for a job that asks for nothing),
+    checked here so that a bad one fails before anything is sent."""
+    check_objective(deadline_ms, priority, on_miss)
+    body: dict[str, Any] = {}
+    if deadline_ms is not None:
+        body["deadline_ms"] = deadline_ms
+    if priority:
+        body["priority"] = priority
+    if on_miss != "drop":
+        body["on_miss"] = on_miss
+    return body
 
 
 def _explain_refusal(address: str, exc: ConnectFailed | ConnectionLost, *, tls: bool) -> str:
@@ -567,16 +613,40 @@ class SyncClient:
         """The worker's status: name, address, version, uptime, peers, queue, cache, counters."""
         return self._run(self._client.status(timeout=timeout))
 
-    def submit(self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any) -> Any:
+    def submit(
+        self,
+        workflow: str,
+        /,
+        *,
+        timeout: float | None = _DEFAULT,
+        deadline_ms: float | None = None,
+        priority: int = 0,
+        on_miss: str = "drop",
+        **inputs: Any,
+    ) -> Any:
         """Run one job of ``workflow`` with ``inputs`` and return its final output (see
         :meth:`Client.submit`)."""
-        return self._run(self._client.submit(workflow, timeout=timeout, **inputs))
+        return self._run(self._client.submit(
+            workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
+            on_miss=on_miss, **inputs,
+        ))  # fmt: skip
 
     def submit_job(
-        self, workflow: str, /, *, timeout: float | None = _DEFAULT, **inputs: Any
+        self,
+        workflow: str,
+        /,
+        *,
+        timeout: float | None = _DEFAULT,
+        deadline_ms: float | None = None,
+        priority: int = 0,
+        on_miss: str = "drop",
+        **inputs: Any,
     ) -> JobResult:
         """Run one job and return its id with its output (see :meth:`Client.submit_job`)."""
-        return self._run(self._client.submit_job(workflow, timeout=timeout, **inputs))
+        return self._run(self._client.submit_job(
+            workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
+            on_miss=on_miss, **inputs,
+        ))  # fmt: skip
 
     def submit_many(
         self,
@@ -585,11 +655,15 @@ class SyncClient:
         *,
         concurrency: int = 64,
         timeout: float | None = _DEFAULT,
+        deadline_ms: float | None = None,
+        priority: int = 0,
+        on_miss: str = "drop",
     ) -> list[Any]:
         """Run one job per inputs mapping, at most ``concurrency`` at once; results in order."""
-        return self._run(
-            self._client.submit_many(workflow, inputs, concurrency=concurrency, timeout=timeout)
-        )
+        return self._run(self._client.submit_many(
+            workflow, inputs, concurrency=concurrency, timeout=timeout, deadline_ms=deadline_ms,
+            priority=priority, on_miss=on_miss,
+        ))  # fmt: skip
 
     def close(self) -> None:
         """Close the connections and end the background thread. Idempotent."""

@@ -20,6 +20,9 @@
     │   ├── ModelTooLarge             "model_too_large"
     │   └── StaleHandle               "stale_handle"
     ├── JobFailed                     "job_failed"    a task of the job raised
+    ├── DeadlineError                 "deadline"      the job's deadline cannot be met
+    │   ├── DeadlineUnreachable       "deadline_unreachable"  refused: no plan meets it
+    │   └── DeadlineExceeded          "deadline_exceeded"     dropped: too late to finish
     ├── JobTooLarge                   "job_too_large" one job's inputs exceed the ingress's limit
     ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
     └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
@@ -47,6 +50,9 @@ __all__ = [
     "ConnectFailed",
     "ConnectionClosed",
     "ConnectionLost",
+    "DeadlineError",
+    "DeadlineExceeded",
+    "DeadlineUnreachable",
     "InvalidInputs",
     "JobFailed",
     "JobTooLarge",
@@ -175,6 +181,29 @@ class JobFailed(CompassError):
     @property
     def remote_traceback(self) -> str | None:
         return self.detail.get("traceback") if isinstance(self.detail, dict) else None
+
+
+class DeadlineError(CompassError):
+    """The job's deadline (``deadline_ms``, or its workflow's objective) cannot be met. Not
+    retried: a later try has even less time. ``detail`` holds ``job_id``, ``deadline_ms``
+    and the estimate that missed it."""
+
+    code = "deadline"
+
+
+class DeadlineUnreachable(DeadlineError):
+    """Refused at the ingress before anything ran: the best plan for the job finishes after
+    its deadline (the estimate is in the message)."""
+
+    code = "deadline_unreachable"
+
+
+class DeadlineExceeded(DeadlineError):
+    """Dropped on the way: a task of the job would start too late for the job to finish in
+    time (now plus its remaining critical path past the deadline), so the job was answered at
+    once and its other tasks dropped everywhere. ``on_miss="finish"`` runs it to the end."""
+
+    code = "deadline_exceeded"
 
 
 class JobTooLarge(CompassError):

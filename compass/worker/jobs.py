@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compass.objective import NO_OBJECTIVE, Objective
 from compass.worker.messages import JOB_INPUTS
 from compass.workflow.dag import Workflow
 
@@ -37,6 +38,9 @@ class IngressJob:
     waiters: list[str] = field(default_factory=list)
     #: the request that submitted it stopped waiting (a waiter still does)
     abandoned: bool = False
+    #: what it asks for; ``deadline`` is absolute, on the ingress's clock (None: none)
+    objective: Objective = NO_OBJECTIVE
+    deadline: float | None = None
 
     def involves(self, worker: str) -> bool:
         return worker in self.plan.values()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
-from compass.errors import CompassError, ConfigError, WorkerUnavailable
+from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 from compass.worker.queue import QueuedTask, TaskQueue
 
 __all__ = ["Lanes", "LoadModel", "RunTask"]
@@ -140,6 +140,8 @@ class Lanes:
         self.max_stuck = max_stuck
         #: tasks abandoned past their timeout whose threads still run
         self.stuck = 0
+        #: tasks dropped because their job could no longer make its deadline
+        self.shed = 0
         #: counts changes a heartbeat would show (the GPU queue and lanes, the cache, stuck
         #: tasks; not the host lanes): an adapter gossips when it moved
         self.version = 0
@@ -244,6 +246,8 @@ class Lanes:
                 if not self.busy:
                     self._warm(now)
                 break
+            if self._too_late(self.queue, entry, now):
+                continue
             lane = self._idle.pop()
             self.version += 1
             run = _Run(entry, lane, False, now)
@@ -267,9 +271,31 @@ class Lanes:
             entry = self.host_queue.pop(now)
             if entry is None:
                 return
+            if self._too_late(self.host_queue, entry, now):
+                continue
             run = _Run(entry, self._host_idle.pop(), True, now)
             self._runs[entry] = run
             self.out.append(RunTask(entry, run.lane, True, 0.0, None))
+
+    def _too_late(self, queue: TaskQueue, entry: QueuedTask, now: float) -> bool:
+        """Shed ``entry`` (just popped) if its job can no longer finish by its deadline when
+        it starts now (now plus its remaining critical path): its job is answered at once
+        with :class:`~compass.errors.DeadlineExceeded` (:attr:`on_fail`) instead of taking
+        a lane, unless the job asked to finish anyway."""
+        deadline = entry.deadline
+        if deadline is None or entry.finish or now + entry.remaining_s <= deadline:
+            return False
+        queue.finish(entry)
+        self.version += 1
+        self.shed += 1
+        late_s = now + entry.remaining_s - deadline
+        self.on_fail(entry, DeadlineExceeded(
+            f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
+            f"late for the job to finish by its deadline ({entry.remaining_s * 1000:.1f} ms "
+            "of work left on its critical path); dropped",
+            detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
+        ), now)  # fmt: skip
+        return True
 
     def _ensure(self, run: _Run, now: float) -> None:
         """The next step towards running ``run``: its model resident and pinned."""

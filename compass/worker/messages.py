@@ -13,6 +13,7 @@ encodes them: arrays and tensors out of band.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
@@ -68,12 +69,26 @@ def _plan(body: Mapping[str, Any], key: str, op: str) -> dict[str, str]:
 _NUMBER = (int, float)
 
 
+def _budget(body: Mapping[str, Any], op: str) -> float | None:
+    if "dl" not in body:
+        return None
+    budget = float(_field(body, "dl", _NUMBER, op))
+    if not math.isfinite(budget):
+        raise ProtocolError(f"peer message {op!r}: field 'dl' must be finite, got {budget!r}")
+    return budget
+
+
 @dataclass(frozen=True, slots=True)
 class TaskMsg:
     """One input of ``task``: the output of predecessor ``source``, or (``source`` =
     :data:`JOB_INPUTS`) the mapping of job inputs for a root task. ``plan`` is the job's plan
     as the sender knows it; ``sent`` and ``t0`` are wall-clock seconds (push time, job submit
-    time) from which the receiver derives transfer time and job age."""
+    time) from which the receiver derives transfer time and job age.
+
+    The job's objective: ``priority`` (higher runs first), ``budget_s`` (seconds left to its
+    deadline when the message was sent, on the sender's clock: the receiver rebases it on its
+    own, less the transfer; None: no deadline) and ``finish`` (run it to the end even past its
+    deadline). Deadlines cross hosts as budgets, so no two hosts' clocks are compared."""
 
     op: ClassVar[str] = "task"
     job: str
@@ -86,9 +101,12 @@ class TaskMsg:
     ingress: str
     sent: float = 0.0
     t0: float = 0.0
+    priority: int = 0
+    budget_s: float | None = None
+    finish: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "job": self.job,
             "att": self.attempt,
             "wf": self.workflow,
@@ -100,6 +118,14 @@ class TaskMsg:
             "sent": self.sent,
             "t0": self.t0,
         }
+        # the objective only when there is one: a job without one costs no bytes
+        if self.priority:
+            body["pri"] = self.priority
+        if self.budget_s is not None:
+            body["dl"] = self.budget_s
+        if self.finish:
+            body["fin"] = True
+        return body
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> TaskMsg:
@@ -117,6 +143,9 @@ class TaskMsg:
             ingress=_field(body, "ingress", str, op),
             sent=float(_field(body, "sent", _NUMBER, op)),
             t0=float(_field(body, "t0", _NUMBER, op)),
+            priority=_field(body, "pri", int, op) if "pri" in body else 0,
+            budget_s=_budget(body, op),
+            finish=_field(body, "fin", bool, op) if "fin" in body else False,
         )
 
 

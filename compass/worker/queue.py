@@ -12,13 +12,15 @@ each group's queued tasks as the batches they will form (a batch of ``b`` costs
 ``expected_s * scale(b)``), and :meth:`TaskQueue.batchable` tells the view, per model, how many
 such tasks wait and when the first of them is expected to start.
 
-Order: the smallest :attr:`QueuedTask.priority` first, ties (and tasks without one) in arrival
-order. A task without a priority ranks at its enqueue time, so a queue where no task has one is
-plain FIFO, as in the paper (and the baselines). Compass gives each task its job's deadline,
-the job's arrival plus ``deadline_slack`` times its workflow's best time (the worker core
-computes it): a short job's step overtakes a longer job's that arrived a little earlier, and a
-job that has waited long overtakes fresh ones. With ``oldest_job_first`` instead, a task ranks
-at its job's arrival.
+Order: the highest :attr:`QueuedTask.level` (the job's priority) first; within a level, the
+job's own deadline where it has one (:attr:`QueuedTask.deadline`), else the smallest
+:attr:`QueuedTask.priority`; ties (and tasks without either) in arrival order. A task without
+a priority ranks at its enqueue time, so a queue where no task has one is plain FIFO, as in
+the paper (and the baselines). Compass gives each task an internal deadline, the job's arrival
+plus ``deadline_slack`` times its workflow's best time (the worker core computes it): a short
+job's step overtakes a longer job's that arrived a little earlier, and a job that has waited
+long overtakes fresh ones. With ``oldest_job_first`` instead, a task ranks at its job's
+arrival.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from compass.workflow.dag import batch_limit, batch_scale
+
+#: a heap item: (minus the level, the rank within it, arrival order, the task)
+_Item = tuple[int, float, int, "QueuedTask"]
 
 __all__ = ["SIMILAR_RUNS", "QueuedTask", "TaskQueue"]
 
@@ -65,6 +70,17 @@ class QueuedTask:
     priority: float | None = None
     #: the job's submit time on this worker's clock (what oldest-job-first ranks by)
     arrival: float = 0.0
+    #: the job's priority: a higher level runs first, whatever the rest of the order
+    level: int = 0
+    #: the job's deadline on this worker's clock (None: it has none); it ranks the task
+    #: instead of :attr:`priority`
+    deadline: float | None = None
+    #: run it past its deadline (the job's ``on_miss="finish"``); otherwise a task that would
+    #: start too late for its job to finish in time is dropped instead of run
+    finish: bool = False
+    #: the job's remaining critical path from this task's start: its own best time plus the
+    #: longest best path of its successors
+    remaining_s: float = 0.0
     #: tasks of one group (one function and model) may run as one batch; None: never batched
     group: str | None = None
     #: the most items one batch of its group takes
@@ -108,7 +124,7 @@ class TaskQueue:
     """Ready tasks by priority plus the running ones, with an O(1) expected-wait total."""
 
     def __init__(self) -> None:
-        self._ready: list[tuple[float, int, QueuedTask]] = []  # a heap
+        self._ready: list[_Item] = []  # a heap
         self._order = itertools.count()
         # insertion-ordered, so upcoming_models() is deterministic
         self._running: dict[QueuedTask, None] = {}
@@ -122,7 +138,7 @@ class TaskQueue:
 
     def __iter__(self) -> Iterator[QueuedTask]:
         """The queued tasks in the order they would be popped."""
-        return (entry for _, _, entry in sorted(self._ready, key=_heap_key))
+        return (item[3] for item in sorted(self._ready, key=_heap_key))
 
     @property
     def queued_s(self) -> float:
@@ -144,7 +160,9 @@ class TaskQueue:
     def push(self, entry: QueuedTask) -> None:
         """Queue ``entry`` at its priority (its enqueue time when it has none)."""
         key = entry.enqueued_at if entry.priority is None else entry.priority
-        heapq.heappush(self._ready, (key, next(self._order), entry))
+        if entry.deadline is not None:
+            key = entry.deadline  # the job's own deadline, where it has one
+        heapq.heappush(self._ready, (-entry.level, key, next(self._order), entry))
         self._count_in(entry)
 
     def _count_in(self, entry: QueuedTask) -> None:
@@ -172,7 +190,7 @@ class TaskQueue:
         """The next task to run (marked running at ``now``), or ``None`` when it is empty."""
         if not self._ready:
             return None
-        entry = heapq.heappop(self._ready)[2]
+        entry = heapq.heappop(self._ready)[3]
         self._count_out(entry)
         entry.started_at = now
         entry.run_s = entry.expected_s
@@ -191,19 +209,19 @@ class TaskQueue:
         if group is None or room <= 0 or group not in self._groups:
             return []
         shortest = longest = lead.expected_s
-        chosen: list[tuple[float, int, QueuedTask]] = []
-        for item in sorted((i for i in self._ready if i[2].group == group), key=_heap_key):
-            run_s = item[2].expected_s
+        chosen: list[_Item] = []
+        for item in sorted((i for i in self._ready if i[3].group == group), key=_heap_key):
+            run_s = item[3].expected_s
             if max(longest, run_s) > SIMILAR_RUNS * min(shortest, run_s):
                 continue
             chosen.append(item)
             shortest, longest = min(shortest, run_s), max(longest, run_s)
             if len(chosen) == room:
                 break
-        taken = {id(item[2]) for item in chosen}
-        self._ready = [item for item in self._ready if id(item[2]) not in taken]
+        taken = {id(item[3]) for item in chosen}
+        self._ready = [item for item in self._ready if id(item[3]) not in taken]
         heapq.heapify(self._ready)
-        mates = [item[2] for item in chosen]
+        mates = [item[3] for item in chosen]
         for entry in mates:
             self._count_out(entry)
             entry.started_at = now
@@ -226,10 +244,10 @@ class TaskQueue:
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
         """Remove the queued tasks ``stale`` is true of; return them."""
-        kept: list[tuple[float, int, QueuedTask]] = []
+        kept: list[_Item] = []
         dropped: list[QueuedTask] = []
         for item in self._ready:
-            entry = item[2]
+            entry = item[3]
             if stale(entry):
                 dropped.append(entry)
             else:
@@ -240,7 +258,7 @@ class TaskQueue:
             self._queued_s = 0.0
             self._groups.clear()
             for item in kept:
-                self._count_in(item[2])
+                self._count_in(item[3])
         return dropped
 
     def wait_s(self, now: float) -> float:
@@ -281,5 +299,5 @@ class TaskQueue:
         return models
 
 
-def _heap_key(item: tuple[float, int, QueuedTask]) -> tuple[float, int]:
-    return item[0], item[1]
+def _heap_key(item: _Item) -> tuple[int, float, int]:
+    return item[0], item[1], item[2]

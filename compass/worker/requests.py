@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import compass
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
+from compass.objective import Objective
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
 from compass.worker.messages import (
@@ -134,8 +135,10 @@ class _Requests:
         key = body.get("key")
         if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS):
             raise InvalidInputs(f"a job key must be a string of 1 to {MAX_KEY_CHARS} characters")
-        job_id, value = await self.worker.submit_job(
-            body["workflow"], body.get("inputs") or {}, key
+        worker = self.worker
+        objective = Objective.from_wire(body, worker.config.time_scale)
+        job_id, value = await worker.submit_job(
+            body["workflow"], body.get("inputs") or {}, key, objective
         )
         if body.get("reply") == "job":  # Client.submit_job: the job's id with its answer
             return {"job": job_id, "value": value}

@@ -27,6 +27,7 @@ from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
 from compass.errors import CompassError, WorkerUnavailable
+from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
@@ -471,13 +472,24 @@ class Worker:
         self.apply(PlanReady(self.clock(), step.request.job, plan))
 
     # -- the public surface of the core ---------------------------------------------------------
-    async def submit(self, workflow: str, inputs: Any, key: str | None = None) -> Any:
+    async def submit(
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
+    ) -> Any:
         """Run a job of ``workflow`` with this worker as its ingress; its answer (raises the
-        job's error). ``key``: the client's name for the job (a resubmission attaches)."""
-        return (await self.submit_job(workflow, inputs, key))[1]
+        job's error). ``key``: the client's name for the job (a resubmission attaches);
+        ``objective``: its deadline and priority."""
+        return (await self.submit_job(workflow, inputs, key, objective))[1]
 
     async def submit_job(
-        self, workflow: str, inputs: Any, key: str | None = None
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
     ) -> tuple[str, Any]:
         """:meth:`submit`, answering the job's id with its answer (an error names it too)."""
         if self._stopped.is_set():
@@ -490,7 +502,8 @@ class Worker:
         self._answers[job_id] = future
         try:
             now, wall = self.clock(), time.time()
-            self.apply(Submit(now, job_id, workflow, inputs, payload_bytes(inputs), wall, key))
+            size = payload_bytes(inputs)
+            self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective))
             return job_id, await future
         except CompassError as exc:
             _name_job(exc, job_id)

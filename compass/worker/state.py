@@ -39,6 +39,8 @@ from typing import Any, Protocol, TypeAlias
 from compass.errors import (
     CompassError,
     ConfigError,
+    DeadlineExceeded,
+    DeadlineUnreachable,
     InvalidInputs,
     JobFailed,
     JobTooLarge,
@@ -47,7 +49,10 @@ from compass.errors import (
     WorkerUnavailable,
     error_from_wire,
 )
+from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
+from compass.sched.cost import CostCache
+from compass.sched.deadline import plan_finish_s, remaining_s
 from compass.sched.replicas import warm_order
 from compass.sched.view import Placement
 from compass.worker.jobs import Inbox, IngressJob
@@ -145,6 +150,8 @@ class Submit:
     t0: float
     #: the client's name for the job: a resubmission with the same key gets the same answer
     key: str | None = None
+    #: its deadline, priority and what to do when it would miss it
+    objective: Objective = NO_OBJECTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +369,10 @@ class WorkerCore:
         self._attached: dict[str, str] = {}
         #: workflow -> (its profile version, its best time in seconds), for deadline order
         self._best: dict[str, tuple[int, float]] = {}
+        #: workflow -> (its profile version, each task's remaining critical path), for shedding
+        self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
+        #: cost tables for estimating when a plan finishes (admission by deadline)
+        self._costs = CostCache()
 
     def new_job_id(self) -> str:
         """A job id unique in the cluster (worker names are) and across restarts of a worker
@@ -475,7 +486,11 @@ class WorkerCore:
             submitted_at=ev.now,
             t0=ev.t0,
             key=ev.key,
+            objective=ev.objective,
         )
+        deadline_s = self._deadline_s(workflow, ev.objective)
+        if deadline_s is not None:
+            job.deadline = ev.now + deadline_s
         self.jobs[job.job_id] = job
         self.held_bytes += job.input_bytes
         if ev.key is not None:
@@ -519,11 +534,34 @@ class WorkerCore:
         try:
             if plan is None or set(plan) != set(job.workflow.tasks):
                 plan = self._plan_here(self._info(job), now, view)
+            if job.deadline is not None and not job.objective.finish:
+                self._admit(job, plan, now)
         except CompassError as exc:
             self._answer(job, now, error=exc)
             return
         job.plan = plan
         self._send_roots(job, now)
+
+    def _admit(self, job: IngressJob, plan: Mapping[str, str], now: float) -> None:
+        """Refuse ``job`` (:class:`DeadlineUnreachable`) when its plan, the best this policy
+        found, already finishes after its deadline: nothing of it has been sent yet."""
+        assert job.deadline is not None
+        view = self.view.snapshot(now, without=job.job_id)
+        costs = self._costs.get(job.workflow, self.profiles, view.names)
+        finish = plan_finish_s(
+            costs, plan, view, now, ingress=self.name, input_bytes=job.input_bytes,
+            host_lanes=self.host_lanes,
+        )  # fmt: skip
+        if finish > job.deadline:
+            self.stats.jobs_unreachable += 1
+            deadline_ms = (job.deadline - job.submitted_at) * 1000
+            estimate_ms = (finish - job.submitted_at) * 1000
+            raise DeadlineUnreachable(
+                f"job {job.job_id} ({job.workflow.name}) cannot meet its deadline of "
+                f"{deadline_ms:.1f} ms: its best plan finishes in {estimate_ms:.1f} ms",
+                detail={"job_id": job.job_id, "deadline_ms": deadline_ms,
+                        "estimate_ms": estimate_ms},
+            )  # fmt: skip
 
     def _new_attempt(self, job: IngressJob, lost: str, now: float) -> None:
         """Plan ``job`` again from the inputs kept here; older attempts are dropped by the
@@ -554,6 +592,9 @@ class WorkerCore:
                     plan=job.plan,
                     ingress=self.name,
                     t0=job.t0,
+                    priority=job.objective.priority,
+                    budget_s=None if job.deadline is None else job.deadline - now,
+                    finish=job.objective.finish,
                 ),
                 now,
                 job_arrival=job.submitted_at,
@@ -598,6 +639,13 @@ class WorkerCore:
     def _failed(self, msg: FailedMsg, now: float) -> None:
         job = self._live(msg.job, msg.attempt)
         if job is None:
+            return
+        if msg.code == DeadlineExceeded.code:
+            self.stats.jobs_dropped += 1
+            why = msg.message.removeprefix(f"{DeadlineExceeded.__name__}: ")
+            where = {"job_id": job.job_id, "task": msg.task, "worker": msg.worker}
+            # done to every worker: the job's other tasks and inputs are dropped everywhere
+            self._answer(job, now, error=DeadlineExceeded(why, detail=where))
             return
         if msg.code == WorkerUnavailable.code and job.attempt < MAX_ATTEMPTS - 1:
             # a worker could not take or pass on a task (it had no connection to the next
@@ -763,9 +811,45 @@ class WorkerCore:
                 group=group,
                 max_batch=task.batch,
                 scale=scale,
+                level=msg.priority,
+                # the budget left when it was sent, on this worker's clock, less the transfer
+                deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
+                finish=msg.finish,
+                remaining_s=self._remaining_of(workflow)[task.name],
             ),
             now,
         )
+
+    def _deadline_s(self, workflow: Workflow, objective: Objective) -> float | None:
+        """Seconds a job has: its own ``deadline_ms``, else its workflow's default objective
+        (``slo_ms``, or ``slo_x`` times its computed best time), else None."""
+        if objective.deadline_s is not None:
+            return objective.deadline_s
+        if workflow.slo_ms is not None:
+            return workflow.slo_ms / 1000.0
+        if workflow.slo_x is not None:
+            return workflow.slo_x * self._best_s(workflow)
+        return None
+
+    def _best_s(self, workflow: Workflow) -> float:
+        """``workflow``'s computed best time, kept per profile version."""
+        version = self.profiles.workflow_version(workflow.name)
+        known = self._best.get(workflow.name)
+        if known is None or known[0] != version:  # the estimates moved
+            known = self._best[workflow.name] = (version, best_time_s(workflow, self.profiles))
+        return known[1]
+
+    def _remaining_of(self, workflow: Workflow) -> dict[str, float]:
+        """Each task's remaining critical path (:func:`remaining_s`), kept per profile
+        version."""
+        version = self.profiles.workflow_version(workflow.name)
+        known = self._remaining.get(workflow.name)
+        if known is None or known[0] != version:
+            known = self._remaining[workflow.name] = (
+                version,
+                remaining_s(workflow, self.profiles, self.name),
+            )
+        return known[1]
 
     def _priority(self, workflow: Workflow, arrival: float) -> float | None:
         """Where a task ranks in the queue (None: FIFO). Oldest job first ranks it at its
@@ -773,14 +857,7 @@ class WorkerCore:
         workflow's best time (a short job's deadline comes sooner)."""
         slack = self.policy.deadline_slack
         if slack is not None:
-            version = self.profiles.workflow_version(workflow.name)
-            known = self._best.get(workflow.name)
-            if known is None or known[0] != version:  # the estimates moved
-                known = self._best[workflow.name] = (
-                    version,
-                    best_time_s(workflow, self.profiles),
-                )
-            return arrival + slack * known[1]
+            return arrival + slack * self._best_s(workflow)
         return arrival if self.policy.oldest_job_first else None
 
     @staticmethod
@@ -813,8 +890,12 @@ class WorkerCore:
 
     def _lane_failed(self, entry: QueuedTask, error: CompassError, now: float) -> None:
         """The lanes could not run ``entry`` (its model can never fit, its load failed, the
-        worker is degraded): its ingress hears why."""
-        self.stats.tasks_failed += 1
+        worker is degraded; or it was shed, too late for its job's deadline): its ingress
+        hears why."""
+        if isinstance(error, DeadlineExceeded):
+            self.stats.tasks_shed += 1
+        else:
+            self.stats.tasks_failed += 1
         if not self.is_done(entry.job_id, entry.attempt):
             self._report_failure(
                 entry.job_id, entry.attempt, entry.task, entry.ingress, now,
@@ -879,6 +960,9 @@ class WorkerCore:
                 plan=plan,
                 ingress=entry.ingress,
                 t0=entry.t0,
+                priority=entry.level,
+                budget_s=None if entry.deadline is None else entry.deadline - now,
+                finish=entry.finish,
             )
             self._send(plan[succ], msg, now, job_arrival=entry.arrival)
 

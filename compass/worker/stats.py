@@ -45,6 +45,12 @@ class WorkerStats:
     jobs_completed: int = 0
     jobs_failed: int = 0
     jobs_refused: int = 0
+    #: jobs refused at once because no plan met their deadline (DeadlineUnreachable)
+    jobs_unreachable: int = 0
+    #: jobs answered DeadlineExceeded: a task of theirs would have started too late
+    jobs_dropped: int = 0
+    #: tasks this worker dropped because their job could no longer make its deadline
+    tasks_shed: int = 0
     moves: int = 0
     replans: int = 0
     peers_joined: int = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import inspect
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -335,6 +336,8 @@ class Workflow:
         "order",
         "roots",
         "sinks",
+        "slo_ms",
+        "slo_x",
         "tasks",
     )
 
@@ -347,6 +350,10 @@ class Workflow:
     roots: tuple[str, ...]
     sinks: tuple[str, ...]
     models: frozenset[str]
+    #: the default objective of its jobs (one without ``deadline_ms``): answered within this
+    #: many ms, or within this multiple of the workflow's computed best time; None: none
+    slo_ms: float | None
+    slo_x: float | None
 
     def __init__(
         self,
@@ -355,6 +362,8 @@ class Workflow:
         *,
         inputs: Sequence[str] = (),
         best_ms: float | None = None,
+        slo_ms: float | None = None,
+        slo_x: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise WorkflowError(f"a workflow name must be a non-empty string, got {name!r}")
@@ -369,6 +378,18 @@ class Workflow:
         if best_ms is not None and (not _is_number(best_ms) or not best_ms > 0):
             raise WorkflowError(f"workflow {name!r}: best_ms must be > 0, got {best_ms!r}")
         self.best_ms = best_ms
+        for field_name, value in (("slo_ms", slo_ms), ("slo_x", slo_x)):
+            if value is not None and (not _is_number(value) or not 0 < value < math.inf):
+                raise WorkflowError(
+                    f"workflow {name!r}: {field_name} must be a number > 0, got {value!r}"
+                )
+        if slo_ms is not None and slo_x is not None:
+            raise WorkflowError(f"workflow {name!r}: give slo_ms or slo_x, not both")
+        if slo_x is not None and slo_x < 1:
+            raise WorkflowError(
+                f"workflow {name!r}: slo_x must be >= 1 (no job beats its best time), got {slo_x!r}"
+            )
+        self.slo_ms, self.slo_x = slo_ms, slo_x
 
         declared: dict[str, Task] = {}
         for task in tasks:

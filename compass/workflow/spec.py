@@ -260,13 +260,15 @@ def _parse_workflow(
     path = f"workflows.{name}"
     entry = reader.obj(data, path)
     best_ms = reader.number(entry, "best_ms", path, positive=True) if "best_ms" in entry else None
+    slo_ms = reader.number(entry, "slo_ms", path, positive=True) if "slo_ms" in entry else None
+    slo_x = reader.number(entry, "slo_x", path, positive=True) if "slo_x" in entry else None
     tasks_path = f"{path}.tasks"
     tasks_data = reader.obj(reader.get(entry, "tasks", path), tasks_path)
     tasks: list[Task] = []
     for task_name, task_data in tasks_data.items():
         tasks.append(_parse_task(reader, task_name, task_data, f"{tasks_path}.{task_name}", models))
     try:
-        workflow = Workflow(name, tasks, best_ms=best_ms)
+        workflow = Workflow(name, tasks, best_ms=best_ms, slo_ms=slo_ms, slo_x=slo_x)
     except WorkflowError as exc:
         raise reader.error(path, exc.message) from None
     for task_name in workflow.order:
@@ -414,6 +416,10 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
             raise WorkflowError(f"workflow {name!r}: named job inputs have no spec form")
         if wf.best_ms is not None:
             entry["best_ms"] = wf.best_ms
+        if wf.slo_ms is not None:
+            entry["slo_ms"] = wf.slo_ms
+        if wf.slo_x is not None:
+            entry["slo_x"] = wf.slo_x
         workflows[name] = entry
     arrivals = workload.arrivals
     return {

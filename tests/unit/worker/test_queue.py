@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -119,3 +121,13 @@ def test_the_wait_total_never_drifts_below_zero(seconds: list[float]) -> None:
         assert queue.wait_s(0.0) >= 0.0
         queue.finish(e)
     assert queue.wait_s(0.0) == 0.0
+
+
+def test_a_higher_priority_runs_first_then_each_level_by_its_jobs_deadlines() -> None:
+    queue = TaskQueue()
+    queue.push(entry("low-soon", priority=0.5, at=0.0))
+    queue.push(dataclasses.replace(entry("high-late", at=1.0), level=1, deadline=9.0))
+    queue.push(dataclasses.replace(entry("high-soon", at=2.0), level=1, deadline=3.0))
+    # within a level the job's own deadline ranks a task where the internal one would
+    queue.push(dataclasses.replace(entry("low-deadline", priority=8.0, at=3.0), deadline=0.2))
+    assert drain(queue) == ["high-soon", "high-late", "low-deadline", "low-soon"]

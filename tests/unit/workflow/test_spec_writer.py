@@ -35,6 +35,7 @@ def assert_same(a: Workload, b: Workload) -> None:
     for name, wf in a.workflows.items():
         other = b.workflows[name]
         assert (wf.order, wf.best_ms, wf.inputs) == (other.order, other.best_ms, other.inputs)
+        assert (wf.slo_ms, wf.slo_x) == (other.slo_ms, other.slo_x)
         assert dict(wf.tasks) == dict(other.tasks), name
 
 
@@ -62,6 +63,7 @@ def batch_spec() -> dict[str, Any]:
             "f": {
                 "weight": 0.3,
                 "best_ms": 400.5,
+                "slo_x": 4.5,
                 "tasks": {
                     "item": {"model": "a", "exec_ms": 100.1, "batch_item": 0.07, **task},
                     "sized": {
@@ -97,7 +99,10 @@ def batch_spec() -> dict[str, Any]:
                     },
                 },
             },
-            "g": {"tasks": {"one": {"model": "a", "exec_ms": 0, "input_kb": 3.3, **task}}},
+            "g": {
+                "slo_ms": 250.25,
+                "tasks": {"one": {"model": "a", "exec_ms": 0, "input_kb": 3.3, **task}},
+            },
         },
         "arrivals": {
             "mean_interval_ms_per_client": 333.3,
@@ -116,6 +121,8 @@ def test_every_batch_form_and_field_round_trips() -> None:
     assert tasks["table"].profile.batch_scale[1] == pytest.approx(91.1 / 70.3)
     assert tasks["longer"].batch == 6 and len(tasks["longer"].profile.batch_scale) == 3
     assert tasks["plain"].batch == 3 and tasks["plain"].profile.batch_scale == ()
+    # the workflows' default objectives
+    assert (workload.workflows["f"].slo_x, workload.workflows["g"].slo_ms) == (4.5, 250.25)
     assert_same(workload, round_trip(workload))
 
 
