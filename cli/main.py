@@ -122,6 +122,12 @@ class OnMiss(StrEnum):
     finish = "finish"
 
 
+class Shed(StrEnum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
 class Batching(StrEnum):
     on = "on"
     off = "off"
@@ -1284,6 +1290,24 @@ def sim(
     ] = "evict",
     batching: BatchingFlag = Batching.on,
     batch_gain: BatchGainFlag = None,
+    goodput: Annotated[
+        bool,
+        typer.Option(
+            help="Goodput (jobs answered within their deadline) and attainment at --loads."
+        ),
+    ] = False,
+    loads: Annotated[
+        str, typer.Option(help="--goodput: offered loads, comma-separated multiples.")
+    ] = "1,2,3,4",
+    deadline_x: Annotated[
+        float, typer.Option(help="--goodput: every job's deadline, x its best time.")
+    ] = 5.0,
+    priority_mix: Annotated[
+        float, typer.Option(help="--goodput: the fraction of jobs at priority 1.")
+    ] = 0.0,
+    shed: Annotated[
+        Shed, typer.Option(help="--goodput: refuse and drop jobs that would miss (on), or not.")
+    ] = Shed.both,
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
     from compass.sim import report
@@ -1303,6 +1327,38 @@ def sim(
         _fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
     evicts = prefetch == "evict"
     batch = _batching(batching, batch_gain)
+    if goodput:
+        from compass._bench import goodput as goodput_bench
+        from compass.sim.capacity import parse_seeds
+
+        if capacity or compare_real or sweep:
+            _fail(
+                "--goodput does not combine with --capacity, --compare-real or --servers-sweep", 2
+            )
+        try:
+            load_list = [float(x) for x in _names(loads)]
+        except ValueError:
+            _fail(f"--loads {loads!r}: expected comma-separated numbers", 2)
+        if not load_list or not all(0 < x < float("inf") for x in load_list):
+            _fail(f"--loads {loads!r}: every load must be a number > 0", 2)
+        goodput_bench.run_cli(
+            spec,
+            workers=workers,
+            policies=names,
+            loads=load_list,
+            seeds=parse_seeds(seeds),
+            jobs=jobs,
+            deadline_x=deadline_x,
+            priority_mix=priority_mix,
+            shed={Shed.on: (True,), Shed.off: (False,), Shed.both: (True, False)}[shed],
+            arrival=arrival,
+            cv=cv,
+            host_lanes=host_lanes,
+            json_path=json_path,
+            plot_path=plot,
+            **batch,
+        )
+        return
     if capacity:
         from compass.sim.capacity import run_capacity_cli
 

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
+from compass.objective import NO_OBJECTIVE, Objective
 
 __all__ = ["PROCESSES", "Arrival", "interarrival_s", "job_arrivals"]
 
@@ -28,11 +29,13 @@ PROCESSES = ("uniform", "poisson", "gamma")
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One job: submitted at ``t_s`` seconds by client ``client`` for ``workflow``."""
+    """One job: submitted at ``t_s`` seconds by client ``client`` for ``workflow``, asking
+    for ``objective`` (a deadline, a priority; none by default)."""
 
     t_s: float
     workflow: str
     client: int
+    objective: Objective = NO_OBJECTIVE
 
 
 def interarrival_s(

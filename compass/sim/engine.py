@@ -39,7 +39,14 @@ from typing import Any
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
-from compass.errors import CompassError, ConfigError, UnknownWorkflow
+from compass.errors import (
+    CompassError,
+    ConfigError,
+    DeadlineExceeded,
+    DeadlineUnreachable,
+    UnknownWorkflow,
+)
+from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
@@ -149,6 +156,7 @@ class _Job:
     arrival: float
     best_s: float
     placed: dict[str, str] = field(default_factory=dict)
+    objective: Objective = NO_OBJECTIVE
 
 
 @dataclass(slots=True, eq=False)
@@ -332,7 +340,7 @@ class _Simulation:
             events += 1
         self.events = events
         for job in self._jobs.values():  # never answered: stuck
-            self._record_job(job, None, "did not finish")
+            self._record_job(job, None, "did not finish", "failed")
         self._jobs.clear()
         self.job_records.sort(key=lambda j: (j.arrival, j.id))
         return self._result(time.perf_counter() - started)
@@ -368,10 +376,12 @@ class _Simulation:
             client=arrival.client,
             arrival=self.now,
             best_s=self._best_s[wf.name],
+            objective=arrival.objective,
         )
         self._jobs[job.id] = job
         inputs = dict.fromkeys(wf.inputs)  # values are not simulated, only their size
-        self._apply(worker, Submit(self.now, job.id, wf.name, inputs, 0, self.now))
+        submit = Submit(self.now, job.id, wf.name, inputs, 0, self.now, None, arrival.objective)
+        self._apply(worker, submit)
 
     def _apply(self, worker: _Worker, event: Event) -> None:
         """Feed ``event`` to ``worker``'s core and carry out its instructions in virtual time."""
@@ -417,13 +427,26 @@ class _Simulation:
         job = self._jobs.pop(answer.job_id, None)
         if job is None:
             return
-        if answer.error is None:
-            self._record_job(job, self.now, "")
+        error = answer.error
+        if error is None:
+            self._record_job(job, self.now, "", "ok")
+        elif isinstance(error, DeadlineUnreachable):
+            self._record_job(job, None, error.message, "unreachable")
+        elif isinstance(error, DeadlineExceeded):
+            self._record_job(job, None, error.message, "dropped")
         else:
-            self._record_job(job, None, answer.error.message)
+            self._record_job(job, None, error.message, "failed")
 
-    def _record_job(self, job: _Job, finish: float | None, error: str) -> None:
+    def _record_job(self, job: _Job, finish: float | None, error: str, outcome: str) -> None:
         latency = None if finish is None else finish - job.arrival
+        objective = job.objective
+        deadline_s = objective.deadline_s
+        if deadline_s is None:  # the workflow's own objective, as the ingress computed it
+            wf = job.workflow
+            if wf.slo_ms is not None:
+                deadline_s = wf.slo_ms / 1000.0
+            elif wf.slo_x is not None:
+                deadline_s = wf.slo_x * job.best_s
         self.job_records.append(
             JobRecord(
                 id=job.id,
@@ -435,6 +458,9 @@ class _Simulation:
                 slowdown=None if latency is None else latency / job.best_s,
                 plan=job.placed,
                 error=error,
+                priority=objective.priority,
+                deadline_s=deadline_s,
+                outcome=outcome,
             )
         )
 

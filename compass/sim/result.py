@@ -32,6 +32,19 @@ class JobRecord:
     slowdown: float | None
     plan: Mapping[str, str]
     error: str = ""
+    #: the job's priority and deadline (seconds from its arrival; None: none)
+    priority: int = 0
+    deadline_s: float | None = None
+    #: "ok", "failed", or, for a job with a deadline, "unreachable" (refused at its ingress)
+    #: or "dropped" (a task started too late)
+    outcome: str = "ok"
+
+    @property
+    def met(self) -> bool:
+        """Answered, and within its deadline (a job without one: answered)."""
+        if self.latency_s is None:
+            return False
+        return self.deadline_s is None or self.latency_s <= self.deadline_s
 
 
 @dataclass(frozen=True, slots=True)

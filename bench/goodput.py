@@ -1,0 +1,133 @@
+"""``compass sim --goodput``: goodput and attainment against offered load, with and without
+shedding, printed as tables, written as JSON and plotted (the numbers come from
+:mod:`compass.sim.goodput`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from compass.errors import ConfigError
+from compass.sim.capacity import write_json
+from compass.sim.goodput import goodput_for_workload, simulator_goodput_run
+from compass.workflow.batching import apply_batching
+from compass.workflow.spec import load_workload
+
+__all__ = ["plot_goodput", "print_goodput", "run_cli"]
+
+
+def run_cli(
+    workload_path: str,
+    *,
+    workers: int,
+    policies: Sequence[str],
+    loads: Sequence[float],
+    seeds: Sequence[int],
+    jobs: int,
+    deadline_x: float,
+    priority_mix: float,
+    shed: Sequence[bool],
+    arrival: str,
+    cv: float,
+    host_lanes: int,
+    json_path: str | None,
+    plot_path: str | None,
+    batching: bool = True,
+    batch_gain: str | None = None,
+) -> dict[str, Any]:
+    """Run the goodput grid, print it, write the JSON and the plot."""
+    workload = apply_batching(load_workload(workload_path), batching=batching, gain=batch_gain)
+    console = Console()
+    run = simulator_goodput_run(
+        workload, workers=workers, jobs=jobs, deadline_x=deadline_x, priority_mix=priority_mix,
+        arrival=arrival, cv=cv, host_lanes=host_lanes,
+    )  # fmt: skip
+    config = {
+        "workload": workload_path, "workers": workers, "jobs": jobs, "deadline_x": deadline_x,
+        "priority_mix": priority_mix, "arrival": arrival, "cv": cv, "host_lanes": host_lanes,
+        "batching": batching, "batch_gain": batch_gain,
+    }  # fmt: skip
+    out = goodput_for_workload(
+        run, policies=policies, loads=loads, seeds=seeds, shed=shed, config=config
+    )
+    print_goodput(out, console, title=f"{workload.name} on {workers} simulated workers")
+    if json_path:
+        write_json(json_path, out)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        plot_goodput(plot_path, out)
+        console.print(f"wrote {plot_path}")
+    return out
+
+
+def print_goodput(out: Mapping[str, Any], console: Console, *, title: str) -> None:
+    """Goodput (mean [min-max] over seeds) and attainment per policy and offered load, then
+    what was refused and dropped, and attainment per priority."""
+    loads = [format(x, "g") for x in out["config"]["loads"]]
+    config = out["config"]
+    table = Table(
+        title=f"{title}: goodput (x the workload's rate), deadlines {config['deadline_x']:g}x "
+        "best time"
+    )
+    table.add_column("policy")
+    for load in loads:
+        table.add_column(f"load {load}", justify="right")
+    for policy, by_load in out["goodput"].items():
+        cells = []
+        for load in loads:
+            g = by_load[load]
+            a = out["attainment"][policy][load]["mean"]
+            cells.append(f"{g['mean']:.2f} [{g['min']:.2f}-{g['max']:.2f}] {a:.0%}")
+        table.add_row(policy, *cells)
+    console.print(table)
+    counts = Table(title="jobs refused / dropped (mean per run); attainment by priority")
+    counts.add_column("policy")
+    for load in loads:
+        counts.add_column(f"load {load}", justify="right")
+    for policy in out["goodput"]:
+        cells = []
+        for load in loads:
+            levels = out["attainment_by_priority"][policy][load]
+            by_level = " ".join(f"p{p} {v:.0%}" for p, v in levels.items())
+            refused, dropped = out["refused"][policy][load], out["dropped"][policy][load]
+            cells.append(f"{refused:.0f} / {dropped:.0f}; {by_level}")
+        counts.add_row(policy, *cells)
+    console.print(counts)
+
+
+def plot_goodput(path: str, out: Mapping[str, Any]) -> None:
+    """Goodput against offered load, one line per policy (dashed: without shedding), the
+    offered load itself as the guide."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    bases: list[str] = []
+    for policy, by_load in out["goodput"].items():
+        base = policy.removesuffix(" (no shedding)")
+        if base not in bases:
+            bases.append(base)
+        points = sorted((float(load), v["mean"]) for load, v in by_load.items())
+        ax.plot(
+            [x for x, _ in points], [y for _, y in points], marker=".",
+            color=colors[bases.index(base) % len(colors)],
+            linestyle="--" if policy != base else "-", label=policy,
+        )  # fmt: skip
+    loads = [float(x) for x in out["config"]["loads"]]
+    ax.plot(loads, loads, color="grey", linewidth=1, linestyle=":", label="offered")
+    ax.set_xlabel("offered load (x the workload's rate)")
+    ax.set_ylabel("goodput (x the workload's rate)")
+    ax.set_title(f"deadlines {out['config']['deadline_x']:g}x best time")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,160 @@
+"""Goodput past capacity: jobs answered within their deadline, at offered loads beyond what a
+cluster carries, with and without shedding.
+
+Every job of a run gets a deadline of ``deadline_x`` times its workflow's computed best time,
+and a fraction ``priority_mix`` of them (drawn per job from the run's seed) priority 1. With
+shedding on, the ingress refuses a job its plan cannot finish in time and a lane drops a task
+whose job can no longer make it (:mod:`compass.sched.deadline`, the same for every policy);
+off, every job runs to the end (``on_miss="finish"``). Goodput is the rate of jobs answered
+within their deadline, in multiples of the workload's rate (offered load times attainment);
+attainment, the fraction of submitted jobs so answered. Sans-IO, like the rest of the
+simulator: the CLI prints and plots what it returns.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from compass.errors import ConfigError
+from compass.objective import Objective
+from compass.sim.arrivals import PROCESSES, job_arrivals
+from compass.sim.engine import simulate
+from compass.sim.result import JobRecord
+from compass.workflow.best import best_time_s
+from compass.workflow.profile import Profiles
+from compass.workflow.spec import Workload
+
+__all__ = ["GoodputRun", "goodput_for_workload", "run_summary"]
+
+#: (policy, shed, seed, load) -> the run's jobs, for tests and callers that reuse runs
+GoodputRun = Callable[[str, bool, int, float], Sequence[JobRecord]]
+
+
+def run_summary(jobs: Sequence[JobRecord], load: float) -> dict[str, Any]:
+    """One run's goodput (multiples of the workload's rate), attainment (overall and per
+    priority), and counts of jobs refused and dropped."""
+    n = len(jobs)
+    met = sum(1 for j in jobs if j.met)
+    by_priority: dict[str, float] = {}
+    for level in sorted({j.priority for j in jobs}):
+        mine = [j for j in jobs if j.priority == level]
+        by_priority[str(level)] = sum(1 for j in mine if j.met) / len(mine)
+    return {
+        "goodput": load * met / n if n else 0.0,
+        "attainment": met / n if n else 0.0,
+        "attainment_by_priority": by_priority,
+        "refused": sum(1 for j in jobs if j.outcome == "unreachable"),
+        "dropped": sum(1 for j in jobs if j.outcome == "dropped"),
+    }
+
+
+def simulator_goodput_run(
+    workload: Workload,
+    *,
+    workers: int,
+    jobs: int,
+    deadline_x: float,
+    priority_mix: float = 0.0,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    host_lanes: int = 0,
+) -> GoodputRun:
+    """A :data:`GoodputRun` that simulates ``jobs`` arrivals of ``workload`` on ``workers``,
+    each with its deadline and priority; deterministic in its seed."""
+    if not deadline_x >= 1:
+        raise ConfigError(
+            f"--deadline-x must be >= 1 (no job beats its best time), got {deadline_x!r}"
+        )
+    if not 0 <= priority_mix <= 1:
+        raise ConfigError(f"--priority-mix must be a fraction in [0, 1], got {priority_mix!r}")
+    if arrival not in PROCESSES:
+        raise ConfigError(f"unknown arrival process {arrival!r}; known: {', '.join(PROCESSES)}")
+    profiles = Profiles.from_workload(workload)
+    best = {name: best_time_s(wf, profiles) for name, wf in workload.workflows.items()}
+    flows = list(workload.workflows)
+    weights = workload.weight_list()
+    interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
+
+    def run(policy: str, shed: bool, seed: int, load: float) -> Sequence[JobRecord]:
+        arrivals = job_arrivals(
+            flows, jobs, process=arrival, mean_interval_s=interval_s, load=load, cv=cv,
+            seed=seed, weights=weights,
+        )  # fmt: skip
+        draw = random.Random(seed * 1_000_003 + 17)  # the priorities, the same for every policy
+        objective = [
+            Objective(
+                deadline_s=deadline_x * best[a.workflow],
+                priority=1 if draw.random() < priority_mix else 0,
+                finish=not shed,
+            )
+            for a in arrivals
+        ]
+        arrivals = [replace(a, objective=o) for a, o in zip(arrivals, objective, strict=True)]
+        result = simulate(
+            workload, workers=workers, policy=policy, arrivals=arrivals, seed=seed,
+            host_lanes=host_lanes,
+        )  # fmt: skip
+        return result.jobs
+
+    return run
+
+
+def goodput_for_workload(
+    run: GoodputRun,
+    *,
+    policies: Sequence[str],
+    loads: Sequence[float],
+    seeds: Sequence[int],
+    shed: Sequence[bool] = (True,),
+    config: Mapping[str, Any] | None = None,
+    progress: Callable[[str, int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Goodput, attainment, attainment by priority, refused and dropped per policy and load
+    (mean, min and max over ``seeds`` where a number), for each of ``shed``. A policy run
+    without shedding is named ``"<policy> (no shedding)"`` when both are asked for."""
+    if not loads or not seeds or not policies:
+        raise ConfigError("goodput needs at least one policy, load and seed")
+    out: dict[str, Any] = {
+        "config": {
+            **(config or {}),
+            "policies": list(policies),
+            "loads": list(loads),
+            "seeds": list(seeds),
+            "shed": list(shed),
+        },
+        "goodput": {},
+        "attainment": {},
+        "attainment_by_priority": {},
+        "refused": {},
+        "dropped": {},
+    }
+    for policy in policies:
+        for shedding in shed:
+            name = policy if shedding or len(shed) == 1 else f"{policy} (no shedding)"
+            for key in ("goodput", "attainment", "attainment_by_priority", "refused", "dropped"):
+                out[key][name] = {}
+            for load in loads:
+                runs = []
+                for seed in seeds:
+                    runs.append(run_summary(run(policy, shedding, seed, load), load))
+                    if progress is not None:
+                        progress(name, seed, load)
+                at = format(load, "g")
+                for key in ("goodput", "attainment"):
+                    values = [r[key] for r in runs]
+                    out[key][name][at] = {
+                        "mean": float(np.mean(values)), "min": min(values), "max": max(values),
+                    }  # fmt: skip
+                levels = sorted({p for r in runs for p in r["attainment_by_priority"]})
+                out["attainment_by_priority"][name][at] = {
+                    p: float(np.mean([r["attainment_by_priority"].get(p, 0.0) for r in runs]))
+                    for p in levels
+                }
+                for key in ("refused", "dropped"):
+                    out[key][name][at] = float(np.mean([r[key] for r in runs]))
+    return out

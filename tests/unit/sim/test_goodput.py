@@ -1,0 +1,101 @@
+"""Goodput on a workload small enough to compute by hand: one worker, one 100 ms task, a job
+every 100 ms at load 1, deadlines of 1.6 times the best time (160 ms)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from compass.errors import ConfigError
+from compass.sim.goodput import goodput_for_workload, run_summary, simulator_goodput_run
+from compass.workflow.spec import parse_workload
+
+JOBS = 20
+
+
+def tiny() -> Any:
+    task: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0, "after": []}
+    cluster = {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+               "net_gbps": 10, "net_fixed_us": 0}  # fmt: skip
+    spec = {
+        "name": "tiny",
+        "cluster": cluster,
+        "models": {},
+        "workflows": {"one": {"tasks": {"t": task}}},
+        "arrivals": {"mean_interval_ms_per_client": 100, "jobs": JOBS},
+    }
+    return parse_workload(spec, source="tiny")
+
+
+def run(shed: list[bool], priority_mix: float = 0.0) -> dict[str, Any]:
+    sim = simulator_goodput_run(
+        tiny(), workers=1, jobs=JOBS, deadline_x=1.6, priority_mix=priority_mix, arrival="uniform"
+    )
+    return goodput_for_workload(sim, policies=["compass"], loads=[1.0, 2.0], seeds=[0], shed=shed)
+
+
+def test_goodput_holds_at_twice_capacity_with_shedding_and_collapses_without() -> None:
+    out = run([True, False])
+    on, off = out["goodput"]["compass"], out["goodput"]["compass (no shedding)"]
+    # load 1: a job every 100 ms, each alone on the worker: every one within 160 ms
+    assert on["1"]["mean"] == pytest.approx(1.0) and off["1"]["mean"] == pytest.approx(1.0)
+    # load 2, a job every 50 ms. Shedding: job 0 runs at once and job 1 waits 50 ms behind it
+    # (it ends at 200 ms, 150 after it came); from then on job 2k would wait 100 ms behind job
+    # 2k - 1 and is refused, job 2k + 1 waits 50 ms and makes it: jobs 0, 1, 3, ..., 19, 11 of
+    # 20 at twice the rate: goodput 1.1
+    assert on["2"]["mean"] == pytest.approx(2.0 * 11 / JOBS)
+    assert out["attainment"]["compass"]["2"]["mean"] == pytest.approx(11 / JOBS)
+    assert out["refused"]["compass"]["2"] == 9 and out["dropped"]["compass"]["2"] == 0
+    # no shedding: job k ends at 100 k + 100 ms, 50 k + 100 ms after it came: only jobs 0 and 1
+    # make 160 ms; the rest queue ever longer, every one late
+    assert off["2"]["mean"] == pytest.approx(2.0 * 2 / JOBS)
+    assert out["refused"]["compass (no shedding)"]["2"] == 0
+
+
+def test_priorities_are_drawn_per_job_and_reported_per_level() -> None:
+    out = run([True], priority_mix=0.5)
+    levels = out["attainment_by_priority"]["compass"]["1"]
+    assert set(levels) == {"0", "1"} and levels["0"] == levels["1"] == pytest.approx(1.0)
+    assert out["config"]["shed"] == [True] and out["config"]["loads"] == [1.0, 2.0]
+
+
+def test_a_run_summary_counts_what_it_says() -> None:
+    assert run_summary([], 3.0)["goodput"] == 0.0
+    with pytest.raises(ConfigError, match="deadline-x"):
+        simulator_goodput_run(tiny(), workers=1, jobs=1, deadline_x=0.5)
+    with pytest.raises(ConfigError, match="priority-mix"):
+        simulator_goodput_run(tiny(), workers=1, jobs=1, deadline_x=2, priority_mix=1.5)
+
+
+def test_compass_sim_goodput_writes_the_documented_layout_and_a_plot(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from compass._cli.main import main
+
+    spec = tmp_path / "tiny.json"
+    workload = tiny()
+    from compass.workflow.spec import workload_to_dict
+
+    spec.write_text(json.dumps(workload_to_dict(workload)))
+    out, plot = tmp_path / "g.json", tmp_path / "g.png"
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--goodput", "--workload", str(spec), "--policies", "compass,hash",
+              "--loads", "1,2", "--seeds", "0-1", "--jobs", "20", "--deadline-x", "1.6",
+              "--arrival", "uniform", "--priority-mix", "0.5", "--json", str(out),
+              "--plot", str(plot)])  # fmt: skip
+    assert done.value.code in (0, None)
+    data = json.loads(out.read_text())
+    assert set(data) == {"config", "goodput", "attainment", "attainment_by_priority",
+                         "refused", "dropped"}  # fmt: skip
+    assert set(data["goodput"]) == {"compass", "compass (no shedding)", "hash",
+                                    "hash (no shedding)"}  # fmt: skip
+    assert data["goodput"]["compass"]["2"]["mean"] == pytest.approx(1.1)
+    assert set(data["goodput"]["compass"]["1"]) == {"mean", "min", "max"}
+    assert set(data["attainment_by_priority"]["hash"]["1"]) == {"0", "1"}
+    assert data["config"]["deadline_x"] == 1.6 and plot.stat().st_size > 0
+    assert "goodput" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        main(["sim", "--goodput", "--workload", str(spec), "--loads", "1,x"])
+    assert bad.value.code == 2
