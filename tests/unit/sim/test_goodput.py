@@ -16,7 +16,13 @@ JOBS = 20
 
 
 def tiny() -> Any:
-    task: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0, "after": []}
+    task: dict[str, Any] = {
+        "model": None,
+        "exec_ms": 100,
+        "output_kb": 0,
+        "input_kb": 0,
+        "after": [],
+    }
     cluster = {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
                "net_gbps": 10, "net_fixed_us": 0}  # fmt: skip
     spec = {
