@@ -283,12 +283,20 @@ class Lanes:
         with :class:`~compass.errors.DeadlineExceeded` (:attr:`on_fail`) instead of taking
         a lane, unless the job asked to finish anyway."""
         deadline = entry.deadline
-        if deadline is None or entry.finish or now + entry.remaining_s <= deadline:
+        if deadline is None or entry.finish:
+            return False
+        left = entry.remaining_s
+        model = entry.model
+        if model is not None and not (
+            self.cache.is_resident(model) or self.cache.is_loading(model)
+        ):
+            left += entry.fetch_s  # its model must be copied in first
+        if now + left <= deadline:
             return False
         queue.finish(entry)
         self.version += 1
         self.shed += 1
-        late_s = now + entry.remaining_s - deadline
+        late_s = now + left - deadline
         self.on_fail(entry, DeadlineExceeded(
             f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
             f"late for the job to finish by its deadline ({entry.remaining_s * 1000:.1f} ms "

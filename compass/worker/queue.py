@@ -81,6 +81,8 @@ class QueuedTask:
     #: the job's remaining critical path from this task's start: its own best time plus the
     #: longest best path of its successors
     remaining_s: float = 0.0
+    #: seconds to copy its model here when it is not resident (0: no model)
+    fetch_s: float = 0.0
     #: tasks of one group (one function and model) may run as one batch; None: never batched
     group: str | None = None
     #: the most items one batch of its group takes

@@ -816,6 +816,7 @@ class WorkerCore:
                 deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
                 finish=msg.finish,
                 remaining_s=self._remaining_of(workflow)[task.name],
+                fetch_s=0.0 if task.model is None else self._fetch_s(task.model),
             ),
             now,
         )
@@ -838,6 +839,10 @@ class WorkerCore:
         if known is None or known[0] != version:  # the estimates moved
             known = self._best[workflow.name] = (version, best_time_s(workflow, self.profiles))
         return known[1]
+
+    def _fetch_s(self, model: str) -> float:
+        """Seconds to copy ``model`` into this worker's cache."""
+        return self.profiles.model_bytes(model) / self.profiles.h2d_bytes_per_s(self.name)
 
     def _remaining_of(self, workflow: Workflow) -> dict[str, float]:
         """Each task's remaining critical path (:func:`remaining_s`), kept per profile

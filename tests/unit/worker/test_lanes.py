@@ -265,3 +265,31 @@ def test_host_lane_work_does_not_move_the_version() -> None:
     h.lanes.submit(task, 0.0)
     h.lanes.ended(task, 1.0)
     assert h.runs() == ["host"] and h.lanes.version == version  # heartbeats show no host work
+
+
+def test_a_task_is_shed_when_its_model_load_would_make_its_job_late() -> None:
+    import dataclasses
+
+    from compass.errors import DeadlineExceeded
+
+    h = Harness()
+    loaded(h.cache, "a")
+
+    def due(task: str, model: str, deadline: float) -> QueuedTask:
+        # 1 s of work left, and 2 s to copy its model in where it is not resident
+        return dataclasses.replace(
+            entry(task, model), deadline=deadline, remaining_s=1.0, fetch_s=2.0
+        )
+
+    first = due("resident", "a", 1.5)
+    h.lanes.submit(first, 0.0)  # 1 s of work: in time
+    assert h.runs() == ["resident"] and not h.failed
+    h.lanes.ended(first, 0.1)
+    h.take()
+    h.lanes.submit(due("cold", "b", 2.5), 1.0)  # 1 s of work but 2 s of copying first
+    assert h.runs() == [] and h.lanes.shed == 1
+    ((task, error),) = h.failed
+    assert task == "cold" and isinstance(error, DeadlineExceeded)
+    h.lanes.submit(due("cold-but-early", "b", 9.0), 1.0)  # time for both: its model loads
+    assert [s.model for s in h.take() if isinstance(s, LoadModel)] == ["b"]
+    assert h.lanes.shed == 1
