@@ -15,6 +15,11 @@ from compass.workflow.spec import parse_workload
 JOBS = 20
 
 
+def tiny_cluster() -> dict[str, Any]:
+    return {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 10, "d2h_gbps": 10,
+            "net_gbps": 10, "net_fixed_us": 0}  # fmt: skip
+
+
 def tiny() -> Any:
     task: dict[str, Any] = {
         "model": None,
@@ -105,3 +110,68 @@ def test_compass_sim_goodput_writes_the_documented_layout_and_a_plot(
     with pytest.raises(SystemExit) as bad:
         main(["sim", "--goodput", "--workload", str(spec), "--loads", "1,x"])
     assert bad.value.code == 2
+
+
+def test_a_job_s_deadline_reaches_its_later_tasks_in_the_simulator() -> None:
+    from compass.objective import Objective
+    from compass.sim.arrivals import Arrival
+    from compass.sim.engine import simulate
+
+    step: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0}
+    spec = {
+        "name": "chain",
+        "cluster": tiny_cluster(),
+        "models": {},
+        "workflows": {
+            "chain": {"tasks": {"a": {**step, "after": []}, "b": {**step, "after": ["a"]}}}
+        },
+        "arrivals": {"mean_interval_ms_per_client": 100, "jobs": 2},
+    }
+    # job 0 (250 ms to go) runs a from 0 to 100 ms; job 1, priority 1 and no deadline, comes at
+    # 50 ms and takes the lane before job 0's b, which could then start only at 200 ms: too
+    # late to end by 250, so it is dropped (with no deadline on b it would run, late)
+    arrivals = [
+        Arrival(0.0, "chain", 0, Objective(deadline_s=0.25)),
+        Arrival(0.05, "chain", 0, Objective(priority=1)),
+    ]
+    result = simulate(parse_workload(spec, source="chain"), workers=1, policy="compass",
+                      arrivals=arrivals)  # fmt: skip
+    first, second = sorted(result.jobs, key=lambda j: j.arrival)
+    assert first.outcome == "dropped" and first.priority == 0 and first.deadline_s == 0.25
+    # job 1 waits for job 0's a (to 100 ms), then runs a and b: 250 ms after it came
+    assert second.outcome == "ok" and second.latency_s == pytest.approx(0.25)
+
+
+def test_the_simulator_delivers_a_task_s_objective_across_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from compass.objective import Objective
+    from compass.sim import engine
+    from compass.sim.arrivals import Arrival
+    from compass.worker.messages import TaskMsg
+
+    step: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0}
+    spec = {
+        "name": "chain",
+        "cluster": {**tiny_cluster(), "workers": 2},
+        "models": {},
+        "workflows": {
+            "chain": {"tasks": {"a": {**step, "after": []}, "b": {**step, "after": ["a"]}}}
+        },
+        "arrivals": {"mean_interval_ms_per_client": 100, "jobs": 1},
+    }
+    delivered: list[TaskMsg] = []
+    deliver = engine._Simulation._deliver
+
+    def record(self: Any, arg: Any) -> None:
+        if isinstance(arg[2], TaskMsg):
+            delivered.append(arg[2])
+        deliver(self, arg)
+
+    monkeypatch.setattr(engine._Simulation, "_deliver", record)
+    arrival = Arrival(0.0, "chain", 0, Objective(deadline_s=5.0, priority=2))
+    engine.simulate(parse_workload(spec, source="chain"), workers=2, policy="round_robin",
+                    arrivals=[arrival])  # fmt: skip
+    hops = [m for m in delivered if m.source == "a"]  # a's output, sent to the other worker
+    assert hops, "round robin puts b on the other worker"
+    assert all(m.priority == 2 and m.budget_s is not None and m.budget_s < 5.0 for m in hops)
