@@ -47,13 +47,16 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 import compass
-from compass.errors import CompassError, ConfigError
+from compass.errors import CompassError, ConfigError, DeadlineExceeded, DeadlineUnreachable
 
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome
     from compass.worker.server import Worker
 
 __all__ = ["JsonLogFormatter", "WorkerCollector", "WorkerMetrics"]
+
+#: what became of a job with a deadline, as counted per workflow and priority
+SLO_OUTCOMES = ("met", "late", "unreachable", "dropped", "failed")
 
 log = logging.getLogger("compass.worker")
 
@@ -119,6 +122,9 @@ class WorkerMetrics:
         )
         #: jobs answered at this ingress, by outcome (refusals come from WorkerStats)
         self.jobs = {"ok": 0, "failed": 0, "cancelled": 0}
+        #: jobs with a deadline answered here: (workflow, priority) -> outcome -> count, the
+        #: outcomes :data:`SLO_OUTCOMES`
+        self.slo: dict[tuple[str, int], dict[str, int]] = {}
         #: runs of each model's tasks here, by how many tasks each took: model -> size -> runs
         self.batches: dict[str, dict[int, int]] = {}
         self._collector = WorkerCollector(worker, self)
@@ -154,6 +160,9 @@ class WorkerMetrics:
         else:
             outcome = "failed" if waited else "cancelled"
         self.jobs[outcome] += 1
+        deadline_s = record.get("deadline_s")
+        if deadline_s is not None:
+            self._slo_answered(record, error, float(deadline_s), latency)
         if self.enabled:
             self.job_latency.labels(workflow, outcome).observe(latency)
         if outcome == "ok" and not log.isEnabledFor(logging.DEBUG):
@@ -166,6 +175,33 @@ class WorkerMetrics:
         else:
             log.debug("%s: job %s (%s) %s after %.3f s", name, job, workflow, outcome, latency,
                       extra=extra)  # fmt: skip
+
+    def _slo_answered(
+        self, record: Mapping[str, Any], error: CompassError | None, deadline_s: float,
+        latency: float,
+    ) -> None:  # fmt: skip
+        if error is None:
+            outcome = "met" if latency <= deadline_s else "late"
+        elif isinstance(error, DeadlineUnreachable):
+            outcome = "unreachable"
+        elif isinstance(error, DeadlineExceeded):
+            outcome = "dropped"
+        else:
+            outcome = "failed"
+        key = (str(record.get("workflow", "")), int(record.get("priority", 0)))
+        counts = self.slo.setdefault(key, dict.fromkeys(SLO_OUTCOMES, 0))
+        counts[outcome] += 1
+
+    def slo_summary(self) -> dict[str, dict[str, dict[str, float]]]:
+        """For ``compass status``: per workflow and priority, the jobs with a deadline by
+        outcome, and their attainment (met over all answered)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for (workflow, priority), counts in sorted(self.slo.items()):
+            total = sum(counts.values())
+            row: dict[str, float] = dict(counts)
+            row["attainment"] = round(counts["met"] / total, 4) if total else 0.0
+            out.setdefault(workflow, {})[str(priority)] = row
+        return out
 
     def task_finished(self, outcome: TaskOutcome) -> None:
         """A task ended on this worker (ran, failed, timed out or was refused)."""
@@ -410,6 +446,17 @@ class WorkerCollector(Collector):
             jobs.add_metric([outcome], count)
         jobs.add_metric(["refused"], stats.jobs_refused)
         yield jobs
+        slo = CounterMetricFamily(
+            "compass_slo_jobs",
+            "Jobs with a deadline answered at this ingress, by workflow, priority and outcome: "
+            "met, late (answered past it), unreachable (refused at once), dropped (a task "
+            "would have started too late), failed. Attainment: met over the sum.",
+            labels=["workflow", "priority", "outcome"],
+        )
+        for (workflow, priority), counts in sorted(self._metrics.slo.items()):
+            for outcome, count in counts.items():
+                slo.add_metric([workflow, str(priority), outcome], count)
+        yield slo
         in_flight = len(w.core.jobs)
         yield _gauge("compass_jobs_in_flight", "Jobs accepted here, not answered yet.", in_flight)
         tasks = CounterMetricFamily(

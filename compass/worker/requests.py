@@ -104,6 +104,8 @@ def describe(worker: Worker) -> dict[str, Any]:
         "cache": worker.cache.snapshot(),
         "stats": worker.stats.to_wire(),
         "batches": worker.metrics.batch_sizes(),  # model -> {batch size: runs}
+        # jobs with a deadline: workflow -> priority -> outcome counts and attainment
+        "slo": worker.metrics.slo_summary(),
         "metrics": worker.metrics.address or None,
     }
 

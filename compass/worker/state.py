@@ -698,6 +698,9 @@ class WorkerCore:
             "plan": dict(job.plan),
             "attempts": job.attempt + 1,
             "key": job.key,  # the client's name for the job: a job run twice shows twice
+            "priority": job.objective.priority,
+            # seconds the job had from its submission (None: no deadline)
+            "deadline_s": None if job.deadline is None else job.deadline - job.submitted_at,
             "ok": error is None,
             "latency_s": now - job.submitted_at,
         }

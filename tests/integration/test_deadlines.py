@@ -76,6 +76,8 @@ async def test_refused_dropped_prioritized_and_generous_jobs(
         assert idle(status), status  # nothing of the dropped job left behind
         stats = status["stats"]
         assert (stats["jobs_unreachable"], stats["jobs_dropped"], stats["tasks_shed"]) == (1, 1, 1)
+        slo = status["slo"]["chain"]["0"]  # by workflow and priority, for dashboards
+        assert (slo["met"], slo["unreachable"], slo["dropped"]) == (1, 1, 1)
 
         # asked to finish regardless: the same race runs the chain to the end
         chain = asyncio.create_task(

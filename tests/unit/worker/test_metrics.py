@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.exposition import generate_latest
@@ -216,3 +217,26 @@ def test_a_worker_with_other_seeds_and_no_peer_is_not_ready_and_a_first_worker_i
     draining = alone([])
     draining.metrics.ready = False  # what drain() does
     assert draining.metrics.is_ready() == (False, "starting, draining or stopping")
+
+
+def test_jobs_with_a_deadline_are_counted_by_workflow_priority_and_outcome(worker: Worker) -> None:
+    from compass.errors import DeadlineExceeded, DeadlineUnreachable
+
+    def answered(latency: float, error: Any = None, priority: int = 0, deadline: Any = 1.0) -> None:
+        record = {"job": "j", "workflow": "vqa", "ok": error is None, "latency_s": latency,
+                  "priority": priority, "deadline_s": deadline}  # fmt: skip
+        worker.metrics.job_answered(record, error, waited=True)
+
+    answered(0.5)  # met
+    answered(1.5)  # answered, late
+    answered(0.0, DeadlineUnreachable("no plan"))
+    answered(0.7, DeadlineExceeded("too late"))
+    answered(0.2, priority=1)
+    answered(0.2, deadline=None)  # no deadline: not an SLO job
+    slo = describe(worker)["slo"]["vqa"]
+    assert slo["0"] == {"met": 1, "late": 1, "unreachable": 1, "dropped": 1, "failed": 0,
+                        "attainment": 0.25}  # fmt: skip
+    assert slo["1"]["met"] == 1 and slo["1"]["attainment"] == 1.0
+    got = samples(worker)
+    labels = frozenset({("workflow", "vqa"), ("priority", "0"), ("outcome", "dropped")})
+    assert got["compass_slo_jobs_total", labels] == 1
