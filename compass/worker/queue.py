@@ -203,20 +203,26 @@ class TaskQueue:
         """Batch ``lead`` (just popped) with the queued tasks of its group, in queue order, up
         to its ``max_batch`` and as long as an extra item costs less than a run of its own
         (with no gain, a batch would only delay its first items), skipping those that would
-        make the batch's longest run more than ``SIMILAR_RUNS`` times its shortest; return the
-        others taken (started at ``now``). The run's expected time, kept on ``lead``, is the
-        batch's."""
+        make the batch's longest run more than ``SIMILAR_RUNS`` times its shortest, and those
+        that would make a member miss its job's deadline (a batch runs longer than any of its
+        items alone); return the others taken (started at ``now``). The run's expected time,
+        kept on ``lead``, is the batch's."""
         group = lead.group
         room = batch_limit(lead.scale, lead.max_batch) - 1
         if group is None or room <= 0 or group not in self._groups:
             return []
         shortest = longest = lead.expected_s
         chosen: list[_Item] = []
+        members = [lead]
         for item in sorted((i for i in self._ready if i[3].group == group), key=_heap_key):
             run_s = item[3].expected_s
             if max(longest, run_s) > SIMILAR_RUNS * min(shortest, run_s):
                 continue
+            batch_s = max(longest, run_s) * batch_scale(lead.scale, len(members) + 1)
+            if not _in_time([*members, item[3]], now + batch_s):
+                continue
             chosen.append(item)
+            members.append(item[3])
             shortest, longest = min(shortest, run_s), max(longest, run_s)
             if len(chosen) == room:
                 break
@@ -299,6 +305,15 @@ class TaskQueue:
         models = [e.model for e in self._running if e.model is not None]
         models.extend(e.model for e in self if e.model is not None)
         return models
+
+
+def _in_time(members: list[QueuedTask], ends: float) -> bool:
+    """Whether every member of a batch ending at ``ends`` can still make its job's deadline
+    (the rest of its job's critical path after it included)."""
+    return all(
+        m.deadline is None or m.finish or ends + m.remaining_s - m.expected_s <= m.deadline
+        for m in members
+    )
 
 
 def _heap_key(item: _Item) -> tuple[int, float, int]:

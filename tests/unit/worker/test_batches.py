@@ -257,3 +257,25 @@ def test_a_batch_takes_only_mates_whose_runs_are_within_twice_each_other() -> No
     assert [e.task for e in mates] == ["t2", "t4"]
     assert lead.run_s == pytest.approx(1.1 * 1.3)  # the longest, times the curve for 3
     assert [e.task for e in q] == ["t1", "t3"]
+
+
+def test_a_batch_takes_no_mate_that_would_make_a_member_miss_its_deadline() -> None:
+    import dataclasses
+
+    queue = TaskQueue()
+    lead = dataclasses.replace(entry("lead", job="j1"), deadline=1.1, remaining_s=1.0)
+    relaxed = entry("relaxed", job="j2", at=5.0)  # ranks after the lead (its deadline 1.1)
+    queue.push(lead)
+    queue.push(relaxed)
+    popped = queue.pop(0.0)
+    assert popped is lead
+    # alone the lead ends at 1.0; with a mate the batch runs 1.15 s: past the lead's 1.1
+    assert queue.take(lead, 0.0) == [] and len(queue) == 1
+    # a mate whose own deadline the batch would miss stays out too; one in time joins
+    queue = TaskQueue()
+    lead = entry("lead", job="j1")
+    queue.push(lead)
+    queue.push(dataclasses.replace(entry("tight", job="j2", at=1.0), deadline=1.1, remaining_s=1.0))
+    queue.push(dataclasses.replace(entry("easy", job="j3", at=2.0), deadline=9.0, remaining_s=3.0))
+    assert queue.pop(0.0) is lead
+    assert [m.task for m in queue.take(lead, 0.0)] == ["easy"]
