@@ -437,9 +437,12 @@ class Worker:
         planned again by its ingress."""
         self._held_timers.pop(worker, None)
         why = f"no connection to {worker} within {HOLD_S:g} s"
-        for msg in self._held.pop(worker, []):
-            log.warning("%s: could not send %r of job %s to %s: %s", self.name, msg.op,
-                        getattr(msg, "job", "?"), worker, why)  # fmt: skip
+        held = self._held.pop(worker, [])
+        jobs = sorted({msg.job for msg in held if hasattr(msg, "job")})
+        named = ", ".join(jobs[:5]) + (" ..." if len(jobs) > 5 else "")
+        log.warning("%s: could not send %d messages to %s (jobs %s): %s", self.name, len(held),
+                    worker, named, why)  # fmt: skip
+        for msg in held:
             self.apply(Undeliverable(self.clock(), worker, msg, why, unreachable=True))
 
     def _deliver(self, answer: Answer) -> None:
