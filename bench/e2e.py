@@ -29,7 +29,7 @@ from rich.console import Console
 
 from compass.client import Client
 from compass.cluster import LocalCluster
-from compass.errors import CompassError, ConfigError
+from compass.errors import CompassError, ConfigError, DeadlineError
 from compass.sim.arrivals import Arrival, job_arrivals
 from compass.wire.transport import new_event_loop
 from compass.workflow.batching import BATCH_GAINS, apply_batching
@@ -64,10 +64,15 @@ class E2EConfig:
     #: model tasks that declare no curve take ``batch_gain``'s (None: they do not batch)
     batching: bool = True
     batch_gain: str | None = None
+    #: every job's deadline, as a multiple of its workflow's best time (None: no deadline);
+    #: the summary then holds goodput, attainment, and the jobs refused and dropped
+    deadline_x: float | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.jobs < 1:
             raise ConfigError("e2e needs at least one worker and one job")
+        if self.deadline_x is not None and not 1 <= self.deadline_x < float("inf"):
+            raise ConfigError(f"--deadline-x must be >= 1, got {self.deadline_x!r}")
         if not 0 < self.time_scale <= 10:
             raise ConfigError(f"--time-scale must be in (0, 10], got {self.time_scale}")
         if self.batch_gain is not None and self.batch_gain not in BATCH_GAINS:
@@ -130,6 +135,13 @@ async def run_policy(
         await settled(clients[:n])
         payloads = {wf: _input_payload(workload, wf) for wf in workload.workflows}
         latencies: list[tuple[str, float | None]] = [("", None)] * len(arrivals)
+        best = best_ms(workload)
+        # a deadline in real milliseconds: the workload's, run time_scale times as fast
+        deadlines = {
+            wf: None if config.deadline_x is None else config.deadline_x * best[wf] * scale
+            for wf in workload.workflows
+        }
+        shed: Counter[str] = Counter()
         done = 0
 
         async def one(i: int, arrival: Arrival) -> None:
@@ -137,11 +149,14 @@ async def run_policy(
             t0 = time.perf_counter()
             try:
                 await clients[arrival.client].submit(
-                    arrival.workflow, timeout=600, **payloads[arrival.workflow]
-                )
+                    arrival.workflow, timeout=600, deadline_ms=deadlines[arrival.workflow],
+                    **payloads[arrival.workflow],
+                )  # fmt: skip
                 latencies[i] = (arrival.workflow, (time.perf_counter() - t0) / scale)
-            except CompassError:
+            except CompassError as exc:
                 latencies[i] = (arrival.workflow, None)
+                if isinstance(exc, DeadlineError):
+                    shed[type(exc).__name__] += 1
             done += 1
             if progress is not None:
                 progress(done)
@@ -163,8 +178,14 @@ async def run_policy(
     summary = summarize(workload, latencies, statuses, elapsed)
     summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
     # per job in arrival order, None for a failed job: what an SLO's attainment counts
-    best = best_ms(workload)
     summary["slowdowns"] = [None if s is None else s * 1000.0 / best[wf] for wf, s in latencies]
+    if config.deadline_x is not None:
+        x = config.deadline_x
+        met = sum(1 for sd in summary["slowdowns"] if sd is not None and sd <= x)
+        summary["attainment"] = met / len(arrivals)
+        summary["goodput"] = config.load * met / len(arrivals)  # x the workload's rate
+        summary["refused"] = shed["DeadlineUnreachable"]
+        summary["dropped"] = shed["DeadlineExceeded"]
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
@@ -370,6 +391,12 @@ def run(
                 del summary["slowdowns"]
                 results[policy] = summary
         out["results"] = results
+        if config.deadline_x is not None:
+            print(f"deadlines {config.deadline_x:g}x best time, load {config.load:g}:")
+            for policy, summary in results.items():
+                print(f"  {policy}: goodput {summary['goodput']:.2f}x the rate, attainment "
+                      f"{summary['attainment']:.0%}, refused {summary['refused']}, dropped "
+                      f"{summary['dropped']}")  # fmt: skip
         report.print_results(
             results,
             name=f"{workload.name} on {config.workers} worker processes",

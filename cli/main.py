@@ -1035,6 +1035,10 @@ def bench_e2e(
     steps: Annotated[int, typer.Option(min=0, help="--capacity: bisection steps.")] = 2,
     batching: BatchingFlag = Batching.on,
     batch_gain: BatchGainFlag = None,
+    deadline_x: Annotated[
+        float | None,
+        typer.Option(help="Give every job a deadline of X times its best time: goodput."),
+    ] = None,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
@@ -1059,6 +1063,7 @@ def bench_e2e(
         heartbeat_ms=heartbeat_ms,
         heartbeat_min_ms=heartbeat_min_ms,
         host_lanes=host_lanes,
+        deadline_x=deadline_x,
         **_batching(batching, batch_gain),
     )
     if capacity:

@@ -169,3 +169,20 @@ def test_short_workloads_are_emulated_at_a_slower_time_scale() -> None:
     shortest = min(e2e.best_ms(short).values())
     assert shortest < 10  # 7 ms: 1.8 ms of real time at 0.25
     assert e2e.auto_time_scale(short) == pytest.approx(e2e.SHORTEST_REAL_MS / shortest, abs=0.01)
+
+
+@pytest.mark.asyncio
+async def test_a_real_run_with_deadlines_reports_goodput_refusals_and_drops() -> None:
+    # 8x the paper's rate on 2 workers with deadlines of 1.5x the best time: far past capacity
+    config = e2e.E2EConfig(
+        workload=PAPER, workers=2, jobs=24, time_scale=0.02, policies=("compass",), load=8.0,
+        deadline_x=1.5,
+    )  # fmt: skip
+    workload = load_workload(PAPER)
+    arrivals = e2e.arrivals_for(config, workload)
+    summary = await e2e.run_policy(config, workload, "compass", arrivals)
+    assert summary["completed"] + summary["failed"] == 24
+    assert summary["failed"] == summary["refused"] + summary["dropped"]  # no other failure
+    assert summary["refused"] + summary["dropped"] >= 1  # shed, not queued for ever
+    assert summary["goodput"] == pytest.approx(8.0 * summary["attainment"])
+    assert 0.0 <= summary["attainment"] <= summary["completed"] / 24
