@@ -29,15 +29,16 @@ def plan_finish_s(
     ingress: str,
     input_bytes: int = 0,
     host_lanes: bool = False,
+    use_load: bool = True,
 ) -> float:
     """When the last sink of a job planned as ``plan`` is expected to finish, in absolute
     seconds on the caller's clock: :func:`~compass.sched.cost.finish_row`'s terms, each task on
     the worker ``plan`` names (one the view does not hold: its best worker, an optimistic
     guess), a worker's lane busy until the task placed there before ends, and a model fetched
-    once per worker."""
+    once per worker. ``use_load=False``: every worker idle at ``now`` (the queues left out)."""
     order = costs.workflow.order
     positions = view.positions
-    avail = view.wait_s + now
+    avail = view.wait_s + now if use_load else np.full(len(view.names), now)
     free, capacity, min_capacity = view.free_bytes, view.capacity_bytes, view.min_capacity_bytes
     brought: dict[str, np.ndarray] = {}
     placed = [-1] * len(order)

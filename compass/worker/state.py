@@ -548,9 +548,12 @@ class WorkerCore:
         assert job.deadline is not None
         view = self.view.snapshot(now, without=job.job_id)
         costs = self._costs.get(job.workflow, self.profiles, view.names)
+        # a job above the lowest priority runs ahead of the queued work of lower ones, which is
+        # most of what the view's waits count: it is refused only if it would miss on idle
+        # workers, and dropped later if the work of its own level and above makes it late
         finish = plan_finish_s(
             costs, plan, view, now, ingress=self.name, input_bytes=job.input_bytes,
-            host_lanes=self.host_lanes,
+            host_lanes=self.host_lanes, use_load=job.objective.priority == 0,
         )  # fmt: skip
         if finish > job.deadline:
             self.stats.jobs_unreachable += 1

@@ -174,3 +174,12 @@ def test_a_workflow_s_objective_is_the_deadline_of_a_job_without_one() -> None:
         assert c.jobs[own].deadline == pytest.approx(3.0)  # the job's own wins
     finally:
         del test_state.WORKFLOWS["timed"]
+
+
+def test_a_higher_priority_job_is_refused_only_if_it_would_miss_on_idle_workers() -> None:
+    c, view = core("a", ("a", "b"))
+    view.waits.update(a=5.0, b=5.0)  # queues of lower-priority work it will run ahead of
+    job, steps = submit_with(c, Objective(deadline_s=1.0, priority=1))
+    assert of(Answer, steps) == [] and job in c.jobs  # admitted: it overtakes those queues
+    _, steps = submit_with(c, Objective(deadline_s=0.15, priority=1))  # < 0.2 s of work
+    assert isinstance(one(Answer, steps).error, DeadlineUnreachable)
