@@ -1097,7 +1097,13 @@ def bench_peers(
     loads: Annotated[str, typer.Option(help="Comma-separated load multiples.")] = "0.5,1,2",
     jobs: Jobs = 200,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
-    time_scale: Annotated[float | None, typer.Option(help=_TIME_SCALE_HELP)] = None,
+    time_scale: Annotated[
+        float,
+        typer.Option(
+            help="Real seconds per spec second. 1 (real time) by default: a peer's fixed cost "
+            "per call does not shrink with the time scale (docs/RESULTS.md)."
+        ),
+    ] = 1.0,
     capacity: Capacity = False,
     seeds: Annotated[str, typer.Option(help="--capacity: arrival seeds, 0-4 or 0,1,2.")] = "0",
     max_load: MaxLoad = 4.0,
@@ -1133,7 +1139,7 @@ def bench_peers(
         policies=("compass",),
         jobs=jobs,
         seed=seed,
-        time_scale=_time_scale(time_scale, spec),
+        time_scale=time_scale,
     )
     peers.run(
         config,
