@@ -373,12 +373,12 @@ def run(
     latencies: dict[str, list[float]] = {}
     sweep: dict[str, dict[int, float | None]] = {}
     out: dict[str, Any] = {"config": {**asdict(config), "machine": machine(), "mode": "real"}}
-    loop = new_event_loop()
+    runner = asyncio.Runner(loop_factory=new_event_loop)
     try:
         with report.progress_bar() as bar:
             for policy in config.policies:
                 task = bar.add_task(f"{policy} on {config.workers} workers", total=len(arrivals))
-                summary = loop.run_until_complete(
+                summary = runner.run(
                     run_policy(
                         config,
                         workload,
@@ -407,13 +407,13 @@ def run(
         )
         if servers_sweep is not None:
             needed, sweep = _servers_needed(
-                loop, config, workload, arrivals, servers_sweep, target_slowdown
+                runner, config, workload, arrivals, servers_sweep, target_slowdown
             )
             out["servers_needed"] = needed
             out["sweep"] = {p: {str(n): v for n, v in sorted(t.items())} for p, t in sweep.items()}
             report.print_servers_needed(needed, servers_sweep, target_slowdown)
     finally:
-        loop.close()
+        runner.close()
     write_json(json_path, out)
     if plot_path:
         report.plot_results(plot_path, workload, latencies, results, sweep, target_slowdown)
@@ -422,7 +422,7 @@ def run(
 
 
 def _servers_needed(
-    loop: asyncio.AbstractEventLoop,
+    runner: asyncio.Runner,
     config: E2EConfig,
     workload: Workload,
     arrivals: Sequence[Arrival],
@@ -442,7 +442,7 @@ def _servers_needed(
 
         def median(n: int, policy: str = policy) -> float | None:
             run = run_policy(config, workload, policy, arrivals, workers=n)
-            value: float | None = loop.run_until_complete(run)["median_slowdown"]
+            value: float | None = runner.run(run)["median_slowdown"]
             return value
 
         needed[policy], table[policy] = fewest_workers(median, sweep[0], sweep[1], target)
@@ -472,12 +472,12 @@ def run_capacity(
     workload = workload_for(config)
     chosen = list(capacity.BUILTIN_SLOS if slos is None else slos)
     grid = capacity.load_grid(max_load, CAPACITY_LADDER)
-    loop = new_event_loop()
+    runner = asyncio.Runner(loop_factory=new_event_loop)
 
     def one(policy: str, seed: int, load: float) -> list[float | None]:
         point = replace(config, load=load, seed=seed)
         run = run_policy(point, workload, policy, arrivals_for(point, workload))
-        slowdowns: list[float | None] = loop.run_until_complete(run)["slowdowns"]
+        slowdowns: list[float | None] = runner.run(run)["slowdowns"]
         return slowdowns
 
     def progress(policy: str, seed: int, load: float, seconds: float) -> None:
@@ -494,7 +494,7 @@ def run_capacity(
             progress=progress,
         )
     finally:
-        loop.close()
+        runner.close()
     bound = capacity.physical_bound(workload, config.workers, host_lanes=config.host_lanes)
     out: dict[str, Any] = {
         "config": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Any
 
@@ -24,10 +25,10 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
     heartbeat_s = config.heartbeat_min_ms / 1000.0 / config.time_scale
     rows: list[list[Any]] = []
     results: dict[str, Any] = {}
-    loop = new_event_loop()
+    runner = asyncio.Runner(loop_factory=new_event_loop)
     try:
         for policy in config.policies:
-            real = loop.run_until_complete(e2e.run_policy(config, spec, policy, arrivals))
+            real = runner.run(e2e.run_policy(config, spec, policy, arrivals))
             simulated = simulate(
                 spec,
                 workers=config.workers,
@@ -54,7 +55,7 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
                 ]
             )
     finally:
-        loop.close()
+        runner.close()
     print_table(
         f"simulator fidelity: {config.workers} workers, {config.jobs} jobs, {config.arrival}, "
         f"load {config.load}",

@@ -61,12 +61,12 @@ class _Sides:
             arrivals = e2e.arrivals_for(point, self.workload)
             if system == "compass":
                 self.stop_ray()
-                loop = new_event_loop()
+                runner = asyncio.Runner(loop_factory=new_event_loop)
                 try:
                     run = e2e.run_policy(point, self.workload, "compass", arrivals, workers=n)
-                    summary = loop.run_until_complete(run)
+                    summary = runner.run(run)
                 finally:
-                    loop.close()
+                    runner.close()
             else:
                 self._start_ray()
                 summary = asyncio.run(
@@ -247,12 +247,12 @@ def _overheads(sides: _Sides) -> dict[str, dict[str, Any]]:
     on both sides: runtime cost with no placement decision worth the name."""
     from . import chain, job
 
-    loop = new_event_loop()
+    runner = asyncio.Runner(loop_factory=new_event_loop)
     try:
-        noop = loop.run_until_complete(job._measure(NOOP_JOBS))
-        seconds = loop.run_until_complete(chain._compass_chain(CHAIN_TASKS, 2, CHAIN_REPEATS))
+        noop = runner.run(job._measure(NOOP_JOBS))
+        seconds = runner.run(chain._compass_chain(CHAIN_TASKS, 2, CHAIN_REPEATS))
     finally:
-        loop.close()
+        runner.close()
     out: dict[str, dict[str, Any]] = {
         "compass": {
             "noop_p50_us": noop["p50_us"],

@@ -3,6 +3,10 @@ simulator's placements against the real cluster's when jobs do not overlap."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ from compass.sim.arrivals import Arrival
 from compass.sim.engine import simulate
 from compass.workflow.spec import load_workload
 
-from .conftest import PAPER
+from .conftest import PAPER, compass_argv
 
 FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
 
@@ -186,3 +190,55 @@ async def test_a_real_run_with_deadlines_reports_goodput_refusals_and_drops() ->
     assert summary["refused"] + summary["dropped"] >= 1  # shed, not queued for ever
     assert summary["goodput"] == pytest.approx(8.0 * summary["attainment"])
     assert 0.0 <= summary["attainment"] <= summary["completed"] / 24
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_during_bench_e2e_stops_the_workers_it_started(worker_env: dict[str, str]) -> None:
+    bench = subprocess.Popen(
+        compass_argv("bench", "e2e", "--policies", "compass", "--workers", "2", "--jobs", "400",
+                     "--load", "0.05", "--time-scale", "1"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_env,
+    )  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = _children(bench.pid)
+        assert len(workers) >= 2, "the benchmark did not start its workers"
+        time.sleep(2.0)  # jobs under way
+        bench.send_signal(signal.SIGINT)
+        bench.wait(60)
+        deadline = time.monotonic() + 40
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _alive(pid)], "workers left behind"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for pid in workers:  # a failing run must not leave them behind either
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
