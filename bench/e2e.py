@@ -29,7 +29,8 @@ from rich.console import Console
 
 from compass.client import Client
 from compass.cluster import LocalCluster
-from compass.errors import CompassError, ConfigError, DeadlineError
+from compass.errors import CompassError, ConfigError
+from compass.objective import outcome_of
 from compass.sim.arrivals import Arrival, job_arrivals
 from compass.wire.transport import new_event_loop
 from compass.workflow.batching import BATCH_GAINS, apply_batching
@@ -155,8 +156,7 @@ async def run_policy(
                 latencies[i] = (arrival.workflow, (time.perf_counter() - t0) / scale)
             except CompassError as exc:
                 latencies[i] = (arrival.workflow, None)
-                if isinstance(exc, DeadlineError):
-                    shed[type(exc).__name__] += 1
+                shed[outcome_of(exc)] += 1
             done += 1
             if progress is not None:
                 progress(done)
@@ -184,8 +184,8 @@ async def run_policy(
         met = sum(1 for sd in summary["slowdowns"] if sd is not None and sd <= x)
         summary["attainment"] = met / len(arrivals)
         summary["goodput"] = config.load * met / len(arrivals)  # x the workload's rate
-        summary["refused"] = shed["DeadlineUnreachable"]
-        summary["dropped"] = shed["DeadlineExceeded"]
+        summary["refused"] = shed["unreachable"]
+        summary["dropped"] = shed["dropped"]
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary

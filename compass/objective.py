@@ -12,9 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compass.errors import InvalidInputs
+from compass.errors import DeadlineExceeded, DeadlineUnreachable, InvalidInputs
 
-__all__ = ["MAX_PRIORITY", "NO_OBJECTIVE", "ON_MISS", "Objective", "check_objective"]
+__all__ = [
+    "MAX_PRIORITY",
+    "NO_OBJECTIVE",
+    "ON_MISS",
+    "Objective",
+    "check_objective",
+    "outcome_of",
+]
 
 #: priorities run from 0 (the default) to this; a higher one runs first
 MAX_PRIORITY = 9
@@ -77,3 +84,16 @@ def check_objective(deadline_ms: object, priority: object, on_miss: object) -> N
         )
     if on_miss not in ON_MISS:
         raise InvalidInputs(f'on_miss must be "drop" or "finish", got {on_miss!r}')
+
+
+def outcome_of(error: BaseException | None) -> str:
+    """What became of an answered job: ``"ok"``; ``"unreachable"`` (refused at once: no plan
+    met its deadline); ``"dropped"`` (a task would have started too late for it); or
+    ``"failed"`` (any other error)."""
+    if error is None:
+        return "ok"
+    if isinstance(error, DeadlineUnreachable):
+        return "unreachable"
+    if isinstance(error, DeadlineExceeded):
+        return "dropped"
+    return "failed"

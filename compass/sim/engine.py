@@ -39,14 +39,8 @@ from typing import Any
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
-from compass.errors import (
-    CompassError,
-    ConfigError,
-    DeadlineExceeded,
-    DeadlineUnreachable,
-    UnknownWorkflow,
-)
-from compass.objective import NO_OBJECTIVE, Objective
+from compass.errors import CompassError, ConfigError, UnknownWorkflow
+from compass.objective import NO_OBJECTIVE, Objective, outcome_of
 from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
@@ -428,25 +422,25 @@ class _Simulation:
         if job is None:
             return
         error = answer.error
-        if error is None:
-            self._record_job(job, self.now, "", "ok")
-        elif isinstance(error, DeadlineUnreachable):
-            self._record_job(job, None, error.message, "unreachable")
-        elif isinstance(error, DeadlineExceeded):
-            self._record_job(job, None, error.message, "dropped")
-        else:
-            self._record_job(job, None, error.message, "failed")
+        # the deadline the ingress gave the job (its own, or its workflow's objective)
+        deadline_s = answer.record.get("deadline_s") if answer.record else None
+        self._record_job(
+            job,
+            self.now if error is None else None,
+            "" if error is None else error.message,
+            outcome_of(error),
+            deadline_s,
+        )
 
-    def _record_job(self, job: _Job, finish: float | None, error: str, outcome: str) -> None:
+    def _record_job(
+        self,
+        job: _Job,
+        finish: float | None,
+        error: str,
+        outcome: str,
+        deadline_s: float | None = None,
+    ) -> None:
         latency = None if finish is None else finish - job.arrival
-        objective = job.objective
-        deadline_s = objective.deadline_s
-        if deadline_s is None:  # the workflow's own objective, as the ingress computed it
-            wf = job.workflow
-            if wf.slo_ms is not None:
-                deadline_s = wf.slo_ms / 1000.0
-            elif wf.slo_x is not None:
-                deadline_s = wf.slo_x * job.best_s
         self.job_records.append(
             JobRecord(
                 id=job.id,
@@ -458,7 +452,7 @@ class _Simulation:
                 slowdown=None if latency is None else latency / job.best_s,
                 plan=job.placed,
                 error=error,
-                priority=objective.priority,
+                priority=job.objective.priority,
                 deadline_s=deadline_s,
                 outcome=outcome,
             )

@@ -47,7 +47,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 import compass
-from compass.errors import CompassError, ConfigError, DeadlineExceeded, DeadlineUnreachable
+from compass.errors import CompassError, ConfigError
+from compass.objective import outcome_of
 
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome
@@ -180,14 +181,9 @@ class WorkerMetrics:
         self, record: Mapping[str, Any], error: CompassError | None, deadline_s: float,
         latency: float,
     ) -> None:  # fmt: skip
-        if error is None:
+        outcome = outcome_of(error)
+        if outcome == "ok":
             outcome = "met" if latency <= deadline_s else "late"
-        elif isinstance(error, DeadlineUnreachable):
-            outcome = "unreachable"
-        elif isinstance(error, DeadlineExceeded):
-            outcome = "dropped"
-        else:
-            outcome = "failed"
         key = (str(record.get("workflow", "")), int(record.get("priority", 0)))
         counts = self.slo.setdefault(key, dict.fromkeys(SLO_OUTCOMES, 0))
         counts[outcome] += 1
