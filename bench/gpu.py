@@ -166,7 +166,11 @@ def _arena() -> list[Row]:
 # -- 2. dtypes -----------------------------------------------------------------------------------
 
 
-def _zoo() -> Any:
+def dtype_zoo() -> Any:
+    """A module with one tensor of each dtype and layout the cache must carry byte for byte
+    (f32, f16, bf16, f64, a 0-dim int64, bool, complex, float8, a channels_last conv, a
+    transposed parameter, an empty tensor, and a Linear for checkpoint tests), the same on
+    every call. The GPU check here and the CPU and GPU tests share it."""
     import torch
     from torch import nn
 
@@ -174,6 +178,7 @@ def _zoo() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+            self.lin = nn.Linear(8, 16)
             self.transposed = nn.Parameter(torch.randn(6, 10).t())
             self.register_buffer("f32", torch.randn(7))
             self.register_buffer("f16", torch.randn(5, 7).half())
@@ -202,13 +207,13 @@ def _dtypes() -> list[Row]:
 
     async def main() -> list[str]:
         config = CacheConfig(capacity_bytes=4 * SLAB, slab_bytes=4 * MiB, backend="cupy")
-        async with ModelCache({"zoo": Model("zoo", _zoo)}, config) as cache:
+        async with ModelCache({"zoo": Model("zoo", dtype_zoo)}, config) as cache:
             with await cache.ensure("zoo") as lease:
                 assert lease.module is not None
                 got = dict(lease.module.state_dict())
                 start, end = cache.backend.address_range()
                 wrong: list[str] = []
-                for key, expected in _zoo().state_dict().items():
+                for key, expected in dtype_zoo().state_dict().items():
                     tensor = got[key]
                     at = tensor.untyped_storage().data_ptr()
                     at += tensor.storage_offset() * tensor.element_size()
@@ -224,7 +229,7 @@ def _dtypes() -> list[Row]:
                 return wrong
 
     wrong = asyncio.run(main())
-    count = len(_zoo().state_dict())
+    count = len(dtype_zoo().state_dict())
     detail = f"{count - len(wrong)} of {count} tensors byte for byte, aligned, in the arena"
     if wrong:
         detail += f"; wrong: {', '.join(wrong)}"

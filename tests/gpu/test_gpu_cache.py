@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from compass._bench.gpu import dtype_zoo
 from compass.cache import Model, ModelCache
 from compass.cache.backend import CupyBackend, cuda_problem, make_backend
 from compass.cache.policy import LoadPlan
@@ -90,26 +91,7 @@ async def test_concurrent_loads_land_intact():
         assert cache.stats.loads == 4
 
 
-class Zoo(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self.transposed = nn.Parameter(torch.randn(6, 10).t())
-        self.register_buffer("f32", torch.randn(7))
-        self.register_buffer("f16", torch.randn(5, 7).half())
-        self.register_buffer("bf16", torch.randn(33).bfloat16())
-        self.register_buffer("f64", torch.randn(3, 3, dtype=torch.float64))
-        self.register_buffer("step", torch.tensor(7, dtype=torch.int64))
-        self.register_buffer("mask", torch.rand(17) > 0.5)
-        self.register_buffer("cplx", torch.randn(4, dtype=torch.complex64))
-        self.register_buffer("f8", torch.randn(9).to(torch.float8_e4m3fn))
-        self.register_buffer("empty", torch.empty(0, 4))
-
-
-def build_zoo() -> nn.Module:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(5)
-        return Zoo()
+build_zoo = dtype_zoo  # one tensor of each dtype and layout
 
 
 @pytest.mark.asyncio

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from compass._bench.gpu import dtype_zoo
 from compass.cache import Model, ModelCache
 from compass.cache.backend import StrictBackend
 from compass.config import CacheConfig
@@ -18,28 +19,7 @@ from compass.config import CacheConfig
 KiB = 1024
 
 
-class Zoo(nn.Module):
-    """One tensor of each dtype and layout the cache must carry exactly."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self.lin = nn.Linear(8, 16)
-        self.transposed = nn.Parameter(torch.randn(6, 10).t())  # dense, not contiguous
-        self.register_buffer("f16", torch.randn(5, 7).half())
-        self.register_buffer("bf16", torch.randn(33).bfloat16())
-        self.register_buffer("f64", torch.randn(3, 3, dtype=torch.float64))
-        self.register_buffer("step", torch.tensor(7, dtype=torch.int64))  # 0-dim
-        self.register_buffer("mask", torch.rand(17) > 0.5)
-        self.register_buffer("cplx", torch.randn(4, dtype=torch.complex64))
-        self.register_buffer("f8", torch.randn(9).to(torch.float8_e4m3fn))
-        self.register_buffer("empty", torch.empty(0, 4))
-
-
-def build_zoo() -> nn.Module:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(5)
-        return Zoo()
+build_zoo = dtype_zoo  # one tensor of each dtype and layout
 
 
 def raw(tensor: torch.Tensor) -> bytes:
