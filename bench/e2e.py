@@ -19,7 +19,7 @@ import math
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,6 @@ async def run_policy(
             await client.connect()
         await settled(clients[:n])
         payloads = {wf: _input_payload(workload, wf) for wf in workload.workflows}
-        latencies: list[tuple[str, float | None]] = [("", None)] * len(arrivals)
         best = best_ms(workload)
         # a deadline in real milliseconds: the workload's, run time_scale times as fast
         deadlines = {
@@ -143,42 +142,25 @@ async def run_policy(
             for wf in workload.workflows
         }
         shed: Counter[str] = Counter()
-        done = 0
 
-        async def one(i: int, arrival: Arrival) -> None:
-            nonlocal done
-            t0 = time.perf_counter()
+        async def submit(arrival: Arrival) -> None:
             try:
                 await clients[arrival.client].submit(
                     arrival.workflow, timeout=600, deadline_ms=deadlines[arrival.workflow],
                     **payloads[arrival.workflow],
                 )  # fmt: skip
-                latencies[i] = (arrival.workflow, (time.perf_counter() - t0) / scale)
             except CompassError as exc:
-                latencies[i] = (arrival.workflow, None)
                 shed[outcome_of(exc)] += 1
-            done += 1
-            if progress is not None:
-                progress(done)
+                raise
 
-        loop = asyncio.get_running_loop()
-        start = loop.time()
         try:
-            async with asyncio.TaskGroup() as group:
-                for i, arrival in enumerate(arrivals):
-                    delay = start + arrival.t_s * scale - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    group.create_task(one(i, arrival))
-            elapsed = (loop.time() - start) / scale
+            latencies, elapsed = await replay(arrivals, scale, submit, (CompassError,), progress)
             statuses, traces = await _collect(cluster, keep_plans)
         finally:
             for client in clients:
                 await client.aclose()
     summary = summarize(workload, latencies, statuses, elapsed)
-    summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
-    # per job in arrival order, None for a failed job: what an SLO's attainment counts
-    summary["slowdowns"] = [None if s is None else s * 1000.0 / best[wf] for wf, s in latencies]
+    with_latencies(summary, workload, latencies)
     if config.deadline_x is not None:
         x = config.deadline_x
         met = sum(1 for sd in summary["slowdowns"] if sd is not None and sd <= x)
@@ -189,6 +171,54 @@ async def run_policy(
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
+
+
+Latencies = list[tuple[str, float | None]]
+
+
+async def replay(
+    arrivals: Sequence[Arrival],
+    scale: float,
+    submit: Callable[[Arrival], Awaitable[None]],
+    failures: tuple[type[BaseException], ...],
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Latencies, float]:
+    """Start ``submit(arrival)`` at each arrival's time, ``scale`` real seconds per workload
+    second, each running concurrently with the later ones. Returns each job's workflow and
+    latency in workload seconds (None where ``submit`` raised one of ``failures``), in arrival
+    order, and the workload seconds the whole replay took."""
+    latencies: Latencies = [("", None)] * len(arrivals)
+    done = 0
+
+    async def one(i: int, arrival: Arrival) -> None:
+        nonlocal done
+        t0 = time.perf_counter()
+        try:
+            await submit(arrival)
+            latencies[i] = (arrival.workflow, (time.perf_counter() - t0) / scale)
+        except failures:
+            latencies[i] = (arrival.workflow, None)
+        done += 1
+        if progress is not None:
+            progress(done)
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with asyncio.TaskGroup() as group:
+        for i, arrival in enumerate(arrivals):
+            delay = start + arrival.t_s * scale - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            group.create_task(one(i, arrival))
+    return latencies, (loop.time() - start) / scale
+
+
+def with_latencies(summary: dict[str, Any], workload: Workload, latencies: Latencies) -> None:
+    """Add each run's ``latencies_ms`` (answered jobs) and ``slowdowns`` (per job in arrival
+    order, None for a failed one: what an SLO's attainment counts) to ``summary``."""
+    best = best_ms(workload)
+    summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
+    summary["slowdowns"] = [None if s is None else s * 1000.0 / best[wf] for wf, s in latencies]
 
 
 @contextlib.asynccontextmanager

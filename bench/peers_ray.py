@@ -352,38 +352,18 @@ async def run_ray(
         await _warm(handle, workload, n)
         before = await _tally(tally)
         payloads = {wf: e2e._input_payload(workload, wf)["data"] for wf in workload.workflows}
-        latencies: list[tuple[str, float | None]] = [("", None)] * len(arrivals)
-        done = 0
 
-        async def one(i: int, arrival: Arrival) -> None:
-            nonlocal done
-            t0 = time.perf_counter()
-            try:
-                await handle.remote(arrival.workflow, payloads[arrival.workflow])
-                latencies[i] = (arrival.workflow, (time.perf_counter() - t0) / scale)
-            except Exception:  # a failed job counts as failed, as on compass
-                latencies[i] = (arrival.workflow, None)
-            done += 1
-            if progress is not None:
-                progress(done)
+        async def submit(arrival: Arrival) -> None:
+            await handle.remote(arrival.workflow, payloads[arrival.workflow])
 
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        async with asyncio.TaskGroup() as group:
-            for i, arrival in enumerate(arrivals):
-                delay = start + arrival.t_s * scale - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                group.create_task(one(i, arrival))
-        elapsed = (loop.time() - start) / scale
+        # any error a job raises counts it failed, as on compass
+        latencies, elapsed = await e2e.replay(arrivals, scale, submit, (Exception,), progress)
         await asyncio.sleep(0.05)  # the last tasks' fire-and-forget reports reach the tally
         after = await _tally(tally)
     keep = ray_config.models_per_replica or models_per_replica(workload)
     statuses = [_status(name, after[name], before.get(name), keep, scale) for name in sorted(after)]
     summary = e2e.summarize(workload, latencies, statuses, elapsed)
-    summary["latencies_ms"] = [s * 1000.0 for _, s in latencies if s is not None]
-    best = e2e.best_ms(workload)
-    summary["slowdowns"] = [None if s is None else s * 1000.0 / best[wf] for wf, s in latencies]
+    e2e.with_latencies(summary, workload, latencies)
     summary["models_per_replica"] = keep
     return summary
 
