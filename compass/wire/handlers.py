@@ -8,12 +8,15 @@ each other.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ssl import SSLContext
+
+    from compass.config import Limits, Timeouts
     from compass.wire.channel import Channel
 
-__all__ = ["CloseCallback", "Handler", "Immediate", "NotifyHandler"]
+__all__ = ["CloseCallback", "Dialer", "Handler", "Immediate", "NotifyHandler"]
 
 
 class Immediate:
@@ -36,3 +39,23 @@ Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate"]
 NotifyHandler = Callable[["Channel", str, Any], None]
 #: ``callback(channel, None)`` when this side closed the channel, else ``(channel, ConnectionLost)``
 CloseCallback = Callable[["Channel", BaseException | None], None]
+
+
+class Dialer(Protocol):
+    """How a channel to an address is opened: :func:`compass.wire.tcp.connect`, or the
+    ``connect`` of a :class:`compass.wire.memory.MemoryNetwork` (no sockets), which take the
+    same arguments and raise the same errors."""
+
+    async def __call__(
+        self,
+        address: str | tuple[str, int],
+        *,
+        token: str | None,
+        name: str,
+        role: str = ...,
+        limits: Limits = ...,
+        timeouts: Timeouts = ...,
+        handler: Handler | None = ...,
+        notify_handler: NotifyHandler | None = ...,
+        ssl: SSLContext | None = ...,
+    ) -> Channel: ...

@@ -28,7 +28,7 @@ from compass.wire.channel import Channel
 from compass.wire.handlers import Handler, NotifyHandler
 from compass.wire.protocol import Connection
 
-__all__ = ["Server", "connect", "serve"]
+__all__ = ["Server", "connect", "finish_handshake", "serve"]
 
 log = logging.getLogger("compass.wire")
 
@@ -73,13 +73,20 @@ async def connect(
         ) from exc
     except OSError as exc:
         raise ConnectFailed(f"could not connect to {host}:{port}: {exc}") from exc
+    await finish_handshake(channel, f"{host}:{port}", timeouts)
+    return channel
+
+
+async def finish_handshake(channel: Channel, where: str, timeouts: Timeouts) -> None:
+    """Wait for a connected initiator's handshake with ``where``; on failure, close or abort
+    the channel and raise why (:class:`CompassTimeout` after ``timeouts.handshake``)."""
     try:
         async with asyncio.timeout(timeouts.handshake):
             await channel.handshake_done()
     except TimeoutError:
         await channel.aclose()
         raise CompassTimeout(
-            f"handshake with {host}:{port} did not finish within {timeouts.handshake} s"
+            f"handshake with {where} did not finish within {timeouts.handshake} s"
         ) from None
     except BaseException:
         if channel.closed:
@@ -89,7 +96,6 @@ async def connect(
         else:
             channel.abort()
         raise
-    return channel
 
 
 class Server:
@@ -119,6 +125,57 @@ class Server:
         # channels in the handshake, oldest first (a dict keeps insertion order)
         self._handshaking: dict[Channel, None] = {}
         self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`aclose` has begun: it takes no new connection."""
+        return self._closing
+
+    def acceptor(
+        self,
+        *,
+        token: str | None,
+        name: str,
+        role: str,
+        handler: Handler,
+        notify_handler: NotifyHandler | None,
+        on_channel: Callable[[Channel], None] | None,
+        limits: Limits,
+        timeouts: Timeouts,
+    ) -> Callable[[], asyncio.BufferedProtocol]:
+        """The protocol factory of this server's listener: each call makes the channel of one
+        accepted connection, counted in (or refused) by this server. :func:`serve` gives it to
+        a socket listener, :class:`~compass.wire.memory.MemoryNetwork` to an in-memory one."""
+
+        def channel_ready(channel: Channel) -> None:
+            self._handshaking.pop(channel, None)
+            self.channels.add(channel)
+            if on_channel is not None:
+                try:
+                    on_channel(channel)
+                except Exception:
+                    log.exception("on_channel callback failed for %r", channel)
+
+        def channel_ended(channel: Channel, _: BaseException | None) -> None:
+            self.channels.discard(channel)
+            self._forget(channel)
+
+        def accept() -> asyncio.BufferedProtocol:
+            conn = Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
+            channel = Channel(
+                conn,
+                handler=handler,
+                notify_handler=notify_handler,
+                timeouts=timeouts,
+                on_ready=channel_ready,
+            )
+            channel.on_close.append(channel_ended)
+            if self._closing:
+                channel.refuse_requests()
+            self._admit(channel)
+            return channel.protocol()
+
+        return accept
 
     def _admit(self, channel: Channel) -> None:
         """Count ``channel`` in, making room by evicting the oldest handshake, or reject it."""
@@ -221,35 +278,16 @@ async def serve(
     # validates role and name now rather than on the first connection
     Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
     server = Server(timeouts, limits, name)
-
-    def channel_ready(channel: Channel) -> None:
-        server._handshaking.pop(channel, None)
-        server.channels.add(channel)
-        if on_channel is not None:
-            try:
-                on_channel(channel)
-            except Exception:
-                log.exception("on_channel callback failed for %r", channel)
-
-    def channel_ended(channel: Channel, _: BaseException | None) -> None:
-        server.channels.discard(channel)
-        server._forget(channel)
-
-    def accept() -> asyncio.BufferedProtocol:
-        conn = Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
-        channel = Channel(
-            conn,
-            handler=handler,
-            notify_handler=notify_handler,
-            timeouts=timeouts,
-            on_ready=channel_ready,
-        )
-        channel.on_close.append(channel_ended)
-        if server._closing:
-            channel.refuse_requests()
-        server._admit(channel)
-        return channel.protocol()
-
+    accept = server.acceptor(
+        token=token,
+        name=name,
+        role=role,
+        handler=handler,
+        notify_handler=notify_handler,
+        on_channel=on_channel,
+        limits=limits,
+        timeouts=timeouts,
+    )
     loop = asyncio.get_running_loop()
     try:
         listener = await loop.create_server(accept, host, port, ssl=ssl)
