@@ -1,0 +1,81 @@
+"""``compass bench scale`` on tiny clusters, as a real subprocess: the JSON's layout, values
+that make sense, and no worker process left behind."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import compass_argv
+
+KEYS = {
+    "workers", "idle_cpu_per_worker", "loaded_cpu_per_worker", "messages_per_s_per_worker",
+    "bytes_per_s_per_worker", "connections_per_worker", "rss_mb_per_worker", "detect_ms",
+    "spread_ms_p99",
+}  # fmt: skip
+
+
+def _in_session(session: int) -> list[int]:
+    """The processes of session ``session`` (from /proc): the bench runs in a session of its
+    own, and its workers inherit it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_bench_scale_measures_tiny_clusters_and_ends_its_workers(
+    tmp_path: Path, worker_env: dict[str, str]
+) -> None:
+    out, plot = tmp_path / "scale.json", tmp_path / "scale.png"
+    argv = compass_argv("bench", "scale", "--workers", "2,3", "--seconds", "1", "--probes", "3",
+                        "--json", str(out), "--plot", str(plot))  # fmt: skip
+    bench = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_env,
+        start_new_session=True, text=True,
+    )  # fmt: skip
+    try:
+        printed, _ = bench.communicate(timeout=100)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        left = _in_session(bench.pid)
+        for pid in left:  # a failing run must not leave them behind either
+            os.kill(pid, signal.SIGKILL)
+    assert bench.returncode == 0, printed
+    assert not left, f"processes left behind: {left}"
+
+    data = json.loads(out.read_text())
+    assert set(data) == {"config", "sizes"}
+    assert data["config"]["workers"] == [2, 3]
+    assert [s["workers"] for s in data["sizes"]] == [2, 3]
+    assert [n["workers"] for n in data["config"]["notes"]] == [2, 3]
+    for size in data["sizes"]:
+        n = size["workers"]
+        assert set(size) == KEYS
+        assert 0 < size["idle_cpu_per_worker"] < 2
+        assert 0 < size["loaded_cpu_per_worker"] < 2
+        # heartbeats every 10 ms to each peer, about 100 bytes each
+        assert size["messages_per_s_per_worker"] > 10 * (n - 1)
+        assert size["bytes_per_s_per_worker"] > 1000 * (n - 1)
+        assert size["connections_per_worker"] >= n - 1
+        assert 10 < size["rss_mb_per_worker"] < 2000
+        assert size["detect_ms"] is not None and 0 < size["detect_ms"] < math.inf
+        assert 0 < size["spread_ms_p99"] < 1000
+    assert "compass bench scale" in printed and "detect" in printed
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
