@@ -101,13 +101,15 @@ class JobInfo:
     """What the planner knows of a job: its id, workflow, ingress worker and input size.
 
     ``input_bytes`` is the size of the job's inputs, which every root task receives from the
-    ingress; 0 means unknown, and the root's declared ``input_bytes`` stands in.
+    ingress; 0 means unknown, and the root's declared ``input_bytes`` stands in. ``priority``
+    is the job's (its tasks count in the waits of their level and those below).
     """
 
     job_id: str
     workflow: Workflow
     ingress: str
     input_bytes: int
+    priority: int = 0
 
 
 class Policy(Protocol):
@@ -973,4 +975,6 @@ def record_plan(
         size = 0 if model is None else profiles.model_bytes(model)
         curve = _curve(wf, task, worker, profiles) if batch_aware else None
         seconds = profiles.exec_s(wf.name, task, worker)
-        view.note_placement(worker, Placement(seconds, model, size, job.job_id, curve), now)
+        view.note_placement(
+            worker, Placement(seconds, model, size, job.job_id, curve, job.priority), now
+        )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError, ProtocolError
+from compass.objective import MAX_PRIORITY
 from compass.workflow.dag import batch_scale
 
 __all__ = [
@@ -67,7 +68,9 @@ class WorkerState:
     across a restart that starts ``seq`` again (0 where the sender predates it). ``batches``:
     per model, ``(queued tasks that may batch, seconds before the first of them is expected to
     start)``, counted like ``wait_s`` from when the state was taken (empty where the sender
-    predates it, or where nothing queued batches).
+    predates it, or where nothing queued batches). ``lifted_s``: the waits of a task of
+    priority 1, 2, ... (:meth:`wait_at`), the last one holding for every level above it (empty
+    where the sender predates it: ``wait_s`` stands in).
     """
 
     name: str
@@ -85,6 +88,7 @@ class WorkerState:
     batches: Mapping[str, tuple[int, float]] = field(
         default_factory=lambda: _NO_BATCHES, hash=False
     )
+    lifted_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -111,6 +115,25 @@ class WorkerState:
             )
         if self.batches is not _NO_BATCHES:
             object.__setattr__(self, "batches", self._checked_batches(self.batches))
+        if self.lifted_s:
+            lifted = self.lifted_s
+            if len(lifted) > MAX_PRIORITY or not all(
+                isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w < math.inf
+                for w in lifted
+            ):
+                raise ConfigError(
+                    f"worker {self.name!r}: lifted_s must be at most {MAX_PRIORITY} waits "
+                    f">= 0, got {lifted!r}"
+                )
+            object.__setattr__(self, "lifted_s", tuple(float(w) for w in lifted))
+
+    def wait_at(self, priority: int) -> float:
+        """Expected seconds before a task of ``priority`` queued now would start: the running
+        work and the queued tasks of its level and above (``wait_s`` at level 0)."""
+        lifted = self.lifted_s
+        if priority <= 0 or not lifted:
+            return self.wait_s
+        return lifted[min(priority, len(lifted)) - 1]
 
     def _checked_batches(self, batches: object) -> Mapping[str, tuple[int, float]]:
         if not isinstance(batches, Mapping):
@@ -158,6 +181,7 @@ class WorkerState:
             "i": self.incarnation,
             # optional: {model: [count, seconds]}, left out when nothing queued batches
             **({"q": {m: list(v) for m, v in self.batches.items()}} if self.batches else {}),
+            **({"wl": list(self.lifted_s)} if self.lifted_s else {}),
         }
 
     @classmethod
@@ -174,6 +198,9 @@ class WorkerState:
         h2d = data.get("h", 0.0)  # absent from a worker that predates it
         incarnation = data.get("i", 0)  # likewise
         batches = data.get("q", _NO_BATCHES)  # likewise, and left out when empty
+        lifted = data.get("wl", ())  # likewise
+        if not isinstance(lifted, list | tuple):
+            raise ProtocolError("worker state: field 'wl' must be a list of waits")
         if not isinstance(batches, Mapping):
             raise ProtocolError("worker state: field 'q' must map model names to [count, seconds]")
         ints = {"f": free, "c": cap, "l": lanes, "b": busy, "s": seq, "i": incarnation}
@@ -200,6 +227,7 @@ class WorkerState:
                 h2d_bytes_per_s=float(h2d),
                 incarnation=incarnation,
                 batches=batches,
+                lifted_s=tuple(lifted),
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None
@@ -381,14 +409,16 @@ class BatchCurve:
 class Placement:
     """A task just placed on a worker, as the placing worker's view counts it there until that
     worker's heartbeats show it: ``seconds`` of expected run, its model and the model's bytes
-    (None and 0: none), the job it is a task of ("": none named, so never left out) and
-    ``curve``, how it may batch there (None: it does not)."""
+    (None and 0: none), the job it is a task of ("": none named, so never left out),
+    ``curve``, how it may batch there (None: it does not), and its job's ``priority`` (it
+    counts in the waits of its own level and those below)."""
 
     seconds: float
     model: str | None = None
     model_bytes: int = 0
     job: str = ""
     curve: BatchCurve | None = None
+    priority: int = 0
 
 
 class PlacedCounts:
@@ -415,14 +445,16 @@ class PlacedCounts:
         self._rows: dict[str, BoolArray] = {}
         self._runs: dict[str, BatchRows] = {}
 
-    def add(self, i: int, placed: Placement) -> None:
+    def add(self, i: int, placed: Placement, waits: bool = True) -> None:
         """Count a task placed at the back of worker ``i``'s queue: its wait grows by the
         task's run, or only by its share of a batch (it has a ``curve``) where a batch of its
-        model waits there with room; its model counts as coming."""
+        model waits there with room; its model counts as coming. ``waits=False``: the waits
+        are a higher priority's, which the task does not hold up; only its model counts."""
         model, seconds = placed.model, placed.seconds
         if model is not None and placed.curve is not None:
             seconds = self._batch(i, seconds, model, placed.curve)
-        self.wait[i] += seconds
+        if waits:
+            self.wait[i] += seconds
         if model is None:
             return
         row = self._rows.get(model)
@@ -515,6 +547,8 @@ class ClusterView:
         self._shared = False  # the arrays belong to a snapshot: copy before writing
         self._base: ViewSnapshot | None = None
         self._placed: ViewSnapshot | None = None  # the base plus counted placements
+        #: priority -> the peers' waits at that level (:meth:`WorkerState.wait_at`)
+        self._lifted: dict[int, FloatArray] = {}
         self._next_expiry = math.inf
 
     # -- updates ----------------------------------------------------------------------------
@@ -605,13 +639,34 @@ class ClusterView:
         """How many placements on ``worker`` are still counted."""
         return len(self._pending.get(worker, ()))
 
-    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
         """An immutable picture at ``now``, counting placements not yet settled or run, except
-        those of job ``without``.
+        those of job ``without``, with the waits a task of ``priority`` would see (the work
+        that runs before it: the running tasks and the queued ones of its level and above).
 
         A job re-planned or adjusted must not see its own tasks as other work queued ahead of
         them: a task counted on the worker it was planned for would wait behind itself there,
         with its model counted as already coming."""
+        snap = self._snapshot(now, without)
+        if priority <= 0:
+            return snap
+        wait = self._lifted.get(priority)
+        if wait is None:
+            wait = self._lifted[priority] = np.fromiter(
+                (self._states[n].wait_at(priority) for n in self._names),
+                dtype=np.float64,
+                count=len(self._names),
+            )
+        wait = wait.copy()
+        for worker, placements in self._pending.items():
+            i = self._positions[worker]
+            for p in placements:
+                if p.task.priority >= priority and not (without and p.task.job == without):
+                    wait[i] += p.task.seconds
+        wait.setflags(write=False)
+        return replace(snap, wait_s=wait)
+
+    def _snapshot(self, now: float, without: str) -> ViewSnapshot:
         self._expire(now)
         if self._base is None:
             self._base = ViewSnapshot._frozen(
@@ -677,6 +732,7 @@ class ClusterView:
         self._states[state.name] = state
         self._base = None
         self._placed = None
+        self._lifted.clear()
         if old is None:
             self._rebuild()
             return
@@ -731,3 +787,4 @@ class ClusterView:
         self._shared = False
         self._base = None
         self._placed = None
+        self._lifted.clear()

@@ -399,6 +399,7 @@ class _Simulation:
                 lanes.queue.queued_s,
                 lanes.queue.run_ends(),
                 lanes.queue.batchable(self.now, lanes.lanes),
+                lanes.queue.raised_s(),
             )
 
     def _plan_remote(self, arg: tuple[_Worker, str, PlanRequest]) -> None:
@@ -555,12 +556,13 @@ class _SimView:
         self._state = state
         self._worker = worker
 
-    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
         worker = self._worker
         lanes = worker.lanes
         return self._state.snapshot(
-            worker.index, now, lanes.wait_s(now), lanes.queue.batchable(now, lanes.lanes), without
-        )
+            worker.index, now, lanes.wait_s(now, priority), lanes.queue.batchable(now, lanes.lanes),
+            without, priority,
+        )  # fmt: skip
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self._state.note_placement(self._worker.index, self._state.positions[worker], placed, now)

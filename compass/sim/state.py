@@ -45,6 +45,7 @@ BoolArray = npt.NDArray[np.bool_]
 _Batches = Mapping[str, tuple[int, float]]
 _NONE: _Batches = MappingProxyType({})
 _NO_ROWS: Mapping[str, BatchRows] = MappingProxyType({})
+_NO_LEVELS: Mapping[int, float] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -59,6 +60,8 @@ class _Capture:
     rows: Mapping[str, BoolArray]
     #: each worker's batches (absolute starts); None: no worker had any
     batches: tuple[_Batches, ...] | None
+    #: each worker's queued seconds per level above 0; None: no worker had any
+    raised: tuple[Mapping[int, float], ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +114,15 @@ class ClusterState:
         self.held: BoolArray = np.zeros((len(self.models), n), dtype=np.bool_)
         self.batches: list[_Batches] = [_NONE] * n
         self._batching: set[int] = set()  # workers with batches
+        self.raised: list[Mapping[int, float]] = [_NO_LEVELS] * n
+        self._raising: set[int] = set()  # workers with tasks queued above level 0
         self._now = 0.0
         self._dirty = False
         self._tick = 0
         self._captures: deque[_Capture] = deque([self._capture(0)])
         self._published: tuple[int, FloatArray, _Capture, Mapping[str, BatchRows]] | None = None
+        #: (tick, priority) -> the published waits at that priority
+        self._lifted: dict[tuple[int, int], FloatArray] = {}
         self._pending: list[list[_Pending]] = [[] for _ in range(n)]
 
     # -- live updates (the simulator calls these as things happen) ---------------------------
@@ -140,12 +147,21 @@ class ClusterState:
         queued_s: float,
         run_ends: Sequence[float],
         batches: _Batches | None = None,
+        raised: Mapping[int, float] | None = None,
     ) -> None:
         """``worker``'s queue holds ``queued_s`` expected seconds, and its lanes run tasks
         expected to end at ``run_ends`` (the worker core's :class:`TaskQueue`, read after each
         event: the published wait equals the real one). ``batches``: per model, its queued
         tasks that may batch and the seconds, from the current event (:meth:`advance`'s
-        ``now``), before the first of them starts (:meth:`TaskQueue.batchable`)."""
+        ``now``), before the first of them starts (:meth:`TaskQueue.batchable`). ``raised``:
+        per level above 0, the expected seconds of its queued tasks (:meth:`TaskQueue.raised_s`),
+        for the waits of jobs above the lowest priority."""
+        if raised:
+            self.raised[worker] = raised
+            self._raising.add(worker)
+        elif worker in self._raising:
+            self.raised[worker] = _NO_LEVELS
+            self._raising.discard(worker)
         if batches:
             now = self._now
             self.batches[worker] = {m: (c, now + first) for m, (c, first) in batches.items()}
@@ -188,13 +204,18 @@ class ClusterState:
         own_wait_s: float,
         own_batches: _Batches | None = None,
         without: str = "",
+        priority: int = 0,
     ) -> ViewSnapshot:
         """What ``viewer`` sees at ``now``: peers as of the last tick at least ``staleness_s``
         old plus its own recent placements (but those of job ``without``, as
         :meth:`ClusterView.snapshot` leaves them out), itself exactly (``own_wait_s`` and
         ``own_batches``, seconds from ``now`` as :meth:`TaskQueue.batchable` gives them, from
-        its queue)."""
-        _, base_wait, cap, published = self._at(now)
+        its queue). With ``priority`` above 0 the waits are those a task of that level sees
+        (the running work and the queued tasks of its level and above), ``own_wait_s``
+        included."""
+        q, base_wait, cap, published = self._at(now)
+        if priority > 0:
+            base_wait = self._lifted_at(q, cap, priority)
         wait = base_wait.copy()
         wait[viewer] = own_wait_s
         free = cap.free.copy()
@@ -220,7 +241,7 @@ class ClusterState:
                 counts = PlacedCounts(wait, free, resident, batches)
                 for p in kept:
                     if not (without and p.task.job == without):
-                        counts.add(p.worker, p.task)
+                        counts.add(p.worker, p.task, p.task.priority >= priority)
                 np.maximum(free, 0, out=free)
                 resident, batches = counts.resident(), counts.batches()
         return ViewSnapshot.from_arrays(
@@ -272,9 +293,27 @@ class ClusterState:
         held.setflags(write=False)
         rows = MappingProxyType({m: held[i] for i, m in enumerate(self.models)})
         batches = tuple(self.batches) if self._batching else None
+        raised = tuple(self.raised) if self._raising else None
         return _Capture(
-            label, self.queued.copy(), self.run_end.copy(), self.free.copy(), held, rows, batches
-        )
+            label, self.queued.copy(), self.run_end.copy(), self.free.copy(), held, rows, batches,
+            raised,
+        )  # fmt: skip
+
+    def _lifted_at(self, q: int, cap: _Capture, priority: int) -> FloatArray:
+        """The published waits at tick ``q`` of a task of ``priority`` (above 0): what runs
+        before it, the running tasks and the queued ones of its level and above."""
+        wait = self._lifted.get((q, priority))
+        if wait is None:
+            if len(self._lifted) > 64:
+                self._lifted.clear()
+            at = max(q, 0) * self.heartbeat_s
+            wait = np.maximum(cap.run_end - at, 0.0).sum(axis=1)
+            if cap.raised is not None:
+                for i, levels in enumerate(cap.raised):
+                    wait[i] += sum(s for level, s in levels.items() if level >= priority)
+            wait.setflags(write=False)
+            self._lifted[(q, priority)] = wait
+        return wait
 
     def _at(self, now: float) -> tuple[int, FloatArray, _Capture, Mapping[str, BatchRows]]:
         """The published tick for ``now``, its waits, its capture and its batches (starts in

@@ -67,9 +67,9 @@ class Gossip:
         )
 
     # -- the core's ViewPort -------------------------------------------------------------------
-    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
         self.view.update_self(self.own_state())
-        return self.view.snapshot(now, without)
+        return self.view.snapshot(now, without, priority)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self.view.note_placement(worker, placed, now)
@@ -98,7 +98,9 @@ class Gossip:
             h2d_bytes_per_s=h2d,
             incarnation=self.incarnation,
             batches=batches,
-        )
+            lifted_s=tuple(w + (_DEGRADED_WAIT_S if lanes.degraded else 0.0)
+                           for w in lanes.queue.lifted_s(now)),
+        )  # fmt: skip
 
     def changed(self) -> None:
         """The queue or the cache changed: gossip it at the next gap."""

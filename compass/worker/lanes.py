@@ -178,9 +178,10 @@ class Lanes:
         """Too many stuck tasks: no more GPU work here."""
         return self.stuck >= self.max_stuck
 
-    def wait_s(self, now: float) -> float:
-        """The GPU queue's expected wait (what heartbeats report)."""
-        return self.queue.wait_s(now)
+    def wait_s(self, now: float, level: int = 0) -> float:
+        """The GPU queue's expected wait for a task of priority ``level`` (what heartbeats
+        report)."""
+        return self.queue.wait_s(now, level)
 
     # -- tasks ---------------------------------------------------------------------------------
 
@@ -240,6 +241,7 @@ class Lanes:
 
     def fill(self, now: float) -> None:
         """Idle lanes take the next ready tasks."""
+        self._shed_queued(now)
         while self._idle:
             entry = self.queue.pop(now)
             if entry is None:
@@ -277,6 +279,28 @@ class Lanes:
             self._runs[entry] = run
             self.out.append(RunTask(entry, run.lane, True, 0.0, None))
 
+    def _shed_queued(self, now: float) -> None:
+        """Drop the queued tasks whose jobs can no longer finish in time
+        (:meth:`TaskQueue.late`): their jobs are answered now rather than when a lane would
+        reach them, and the wait heartbeats report no longer counts work that will not run."""
+        late = self.queue.late(now, self.lanes)
+        if not late:
+            return
+        doomed = {id(e) for e, _ in late}
+        self.queue.drop(lambda e: id(e) in doomed)
+        self.version += 1
+        for entry, wait_s in late:
+            self.shed += 1
+            assert entry.deadline is not None
+            late_s = now + wait_s + entry.remaining_s - entry.deadline
+            self.on_fail(entry, DeadlineExceeded(
+                f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
+                f"late for the job to finish by its deadline ({wait_s * 1000:.1f} ms of work "
+                f"ahead of it, {entry.remaining_s * 1000:.1f} ms of work left on its critical "
+                "path); dropped",
+                detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
+            ), now)  # fmt: skip
+
     def _too_late(self, queue: TaskQueue, entry: QueuedTask, now: float) -> bool:
         """Shed ``entry`` (just popped) if its job can no longer finish by its deadline when
         it starts now (now plus its remaining critical path): its job is answered at once
@@ -287,10 +311,12 @@ class Lanes:
             return False
         left = entry.remaining_s
         model = entry.model
+        load = ""
         if model is not None and not (
             self.cache.is_resident(model) or self.cache.is_loading(model)
         ):
             left += entry.fetch_s  # its model must be copied in first
+            load = f", after {entry.fetch_s * 1000:.1f} ms to load model {model!r}"
         if now + left <= deadline:
             return False
         queue.finish(entry)
@@ -300,7 +326,7 @@ class Lanes:
         self.on_fail(entry, DeadlineExceeded(
             f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
             f"late for the job to finish by its deadline ({entry.remaining_s * 1000:.1f} ms "
-            "of work left on its critical path); dropped",
+            f"of work left on its critical path{load}); dropped",
             detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
         ), now)  # fmt: skip
         return True

@@ -134,6 +134,10 @@ class TaskQueue:
         self._queued_s = 0.0
         #: batch group -> its queued tasks (groups with none are removed)
         self._groups: dict[str, _Group] = {}
+        #: level above 0 -> expected seconds of its queued tasks (each as a run of its own)
+        self._raised: dict[int, float] = {}
+        #: queued tasks whose job has a deadline it does not finish past
+        self._timed = 0
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -168,6 +172,10 @@ class TaskQueue:
         self._count_in(entry)
 
     def _count_in(self, entry: QueuedTask) -> None:
+        if entry.deadline is not None and not entry.finish:
+            self._timed += 1
+        if entry.level > 0:
+            self._raised[entry.level] = self._raised.get(entry.level, 0.0) + entry.expected_s
         if entry.group is None:
             self._queued_s += entry.expected_s
             return
@@ -178,6 +186,15 @@ class TaskQueue:
         group.expected_s += entry.expected_s
 
     def _count_out(self, entry: QueuedTask) -> None:
+        if entry.deadline is not None and not entry.finish:
+            self._timed -= 1
+        level = entry.level
+        if level > 0:
+            left = self._raised[level] - entry.expected_s
+            if left > 1e-12:
+                self._raised[level] = left
+            else:
+                del self._raised[level]  # none left at this level (no float drift either)
         if entry.group is None:
             # no float drift once empty, and never below zero before that
             self._queued_s = max(0.0, self._queued_s - entry.expected_s) if self._ready else 0.0
@@ -235,6 +252,7 @@ class TaskQueue:
             entry.started_at = now
         if not self._ready:
             self._queued_s = 0.0
+            self._raised.clear()
         lead.run_s = max(e.expected_s for e in (lead, *mates)) * batch_scale(
             lead.scale, 1 + len(mates)
         )
@@ -265,15 +283,73 @@ class TaskQueue:
             self._ready = kept
             self._queued_s = 0.0
             self._groups.clear()
+            self._raised.clear()
+            self._timed = 0
             for item in kept:
                 self._count_in(item[3])
         return dropped
 
-    def wait_s(self, now: float) -> float:
+    def wait_s(self, now: float, level: int = 0) -> float:
         """Expected seconds before a task queued at ``now`` could start on a single lane (one
-        that ranks behind every queued task, as a new job's does)."""
+        that ranks behind every queued task of its ``level`` and above, as a new job's does:
+        the running work, then those tasks)."""
         remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
-        return self.queued_s + remaining
+        if level <= 0:
+            return self.queued_s + remaining
+        return remaining + sum(s for lv, s in self._raised.items() if lv >= level)
+
+    def late(self, now: float, lanes: int = 1) -> list[tuple[QueuedTask, float]]:
+        """The queued tasks whose jobs can no longer finish by their deadlines: in the order
+        the queue runs them, a task's expected start (the running work and the work ahead of
+        it, spread over ``lanes``) plus its job's remaining critical path is past the
+        deadline. The work of a late task does not count for those behind it (it will not
+        run). Lower priorities run last, so under overload they are the ones found late first.
+        Tasks whose job finishes anyway (``finish``) are never late. Each comes with the
+        seconds from ``now`` it would wait."""
+        if not self._timed:
+            return []
+        ahead = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
+        counted: dict[str, int] = {}
+        late: list[tuple[QueuedTask, float]] = []
+        for entry in self:
+            deadline = entry.deadline
+            if (
+                deadline is not None
+                and not entry.finish
+                and now + ahead / lanes + entry.remaining_s > deadline
+            ):
+                late.append((entry, ahead / lanes))
+                continue
+            group = entry.group
+            if group is None:
+                ahead += entry.expected_s
+            else:  # its share of the batches its group forms
+                k = counted.get(group, 0)
+                counted[group] = k + 1
+                size = self._groups[group].size
+                ahead += entry.expected_s * (
+                    _work(entry.scale, size, k + 1) - _work(entry.scale, size, k)
+                )
+        return late
+
+    def raised_s(self) -> dict[int, float]:
+        """Per level above 0 with queued tasks, their expected seconds (each as a run of its
+        own)."""
+        return dict(self._raised)
+
+    def lifted_s(self, now: float) -> tuple[float, ...]:
+        """:meth:`wait_s` at levels 1, 2, ... up to the highest level queued (at least 1), the
+        last one holding for every level above: what heartbeats report so that a planner
+        places a job above the lowest priority by the work that would run before it, not by
+        the lower levels' queues it overtakes."""
+        top = max(self._raised, default=1)
+        remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
+        waits: list[float] = []
+        above = sum(self._raised.values())
+        for level in range(1, top + 1):
+            waits.append(remaining + max(0.0, above))
+            above -= self._raised.get(level, 0.0)
+        return tuple(waits)
 
     def batchable(self, now: float, lanes: int = 1) -> dict[str, tuple[int, float]]:
         """Per model, the queued tasks that may batch: how many, and the expected seconds

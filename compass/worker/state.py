@@ -120,9 +120,10 @@ def _batch_group(task: Task) -> str:
 class ViewPort(Protocol):
     """What the core needs of the worker's view of the cluster."""
 
-    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
         """The view at ``now``, this worker's own state exact, the counted placements of job
-        ``without`` left out (:meth:`ClusterView.snapshot`)."""
+        ``without`` left out, the waits those of a task of ``priority``
+        (:meth:`ClusterView.snapshot`)."""
         ...
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
@@ -496,7 +497,7 @@ class WorkerCore:
         if ev.key is not None:
             self._keys[ev.key] = job.job_id
         self.stats.jobs_submitted += 1
-        view = self.view.snapshot(ev.now)
+        view = self.view.snapshot(ev.now, priority=ev.objective.priority)
         central = self.policy.planner(view)
         if central is not None and central != self.name:
             request = PlanRequest(job.job_id, workflow.name, self.name, job.input_bytes)
@@ -546,14 +547,12 @@ class WorkerCore:
         """Refuse ``job`` (:class:`DeadlineUnreachable`) when its plan, the best this policy
         found, already finishes after its deadline: nothing of it has been sent yet."""
         assert job.deadline is not None
-        view = self.view.snapshot(now, without=job.job_id)
+        # the waits of its priority: a job above the lowest runs ahead of the lower levels' work
+        view = self.view.snapshot(now, without=job.job_id, priority=job.objective.priority)
         costs = self._costs.get(job.workflow, self.profiles, view.names)
-        # a job above the lowest priority runs ahead of the queued work of lower ones, which is
-        # most of what the view's waits count: it is refused only if it would miss on idle
-        # workers, and dropped later if the work of its own level and above makes it late
         finish = plan_finish_s(
             costs, plan, view, now, ingress=self.name, input_bytes=job.input_bytes,
-            host_lanes=self.host_lanes, use_load=job.objective.priority == 0,
+            host_lanes=self.host_lanes,
         )  # fmt: skip
         if finish > job.deadline:
             self.stats.jobs_unreachable += 1
@@ -604,14 +603,14 @@ class WorkerCore:
             )
 
     def _info(self, job: IngressJob) -> JobInfo:
-        return JobInfo(job.job_id, job.workflow, self.name, job.input_bytes)
+        return JobInfo(job.job_id, job.workflow, self.name, job.input_bytes, job.objective.priority)
 
     def _plan_here(
         self, info: JobInfo, now: float, view: ViewSnapshot | None = None
     ) -> dict[str, str]:
         """Plan on ``view`` (a fresh snapshot when None: nothing changed since it was taken)."""
         if view is None:
-            view = self.view.snapshot(now, without=info.job_id)
+            view = self.view.snapshot(now, without=info.job_id, priority=info.priority)
         plan = self.policy.plan(info, view, self.profiles, now)
         self._note_placements(info, plan, now)
         return plan
@@ -981,8 +980,8 @@ class WorkerCore:
         """Re-place the successors of ``entry`` (the paper's dynamic adjustment); the
         ingress hears of every move."""
         plan = entry.plan
-        info = JobInfo(entry.job_id, workflow, entry.ingress, 0)
-        view = self.view.snapshot(now, without=entry.job_id)
+        info = JobInfo(entry.job_id, workflow, entry.ingress, 0, entry.level)
+        view = self.view.snapshot(now, without=entry.job_id, priority=entry.level)
         adjusted = adjust_successors(self.policy, info, entry.task, plan, view, self.profiles, now)
         moved = {t: adjusted[t] for t in workflow.order if adjusted[t] != plan[t]}
         if not moved:

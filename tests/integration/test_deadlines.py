@@ -113,3 +113,36 @@ def test_the_cli_refuses_an_unreachable_deadline_in_one_line(
         worker.wait(30)
         if worker.stdout is not None:
             worker.stdout.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_under_overload_the_lower_priority_is_shed_and_every_job_answered_once(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    """24 level-0 chains, then 6 level-1 ones, all due in 1.5 s, on one lane that runs about
+    ten chains a second: the level-1 jobs overtake and all make it; level-0 jobs that can no
+    longer make it are refused or dropped from the queue, none is lost."""
+    args = ["--workload", spec(tmp_path), "--lanes", "1", "--no-warm"]
+    async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
+        assert await client.submit("chain", data=DATA) is not None  # the model is resident
+        low = [client.submit("chain", deadline_ms=1500, data=DATA) for _ in range(24)]
+        low_jobs = [asyncio.ensure_future(c) for c in low]
+        await asyncio.sleep(0.05)
+        high = [client.submit("chain", deadline_ms=1500, priority=1, data=DATA) for _ in range(6)]
+        high_results = await asyncio.gather(*high, return_exceptions=True)
+        low_results = await asyncio.gather(*low_jobs, return_exceptions=True)
+        assert all(r is not None and not isinstance(r, BaseException) for r in high_results), (
+            high_results
+        )
+        refused = [r for r in low_results if isinstance(r, DeadlineUnreachable)]
+        dropped = [r for r in low_results if isinstance(r, DeadlineExceeded)]
+        done = [r for r in low_results if not isinstance(r, BaseException)]
+        assert len(refused) + len(dropped) + len(done) == 24, low_results
+        assert dropped, low_results  # admitted, then overtaken: shed from the queue
+        assert done  # the lane kept serving the level-0 jobs that still could make it
+        status = await status_when(client, idle, tries=500)
+        assert idle(status), status
+        slo = status["slo"]["chain"]
+        assert slo["1"]["met"] == 6 and slo["0"]["dropped"] == len(dropped)
+        assert status["stats"]["tasks_shed"] >= len(dropped)

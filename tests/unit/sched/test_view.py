@@ -352,3 +352,42 @@ def test_a_placed_batchable_task_joins_a_batch_waiting_there_or_leads_the_next()
     assert view.snapshot(0.001).wait_s[q] == pytest.approx(1.8)
     # the heartbeat's own rows are left as they were
     assert (view.snapshot(0.001, without="j1").batched("m") or ((),))[0][p] == 3
+
+
+def test_a_snapshot_at_a_priority_shows_the_waits_that_level_sees() -> None:
+    view = ClusterView("me", heartbeat_s=0.01)
+    view.update_self(WorkerState("me", 3.0, frozenset(), GB, GB, lifted_s=(0.5,)))
+    # p: 4 s queued in all, 1 s of it at level 1 and above, 0.25 s at level 2 and above
+    view.apply_heartbeat(
+        WorkerState("p", 4.0, frozenset(), GB, GB, seq=1, lifted_s=(1.0, 0.25)), now=0.0
+    )
+    view.apply_heartbeat(state("old", wait=2.0, seq=1), now=0.0)  # predates lifted waits
+    names = view.snapshot(0.0).names
+    me, p, old = (names.index(n) for n in ("me", "p", "old"))
+    assert list(view.snapshot(0.0).wait_s[[me, p, old]]) == [3.0, 4.0, 2.0]
+    assert list(view.snapshot(0.0, priority=1).wait_s[[me, p, old]]) == [0.5, 1.0, 2.0]
+    assert list(view.snapshot(0.0, priority=7).wait_s[[me, p, old]]) == [0.5, 0.25, 2.0]
+    # a placement counts in the waits of its own level and those below, not above
+    view.note_placement("p", Placement(2.0, job="j", priority=1), now=0.0)
+    assert view.snapshot(0.001).wait_s[p] == 6.0
+    assert view.snapshot(0.001, priority=1).wait_s[p] == 3.0
+    assert view.snapshot(0.001, priority=2).wait_s[p] == 0.25
+    assert view.snapshot(0.001, without="j", priority=1).wait_s[p] == 1.0
+    # a newer heartbeat replaces the level waits
+    view.apply_heartbeat(
+        WorkerState("p", 4.0, frozenset(), GB, GB, seq=2, lifted_s=(3.5,)), now=0.1
+    )
+    assert view.snapshot(0.1, priority=2).wait_s[p] == 3.5
+
+
+def test_level_waits_round_trip_and_are_checked() -> None:
+    lifted = WorkerState("p", 4.0, frozenset(), GB, GB, lifted_s=(1.0, 0.25))
+    back = WorkerState.from_wire(msgpack.unpackb(msgpack.packb(lifted.to_wire())))
+    assert back.lifted_s == (1.0, 0.25) and back.wait_at(0) == 4.0 and back.wait_at(5) == 0.25
+    assert "wl" not in state("q").to_wire()  # left out when there are none
+    with pytest.raises(ProtocolError, match="lifted_s"):
+        WorkerState.from_wire({**lifted.to_wire(), "wl": [1.0, -2.0]})
+    with pytest.raises(ProtocolError, match="'wl'"):
+        WorkerState.from_wire({**lifted.to_wire(), "wl": 3})
+    with pytest.raises(ConfigError, match="lifted_s"):
+        WorkerState("p", 1.0, frozenset(), GB, GB, lifted_s=(0.0,) * 10)

@@ -156,3 +156,26 @@ def test_names_must_be_sorted() -> None:
         ClusterState(
             ("w1", "w0"), ["m"], [GB, GB], lanes=1, heartbeat_s=HB, staleness_s=HB, settle_s=HB
         )
+
+
+def test_a_view_at_a_priority_shows_running_work_and_the_queued_work_of_that_level_up() -> None:
+    state = make_state(staleness=0.0)
+    state.advance(0.0)
+    # w1: 3 s queued in all, of which 1 s at level 1 and 0.5 s at level 2; a run ends at 0.4
+    state.queue_changed(1, 3.0, (0.4,), None, {1: 1.0, 2: 0.5})
+    state.queue_changed(2, 2.0, ())  # w2: only level-0 work
+    at = 0.105  # shows tick 10 (t = 0.1): 0.3 s of the run left
+    assert look(state, 0, at).wait_s[1] == pytest.approx(3.3)
+    high = state.snapshot(0, at, 0.25, priority=1)
+    assert high.wait_s[0] == 0.25  # its own wait, as the caller computed it for the level
+    assert high.wait_s[1] == pytest.approx(1.8) and high.wait_s[2] == 0.0
+    assert state.snapshot(0, at, 0.0, priority=2).wait_s[1] == pytest.approx(0.8)
+    # a placement counts at its own level and below only
+    state.note_placement(0, 2, Placement(1.0, job="j", priority=1), at)
+    assert state.snapshot(0, at, 0.0, priority=1).wait_s[2] == pytest.approx(1.0)
+    assert state.snapshot(0, at, 0.0, priority=2).wait_s[2] == 0.0
+    assert state.snapshot(0, at, 0.0).wait_s[2] == pytest.approx(3.0)
+    state.advance(0.2)
+    state.queue_changed(1, 3.0, (0.4,))  # the level-1 and 2 work is gone
+    state.advance(0.21)  # publishes tick 21 (t = 0.21): 0.19 s of the run left
+    assert state.snapshot(0, 0.21, 0.0, priority=1).wait_s[1] == pytest.approx(0.19)

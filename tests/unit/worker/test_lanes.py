@@ -293,3 +293,29 @@ def test_a_task_is_shed_when_its_model_load_would_make_its_job_late() -> None:
     h.lanes.submit(due("cold-but-early", "b", 9.0), 1.0)  # time for both: its model loads
     assert [s.model for s in h.take() if isinstance(s, LoadModel)] == ["b"]
     assert h.lanes.shed == 1
+
+
+def test_queued_tasks_that_can_no_longer_make_it_are_shed_lower_priorities_first() -> None:
+    import dataclasses
+
+    from compass.errors import DeadlineExceeded
+
+    h = Harness()
+    loaded(h.cache, "a")
+    busy = entry("busy")
+    h.lanes.submit(busy, 0.0)  # holds the one lane until 1.0
+    assert h.runs() == ["busy"]
+    for task, level in (("low-1", 0), ("high-1", 1), ("low-2", 0), ("high-2", 1)):
+        # 1 s each, 1 s of work left on the job's path, due at 3.5 s: after the busy task,
+        # two of the four can start by 2.5 s
+        h.lanes.submit(
+            dataclasses.replace(entry(task), level=level, deadline=3.5, remaining_s=1.0), 0.0
+        )
+    assert not h.failed  # nothing is shed while no lane frees
+    h.lanes.ended(busy, 1.0)
+    h.lanes.fill(1.0)
+    assert h.runs() == ["high-1"]
+    assert sorted(task for task, _ in h.failed) == ["low-1", "low-2"]
+    assert all(isinstance(error, DeadlineExceeded) for _, error in h.failed)
+    assert "500.0 ms too late" in str(h.failed[0][1])  # 2 s of high work ahead of it at 1 s
+    assert h.lanes.shed == 2 and len(h.lanes.queue) == 1  # high-2 still runs in time

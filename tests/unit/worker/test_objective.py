@@ -176,10 +176,17 @@ def test_a_workflow_s_objective_is_the_deadline_of_a_job_without_one() -> None:
         del test_state.WORKFLOWS["timed"]
 
 
-def test_a_higher_priority_job_is_refused_only_if_it_would_miss_on_idle_workers() -> None:
+def test_a_higher_priority_job_is_admitted_by_the_waits_of_its_own_level() -> None:
     c, view = core("a", ("a", "b"))
-    view.waits.update(a=5.0, b=5.0)  # queues of lower-priority work it will run ahead of
+    view.waits.update(a=5.0, b=5.0)  # 5 s queued on each worker...
+    view.lifted.update(a=(0.1,), b=(0.1,))  # ...but only 0.1 s runs before a level-1 task
     job, steps = submit_with(c, Objective(deadline_s=1.0, priority=1))
     assert of(Answer, steps) == [] and job in c.jobs  # admitted: it overtakes those queues
-    _, steps = submit_with(c, Objective(deadline_s=0.15, priority=1))  # < 0.2 s of work
+    assert view.priorities[-1] == 1  # planned and admitted on its level's waits
+    (run,) = of(RunTask, steps)
+    assert run.entry.level == 1
+    _, steps = submit_with(c, Objective(deadline_s=1.0))  # the same deadline at level 0
+    assert isinstance(one(Answer, steps).error, DeadlineUnreachable)
+    view.lifted.update(a=(2.0,), b=(2.0,))  # 2 s of work of level 1 and above queued
+    _, steps = submit_with(c, Objective(deadline_s=1.0, priority=1))
     assert isinstance(one(Answer, steps).error, DeadlineUnreachable)

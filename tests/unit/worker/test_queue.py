@@ -131,3 +131,61 @@ def test_a_higher_priority_runs_first_then_each_level_by_its_jobs_deadlines() ->
     # within a level the job's own deadline ranks a task where the internal one would
     queue.push(dataclasses.replace(entry("low-deadline", priority=8.0, at=3.0), deadline=0.2))
     assert drain(queue) == ["high-soon", "high-late", "low-deadline", "low-soon"]
+
+
+def raised(name: str, level: int, seconds: float = 1.0, **kw: object) -> QueuedTask:
+    return dataclasses.replace(entry(name, seconds=seconds), level=level, **kw)  # type: ignore[arg-type]
+
+
+def test_a_higher_priority_waits_only_for_running_work_and_its_own_level_and_above() -> None:
+    queue = TaskQueue()
+    queue.push(entry("running", seconds=2.0))
+    assert queue.pop(0.0) is not None  # 2 s of running work, ending at 2.0
+    queue.push(entry("low", seconds=5.0))
+    queue.push(raised("one", 1, 0.5))
+    queue.push(raised("three", 3, 0.25))
+    at = 1.0  # 1 s of the running task left
+    assert queue.wait_s(at) == 1.0 + 5.0 + 0.5 + 0.25
+    assert queue.wait_s(at, 1) == 1.0 + 0.5 + 0.25
+    assert queue.wait_s(at, 2) == queue.wait_s(at, 3) == 1.0 + 0.25
+    assert queue.wait_s(at, 9) == 1.0
+    # what heartbeats carry: levels 1..3, the last holding for every level above
+    assert queue.lifted_s(at) == (1.75, 1.25, 1.25)
+    assert queue.raised_s() == {1: 0.5, 3: 0.25}
+    assert drain(queue) == ["three", "one", "low"]
+    assert queue.raised_s() == {} and queue.lifted_s(at) == (1.0,)  # "running" is left
+
+
+def test_an_empty_queue_lifts_nothing_but_the_running_work() -> None:
+    queue = TaskQueue()
+    assert queue.lifted_s(0.0) == (0.0,)
+    queue.push(entry("low", seconds=3.0))
+    assert queue.lifted_s(0.0) == (0.0,)  # a level-1 task would overtake it
+    dropped = queue.drop(lambda e: True)
+    assert [e.task for e in dropped] == ["low"] and queue.wait_s(0.0, 1) == 0.0
+
+
+def test_late_finds_queued_tasks_that_cannot_make_their_deadline_lowest_levels_first() -> None:
+    queue = TaskQueue()
+    # four 1 s tasks, each with 1 s of work left on its job's path and a deadline at 2.5 s:
+    # only the first two in queue order can start by 1.5 s
+    for name, level in (("low-a", 0), ("high-a", 1), ("low-b", 0), ("high-b", 1)):
+        queue.push(raised(name, level, deadline=2.5, remaining_s=1.0))
+    late = queue.late(0.0)
+    assert [e.task for e, _ in late] == ["low-a", "low-b"]  # the high ones run first
+    # a late task's work does not hold up those behind it
+    queue = TaskQueue()
+    queue.push(raised("doomed", 1, 5.0, deadline=1.0, remaining_s=5.0))
+    queue.push(raised("fine", 0, 1.0, deadline=1.5, remaining_s=1.0))
+    assert [e.task for e, _ in queue.late(0.0)] == ["doomed"]
+
+
+def test_late_spreads_the_work_ahead_over_the_lanes_and_spares_finish_anyway_jobs() -> None:
+    queue = TaskQueue()
+    for name in ("a", "b", "c"):
+        queue.push(raised(name, 0, deadline=2.5, remaining_s=1.0))
+    # ranks after them, and starts too late, but its job finishes anyway
+    queue.push(raised("stubborn", 0, deadline=2.6, remaining_s=1.0, finish=True))
+    queue.push(entry("no-deadline", at=9.0))
+    assert [e.task for e, _ in queue.late(0.0, lanes=1)] == ["c"]
+    assert queue.late(0.0, lanes=2) == []

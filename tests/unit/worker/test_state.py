@@ -6,6 +6,7 @@ Each test names the rule it guards and would fail if that rule were broken.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -99,13 +100,19 @@ class FakeView:
         self.jobs: list[str] = []  # the job each placement named
         self.without: list[str] = []  # the job each snapshot left out
         self.removed: list[str] = []
+        #: per worker, the waits of priorities 1, 2, ... (WorkerState.lifted_s; none: waits)
+        self.lifted: dict[str, tuple[float, ...]] = {}
+        self.priorities: list[int] = []  # the priority each snapshot was taken at
 
-    def snapshot(self, now: float, without: str = "") -> ViewSnapshot:
+    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
         self.without.append(without)
-        return ViewSnapshot.build(
-            WorkerState(n, w, frozenset(self.models), 10 * GB, 10 * GB)
+        self.priorities.append(priority)
+        states = [
+            WorkerState(n, w, frozenset(self.models), 10 * GB, 10 * GB,
+                        lifted_s=self.lifted.get(n, ()))
             for n, w in self.waits.items()
-        )
+        ]  # fmt: skip
+        return ViewSnapshot.build(replace(s, wait_s=s.wait_at(priority)) for s in states)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self.placed.append((worker, placed.seconds))
