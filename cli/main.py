@@ -1261,6 +1261,31 @@ def bench_batching(
     )
 
 
+@bench_app.command("scale")
+def bench_scale(
+    workers: Annotated[
+        str, typer.Option(help="Comma-separated cluster sizes, each at least 2.")
+    ] = "2,4,8,16",
+    seconds: Annotated[
+        float, typer.Option(help="Seconds of each measured window (idle, then a job stream).")
+    ] = 10.0,
+    probes: Annotated[
+        int, typer.Option(min=1, help="Queue changes timed per size (spread p99).")
+    ] = 20,
+    json_path: JsonPath = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
+) -> None:
+    """What the full mesh costs each worker as the cluster grows: CPU idle and under a light
+    job stream, messages and bytes sent, connections, RSS, and the time to drop a killed
+    worker and to spread a queue change, on real local clusters of each size."""
+    from compass._bench import scale
+
+    config = scale.ScaleConfig(workers=scale.parse_sizes(workers), seconds=seconds, probes=probes)
+    _check_output(json_path, "--json")
+    _check_plot(plot)
+    scale.run(config, json_path=json_path, plot_path=plot)
+
+
 @app.command()
 def sim(
     workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
