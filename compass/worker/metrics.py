@@ -16,10 +16,15 @@ tests, never share a metric. Three kinds of metric live in it:
 
 With ``--metrics-port`` the worker serves, on its own event loop (so a scrape reads a
 consistent state and the socket closes with the worker), ``GET /metrics`` (the text exposition
-format) and ``GET /ready`` (200 once the worker serves, 503 while it starts, stops or is
-degraded: a Kubernetes readiness probe). The HTTP side is deliberately tiny: one request per
-connection, GET or HEAD, headers capped at 8 KiB and read within 5 s, at most 32
-connections at once.
+format), ``GET /ready`` (200 once the worker serves, 503 while it starts, stops or is
+degraded: a Kubernetes readiness probe), and the live dashboard: its page at ``GET /`` and the
+JSON it reads, ``GET /api/cluster`` and ``GET /api/worker`` (:mod:`compass.worker.dashboard`).
+The HTTP side is deliberately tiny: one request per connection, GET or HEAD, headers capped at
+8 KiB and read within 5 s, at most 32 connections at once.
+
+Every task's span and every answered job also go to :attr:`WorkerMetrics.timeline` (a
+bounded ring, :mod:`compass.worker.timeline`), whether or not anything serves them: a peer's
+dashboard asks for them over the peer channel.
 
 Seconds are on the worker's clock: in emulated mode (``--workload``) that is workload time,
 as in ``compass status``.
@@ -49,6 +54,8 @@ from prometheus_client.registry import Collector
 import compass
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
+from compass.worker import dashboard
+from compass.worker.timeline import Timeline
 
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome
@@ -85,6 +92,9 @@ class WorkerMetrics:
         #: histograms are observed only when something can scrape them (``--metrics-port``):
         #: four observations per task are a tenth of a tiny task's control-plane cost
         self.enabled = worker.config.metrics_port is not None
+        #: the recent task spans and answered jobs (the dashboard's task stream and latencies);
+        #: the worker's clock is read through it, as it is set after this object is made
+        self.timeline = Timeline(clock=lambda: worker.clock(), time_scale=worker.config.time_scale)
         self.registry = CollectorRegistry()
         self.job_latency = Histogram(
             "compass_job_latency_seconds",
@@ -162,8 +172,12 @@ class WorkerMetrics:
             outcome = "failed" if waited else "cancelled"
         self.jobs[outcome] += 1
         deadline_s = record.get("deadline_s")
+        kept = outcome
         if deadline_s is not None:
-            self._slo_answered(record, error, float(deadline_s), latency)
+            deadline_s = float(deadline_s)
+            kept = self._slo_answered(record, error, deadline_s, latency)
+        priority = int(record.get("priority", 0))
+        self.timeline.job_answered(job, workflow, latency, deadline_s, kept, priority)
         if self.enabled:
             self.job_latency.labels(workflow, outcome).observe(latency)
         if outcome == "ok" and not log.isEnabledFor(logging.DEBUG):
@@ -180,13 +194,15 @@ class WorkerMetrics:
     def _slo_answered(
         self, record: Mapping[str, Any], error: CompassError | None, deadline_s: float,
         latency: float,
-    ) -> None:  # fmt: skip
+    ) -> str:  # fmt: skip
+        """Count a job with a deadline; returns its outcome, one of :data:`SLO_OUTCOMES`."""
         outcome = outcome_of(error)
         if outcome == "ok":
             outcome = "met" if latency <= deadline_s else "late"
         key = (str(record.get("workflow", "")), int(record.get("priority", 0)))
         counts = self.slo.setdefault(key, dict.fromkeys(SLO_OUTCOMES, 0))
         counts[outcome] += 1
+        return outcome
 
     def slo_summary(self) -> dict[str, dict[str, dict[str, float]]]:
         """For ``compass status``: per workflow and priority, the jobs with a deadline by
@@ -201,6 +217,7 @@ class WorkerMetrics:
 
     def task_finished(self, outcome: TaskOutcome) -> None:
         """A task ended on this worker (ran, failed, timed out or was refused)."""
+        self.timeline.task_ended(outcome)
         entry = outcome.entry
         if outcome.first and entry.model is not None:  # a batch is one run, of its size
             runs = self.batches.setdefault(entry.model, {})
@@ -253,7 +270,8 @@ class WorkerMetrics:
     # -- the endpoint -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Serve ``/metrics`` and ``/ready`` if the worker's config asks for it."""
+        """Serve ``/metrics``, ``/ready`` and the dashboard if the worker's config asks for
+        it."""
         config = self._worker.config
         if config.metrics_port is None:
             return
@@ -269,7 +287,8 @@ class WorkerMetrics:
             ) from exc
         bound = self._server.sockets[0].getsockname()
         self.address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
-        log.info("metrics on http://%s/metrics, readiness on /ready", self.address)
+        log.info("metrics on http://%s/metrics, readiness on /ready, dashboard on /",
+                 self.address)  # fmt: skip
 
     async def aclose(self) -> None:
         """Stop serving (idempotent); a probe then fails, as it should for a stopping worker."""
@@ -321,7 +340,7 @@ class WorkerMetrics:
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
             await _reply(writer, 400, b"expected 'GET /metrics HTTP/1.1'\n")
             return
-        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        method, (target, _, query) = parts[0], parts[1].partition(b"?")
         if method not in (b"GET", b"HEAD"):
             await _reply(writer, 405, b"only GET and HEAD\n", head_only=False)
             return
@@ -336,8 +355,31 @@ class WorkerMetrics:
         elif target in (b"/ready", b"/readyz"):
             ok, why = self.is_ready()
             await _reply(writer, 200 if ok else 503, why.encode() + b"\n", head_only=head_only)
+        elif target in (b"/", b"/index.html"):
+            await _reply(writer, 200, dashboard.page(), "text/html; charset=utf-8",
+                         head_only=head_only, headers=dashboard.PAGE_HEADERS)  # fmt: skip
+        elif target in (b"/api/cluster", b"/api/worker"):
+            await self._api(writer, target == b"/api/cluster", query, head_only)
         else:
-            await _reply(writer, 404, b"try /metrics or /ready\n", head_only=head_only)
+            await _reply(writer, 404, b"try /, /metrics, /ready, /api/cluster or /api/worker\n",
+                         head_only=head_only)  # fmt: skip
+
+    async def _api(
+        self, writer: asyncio.StreamWriter, cluster: bool, query: bytes, head_only: bool
+    ) -> None:
+        """The dashboard's JSON: every worker's part (gathered from the peers) or this one's."""
+        try:
+            window = dashboard.window_of(query.decode("ascii"))
+        except (UnicodeDecodeError, CompassError) as exc:
+            await _reply(writer, 400, f"{exc}\n".encode(), head_only=head_only)
+            return
+        if cluster:
+            view = await dashboard.cluster_view(self._worker, window)
+        else:
+            view = dashboard.local_view(self._worker, window)
+        # a large cluster's first read is a few MB of spans: written in a thread, as /metrics
+        body = await asyncio.to_thread(dashboard.to_json, view)
+        await _reply(writer, 200, body, "application/json", head_only=head_only)
 
 
 class _Snapshot:
@@ -370,10 +412,13 @@ async def _reply(
     content_type: str = "text/plain; charset=utf-8",
     *,
     head_only: bool = False,
+    headers: str = "",
 ) -> None:
+    """Answer with ``body``; ``headers``: more header lines, each ending in CRLF."""
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\nCache-Control: no-store\r\n"
+        f"{headers}"
     )
     if status == 405:
         head += "Allow: GET, HEAD\r\n"

@@ -32,6 +32,7 @@ from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
 from compass.wire.transport import Server, serve
+from compass.worker import dashboard
 from compass.worker.executor import TaskOutcome, TaskRunner
 from compass.worker.gossip import Gossip
 from compass.worker.lanes import Lanes
@@ -125,6 +126,7 @@ class Worker:
             task_timeout_s=config.task_timeout_s,
         )
         self.router = make_router(self)
+        dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
         #: the last answered jobs of this ingress, for benchmarks and `compass status`
         self.trace: deque[dict[str, Any]] = deque(maxlen=config.trace_jobs)
         #: the client's future of each job this worker is the ingress of
