@@ -32,6 +32,7 @@ from compass.cluster import LocalCluster
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.sim.arrivals import Arrival, job_arrivals
+from compass.sim.goodput import priorities
 from compass.wire.transport import new_event_loop
 from compass.workflow.batching import BATCH_GAINS, apply_batching
 from compass.workflow.best import best_time_s
@@ -68,12 +69,19 @@ class E2EConfig:
     #: every job's deadline, as a multiple of its workflow's best time (None: no deadline);
     #: the summary then holds goodput, attainment, and the jobs refused and dropped
     deadline_x: float | None = None
+    #: with ``deadline_x``: the fraction of jobs at priority 1 (the rest at 0), drawn as the
+    #: simulator's goodput draws them
+    priority_mix: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.jobs < 1:
             raise ConfigError("e2e needs at least one worker and one job")
         if self.deadline_x is not None and not 1 <= self.deadline_x < float("inf"):
             raise ConfigError(f"--deadline-x must be >= 1, got {self.deadline_x!r}")
+        if self.priority_mix and self.deadline_x is None:
+            raise ConfigError("--priority-mix needs --deadline-x (priorities matter to goodput)")
+        if not 0 <= self.priority_mix <= 1:
+            raise ConfigError(f"--priority-mix must be in [0, 1], got {self.priority_mix!r}")
         if not 0 < self.time_scale <= 10:
             raise ConfigError(f"--time-scale must be in (0, 10], got {self.time_scale}")
         if self.batch_gain is not None and self.batch_gain not in BATCH_GAINS:
@@ -142,12 +150,14 @@ async def run_policy(
             for wf in workload.workflows
         }
         shed: Counter[str] = Counter()
+        levels = priorities(len(arrivals), config.priority_mix, config.seed)
+        level_of = {id(a): level for a, level in zip(arrivals, levels, strict=True)}
 
         async def submit(arrival: Arrival) -> None:
             try:
                 await clients[arrival.client].submit(
                     arrival.workflow, timeout=600, deadline_ms=deadlines[arrival.workflow],
-                    **payloads[arrival.workflow],
+                    priority=level_of[id(arrival)], **payloads[arrival.workflow],
                 )  # fmt: skip
             except CompassError as exc:
                 shed[outcome_of(exc)] += 1
@@ -168,6 +178,12 @@ async def run_policy(
         summary["goodput"] = config.load * met / len(arrivals)  # x the workload's rate
         summary["refused"] = shed["unreachable"]
         summary["dropped"] = shed["dropped"]
+        by_level: dict[str, list[bool]] = {}
+        for level, sd in zip(levels, summary["slowdowns"], strict=True):
+            by_level.setdefault(str(level), []).append(sd is not None and sd <= x)
+        summary["attainment_by_priority"] = {
+            level: sum(met_) / len(met_) for level, met_ in sorted(by_level.items())
+        }
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
     return summary
@@ -424,9 +440,13 @@ def run(
         if config.deadline_x is not None:
             print(f"deadlines {config.deadline_x:g}x best time, load {config.load:g}:")
             for policy, summary in results.items():
+                levels = ", ".join(
+                    f"p{level} {share:.0%}"
+                    for level, share in summary["attainment_by_priority"].items()
+                )
                 print(f"  {policy}: goodput {summary['goodput']:.2f}x the rate, attainment "
-                      f"{summary['attainment']:.0%}, refused {summary['refused']}, dropped "
-                      f"{summary['dropped']}")  # fmt: skip
+                      f"{summary['attainment']:.0%} ({levels}), refused {summary['refused']}, "
+                      f"dropped {summary['dropped']}")  # fmt: skip
         report.print_results(
             results,
             name=f"{workload.name} on {config.workers} worker processes",

@@ -1039,6 +1039,9 @@ def bench_e2e(
         float | None,
         typer.Option(help="Give every job a deadline of X times its best time: goodput."),
     ] = None,
+    priority_mix: Annotated[
+        float, typer.Option(help="With --deadline-x: the fraction of jobs at priority 1.")
+    ] = 0.0,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
@@ -1064,6 +1067,7 @@ def bench_e2e(
         heartbeat_min_ms=heartbeat_min_ms,
         host_lanes=host_lanes,
         deadline_x=deadline_x,
+        priority_mix=priority_mix,
         **_batching(batching, batch_gain),
     )
     if capacity:

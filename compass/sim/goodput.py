@@ -29,10 +29,19 @@ from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-__all__ = ["GoodputRun", "goodput_for_workload", "run_summary"]
+__all__ = ["GoodputRun", "goodput_for_workload", "priorities", "run_summary"]
 
 #: (policy, shed, seed, load) -> the run's jobs, for tests and callers that reuse runs
 GoodputRun = Callable[[str, bool, int, float], Sequence[JobRecord]]
+
+
+def priorities(jobs: int, mix: float, seed: int) -> list[int]:
+    """Each of ``jobs`` arrivals' priority: 1 for a fraction ``mix`` of them (drawn from
+    ``seed``, the same whatever the policy, in the simulator and on a real cluster), else 0."""
+    if not 0 <= mix <= 1:
+        raise ConfigError(f"--priority-mix must be a fraction in [0, 1], got {mix!r}")
+    draw = random.Random(seed * 1_000_003 + 17)
+    return [1 if draw.random() < mix else 0 for _ in range(jobs)]
 
 
 def run_summary(jobs: Sequence[JobRecord], load: float) -> dict[str, Any]:
@@ -85,14 +94,10 @@ def simulator_goodput_run(
             flows, jobs, process=arrival, mean_interval_s=interval_s, load=load, cv=cv,
             seed=seed, weights=weights,
         )  # fmt: skip
-        draw = random.Random(seed * 1_000_003 + 17)  # the priorities, the same for every policy
+        levels = priorities(len(arrivals), priority_mix, seed)
         objective = [
-            Objective(
-                deadline_s=deadline_x * best[a.workflow],
-                priority=1 if draw.random() < priority_mix else 0,
-                finish=not shed,
-            )
-            for a in arrivals
+            Objective(deadline_s=deadline_x * best[a.workflow], priority=level, finish=not shed)
+            for a, level in zip(arrivals, levels, strict=True)
         ]
         arrivals = [replace(a, objective=o) for a, o in zip(arrivals, objective, strict=True)]
         result = simulate(

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from compass._bench import e2e
+from compass.errors import ConfigError
 from compass.sim.arrivals import Arrival
 from compass.sim.engine import simulate
+from compass.sim.goodput import priorities
 from compass.workflow.spec import load_workload
 
 from .conftest import PAPER, compass_argv
@@ -180,7 +182,7 @@ async def test_a_real_run_with_deadlines_reports_goodput_refusals_and_drops() ->
     # 8x the paper's rate on 2 workers with deadlines of 1.5x the best time: far past capacity
     config = e2e.E2EConfig(
         workload=PAPER, workers=2, jobs=24, time_scale=0.02, policies=("compass",), load=8.0,
-        deadline_x=1.5,
+        deadline_x=1.5, priority_mix=0.5,
     )  # fmt: skip
     workload = load_workload(PAPER)
     arrivals = e2e.arrivals_for(config, workload)
@@ -190,6 +192,18 @@ async def test_a_real_run_with_deadlines_reports_goodput_refusals_and_drops() ->
     assert summary["refused"] + summary["dropped"] >= 1  # shed, not queued for ever
     assert summary["goodput"] == pytest.approx(8.0 * summary["attainment"])
     assert 0.0 <= summary["attainment"] <= summary["completed"] / 24
+    by_level = summary["attainment_by_priority"]
+    levels = priorities(24, 0.5, config.seed)
+    assert set(by_level) == {str(level) for level in levels}
+    shares = [by_level[str(level)] for level in levels]
+    assert summary["attainment"] == pytest.approx(sum(shares) / 24)  # each job counted once
+
+
+def test_a_priority_mix_needs_deadlines() -> None:
+    with pytest.raises(ConfigError, match="--priority-mix needs --deadline-x"):
+        e2e.E2EConfig(priority_mix=0.3)
+    with pytest.raises(ConfigError, match="fraction"):
+        priorities(3, 1.5, 0)
 
 
 def _children(pid: int) -> list[int]:
