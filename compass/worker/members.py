@@ -1,0 +1,515 @@
+"""The member table, sans-IO: whom one worker knows in its cluster, live or lost, and the rules
+that decide who joins, who is dropped, who is retried and who is forgotten.
+
+:meth:`MemberTable.handle` is the only way the table's state changes: an event goes in (each
+carries ``now``, on the worker's clock), decisions come out, in the order they must be carried
+out. The table imports no asyncio and no socket code and reads no clock; its randomness (the
+retries' jitter) comes from the ``random.Random`` it is given, so a seeded table fed the same
+events makes the same decisions. The asyncio adapter (:class:`~compass.worker.membership.
+Membership`) holds the channels and tasks: it turns what happens on the wire into events and
+carries out the decisions (install or close a channel, dial an address, log).
+
+The rules (after SWIM, as memberlist and Serf apply them):
+
+- Every worker ever seen is remembered (:class:`Member`: name, address, incarnation, instance).
+  A live one (a *peer*) is removed when it falls silent (:class:`Expire`), its connection
+  breaks (:class:`Remove`) or it says it leaves (:class:`Left`). A removed one is retried, each
+  on its own :class:`Backoff` (:class:`Dial` at each :class:`Tick` when due), until it answers;
+  one lost for :attr:`MemberTable.forget_after_s` (a day, Serf's reconnect timeout) is forgotten,
+  one that left after :data:`FORGET_LEFT_AFTER_S`, retried soon and often meanwhile
+  (:data:`LEFT_BACKOFF`).
+- Each worker has an *incarnation*, 0 when it starts. Whoever removes a peer remembers the
+  incarnation it declared it dead at, and says so in the next join handshake between the two
+  (whichever side dials); the peer then takes the next incarnation (:class:`Refuted`).
+  Heartbeats carry it: one of an older incarnation than the one recorded is stale, a newer one
+  is adopted (:class:`HeardFrom`).
+- Names are unique. Each worker process has a random *instance* id; a join under the name of a
+  live peer of another instance is refused (:class:`Refuse` with a
+  :class:`~compass.errors.ConfigError`), unless the newcomer says it listens where that peer
+  listens: only one process can, so it is a restart, and the old instance is removed first.
+- A worker with no peer at all joins through its seeds again, on :attr:`MemberTable.backoff`.
+
+The events, the decisions and the join handshake (:class:`~.member_events.Hello`) are defined
+in :mod:`~compass.worker.member_events`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from compass.errors import ConfigError, WorkerUnavailable
+from compass.worker.member_events import (
+    Close,
+    Decision,
+    Dial,
+    Duplicate,
+    Event,
+    Expire,
+    Forgot,
+    Fresh,
+    HeardFrom,
+    Hello,
+    JoinAnswered,
+    JoinAsked,
+    JoinSeeds,
+    Leave,
+    Left,
+    Moved,
+    NotASeed,
+    NotReached,
+    PeerDown,
+    PeerUp,
+    Refuse,
+    Refuted,
+    Remove,
+    RetryAt,
+    RetryFailed,
+    Seeds,
+    SeedsAnswered,
+    SeedsFailed,
+    Stale,
+    Tick,
+    Welcome,
+)
+
+__all__ = [
+    "FORGET_AFTER_S",
+    "FORGET_LEFT_AFTER_S",
+    "LEFT_BACKOFF",
+    "Backoff",
+    "Member",
+    "MemberTable",
+]
+
+#: a lost peer is forgotten after this long without answering (Serf's reconnect_timeout)
+FORGET_AFTER_S = 24 * 3600.0
+
+#: a peer that left on purpose is retried this long: it is most often restarting (a rolling
+#: update, a new version), and a worker whose seed it was has no other way to find it again
+FORGET_LEFT_AFTER_S = 3600.0
+
+
+# -- retrying ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with jitter: the n-th retry (n = 0, 1, ...) waits
+    ``min(max_s, initial_s * factor**n)``, less up to ``jitter`` of it at random, so that
+    workers that lost each other at the same moment do not retry in lockstep."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+    factor: float = 2.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ConfigError(
+                f"Backoff needs 0 < initial_s <= max_s, got {self.initial_s!r}, {self.max_s!r}"
+            )
+        if not self.factor >= 1:
+            raise ConfigError(f"Backoff.factor must be >= 1, got {self.factor!r}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError(f"Backoff.jitter must be in [0, 1), got {self.jitter!r}")
+
+    def delay_s(self, failures: int, rand: float) -> float:
+        """Seconds to wait after ``failures`` failed tries in a row; ``rand`` in [0, 1)."""
+        try:
+            base = min(self.max_s, self.initial_s * self.factor**failures)
+        except OverflowError:
+            base = self.max_s
+        return base * (1.0 - self.jitter * rand)
+
+
+#: the retries of a peer that left on purpose: soon and often, as it comes back within seconds
+LEFT_BACKOFF = Backoff(initial_s=0.1, max_s=1.0)
+
+
+# -- who is there --------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Member:
+    """What this worker remembers of a worker it has seen, live or lost. Only the table
+    changes it; read it, do not write it."""
+
+    name: str
+    address: str
+    #: its incarnation as this worker last heard it
+    incarnation: int = 0
+    #: its process's random id: another one under the same live name is a duplicate name
+    instance: str = ""
+    #: when it was last removed (this worker's clock); None while it is a peer
+    lost_at: float | None = None
+    #: the incarnation it was last declared dead at; it must come back with a higher one
+    dead_incarnation: int | None = None
+    #: failed reconnections since it was lost
+    failures: int = 0
+    #: when to try it next (lost members only)
+    retry_at: float = math.inf
+    #: it said it left (a planned stop): retried often, forgotten sooner
+    left: bool = False
+    #: when it last became a peer, and when it was last heard from (this worker's clock)
+    joined_at: float = 0.0
+    last_seen: float = 0.0
+
+    @property
+    def declared_dead(self) -> bool:
+        """This worker declared it dead and has not heard of a newer incarnation since."""
+        return self.dead_incarnation is not None and self.incarnation <= self.dead_incarnation
+
+
+# -- the table -------------------------------------------------------------------------------------
+class MemberTable:
+    """Whom one worker knows; see the module docstring.
+
+    ``name``, ``address`` and ``instance`` are this worker's; ``backoff`` spaces the retries
+    of a lost member and of the seeds, ``rng`` draws their jitter.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        *,
+        instance: str,
+        rng: random.Random,
+        backoff: Backoff = Backoff(),
+        forget_after_s: float = FORGET_AFTER_S,
+    ) -> None:
+        self.name = name
+        #: where peers reach this worker (what it tells them in the handshake)
+        self.address = address
+        #: this process's id, to tell a duplicate name from a rejoin
+        self.instance = instance
+        self.rng = rng
+        self.backoff = backoff
+        self.forget_after_s = forget_after_s
+        #: this worker's incarnation; raised when a peer says it declared it dead
+        self.incarnation = 0
+        #: every worker seen, live or lost, by name
+        self.members: dict[str, Member] = {}
+        #: the live peers, in the order they became peers (one that came back is last)
+        self.live: dict[str, Member] = {}
+        #: heartbeats ignored for carrying an older incarnation than the one recorded
+        self.stale_heartbeats = 0
+        #: said it leaves: takes nobody in any more
+        self.leaving = False
+        #: the addresses this worker joined through (itself left out): joined through again,
+        #: with :attr:`backoff`, whenever it has no peer at all
+        self.seeds: list[str] = []
+        self.seed_failures = 0
+        self.seed_retry_at = 0.0
+
+    # -- the one entry point ------------------------------------------------------------------
+    def handle(self, event: Event) -> list[Decision]:
+        """Apply ``event``; return what the adapter must do, in order. An event the table
+        refuses (:class:`Refuse`) changes nothing."""
+        out: list[Decision] = []
+        match event:
+            case HeardFrom():
+                self._heard(event, out)
+            case JoinAsked():
+                self._join_asked(event, out)
+            case JoinAnswered():
+                self._join_answered(event, out)
+            case Expire():
+                silent = [
+                    m.name for m in self.live.values() if event.now - m.last_seen > event.timeout_s
+                ]
+                why = f"silent for more than {event.timeout_s * 1000:.0f} ms"
+                for name in silent:
+                    self._remove(event.now, name, why, out)
+            case Remove():
+                self._remove(event.now, event.name, event.why, out)
+            case Left():
+                known = self.members.get(event.name)
+                if known is not None:
+                    known.left = True
+                    known.failures = 0
+                self._remove(event.now, event.name, event.why, out)
+            case NotReached():
+                self._lost(self._remember(event.name, event.address), event.now, out)
+            case RetryFailed():
+                known = self.members.get(event.name)
+                if known is not None and known.lost_at is not None:
+                    known.failures += 1
+                    self._lost(known, event.now, out)
+            case Tick():
+                self._tick(event, out)
+            case Seeds():
+                self.seeds = list(event.addresses)
+            case NotASeed():
+                if event.address in self.seeds:
+                    self.seeds.remove(event.address)
+            case SeedsFailed():
+                delay = self.backoff.delay_s(self.seed_failures, self.rng.random())
+                self.seed_retry_at = event.now + delay
+                self.seed_failures += 1
+            case SeedsAnswered():
+                self.seed_failures = 0
+            case Leave():
+                self.leaving = True
+            case Close():
+                self.live.clear()
+            case _:
+                assert_never(event)
+        return out
+
+    # -- queries ------------------------------------------------------------------------------
+    def hello(self, dead: int | None = None) -> Hello:
+        """This worker's side of the handshake, telling the other side ``dead``."""
+        return Hello(self.name, self.address, self.incarnation, self.instance, dead)
+
+    def dead_for(self, name: str | None) -> int | None:
+        """The incarnation at which this worker declared ``name`` dead, if it still counts: what
+        to tell ``name`` when dialing it."""
+        known = None if name is None else self.members.get(name)
+        return known.dead_incarnation if known is not None and known.declared_dead else None
+
+    def lost_at_address(self, address: str) -> str | None:
+        """The name of a lost member last at ``address``, if any (a seed may be one)."""
+        return next(
+            (
+                m.name
+                for m in self.members.values()
+                if m.address == address and m.lost_at is not None
+            ),
+            None,
+        )
+
+    def lost(self, name: str) -> Member | None:
+        """Member ``name`` if it is lost (to be retried), else None."""
+        known = self.members.get(name)
+        return known if known is not None and known.lost_at is not None else None
+
+    def next_due(self, busy: frozenset[str] = frozenset(), seeds_busy: bool = False) -> float:
+        """When the next :class:`Tick` has something to dial (``inf``: nothing is scheduled);
+        ``busy`` and ``seeds_busy`` as in :class:`Tick`."""
+        waiting = [
+            m.retry_at
+            for m in self.members.values()
+            if m.lost_at is not None and m.name not in busy
+        ]
+        if self._alone() and not seeds_busy:
+            waiting.append(self.seed_retry_at)
+        return min(waiting, default=math.inf)
+
+    def describe(self, now: float) -> list[dict[str, Any]]:
+        """The live peers at ``now``: name, address, age of the last heartbeat, incarnation."""
+        return [
+            {
+                "name": p.name,
+                "address": p.address,
+                "age_ms": round((now - p.last_seen) * 1000, 1),
+                "incarnation": self.members[p.name].incarnation,
+            }
+            for p in sorted(self.live.values(), key=lambda p: p.name)
+        ]
+
+    def describe_lost(self, now: float) -> list[dict[str, Any]]:
+        """The members lost and being retried: since when, how often, the next try."""
+        return [
+            {
+                "name": m.name,
+                "address": m.address,
+                "lost_s": round(now - m.lost_at, 3),
+                "failures": m.failures,
+                "retry_in_s": round(max(m.retry_at - now, 0.0), 3),
+                "left": m.left,
+            }
+            for m in sorted(self.members.values(), key=lambda m: m.name)
+            if m.lost_at is not None
+        ]
+
+    # -- joining ------------------------------------------------------------------------------
+    def _join_asked(self, ev: JoinAsked, out: list[Decision]) -> None:
+        hello = ev.hello
+        name = hello.name
+        if name == self.name:
+            if hello.instance == self.instance:
+                out.append(
+                    Refuse(
+                        ConfigError,
+                        f"worker {name!r} tried to join itself at {self.address}",
+                        {"name": name, "address": self.address, "itself": True},
+                    )
+                )
+                return
+            out.append(self._taken(name, self.address))
+            return
+        if self.leaving:
+            out.append(Refuse(WorkerUnavailable, f"worker {self.name} is leaving the cluster"))
+            return
+        if not self._unique(name, hello.instance) and not self._restarted(
+            ev.now, name, hello.address, out
+        ):
+            out.append(self._taken(name, self.live[name].address))
+            return
+        self._refute(hello.dead, hello.name, out)
+        told = None
+        incarnation = hello.incarnation
+        known = self.members.get(name)
+        if (
+            known is not None
+            and known.dead_incarnation is not None
+            and incarnation <= known.dead_incarnation
+            and hello.has_incarnation  # a worker that predates incarnations stays at 0
+        ):
+            # it was declared dead here: it comes back one incarnation later (and adopts the
+            # same number from this reply's "dead")
+            told = known.dead_incarnation
+            incarnation = told + 1
+        self._register(ev.now, name, hello.address, incarnation, hello.instance, out)
+        others = [p for p in self.live.values() if p.name != name]
+        reply = {
+            **self.hello(told).to_wire(),
+            "members": [p.address for p in others],
+            "peers": {p.name: p.address for p in others},
+        }
+        out.append(Welcome(reply))
+
+    def _join_answered(self, ev: JoinAnswered, out: list[Decision]) -> None:
+        hello = ev.hello
+        name = hello.name
+        if ev.expect is not None and name != ev.expect:
+            known = self.members.get(ev.expect)
+            if known is not None and known.lost_at is not None and known.address == ev.address:
+                del self.members[ev.expect]
+                out.append(Moved(ev.expect, name, ev.address))
+        if not self._unique(name, hello.instance) and not self._restarted(
+            ev.now, name, hello.address, out
+        ):
+            out.append(Duplicate(name, ev.address, self.live[name].address))
+            return
+        self._refute(hello.dead, name, out)
+        self._register(ev.now, name, hello.address, hello.incarnation, hello.instance, out)
+
+    @staticmethod
+    def _taken(name: str, address: str) -> Refuse:
+        return Refuse(
+            ConfigError,
+            f"the worker name {name!r} is taken: the worker at {address} has it; names must be "
+            "unique in a cluster, so start this one with another --name",
+            {"name": name, "address": address},
+        )
+
+    def _unique(self, name: str, instance: str) -> bool:
+        """False if ``name`` is a live peer's and ``instance`` says it is another process."""
+        known = self.members.get(name)
+        return not (
+            name in self.live
+            and known is not None
+            and known.instance
+            and instance
+            and known.instance != instance
+        )
+
+    def _restarted(self, now: float, name: str, address: str, out: list[Decision]) -> bool:
+        """A new instance of live peer ``name`` speaks from ``address``: True if that is where
+        the peer listens, which makes it a restart (only one process can listen there, so the
+        old one is gone, though its connection may not have said so yet): the old instance is
+        removed, and its jobs with it. False: a second worker under a taken name."""
+        if self.live[name].address != address:
+            return False
+        self._remove(now, name, f"it restarted (a new instance of it answers at {address})", out)
+        return True
+
+    def _refute(self, dead: int | None, by: str, out: list[Decision]) -> None:
+        """``by`` says it declared this worker dead at incarnation ``dead``: take a newer one."""
+        if dead is not None and dead >= self.incarnation:
+            self.incarnation = dead + 1
+            out.append(Refuted(by, dead, self.incarnation))
+
+    def _remember(self, name: str, address: str) -> Member:
+        known = self.members.get(name)
+        if known is None:
+            known = self.members[name] = Member(name, address)
+        elif name not in self.live:
+            known.address = address  # a live peer's address is the one it joined with
+        return known
+
+    def _register(
+        self,
+        now: float,
+        name: str,
+        address: str,
+        incarnation: int,
+        instance: str,
+        out: list[Decision],
+    ) -> None:
+        """Make ``name`` a live peer (on the channel its join came on)."""
+        if name == self.name:
+            out.append(
+                Refuse(
+                    ConfigError,
+                    f"a worker named {name!r} is already this worker: names must be unique",
+                )
+            )
+            return
+        known = self._remember(name, address)
+        known.address = address
+        back_after = None if known.lost_at is None else now - known.lost_at
+        if instance and instance != known.instance:
+            known.instance = instance
+        known.incarnation = max(known.incarnation, incarnation)
+        known.lost_at, known.failures, known.retry_at = None, 0, math.inf
+        known.left = False
+        known.joined_at = known.last_seen = now
+        replaces = name in self.live
+        self.live[name] = known
+        out.append(PeerUp(name, address, known.incarnation, back_after, replaces))
+
+    # -- losing -------------------------------------------------------------------------------
+    def _remove(self, now: float, name: str, why: str, out: list[Decision]) -> None:
+        """Declare peer ``name`` dead at its current incarnation, and schedule its retries."""
+        peer = self.live.pop(name, None)
+        if peer is None:
+            return
+        out.append(PeerDown(name, peer.address, why))
+        known = self._remember(name, peer.address)
+        known.dead_incarnation = known.incarnation
+        self._lost(known, now, out)
+
+    def _lost(self, member: Member, now: float, out: list[Decision]) -> None:
+        if member.lost_at is None:
+            member.lost_at, member.failures = now, 0
+        backoff = LEFT_BACKOFF if member.left else self.backoff
+        member.retry_at = now + backoff.delay_s(member.failures, self.rng.random())
+        out.append(RetryAt(member.name, member.address, member.failures, member.retry_at))
+
+    def _heard(self, ev: HeardFrom, out: list[Decision]) -> None:
+        peer = self.live.get(ev.name)
+        if peer is None:
+            return  # not a peer (any more): its heartbeats do not count
+        if ev.incarnation is not None:
+            known = self.members[ev.name]
+            if ev.incarnation < known.incarnation:
+                self.stale_heartbeats += 1
+                out.append(Stale(ev.name, ev.incarnation, known.incarnation))
+                return
+            known.incarnation = ev.incarnation
+        peer.last_seen = ev.now
+        out.append(Fresh(ev.name))
+
+    # -- taking lost peers back ---------------------------------------------------------------
+    def _alone(self) -> bool:
+        return not self.live and bool(self.seeds)
+
+    def _tick(self, ev: Tick, out: list[Decision]) -> None:
+        now = ev.now
+        for name in [
+            m.name
+            for m in self.members.values()
+            if m.lost_at is not None
+            and now - m.lost_at > (FORGET_LEFT_AFTER_S if m.left else self.forget_after_s)
+        ]:
+            out.append(Forgot(name, now - (self.members[name].lost_at or now)))
+            del self.members[name]
+        out.extend(
+            Dial(m.name, m.address)
+            for m in self.members.values()
+            if m.lost_at is not None and m.retry_at <= now and m.name not in ev.busy
+        )
+        if self._alone() and not ev.seeds_busy and self.seed_retry_at <= now:
+            out.append(JoinSeeds(tuple(self.seeds)))
