@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from compass.errors import ConfigError
-from compass.sched.planner import CompassPolicy
+from compass.sched.planner import CompassOptions
 from compass.sched.policies import VARIANT_OPTIONS
 from compass.sim import capacity as cap
 from compass.sim.engine import simulate
@@ -53,7 +53,7 @@ PAPER_VARIANT = "paper"
 
 @dataclass(frozen=True, slots=True)
 class Knob:
-    """One departure from the paper: the setting it is (a :class:`CompassPolicy` option or
+    """One departure from the paper: the setting it is (a :class:`CompassOptions` field or
     ``prefetch_evicts``), the paper's value, and every value tried."""
 
     name: str
@@ -78,14 +78,14 @@ _COLUMNS = ("paper", "generated_median", "generated_min", "noise")
 
 def current_settings(knobs: Sequence[Knob] = KNOBS) -> dict[str, Any]:
     """What compass ships with for each knob's setting (read from the code, not repeated)."""
-    policy = CompassPolicy()
+    options = CompassOptions()
     sim_defaults = inspect.signature(simulate).parameters
     out: dict[str, Any] = {}
     for knob in knobs:
         if knob.setting in _SIM_SETTINGS:
             out[knob.setting] = sim_defaults[knob.setting].default
         elif knob.setting in VARIANT_OPTIONS:
-            out[knob.setting] = getattr(policy, knob.setting)
+            out[knob.setting] = getattr(options, knob.setting)
         else:
             raise ConfigError(f"knob {knob.name!r}: {knob.setting!r} is not a compass setting")
     return out

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from compass.sched import JobInfo, ViewSnapshot, WorkerState, make_policy
+from compass.sched import Heartbeat, JobInfo, ViewSnapshot, make_policy
 from compass.workflow import Profiles, Workload, load_workload
 
 __all__ = ["TARGET_US", "WORKER_COUNTS", "run"]
@@ -48,7 +48,7 @@ def random_view(workload: Workload, n_workers: int, seed: int) -> ViewSnapshot:
                 used += size
         wait = float(rng.uniform(0.0, 2.0))
         states.append(
-            WorkerState(f"w{i:03d}", wait, frozenset(held), CACHE_BYTES - used, CACHE_BYTES)
+            Heartbeat(f"w{i:03d}", wait, frozenset(held), CACHE_BYTES - used, CACHE_BYTES)
         )
     return ViewSnapshot.build(states)
 

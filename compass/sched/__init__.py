@@ -6,16 +6,15 @@ and the simulator reuses it unchanged.
 
 from __future__ import annotations
 
+from compass.sched.adjust import adjust_successors, record_plan
 from compass.sched.cost import CostCache, TransferModel, WorkflowCosts, finish_row
+from compass.sched.eft import FinishTerms, plan_eft
+from compass.sched.heartbeat import Heartbeat
 from compass.sched.planner import (
     DEFAULT_ADJUST_THRESHOLD,
     DEFAULT_DEADLINE_SLACK,
+    CompassOptions,
     CompassPolicy,
-    JobInfo,
-    Policy,
-    adjust_successors,
-    plan_eft,
-    record_plan,
 )
 from compass.sched.policies import (
     POLICY_NAMES,
@@ -27,17 +26,22 @@ from compass.sched.policies import (
     hash_worker,
     make_policy,
 )
+from compass.sched.policy import JobInfo, Policy
 from compass.sched.replicas import model_demand, warm_order
-from compass.sched.view import ClusterView, ViewSnapshot, WorkerState
+from compass.sched.snapshot import ViewSnapshot
+from compass.sched.view import ClusterView
 
 __all__ = [
     "DEFAULT_ADJUST_THRESHOLD",
     "DEFAULT_DEADLINE_SLACK",
     "POLICY_NAMES",
     "ClusterView",
+    "CompassOptions",
     "CompassPolicy",
     "CostCache",
+    "FinishTerms",
     "HashPolicy",
+    "Heartbeat",
     "JobInfo",
     "JoinShortestQueuePolicy",
     "ModelLocalityPolicy",
@@ -46,7 +50,6 @@ __all__ = [
     "RoundRobinPolicy",
     "TransferModel",
     "ViewSnapshot",
-    "WorkerState",
     "WorkflowCosts",
     "adjust_successors",
     "finish_row",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from compass.sched.cost import WorkflowCosts, finish_row
-from compass.sched.view import ViewSnapshot
+from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 

@@ -2,8 +2,8 @@
 
 Compass and its variants live in :mod:`compass.sched.planner`; the baselines the paper compares
 against live here: ``hash``, ``random``, ``round_robin``, ``jsq`` (the paper's JIT), ``jit``
-(Cascade's JIT with model locality) and, through :class:`~compass.sched.planner.CompassPolicy`
-flags, ``heft``.
+(Cascade's JIT with model locality) and, through :class:`~compass.sched.planner.CompassOptions`,
+``heft``.
 """
 
 from __future__ import annotations
@@ -20,15 +20,10 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError, WorkerUnavailable
 from compass.sched.cost import CostCache, WorkflowCosts, fetch_row
-from compass.sched.planner import (
-    DEFAULT_ADJUST_THRESHOLD,
-    TIE_S,
-    CompassPolicy,
-    JobInfo,
-    Policy,
-    finish_now,
-)
-from compass.sched.view import ViewSnapshot
+from compass.sched.eft import finish_now
+from compass.sched.planner import DEFAULT_ADJUST_THRESHOLD, CompassOptions, CompassPolicy
+from compass.sched.policy import TIE_S, JobInfo, Policy
+from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
@@ -79,30 +74,14 @@ def make_policy(
         raise ConfigError(f"adjust_threshold must be > 0, got {adjust_threshold!r}")
     if options:
         return _compass_variant(name, adjust_threshold, host_lanes, options)
-    t = adjust_threshold
-    h = host_lanes
-    if name == "compass":
-        return CompassPolicy(name, adjust_threshold=t, host_lanes=h)
-    if name == "compass_nocache":
-        return CompassPolicy(name, use_cache=False, adjust_threshold=t, host_lanes=h)
-    if name == "compass_noload":
-        return CompassPolicy(name, use_load=False, adjust_threshold=t, host_lanes=h)
-    if name == "compass_noadjust":
-        return CompassPolicy(name, dynamic=False, adjust_threshold=t, host_lanes=h)
-    if name == "central":
-        return CompassPolicy(name, central=True, adjust_threshold=t, host_lanes=h)
-    if name == "heft":
-        # classic HEFT: rank order, idle workers, transfers but no model cost, static
+    if name in _COMPASS_VARIANTS:
+        switches = _COMPASS_VARIANTS[name]
         return CompassPolicy(
             name,
-            use_load=False,
-            use_cache=False,
-            dynamic=False,
-            oldest_job_first=False,
-            warms_cache=False,
-            batch_aware=False,
-            deadline_slack=None,
+            CompassOptions(adjust_threshold=adjust_threshold, host_lanes=host_lanes, **switches),
         )
+    if name == "heft":
+        return CompassPolicy(name, HEFT)
     if name == "hash":
         return HashPolicy()
     if name == "random":
@@ -116,7 +95,29 @@ def make_policy(
     raise ConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
 
 
-#: the :class:`CompassPolicy` settings ``make_policy(options=...)`` may change
+#: compass and its ablations: what each turns off (the workers' ``adjust_threshold`` and
+#: ``host_lanes`` apply to all of them)
+_COMPASS_VARIANTS: Mapping[str, Mapping[str, bool]] = {
+    "compass": {},
+    "compass_nocache": {"use_cache": False},
+    "compass_noload": {"use_load": False},
+    "compass_noadjust": {"dynamic": False},
+    "central": {"central": True},
+}
+
+#: classic HEFT: rank order, idle workers, transfers but no model cost, static (the workers'
+#: threshold and host lanes do not apply)
+HEFT = CompassOptions(
+    use_load=False,
+    use_cache=False,
+    dynamic=False,
+    oldest_job_first=False,
+    warms_cache=False,
+    batch_aware=False,
+    deadline_slack=None,
+)
+
+#: the :class:`CompassOptions` settings ``make_policy(options=...)`` may change
 VARIANT_OPTIONS = frozenset(
     {
         "use_load",
@@ -145,7 +146,7 @@ def _compass_variant(
             f"unknown compass option {unknown[0]!r}; known: {', '.join(sorted(VARIANT_OPTIONS))}"
         )
     settings: dict[str, Any] = {"adjust_threshold": threshold, **options}
-    return CompassPolicy(name, host_lanes=host_lanes, **settings)
+    return CompassPolicy(name, CompassOptions(host_lanes=host_lanes, **settings))
 
 
 def worker_seed(seed: int, worker: str) -> int:
@@ -201,7 +202,7 @@ class _StaticPolicy:
         profiles: Profiles,
         now: float,
     ) -> npt.NDArray[np.float64]:
-        """See :class:`~compass.sched.planner.Policy`."""
+        """See :class:`~compass.sched.policy.Policy`."""
         if not view.names:
             raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
         costs = self._costs.get(job.workflow, profiles, view.names)
@@ -252,7 +253,7 @@ class HashPolicy(_StaticPolicy):
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
     ) -> dict[str, str]:
-        """See :class:`~compass.sched.planner.Policy`."""
+        """See :class:`~compass.sched.policy.Policy`."""
         names = view.names
         return {t: hash_worker(job.job_id, t, names) for t in job.workflow.order}
 
@@ -269,7 +270,7 @@ class RandomPolicy(_StaticPolicy):
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
     ) -> dict[str, str]:
-        """See :class:`~compass.sched.planner.Policy`."""
+        """See :class:`~compass.sched.policy.Policy`."""
         names = view.names
         if not names:
             raise WorkerUnavailable(f"no workers in the view to plan job {job.job_id!r} on")
@@ -288,7 +289,7 @@ class RoundRobinPolicy(_StaticPolicy):
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
     ) -> dict[str, str]:
-        """See :class:`~compass.sched.planner.Policy`."""
+        """See :class:`~compass.sched.policy.Policy`."""
         names = view.names
         if not names:
             raise WorkerUnavailable(f"no workers in the view to plan job {job.job_id!r} on")
@@ -311,7 +312,7 @@ class JoinShortestQueuePolicy(_StaticPolicy):
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
     ) -> dict[str, str]:
-        """See :class:`~compass.sched.planner.Policy`."""
+        """See :class:`~compass.sched.policy.Policy`."""
         wf = job.workflow
         names = view.names
         plan = {t: hash_worker(job.job_id, t, names) for t in wf.order}
@@ -381,7 +382,7 @@ class ModelLocalityPolicy(JoinShortestQueuePolicy):
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
     ) -> dict[str, str]:
-        """See :class:`~compass.sched.planner.Policy`."""
+        """See :class:`~compass.sched.policy.Policy`."""
         wf = job.workflow
         names = view.names
         plan = {t: hash_worker(job.job_id, t, names) for t in wf.order}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-from compass.sched.view import ViewSnapshot
+from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 

@@ -42,9 +42,9 @@ from compass.config import CacheConfig
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
 from compass.objective import NO_OBJECTIVE, Objective, outcome_of
 from compass.sched import Policy, ViewSnapshot, make_policy
+from compass.sched.placement import Placement
 from compass.sched.policies import worker_seed
 from compass.sched.replicas import model_demand
-from compass.sched.view import Placement
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState

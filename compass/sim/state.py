@@ -33,7 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
-from compass.sched.view import BatchRows, PlacedCounts, Placement, ViewSnapshot, batch_rows
+from compass.sched.placement import PlacedCounts, Placement
+from compass.sched.snapshot import BatchRows, ViewSnapshot, batch_rows
 
 __all__ = ["ClusterState"]
 

@@ -18,7 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from compass.config import WorkerConfig
-from compass.sched.view import ClusterView, Placement, ViewSnapshot, WorkerState
+from compass.sched.heartbeat import Heartbeat
+from compass.sched.placement import Placement
+from compass.sched.snapshot import ViewSnapshot
+from compass.sched.view import ClusterView
 from compass.wire.transport import Channel
 from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, gossip_gap_s
@@ -78,14 +81,14 @@ class Gossip:
         self.view.remove(worker)
 
     # -- this worker's state -------------------------------------------------------------------
-    def own_state(self) -> WorkerState:
+    def own_state(self) -> Heartbeat:
         lanes, cache = self._lanes, self._lanes.cache
         h2d = self._profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0
         now = self._clock()
         wait_s = lanes.wait_s(now)
         # a degraded worker takes no GPU work: no batch there to join either
         batches = {} if lanes.degraded else lanes.queue.batchable(now, lanes.lanes)
-        return WorkerState(
+        return Heartbeat(
             name=self.name,
             wait_s=wait_s + (_DEGRADED_WAIT_S if lanes.degraded else 0.0),
             models=cache.resident(),
@@ -158,7 +161,7 @@ class Gossip:
 
     def on_heartbeat(self, channel: Channel, body: Any, membership: Membership) -> None:
         """A peer's heartbeat: it is alive, and its state goes into the view."""
-        state = WorkerState.from_wire(body)
+        state = Heartbeat.from_wire(body)
         # only from a peer, of its current incarnation; a draining peer is only alive
         if (
             membership.seen(state.name, state.incarnation)
@@ -173,7 +176,7 @@ class Gossip:
             self.draining.add(name)
             self.view.remove(name)
 
-    def _learn_h2d(self, state: WorkerState) -> None:
+    def _learn_h2d(self, state: Heartbeat) -> None:
         """Adopt a peer's measured host-to-device bandwidth when it differs by more than 2%
         from what this worker assumes (smaller moves would only rebuild the cost tables)."""
         measured = state.h2d_bytes_per_s

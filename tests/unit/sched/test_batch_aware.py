@@ -12,10 +12,11 @@ import pytest
 from compass.sched import (
     POLICY_NAMES,
     ClusterView,
+    CompassOptions,
     CompassPolicy,
+    Heartbeat,
     JobInfo,
     ViewSnapshot,
-    WorkerState,
     adjust_successors,
     make_policy,
     record_plan,
@@ -62,8 +63,8 @@ def state(
     wait: float,
     models: tuple[str, ...] = ("m",),
     batches: dict[str, tuple[int, float]] | None = None,
-) -> WorkerState:
-    return WorkerState(name, wait, frozenset(models), 8 * GB, 10 * GB, batches=batches or {})
+) -> Heartbeat:
+    return Heartbeat(name, wait, frozenset(models), 8 * GB, 10 * GB, batches=batches or {})
 
 
 def one(**kw: Any) -> Workflow:
@@ -144,7 +145,8 @@ def test_not_when_turned_off_nor_for_the_baselines() -> None:
             continue  # those two count no queue at all
         eft = policy.finish_times(JobInfo("j", wf, "b", 10 * MB), "x", {}, view, profiles(wf), NOW)
         assert eft[view.index("a")] >= NOW + 3.0 + 1.0, name  # behind a's whole queue
-    assert not CompassPolicy(use_load=False).batch_aware  # no queues, no batch to join
+    # no queues, no batch to join
+    assert not CompassPolicy(options=CompassOptions(use_load=False)).batch_aware
     with pytest.raises(Exception, match="unknown compass option"):
         make_policy("compass", options={"batch_awre": True})
 

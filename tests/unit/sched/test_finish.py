@@ -16,15 +16,15 @@ import pytest
 from compass.sched import (
     POLICY_NAMES,
     CompassPolicy,
+    Heartbeat,
     JobInfo,
     Policy,
     ViewSnapshot,
-    WorkerState,
     adjust_successors,
     make_policy,
 )
 from compass.sched.cost import WorkflowCosts, finish_row
-from compass.sched.planner import TIE_S
+from compass.sched.policy import TIE_S
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000
@@ -60,9 +60,9 @@ def crafted_view() -> ViewSnapshot:
     too little free cache for it (a fetch there must evict first)."""
     return ViewSnapshot.build(
         [
-            WorkerState("a", 0.5, frozenset({"m"}), 9 * GB, 10 * GB),
-            WorkerState("b", 0.0, frozenset(), 10 * GB, 10 * GB),
-            WorkerState("c", 0.2, frozenset(), GB // 2, 10 * GB),
+            Heartbeat("a", 0.5, frozenset({"m"}), 9 * GB, 10 * GB),
+            Heartbeat("b", 0.0, frozenset(), 10 * GB, 10 * GB),
+            Heartbeat("c", 0.2, frozenset(), GB // 2, 10 * GB),
         ]
     )
 
@@ -129,8 +129,8 @@ def test_finish_row_of_a_root_and_of_a_join() -> None:
 def test_a_worker_whose_cache_cannot_hold_the_model_never_finishes() -> None:
     small = ViewSnapshot.build(
         [
-            WorkerState("a", 0.0, frozenset(), GB // 2, GB // 2),
-            WorkerState("b", 3.0, frozenset(), 10 * GB, 10 * GB),
+            Heartbeat("a", 0.0, frozenset(), GB // 2, GB // 2),
+            Heartbeat("b", 3.0, frozenset(), 10 * GB, 10 * GB),
         ]
     )
     eft = row_of_y(small, avail=small.wait_s + NOW, have=small.holds("m"))
@@ -181,9 +181,9 @@ def test_adjustment_moves_a_task_to_the_worker_the_rule_ranks_first() -> None:
     # once b holds m, b is first
     warm = ViewSnapshot.build(
         [
-            WorkerState("a", 0.5, frozenset({"m"}), 9 * GB, 10 * GB),
-            WorkerState("b", 0.0, frozenset({"m"}), 9 * GB, 10 * GB),
-            WorkerState("c", 0.2, frozenset(), GB // 2, 10 * GB),
+            Heartbeat("a", 0.5, frozenset({"m"}), 9 * GB, 10 * GB),
+            Heartbeat("b", 0.0, frozenset({"m"}), 9 * GB, 10 * GB),
+            Heartbeat("c", 0.2, frozenset(), GB // 2, 10 * GB),
         ]
     )
     finish = policy.finish_times(job(PAIR), "y", plan, warm, p, NOW)
@@ -199,7 +199,7 @@ def random_view(rng: np.random.Generator, n: int) -> ViewSnapshot:
         models = frozenset(m for m in ("m", "n") if rng.random() < 0.4)
         used = min(capacity, GB * len(models))
         wait = float(rng.choice([0.0, rng.uniform(0.0, 0.05), rng.uniform(0.0, 3.0)]))
-        states.append(WorkerState(f"w{i}", wait, models, capacity - used, capacity))
+        states.append(Heartbeat(f"w{i}", wait, models, capacity - used, capacity))
     return ViewSnapshot.build(states)
 
 
@@ -327,10 +327,10 @@ def fan_view() -> ViewSnapshot:
     # r finished on a, busy for 5 s; b, c, d are idle and hold m; only d holds n
     return ViewSnapshot.build(
         [
-            WorkerState("a", 5.0, frozenset({"m"}), 9 * GB, 10 * GB),
-            WorkerState("b", 0.0, frozenset({"m"}), 9 * GB, 10 * GB),
-            WorkerState("c", 0.0, frozenset({"m"}), 9 * GB, 10 * GB),
-            WorkerState("d", 0.0, frozenset({"m", "n"}), 8 * GB, 10 * GB),
+            Heartbeat("a", 5.0, frozenset({"m"}), 9 * GB, 10 * GB),
+            Heartbeat("b", 0.0, frozenset({"m"}), 9 * GB, 10 * GB),
+            Heartbeat("c", 0.0, frozenset({"m"}), 9 * GB, 10 * GB),
+            Heartbeat("d", 0.0, frozenset({"m", "n"}), 8 * GB, 10 * GB),
         ]
     )
 

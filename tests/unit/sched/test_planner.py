@@ -9,9 +9,9 @@ from compass.sched import (
     DEFAULT_ADJUST_THRESHOLD,
     ClusterView,
     CompassPolicy,
+    Heartbeat,
     JobInfo,
     ViewSnapshot,
-    WorkerState,
     adjust_successors,
     make_policy,
     record_plan,
@@ -39,8 +39,8 @@ def worker(
     models: tuple[str, ...] = (),
     free: int = 10 * GB,
     capacity: int = 10 * GB,
-) -> WorkerState:
-    return WorkerState(name, wait, frozenset(models), free, capacity)
+) -> Heartbeat:
+    return Heartbeat(name, wait, frozenset(models), free, capacity)
 
 
 def profiles(*wfs: Workflow, net: float = 1e9, h2d: float = 1e9, **sizes: int) -> Profiles:

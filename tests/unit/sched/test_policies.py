@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from compass.errors import ConfigError, WorkerUnavailable
-from compass.sched import POLICY_NAMES, JobInfo, ViewSnapshot, WorkerState, make_policy
+from compass.sched import POLICY_NAMES, Heartbeat, JobInfo, ViewSnapshot, make_policy
 from compass.sched.policies import hash_worker, worker_seed
 from compass.sim import job_arrivals, simulate
 from compass.workflow import Profiles, Task, TaskProfile, Workflow, load_workload
@@ -30,7 +30,7 @@ def cluster(n: int, seed: int = 0) -> ViewSnapshot:
                 held.add(str(m))
                 used += WORKLOAD.models[m]
         wait = float(rng.uniform(0.0, 2.0))
-        states.append(WorkerState(f"w{i}", wait, frozenset(held), 14 * GB - used, 14 * GB))
+        states.append(Heartbeat(f"w{i}", wait, frozenset(held), 14 * GB - used, 14 * GB))
     return ViewSnapshot.build(states)
 
 
@@ -134,7 +134,7 @@ def test_jsq_moves_roots_and_non_joins_to_the_shortest_queue() -> None:
     profiles = Profiles(
         h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, model_sizes={m: GB}, workflows=[wf]
     )
-    states = [WorkerState(f"w{i}", w, frozenset(), GB, 2 * GB) for i, w in enumerate([3, 2, 1, 4])]
+    states = [Heartbeat(f"w{i}", w, frozenset(), GB, 2 * GB) for i, w in enumerate([3, 2, 1, 4])]
     view = ViewSnapshot.build(states)
     policy = make_policy("jsq")
     info = JobInfo("job", wf, "w0", 0)
@@ -192,7 +192,7 @@ def local_view(
     waits: list[float], m2_on: set[int], m_on: frozenset[int] = frozenset()
 ) -> ViewSnapshot:
     return ViewSnapshot.build(
-        WorkerState(
+        Heartbeat(
             f"w{i}",
             w,
             frozenset({"m2"} if i in m2_on else set()) | ({"m"} if i in m_on else set()),
@@ -232,8 +232,8 @@ def test_jit_never_picks_a_worker_too_small_for_the_model() -> None:
     policy = make_policy("jit")
     profiles = local_profiles()
     states = [
-        WorkerState("w0", 5.0, frozenset(), 2 * GB, 4 * GB),
-        WorkerState("w1", 0.0, frozenset(), GB // 2, GB // 2),
+        Heartbeat("w0", 5.0, frozenset(), 2 * GB, 4 * GB),
+        Heartbeat("w1", 0.0, frozenset(), GB // 2, GB // 2),
     ]
     view = ViewSnapshot.build(states)
     info = JobInfo("job", LOCAL, "w0", 0)
@@ -295,8 +295,8 @@ def test_jit_counts_earlier_roots_where_the_next_one_looks() -> None:
     # shorter queue) is cheaper
     view = ViewSnapshot.build(
         [
-            WorkerState("w0", 0.5, frozenset({"m"}), GB, 4 * GB),
-            WorkerState("w1", 0.0, frozenset(), 2 * GB, 4 * GB),
+            Heartbeat("w0", 0.5, frozenset({"m"}), GB, 4 * GB),
+            Heartbeat("w1", 0.0, frozenset(), 2 * GB, 4 * GB),
         ]
     )
     plan = make_policy("jit").plan(JobInfo("job", wf, "client", 0), view, profiles, 0.0)
@@ -328,7 +328,7 @@ def test_compass_options_change_its_settings_and_bad_ones_are_refused() -> None:
 
     policy = make_policy("compass", options={"oldest_job_first": True, "adjust_threshold": 1.5})
     assert isinstance(policy, CompassPolicy)
-    assert policy.oldest_job_first is True and policy.adjust_threshold == 1.5
+    assert policy.oldest_job_first is True and policy.options.adjust_threshold == 1.5
     assert make_policy("compass").oldest_job_first is False
     with pytest.raises(ConfigError, match="unknown compass option 'colour'"):
         make_policy("compass", options={"colour": "red"})

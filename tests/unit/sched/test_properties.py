@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compass._bench.plan import run
-from compass.sched import POLICY_NAMES, JobInfo, ViewSnapshot, WorkerState, make_policy
+from compass.sched import POLICY_NAMES, Heartbeat, JobInfo, ViewSnapshot, make_policy
 from compass.sched.cost import WorkflowCosts
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
@@ -45,7 +45,7 @@ def views(draw: st.DrawFn) -> ViewSnapshot:
         models = draw(st.sets(st.sampled_from(sorted(MODELS))))
         used = min(capacity, sum(MODELS[m] for m in models))
         wait = draw(st.floats(0, 5))
-        states.append(WorkerState(f"w{i}", wait, frozenset(models), capacity - used, capacity))
+        states.append(Heartbeat(f"w{i}", wait, frozenset(models), capacity - used, capacity))
     return ViewSnapshot.build(states)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compass.sched import ViewSnapshot, WorkerState, model_demand, warm_order
+from compass.sched import Heartbeat, ViewSnapshot, model_demand, warm_order
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000
@@ -12,8 +12,8 @@ def t(name: str, model: str | None, ms: float, *after: str) -> Task:
     return Task(name, model, after, TaskProfile(exec_ms=ms, output_bytes=10))
 
 
-def state(name: str, models: tuple[str, ...] = (), loading: tuple[str, ...] = ()) -> WorkerState:
-    return WorkerState(name, 0.0, frozenset(models), GB, 10 * GB, loading=frozenset(loading))
+def state(name: str, models: tuple[str, ...] = (), loading: tuple[str, ...] = ()) -> Heartbeat:
+    return Heartbeat(name, 0.0, frozenset(models), GB, 10 * GB, loading=frozenset(loading))
 
 
 def test_demand_is_the_expected_time_each_model_is_used_per_job() -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compass.errors import ConfigError, ProtocolError
-from compass.sched import ClusterView, ViewSnapshot, WorkerState
+from compass.sched import ClusterView, Heartbeat, ViewSnapshot
 from compass.sched.view import BatchCurve, Placement
 from compass.workflow.dag import linear_scale
 
@@ -22,8 +22,8 @@ def state(
     free: int = 10 * GB,
     loading: tuple[str, ...] = (),
     batches: dict[str, tuple[int, float]] | None = None,
-) -> WorkerState:
-    return WorkerState(
+) -> Heartbeat:
+    return Heartbeat(
         name,
         wait,
         frozenset(models),
@@ -36,7 +36,7 @@ def state(
 
 
 def test_worker_state_round_trips_through_msgpack() -> None:
-    s = WorkerState(
+    s = Heartbeat(
         "w1",
         0.25,
         frozenset({"a", "b"}),
@@ -49,9 +49,9 @@ def test_worker_state_round_trips_through_msgpack() -> None:
         h2d_bytes_per_s=6.5e9,
     )
     wire = msgpack.unpackb(msgpack.packb(s.to_wire()))
-    assert WorkerState.from_wire(wire) == s
+    assert Heartbeat.from_wire(wire) == s
     del wire["h"]  # a peer that does not measure (or predates the field): unknown, 0
-    assert WorkerState.from_wire(wire).h2d_bytes_per_s == 0.0
+    assert Heartbeat.from_wire(wire).h2d_bytes_per_s == 0.0
 
 
 @pytest.mark.parametrize(
@@ -73,10 +73,10 @@ def test_malformed_worker_state_is_a_protocol_error(
     wire["c"] = 10
     wire.update(change)
     with pytest.raises(ProtocolError, match=problem):
-        WorkerState.from_wire(wire)
+        Heartbeat.from_wire(wire)
     del wire["n"]
     with pytest.raises(ProtocolError, match="missing field 'n'"):
-        WorkerState.from_wire(wire)
+        Heartbeat.from_wire(wire)
 
 
 def test_stale_heartbeats_are_ignored() -> None:
@@ -225,20 +225,20 @@ def test_build_snapshot_directly() -> None:
 
 def batching(
     name: str, seq: int, batches: dict[str, tuple[int, float]], wait: float = 1.0
-) -> WorkerState:
-    return WorkerState(name, wait, frozenset(), 5, 10, seq=seq, batches=batches)
+) -> Heartbeat:
+    return Heartbeat(name, wait, frozenset(), 5, 10, seq=seq, batches=batches)
 
 
 def test_batches_round_trip_and_are_optional_on_the_wire() -> None:
     s = batching("w1", 3, {"opt": (3, 0.25), "mt5": (1, 0.0)})
     wire = msgpack.unpackb(msgpack.packb(s.to_wire()))
-    back = WorkerState.from_wire(wire)
+    back = Heartbeat.from_wire(wire)
     assert back == s
     assert dict(back.batches) == {"opt": (3, 0.25), "mt5": (1, 0.0)}
     # nothing batchable queued: the key is left out, and a peer that predates it sends none
     plain = batching("w1", 3, {})
     assert "q" not in plain.to_wire()
-    assert WorkerState.from_wire(plain.to_wire()).batches == {}
+    assert Heartbeat.from_wire(plain.to_wire()).batches == {}
     assert s != plain
     assert hash(s) == hash(plain)  # batches are compared, not hashed
 
@@ -263,7 +263,7 @@ def test_malformed_batches_are_a_protocol_error(batches: object, problem: str) -
     wire = batching("w1", 1, {}).to_wire()
     wire["q"] = batches
     with pytest.raises(ProtocolError, match=problem):
-        WorkerState.from_wire(wire)
+        Heartbeat.from_wire(wire)
 
 
 def test_snapshot_has_batch_arrays_only_for_models_some_worker_reports() -> None:
@@ -356,10 +356,10 @@ def test_a_placed_batchable_task_joins_a_batch_waiting_there_or_leads_the_next()
 
 def test_a_snapshot_at_a_priority_shows_the_waits_that_level_sees() -> None:
     view = ClusterView("me", heartbeat_s=0.01)
-    view.update_self(WorkerState("me", 3.0, frozenset(), GB, GB, lifted_s=(0.5,)))
+    view.update_self(Heartbeat("me", 3.0, frozenset(), GB, GB, lifted_s=(0.5,)))
     # p: 4 s queued in all, 1 s of it at level 1 and above, 0.25 s at level 2 and above
     view.apply_heartbeat(
-        WorkerState("p", 4.0, frozenset(), GB, GB, seq=1, lifted_s=(1.0, 0.25)), now=0.0
+        Heartbeat("p", 4.0, frozenset(), GB, GB, seq=1, lifted_s=(1.0, 0.25)), now=0.0
     )
     view.apply_heartbeat(state("old", wait=2.0, seq=1), now=0.0)  # predates lifted waits
     names = view.snapshot(0.0).names
@@ -374,20 +374,18 @@ def test_a_snapshot_at_a_priority_shows_the_waits_that_level_sees() -> None:
     assert view.snapshot(0.001, priority=2).wait_s[p] == 0.25
     assert view.snapshot(0.001, without="j", priority=1).wait_s[p] == 1.0
     # a newer heartbeat replaces the level waits
-    view.apply_heartbeat(
-        WorkerState("p", 4.0, frozenset(), GB, GB, seq=2, lifted_s=(3.5,)), now=0.1
-    )
+    view.apply_heartbeat(Heartbeat("p", 4.0, frozenset(), GB, GB, seq=2, lifted_s=(3.5,)), now=0.1)
     assert view.snapshot(0.1, priority=2).wait_s[p] == 3.5
 
 
 def test_level_waits_round_trip_and_are_checked() -> None:
-    lifted = WorkerState("p", 4.0, frozenset(), GB, GB, lifted_s=(1.0, 0.25))
-    back = WorkerState.from_wire(msgpack.unpackb(msgpack.packb(lifted.to_wire())))
+    lifted = Heartbeat("p", 4.0, frozenset(), GB, GB, lifted_s=(1.0, 0.25))
+    back = Heartbeat.from_wire(msgpack.unpackb(msgpack.packb(lifted.to_wire())))
     assert back.lifted_s == (1.0, 0.25) and back.wait_at(0) == 4.0 and back.wait_at(5) == 0.25
     assert "wl" not in state("q").to_wire()  # left out when there are none
     with pytest.raises(ProtocolError, match="lifted_s"):
-        WorkerState.from_wire({**lifted.to_wire(), "wl": [1.0, -2.0]})
+        Heartbeat.from_wire({**lifted.to_wire(), "wl": [1.0, -2.0]})
     with pytest.raises(ProtocolError, match="'wl'"):
-        WorkerState.from_wire({**lifted.to_wire(), "wl": 3})
+        Heartbeat.from_wire({**lifted.to_wire(), "wl": 3})
     with pytest.raises(ConfigError, match="lifted_s"):
-        WorkerState("p", 1.0, frozenset(), GB, GB, lifted_s=(0.0,) * 10)
+        Heartbeat("p", 1.0, frozenset(), GB, GB, lifted_s=(0.0,) * 10)

@@ -48,7 +48,7 @@ def test_summary_paper_ratio_generated_median_min_and_noise() -> None:
 def test_variants_change_one_knob_at_a_time_plus_the_paper_together() -> None:
     current = defaults.current_settings()
     policy = CompassPolicy()
-    assert current["adjust_threshold"] == policy.adjust_threshold
+    assert current["adjust_threshold"] == policy.options.adjust_threshold
     assert current["oldest_job_first"] is policy.oldest_job_first
     found = variants(KNOBS, current)
     for name, (_, settings) in found.items():

@@ -14,7 +14,7 @@ import pytest
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassError
-from compass.sched.view import WorkerState
+from compass.sched.view import Heartbeat
 from compass.worker.lanes import Lanes, RunTask
 from compass.worker.queue import SIMILAR_RUNS, QueuedTask, TaskQueue
 from compass.workflow.dag import batch_limit, linear_scale
@@ -236,7 +236,7 @@ def test_heartbeats_carry_the_queued_batches_and_none_from_a_degraded_worker() -
     # three tasks of a wait to batch; the first starts when the running 1 s task ends
     assert dict(state.batches) == {"a": (3, 0.75)}
     # the batches travel in the heartbeat and come back out of it
-    assert dict(WorkerState.from_wire(state.to_wire()).batches) == {"a": (3, 0.75)}
+    assert dict(Heartbeat.from_wire(state.to_wire()).batches) == {"a": (3, 0.75)}
     h.lanes.stuck = h.lanes.max_stuck  # degraded: it takes no GPU work, so no batch to join
     degraded = gossip.own_state()
     assert degraded.batches == {} and degraded.wait_s >= 1e6

@@ -16,7 +16,7 @@ import pytest
 
 from compass.config import Limits, Timeouts, WorkerConfig
 from compass.errors import ConfigError, ConnectFailed, ProtocolError, WorkerUnavailable
-from compass.sched.view import ClusterView, WorkerState
+from compass.sched.view import ClusterView, Heartbeat
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server, serve
 from compass.worker.membership import (
@@ -78,19 +78,19 @@ def test_a_bad_backoff_is_a_config_error(kwargs: dict[str, float]) -> None:
 # -- incarnations in the view ------------------------------------------------------------------
 
 
-def _state(name: str, seq: int, incarnation: int = 0, wait_s: float = 0.0) -> WorkerState:
-    return WorkerState(name, wait_s, frozenset(), 0, 10, seq=seq, incarnation=incarnation)
+def _state(name: str, seq: int, incarnation: int = 0, wait_s: float = 0.0) -> Heartbeat:
+    return Heartbeat(name, wait_s, frozenset(), 0, 10, seq=seq, incarnation=incarnation)
 
 
 def test_a_worker_state_carries_its_incarnation_and_defaults_to_zero() -> None:
     state = _state("w1", 3, incarnation=4)
     wire = state.to_wire()
-    assert WorkerState.from_wire(wire) == state
+    assert Heartbeat.from_wire(wire) == state
     del wire["i"]  # a worker that predates incarnations
-    assert WorkerState.from_wire(wire).incarnation == 0
+    assert Heartbeat.from_wire(wire).incarnation == 0
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(ProtocolError, match=r"'i' must be an integer|incarnation must be >= 0"):
-            WorkerState.from_wire({**state.to_wire(), "i": bad})
+            Heartbeat.from_wire({**state.to_wire(), "i": bad})
 
 
 def test_the_view_orders_heartbeats_by_incarnation_then_seq() -> None:

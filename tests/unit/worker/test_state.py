@@ -21,7 +21,7 @@ from compass.errors import (
     Overloaded,
     UnknownWorkflow,
 )
-from compass.sched import ViewSnapshot, WorkerState, make_policy
+from compass.sched import Heartbeat, ViewSnapshot, make_policy
 from compass.sched.view import Placement
 from compass.worker.lanes import Lanes
 from compass.worker.messages import (
@@ -100,7 +100,7 @@ class FakeView:
         self.jobs: list[str] = []  # the job each placement named
         self.without: list[str] = []  # the job each snapshot left out
         self.removed: list[str] = []
-        #: per worker, the waits of priorities 1, 2, ... (WorkerState.lifted_s; none: waits)
+        #: per worker, the waits of priorities 1, 2, ... (Heartbeat.lifted_s; none: waits)
         self.lifted: dict[str, tuple[float, ...]] = {}
         self.priorities: list[int] = []  # the priority each snapshot was taken at
 
@@ -108,7 +108,7 @@ class FakeView:
         self.without.append(without)
         self.priorities.append(priority)
         states = [
-            WorkerState(n, w, frozenset(self.models), 10 * GB, 10 * GB,
+            Heartbeat(n, w, frozenset(self.models), 10 * GB, 10 * GB,
                         lifted_s=self.lifted.get(n, ()))
             for n, w in self.waits.items()
         ]  # fmt: skip

@@ -1,0 +1,201 @@
+"""What a heartbeat carries: one worker's queue wait, cached models, cache bytes and lanes.
+
+:class:`Heartbeat` is checked when it is made (a bad value is a :class:`ConfigError`) and when
+it is read off the wire (:meth:`Heartbeat.from_wire`: a :class:`ProtocolError`). The view
+(:mod:`compass.sched.view`) folds heartbeats in; snapshots (:mod:`compass.sched.snapshot`) are
+built from them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from compass.errors import ConfigError, ProtocolError
+from compass.objective import MAX_PRIORITY
+
+__all__ = ["NO_BATCHES", "Heartbeat"]
+
+#: a heartbeat without batches (shared: most heartbeats have none)
+NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One worker's state as its heartbeat reports it.
+
+    ``wait_s``: expected seconds before a task queued now would start (the sum of the expected
+    times of the tasks ahead of it, spread over its lanes); ``models``: models resident in its
+    GPU cache; ``loading``: models being loaded; ``free_bytes`` / ``capacity_bytes``: its cache;
+    ``seq``: increases with every heartbeat the worker sends, so a stale one is recognised;
+    ``h2d_bytes_per_s``: its measured host-to-device bandwidth (0: not measured yet), so peers
+    estimate model fetches on a slower or faster GPU from what it measured; ``incarnation``:
+    the worker's SWIM incarnation (see :mod:`compass.worker.membership`), raised each time it
+    rejoins after being declared dead, so ``(incarnation, seq)`` orders its heartbeats even
+    across a restart that starts ``seq`` again (0 where the sender predates it). ``batches``:
+    per model, ``(queued tasks that may batch, seconds before the first of them is expected to
+    start)``, counted like ``wait_s`` from when the state was taken (empty where the sender
+    predates it, or where nothing queued batches). ``lifted_s``: the waits of a task of
+    priority 1, 2, ... (:meth:`wait_at`), the last one holding for every level above it (empty
+    where the sender predates it: ``wait_s`` stands in).
+    """
+
+    name: str
+    wait_s: float
+    models: frozenset[str]
+    free_bytes: int
+    capacity_bytes: int
+    lanes: int = 1
+    lanes_busy: int = 0
+    seq: int = 0
+    loading: frozenset[str] = frozenset()
+    h2d_bytes_per_s: float = 0.0
+    incarnation: int = 0
+    #: not hashed (a mapping is not hashable); compared like every other field
+    batches: Mapping[str, tuple[int, float]] = field(default_factory=lambda: NO_BATCHES, hash=False)
+    lifted_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"Heartbeat.name must be a non-empty string, got {self.name!r}")
+        if not self.wait_s >= 0:
+            raise ConfigError(f"worker {self.name!r}: wait_s must be >= 0, got {self.wait_s!r}")
+        if self.capacity_bytes < 0 or not 0 <= self.free_bytes <= self.capacity_bytes:
+            raise ConfigError(
+                f"worker {self.name!r}: need 0 <= free_bytes ({self.free_bytes}) <= "
+                f"capacity_bytes ({self.capacity_bytes})"
+            )
+        if not self.h2d_bytes_per_s >= 0:
+            raise ConfigError(
+                f"worker {self.name!r}: h2d_bytes_per_s must be >= 0, got {self.h2d_bytes_per_s!r}"
+            )
+        if self.incarnation < 0:
+            raise ConfigError(
+                f"worker {self.name!r}: incarnation must be >= 0, got {self.incarnation!r}"
+            )
+        if self.lanes < 1 or not 0 <= self.lanes_busy <= self.lanes:
+            raise ConfigError(
+                f"worker {self.name!r}: need lanes >= 1 and 0 <= lanes_busy <= lanes, "
+                f"got {self.lanes_busy}/{self.lanes}"
+            )
+        if self.batches is not NO_BATCHES:
+            object.__setattr__(self, "batches", self._checked_batches(self.batches))
+        if self.lifted_s:
+            lifted = self.lifted_s
+            if len(lifted) > MAX_PRIORITY or not all(
+                isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w < math.inf
+                for w in lifted
+            ):
+                raise ConfigError(
+                    f"worker {self.name!r}: lifted_s must be at most {MAX_PRIORITY} waits "
+                    f">= 0, got {lifted!r}"
+                )
+            object.__setattr__(self, "lifted_s", tuple(float(w) for w in lifted))
+
+    def wait_at(self, priority: int) -> float:
+        """Expected seconds before a task of ``priority`` queued now would start: the running
+        work and the queued tasks of its level and above (``wait_s`` at level 0)."""
+        lifted = self.lifted_s
+        if priority <= 0 or not lifted:
+            return self.wait_s
+        return lifted[min(priority, len(lifted)) - 1]
+
+    def _checked_batches(self, batches: object) -> Mapping[str, tuple[int, float]]:
+        if not isinstance(batches, Mapping):
+            raise ConfigError(
+                f"worker {self.name!r}: batches must map model names to (count, seconds), "
+                f"got {type(batches).__name__}"
+            )
+        if not batches:
+            return NO_BATCHES
+        checked: dict[str, tuple[int, float]] = {}
+        for model, entry in batches.items():
+            if not isinstance(model, str) or not model:
+                raise ConfigError(
+                    f"worker {self.name!r}: a batches key must be a model name, got {model!r}"
+                )
+            count, first = entry if isinstance(entry, tuple | list) and len(entry) == 2 else (0, 0)
+            if (
+                not isinstance(count, int)
+                or isinstance(count, bool)
+                or count < 1
+                or not isinstance(first, int | float)
+                or isinstance(first, bool)
+                or not 0 <= first < math.inf
+            ):
+                raise ConfigError(
+                    f"worker {self.name!r}: batches[{model!r}] must be (count >= 1, seconds >= 0), "
+                    f"got {entry!r}"
+                )
+            checked[model] = (count, float(first))
+        return MappingProxyType(checked)
+
+    def to_wire(self) -> dict[str, Any]:
+        """A msgpack-able dict (short keys: heartbeats are frequent)."""
+        return {
+            "n": self.name,
+            "w": self.wait_s,
+            "m": sorted(self.models),
+            "f": self.free_bytes,
+            "c": self.capacity_bytes,
+            "l": self.lanes,
+            "b": self.lanes_busy,
+            "s": self.seq,
+            "ld": sorted(self.loading),
+            "h": self.h2d_bytes_per_s,
+            "i": self.incarnation,
+            # optional: {model: [count, seconds]}, left out when nothing queued batches
+            **({"q": {m: list(v) for m, v in self.batches.items()}} if self.batches else {}),
+            **({"wl": list(self.lifted_s)} if self.lifted_s else {}),
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> Heartbeat:
+        """Rebuild a state from :meth:`to_wire`'s form; :class:`ProtocolError` if malformed."""
+        if not isinstance(data, Mapping):
+            raise ProtocolError(f"worker state: expected a map, got {type(data).__name__}")
+        try:
+            name, wait, models = data["n"], data["w"], data["m"]
+            free, cap, lanes = data["f"], data["c"], data["l"]
+            busy, seq, loading = data["b"], data["s"], data["ld"]
+        except KeyError as exc:
+            raise ProtocolError(f"worker state: missing field {exc.args[0]!r}") from None
+        h2d = data.get("h", 0.0)  # absent from a worker that predates it
+        incarnation = data.get("i", 0)  # likewise
+        batches = data.get("q", NO_BATCHES)  # likewise, and left out when empty
+        lifted = data.get("wl", ())  # likewise
+        if not isinstance(lifted, list | tuple):
+            raise ProtocolError("worker state: field 'wl' must be a list of waits")
+        if not isinstance(batches, Mapping):
+            raise ProtocolError("worker state: field 'q' must map model names to [count, seconds]")
+        ints = {"f": free, "c": cap, "l": lanes, "b": busy, "s": seq, "i": incarnation}
+        for key, value in ints.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ProtocolError(f"worker state: field {key!r} must be an integer")
+        for key, number in (("w", wait), ("h", h2d)):
+            if not isinstance(number, int | float) or isinstance(number, bool):
+                raise ProtocolError(f"worker state: field {key!r} must be a number")
+        for key, names in (("m", models), ("ld", loading)):
+            if not isinstance(names, list | tuple) or not all(isinstance(m, str) for m in names):
+                raise ProtocolError(f"worker state: field {key!r} must be a list of model names")
+        try:
+            return cls(
+                name=name,
+                wait_s=float(wait),
+                models=frozenset(models),
+                free_bytes=free,
+                capacity_bytes=cap,
+                lanes=lanes,
+                lanes_busy=busy,
+                seq=seq,
+                loading=frozenset(loading),
+                h2d_bytes_per_s=float(h2d),
+                incarnation=incarnation,
+                batches=batches,
+                lifted_s=tuple(lifted),
+            )
+        except ConfigError as exc:
+            raise ProtocolError(f"worker state: {exc.message}") from None

@@ -1,0 +1,195 @@
+"""Snapshots of the cluster view: immutable numpy arrays over the workers.
+
+A :class:`ViewSnapshot` is what every policy plans on: the workers sorted by name (a worker's
+index is its position), their waits, free and total cache bytes, where each model is resident
+or coming, and the batches queued per model, so the planner evaluates all workers for a task
+with a few vector operations. The live view (:class:`~compass.sched.view.ClusterView`) and the
+simulator's cluster state hand them out; tests and benchmarks build them from heartbeats
+(:meth:`ViewSnapshot.build`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+import numpy.typing as npt
+
+from compass.errors import ConfigError
+from compass.sched.heartbeat import Heartbeat
+
+__all__ = ["BatchRows", "ViewSnapshot", "batch_rows", "heartbeat_arrays"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: per model: (queued batchable tasks, seconds before the first of them starts), per worker
+BatchRows = tuple[IntArray, FloatArray]
+
+_NO_ROWS: Mapping[str, BatchRows] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ViewSnapshot:
+    """An immutable picture of the cluster, array-based.
+
+    ``names`` is sorted and a worker's index is its position. ``wait_s``, ``free_bytes`` and
+    ``capacity_bytes`` are read-only arrays over the workers; ``resident[model]`` is a read-only
+    boolean array, true where the model is resident, loading or on its way (a task just placed
+    there needs it). Waits already count the tasks recently placed on each worker.
+    ``batches[model]`` (:meth:`batched`): read-only ``(counts, start_s)`` arrays, the queued
+    tasks of ``model`` that may batch on each worker and the seconds before the first of them
+    is expected to start (like ``wait_s``: from now); only for models some worker reports.
+    """
+
+    names: tuple[str, ...]
+    wait_s: FloatArray
+    free_bytes: IntArray
+    capacity_bytes: IntArray
+    resident: Mapping[str, BoolArray]
+    positions: Mapping[str, int]
+    min_capacity_bytes: int
+    batches: Mapping[str, BatchRows] = field(default_factory=lambda: _NO_ROWS)
+
+    @classmethod
+    def build(cls, states: Sequence[Heartbeat] | Iterable[Heartbeat]) -> ViewSnapshot:
+        """A snapshot straight from worker states (tests, the simulator). Names must differ."""
+        by_name: dict[str, Heartbeat] = {}
+        for state in states:
+            if state.name in by_name:
+                raise ConfigError(f"ViewSnapshot.build: worker {state.name!r} appears twice")
+            by_name[state.name] = state
+        names = tuple(sorted(by_name))
+        ordered = [by_name[n] for n in names]
+        wait, free, cap, resident = heartbeat_arrays(ordered)
+        batches = batch_rows([s.batches for s in ordered])
+        return cls._frozen(names, wait, free, cap, resident, batches=batches)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        names: tuple[str, ...],
+        wait_s: FloatArray,
+        free_bytes: IntArray,
+        capacity_bytes: IntArray,
+        resident: Mapping[str, BoolArray],
+        *,
+        positions: Mapping[str, int] | None = None,
+        batches: Mapping[str, BatchRows] | None = None,
+    ) -> ViewSnapshot:
+        """A snapshot over arrays the caller built (the simulator, which keeps its cluster
+        state in arrays already). ``names`` must be sorted; the arrays are indexed like it.
+
+        Nothing is copied: the arrays (and ``resident``'s and ``batches``' rows) are made
+        read-only, so the caller must not reuse them for writing. ``positions``, when given,
+        must map each name to its index (pass the same mapping every time to avoid rebuilding
+        it). ``batches``: see the class docstring (None: no worker reports any).
+        """
+        n = len(names)
+        if len(wait_s) != n or len(free_bytes) != n or len(capacity_bytes) != n:
+            raise ConfigError(
+                f"ViewSnapshot.from_arrays: {n} names but arrays of lengths "
+                f"{len(wait_s)}, {len(free_bytes)}, {len(capacity_bytes)}"
+            )
+        if batches:
+            for model, (counts, start) in batches.items():
+                if len(counts) != n or len(start) != n:
+                    raise ConfigError(
+                        f"ViewSnapshot.from_arrays: {n} names but batches[{model!r}] has "
+                        f"arrays of lengths {len(counts)}, {len(start)}"
+                    )
+        return cls._frozen(names, wait_s, free_bytes, capacity_bytes, resident, positions, batches)
+
+    @classmethod
+    def _frozen(
+        cls,
+        names: tuple[str, ...],
+        wait: FloatArray,
+        free: IntArray,
+        cap: IntArray,
+        resident: Mapping[str, BoolArray],
+        positions: Mapping[str, int] | None = None,
+        batches: Mapping[str, BatchRows] | None = None,
+    ) -> ViewSnapshot:
+        for array in (wait, free, cap, *resident.values()):
+            array.setflags(write=False)
+        if batches:
+            for counts, start in batches.values():
+                counts.setflags(write=False)
+                start.setflags(write=False)
+        if positions is None:
+            positions = MappingProxyType({n: i for i, n in enumerate(names)})
+        return cls(
+            names=names,
+            wait_s=wait,
+            free_bytes=free,
+            capacity_bytes=cap,
+            resident=MappingProxyType(dict(resident)),
+            positions=positions,
+            min_capacity_bytes=int(cap.min()) if len(names) else 0,
+            batches=MappingProxyType(dict(batches)) if batches else _NO_ROWS,
+        )
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.positions
+
+    def index(self, name: str) -> int:
+        """Position of worker ``name``; :class:`ConfigError` if the view lacks it."""
+        i = self.positions.get(name)
+        if i is None:
+            raise ConfigError(f"worker {name!r} is not in this view ({len(self.names)} workers)")
+        return i
+
+    def holds(self, model: str) -> BoolArray:
+        """Where ``model`` is resident, loading or on its way (all false for an unseen model)."""
+        found = self.resident.get(model)
+        if found is None:
+            return np.zeros(len(self.names), dtype=np.bool_)
+        return found
+
+    def batched(self, model: str) -> BatchRows | None:
+        """``(counts, start_s)`` of ``model``'s queued batchable tasks over the workers (see
+        the class docstring); None when no worker reports any."""
+        return self.batches.get(model) if self.batches else None
+
+
+def heartbeat_arrays(
+    states: Sequence[Heartbeat],
+) -> tuple[FloatArray, IntArray, IntArray, dict[str, BoolArray]]:
+    n = len(states)
+    wait = np.fromiter((s.wait_s for s in states), dtype=np.float64, count=n)
+    free = np.fromiter((s.free_bytes for s in states), dtype=np.int64, count=n)
+    cap = np.fromiter((s.capacity_bytes for s in states), dtype=np.int64, count=n)
+    resident: dict[str, BoolArray] = {}
+    for i, state in enumerate(states):
+        for model in state.models | state.loading:
+            row = resident.get(model)
+            if row is None:
+                row = resident[model] = np.zeros(n, dtype=np.bool_)
+            row[i] = True
+    return wait, free, cap, resident
+
+
+def batch_rows(
+    per_worker: Sequence[Mapping[str, tuple[int, float]]], since: float = 0.0
+) -> dict[str, BatchRows]:
+    """Per model, the workers' batch counts and the seconds from ``since`` before the first of
+    each starts (none below 0), as arrays over the workers (``per_worker``'s order). Starts
+    are seconds from when each state was taken with ``since`` 0 (heartbeats), or absolute
+    times with ``since`` the time they are read at (the simulator)."""
+    rows: dict[str, BatchRows] = {}
+    n = len(per_worker)
+    for i, batches in enumerate(per_worker):
+        for model, (count, first) in batches.items():
+            row = rows.get(model)
+            if row is None:
+                row = rows[model] = (np.zeros(n, dtype=np.int64), np.zeros(n))
+            row[0][i] = count
+            row[1][i] = max(0.0, first - since)
+    return rows
