@@ -202,12 +202,14 @@ def _raw(tensor: Any) -> bytes:
 
 
 def _dtypes() -> list[Row]:
-    from compass.cache import Model, ModelCache
+    from compass.cache import Model
     from compass.config import CacheConfig
+
+    from .leases import LeasingCache
 
     async def main() -> list[str]:
         config = CacheConfig(capacity_bytes=4 * SLAB, slab_bytes=4 * MiB, backend="cupy")
-        async with ModelCache({"zoo": Model("zoo", dtype_zoo)}, config) as cache:
+        async with LeasingCache({"zoo": Model("zoo", dtype_zoo)}, config) as cache:
             with await cache.ensure("zoo") as lease:
                 assert lease.module is not None
                 got = dict(lease.module.state_dict())
@@ -258,7 +260,7 @@ def _race() -> list[Row]:
     }
     backend = CupyBackend(SLAB, SLAB)
     layout = models["a"].layout(SLAB)
-    staged = {name: model._stage(layout, backend.host_buffer) for name, model in models.items()}
+    staged = {name: model.stage(layout, backend.host_buffer) for name, model in models.items()}
 
     def load(name: str) -> nn.Module:
         """Copy ``name`` into the only slab (no fence) and build its module on the slab."""
@@ -268,7 +270,7 @@ def _race() -> list[Row]:
             spec.key: backend.tensor_view(0, spec.dtype, spec.shape, spec.nbytes, spec.stride)
             for spec in models[name].tensor_specs()
         }
-        return models[name]._assemble(views)
+        return models[name].assemble(views)
 
     x = torch.randn(1024, width, device="cuda")
     reference = build(1).cuda().eval()
@@ -358,8 +360,10 @@ def _raw_copy_seconds(nbytes: int) -> float:
 
 
 def _bandwidth(quick: bool) -> list[Row]:
-    from compass.cache import Model, ModelCache
+    from compass.cache import Model
     from compass.config import CacheConfig
+
+    from .leases import LeasingCache
 
     demand_bytes = 1 * GiB
     prefetch_bytes = (2 if quick else 8) * GiB
@@ -374,7 +378,7 @@ def _bandwidth(quick: bool) -> list[Row]:
     async def main() -> tuple[float, float, float]:
         capacity = 2 * demand_bytes + prefetch_bytes + 2 * SLAB
         config = CacheConfig(capacity_bytes=capacity, slab_bytes=SLAB, backend="cupy")
-        async with ModelCache(models, config) as cache:
+        async with LeasingCache(models, config) as cache:
             t0 = time.perf_counter()
             with await cache.ensure("demand"):
                 pass

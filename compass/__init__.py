@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from compass.app import App, load_app
-    from compass.cache.models import Model
+    from compass.cache.weights import Model
     from compass.client import Client, JobResult, SyncClient
     from compass.cluster import LocalCluster
     from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig
@@ -120,7 +120,7 @@ _ERRORS = (
 _LAZY: dict[str, str] = {
     "App": "compass.app",
     "load_app": "compass.app",
-    "Model": "compass.cache.models",
+    "Model": "compass.cache.weights",
     "Client": "compass.client",
     "JobResult": "compass.client",
     "SyncClient": "compass.client",

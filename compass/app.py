@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from compass.cache.models import KeyMap, Model
+from compass.cache.weights import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload, load_workload

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
         cuda_available,
         make_backend,
     )
-    from compass.cache.models import Lease, Model, ModelCache, TensorSpec
+    from compass.cache.models import ModelCache
+    from compass.cache.weights import Model, TensorSpec
 
 __all__ = [
     "TENSOR_ALIGN",
@@ -39,7 +40,6 @@ __all__ = [
     "CopyJob",
     "CupyBackend",
     "HostBackend",
-    "Lease",
     "LoadPlan",
     "Model",
     "ModelCache",
@@ -63,10 +63,9 @@ _LAZY = {
     "StrictBackend": "compass.cache.backend",
     "cuda_available": "compass.cache.backend",
     "make_backend": "compass.cache.backend",
-    "Lease": "compass.cache.models",
-    "Model": "compass.cache.models",
+    "Model": "compass.cache.weights",
     "ModelCache": "compass.cache.models",
-    "TensorSpec": "compass.cache.models",
+    "TensorSpec": "compass.cache.weights",
 }
 
 

@@ -265,8 +265,8 @@ class CacheCore:
 
     def acquire(self, name: str, upcoming: Sequence[str] = ()) -> str | LoadPlan:
         """The next step in making ``name`` resident for a task about to run, the one rule
-        the worker's :meth:`ModelCache.ensure <compass.cache.models.ModelCache.ensure>` and
-        the simulator follow: :data:`READY` or :data:`JOIN` (pinned: run now, or once the load
+        the worker core's lanes (:class:`~compass.worker.lanes.Lanes`, on a worker and in the
+        simulator) follow: :data:`READY` or :data:`JOIN` (pinned: run now, or once the load
         under way ends), :data:`WAIT` (nothing changed: ask again when a pin or a load is
         released), or a :class:`LoadPlan` (nothing changed: begin that load, then pin ``name``
         so that nothing evicts it before the task runs). Raises :class:`ModelTooLarge` when it

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from compass.cache import Model, ModelCache
+from compass._bench.leases import LeasingCache
+from compass.cache import Model
 from compass.cache.backend import CupyBackend, cuda_available, cuda_problem
 from compass.config import CacheConfig
 
@@ -65,7 +66,7 @@ async def test_real_model_on_the_gpu_matches_the_direct_module(tmp_path: Path):
     models = {"net": Model("net", build_net, tmp_path / "net.safetensors")}
     config = CacheConfig(capacity_bytes=128 * MiB, slab_bytes=4 * MiB, backend="cupy")
     x = torch.randn(32, 1024, device="cuda")
-    async with ModelCache(models, config) as cache:
+    async with LeasingCache(models, config) as cache:
         assert isinstance(cache.backend, CupyBackend)
         with await cache.ensure("net") as lease:
             module = lease.module
@@ -83,7 +84,7 @@ async def test_real_model_on_the_gpu_matches_the_direct_module(tmp_path: Path):
 async def test_load_bandwidth_against_a_raw_pinned_copy():
     model = Model("wide", build_wide)
     config = CacheConfig(capacity_bytes=512 * MiB, slab_bytes=64 * MiB, backend="cupy")
-    async with ModelCache({"wide": model}, config) as cache:  # stages pinned host weights
+    async with LeasingCache({"wide": model}, config) as cache:  # stages pinned host weights
         with await cache.ensure("wide"):
             pass
         stats = cache.stats

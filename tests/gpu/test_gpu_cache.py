@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from compass._bench.gpu import dtype_zoo
+from compass._bench.leases import LeasingCache
 from compass.cache import Model, ModelCache
 from compass.cache.backend import CupyBackend, cuda_problem, make_backend
 from compass.cache.policy import LoadPlan
@@ -57,7 +58,7 @@ def chain(module: nn.Module, x: torch.Tensor, depth: int) -> torch.Tensor:
 async def test_eviction_reuses_slabs_only_after_the_compute_fence():
     models = {"a": Model("a", lambda: linear(1)), "b": Model("b", lambda: linear(2))}
     x = torch.randn(8192, 2048)
-    async with ModelCache(models, config(32)) as cache:  # one slab: a and b take turns
+    async with LeasingCache(models, config(32)) as cache:  # one slab: a and b take turns
         lease = await cache.ensure("a")
         module = lease.module
         assert module is not None
@@ -81,7 +82,7 @@ async def test_eviction_reuses_slabs_only_after_the_compute_fence():
 @pytest.mark.asyncio
 async def test_concurrent_loads_land_intact():
     models = {f"m{i}": Model(f"m{i}", functools.partial(linear, i)) for i in range(4)}
-    async with ModelCache(models, config(256)) as cache:
+    async with LeasingCache(models, config(256)) as cache:
         leases = await asyncio.gather(*(cache.ensure(name) for name in models))
         for lease, seed in zip(leases, range(4), strict=True):
             assert lease.module is not None
@@ -96,7 +97,7 @@ build_zoo = dtype_zoo  # one tensor of each dtype and layout
 
 @pytest.mark.asyncio
 async def test_every_dtype_and_layout_byte_for_byte_on_the_gpu():
-    async with ModelCache({"zoo": Model("zoo", build_zoo)}, config(64, 4)) as cache:
+    async with LeasingCache({"zoo": Model("zoo", build_zoo)}, config(64, 4)) as cache:
         with await cache.ensure("zoo") as lease:
             assert lease.module is not None
             got = dict(lease.module.state_dict())

@@ -19,8 +19,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 import compass
+from compass._bench.leases import LeasingCache
 from compass.app import Resource, load_app
-from compass.cache import Model, ModelCache
+from compass.cache import Model
 from compass.config import CacheConfig
 from compass.errors import CacheError, ConfigError, InvalidInputs, WorkflowError
 from compass.workflow.dag import Task, TaskProfile
@@ -52,7 +53,7 @@ async def loaded(model: Model) -> dict[str, torch.Tensor]:
     """The state of ``model`` loaded the way a worker loads it: staged, copied into slabs,
     assembled."""
     config = CacheConfig(capacity_bytes=1 << 20, slab_bytes=4096, backend="host")
-    async with ModelCache({model.name: model}, config) as cache:
+    async with LeasingCache({model.name: model}, config) as cache:
         with await cache.ensure(model.name) as lease:
             module = lease.module
             assert module is not None
@@ -78,7 +79,7 @@ async def test_strict_load_refuses_an_extra_key_and_strict_false_loads_it_logged
     save_file({**state, "position_ids": torch.arange(4)}, str(path))  # what older code saved
     with pytest.raises(CacheError, match=r"do not fit model 'strict'.*position_ids"):
         await loaded(Model("strict", Tiny, path))
-    with caplog.at_level(logging.DEBUG, logger="compass.cache.models"):
+    with caplog.at_level(logging.DEBUG, logger="compass.cache.weights"):
         module = await loaded(Model("loose", Tiny, path, strict=False))
     assert_holds(module, state)
     assert any(

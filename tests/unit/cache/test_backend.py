@@ -118,11 +118,12 @@ def test_emulated_cache_never_imports_torch():
     _run(
         """
         import asyncio, sys
-        from compass.cache import Model, ModelCache
+        from compass._bench.leases import LeasingCache
+        from compass.cache import Model
         from compass.config import CacheConfig
 
         async def main():
-            cache = ModelCache({"m": Model.emulated("m", 10**9)},
+            cache = LeasingCache({"m": Model.emulated("m", 10**9)},
                                CacheConfig(14 * 10**9, 64 * 2**20, "capacity"))
             with await cache.ensure("m") as lease:
                 assert lease.module is None

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from compass._bench.gpu import dtype_zoo
-from compass.cache import Model, ModelCache
+from compass._bench.leases import LeasingCache
+from compass.cache import Model
 from compass.cache.backend import StrictBackend
 from compass.config import CacheConfig
 
@@ -34,9 +35,9 @@ def address(tensor: torch.Tensor) -> int:
     )
 
 
-async def load(model: Model) -> tuple[ModelCache, nn.Module]:
+async def load(model: Model) -> tuple[LeasingCache, nn.Module]:
     config = CacheConfig(capacity_bytes=64 * KiB, slab_bytes=4 * KiB, backend="strict")
-    cache = ModelCache({model.name: model}, config)
+    cache = LeasingCache({model.name: model}, config)
     await cache.prepare()
     lease = await cache.ensure(model.name)
     module = lease.module
@@ -97,7 +98,7 @@ async def test_a_loader_checkpoint_cast_up_is_said(caplog):
         return {"lin.weight": torch.randn(16, 8).bfloat16(), "lin.bias": torch.randn(16).bfloat16()}
 
     model = Model("zoo", build_zoo, loader=loader, strict=False)
-    with caplog.at_level("WARNING", logger="compass.cache.models"):
+    with caplog.at_level("WARNING", logger="compass.cache.weights"):
         cache, module = await load(model)
     lin = module.get_submodule("lin")
     assert isinstance(lin, nn.Linear)

@@ -1,4 +1,5 @@
-"""ModelCache: real torch modules living in the host arena, waits, sharing, prefetch, emulation."""
+"""ModelCache, driven by LeasingCache: real torch modules in the host arena, waits, sharing,
+prefetch, emulation."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from compass.cache import Model, ModelCache
+from compass._bench.leases import LeasingCache
+from compass.cache import Model
 from compass.cache.backend import HostBackend
 from compass.config import CacheConfig
 from compass.errors import CacheError, ConfigError, ModelTooLarge
@@ -75,7 +77,7 @@ def two_mlps(tmp_path: Path) -> dict[str, Model]:
     }
 
 
-def in_arena(module: nn.Module, cache: ModelCache) -> bool:
+def in_arena(module: nn.Module, cache: LeasingCache) -> bool:
     start, end = cache.backend.address_range()
     tensors = [*module.parameters(), *module.buffers()]
     return all(start <= t.data_ptr() and t.data_ptr() + t.nbytes <= end for t in tensors)
@@ -84,7 +86,7 @@ def in_arena(module: nn.Module, cache: ModelCache) -> bool:
 @pytest.mark.asyncio
 async def test_real_module_through_the_cache_equals_the_direct_module(tmp_path, two_mlps):
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(0))
-    async with ModelCache(two_mlps, host_config(64 * KiB)) as cache:
+    async with LeasingCache(two_mlps, host_config(64 * KiB)) as cache:
         assert isinstance(cache.backend, HostBackend)
         lease = await cache.ensure("a")
         assert not lease.hit
@@ -116,7 +118,7 @@ async def test_size_is_measured_from_parameters_and_buffers():
 @pytest.mark.asyncio
 async def test_builder_initialization_is_the_weights_when_no_file_is_given():
     x = torch.randn(3, 32)
-    async with ModelCache({"s": Model("s", seeded_mlp)}, host_config(64 * KiB)) as cache:
+    async with LeasingCache({"s": Model("s", seeded_mlp)}, host_config(64 * KiB)) as cache:
         with await cache.ensure("s") as lease:
             module = lease.module
             assert module is not None
@@ -136,7 +138,7 @@ class Tied(nn.Module):
 async def test_tied_weights_stay_tied_and_count_once():
     model = Model("tied", Tied)
     assert model.size_bytes == 10 * 8 * 4
-    async with ModelCache({"tied": model}, host_config(16 * KiB)) as cache:
+    async with LeasingCache({"tied": model}, host_config(16 * KiB)) as cache:
         with await cache.ensure("tied") as lease:
             module = lease.module
             assert isinstance(module, Tied)
@@ -149,7 +151,7 @@ async def test_eviction_frees_the_slabs_for_the_next_model(tmp_path, two_mlps):
     footprint = mlp_footprint(tmp_path)
     x = torch.randn(2, 32)
     # room for one MLP only
-    async with ModelCache(two_mlps, host_config(footprint + SLAB)) as cache:
+    async with LeasingCache(two_mlps, host_config(footprint + SLAB)) as cache:
         lease_a = await cache.ensure("a")
         assert cache.free_bytes() == cache.capacity_bytes() - footprint
         module_a = lease_a.module
@@ -178,7 +180,7 @@ async def test_load_that_needs_pinned_slabs_waits_until_unpin(tmp_path, two_mlps
     footprint = mlp_footprint(tmp_path)
     x = torch.randn(4, 32)
     expected_a = direct(tmp_path / "a.safetensors")(x).detach()
-    async with ModelCache(two_mlps, host_config(footprint + SLAB)) as cache:
+    async with LeasingCache(two_mlps, host_config(footprint + SLAB)) as cache:
         lease_a = await cache.ensure("a")
         waiter = asyncio.create_task(cache.ensure("b"))
         for _ in range(20):  # give the waiter every chance to (wrongly) proceed
@@ -204,7 +206,7 @@ async def test_load_that_needs_pinned_slabs_waits_until_unpin(tmp_path, two_mlps
 
 @pytest.mark.asyncio
 async def test_concurrent_requests_share_one_load_and_count_pins(two_mlps):
-    async with ModelCache(two_mlps, host_config(64 * KiB)) as cache:
+    async with LeasingCache(two_mlps, host_config(64 * KiB)) as cache:
         first, second = await asyncio.gather(cache.ensure("a"), cache.ensure("a"))
         assert cache.stats.loads == 1
         assert first.module is second.module
@@ -218,7 +220,7 @@ async def test_concurrent_requests_share_one_load_and_count_pins(two_mlps):
 
 @pytest.mark.asyncio
 async def test_model_larger_than_the_cache_fails_clearly(two_mlps):
-    async with ModelCache(two_mlps, host_config(2 * SLAB)) as cache:
+    async with LeasingCache(two_mlps, host_config(2 * SLAB)) as cache:
         with pytest.raises(ModelTooLarge, match=r"'a'.*8192 B"):
             await cache.ensure("a")
         assert cache.free_bytes() == cache.capacity_bytes()
@@ -229,7 +231,7 @@ async def test_model_larger_than_the_cache_fails_clearly(two_mlps):
 async def test_bad_weights_fail_the_load_and_leave_the_cache_clean(tmp_path):
     save_file({"nonsense": torch.zeros(3)}, str(tmp_path / "bad.safetensors"))
     models = {"bad": Model("bad", build_mlp, tmp_path / "bad.safetensors")}
-    cache = ModelCache(models, host_config(64 * KiB))
+    cache = LeasingCache(models, host_config(64 * KiB))
     with pytest.raises(CacheError, match="do not fit model 'bad'"):
         await cache.ensure("bad")
     assert cache.resident() == frozenset()
@@ -243,7 +245,7 @@ async def test_bad_weights_fail_the_load_and_leave_the_cache_clean(tmp_path):
 
 @pytest.mark.asyncio
 async def test_prefetch_loads_in_the_background_and_is_shared(two_mlps):
-    async with ModelCache(two_mlps, host_config(64 * KiB)) as cache:
+    async with LeasingCache(two_mlps, host_config(64 * KiB)) as cache:
         cache.prefetch(["a", "b"])
         assert cache.loading() == {"a"}
         cache.prefetch(["a", "b"])  # at most one prefetch at a time
@@ -259,7 +261,7 @@ async def test_prefetch_never_evicts_a_model_needed_sooner():
     size = 10 * SLAB
     models = {name: Model.emulated(name, size) for name in "abc"}
     config = CacheConfig(capacity_bytes=2 * size, slab_bytes=SLAB, backend="capacity")
-    async with ModelCache(models, config) as cache:
+    async with LeasingCache(models, config) as cache:
         for name in "ab":
             (await cache.ensure(name)).release()
         # the queue needs a, then b, then c: making room for c would evict a model needed sooner
@@ -283,7 +285,7 @@ async def test_emulated_paper_workload_takes_no_memory():
     config = CacheConfig(capacity_bytes=14 * 10**9, slab_bytes=64 * 2**20, backend="capacity")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     caches = [
-        ModelCache(models, config, emulated_h2d_bytes_per_s=9.7e9, time_scale=1e-6)
+        LeasingCache(models, config, emulated_h2d_bytes_per_s=9.7e9, time_scale=1e-6)
         for _ in range(5)
     ]
     for cache in caches:
@@ -304,7 +306,7 @@ async def test_aclose_finishes_loads_and_wakes_waiters():
     size = 10 * SLAB
     models = {name: Model.emulated(name, size) for name in "ab"}
     config = CacheConfig(capacity_bytes=size, slab_bytes=SLAB, backend="capacity")
-    cache = ModelCache(models, config, emulated_h2d_bytes_per_s=size / 0.01)
+    cache = LeasingCache(models, config, emulated_h2d_bytes_per_s=size / 0.01)
     lease = await cache.ensure("a")
     waiter = asyncio.create_task(cache.ensure("b"))
     for _ in range(5):
@@ -322,7 +324,7 @@ async def test_aclose_finishes_loads_and_wakes_waiters():
 
 @pytest.mark.asyncio
 async def test_cancelled_waiter_leaves_no_pin(two_mlps):
-    async with ModelCache(two_mlps, host_config(64 * KiB)) as cache:
+    async with LeasingCache(two_mlps, host_config(64 * KiB)) as cache:
         task = asyncio.create_task(cache.ensure("a"))
         await asyncio.sleep(0)  # the load has begun and the waiter pinned it
         assert cache.loading() == {"a"}
@@ -337,7 +339,7 @@ async def test_cancelled_waiter_leaves_no_pin(two_mlps):
 
 @pytest.mark.asyncio
 async def test_snapshot_is_msgpack_able(two_mlps):
-    async with ModelCache(two_mlps, host_config(64 * KiB)) as cache:
+    async with LeasingCache(two_mlps, host_config(64 * KiB)) as cache:
         lease = await cache.ensure("a")
         snap = cache.snapshot()
         assert snap["resident"] == ["a"]
@@ -355,5 +357,5 @@ def test_model_declarations_are_checked():
     with pytest.raises(ConfigError, match="no builder"):
         Model("x", None, "w.safetensors", size_bytes=10)
     with pytest.raises(ConfigError, match="named"):
-        ModelCache({"y": Model.emulated("x", 1)}, host_config(64 * KiB))
+        LeasingCache({"y": Model.emulated("x", 1)}, host_config(64 * KiB))
     assert Model.emulated("e", 123).size_bytes == 123

@@ -127,11 +127,12 @@ def test_strided_views_keep_their_layout():
 async def test_demand_loads_are_urgent_and_prefetches_are_not():
     from torch import nn
 
-    from compass.cache import Model, ModelCache
+    from compass._bench.leases import LeasingCache
+    from compass.cache import Model
 
     models = {name: Model(name, lambda: nn.Linear(8, 8)) for name in ("a", "b")}
     config = CacheConfig(capacity_bytes=64 * KiB, slab_bytes=4 * KiB, backend="strict")
-    async with ModelCache(models, config) as cache:
+    async with LeasingCache(models, config) as cache:
         backend = cache.backend
         assert isinstance(backend, StrictBackend)
         with await cache.ensure("a"):  # a task waits for it: a high-priority stream on a GPU
