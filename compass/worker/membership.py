@@ -389,8 +389,8 @@ class Membership:
         """Open a channel to the worker at ``address`` (named ``expect``, if known) and join
         it; returns the ``(name, address)`` of the members it knows (name ``None`` from a
         worker that predates names in the handshake)."""
-        if address in self._connecting or self._closed:
-            return []
+        if address in self._connecting or self._closed or self.table.leaving:
+            return []  # a leaving worker dials nobody: its peers would take it in again
         self._connecting.add(address)
         try:
             channel = await self._dial(

@@ -532,3 +532,21 @@ async def test_an_in_memory_worker_that_leaves_is_retried_soon_and_often() -> No
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_leaving_worker_dials_nobody_so_its_peers_do_not_take_it_back() -> None:
+    network = MemoryNetwork()
+    a, b = [await Node(network, name).listen() for name in ("a", "b")]
+    try:
+        await a.membership.join([b.membership.address])
+        b.membership.leave()
+        await until(lambda: "b" not in a.membership.peers, "a hears b leave")
+        # a retry of b's (or its seed loop) firing now must not rejoin it to a
+        assert await b.membership.connect_peer(a.membership.address, "a") == []
+        await asyncio.sleep(0.05)
+        assert "b" not in a.membership.peers
+        assert a.membership.describe_lost()[0]["left"] is True
+    finally:
+        await a.aclose()
+        await b.aclose()
