@@ -163,7 +163,18 @@ def _check(workloads: int, curves: Sequence[str], policies: Sequence[str]) -> No
 def _searched(workload: Workload, curve: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The capacity layout of ``workload`` (already batched as ``curve`` says, or not)."""
     started = time.perf_counter()
-    found = cap.capacity_for_workload(workload, workers=workload.cluster.workers, **settings)
+    found = cap.capacity_for_workload(
+        workload,
+        settings["policies"],
+        cap.SimRuns(
+            workers=workload.cluster.workers, jobs=settings["jobs"], arrival=settings["arrival"]
+        ),
+        cap.CapacitySearch(
+            seeds=tuple(settings["seeds"]),
+            slos=tuple(settings["slos"]),
+            max_load=settings["max_load"],
+        ),
+    )
     found["config"].update(batching=curve is not None, batch_gain=curve)
     state = "off" if curve is None else f"on, {curve} curve"
     print(

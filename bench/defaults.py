@@ -121,7 +121,9 @@ def _runner(
 ) -> cap.RunFn:
     """A run function over variant names: each simulates ``compass`` with its settings."""
     by_name = {
-        name: cap.simulator_run(workload, workers=workers, jobs=jobs, options=_sim_options(s))
+        name: cap.simulator_run(
+            workload, cap.SimRuns(workers=workers, jobs=jobs, options=_sim_options(s))
+        )
         for name, s in chosen.items()
     }
 

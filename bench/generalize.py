@@ -92,13 +92,9 @@ def run(
         started = time.perf_counter()
         found = cap.capacity_for_workload(
             workload,
-            workers=workload.cluster.workers,
-            policies=chosen,
-            seeds=seeds,
-            slos=slos,
-            jobs=jobs,
-            max_load=max_load,
-            arrival=arrival,
+            chosen,
+            cap.SimRuns(workers=workload.cluster.workers, jobs=jobs, arrival=arrival),
+            cap.CapacitySearch(seeds=tuple(seeds), slos=tuple(slos), max_load=max_load),
         )
         row: dict[str, Any] = {
             "seed": seed,

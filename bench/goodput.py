@@ -11,10 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from compass.errors import ConfigError
-from compass.sim.capacity import write_json
 from compass.sim.goodput import goodput_for_workload, simulator_goodput_run
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import load_workload
+
+from .report import write_json
 
 __all__ = ["plot_goodput", "print_goodput", "run_cli"]
 
@@ -54,9 +55,7 @@ def run_cli(
         run, policies=policies, loads=loads, seeds=seeds, shed=shed, config=config
     )
     print_goodput(out, console, title=f"{workload.name} on {workers} simulated workers")
-    if json_path:
-        write_json(json_path, out)
-        console.print(f"wrote {json_path}")
+    write_json(json_path, out)
     if plot_path:
         plot_goodput(plot_path, out)
         console.print(f"wrote {plot_path}")

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import functools
 import gc
-import json
 import os
 import subprocess
 import sys
@@ -62,12 +61,7 @@ def run(json_path: str | None = None, *, quick: bool = False) -> dict[str, Any]:
     if problem is not None:
         print(f"compass bench gpu: skipped, no CUDA device for the cupy backend: {problem}")
         result: dict[str, Any] = {"benchmark": "gpu", "skipped": problem, "machine": machine()}
-        if json_path:
-            folder = os.path.dirname(json_path)
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-            with open(json_path, "w") as f:
-                json.dump(result, f, indent=2, sort_keys=True)
+        write_json(json_path, result, announce=False)  # the one line above is all it says
         return result
 
     import torch

@@ -5,7 +5,7 @@ compass runs as in ``compass bench e2e`` (:func:`compass._bench.e2e.run_policy`,
 ``compass``); Ray Serve as :mod:`compass._bench.peers_ray` deploys it. Both are summarized by
 :func:`compass._bench.e2e.summarize`; the capacity search is the simulator's
 (:func:`compass.sim.capacity.search_capacity`) over real runs of each side, and servers needed
-is :func:`compass.sim.report.fewest_workers`. Ray runs in one local Ray instance, started only
+is :func:`compass.sim.compare.fewest_workers`. Ray runs in one local Ray instance, started only
 while the Ray side runs, so that its idle processes do not share the CPUs with compass's runs.
 """
 
@@ -27,7 +27,7 @@ from compass.sim.capacity import Slo
 from compass.wire.transport import new_event_loop
 from compass.workflow.spec import Workload
 
-from . import e2e, peers_ray
+from . import e2e, peers_ray, sim_report
 from .report import machine, write_json
 
 __all__ = ["SYSTEMS", "compare_loads", "run"]
@@ -154,7 +154,7 @@ def run(
 ) -> dict[str, Any]:
     """The comparison: latency at ``loads``, then (if asked) capacity per SLO, servers needed
     at ``config.load`` and the overheads; prints tables, writes JSON and plots."""
-    from compass.sim.report import fewest_workers
+    from compass.sim.compare import fewest_workers
 
     systems = _systems(system)
     if not loads:
@@ -202,7 +202,7 @@ def run(
                     "physical_bound": capacity.physical_bound(workload, config.workers),
                 },
             }
-            capacity.print_capacity(
+            sim_report.print_capacity(
                 out["capacity_search"], title=f"{workload.name} on {config.workers} workers"
             )
         sweep: dict[str, dict[int, float | None]] = {}
@@ -223,9 +223,7 @@ def run(
             out["servers_sweep"] = {
                 s: {str(n): v for n, v in sorted(t.items())} for s, t in sweep.items()
             }
-            from compass.sim.report import print_servers_needed
-
-            print_servers_needed(needed, servers_sweep, target_slowdown)
+            sim_report.print_servers_needed(needed, servers_sweep, target_slowdown)
         if overheads:
             sides.stop_ray()
             out["overheads"] = _overheads(sides)
@@ -345,13 +343,11 @@ def _plot(
     """``path``: the latency CDF and per-workflow slowdown at the configured load (or the
     first one measured) and the servers sweep; ``<path>-capacity.png``: attainment against
     load, when the capacity was searched."""
-    from compass.sim.report import plot_results
-
     config = sides.config
     loads = out["config"]["loads"]
     load = config.load if config.load in loads else loads[0]
     runs = {s: sides(s, config.seed, load) for s in ("compass", out["config"]["system"])}
-    plot_results(
+    sim_report.plot_results(
         path,
         workload,
         {s: r["latencies_ms"] for s, r in runs.items()},
@@ -362,5 +358,5 @@ def _plot(
     print(f"wrote {path}")
     if "capacity_search" in out:
         target_path = str(Path(path).with_suffix("")) + "-capacity.png"
-        capacity.plot_attainment(target_path, out["capacity_search"])
+        sim_report.plot_attainment(target_path, out["capacity_search"])
         print(f"wrote {target_path}")

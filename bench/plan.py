@@ -13,7 +13,6 @@ Target: ``plan_us`` under 200 us for every workflow at 240 workers.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,8 @@ import numpy as np
 
 from compass.sched import Heartbeat, JobInfo, ViewSnapshot, make_policy
 from compass.workflow import Profiles, Workload, load_workload
+
+from .report import write_json
 
 __all__ = ["TARGET_US", "WORKER_COUNTS", "run"]
 
@@ -100,10 +101,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
         "repeats": repeats,
     }
     _print_table(result)
-    if json_path is not None:
-        out = Path(json_path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(json_path, result, announce=False)
     return result
 
 

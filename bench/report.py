@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -41,12 +41,16 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_json(path: str | None, data: dict[str, Any]) -> None:
+def write_json(path: str | None, data: Mapping[str, Any], *, announce: bool = True) -> None:
+    """Write ``data`` to ``path`` as indented JSON with sorted keys, creating the folder, and
+    say so (``announce``); nothing when ``path`` is empty. The one writer of every
+    benchmark's and ``compass sim``'s JSON."""
     if not path:
         return
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
-    print(f"wrote {path}")
+    if announce:
+        print(f"wrote {path}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -41,6 +40,8 @@ import numpy as np
 
 from compass import Client, LocalCluster
 from compass.errors import CompassError, CompassTimeout
+
+from .report import write_json
 
 __all__ = ["SCENARIOS", "Outcome", "free_port", "run", "run_scenario"]
 
@@ -308,12 +309,9 @@ def run(
         outcome = asyncio.run(run_scenario(name, env, path))
         outcomes.append(outcome)
         print(_row(outcome), flush=True)
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        config = {"worker_args": WORKER_ARGS, "worker_pythonpath": worker_pythonpath}
-        Path(json_path).write_text(
-            json.dumps({"config": config, "results": [asdict(o) for o in outcomes]}, indent=2)
-        )
+    config = {"worker_args": WORKER_ARGS, "worker_pythonpath": worker_pythonpath}
+    results = {"config": config, "results": [asdict(o) for o in outcomes]}
+    write_json(json_path, results, announce=False)
     return outcomes
 
 

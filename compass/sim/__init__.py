@@ -2,7 +2,9 @@
 driven in virtual time, so policies can be compared on hundreds of workers in seconds.
 
 ``simulate(workload, workers=..., policy=..., arrivals=job_arrivals(...))`` returns a
-:class:`SimResult`; ``compass sim`` (:func:`compass.sim.report.run_cli`) compares policies.
+:class:`SimResult`; ``compass sim`` compares policies
+(:func:`compass.sim.compare.compare_policies`) and ``compass sim --capacity`` finds the load
+each sustains (:mod:`compass.sim.capacity`); the CLI prints and plots what they return.
 """
 
 from __future__ import annotations

@@ -13,39 +13,38 @@ Runs are cached per (policy, seed, load), so every SLO reads the same runs.
 
 The search takes the run as a function ``run(policy, seed, load) -> slowdowns``, so the same
 code drives the simulator (:func:`simulator_run`) and a real cluster
-(``compass bench e2e --capacity``). Beside each table stands the physical bound: the load at
-which the workers' lanes would be busy 100% of the time with the declared execution times.
+(``compass bench e2e --capacity``). Beside the capacities stands the physical bound: the load
+at which the workers' lanes would be busy 100% of the time with the declared execution times.
+Tables and plots are the CLI's (``compass._bench.sim_report``).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, job_arrivals
 from compass.sim.engine import simulate
-from compass.workflow.spec import Workload, load_workload
+from compass.workflow.spec import Workload
 
 __all__ = [
     "BUILTIN_SLOS",
     "DEFAULT_LADDER",
     "REFERENCE",
     "CachedRuns",
+    "CapacitySearch",
     "RunFn",
+    "SimRuns",
     "Slo",
     "attainment",
     "capacity_at",
@@ -55,14 +54,10 @@ __all__ = [
     "parse_seeds",
     "parse_slo",
     "physical_bound",
-    "plot_attainment",
-    "print_capacity",
     "ratio",
-    "run_capacity_cli",
     "search_capacity",
     "simulator_run",
     "slo_config",
-    "write_json",
 ]
 
 #: per-job slowdowns (None: the job did not finish) of one run of ``policy`` at ``load``
@@ -376,51 +371,76 @@ def physical_bound(
     return workers * lanes / demand
 
 
-def simulator_run(
-    workload: Workload,
-    *,
-    workers: int,
-    jobs: int,
-    arrival: str = "poisson",
-    cv: float = 1.0,
-    heartbeat_s: float = 0.01,
-    staleness_s: float | None = None,
-    host_lanes: int = 0,
-    options: Mapping[str, Any] | None = None,
-) -> RunFn:
-    """A :data:`RunFn` that simulates ``jobs`` arrivals of ``workload`` on ``workers``; the
-    seed picks the arrivals (and seeds the ``random`` policy), so every run is deterministic.
-    ``options`` go to :func:`~compass.sim.engine.simulate` as they are (``prefetch_evicts``,
+@dataclass(frozen=True, slots=True)
+class SimRuns:
+    """How each simulated run of a search is made: ``jobs`` arrivals of process ``arrival``
+    (``cv``: gamma's spread) on ``workers`` simulated workers, peers' state every
+    ``heartbeat_ms`` and at least ``staleness_ms`` old (default: ``heartbeat_ms``), model-less
+    tasks on ``host_lanes`` host lanes; ``options`` go to
+    :func:`~compass.sim.engine.simulate` as they are (``prefetch_evicts``,
     ``policy_options``...)."""
-    extra = dict(options or {})
-    if arrival not in PROCESSES:
-        raise ConfigError(f"unknown arrival process {arrival!r}; known: {', '.join(PROCESSES)}")
-    if jobs < 1:
-        raise ConfigError(f"capacity needs at least one job per run, got {jobs}")
+
+    workers: int
+    jobs: int = 1000
+    arrival: str = "poisson"
+    cv: float = 1.0
+    heartbeat_ms: float = 10.0
+    staleness_ms: float | None = None
+    host_lanes: int = 0
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.arrival not in PROCESSES:
+            raise ConfigError(
+                f"unknown arrival process {self.arrival!r}; known: {', '.join(PROCESSES)}"
+            )
+        if self.jobs < 1:
+            raise ConfigError(f"capacity needs at least one job per run, got {self.jobs}")
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySearch:
+    """What a capacity search covers: the arrival ``seeds`` (one search each), the ``slos``,
+    the load grid up to ``max_load`` (:func:`load_grid`), and the bisection's tolerance and
+    step limit (:func:`capacity_at`)."""
+
+    seeds: tuple[int, ...]
+    slos: tuple[Slo, ...] = BUILTIN_SLOS
+    max_load: float = 8.0
+    rel_tol: float = 0.02
+    max_steps: int = 8
+
+
+def simulator_run(workload: Workload, runs: SimRuns) -> RunFn:
+    """A :data:`RunFn` that simulates ``workload`` as ``runs`` says; the seed picks the
+    arrivals (and seeds the ``random`` policy), so every run is deterministic."""
+    extra = dict(runs.options)
     flows = list(workload.workflows)
     weights = workload.weight_list()
     interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
+    heartbeat_s = runs.heartbeat_ms / 1000.0
+    staleness_s = None if runs.staleness_ms is None else runs.staleness_ms / 1000.0
 
     def run(policy: str, seed: int, load: float) -> list[float | None]:
         arrivals = job_arrivals(
             flows,
-            jobs,
-            process=arrival,
+            runs.jobs,
+            process=runs.arrival,
             mean_interval_s=interval_s,
             load=load,
-            cv=cv,
+            cv=runs.cv,
             seed=seed,
             weights=weights,
         )
         result = simulate(
             workload,
-            workers=workers,
+            workers=runs.workers,
             policy=policy,
             arrivals=arrivals,
             heartbeat_s=heartbeat_s,
             staleness_s=staleness_s,
             seed=seed,
-            host_lanes=host_lanes,
+            host_lanes=runs.host_lanes,
             **extra,
         )
         return [job.slowdown for job in result.jobs]
@@ -430,22 +450,10 @@ def simulator_run(
 
 def capacity_for_workload(
     workload: Workload,
-    *,
-    workers: int,
     policies: Sequence[str],
-    seeds: Sequence[int],
-    slos: Sequence[Slo] = BUILTIN_SLOS,
-    jobs: int = 1000,
-    max_load: float = 8.0,
-    arrival: str = "poisson",
-    cv: float = 1.0,
-    heartbeat_ms: float = 10.0,
-    staleness_ms: float | None = None,
-    host_lanes: int = 0,
-    rel_tol: float = 0.02,
-    max_steps: int = 8,
+    runs: SimRuns,
+    search: CapacitySearch,
     progress: Callable[[str, int, float, float], None] | None = None,
-    options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The simulated capacity of every policy on ``workload``: :func:`search_capacity`'s
     result plus ``config`` (with ``physical_bound``)."""
@@ -454,49 +462,38 @@ def capacity_for_workload(
         raise ConfigError(
             f"unknown policy {unknown[0]!r}; valid policies: {', '.join(POLICY_NAMES)}"
         )
-    grid = load_grid(max_load)
-    run = simulator_run(
-        workload,
-        workers=workers,
-        jobs=jobs,
-        arrival=arrival,
-        cv=cv,
-        heartbeat_s=heartbeat_ms / 1000.0,
-        staleness_s=None if staleness_ms is None else staleness_ms / 1000.0,
-        host_lanes=host_lanes,
-        options=options,
-    )
+    grid = load_grid(search.max_load)
     found = search_capacity(
-        run,
+        simulator_run(workload, runs),
         policies=policies,
-        seeds=seeds,
-        slos=slos,
+        seeds=search.seeds,
+        slos=search.slos,
         grid=grid,
-        rel_tol=rel_tol,
-        max_steps=max_steps,
+        rel_tol=search.rel_tol,
+        max_steps=search.max_steps,
         progress=progress,
     )
     config = {
         "mode": "sim",
         "workload_name": workload.name,
-        "workers": workers,
+        "workers": runs.workers,
         "policies": list(policies),
-        "seeds": list(seeds),
-        "slos": slo_config(slos),
-        "jobs": jobs,
-        "arrival": arrival,
-        "cv": cv,
-        "heartbeat_ms": heartbeat_ms,
-        "staleness_ms": heartbeat_ms if staleness_ms is None else staleness_ms,
-        "host_lanes": host_lanes,
+        "seeds": list(search.seeds),
+        "slos": slo_config(search.slos),
+        "jobs": runs.jobs,
+        "arrival": runs.arrival,
+        "cv": runs.cv,
+        "heartbeat_ms": runs.heartbeat_ms,
+        "staleness_ms": runs.heartbeat_ms if runs.staleness_ms is None else runs.staleness_ms,
+        "host_lanes": runs.host_lanes,
         "mean_interval_ms_per_client": workload.arrivals.mean_interval_ms_per_client,
         "clients": len(workload.workflows),
         "grid": list(grid),
-        "max_load": max_load,
-        "rel_tol": rel_tol,
-        "max_steps": max_steps,
-        "physical_bound": physical_bound(workload, workers, host_lanes=host_lanes),
-        "options": dict(options or {}),
+        "max_load": search.max_load,
+        "rel_tol": search.rel_tol,
+        "max_steps": search.max_steps,
+        "physical_bound": physical_bound(workload, runs.workers, host_lanes=runs.host_lanes),
+        "options": dict(runs.options),
     }
     return {"config": config, **found}
 
@@ -504,178 +501,3 @@ def capacity_for_workload(
 def slo_config(slos: Sequence[Slo]) -> dict[str, dict[str, float]]:
     """What the JSON records of each SLO."""
     return {s.name: {"quantile": s.quantile, "max_slowdown": s.max_slowdown} for s in slos}
-
-
-def run_capacity_cli(
-    workload_path: str,
-    *,
-    workers: int,
-    policies: Sequence[str],
-    seeds: Sequence[int],
-    slos: Sequence[Slo],
-    jobs: int,
-    max_load: float,
-    arrival: str,
-    cv: float,
-    heartbeat_ms: float,
-    staleness_ms: float | None,
-    host_lanes: int,
-    json_path: str | None,
-    plot_path: str | None,
-    options: Mapping[str, Any] | None = None,
-    batching: bool = True,
-    batch_gain: str | None = None,
-) -> dict[str, Any]:
-    """``compass sim --capacity``: search, print the tables, write JSON and the plot;
-    ``options`` go to every simulation (:func:`simulator_run`), which runs the workload with
-    ``batching`` and ``batch_gain`` applied (:func:`~compass.workflow.batching.apply_batching`)."""
-    from compass.sim.report import warn_declared_best
-    from compass.workflow.batching import apply_batching
-
-    workload = apply_batching(load_workload(workload_path), batching=batching, gain=batch_gain)
-    console = Console()
-    warn_declared_best(workload, Console(stderr=True), host_lanes=host_lanes)
-
-    def progress(policy: str, seed: int, load: float, seconds: float) -> None:
-        console.print(f"  {policy} seed {seed} load {load:g}: {seconds:.2f} s", style="dim")
-
-    out = capacity_for_workload(
-        workload,
-        workers=workers,
-        policies=policies,
-        seeds=seeds,
-        slos=slos,
-        jobs=jobs,
-        max_load=max_load,
-        arrival=arrival,
-        cv=cv,
-        heartbeat_ms=heartbeat_ms,
-        staleness_ms=staleness_ms,
-        host_lanes=host_lanes,
-        progress=progress,
-        options=options,
-    )
-    out["config"].update(workload=workload_path, batching=batching, batch_gain=batch_gain)
-    print_capacity(out, title=f"{workload.name} on {workers} simulated workers")
-    if json_path:
-        write_json(json_path, out)
-        console.print(f"wrote {json_path}")
-    if plot_path:
-        plot_attainment(plot_path, out)
-        console.print(f"wrote {plot_path}")
-    return out
-
-
-def print_capacity(out: Mapping[str, Any], *, title: str) -> None:
-    """The capacity table (mean [min-max] per policy and SLO) and the ratio table."""
-    config = out["config"]
-    bound = config.get("physical_bound")
-    max_load = config.get("max_load")
-    slos = list(out["capacity"])
-    console = Console()
-    table = Table(
-        title=escape(
-            f"{title}: capacity (x the arrival rate), mean [min-max] over seeds "
-            f"{_seed_text(config['seeds'])}; physical bound {_num(bound)}"
-        )
-    )
-    table.add_column("policy")
-    for slo in slos:
-        table.add_column(slo, justify="right")
-    table.add_column("bound", justify="right")
-    for policy in config["policies"]:
-        cells = [escape(_capacity_cell(out["capacity"][slo][policy], max_load)) for slo in slos]
-        table.add_row(policy, *cells, _num(bound))
-    console.print(table)
-    if any(out.get("ratios", {}).values()):
-        ratios = Table(title=escape(f"{REFERENCE} / policy capacity: mean [min-max] over seeds"))
-        ratios.add_column("policy")
-        for slo in slos:
-            ratios.add_column(slo, justify="right")
-        for policy in (p for p in config["policies"] if p != REFERENCE):
-            cells = [escape(_ratio_cell(out["ratios"][slo][policy])) for slo in slos]
-            ratios.add_row(policy, *cells)
-        console.print(ratios)
-
-
-def _seed_text(seeds: Sequence[int]) -> str:
-    return ",".join(str(s) for s in seeds)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _capacity_cell(entry: Mapping[str, Any] | None, max_load: float | None) -> str:
-    if entry is None:
-        return "none"
-    text = f"{entry['mean']:.2f} [{entry['min']:.2f}-{entry['max']:.2f}]"
-    if max_load is not None and entry["max"] >= max_load:
-        text += " (cap)"  # met at the top of the grid: the true capacity may be higher
-    return text
-
-
-def _ratio_cell(values: Sequence[float | None]) -> str:
-    known = [v for v in values if v is not None]
-    if not known:
-        return "-"
-    text = f"{float(np.mean(known)):.2f} [{min(known):.2f}-{max(known):.2f}]"
-    if len(known) < len(values):
-        text += f" ({len(known)}/{len(values)} seeds)"
-    return text
-
-
-def write_json(path: str, data: Mapping[str, Any]) -> None:
-    """Write ``data`` as indented JSON, creating the folder."""
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-
-
-def plot_attainment(path: str, out: Mapping[str, Any]) -> None:
-    """SLO attainment against load: one panel per SLO, one line per policy and seed (seeds
-    bisect at different loads, so their mean would zigzag), the SLO's quantile and the
-    physical bound as guides."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib import ticker
-
-    slos = out["config"]["slos"]
-    bound = out["config"].get("physical_bound")
-    by_seed = out.get("attainment_by_seed") or {p: {"": v} for p, v in out["attainment"].items()}
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(1, len(slos), figsize=(5 * len(slos), 4), squeeze=False)
-    for ax, (name, slo) in zip(axes[0], slos.items(), strict=True):
-        for i, (policy, seeds) in enumerate(by_seed.items()):
-            for j, by_load in enumerate(seeds.values()):
-                points = sorted((float(load), v[name]) for load, v in by_load.items())
-                ax.plot(
-                    [x for x, _ in points],
-                    [y for _, y in points],
-                    marker=".",
-                    linewidth=1,
-                    color=colors[i % len(colors)],
-                    label=policy if j == 0 else None,
-                )
-        ax.axhline(slo["quantile"], color="grey", linestyle="--", linewidth=1, label="SLO")
-        if bound is not None:
-            ax.axvline(bound, color="black", linestyle=":", linewidth=1, label="bound")
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(ticker.FixedLocator(out["config"]["grid"]))
-        ax.xaxis.set_major_formatter(ticker.StrMethodFormatter("{x:g}"))
-        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("load (x arrival rate)")
-        ax.set_ylabel(f"jobs within {slo['max_slowdown']:g}x")
-        ax.set_title(name)
-        ax.legend(fontsize="small")
-    from compass.sim.report import save_figure
-
-    save_figure(fig, path)

@@ -18,6 +18,8 @@ from compass._bench.generalize import summarize, versus_best
 from compass.errors import ConfigError
 from compass.sim.capacity import (
     BUILTIN_SLOS,
+    CapacitySearch,
+    SimRuns,
     Slo,
     attainment,
     capacity_at,
@@ -160,7 +162,7 @@ def test_capacity_in_the_simulator_matches_the_hand_computed_breaking_load() -> 
     jobs = 100
     workload = one_task()
     assert physical_bound(workload, 1) == pytest.approx(10.0)
-    run = simulator_run(workload, workers=1, jobs=jobs, arrival="uniform")
+    run = simulator_run(workload, SimRuns(workers=1, jobs=jobs, arrival="uniform"))
     out = search_capacity(
         run, policies=["compass"], seeds=[0], slos=BUILTIN_SLOS, grid=load_grid(16), rel_tol=TOL
     )
@@ -284,12 +286,9 @@ def test_search_rejects_bad_arguments() -> None:
 def test_capacity_for_workload_json_layout() -> None:
     out = capacity_for_workload(
         one_task(),
-        workers=1,
-        policies=["compass", "hash"],
-        seeds=[0, 1],
-        jobs=30,
-        max_load=16,
-        arrival="uniform",
+        ["compass", "hash"],
+        SimRuns(workers=1, jobs=30, arrival="uniform"),
+        CapacitySearch(seeds=(0, 1), max_load=16),
     )
     json.dumps(out, allow_nan=False)  # plain JSON: no NaN or infinity anywhere
     assert set(out) >= {"config", "capacity", "ratios", "attainment"}
@@ -307,7 +306,9 @@ def test_capacity_for_workload_json_layout() -> None:
         for fractions in by_load.values():
             assert set(fractions) == {"median2", "p95x3", "p99x5"}
     with pytest.raises(ConfigError, match="unknown policy 'fastest'"):
-        capacity_for_workload(one_task(), workers=1, policies=["fastest"], seeds=[0])
+        capacity_for_workload(
+            one_task(), ["fastest"], SimRuns(workers=1), CapacitySearch(seeds=(0,))
+        )
 
 
 def test_physical_bound_counts_gpu_seconds_per_second() -> None:

@@ -1,4 +1,5 @@
-"""`compass sim`'s report: JSON, PNG, the servers sweep."""
+"""`compass sim`: the comparison (compass.sim.compare) and its report (bench/sim_report.py):
+JSON, PNG, the servers sweep."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from compass._bench.sim_report import run_cli
 from compass.errors import ConfigError
-from compass.sim.report import fewest_workers, run_cli
+from compass.sim.compare import SimConfig, fewest_workers
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
 
@@ -40,22 +42,10 @@ def test_fewest_workers_when_the_lowest_already_meets_it() -> None:
 def test_run_cli_writes_json_and_a_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     json_path = tmp_path / "out" / "sim.json"
     plot_path = tmp_path / "out" / "sim.png"
-    out = run_cli(
-        PAPER,
-        5,
-        ["compass", "hash"],
-        "poisson",
-        1.0,
-        1.0,
-        120,
-        0,
-        10.0,
-        None,
-        (2, 6),
-        3.0,
-        str(json_path),
-        str(plot_path),
+    config = SimConfig(
+        PAPER, 5, ("compass", "hash"), jobs=120, servers_sweep=(2, 6), target_slowdown=3.0
     )
+    out = run_cli(config, str(json_path), str(plot_path))
     written = json.loads(json_path.read_text())
     assert written["config"]["policies"] == ["compass", "hash"]
     assert written["config"]["jobs"] == 120
@@ -74,10 +64,8 @@ def test_run_cli_writes_json_and_a_plot(tmp_path: Path, capsys: pytest.CaptureFi
     assert "compass on 5 workers" in printed and "hash on 5 workers" in printed
 
 
-def test_run_cli_rejects_unknown_names() -> None:
+def test_sim_config_rejects_unknown_names() -> None:
     with pytest.raises(ConfigError, match="unknown policy 'fastest'"):
-        run_cli(
-            PAPER, 5, ["fastest"], "poisson", 1.0, 1.0, 10, 0, 10.0, None, None, 3.0, None, None
-        )
+        SimConfig(PAPER, 5, ("fastest",), jobs=10)
     with pytest.raises(ConfigError, match="unknown arrival process"):
-        run_cli(PAPER, 5, ["hash"], "bursty", 1.0, 1.0, 10, 0, 10.0, None, None, 3.0, None, None)
+        SimConfig(PAPER, 5, ("hash",), arrival="bursty", jobs=10)
