@@ -35,6 +35,7 @@ __all__ = [
     "check_structure",
     "decode_message",
     "encode_message",
+    "payload_bytes",
 ]
 
 EXT_NDARRAY = 1
@@ -163,6 +164,24 @@ class Encoder:
 
 
 _local = threading.local()
+
+
+def payload_bytes(value: Any) -> int:
+    """Approximate bytes ``value`` takes on the wire (arrays and tensors exactly)."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, bytes | bytearray | memoryview | str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values()) + 8 * len(value)
+    if isinstance(value, list | tuple):
+        return sum(payload_bytes(v) for v in value) + 8 * len(value)
+    element = getattr(value, "element_size", None)
+    numel = getattr(value, "numel", None)
+    if callable(element) and callable(numel):  # a torch tensor
+        return int(element()) * int(numel())
+    return 16
 
 
 def encode_message(obj: Any) -> tuple[bytes, list[memoryview]]:

@@ -5,28 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+# re-exported for old imports: it lives in compass.wire.codec (the client must not import worker/)
+from compass.wire.codec import payload_bytes
+
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome
 
 __all__ = ["WorkerStats", "payload_bytes"]
-
-
-def payload_bytes(value: Any) -> int:
-    """Approximate bytes ``value`` takes on the wire (arrays and tensors exactly)."""
-    nbytes = getattr(value, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    if isinstance(value, bytes | bytearray | memoryview | str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(payload_bytes(v) for v in value.values()) + 8 * len(value)
-    if isinstance(value, list | tuple):
-        return sum(payload_bytes(v) for v in value) + 8 * len(value)
-    element = getattr(value, "element_size", None)
-    numel = getattr(value, "numel", None)
-    if callable(element) and callable(numel):  # a torch tensor
-        return int(element()) * int(numel())
-    return 16
 
 
 @dataclass(slots=True)
