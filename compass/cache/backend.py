@@ -61,6 +61,7 @@ __all__ = [
     "host_memory_bytes",
     "make_backend",
     "probe_memory",
+    "resolve_cache",
 ]
 
 log = logging.getLogger(__name__)
@@ -662,6 +663,15 @@ def _torch_sees_cuda() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # a broken torch install is not ours to diagnose here
         return False
+
+
+def resolve_cache(config: CacheConfig) -> CacheConfig:
+    """``config`` with its capacity chosen: as given, else the default share of the memory
+    :func:`probe_memory` measures here for its backend and device
+    (:meth:`CacheConfig.resolved <compass.config.CacheConfig.resolved>`)."""
+    if config.capacity_bytes is not None:
+        return config
+    return config.resolved(memory=probe_memory(config.backend, device_id=config.device))
 
 
 def probe_memory(backend: str = "auto", *, device_id: int = 0) -> DeviceMemory:

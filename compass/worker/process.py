@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 
 from compass.app import App, load_app
+from compass.cache.backend import resolve_cache
 from compass.config import WorkerConfig
 from compass.errors import CompassError, ConfigError
 from compass.wire.transport import new_event_loop
@@ -48,7 +49,7 @@ def build_worker(config: WorkerConfig) -> Worker:
             model_sizes={name: model.size_bytes for name, model in app.models.items()},
             workflows=app.workflows.values(),
         )
-    config = replace(config, cache=config.cache.resolved())
+    config = replace(config, cache=resolve_cache(config.cache))
     app.validate(config.cache.capacity)
     return Worker(config, app, profiles)
 

@@ -18,7 +18,7 @@ from torch import nn
 from compass._bench.gpu import dtype_zoo
 from compass._bench.leases import LeasingCache
 from compass.cache import Model, ModelCache
-from compass.cache.backend import CupyBackend, cuda_problem, make_backend
+from compass.cache.backend import CupyBackend, cuda_problem, make_backend, resolve_cache
 from compass.cache.policy import LoadPlan
 from compass.config import GPU_HEADROOM_BYTES, CacheConfig
 from compass.errors import CompassError
@@ -115,7 +115,7 @@ async def test_every_dtype_and_layout_byte_for_byte_on_the_gpu():
 
 
 def test_default_capacity_leaves_headroom_and_auto_picks_cupy():
-    resolved = CacheConfig(backend="cupy").resolved()
+    resolved = resolve_cache(CacheConfig(backend="cupy"))
     free, _ = torch.cuda.mem_get_info(0)
     assert resolved.capacity_bytes is not None
     assert resolved.capacity_bytes <= free * 0.8

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from compass.cache.backend import host_memory_bytes, probe_memory
+from compass.cache.backend import host_memory_bytes, probe_memory, resolve_cache
 from compass.config import (
     DEFAULT_CACHE_BYTES,
     CacheConfig,
@@ -131,5 +131,5 @@ def test_probe_memory_measures_this_machine() -> None:
     assert host_memory_bytes() == host.host_bytes
     assert probe_memory("capacity") == DeviceMemory("capacity")
     # unset, a host-backend cache takes a quarter of the machine (or container)
-    resolved = CacheConfig(backend="host", slab_bytes=MiB).resolved()
+    resolved = resolve_cache(CacheConfig(backend="host", slab_bytes=MiB))
     assert resolved.capacity_bytes == host.host_bytes // 4 // MiB * MiB
