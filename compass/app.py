@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from compass.cache.weights import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
-from compass.workflow.spec import Workload, load_workload
+from compass.workflow.spec import Workload
 
 __all__ = ["App", "Resource", "WorkflowBuilder", "load_app"]
 
@@ -424,10 +424,6 @@ class App:
         for workflow in workload.workflows.values():
             app.add_workflow(workflow)
         return app
-
-    @classmethod
-    def from_workload_file(cls, path: str | Path) -> App:
-        return cls.from_workload(load_workload(path))
 
 
 def _caller_folder() -> Path:

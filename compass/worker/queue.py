@@ -93,10 +93,6 @@ class QueuedTask:
     #: others), set when the run starts
     run_s: float = 0.0
 
-    def batch_s(self, size: int) -> float:
-        """Expected seconds of a batch of ``size`` items led by this task."""
-        return self.expected_s * batch_scale(self.scale, size)
-
 
 def _work(scale: tuple[float, ...], size: int, count: int) -> float:
     """Cost (in single runs) of ``count`` tasks run in batches of at most ``size``."""
