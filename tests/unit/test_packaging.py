@@ -46,6 +46,15 @@ def test_pyproject_lists_every_package_folder() -> None:
     assert all(name.split(".")[0] == "compass" for name in config["packages"])
 
 
+def test_every_package_folder_is_a_regular_package() -> None:
+    # a folder without __init__.py would be a namespace package: found by accident, typed
+    # differently by mypy, and left out of a wheel when pyproject forgets it
+    for folder in ("compass", "cli", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                assert (path.parent / "__init__.py").exists(), path.parent
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel built from a copy of the sources (the build leaves nothing in the repo)."""
