@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter, since this one has long since imported e
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
@@ -22,6 +23,9 @@ SANS_IO = [
     "compass.wire.protocol",
     "compass.wire.codec",
     "compass.sched.planner",
+    "compass.sched.eft",
+    "compass.sched.adjust",
+    "compass.sched.view",
     "compass.cache.policy",
     "compass.worker.state",
 ]
@@ -102,3 +106,113 @@ def test_the_transport_module_re_exports_the_split_modules() -> None:
     for name in transport.__all__:
         assert any(getattr(home, name, None) is getattr(transport, name) for home in homes), name
     assert rpc.Immediate is handlers.Immediate
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The compass modules a module imports when it runs: at the top, inside functions (lazy
+    imports) and through ``importlib.import_module("...")``; not under ``if TYPE_CHECKING``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for other in child.orelse:
+                    visit_one(other)
+                continue
+            visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module in modules:
+                found.add(node.module)
+            names = (f"{node.module}.{a.name}" for a in node.names)
+            found.update(name for name in names if name in modules)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in modules
+        ):
+            found.add(str(node.args[0].value))
+        visit(node)
+
+    visit(tree)
+    return found
+
+
+def import_cycles(package: Path) -> list[list[str]]:
+    """Every set of modules of ``package`` that import each other, directly or not, at run
+    time (lazy imports included): the strongly connected components of the import graph."""
+    paths = {_module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
+    modules = set(paths)
+    graph = {
+        name: _imported(ast.parse(path.read_text(encoding="utf-8")), modules) - {name}
+        for name, path in paths.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            connect(name)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_lazy_circle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text("def f():\n    from pkg.c import g\n")
+    (package / "c.py").write_text("import pkg.a\n")
+    (package / "d.py").write_text("if TYPE_CHECKING:\n    import pkg.a\n")
+    (package / "e.py").write_text("import importlib\nimportlib.import_module('pkg.d')\n")
+    assert import_cycles(package) == [["pkg.a", "pkg.b", "pkg.c"]]
+    (package / "d.py").write_text("import pkg.e\n")  # d and e: a circle through import_module
+    assert import_cycles(package) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.d", "pkg.e"]]
+
+
+def test_no_import_circle_in_compass() -> None:
+    assert import_cycles(REPO / "compass") == []
+
+
+def test_the_client_imports_nothing_of_the_worker() -> None:
+    loaded = loaded_after("import compass.client")
+    assert not {m for m in loaded if m.startswith("compass.worker")}
