@@ -84,22 +84,22 @@ def p99_ms(
 
 
 def run(
+    search: cap.CapacitySearch = cap.CapacitySearch(seeds=(0, 1, 2)),
     *,
     workloads: int = 3,
     curves: Sequence[str] = tuple(BATCH_GAINS),
     policies: Sequence[str] = DEFAULT_POLICIES,
-    seeds: Sequence[int] = (0, 1, 2),
-    slos: Sequence[cap.Slo] = cap.BUILTIN_SLOS,
     jobs: int = 1000,
-    max_load: float = 8.0,
     arrival: str = "poisson",
     spec: str = DEFAULT_WORKLOAD,
     json_path: str | None = None,
 ) -> dict[str, Any]:
-    """Search capacities and p99s (module docstring) on the workload at ``spec`` (the paper's
-    by default) and on ``workloads`` generated ones; print the tables, write the JSON; return
-    it."""
+    """Search capacities (as ``search`` says) and p99s (module docstring) on the workload at
+    ``spec`` (the paper's by default) and on ``workloads`` generated ones; print the tables,
+    write the JSON; return it."""
     from compass.workflow.generate import generate_workload
+
+    seeds, slos, max_load = search.seeds, search.slos, search.max_load
 
     _check(workloads, curves, policies)
     sources: list[tuple[int | None, Workload]] = [(None, load_workload(spec))]
@@ -125,7 +125,7 @@ def run(
     }
     for generator_seed, workload in sources:
         alone = apply_batching(workload, batching=False)
-        off, p99_off = _searched(alone, None, settings), _p99s(alone, settings)
+        off, p99_off = _searched(alone, None, settings, search), _p99s(alone, settings)
         for curve in curves:
             batched = apply_batching(workload, batching=True, gain=curve)
             entry: dict[str, Any] = {
@@ -133,7 +133,7 @@ def run(
                 "generator_seed": generator_seed,
                 "workers": workload.cluster.workers,
                 "off": off,
-                "on": _searched(batched, curve, settings),
+                "on": _searched(batched, curve, settings, search),
                 P99_KEY: _p99s(batched, settings),
                 f"{P99_KEY}_off": p99_off,
             }
@@ -160,7 +160,12 @@ def _check(workloads: int, curves: Sequence[str], policies: Sequence[str]) -> No
         raise ConfigError(f"batching compares {cap.REFERENCE!r} with at least one other policy")
 
 
-def _searched(workload: Workload, curve: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+def _searched(
+    workload: Workload,
+    curve: str | None,
+    settings: Mapping[str, Any],
+    search: cap.CapacitySearch,
+) -> dict[str, Any]:
     """The capacity layout of ``workload`` (already batched as ``curve`` says, or not)."""
     started = time.perf_counter()
     found = cap.capacity_for_workload(
@@ -169,11 +174,7 @@ def _searched(workload: Workload, curve: str | None, settings: Mapping[str, Any]
         cap.SimRuns(
             workers=workload.cluster.workers, jobs=settings["jobs"], arrival=settings["arrival"]
         ),
-        cap.CapacitySearch(
-            seeds=tuple(settings["seeds"]),
-            slos=tuple(settings["slos"]),
-            max_load=settings["max_load"],
-        ),
+        search,
     )
     found["config"].update(batching=curve is not None, batch_gain=curve)
     state = "off" if curve is None else f"on, {curve} curve"

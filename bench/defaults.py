@@ -19,7 +19,7 @@ import inspect
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -176,25 +176,29 @@ def summarize(
     return out
 
 
+#: the search each variant's capacity is found by: coarser than ``compass sim --capacity``'s
+#: (5% and 4 bisections), for many variants on many workloads
+SEARCH = cap.CapacitySearch(seeds=(0, 1, 2), max_load=8.0, rel_tol=0.05, max_steps=4)
+
+
 def run(
+    search: cap.CapacitySearch = SEARCH,
     *,
     workloads: int = 8,
     knobs: Sequence[Knob] = KNOBS,
-    seeds: Sequence[int] = (0, 1, 2),
-    slos: Sequence[cap.Slo] = cap.BUILTIN_SLOS,
     jobs: int = 400,
-    max_load: float = 8.0,
-    rel_tol: float = 0.05,
-    max_steps: int = 4,
     paper_workload: str | None = str(PAPER_WORKLOAD),
     json_path: str | None = None,
 ) -> dict[str, Any]:
-    """Search every variant's capacity beside the shipped compass's on the paper workload
-    (5 workers; ``paper_workload=None`` leaves it out) and ``workloads`` generated ones; print
-    a table per knob and write JSON: ``{"config", "current", "variants", "workloads": [row],
-    "summary": {variant: {SLO: {paper, generated_median, generated_min, noise}}}}``."""
+    """Search every variant's capacity as ``search`` says, beside the shipped compass's, on the
+    paper workload (5 workers; ``paper_workload=None`` leaves it out) and ``workloads``
+    generated ones; print a table per knob and write JSON: ``{"config", "current",
+    "variants", "workloads": [row], "summary": {variant: {SLO: {paper, generated_median,
+    generated_min, noise}}}}``."""
     from compass.workflow.generate import generate_workload
 
+    seeds, slos, max_load = search.seeds, search.slos, search.max_load
+    rel_tol, max_steps = search.rel_tol, search.max_steps
     if workloads < 0:
         raise ConfigError(f"--workloads must be >= 0, got {workloads}")
     if workloads == 0 and paper_workload is None:
@@ -334,11 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         run(
+            replace(SEARCH, seeds=cap.parse_seeds(args.seeds), max_load=args.max_load),
             workloads=args.workloads,
             knobs=KNOBS if args.knobs is None else _knob_list(args.knobs),
-            seeds=cap.parse_seeds(args.seeds),
             jobs=args.jobs,
-            max_load=args.max_load,
             paper_workload=None if args.no_paper else str(PAPER_WORKLOAD),
             json_path=args.json_path,
         )

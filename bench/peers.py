@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from compass.workflow.spec import Workload
 from . import e2e, peers_ray, sim_report
 from .report import machine, write_json
 
-__all__ = ["SYSTEMS", "compare_loads", "run"]
+__all__ = ["SYSTEMS", "PeersConfig", "compare_loads", "run"]
 
 #: the peers this benchmark can run, besides compass
 SYSTEMS = ("ray-serve",)
@@ -135,27 +135,41 @@ def compare_loads(
     }
 
 
+@dataclass(frozen=True, slots=True)
+class PeersConfig:
+    """What ``bench peers`` compares, beyond the runs' :class:`~compass._bench.e2e.E2EConfig`:
+    the peer ``system``; latency and attainment at each of ``loads`` (``slos``: default
+    :data:`DEFAULT_SLOS`); with ``capacity_search``, each side's capacity over ``seeds``, a grid
+    up to ``max_load`` and ``steps`` bisections; with ``servers_sweep=(lo, hi)``, the fewest
+    workers meeting ``target_slowdown``; with ``overheads``, a no-op job and a chain; Ray
+    Serve deployed as ``ray_config`` says."""
+
+    system: str = "ray-serve"
+    loads: tuple[float, ...] = (0.5, 1.0, 2.0)
+    slos: tuple[Slo, ...] | None = None
+    capacity_search: bool = False
+    seeds: tuple[int, ...] = (0,)
+    max_load: float = 4.0
+    steps: int = 0
+    servers_sweep: tuple[int, int] | None = None
+    target_slowdown: float = 2.0
+    overheads: bool = True
+    ray_config: peers_ray.RayServeConfig = field(default_factory=peers_ray.RayServeConfig)
+
+
 def run(
     config: e2e.E2EConfig,
-    *,
-    system: str = "ray-serve",
-    loads: Sequence[float] = (0.5, 1.0, 2.0),
-    slos: Sequence[Slo] | None = None,
-    capacity_search: bool = False,
-    seeds: Sequence[int] = (0,),
-    max_load: float = 4.0,
-    steps: int = 0,
-    servers_sweep: tuple[int, int] | None = None,
-    target_slowdown: float = 2.0,
-    overheads: bool = True,
-    ray_config: peers_ray.RayServeConfig = peers_ray.RayServeConfig(),
+    peers: PeersConfig = PeersConfig(),
     json_path: str | None = None,
     plot_path: str | None = None,
 ) -> dict[str, Any]:
-    """The comparison: latency at ``loads``, then (if asked) capacity per SLO, servers needed
-    at ``config.load`` and the overheads; prints tables, writes JSON and plots."""
+    """The comparison: latency at ``peers.loads``, then (if asked) capacity per SLO, servers
+    needed at ``config.load`` and the overheads; prints tables, writes JSON and plots."""
     from compass.sim.compare import fewest_workers
 
+    system, loads, slos, seeds = peers.system, peers.loads, peers.slos, peers.seeds
+    max_load, steps, ray_config = peers.max_load, peers.steps, peers.ray_config
+    servers_sweep, target_slowdown = peers.servers_sweep, peers.target_slowdown
     systems = _systems(system)
     if not loads:
         raise ConfigError("--loads: give at least one load")
@@ -176,7 +190,7 @@ def run(
     with _sides(config, workload, ray_config) as sides:
         out["results"] = compare_loads(sides, systems, loads, config.seed, chosen)
         print_loads(out["results"], chosen, title=f"{workload.name} on {config.workers} workers")
-        if capacity_search:
+        if peers.capacity_search:
             grid = capacity.load_grid(max_load, CAPACITY_LADDER)
 
             def slowdowns(policy: str, seed: int, load: float) -> list[float | None]:
@@ -224,7 +238,7 @@ def run(
                 s: {str(n): v for n, v in sorted(t.items())} for s, t in sweep.items()
             }
             sim_report.print_servers_needed(needed, servers_sweep, target_slowdown)
-        if overheads:
+        if peers.overheads:
             sides.stop_ray()
             out["overheads"] = _overheads(sides)
             print_overheads(out["overheads"])

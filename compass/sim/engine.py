@@ -121,8 +121,7 @@ def simulate(
     once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a real
     cluster), not at time 0 of a cold cluster.
     """
-    sim = _Simulation(
-        workload,
+    settings = _Settings(
         workers=workers,
         policy=policy,
         heartbeat_s=heartbeat_s,
@@ -137,7 +136,26 @@ def simulate(
         prefetch_evicts=prefetch_evicts,
         policy_options=policy_options,
     )
-    return sim.run(arrivals, warm_start=warm_start)
+    return _Simulation(workload, settings).run(arrivals, warm_start=warm_start)
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    """:func:`simulate`'s settings, defaults applied."""
+
+    workers: int
+    policy: str
+    heartbeat_s: float
+    staleness_s: float
+    lanes: int
+    prefetch: bool
+    warm: bool
+    cache_bytes: int
+    slab_bytes: int
+    seed: int
+    host_lanes: int
+    prefetch_evicts: bool
+    policy_options: Mapping[str, Any] | None
 
 
 @dataclass(slots=True, eq=False)
@@ -167,24 +185,12 @@ class _Worker:
 
 
 class _Simulation:
-    def __init__(
-        self,
-        workload: Workload,
-        *,
-        workers: int,
-        policy: str,
-        heartbeat_s: float,
-        staleness_s: float,
-        lanes: int,
-        prefetch: bool,
-        warm: bool,
-        cache_bytes: int,
-        slab_bytes: int,
-        seed: int,
-        host_lanes: int = 0,
-        prefetch_evicts: bool = True,
-        policy_options: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, workload: Workload, settings: _Settings) -> None:
+        workers, policy, seed = settings.workers, settings.policy, settings.seed
+        lanes, host_lanes = settings.lanes, settings.host_lanes
+        heartbeat_s, staleness_s = settings.heartbeat_s, settings.staleness_s
+        prefetch, slab_bytes = settings.prefetch, settings.slab_bytes
+        cache_bytes = settings.cache_bytes
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"simulate needs workers >= 1, got {workers!r}")
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
@@ -216,12 +222,12 @@ class _Simulation:
                 policy,
                 seed=worker_seed(seed, name),
                 host_lanes=host_lanes > 0,
-                options=policy_options,
+                options=settings.policy_options,
             )
             for name in names
         ]
         # every worker runs the same policy; warming needs prefetching (a speculative load)
-        self.warm = warm and prefetch and policies[0].warms_cache
+        self.warm = settings.warm and prefetch and policies[0].warms_cache
         demand = model_demand(workload.workflows.values(), self.profiles) if self.warm else None
         for i, name in enumerate(names):
             lanes_of = Lanes(
@@ -229,7 +235,7 @@ class _Simulation:
                 host_lanes=host_lanes,
                 cache=CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models),
                 prefetch_depth=self.cache_config.prefetch_depth if prefetch else 0,
-                prefetch_evicts=prefetch_evicts,
+                prefetch_evicts=settings.prefetch_evicts,
                 demand=demand,
             )
             self.workers.append(_Worker(i, name, lanes_of, policies[i]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,11 +85,10 @@ def test_tiny_run_writes_json_with_ratios(
     path = tmp_path / "defaults.json"
     knobs = [k for k in KNOBS if k.setting == "warms_cache"]
     out = defaults.run(
+        replace(defaults.SEARCH, seeds=(0,), max_load=1.0),
         workloads=1,
         knobs=knobs,
-        seeds=(0,),
         jobs=20,
-        max_load=1.0,
         paper_workload=None,
         json_path=str(path),
     )
