@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         WorkerUnavailable,
         WorkflowError,
     )
+    from compass.trace import JobTrace, TaskTrace
     from compass.workflow.dag import Task, TaskProfile, Workflow
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "JobFailed",
     "JobResult",
     "JobTooLarge",
+    "JobTrace",
     "Limits",
     "LocalCluster",
     "Model",
@@ -79,6 +81,7 @@ __all__ = [
     "SyncClient",
     "Task",
     "TaskProfile",
+    "TaskTrace",
     "Timeouts",
     "UnknownWorkflow",
     "VersionMismatch",
@@ -130,6 +133,8 @@ _LAZY: dict[str, str] = {
     "SchedConfig": "compass.config",
     "Timeouts": "compass.config",
     "WorkerConfig": "compass.config",
+    "JobTrace": "compass.trace",
+    "TaskTrace": "compass.trace",
     "Task": "compass.workflow.dag",
     "TaskProfile": "compass.workflow.dag",
     "Workflow": "compass.workflow.dag",
