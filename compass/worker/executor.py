@@ -100,6 +100,10 @@ class TaskOutcome:
     batch: int = 1
     #: the first entry of its run (the one a batch's measurements are recorded under)
     first: bool = True
+    #: the lane it ran on (GPU lanes from 0, host lanes after them)
+    lane: int = 0
+    #: every entry of its run, its own included (a batch's mates are the others)
+    run: tuple[QueuedTask, ...] = ()
 
     def event(self, now: float) -> TaskDone | TaskFailed:
         """The worker core's event for this outcome. compass's own verdicts (a timeout, a
@@ -170,6 +174,8 @@ class TaskRunner:
                 cache_hit=run.hit is not False,
                 batch=len(entries),
                 first=entry is run.entry,
+                lane=run.lane,
+                run=entries,
             )
             for entry in entries
         ]

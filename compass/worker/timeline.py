@@ -1,10 +1,13 @@
-"""What ran on a worker lately: bounded rings of its task spans and of the jobs it answered.
+"""What ran on a worker lately: bounded rings of its task spans, model loads and answered jobs.
 
 Every task that ends on a worker (ran, failed, timed out) becomes one :class:`TaskSpan`;
-every job answered at its ingress, one :class:`JobEnd`. Both rings are deques with a
-``maxlen``: recording is one tuple appended per task, nothing is ever scanned on the hot path,
-and the oldest entries fall off. Readers (the dashboard's task stream and latency histogram,
-:mod:`compass.worker.dashboard`; a job's trace later) ask for what ended in the last seconds.
+every model load, one :class:`LoadSpan`; every job answered at its ingress, one
+:class:`JobEnd`. The rings are deques with a ``maxlen``: recording is one tuple appended per
+task, nothing is ever scanned on the hot path, and the oldest entries fall off. Readers (the
+dashboard's task stream and latency histogram, :mod:`compass.worker.dashboard`) ask for what
+ended in the last seconds; a benchmark's timeline (``compass bench e2e --trace``) pages
+through everything recorded with :meth:`Timeline.export`. A job's trace does not read these
+rings: its spans travel with the job (:mod:`compass.worker.tracing`).
 
 Times. A span's ``queued``, ``start`` and ``end`` are wall-clock seconds since the epoch
 (``time.time()``) and its durations real seconds, also on an emulated worker (``--workload``
@@ -27,12 +30,23 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome
 
-__all__ = ["JOB_FIELDS", "SPAN_FIELDS", "JobEnd", "TaskSpan", "Timeline", "rows"]
+__all__ = [
+    "JOB_FIELDS",
+    "LOAD_FIELDS",
+    "SPAN_FIELDS",
+    "JobEnd",
+    "LoadSpan",
+    "TaskSpan",
+    "Timeline",
+    "rows",
+]
 
 #: task spans a worker keeps (a few seconds of a busy worker, minutes of a typical one)
 MAX_SPANS = 8192
 #: answered jobs a worker keeps
 MAX_JOBS = 4096
+#: model loads a worker keeps
+MAX_LOADS = 2048
 
 
 class TaskSpan(NamedTuple):
@@ -63,6 +77,25 @@ class TaskSpan(NamedTuple):
     cache_hit: bool | None
     #: "" when it succeeded, else the error's type (``JobFailed``, ``CompassTimeout``...)
     error: str
+    #: the lane it ran on (GPU lanes from 0, host lanes after them)
+    lane: int = 0
+    #: real seconds it executed (a batch: the batch's run)
+    exec_s: float = 0.0
+
+
+class LoadSpan(NamedTuple):
+    """One model load on a worker: its weights copied into the cache."""
+
+    #: this worker's count of loads recorded, from 1
+    seq: int
+    model: str
+    #: wall clock: the load began, ended
+    start: float
+    end: float
+    #: begun ahead of need (prefetch or warming), not for a task waiting on a lane
+    prefetch: bool
+    #: "" when it succeeded, else the error's type
+    error: str
 
 
 class JobEnd(NamedTuple):
@@ -86,6 +119,7 @@ class JobEnd(NamedTuple):
 #: span would be twice the bytes and the msgpack elements)
 SPAN_FIELDS: tuple[str, ...] = TaskSpan._fields
 JOB_FIELDS: tuple[str, ...] = JobEnd._fields
+LOAD_FIELDS: tuple[str, ...] = LoadSpan._fields
 
 _Row = TypeVar("_Row", TaskSpan, JobEnd)
 
@@ -105,14 +139,18 @@ class Timeline:
         wall: Callable[[], float] = time.time,
         max_spans: int = MAX_SPANS,
         max_jobs: int = MAX_JOBS,
+        max_loads: int = MAX_LOADS,
     ) -> None:
         self._clock = clock
         self._scale = time_scale
         self._wall = wall
         self.spans: deque[TaskSpan] = deque(maxlen=max_spans)
         self.jobs: deque[JobEnd] = deque(maxlen=max_jobs)
+        self.loads: deque[LoadSpan] = deque(maxlen=max_loads)
         #: spans recorded since the worker started (the last one's ``seq``)
         self.recorded = 0
+        #: loads recorded since the worker started
+        self.loads_recorded = 0
 
     def task_ended(self, outcome: TaskOutcome) -> None:
         """Record the span of a task that ended now (on the event loop, once per task)."""
@@ -136,8 +174,15 @@ class Timeline:
                 outcome.batch,
                 None if entry.model is None else outcome.cache_hit,
                 "" if error is None else type(error).__name__,
+                outcome.lane,
+                outcome.exec_s * scale,
             )
         )
+
+    def load_ended(self, model: str, start: float, prefetch: bool, error: str = "") -> None:
+        """Record a load of ``model`` that began at wall clock ``start`` and ended now."""
+        self.loads_recorded = seq = self.loads_recorded + 1
+        self.loads.append(LoadSpan(seq, model, start, self._wall(), prefetch, error))
 
     def job_answered(
         self,
@@ -152,6 +197,23 @@ class Timeline:
         self.jobs.append(
             JobEnd(job, workflow, self._wall(), latency_s, deadline_s, outcome, priority)
         )
+
+    def export(self, after: int, limit: int) -> dict[str, Any]:
+        """Everything the rings hold past span ``after`` (a span's ``seq``): at most
+        ``limit`` spans, the oldest first, as rows of :data:`SPAN_FIELDS`; every load kept, as
+        rows of :data:`LOAD_FIELDS`; ``more`` when spans are left (ask again after the last
+        ``seq``); ``lost`` when spans past ``after`` fell off the ring before this read."""
+        spans = [span for span in self.spans if span.seq > after]
+        oldest = self.spans[0].seq if self.spans else self.recorded + 1
+        return {
+            "span_fields": list(SPAN_FIELDS),
+            "load_fields": list(LOAD_FIELDS),
+            "spans": rows(spans[:limit]),
+            "loads": rows(self.loads),
+            "more": len(spans) > limit,
+            "lost": oldest > after + 1,
+            "now": self._wall(),
+        }
 
     def recent_spans(self, window_s: float, limit: int) -> tuple[list[TaskSpan], bool]:
         """The spans that ended in the last ``window_s`` seconds, oldest first, at most the
