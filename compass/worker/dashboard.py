@@ -64,6 +64,9 @@ MAX_WINDOW_S = 600.0
 #: element and header limits
 MAX_SPANS = 1000
 MAX_JOBS = 1000
+#: traces one worker sends per answer (its newest), and tasks per trace
+MAX_TRACES = 5
+MAX_TRACE_TASKS = 50
 #: seconds the gathering worker waits for a peer's part
 PEER_TIMEOUT_S = 1.0
 
@@ -152,7 +155,17 @@ def local_view(worker: Worker, window_s: float = DEFAULT_WINDOW_S) -> dict[str, 
         "spans_truncated": spans_cut,
         "jobs": rows(jobs),
         "jobs_truncated": jobs_cut,
+        # the newest traces of jobs this worker was the ingress of (their JSON form)
+        "traces": [_page_trace(trace) for trace in worker.tracer.recent(MAX_TRACES)],
+        "traces_sample": worker.tracer.sample,
     }
+
+
+def _page_trace(trace: dict[str, Any]) -> dict[str, Any]:
+    """A kept trace as the page gets it: at most :data:`MAX_TRACE_TASKS` tasks."""
+    if len(trace["tasks"]) <= MAX_TRACE_TASKS:
+        return trace
+    return {**trace, "tasks": trace["tasks"][:MAX_TRACE_TASKS], "tasks_truncated": True}
 
 
 async def cluster_view(

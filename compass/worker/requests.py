@@ -1,6 +1,8 @@
 """The worker's request table: what clients and peers may ask of a worker, checked at the door.
 
-Clients may ``ping``, ask for ``status`` and ``trace``, and ``submit`` jobs. Peers (channels
+Clients may ``ping``, ask for ``status``, ``trace`` (the records of answered jobs),
+``traces`` (the traces of traced jobs) and ``timeline`` (task spans and model loads, for a
+benchmark's timeline), and ``submit`` jobs. Peers (channels
 that authenticated as workers) may also ``join``, ask for a ``plan``, and send one-way
 heartbeats, ``leave`` notices and the typed peer messages of :mod:`compass.worker.messages`. A
 peer-only request from a client is refused with a :class:`~compass.errors.ProtocolError`; a
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import compass
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
 from compass.objective import Objective
+from compass.wire.codec import payload_bytes
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
 from compass.worker.messages import (
@@ -30,7 +33,7 @@ from compass.worker.messages import (
     decode,
 )
 from compass.worker.state import Received
-from compass.worker.stats import payload_bytes
+from compass.worker.tracing import TRACE_FIELD
 
 if TYPE_CHECKING:
     from compass.worker.membership import Membership
@@ -48,6 +51,12 @@ MEASURED_TRANSFER_BYTES = 1 << 20
 #: the longest job key a client may give
 MAX_KEY_CHARS = 128
 
+#: traces one ``traces`` answer holds at most, and task spans one ``timeline`` answer
+MAX_TRACES = 100
+MAX_TIMELINE_SPANS = 2000
+#: the most recent traces ``compass status`` lists
+STATUS_TRACES = 5
+
 
 def make_router(worker: Worker) -> Router:
     """The request table of ``worker``."""
@@ -56,6 +65,8 @@ def make_router(worker: Worker) -> Router:
     router.inline("ping")(requests.ping)
     router.inline("status")(requests.status)
     router.inline("trace")(requests.trace)
+    router.inline("traces")(requests.traces)
+    router.inline("timeline")(requests.timeline)
     router.request("submit")(requests.submit)
     router.request("join")(requests.join)
     router.request("plan")(requests.plan)
@@ -107,6 +118,25 @@ def describe(worker: Worker) -> dict[str, Any]:
         # jobs with a deadline: workflow -> priority -> outcome counts and attainment
         "slo": worker.metrics.slo_summary(),
         "metrics": worker.metrics.address or None,
+        # jobs traced at this ingress: the sampling, and the last few traces in brief
+        "traces": {
+            "sample": worker.tracer.sample,
+            "traced": worker.tracer.traced,
+            "kept": len(worker.tracer.kept),
+            "recent": [_brief(t) for t in worker.tracer.recent(STATUS_TRACES)],
+        },
+    }
+
+
+def _brief(trace: dict[str, Any]) -> dict[str, Any]:
+    """A kept trace in one line's worth of fields."""
+    return {
+        "job": trace["job"],
+        "workflow": trace["workflow"],
+        "latency_ms": trace["latency_ms"],
+        "ok": trace["ok"],
+        "tasks": len(trace["tasks"]),
+        "end": trace["end"],
     }
 
 
@@ -131,19 +161,68 @@ class _Requests:
             trace.clear()
         return records
 
+    def traces(self, channel: Channel, body: Any) -> Any:
+        """``{"job": id}``: the trace this ingress kept of that job; ``{"limit": n}`` (or
+        nothing): its last ``n`` traces (at most :data:`MAX_TRACES`), oldest first."""
+        body = {} if body is None else body
+        if not isinstance(body, dict):
+            raise InvalidInputs("a traces request is {job: id} or {limit: n}")
+        tracer = self.worker.tracer
+        job = body.get("job")
+        if job is not None:
+            if not isinstance(job, str):
+                raise InvalidInputs("a traces request's job must be a job id")
+            trace = tracer.trace(job)
+            if trace is None:
+                raise InvalidInputs(
+                    f"worker {self.worker.name} keeps no trace of job {job}: it was not traced "
+                    f"(sampled with --trace-sample {tracer.sample:g}, or asked for with "
+                    f"trace=True), another worker was its ingress, or it is older than the "
+                    f"last {len(tracer.kept)} traces",
+                    detail={"job_id": job},
+                )
+            return trace
+        limit = body.get("limit", MAX_TRACES)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidInputs("a traces request's limit must be a count")
+        return tracer.recent(min(limit, MAX_TRACES))
+
+    def timeline(self, channel: Channel, body: Any) -> dict[str, Any]:
+        """The task spans after ``{"after": seq}`` (at most :data:`MAX_TIMELINE_SPANS`) and
+        every model load this worker keeps: :meth:`Timeline.export
+        <compass.worker.timeline.Timeline.export>`, with the worker's name and time scale."""
+        after = body.get("after", 0) if isinstance(body, dict) else None
+        if isinstance(after, bool) or not isinstance(after, int):
+            raise InvalidInputs("a timeline request is {after: span seq}")
+        worker = self.worker
+        part = worker.metrics.timeline.export(after, MAX_TIMELINE_SPANS)
+        part.update(
+            name=worker.name, instance=worker.instance, time_scale=worker.config.time_scale,
+            lanes=worker.lanes.lanes, host_lanes=worker.lanes.host_lanes,
+        )  # fmt: skip
+        return part
+
     async def submit(self, channel: Channel, body: Any) -> Any:
         if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
             raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
         key = body.get("key")
         if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS):
             raise InvalidInputs(f"a job key must be a string of 1 to {MAX_KEY_CHARS} characters")
+        traceparent = body.get("tp")
+        if traceparent is not None and not isinstance(traceparent, str):
+            raise InvalidInputs("a submission's tp must be a W3C traceparent string")
+        traced = body.get("trace") is True
         worker = self.worker
         objective = Objective.from_wire(body, worker.config.time_scale)
         job_id, value = await worker.submit_job(
-            body["workflow"], body.get("inputs") or {}, key, objective
-        )
+            body["workflow"], body.get("inputs") or {}, key, objective,
+            trace=traced, traceparent=traceparent,
+        )  # fmt: skip
         if body.get("reply") == "job":  # Client.submit_job: the job's id with its answer
-            return {"job": job_id, "value": value}
+            reply = {"job": job_id, "value": value}
+            if traced:  # its trace too (None: a resubmitted key's job, traced or not)
+                reply["trace"] = worker.tracer.trace(job_id)
+            return reply
         return value
 
     # -- peers ---------------------------------------------------------------------------------
@@ -212,9 +291,19 @@ class _Requests:
                 log.warning("%s: dropped a malformed %r from %s: %s", worker.name, op,
                             channel.peer_name, exc)  # fmt: skip
                 return
+            if (
+                TRACE_FIELD in body
+                and isinstance(msg, TaskMsg | ResultMsg | FailedMsg)
+                and not worker.core.is_done(msg.job, msg.attempt)
+            ):
+                # a traced job's spans: kept before the message is handled (a result may
+                # answer the job at once)
+                worker.tracer.incoming(msg.job, body[TRACE_FIELD])
             if isinstance(msg, TaskMsg):
                 worker.apply(self._task_arrived(channel, msg))
             else:
+                if isinstance(msg, DoneMsg) and msg.below is None and worker.tracer.jobs:
+                    worker.tracer.forget(msg.job)
                 worker.apply(Received(worker.clock(), channel.peer_name, msg))
 
         return handle
