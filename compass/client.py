@@ -7,6 +7,12 @@
 
     with compass.SyncClient("127.0.0.1:7341", token=token) as client:  # scripts, notebooks
         caption = client.submit("img_to_text", image=pixels)
+
+A job's trace (where each task ran and where its time went, :class:`~compass.trace.JobTrace`)
+comes with its answer from :meth:`Client.submit_job` with ``trace=True``; the traces an
+ingress sampled are read with :meth:`Client.trace` and :meth:`Client.traces`. A submission
+made inside an OpenTelemetry span carries that span's context (W3C ``traceparent``), so the
+job's spans, exported by workers started with ``--otel-endpoint``, are its children.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import concurrent.futures
 import contextlib
 import logging
 import ssl
+import sys
 import threading
 import time
 import uuid
@@ -38,8 +45,15 @@ from compass.errors import (
     WorkerUnavailable,
 )
 from compass.objective import check_objective
+from compass.trace import (
+    JobTrace,
+    TraceParent,
+    format_traceparent,
+    parse_traceparent,
+    seen_by_client,
+)
+from compass.wire.codec import payload_bytes
 from compass.wire.transport import Channel, connect, new_event_loop
-from compass.worker.stats import payload_bytes
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult", "SyncClient"]
 
@@ -55,10 +69,11 @@ BULK_THRESHOLD = 1 << 20
 @dataclass(frozen=True, slots=True)
 class JobResult:
     """A job's answer with its id (:meth:`Client.submit_job`): the id the workers' logs and
-    traces name the job by."""
+    traces name the job by; with ``trace=True``, its :class:`~compass.trace.JobTrace`."""
 
     job_id: str
     value: Any
+    trace: JobTrace | None = None
 
 
 class Client:
@@ -307,7 +322,7 @@ class Client:
         (``error.job_id``).
         """
         extra = _objective(deadline_ms, priority, on_miss)
-        return await self._submit(workflow, inputs, timeout, extra)
+        return (await self._submit(workflow, inputs, timeout, extra))[0]
 
     async def submit_job(
         self,
@@ -318,31 +333,75 @@ class Client:
         deadline_ms: float | None = None,
         priority: int = 0,
         on_miss: str = "drop",
+        trace: bool = False,
+        traceparent: str | None = None,
         **inputs: Any,
     ) -> JobResult:
-        """:meth:`submit`, answering the job's id with its output (:class:`JobResult`)."""
-        extra = {"reply": "job", **_objective(deadline_ms, priority, on_miss)}
-        answer = await self._submit(workflow, inputs, timeout, extra)
+        """:meth:`submit`, answering the job's id with its output (:class:`JobResult`).
+
+        ``trace=True`` traces the job whatever the workers' sampling and answers its trace
+        with it (:attr:`JobResult.trace`; None when the worker keeps none, as for a job whose
+        key a retry resubmitted after it had run): where each task ran, its queue wait, input
+        transfer, model load, execution and batch, and the job's latency split along its
+        critical path. A job that fails raises as :meth:`submit` does; its trace is then
+        read with :meth:`trace` (``error.job_id``). ``traceparent``: the W3C trace context of
+        the caller's span (by default the current OpenTelemetry span's, when there is one):
+        the job's spans are its children. Neither is a job input."""
+        extra: dict[str, Any] = {"reply": "job", **_objective(deadline_ms, priority, on_miss)}
+        if traceparent is not None:
+            if parse_traceparent(traceparent) is None:
+                raise ConfigError(
+                    f"traceparent {traceparent!r} is not a W3C trace context "
+                    "('00-<32 hex digits>-<16 hex digits>-<2 hex digits>')"
+                )
+            extra["tp"] = traceparent
+        if trace:
+            extra["trace"] = True
+        t0 = time.perf_counter()
+        answer, retries = await self._submit(workflow, inputs, timeout, extra)
+        latency_ms = (time.perf_counter() - t0) * 1000.0
         if not (isinstance(answer, dict) and isinstance(answer.get("job"), str)):
             raise ProtocolError(
                 f"{self.address} answered a job without its id: the worker predates submit_job"
             )
-        return JobResult(answer["job"], answer.get("value"))
+        job_trace = None
+        if trace and answer.get("trace") is not None:
+            job_trace = JobTrace.from_json(seen_by_client(answer["trace"], latency_ms, retries))
+        return JobResult(answer["job"], answer.get("value"), job_trace)
+
+    async def trace(self, job_id: str, *, timeout: float | None = _DEFAULT) -> JobTrace:
+        """The trace the connected worker kept of job ``job_id``, which it was the ingress
+        of (the first part of a job id names it) and traced: sampled (``--trace-sample``) or
+        asked for. :class:`~compass.errors.InvalidInputs` when it keeps none."""
+        return JobTrace.from_json(await self._request("traces", {"job": job_id}, timeout))
+
+    async def traces(self, limit: int = 20, *, timeout: float | None = _DEFAULT) -> list[JobTrace]:
+        """The last ``limit`` (at most 100) traces the connected worker kept, oldest first."""
+        answer = await self._request("traces", {"limit": limit}, timeout)
+        if not isinstance(answer, list):
+            raise ProtocolError(f"{self.address} answered traces with a {type(answer).__name__}")
+        return [JobTrace.from_json(trace) for trace in answer]
 
     async def _submit(
         self, workflow: str, inputs: dict[str, Any], timeout: float | None, extra: dict[str, Any]
-    ) -> Any:
+    ) -> tuple[Any, int]:
+        """Submit, failing over as the class says; the answer, and how many times the job
+        was submitted again to another worker."""
         if timeout is _DEFAULT:
             timeout = self.timeouts.request
         threshold = self.bulk_threshold
         bulk = threshold is not None and payload_bytes(inputs) > threshold
         body = {"workflow": workflow, "inputs": inputs, "key": uuid.uuid4().hex, **extra}
+        if "tp" not in body:
+            caller = _current_traceparent()
+            if caller is not None:
+                body["tp"] = caller
         lost: CompassError | None = None
-        for _ in range(self.retries + 1):
+        for retry in range(self.retries + 1):
             channel: Channel | None = None
             try:
                 channel = await self._channel_for(bulk)
-                return await channel.request("submit", body, timeout=timeout)
+                return await channel.request("submit", body, timeout=timeout), retry
             except ConnectFailed:
                 if lost is None:
                     raise
@@ -377,7 +436,7 @@ class Client:
 
         async def one(kwargs: Mapping[str, Any]) -> Any:
             async with limit:
-                return await self._submit(workflow, dict(kwargs), timeout, extra)
+                return (await self._submit(workflow, dict(kwargs), timeout, extra))[0]
 
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(one(kwargs)) for kwargs in inputs]
@@ -424,6 +483,20 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _current_traceparent() -> str | None:
+    """The W3C trace context of the current OpenTelemetry span, if the application uses
+    OpenTelemetry (compass never imports it: an application that does has it loaded) and a
+    span is current."""
+    otel = sys.modules.get("opentelemetry.trace")
+    if otel is None:
+        return None
+    context = otel.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    sampled = bool(context.trace_flags & 1)
+    return format_traceparent(TraceParent(context.trace_id, context.span_id, sampled))
 
 
 def _objective(deadline_ms: float | None, priority: int, on_miss: str) -> dict[str, Any]:
@@ -640,13 +713,24 @@ class SyncClient:
         deadline_ms: float | None = None,
         priority: int = 0,
         on_miss: str = "drop",
+        trace: bool = False,
+        traceparent: str | None = None,
         **inputs: Any,
     ) -> JobResult:
-        """Run one job and return its id with its output (see :meth:`Client.submit_job`)."""
+        """Run one job and return its id with its output, and with ``trace=True`` its trace
+        (see :meth:`Client.submit_job`)."""
         return self._run(self._client.submit_job(
             workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, **inputs,
+            on_miss=on_miss, trace=trace, traceparent=traceparent, **inputs,
         ))  # fmt: skip
+
+    def trace(self, job_id: str, *, timeout: float | None = _DEFAULT) -> JobTrace:
+        """The trace the connected worker kept of job ``job_id`` (see :meth:`Client.trace`)."""
+        return self._run(self._client.trace(job_id, timeout=timeout))
+
+    def traces(self, limit: int = 20, *, timeout: float | None = _DEFAULT) -> list[JobTrace]:
+        """The last ``limit`` traces the connected worker kept (see :meth:`Client.traces`)."""
+        return self._run(self._client.traces(limit, timeout=timeout))
 
     def submit_many(
         self,
