@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from compass.errors import ProtocolError
 
@@ -47,10 +47,9 @@ BREAKDOWN = ("client", "planning", "transfer", "queue", "load", "exec", "result"
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
-@dataclass(frozen=True, slots=True)
-class TraceParent:
+class TraceParent(NamedTuple):
     """A W3C trace context: a trace id (128 bits), a span id (64 bits), and whether the
-    caller's tracing sampled it."""
+    caller's tracing sampled it. (A named tuple: one is made per traced job.)"""
 
     trace_id: int
     span_id: int
@@ -140,15 +139,17 @@ class TaskTrace:
         names: tuple[Any, ...] = (get("task"), get("worker"), get("planned_worker"),
                                   get("error", ""))  # fmt: skip
         mates, hit, model = get("mates", ()), get("cache_hit"), get("model")
+        # the checks are set operations on types, done in C: a trace is read per traced job
         if (
-            not all(type(v) in _NUMBER_TYPES for v in numbers)
+            not set(map(type, numbers)) <= _NUMBER_TYPES
             or not all(map(math.isfinite, numbers))
-            or not all(type(v) is int and v >= 0 for v in counts)
-            or not all(type(v) is str for v in names)
-            or not isinstance(mates, list | tuple)
-            or not all(type(m) is str for m in mates)
-            or not (hit is None or type(hit) is bool)
-            or not (model is None or type(model) is str)
+            or set(map(type, counts)) != _INT
+            or min(counts) < 0
+            or set(map(type, names)) != _STR
+            or type(mates) not in _SEQUENCES
+            or not set(map(type, mates)) <= _STR
+            or type(hit) not in _MAYBE_BOOL
+            or type(model) not in _MAYBE_STR
         ):
             raise ProtocolError(f"a task of a trace is malformed: {dict(body)!r:.300}")
         transfer, queued, load, exec_, start, end = numbers
@@ -216,7 +217,7 @@ class JobTrace:
         if not isinstance(body, Mapping):
             raise ProtocolError(f"a trace must be a map, got {type(body).__name__}")
         get = body.get
-        tasks = get("tasks")
+        tasks: Any = get("tasks")
         breakdown = get("breakdown_ms", {})
         path = get("critical_path", ())
         numbers: list[Any] = [get("latency_ms"), get("start", 0.0), get("end", 0.0)]
@@ -224,14 +225,18 @@ class JobTrace:
         names: tuple[Any, ...] = (get("job"), get("workflow"), get("ingress", ""),
                                   get("error", ""), get("trace_id", ""))  # fmt: skip
         if (
-            not isinstance(tasks, list | tuple)
+            type(tasks) not in _SEQUENCES
             or not isinstance(breakdown, Mapping)
-            or not all(type(k) is str and _number(v) for k, v in breakdown.items())
-            or not isinstance(path, list | tuple)
-            or not all(type(t) is str for t in path)
-            or not all(_number(v) for v in numbers)
-            or not all(type(v) is int and v >= 0 for v in counts)
-            or not all(type(v) is str for v in names)
+            or not set(map(type, breakdown)) <= _STR
+            or not set(map(type, breakdown.values())) <= _NUMBER_TYPES
+            or not all(map(math.isfinite, breakdown.values()))
+            or type(path) not in _SEQUENCES
+            or not set(map(type, path)) <= _STR
+            or not set(map(type, numbers)) <= _NUMBER_TYPES
+            or not all(map(math.isfinite, numbers))
+            or set(map(type, counts)) != _INT
+            or min(counts) < 0
+            or set(map(type, names)) != _STR
             or type(get("ok", True)) is not bool
         ):
             raise ProtocolError(f"a trace is malformed: {dict(body)!r:.300}")
@@ -266,7 +271,11 @@ def seen_by_client(trace: Mapping[str, Any], latency_ms: float, retries: int) ->
     return out
 
 
-_NUMBER_TYPES = (int, float)
+_NUMBER_TYPES = frozenset((int, float))
+_INT, _STR = {int}, {str}
+_SEQUENCES = (list, tuple)
+_MAYBE_BOOL = (bool, type(None))
+_MAYBE_STR = (str, type(None))
 #: a task's numbers, in the order of :class:`TaskTrace`'s fields
 _TASK_NUMBERS = ("transfer_ms", "queued_ms", "load_ms", "exec_ms", "start", "end")
 

@@ -34,7 +34,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from compass.trace import TraceParent, format_traceparent, parse_traceparent
 from compass.worker.messages import JOB_INPUTS, FailedMsg, PeerMessage, ResultMsg, TaskMsg
@@ -87,14 +87,16 @@ class JobTracing:
 
     #: the job span's context: every task span is its child
     parent: TraceParent
-    #: task -> worker as the ingress planned the job's attempt :attr:`attempt`
-    planned: dict[str, str] = field(default_factory=dict)
+    #: task -> worker as the ingress planned the job's attempt :attr:`attempt` (replaced,
+    #: never changed in place)
+    planned: Mapping[str, str] = field(default_factory=dict)
     attempt: int = -1
     #: (task, attempt) -> its span, as :func:`task_span` makes it
     spans: dict[_Key, dict[str, Any]] = field(default_factory=dict)
-    #: peer -> the spans sent to it already; and the attempt whose plan it was told
-    sent: dict[str, set[_Key]] = field(default_factory=dict)
-    told: dict[str, int] = field(default_factory=dict)
+    #: peer -> the spans sent to it already, and the attempt whose plan it was told (made
+    #: when the job's first message leaves: most traced jobs of a busy ingress never do)
+    sent: dict[str, set[_Key]] | None = None
+    told: dict[str, int] | None = None
     # at the ingress only:
     #: the caller's span (the job span's parent), if it gave one
     caller: TraceParent | None = None
@@ -160,6 +162,9 @@ class Tracer:
         self.kept: OrderedDict[str, dict[str, Any] | Answered] = OrderedDict()
         #: traced jobs answered here since the worker started
         self.traced = 0
+        #: the last one answered, whatever ``keep`` (with keep 0, a client that asked for its
+        #: job's trace still gets it with the answer)
+        self._last: tuple[str, Answered] | None = None
 
     # -- at the ingress -----------------------------------------------------------------------
 
@@ -212,6 +217,7 @@ class Tracer:
             return None
         self.traced += 1
         done = Answered(tracing, record, workflow, ingress, answered, error)
+        self._last = (job_id, done)
         if self._keep:
             kept = self.kept
             kept[job_id] = done
@@ -224,6 +230,8 @@ class Tracer:
         kept = self.kept.get(job_id)
         if isinstance(kept, Answered):
             kept = self.kept[job_id] = kept.assemble(job_id)
+        elif kept is None and self._last is not None and self._last[0] == job_id:
+            return self._last[1].assemble(job_id)
         return kept
 
     def recent(self, limit: int) -> list[dict[str, Any]]:
@@ -249,10 +257,15 @@ class Tracer:
             if msg.source == JOB_INPUTS and msg.attempt > tracing.attempt:
                 # a root the ingress sends: its plan is the attempt's plan as made
                 tracing.planned, tracing.attempt = dict(msg.plan), msg.attempt
-            if tracing.planned and tracing.told.get(peer, -1) < tracing.attempt:
-                tracing.told[peer] = tracing.attempt
+            told = tracing.told
+            if told is None:
+                told = tracing.told = {}
+            if tracing.planned and told.get(peer, -1) < tracing.attempt:
+                told[peer] = tracing.attempt
                 out["pw"] = tracing.planned
                 out["pa"] = tracing.attempt
+        if tracing.sent is None:
+            tracing.sent = {}
         sent = tracing.sent.setdefault(peer, set())
         spans = [
             span for key, span in tracing.spans.items()
@@ -330,9 +343,9 @@ def _plan(value: Any) -> bool:
 _MISSING = object()
 
 
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """An answered traced job: what its trace is assembled from (when first read)."""
+class Answered(NamedTuple):
+    """An answered traced job: what its trace is assembled from (when first read). (A named
+    tuple: one is made per traced job.)"""
 
     tracing: JobTracing
     record: Mapping[str, Any]

@@ -182,6 +182,13 @@ def test_what_a_worker_holds_is_bounded() -> None:
     assert [t["job"] for t in tracer.recent(5)] == ["j3", "j4"]
     assert tracer.recent(1)[0]["job"] == "j4" and tracer.recent(0) == []
     assert tracer.trace("j2") is None
+    # keeping none, the last one answered is still there for the client that asked for it
+    none = Tracer(keep=0)
+    none.start("j", forced=True, traceparent=None, received=0.0)
+    none.finish("j", record, DIAMOND, ingress="w0", answered=1.0)
+    assert not none.kept and none.recent(5) == []
+    last = none.trace("j")
+    assert last is not None and last["job"] == "j"
 
 
 def test_a_task_span_holds_wall_times_real_seconds_and_its_batch_mates() -> None:
