@@ -3,8 +3,10 @@ ones it receives, and what it learns from them.
 
 A worker gossips its queue and cache to every peer within ``heartbeat_min_ms`` of a change
 (spaced further in a large cluster, see :func:`~compass.worker.membership.gossip_gap_s`) and
-every ``heartbeat_ms`` regardless, which is also how peers know it is alive. Each heartbeat is
-also the worker core's periodic check (``tick``): an idle worker warms its cache then.
+every ``heartbeat_ms`` regardless. Whether a peer is alive is not judged here but by the
+failure detector's probes (:mod:`~compass.worker.members`); a heartbeat only counts if it is
+of a live peer's current incarnation. Each heartbeat is also the worker core's periodic check
+(``tick``): an idle worker warms its cache then.
 
 :class:`Gossip` is also the worker core's :class:`~compass.worker.state.ViewPort`: a snapshot
 counts this worker's own state exactly as it is at that moment.
@@ -122,9 +124,8 @@ class Gossip:
 
     async def run(self, membership: Membership) -> None:
         """Send this worker's state to every peer when it changes, and every
-        ``heartbeat_ms`` regardless; expire silent peers. Runs until cancelled."""
+        ``heartbeat_ms`` regardless. Runs until cancelled."""
         sched = self._config.sched
-        timeout = sched.peer_timeout_ms / 1000.0
         loop = asyncio.get_running_loop()
         loads_seen = (0, 0.0)
         while True:
@@ -138,7 +139,6 @@ class Gossip:
             peers = len(membership.peers)
             if peers:
                 membership.broadcast("heartbeat", state.to_wire())
-                membership.expire(timeout)
             min_gap = self._gap_s(peers)
             interval = max(sched.heartbeat_ms / 1000.0, min_gap)
             self.view.settle_s = self._settle_s(min_gap)

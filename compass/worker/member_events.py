@@ -8,25 +8,38 @@ one way, the same plus ``{members, peers}`` back (:class:`Welcome`), where ``dea
 incarnation at which the sender declared the receiver dead (or ``None``), ``peers`` maps the
 sender's live peers to their addresses and ``members`` lists those addresses (for workers that
 predate ``peers``).
+
+The failure detector's messages are notifies between peers (:data:`PROBE_OPS`): ``probe``
+``{seq, from, to, up}``, answered by ``ack`` ``{seq, from, up}``; ``probe-req`` ``{seq, from,
+target, address, up}`` asks a peer to probe ``target`` for the sender, and is answered by an
+``ack`` (the target answered) or a ``nack`` (it did not, in time). ``up`` holds the
+piggybacked membership updates (:class:`Update`), each ``[status, name, incarnation,
+address, by]``. Each message is read into its event by :func:`parse_probe`, checked as it is
+read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from compass.errors import CompassError, ProtocolError
 
 __all__ = [
+    "MAX_UPDATES",
+    "PROBE_OPS",
+    "Acked",
+    "AskIndirect",
+    "ChannelLost",
     "Close",
     "Decision",
     "Dial",
     "Duplicate",
     "Event",
-    "Expire",
     "Forgot",
     "Fresh",
+    "Gossiped",
     "HeardFrom",
     "Hello",
     "JoinAnswered",
@@ -35,10 +48,14 @@ __all__ = [
     "Leave",
     "Left",
     "Moved",
+    "Nacked",
     "NotASeed",
     "NotReached",
     "PeerDown",
     "PeerUp",
+    "Pinged",
+    "ProbeAsked",
+    "ProbeUnsent",
     "Refuse",
     "Refuted",
     "Remove",
@@ -47,11 +64,19 @@ __all__ = [
     "Seeds",
     "SeedsAnswered",
     "SeedsFailed",
+    "SendAck",
+    "SendNack",
+    "SendProbe",
     "Stale",
+    "Status",
+    "Suspect",
     "Tick",
+    "Unsuspected",
+    "Update",
     "Welcome",
     "members_of",
     "parse_join",
+    "parse_probe",
     "parse_welcome",
 ]
 
@@ -129,6 +154,100 @@ def members_of(reply: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     return [(None, str(a)) for a in reply.get("members", [])]
 
 
+# -- the failure detector's messages ------------------------------------------------------------
+#: what an :class:`Update` says of a member
+Status: TypeAlias = Literal["alive", "suspect", "dead", "left"]
+_STATUSES: tuple[Status, ...] = ("alive", "suspect", "dead", "left")
+
+#: the notifies of the failure detector
+PROBE_OPS = ("probe", "probe-req", "ack", "nack")
+
+#: the most updates one message may carry (a sender piggybacks far fewer)
+MAX_UPDATES = 64
+
+#: a probe's sequence number is below this
+_MAX_SEQ = 1 << 63
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One membership change as the failure detector spreads it: member ``name`` is
+    ``status`` at ``incarnation``; ``address``: where it listens (for ``alive``, so that a
+    worker that did not know it can dial it); ``by``: the worker that says so (one
+    suspicion told by distinct workers is confirmed)."""
+
+    status: Status
+    name: str
+    incarnation: int
+    address: str = ""
+    by: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in _STATUSES:
+            raise ProtocolError(f"an update's status must be one of {_STATUSES}, got "
+                                f"{self.status!r}")  # fmt: skip
+        _incarnation(self.incarnation)
+
+    def to_wire(self) -> list[Any]:
+        return [_STATUSES.index(self.status), self.name, self.incarnation, self.address, self.by]
+
+
+def _update(value: object) -> Update:
+    if not (isinstance(value, list) and len(value) == 5):
+        raise ProtocolError(f"an update is [status, name, incarnation, address, by], got "
+                            f"{value!r:.80}")  # fmt: skip
+    code, name, incarnation, address, by = value
+    if not (isinstance(code, int) and 0 <= code < len(_STATUSES)) or isinstance(code, bool):
+        raise ProtocolError(f"an update's status must be 0..{len(_STATUSES) - 1}, got {code!r}")
+    if not (isinstance(name, str) and name and isinstance(address, str) and isinstance(by, str)):
+        raise ProtocolError("an update's name, address and by must be strings (a name not empty)")
+    return Update(_STATUSES[code], name, _incarnation(incarnation), address, by)
+
+
+def _updates(body: dict[Any, Any]) -> tuple[Update, ...]:
+    value = body.get("up", [])
+    if not isinstance(value, list) or len(value) > MAX_UPDATES:
+        raise ProtocolError(f"a probe's updates must be a list of at most {MAX_UPDATES}")
+    return tuple(_update(v) for v in value)
+
+
+def _seq(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _MAX_SEQ:
+        raise ProtocolError(f"a probe's seq must be an integer in [0, 2**63), got {value!r:.40}")
+    return value
+
+
+def _name(body: dict[Any, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise ProtocolError(f"a probe message needs {key!r}, a worker's name")
+    return value
+
+
+def parse_probe(op: str, body: object, now: float) -> Pinged | ProbeAsked | Acked | Nacked:
+    """The event a failure detector's message ``op`` (one of :data:`PROBE_OPS`) with ``body``
+    is, at ``now``; :class:`ProtocolError` if it is not well formed."""
+    if not isinstance(body, dict):
+        raise ProtocolError(f"a {op!r} message must be a map")
+    seq, sender, updates = _seq(body.get("seq")), _name(body, "from"), _updates(body)
+    if op == "probe":
+        return Pinged(now, sender, seq, _name(body, "to"), updates)
+    if op == "probe-req":
+        address = body.get("address")
+        if not isinstance(address, str) or not address:
+            raise ProtocolError("a probe-req needs the target's address")
+        return ProbeAsked(now, sender, seq, _name(body, "target"), address, updates)
+    if op == "ack":
+        return Acked(now, sender, seq, updates)
+    if op == "nack":
+        return Nacked(now, sender, seq, updates)
+    raise ProtocolError(f"{op!r} is not a failure detector's message ({', '.join(PROBE_OPS)})")
+
+
+def _wire(updates: tuple[Update, ...]) -> list[list[Any]]:
+    return [u.to_wire() for u in updates]
+
+
 # -- events ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class JoinAsked:
@@ -159,16 +278,8 @@ class HeardFrom:
 
 
 @dataclass(frozen=True, slots=True)
-class Expire:
-    """Remove the peers silent for longer than ``timeout_s``."""
-
-    now: float
-    timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
 class Remove:
-    """Declare peer ``name`` dead (its connection broke, or it restarted): ``why`` says why."""
+    """Declare peer ``name`` dead at once (not through a suspicion): ``why`` says why."""
 
     now: float
     name: str
@@ -203,8 +314,10 @@ class RetryFailed:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """Look at the schedule: forget whom to forget, dial whom to dial. ``busy``: lost members
-    whose retry is under way; ``seeds_busy``: a join through the seeds is under way."""
+    """Look at the schedule: probe the next peer when the period is up, go indirect or
+    suspect when an ack is late, declare dead a suspect whose time is up, forget whom to
+    forget, dial whom to dial. ``busy``: lost members whose retry is under way;
+    ``seeds_busy``: a join through the seeds is under way."""
 
     now: float
     busy: frozenset[str] = frozenset()
@@ -256,11 +369,80 @@ class Close:
     now: float
 
 
+@dataclass(frozen=True, slots=True)
+class Pinged:
+    """Peer ``sender`` probes this worker (probe ``seq``, meant for ``to``) with ``updates``."""
+
+    now: float
+    sender: str
+    seq: int
+    to: str
+    updates: tuple[Update, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAsked:
+    """Peer ``sender`` asks this worker to probe ``target`` (at ``address``) for it: its
+    probe ``seq`` timed out."""
+
+    now: float
+    sender: str
+    seq: int
+    target: str
+    address: str
+    updates: tuple[Update, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """Peer ``sender`` answered probe ``seq``: its target is alive (``sender`` is the target,
+    or a peer that probed it for this worker)."""
+
+    now: float
+    sender: str
+    seq: int
+    updates: tuple[Update, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Nacked:
+    """Peer ``sender``, asked to probe for this worker (its probe ``seq``), got no answer."""
+
+    now: float
+    sender: str
+    seq: int
+    updates: tuple[Update, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeUnsent:
+    """Probe ``seq`` could not be sent (no channel to its target, and dialing it failed)."""
+
+    now: float
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLost:
+    """The channel to live peer ``name`` broke: probe it now (it is dialed again for that)."""
+
+    now: float
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Gossiped:
+    """``updates`` arrived from ``sender`` other than on a probe."""
+
+    now: float
+    sender: str
+    updates: tuple[Update, ...]
+
+
 Event: TypeAlias = (
     JoinAsked
     | JoinAnswered
     | HeardFrom
-    | Expire
     | Remove
     | Left
     | NotReached
@@ -272,6 +454,13 @@ Event: TypeAlias = (
     | SeedsAnswered
     | Leave
     | Close
+    | Pinged
+    | ProbeAsked
+    | Acked
+    | Nacked
+    | ProbeUnsent
+    | ChannelLost
+    | Gossiped
 )
 
 
@@ -398,6 +587,80 @@ class Stale:
     recorded: int
 
 
+@dataclass(frozen=True, slots=True)
+class SendProbe:
+    """Probe ``target`` at ``address`` (``seq``, piggybacking ``updates``); with no channel to
+    it, dial it first (and answer :class:`ProbeUnsent` if that fails)."""
+
+    target: str
+    address: str
+    seq: int
+    updates: tuple[Update, ...]
+
+    def to_wire(self, sender: str) -> dict[str, Any]:
+        return {"seq": self.seq, "from": sender, "to": self.target, "up": _wire(self.updates)}
+
+
+@dataclass(frozen=True, slots=True)
+class AskIndirect:
+    """Ask each of ``via`` to probe ``target`` at ``address`` for this worker's probe
+    ``seq`` (``probe-req``)."""
+
+    via: tuple[str, ...]
+    target: str
+    address: str
+    seq: int
+    updates: tuple[Update, ...]
+
+    def to_wire(self, sender: str) -> dict[str, Any]:
+        return {"seq": self.seq, "from": sender, "target": self.target,
+                "address": self.address, "up": _wire(self.updates)}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SendAck:
+    """Answer probe ``seq`` of ``to``: alive (on the channel the probe came on, if it did)."""
+
+    to: str
+    seq: int
+    updates: tuple[Update, ...]
+
+    def to_wire(self, sender: str) -> dict[str, Any]:
+        return {"seq": self.seq, "from": sender, "up": _wire(self.updates)}
+
+
+@dataclass(frozen=True, slots=True)
+class SendNack:
+    """Tell ``to`` that the peer it asked this worker to probe (its probe ``seq``) did not
+    answer in time."""
+
+    to: str
+    seq: int
+    updates: tuple[Update, ...]
+
+    def to_wire(self, sender: str) -> dict[str, Any]:
+        return {"seq": self.seq, "from": sender, "up": _wire(self.updates)}
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """Peer ``name`` (at ``incarnation``) is suspected (first by ``by``): it is declared dead
+    in ``timeout_s`` unless it refutes, sooner as others confirm."""
+
+    name: str
+    incarnation: int
+    by: str
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Unsuspected:
+    """Suspected peer ``name`` refuted it: it is alive at ``incarnation``."""
+
+    name: str
+    incarnation: int
+
+
 Decision: TypeAlias = (
     PeerUp
     | PeerDown
@@ -412,4 +675,10 @@ Decision: TypeAlias = (
     | JoinSeeds
     | Fresh
     | Stale
+    | SendProbe
+    | AskIndirect
+    | SendAck
+    | SendNack
+    | Suspect
+    | Unsuspected
 )

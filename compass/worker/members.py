@@ -11,9 +11,24 @@ carries out the decisions (install or close a channel, dial an address, log).
 
 The rules (after SWIM, as memberlist and Serf apply them):
 
+- Failure detection is SWIM's, with Lifeguard's refinements (its knobs and helpers are in
+  :mod:`~compass.worker.swim`). Every period (:class:`Tick`) this worker probes one peer
+  (:class:`SendProbe`), in a shuffled round-robin order; with no :class:`Acked` within the
+  timeout (or the probe could not be sent, :class:`ProbeUnsent`) it asks ``indirect`` other
+  peers to probe it (:class:`AskIndirect`, answered by :class:`Acked` or :class:`Nacked`);
+  when they fail too the peer is *suspected* (:class:`Suspect`), and declared dead
+  (:class:`PeerDown`) once the suspicion times out, sooner the more workers confirm it,
+  unless it refutes it by raising its incarnation. A broken channel (:class:`ChannelLost`)
+  is no verdict: the peer is probed at once. Each change (alive, suspect, dead, left, with
+  its incarnation) is piggybacked (:class:`~.member_events.Update`) on the next probes and
+  acks, a bounded number of times; what arrives is applied by the same rules (a worker told
+  it is suspected or dead refutes at once). A worker answers every probe meant for it
+  (:class:`Pinged`: :class:`SendAck`) and probes for a peer that asks (:class:`ProbeAsked`).
+  Lifeguard's local health: a worker that misses the answers of the peers it asked, or must
+  refute, stretches its own period and timeouts (it is likely the slow one).
 - Every worker ever seen is remembered (:class:`Member`: name, address, incarnation, instance).
-  A live one (a *peer*) is removed when it falls silent (:class:`Expire`), its connection
-  breaks (:class:`Remove`) or it says it leaves (:class:`Left`). A removed one is retried, each
+  A live one (a *peer*) is removed when it is declared dead (above, or :class:`Remove`) or it
+  says it leaves (:class:`Left`). A removed one is retried, each
   on its own :class:`Backoff` (:class:`Dial` at each :class:`Tick` when due), until it answers;
   one lost for :attr:`MemberTable.forget_after_s` (a day, Serf's reconnect timeout) is forgotten,
   one that left after :data:`FORGET_LEFT_AFTER_S`, retried soon and often meanwhile
@@ -22,7 +37,8 @@ The rules (after SWIM, as memberlist and Serf apply them):
   incarnation it declared it dead at, and says so in the next join handshake between the two
   (whichever side dials); the peer then takes the next incarnation (:class:`Refuted`).
   Heartbeats carry it: one of an older incarnation than the one recorded is stale, a newer one
-  is adopted (:class:`HeardFrom`).
+  is adopted (:class:`HeardFrom`). A worker that hears it is suspected or dead refutes the
+  same way, and says so in its updates.
 - Names are unique. Each worker process has a random *instance* id; a join under the name of a
   live peer of another instance is refused (:class:`Refuse` with a
   :class:`~compass.errors.ConfigError`), unless the newcomer says it listens where that peer
@@ -42,14 +58,17 @@ from typing import Any, assert_never
 
 from compass.errors import ConfigError, WorkerUnavailable
 from compass.worker.member_events import (
+    Acked,
+    AskIndirect,
+    ChannelLost,
     Close,
     Decision,
     Dial,
     Duplicate,
     Event,
-    Expire,
     Forgot,
     Fresh,
+    Gossiped,
     HeardFrom,
     Hello,
     JoinAnswered,
@@ -58,10 +77,14 @@ from compass.worker.member_events import (
     Leave,
     Left,
     Moved,
+    Nacked,
     NotASeed,
     NotReached,
     PeerDown,
     PeerUp,
+    Pinged,
+    ProbeAsked,
+    ProbeUnsent,
     Refuse,
     Refuted,
     Remove,
@@ -70,10 +93,17 @@ from compass.worker.member_events import (
     Seeds,
     SeedsAnswered,
     SeedsFailed,
+    SendAck,
+    SendNack,
+    SendProbe,
     Stale,
+    Suspect,
     Tick,
+    Unsuspected,
+    Update,
     Welcome,
 )
+from compass.worker.swim import Broadcasts, ProbeOrder, Probing
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -82,6 +112,7 @@ __all__ = [
     "Backoff",
     "Member",
     "MemberTable",
+    "Probing",
 ]
 
 #: a lost peer is forgotten after this long without answering (Serf's reconnect_timeout)
@@ -159,12 +190,43 @@ class Member:
         return self.dead_incarnation is not None and self.incarnation <= self.dead_incarnation
 
 
+@dataclass(slots=True)
+class _Probe:
+    """A probe under way: this worker's own, or one it sends for a peer that asked
+    (``relay``: that peer and its probe's seq)."""
+
+    target: str
+    address: str
+    #: no ack by then: ask others (own), or tell the asker (relay)
+    ack_by: float
+    relay: tuple[str, int] | None = None
+    #: others were asked to probe it: it failed unless acked by then
+    indirect_by: float | None = None
+    asked: int = 0
+    nacks: int = 0
+
+    def due(self) -> float:
+        return self.ack_by if self.indirect_by is None else self.indirect_by
+
+
+@dataclass(slots=True)
+class _Suspicion:
+    """A live peer suspected at ``incarnation`` since ``since``, by the workers in ``by`` (the
+    first suspected it, the others confirmed), declared dead at ``deadline``."""
+
+    incarnation: int
+    since: float
+    deadline: float
+    by: list[str]
+
+
 # -- the table -------------------------------------------------------------------------------------
 class MemberTable:
     """Whom one worker knows; see the module docstring.
 
     ``name``, ``address`` and ``instance`` are this worker's; ``backoff`` spaces the retries
-    of a lost member and of the seeds, ``rng`` draws their jitter.
+    of a lost member and of the seeds; ``probing`` times the failure detector; ``rng`` draws
+    the jitter, the probe order and the peers asked to probe indirectly.
     """
 
     def __init__(
@@ -176,6 +238,7 @@ class MemberTable:
         rng: random.Random,
         backoff: Backoff = Backoff(),
         forget_after_s: float = FORGET_AFTER_S,
+        probing: Probing = Probing(),
     ) -> None:
         self.name = name
         #: where peers reach this worker (what it tells them in the handshake)
@@ -200,6 +263,24 @@ class MemberTable:
         self.seeds: list[str] = []
         self.seed_failures = 0
         self.seed_retry_at = 0.0
+        #: the lost members (being retried), by name
+        self._retrying: dict[str, Member] = {}
+        # -- the failure detector
+        self.probing = probing
+        #: Lifeguard's local health multiplier: this worker's period and timeouts are
+        #: (1 + health) times the configured ones
+        self.health = 0
+        #: the next probe of the round
+        self.probe_at = math.inf
+        self._order = ProbeOrder(rng)
+        #: the membership updates to piggyback
+        self.broadcasts = Broadcasts()
+        #: the probes under way, by seq; seqs start at random, so an answer meant for an earlier
+        #: process of this name (a relayed ack arriving late) matches nothing
+        self._probes: dict[int, _Probe] = {}
+        self._seq = rng.getrandbits(48)
+        #: the suspected live peers
+        self.suspicions: dict[str, _Suspicion] = {}
 
     # -- the one entry point ------------------------------------------------------------------
     def handle(self, event: Event) -> list[Decision]:
@@ -213,21 +294,10 @@ class MemberTable:
                 self._join_asked(event, out)
             case JoinAnswered():
                 self._join_answered(event, out)
-            case Expire():
-                silent = [
-                    m.name for m in self.live.values() if event.now - m.last_seen > event.timeout_s
-                ]
-                why = f"silent for more than {event.timeout_s * 1000:.0f} ms"
-                for name in silent:
-                    self._remove(event.now, name, why, out)
             case Remove():
                 self._remove(event.now, event.name, event.why, out)
             case Left():
-                known = self.members.get(event.name)
-                if known is not None:
-                    known.left = True
-                    known.failures = 0
-                self._remove(event.now, event.name, event.why, out)
+                self._left(event.now, event.name, event.why, out)
             case NotReached():
                 self._lost(self._remember(event.name, event.address), event.now, out)
             case RetryFailed():
@@ -250,8 +320,38 @@ class MemberTable:
                 self.seed_failures = 0
             case Leave():
                 self.leaving = True
+                self.broadcasts.add(
+                    Update("left", self.name, self.incarnation, self.address, self.name)
+                )
             case Close():
                 self.live.clear()
+                self._probes.clear()
+                self.suspicions.clear()
+                self.broadcasts.clear()
+                self.probe_at = math.inf
+            case Pinged():
+                if event.to == self.name:  # else a probe for whoever listened here before
+                    self._learn(event.now, event.sender, event.updates, out)
+                    out.append(SendAck(event.sender, event.seq, self._piggyback(event.sender)))
+            case ProbeAsked():
+                self._learn(event.now, event.sender, event.updates, out)
+                if event.target == self.name:
+                    out.append(SendAck(event.sender, event.seq, self._piggyback(event.sender)))
+                else:
+                    relay = (event.sender, event.seq)
+                    self._probe(event.now, event.target, event.address, relay, out)
+            case Acked():
+                self._learn(event.now, event.sender, event.updates, out)
+                self._acked(event, out)
+            case Nacked():
+                self._learn(event.now, event.sender, event.updates, out)
+                self._nacked(event, out)
+            case ProbeUnsent():
+                self._unsent(event, out)
+            case ChannelLost():
+                self._channel_lost(event, out)
+            case Gossiped():
+                self._learn(event.now, event.sender, event.updates, out)
             case _:
                 assert_never(event)
         return out
@@ -269,14 +369,7 @@ class MemberTable:
 
     def lost_at_address(self, address: str) -> str | None:
         """The name of a lost member last at ``address``, if any (a seed may be one)."""
-        return next(
-            (
-                m.name
-                for m in self.members.values()
-                if m.address == address and m.lost_at is not None
-            ),
-            None,
-        )
+        return next((m.name for m in self._retrying.values() if m.address == address), None)
 
     def lost(self, name: str) -> Member | None:
         """Member ``name`` if it is lost (to be retried), else None."""
@@ -286,23 +379,24 @@ class MemberTable:
     def next_due(self, busy: frozenset[str] = frozenset(), seeds_busy: bool = False) -> float:
         """When the next :class:`Tick` has something to dial (``inf``: nothing is scheduled);
         ``busy`` and ``seeds_busy`` as in :class:`Tick`."""
-        waiting = [
-            m.retry_at
-            for m in self.members.values()
-            if m.lost_at is not None and m.name not in busy
-        ]
+        waiting = [m.retry_at for m in self._retrying.values() if m.name not in busy]
         if self._alone() and not seeds_busy:
             waiting.append(self.seed_retry_at)
+        waiting.append(self.probe_at)
+        waiting.extend(p.due() for p in self._probes.values())
+        waiting.extend(s.deadline for s in self.suspicions.values())
         return min(waiting, default=math.inf)
 
     def describe(self, now: float) -> list[dict[str, Any]]:
-        """The live peers at ``now``: name, address, age of the last heartbeat, incarnation."""
+        """The live peers at ``now``: name, address, age of the last heartbeat, incarnation,
+        and whether it is suspected."""
         return [
             {
                 "name": p.name,
                 "address": p.address,
                 "age_ms": round((now - p.last_seen) * 1000, 1),
                 "incarnation": self.members[p.name].incarnation,
+                "suspect": p.name in self.suspicions,
             }
             for p in sorted(self.live.values(), key=lambda p: p.name)
         ]
@@ -360,7 +454,9 @@ class MemberTable:
             # same number from this reply's "dead")
             told = known.dead_incarnation
             incarnation = told + 1
-        self._register(ev.now, name, hello.address, incarnation, hello.instance, out)
+        up = self._register(ev.now, name, hello.address, incarnation, hello.instance, out)
+        if up is not None and not up.replaces:  # first hand: it came to this worker
+            self.broadcasts.add(Update("alive", name, up.incarnation, up.address, self.name))
         others = [p for p in self.live.values() if p.name != name]
         reply = {
             **self.hello(told).to_wire(),
@@ -376,6 +472,7 @@ class MemberTable:
             known = self.members.get(ev.expect)
             if known is not None and known.lost_at is not None and known.address == ev.address:
                 del self.members[ev.expect]
+                self._retrying.pop(ev.expect, None)
                 out.append(Moved(ev.expect, name, ev.address))
         if not self._unique(name, hello.instance) and not self._restarted(
             ev.now, name, hello.address, out
@@ -416,9 +513,14 @@ class MemberTable:
         return True
 
     def _refute(self, dead: int | None, by: str, out: list[Decision]) -> None:
-        """``by`` says it declared this worker dead at incarnation ``dead``: take a newer one."""
+        """``by`` says it declared this worker dead (or suspects it) at incarnation ``dead``:
+        take a newer one, and tell everyone."""
         if dead is not None and dead >= self.incarnation:
             self.incarnation = dead + 1
+            self.broadcasts.add(
+                Update("alive", self.name, self.incarnation, self.address, self.name)
+            )
+            self._health(+1)
             out.append(Refuted(by, dead, self.incarnation))
 
     def _remember(self, name: str, address: str) -> Member:
@@ -437,7 +539,7 @@ class MemberTable:
         incarnation: int,
         instance: str,
         out: list[Decision],
-    ) -> None:
+    ) -> PeerUp | None:
         """Make ``name`` a live peer (on the channel its join came on)."""
         if name == self.name:
             out.append(
@@ -446,7 +548,7 @@ class MemberTable:
                     f"a worker named {name!r} is already this worker: names must be unique",
                 )
             )
-            return
+            return None
         known = self._remember(name, address)
         known.address = address
         back_after = None if known.lost_at is None else now - known.lost_at
@@ -456,9 +558,18 @@ class MemberTable:
         known.lost_at, known.failures, known.retry_at = None, 0, math.inf
         known.left = False
         known.joined_at = known.last_seen = now
+        self._retrying.pop(name, None)
         replaces = name in self.live
         self.live[name] = known
-        out.append(PeerUp(name, address, known.incarnation, back_after, replaces))
+        up = PeerUp(name, address, known.incarnation, back_after, replaces)
+        out.append(up)
+        if self.suspicions:
+            self._unsuspect(name, out)
+        if not replaces:
+            self._order.add(name)
+            if math.isinf(self.probe_at):  # the first peer: start probing, at a random phase
+                self.probe_at = now + self.rng.random() * self.probing.period_s
+        return up
 
     # -- losing -------------------------------------------------------------------------------
     def _remove(self, now: float, name: str, why: str, out: list[Decision]) -> None:
@@ -467,15 +578,34 @@ class MemberTable:
         if peer is None:
             return
         out.append(PeerDown(name, peer.address, why))
+        self.suspicions.pop(name, None)
+        if not self.live:  # nobody left to tell: what was to be told is stale by the next peer
+            self.broadcasts.clear()
+            self.probe_at = math.inf  # nobody to probe either, until the next peer
         known = self._remember(name, peer.address)
         known.dead_incarnation = known.incarnation
         self._lost(known, now, out)
 
-    def _lost(self, member: Member, now: float, out: list[Decision]) -> None:
+    def _left(self, now: float, name: str, why: str, out: list[Decision]) -> None:
+        known = self.members.get(name)
+        if known is not None:
+            known.left = True
+            known.failures = 0
+            if name in self.live and len(self.live) > 1:
+                self.broadcasts.add(Update("left", name, known.incarnation, known.address, name))
+        self._remove(now, name, why, out)
+
+    def _lost(
+        self, member: Member, now: float, out: list[Decision], delay_s: float | None = None
+    ) -> None:
+        """Retry ``member`` after ``delay_s``, else on its backoff."""
         if member.lost_at is None:
             member.lost_at, member.failures = now, 0
-        backoff = LEFT_BACKOFF if member.left else self.backoff
-        member.retry_at = now + backoff.delay_s(member.failures, self.rng.random())
+        self._retrying[member.name] = member
+        if delay_s is None:
+            backoff = LEFT_BACKOFF if member.left else self.backoff
+            delay_s = backoff.delay_s(member.failures, self.rng.random())
+        member.retry_at = now + delay_s
         out.append(RetryAt(member.name, member.address, member.failures, member.retry_at))
 
     def _heard(self, ev: HeardFrom, out: list[Decision]) -> None:
@@ -491,6 +621,7 @@ class MemberTable:
             known.incarnation = ev.incarnation
         peer.last_seen = ev.now
         out.append(Fresh(ev.name))
+        self._unsuspect(ev.name, out)
 
     # -- taking lost peers back ---------------------------------------------------------------
     def _alone(self) -> bool:
@@ -498,18 +629,240 @@ class MemberTable:
 
     def _tick(self, ev: Tick, out: list[Decision]) -> None:
         now = ev.now
+        self._detect(now, out)
         for name in [
             m.name
-            for m in self.members.values()
-            if m.lost_at is not None
-            and now - m.lost_at > (FORGET_LEFT_AFTER_S if m.left else self.forget_after_s)
+            for m in self._retrying.values()
+            if now - (m.lost_at or now) > (FORGET_LEFT_AFTER_S if m.left else self.forget_after_s)
         ]:
             out.append(Forgot(name, now - (self.members[name].lost_at or now)))
-            del self.members[name]
+            del self.members[name], self._retrying[name]
         out.extend(
             Dial(m.name, m.address)
-            for m in self.members.values()
-            if m.lost_at is not None and m.retry_at <= now and m.name not in ev.busy
+            for m in self._retrying.values()
+            if m.retry_at <= now and m.name not in ev.busy
         )
         if self._alone() and not ev.seeds_busy and self.seed_retry_at <= now:
             out.append(JoinSeeds(tuple(self.seeds)))
+
+    # -- failure detection --------------------------------------------------------------------
+    def _detect(self, now: float, out: list[Decision]) -> None:
+        """What is due of the failure detector at ``now``: late acks, failed probes,
+        suspicions timed out, the next probe of the round."""
+        for seq, probe in list(self._probes.items()):
+            if seq not in self._probes or probe.due() > now:
+                continue
+            if probe.relay is not None:
+                self._nack(seq, probe, out)
+            elif probe.target not in self.live:
+                del self._probes[seq]  # declared dead meanwhile, or it left
+            elif probe.indirect_by is None:
+                self._indirect(now, seq, probe, out)
+            else:
+                self._failed(now, seq, probe, out)
+        for name, suspicion in list(self.suspicions.items()):
+            if suspicion.deadline <= now and self.suspicions.get(name) is suspicion:
+                self._declare_dead(now, name, suspicion, out)
+        if self.probe_at <= now:
+            if not self.live:
+                self.probe_at = math.inf  # started again by the next peer
+                return
+            self.probe_at = now + self.probing.period_s * (1 + self.health)
+            busy = {p.target for p in self._probes.values() if p.relay is None}
+            target = self._order.next(self.live, busy)
+            if target is not None:
+                self._probe(now, target, self.live[target].address, None, out)
+
+    def _probe(
+        self,
+        now: float,
+        target: str,
+        address: str,
+        relay: tuple[str, int] | None,
+        out: list[Decision],
+    ) -> None:
+        self._seq += 1
+        timeout_s = self.probing.timeout_s * (1 + self.health)
+        if relay is not None:
+            timeout_s *= 0.8  # the asker hears the nack before its own window closes
+        self._probes[self._seq] = _Probe(target, address, now + timeout_s, relay)
+        out.append(SendProbe(target, address, self._seq, self._piggyback(target)))
+
+    def _channel_lost(self, ev: ChannelLost, out: list[Decision]) -> None:
+        """Probe the peer now, through a new channel; a direct probe of it still waiting for
+        its ack went out on the broken one: its answer will not come back, it is replaced."""
+        peer = self.live.get(ev.name)
+        if peer is None:
+            return
+        for seq, probe in list(self._probes.items()):
+            if probe.target == ev.name and probe.relay is None:
+                if probe.indirect_by is not None:
+                    return  # others are probing it already
+                del self._probes[seq]
+        self._probe(ev.now, peer.name, peer.address, None, out)
+
+    def _indirect(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
+        """Probe ``seq``'s ack is late: ask others to probe its target."""
+        healthy = [n for n in self.live if n != probe.target and n not in self.suspicions]
+        via = self.rng.sample(healthy, min(self.probing.indirect, len(healthy)))
+        if not via:
+            self._failed(now, seq, probe, out)
+            return
+        probe.indirect_by = now + self.probing.timeout_s * (1 + self.health)
+        probe.asked = len(via)
+        updates = self._piggyback(None, times=len(via))
+        out.append(AskIndirect(tuple(via), probe.target, probe.address, seq, updates))
+
+    def _failed(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
+        """Nobody got an ack from probe ``seq``'s target: suspect it."""
+        del self._probes[seq]
+        if probe.nacks < probe.asked:
+            self._health(+1)  # a peer asked did not even nack: this worker may be the slow one
+        known = self.live.get(probe.target)
+        if known is not None:
+            self._suspect(now, probe.target, known.incarnation, self.name, out)
+
+    def _nack(self, seq: int, probe: _Probe, out: list[Decision]) -> None:
+        del self._probes[seq]
+        assert probe.relay is not None
+        asker, their_seq = probe.relay
+        out.append(SendNack(asker, their_seq, self._piggyback(asker)))
+
+    def _acked(self, ev: Acked, out: list[Decision]) -> None:
+        probe = self._probes.pop(ev.seq, None)
+        if probe is None:
+            return  # late: decided already
+        if probe.relay is not None:
+            asker, their_seq = probe.relay
+            out.append(SendAck(asker, their_seq, self._piggyback(asker)))
+        else:
+            self._health(-1)
+
+    def _nacked(self, ev: Nacked, out: list[Decision]) -> None:
+        probe = self._probes.get(ev.seq)
+        if probe is None or probe.relay is not None or probe.indirect_by is None:
+            return
+        probe.nacks += 1
+        if probe.nacks >= probe.asked:  # every peer asked failed too: no ack is coming
+            self._failed(ev.now, ev.seq, probe, out)
+
+    def _unsent(self, ev: ProbeUnsent, out: list[Decision]) -> None:
+        probe = self._probes.get(ev.seq)
+        if probe is None:
+            return
+        if probe.relay is not None:
+            self._nack(ev.seq, probe, out)
+        elif probe.indirect_by is None and probe.target in self.live:
+            self._indirect(ev.now, ev.seq, probe, out)
+
+    def _suspect(
+        self, now: float, name: str, incarnation: int, by: str, out: list[Decision]
+    ) -> None:
+        """``by`` suspects live peer ``name`` at ``incarnation``: a new suspicion, or a
+        confirmation of the one under way (which shortens it)."""
+        known = self.live[name]
+        members = len(self.live) + 1
+        suspicion = self.suspicions.get(name)
+        if suspicion is not None and suspicion.incarnation >= incarnation:
+            if by in suspicion.by or not by:
+                return
+            suspicion.by.append(by)
+            confirmations = len(suspicion.by) - 1
+            timeout_s = self.probing.suspicion_timeout_s(members, confirmations)
+            suspicion.deadline = suspicion.since + timeout_s
+            if confirmations <= self.probing.suspicion_mult:  # more shorten nothing more
+                self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
+            return
+        known.incarnation = max(known.incarnation, incarnation)
+        timeout_s = self.probing.suspicion_timeout_s(members, 0)
+        self.suspicions[name] = _Suspicion(incarnation, now, now + timeout_s, [by])
+        self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
+        out.append(Suspect(name, incarnation, by, timeout_s))
+
+    def _unsuspect(self, name: str, out: list[Decision]) -> None:
+        """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""
+        suspicion = self.suspicions.get(name)
+        incarnation = self.members[name].incarnation
+        if suspicion is not None and incarnation > suspicion.incarnation:
+            del self.suspicions[name]
+            out.append(Unsuspected(name, incarnation))
+
+    def _declare_dead(
+        self, now: float, name: str, suspicion: _Suspicion, out: list[Decision]
+    ) -> None:
+        known = self.members[name]
+        others = len(suspicion.by) - 1
+        why = (
+            f"suspected for {(now - suspicion.since) * 1000:.0f} ms without refuting it "
+            f"(first by {suspicion.by[0]}, confirmed by {others} other worker"
+            f"{'' if others == 1 else 's'})"
+        )
+        self._remove(now, name, why, out)
+        if self.live:
+            self.broadcasts.add(Update("dead", name, known.incarnation, known.address, self.name))
+
+    def _health(self, change: int) -> None:
+        self.health = min(max(self.health + change, 0), self.probing.max_health)
+
+    def _piggyback(self, to: str | None, times: int = 1) -> tuple[Update, ...]:
+        """The updates for one message to ``to`` (sent ``times`` times): a suspect is told
+        first that it is suspected, so that it can refute (Lifeguard's buddy system)."""
+        most, limit = self.probing.max_piggyback, self.probing.retransmits(len(self.live) + 1)
+        suspicion = None if to is None else self.suspicions.get(to)
+        if to is None or suspicion is None:
+            return self.broadcasts.take(most, limit, times=times)
+        if to in self.broadcasts:
+            return self.broadcasts.take(most, limit, first=to, times=times)
+        address = self.members[to].address if to in self.members else ""
+        told = Update("suspect", to, suspicion.incarnation, address, suspicion.by[0])
+        return (told, *self.broadcasts.take(most - 1, limit, times=times))
+
+    # -- what others say ------------------------------------------------------------------------
+    def _learn(
+        self, now: float, sender: str, updates: tuple[Update, ...], out: list[Decision]
+    ) -> None:
+        for update in updates:
+            self._apply_update(now, sender, update, out)
+
+    def _apply_update(self, now: float, sender: str, u: Update, out: list[Decision]) -> None:
+        """Apply one update heard from ``sender``; pass on what was news."""
+        by = u.by or sender
+        if u.name == self.name:
+            if u.status != "alive" and not self.leaving:
+                self._refute(u.incarnation, by, out)
+            return
+        known = self.members.get(u.name)
+        if known is None:  # a member this worker never saw: meet it
+            if u.status == "alive" and u.address and not self.leaving:
+                member = self._remember(u.name, u.address)
+                member.incarnation = u.incarnation
+                self._lost(member, now, out, delay_s=0.0)
+                self.broadcasts.add(u)
+            return
+        if u.name not in self.live:  # lost here: alive at a newer incarnation, it is back
+            if u.status == "alive" and u.incarnation > known.incarnation:
+                known.incarnation = u.incarnation
+                if known.retry_at > now:
+                    self._lost(known, now, out, delay_s=0.0)
+                self.broadcasts.add(u)
+            return
+        if u.incarnation < known.incarnation:
+            return  # old news
+        match u.status:
+            case "alive":
+                if u.incarnation > known.incarnation:
+                    known.incarnation = u.incarnation
+                    self._unsuspect(u.name, out)
+                    self.broadcasts.add(u)
+            case "suspect":
+                self._suspect(now, u.name, u.incarnation, by, out)
+            case "dead":
+                known.incarnation = u.incarnation
+                self._remove(now, u.name, f"declared dead by {by}", out)
+                if self.live:
+                    self.broadcasts.add(u)
+            case "left":
+                known.incarnation = u.incarnation
+                self._left(now, u.name, f"it left the cluster (heard from {sender})", out)
+            case _:
+                assert_never(u.status)

@@ -1,4 +1,4 @@
-"""Cluster membership, the asyncio side: join through any known address, keep a channel to every
+r"""Cluster membership, the asyncio side: join through any known address, keep a channel to every
 peer, and carry out what the member table decides.
 
 The rules (who joins, who is refused, incarnations, who is retried when and who is forgotten)
@@ -11,6 +11,12 @@ The mesh is full (every worker talks to every other); that suits the tens of wor
 targets on a LAN. A peer is known by its name; two workers that connect to each other at once
 end up with two channels, and the newer one is used.
 
+Failure detection is the table's (SWIM, see :mod:`~compass.worker.members`); this side sends
+its probes, acks and ``probe-req``\ s as notifies over the peer channels (:meth:`Membership.
+route` serves them), dials a peer it must probe but has no channel to (so a broken channel
+is no verdict: the peer is probed through a new one, and through others), and runs the
+table's timers in :meth:`Membership.run`.
+
 Channels are opened with ``dial`` (:func:`compass.wire.tcp.connect` by default): a
 :class:`~compass.wire.memory.MemoryNetwork`'s ``connect`` runs membership with no sockets.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -38,15 +45,19 @@ from compass.errors import (
     ConnectFailed,
 )
 from compass.wire.handlers import Dialer
+from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Handler, NotifyHandler, connect
 from compass.worker.addresses import advertised_address, default_worker_name, primary_address
 from compass.worker.member_events import (
+    PROBE_OPS,
+    Acked,
+    AskIndirect,
+    ChannelLost,
     Close,
     Decision,
     Dial,
     Duplicate,
     Event,
-    Expire,
     Forgot,
     Fresh,
     HeardFrom,
@@ -56,10 +67,14 @@ from compass.worker.member_events import (
     Leave,
     Left,
     Moved,
+    Nacked,
     NotASeed,
     NotReached,
     PeerDown,
     PeerUp,
+    Pinged,
+    ProbeAsked,
+    ProbeUnsent,
     Refuse,
     Refuted,
     Remove,
@@ -68,11 +83,17 @@ from compass.worker.member_events import (
     Seeds,
     SeedsAnswered,
     SeedsFailed,
+    SendAck,
+    SendNack,
+    SendProbe,
     Stale,
+    Suspect,
     Tick,
+    Unsuspected,
     Welcome,
     members_of,
     parse_join,
+    parse_probe,
     parse_welcome,
 )
 from compass.worker.members import (
@@ -83,6 +104,7 @@ from compass.worker.members import (
     Member,
     MemberTable,
 )
+from compass.worker.swim import Probing
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -92,6 +114,7 @@ __all__ = [
     "Member",
     "Membership",
     "Peer",
+    "Probing",
     "advertised_address",
     "default_worker_name",
     "gossip_gap_s",
@@ -136,9 +159,10 @@ class Peer:
 class Membership:
     """Who is in the cluster, as seen from one worker.
 
-    ``clock`` is read for every time the table keeps (join, last heartbeat, ages, expiry,
-    retries): seconds that only move forward, :func:`time.monotonic` by default. ``backoff``
-    spaces the retries of a lost peer; ``rng`` draws their jitter; ``dial`` opens channels.
+    ``clock`` is read for every time the table keeps (join, last heartbeat, ages, probes,
+    suspicions, retries): seconds that only move forward, :func:`time.monotonic` by default.
+    ``backoff`` spaces the retries of a lost peer; ``probing`` times the failure detector;
+    ``rng`` draws their jitter and the probe order; ``dial`` opens channels.
     """
 
     def __init__(
@@ -160,8 +184,9 @@ class Membership:
         ssl: _ssl.SSLContext | None = None,
         instance: str | None = None,
         dial: Dialer = connect,
+        probing: Probing = Probing(),
     ) -> None:
-        #: the rules and what they keep: members, incarnations, schedules
+        #: the rules and what they keep: members, incarnations, schedules, probes
         self.table = MemberTable(
             name,
             address,
@@ -169,6 +194,7 @@ class Membership:
             rng=rng if rng is not None else random.Random(),
             backoff=backoff,
             forget_after_s=forget_after_s,
+            probing=probing,
         )
         self._ssl = ssl  # mutual TLS to peers, when the cluster uses it
         self._token = token
@@ -188,6 +214,9 @@ class Membership:
         self._wake = asyncio.Event()  # a peer was lost or a retry ended: look at the schedule
         self._closed = False
         self._seed_retry: asyncio.Task[None] | None = None
+        #: dials of live peers to probe them (one per peer at a time), and the probes waiting
+        self._reaching: dict[str, asyncio.Task[Channel]] = {}
+        self._probing: set[asyncio.Task[None]] = set()
 
     # -- what the table keeps ----------------------------------------------------------------
     @property
@@ -249,11 +278,34 @@ class Membership:
     # -- carrying out the table's decisions --------------------------------------------------
     def _apply(self, event: Event, channel: Channel | None = None) -> list[Decision]:
         """Feed ``event`` to the table and carry out its decisions (``channel``: the one the
-        join came on). Raises a :class:`Refuse`'s error; returns the decisions, for the caller
-        to read its answer in."""
+        join or the probe message came on). Raises a :class:`Refuse`'s error; returns the
+        decisions, for the caller to read its answer in."""
         decisions = self.table.handle(event)
+        if type(event) is not Tick and (type(event) is not HeardFrom or len(decisions) > 1):
+            self._wake.set()  # a probe, a suspicion or a retry may be due sooner: look again
         for decision in decisions:
             match decision:
+                case SendProbe():
+                    self._send_probe(decision)
+                case AskIndirect():
+                    body = decision.to_wire(self.name)
+                    for name in decision.via:
+                        self._send(self.channel(name), "probe-req", body)
+                case SendAck() | SendNack():
+                    op = "ack" if type(decision) is SendAck else "nack"
+                    # an answer to the message just read goes back the way that came
+                    back = None
+                    if isinstance(event, (Pinged, ProbeAsked, Acked, Nacked)):
+                        back = channel if event.sender == decision.to else None
+                    self._send(back or self.channel(decision.to), op, decision.to_wire(self.name))
+                case Suspect():
+                    log.warning("%s: suspects %s (incarnation %d, first by %s): declared dead "
+                                "in %.0f ms unless it refutes", self.name, decision.name,
+                                decision.incarnation, decision.by,
+                                decision.timeout_s * 1000)  # fmt: skip
+                case Unsuspected():
+                    log.info("%s: %s refuted its suspicion (incarnation %d)", self.name,
+                             decision.name, decision.incarnation)  # fmt: skip
                 case PeerUp():
                     assert channel is not None, "a peer comes up on the channel of its join"
                     self._up(decision, channel)
@@ -287,9 +339,13 @@ class Membership:
     def _up(self, up: PeerUp, channel: Channel) -> None:
         name = up.name
         peer = Peer(self.table.live[name], channel)
+        before = self.peers.get(name)
         self.peers[name] = peer
         channel.on_close.append(lambda ch, exc: self._channel_closed(name, ch, exc))
         if up.replaces:
+            if before is not None and before.channel.closed:  # reconnected: as good as joined
+                log.info("%s: reconnected to peer %s", self.name, name)
+                self._on_join(peer)
             return
         if up.back_after_s is None:
             log.info("%s: peer %s joined from %s", self.name, name, up.address)
@@ -308,9 +364,73 @@ class Membership:
         self._on_leave(down.name, down.why)
 
     def _channel_closed(self, name: str, channel: Channel, exc: BaseException | None) -> None:
+        """A peer's channel broke: no verdict, the table probes it now (through a new one)."""
         peer = self.peers.get(name)
-        if peer is not None and peer.channel is channel:
-            self.remove(name, f"connection closed ({exc or 'by peer'})")
+        if peer is not None and peer.channel is channel and not self._closed:
+            log.info("%s: connection to %s closed (%s); probing it", self.name, name,
+                     exc or "by peer")  # fmt: skip
+            self._apply(ChannelLost(self._clock(), name))
+
+    # -- probing -----------------------------------------------------------------------------
+    def route(self, router: Router) -> None:
+        """Serve the failure detector's messages (:data:`~.member_events.PROBE_OPS`) on
+        ``router``: from workers only."""
+        for op in PROBE_OPS:
+            router.add_notify(op, functools.partial(self._on_probe_message, op))
+
+    def _on_probe_message(self, op: str, channel: Channel, body: Any) -> None:
+        if channel.peer_role != "worker":
+            log.warning("%s: dropped %r from a %s", self.name, op, channel.peer_role or "stranger")
+            return
+        if not self._closed:  # a malformed one raises ProtocolError: the channel drops it
+            self._apply(parse_probe(op, body, self._clock()), channel)
+
+    @staticmethod
+    def _send(channel: Channel | None, op: str, body: Any) -> bool:
+        if channel is None or channel.closed:
+            return False
+        try:
+            channel.notify(op, body)
+        except CompassError:  # it broke just now: what it was for times out
+            return False
+        return True
+
+    def _send_probe(self, probe: SendProbe) -> None:
+        body = probe.to_wire(self.name)
+        if self._send(self.channel(probe.target), "probe", body):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._probe_through_dial(probe, body), name=f"{self.name}-probe-{probe.target}"
+        )
+        self._probing.add(task)
+        task.add_done_callback(self._probing.discard)
+
+    async def _probe_through_dial(self, probe: SendProbe, body: Any) -> None:
+        """No channel to the probe's target: dial it (one dial per peer at a time), then send
+        it; if that fails, the table hears it could not be sent."""
+        try:
+            reaching = self._reaching.get(probe.target)
+            if reaching is None:
+                reaching = asyncio.get_running_loop().create_task(
+                    self._reach(probe.target, probe.address),
+                    name=f"{self.name}-reach-{probe.target}",
+                )
+                self._reaching[probe.target] = reaching
+                reaching.add_done_callback(lambda _: self._reaching.pop(probe.target, None))
+            channel = await asyncio.shield(reaching)
+            if self._send(channel, "probe", body):
+                return
+        except (CompassError, OSError) as exc:
+            log.debug("%s: could not reach %s to probe it: %s", self.name, probe.target, exc)
+        if not self._closed:
+            self._apply(ProbeUnsent(self._clock(), probe.seq))
+
+    async def _reach(self, name: str, address: str) -> Channel:
+        await self.connect_peer(address, expect=name)
+        channel = self.channel(name)
+        if channel is None or channel.closed:
+            raise ConnectFailed(f"{name} at {address} did not take this worker's join")
+        return channel
 
     # -- joining -----------------------------------------------------------------------------
     async def join(self, addresses: Iterable[str], *, timeout_s: float | None = None) -> None:
@@ -449,11 +569,6 @@ class Membership:
         decisions = self._apply(HeardFrom(self._clock(), name, incarnation))
         return bool(decisions) and type(decisions[0]) is Fresh
 
-    def expire(self, timeout_s: float) -> list[str]:
-        """Remove peers silent for longer than ``timeout_s``; returns their names."""
-        decisions = self._apply(Expire(self._clock(), timeout_s))
-        return [d.name for d in decisions if type(d) is PeerDown]
-
     # -- taking lost peers back --------------------------------------------------------------
     def _tick(self, now: float) -> list[Decision]:
         return self._apply(Tick(now, frozenset(self._retries), self._seed_retry is not None))
@@ -566,7 +681,7 @@ class Membership:
     async def aclose(self) -> None:
         self._closed = True
         self._wake.set()
-        retries = list(self._retries.values())
+        retries = [*self._retries.values(), *self._reaching.values(), *self._probing]
         if self._seed_retry is not None:
             retries.append(self._seed_retry)
         for task in retries:

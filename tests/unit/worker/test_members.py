@@ -26,7 +26,6 @@ from compass.worker.member_events import (
     Dial,
     Duplicate,
     Event,
-    Expire,
     Forgot,
     Fresh,
     HeardFrom,
@@ -64,6 +63,7 @@ from compass.worker.members import (
     MemberTable,
 )
 from compass.worker.membership import Membership
+from compass.worker.swim import Probing
 
 REPO = Path(__file__).resolve().parents[3]
 T0 = 1000.0
@@ -121,9 +121,11 @@ def test_a_newcomer_joins_and_is_told_the_peers_it_should_dial() -> None:
     assert list(t.live) == ["b", "c"]
     assert (t.members["c"].joined_at, t.members["c"].last_seen) == (T0 + 1, T0 + 1)
     assert t.describe(T0 + 1.5) == [
-        {"name": "b", "address": "b.lan:7341", "age_ms": 1500.0, "incarnation": 0},
-        {"name": "c", "address": "c.lan:7341", "age_ms": 500.0, "incarnation": 0},
-    ]
+        {"name": "b", "address": "b.lan:7341", "age_ms": 1500.0, "incarnation": 0,
+         "suspect": False},
+        {"name": "c", "address": "c.lan:7341", "age_ms": 500.0, "incarnation": 0,
+         "suspect": False},
+    ]  # fmt: skip
 
 
 def test_dialing_a_worker_makes_it_a_peer_and_a_second_channel_replaces_the_first() -> None:
@@ -217,7 +219,7 @@ def test_told_it_was_declared_dead_a_worker_takes_the_next_incarnation() -> None
 def test_a_peer_declared_dead_comes_back_one_incarnation_later() -> None:
     t = table()
     joined(t, "b")
-    t.handle(Expire(T0 + 3, 2.0))  # declared dead at incarnation 0
+    t.handle(Remove(T0 + 3, "b", "declared dead"))  # at incarnation 0
     assert t.members["b"].declared_dead and t.dead_for("b") == 0
     assert t.dead_for("nobody") is None and t.dead_for(None) is None
     # b dials back still at 0: it is told, and comes back as 1
@@ -227,7 +229,7 @@ def test_a_peer_declared_dead_comes_back_one_incarnation_later() -> None:
     assert isinstance(welcome, Welcome) and welcome.reply["dead"] == 0
     assert not t.members["b"].declared_dead and t.dead_for("b") is None
     # a worker that predates incarnations (no "incarnation" in its join) stays at 0
-    t.handle(Expire(T0 + 10, 2.0))
+    t.handle(Remove(T0 + 10, "b", "declared dead"))
     old = parse_join({"name": "b", "address": "b.lan:7341"})
     assert not old.has_incarnation
     up, welcome = t.handle(JoinAsked(T0 + 11, old))
@@ -248,18 +250,15 @@ def test_heartbeats_of_an_older_incarnation_are_stale_and_a_newer_one_is_adopted
     assert t.handle(HeardFrom(T0 + 5, "stranger", 0)) == []  # no peer: does not count
 
 
-# -- expiry ---------------------------------------------------------------------------------------
-def test_a_silent_peer_expires_exactly_when_the_clock_passes_the_timeout() -> None:
+# -- declared dead --------------------------------------------------------------------------------
+def test_a_peer_declared_dead_is_removed_once_and_retried() -> None:
     t = table()
     joined(t, "b", "c")
-    t.handle(HeardFrom(T0 + 0.5, "b"))
-    assert t.handle(Expire(T0 + 2.0, 2.0)) == []  # c silent for exactly the timeout: not yet
-    (down, retry) = t.handle(Expire(T0 + 2.0 + 1e-6, 2.0))
-    assert down == PeerDown("c", "c.lan:7341", "silent for more than 2000 ms")
-    assert retry == RetryAt("c", "c.lan:7341", 0, T0 + 2.0 + 1e-6 + 0.1)
+    (down, retry) = t.handle(Remove(T0 + 2.0, "c", "it restarted"))
+    assert down == PeerDown("c", "c.lan:7341", "it restarted")
+    assert retry == RetryAt("c", "c.lan:7341", 0, T0 + 2.0 + 0.1)
     assert list(t.live) == ["b"]
-    assert t.handle(Expire(T0 + 2.1, 2.0)) == []  # removed once
-    assert t.handle(Remove(T0 + 2.2, "c", "again")) == []
+    assert t.handle(Remove(T0 + 2.2, "c", "again")) == []  # removed once
 
 
 # -- retries, leaving, forgetting ------------------------------------------------------------------
@@ -293,7 +292,7 @@ def test_the_jitter_spreads_retries_and_replays_the_same_with_the_same_seed() ->
     def run(seed: int) -> list[Decision]:
         t = table(backoff=Backoff(), seed=seed)
         joined(t, "b", "c", "d")
-        out = t.handle(Expire(T0 + 10, 2.0))
+        out = [d for name in "bcd" for d in t.handle(Remove(T0 + 10, name, "declared dead"))]
         for k in range(4):
             out += t.handle(RetryFailed(T0 + 11 + k, "c"))
         return out
@@ -357,8 +356,9 @@ def test_a_worker_alone_joins_through_its_seeds_again_on_the_backoff() -> None:
     assert waits == [0.1, 0.2, 0.4, 0.4]
     t.handle(SeedsAnswered(now))
     assert t.seed_failures == 0
-    joined(t, "s1")  # not alone any more: the seeds rest
-    assert t.handle(Tick(now + 100)) == [] and t.next_due() == float("inf")
+    joined(t, "s1")  # not alone any more: the seeds rest (s1 is probed)
+    assert kinds(t.handle(Tick(now + 100))) == ["SendProbe"]
+    assert t.next_due() == min(t.probe_at, *(p.due() for p in t._probes.values()))
 
 
 def test_a_first_worker_whose_only_seed_is_itself_never_retries_it() -> None:
@@ -390,7 +390,7 @@ def test_every_event_gives_the_same_decisions_on_replay() -> None:
         JoinAsked(T0, hello("b")),
         JoinAnswered(T0, "c.lan:7341", None, hello("c", dead=0)),
         HeardFrom(T0 + 1, "b", 0),
-        Expire(T0 + 2.5, 2.0),
+        Remove(T0 + 2.5, "c", "declared dead"),
         Tick(T0 + 3),
         RetryFailed(T0 + 3, "c"),
         Left(T0 + 3, "b", "it left the cluster"),
@@ -408,8 +408,8 @@ def test_every_event_gives_the_same_decisions_on_replay() -> None:
     assert first == replay()
     assert [kinds(d) for d in first] == [
         [], ["PeerUp", "Welcome"], ["Refuted", "PeerUp"], ["Fresh"],
-        ["PeerDown", "RetryAt"],  # c, silent since it joined
-        ["Dial"], ["RetryAt"],  # c is tried, and fails
+        ["PeerDown", "RetryAt"],  # c
+        ["SendProbe", "Dial"], ["RetryAt"],  # b is probed; c is tried, and fails
         ["PeerDown", "RetryAt"],  # b left
         ["Dial", "Dial", "JoinSeeds"],  # alone: the seeds too
         [], [], ["Refuse"],  # leaving: takes nobody in
@@ -431,6 +431,7 @@ def test_the_table_imports_neither_asyncio_nor_socket() -> None:
 # -- the adapter on in-memory channels: an event loop, no socket ----------------------------------
 TOKEN = "members-token"
 FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
+FAST_PROBES = Probing(period_s=0.05, timeout_s=0.02)
 
 
 class Node:
@@ -442,28 +443,42 @@ class Node:
         self.joined: list[str] = []
         self.left: list[tuple[str, str]] = []
         self.server: Server | None = None
+        #: set while the node runs; cleared, it is as if SIGSTOPped: it reads no notify (no
+        #: probe, no ack), answers no join and dials nobody until it is set again
+        self.running = asyncio.Event()
+        self.running.set()
         self.membership = Membership(
             name=name, address="", token=TOKEN, limits=Limits(), timeouts=FAST,
-            handler=self.router.handle_request, notify_handler=self.router.handle_notify,
+            handler=self.router.handle_request, notify_handler=self.notified,
             on_join=lambda peer: self.joined.append(peer.name),
             on_leave=lambda peer, why: self.left.append((peer, why)),
-            backoff=backoff, rng=random.Random(1), dial=network.connect,
+            backoff=backoff, rng=random.Random(1), dial=self.dial, probing=FAST_PROBES,
         )  # fmt: skip
         membership = self.membership
+        membership.route(self.router)
 
         @self.router.request("join")
         async def join(channel: Channel, body: Any) -> Any:
+            await self.running.wait()
             return membership.accept_join(channel, body)
 
         @self.router.notify("leave")
         def leave(channel: Channel, body: Any) -> None:
             membership.left(body["name"], "it left the cluster")
 
+    def notified(self, channel: Channel, op: str, body: Any) -> None:
+        if self.running.is_set():
+            self.router.handle_notify(channel, op, body)
+
+    async def dial(self, address: str | tuple[str, int], **kwargs: Any) -> Channel:
+        await self.running.wait()
+        return await self.network.connect(address, **kwargs)
+
     async def listen(self, port: int = 0) -> Node:
         m = self.membership
         self.server = await self.network.serve(
             m.name, port, token=TOKEN, name=m.name, handler=self.router.handle_request,
-            notify_handler=self.router.handle_notify, timeouts=FAST,
+            notify_handler=self.notified, timeouts=FAST,
         )  # fmt: skip
         host, bound = self.server.address
         m.address = f"{host}:{bound}"
@@ -550,3 +565,55 @@ async def test_a_leaving_worker_dials_nobody_so_its_peers_do_not_take_it_back() 
     finally:
         await a.aclose()
         await b.aclose()
+
+
+@pytest.mark.asyncio
+async def test_in_memory_a_silent_worker_is_suspected_declared_dead_then_refutes_and_rejoins() -> (
+    None
+):
+    network = MemoryNetwork()
+    nodes = [await Node(network, name).listen() for name in ("a", "b", "c", "d")]
+    a, b, c, d = nodes
+    for node in (b, c, d):
+        await node.membership.join([a.membership.address])
+    runs = {n.membership.name: asyncio.ensure_future(n.membership.run()) for n in nodes}
+    others = (a, b, c)
+    try:
+        await until(lambda: all(len(n.membership.peers) == 3 for n in nodes), "all joined")
+        await asyncio.sleep(0.3)  # probing, all answered
+        assert all(not n.left for n in nodes)
+        paused_at = time.monotonic()
+        d.running.clear()  # answers nothing, probes nobody: alive to its channels, silent
+        runs["d"].cancel()
+        await until(
+            lambda: (
+                all(any(p["suspect"] for p in n.membership.describe()) for n in others)
+                or all("d" not in n.membership.peers for n in others)
+            ),
+            "the others suspect d",
+        )
+        await until(lambda: all("d" not in n.membership.peers for n in others), "d declared dead")
+        dropped_s = time.monotonic() - paused_at
+        for node in others:
+            ((name, why),) = node.left
+            assert name == "d" and ("without refuting it" in why or "declared dead by" in why)
+            assert set(node.membership.peers) == {"a", "b", "c"} - {node.membership.name}
+        # it wakes: its channels were closed, it probes through new ones, is told it was
+        # declared dead, refutes, and is back everywhere one incarnation later
+        d.running.set()
+        runs["d"] = asyncio.ensure_future(d.membership.run())
+        await until(lambda: all("d" in n.membership.peers for n in others), "d is back")
+        assert d.membership.incarnation >= 1
+        assert all(n.membership.members["d"].incarnation >= 1 for n in others)
+        await until(lambda: len(d.membership.peers) == 3, "d has every peer again")
+        await asyncio.sleep(0.3)  # and it stays: nobody suspects anybody any more
+        assert all(not any(p["suspect"] for p in n.membership.describe()) for n in nodes)
+        assert all(len(n.membership.peers) == 3 for n in nodes)
+        # a 50 ms period, a 20 ms timeout, suspicions of 0.15 s confirmed
+        assert dropped_s < 2.0, dropped_s
+    finally:
+        for task in runs.values():
+            task.cancel()
+        await asyncio.gather(*runs.values(), return_exceptions=True)
+        for node in nodes:
+            await node.aclose()

@@ -1,5 +1,6 @@
-"""Membership: how often a worker may gossip, when a silent peer is dropped, and how it comes
-back (backoff, incarnations, unique names, advertised addresses)."""
+"""Membership: how often a worker may gossip, when a silent peer is dropped (its probes
+unanswered), and how it comes back (backoff, incarnations, unique names, advertised
+addresses)."""
 
 from __future__ import annotations
 
@@ -130,7 +131,9 @@ def membership(
     left: list[tuple[str, str]],
     backoff: Backoff = Backoff(),
     joined: list[str] | None = None,
+    probes: bool = True,
 ) -> tuple[Membership, Router]:
+    """A membership served by its own router; with ``probes`` False it answers no probe."""
     router = Router()
     member = Membership(
         name=name,
@@ -151,6 +154,8 @@ def membership(
     async def join(channel: Channel, body: Any) -> Any:
         return member.accept_join(channel, body)
 
+    if probes:
+        member.route(router)
     return member, router
 
 
@@ -189,32 +194,59 @@ async def until(check: Callable[[], bool], what: str, limit_s: float = 10.0) -> 
 
 
 @pytest.mark.asyncio
-async def test_a_silent_peer_expires_exactly_when_the_clock_passes_the_timeout() -> None:
+async def test_a_peer_that_answers_no_probe_is_suspected_then_declared_dead_by_the_clock() -> None:
     clock_a, clock_b = FakeClock(1000.0), FakeClock(5.0)
     left_a: list[tuple[str, str]] = []
     a, router_a = membership("a", clock_a, left_a)
-    b, router_b = membership("b", clock_b, [])
+    b, router_b = membership("b", clock_b, [], probes=False)  # alive, but deaf to probes
     async with listening(a, router_a), listening(b, router_b):
         await a.join([b.address])  # over a real loopback channel
         assert set(a.peers) == {"b"}
         assert a.peers["b"].last_seen == a.peers["b"].joined_at == 1000.0
         assert b.peers["a"].last_seen == 5.0  # each side reads its own clock
 
-        clock_a.now = 1000.5
-        assert a.describe() == [
-            {"name": "b", "address": b.address, "age_ms": 500.0, "incarnation": 0}
-        ]
-        a.seen("b")  # a heartbeat at 1000.5
-        clock_a.now = 1002.5
-        assert a.expire(2.0) == []  # silent for exactly the timeout: not yet
+        clock_a.now = a.table.probe_at  # within a period of the join
+        a.due(clock_a.now)  # probes b
+        clock_a.now += 0.1  # no ack within the timeout, and no other peer to ask: suspected
+        a.due(clock_a.now)
+        (row,) = a.describe()
+        assert row["suspect"] is True and row["incarnation"] == 0
+        suspected_at = clock_a.now
+        # two workers: nobody can confirm it, so it lasts the shortest (3 periods)
+        clock_a.now = suspected_at + 0.6 - 1e-6
+        a.due(clock_a.now)
         assert "b" in a.peers
-        clock_a.now = 1002.5 + 1e-6
-        # b's clock never moved: a is not silent there, whatever the wall clock did
-        assert b.expire(2.0) == []
-        assert a.expire(2.0) == ["b"]
+        # b's clock never moved: it suspects nobody, whatever the wall clock did
+        assert b.due(clock_b.now) == [] and b.describe()[0]["suspect"] is False
+        clock_a.now = suspected_at + 0.6
+        a.due(clock_a.now)
         assert "b" not in a.peers
-        assert left_a == [("b", "silent for more than 2000 ms")]
-        assert a.expire(2.0) == []  # removed once
+        assert left_a == [("b", "suspected for 600 ms without refuting it (first by a, "
+                                "confirmed by 0 other workers)")]  # fmt: skip
+        a.due(clock_a.now + 0.1)
+        assert len(left_a) == 1  # removed once
+
+
+@pytest.mark.asyncio
+async def test_an_answered_probe_keeps_a_peer_and_a_broken_channel_is_redialed() -> None:
+    clock_a, clock_b = FakeClock(1000.0), FakeClock(5.0)
+    left_a: list[tuple[str, str]] = []
+    joined_a: list[str] = []
+    a, router_a = membership("a", clock_a, left_a, joined=joined_a)
+    b, router_b = membership("b", clock_b, [])
+    async with listening(a, router_a), listening(b, router_b):
+        await a.join([b.address])
+        clock_a.now = a.table.probe_at
+        a.due(clock_a.now)
+        await until(lambda: not a.table._probes, "b's ack reaches a")
+        clock_a.now += 5.0
+        a.due(clock_a.now)
+        assert a.describe()[0]["suspect"] is False and a.table.health == 0
+        # the channel breaks with both alive: no verdict; a probes b through a new channel
+        await a.peers["b"].channel.aclose()
+        await until(lambda: "b" in a.peers and not a.peers["b"].channel.closed, "a redials b")
+        await until(lambda: not a.table._probes, "b acks the probe on the new channel")
+        assert left_a == [] and joined_a == ["b", "b"]  # reconnected: held messages go out
 
 
 @pytest.mark.asyncio
@@ -260,19 +292,19 @@ async def test_a_peer_declared_dead_rejoins_with_a_newer_incarnation() -> None:
         await a.join([b.address])
         assert (a.incarnation, b.incarnation) == (0, 0)
         clock_a.now += 3.0
-        assert a.expire(2.0) == ["b"]  # a declares b dead at incarnation 0; closes the channel
-        await until(lambda: "a" not in b.peers, "b sees its channel to a closed")
-        assert left_b and left_b[0][0] == "a"
+        a.remove("b", "declared dead")  # at incarnation 0; a closes the channel
+        assert "b" not in a.peers
         assert a.seen("b", 0) is False  # not a peer any more: its heartbeats do not count
 
-        # b dials a back (its retry): a tells b it was declared dead at 0, and b tells a the
-        # same (b lost a when the channel closed): each takes incarnation 1
-        await b.connect_peer(a.address, expect="a")
+        # b sees its channel to a close and probes a through a new one: a tells b it was
+        # declared dead at 0, and b takes incarnation 1
+        await until(lambda: "b" in a.peers, "b has dialed a back")
         assert set(a.peers) == {"b"} and set(b.peers) == {"a"}
-        assert (a.incarnation, b.incarnation) == (1, 1)
-        assert a.members["b"].incarnation == 1 and b.members["a"].incarnation == 1
+        assert (a.incarnation, b.incarnation) == (0, 1)
+        assert a.members["b"].incarnation == 1
         assert a.describe()[0]["incarnation"] == 1
         assert joined_a == ["b", "b"]  # joined, then joined again
+        assert left_b == []  # b never lost a: a broken channel is no verdict
 
         # a heartbeat sent before the rejoin (incarnation 0) is stale; a newer one is adopted
         clock_a.now += 1.0
@@ -285,10 +317,12 @@ async def test_a_peer_declared_dead_rejoins_with_a_newer_incarnation() -> None:
 
         # dead again, at incarnation 2: it comes back as 3, not 2
         clock_a.now += 1.0
-        assert a.expire(0.5) == ["b"]
-        await until(lambda: "a" not in b.peers, "b sees its channel to a closed again")
-        await a.connect_peer(b.address, expect="b")  # this time a dials
-        assert b.incarnation == 3 and a.members["b"].incarnation == 3
+        a.remove("b", "declared dead")
+        await until(lambda: b.incarnation == 3 and "b" in a.peers, "b is back at 3")
+        assert a.members["b"].incarnation == 3
+        # and when a dials b, b is told too
+        await a.connect_peer(b.address, expect="b")
+        assert b.incarnation == 3
 
 
 @pytest.mark.asyncio
