@@ -48,7 +48,7 @@ import numpy.typing as npt
 
 from compass.errors import ModelTooLarge, WorkerUnavailable
 from compass.sched.cost import BatchRows, WorkflowCosts, finish_row
-from compass.sched.policy import TIE_S, JobInfo
+from compass.sched.policy import LARGE_CLUSTER, TIE_S, JobInfo
 from compass.sched.snapshot import ViewSnapshot
 
 __all__ = ["FinishTerms", "fewest_bytes", "finish_now", "plan_eft", "view_batches"]
@@ -303,7 +303,11 @@ def fewest_bytes(
     prefer: int,
 ) -> int:
     """Among tied workers, the one moving the fewest bytes (inputs plus a model fetch); then
-    ``prefer`` if it is among them; then the lowest index."""
+    ``prefer`` if it is among them; then the lowest index, or, in a cluster of
+    :data:`~compass.sched.policy.LARGE_CLUSTER` workers or more, the first at or after the
+    ingress's index (wrapping around): there many ingresses plan on the same view between two
+    heartbeats, and all taking the lowest index would pile their tasks onto one worker
+    (measured: docs/RESULTS.md, "Simulator scale")."""
     moved = np.zeros(len(ties))
     preds = costs.preds[t]
     if preds:
@@ -316,4 +320,6 @@ def fewest_bytes(
     keep = ties[moved <= moved.min()]
     if prefer >= 0 and bool((keep == prefer).any()):
         return prefer
+    if ingress >= 0 and len(costs.exec_rows[t]) >= LARGE_CLUSTER:
+        return int(keep[int(np.searchsorted(keep, ingress)) % len(keep)])
     return int(keep[0])

@@ -19,12 +19,16 @@ from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
-__all__ = ["TIE_S", "JobInfo", "Policy"]
+__all__ = ["LARGE_CLUSTER", "TIE_S", "JobInfo", "Policy"]
 
 FloatArray = npt.NDArray[np.float64]
 
 #: finish times closer than this are a tie (seconds; far below any real task or transfer)
 TIE_S = 1e-9
+#: a cluster of this many workers or more is large: ties between workers are broken from each
+#: ingress's own position (:func:`~compass.sched.eft.fewest_bytes`), and the simulator deals
+#: jobs over every worker by default (:func:`~compass.sim.engine.simulate`'s ``ingress``)
+LARGE_CLUSTER = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, job_arrivals
 from compass.sim.capacity import SimRuns
-from compass.sim.engine import simulate
+from compass.sim.engine import ingress_spread, simulate
 from compass.sim.result import SimResult
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import Workload, load_workload
@@ -71,6 +71,8 @@ class SimConfig:
     batch_gain: str | None = None
     servers_sweep: tuple[int, int] | None = None
     target_slowdown: float = 2.0
+    #: which worker a job enters at (:func:`~compass.sim.engine.simulate`'s ``ingress``)
+    ingress: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -89,6 +91,7 @@ class SimConfig:
             raise ConfigError(f"servers sweep needs 1 <= lo <= hi, got {sweep!r}")
         if not self.target_slowdown > 0:
             raise ConfigError(f"target slowdown must be > 0, got {self.target_slowdown!r}")
+        ingress_spread(self.ingress, self.workers)  # a ConfigError for an unknown mode
 
     def runs(self) -> SimRuns:
         """How each simulated run of a capacity search is made with these settings."""
@@ -153,6 +156,7 @@ def compare_policies(
             seed=config.seed,
             host_lanes=config.host_lanes,
             prefetch_evicts=config.prefetch_evicts,
+            ingress=config.ingress,
         )
 
     results: dict[str, dict[str, Any]] = {}

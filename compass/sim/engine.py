@@ -44,6 +44,7 @@ from compass.objective import NO_OBJECTIVE, Objective, outcome_of
 from compass.sched import Policy, ViewSnapshot, make_policy
 from compass.sched.placement import Placement
 from compass.sched.policies import worker_seed
+from compass.sched.policy import LARGE_CLUSTER
 from compass.sched.replicas import model_demand
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
@@ -106,17 +107,23 @@ def simulate(
     prefetch_evicts: bool = True,
     policy_options: Mapping[str, Any] | None = None,
     warm_start: bool = False,
+    ingress: str = "auto",
 ) -> SimResult:
     """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
 
-    Workers are named ``w0`` .. ``w{n-1}`` (as a LocalCluster names them); client ``i`` submits
-    to ``w{i % workers}``. ``staleness_s`` (default ``heartbeat_s``) is how old the peers' state
-    in a view is at least; ``cache_bytes`` (default the spec's GPU memory) is each worker's
-    cache, in slabs of ``slab_bytes``; ``seed`` seeds the ``random`` policy. ``prefetch=False``
-    turns off every speculative load; ``warm=False`` only the warming of idle caches.
-    ``host_lanes`` > 0 runs model-less tasks on that many host lanes per worker, off the GPU
-    lanes (``compass worker start --host-lanes``). ``prefetch_evicts=False`` prefetches into
-    free slabs only (the paper's rule); ``policy_options`` changes compass's settings
+    Workers are named ``w0`` .. ``w{n-1}`` (as a LocalCluster names them). ``ingress`` says
+    which worker a job enters at: ``"client"``, client ``i`` submits to ``w{i % workers}`` (a
+    client keeps its connection, as the paper's setup and ``bench e2e`` do); ``"spread"``, the
+    ``k``-th job enters at ``w{k % workers}``, as a load balancer in front of the cluster would
+    deal them; ``"auto"`` (the default), spread from :data:`SPREAD_FROM` workers on (a few
+    clients' ingresses would otherwise plan, hold and send every job of a large cluster).
+    ``staleness_s`` (default ``heartbeat_s``) is how old the peers' state in a view is at least;
+    ``cache_bytes`` (default the spec's GPU memory) is each worker's cache, in slabs of
+    ``slab_bytes``; ``seed`` seeds the ``random`` policy. ``prefetch=False`` turns off every
+    speculative load; ``warm=False`` only the warming of idle caches. ``host_lanes`` > 0 runs
+    model-less tasks on that many host lanes per worker, off the GPU lanes (``compass worker
+    start --host-lanes``). ``prefetch_evicts=False`` prefetches into free slabs only (the
+    paper's rule); ``policy_options`` changes compass's settings
     (:func:`~compass.sched.make_policy`'s ``options``). ``warm_start``: the first job arrives
     once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a real
     cluster), not at time 0 of a cold cluster.
@@ -135,8 +142,23 @@ def simulate(
         host_lanes=host_lanes,
         prefetch_evicts=prefetch_evicts,
         policy_options=policy_options,
+        spread=ingress_spread(ingress, workers),
     )
     return _Simulation(workload, settings).run(arrivals, warm_start=warm_start)
+
+
+#: from this many workers on, ``ingress="auto"`` deals jobs over every worker
+SPREAD_FROM = LARGE_CLUSTER
+INGRESS_MODES = ("auto", "client", "spread")
+
+
+def ingress_spread(mode: str, workers: int) -> bool:
+    """Whether jobs are dealt over every worker (see :func:`simulate`'s ``ingress``)."""
+    if mode not in INGRESS_MODES:
+        raise ConfigError(
+            f"unknown ingress mode {mode!r}; expected one of {', '.join(INGRESS_MODES)}"
+        )
+    return mode == "spread" or (mode == "auto" and workers >= SPREAD_FROM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +178,8 @@ class _Settings:
     host_lanes: int
     prefetch_evicts: bool
     policy_options: Mapping[str, Any] | None
+    #: deal jobs over every worker (else client i enters at worker i)
+    spread: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -186,6 +210,8 @@ class _Worker:
 
 class _Simulation:
     def __init__(self, workload: Workload, settings: _Settings) -> None:
+        self.spread = settings.spread
+        self._arrived = 0  # jobs dealt so far (``spread``)
         workers, policy, seed = settings.workers, settings.policy, settings.seed
         lanes, host_lanes = settings.lanes, settings.host_lanes
         heartbeat_s, staleness_s = settings.heartbeat_s, settings.staleness_s
@@ -368,7 +394,13 @@ class _Simulation:
 
     def _arrive(self, arrival: Arrival) -> None:
         wf = self.workload.workflows[arrival.workflow]
-        worker = self.workers[self.positions[f"w{arrival.client % len(self.names)}"]]
+        n = len(self.names)
+        if self.spread:
+            entry = self._arrived % n
+            self._arrived += 1
+        else:
+            entry = arrival.client % n
+        worker = self.workers[self.positions[f"w{entry}"]]
         rules = _rules(worker)
         job = _Job(
             id=rules.new_job_id(),  # the real ingress's job id

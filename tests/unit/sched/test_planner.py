@@ -16,6 +16,7 @@ from compass.sched import (
     make_policy,
     record_plan,
 )
+from compass.sched.policy import LARGE_CLUSTER
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000
@@ -421,3 +422,23 @@ def test_without_moving_joins_a_join_stays_where_it_was_planned() -> None:
     # the siblings still spread: only the join rule changed
     assert {new["short"], new["mid"], new["long"]} == {"b", "c", "d"}
     assert make_policy("compass").joins_fed_by(FAN, "r") == ("join",)
+
+
+@pytest.mark.parametrize(
+    ("size", "holders", "ingress", "chosen"),
+    [
+        (10, (1, 3, 5), 4, 1),  # a small cluster: the lowest index among the ties
+        (LARGE_CLUSTER, (10, 20, 30), 25, 30),  # a large one: the first from the ingress on
+        (LARGE_CLUSTER, (10, 20, 30), 31, 10),  # ... wrapping around
+    ],
+)
+def test_ties_go_to_the_lowest_index_or_in_a_large_cluster_from_the_ingress_on(
+    size: int, holders: tuple[int, ...], ingress: int, chosen: int
+) -> None:
+    wf = Workflow("one", [t("x", ms=100)])
+    names = [f"w{i:03d}" for i in range(size)]
+    view = ViewSnapshot.build(
+        worker(n, models=("m",) if i in holders else ()) for i, n in enumerate(names)
+    )
+    plan = CompassPolicy("compass").plan(job(wf, ingress=names[ingress]), view, profiles(wf), 0.0)
+    assert plan == {"x": names[chosen]}

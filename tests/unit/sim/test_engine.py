@@ -11,6 +11,7 @@ import pytest
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
+from compass.sim.engine import SPREAD_FROM
 from compass.workflow import Workload, load_workload, parse_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -444,3 +445,23 @@ def test_a_job_adjusted_at_its_ingress_counts_the_model_loads_its_own_plan_start
     assert tasks["detr"].worker != tasks["depth"].worker
     assert not tasks["detr"].cache_hit and not tasks["depth"].cache_hit
     assert job.plan["aggregate"] == tasks["depth"].worker
+
+
+def test_jobs_enter_at_their_clients_worker_or_are_dealt_over_every_worker(
+    paper: Workload,
+) -> None:
+    arrivals = [Arrival(0.01 * k, "question_answer", 0) for k in range(6)]  # one client
+    by_client = simulate(paper, workers=3, policy="compass", arrivals=arrivals, ingress="client")
+    spread = simulate(paper, workers=3, policy="compass", arrivals=arrivals, ingress="spread")
+    auto = simulate(paper, workers=3, policy="compass", arrivals=arrivals)
+
+    def ingresses(result: SimResult) -> list[str]:
+        return [j.id.split("-")[0] for j in sorted(result.jobs, key=lambda j: j.arrival)]
+
+    assert ingresses(by_client) == ["w0"] * 6
+    assert ingresses(spread) == ["w0", "w1", "w2"] * 2  # as a load balancer deals them
+    assert ingresses(auto) == ingresses(by_client)  # a small cluster: each client its worker
+    large = simulate(paper, workers=SPREAD_FROM, policy="compass", arrivals=arrivals)
+    assert ingresses(large) == [f"w{k}" for k in range(6)]  # a large one: dealt
+    with pytest.raises(ConfigError, match="unknown ingress mode 'nearest'"):
+        simulate(paper, workers=3, policy="compass", arrivals=arrivals, ingress="nearest")
