@@ -4,7 +4,8 @@ shedding, printed as tables, written as JSON and plotted (the numbers come from
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console
@@ -17,44 +18,49 @@ from compass.workflow.spec import load_workload
 
 from .report import write_json
 
-__all__ = ["plot_goodput", "print_goodput", "run_cli"]
+__all__ = ["GoodputConfig", "plot_goodput", "print_goodput", "run_cli"]
 
 
-def run_cli(
-    workload_path: str,
-    *,
-    workers: int,
-    policies: Sequence[str],
-    loads: Sequence[float],
-    seeds: Sequence[int],
-    jobs: int,
-    deadline_x: float,
-    priority_mix: float,
-    shed: Sequence[bool],
-    arrival: str,
-    cv: float,
-    host_lanes: int,
-    json_path: str | None,
-    plot_path: str | None,
-    batching: bool = True,
-    batch_gain: str | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class GoodputConfig:
+    """One ``compass sim --goodput`` grid: the workload spec at ``workload`` (``batching`` and
+    ``batch_gain`` applied) on ``workers``, ``jobs`` arrivals of process ``arrival`` (``cv``:
+    gamma's spread) per run, each a deadline of ``deadline_x`` times its best time and a
+    fraction ``priority_mix`` at priority 1, for every policy, load, seed and shedding."""
+
+    workload: str
+    workers: int
+    policies: tuple[str, ...]
+    loads: tuple[float, ...]
+    seeds: tuple[int, ...]
+    jobs: int
+    deadline_x: float
+    priority_mix: float = 0.0
+    shed: tuple[bool, ...] = (True,)
+    arrival: str = "poisson"
+    cv: float = 1.0
+    host_lanes: int = 0
+    batching: bool = True
+    batch_gain: str | None = None
+
+
+def run_cli(config: GoodputConfig, json_path: str | None, plot_path: str | None) -> dict[str, Any]:
     """Run the goodput grid, print it, write the JSON and the plot."""
-    workload = apply_batching(load_workload(workload_path), batching=batching, gain=batch_gain)
+    workload = apply_batching(
+        load_workload(config.workload), batching=config.batching, gain=config.batch_gain
+    )
     console = Console()
     run = simulator_goodput_run(
-        workload, workers=workers, jobs=jobs, deadline_x=deadline_x, priority_mix=priority_mix,
-        arrival=arrival, cv=cv, host_lanes=host_lanes,
+        workload, workers=config.workers, jobs=config.jobs, deadline_x=config.deadline_x,
+        priority_mix=config.priority_mix, arrival=config.arrival, cv=config.cv,
+        host_lanes=config.host_lanes,
     )  # fmt: skip
-    config = {
-        "workload": workload_path, "workers": workers, "jobs": jobs, "deadline_x": deadline_x,
-        "priority_mix": priority_mix, "arrival": arrival, "cv": cv, "host_lanes": host_lanes,
-        "batching": batching, "batch_gain": batch_gain,
-    }  # fmt: skip
+    grid = ("policies", "loads", "seeds", "shed")
     out = goodput_for_workload(
-        run, policies=policies, loads=loads, seeds=seeds, shed=shed, config=config
-    )
-    print_goodput(out, console, title=f"{workload.name} on {workers} simulated workers")
+        run, policies=config.policies, loads=config.loads, seeds=config.seeds, shed=config.shed,
+        config={k: v for k, v in asdict(config).items() if k not in grid},
+    )  # fmt: skip
+    print_goodput(out, console, title=f"{workload.name} on {config.workers} simulated workers")
     write_json(json_path, out)
     if plot_path:
         plot_goodput(plot_path, out)
