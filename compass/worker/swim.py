@@ -80,11 +80,13 @@ class Probing:
     def suspicion_timeout_s(self, members: int, confirmations: int) -> float:
         """How long a suspicion lasts once ``confirmations`` other workers suspect the same
         peer (Lifeguard): the longest at none, falling with the log of the confirmations to
-        the shortest at the ``suspicion_mult - 2`` expected (fewer in a small cluster)."""
+        the shortest at the ``suspicion_mult - 2`` expected (fewer in a small cluster). Where
+        nobody can confirm it (two workers, or ``suspicion_mult`` below 3) it lasts the
+        longest: a worker alone in its verdict takes its time."""
         shortest, longest = self.suspicion_bounds_s(members)
         expected = min(int(self.suspicion_mult) - 2, members - 2)
         if expected < 1:
-            return shortest
+            return longest
         fall = math.log(confirmations + 1) / math.log(expected + 1)
         return max(shortest, longest - (longest - shortest) * fall)
 

@@ -25,12 +25,15 @@ from compass.worker.membership import (
     LEFT_BACKOFF,
     Backoff,
     Membership,
+    Probing,
     advertised_address,
     gossip_gap_s,
 )
 
 TOKEN = "cluster-secret"
 FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
+#: probes every 50 ms, acked within 20; an unconfirmed suspicion lasts 6 x 3 periods, 0.9 s
+FAST_PROBES = Probing(period_s=0.05, timeout_s=0.02)
 
 
 def test_small_clusters_gossip_at_the_least_gap() -> None:
@@ -132,6 +135,7 @@ def membership(
     backoff: Backoff = Backoff(),
     joined: list[str] | None = None,
     probes: bool = True,
+    probing: Probing = FAST_PROBES,
 ) -> tuple[Membership, Router]:
     """A membership served by its own router; with ``probes`` False it answers no probe."""
     router = Router()
@@ -148,6 +152,7 @@ def membership(
         clock=clock,
         backoff=backoff,
         rng=random.Random(1),
+        probing=probing,
     )
 
     @router.request("join")
@@ -207,21 +212,21 @@ async def test_a_peer_that_answers_no_probe_is_suspected_then_declared_dead_by_t
 
         clock_a.now = a.table.probe_at  # within a period of the join
         a.due(clock_a.now)  # probes b
-        clock_a.now += 0.1  # no ack within the timeout, and no other peer to ask: suspected
+        clock_a.now += 0.02  # no ack within the timeout, and no other peer to ask: suspected
         a.due(clock_a.now)
         (row,) = a.describe()
         assert row["suspect"] is True and row["incarnation"] == 0
         suspected_at = clock_a.now
-        # two workers: nobody can confirm it, so it lasts the shortest (3 periods)
-        clock_a.now = suspected_at + 0.6 - 1e-6
+        # two workers: nobody can confirm it, so it lasts the longest (6 x 3 periods)
+        clock_a.now = suspected_at + 0.9 - 1e-6
         a.due(clock_a.now)
         assert "b" in a.peers
         # b's clock never moved: it suspects nobody, whatever the wall clock did
         assert b.due(clock_b.now) == [] and b.describe()[0]["suspect"] is False
-        clock_a.now = suspected_at + 0.6
+        clock_a.now = suspected_at + 0.9
         a.due(clock_a.now)
         assert "b" not in a.peers
-        assert left_a == [("b", "suspected for 600 ms without refuting it (first by a, "
+        assert left_a == [("b", "suspected for 900 ms without refuting it (first by a, "
                                 "confirmed by 0 other workers)")]  # fmt: skip
         a.due(clock_a.now + 0.1)
         assert len(left_a) == 1  # removed once
@@ -239,7 +244,7 @@ async def test_an_answered_probe_keeps_a_peer_and_a_broken_channel_is_redialed()
         clock_a.now = a.table.probe_at
         a.due(clock_a.now)
         await until(lambda: not a.table._probes, "b's ack reaches a")
-        clock_a.now += 5.0
+        clock_a.now += 0.01
         a.due(clock_a.now)
         assert a.describe()[0]["suspect"] is False and a.table.health == 0
         # the channel breaks with both alive: no verdict; a probes b through a new channel

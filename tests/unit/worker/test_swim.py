@@ -230,10 +230,10 @@ def test_a_suspicion_lasts_less_the_more_workers_confirm_it() -> None:
     assert timeouts == sorted(timeouts, reverse=True) and timeouts[4] == timeouts[3]
     expected = longest - (longest - shortest) * math.log(2) / math.log(4)
     assert timeouts[1] == pytest.approx(expected)
-    # the peer timeout caps it; a cluster of two has nobody to confirm: the shortest at once
+    # the peer timeout caps it; in a cluster of two nobody can confirm it: the longest
     capped = Probing(period_s=0.2, timeout_s=0.1, suspicion_max_s=0.5)
     assert capped.suspicion_bounds_s(6) == (0.5, 0.5)
-    assert PROBING.suspicion_timeout_s(2, 0) == PROBING.suspicion_bounds_s(2)[0]
+    assert PROBING.suspicion_timeout_s(2, 5) == PROBING.suspicion_bounds_s(2)[1]
     with pytest.raises(ConfigError):
         Probing(period_s=0.1, timeout_s=0.1)
 
