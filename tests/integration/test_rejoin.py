@@ -1,6 +1,6 @@
-"""Membership that heals, on real worker processes: a paused worker and a cut network link are
-dropped and taken back; ``--join`` waits for its seed or gives up with one line; a duplicate
-name is refused.
+"""Membership that heals, on real worker processes: a paused worker (suspected, as its probes
+go unanswered) and a cut network link are dropped and taken back; ``--join`` waits for its seed
+or gives up with one line; a duplicate name is refused.
 
 The network test builds its own hosts: network namespaces joined by a bridge (10.77.0.0/24
 for the cluster), each also linked to the test's namespace (10.78.N.0/30) so that the test can
@@ -113,13 +113,18 @@ async def test_a_paused_worker_is_dropped_then_rejoins_every_view(
             assert _used(await _run_jobs(clients[0], 6)) == {"w0", "w1", "w2"}
             paused_at = time.monotonic()
             victim.process.send_signal(signal.SIGSTOP)  # alive, but silent
+            suspected: set[str] = set()
+
+            def dropped(statuses: list[dict[str, Any]]) -> bool:
+                for s in statuses:  # its probes unanswered, it is suspected before it is dropped
+                    if any(p["name"] == "w2" and p["suspect"] for p in s["peers"]):
+                        suspected.add(s["name"])
+                return [_peers(s) for s in statuses] == [["w1"], ["w0"]]
+
             try:
-                await _until(
-                    lambda: _statuses(clients[:2]),
-                    lambda ss: [_peers(s) for s in ss] == [["w1"], ["w0"]],
-                    "w0 and w1 drop the paused w2",
-                )
+                await _until(lambda: _statuses(clients[:2]), dropped, "w0 and w1 drop w2")
                 dropped_s = time.monotonic() - paused_at
+                assert suspected, "nobody was seen suspecting w2 before dropping it"
                 for status in await _statuses(clients[:2]):
                     assert "w2" not in _cluster(status)  # out of the view: no plan uses it
                 # jobs go around it meanwhile
@@ -143,8 +148,9 @@ async def test_a_paused_worker_is_dropped_then_rejoins_every_view(
         finally:
             for client in clients:
                 await client.aclose()
-    print(f"\nSIGSTOP {PAUSE_S:g} s, peer timeout 500 ms: dropped after {dropped_s:.2f} s, "
-          f"back in every view {rejoined_s:.2f} s after SIGCONT")  # fmt: skip
+    print(f"\nSIGSTOP {PAUSE_S:g} s, peer timeout 500 ms: suspected by {sorted(suspected)}, "
+          f"dropped after {dropped_s:.2f} s, back in every view {rejoined_s:.2f} s after "
+          "SIGCONT")  # fmt: skip
 
 
 # -- --join before its seed is up, --join to nothing, a duplicate name ---------------------------
