@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compass import Client, JobTrace
+from compass import Client, JobTrace, SyncClient
 from compass.cluster import LocalCluster
 from compass.config import WorkerConfig
 from compass.errors import InvalidInputs
@@ -83,8 +83,17 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
         recent = await client.traces(3)
         with pytest.raises(InvalidInputs, match="keeps no trace of job"):
             await client.trace(untraced.job_id)
+
         view = json.loads((await asyncio.to_thread(
             http_get, f"http://{status['metrics']}/api/cluster"))[1])  # fmt: skip
+
+        def synchronously() -> tuple[JobTrace, JobTrace | None]:
+            with SyncClient(cluster.addresses[0], token=cluster.token) as sync:
+                return sync.trace(first.job_id), sync.submit_job(
+                    "pair", data=DATA, trace=True
+                ).trace
+
+        by_sync, sync_trace = await asyncio.to_thread(synchronously)
         env = {**worker_env, "COMPASS_TOKEN": cluster.token}
         out = tmp_path / "trace.json"
         submitted = await asyncio.to_thread(subprocess.run, compass_argv(
@@ -152,6 +161,7 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
         first.job_id, *(r.job_id for r in many)
     ]  # fmt: skip
     assert kept.tasks == trace.tasks and kept.latency_ms <= trace.latency_ms
+    assert by_sync == kept and sync_trace is not None and len(sync_trace.tasks) == 2
     assert [t.job for t in recent] == [r.job_id for r in many[-3:]]
     parts_by_worker = {part["name"]: part for part in view["workers"]}
     assert [t["job"] for t in parts_by_worker["w0"]["traces"]][-1] == many[-1].job_id
