@@ -32,10 +32,12 @@ null.
 **detect_ms**: the last worker is killed with SIGKILL; every survivor's ``status`` is polled
 (one connection each, opened before the kill, a request every 2 ms) until the victim is
 neither among its ``peers`` nor in its view (``cluster``); the time from the kill to the last
-survivor's first such answer. On one host the kernel closes the victim's sockets at once, so
-this is the time to notice a broken connection and act on it, not ``peer_timeout_ms`` (a host
-that vanishes silently is dropped after that timeout). Null if some survivor still has it
-after 15 s.
+survivor's first such answer. A broken connection is no verdict for the failure detector (SWIM,
+compass/worker/members.py): on one host the kernel closes the victim's sockets at once, so every
+survivor probes it at once and suspects it within milliseconds, and this is mostly the
+suspicion's length (``--suspicion-mult`` periods once confirmed; with two workers nobody can
+confirm it, and it lasts up to ``--peer-timeout-ms``). Null if some survivor still has it after
+15 s.
 
 **spread_ms_p99**: how long a change of one worker's queue takes to be visible to the planners
 that could place on it (in a full mesh: every peer). The workers' workload gets one more
