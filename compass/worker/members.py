@@ -337,9 +337,11 @@ class MemberTable:
                 self._learn(event.now, event.sender, event.updates, out)
                 if event.target == self.name:
                     out.append(SendAck(event.sender, event.seq, self._piggyback(event.sender)))
-                else:
+                else:  # at the address this worker knows it by, if it does
+                    known = self.members.get(event.target)
+                    address = event.address if known is None else known.address
                     relay = (event.sender, event.seq)
-                    self._probe(event.now, event.target, event.address, relay, out)
+                    self._probe(event.now, event.target, address, relay, out)
             case Acked():
                 self._learn(event.now, event.sender, event.updates, out)
                 self._acked(event, out)
@@ -662,6 +664,7 @@ class MemberTable:
                 self._failed(now, seq, probe, out)
         for name, suspicion in list(self.suspicions.items()):
             if suspicion.deadline <= now and self.suspicions.get(name) is suspicion:
+                del self.suspicions[name]
                 self._declare_dead(now, name, suspicion, out)
         if self.probe_at <= now:
             if not self.live:

@@ -158,8 +158,9 @@ def test_an_ack_through_a_peer_or_a_late_direct_one_ends_the_probe() -> None:
 
 def test_a_peer_asked_probes_for_the_asker_and_forwards_the_ack_or_a_nack() -> None:
     b = mesh_table("b", ["a", "c"])
-    (probe,) = b.handle(ProbeAsked(T0, "a", 77, "c", "c.lan:7341"))
+    (probe,) = b.handle(ProbeAsked(T0, "a", 77, "c", "elsewhere:1"))
     assert isinstance(probe, SendProbe) and probe.target == "c" and probe.seq != 77
+    assert probe.address == "c.lan:7341"  # where this worker knows it, not where it is told
     assert b.handle(Acked(T0 + 0.01, "c", probe.seq)) == [SendAck("a", 77, ())]
     # no ack: a nack before the asker's own window closes (0.8 of the timeout)
     (probe,) = b.handle(ProbeAsked(T0 + 1, "a", 78, "c", "c.lan:7341"))
