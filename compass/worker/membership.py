@@ -12,10 +12,10 @@ targets on a LAN. A peer is known by its name; two workers that connect to each 
 end up with two channels, and the newer one is used.
 
 Failure detection is the table's (SWIM, see :mod:`~compass.worker.members`); this side sends
-its probes, acks and ``probe-req``\ s as notifies over the peer channels (:meth:`Membership.
-route` serves them), dials a peer it must probe but has no channel to (so a broken channel
-is no verdict: the peer is probed through a new one, and through others), and runs the
-table's timers in :meth:`Membership.run`.
+its probes, acks, nacks and probe requests as notifies over the peer channels
+(:meth:`Membership.route` serves them), dials a peer it must probe but has no channel to (so a
+broken channel is no verdict: the peer is probed through a new one, and through others), and
+runs the table's timers in :meth:`Membership.run`.
 
 Channels are opened with ``dial`` (:func:`compass.wire.tcp.connect` by default): a
 :class:`~compass.wire.memory.MemoryNetwork`'s ``connect`` runs membership with no sockets.
