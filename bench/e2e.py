@@ -40,6 +40,8 @@ from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload, load_workload, write_workload
 
 from .report import machine, write_json
+from .timeline import collect as collect_timeline
+from .timeline import plot_timeline, write_chrome_trace
 
 __all__ = ["E2EConfig", "run", "run_capacity", "run_policy", "workload_for"]
 
@@ -124,11 +126,13 @@ async def run_policy(
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
     keep_plans: bool = False,
+    timeline: bool = False,
 ) -> dict[str, Any]:
     """Replay ``arrivals`` on a fresh cluster running ``policy``; the summary of the run.
 
     With ``keep_plans`` the summary also holds ``plans``: where each job's tasks ran, in
-    arrival order (read from the ingresses' traces).
+    arrival order (read from the ingresses' traces); with ``timeline``, ``timeline``: every
+    worker's task spans and model loads (:func:`compass._bench.timeline.collect`).
     """
     n = workers or config.workers
     scale = config.time_scale
@@ -166,6 +170,7 @@ async def run_policy(
         try:
             latencies, elapsed = await replay(arrivals, scale, submit, (CompassError,), progress)
             statuses, traces = await _collect(cluster, keep_plans)
+            spans = await collect_timeline(cluster) if timeline else None
         finally:
             for client in clients:
                 await client.aclose()
@@ -186,6 +191,8 @@ async def run_policy(
         }
     if keep_plans:
         summary["plans"] = _plans(cluster, traces, arrivals)
+    if spans is not None:
+        summary["timeline"] = spans
     return summary
 
 
@@ -317,7 +324,7 @@ def summarize(
 ) -> dict[str, Any]:
     """The same keys as :meth:`compass.sim.result.SimResult.summary`, from a real run, plus
     ``batch_sizes``: runs of model tasks per batch size over every worker, as
-    :func:`compass.sim.report.batch_sizes` counts a simulated run's."""
+    :func:`compass.sim.compare.batch_sizes` counts a simulated run's."""
     ok = [(wf, s) for wf, s in latencies if s is not None]
     latency_ms = np.array([s for _, s in ok]) * 1000.0
     best = best_ms(workload)
@@ -408,15 +415,20 @@ def run(
     servers_sweep: tuple[int, int] | None = None,
     target_slowdown: float = 2.0,
     per_policy_tables: bool = True,
+    trace_path: str | None = None,
+    timeline_path: str | None = None,
 ) -> dict[str, Any]:
-    """Every policy of ``config`` on the same arrivals; prints tables, writes JSON and a plot."""
-    from compass.sim import report
+    """Every policy of ``config`` on the same arrivals; prints tables, writes JSON and a plot;
+    ``trace_path``: every policy's run as a Chrome trace (one process per worker); and
+    ``timeline_path``: as a per-worker Gantt chart (:mod:`compass._bench.timeline`)."""
+    from . import sim_report as report
 
     workload = workload_for(config)
     report.warn_declared_best(workload, Console(stderr=True), host_lanes=1)
     arrivals = arrivals_for(config, workload)
     results: dict[str, dict[str, Any]] = {}
     latencies: dict[str, list[float]] = {}
+    timelines: dict[str, list[dict[str, Any]]] = {}
     sweep: dict[str, dict[int, float | None]] = {}
     out: dict[str, Any] = {"config": {**asdict(config), "machine": machine(), "mode": "real"}}
     runner = asyncio.Runner(loop_factory=new_event_loop)
@@ -431,8 +443,11 @@ def run(
                         policy,
                         arrivals,
                         progress=functools.partial(_advance, bar, task),
+                        timeline=bool(trace_path or timeline_path),
                     )
                 )
+                if "timeline" in summary:
+                    timelines[policy] = summary.pop("timeline")
                 latencies[policy] = summary.pop("latencies_ms")
                 del summary["slowdowns"]
                 results[policy] = summary
@@ -468,6 +483,12 @@ def run(
     if plot_path:
         report.plot_results(plot_path, workload, latencies, results, sweep, target_slowdown)
         print(f"wrote {plot_path}")
+    if trace_path:
+        write_chrome_trace(trace_path, timelines)
+        print(f"wrote {trace_path} (Chrome trace: open it in https://ui.perfetto.dev)")
+    if timeline_path:
+        plot_timeline(timeline_path, timelines)
+        print(f"wrote {timeline_path}")
     return out
 
 
@@ -481,10 +502,10 @@ def _servers_needed(
 ) -> tuple[dict[str, int | None], dict[str, dict[int, float | None]]]:
     """Per policy, the fewest workers in the range whose median slowdown meets ``target``.
 
-    The search is the simulator's (:func:`compass.sim.report.fewest_workers`); here every point
+    The search is the simulator's (:func:`compass.sim.compare.fewest_workers`); here every point
     it asks for is a real cluster run on the same arrivals.
     """
-    from compass.sim.report import fewest_workers
+    from compass.sim.compare import fewest_workers
 
     needed: dict[str, int | None] = {}
     table: dict[str, dict[int, float | None]] = {}
@@ -518,6 +539,8 @@ def run_capacity(
     :func:`run_policy` on a fresh cluster: a coarse grid up to ``max_load``, then ``steps``
     bisections."""
     from compass.sim import capacity
+
+    from . import sim_report
 
     workload = workload_for(config)
     chosen = list(capacity.BUILTIN_SLOS if slos is None else slos)
@@ -560,9 +583,9 @@ def run_capacity(
         },
         **found,
     }
-    capacity.print_capacity(out, title=f"{workload.name} on {config.workers} worker processes")
+    sim_report.print_capacity(out, title=f"{workload.name} on {config.workers} worker processes")
     write_json(json_path, out)
     if plot_path:
-        capacity.plot_attainment(plot_path, out)
+        sim_report.plot_attainment(plot_path, out)
         print(f"wrote {plot_path}")
     return out

@@ -30,6 +30,7 @@ from compass.config import (
     CacheConfig,
     Limits,
     SchedConfig,
+    SwimConfig,
     Timeouts,
     TLSConfig,
     WorkerConfig,
@@ -330,8 +331,39 @@ def worker_start(
         ),
     ] = 20000.0,
     peer_timeout_ms: Annotated[
-        float, typer.Option(envvar=_env("peer_timeout_ms"), help="Drop a peer silent this long.")
+        float,
+        typer.Option(
+            envvar=_env("peer_timeout_ms"),
+            help="A suspected peer that does not refute is dropped at most this long after.",
+        ),
     ] = 2000.0,
+    probe_period_ms: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("probe_period_ms"), help="Failure detection: probe one peer this often."
+        ),
+    ] = 200.0,
+    probe_timeout_ms: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("probe_timeout_ms"),
+            help="A probe not acked within this goes through --indirect-probes others.",
+        ),
+    ] = 100.0,
+    indirect_probes: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("indirect_probes"),
+            help="Peers asked to probe one that did not ack, before it is suspected.",
+        ),
+    ] = 3,
+    suspicion_mult: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("suspicion_mult"),
+            help="A confirmed suspicion lasts this many periods (x log10 of the workers).",
+        ),
+    ] = 3.0,
     adjust_threshold: Annotated[
         float,
         typer.Option(envvar=_env("adjust_threshold"), help="Dynamic adjustment threshold."),
@@ -401,6 +433,29 @@ def worker_start(
     metrics_host: Annotated[
         str, typer.Option(envvar=_env("metrics_host"), help="Address the metrics port binds.")
     ] = "127.0.0.1",
+    trace_sample: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("trace_sample"),
+            min=0.0,
+            max=1.0,
+            help="Fraction of the jobs submitted here that are traced (a client's trace=True "
+            "always is); their traces are kept for `compass status --trace JOB`.",
+        ),
+    ] = 0.01,
+    trace_keep: Annotated[
+        int,
+        typer.Option(envvar=_env("trace_keep"), min=0, help="Traces of recent jobs kept here."),
+    ] = 512,
+    otel_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            envvar=_env("otel_endpoint"),
+            help="Export traced jobs' spans by OTLP/HTTP to this URL, e.g. "
+            "http://collector:4318/v1/traces (needs compass[otel]).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start a worker; prints 'compass worker listening on HOST:PORT' first.
 
@@ -437,6 +492,9 @@ def worker_start(
         advertise_address=advertise_address,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        trace_sample=trace_sample,
+        trace_keep=trace_keep,
+        otel_endpoint=otel_endpoint,
         app=app_ref,
         workload=workload,
         lanes=lanes,
@@ -456,6 +514,12 @@ def worker_start(
             peer_timeout_ms=peer_timeout_ms,
             adjust_threshold=adjust_threshold,
             warm=warm,
+        ),
+        swim=SwimConfig(
+            probe_period_ms=probe_period_ms,
+            probe_timeout_ms=probe_timeout_ms,
+            indirect_probes=indirect_probes,
+            suspicion_mult=suspicion_mult,
         ),
     )
     raise typer.Exit(run_worker(config))
@@ -598,21 +662,38 @@ def status(
     tls_ca: TlsCa = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 5.0,
+    trace: Annotated[
+        str | None,
+        typer.Option(
+            "--trace",
+            metavar="JOB",
+            help="Print the trace this worker kept of job JOB (it was the job's ingress).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Print one worker's status."""
+    """Print one worker's status, or with --trace a job's trace."""
     from compass.client import Client
 
     tls = _tls(tls_cert, tls_key, tls_ca)
 
-    async def get() -> dict[str, Any]:
+    async def get() -> Any:
         timeouts = Timeouts(connect=timeout, handshake=timeout, request=timeout)
         async with Client(address, token=token, timeouts=timeouts, tls=tls) as client:
-            return await client.status()
+            return await client.status() if trace is None else await client.trace(trace)
 
     try:
         info = asyncio.run(get())
     except CompassError as exc:
         _fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
+    if trace is not None:
+        from compass._cli.traces import trace_lines
+
+        if as_json:
+            typer.echo(json.dumps(info.to_json(), indent=2))
+        else:
+            typer.echo("\n".join(trace_lines(info)))
+        return
     if as_json:
         typer.echo(json.dumps(info, indent=2, sort_keys=True))
         return
@@ -640,6 +721,18 @@ def status(
             typer.echo(
                 f"  {row['name']}: wait {row['wait_ms']:.1f} ms, models {row['models']}, "
                 f"age {row['age_ms']:.1f} ms, placements counted {row['placements_counted']}"
+            )
+    traces = info.get("traces")
+    if traces:
+        typer.echo(
+            f"traces: {traces['traced']} jobs traced here (sampling {traces['sample']:.2%}), "
+            f"{traces['kept']} kept; `compass status --trace JOB` prints one"
+        )
+        for brief in traces["recent"]:
+            state = "ok" if brief["ok"] else "failed"
+            typer.echo(
+                f"  {brief['job']} ({brief['workflow']}): {brief['latency_ms']:.1f} ms, "
+                f"{brief['tasks']} tasks, {state}"
             )
 
 
@@ -676,6 +769,21 @@ def submit(
     on_miss: Annotated[
         OnMiss, typer.Option(help="finish: run the job to the end even past its deadline.")
     ] = OnMiss.drop,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace", help="Trace the job and print its trace as a table after the result."
+        ),
+    ] = False,
+    trace_json: Annotated[
+        str | None,
+        typer.Option(
+            "--trace-json",
+            metavar="PATH",
+            help="Trace the job and write its trace here as JSON.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run one job and print its result."""
     from compass.client import Client
@@ -695,18 +803,32 @@ def submit(
         except json.JSONDecodeError:
             kwargs[key] = value
 
+    traced = trace or trace_json is not None
+    _check_output(trace_json, "--trace-json")
+
     async def run() -> Any:
         async with Client(address, token=token, tls=tls) as client:
-            return await client.submit(
+            return await client.submit_job(
                 workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-                on_miss=on_miss.value, **kwargs,
+                on_miss=on_miss.value, trace=traced, **kwargs,
             )  # fmt: skip
 
     try:
         result = asyncio.run(run())
     except CompassError as exc:
         _fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
-    typer.echo(_show(result))
+    typer.echo(_show(result.value))
+    if not traced:
+        return
+    job_trace = result.trace
+    if job_trace is None:
+        _fail(f"{address} answered job {result.job_id} without its trace (an older worker?)")
+    if trace_json is not None:
+        Path(trace_json).write_text(json.dumps(job_trace.to_json(), indent=2) + "\n")
+    if trace:  # on stderr: stdout stays the result alone, for scripts
+        from compass._cli.traces import trace_lines
+
+        typer.echo("\n".join(trace_lines(job_trace)), err=True)
 
 
 @app.command("token")
@@ -765,14 +887,14 @@ def _check_output(path: str | None, flag: str) -> None:
         _fail(f"{flag} {path}: folder {str(target.parent)!r} is not writable", 2)
 
 
-def _check_plot(path: str | None) -> None:
+def _check_plot(path: str | None, flag: str = "--plot") -> None:
     if not path:
         return
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        _fail(f"--plot {path}: needs matplotlib: pip install 'compass[bench]'", 2)
-    _check_output(path, "--plot")
+        _fail(f"{flag} {path}: needs matplotlib: pip install 'compass[bench]'", 2)
+    _check_output(path, flag)
 
 
 JsonPath = Annotated[str | None, typer.Option("--json", help="Write results as JSON here.")]
@@ -841,12 +963,20 @@ def bench_plan(quick: Quick = False, json_path: JsonPath = None) -> None:
 def bench_job(
     jobs: Annotated[int, typer.Option(min=1, help="Jobs to time.")] = 2000,
     json_path: JsonPath = None,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            help="What tracing costs: untraced, sampled, every job traced, and every trace "
+            "returned, in one run (traced_over_plain in the JSON).",
+        ),
+    ] = False,
 ) -> None:
     """A one-task no-op job, client to worker and back: p50/p99 microseconds."""
     from compass._bench import job
 
     _check_output(json_path, "--json")
-    job.run(jobs=jobs, json_path=json_path)
+    job.run(jobs=jobs, json_path=json_path, trace=trace)
 
 
 @bench_app.command("client")
@@ -1042,6 +1172,24 @@ def bench_e2e(
     priority_mix: Annotated[
         float, typer.Option(help="With --deadline-x: the fraction of jobs at priority 1.")
     ] = 0.0,
+    trace: Annotated[
+        str | None,
+        typer.Option(
+            "--trace",
+            metavar="PATH",
+            help="Write every task and model load of the run as a Chrome trace (Perfetto).",
+            show_default=False,
+        ),
+    ] = None,
+    timeline: Annotated[
+        str | None,
+        typer.Option(
+            "--timeline",
+            metavar="PNG",
+            help="Draw a per-worker Gantt chart of the run's tasks and loads (matplotlib).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
@@ -1053,6 +1201,10 @@ def bench_e2e(
     sweep = _sweep(servers_sweep)
     _check_output(json_path, "--json")
     _check_plot(plot)
+    _check_output(trace, "--trace")
+    _check_plot(timeline, "--timeline")
+    if capacity and (trace or timeline):
+        _fail("--trace and --timeline record one run of each policy, not --capacity", 2)
     config = e2e.E2EConfig(
         workload=workload or e2e.DEFAULT_WORKLOAD,
         workers=workers,
@@ -1090,6 +1242,8 @@ def bench_e2e(
         plot_path=plot,
         servers_sweep=sweep,
         target_slowdown=target_slowdown,
+        trace_path=trace,
+        timeline_path=timeline,
     )
 
 
@@ -1145,10 +1299,9 @@ def bench_peers(
         seed=seed,
         time_scale=time_scale,
     )
-    peers.run(
-        config,
+    comparison = peers.PeersConfig(
         system=system,
-        loads=load_list,
+        loads=tuple(load_list),
         capacity_search=capacity,
         seeds=parse_seeds(seeds),
         max_load=max_load,
@@ -1157,9 +1310,8 @@ def bench_peers(
         target_slowdown=target_slowdown,
         overheads=overheads,
         ray_config=peers_ray.RayServeConfig(models_per_replica=models_per_replica),
-        json_path=json_path,
-        plot_path=plot,
     )
+    peers.run(config, comparison, json_path=json_path, plot_path=plot)
 
 
 @bench_app.command("generalize")
@@ -1245,6 +1397,7 @@ def bench_batching(
     """Simulated capacity of every policy with batching off and on, per batch curve, on the
     paper's and generated workloads; p99 at 1.5x the rate."""
     from compass._bench import batching
+    from compass.sim.capacity import CapacitySearch
 
     names = _names(policies)
     _check_policies(names)
@@ -1253,13 +1406,11 @@ def bench_batching(
     seed_list, slos = _capacity_args(seeds, slo, max_load)
     _check_output(json_path, "--json")
     batching.run(
+        CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
         workloads=workloads,
         curves=_names(curves),
         policies=names,
-        seeds=seed_list,
-        slos=slos,
         jobs=jobs,
-        max_load=max_load,
         spec=spec,
         json_path=json_path,
     )
@@ -1310,6 +1461,13 @@ def sim(
         float | None, typer.Option(help="Age of the peer state planners see.")
     ] = None,
     host_lanes: HostLanes = 0,
+    ingress: Annotated[
+        str,
+        typer.Option(
+            help="Where jobs enter: client (client i at worker i), spread (dealt over every "
+            "worker, as a load balancer would), auto (spread from 64 workers on)."
+        ),
+    ] = "auto",
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     compare_real: Annotated[
@@ -1350,7 +1508,8 @@ def sim(
     ] = Shed.both,
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
-    from compass.sim import report
+    from compass._bench import sim_report
+    from compass.sim.compare import SimConfig
 
     names = _names(policies)
     _check_policies(names)
@@ -1381,12 +1540,12 @@ def sim(
             _fail(f"--loads {loads!r}: expected comma-separated numbers", 2)
         if not load_list or not all(0 < x < float("inf") for x in load_list):
             _fail(f"--loads {loads!r}: every load must be a number > 0", 2)
-        goodput_bench.run_cli(
-            spec,
+        grid = goodput_bench.GoodputConfig(
+            workload=spec,
             workers=workers,
-            policies=names,
-            loads=load_list,
-            seeds=parse_seeds(seeds),
+            policies=tuple(names),
+            loads=tuple(load_list),
+            seeds=tuple(parse_seeds(seeds)),
             jobs=jobs,
             deadline_x=deadline_x,
             priority_mix=priority_mix,
@@ -1394,34 +1553,33 @@ def sim(
             arrival=arrival,
             cv=cv,
             host_lanes=host_lanes,
-            json_path=json_path,
-            plot_path=plot,
             **batch,
         )
+        goodput_bench.run_cli(grid, json_path, plot)
         return
     if capacity:
-        from compass.sim.capacity import run_capacity_cli
+        from compass.sim.capacity import CapacitySearch
 
         if compare_real or sweep:
             _fail("--capacity does not combine with --compare-real or --servers-sweep", 2)
         seed_list, slos = _capacity_args(seeds, slo, max_load)
-        run_capacity_cli(
-            spec,
-            workers=workers,
-            policies=names,
-            seeds=seed_list,
-            slos=slos,
-            jobs=jobs,
-            max_load=max_load,
-            arrival=arrival,
-            cv=cv,
-            heartbeat_ms=heartbeat_ms,
-            staleness_ms=staleness_ms,
-            host_lanes=host_lanes,
-            json_path=json_path,
-            plot_path=plot,
-            options={"prefetch_evicts": evicts},
-            **batch,
+        sim_report.run_capacity_cli(
+            SimConfig(
+                workload=spec,
+                workers=workers,
+                policies=tuple(names),
+                arrival=arrival,
+                cv=cv,
+                jobs=jobs,
+                heartbeat_ms=heartbeat_ms,
+                staleness_ms=staleness_ms,
+                host_lanes=host_lanes,
+                prefetch_evicts=evicts,
+                **batch,
+            ),
+            CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
+            json_path,
+            plot,
         )
         return
     if compare_real:
@@ -1442,25 +1600,25 @@ def sim(
         )
         fidelity.run(config, json_path)
         return
-    report.run_cli(
-        spec,
-        workers,
-        names,
-        arrival,
-        cv,
-        load,
-        jobs,
-        seed,
-        heartbeat_ms,
-        staleness_ms,
-        sweep,
-        target_slowdown,
-        json_path,
-        plot,
-        host_lanes,
+    config = SimConfig(
+        workload=spec,
+        workers=workers,
+        policies=tuple(names),
+        arrival=arrival,
+        cv=cv,
+        load=load,
+        jobs=jobs,
+        seed=seed,
+        heartbeat_ms=heartbeat_ms,
+        staleness_ms=staleness_ms,
+        host_lanes=host_lanes,
         prefetch_evicts=evicts,
+        servers_sweep=sweep,
+        target_slowdown=target_slowdown,
+        ingress=ingress,
         **batch,
     )
+    sim_report.run_cli(config, json_path, plot)
 
 
 @workload_app.command("generate")

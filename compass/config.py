@@ -24,6 +24,7 @@ __all__ = [
     "DeviceMemory",
     "Limits",
     "SchedConfig",
+    "SwimConfig",
     "TLSConfig",
     "Timeouts",
     "WorkerConfig",
@@ -142,7 +143,8 @@ class CacheConfig:
     no copy into slabs a task may still read) or ``"capacity"`` (accounts slabs, holds no bytes:
     emulated mode). ``device`` is the CUDA device the cupy backend allocates on.
     ``capacity_bytes=None`` lets the worker choose: the workload's GPU memory when emulated,
-    otherwise a share of the device's memory (see :meth:`resolved` and :class:`DeviceMemory`).
+    otherwise a share of the device's memory (see :meth:`resolved` and :class:`DeviceMemory`;
+    :func:`compass.cache.backend.resolve_cache` measures the device and resolves).
     """
 
     capacity_bytes: int | None = None
@@ -177,17 +179,18 @@ class CacheConfig:
         self, default_bytes: int | None = None, *, memory: DeviceMemory | None = None
     ) -> CacheConfig:
         """This config with ``capacity_bytes`` set, if it was ``None``, to ``default_bytes``, or
-        else to ``memory``'s default (measured on this machine when ``memory`` is ``None``),
-        rounded down to whole slabs."""
+        else to ``memory``'s default, rounded down to whole slabs. Configuration reads no
+        device: :func:`compass.cache.backend.resolve_cache` measures ``memory`` on this
+        machine and calls this."""
         if self.capacity_bytes is not None:
             return self
         if default_bytes:
             return replace(self, capacity_bytes=default_bytes)
         if memory is None:
-            # imported here: the backend module builds on this one, and asks the device
-            from compass.cache.backend import probe_memory
-
-            memory = probe_memory(self.backend, device_id=self.device)
+            raise ConfigError(
+                "CacheConfig.resolved needs the memory to take a share of (memory=, or "
+                "compass.cache.backend.resolve_cache, which measures this machine's)"
+            )
         capacity = memory.default_cache_bytes() // self.slab_bytes * self.slab_bytes
         if capacity < self.slab_bytes:
             raise ConfigError(
@@ -212,6 +215,8 @@ class SchedConfig:
     #: this spaces heartbeats beyond heartbeat_min_ms (the mesh is full, so a heartbeat costs
     #: one message per peer); 20,000/s is 1 ms with 20 peers, 12 ms with 240
     heartbeat_max_rate: float = 20000.0
+    #: a suspected peer that does not refute is declared dead at most this long after it was
+    #: first suspected (sooner as other workers confirm the suspicion; see SwimConfig)
     peer_timeout_ms: float = 2000.0
     #: keep a successor on its planned worker while that worker's wait <= this x its exec time
     #: (the paper used 1.5; 0.1 sustains the most load in the simulator, docs/RESULTS.md)
@@ -235,6 +240,31 @@ class SchedConfig:
             )
         if self.peer_timeout_ms <= self.heartbeat_ms:
             raise ConfigError("SchedConfig.peer_timeout_ms must exceed heartbeat_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class SwimConfig:
+    """Failure detection, SWIM-style (compass/worker/members.py): every ``probe_period_ms`` a
+    worker probes one peer; without an ack within ``probe_timeout_ms`` it asks
+    ``indirect_probes`` others to probe it, then suspects it; a suspicion lasts
+    ``suspicion_mult x max(1, log10(workers)) x probe_period_ms`` once another worker confirms
+    it, longer unconfirmed, never more than ``SchedConfig.peer_timeout_ms``."""
+
+    probe_period_ms: float = 200.0
+    probe_timeout_ms: float = 100.0
+    indirect_probes: int = 3
+    suspicion_mult: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.probe_timeout_ms < self.probe_period_ms < float("inf"):
+            raise ConfigError(
+                f"--probe-timeout-ms ({self.probe_timeout_ms!r}) must be > 0 and below "
+                f"--probe-period-ms ({self.probe_period_ms!r})"
+            )
+        if isinstance(self.indirect_probes, bool) or not 0 <= self.indirect_probes <= 16:
+            raise ConfigError(f"--indirect-probes must be 0..16, got {self.indirect_probes!r}")
+        if not 1.0 <= self.suspicion_mult <= 100.0:
+            raise ConfigError(f"--suspicion-mult must be in [1, 100], got {self.suspicion_mult!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,8 +348,17 @@ class WorkerConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
+    #: failure detection: probe period and timeout, indirect probes, suspicion
+    swim: SwimConfig = field(default_factory=SwimConfig)
     #: mutual TLS for every connection, clients' and peers'; None: plain TCP
     tls: TLSConfig | None = None
+    #: the fraction of jobs this worker traces as their ingress (a client's ``trace=True``
+    #: traces a job whatever it is); their traces are kept, the last ``trace_keep`` of them
+    trace_sample: float = 0.01
+    trace_keep: int = 512
+    #: export job and task spans of traced jobs by OTLP/HTTP to this URL (``compass[otel]``);
+    #: None: no OpenTelemetry export
+    otel_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -348,6 +387,23 @@ class WorkerConfig:
             )
         if self.host_lanes < 0:
             raise ConfigError(f"WorkerConfig.host_lanes must be >= 0, got {self.host_lanes}")
+        if not 0.0 <= self.trace_sample <= 1.0:  # also refuses nan
+            raise ConfigError(
+                f"WorkerConfig.trace_sample (--trace-sample) must be a fraction in [0, 1], got "
+                f"{self.trace_sample!r}"
+            )
+        if isinstance(self.trace_keep, bool) or not 0 <= self.trace_keep <= 1_000_000:
+            raise ConfigError(
+                f"WorkerConfig.trace_keep (--trace-keep) must be 0..1000000, got "
+                f"{self.trace_keep!r}"
+            )
+        if self.otel_endpoint is not None and not self.otel_endpoint.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(
+                f"--otel-endpoint {self.otel_endpoint!r}: expected an http:// or https:// URL "
+                "(an OTLP/HTTP collector, e.g. http://127.0.0.1:4318/v1/traces)"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
         for address in self.join:

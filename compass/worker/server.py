@@ -15,6 +15,7 @@ are in docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -36,9 +37,16 @@ from compass.worker import dashboard
 from compass.worker.executor import TaskOutcome, TaskRunner
 from compass.worker.gossip import Gossip
 from compass.worker.lanes import Lanes
-from compass.worker.membership import Membership, Peer, advertised_address, default_worker_name
+from compass.worker.membership import (
+    Membership,
+    Peer,
+    Probing,
+    advertised_address,
+    default_worker_name,
+)
 from compass.worker.messages import PeerMessage, PlanReply, TaskMsg
 from compass.worker.metrics import WorkerMetrics
+from compass.worker.otel import OtelExport
 from compass.worker.queue import QueuedTask
 from compass.worker.requests import describe, make_router
 from compass.worker.state import (
@@ -60,6 +68,7 @@ from compass.worker.state import (
     WorkerCore,
 )
 from compass.worker.stats import WorkerStats, payload_bytes
+from compass.worker.tracing import TRACE_FIELD, Tracer, task_span
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
@@ -129,6 +138,12 @@ class Worker:
         dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
         #: the last answered jobs of this ingress, for benchmarks and `compass status`
         self.trace: deque[dict[str, Any]] = deque(maxlen=config.trace_jobs)
+        #: traced jobs: their spans as they travel, the traces kept (compass/worker/tracing.py)
+        self.tracer = Tracer(sample=config.trace_sample, keep=config.trace_keep)
+        #: OpenTelemetry export of the traced jobs' spans (--otel-endpoint), else None
+        self.otel: OtelExport | None = None
+        if config.otel_endpoint is not None:
+            self.otel = OtelExport.to_endpoint(config.otel_endpoint, instance=self.instance)
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -209,7 +224,15 @@ class Worker:
             on_leave=self._peer_left,
             ssl=peer_tls,
             instance=self.instance,
+            probing=Probing(
+                period_s=cfg.swim.probe_period_ms / 1000.0,
+                timeout_s=cfg.swim.probe_timeout_ms / 1000.0,
+                indirect=cfg.swim.indirect_probes,
+                suspicion_mult=cfg.swim.suspicion_mult,
+                suspicion_max_s=cfg.sched.peer_timeout_ms / 1000.0,
+            ),
         )
+        self.membership.route(self.router)  # its probes and acks
         await self.cache.prepare()
         self._background = [
             asyncio.create_task(self.gossip.run(self.membership), name=f"{self.name}-heartbeats"),
@@ -258,6 +281,10 @@ class Worker:
         await asyncio.gather(*self._background, *self._tasks, return_exceptions=True)
         await self.runner.aclose()
         await self.cache.aclose()
+        if self.otel is not None:
+            # the spans still waiting go out (in a thread: the exporter blocks), if they can
+            # within the exporter's own timeout
+            await asyncio.to_thread(self.otel.shutdown)
 
     async def wait(self) -> None:
         await self._stopped.wait()
@@ -374,7 +401,8 @@ class Worker:
                 case RunTask():
                     self.runner.start(step)
                 case LoadModel():
-                    self.cache.fetch(step.model, step.evict, self._model_fetched)
+                    fetched = functools.partial(self._model_fetched, time.time(), step.prefetch)
+                    self.cache.fetch(step.model, step.evict, fetched)
                 case Answer():
                     self._deliver(step)
                 case AskPlan():
@@ -384,7 +412,11 @@ class Worker:
         if self.draining:
             self._check_drained()
 
-    def _model_fetched(self, model: str, result: float | CompassError) -> None:
+    def _model_fetched(
+        self, started: float, prefetch: bool, model: str, result: float | CompassError
+    ) -> None:
+        error = type(result).__name__ if isinstance(result, CompassError) else ""
+        self.metrics.timeline.load_ended(model, started, prefetch, error)
         if isinstance(result, CompassError):
             self.apply(LoadFailed(self.clock(), model, result))
         else:
@@ -403,6 +435,10 @@ class Worker:
         body = msg.to_wire()
         if isinstance(msg, TaskMsg):
             body["sent"] = time.time()  # the receiver derives the push's transfer time
+        if self.tracer.jobs:  # some job is traced: its messages carry its spans
+            traced = self.tracer.outgoing(msg, worker)
+            if traced is not None:
+                body[TRACE_FIELD] = traced
         try:
             channel.notify(msg.op, body)
         except Exception as exc:  # an output the wire cannot encode, or a channel just closed
@@ -457,6 +493,26 @@ class Worker:
         if answer.record:
             self.trace.append(dict(answer.record))
             self.metrics.job_answered(answer.record, answer.error, waited=future is not None)
+            if self.tracer.jobs:
+                self._finish_trace(answer)
+
+    def _finish_trace(self, answer: Answer) -> None:
+        """A job this ingress answered: its trace, if it was traced, is kept and exported."""
+        record = answer.record
+        workflow = self.app.workflows.get(str(record.get("workflow")))
+        error = "" if answer.error is None else type(answer.error).__name__
+        answered = self.tracer.finish(
+            answer.job_id, record, workflow, ingress=self.name, answered=time.time(), error=error
+        )
+        if answered is not None and self.otel is not None:
+            trace = self.tracer.trace(answer.job_id) or answered.assemble(answer.job_id)
+            self.otel.job(trace, answered.tracing)
+
+    def _note_plan(self, job_id: str) -> None:
+        """A traced job was planned here: its tracing keeps the plan as made."""
+        job = self.core.jobs.get(job_id)
+        if job is not None:
+            self.tracer.planned(job_id, job.attempt, job.plan, time.time())
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=f"{self.name}-{name}")
@@ -475,6 +531,8 @@ class Worker:
                 log.warning("%s: %s could not plan job %s: %s", self.name, step.peer,
                             step.request.job, exc)  # fmt: skip
         self.apply(PlanReady(self.clock(), step.request.job, plan))
+        if step.request.job in self.tracer.jobs:
+            self._note_plan(step.request.job)
 
     # -- the public surface of the core ---------------------------------------------------------
     async def submit(
@@ -495,8 +553,13 @@ class Worker:
         inputs: Any,
         key: str | None = None,
         objective: Objective = NO_OBJECTIVE,
+        *,
+        trace: bool = False,
+        traceparent: str | None = None,
     ) -> tuple[str, Any]:
-        """:meth:`submit`, answering the job's id with its answer (an error names it too)."""
+        """:meth:`submit`, answering the job's id with its answer (an error names it too).
+        ``trace``: trace the job whatever the sampling (its trace is then kept here:
+        ``self.tracer.trace(job_id)``); ``traceparent``: the caller's W3C trace context."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
@@ -505,10 +568,16 @@ class Worker:
         job_id = self.core.new_job_id()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
+        tracing = self.tracer.start(
+            job_id, forced=trace, traceparent=traceparent, received=time.time(),
+            follow_caller=self.otel is not None,
+        )  # fmt: skip
         try:
             now, wall = self.clock(), time.time()
             size = payload_bytes(inputs)
             self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective))
+            if tracing is not None:
+                self._note_plan(job_id)
             return job_id, await future
         except CompassError as exc:
             _name_job(exc, job_id)
@@ -517,6 +586,8 @@ class Worker:
             self._answers.pop(job_id, None)
             if not future.done() or future.cancelled():  # the client stopped waiting
                 self.apply(Cancel(self.clock(), job_id))
+            if tracing is not None:
+                self.tracer.forget(job_id)  # answered (kept already), or never accepted
 
     def status(self) -> dict[str, Any]:
         """What ``compass status`` shows."""
@@ -530,6 +601,8 @@ class Worker:
         self.stats.record(outcome)
         self.metrics.task_finished(outcome)
         entry = outcome.entry
+        if self.tracer.jobs and entry.job_id in self.tracer.jobs:
+            self._trace_task(outcome)
         if outcome.error is None and not self.config.emulate:
             if outcome.first:  # a batch is one measurement, of its size
                 self.profiles.observe_batch(
@@ -537,6 +610,17 @@ class Worker:
                 )
             self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(outcome.output))
         self.apply(outcome.event(self.clock()))
+
+    def _trace_task(self, outcome: TaskOutcome) -> None:
+        """A task of a traced job ended: its span goes with the job's next messages (kept
+        before the core sends them), and to OpenTelemetry."""
+        entry = outcome.entry
+        span = task_span(
+            outcome, self.name, wall=time.time(), now=self.clock(), scale=self.config.time_scale
+        )
+        tracing = self.tracer.task_ended(entry.job_id, span)
+        if tracing is not None and self.otel is not None:
+            self.otel.task(entry.job_id, entry.workflow, span, tracing)
 
     def _task_returned(self, entry: QueuedTask) -> None:
         """The thread of a task abandoned past its timeout returned: its model is released."""

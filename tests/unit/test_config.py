@@ -11,6 +11,7 @@ from compass.config import (
     DeviceMemory,
     Limits,
     SchedConfig,
+    SwimConfig,
     Timeouts,
     WorkerConfig,
     parse_address,
@@ -133,3 +134,24 @@ def test_probe_memory_measures_this_machine() -> None:
     # unset, a host-backend cache takes a quarter of the machine (or container)
     resolved = resolve_cache(CacheConfig(backend="host", slab_bytes=MiB))
     assert resolved.capacity_bytes == host.host_bytes // 4 // MiB * MiB
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"probe_timeout_ms": 200.0}, "--probe-timeout-ms (200.0) must be > 0 and below"),
+        ({"probe_timeout_ms": 0.0}, "--probe-timeout-ms"),
+        ({"probe_period_ms": float("inf")}, "--probe-period-ms"),
+        ({"indirect_probes": -1}, "--indirect-probes must be 0..16, got -1"),
+        ({"indirect_probes": True}, "--indirect-probes"),
+        ({"suspicion_mult": 0.5}, "--suspicion-mult must be in [1, 100], got 0.5"),
+        ({"suspicion_mult": float("nan")}, "--suspicion-mult"),
+    ],
+)
+def test_failure_detection_options_are_checked_with_one_line(
+    kwargs: dict[str, float], message: str
+) -> None:
+    assert WorkerConfig().swim == SwimConfig(200.0, 100.0, 3, 3.0)
+    with pytest.raises(ConfigError) as caught:
+        SwimConfig(**kwargs)  # type: ignore[arg-type]
+    assert message in str(caught.value) and "\n" not in str(caught.value)
