@@ -110,7 +110,9 @@ async def test_the_json_gathers_every_worker_and_says_which_did_not_answer(
         finally:
             cluster.workers[2].process.send_signal(signal.SIGCONT)
         parts = {part["name"]: part for part in view["workers"]}
-        assert parts["w2"]["error"].startswith("CompassTimeout") and "queue" not in parts["w2"]
+        # it times out, or is declared dead (its channel closed) while the request waits
+        error = parts["w2"]["error"]
+        assert error.startswith(("CompassTimeout", "ConnectionClosed")) and "queue" not in parts["w2"]
         assert parts["w2"]["address"] == cluster.workers[2].address
         assert "queue" in parts["w1"]
         assert took < dashboard.PEER_TIMEOUT_S + 2.0

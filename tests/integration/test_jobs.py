@@ -135,7 +135,8 @@ async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
 async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
     worker_env: dict[str, str], tmp_path
 ) -> None:
-    args = ["--workload", one_worker_workload(tmp_path, slow=("m", 30000))]
+    # a short drain at the end: the first job's 30 s task would hold the worker's exit
+    args = ["--workload", one_worker_workload(tmp_path, slow=("m", 30000)), "--drain-timeout", "1"]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         first = asyncio.create_task(client.submit("slow", data=DATA, timeout=None))
         await status_when(client, lambda s: s["queue"]["running"] == 1)
@@ -155,7 +156,7 @@ async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_servin
     worker_env: dict[str, str], tmp_path
 ) -> None:
     spec = one_worker_workload(tmp_path, slow=("m", 30000), quick=(None, 1))
-    args = ["--workload", spec, "--max-jobs", "2"]
+    args = ["--workload", spec, "--max-jobs", "2", "--drain-timeout", "1"]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         held = [asyncio.create_task(client.submit("slow", data=DATA, timeout=None)) for _ in "ab"]
         await status_when(client, lambda s: s["jobs_in_flight"] == 2)
