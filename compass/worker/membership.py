@@ -214,6 +214,8 @@ class Membership:
         self._wake = asyncio.Event()  # a peer was lost or a retry ended: look at the schedule
         self._closed = False
         self._seed_retry: asyncio.Task[None] | None = None
+        #: joins under way (the first one, from start): the seeds are being tried already
+        self._joining = 0
         #: dials of live peers to probe them (one per peer at a time), and the probes waiting
         self._reaching: dict[str, asyncio.Task[Channel]] = {}
         self._probing: set[asyncio.Task[None]] = set()
@@ -447,6 +449,13 @@ class Membership:
         seeds = list(dict.fromkeys(addresses))
         if not seeds:
             return
+        self._joining += 1
+        try:
+            await self._join(seeds, timeout_s)
+        finally:
+            self._joining -= 1
+
+    async def _join(self, seeds: list[str], timeout_s: float | None) -> None:
         self._apply(Seeds(self._clock(), tuple(seeds)))
         pending = await self._join_seeds(seeds, timeout_s)
         tried = set(seeds)
@@ -571,7 +580,7 @@ class Membership:
 
     # -- taking lost peers back --------------------------------------------------------------
     def _tick(self, now: float) -> list[Decision]:
-        return self._apply(Tick(now, frozenset(self._retries), self._seed_retry is not None))
+        return self._apply(Tick(now, frozenset(self._retries), self._seeding))
 
     def due(self, now: float) -> list[str]:
         """Lost members whose next try is due at ``now`` and not already under way (forgetting
@@ -603,9 +612,7 @@ class Membership:
                     self._seed_retry = asyncio.create_task(
                         self._retry_seeds(), name=f"{self.name}-rejoin-seeds"
                     )
-            wait_s = (
-                self.table.next_due(frozenset(self._retries), self._seed_retry is not None) - now
-            )
+            wait_s = self.table.next_due(frozenset(self._retries), self._seeding) - now
             if math.isinf(wait_s):
                 await self._wake.wait()
                 continue
@@ -635,6 +642,13 @@ class Membership:
         finally:
             self._retries.pop(name, None)
             self._wake.set()
+
+    @property
+    def _seeding(self) -> bool:
+        """Whether the seeds are being tried already (a join under way): the table must not
+        ask for them again, or two dials of one seed race and the second, finding it being
+        dialed, would count as joined."""
+        return self._seed_retry is not None or self._joining > 0
 
     async def _retry_seeds(self) -> None:
         """Join through the seeds again (this worker has no peer): once each, then back off."""

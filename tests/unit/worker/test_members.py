@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from compass.config import Limits, Timeouts
-from compass.errors import CompassError, ConfigError, ProtocolError, WorkerUnavailable
+from compass.errors import (
+    CompassError,
+    ConfigError,
+    ConnectFailed,
+    ProtocolError,
+    WorkerUnavailable,
+)
 from compass.wire.memory import MemoryNetwork
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, Server
@@ -617,3 +623,37 @@ async def test_in_memory_a_silent_worker_is_suspected_declared_dead_then_refutes
         await asyncio.gather(*runs.values(), return_exceptions=True)
         for node in nodes:
             await node.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_join_that_keeps_failing_fails_and_is_never_raced_by_a_seed_retry() -> None:
+    """While a worker's own join tries its seeds, its retry loop must not dial them too: the
+    second dial of a seed being dialed returns at once, and the join took that for success,
+    leaving the worker alone in a cluster it never joined (a plain worker at a TLS seed)."""
+    network = MemoryNetwork()
+    node = Node(network, "lonely")
+    dialing: dict[str, int] = {}
+    most = 0
+
+    async def slow_failing_dial(address: str | tuple[str, int], **kwargs: Any) -> Channel:
+        nonlocal most
+        key = str(address)
+        dialing[key] = dialing.get(key, 0) + 1
+        most = max(most, dialing[key])
+        try:
+            await asyncio.sleep(0.15)  # a handshake that takes a while, then fails
+            raise ConnectFailed(f"nothing answers at {key}")
+        finally:
+            dialing[key] -= 1
+
+    node.membership._dial = slow_failing_dial
+    await node.listen()
+    run = asyncio.create_task(node.membership.run())
+    try:
+        with pytest.raises(ConnectFailed, match="could not join the cluster"):
+            await node.membership.join(["seed:1"], timeout_s=1.5)
+        assert most == 1 and not node.membership.peers
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await node.aclose()
