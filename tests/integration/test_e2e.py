@@ -206,6 +206,10 @@ def test_a_priority_mix_needs_deadlines() -> None:
         priorities(3, 1.5, 0)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []
@@ -229,11 +233,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_during_bench_e2e_stops_the_workers_it_started(worker_env: dict[str, str]) -> None:
+def test_ctrl_c_during_bench_e2e_stops_the_workers_it_started(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    log = (tmp_path / "bench.err").open("w")
     bench = subprocess.Popen(
         compass_argv("bench", "e2e", "--policies", "compass", "--workers", "2", "--jobs", "400",
                      "--load", "0.05", "--time-scale", "1"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_env,
+        stdout=subprocess.DEVNULL, stderr=log, env={**worker_env, "PYTHONFAULTHANDLER": "1"},
+        # Ctrl-C as at a terminal: a test run started in the background (a shell's `&`)
+        # ignores SIGINT, and a child would inherit that and never see the signal
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     workers: list[int] = []
     try:
@@ -244,7 +254,15 @@ def test_ctrl_c_during_bench_e2e_stops_the_workers_it_started(worker_env: dict[s
         assert len(workers) >= 2, "the benchmark did not start its workers"
         time.sleep(2.0)  # jobs under way
         bench.send_signal(signal.SIGINT)
-        bench.wait(60)
+        try:
+            bench.wait(60)
+        except subprocess.TimeoutExpired:
+            bench.send_signal(signal.SIGABRT)  # its threads' stacks, by faulthandler
+            bench.wait(10)
+            log.flush()
+            pytest.fail(
+                "bench e2e did not exit on Ctrl-C:\n" + (tmp_path / "bench.err").read_text()[-6000:]
+            )
         deadline = time.monotonic() + 40
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -256,3 +274,4 @@ def test_ctrl_c_during_bench_e2e_stops_the_workers_it_started(worker_env: dict[s
         for pid in workers:  # a failing run must not leave them behind either
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        log.close()
