@@ -75,7 +75,7 @@ from compass.worker.state import (
     WorkerCore,
 )
 from compass.workflow.best import best_time_s
-from compass.workflow.dag import Workflow, batch_scale
+from compass.workflow.dag import Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
@@ -542,11 +542,9 @@ class _Simulation:
             if job is not None:
                 job.placed[entry.task] = worker.name
         profile = workflows[run.entry.workflow].tasks[run.entry.task].profile
-        if run.mates:
-            single = max(workflows[e.workflow].tasks[e.task].profile.exec_s for e in run.entries)
-            exec_s = single * batch_scale(profile.batch_scale, len(run.entries))
-        else:
-            exec_s = profile.exec_s
+        exec_s = emulated_run_s(
+            profile, [workflows[e.workflow].tasks[e.task].profile for e in run.entries]
+        )
         self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
 
     def _task_end(self, arg: tuple[_Worker, RunTask, float]) -> None:

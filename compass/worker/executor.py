@@ -54,7 +54,7 @@ from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
 from compass.worker.lanes import RunTask
 from compass.worker.queue import QueuedTask
 from compass.worker.state import TaskDone, TaskFailed
-from compass.workflow.dag import Task, batch_scale
+from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
 
@@ -184,11 +184,8 @@ class TaskRunner:
         ) * self._time_scale
         t0 = self._clock()
         if self._emulate or task.fn is None:
-            single_ms = max(self._lookup(e.workflow, e.task).profile.exec_ms for e in entries)
-            delay = (
-                single_ms * batch_scale(task.profile.batch_scale, len(entries))
-                / 1000.0 * self._time_scale
-            )  # fmt: skip
+            members = [self._lookup(e.workflow, e.task).profile for e in entries]
+            delay = emulated_run_s(task.profile, members) * self._time_scale
             self._timers[run.entry] = loop.call_later(
                 min(delay, timeout_s), self._emulated_done, outcomes, task, t0, delay > timeout_s
             )

@@ -48,6 +48,13 @@ def batch_scale(scale: Sequence[float], size: int) -> float:
     return scale[-1] + step * (size - len(scale))
 
 
+def emulated_run_s(lead: TaskProfile, members: Sequence[TaskProfile]) -> float:
+    """Seconds an emulated run of ``members`` (a batch led by ``lead``, or ``lead`` alone)
+    takes: its longest member's expected time times ``lead``'s batch curve at the run's size.
+    The worker's executor and the simulator both time emulated runs by it."""
+    return max(m.exec_s for m in members) * batch_scale(lead.batch_scale, len(members))
+
+
 def batch_limit(scale: Sequence[float], size: int) -> int:
     """The largest batch, up to ``size``, whose every extra item costs less than one run."""
     n = 1

@@ -132,3 +132,14 @@ def test_check_inputs_names_missing_and_unexpected() -> None:
     assert info.value.detail == {"missing": ["question"], "unexpected": ["extra"]}
     # no declared inputs: anything goes
     Workflow("w", [task("a")]).check_inputs({"whatever": 1})
+
+
+def test_an_emulated_run_takes_its_longest_member_times_the_lead_s_batch_curve() -> None:
+    from compass.workflow.dag import emulated_run_s
+
+    lead = TaskProfile(exec_ms=80.0, output_bytes=1, batch_scale=(1.0, 1.5, 1.8))
+    longer = TaskProfile(exec_ms=100.0, output_bytes=1)
+    assert emulated_run_s(lead, [lead]) == pytest.approx(0.080)  # alone: its own time
+    assert emulated_run_s(lead, [lead, longer, lead]) == pytest.approx(0.100 * 1.8)
+    plain = TaskProfile(exec_ms=50.0, output_bytes=1)  # no curve: its runs one after another
+    assert emulated_run_s(plain, [plain, plain]) == pytest.approx(0.100)
