@@ -38,7 +38,7 @@ import numpy as np
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim import capacity as cap
-from compass.sim.arrivals import job_arrivals
+from compass.sim.arrivals import workload_arrivals
 from compass.sim.engine import simulate
 from compass.workflow.batching import BATCH_GAINS, apply_batching
 from compass.workflow.spec import Workload, load_workload
@@ -65,15 +65,7 @@ def p99_ms(
     run finished no job."""
     values = []
     for seed in seeds:
-        arrivals = job_arrivals(
-            list(workload.workflows),
-            jobs,
-            process=arrival,
-            mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
-            load=load,
-            seed=seed,
-            weights=workload.weight_list(),
-        )
+        arrivals = workload_arrivals(workload, jobs, process=arrival, load=load, seed=seed)
         result = simulate(
             workload, workers=workload.cluster.workers, policy=policy, arrivals=arrivals, seed=seed
         )

@@ -31,7 +31,7 @@ from compass.client import Client
 from compass.cluster import LocalCluster
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
-from compass.sim.arrivals import Arrival, job_arrivals
+from compass.sim.arrivals import Arrival, workload_arrivals
 from compass.sim.goodput import priorities
 from compass.wire.transport import new_event_loop
 from compass.workflow.batching import BATCH_GAINS, apply_batching
@@ -99,16 +99,10 @@ def workload_for(config: E2EConfig) -> Workload:
 
 
 def arrivals_for(config: E2EConfig, workload: Workload) -> list[Arrival]:
-    return job_arrivals(
-        list(workload.workflows),
-        config.jobs,
-        process=config.arrival,
-        mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
-        load=config.load,
-        cv=config.cv,
+    return workload_arrivals(
+        workload, config.jobs, process=config.arrival, load=config.load, cv=config.cv,
         seed=config.seed,
-        weights=workload.weight_list(),
-    )
+    )  # fmt: skip
 
 
 def _input_payload(workload: Workload, workflow: str) -> dict[str, Any]:

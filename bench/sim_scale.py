@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from compass.sim import job_arrivals, simulate
+from compass.sim import simulate
+from compass.sim.arrivals import workload_arrivals
 from compass.workflow import load_workload
 
 from .report import machine, print_table, write_json
@@ -30,15 +31,7 @@ def run(json_path: str | None = None, jobs: int = 100_000, workers: int = 240) -
     """Time one simulation; print a table, write JSON (``seconds``, ``jobs_per_s``, ``events``)."""
     workload = load_workload(WORKLOAD_PATH)
     started = time.perf_counter()
-    arrivals = job_arrivals(
-        list(workload.workflows),
-        jobs,
-        process="poisson",
-        mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
-        load=LOAD,
-        seed=0,
-        weights=workload.weight_list(),
-    )
+    arrivals = workload_arrivals(workload, jobs, process="poisson", load=LOAD)
     arrivals_s = time.perf_counter() - started
     result = simulate(workload, workers=workers, policy="compass", arrivals=arrivals)
     seconds = time.perf_counter() - started

@@ -95,8 +95,6 @@ class ClusterView:
         self._shared = False  # the arrays belong to a snapshot: copy before writing
         self._base: ViewSnapshot | None = None
         self._placed: ViewSnapshot | None = None  # the base plus counted placements
-        #: priority -> the peers' waits at that level (:meth:`Heartbeat.wait_at`)
-        self._lifted: dict[int, FloatArray] = {}
         self._next_expiry = math.inf
 
     # -- updates ----------------------------------------------------------------------------
@@ -198,14 +196,12 @@ class ClusterView:
         snap = self._snapshot(now, without)
         if priority <= 0:
             return snap
-        wait = self._lifted.get(priority)
-        if wait is None:
-            wait = self._lifted[priority] = np.fromiter(
-                (self._states[n].wait_at(priority) for n in self._names),
-                dtype=np.float64,
-                count=len(self._names),
-            )
-        wait = wait.copy()
+        # not cached: the worker's own state, applied before every snapshot, would clear it
+        wait = np.fromiter(
+            (self._states[n].wait_at(priority) for n in self._names),
+            dtype=np.float64,
+            count=len(self._names),
+        )
         for worker, placements in self._pending.items():
             i = self._positions[worker]
             for p in placements:
@@ -280,7 +276,6 @@ class ClusterView:
         self._states[state.name] = state
         self._base = None
         self._placed = None
-        self._lifted.clear()
         if old is None:
             self._rebuild()
             return
@@ -335,4 +330,3 @@ class ClusterView:
         self._shared = False
         self._base = None
         self._placed = None
-        self._lifted.clear()

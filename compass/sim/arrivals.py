@@ -20,8 +20,9 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.workflow.spec import Workload
 
-__all__ = ["PROCESSES", "Arrival", "interarrival_s", "job_arrivals"]
+__all__ = ["PROCESSES", "Arrival", "interarrival_s", "job_arrivals", "workload_arrivals"]
 
 #: the arrival processes the paper evaluates
 PROCESSES = ("uniform", "poisson", "gamma")
@@ -128,3 +129,26 @@ def job_arrivals(
         Arrival(float(merged[i]) - start, workflows[int(clients[i])], int(clients[i]))
         for i in first
     ]
+
+
+def workload_arrivals(
+    workload: Workload,
+    jobs: int,
+    *,
+    process: str,
+    load: float = 1.0,
+    cv: float = 1.0,
+    seed: int = 0,
+) -> list[Arrival]:
+    """:func:`job_arrivals` for ``workload``: one client per workflow, at the spec's mean
+    interval per client and its workflows' weights."""
+    return job_arrivals(
+        list(workload.workflows),
+        jobs,
+        process=process,
+        mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
+        load=load,
+        cv=cv,
+        seed=seed,
+        weights=workload.weight_list(),
+    )

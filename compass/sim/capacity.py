@@ -33,7 +33,7 @@ import numpy as np
 
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
-from compass.sim.arrivals import PROCESSES, job_arrivals
+from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
 from compass.workflow.spec import Workload
 
@@ -415,22 +415,12 @@ def simulator_run(workload: Workload, runs: SimRuns) -> RunFn:
     """A :data:`RunFn` that simulates ``workload`` as ``runs`` says; the seed picks the
     arrivals (and seeds the ``random`` policy), so every run is deterministic."""
     extra = dict(runs.options)
-    flows = list(workload.workflows)
-    weights = workload.weight_list()
-    interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
     heartbeat_s = runs.heartbeat_ms / 1000.0
     staleness_s = None if runs.staleness_ms is None else runs.staleness_ms / 1000.0
 
     def run(policy: str, seed: int, load: float) -> list[float | None]:
-        arrivals = job_arrivals(
-            flows,
-            runs.jobs,
-            process=runs.arrival,
-            mean_interval_s=interval_s,
-            load=load,
-            cv=runs.cv,
-            seed=seed,
-            weights=weights,
+        arrivals = workload_arrivals(
+            workload, runs.jobs, process=runs.arrival, load=load, cv=runs.cv, seed=seed
         )
         result = simulate(
             workload,

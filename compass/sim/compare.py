@@ -18,7 +18,7 @@ import numpy as np
 
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
-from compass.sim.arrivals import PROCESSES, job_arrivals
+from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.capacity import SimRuns
 from compass.sim.engine import ingress_spread, simulate
 from compass.sim.result import SimResult
@@ -132,16 +132,10 @@ def compare_policies(
     that workload already loaded, :func:`sim_workload`); ``on_run`` is called after each."""
     if workload is None:
         workload = sim_workload(config)
-    arrivals = job_arrivals(
-        list(workload.workflows),
-        config.jobs,
-        process=config.arrival,
-        mean_interval_s=workload.arrivals.mean_interval_ms_per_client / 1000.0,
-        load=config.load,
-        cv=config.cv,
+    arrivals = workload_arrivals(
+        workload, config.jobs, process=config.arrival, load=config.load, cv=config.cv,
         seed=config.seed,
-        weights=workload.weight_list(),
-    )
+    )  # fmt: skip
     heartbeat_s = config.heartbeat_ms / 1000.0
     staleness_s = None if config.staleness_ms is None else config.staleness_ms / 1000.0
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from compass.errors import ConfigError
 from compass.objective import Objective
-from compass.sim.arrivals import PROCESSES, job_arrivals
+from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
 from compass.sim.result import JobRecord
 from compass.workflow.best import best_time_s
@@ -85,15 +85,9 @@ def simulator_goodput_run(
         raise ConfigError(f"unknown arrival process {arrival!r}; known: {', '.join(PROCESSES)}")
     profiles = Profiles.from_workload(workload)
     best = {name: best_time_s(wf, profiles) for name, wf in workload.workflows.items()}
-    flows = list(workload.workflows)
-    weights = workload.weight_list()
-    interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
 
     def run(policy: str, shed: bool, seed: int, load: float) -> Sequence[JobRecord]:
-        arrivals = job_arrivals(
-            flows, jobs, process=arrival, mean_interval_s=interval_s, load=load, cv=cv,
-            seed=seed, weights=weights,
-        )  # fmt: skip
+        arrivals = workload_arrivals(workload, jobs, process=arrival, load=load, cv=cv, seed=seed)
         levels = priorities(len(arrivals), priority_mix, seed)
         objective = [
             Objective(deadline_s=deadline_x * best[a.workflow], priority=level, finish=not shed)

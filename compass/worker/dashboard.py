@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import compass
 from compass.errors import CompassError, InvalidInputs, UnknownOperation
+from compass.worker.requests import queue_status
 from compass.worker.timeline import JOB_FIELDS, SPAN_FIELDS, rows
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ def local_view(worker: Worker, window_s: float = DEFAULT_WINDOW_S) -> dict[str, 
     spans, spans_cut = timeline.recent_spans(window_s, MAX_SPANS)
     jobs, jobs_cut = timeline.recent_jobs(window_s, MAX_JOBS)
     ready, why = metrics.is_ready()
+    queue = queue_status(worker)  # the same numbers as `compass status` shows
+    queue["wait_ms"] = _finite(queue["wait_ms"])  # JSON has no infinity
     if worker.draining:
         state = "draining"
     elif lanes.degraded:
@@ -126,19 +129,7 @@ def local_view(worker: Worker, window_s: float = DEFAULT_WINDOW_S) -> dict[str, 
         "uptime_s": round(time.monotonic() - worker.started_at, 3),
         "state": state,
         "why": why,
-        # the same numbers as `compass status` shows
-        "queue": {
-            "ready": len(lanes.queue),
-            "waiting_inputs": len(worker.core.inbox),
-            "running": lanes.busy,
-            "lanes": lanes.lanes,
-            "wait_ms": _finite(round(lanes.wait_s(worker.clock()) * 1000, 3)),
-            "host_ready": len(lanes.host_queue),
-            "host_running": lanes.host_busy,
-            "host_lanes": lanes.host_lanes,
-            "stuck": lanes.stuck,
-            "degraded": lanes.degraded,
-        },
+        "queue": queue,
         "jobs_in_flight": len(worker.core.jobs),
         "tasks": {"run": worker.stats.tasks_run, "failed": worker.stats.tasks_failed},
         "cache": {

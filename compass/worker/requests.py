@@ -79,9 +79,26 @@ def make_router(worker: Worker) -> Router:
     return router
 
 
+def queue_status(worker: Worker) -> dict[str, Any]:
+    """The worker's queues and lanes as ``compass status`` and the dashboard show them."""
+    lanes = worker.lanes
+    return {
+        "ready": len(lanes.queue),
+        "waiting_inputs": len(worker.core.inbox),
+        "running": lanes.busy,
+        "lanes": lanes.lanes,
+        "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
+        "host_ready": len(lanes.host_queue),
+        "host_running": lanes.host_busy,
+        "host_lanes": lanes.host_lanes,
+        "stuck": lanes.stuck,
+        "degraded": lanes.degraded,
+    }
+
+
 def describe(worker: Worker) -> dict[str, Any]:
     """``compass status``: the worker, its peers, its queues, cache and counters."""
-    lanes, membership = worker.lanes, worker.membership
+    membership = worker.membership
     return {
         "name": worker.name,
         "address": worker.address,
@@ -99,18 +116,7 @@ def describe(worker: Worker) -> dict[str, Any]:
         # and what its planner currently believes of each
         "cluster": worker.gossip.describe(),
         "workflows": sorted(worker.app.workflows),
-        "queue": {
-            "ready": len(lanes.queue),
-            "waiting_inputs": len(worker.core.inbox),
-            "running": lanes.busy,
-            "lanes": lanes.lanes,
-            "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
-            "host_ready": len(lanes.host_queue),
-            "host_running": lanes.host_busy,
-            "host_lanes": lanes.host_lanes,
-            "stuck": lanes.stuck,
-            "degraded": lanes.degraded,
-        },
+        "queue": queue_status(worker),
         "jobs_in_flight": len(worker.core.jobs),
         "cache": worker.cache.snapshot(),
         "stats": worker.stats.to_wire(),
