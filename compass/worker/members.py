@@ -11,7 +11,8 @@ carries out the decisions (install or close a channel, dial an address, log).
 
 The rules (after SWIM, as memberlist and Serf apply them):
 
-- Failure detection is SWIM's, with Lifeguard's refinements (its knobs and helpers are in
+- Failure detection is SWIM's, with Lifeguard's refinements (its rules are the table's base,
+  :class:`~compass.worker.failure_detector.FailureDetector`; its knobs and helpers are in
   :mod:`~compass.worker.swim`). Every period (:class:`Tick`) this worker probes one peer
   (:class:`SendProbe`), in a shuffled round-robin order; with no :class:`Acked` within the
   timeout (or the probe could not be sent, :class:`ProbeUnsent`) it asks ``indirect`` other
@@ -57,9 +58,9 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from compass.errors import ConfigError, WorkerUnavailable
+from compass.worker.failure_detector import FailureDetector
 from compass.worker.member_events import (
     Acked,
-    AskIndirect,
     ChannelLost,
     Close,
     Decision,
@@ -94,16 +95,12 @@ from compass.worker.member_events import (
     SeedsAnswered,
     SeedsFailed,
     SendAck,
-    SendNack,
-    SendProbe,
     Stale,
-    Suspect,
     Tick,
-    Unsuspected,
     Update,
     Welcome,
 )
-from compass.worker.swim import Broadcasts, ProbeOrder, Probing
+from compass.worker.swim import Probing
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -190,39 +187,11 @@ class Member:
         return self.dead_incarnation is not None and self.incarnation <= self.dead_incarnation
 
 
-@dataclass(slots=True)
-class _Probe:
-    """A probe under way: this worker's own, or one it sends for a peer that asked
-    (``relay``: that peer and its probe's seq)."""
-
-    target: str
-    address: str
-    #: no ack by then: ask others (own), or tell the asker (relay)
-    ack_by: float
-    relay: tuple[str, int] | None = None
-    #: others were asked to probe it: it failed unless acked by then
-    indirect_by: float | None = None
-    asked: int = 0
-    nacks: int = 0
-
-    def due(self) -> float:
-        return self.ack_by if self.indirect_by is None else self.indirect_by
-
-
-@dataclass(slots=True)
-class _Suspicion:
-    """A live peer suspected at ``incarnation`` since ``since``, by the workers in ``by`` (the
-    first suspected it, the others confirmed), declared dead at ``deadline``."""
-
-    incarnation: int
-    since: float
-    deadline: float
-    by: list[str]
-
-
 # -- the table -------------------------------------------------------------------------------------
-class MemberTable:
-    """Whom one worker knows; see the module docstring.
+class MemberTable(FailureDetector):
+    """Whom one worker knows; see the module docstring. Its failure detector (probes,
+    suspicions, local health) is its base, :class:`~compass.worker.failure_detector.
+    FailureDetector`.
 
     ``name``, ``address`` and ``instance`` are this worker's; ``backoff`` spaces the retries
     of a lost member and of the seeds; ``probing`` times the failure detector; ``rng`` draws
@@ -265,22 +234,7 @@ class MemberTable:
         self.seed_retry_at = 0.0
         #: the lost members (being retried), by name
         self._retrying: dict[str, Member] = {}
-        # -- the failure detector
-        self.probing = probing
-        #: Lifeguard's local health multiplier: this worker's period and timeouts are
-        #: (1 + health) times the configured ones
-        self.health = 0
-        #: the next probe of the round
-        self.probe_at = math.inf
-        self._order = ProbeOrder(rng)
-        #: the membership updates to piggyback
-        self.broadcasts = Broadcasts()
-        #: the probes under way, by seq; seqs start at random, so an answer meant for an earlier
-        #: process of this name (a relayed ack arriving late) matches nothing
-        self._probes: dict[int, _Probe] = {}
-        self._seq = rng.getrandbits(48)
-        #: the suspected live peers
-        self.suspicions: dict[str, _Suspicion] = {}
+        super().__init__(rng, probing)
 
     # -- the one entry point ------------------------------------------------------------------
     def handle(self, event: Event) -> list[Decision]:
@@ -646,179 +600,6 @@ class MemberTable:
         )
         if self._alone() and not ev.seeds_busy and self.seed_retry_at <= now:
             out.append(JoinSeeds(tuple(self.seeds)))
-
-    # -- failure detection --------------------------------------------------------------------
-    def _detect(self, now: float, out: list[Decision]) -> None:
-        """What is due of the failure detector at ``now``: late acks, failed probes,
-        suspicions timed out, the next probe of the round."""
-        for seq, probe in list(self._probes.items()):
-            if seq not in self._probes or probe.due() > now:
-                continue
-            if probe.relay is not None:
-                self._nack(seq, probe, out)
-            elif probe.target not in self.live:
-                del self._probes[seq]  # declared dead meanwhile, or it left
-            elif probe.indirect_by is None:
-                self._indirect(now, seq, probe, out)
-            else:
-                self._failed(now, seq, probe, out)
-        for name, suspicion in list(self.suspicions.items()):
-            if suspicion.deadline <= now and self.suspicions.get(name) is suspicion:
-                del self.suspicions[name]
-                self._declare_dead(now, name, suspicion, out)
-        if self.probe_at <= now:
-            if not self.live:
-                self.probe_at = math.inf  # started again by the next peer
-                return
-            self.probe_at = now + self.probing.period_s * (1 + self.health)
-            busy = {p.target for p in self._probes.values() if p.relay is None}
-            target = self._order.next(self.live, busy)
-            if target is not None:
-                self._probe(now, target, self.live[target].address, None, out)
-
-    def _probe(
-        self,
-        now: float,
-        target: str,
-        address: str,
-        relay: tuple[str, int] | None,
-        out: list[Decision],
-    ) -> None:
-        self._seq += 1
-        timeout_s = self.probing.timeout_s * (1 + self.health)
-        if relay is not None:
-            timeout_s *= 0.8  # the asker hears the nack before its own window closes
-        self._probes[self._seq] = _Probe(target, address, now + timeout_s, relay)
-        out.append(SendProbe(target, address, self._seq, self._piggyback(target)))
-
-    def _channel_lost(self, ev: ChannelLost, out: list[Decision]) -> None:
-        """Probe the peer now, through a new channel; a direct probe of it still waiting for
-        its ack went out on the broken one: its answer will not come back, it is replaced."""
-        peer = self.live.get(ev.name)
-        if peer is None:
-            return
-        for seq, probe in list(self._probes.items()):
-            if probe.target == ev.name and probe.relay is None:
-                if probe.indirect_by is not None:
-                    return  # others are probing it already
-                del self._probes[seq]
-        self._probe(ev.now, peer.name, peer.address, None, out)
-
-    def _indirect(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
-        """Probe ``seq``'s ack is late: ask others to probe its target."""
-        healthy = [n for n in self.live if n != probe.target and n not in self.suspicions]
-        via = self.rng.sample(healthy, min(self.probing.indirect, len(healthy)))
-        if not via:
-            self._failed(now, seq, probe, out)
-            return
-        probe.indirect_by = now + self.probing.timeout_s * (1 + self.health)
-        probe.asked = len(via)
-        updates = self._piggyback(None, times=len(via))
-        out.append(AskIndirect(tuple(via), probe.target, probe.address, seq, updates))
-
-    def _failed(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
-        """Nobody got an ack from probe ``seq``'s target: suspect it."""
-        del self._probes[seq]
-        if probe.nacks < probe.asked:
-            self._health(+1)  # a peer asked did not even nack: this worker may be the slow one
-        known = self.live.get(probe.target)
-        if known is not None:
-            self._suspect(now, probe.target, known.incarnation, self.name, out)
-
-    def _nack(self, seq: int, probe: _Probe, out: list[Decision]) -> None:
-        del self._probes[seq]
-        assert probe.relay is not None
-        asker, their_seq = probe.relay
-        out.append(SendNack(asker, their_seq, self._piggyback(asker)))
-
-    def _acked(self, ev: Acked, out: list[Decision]) -> None:
-        probe = self._probes.pop(ev.seq, None)
-        if probe is None:
-            return  # late: decided already
-        if probe.relay is not None:
-            asker, their_seq = probe.relay
-            out.append(SendAck(asker, their_seq, self._piggyback(asker)))
-        else:
-            self._health(-1)
-
-    def _nacked(self, ev: Nacked, out: list[Decision]) -> None:
-        probe = self._probes.get(ev.seq)
-        if probe is None or probe.relay is not None or probe.indirect_by is None:
-            return
-        probe.nacks += 1
-        if probe.nacks >= probe.asked:  # every peer asked failed too: no ack is coming
-            self._failed(ev.now, ev.seq, probe, out)
-
-    def _unsent(self, ev: ProbeUnsent, out: list[Decision]) -> None:
-        probe = self._probes.get(ev.seq)
-        if probe is None:
-            return
-        if probe.relay is not None:
-            self._nack(ev.seq, probe, out)
-        elif probe.indirect_by is None and probe.target in self.live:
-            self._indirect(ev.now, ev.seq, probe, out)
-
-    def _suspect(
-        self, now: float, name: str, incarnation: int, by: str, out: list[Decision]
-    ) -> None:
-        """``by`` suspects live peer ``name`` at ``incarnation``: a new suspicion, or a
-        confirmation of the one under way (which shortens it)."""
-        known = self.live[name]
-        members = len(self.live) + 1
-        suspicion = self.suspicions.get(name)
-        if suspicion is not None and suspicion.incarnation >= incarnation:
-            if by in suspicion.by or not by:
-                return
-            suspicion.by.append(by)
-            confirmations = len(suspicion.by) - 1
-            timeout_s = self.probing.suspicion_timeout_s(members, confirmations)
-            suspicion.deadline = suspicion.since + timeout_s
-            if confirmations <= self.probing.suspicion_mult:  # more shorten nothing more
-                self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
-            return
-        known.incarnation = max(known.incarnation, incarnation)
-        timeout_s = self.probing.suspicion_timeout_s(members, 0)
-        self.suspicions[name] = _Suspicion(incarnation, now, now + timeout_s, [by])
-        self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
-        out.append(Suspect(name, incarnation, by, timeout_s))
-
-    def _unsuspect(self, name: str, out: list[Decision]) -> None:
-        """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""
-        suspicion = self.suspicions.get(name)
-        incarnation = self.members[name].incarnation
-        if suspicion is not None and incarnation > suspicion.incarnation:
-            del self.suspicions[name]
-            out.append(Unsuspected(name, incarnation))
-
-    def _declare_dead(
-        self, now: float, name: str, suspicion: _Suspicion, out: list[Decision]
-    ) -> None:
-        known = self.members[name]
-        others = len(suspicion.by) - 1
-        why = (
-            f"suspected for {(now - suspicion.since) * 1000:.0f} ms without refuting it "
-            f"(first by {suspicion.by[0]}, confirmed by {others} other worker"
-            f"{'' if others == 1 else 's'})"
-        )
-        self._remove(now, name, why, out)
-        if self.live:
-            self.broadcasts.add(Update("dead", name, known.incarnation, known.address, self.name))
-
-    def _health(self, change: int) -> None:
-        self.health = min(max(self.health + change, 0), self.probing.max_health)
-
-    def _piggyback(self, to: str | None, times: int = 1) -> tuple[Update, ...]:
-        """The updates for one message to ``to`` (sent ``times`` times): a suspect is told
-        first that it is suspected, so that it can refute (Lifeguard's buddy system)."""
-        most, limit = self.probing.max_piggyback, self.probing.retransmits(len(self.live) + 1)
-        suspicion = None if to is None else self.suspicions.get(to)
-        if to is None or suspicion is None:
-            return self.broadcasts.take(most, limit, times=times)
-        if to in self.broadcasts:
-            return self.broadcasts.take(most, limit, first=to, times=times)
-        address = self.members[to].address if to in self.members else ""
-        told = Update("suspect", to, suspicion.incarnation, address, suspicion.by[0])
-        return (told, *self.broadcasts.take(most - 1, limit, times=times))
 
     # -- what others say ------------------------------------------------------------------------
     def _learn(
