@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from compass.wire.rpc import Router
-from compass.wire.transport import Channel, connect, new_event_loop, serve
+from compass.wire.transport import Channel, ChannelOptions, connect, new_event_loop, serve
 
 from .report import machine, print_table, write_json
 
@@ -200,9 +200,8 @@ async def _serve_compass(port: int) -> None:
     async def bulk(channel: Channel, body: Any) -> Any:
         return int(body.nbytes)
 
-    server = await serve(
-        "127.0.0.1", port, token=TOKEN, name="bench-server", handler=router.handle_request
-    )
+    options = ChannelOptions(name="bench-server", token=TOKEN)
+    server = await serve("127.0.0.1", port, options, handler=router.handle_request)
     print(server.address[1], flush=True)
     await _until_terminated()
     await server.aclose()
@@ -316,7 +315,9 @@ async def _measure(
     loop = asyncio.get_running_loop()
     _, protocol = await loop.create_connection(_RawClientProtocol, "127.0.0.1", raw_port)
     raw = _RawClient(protocol)
-    channel = await connect(("127.0.0.1", compass_port), token=TOKEN, name="bench-client")
+    channel = await connect(
+        ("127.0.0.1", compass_port), ChannelOptions(name="bench-client", token=TOKEN)
+    )
     assert await raw.request(payload) == payload
     assert await channel.request("echo", payload) == payload
     assert await raw.bulk(array) == b""

@@ -53,7 +53,7 @@ from compass.trace import (
     seen_by_client,
 )
 from compass.wire.codec import payload_bytes
-from compass.wire.transport import Channel, connect, new_event_loop
+from compass.wire.transport import Channel, ChannelOptions, connect, new_event_loop
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult", "SyncClient"]
 
@@ -267,12 +267,14 @@ class Client:
         try:
             channel = await connect(
                 address,
-                token=self._token,
-                name=self._name,
+                ChannelOptions(
+                    name=self._name,
+                    token=self._token,
+                    limits=self.limits,
+                    timeouts=self.timeouts,
+                    ssl=self._ssl,
+                ),
                 role="client",
-                limits=self.limits,
-                timeouts=self.timeouts,
-                ssl=self._ssl,
             )
         except (ConnectFailed, ConnectionLost) as exc:
             raise ConnectFailed(_explain_refusal(address, exc, tls=self._ssl is not None)) from exc

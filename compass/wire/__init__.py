@@ -28,12 +28,14 @@ if TYPE_CHECKING:
     from compass.wire.channel import DEFAULT, Channel
     from compass.wire.eventloop import install_event_loop_policy, new_event_loop
     from compass.wire.handlers import Handler, NotifyHandler
+    from compass.wire.options import ChannelOptions
     from compass.wire.rpc import Router, exception_to_wire
     from compass.wire.tcp import Server, connect, serve
 
 __all__ = [
     "DEFAULT",
     "Channel",
+    "ChannelOptions",
     "Connection",
     "ErrorResponse",
     "Event",
@@ -61,6 +63,7 @@ __all__ = [
 _LAZY = {
     "DEFAULT": "channel",
     "Channel": "channel",
+    "ChannelOptions": "options",
     "Handler": "handlers",
     "NotifyHandler": "handlers",
     "Server": "tcp",

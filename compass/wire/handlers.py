@@ -11,10 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ssl import SSLContext
-
-    from compass.config import Limits, Timeouts
     from compass.wire.channel import Channel
+    from compass.wire.options import ChannelOptions
 
 __all__ = ["CloseCallback", "Dialer", "Handler", "Immediate", "NotifyHandler"]
 
@@ -49,13 +47,9 @@ class Dialer(Protocol):
     async def __call__(
         self,
         address: str | tuple[str, int],
+        options: ChannelOptions,
         *,
-        token: str | None,
-        name: str,
         role: str = ...,
-        limits: Limits = ...,
-        timeouts: Timeouts = ...,
         handler: Handler | None = ...,
         notify_handler: NotifyHandler | None = ...,
-        ssl: SSLContext | None = ...,
     ) -> Channel: ...

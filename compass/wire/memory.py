@@ -6,7 +6,8 @@ without sockets.
 - :func:`memory_pair`: two connected channels, handshake done.
 - :class:`MemoryNetwork`: listeners by address (:meth:`~MemoryNetwork.serve`) and
   :meth:`~MemoryNetwork.connect`, with the arguments of :func:`~compass.wire.tcp.serve` and
-  :func:`~compass.wire.tcp.connect` (so a :class:`~compass.wire.handlers.Dialer`); what it
+  :func:`~compass.wire.tcp.connect` (the same :class:`~compass.wire.options.ChannelOptions`;
+  so a :class:`~compass.wire.handlers.Dialer`); what it
   serves with is a real :class:`~compass.wire.tcp.Server` (connection limits, graceful close).
 
 The transport (:class:`MemoryTransport`) does what asyncio's socket transports do wherever a
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import ssl as _ssl
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from compass.config import Limits, Timeouts, parse_address
 from compass.errors import ConfigError, ConnectFailed
 from compass.wire.channel import Channel
 from compass.wire.handlers import Handler, NotifyHandler
+from compass.wire.options import ChannelOptions
 from compass.wire.protocol import Connection
 from compass.wire.tcp import Server, finish_handshake
 
@@ -337,37 +338,31 @@ class MemoryNetwork:
         self,
         host: str,
         port: int,
+        options: ChannelOptions,
         *,
-        token: str | None,
-        name: str,
         role: str = "worker",
         handler: Handler,
         notify_handler: NotifyHandler | None = None,
         on_channel: Callable[[Channel], None] | None = None,
-        limits: Limits = Limits(),
-        timeouts: Timeouts = Timeouts(),
-        ssl: _ssl.SSLContext | None = None,
     ) -> Server:
         """Listen at ``host:port`` (0: a free port, see ``Server.address``), as
         :func:`~compass.wire.tcp.serve` does; :class:`ConnectFailed` if something listens
         there already."""
-        _no_tls(ssl)
+        _no_tls(options)
+        token, name, limits = options.token, options.name, options.limits
         Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
         if port == 0:
             port = next(p for p in self._ports if (host, p) not in self._listeners)
         taken = self._listeners.get((host, port))
         if taken is not None and not taken[0].closing:
             raise ConnectFailed(f"could not listen on {host}:{port}: address in use")
-        server = Server(timeouts, limits, name)
+        server = Server(options.timeouts, limits, name)
         accept = server.acceptor(
-            token=token,
-            name=name,
+            options,
             role=role,
             handler=handler,
             notify_handler=notify_handler,
             on_channel=on_channel,
-            limits=limits,
-            timeouts=timeouts,
         )
         server.address = (host, port)
         self._listeners[(host, port)] = (server, accept)
@@ -376,24 +371,22 @@ class MemoryNetwork:
     async def connect(
         self,
         address: str | tuple[str, int],
+        options: ChannelOptions,
         *,
-        token: str | None,
-        name: str,
         role: str = "client",
-        limits: Limits = Limits(),
-        timeouts: Timeouts = Timeouts(),
         handler: Handler | None = None,
         notify_handler: NotifyHandler | None = None,
-        ssl: _ssl.SSLContext | None = None,
     ) -> Channel:
         """Open an authenticated channel to ``address``, as :func:`~compass.wire.tcp.connect`
         does: :class:`ConnectFailed` if nothing listens there (or its server is closing)."""
-        _no_tls(ssl)
+        _no_tls(options)
         host, port = parse_address(address) if isinstance(address, str) else address
         listener = self._listeners.get((host, port))
         if listener is None or listener[0].closing:
             raise ConnectFailed(f"could not connect to {host}:{port}: nothing listens there")
+        token, name, limits = options.token, options.name, options.limits
         conn = Connection("initiator", token=token, name=name, peer_kind=role, limits=limits)
+        timeouts = options.timeouts
         channel = Channel(conn, handler=handler, notify_handler=notify_handler, timeouts=timeouts)
         _, accept = listener
         link(
@@ -407,6 +400,6 @@ class MemoryNetwork:
         return channel
 
 
-def _no_tls(ssl: _ssl.SSLContext | None) -> None:
-    if ssl is not None:
-        raise ConfigError("in-memory channels carry no TLS: pass ssl=None")
+def _no_tls(options: ChannelOptions) -> None:
+    if options.ssl is not None:
+        raise ConfigError("in-memory channels carry no TLS: give ChannelOptions ssl=None")

@@ -11,8 +11,8 @@
     @router.notify("heartbeat")
     def heartbeat(channel: Channel, body: Any) -> None: ...
 
-    server = await serve(host, port, token=..., name=..., handler=router.handle_request,
-                         notify_handler=router.handle_notify)
+    server = await serve(host, port, ChannelOptions(name=..., token=...),
+                         handler=router.handle_request, notify_handler=router.handle_notify)
 
 A :class:`~compass.errors.CompassError` raised by a handler reaches the caller as the same class
 (its ``code`` travels); any other exception arrives as :class:`~compass.errors.RemoteError` with

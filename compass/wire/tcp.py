@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import ssl as _ssl
 from collections.abc import Callable
 
 from compass.config import Limits, Timeouts, parse_address
 from compass.errors import CompassTimeout, ConnectFailed, WorkerUnavailable
 from compass.wire.channel import Channel
 from compass.wire.handlers import Handler, NotifyHandler
+from compass.wire.options import ChannelOptions
 from compass.wire.protocol import Connection
 
 __all__ = ["Server", "connect", "finish_handshake", "serve"]
@@ -44,29 +44,27 @@ def _file_limit() -> int | None:
 
 async def connect(
     address: str | tuple[str, int],
+    options: ChannelOptions,
     *,
-    token: str | None,
-    name: str,
     role: str = "client",
-    limits: Limits = Limits(),
-    timeouts: Timeouts = Timeouts(),
     handler: Handler | None = None,
     notify_handler: NotifyHandler | None = None,
-    ssl: _ssl.SSLContext | None = None,
 ) -> Channel:
-    """Open an authenticated channel to ``address`` (``"host:port"`` or ``(host, port)``).
+    """Open an authenticated channel to ``address`` (``"host:port"`` or ``(host, port)``) as
+    ``options`` say (name, token, limits, timeouts, TLS), this side being a ``role``.
 
     Raises :class:`ConnectFailed` if the address cannot be reached, the handshake's
     :class:`AuthenticationError` / :class:`VersionMismatch`, or :class:`CompassTimeout` if the
-    handshake takes longer than ``timeouts.handshake``.
+    handshake takes longer than ``options.timeouts.handshake``.
     """
     host, port = parse_address(address) if isinstance(address, str) else address
+    token, name, limits, timeouts = options.token, options.name, options.limits, options.timeouts
     loop = asyncio.get_running_loop()
     conn = Connection("initiator", token=token, name=name, peer_kind=role, limits=limits)
     channel = Channel(conn, handler=handler, notify_handler=notify_handler, timeouts=timeouts)
     try:
         async with asyncio.timeout(timeouts.connect):
-            await loop.create_connection(channel.protocol, host, port, ssl=ssl)
+            await loop.create_connection(channel.protocol, host, port, ssl=options.ssl)
     except TimeoutError as exc:
         raise ConnectFailed(
             f"could not connect to {host}:{port}: no answer within {timeouts.connect} s"
@@ -133,19 +131,18 @@ class Server:
 
     def acceptor(
         self,
+        options: ChannelOptions,
         *,
-        token: str | None,
-        name: str,
         role: str,
         handler: Handler,
         notify_handler: NotifyHandler | None,
         on_channel: Callable[[Channel], None] | None,
-        limits: Limits,
-        timeouts: Timeouts,
     ) -> Callable[[], asyncio.BufferedProtocol]:
         """The protocol factory of this server's listener: each call makes the channel of one
-        accepted connection, counted in (or refused) by this server. :func:`serve` gives it to
-        a socket listener, :class:`~compass.wire.memory.MemoryNetwork` to an in-memory one."""
+        accepted connection (as ``options`` say, TLS aside: that is the listener's), counted in
+        (or refused) by this server. :func:`serve` gives it to a socket listener,
+        :class:`~compass.wire.memory.MemoryNetwork` to an in-memory one."""
+        token, name, limits = options.token, options.name, options.limits
 
         def channel_ready(channel: Channel) -> None:
             self._handshaking.pop(channel, None)
@@ -166,7 +163,7 @@ class Server:
                 conn,
                 handler=handler,
                 notify_handler=notify_handler,
-                timeouts=timeouts,
+                timeouts=options.timeouts,
                 on_ready=channel_ready,
             )
             channel.on_close.append(channel_ended)
@@ -258,39 +255,35 @@ def _note(count: int, message: str, name: str, amount: int) -> None:
 async def serve(
     host: str,
     port: int,
+    options: ChannelOptions,
     *,
-    token: str | None,
-    name: str,
     role: str = "worker",
     handler: Handler,
     notify_handler: NotifyHandler | None = None,
     on_channel: Callable[[Channel], None] | None = None,
-    limits: Limits = Limits(),
-    timeouts: Timeouts = Timeouts(),
-    ssl: _ssl.SSLContext | None = None,
 ) -> Server:
-    """Listen on ``host:port`` (0: any free port, see ``Server.address``).
+    """Listen on ``host:port`` (0: any free port, see ``Server.address``), each connection's
+    channel as ``options`` say (name, token, limits, timeouts, TLS), this side being a ``role``.
 
     Each connection is authenticated first; ``on_channel`` is called with the channel once
     its handshake is complete. Requests run ``handler`` in a task of their own; notifies run
     ``notify_handler`` inline, in order of arrival.
     """
     # validates role and name now rather than on the first connection
-    Connection("acceptor", token=token, name=name, peer_kind=role, limits=limits)
-    server = Server(timeouts, limits, name)
+    Connection(
+        "acceptor", token=options.token, name=options.name, peer_kind=role, limits=options.limits
+    )
+    server = Server(options.timeouts, options.limits, options.name)
     accept = server.acceptor(
-        token=token,
-        name=name,
+        options,
         role=role,
         handler=handler,
         notify_handler=notify_handler,
         on_channel=on_channel,
-        limits=limits,
-        timeouts=timeouts,
     )
     loop = asyncio.get_running_loop()
     try:
-        listener = await loop.create_server(accept, host, port, ssl=ssl)
+        listener = await loop.create_server(accept, host, port, ssl=options.ssl)
     except OSError as exc:
         raise ConnectFailed(f"could not listen on {host}:{port}: {exc}") from exc
     server._server = listener

@@ -4,6 +4,8 @@
   cancellation, flow control, closing), :data:`DEFAULT`, :data:`CANCEL_OP`;
 - :mod:`.writes`: write batching (a few small messages per system call);
 - :mod:`.tcp`: :func:`serve` and its :class:`Server`, :func:`connect`;
+- :mod:`.options`: :class:`ChannelOptions`, what this side brings to a channel (name, token,
+  limits, timeouts, TLS), for :func:`serve` and :func:`connect`;
 - :mod:`.eventloop`: :func:`new_event_loop`, :func:`install_event_loop_policy` (uvloop);
 - :mod:`.handlers`: the callback types :data:`Handler`, :data:`NotifyHandler`,
   :data:`CloseCallback` and :class:`Immediate`, shared with :mod:`.rpc`.
@@ -14,12 +16,14 @@ from __future__ import annotations
 from compass.wire.channel import CANCEL_OP, DEFAULT, Channel
 from compass.wire.eventloop import install_event_loop_policy, new_event_loop
 from compass.wire.handlers import CloseCallback, Handler, Immediate, NotifyHandler
+from compass.wire.options import ChannelOptions
 from compass.wire.tcp import Server, connect, serve
 
 __all__ = [
     "CANCEL_OP",
     "DEFAULT",
     "Channel",
+    "ChannelOptions",
     "CloseCallback",
     "Handler",
     "Immediate",

@@ -17,8 +17,9 @@ its probes, acks, nacks and probe requests as notifies over the peer channels
 broken channel is no verdict: the peer is probed through a new one, and through others), and
 runs the table's timers in :meth:`Membership.run`.
 
-Channels are opened with ``dial`` (:func:`compass.wire.tcp.connect` by default): a
-:class:`~compass.wire.memory.MemoryNetwork`'s ``connect`` runs membership with no sockets.
+Channels are opened with :attr:`MembershipOptions.dial` (:func:`compass.wire.tcp.connect` by
+default): a :class:`~compass.wire.memory.MemoryNetwork`'s ``connect`` runs membership with no
+sockets.
 """
 
 from __future__ import annotations
@@ -30,13 +31,11 @@ import logging
 import math
 import random
 import secrets
-import ssl as _ssl
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from compass.config import Limits, Timeouts
 from compass.errors import (
     CompassConnectionError,
     CompassError,
@@ -46,7 +45,7 @@ from compass.errors import (
 )
 from compass.wire.handlers import Dialer
 from compass.wire.rpc import Router
-from compass.wire.transport import Channel, Handler, NotifyHandler, connect
+from compass.wire.transport import Channel, ChannelOptions, Handler, NotifyHandler, connect
 from compass.worker.addresses import advertised_address, default_worker_name, primary_address
 from compass.worker.member_events import (
     PROBE_OPS,
@@ -113,6 +112,7 @@ __all__ = [
     "Backoff",
     "Member",
     "Membership",
+    "MembershipOptions",
     "Peer",
     "Probing",
     "advertised_address",
@@ -156,56 +156,68 @@ class Peer:
         return self.member.joined_at
 
 
+@dataclass(frozen=True, slots=True)
+class MembershipOptions:
+    """How one worker's :class:`Membership` reaches its peers and decides about them.
+
+    ``channels``: what it dials its peers with: its name (this worker's), the cluster's token,
+    limits, timeouts, and TLS to peers when the cluster uses it. ``instance``: this process's
+    id (None: a random one). ``backoff`` spaces the retries of a lost peer;
+    ``forget_after_s``: one lost this long is forgotten; ``probing`` times the failure
+    detector. ``dial`` opens the channels (:func:`compass.wire.tcp.connect`, or an in-memory
+    network's ``connect``). ``clock`` is read for every time the table keeps (join, last
+    heartbeat, ages, probes, suspicions, retries): seconds that only move forward,
+    :func:`time.monotonic` by default. ``rng`` draws the retries' jitter and the probe order
+    (None: a fresh ``random.Random``).
+    """
+
+    channels: ChannelOptions
+    instance: str | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    forget_after_s: float = FORGET_AFTER_S
+    probing: Probing = field(default_factory=Probing)
+    dial: Dialer = connect
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random | None = None
+
+
 class Membership:
     """Who is in the cluster, as seen from one worker.
 
-    ``clock`` is read for every time the table keeps (join, last heartbeat, ages, probes,
-    suspicions, retries): seconds that only move forward, :func:`time.monotonic` by default.
-    ``backoff`` spaces the retries of a lost peer; ``probing`` times the failure detector;
-    ``rng`` draws their jitter and the probe order; ``dial`` opens channels.
+    ``address`` is where peers reach this worker (set it once its server listens);
+    ``options`` (:class:`MembershipOptions`) its name, how it dials and its timings. Its
+    channels answer requests with ``handler`` and notifies with ``notify_handler``;
+    ``on_join`` is called with each peer that joins (or comes back), ``on_leave`` with the
+    name of each one removed and why.
     """
 
     def __init__(
         self,
-        *,
-        name: str,
         address: str,
-        token: str | None,
-        limits: Limits,
-        timeouts: Timeouts,
+        options: MembershipOptions,
+        *,
         handler: Handler,
         notify_handler: NotifyHandler,
         on_join: Callable[[Peer], None],
         on_leave: Callable[[str, str], None],
-        clock: Callable[[], float] = time.monotonic,
-        backoff: Backoff = Backoff(),
-        rng: random.Random | None = None,
-        forget_after_s: float = FORGET_AFTER_S,
-        ssl: _ssl.SSLContext | None = None,
-        instance: str | None = None,
-        dial: Dialer = connect,
-        probing: Probing = Probing(),
     ) -> None:
         #: the rules and what they keep: members, incarnations, schedules, probes
         self.table = MemberTable(
-            name,
+            options.channels.name,
             address,
-            instance=instance or secrets.token_hex(6),
-            rng=rng if rng is not None else random.Random(),
-            backoff=backoff,
-            forget_after_s=forget_after_s,
-            probing=probing,
+            instance=options.instance or secrets.token_hex(6),
+            rng=options.rng if options.rng is not None else random.Random(),
+            backoff=options.backoff,
+            forget_after_s=options.forget_after_s,
+            probing=options.probing,
         )
-        self._ssl = ssl  # mutual TLS to peers, when the cluster uses it
-        self._token = token
-        self._limits = limits
-        self._timeouts = timeouts
+        self._channels = options.channels  # TLS among them: mutual TLS to peers, if any
         self._handler = handler
         self._notify_handler = notify_handler
         self._on_join = on_join
         self._on_leave = on_leave
-        self._clock = clock
-        self._dial = dial
+        self._clock = options.clock
+        self._dial = options.dial
         #: the live peers and their channels, in the table's order
         self.peers: dict[str, Peer] = {}
         self._connecting: set[str] = set()
@@ -524,14 +536,10 @@ class Membership:
         try:
             channel = await self._dial(
                 address,
-                token=self._token,
-                name=self.name,
+                self._channels,
                 role="worker",
-                limits=self._limits,
-                timeouts=self._timeouts,
                 handler=self._handler,
                 notify_handler=self._notify_handler,
-                ssl=self._ssl,
             )
             if expect is None:  # a seed: it may be a lost member's address
                 expect = self.table.lost_at_address(address)

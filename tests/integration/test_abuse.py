@@ -25,7 +25,7 @@ from compass.errors import ProtocolError, WorkerUnavailable
 from compass.wire.frames import PREFIX
 from compass.wire.protocol import ErrorResponse, Response
 from compass.wire.rpc import Router
-from compass.wire.transport import Channel, Server, connect, serve
+from compass.wire.transport import Channel, ChannelOptions, Server, connect, serve
 
 TOKEN = "cluster-secret"
 APP = ["--app", "compass._bench.apps"]
@@ -42,17 +42,15 @@ async def running(limits: Limits, timeouts: Timeouts) -> AsyncIterator[Server]:
     async def echo(channel: Channel, body: Any) -> Any:
         return body
 
-    server = await serve(
-        "127.0.0.1", 0, token=TOKEN, name="srv", handler=router.handle_request,
-        limits=limits, timeouts=timeouts,
-    )  # fmt: skip
+    options = ChannelOptions(name="srv", token=TOKEN, limits=limits, timeouts=timeouts)
+    server = await serve("127.0.0.1", 0, options, handler=router.handle_request)
     async with server:
         yield server
 
 
 async def client(server: Server) -> Channel:
     timeouts = Timeouts(connect=10.0, handshake=10.0, request=10.0, close=2.0)
-    return await connect(server.address, token=TOKEN, name="cli", timeouts=timeouts)
+    return await connect(server.address, ChannelOptions(name="cli", token=TOKEN, timeouts=timeouts))
 
 
 async def closed_by_peer(reader: asyncio.StreamReader) -> bytes:

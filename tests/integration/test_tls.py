@@ -23,6 +23,7 @@ from compass.cluster import LocalCluster
 from compass.config import Timeouts, TLSConfig
 from compass.errors import CompassError, ConfigError, ConnectFailed
 from compass.wire.channel import Channel
+from compass.wire.options import ChannelOptions
 from compass.wire.tcp import connect, serve
 
 from .conftest import compass_argv
@@ -273,31 +274,28 @@ async def test_check_hostname_checks_the_dialed_address_against_the_sans(pki: Pk
     async def echo(channel: Channel, op: str, body: Any) -> Any:
         return body
 
-    server = await serve(
-        "127.0.0.1", 0, token=TOKEN, name="w", handler=echo, ssl=pki.worker.server_context()
-    )
+    def options(name: str, tls: ssl.SSLContext) -> ChannelOptions:
+        return ChannelOptions(name=name, token=TOKEN, ssl=tls)
+
+    server = await serve("127.0.0.1", 0, options("w", pki.worker.server_context()), handler=echo)
     try:
         by_san = replace(pki.client, check_hostname=True)
-        channel = await connect(server.address, token=TOKEN, name="c", ssl=by_san.client_context())
+        channel = await connect(server.address, options("c", by_san.client_context()))
         try:
             assert await channel.request("x", 7) == 7
         finally:
             await channel.aclose()
         elsewhere = ("localhost", server.address[1])  # in the SANs too: accepted
-        channel = await connect(elsewhere, token=TOKEN, name="c", ssl=by_san.client_context())
+        channel = await connect(elsewhere, options("c", by_san.client_context()))
         await channel.aclose()
         # the client's certificate names client.compass.test only: as a server it fails the check
-        misnamed = await serve(
-            "127.0.0.1", 0, token=TOKEN, name="m", handler=echo,
-            ssl=TLSConfig(pki.client.cert, pki.client.key, str(pki.ca)).server_context(),
-        )  # fmt: skip
+        as_client = TLSConfig(pki.client.cert, pki.client.key, str(pki.ca)).server_context()
+        misnamed = await serve("127.0.0.1", 0, options("m", as_client), handler=echo)
         try:
             with pytest.raises(ConnectFailed, match="IP address mismatch"):
-                await connect(misnamed.address, token=TOKEN, name="c", ssl=by_san.client_context())
+                await connect(misnamed.address, options("c", by_san.client_context()))
             # without the check, the CA alone decides
-            channel = await connect(
-                misnamed.address, token=TOKEN, name="c", ssl=pki.client.client_context()
-            )
+            channel = await connect(misnamed.address, options("c", pki.client.client_context()))
             await channel.aclose()
         finally:
             await misnamed.aclose()

@@ -35,6 +35,8 @@ from compass.errors import (
 from compass.wire.rpc import Router
 from compass.wire.transport import (
     Channel,
+    ChannelOptions,
+    Handler,
     Server,
     connect,
     install_event_loop_policy,
@@ -109,27 +111,28 @@ body_events: dict[str, asyncio.Event] = {}
 
 @contextlib.asynccontextmanager
 async def running(
-    limits: Limits = Limits(), timeouts: Timeouts = FAST, **kwargs: Any
+    limits: Limits = Limits(), timeouts: Timeouts = FAST, tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[tuple[Server, list[Any]]]:
     router, notes = make_router()
     server = await serve(
         "127.0.0.1",
         0,
-        token=TOKEN,
-        name="srv",
+        ChannelOptions(name="srv", token=TOKEN, limits=limits, timeouts=timeouts, ssl=tls),
         handler=router.handle_request,
         notify_handler=router.handle_notify,
-        limits=limits,
-        timeouts=timeouts,
-        **kwargs,
     )
     async with server:
         yield server, notes
 
 
-async def client(server: Server, **kwargs: Any) -> Channel:
-    kwargs.setdefault("timeouts", FAST)
-    return await connect(server.address, token=TOKEN, name="cli", **kwargs)
+async def client(
+    server: Server,
+    handler: Handler | None = None,
+    tls: ssl.SSLContext | None = None,
+    limits: Limits = Limits(),
+) -> Channel:
+    options = ChannelOptions(name="cli", token=TOKEN, limits=limits, timeouts=FAST, ssl=tls)
+    return await connect(server.address, options, handler=handler)
 
 
 @pytest.mark.asyncio
@@ -231,13 +234,14 @@ async def test_cancelled_request_leaves_no_waiter():
 PEER_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
-    from compass.wire.transport import serve
+    from compass.wire.transport import ChannelOptions, serve
 
     async def handler(channel, op, body):
         await asyncio.Event().wait()  # never answers
 
     async def main():
-        server = await serve("127.0.0.1", 0, token=sys.argv[1], name="doomed", handler=handler)
+        options = ChannelOptions(name="doomed", token=sys.argv[1])
+        server = await serve("127.0.0.1", 0, options, handler=handler)
         print(server.address[1], flush=True)
         await asyncio.Event().wait()
 
@@ -254,7 +258,8 @@ async def test_peer_death_fails_pending_waiters_with_connection_lost():
     try:
         assert peer.stdout is not None
         port = int(await asyncio.to_thread(peer.stdout.readline))
-        channel = await connect(("127.0.0.1", port), token=TOKEN, name="cli", timeouts=FAST)
+        options = ChannelOptions(name="cli", token=TOKEN, timeouts=FAST)
+        channel = await connect(("127.0.0.1", port), options)
         ended: list[BaseException | None] = []
         channel.on_close.append(lambda ch, exc: ended.append(exc))
         pending = [asyncio.create_task(channel.request("hang", i)) for i in range(5)]
@@ -378,9 +383,11 @@ async def test_wrong_or_missing_token_fails_the_connect(caplog):
     async with running() as (server, _):
         with caplog.at_level(logging.WARNING, logger="compass.wire"):
             with pytest.raises(AuthenticationError, match="different cluster token"):
-                await connect(server.address, token="other", name="c", timeouts=FAST)
+                await connect(
+                    server.address, ChannelOptions(name="c", token="other", timeouts=FAST)
+                )
             with pytest.raises(AuthenticationError, match="this side has none"):
-                await connect(server.address, token=None, name="c", timeouts=FAST)
+                await connect(server.address, ChannelOptions(name="c", token=None, timeouts=FAST))
             await asyncio.sleep(0.05)
         # and the server side saw the same failures
         assert caplog.text.count("authentication failed") >= 2
@@ -394,17 +401,16 @@ async def test_connect_failures():
     probe.close()
     await probe.wait_closed()
     with pytest.raises(ConnectFailed, match=f"127.0.0.1:{port}"):
-        await connect(f"127.0.0.1:{port}", token=None, name="c", timeouts=FAST)
+        await connect(f"127.0.0.1:{port}", ChannelOptions(name="c", token=None, timeouts=FAST))
 
     # a listener that never speaks: the handshake times out
     silent_writers: list[asyncio.StreamWriter] = []
     silent = await asyncio.start_server(lambda r, w: silent_writers.append(w), "127.0.0.1", 0)
     async with silent:
         address = silent.sockets[0].getsockname()[:2]
+        timeouts = Timeouts(handshake=0.1, close=0.5)
         with pytest.raises(CompassTimeout, match="handshake"):
-            await connect(
-                address, token=None, name="c", timeouts=Timeouts(handshake=0.1, close=0.5)
-            )
+            await connect(address, ChannelOptions(name="c", token=None, timeouts=timeouts))
         for writer in silent_writers:
             writer.close()
 
@@ -442,14 +448,13 @@ async def test_on_channel_sees_authenticated_channels():
     server = await serve(
         "127.0.0.1",
         0,
-        token=None,
-        name="w",
+        ChannelOptions(name="w", token=None, timeouts=FAST),
         handler=router.handle_request,
         on_channel=lambda ch: seen.append((ch.peer_name, ch.peer_role)),
-        timeouts=FAST,
     )
     async with server:
-        async with await connect(server.address, token=None, name="peer", role="worker") as ch:
+        peer = ChannelOptions(name="peer", token=None)
+        async with await connect(server.address, peer, role="worker") as ch:
             assert await ch.request("echo", 1) == 1
         assert seen == [("peer", "worker")]
 
@@ -508,13 +513,13 @@ async def test_tls_channel(certificate):
     client_tls = ssl.create_default_context(cafile=str(cert))
     array = np.arange(1 << 18, dtype=np.float32)
     async with (
-        running(ssl=server_tls) as (server, _),
-        await client(server, ssl=client_tls) as channel,
+        running(tls=server_tls) as (server, _),
+        await client(server, tls=client_tls) as channel,
     ):
         assert await channel.request("echo", "over tls") == "over tls"
         assert (await channel.request("echo", array)).tobytes() == array.tobytes()
         with pytest.raises(ConnectionLost, match="TLS on one side only"):
-            await connect(server.address, token=TOKEN, name="plain", timeouts=FAST)
+            await connect(server.address, ChannelOptions(name="plain", token=TOKEN, timeouts=FAST))
 
 
 async def scenario() -> None:

@@ -100,9 +100,9 @@ def test_an_unknown_name_is_a_clear_attribute_error() -> None:
 
 
 def test_the_transport_module_re_exports_the_split_modules() -> None:
-    from compass.wire import channel, eventloop, handlers, rpc, tcp, transport
+    from compass.wire import channel, eventloop, handlers, options, rpc, tcp, transport
 
-    homes = (channel, eventloop, handlers, tcp)
+    homes = (channel, eventloop, handlers, options, tcp)
     for name in transport.__all__:
         assert any(getattr(home, name, None) is getattr(transport, name) for home in homes), name
     assert rpc.Immediate is handlers.Immediate

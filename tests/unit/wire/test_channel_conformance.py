@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,12 +28,15 @@ from compass.errors import (
 from compass.wire import tcp
 from compass.wire.channel import Channel
 from compass.wire.memory import End, MemoryNetwork, memory_pair
+from compass.wire.options import ChannelOptions
 from compass.wire.rpc import Router
 from compass.wire.tcp import Server
 
 TOKEN = "conformance-token"
 FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
 MiB = 1 << 20
+#: a plain client's side: no handler, the default limits
+CLIENT = ChannelOptions(name="cli", token=TOKEN, timeouts=FAST)
 
 
 @dataclass
@@ -75,6 +78,9 @@ class Peer:
     def end(self) -> End:
         return End(self.name, self.router.handle_request, self.router.handle_notify, self.limits)
 
+    def options(self) -> ChannelOptions:
+        return ChannelOptions(name=self.name, token=TOKEN, limits=self.limits, timeouts=FAST)
+
 
 class Net:
     """Listen and connect over one transport; everything opened is closed at the end."""
@@ -88,7 +94,9 @@ class Net:
     async def serve(self, peer: Peer, **kwargs: Any) -> Server:
         raise NotImplementedError
 
-    async def connect(self, server: Server, **kwargs: Any) -> Channel:
+    async def connect(
+        self, server: Server, options: ChannelOptions = CLIENT, **kwargs: Any
+    ) -> Channel:
         raise NotImplementedError
 
     async def pair(self, near: Peer, far: Peer) -> tuple[Channel, Channel]:
@@ -97,10 +105,9 @@ class Net:
         server = await self.serve(far, on_channel=accepted.append)
         channel = await self.connect(
             server,
-            name=near.name,
+            near.options(),
             handler=near.router.handle_request,
             notify_handler=near.router.handle_notify,
-            limits=near.limits,
         )
         await until(lambda: bool(accepted), "the acceptor has its channel")
         return channel, accepted[0]
@@ -115,17 +122,16 @@ class TcpNet(Net):
 
     async def serve(self, peer: Peer, **kwargs: Any) -> Server:
         server = await tcp.serve(
-            "127.0.0.1", 0, token=TOKEN, name=peer.name, handler=peer.router.handle_request,
-            notify_handler=peer.router.handle_notify, limits=peer.limits, timeouts=FAST,
-            **kwargs,
+            "127.0.0.1", 0, peer.options(), handler=peer.router.handle_request,
+            notify_handler=peer.router.handle_notify, **kwargs,
         )  # fmt: skip
         self.servers.append(server)
         return server
 
-    async def connect(self, server: Server, **kwargs: Any) -> Channel:
-        kwargs.setdefault("token", TOKEN)
-        kwargs.setdefault("name", "cli")
-        channel = await tcp.connect(server.address, timeouts=FAST, **kwargs)
+    async def connect(
+        self, server: Server, options: ChannelOptions = CLIENT, **kwargs: Any
+    ) -> Channel:
+        channel = await tcp.connect(server.address, options, **kwargs)
         self.channels.append(channel)
         return channel
 
@@ -139,18 +145,17 @@ class MemoryNet(Net):
 
     async def serve(self, peer: Peer, **kwargs: Any) -> Server:
         server = await self.network.serve(
-            peer.name, 0, token=TOKEN, name=peer.name, handler=peer.router.handle_request,
-            notify_handler=peer.router.handle_notify, limits=peer.limits, timeouts=FAST,
-            **kwargs,
+            peer.name, 0, peer.options(), handler=peer.router.handle_request,
+            notify_handler=peer.router.handle_notify, **kwargs,
         )  # fmt: skip
         self.servers.append(server)
         return server
 
-    async def connect(self, server: Server, **kwargs: Any) -> Channel:
-        kwargs.setdefault("token", TOKEN)
-        kwargs.setdefault("name", "cli")
+    async def connect(
+        self, server: Server, options: ChannelOptions = CLIENT, **kwargs: Any
+    ) -> Channel:
         host, port = server.address
-        channel = await self.network.connect(f"{host}:{port}", timeouts=FAST, **kwargs)
+        channel = await self.network.connect(f"{host}:{port}", options, **kwargs)
         self.channels.append(channel)
         return channel
 
@@ -414,7 +419,7 @@ async def test_connecting_where_nobody_listens_or_with_the_wrong_token_fails(kin
     async with opened(kind) as net:
         server = await net.serve(Peer("b"))
         with pytest.raises(AuthenticationError):
-            await net.connect(server, token="another-token")
+            await net.connect(server, replace(CLIENT, token="another-token"))
         channel = await net.connect(server)
         assert await channel.request("echo", 1) == 1
         assert len(server.channels) == 1

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from compass.config import Limits, Timeouts
+from compass.config import Timeouts
 from compass.errors import (
     CompassError,
     ConfigError,
@@ -26,7 +26,7 @@ from compass.errors import (
 )
 from compass.wire.memory import MemoryNetwork
 from compass.wire.rpc import Router
-from compass.wire.transport import Channel, Server
+from compass.wire.transport import Channel, ChannelOptions, Server
 from compass.worker.member_events import (
     Decision,
     Dial,
@@ -68,7 +68,7 @@ from compass.worker.members import (
     Backoff,
     MemberTable,
 )
-from compass.worker.membership import Membership
+from compass.worker.membership import Membership, MembershipOptions
 from compass.worker.swim import Probing
 
 REPO = Path(__file__).resolve().parents[3]
@@ -453,12 +453,16 @@ class Node:
         #: probe, no ack), answers no join and dials nobody until it is set again
         self.running = asyncio.Event()
         self.running.set()
+        self.options = ChannelOptions(name=name, token=TOKEN, timeouts=FAST)
         self.membership = Membership(
-            name=name, address="", token=TOKEN, limits=Limits(), timeouts=FAST,
+            "",
+            MembershipOptions(
+                self.options, backoff=backoff, probing=FAST_PROBES, dial=self.dial,
+                rng=random.Random(1),
+            ),
             handler=self.router.handle_request, notify_handler=self.notified,
             on_join=lambda peer: self.joined.append(peer.name),
             on_leave=lambda peer, why: self.left.append((peer, why)),
-            backoff=backoff, rng=random.Random(1), dial=self.dial, probing=FAST_PROBES,
         )  # fmt: skip
         membership = self.membership
         membership.route(self.router)
@@ -476,15 +480,17 @@ class Node:
         if self.running.is_set():
             self.router.handle_notify(channel, op, body)
 
-    async def dial(self, address: str | tuple[str, int], **kwargs: Any) -> Channel:
+    async def dial(
+        self, address: str | tuple[str, int], options: ChannelOptions, **kwargs: Any
+    ) -> Channel:
         await self.running.wait()
-        return await self.network.connect(address, **kwargs)
+        return await self.network.connect(address, options, **kwargs)
 
     async def listen(self, port: int = 0) -> Node:
         m = self.membership
         self.server = await self.network.serve(
-            m.name, port, token=TOKEN, name=m.name, handler=self.router.handle_request,
-            notify_handler=self.notified, timeouts=FAST,
+            m.name, port, self.options, handler=self.router.handle_request,
+            notify_handler=self.notified,
         )  # fmt: skip
         host, bound = self.server.address
         m.address = f"{host}:{bound}"
@@ -635,7 +641,9 @@ async def test_a_join_that_keeps_failing_fails_and_is_never_raced_by_a_seed_retr
     dialing: dict[str, int] = {}
     most = 0
 
-    async def slow_failing_dial(address: str | tuple[str, int], **kwargs: Any) -> Channel:
+    async def slow_failing_dial(
+        address: str | tuple[str, int], options: ChannelOptions, **kwargs: Any
+    ) -> Channel:
         nonlocal most
         key = str(address)
         dialing[key] = dialing.get(key, 0) + 1

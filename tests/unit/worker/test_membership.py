@@ -15,16 +15,17 @@ from typing import Any
 
 import pytest
 
-from compass.config import Limits, Timeouts, WorkerConfig
+from compass.config import Timeouts, WorkerConfig
 from compass.errors import ConfigError, ConnectFailed, ProtocolError, WorkerUnavailable
 from compass.sched.view import ClusterView, Heartbeat
 from compass.wire.rpc import Router
-from compass.wire.transport import Channel, Server, serve
+from compass.wire.transport import Channel, ChannelOptions, Server, serve
 from compass.worker.membership import (
     FORGET_LEFT_AFTER_S,
     LEFT_BACKOFF,
     Backoff,
     Membership,
+    MembershipOptions,
     Probing,
     advertised_address,
     gossip_gap_s,
@@ -140,19 +141,18 @@ def membership(
     """A membership served by its own router; with ``probes`` False it answers no probe."""
     router = Router()
     member = Membership(
-        name=name,
-        address="",  # set once its server listens
-        token=TOKEN,
-        limits=Limits(),
-        timeouts=FAST,
+        "",  # set once its server listens
+        MembershipOptions(
+            ChannelOptions(name=name, token=TOKEN, timeouts=FAST),
+            backoff=backoff,
+            probing=probing,
+            clock=clock,
+            rng=random.Random(1),
+        ),
         handler=router.handle_request,
         notify_handler=router.handle_notify,
         on_join=lambda peer: None if joined is None else joined.append(peer.name),
         on_leave=lambda peer, why: left.append((peer, why)),
-        clock=clock,
-        backoff=backoff,
-        rng=random.Random(1),
-        probing=probing,
     )
 
     @router.request("join")
@@ -168,11 +168,9 @@ async def _serve(member: Membership, router: Router, port: int = 0) -> Server:
     server = await serve(
         "127.0.0.1",
         port,
-        token=TOKEN,
-        name=member.name,
+        ChannelOptions(name=member.name, token=TOKEN, timeouts=FAST),
         handler=router.handle_request,
         notify_handler=router.handle_notify,
-        timeouts=FAST,
     )
     host, bound = server.address[:2]
     member.address = f"{host}:{bound}"

@@ -194,16 +194,16 @@ def test_json_lines_carry_a_traceback_as_one_field() -> None:
 
 
 def test_a_worker_with_other_seeds_and_no_peer_is_not_ready_and_a_first_worker_is() -> None:
-    from compass.config import Limits, Timeouts
     from compass.wire.rpc import Router
-    from compass.worker.membership import Membership
+    from compass.wire.transport import ChannelOptions
+    from compass.worker.membership import Membership, MembershipOptions
 
     router = Router()
 
     def alone(seeds: list[str]) -> Worker:
         split = build_worker(WorkerConfig(name="a", workload=PAPER, join=("127.0.0.1:7399",)))
         split.membership = Membership(
-            name="a", address="127.0.0.1:7400", token=None, limits=Limits(), timeouts=Timeouts(),
+            "127.0.0.1:7400", MembershipOptions(ChannelOptions(name="a", token=None)),
             handler=router.handle_request, notify_handler=router.handle_notify,
             on_join=lambda peer: None, on_leave=lambda name, why: None,
         )  # fmt: skip
