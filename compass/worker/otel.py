@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import compass
@@ -41,6 +42,24 @@ MISSING_EXTRA = (
 #: seconds between the batch processor's exports; and how long one export may take
 EXPORT_DELAY_S = 0.5
 EXPORT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """One finished span to export: its ids (``parent_id`` None: a root), wall-clock
+    ``start`` and ``end`` (seconds), ``error`` ("" if it succeeded), timestamped ``events``,
+    and whether it is a ``server`` span (a job answered) or an internal one (a task)."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    start: float
+    end: float
+    attributes: Mapping[str, Any]
+    error: str
+    events: Sequence[tuple[str, float]] = ()
+    server: bool = False
 
 
 class OtelExport:
@@ -109,15 +128,17 @@ class OtelExport:
         if span["load_s"] > 0:
             events.append(("model loaded", span["start"] + span["load_s"]))
         self._export(
-            f"task {task}",
-            tracing.parent.trace_id,
-            self._ids.getrandbits(64) or 1,
-            tracing.parent.span_id,
-            start=span["queued"],
-            end=span["end"],
-            attributes=attributes,
-            error=span["error"],
-            events=events,
+            _Span(
+                f"task {task}",
+                tracing.parent.trace_id,
+                self._ids.getrandbits(64) or 1,
+                tracing.parent.span_id,
+                start=span["queued"],
+                end=span["end"],
+                attributes=attributes,
+                error=span["error"],
+                events=events,
+            )
         )
 
     def job(self, trace: Mapping[str, Any], tracing: JobTracing) -> None:
@@ -139,55 +160,45 @@ class OtelExport:
         attributes["compass.plan"] = [f"{task}={worker}" for task, worker in planned.items()]
         caller = tracing.caller
         self._export(
-            f"job {trace['workflow']}",
-            tracing.parent.trace_id,
-            tracing.parent.span_id,
-            None if caller is None else caller.span_id,
-            start=trace["start"],
-            end=trace["end"],
-            attributes=attributes,
-            error=trace["error"],
-            server=True,
+            _Span(
+                f"job {trace['workflow']}",
+                tracing.parent.trace_id,
+                tracing.parent.span_id,
+                None if caller is None else caller.span_id,
+                start=trace["start"],
+                end=trace["end"],
+                attributes=attributes,
+                error=trace["error"],
+                server=True,
+            )
         )
 
-    def _export(
-        self,
-        name: str,
-        trace_id: int,
-        span_id: int,
-        parent_id: int | None,
-        *,
-        start: float,
-        end: float,
-        attributes: Mapping[str, Any],
-        error: str,
-        events: Sequence[tuple[str, float]] = (),
-        server: bool = False,
-    ) -> None:
+    def _export(self, done: _Span) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
         from opentelemetry.trace.status import Status, StatusCode
 
+        trace_id, error, start = done.trace_id, done.error, done.start
         flags = TraceFlags(TraceFlags.SAMPLED)
-        context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags)
+        context = SpanContext(trace_id, done.span_id, is_remote=False, trace_flags=flags)
         parent = (
             None
-            if parent_id is None
-            else SpanContext(trace_id, parent_id, is_remote=True, trace_flags=flags)
+            if done.parent_id is None
+            else SpanContext(trace_id, done.parent_id, is_remote=True, trace_flags=flags)
         )
         status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.OK)
         span = ReadableSpan(
-            name,
+            done.name,
             context=context,
             parent=parent,
             resource=self._resource,
-            attributes=dict(attributes),
-            events=[Event(label, timestamp=_ns(at)) for label, at in events],
-            kind=SpanKind.SERVER if server else SpanKind.INTERNAL,
+            attributes=dict(done.attributes),
+            events=[Event(label, timestamp=_ns(at)) for label, at in done.events],
+            kind=SpanKind.SERVER if done.server else SpanKind.INTERNAL,
             status=status,
             start_time=_ns(start),
-            end_time=_ns(max(start, end)),
+            end_time=_ns(max(start, done.end)),
             instrumentation_scope=InstrumentationScope("compass", compass.__version__),
         )
         self._processor.on_end(span)
