@@ -27,6 +27,7 @@ from compass.workflow.profile import Profiles
 
 __all__ = [
     "BatchRows",
+    "CacheRows",
     "CostCache",
     "TransferModel",
     "WorkflowCosts",
@@ -42,6 +43,9 @@ IntArray = npt.NDArray[np.int64]
 #: a model's queued batches over the workers: (tasks queued that may batch, absolute expected
 #: start of the first of them)
 BatchRows = tuple[IntArray, FloatArray]
+#: the caches over the workers as a model fetch reads them (:func:`fetch_row`'s arguments):
+#: where the task's model is or is coming, free bytes, capacity bytes, the least capacity
+CacheRows = tuple[BoolArray, IntArray, IntArray, int]
 
 
 class TransferModel:
@@ -294,10 +298,7 @@ def finish_row(
     sources: Sequence[int],
     ready: Sequence[float],
     avail: FloatArray | None,
-    have: BoolArray | None,
-    free: IntArray,
-    capacity: IntArray,
-    min_capacity: int,
+    fetch: CacheRows | None,
     input_bytes: int = 0,
     batches: BatchRows | None = None,
 ) -> tuple[FloatArray, FloatArray | None]:
@@ -313,10 +314,11 @@ def finish_row(
     output of the ``k``-th predecessor (``costs.preds[t]`` order) and the time it is there; a
     root has one input instead, the job's ``input_bytes`` held at ``sources[0]`` (the ingress)
     from ``ready[0]``. ``avail``: when each worker's lane frees (None: the task does not queue,
-    or load is ignored). ``have``: where the task's model is, or is coming (None: no fetch
-    term, for a model-less task or a planner blind to the cache); elsewhere the fetch is
-    :func:`fetch_row`'s over ``free``, ``capacity`` and ``min_capacity``. ``batches``: the
-    queued batches of the task's model (None: batch-blind, or none queued).
+    or load is ignored). ``fetch``: :func:`fetch_row`'s ``(have, free, capacity,
+    min_capacity)``, where the task's model is, or is coming (no fetch there), and the caches
+    that price the fetch elsewhere (None: no fetch term, for a model-less task or a planner
+    blind to the cache). ``batches``: the queued batches of the task's model (None:
+    batch-blind, or none queued).
     """
     row = costs.transfer.row
     preds = costs.preds[t]
@@ -332,7 +334,8 @@ def finish_row(
         joined = join_row(costs, t, arrive, batches)
     if avail is not None:
         np.maximum(arrive, avail, out=arrive)
-    if have is not None:
+    if fetch is not None:
+        have, free, capacity, min_capacity = fetch
         arrive += fetch_row(costs, t, have, free, capacity, min_capacity)
     arrive += costs.exec_rows[t]
     if joined is not None:

@@ -60,10 +60,10 @@ def plan_finish_s(
             have = brought.get(model)
             if have is None:
                 have = view.holds(model)
+        fetch = None if have is None else (have, free, capacity, min_capacity)
         eft, _ = finish_row(
-            costs, t, sources, ready, avail.copy() if on_lane else None, have, free, capacity,
-            min_capacity, root_bytes,
-        )  # fmt: skip
+            costs, t, sources, ready, avail.copy() if on_lane else None, fetch, root_bytes
+        )
         j = positions.get(plan.get(order[t], ""), -1)
         if j < 0:
             j = int(eft.argmin())

@@ -121,18 +121,9 @@ def plan_eft(
         rows = None
         if batches is not None and model is not None and costs.batch_limits[t] is not None:
             rows = batches.rows(model)
+        fetch = None if have is None else (have, free, capacity, min_capacity)
         eft, joined = finish_row(
-            costs,
-            t,
-            sources,
-            ready,
-            avail if on_lane else None,
-            have,
-            free,
-            capacity,
-            min_capacity,
-            root_bytes,
-            rows,
+            costs, t, sources, ready, avail if on_lane else None, fetch, root_bytes, rows
         )
         j = int(eft.argmin())
         best = float(eft[j])
@@ -261,19 +252,10 @@ def finish_now(
     avail = view.wait_s + now if terms.load and on_lane else None
     have = view.holds(model) if terms.cache and model is not None else None
     rows = view_batches(costs, t, view, now) if terms.batches and avail is not None else None
-    eft, _ = finish_row(
-        costs,
-        t,
-        sources,
-        ready,
-        avail,
-        have,
-        view.free_bytes,
-        view.capacity_bytes,
-        view.min_capacity_bytes,
-        root_bytes,
-        rows,
-    )
+    fetch = None
+    if have is not None:
+        fetch = (have, view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
+    eft, _ = finish_row(costs, t, sources, ready, avail, fetch, root_bytes, rows)
     return eft, sources, root_bytes, have
 
 

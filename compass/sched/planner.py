@@ -312,19 +312,12 @@ class CompassPolicy:
             model = costs.models[t]
             on_lane = model is not None or not self.host_lanes
             rows = view_batches(costs, t, view, now) if self.batch_aware and on_lane else None
-            eft, _ = finish_row(
-                costs,
-                t,
-                sources,
-                ready,
-                view.wait_s + now if on_lane else None,
-                view.holds(model) if self.options.use_cache and model is not None else None,
-                view.free_bytes,
-                view.capacity_bytes,
-                view.min_capacity_bytes,
-                0,
-                rows,
-            )
+            fetch = None
+            if self.options.use_cache and model is not None:
+                have = view.holds(model)
+                fetch = (have, view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
+            avail = view.wait_s + now if on_lane else None
+            eft, _ = finish_row(costs, t, sources, ready, avail, fetch, 0, rows)
             k = int(eft.argmin())
             best = float(eft[k])
             if best == math.inf:

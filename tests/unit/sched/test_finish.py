@@ -76,17 +76,10 @@ def row_of_y(
 ) -> FloatArray:
     costs = WorkflowCosts(PAIR, profiles(PAIR), view.names)
     y = PAIR.index["y"]
-    return finish_row(
-        costs,
-        y,
-        [view.index("a")],
-        [NOW],
-        avail,
-        have,
-        view.free_bytes,
-        view.capacity_bytes,
-        view.min_capacity_bytes,
-    )[0]
+    fetch = None
+    if have is not None:
+        fetch = (have, view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
+    return finish_row(costs, y, [view.index("a")], [NOW], avail, fetch)[0]
 
 
 def test_finish_row_counts_queue_wait_model_fetch_and_input_transfer() -> None:
@@ -116,13 +109,12 @@ def test_finish_row_of_a_root_and_of_a_join() -> None:
     costs = WorkflowCosts(wf, p, view.names)
     out_r = costs.out_bytes[wf.index["r"]]
     assert out_r == pytest.approx(0.2 * 10 * MB)
-    args = (view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
     # a root receives the job's 5 MB from the ingress (b)
-    root = finish_row(costs, wf.index["r"], [1], [NOW], view.wait_s + NOW, None, *args, 5 * MB)[0]
+    root = finish_row(costs, wf.index["r"], [1], [NOW], view.wait_s + NOW, None, 5 * MB)[0]
     assert root.tolist() == exact([100.6, 100.1, 100.3])
     # a join waits for its last input: r's 2 MB from a at 100.0 (0.0201 s away from b and c),
     # s's empty output from c at 101.0 (the fixed 0.1 ms away from a and b)
-    join = finish_row(costs, wf.index["j"], [0, 2], [NOW, 101.0], view.wait_s + NOW, None, *args)[0]
+    join = finish_row(costs, wf.index["j"], [0, 2], [NOW, 101.0], view.wait_s + NOW, None)[0]
     assert join.tolist() == exact([101.0001 + 0.01, 101.0001 + 0.01, 101.0 + 0.01])
 
 
@@ -155,17 +147,8 @@ def test_planning_places_each_task_at_the_smallest_finish() -> None:
     costs = WorkflowCosts(PAIR, p, view.names)
     avail = view.wait_s + NOW
     avail[0] = 100.6
-    eft = finish_row(
-        costs,
-        PAIR.index["y"],
-        [0],
-        [100.6],
-        avail,
-        view.holds("m"),
-        view.free_bytes,
-        view.capacity_bytes,
-        view.min_capacity_bytes,
-    )[0]
+    fetch = (view.holds("m"), view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
+    eft = finish_row(costs, PAIR.index["y"], [0], [100.6], avail, fetch)[0]
     assert int(eft.argmin()) == view.index(plan["y"])
     assert eft[0] == exact(100.7)
 
@@ -312,9 +295,6 @@ class Recording:
                 [finish[q][1] for q in preds],
                 view.wait_s + now,
                 None,
-                view.free_bytes,
-                view.capacity_bytes,
-                view.min_capacity_bytes,
             )[0]
             assert eft[view.index(target)] <= eft.min() + TIE_S
         return moves
