@@ -107,6 +107,10 @@ class TaskTrace:
     lane: int = 0
     #: "" when it succeeded, else its error's type
     error: str = ""
+    #: the id of the worker core's event that made a lane take it (``received:...``: its
+    #: last input arrived; ``done:...``: another task ended and freed the lane; ``loaded:...``:
+    #: its model was copied in)
+    cause: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +130,7 @@ class TaskTrace:
             "model": self.model,
             "lane": self.lane,
             "error": self.error,
+            "cause": self.cause,
         }
 
     @classmethod
@@ -137,7 +142,7 @@ class TaskTrace:
         numbers: list[Any] = [get(key) for key in _TASK_NUMBERS]
         counts: tuple[Any, ...] = (get("batch", 1), get("attempt", 0), get("lane", 0))
         names: tuple[Any, ...] = (get("task"), get("worker"), get("planned_worker"),
-                                  get("error", ""))  # fmt: skip
+                                  get("error", ""), get("cause", ""))  # fmt: skip
         mates, hit, model = get("mates", ()), get("cache_hit"), get("model")
         # the checks are set operations on types, done in C: a trace is read per traced job
         if (
@@ -155,7 +160,7 @@ class TaskTrace:
         transfer, queued, load, exec_, start, end = numbers
         return cls(
             names[0], names[1], names[2], transfer, queued, load, hit, exec_, counts[0], start,
-            end, counts[1], model, tuple(mates), counts[2], names[3],
+            end, counts[1], model, tuple(mates), counts[2], names[3], names[4],
         )  # fmt: skip
 
 

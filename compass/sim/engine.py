@@ -34,18 +34,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, assert_never
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
-from compass.errors import CompassError, ConfigError, UnknownWorkflow
+from compass.errors import ConfigError, UnknownWorkflow
 from compass.objective import NO_OBJECTIVE, Objective, outcome_of
 from compass.sched import Policy, ViewSnapshot, make_policy
+from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.policies import worker_seed
 from compass.sched.policy import LARGE_CLUSTER
-from compass.sched.replicas import model_demand
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
@@ -62,9 +62,13 @@ from compass.worker.messages import (
 from compass.worker.state import (
     Answer,
     AskPlan,
+    CoreOptions,
     Event,
+    Fault,
     LoadModel,
     ModelLoaded,
+    PlanAsked,
+    Planned,
     PlanReady,
     Received,
     RunTask,
@@ -73,6 +77,7 @@ from compass.worker.state import (
     TaskDone,
     Tick,
     WorkerCore,
+    build_core,
 )
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Workflow, emulated_run_s
@@ -199,13 +204,16 @@ class _Job:
 class _Worker:
     index: int
     name: str
-    lanes: Lanes
     policy: Policy
     #: the worker's rules, the real worker's core (set once the worker exists)
     rules: WorkerCore | None = None
     busy_s: float = 0.0
     #: the lanes' version last published to the cluster state
     version: int = -1
+
+    @property
+    def lanes(self) -> Lanes:
+        return _rules(self).lanes
 
 
 class _Simulation:
@@ -254,21 +262,12 @@ class _Simulation:
         ]
         # every worker runs the same policy; warming needs prefetching (a speculative load)
         self.warm = settings.warm and prefetch and policies[0].warms_cache
-        demand = model_demand(workload.workflows.values(), self.profiles) if self.warm else None
-        for i, name in enumerate(names):
-            lanes_of = Lanes(
-                lanes=lanes,
-                host_lanes=host_lanes,
-                cache=CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models),
-                prefetch_depth=self.cache_config.prefetch_depth if prefetch else 0,
-                prefetch_evicts=settings.prefetch_evicts,
-                demand=demand,
-            )
-            self.workers.append(_Worker(i, name, lanes_of, policies[i]))
+        caches = [CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models) for _ in names]
+        self.workers = [_Worker(i, name, policies[i]) for i, name in enumerate(names)]
         self.state = ClusterState(
             names,
             sorted(workload.models),
-            [w.lanes.cache.capacity_bytes() for w in self.workers],
+            [cache.capacity_bytes() for cache in caches],
             lanes=lanes,
             heartbeat_s=heartbeat_s,
             staleness_s=staleness_s,
@@ -276,15 +275,23 @@ class _Simulation:
             settle_s=2.0 * heartbeat_s,
         )
         self.positions = self.state.positions
-        for worker in self.workers:
-            worker.rules = WorkerCore(
+        options = CoreOptions(
+            lanes=lanes,
+            host_lanes=host_lanes,
+            prefetch_depth=self.cache_config.prefetch_depth if prefetch else 0,
+            prefetch_evicts=settings.prefetch_evicts,
+            warm=self.warm,
+            max_jobs=1 << 62,  # the simulator models no admission limit
+        )
+        for worker, cache in zip(self.workers, caches, strict=True):
+            worker.rules = build_core(
                 worker.name,
-                workflow=self._workflow,
+                workflows=workload.workflows,
                 policy=worker.policy,
                 profiles=self.profiles,
                 view=_SimView(self.state, worker),
-                lanes=worker.lanes,
-                max_jobs=1 << 62,  # the simulator models no admission limit
+                cache=cache,
+                options=options,
             )
         self._heap: list[tuple[float, int, Handler, Any]] = []
         self._seq = itertools.count()
@@ -418,17 +425,29 @@ class _Simulation:
     def _apply(self, worker: _Worker, event: Event) -> None:
         """Feed ``event`` to ``worker``'s core and carry out its instructions in virtual time."""
         for step in _rules(worker).handle(event):
-            if isinstance(step, Send):
-                self._send(worker, step.peer, step.msg)
-            elif isinstance(step, RunTask):
-                self._run(worker, step)
-            elif isinstance(step, LoadModel):
-                self._load(worker, step)
-            elif isinstance(step, Answer):
-                self._answered(step)
-            elif isinstance(step, AskPlan):
-                delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
-                self._at(self.now + delay, self._plan_remote, (worker, step.peer, step.request))
+            match step:
+                case Send():
+                    self._send(worker, step.peer, step.msg)
+                case RunTask():
+                    self._run(worker, step)
+                case LoadModel():
+                    self._load(worker, step)
+                case Answer():
+                    self._answered(step)
+                case AskPlan():
+                    delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
+                    self._at(self.now + delay, self._plan_remote, (step.peer, step.request))
+                case Planned():
+                    # the plan goes back to the ingress (an error: it plans the job itself)
+                    delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
+                    ingress = self.workers[self.positions[step.peer]]
+                    self._at(self.now + delay, self._plan_back, (ingress, step.job_id, step.plan))
+                case Fault():
+                    raise RuntimeError(
+                        f"{worker.name} failed handling {step.cause}"
+                    ) from step.error
+                case _:
+                    assert_never(step)
         lanes = worker.lanes
         if lanes.version != worker.version:  # what a heartbeat shows changed
             worker.version = lanes.version
@@ -440,17 +459,10 @@ class _Simulation:
                 lanes.queue.raised_s(),
             )
 
-    def _plan_remote(self, arg: tuple[_Worker, str, PlanRequest]) -> None:
-        """At the ``central`` planner: plan, and send the plan back to the ingress."""
-        ingress, planner, request = arg
-        try:
-            plan: dict[str, str] | None = _rules(self.workers[self.positions[planner]]).plan_for(
-                request, self.now
-            )
-        except CompassError:
-            plan = None  # the ingress plans it itself
-        delay = self.profiles.transfer_s(planner, ingress.name, _RPC_BYTES)
-        self._at(self.now + delay, self._plan_back, (ingress, request.job, plan))
+    def _plan_remote(self, arg: tuple[str, PlanRequest]) -> None:
+        """At the ``central`` planner: plan (its answer goes back as :class:`Planned`)."""
+        planner, request = arg
+        self._apply(self.workers[self.positions[planner]], PlanAsked(self.now, request))
 
     def _plan_back(self, arg: tuple[_Worker, str, dict[str, str] | None]) -> None:
         ingress, job_id, plan = arg
@@ -605,6 +617,15 @@ class _SimView:
 
     def remove(self, worker: str) -> None:
         pass  # simulated workers are never lost
+
+    def heard(self, heartbeat: Heartbeat, now: float) -> bool:
+        return False  # what each worker sees of the others is modelled by the cluster state
+
+    def drain(self, worker: str, instance: str) -> None:
+        pass  # simulated workers never drain
+
+    def joined(self, worker: str, instance: str) -> None:
+        pass
 
 
 def _rules(worker: _Worker) -> WorkerCore:

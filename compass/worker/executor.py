@@ -104,13 +104,15 @@ class TaskOutcome:
     lane: int = 0
     #: every entry of its run, its own included (a batch's mates are the others)
     run: tuple[QueuedTask, ...] = ()
+    #: the id of the core's event that started its run (:attr:`RunTask.cause`)
+    cause: str = ""
 
     def event(self, now: float) -> TaskDone | TaskFailed:
         """The worker core's event for this outcome. compass's own verdicts (a timeout, a
         degraded worker) keep their type for the client; a task's own error is JobFailed."""
         error = self.error
         if error is None:
-            return TaskDone(now, self.entry, self.output)
+            return TaskDone(now, self.entry, self.output, self.exec_s, self.batch, self.first)
         code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
         text = f"{type(error).__name__}: {error}"
         if self.batch > 1:
@@ -176,6 +178,7 @@ class TaskRunner:
                 first=entry is run.entry,
                 lane=run.lane,
                 run=entries,
+                cause=run.cause,
             )
             for entry in entries
         ]

@@ -8,31 +8,40 @@ failure detector's probes (:mod:`~compass.worker.members`); a heartbeat only cou
 of a live peer's current incarnation. Each heartbeat is also the worker core's periodic check
 (``tick``): an idle worker warms its cache then.
 
-:class:`Gossip` is also the worker core's :class:`~compass.worker.state.ViewPort`: a snapshot
-counts this worker's own state exactly as it is at that moment.
+:class:`Gossip` is also the worker core's :class:`~compass.worker.events.ViewPort`, and only
+the core changes the view through it: a peer's heartbeat, a peer that drains, joins or is lost
+are events of the core (:class:`~compass.worker.events.Heard` and its kin), which calls back
+here. A snapshot counts this worker's own state exactly as it is at the snapshot's time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from compass.config import WorkerConfig
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
-from compass.wire.transport import Channel
 from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, gossip_gap_s
 from compass.workflow.profile import Profiles
 
-__all__ = ["Gossip"]
+__all__ = ["Gossip", "Gossiped"]
 
-#: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
-_H2D_TOLERANCE = 0.02
+
+class Gossiped(Protocol):
+    """What a heartbeat says of a worker (its core): its lanes, queue and cache, and whether
+    it measured its host-to-device bandwidth."""
+
+    @property
+    def lanes(self) -> Lanes: ...
+
+    @property
+    def h2d_measured(self) -> bool: ...
+
 
 #: the wait a degraded worker (too many stuck tasks) reports: planners place nothing there
 _DEGRADED_WAIT_S = 1e6
@@ -47,23 +56,25 @@ class Gossip:
         config: WorkerConfig,
         *,
         profiles: Profiles,
-        lanes: Lanes,
         clock: Callable[[], float],
         tick: Callable[[], None],
     ) -> None:
         self.name = name
         self._config = config
         self._profiles = profiles
-        self._lanes = lanes
         self._clock = clock
         self._tick = tick
-        self._seq = itertools.count(1)
-        self._h2d_measured = False  # this worker's own host-to-device copies were timed
+        self._core: Gossiped | None = None
+        #: the sequence number of the last heartbeat sent
+        self._seq = 0
         #: this worker's incarnation, carried in its heartbeats
         self.incarnation = 0
-        #: peers that said they drain: out of the view (nothing new is placed there), their
-        #: heartbeats still keep them alive
-        self.draining: set[str] = set()
+        #: peers that said they drain, and the instance that did: out of the view (nothing new
+        #: is placed there), their heartbeats still keep them alive
+        self.draining: dict[str, str] = {}
+        #: the peers the core was told of (the heartbeat gap, and so the settle time, grows
+        #: with them)
+        self._peers: set[str] = set()
         #: set when the queue or the cache changed since the last heartbeat
         self._changed = asyncio.Event()
         gap = self._gap_s(0)
@@ -71,22 +82,49 @@ class Gossip:
             name, heartbeat_s=gap / config.time_scale, settle_s=self._settle_s(gap)
         )
 
+    def attach(self, core: Gossiped) -> None:
+        """Gossip ``core``'s state: its lanes, its cache, what it measured."""
+        self._core = core
+
     # -- the core's ViewPort -------------------------------------------------------------------
     def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
-        self.view.update_self(self.own_state())
+        self.view.update_self(self.own_state(now))
         return self.view.snapshot(now, without, priority)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self.view.note_placement(worker, placed, now)
 
     def remove(self, worker: str) -> None:
+        self.draining.pop(worker, None)
+        self._peers.discard(worker)
+        self._resettle()
         self.view.remove(worker)
 
+    def heard(self, heartbeat: Heartbeat, now: float) -> bool:
+        return heartbeat.name not in self.draining and self.view.apply_heartbeat(heartbeat, now)
+
+    def drain(self, worker: str, instance: str) -> None:
+        if worker != self.name:
+            self.draining[worker] = instance
+            self.view.remove(worker)
+
+    def joined(self, worker: str, instance: str) -> None:
+        if self.draining.get(worker, instance) != instance:
+            del self.draining[worker]  # a new instance under the drained one's name
+        self._peers.add(worker)
+        self._resettle()
+
+    def _resettle(self) -> None:
+        """The view counts a placement for two heartbeat gaps, which grow with the peers."""
+        self.view.settle_s = self._settle_s(self._gap_s(len(self._peers)))
+
     # -- this worker's state -------------------------------------------------------------------
-    def own_state(self) -> Heartbeat:
-        lanes, cache = self._lanes, self._lanes.cache
-        h2d = self._profiles.h2d_bytes_per_s(self.name) if self._h2d_measured else 0.0
-        now = self._clock()
+    def own_state(self, now: float) -> Heartbeat:
+        """This worker's state at ``now``, as its next heartbeat would say it."""
+        core = self._core
+        assert core is not None, "attach the core first"
+        lanes, cache = core.lanes, core.lanes.cache
+        h2d = self._profiles.h2d_bytes_per_s(self.name) if core.h2d_measured else 0.0
         wait_s = lanes.wait_s(now)
         # a degraded worker takes no GPU work: no batch there to join either
         batches = {} if lanes.degraded else lanes.queue.batchable(now, lanes.lanes)
@@ -98,7 +136,7 @@ class Gossip:
             capacity_bytes=cache.capacity_bytes(),
             lanes=lanes.lanes,
             lanes_busy=lanes.busy,
-            seq=next(self._seq),
+            seq=self._seq,
             loading=cache.loading(),
             h2d_bytes_per_s=h2d,
             incarnation=self.incarnation,
@@ -127,13 +165,11 @@ class Gossip:
         ``heartbeat_ms`` regardless. Runs until cancelled."""
         sched = self._config.sched
         loop = asyncio.get_running_loop()
-        loads_seen = (0, 0.0)
         while True:
             self._changed.clear()
-            if not self._config.emulate:
-                loads_seen = self._measure_h2d(loads_seen)
             self.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
-            state = self.own_state()
+            self._seq += 1
+            state = self.own_state(self._clock())
             self.view.update_self(state)
             self._tick()  # an idle worker warms its cache (the core decides)
             peers = len(membership.peers)
@@ -141,7 +177,6 @@ class Gossip:
                 membership.broadcast("heartbeat", state.to_wire())
             min_gap = self._gap_s(peers)
             interval = max(sched.heartbeat_ms / 1000.0, min_gap)
-            self.view.settle_s = self._settle_s(min_gap)
             await asyncio.sleep(min_gap)
             if not self._changed.is_set() and interval > min_gap:
                 timer = loop.call_later(interval - min_gap, self._changed.set)
@@ -149,41 +184,6 @@ class Gossip:
                     await self._changed.wait()
                 finally:
                     timer.cancel()
-
-    def _measure_h2d(self, seen: tuple[int, float]) -> tuple[int, float]:
-        """Fold the model loads since the last call into this worker's host-to-device bandwidth."""
-        stats = self._lanes.cache.stats
-        nbytes, seconds = stats.bytes_loaded - seen[0], stats.load_seconds - seen[1]
-        if nbytes > 0 and seconds > 0:
-            self._profiles.observe_h2d(self.name, nbytes, seconds)
-            self._h2d_measured = True
-        return stats.bytes_loaded, stats.load_seconds
-
-    def on_heartbeat(self, channel: Channel, body: Any, membership: Membership) -> None:
-        """A peer's heartbeat: it is alive, and its state goes into the view."""
-        state = Heartbeat.from_wire(body)
-        # only from a peer, of its current incarnation; a draining peer is only alive
-        if (
-            membership.seen(state.name, state.incarnation)
-            and state.name not in self.draining
-            and self.view.apply_heartbeat(state, self._clock())
-        ):
-            self._learn_h2d(state)
-
-    def peer_draining(self, name: str) -> None:
-        """Peer ``name`` drains: plan nothing new there (tasks already sent still run)."""
-        if name != self.name:
-            self.draining.add(name)
-            self.view.remove(name)
-
-    def _learn_h2d(self, state: Heartbeat) -> None:
-        """Adopt a peer's measured host-to-device bandwidth when it differs by more than 2%
-        from what this worker assumes (smaller moves would only rebuild the cost tables)."""
-        measured = state.h2d_bytes_per_s
-        if measured > 0:
-            assumed = self._profiles.h2d_bytes_per_s(state.name)
-            if abs(measured - assumed) > _H2D_TOLERANCE * assumed:
-                self._profiles.set_h2d(state.name, measured)
 
     # -- for status ----------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:

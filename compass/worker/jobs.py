@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compass.objective import NO_OBJECTIVE, Objective
-from compass.worker.messages import JOB_INPUTS
+from compass.worker.messages import JOB_INPUTS, TaskMsg
 from compass.workflow.dag import Workflow
 
 __all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob"]
@@ -71,45 +71,37 @@ class Inbox:
         return len(self._entries)
 
     def add(
-        self,
-        *,
-        job_id: str,
-        attempt: int,
-        workflow: Workflow,
-        task: str,
-        source: str,
-        value: Any,
-        plan: dict[str, str],
-        ingress: str,
-        transfer_s: float,
-        now: float,
+        self, msg: TaskMsg, workflow: Workflow, *, transfer_s: float, now: float
     ) -> InboxEntry | None:
-        """Record one input; return the complete entry once every input is here, else ``None``.
+        """Record the input ``msg`` carries (for its task of ``workflow``, which it names);
+        return the complete entry once every input is here, else ``None``.
 
-        ``source`` is a predecessor's name, or :data:`JOB_INPUTS` for a root task, whose value is
-        the mapping of job inputs. A repeated input (a retransmission) replaces the earlier one.
+        ``msg.source`` is a predecessor's name, or :data:`JOB_INPUTS` for a root task, whose
+        value is the mapping of job inputs. A repeated input (a retransmission) replaces the
+        earlier one.
         """
-        key = (job_id, attempt, task)
+        key = (msg.job, msg.attempt, msg.task)
+        source = msg.source
         entry = self._entries.get(key)
         if entry is None:
-            preds = workflow.preds(task)
+            preds = workflow.preds(msg.task)
             entry = InboxEntry(
                 workflow=workflow.name,
                 needed=frozenset(preds) if preds else frozenset({JOB_INPUTS}),
-                plan=plan,
-                ingress=ingress,
+                plan=msg.plan,
+                ingress=msg.ingress,
                 first_at=now,
             )
             self._entries[key] = entry
         else:
             # later pushes may carry fresher placements of tasks further down the DAG
-            entry.plan.update(plan)
+            entry.plan.update(msg.plan)
         if source not in entry.needed:
             return None
         if source == JOB_INPUTS:
-            entry.inputs.update(value)
+            entry.inputs.update(msg.value)
         else:
-            entry.inputs[source] = value
+            entry.inputs[source] = msg.value
         entry.arrived.add(source)
         entry.transfer_s = max(entry.transfer_s, transfer_s)
         if entry.arrived >= entry.needed:

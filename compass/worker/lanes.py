@@ -3,7 +3,9 @@ which lane, when its model is resident, what is loaded, prefetched or evicted.
 
 Part of the worker core (:class:`~compass.worker.state.WorkerCore` drives it; the asyncio
 worker and the simulator both carry out what it decides). It imports no asyncio and reads no
-clock: every call passes the current time.
+clock: every call passes the current time. Each call that decides something returns its
+:data:`Step` list, in order: tasks to run, models to load, and tasks that cannot run here
+(:class:`CannotRun`, for the core to answer); the lanes hold no output and call nothing back.
 
 The rules:
 
@@ -35,15 +37,16 @@ The rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 from compass.worker.queue import QueuedTask, TaskQueue
 
-__all__ = ["Lanes", "LoadModel", "RunTask"]
+__all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,8 @@ class RunTask:
     fetch_s: float
     hit: bool | None
     mates: tuple[QueuedTask, ...] = ()
+    #: the id of the event that made it run (the core stamps it)
+    cause: str = ""
 
     @property
     def entries(self) -> tuple[QueuedTask, ...]:
@@ -77,12 +82,31 @@ class LoadModel:
     model: str
     evict: tuple[str, ...]
     prefetch: bool
+    #: the id of the event that made it load (the core stamps it)
+    cause: str = ""
 
 
-class Steps(Protocol):
-    """Where the lanes put what they decide (the worker core's list of instructions)."""
+@dataclass(frozen=True, slots=True)
+class CannotRun:
+    """``entry`` left the lanes without running: its model can never fit, its load failed,
+    the worker is degraded, or it was shed (too late for its job's deadline, ``error`` a
+    :class:`~compass.errors.DeadlineExceeded`). Its job must hear ``error``."""
 
-    def append(self, step: RunTask | LoadModel, /) -> None: ...
+    entry: QueuedTask
+    error: CompassError
+
+
+#: what a call of the lanes decides
+Step: TypeAlias = RunTask | LoadModel | CannotRun
+
+
+class LanesFault(Exception):
+    """A call of the lanes raised: ``steps`` are what it decided before (its state changed
+    with them, so they must still be carried out); the cause is chained."""
+
+    def __init__(self, steps: list[Step]) -> None:
+        super().__init__(f"the lanes failed after deciding {len(steps)} steps")
+        self.steps = steps
 
 
 @dataclass(slots=True, eq=False)
@@ -108,9 +132,8 @@ class Lanes:
     ``cache`` decides residency (its pool is the worker's slabs). ``prefetch_depth`` is how far
     the look-ahead reaches (0: no speculative loads at all); ``prefetch_evicts=False`` keeps
     prefetches to free slabs (the paper's rule); ``demand`` (expected seconds of
-    use per model and job) turns warming on. Failures of a task inside the lanes (a model that
-    can never fit, a load that failed, a degraded worker) go to :attr:`on_fail`; the worker
-    core sets it, and :attr:`wanted`, the models worth warming (most wanted first).
+    use per model and job) turns warming on; ``wanted`` answers which models are worth warming,
+    most wanted first (a query of the view, asked only when an idle cache has room).
     """
 
     def __init__(
@@ -123,6 +146,7 @@ class Lanes:
         prefetch_evicts: bool = True,
         demand: Mapping[str, float] | None = None,
         max_stuck: int = 4,
+        wanted: Callable[[float], Sequence[str]] | None = None,
     ) -> None:
         if lanes < 1 or host_lanes < 0:
             raise ConfigError(f"need lanes >= 1 and host_lanes >= 0, got {lanes}, {host_lanes}")
@@ -156,10 +180,10 @@ class Lanes:
         self._blocked: list[_Run] = []
         self._sizes = {m: cache.size_bytes(m) for m in self.demand}
         self._smallest = min(self._sizes.values(), default=0)
-        #: where :class:`RunTask` and :class:`LoadModel` go (the core's list of the moment)
-        self.out: Steps = []
-        self.on_fail: Callable[[QueuedTask, CompassError, float], None] = _unhandled
-        self.wanted: Callable[[float], Sequence[str]] = _nothing_wanted
+        #: models worth warming, most wanted first (a query; none without one)
+        self.wanted: Callable[[float], Sequence[str]] = wanted or _nothing_wanted
+        #: the steps of the call under way (see :meth:`_deciding`)
+        self._steps: list[Step] = _NOT_DECIDING
 
     # -- what the view and status read ---------------------------------------------------------
 
@@ -185,20 +209,22 @@ class Lanes:
 
     # -- tasks ---------------------------------------------------------------------------------
 
-    def submit(self, entry: QueuedTask, now: float) -> None:
+    def submit(self, entry: QueuedTask, now: float) -> list[Step]:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
-        if entry.model is None and self.host_lanes:
-            # the host queue is not what heartbeats report: no version change
-            self.host_queue.push(entry)
-            self._fill_host(now)
-            return
-        self.version += 1
-        self.queue.push(entry)
-        if self._idle:
-            self.fill(now)
-        elif self.prefetch_depth:
-            # every lane is busy: use the time to bring in what the queue needs next
-            self._prefetch()
+        with self._deciding() as steps:
+            if entry.model is None and self.host_lanes:
+                # the host queue is not what heartbeats report: no version change
+                self.host_queue.push(entry)
+                self._fill_host(now)
+            else:
+                self.version += 1
+                self.queue.push(entry)
+                if self._idle:
+                    self._fill(now)
+                elif self.prefetch_depth:
+                    # every lane is busy: use the time to bring in what the queue needs next
+                    self._prefetch()
+        return steps
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> int:
         """Remove the queued (not yet running) tasks ``stale`` is true of."""
@@ -207,9 +233,15 @@ class Lanes:
             self.version += 1
         return dropped + len(self.host_queue.drop(stale))
 
-    def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> None:
-        """``entry``'s run ended (done or failed): its lane is free. ``still_running``: it was
-        abandoned past its timeout, and keeps its model pinned until :meth:`returned`."""
+    def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> list[Step]:
+        """``entry``'s run ended (done or failed): its lane is free (the caller fills it).
+        ``still_running``: it was abandoned past its timeout, and keeps its model pinned until
+        :meth:`returned`. Its model unpinned, a task waiting for the slabs may load or run."""
+        with self._deciding() as steps:
+            self._ended(entry, now, still_running)
+        return steps
+
+    def _ended(self, entry: QueuedTask, now: float, still_running: bool) -> None:
         run = self._runs.pop(entry, None)
         if run is None:
             return
@@ -231,16 +263,37 @@ class Lanes:
         if lead.model is not None and not run.stuck:
             self._unpin(lead.model, now)
 
-    def returned(self, entry: QueuedTask, now: float) -> None:
+    def returned(self, entry: QueuedTask, now: float) -> list[Step]:
         """The thread of an abandoned task returned: its model is unpinned."""
-        self.version += 1
-        self.stuck -= 1
-        if entry.model is not None:
-            self._unpin(entry.model, now)
-        self.fill(now)
+        with self._deciding() as steps:
+            self.version += 1
+            self.stuck -= 1
+            if entry.model is not None:
+                self._unpin(entry.model, now)
+            self._fill(now)
+        return steps
 
-    def fill(self, now: float) -> None:
+    def fill(self, now: float) -> list[Step]:
         """Idle lanes take the next ready tasks."""
+        with self._deciding() as steps:
+            self._fill(now)
+        return steps
+
+    @contextmanager
+    def _deciding(self) -> Iterator[list[Step]]:
+        """The steps of one call: what its rules append to ``self._steps``. If the call
+        raises, they travel with the :class:`LanesFault` (the state changed with them)."""
+        outer = self._steps
+        steps: list[Step] = []
+        self._steps = steps
+        try:
+            yield steps
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = outer
+
+    def _fill(self, now: float) -> None:
         self._shed_queued(now)
         while self._idle:
             entry = self.queue.pop(now)
@@ -277,7 +330,7 @@ class Lanes:
                 continue
             run = _Run(entry, self._host_idle.pop(), True, now)
             self._runs[entry] = run
-            self.out.append(RunTask(entry, run.lane, True, 0.0, None))
+            self._steps.append(RunTask(entry, run.lane, True, 0.0, None))
 
     def _shed_queued(self, now: float) -> None:
         """Drop the queued tasks whose jobs can no longer finish in time
@@ -293,18 +346,18 @@ class Lanes:
             self.shed += 1
             assert entry.deadline is not None
             late_s = now + wait_s + entry.remaining_s - entry.deadline
-            self.on_fail(entry, DeadlineExceeded(
+            self._steps.append(CannotRun(entry, DeadlineExceeded(
                 f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
                 f"late for the job to finish by its deadline ({wait_s * 1000:.1f} ms of work "
                 f"ahead of it, {entry.remaining_s * 1000:.1f} ms of work left on its critical "
                 "path); dropped",
                 detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
-            ), now)  # fmt: skip
+            )))  # fmt: skip
 
     def _too_late(self, queue: TaskQueue, entry: QueuedTask, now: float) -> bool:
         """Shed ``entry`` (just popped) if its job can no longer finish by its deadline when
         it starts now (now plus its remaining critical path): its job is answered at once
-        with :class:`~compass.errors.DeadlineExceeded` (:attr:`on_fail`) instead of taking
+        with :class:`~compass.errors.DeadlineExceeded` (:class:`CannotRun`) instead of taking
         a lane, unless the job asked to finish anyway."""
         deadline = entry.deadline
         if deadline is None or entry.finish:
@@ -323,12 +376,12 @@ class Lanes:
         self.version += 1
         self.shed += 1
         late_s = now + left - deadline
-        self.on_fail(entry, DeadlineExceeded(
+        self._steps.append(CannotRun(entry, DeadlineExceeded(
             f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
             f"late for the job to finish by its deadline ({entry.remaining_s * 1000:.1f} ms "
             f"of work left on its critical path{load}); dropped",
             detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
-        ), now)  # fmt: skip
+        )))  # fmt: skip
         return True
 
     def _ensure(self, run: _Run, now: float) -> None:
@@ -360,7 +413,7 @@ class Lanes:
         for mate in mates:
             self._runs[mate] = run
         run.pending = 1 + len(mates)
-        self.out.append(RunTask(entry, run.lane, False, fetch_s, run.hit, tuple(mates)))
+        self._steps.append(RunTask(entry, run.lane, False, fetch_s, run.hit, tuple(mates)))
         if self.prefetch_depth:
             self._prefetch()
 
@@ -370,7 +423,7 @@ class Lanes:
         self._runs.pop(run.entry, None)
         self._idle.append(run.lane)
         self.queue.finish(run.entry)
-        self.on_fail(run.entry, error, now)
+        self._steps.append(CannotRun(run.entry, error))
 
     # -- models --------------------------------------------------------------------------------
 
@@ -380,28 +433,30 @@ class Lanes:
         self._loading[name] = []
         if prefetch:
             self._speculating = name
-        self.out.append(LoadModel(name, plan.evict, prefetch))
+        self._steps.append(LoadModel(name, plan.evict, prefetch))
 
-    def loaded(self, name: str, seconds: float, now: float) -> None:
+    def loaded(self, name: str, seconds: float, now: float) -> list[Step]:
         """The load of ``name`` ended in ``seconds``: its waiters run."""
-        waiters = self._loading.pop(name, None)
-        if waiters is None:
-            return  # not a load of this core's (already aborted)
-        self.cache.finish_load(name, seconds)
-        for run in waiters:
-            self._start(run, now)
-        self._load_ended(name, now)
+        with self._deciding() as steps:
+            waiters = self._loading.pop(name, None)
+            if waiters is not None:  # else not a load of this core's (already aborted)
+                self.cache.finish_load(name, seconds)
+                for run in waiters:
+                    self._start(run, now)
+                self._load_ended(name, now)
+        return steps
 
-    def load_failed(self, name: str, error: CompassError, now: float) -> None:
+    def load_failed(self, name: str, error: CompassError, now: float) -> list[Step]:
         """The load of ``name`` failed: its slabs are freed, the tasks waiting for it fail."""
-        waiters = self._loading.pop(name, None)
-        if waiters is None:
-            return
-        self.cache.abort_load(name)
-        for run in waiters:
-            self._unpin(name, now)
-            self._fail(run, error, now)
-        self._load_ended(name, now)
+        with self._deciding() as steps:
+            waiters = self._loading.pop(name, None)
+            if waiters is not None:
+                self.cache.abort_load(name)
+                for run in waiters:
+                    self._unpin(name, now)
+                    self._fail(run, error, now)
+                self._load_ended(name, now)
+        return steps
 
     def _load_ended(self, name: str, now: float) -> None:
         self.version += 1
@@ -409,7 +464,7 @@ class Lanes:
         if self._speculating == name:
             self._speculating = None
             self._warm(now)
-        self.fill(now)
+        self._fill(now)
 
     def _unpin(self, name: str, now: float) -> None:
         if self.cache.unpin(name) == 0:
@@ -436,9 +491,11 @@ class Lanes:
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> list[Step]:
         """A periodic check (the real worker's heartbeat): warm the cache if idle."""
-        self._warm(now)
+        with self._deciding() as steps:
+            self._warm(now)
+        return steps
 
     def _warm(self, now: float) -> None:
         """Warm an idle cache with the model the cluster holds least for its demand: only into
@@ -463,9 +520,15 @@ class Lanes:
             self._begin_load(*candidate, prefetch=True)
 
 
-def _unhandled(entry: QueuedTask, error: CompassError, now: float) -> None:
-    raise error
-
-
 def _nothing_wanted(now: float) -> Sequence[str]:
     return ()
+
+
+class _NotDeciding(list[Step]):
+    """``Lanes._steps`` between calls: a rule that decides outside a call is a bug."""
+
+    def append(self, step: Step, /) -> None:
+        raise RuntimeError(f"the lanes decided {step!r} outside a call")
+
+
+_NOT_DECIDING = _NotDeciding()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import compass
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
 from compass.objective import Objective
-from compass.wire.codec import payload_bytes
+from compass.sched.heartbeat import Heartbeat
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
 from compass.worker.messages import (
@@ -32,7 +32,7 @@ from compass.worker.messages import (
     TaskMsg,
     decode,
 )
-from compass.worker.state import Received
+from compass.worker.state import Heard, PeerDraining, Received
 from compass.worker.tracing import TRACE_FIELD
 
 if TYPE_CHECKING:
@@ -44,9 +44,6 @@ __all__ = ["describe", "make_router"]
 log = logging.getLogger("compass.worker")
 
 PeerHandler = Callable[[Channel, Any], None]
-
-#: pushes at least this large feed the measured network bandwidth
-MEASURED_TRANSFER_BYTES = 1 << 20
 
 #: the longest job key a client may give
 MAX_KEY_CHARS = 128
@@ -241,8 +238,7 @@ class _Requests:
         self._require_peer(channel, "plan")
         if not isinstance(body, dict):
             raise ProtocolError("a plan request must be a map")
-        worker = self.worker
-        return worker.core.plan_for(PlanRequest.from_wire(body), worker.clock())
+        return self.worker.plan_for(PlanRequest.from_wire(body))
 
     def from_peers(self, op: str, handler: PeerHandler) -> PeerHandler:
         """A one-way handler only workers may trigger: from a client, ``op`` is dropped."""
@@ -261,14 +257,18 @@ class _Requests:
         # one of a peer that joined, of its current incarnation, counts (not one naming this
         # worker, nor a stranger); a malformed one is dropped like any bad peer message
         worker = self.worker
-        if worker.membership is None:
+        membership = worker.membership
+        if membership is None:
             return
         try:
-            worker.gossip.on_heartbeat(channel, body, worker.membership)
+            heartbeat = Heartbeat.from_wire(body)
         except CompassError as exc:
             worker.stats.messages_dropped += 1
             log.warning("%s: dropped a malformed heartbeat from %s: %s", worker.name,
                         channel.peer_name, exc)  # fmt: skip
+            return
+        if membership.seen(heartbeat.name, heartbeat.incarnation):
+            worker.apply(Heard(worker.clock(), heartbeat))
 
     def leave(self, channel: Channel, body: Any) -> None:
         """A peer stopped on purpose: its jobs are re-planned, and it is retried soon (it is
@@ -279,10 +279,12 @@ class _Requests:
 
     def drain(self, channel: Channel, body: Any) -> None:
         """A peer drains before it stops: plan nothing new there."""
-        membership = self.worker.membership
+        worker = self.worker
+        membership = worker.membership
         name = body.get("name") if isinstance(body, dict) else None
         if membership is not None and isinstance(name, str) and name in membership.peers:
-            self.worker.gossip.peer_draining(name)
+            instance = membership.peers[name].member.instance
+            worker.apply(PeerDraining(worker.clock(), name, instance))
 
     def peer_message(self, op: str) -> PeerHandler:
         """The handler of the typed peer message ``op``: decoded and checked, then an event
@@ -321,10 +323,6 @@ class _Requests:
         wall = time.time()
         transfer_s = max(0.0, wall - msg.sent) / scale
         now = worker.clock()
-        if not worker.config.emulate and transfer_s > 0:
-            nbytes = payload_bytes(msg.value)
-            if nbytes >= MEASURED_TRANSFER_BYTES:  # small pushes measure latency, not bandwidth
-                worker.profiles.observe_transfer(channel.peer_name, worker.name, nbytes, transfer_s)
         arrival = now - max(0.0, wall - msg.t0) / scale
         return Received(now, channel.peer_name, msg, transfer_s, arrival)
 

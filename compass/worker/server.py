@@ -22,7 +22,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, assert_never
 
 from compass.app import App
 from compass.cache.models import ModelCache
@@ -31,20 +31,20 @@ from compass.errors import CompassError, WorkerUnavailable
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
-from compass.sched.replicas import model_demand
-from compass.wire.transport import Server, serve
+from compass.wire.transport import ChannelOptions, Server, serve
 from compass.worker import dashboard
 from compass.worker.executor import TaskOutcome, TaskRunner
 from compass.worker.gossip import Gossip
 from compass.worker.lanes import Lanes
 from compass.worker.membership import (
     Membership,
+    MembershipOptions,
     Peer,
     Probing,
     advertised_address,
     default_worker_name,
 )
-from compass.worker.messages import PeerMessage, PlanReply, TaskMsg
+from compass.worker.messages import PeerMessage, PlanReply, PlanRequest, TaskMsg
 from compass.worker.metrics import WorkerMetrics
 from compass.worker.otel import OtelExport
 from compass.worker.queue import QueuedTask
@@ -53,11 +53,16 @@ from compass.worker.state import (
     Answer,
     AskPlan,
     Cancel,
+    CoreOptions,
     Event,
+    Fault,
     LoadFailed,
     LoadModel,
     ModelLoaded,
+    PeerJoined,
     PeerLost,
+    PlanAsked,
+    Planned,
     PlanReady,
     RunTask,
     Send,
@@ -65,7 +70,7 @@ from compass.worker.state import (
     TaskReturned,
     Tick,
     Undeliverable,
-    WorkerCore,
+    build_core,
 )
 from compass.worker.stats import WorkerStats, payload_bytes
 from compass.worker.tracing import TRACE_FIELD, Tracer, task_span
@@ -114,15 +119,6 @@ class Worker:
             emulated_h2d_bytes_per_s=profiles.default_h2d_bytes_per_s if config.emulate else None,
             time_scale=config.time_scale,
         )
-        warms = config.sched.warm and self.policy.warms_cache
-        self.lanes = Lanes(
-            lanes=config.lanes,
-            host_lanes=config.host_lanes,
-            cache=self.cache.core,
-            prefetch_depth=config.cache.prefetch_depth,
-            demand=model_demand(app.workflows.values(), profiles) if warms else None,
-            max_stuck=config.max_stuck_tasks,
-        )
         self.runner = TaskRunner(
             lookup=self._task,
             module_of=self.cache.module,
@@ -144,6 +140,8 @@ class Worker:
         self.otel: OtelExport | None = None
         if config.otel_endpoint is not None:
             self.otel = OtelExport.to_endpoint(config.otel_endpoint, instance=self.instance)
+        #: plans made here for other ingresses, until :meth:`plan_for` takes them
+        self._planned: dict[str, Planned] = {}
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -167,26 +165,40 @@ class Worker:
     def _bind_name(self, name: str) -> None:
         """Name the worker; its view and its core are made for that name."""
         self.name = name
+        config = self.config
         self.gossip = Gossip(
             name,
-            self.config,
+            config,
             profiles=self.profiles,
-            lanes=self.lanes,
             clock=self.clock,
             tick=lambda: self.apply(Tick(self.clock())),
         )
-        self.core = WorkerCore(
+        self.core = build_core(
             name,
-            workflow=self.app.get_workflow,
+            workflows=self.app.workflows,
             policy=self.policy,
             profiles=self.profiles,
             view=self.gossip,
-            lanes=self.lanes,
-            max_jobs=self.config.max_jobs,
-            max_job_bytes=self.config.max_job_bytes,
+            cache=self.cache.core,
+            options=CoreOptions(
+                lanes=config.lanes,
+                host_lanes=config.host_lanes,
+                prefetch_depth=config.cache.prefetch_depth,
+                warm=config.sched.warm,
+                max_stuck=config.max_stuck_tasks,
+                max_jobs=config.max_jobs,
+                max_job_bytes=config.max_job_bytes,
+                learn=not config.emulate,
+                instance=self.instance,
+            ),
             stats=self.stats,
-            instance=self.instance,
         )
+        self.gossip.attach(self.core)
+
+    @property
+    def lanes(self) -> Lanes:
+        """This worker's queues, lanes and cache decisions (the core's)."""
+        return self.core.lanes
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -198,39 +210,45 @@ class Worker:
         self._server = await serve(
             cfg.host,
             cfg.port,
-            token=cfg.token,
-            name=cfg.name or "worker",
+            ChannelOptions(
+                name=cfg.name or "worker",
+                token=cfg.token,
+                limits=cfg.limits,
+                timeouts=cfg.timeouts,
+                ssl=server_tls,
+            ),
             role="worker",
             handler=self.router.handle_request,
             notify_handler=self.router.handle_notify,
-            limits=cfg.limits,
-            timeouts=cfg.timeouts,
-            ssl=server_tls,
         )
         host, port = self._server.address[:2]
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if not cfg.name:
             self._bind_name(default_worker_name(port))
         self.membership = Membership(
-            name=self.name,
             # what peers are told: never a wildcard bind (0.0.0.0 advertises the host's address)
-            address=advertised_address(host, port, cfg.advertise_address),
-            token=cfg.token,
-            limits=cfg.limits,
-            timeouts=cfg.timeouts,
+            advertised_address(host, port, cfg.advertise_address),
+            MembershipOptions(
+                ChannelOptions(
+                    name=self.name,
+                    token=cfg.token,
+                    limits=cfg.limits,
+                    timeouts=cfg.timeouts,
+                    ssl=peer_tls,
+                ),
+                instance=self.instance,
+                probing=Probing(
+                    period_s=cfg.swim.probe_period_ms / 1000.0,
+                    timeout_s=cfg.swim.probe_timeout_ms / 1000.0,
+                    indirect=cfg.swim.indirect_probes,
+                    suspicion_mult=cfg.swim.suspicion_mult,
+                    suspicion_max_s=cfg.sched.peer_timeout_ms / 1000.0,
+                ),
+            ),
             handler=self.router.handle_request,
             notify_handler=self.router.handle_notify,
             on_join=self._peer_joined,
             on_leave=self._peer_left,
-            ssl=peer_tls,
-            instance=self.instance,
-            probing=Probing(
-                period_s=cfg.swim.probe_period_ms / 1000.0,
-                timeout_s=cfg.swim.probe_timeout_ms / 1000.0,
-                indirect=cfg.swim.indirect_probes,
-                suspicion_mult=cfg.swim.suspicion_mult,
-                suspicion_max_s=cfg.sched.peer_timeout_ms / 1000.0,
-            ),
         )
         self.membership.route(self.router)  # its probes and acks
         await self.cache.prepare()
@@ -369,13 +387,13 @@ class Worker:
     # -- membership ---------------------------------------------------------------------------
     def _peer_joined(self, peer: Peer) -> None:
         self.stats.peers_joined += 1
-        self.gossip.draining.discard(peer.name)  # a new instance, or one that came back
+        # a new instance under a drained one's name is no longer draining
+        self.apply(PeerJoined(self.clock(), peer.name, peer.member.instance))
         if peer.name in self._held:
             asyncio.get_running_loop().call_soon(self._flush_held, peer.name)
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
 
     def _peer_left(self, name: str, why: str) -> None:
-        self.gossip.draining.discard(name)
         log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
         self.apply(PeerLost(self.clock(), name))
 
@@ -407,6 +425,14 @@ class Worker:
                     self._deliver(step)
                 case AskPlan():
                     self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
+                case Planned():
+                    self._planned[step.job_id] = step
+                case Fault():
+                    self.stats.internal_errors += 1
+                    log.error("%s: handling %s failed", self.name, step.cause,
+                              exc_info=step.error)  # fmt: skip
+                case _:
+                    assert_never(step)
         if self.lanes.version != version:
             self.gossip.changed()  # the queue, the lanes or the cache changed: gossip it
         if self.draining:
@@ -593,6 +619,18 @@ class Worker:
         """What ``compass status`` shows."""
         return describe(self)
 
+    def plan_for(self, request: PlanRequest) -> dict[str, str]:
+        """Plan another ingress's job here (the ``central`` policy plans at one worker); the
+        placements count in this worker's view. Raises what stopped it."""
+        self.apply(PlanAsked(self.clock(), request))
+        planned = self._planned.pop(request.job, None)
+        if planned is None:
+            raise WorkerUnavailable(f"worker {self.name} could not plan job {request.job}")
+        if planned.error is not None:
+            raise planned.error
+        assert planned.plan is not None
+        return planned.plan
+
     # -- carrying out tasks --------------------------------------------------------------------
     def _task(self, workflow: str, task: str) -> Task:
         return self.app.get_workflow(workflow).tasks[task]
@@ -603,12 +641,6 @@ class Worker:
         entry = outcome.entry
         if self.tracer.jobs and entry.job_id in self.tracer.jobs:
             self._trace_task(outcome)
-        if outcome.error is None and not self.config.emulate:
-            if outcome.first:  # a batch is one measurement, of its size
-                self.profiles.observe_batch(
-                    entry.workflow, entry.task, self.name, outcome.batch, outcome.exec_s
-                )
-            self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(outcome.output))
         self.apply(outcome.event(self.clock()))
 
     def _trace_task(self, outcome: TaskOutcome) -> None:

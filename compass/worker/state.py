@@ -33,9 +33,10 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
 
+from compass.cache.policy import CacheCore
 from compass.errors import (
     CompassError,
     ConfigError,
@@ -46,17 +47,44 @@ from compass.errors import (
     JobTooLarge,
     Overloaded,
     ProtocolError,
+    UnknownWorkflow,
     WorkerUnavailable,
     error_from_wire,
 )
-from compass.objective import NO_OBJECTIVE, Objective
+from compass.objective import Objective
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
 from compass.sched.cost import CostCache
 from compass.sched.deadline import plan_finish_s, remaining_s
-from compass.sched.replicas import warm_order
-from compass.sched.view import Placement
+from compass.sched.replicas import model_demand, warm_order
+from compass.wire.codec import payload_bytes
+from compass.worker.events import (
+    Answer,
+    AskPlan,
+    Cancel,
+    Event,
+    Fault,
+    Heard,
+    Instruction,
+    LoadFailed,
+    ModelLoaded,
+    PeerDraining,
+    PeerJoined,
+    PeerLost,
+    PlanAsked,
+    Planned,
+    PlanReady,
+    Received,
+    Send,
+    Submit,
+    TaskDone,
+    TaskFailed,
+    TaskReturned,
+    Tick,
+    Undeliverable,
+    ViewPort,
+)
 from compass.worker.jobs import Inbox, IngressJob
-from compass.worker.lanes import Lanes, LoadModel, RunTask
+from compass.worker.lanes import CannotRun, Lanes, LanesFault, LoadModel, RunTask, Step
 from compass.worker.messages import (
     JOB_INPUTS,
     DoneMsg,
@@ -77,13 +105,20 @@ __all__ = [
     "Answer",
     "AskPlan",
     "Cancel",
+    "CoreOptions",
     "Event",
+    "Fault",
+    "Heard",
     "Instruction",
     "LoadFailed",
     "LoadModel",
     "ModelLoaded",
+    "PeerDraining",
+    "PeerJoined",
     "PeerLost",
+    "PlanAsked",
     "PlanReady",
+    "Planned",
     "Received",
     "RunTask",
     "Send",
@@ -95,6 +130,7 @@ __all__ = [
     "Undeliverable",
     "ViewPort",
     "WorkerCore",
+    "build_core",
 ]
 
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
@@ -105,6 +141,12 @@ MAX_ATTEMPTS = 4
 
 #: how many answered job keys an ingress remembers (with their answers) for resubmissions
 ANSWERED_KEYS = 4096
+
+#: a pushed input smaller than this measures the link's latency, not its bandwidth: not learned
+MEASURED_TRANSFER_BYTES = 1 << 20
+
+#: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
+H2D_TOLERANCE = 0.02
 
 
 def _batch_group(task: Task) -> str:
@@ -117,199 +159,77 @@ def _batch_group(task: Task) -> str:
     return f"{task.model}/{fn.__module__}.{getattr(fn, '__qualname__', '')}#{id(fn)}"
 
 
-class ViewPort(Protocol):
-    """What the core needs of the worker's view of the cluster."""
-
-    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
-        """The view at ``now``, this worker's own state exact, the counted placements of job
-        ``without`` left out, the waits those of a task of ``priority``
-        (:meth:`ClusterView.snapshot`)."""
-        ...
-
-    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
-        """Count a task just placed on peer ``worker`` until its heartbeats do."""
-        ...
-
-    def remove(self, worker: str) -> None:
-        """Forget a lost peer."""
-        ...
-
-
-# -- events ----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
-class Submit:
-    """A client submitted a job to this worker (its ingress). ``t0`` is the submit time on
-    the clock every worker shares for job ages (wall clock; virtual time in the simulator)."""
+class CoreOptions:
+    """How a worker core is set up, the same for the asyncio worker and the simulator (both
+    build it with :func:`build_core`).
 
-    now: float
-    job_id: str
-    workflow: str
-    inputs: Any
-    input_bytes: int
-    t0: float
-    #: the client's name for the job: a resubmission with the same key gets the same answer
-    key: str | None = None
-    #: its deadline, priority and what to do when it would miss it
-    objective: Objective = NO_OBJECTIVE
+    ``lanes`` GPU lanes and ``host_lanes`` host lanes (model-less tasks run there, off the GPU
+    queue, and are not counted in a peer's wait); ``prefetch_depth`` how far the queue's
+    look-ahead loads models (0: no speculative loads); ``prefetch_evicts=False`` prefetches
+    into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
+    cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
+    make the worker degraded; ``max_jobs`` and ``max_job_bytes`` bound what an ingress
+    holds; ``learn``: measured timings, output sizes, transfers and loads update the profiles
+    (real mode; an emulated worker and the simulator keep the spec's); ``instance``: this
+    worker process's id, in every job id.
+    """
 
-
-@dataclass(frozen=True, slots=True)
-class PlanReady:
-    """The plan asked of another worker (:class:`AskPlan`) arrived; ``None``: no answer,
-    plan here."""
-
-    now: float
-    job_id: str
-    plan: dict[str, str] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """A message from a peer. For a :class:`TaskMsg`: ``transfer_s`` it spent on the wire and
-    ``job_arrival``, the job's submit time on this worker's clock."""
-
-    now: float
-    sender: str
-    msg: PeerMessage
-    transfer_s: float = 0.0
-    job_arrival: float | None = None
+    lanes: int = 1
+    host_lanes: int = 0
+    prefetch_depth: int = 3
+    prefetch_evicts: bool = True
+    warm: bool = True
+    max_stuck: int = 4
+    max_jobs: int = 10_000
+    max_job_bytes: int = 1 << 62
+    forget_after: int = FORGET_AFTER
+    learn: bool = False
+    instance: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TaskDone:
-    """``entry`` ran to its end with ``output``."""
+def build_core(
+    name: str,
+    *,
+    workflows: Mapping[str, Workflow],
+    policy: Policy,
+    profiles: Profiles,
+    view: ViewPort,
+    cache: CacheCore,
+    options: CoreOptions = CoreOptions(),
+    stats: WorkerStats | None = None,
+) -> WorkerCore:
+    """A worker core and its lanes over ``cache``, for the worker and the simulator alike."""
+    demand = (
+        model_demand(workflows.values(), profiles) if options.warm and policy.warms_cache else None
+    )
 
-    now: float
-    entry: QueuedTask
-    output: Any
+    def wanted(now: float) -> list[str]:
+        """Models worth warming here, most wanted first (:func:`warm_order`)."""
+        return warm_order(view.snapshot(now), name, lanes.demand)
 
+    lanes = Lanes(
+        lanes=options.lanes,
+        host_lanes=options.host_lanes,
+        cache=cache,
+        prefetch_depth=options.prefetch_depth,
+        prefetch_evicts=options.prefetch_evicts,
+        demand=demand,
+        max_stuck=options.max_stuck,
+        wanted=wanted,
+    )
 
-@dataclass(frozen=True, slots=True)
-class TaskFailed:
-    """``entry`` failed: ``error`` is ``Type: message``; ``code`` the error's wire code.
-    ``still_running``: it was abandoned past its timeout and its thread runs on (it keeps its
-    model pinned until :class:`TaskReturned`)."""
+    def workflow(wanted_name: str) -> Workflow:
+        try:
+            return workflows[wanted_name]
+        except KeyError:
+            known = ", ".join(sorted(workflows)) or "none"
+            raise UnknownWorkflow(f"unknown workflow {wanted_name!r} (known: {known})") from None
 
-    now: float
-    entry: QueuedTask
-    error: str
-    traceback: str = ""
-    code: str = JobFailed.code
-    still_running: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TaskReturned:
-    """The thread of ``entry``, abandoned past its timeout, returned at last."""
-
-    now: float
-    entry: QueuedTask
-
-
-@dataclass(frozen=True, slots=True)
-class ModelLoaded:
-    """The load of ``model`` (a :class:`LoadModel`) ended after ``seconds`` of copying."""
-
-    now: float
-    model: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class LoadFailed:
-    """The load of ``model`` failed with ``error``; the tasks waiting for it fail with it."""
-
-    now: float
-    model: str
-    error: CompassError
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """A periodic check (the real worker's heartbeat): an idle worker may warm its cache."""
-
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class PeerLost:
-    """Peer ``name`` was declared dead or left."""
-
-    now: float
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """The client of ``job_id`` stopped waiting: drop the job everywhere."""
-
-    now: float
-    job_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Undeliverable:
-    """``msg`` could not be sent to ``peer``: ``error`` says why (a task output the wire
-    cannot encode, say). The job it carried fails; nothing else does. ``unreachable``: this
-    worker has no connection to ``peer`` (one that restarted and has not reached it yet):
-    the job's ingress plans it again instead."""
-
-    now: float
-    peer: str
-    msg: PeerMessage
-    error: str
-    unreachable: bool = False
-
-
-Event: TypeAlias = (
-    Submit
-    | PlanReady
-    | Received
-    | TaskDone
-    | TaskFailed
-    | TaskReturned
-    | ModelLoaded
-    | LoadFailed
-    | Tick
-    | PeerLost
-    | Cancel
-    | Undeliverable
-)
-
-
-# -- instructions ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""
-
-    peer: str
-    msg: PeerMessage
-
-
-@dataclass(frozen=True, slots=True)
-class AskPlan:
-    """Ask ``peer`` to plan the job (answer with :class:`PlanReady`)."""
-
-    peer: str
-    request: PlanRequest
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """The job's one answer: ``value``, or ``error``. ``record`` describes the job for the
-    worker's trace (plan, attempts, latency)."""
-
-    job_id: str
-    value: Any = None
-    error: CompassError | None = None
-    record: Mapping[str, Any] = field(default_factory=dict)
-
-
-Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer
+    return WorkerCore(
+        name, workflow=workflow, policy=policy, profiles=profiles, view=view, lanes=lanes,
+        options=options, stats=stats,
+    )  # fmt: skip
 
 
 class WorkerCore:
@@ -317,8 +237,8 @@ class WorkerCore:
 
     ``workflow`` looks a workflow up by name (raising
     :class:`~compass.errors.UnknownWorkflow`); ``lanes``: this worker's queues, lanes and
-    cache (the core drives them); with host lanes, model-less tasks run off the GPU queue and
-    are not counted in a peer's wait.
+    cache (the core drives them); ``options``: see :class:`CoreOptions` (the lanes' own are
+    read from ``lanes``). Build one with :func:`build_core`.
     """
 
     def __init__(
@@ -330,38 +250,41 @@ class WorkerCore:
         profiles: Profiles,
         view: ViewPort,
         lanes: Lanes,
-        max_jobs: int = 10_000,
-        max_job_bytes: int = 1 << 62,
+        options: CoreOptions = CoreOptions(),
         stats: WorkerStats | None = None,
-        forget_after: int = FORGET_AFTER,
-        instance: str = "",
     ) -> None:
         if not name:
             raise ConfigError("a worker core needs its worker's name")
         self.name = name
         #: this worker process's id: in every job id, so that ids never repeat across restarts
-        self.instance = instance
+        self.instance = options.instance
         self.policy = policy
         self.profiles = profiles
         self.view = view
         self.lanes = lanes
         self.host_lanes = lanes.host_lanes > 0
-        lanes.on_fail = self._lane_failed
-        lanes.wanted = self._warm_wanted
-        self.max_jobs = max_jobs
-        self.max_job_bytes = max_job_bytes
+        self.max_jobs = options.max_jobs
+        self.max_job_bytes = options.max_job_bytes
+        #: measurements update the profiles (real mode)
+        self.learn = options.learn
+        #: this worker's own host-to-device copies were timed (its heartbeats advertise it)
+        self.h2d_measured = False
         #: bytes of job inputs held for the unanswered jobs (to re-plan them if a peer is lost)
         self.held_bytes = 0
         self.stats = stats if stats is not None else WorkerStats()
         self._workflow = workflow
-        self._forget_after = forget_after
+        self._forget_after = options.forget_after
         #: unanswered jobs this worker is the ingress of
         self.jobs: dict[str, IngressJob] = {}
         self.inbox = Inbox()
         #: job id -> the highest attempt known done here (late messages of those are dropped)
         self._finished: OrderedDict[str, int] = OrderedDict()
         self._job_ids = itertools.count(1)
+        #: events handled so far (the anonymous ones are named by their number)
+        self._handled = 0
+        #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = []
+        self._cause = ""
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
         #: job key -> (value, error) of the answered job it named; the oldest forgotten first
@@ -386,9 +309,33 @@ class WorkerCore:
     # -- the one entry point ------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Instruction]:
-        """Apply ``event``; return what the adapter must do, in order."""
+        """Apply ``event``; return what the adapter must do, in order.
+
+        Every instruction carries the event's id (``cause``; an event without one is named
+        here, ``kind:subject#n``, the same for the same events). Nothing else changes the
+        core's state. If handling raises (a bug), the instructions decided before the failure
+        are still returned, as the state changed with them, followed by a :class:`Fault`."""
+        self._handled += 1
         out: list[Instruction] = []
-        self._out = self.lanes.out = out
+        self._out = out
+        self._cause = event.cause or f"event#{self._handled}"
+        try:
+            if not event.cause:
+                self._cause = _stimulus(event, self._handled)
+            self._dispatch(event)
+        except LanesFault as fault:
+            error = _original(fault)
+            try:
+                self._take(fault.steps, event.now)
+            finally:
+                out.append(Fault(error, self._cause))
+        except Exception as exc:
+            out.append(Fault(exc, self._cause))
+        finally:
+            self._out, self._cause = [], ""
+        return out
+
+    def _dispatch(self, event: Event) -> None:
         match event:
             case Received():
                 self._received(event)
@@ -397,13 +344,13 @@ class WorkerCore:
             case TaskFailed():
                 self._task_failed(event)
             case ModelLoaded():
-                self.lanes.loaded(event.model, event.seconds, event.now)
+                self._model_loaded(event)
             case LoadFailed():
-                self.lanes.load_failed(event.model, event.error, event.now)
+                self._take(self.lanes.load_failed(event.model, event.error, event.now), event.now)
             case TaskReturned():
-                self.lanes.returned(event.entry, event.now)
+                self._take(self.lanes.returned(event.entry, event.now), event.now)
             case Tick():
-                self.lanes.tick(event.now)
+                self._take(self.lanes.tick(event.now), event.now)
             case Submit():
                 self._submit(event)
             case PlanReady():
@@ -414,15 +361,57 @@ class WorkerCore:
                 self._cancel(event)
             case Undeliverable():
                 self._undeliverable(event)
-        self._out = []
-        self.lanes.out = self._out
-        return out
+            case PlanAsked():
+                self._plan_asked(event)
+            case Heard():
+                self._heard(event)
+            case PeerJoined():
+                self.view.joined(event.name, event.instance)
+            case PeerDraining():
+                self.view.drain(event.name, event.instance)
+            case _:
+                assert_never(event)
 
-    def plan_for(self, request: PlanRequest, now: float) -> dict[str, str]:
+    def _take(self, steps: list[Step], now: float) -> None:
+        """Carry the lanes' decisions on: runs and loads go out (with the event's id), a task
+        that cannot run is answered."""
+        cause = self._cause
+        for step in steps:
+            if isinstance(step, CannotRun):
+                self._lane_failed(step.entry, step.error, now)
+            else:
+                self._out.append(replace(step, cause=cause))
+
+    def _plan_asked(self, ev: PlanAsked) -> None:
         """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
-        workflow = self._workflow(request.workflow)
-        info = JobInfo(request.job, workflow, request.ingress, request.input_bytes)
-        return self._plan_here(info, now)
+        request = ev.request
+        try:
+            workflow = self._workflow(request.workflow)
+            info = JobInfo(request.job, workflow, request.ingress, request.input_bytes)
+            plan: dict[str, str] | None = self._plan_here(info, ev.now)
+            error = None
+        except CompassError as exc:
+            plan, error = None, exc
+        self._out.append(Planned(request.ingress, request.job, plan, error, self._cause))
+
+    def _heard(self, ev: Heard) -> None:
+        """A peer's heartbeat: into the view; a host-to-device bandwidth it measured is
+        adopted when it differs by more than 2% from what this worker assumes (smaller moves
+        would only rebuild the cost tables)."""
+        heartbeat = ev.heartbeat
+        if not self.view.heard(heartbeat, ev.now):
+            return  # stale, of a draining peer, or of this worker's own name
+        measured = heartbeat.h2d_bytes_per_s
+        if measured > 0:
+            assumed = self.profiles.h2d_bytes_per_s(heartbeat.name)
+            if abs(measured - assumed) > H2D_TOLERANCE * assumed:
+                self.profiles.set_h2d(heartbeat.name, measured)
+
+    def _model_loaded(self, ev: ModelLoaded) -> None:
+        if self.learn and ev.seconds > 0 and self.lanes.cache.is_loading(ev.model):
+            self.profiles.observe_h2d(self.name, self.lanes.cache.size_bytes(ev.model), ev.seconds)
+            self.h2d_measured = True
+        self._take(self.lanes.loaded(ev.model, ev.seconds, ev.now), ev.now)
 
     def is_done(self, job_id: str, attempt: int) -> bool:
         """Whether messages of ``job_id``'s ``attempt`` are stale here."""
@@ -501,7 +490,7 @@ class WorkerCore:
         central = self.policy.planner(view)
         if central is not None and central != self.name:
             request = PlanRequest(job.job_id, workflow.name, self.name, job.input_bytes)
-            self._out.append(AskPlan(central, request))
+            self._out.append(AskPlan(central, request, self._cause))
             return
         self._first_attempt(job, None, ev.now, view)
 
@@ -516,7 +505,7 @@ class WorkerCore:
         kept = self._answered.get(ev.key)
         if kept is not None:
             value, error = kept
-            self._out.append(Answer(ev.job_id, value=value, error=error))
+            self._out.append(Answer(ev.job_id, value=value, error=error, cause=self._cause))
             return True
         return False
 
@@ -693,7 +682,7 @@ class WorkerCore:
                 self._answered.popitem(last=False)
         for waiter in job.waiters:
             del self._attached[waiter]
-            self._out.append(Answer(waiter, value=value, error=error))
+            self._out.append(Answer(waiter, value=value, error=error, cause=self._cause))
         record = {
             "job": job.job_id,
             "workflow": job.workflow.name,
@@ -706,11 +695,13 @@ class WorkerCore:
             "ok": error is None,
             "latency_s": now - job.submitted_at,
         }
-        self._out.append(Answer(job.job_id, value=value, error=error, record=record))
+        self._out.append(
+            Answer(job.job_id, value=value, error=error, record=record, cause=self._cause)
+        )
 
     def _answer_now(self, job_id: str, error: CompassError) -> None:
         """Refuse a job that was never accepted."""
-        self._out.append(Answer(job_id, error=error))
+        self._out.append(Answer(job_id, error=error, cause=self._cause))
 
     def _cancel(self, ev: Cancel) -> None:
         """A requester stopped waiting: its job is dropped once nobody waits for it (a
@@ -751,6 +742,8 @@ class WorkerCore:
     def _received(self, ev: Received) -> None:
         msg = ev.msg
         if isinstance(msg, TaskMsg):
+            if self.learn and ev.transfer_s > 0:
+                self._learn_transfer(ev.sender, msg, ev.transfer_s)
             self._task_input(msg, ev.now, ev.transfer_s, ev.job_arrival)
         elif isinstance(msg, ResultMsg):
             self._result(msg, ev.now)
@@ -760,6 +753,13 @@ class WorkerCore:
             self._placed(msg)
         else:
             self._drop_job(msg.job, msg.below)
+
+    def _learn_transfer(self, sender: str, msg: TaskMsg, transfer_s: float) -> None:
+        """A pushed input's time on the wire measures the link from ``sender``; small pushes
+        measure latency, not bandwidth, and are left out."""
+        nbytes = payload_bytes(msg.value)
+        if nbytes >= MEASURED_TRANSFER_BYTES:
+            self.profiles.observe_transfer(sender, self.name, nbytes, transfer_s)
 
     def _task_input(
         self, msg: TaskMsg, now: float, transfer_s: float, job_arrival: float | None
@@ -775,18 +775,7 @@ class WorkerCore:
                 msg.job, msg.attempt, msg.task, msg.ingress, now, str(exc), exc.code
             )
             return
-        entry = self.inbox.add(
-            job_id=msg.job,
-            attempt=msg.attempt,
-            workflow=workflow,
-            task=msg.task,
-            source=msg.source,
-            value=msg.value,
-            plan=msg.plan,
-            ingress=msg.ingress,
-            transfer_s=transfer_s,
-            now=now,
-        )
+        entry = self.inbox.add(msg, workflow, transfer_s=transfer_s, now=now)
         if entry is None:
             return
         task = workflow.tasks[msg.task]
@@ -797,34 +786,32 @@ class WorkerCore:
             scale = self.profiles.batch_scale(workflow.name, task.name, self.name)
             if batch_limit(scale, task.batch) > 1:  # else batching would gain nothing
                 group = _batch_group(task)
-        self.lanes.submit(
-            QueuedTask(
-                job_id=msg.job,
-                attempt=msg.attempt,
-                workflow=workflow.name,
-                task=task.name,
-                model=task.model,
-                expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
-                inputs=entry.inputs,
-                plan=entry.plan,
-                ingress=entry.ingress,
-                enqueued_at=now,
-                transfer_s=entry.transfer_s,
-                priority=self._priority(workflow, arrival),
-                t0=msg.t0,
-                arrival=arrival,
-                group=group,
-                max_batch=task.batch,
-                scale=scale,
-                level=msg.priority,
-                # the budget left when it was sent, on this worker's clock, less the transfer
-                deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
-                finish=msg.finish,
-                remaining_s=self._remaining_of(workflow)[task.name],
-                fetch_s=0.0 if task.model is None else self._fetch_s(task.model),
-            ),
-            now,
+        queued = QueuedTask(
+            job_id=msg.job,
+            attempt=msg.attempt,
+            workflow=workflow.name,
+            task=task.name,
+            model=task.model,
+            expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
+            inputs=entry.inputs,
+            plan=entry.plan,
+            ingress=entry.ingress,
+            enqueued_at=now,
+            transfer_s=entry.transfer_s,
+            priority=self._priority(workflow, arrival),
+            t0=msg.t0,
+            arrival=arrival,
+            group=group,
+            max_batch=task.batch,
+            scale=scale,
+            level=msg.priority,
+            # the budget left when it was sent, on this worker's clock, less the transfer
+            deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
+            finish=msg.finish,
+            remaining_s=self._remaining_of(workflow)[task.name],
+            fetch_s=0.0 if task.model is None else self._fetch_s(task.model),
         )
+        self._take(self.lanes.submit(queued, now), now)
 
     def _deadline_s(self, workflow: Workflow, objective: Objective) -> float | None:
         """Seconds a job has: its own ``deadline_ms``, else its workflow's default objective
@@ -890,13 +877,13 @@ class WorkerCore:
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
-        self.lanes.ended(entry, ev.now, still_running=ev.still_running)
+        self._take(self.lanes.ended(entry, ev.now, still_running=ev.still_running), ev.now)
         if not self.is_done(entry.job_id, entry.attempt):
             self._report_failure(
                 entry.job_id, entry.attempt, entry.task, entry.ingress, ev.now, ev.error,
                 ev.code, ev.traceback,
             )  # fmt: skip
-        self.lanes.fill(ev.now)
+        self._take(self.lanes.fill(ev.now), ev.now)
 
     def _lane_failed(self, entry: QueuedTask, error: CompassError, now: float) -> None:
         """The lanes could not run ``entry`` (its model can never fit, its load failed, the
@@ -911,10 +898,6 @@ class WorkerCore:
                 entry.job_id, entry.attempt, entry.task, entry.ingress, now,
                 f"{type(error).__name__}: {error.message}", error.code,
             )  # fmt: skip
-
-    def _warm_wanted(self, now: float) -> list[str]:
-        """Models worth warming here, most wanted first (:func:`warm_order`)."""
-        return warm_order(self.view.snapshot(now), self.name, self.lanes.demand)
 
     def _report_failure(
         self,
@@ -932,9 +915,19 @@ class WorkerCore:
         self._send(ingress, failed, now)
 
     def _task_done(self, ev: TaskDone) -> None:
-        self.lanes.ended(ev.entry, ev.now)
+        if self.learn:
+            self._learn_task(ev)
+        self._take(self.lanes.ended(ev.entry, ev.now), ev.now)
         self._pass_on(ev)
-        self.lanes.fill(ev.now)
+        self._take(self.lanes.fill(ev.now), ev.now)
+
+    def _learn_task(self, ev: TaskDone) -> None:
+        """A measured run updates its task's profile (a batch is one measurement, of its
+        size, under its lead), and its output's size the task's output estimate."""
+        entry = ev.entry
+        if ev.first and ev.exec_s is not None:
+            self.profiles.observe_batch(entry.workflow, entry.task, self.name, ev.batch, ev.exec_s)
+        self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(ev.output))
 
     def _pass_on(self, ev: TaskDone) -> None:
         """Send a finished task's output on: to its successors (re-placed first), or, from a
@@ -1027,7 +1020,7 @@ class WorkerCore:
         if peer == self.name:
             self._received(Received(now, self.name, msg, 0.0, job_arrival))
         else:
-            self._out.append(Send(peer, msg))
+            self._out.append(Send(peer, msg, self._cause))
 
     def _send_done(self, job_id: str, workers: set[str], *, below: int | None, now: float) -> None:
         for worker in sorted(workers):
@@ -1037,3 +1030,59 @@ class WorkerCore:
         self._forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
+
+
+def _stimulus(event: Event, n: int) -> str:
+    """The id the core gives an anonymous event: its kind, what it is about, and its number
+    (the same for the same events)."""
+    match event:
+        case Received(msg=TaskMsg() as msg):
+            subject = f"{msg.job}/{msg.task}<{msg.source}"
+        case Received(msg=msg):
+            subject = f"{msg.op}:{msg.job}"
+        case TaskDone() | TaskFailed() | TaskReturned():
+            subject = f"{event.entry.job_id}/{event.entry.task}"
+        case ModelLoaded() | LoadFailed():
+            subject = event.model
+        case Submit() | PlanReady() | Cancel():
+            subject = event.job_id
+        case PlanAsked():
+            subject = event.request.job
+        case Heard():
+            subject = event.heartbeat.name
+        case PeerLost() | PeerJoined() | PeerDraining():
+            subject = event.name
+        case Undeliverable():
+            subject = f"{event.msg.op}>{event.peer}"
+        case Tick():
+            subject = ""
+        case _:
+            assert_never(event)
+    kind = _KINDS[type(event)]
+    return f"{kind}:{subject}#{n}" if subject else f"{kind}#{n}"
+
+
+_KINDS: dict[type, str] = {
+    Submit: "submit",
+    PlanReady: "plan-ready",
+    Received: "received",
+    TaskDone: "done",
+    TaskFailed: "failed",
+    TaskReturned: "returned",
+    ModelLoaded: "loaded",
+    LoadFailed: "load-failed",
+    Tick: "tick",
+    PeerLost: "lost",
+    Cancel: "cancel",
+    Undeliverable: "undeliverable",
+    PlanAsked: "plan-asked",
+    Heard: "heard",
+    PeerJoined: "joined",
+    PeerDraining: "draining",
+}
+
+
+def _original(fault: LanesFault) -> Exception:
+    """The error a :class:`LanesFault` carries."""
+    cause = fault.__cause__
+    return cause if isinstance(cause, Exception) else fault

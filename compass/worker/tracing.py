@@ -76,6 +76,7 @@ _SPAN_TYPES: dict[str, tuple[type, ...]] = {
     "mates": (list,),
     "lane": (int,),
     "error": (str,),
+    "cause": (str,),
 }
 
 _Key = tuple[str, int]
@@ -132,6 +133,7 @@ def task_span(
         "mates": [e.job_id for e in outcome.run if e is not entry],
         "lane": outcome.lane,
         "error": "" if error is None else type(error).__name__,
+        "cause": outcome.cause,
     }
 
 
@@ -393,6 +395,7 @@ def assemble(
             "model": s["model"],
             "lane": s["lane"],
             "error": s["error"],
+            "cause": s["cause"],
         }
         for s in spans
     ]

@@ -243,7 +243,7 @@ async def test_a_worker_whose_heartbeat_loop_dies_stops_instead_of_lingering() -
     async with worker:
         assert worker.failure is None
 
-        def broken() -> object:
+        def broken(now: float) -> object:
             raise RuntimeError("injected: state unavailable")
 
         worker.gossip.own_state = broken  # type: ignore[method-assign,assignment]
@@ -302,10 +302,10 @@ async def test_an_idle_worker_heartbeats_at_its_interval_not_its_minimum_gap() -
         built = 0
         own_state = worker.gossip.own_state
 
-        def counted() -> Any:
+        def counted(now: float) -> Any:
             nonlocal built
             built += 1
-            return own_state()
+            return own_state(now)
 
         worker.gossip.own_state = counted  # type: ignore[method-assign]
         await asyncio.sleep(1.0)

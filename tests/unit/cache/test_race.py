@@ -23,7 +23,7 @@ from compass.cache.models import ModelCache
 from compass.config import CacheConfig
 from compass.errors import CompassError
 from compass.worker.executor import TaskOutcome, TaskRunner
-from compass.worker.lanes import Lanes, LoadModel, RunTask
+from compass.worker.lanes import Lanes, LoadModel, RunTask, Step
 from compass.worker.queue import QueuedTask
 
 KiB = 1024
@@ -61,9 +61,6 @@ class Worker:
         self.app = app
         self.cache = cache
         self.lanes = Lanes(lanes=1, cache=cache.core, prefetch_depth=0)
-        self.lanes.on_fail = self._failed
-        self.steps: list[RunTask | LoadModel] = []
-        self.lanes.out = self.steps
         self.runner = TaskRunner(
             lookup=lambda wf, task: app.get_workflow(wf).tasks[task],
             module_of=cache.module,
@@ -80,23 +77,23 @@ class Worker:
         self.done = asyncio.Event()
 
     def submit(self, entry: QueuedTask) -> None:
-        self.lanes.submit(entry, 0.0)
-        self._carry_out()
+        self._carry_out(self.lanes.submit(entry, 0.0))
 
-    def _carry_out(self) -> None:
-        while self.steps:
-            step = self.steps.pop(0)
+    def _carry_out(self, steps: list[Step]) -> None:
+        for step in steps:
             if isinstance(step, RunTask):
                 self.runner.start(step)
-            else:
+            elif isinstance(step, LoadModel):
                 self.cache.fetch(step.model, step.evict, self._fetched)
+            else:
+                self.errors[step.entry.task] = step.error
+                self.done.set()
 
     def _fetched(self, model: str, result: float | CompassError) -> None:
         if isinstance(result, CompassError):
-            self.lanes.load_failed(model, result, 0.0)
+            self._carry_out(self.lanes.load_failed(model, result, 0.0))
         else:
-            self.lanes.loaded(model, result, 0.0)
-        self._carry_out()
+            self._carry_out(self.lanes.loaded(model, result, 0.0))
 
     def _outcome(self, outcome: TaskOutcome) -> None:
         task = outcome.entry.task
@@ -104,16 +101,11 @@ class Worker:
         assert isinstance(backend, StrictBackend)
         self.reads_at_report[task] = backend.reads_in_flight()
         self.outcomes[task] = outcome
-        self.lanes.ended(outcome.entry, 0.0)
+        self._carry_out(self.lanes.ended(outcome.entry, 0.0))
         if task == "first" and outcome.error is None:
             self.submit(entry("second", "b", {"first": outcome.output}))
         else:
             self.done.set()
-        self._carry_out()
-
-    def _failed(self, entry: QueuedTask, error: CompassError, now: float) -> None:
-        self.errors[entry.task] = error
-        self.done.set()
 
 
 def entry(task: str, model: str, inputs: dict[str, Any]) -> QueuedTask:

@@ -7,6 +7,7 @@ guards and fails if that rule is broken.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassError
 from compass.sched.view import Heartbeat
-from compass.worker.lanes import Lanes, RunTask
+from compass.worker.lanes import CannotRun, Lanes, RunTask, Step
 from compass.worker.queue import SIMILAR_RUNS, QueuedTask, TaskQueue
 from compass.workflow.dag import batch_limit, linear_scale
 
@@ -63,9 +64,16 @@ class Harness:
             self.cache.finish_load(model)
         self.lanes = Lanes(cache=self.cache, **{"lanes": 1, **kwargs})
         self.out: list[Any] = []
-        self.lanes.out = self.out
         self.failed: list[tuple[str, CompassError]] = []
-        self.lanes.on_fail = lambda e, error, now: self.failed.append((e.task, error))
+
+    def record(self, steps: list[Step]) -> list[Step]:
+        """Keep what a call of the lanes decided: runs and loads in order, failures apart."""
+        for step in steps:
+            if isinstance(step, CannotRun):
+                self.failed.append((step.entry.task, step.error))
+            else:
+                self.out.append(step)
+        return steps
 
     def runs(self) -> list[RunTask]:
         steps, self.out[:] = list(self.out), []
@@ -74,7 +82,7 @@ class Harness:
     def hold_lane(self) -> QueuedTask:
         """Start a task of model b that never batches, so what comes next queues."""
         busy = entry("busy", "b", group=None, job="j0")
-        self.lanes.submit(busy, 0.0)
+        self.record(self.lanes.submit(busy, 0.0))
         assert len(self.runs()) == 1
         return busy
 
@@ -84,12 +92,12 @@ def test_a_lane_takes_the_queued_tasks_of_its_group_up_to_the_largest_batch() ->
     first = h.hold_lane()
     queued = [entry(f"t{i}", job=f"j{i}", at=0.1 * i) for i in range(1, 7)]
     other = entry("other", "b", group=None, job="jx", at=0.15)
-    h.lanes.submit(queued[0], 0.1)
-    h.lanes.submit(other, 0.15)
+    h.record(h.lanes.submit(queued[0], 0.1))
+    h.record(h.lanes.submit(other, 0.15))
     for e in queued[1:]:
-        h.lanes.submit(e, e.enqueued_at)
-    h.lanes.ended(first, 1.0)
-    h.lanes.fill(1.0)
+        h.record(h.lanes.submit(e, e.enqueued_at))
+    h.record(h.lanes.ended(first, 1.0))
+    h.record(h.lanes.fill(1.0))
     (run,) = h.runs()
     # t1 leads (first in the queue); its mates come in queue order, overtaking "other"
     assert [e.task for e in run.entries] == ["t1", "t2", "t3", "t4"]
@@ -103,20 +111,20 @@ def test_a_batched_lane_is_free_only_when_every_entry_has_ended() -> None:
     busy = h.hold_lane()
     batch = [entry(f"t{i}", job=f"j{i}") for i in range(3)]
     for e in batch:
-        h.lanes.submit(e, 0.1)
+        h.record(h.lanes.submit(e, 0.1))
     later = entry("later", "b", group=None, job="j9")
-    h.lanes.submit(later, 0.2)
-    h.lanes.ended(busy, 1.0)
-    h.lanes.fill(1.0)
+    h.record(h.lanes.submit(later, 0.2))
+    h.record(h.lanes.ended(busy, 1.0))
+    h.record(h.lanes.fill(1.0))
     (run,) = h.runs()
     assert len(run.entries) == 3
-    h.lanes.ended(batch[0], 2.0)
-    h.lanes.fill(2.0)
-    h.lanes.ended(batch[1], 2.0)
-    h.lanes.fill(2.0)
+    h.record(h.lanes.ended(batch[0], 2.0))
+    h.record(h.lanes.fill(2.0))
+    h.record(h.lanes.ended(batch[1], 2.0))
+    h.record(h.lanes.fill(2.0))
     assert h.runs() == [] and h.lanes.busy == 1 and h.cache.pins("a") == 1
-    h.lanes.ended(batch[2], 2.0)
-    h.lanes.fill(2.0)
+    h.record(h.lanes.ended(batch[2], 2.0))
+    h.record(h.lanes.fill(2.0))
     assert [r.entry.task for r in h.runs()] == ["later"]
     assert h.cache.pins("a") == 0  # the batch's pin released once
 
@@ -189,12 +197,12 @@ def test_the_view_is_told_per_model_how_many_wait_and_when_the_first_starts() ->
 def test_tasks_that_queue_while_the_leads_model_loads_join_its_batch() -> None:
     h = Harness(resident=("b",))
     lead = entry("t0", job="j0")
-    h.lanes.submit(lead, 0.0)
+    h.record(h.lanes.submit(lead, 0.0))
     assert h.runs() == [] and h.cache.is_loading("a")
     mates = [entry(f"t{i}", job=f"j{i}", at=0.1 * i) for i in range(1, 3)]
     for e in mates:
-        h.lanes.submit(e, e.enqueued_at)
-    h.lanes.loaded("a", 0.5, 0.5)
+        h.record(h.lanes.submit(e, e.enqueued_at))
+    h.record(h.lanes.loaded("a", 0.5, 0.5))
     (run,) = h.runs()
     assert [e.task for e in run.entries] == ["t0", "t1", "t2"]
     assert run.fetch_s == pytest.approx(0.5) and run.hit is False
@@ -205,15 +213,15 @@ def test_a_timed_out_batch_is_one_stuck_run_that_keeps_its_pin_until_it_returns(
     busy = h.hold_lane()
     batch = [entry(f"t{i}", job=f"j{i}") for i in range(3)]
     for e in batch:
-        h.lanes.submit(e, 0.1)
-    h.lanes.ended(busy, 1.0)
-    h.lanes.fill(1.0)
+        h.record(h.lanes.submit(e, 0.1))
+    h.record(h.lanes.ended(busy, 1.0))
+    h.record(h.lanes.fill(1.0))
     (run,) = h.runs()
     assert len(run.entries) == 3
     for e in batch:
-        h.lanes.ended(e, 5.0, still_running=True)
+        h.record(h.lanes.ended(e, 5.0, still_running=True))
     assert h.lanes.stuck == 1 and h.cache.pins("a") == 1 and h.lanes.busy == 0
-    h.lanes.returned(batch[0], 6.0)
+    h.record(h.lanes.returned(batch[0], 6.0))
     assert h.lanes.stuck == 0 and h.cache.pins("a") == 0
 
 
@@ -225,20 +233,20 @@ def test_heartbeats_carry_the_queued_batches_and_none_from_a_degraded_worker() -
     h = Harness()
     h.hold_lane()  # model b, expected 1 s, started at 0
     for i in (1, 2, 3):
-        h.lanes.submit(entry(f"t{i}", job=f"j{i}", at=0.1 * i), 0.1 * i)
+        h.record(h.lanes.submit(entry(f"t{i}", job=f"j{i}", at=0.1 * i), 0.1 * i))
     profiles = Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, net_fixed_s=0.0,
                         model_sizes={"a": GB, "b": GB}, workflows=(), staged=False)  # fmt: skip
     gossip = Gossip(
-        "w0", WorkerConfig(name="w0"), profiles=profiles, lanes=h.lanes,
-        clock=lambda: 0.25, tick=lambda: None,
+        "w0", WorkerConfig(name="w0"), profiles=profiles, clock=lambda: 0.25, tick=lambda: None
     )  # fmt: skip
-    state = gossip.own_state()
+    gossip.attach(types.SimpleNamespace(lanes=h.lanes, h2d_measured=False))
+    state = gossip.own_state(0.25)
     # three tasks of a wait to batch; the first starts when the running 1 s task ends
     assert dict(state.batches) == {"a": (3, 0.75)}
     # the batches travel in the heartbeat and come back out of it
     assert dict(Heartbeat.from_wire(state.to_wire()).batches) == {"a": (3, 0.75)}
     h.lanes.stuck = h.lanes.max_stuck  # degraded: it takes no GPU work, so no batch to join
-    degraded = gossip.own_state()
+    degraded = gossip.own_state(0.25)
     assert degraded.batches == {} and degraded.wait_s >= 1e6
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from compass.worker.jobs import JOB_INPUTS, Inbox, InboxEntry
+from compass.worker.messages import TaskMsg
 from compass.workflow.dag import Task, TaskProfile, Workflow
 
 P = TaskProfile(exec_ms=1.0, output_bytes=8)
@@ -29,18 +30,17 @@ def add(
     plan: dict[str, str] | None = None,
     transfer_s: float = 0.0,
 ) -> InboxEntry | None:
-    return inbox.add(
-        job_id="j1",
+    msg = TaskMsg(
+        job="j1",
         attempt=attempt,
-        workflow=diamond(),
+        workflow="diamond",
         task=task,
         source=source,
         value=value,
         plan=dict(plan or {"a": "w0"}),
         ingress="w0",
-        transfer_s=transfer_s,
-        now=0.0,
     )
+    return inbox.add(msg, diamond(), transfer_s=transfer_s, now=0.0)
 
 
 def test_root_gets_the_job_inputs_at_once() -> None:

@@ -13,7 +13,7 @@ import pytest
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import CompassError, ModelTooLarge, WorkerUnavailable
-from compass.worker.lanes import Lanes, LoadModel, RunTask
+from compass.worker.lanes import CannotRun, Lanes, LoadModel, RunTask, Step
 from compass.worker.queue import QueuedTask
 
 GB = 1_000_000_000
@@ -43,9 +43,16 @@ class Harness:
         self.cache = CacheCore(SlabPool(int(capacity_gb * GB), GB // 4), models)
         self.lanes = Lanes(cache=self.cache, **{"lanes": 1, **kwargs})
         self.out: list[Any] = []
-        self.lanes.out = self.out
         self.failed: list[tuple[str, CompassError]] = []
-        self.lanes.on_fail = lambda e, error, now: self.failed.append((e.task, error))
+
+    def record(self, steps: list[Step]) -> list[Step]:
+        """Keep what a call of the lanes decided: runs and loads in order, failures apart."""
+        for step in steps:
+            if isinstance(step, CannotRun):
+                self.failed.append((step.entry.task, step.error))
+            else:
+                self.out.append(step)
+        return steps
 
     def take(self) -> list[Any]:
         steps, self.out[:] = list(self.out), []
@@ -67,14 +74,14 @@ def test_an_idle_lane_takes_a_task_at_once_and_the_next_when_it_ends() -> None:
     h = Harness()
     loaded(h.cache, "a")
     first, second = entry("t1"), entry("t2")
-    h.lanes.submit(first, 0.0)
+    h.record(h.lanes.submit(first, 0.0))
     (run,) = h.take()
     assert run == RunTask(first, 0, False, 0.0, True)
-    h.lanes.submit(second, 0.1)
+    h.record(h.lanes.submit(second, 0.1))
     assert h.runs() == []  # one lane, busy: queued
     assert [e.task for e in h.lanes.queue] == ["t2"]
-    h.lanes.ended(first, 1.0)
-    h.lanes.fill(1.0)
+    h.record(h.lanes.ended(first, 1.0))
+    h.record(h.lanes.fill(1.0))
     assert h.runs() == ["t2"]
     assert h.cache.pins("a") == 1  # the second run's pin; the first was released
 
@@ -82,11 +89,11 @@ def test_an_idle_lane_takes_a_task_at_once_and_the_next_when_it_ends() -> None:
 def test_a_missing_model_is_loaded_and_its_task_runs_when_the_load_ends() -> None:
     h = Harness()
     task = entry("t1")
-    h.lanes.submit(task, 0.0)
+    h.record(h.lanes.submit(task, 0.0))
     (load,) = h.take()
     assert load == LoadModel("a", (), False)
     assert h.cache.is_loading("a") and h.cache.pins("a") == 1  # nothing may evict it
-    h.lanes.loaded("a", 0.25, 0.25)
+    h.record(h.lanes.loaded("a", 0.25, 0.25))
     (run,) = h.take()
     assert run.entry is task and run.hit is False and run.fetch_s == pytest.approx(0.25)
     assert h.cache.is_resident("a")
@@ -94,10 +101,10 @@ def test_a_missing_model_is_loaded_and_its_task_runs_when_the_load_ends() -> Non
 
 def test_two_lanes_share_one_load_of_the_same_model() -> None:
     h = Harness(lanes=2)
-    h.lanes.submit(entry("t1"), 0.0)
-    h.lanes.submit(entry("t2"), 0.0)
+    h.record(h.lanes.submit(entry("t1"), 0.0))
+    h.record(h.lanes.submit(entry("t2"), 0.0))
     assert [s for s in h.take() if isinstance(s, LoadModel)] == [LoadModel("a", (), False)]
-    h.lanes.loaded("a", 0.1, 0.1)
+    h.record(h.lanes.loaded("a", 0.1, 0.1))
     assert sorted(h.runs()) == ["t1", "t2"]
     assert h.cache.pins("a") == 2
 
@@ -106,14 +113,14 @@ def test_a_task_waits_while_pinned_models_hold_the_slabs_then_evicts_them() -> N
     h = Harness(capacity_gb=5, lanes=2)  # room for big, or for a few small ones
     loaded(h.cache, "big")
     holder, waiter = entry("holder", "big"), entry("waiter", "a")
-    h.lanes.submit(holder, 0.0)
-    h.lanes.submit(waiter, 0.0)
+    h.record(h.lanes.submit(holder, 0.0))
+    h.record(h.lanes.submit(waiter, 0.0))
     assert h.runs() == ["holder"]  # waiter: big is pinned and fills the cache
     assert h.cache.stats.waits == 1
-    h.lanes.ended(holder, 1.0)  # big unpinned: the waiter asks again
+    h.record(h.lanes.ended(holder, 1.0))  # big unpinned: the waiter asks again
     (load,) = h.take()
     assert load == LoadModel("a", ("big",), False)
-    h.lanes.loaded("a", 0.1, 1.1)
+    h.record(h.lanes.loaded("a", 0.1, 1.1))
     (run,) = h.take()
     assert run.entry is waiter and run.fetch_s == pytest.approx(1.1)
 
@@ -121,22 +128,22 @@ def test_a_task_waits_while_pinned_models_hold_the_slabs_then_evicts_them() -> N
 def test_with_every_lane_busy_the_queue_s_next_model_is_prefetched() -> None:
     h = Harness()
     loaded(h.cache, "a")
-    h.lanes.submit(entry("t1", "a"), 0.0)
+    h.record(h.lanes.submit(entry("t1", "a"), 0.0))
     h.take()
-    h.lanes.submit(entry("t2", "b"), 0.1)
+    h.record(h.lanes.submit(entry("t2", "b"), 0.1))
     assert h.take() == [LoadModel("b", (), True)]
-    h.lanes.submit(entry("t3", "c"), 0.2)
+    h.record(h.lanes.submit(entry("t3", "c"), 0.2))
     assert h.take() == []  # one speculative load at a time
     assert h.cache.stats.prefetches == 1
 
 
 def test_no_prefetch_while_a_load_a_task_waits_for_is_under_way() -> None:
     h = Harness()
-    h.lanes.submit(entry("t1", "a"), 0.0)  # a cold: the lane waits for its load
+    h.record(h.lanes.submit(entry("t1", "a"), 0.0))  # a cold: the lane waits for its load
     assert h.take() == [LoadModel("a", (), False)]
-    h.lanes.submit(entry("t2", "b"), 0.1)
+    h.record(h.lanes.submit(entry("t2", "b"), 0.1))
     assert h.take() == []  # would share the copy bandwidth with a's load
-    h.lanes.loaded("a", 0.1, 0.2)
+    h.record(h.lanes.loaded("a", 0.1, 0.2))
     steps = h.take()
     assert [type(s) for s in steps] == [RunTask, LoadModel]  # t1 runs; now b is prefetched
     assert steps[1] == LoadModel("b", (), True)
@@ -144,21 +151,21 @@ def test_no_prefetch_while_a_load_a_task_waits_for_is_under_way() -> None:
 
 def test_a_model_that_can_never_fit_fails_its_task_and_frees_the_lane() -> None:
     h = Harness()
-    h.lanes.submit(entry("t1", "huge"), 0.0)
+    h.record(h.lanes.submit(entry("t1", "huge"), 0.0))
     assert [(task, type(error)) for task, error in h.failed] == [("t1", ModelTooLarge)]
     assert h.lanes.busy == 0
     loaded(h.cache, "a")
-    h.lanes.submit(entry("t2"), 0.1)
+    h.record(h.lanes.submit(entry("t2"), 0.1))
     assert h.runs() == ["t2"]
 
 
 def test_a_failed_load_fails_the_tasks_waiting_for_it_and_frees_its_slabs() -> None:
     h = Harness(lanes=2)
-    h.lanes.submit(entry("t1"), 0.0)
-    h.lanes.submit(entry("t2"), 0.0)
+    h.record(h.lanes.submit(entry("t1"), 0.0))
+    h.record(h.lanes.submit(entry("t2"), 0.0))
     h.take()
     free = h.cache.free_bytes()
-    h.lanes.load_failed("a", CompassError("disk on fire"), 0.5)
+    h.record(h.lanes.load_failed("a", CompassError("disk on fire"), 0.5))
     assert sorted(task for task, _ in h.failed) == ["t1", "t2"]
     assert h.cache.free_bytes() > free and not h.cache.is_loading("a")
     assert h.cache.pins("a") == 0 and h.lanes.busy == 0
@@ -171,21 +178,21 @@ def test_a_stuck_task_keeps_its_model_pinned_and_enough_of_them_degrade_the_work
     stuck = []
     for i in range(2):
         task = entry(f"s{i}")
-        h.lanes.submit(task, float(i))
+        h.record(h.lanes.submit(task, float(i)))
         assert h.runs() == [task.task]
-        h.lanes.ended(task, i + 0.5, still_running=True)  # timed out; its thread runs on
+        h.record(h.lanes.ended(task, i + 0.5, still_running=True))  # timed out; its thread runs on
         stuck.append(task)
         assert h.cache.pins("a") == i + 1  # never evictable while its thread may use it
     assert h.lanes.degraded and h.lanes.busy == 0
-    h.lanes.submit(entry("refused"), 3.0)
+    h.record(h.lanes.submit(entry("refused"), 3.0))
     assert [(task, type(error)) for task, error in h.failed] == [("refused", WorkerUnavailable)]
     modelless = entry("no-model", None)
-    h.lanes.submit(modelless, 3.0)
+    h.record(h.lanes.submit(modelless, 3.0))
     assert h.runs() == ["no-model"]  # model-less work still runs
-    h.lanes.ended(modelless, 3.5)
-    h.lanes.returned(stuck[0], 4.0)
+    h.record(h.lanes.ended(modelless, 3.5))
+    h.record(h.lanes.returned(stuck[0], 4.0))
     assert not h.lanes.degraded and h.cache.pins("a") == 1
-    h.lanes.submit(entry("accepted"), 4.0)
+    h.record(h.lanes.submit(entry("accepted"), 4.0))
     assert h.runs() == ["accepted"]
 
 
@@ -198,13 +205,13 @@ def test_an_idle_worker_warms_free_slabs_with_the_most_wanted_model() -> None:
         return ["big", "b", "a"]  # big does not fit in free slabs: never evicts for warming
 
     h.lanes.wanted = wanted
-    h.lanes.tick(0.0)
+    h.record(h.lanes.tick(0.0))
     assert h.take() == [LoadModel("b", (), True)]
-    h.lanes.tick(0.1)
+    h.record(h.lanes.tick(0.1))
     assert h.take() == []  # one speculative load at a time
-    h.lanes.loaded("b", 0.1, 0.2)  # ended: warm again
+    h.record(h.lanes.loaded("b", 0.1, 0.2))  # ended: warm again
     assert h.take() == [LoadModel("a", (), True)]
-    h.lanes.loaded("a", 0.1, 0.3)
+    h.record(h.lanes.loaded("a", 0.1, 0.3))
     assert h.take() == [] and h.cache.free_bytes() == 0
 
 
@@ -212,26 +219,26 @@ def test_a_busy_worker_does_not_warm() -> None:
     h = Harness(demand={"b": 1.0})
     h.lanes.wanted = lambda now: ["b"]
     loaded(h.cache, "a")
-    h.lanes.submit(entry("t1"), 0.0)
+    h.record(h.lanes.submit(entry("t1"), 0.0))
     h.take()
-    h.lanes.tick(0.5)
+    h.record(h.lanes.tick(0.5))
     assert h.take() == []
 
 
 def test_host_lanes_run_model_less_tasks_beside_a_busy_gpu_lane() -> None:
     h = Harness(lanes=1, host_lanes=1)
     loaded(h.cache, "a")
-    h.lanes.submit(entry("gpu"), 0.0)
-    h.lanes.submit(entry("host-1", None), 0.0)
-    h.lanes.submit(entry("host-2", None), 0.0)
+    h.record(h.lanes.submit(entry("gpu"), 0.0))
+    h.record(h.lanes.submit(entry("host-1", None), 0.0))
+    h.record(h.lanes.submit(entry("host-2", None), 0.0))
     steps = h.take()
     assert [(s.entry.task, s.lane, s.host) for s in steps] == [
         ("gpu", 0, False),
         ("host-1", 1, True),
     ]
     assert h.lanes.wait_s(0.0) == pytest.approx(1.0)  # host work is not in the GPU wait
-    h.lanes.ended(steps[1].entry, 1.0)
-    h.lanes.fill(1.0)
+    h.record(h.lanes.ended(steps[1].entry, 1.0))
+    h.record(h.lanes.fill(1.0))
     assert h.runs() == ["host-2"]
 
 
@@ -239,9 +246,9 @@ def test_dropping_a_job_removes_only_its_queued_tasks() -> None:
     h = Harness()
     loaded(h.cache, "a")
     running = entry("r", job="j1")
-    h.lanes.submit(running, 0.0)
-    h.lanes.submit(entry("q1", job="j1"), 0.0)
-    h.lanes.submit(entry("q2", job="j2"), 0.0)
+    h.record(h.lanes.submit(running, 0.0))
+    h.record(h.lanes.submit(entry("q1", job="j1"), 0.0))
+    h.record(h.lanes.submit(entry("q2", job="j2"), 0.0))
     assert h.lanes.drop(lambda e: e.job_id == "j1") == 1
     assert [e.task for e in h.lanes.queue] == ["q2"]
     assert running in h.lanes.queue.running  # a running task is not interrupted
@@ -252,9 +259,9 @@ def test_the_version_moves_only_with_what_a_heartbeat_shows() -> None:
     h.lanes.wanted = lambda now: ["b"]
     version = h.lanes.version
     loaded(h.cache, "b")  # nothing left to warm: a tick changes nothing
-    h.lanes.tick(0.0)
+    h.record(h.lanes.tick(0.0))
     assert h.lanes.version == version
-    h.lanes.submit(entry("t1", "b"), 0.1)
+    h.record(h.lanes.submit(entry("t1", "b"), 0.1))
     assert h.lanes.version > version
 
 
@@ -262,8 +269,8 @@ def test_host_lane_work_does_not_move_the_version() -> None:
     h = Harness(host_lanes=1)
     version = h.lanes.version
     task = entry("host", None)
-    h.lanes.submit(task, 0.0)
-    h.lanes.ended(task, 1.0)
+    h.record(h.lanes.submit(task, 0.0))
+    h.record(h.lanes.ended(task, 1.0))
     assert h.runs() == ["host"] and h.lanes.version == version  # heartbeats show no host work
 
 
@@ -282,15 +289,15 @@ def test_a_task_is_shed_when_its_model_load_would_make_its_job_late() -> None:
         )
 
     first = due("resident", "a", 1.5)
-    h.lanes.submit(first, 0.0)  # 1 s of work: in time
+    h.record(h.lanes.submit(first, 0.0))  # 1 s of work: in time
     assert h.runs() == ["resident"] and not h.failed
-    h.lanes.ended(first, 0.1)
+    h.record(h.lanes.ended(first, 0.1))
     h.take()
-    h.lanes.submit(due("cold", "b", 2.5), 1.0)  # 1 s of work but 2 s of copying first
+    h.record(h.lanes.submit(due("cold", "b", 2.5), 1.0))  # 1 s of work but 2 s of copying first
     assert h.runs() == [] and h.lanes.shed == 1
     ((task, error),) = h.failed
     assert task == "cold" and isinstance(error, DeadlineExceeded)
-    h.lanes.submit(due("cold-but-early", "b", 9.0), 1.0)  # time for both: its model loads
+    h.record(h.lanes.submit(due("cold-but-early", "b", 9.0), 1.0))  # time for both: its model loads
     assert [s.model for s in h.take() if isinstance(s, LoadModel)] == ["b"]
     assert h.lanes.shed == 1
 
@@ -303,17 +310,16 @@ def test_queued_tasks_that_can_no_longer_make_it_are_shed_lower_priorities_first
     h = Harness()
     loaded(h.cache, "a")
     busy = entry("busy")
-    h.lanes.submit(busy, 0.0)  # holds the one lane until 1.0
+    h.record(h.lanes.submit(busy, 0.0))  # holds the one lane until 1.0
     assert h.runs() == ["busy"]
     for task, level in (("low-1", 0), ("high-1", 1), ("low-2", 0), ("high-2", 1)):
         # 1 s each, 1 s of work left on the job's path, due at 3.5 s: after the busy task,
         # two of the four can start by 2.5 s
-        h.lanes.submit(
-            dataclasses.replace(entry(task), level=level, deadline=3.5, remaining_s=1.0), 0.0
-        )
+        late = dataclasses.replace(entry(task), level=level, deadline=3.5, remaining_s=1.0)
+        h.record(h.lanes.submit(late, 0.0))
     assert not h.failed  # nothing is shed while no lane frees
-    h.lanes.ended(busy, 1.0)
-    h.lanes.fill(1.0)
+    h.record(h.lanes.ended(busy, 1.0))
+    h.record(h.lanes.fill(1.0))
     assert h.runs() == ["high-1"]
     assert sorted(task for task, _ in h.failed) == ["low-1", "low-2"]
     assert all(isinstance(error, DeadlineExceeded) for _, error in h.failed)

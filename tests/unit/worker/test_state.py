@@ -23,7 +23,6 @@ from compass.errors import (
 )
 from compass.sched import Heartbeat, ViewSnapshot, make_policy
 from compass.sched.view import Placement
-from compass.worker.lanes import Lanes
 from compass.worker.messages import (
     JOB_INPUTS,
     DoneMsg,
@@ -37,6 +36,7 @@ from compass.worker.state import (
     Answer,
     AskPlan,
     Cancel,
+    CoreOptions,
     Event,
     Instruction,
     PeerLost,
@@ -49,6 +49,7 @@ from compass.worker.state import (
     TaskFailed,
     Undeliverable,
     WorkerCore,
+    build_core,
 )
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
@@ -122,6 +123,16 @@ class FakeView:
         self.removed.append(worker)
         del self.waits[worker]
 
+    def heard(self, heartbeat: Heartbeat, now: float) -> bool:
+        self.waits[heartbeat.name] = heartbeat.wait_s
+        return True
+
+    def drain(self, worker: str, instance: str) -> None:
+        self.waits.pop(worker, None)
+
+    def joined(self, worker: str, instance: str) -> None:
+        pass
+
 
 def resident_cache(*models: str) -> CacheCore:
     """A cache of 10 GB holding ``models`` (1 GB each), loaded already."""
@@ -151,14 +162,14 @@ def core(
         workflows=WORKFLOWS.values(),
         staged=False,
     )
-    made = WorkerCore(
+    made = build_core(
         name,
-        workflow=lookup,
+        workflows=WORKFLOWS,
         policy=make_policy(policy),
         profiles=profiles,
         view=view,
-        lanes=Lanes(lanes=lanes, cache=resident_cache("m")),
-        **kwargs,
+        cache=resident_cache("m"),
+        options=CoreOptions(**{"lanes": lanes, "warm": False, **kwargs}),
     )
     return made, view
 

@@ -1,0 +1,374 @@
+"""The worker core's vocabulary: the events it is fed, the instructions it answers with, and
+its window onto the view (:class:`ViewPort`).
+
+Every event carries the time on the worker's clock (``now``) and an id (``cause``; the core
+names an anonymous one); every instruction carries the id of the event that caused it, so a
+trace or a test can tell why a task ran, a model loaded or a message went out. The lanes'
+own instructions, :class:`~compass.worker.lanes.RunTask` and
+:class:`~compass.worker.lanes.LoadModel`, are defined with the lanes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
+
+from compass.errors import CompassError, JobFailed
+from compass.objective import NO_OBJECTIVE, Objective
+from compass.sched.heartbeat import Heartbeat
+from compass.sched.placement import Placement
+from compass.sched.snapshot import ViewSnapshot
+from compass.worker.lanes import LoadModel, RunTask
+from compass.worker.messages import PeerMessage, PlanRequest
+from compass.worker.queue import QueuedTask
+
+__all__ = [
+    "Answer",
+    "AskPlan",
+    "Cancel",
+    "Event",
+    "Fault",
+    "Heard",
+    "Instruction",
+    "LoadFailed",
+    "LoadModel",
+    "ModelLoaded",
+    "PeerDraining",
+    "PeerJoined",
+    "PeerLost",
+    "PlanAsked",
+    "PlanReady",
+    "Planned",
+    "Received",
+    "RunTask",
+    "Send",
+    "Submit",
+    "TaskDone",
+    "TaskFailed",
+    "TaskReturned",
+    "Tick",
+    "Undeliverable",
+    "ViewPort",
+]
+
+
+class ViewPort(Protocol):
+    """What the core needs of the worker's view of the cluster."""
+
+    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
+        """The view at ``now``, this worker's own state exact, the counted placements of job
+        ``without`` left out, the waits those of a task of ``priority``
+        (:meth:`ClusterView.snapshot`)."""
+        ...
+
+    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
+        """Count a task just placed on peer ``worker`` until its heartbeats do."""
+        ...
+
+    def remove(self, worker: str) -> None:
+        """Forget a lost peer (and that it drained)."""
+        ...
+
+    def heard(self, heartbeat: Heartbeat, now: float) -> bool:
+        """Take a peer's heartbeat into the view; False when it does not count (older than
+        what the view holds, of a draining peer, or naming this worker)."""
+        ...
+
+    def drain(self, worker: str, instance: str) -> None:
+        """Peer ``worker`` (process ``instance``) drains: out of the view until it leaves or
+        another instance of it joins; its heartbeats no longer count."""
+        ...
+
+    def joined(self, worker: str, instance: str) -> None:
+        """Peer ``worker`` (process ``instance``) is connected: a new instance is no longer
+        draining (the same one, reconnecting, still is)."""
+        ...
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """A client submitted a job to this worker (its ingress). ``t0`` is the submit time on
+    the clock every worker shares for job ages (wall clock; virtual time in the simulator)."""
+
+    now: float
+    job_id: str
+    workflow: str
+    inputs: Any
+    input_bytes: int
+    t0: float
+    #: the client's name for the job: a resubmission with the same key gets the same answer
+    key: str | None = None
+    #: its deadline, priority and what to do when it would miss it
+    objective: Objective = NO_OBJECTIVE
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReady:
+    """The plan asked of another worker (:class:`AskPlan`) arrived; ``None``: no answer,
+    plan here."""
+
+    now: float
+    job_id: str
+    plan: dict[str, str] | None
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message from a peer. For a :class:`TaskMsg`: ``transfer_s`` it spent on the wire and
+    ``job_arrival``, the job's submit time on this worker's clock."""
+
+    now: float
+    sender: str
+    msg: PeerMessage
+    transfer_s: float = 0.0
+    job_arrival: float | None = None
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDone:
+    """``entry`` ran to its end with ``output``. ``exec_s``: how long its run took, measured
+    (None: not measured, as in emulation); ``batch``: how many tasks the run took, ``first``:
+    ``entry`` led it (a batch is one measurement, recorded under its lead). A learning core
+    (real mode) folds the measurement and the output's size into its profiles."""
+
+    now: float
+    entry: QueuedTask
+    output: Any
+    exec_s: float | None = None
+    batch: int = 1
+    first: bool = True
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    """``entry`` failed: ``error`` is ``Type: message``; ``code`` the error's wire code.
+    ``still_running``: it was abandoned past its timeout and its thread runs on (it keeps its
+    model pinned until :class:`TaskReturned`)."""
+
+    now: float
+    entry: QueuedTask
+    error: str
+    traceback: str = ""
+    code: str = JobFailed.code
+    still_running: bool = False
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReturned:
+    """The thread of ``entry``, abandoned past its timeout, returned at last."""
+
+    now: float
+    entry: QueuedTask
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoaded:
+    """The load of ``model`` (a :class:`LoadModel`) ended after ``seconds`` of copying."""
+
+    now: float
+    model: str
+    seconds: float
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    """The load of ``model`` failed with ``error``; the tasks waiting for it fail with it."""
+
+    now: float
+    model: str
+    error: CompassError
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A periodic check (the real worker's heartbeat): an idle worker may warm its cache."""
+
+    now: float
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLost:
+    """Peer ``name`` was declared dead or left."""
+
+    now: float
+    name: str
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The client of ``job_id`` stopped waiting: drop the job everywhere."""
+
+    now: float
+    job_id: str
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Undeliverable:
+    """``msg`` could not be sent to ``peer``: ``error`` says why (a task output the wire
+    cannot encode, say). The job it carried fails; nothing else does. ``unreachable``: this
+    worker has no connection to ``peer`` (one that restarted and has not reached it yet):
+    the job's ingress plans it again instead."""
+
+    now: float
+    peer: str
+    msg: PeerMessage
+    error: str
+    unreachable: bool = False
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanAsked:
+    """Another ingress asks this worker to plan its job (the ``central`` policy plans at one
+    worker); answer with :class:`Planned`. Planning counts the placements in this worker's
+    view, so it is an event, not a query."""
+
+    now: float
+    request: PlanRequest
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A heartbeat of a live peer, of its current incarnation (the membership vouched for
+    it): its queue and cache go into the view, and a host-to-device bandwidth it measured
+    into the profiles."""
+
+    now: float
+    heartbeat: Heartbeat
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerJoined:
+    """Peer ``name`` (process ``instance``) is connected: new, back, or restarted."""
+
+    now: float
+    name: str
+    instance: str
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDraining:
+    """Peer ``name`` (process ``instance``) drains before it stops: nothing new is placed
+    there until it leaves or another instance joins under its name."""
+
+    now: float
+    name: str
+    instance: str
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+Event: TypeAlias = (
+    Submit
+    | PlanReady
+    | Received
+    | TaskDone
+    | TaskFailed
+    | TaskReturned
+    | ModelLoaded
+    | LoadFailed
+    | Tick
+    | PeerLost
+    | Cancel
+    | Undeliverable
+    | PlanAsked
+    | Heard
+    | PeerJoined
+    | PeerDraining
+)
+
+
+# -- instructions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""
+
+    peer: str
+    msg: PeerMessage
+    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AskPlan:
+    """Ask ``peer`` to plan the job (answer with :class:`PlanReady`)."""
+
+    peer: str
+    request: PlanRequest
+    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The job's one answer: ``value``, or ``error``. ``record`` describes the job for the
+    worker's trace (plan, attempts, latency)."""
+
+    job_id: str
+    value: Any = None
+    error: CompassError | None = None
+    record: Mapping[str, Any] = field(default_factory=dict)
+    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The answer to :class:`PlanAsked`: ``plan`` for ``job_id``, or the ``error`` that
+    stopped it (an unknown workflow, say); ``peer`` asked."""
+
+    peer: str
+    job_id: str
+    plan: dict[str, str] | None
+    error: CompassError | None = None
+    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Handling the event ``cause`` raised ``error``, a bug: the instructions before this one
+    were decided, and must be carried out, as the core's state changed with them; what the
+    event would have done after is lost. The worker logs and counts it, the simulator
+    stops."""
+
+    error: Exception
+    cause: str = ""
+
+
+Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Fault
