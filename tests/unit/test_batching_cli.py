@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from compass._cli.main import BatchGain, main
+from compass._cli.main import main
+from compass._cli.options import BatchGain
 from compass.workflow.batching import BATCH_GAINS
 
 SLOS = {"median2", "p95x3", "p99x5"}

@@ -1,0 +1,63 @@
+"""What ``compass status`` and ``compass submit`` print: a worker's status as lines, a job's
+result as one line of JSON. A job's trace as a table is :mod:`.traces`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["result_text", "status_lines"]
+
+
+def status_lines(info: dict[str, Any]) -> list[str]:
+    """A worker's status (``Client.status()``): who it is, its peers, queue and cache, the view
+    it plans on, and the traces it keeps."""
+    peers = ", ".join(f"{p['name']}@{p['address']}" for p in info["peers"]) or "none"
+    queue = info.get("queue", {})
+    cache = info.get("cache", {})
+    lines = [
+        f"{info['name']} at {info['address']}  compass {info['version']}  "
+        f"up {info['uptime_s']:.1f} s  policy {info.get('policy')}",
+        f"peers: {peers}",
+        f"queue: {queue.get('ready', 0)} ready, {queue.get('running', 0)} running, "
+        f"wait {queue.get('wait_ms', 0):.1f} ms; host lanes: {queue.get('host_ready', 0)} "
+        f"ready, {queue.get('host_running', 0)} running of {queue.get('host_lanes', 0)}",
+        f"cache ({cache.get('backend', '?')} on {cache.get('device', '?')}): "
+        f"{sorted(cache.get('resident', []))} "
+        f"free {cache.get('free_bytes', 0) / 1e9:.2f} GB "
+        f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB, "
+        f"{cache.get('staged_bytes', 0) / 1e9:.2f} GB of weights staged on the host",
+    ]
+    if cache.get("fallback"):
+        lines.append(f"cache fallback: {cache['fallback']}")
+    if info.get("cluster"):
+        lines.append("view (what this worker plans on):")
+        for row in info["cluster"]:
+            lines.append(
+                f"  {row['name']}: wait {row['wait_ms']:.1f} ms, models {row['models']}, "
+                f"age {row['age_ms']:.1f} ms, placements counted {row['placements_counted']}"
+            )
+    traces = info.get("traces")
+    if traces:
+        lines.append(
+            f"traces: {traces['traced']} jobs traced here (sampling {traces['sample']:.2%}), "
+            f"{traces['kept']} kept; `compass status --trace JOB` prints one"
+        )
+        for brief in traces["recent"]:
+            state = "ok" if brief["ok"] else "failed"
+            lines.append(
+                f"  {brief['job']} ({brief['workflow']}): {brief['latency_ms']:.1f} ms, "
+                f"{brief['tasks']} tasks, {state}"
+            )
+    return lines
+
+
+def result_text(value: Any) -> str:
+    """A job's output as JSON (an array's ``tolist()``), or its ``repr`` when not JSON."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        value = tolist()
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)

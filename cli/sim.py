@@ -1,0 +1,250 @@
+"""``compass sim`` (the simulator: policies on the same arrivals in virtual time, capacity and
+goodput searches, a comparison with a real cluster) and ``compass workload generate``."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .checks import (
+    batching_keywords,
+    capacity_args,
+    check_output,
+    check_plot,
+    check_policies,
+    check_workload,
+    comma_list,
+    default_workload,
+    fail,
+    sweep_range,
+    time_scale_for,
+)
+from .options import (
+    TIME_SCALE_HELP,
+    Arrival,
+    BatchGainFlag,
+    Batching,
+    BatchingFlag,
+    Capacity,
+    HostLanes,
+    Jobs,
+    JsonPath,
+    MaxLoad,
+    Policies,
+    SloFlag,
+)
+
+#: the commands of this module that sit at the top level: ``compass sim``
+commands = typer.Typer()
+workload_app = typer.Typer(help="Workload spec files.", no_args_is_help=True)
+
+
+class Shed(StrEnum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
+@commands.command()
+def sim(
+    workload: Annotated[str | None, typer.Option(help="Workload spec JSON.")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Simulated workers (default: the spec's cluster.workers)."),
+    ] = None,
+    policies: Policies = "compass,jsq,heft,hash",
+    arrival: Arrival = "poisson",
+    cv: Annotated[float, typer.Option(help="Gamma arrivals: std / mean of inter-arrivals.")] = 1.0,
+    load: Annotated[float, typer.Option(help="Multiplies the spec's arrival rate.")] = 1.0,
+    jobs: Jobs = 1000,
+    seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
+    heartbeat_ms: Annotated[
+        float, typer.Option(help="How often peers' state reaches the views (virtual ms).")
+    ] = 10.0,
+    staleness_ms: Annotated[
+        float | None, typer.Option(help="Age of the peer state planners see.")
+    ] = None,
+    host_lanes: HostLanes = 0,
+    ingress: Annotated[
+        str,
+        typer.Option(
+            help="Where jobs enter: client (client i at worker i), spread (dealt over every "
+            "worker, as a load balancer would), auto (spread from 64 workers on)."
+        ),
+    ] = "auto",
+    servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
+    target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
+    compare_real: Annotated[
+        bool, typer.Option(help="Also run the same config on a real cluster and compare.")
+    ] = False,
+    time_scale: Annotated[
+        float | None, typer.Option(help=f"--compare-real: {TIME_SCALE_HELP}")
+    ] = None,
+    json_path: JsonPath = None,
+    plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
+    capacity: Capacity = False,
+    seeds: Annotated[str, typer.Option(help="--capacity: arrival seeds, 0-4 or 0,1,2.")] = "0-4",
+    slo: SloFlag = None,
+    max_load: MaxLoad = 8.0,
+    prefetch: Annotated[
+        str,
+        typer.Option(help="evict: prefetch may evict models needed later; free: free slabs only."),
+    ] = "evict",
+    batching: BatchingFlag = Batching.on,
+    batch_gain: BatchGainFlag = None,
+    goodput: Annotated[
+        bool,
+        typer.Option(
+            help="Goodput (jobs answered within their deadline) and attainment at --loads."
+        ),
+    ] = False,
+    loads: Annotated[
+        str, typer.Option(help="--goodput: offered loads, comma-separated multiples.")
+    ] = "1,2,3,4",
+    deadline_x: Annotated[
+        float, typer.Option(help="--goodput: every job's deadline, x its best time.")
+    ] = 5.0,
+    priority_mix: Annotated[
+        float, typer.Option(help="--goodput: the fraction of jobs at priority 1.")
+    ] = 0.0,
+    shed: Annotated[
+        Shed, typer.Option(help="--goodput: refuse and drop jobs that would miss (on), or not.")
+    ] = Shed.both,
+) -> None:
+    """Discrete-event simulation of the same planner and cache code in virtual time."""
+    from compass._bench import sim_report
+    from compass.sim.compare import SimConfig
+
+    names = comma_list(policies)
+    check_policies(names)
+    spec = workload or default_workload()
+    check_workload(spec)
+    if workers is None:
+        from compass.workflow.spec import load_workload
+
+        workers = load_workload(spec).cluster.workers
+    sweep = sweep_range(servers_sweep)
+    check_output(json_path, "--json")
+    check_plot(plot)
+    if prefetch not in ("evict", "free"):
+        fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
+    evicts = prefetch == "evict"
+    batch = batching_keywords(batching, batch_gain)
+    if goodput:
+        from compass._bench import goodput as goodput_bench
+        from compass.sim.capacity import parse_seeds
+
+        if capacity or compare_real or sweep:
+            fail("--goodput does not combine with --capacity, --compare-real or --servers-sweep", 2)
+        try:
+            load_list = [float(x) for x in comma_list(loads)]
+        except ValueError:
+            fail(f"--loads {loads!r}: expected comma-separated numbers", 2)
+        if not load_list or not all(0 < x < float("inf") for x in load_list):
+            fail(f"--loads {loads!r}: every load must be a number > 0", 2)
+        grid = goodput_bench.GoodputConfig(
+            workload=spec,
+            workers=workers,
+            policies=tuple(names),
+            loads=tuple(load_list),
+            seeds=tuple(parse_seeds(seeds)),
+            jobs=jobs,
+            deadline_x=deadline_x,
+            priority_mix=priority_mix,
+            shed={Shed.on: (True,), Shed.off: (False,), Shed.both: (True, False)}[shed],
+            arrival=arrival,
+            cv=cv,
+            host_lanes=host_lanes,
+            **batch,
+        )
+        goodput_bench.run_cli(grid, json_path, plot)
+        return
+    if capacity:
+        from compass.sim.capacity import CapacitySearch
+
+        if compare_real or sweep:
+            fail("--capacity does not combine with --compare-real or --servers-sweep", 2)
+        seed_list, slos = capacity_args(seeds, slo, max_load)
+        sim_report.run_capacity_cli(
+            SimConfig(
+                workload=spec,
+                workers=workers,
+                policies=tuple(names),
+                arrival=arrival,
+                cv=cv,
+                jobs=jobs,
+                heartbeat_ms=heartbeat_ms,
+                staleness_ms=staleness_ms,
+                host_lanes=host_lanes,
+                prefetch_evicts=evicts,
+                **batch,
+            ),
+            CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
+            json_path,
+            plot,
+        )
+        return
+    if compare_real:
+        from compass._bench import e2e, fidelity
+
+        config = e2e.E2EConfig(
+            workload=spec,
+            workers=workers,
+            policies=tuple(names),
+            arrival=arrival,
+            cv=cv,
+            load=load,
+            jobs=jobs,
+            seed=seed,
+            time_scale=time_scale_for(time_scale, spec),
+            host_lanes=host_lanes,
+            **batch,
+        )
+        fidelity.run(config, json_path)
+        return
+    config = SimConfig(
+        workload=spec,
+        workers=workers,
+        policies=tuple(names),
+        arrival=arrival,
+        cv=cv,
+        load=load,
+        jobs=jobs,
+        seed=seed,
+        heartbeat_ms=heartbeat_ms,
+        staleness_ms=staleness_ms,
+        host_lanes=host_lanes,
+        prefetch_evicts=evicts,
+        servers_sweep=sweep,
+        target_slowdown=target_slowdown,
+        ingress=ingress,
+        **batch,
+    )
+    sim_report.run_cli(config, json_path, plot)
+
+
+@workload_app.command("generate")
+def workload_generate(
+    seed: Annotated[int, typer.Option(help="Same seed, same workload.")] = 0,
+    json_path: Annotated[
+        str | None, typer.Option("--json", help="Write the spec here (default: stdout).")
+    ] = None,
+) -> None:
+    """Draw a realistic workload spec (compass.workflow.generate) and print a summary line."""
+    from compass.workflow.generate import generate_spec, summary_line
+    from compass.workflow.spec import parse_workload
+
+    check_output(json_path, "--json")
+    spec = generate_spec(seed)
+    line = summary_line(parse_workload(spec, source=f"generated-{seed}"))
+    text = json.dumps(spec, indent=2) + "\n"
+    if json_path is None:
+        typer.echo(text, nl=False)
+        typer.echo(line, err=True)
+        return
+    Path(json_path).write_text(text, encoding="utf-8")
+    typer.echo(f"{line}; written to {json_path}")

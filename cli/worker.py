@@ -1,0 +1,488 @@
+"""``compass worker start`` (one worker, every option also a ``COMPASS_*`` variable) and
+``compass up`` (a local cluster of them on loopback)."""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from compass.config import (
+    DEFAULT_PORT,
+    GPU_CACHE_FRACTION,
+    HOST_CACHE_FRACTION,
+    CacheConfig,
+    Limits,
+    SchedConfig,
+    SwimConfig,
+    WorkerConfig,
+)
+
+from .checks import (
+    check_policies,
+    check_workload,
+    default_workload,
+    fail,
+    is_loopback,
+    tls_config,
+    usage_error,
+)
+from .options import TlsCa, TlsCert, TlsKey, Token
+from .running import configure_logging, hold_cluster
+
+worker_app = typer.Typer(help="Run a worker.", no_args_is_help=True)
+#: the commands of this module that sit at the top level: ``compass up``
+commands = typer.Typer()
+
+MiB = 1 << 20
+
+CACHE_DEFAULT = (
+    f"default: {GPU_CACHE_FRACTION:.0%} of free GPU memory, or {HOST_CACHE_FRACTION:.0%} of "
+    "host memory; with --workload, its GPU memory"
+)
+
+
+def env(name: str) -> str:
+    """The variable a worker option also reads: ``lanes`` -> ``COMPASS_LANES``."""
+    return "COMPASS_" + name.upper()
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+    critical = "critical"
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+@worker_app.command("start")
+def worker_start(
+    host: Annotated[
+        str, typer.Option(envvar=env("host"), help="Address to bind (loopback by default).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(envvar=env("port"), min=0, max=65535, help="Port to bind; 0: a free one."),
+    ] = DEFAULT_PORT,
+    token: Token = None,
+    allow_weak_token: Annotated[
+        bool,
+        typer.Option(
+            envvar=env("allow_weak_token"),
+            help="Accept a token under 128 bits of estimated entropy, or none on a non-loopback "
+            "address (a trusted network only).",
+        ),
+    ] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
+    join: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--join",
+            envvar=env("join"),
+            help="HOST:PORT of a cluster member (repeatable; in the variable, space-separated).",
+        ),
+    ] = None,
+    join_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=env("join_timeout"),
+            min=0.001,
+            help="Seconds to keep retrying --join before exiting with an error.",
+        ),
+    ] = 60.0,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=env("drain_timeout"),
+            min=0.0,
+            help="Seconds a worker drains on SIGTERM or Ctrl-C (no new work; it finishes what "
+            "it holds, then leaves); 0 stops at once. A second signal stops at once.",
+        ),
+    ] = 25.0,
+    advertise_address: Annotated[
+        str,
+        typer.Option(
+            envvar=env("advertise_address"),
+            help="HOST[:PORT] peers reach this worker at (NAT, or --host 0.0.0.0); "
+            "default: the bound address, or this host's primary address for 0.0.0.0.",
+        ),
+    ] = "",
+    name: Annotated[
+        str, typer.Option(envvar=env("name"), help="Unique worker name (default: <host>-<port>).")
+    ] = "",
+    app_ref: Annotated[
+        str | None,
+        typer.Option(
+            "--app", envvar=env("app"), help="Python module (or module:attr) with a compass.App."
+        ),
+    ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            envvar=env("workload"), help="Workload spec JSON: run its workflows emulated."
+        ),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(envvar=env("policy"), help="Placement policy (same on every worker).")
+    ] = "compass",
+    lanes: Annotated[
+        int, typer.Option(envvar=env("lanes"), min=1, help="Execution lanes (tasks run at once).")
+    ] = 1,
+    host_lanes: Annotated[
+        int,
+        typer.Option(
+            envvar=env("host_lanes"),
+            min=0,
+            help="Lanes for model-less tasks, off the GPU (0: they share it).",
+        ),
+    ] = 1,
+    time_scale: Annotated[
+        float, typer.Option(envvar=env("time_scale"), help="Emulated time multiplier.")
+    ] = 1.0,
+    cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            envvar=env("cache_mb"),
+            min=1,
+            help=f"Model cache capacity in MiB ({CACHE_DEFAULT}).",
+            show_default=False,
+        ),
+    ] = None,
+    slab_mb: Annotated[
+        int, typer.Option(envvar=env("slab_mb"), min=1, help="Slab size in MiB.")
+    ] = 64,
+    backend: Annotated[
+        str, typer.Option(envvar=env("backend"), help="auto, cupy, host, strict or capacity.")
+    ] = "auto",
+    device: Annotated[
+        int,
+        typer.Option(
+            envvar=env("device"), min=0, help="CUDA device of the model cache (cupy backend)."
+        ),
+    ] = 0,
+    heartbeat_ms: Annotated[
+        float,
+        typer.Option(envvar=env("heartbeat_ms"), help="Heartbeat interval when nothing changes."),
+    ] = 10.0,
+    heartbeat_min_ms: Annotated[
+        float,
+        typer.Option(
+            envvar=env("heartbeat_min_ms"),
+            help="Least gap between heartbeats; changes go out after it.",
+        ),
+    ] = 1.0,
+    heartbeat_max_rate: Annotated[
+        float,
+        typer.Option(
+            envvar=env("heartbeat_max_rate"),
+            help="Most heartbeat messages a second, over all peers.",
+        ),
+    ] = 20000.0,
+    peer_timeout_ms: Annotated[
+        float,
+        typer.Option(
+            envvar=env("peer_timeout_ms"),
+            help="A suspected peer that does not refute is dropped at most this long after.",
+        ),
+    ] = 2000.0,
+    probe_period_ms: Annotated[
+        float,
+        typer.Option(
+            envvar=env("probe_period_ms"), help="Failure detection: probe one peer this often."
+        ),
+    ] = 200.0,
+    probe_timeout_ms: Annotated[
+        float,
+        typer.Option(
+            envvar=env("probe_timeout_ms"),
+            help="A probe not acked within this goes through --indirect-probes others.",
+        ),
+    ] = 100.0,
+    indirect_probes: Annotated[
+        int,
+        typer.Option(
+            envvar=env("indirect_probes"),
+            help="Peers asked to probe one that did not ack, before it is suspected.",
+        ),
+    ] = 3,
+    suspicion_mult: Annotated[
+        float,
+        typer.Option(
+            envvar=env("suspicion_mult"),
+            help="A confirmed suspicion lasts this many periods (x log10 of the workers).",
+        ),
+    ] = 3.0,
+    adjust_threshold: Annotated[
+        float,
+        typer.Option(envvar=env("adjust_threshold"), help="Dynamic adjustment threshold."),
+    ] = 0.1,
+    warm: Annotated[
+        bool,
+        typer.Option(envvar=env("warm"), help="Idle workers load models the cluster is short of."),
+    ] = True,
+    max_frame_mb: Annotated[
+        int, typer.Option(envvar=env("max_frame_mb"), min=1, help="Largest frame accepted, MiB.")
+    ] = 1024,
+    max_jobs: Annotated[
+        int,
+        typer.Option(
+            envvar=env("max_jobs"),
+            min=1,
+            help="Jobs in flight accepted as ingress; more are refused.",
+        ),
+    ] = 10000,
+    max_job_mb: Annotated[
+        float,
+        typer.Option(
+            envvar=env("max_job_mb"),
+            min=0.001,
+            help="MiB of job inputs held as ingress: a job over it alone is refused "
+            "(JobTooLarge), more jobs than fit together are refused for now (Overloaded).",
+        ),
+    ] = 4096.0,
+    task_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=env("task_timeout"),
+            min=0.001,
+            help="Seconds a task may run unless it declares timeout_ms; past it its job fails.",
+        ),
+    ] = 300.0,
+    max_stuck_tasks: Annotated[
+        int,
+        typer.Option(
+            envvar=env("max_stuck_tasks"),
+            min=1,
+            help="Timed-out task threads still running past which the worker takes no GPU work.",
+        ),
+    ] = 4,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(envvar=env("log_level"), case_sensitive=False, help="Logging on stderr."),
+    ] = LogLevel.warning,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            envvar=env("log_format"),
+            case_sensitive=False,
+            help="text, or json: one JSON object per line (time, level, logger, message, ...).",
+        ),
+    ] = LogFormat.text,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar=env("metrics_port"),
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics and /ready on this port (0: a free one; default: off).",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(envvar=env("metrics_host"), help="Address the metrics port binds.")
+    ] = "127.0.0.1",
+    trace_sample: Annotated[
+        float,
+        typer.Option(
+            envvar=env("trace_sample"),
+            min=0.0,
+            max=1.0,
+            help="Fraction of the jobs submitted here that are traced (a client's trace=True "
+            "always is); their traces are kept for `compass status --trace JOB`.",
+        ),
+    ] = 0.01,
+    trace_keep: Annotated[
+        int,
+        typer.Option(envvar=env("trace_keep"), min=0, help="Traces of recent jobs kept here."),
+    ] = 512,
+    otel_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            envvar=env("otel_endpoint"),
+            help="Export traced jobs' spans by OTLP/HTTP to this URL, e.g. "
+            "http://collector:4318/v1/traces (needs compass[otel]).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Start a worker; prints 'compass worker listening on HOST:PORT' first.
+
+    Every option also reads a COMPASS_* environment variable (shown with each); a flag wins.
+    """
+    from compass.security import check_token
+    from compass.worker.process import run_worker
+
+    if token is not None:
+        check_token(token, allow_weak=allow_weak_token)
+    elif not allow_weak_token and not is_loopback(host):
+        # no token at all: anyone who reaches the address could run jobs and join as a peer
+        fail(
+            f"a worker bound to {host} needs a cluster token (--token or COMPASS_TOKEN; "
+            "`compass token` makes one), or --allow-weak-token on a trusted network",
+            2,
+        )
+    configure_logging(log_level.value, as_json=log_format == LogFormat.json)
+    cache = CacheConfig(
+        capacity_bytes=None if cache_mb is None else cache_mb * MiB,
+        slab_bytes=slab_mb * MiB,
+        backend=backend,
+        device=device,
+    )
+    config = WorkerConfig(
+        host=host,
+        port=port,
+        name=name,
+        token=token,
+        tls=tls_config(tls_cert, tls_key, tls_ca),
+        join=tuple(join or ()),
+        join_timeout_s=join_timeout,
+        drain_timeout_s=drain_timeout,
+        advertise_address=advertise_address,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        trace_sample=trace_sample,
+        trace_keep=trace_keep,
+        otel_endpoint=otel_endpoint,
+        app=app_ref,
+        workload=workload,
+        lanes=lanes,
+        host_lanes=host_lanes,
+        time_scale=time_scale,
+        max_jobs=max_jobs,
+        max_job_bytes=int(max_job_mb * MiB),
+        task_timeout_s=task_timeout,
+        max_stuck_tasks=max_stuck_tasks,
+        limits=Limits(max_frame_bytes=max_frame_mb * MiB),
+        cache=cache,
+        sched=SchedConfig(
+            policy=policy,
+            heartbeat_ms=heartbeat_ms,
+            heartbeat_min_ms=heartbeat_min_ms,
+            heartbeat_max_rate=heartbeat_max_rate,
+            peer_timeout_ms=peer_timeout_ms,
+            adjust_threshold=adjust_threshold,
+            warm=warm,
+        ),
+        swim=SwimConfig(
+            probe_period_ms=probe_period_ms,
+            probe_timeout_ms=probe_timeout_ms,
+            indirect_probes=indirect_probes,
+            suspicion_mult=suspicion_mult,
+        ),
+    )
+    raise typer.Exit(run_worker(config))
+
+
+#: chosen by `compass up` for each worker; the rest of `worker start`'s options pass through
+UP_OWNS = ("--host", "--port", "--name", "--join")
+
+
+@commands.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def up(
+    ctx: typer.Context,
+    workers: Annotated[int, typer.Option(min=1, help="How many workers.")] = 3,
+    token: Token = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    tls_ca: TlsCa = None,
+    workload: Annotated[str | None, typer.Option(help="Workload spec JSON (emulated).")] = None,
+    app_ref: Annotated[
+        str | None, typer.Option("--app", help="App module for every worker.")
+    ] = None,
+    policy: Annotated[str, typer.Option(help="Placement policy.")] = "compass",
+    log_dir: Annotated[
+        Path, typer.Option(help="Folder for the workers' logs (w0.log, w1.log, ...).")
+    ] = Path("compass-logs"),
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="CUDA devices, e.g. 0,1,2,3: worker i gets --device of the i-th (in turn); "
+            "workers start one after another."
+        ),
+    ] = None,
+) -> None:
+    """Start a local cluster of joined workers on loopback; Ctrl-C stops them all.
+
+    Any other option is passed to every `compass worker start` (see its --help), e.g.
+    `compass up --app my_app --cache-mb 4096 --lanes 2 --log-level info`. The workers listen on
+    free ports chosen by the system; `compass worker start --port N` runs one on a fixed port.
+    With neither --app nor --workload, the workers emulate the paper's workload. Workers on one
+    GPU share it: each takes 80% of what is free when it starts, so give them --cache-mb.
+    """
+    from compass.cluster import LocalCluster
+
+    extra = list(ctx.args)
+    _check_worker_args(extra)
+    tls = tls_config(tls_cert, tls_key, tls_ca)
+    if workload is not None and app_ref is not None:
+        fail("give --workload or --app, not both", 2)
+    if workload is None and app_ref is None:
+        workload = default_workload()
+    check_policies([policy])
+    if workload is not None:
+        check_workload(workload)
+        source = ["--workload", str(Path(workload).resolve())]
+    else:
+        source = ["--app", str(app_ref)]
+    args = ["--policy", policy, *source, *extra]
+    logs = log_dir.resolve()
+    devices = None if gpus is None else _gpus(gpus, extra)
+    cluster = LocalCluster(workers, token=token, args=args, log_dir=logs, tls=tls)
+
+    def ready() -> None:
+        for worker in cluster.workers:
+            typer.echo(f"{worker.name} {worker.address}")
+        if token is None:
+            typer.echo(f"token {cluster.token} (generated; set COMPASS_TOKEN to choose one)")
+        typer.echo(f"logs in {logs}{os.sep} (w0.log ... w{workers - 1}.log)")
+        typer.echo(
+            f"ready: {workers} workers on free ports chosen by the system "
+            "(`compass worker start --port N` for a fixed one); Ctrl-C stops them"
+        )
+
+    hold_cluster(
+        cluster,
+        devices=devices,
+        ready=ready,
+        stopping=lambda: typer.echo("stopping workers..."),
+    )
+
+
+def _gpus(text: str, extra: list[str]) -> list[int]:
+    """``--gpus 0,1,...`` as device numbers; refused beside a --device for every worker."""
+    if any(arg.split("=", 1)[0] == "--device" for arg in extra):
+        fail("give --gpus (a device per worker) or --device (one for all), not both", 2)
+    try:
+        devices = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        devices = []
+    if not devices or min(devices) < 0:
+        fail(f"--gpus {text!r}: expected comma-separated device numbers, e.g. 0,1,2,3", 2)
+    return devices
+
+
+def _check_worker_args(args: list[str]) -> None:
+    """Refuse what `compass up` chooses itself, and check the rest as `worker start` would."""
+    for arg in args:
+        if arg.split("=", 1)[0] in UP_OWNS:
+            fail(
+                f"compass up chooses {arg.split('=', 1)[0]} for its workers; "
+                "start a worker with `compass worker start` to choose it",
+                2,
+            )
+    start = typer.main.get_group(worker_app).commands["start"]
+    try:
+        start.make_context("compass worker start", list(args))
+    except typer.TyperException as exc:
+        message = usage_error(exc, args)
+        fail(f"{message}; passed to every worker (see compass worker start --help)", 2)
