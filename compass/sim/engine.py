@@ -49,20 +49,10 @@ from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
-from compass.worker.lanes import Lanes
-from compass.worker.messages import (
-    JOB_INPUTS,
-    DoneMsg,
-    PeerMessage,
-    PlacedMsg,
-    PlanRequest,
-    ResultMsg,
-    TaskMsg,
-)
-from compass.worker.state import (
+from compass.worker.assemble import CoreOptions, build_core
+from compass.worker.events import (
     Answer,
     AskPlan,
-    CoreOptions,
     Event,
     Fault,
     LoadModel,
@@ -76,9 +66,18 @@ from compass.worker.state import (
     Submit,
     TaskDone,
     Tick,
-    WorkerCore,
-    build_core,
 )
+from compass.worker.lanes import Lanes
+from compass.worker.messages import (
+    JOB_INPUTS,
+    DoneMsg,
+    PeerMessage,
+    PlacedMsg,
+    PlanRequest,
+    ResultMsg,
+    TaskMsg,
+)
+from compass.worker.state import WorkerCore
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Workflow, emulated_run_s
 from compass.workflow.profile import Profiles

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, assert_never
 
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
@@ -20,7 +20,7 @@ from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.worker.lanes import LoadModel, RunTask
-from compass.worker.messages import PeerMessage, PlanRequest
+from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.worker.queue import QueuedTask
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Tick",
     "Undeliverable",
     "ViewPort",
+    "stimulus_id",
 ]
 
 
@@ -372,3 +373,53 @@ class Fault:
 
 
 Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Fault
+
+
+def stimulus_id(event: Event, n: int) -> str:
+    """The id of an anonymous event, the ``n``-th a core handled: its kind, what it is about,
+    and its number (the same for the same events)."""
+    match event:
+        case Received(msg=TaskMsg() as msg):
+            subject = f"{msg.job}/{msg.task}<{msg.source}"
+        case Received(msg=msg):
+            subject = f"{msg.op}:{msg.job}"
+        case TaskDone() | TaskFailed() | TaskReturned():
+            subject = f"{event.entry.job_id}/{event.entry.task}"
+        case ModelLoaded() | LoadFailed():
+            subject = event.model
+        case Submit() | PlanReady() | Cancel():
+            subject = event.job_id
+        case PlanAsked():
+            subject = event.request.job
+        case Heard():
+            subject = event.heartbeat.name
+        case PeerLost() | PeerJoined() | PeerDraining():
+            subject = event.name
+        case Undeliverable():
+            subject = f"{event.msg.op}>{event.peer}"
+        case Tick():
+            subject = ""
+        case _:
+            assert_never(event)
+    kind = _KINDS[type(event)]
+    return f"{kind}:{subject}#{n}" if subject else f"{kind}#{n}"
+
+
+_KINDS: dict[type, str] = {
+    Submit: "submit",
+    PlanReady: "plan-ready",
+    Received: "received",
+    TaskDone: "done",
+    TaskFailed: "failed",
+    TaskReturned: "returned",
+    ModelLoaded: "loaded",
+    LoadFailed: "load-failed",
+    Tick: "tick",
+    PeerLost: "lost",
+    Cancel: "cancel",
+    Undeliverable: "undeliverable",
+    PlanAsked: "plan-asked",
+    Heard: "heard",
+    PeerJoined: "joined",
+    PeerDraining: "draining",
+}

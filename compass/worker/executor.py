@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 
 from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
+from compass.worker.events import TaskDone, TaskFailed
 from compass.worker.lanes import RunTask
 from compass.worker.queue import QueuedTask
-from compass.worker.state import TaskDone, TaskFailed
 from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
@@ -106,6 +106,14 @@ class TaskOutcome:
     run: tuple[QueuedTask, ...] = ()
     #: the id of the core's event that started its run (:attr:`RunTask.cause`)
     cause: str = ""
+
+    @property
+    def model(self) -> str | None:
+        return self.entry.model
+
+    @property
+    def transfer_s(self) -> float:
+        return self.entry.transfer_s
 
     def event(self, now: float) -> TaskDone | TaskFailed:
         """The worker core's event for this outcome. compass's own verdicts (a timeout, a

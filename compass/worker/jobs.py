@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compass.errors import ProtocolError
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.worker.messages import JOB_INPUTS, TaskMsg
 from compass.workflow.dag import Workflow
 
-__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob"]
+__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob", "check_task"]
 
 
 @dataclass(slots=True)
@@ -125,3 +126,21 @@ class Inbox:
         for key in stale:
             del self._entries[key]
         return len(stale)
+
+
+def check_task(workflow: Workflow, msg: TaskMsg) -> None:
+    """A task message must name a task of its workflow, one of its inputs, and a plan
+    that places it and its successors: anything else would fail later, far from its
+    cause."""
+    if msg.task not in workflow.tasks:
+        raise ProtocolError(f"workflow {workflow.name!r} has no task {msg.task!r}")
+    preds = workflow.preds(msg.task)
+    if msg.source not in preds and not (msg.source == JOB_INPUTS and not preds):
+        raise ProtocolError(f"task {msg.task!r} takes no input from {msg.source!r}")
+    if msg.source == JOB_INPUTS and not isinstance(msg.value, dict):
+        raise ProtocolError(f"the job inputs of root task {msg.task!r} are not a mapping")
+    # the entries this task's run will use: where it runs and where its output goes
+    needed = (msg.task, *workflow.succs(msg.task))
+    missing = [t for t in needed if not isinstance(msg.plan.get(t), str)]
+    if missing:
+        raise ProtocolError(f"the plan places no worker for {', '.join(missing)}")

@@ -120,6 +120,8 @@ class OtelExport:
             "compass.batch": span["batch"],
             "compass.batch_mates": list(span["mates"]),
             "compass.lane": span["lane"],
+            # the worker core's event that made a lane take it (compass.trace.TaskTrace.cause)
+            "compass.cause": span["cause"],
         }
         if span["model"] is not None:
             attributes["compass.model"] = span["model"]

@@ -23,6 +23,7 @@ from compass.objective import Objective
 from compass.sched.heartbeat import Heartbeat
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
+from compass.worker.events import Heard, PeerDraining, Received
 from compass.worker.messages import (
     DoneMsg,
     FailedMsg,
@@ -32,7 +33,6 @@ from compass.worker.messages import (
     TaskMsg,
     decode,
 )
-from compass.worker.state import Heard, PeerDraining, Received
 from compass.worker.tracing import TRACE_FIELD
 
 if TYPE_CHECKING:

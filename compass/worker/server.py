@@ -33,27 +33,11 @@ from compass.sched import Policy, make_policy
 from compass.sched.policies import worker_seed
 from compass.wire.transport import ChannelOptions, Server, serve
 from compass.worker import dashboard
-from compass.worker.executor import TaskOutcome, TaskRunner
-from compass.worker.gossip import Gossip
-from compass.worker.lanes import Lanes
-from compass.worker.membership import (
-    Membership,
-    MembershipOptions,
-    Peer,
-    Probing,
-    advertised_address,
-    default_worker_name,
-)
-from compass.worker.messages import PeerMessage, PlanReply, PlanRequest, TaskMsg
-from compass.worker.metrics import WorkerMetrics
-from compass.worker.otel import OtelExport
-from compass.worker.queue import QueuedTask
-from compass.worker.requests import describe, make_router
-from compass.worker.state import (
+from compass.worker.assemble import CoreOptions, build_core
+from compass.worker.events import (
     Answer,
     AskPlan,
     Cancel,
-    CoreOptions,
     Event,
     Fault,
     LoadFailed,
@@ -70,8 +54,23 @@ from compass.worker.state import (
     TaskReturned,
     Tick,
     Undeliverable,
-    build_core,
 )
+from compass.worker.executor import TaskOutcome, TaskRunner
+from compass.worker.gossip import Gossip
+from compass.worker.lanes import Lanes
+from compass.worker.membership import (
+    Membership,
+    MembershipOptions,
+    Peer,
+    Probing,
+    advertised_address,
+    default_worker_name,
+)
+from compass.worker.messages import PeerMessage, PlanReply, PlanRequest, TaskMsg
+from compass.worker.metrics import WorkerMetrics
+from compass.worker.otel import OtelExport
+from compass.worker.queue import QueuedTask
+from compass.worker.requests import describe, make_router
 from compass.worker.stats import WorkerStats, payload_bytes
 from compass.worker.tracing import TRACE_FIELD, Tracer, task_span
 from compass.workflow.dag import Task

@@ -33,30 +33,23 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, assert_never
 
-from compass.cache.policy import CacheCore
 from compass.errors import (
     CompassError,
     ConfigError,
     DeadlineExceeded,
-    DeadlineUnreachable,
     InvalidInputs,
     JobFailed,
-    JobTooLarge,
-    Overloaded,
     ProtocolError,
-    UnknownWorkflow,
     WorkerUnavailable,
     error_from_wire,
 )
-from compass.objective import Objective
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
-from compass.sched.cost import CostCache
-from compass.sched.deadline import plan_finish_s, remaining_s
-from compass.sched.replicas import model_demand, warm_order
 from compass.wire.codec import payload_bytes
+from compass.worker.admission import Admission, unreachable
+from compass.worker.estimates import Estimates
 from compass.worker.events import (
     Answer,
     AskPlan,
@@ -82,9 +75,10 @@ from compass.worker.events import (
     Tick,
     Undeliverable,
     ViewPort,
+    stimulus_id,
 )
-from compass.worker.jobs import Inbox, IngressJob
-from compass.worker.lanes import CannotRun, Lanes, LanesFault, LoadModel, RunTask, Step
+from compass.worker.jobs import Inbox, IngressJob, check_task
+from compass.worker.lanes import CannotRun, Lanes, LanesFault, Step
 from compass.worker.messages import (
     JOB_INPUTS,
     DoneMsg,
@@ -95,46 +89,13 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.worker.options import CoreOptions
 from compass.worker.queue import QueuedTask
 from compass.worker.stats import WorkerStats
-from compass.workflow.best import best_time_s
-from compass.workflow.dag import Task, Workflow, batch_limit
+from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
-__all__ = [
-    "Answer",
-    "AskPlan",
-    "Cancel",
-    "CoreOptions",
-    "Event",
-    "Fault",
-    "Heard",
-    "Instruction",
-    "LoadFailed",
-    "LoadModel",
-    "ModelLoaded",
-    "PeerDraining",
-    "PeerJoined",
-    "PeerLost",
-    "PlanAsked",
-    "PlanReady",
-    "Planned",
-    "Received",
-    "RunTask",
-    "Send",
-    "Submit",
-    "TaskDone",
-    "TaskFailed",
-    "TaskReturned",
-    "Tick",
-    "Undeliverable",
-    "ViewPort",
-    "WorkerCore",
-    "build_core",
-]
-
-#: how many finished job ids a worker remembers, to drop late messages of those jobs
-FORGET_AFTER = 4096
+__all__ = ["WorkerCore"]
 
 #: attempts of a job at most when workers report they could not take or pass on its tasks
 MAX_ATTEMPTS = 4
@@ -149,96 +110,13 @@ MEASURED_TRANSFER_BYTES = 1 << 20
 H2D_TOLERANCE = 0.02
 
 
-def _batch_group(task: Task) -> str:
-    """The batch group of a batchable task: tasks of one function and model, whatever their
-    workflow. An emulated task has no function: it stands for its model's forward pass, so
-    emulated tasks of one model batch together."""
-    if task.fn is None:
-        return f"{task.model}"
-    fn = task.fn
-    return f"{task.model}/{fn.__module__}.{getattr(fn, '__qualname__', '')}#{id(fn)}"
-
-
-@dataclass(frozen=True, slots=True)
-class CoreOptions:
-    """How a worker core is set up, the same for the asyncio worker and the simulator (both
-    build it with :func:`build_core`).
-
-    ``lanes`` GPU lanes and ``host_lanes`` host lanes (model-less tasks run there, off the GPU
-    queue, and are not counted in a peer's wait); ``prefetch_depth`` how far the queue's
-    look-ahead loads models (0: no speculative loads); ``prefetch_evicts=False`` prefetches
-    into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
-    cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
-    make the worker degraded; ``max_jobs`` and ``max_job_bytes`` bound what an ingress
-    holds; ``learn``: measured timings, output sizes, transfers and loads update the profiles
-    (real mode; an emulated worker and the simulator keep the spec's); ``instance``: this
-    worker process's id, in every job id.
-    """
-
-    lanes: int = 1
-    host_lanes: int = 0
-    prefetch_depth: int = 3
-    prefetch_evicts: bool = True
-    warm: bool = True
-    max_stuck: int = 4
-    max_jobs: int = 10_000
-    max_job_bytes: int = 1 << 62
-    forget_after: int = FORGET_AFTER
-    learn: bool = False
-    instance: str = ""
-
-
-def build_core(
-    name: str,
-    *,
-    workflows: Mapping[str, Workflow],
-    policy: Policy,
-    profiles: Profiles,
-    view: ViewPort,
-    cache: CacheCore,
-    options: CoreOptions = CoreOptions(),
-    stats: WorkerStats | None = None,
-) -> WorkerCore:
-    """A worker core and its lanes over ``cache``, for the worker and the simulator alike."""
-    demand = (
-        model_demand(workflows.values(), profiles) if options.warm and policy.warms_cache else None
-    )
-
-    def wanted(now: float) -> list[str]:
-        """Models worth warming here, most wanted first (:func:`warm_order`)."""
-        return warm_order(view.snapshot(now), name, lanes.demand)
-
-    lanes = Lanes(
-        lanes=options.lanes,
-        host_lanes=options.host_lanes,
-        cache=cache,
-        prefetch_depth=options.prefetch_depth,
-        prefetch_evicts=options.prefetch_evicts,
-        demand=demand,
-        max_stuck=options.max_stuck,
-        wanted=wanted,
-    )
-
-    def workflow(wanted_name: str) -> Workflow:
-        try:
-            return workflows[wanted_name]
-        except KeyError:
-            known = ", ".join(sorted(workflows)) or "none"
-            raise UnknownWorkflow(f"unknown workflow {wanted_name!r} (known: {known})") from None
-
-    return WorkerCore(
-        name, workflow=workflow, policy=policy, profiles=profiles, view=view, lanes=lanes,
-        options=options, stats=stats,
-    )  # fmt: skip
-
-
 class WorkerCore:
     """One worker's rules; see the module docstring.
 
     ``workflow`` looks a workflow up by name (raising
     :class:`~compass.errors.UnknownWorkflow`); ``lanes``: this worker's queues, lanes and
     cache (the core drives them); ``options``: see :class:`CoreOptions` (the lanes' own are
-    read from ``lanes``). Build one with :func:`build_core`.
+    read from ``lanes``). Build one with :func:`~compass.worker.assemble.build_core`.
     """
 
     def __init__(
@@ -263,8 +141,8 @@ class WorkerCore:
         self.view = view
         self.lanes = lanes
         self.host_lanes = lanes.host_lanes > 0
-        self.max_jobs = options.max_jobs
-        self.max_job_bytes = options.max_job_bytes
+        #: the ingress's limits: jobs in flight, bytes of inputs held
+        self.admission = Admission(name, options.max_jobs, options.max_job_bytes)
         #: measurements update the profiles (real mode)
         self.learn = options.learn
         #: this worker's own host-to-device copies were timed (its heartbeats advertise it)
@@ -291,12 +169,8 @@ class WorkerCore:
         self._answered: OrderedDict[str, tuple[Any, CompassError | None]] = OrderedDict()
         #: requests that wait for another request's job (a resubmitted key) -> that job's id
         self._attached: dict[str, str] = {}
-        #: workflow -> (its profile version, its best time in seconds), for deadline order
-        self._best: dict[str, tuple[int, float]] = {}
-        #: workflow -> (its profile version, each task's remaining critical path), for shedding
-        self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
-        #: cost tables for estimating when a plan finishes (admission by deadline)
-        self._costs = CostCache()
+        #: best times, critical paths, deadlines and queue entries, from the profiles
+        self.estimates = Estimates(name, policy, profiles, host_lanes=self.host_lanes)
 
     def new_job_id(self) -> str:
         """A job id unique in the cluster (worker names are) and across restarts of a worker
@@ -321,7 +195,7 @@ class WorkerCore:
         self._cause = event.cause or f"event#{self._handled}"
         try:
             if not event.cause:
-                self._cause = _stimulus(event, self._handled)
+                self._cause = stimulus_id(event, self._handled)
             self._dispatch(event)
         except LanesFault as fault:
             error = _original(fault)
@@ -422,41 +296,12 @@ class WorkerCore:
     def _submit(self, ev: Submit) -> None:
         if ev.key is not None and self._resubmitted(ev):
             return
-        if ev.input_bytes > self.max_job_bytes:
+        refusal = self.admission.refusal(
+            ev.job_id, ev.input_bytes, in_flight=len(self.jobs), held_bytes=self.held_bytes
+        )
+        if refusal is not None:
             self.stats.jobs_refused += 1
-            self._answer_now(
-                ev.job_id,
-                JobTooLarge(
-                    f"job {ev.job_id}: its inputs take {ev.input_bytes} bytes, more than worker "
-                    f"{self.name} takes for one job (its --max-job-mb is "
-                    f"{self.max_job_bytes / 2**20:g} MiB); send smaller inputs or raise the limit",
-                    detail={
-                        "job_id": ev.job_id,
-                        "input_bytes": ev.input_bytes,
-                        "max_job_bytes": self.max_job_bytes,
-                    },
-                ),
-            )
-            return
-        if len(self.jobs) >= self.max_jobs or self.held_bytes + ev.input_bytes > self.max_job_bytes:
-            self.stats.jobs_refused += 1
-            self._answer_now(
-                ev.job_id,
-                Overloaded(
-                    f"worker {self.name} already holds {len(self.jobs)} jobs in flight with "
-                    f"{self.held_bytes} bytes of inputs (its --max-jobs is {self.max_jobs}, its "
-                    f"--max-job-mb {self.max_job_bytes / 2**20:g} MiB); retry later or submit "
-                    "to another worker",
-                    detail={
-                        "job_id": ev.job_id,
-                        "jobs_in_flight": len(self.jobs),
-                        "max_jobs": self.max_jobs,
-                        "held_bytes": self.held_bytes,
-                        "input_bytes": ev.input_bytes,
-                        "max_job_bytes": self.max_job_bytes,
-                    },
-                ),
-            )
+            self._answer_now(ev.job_id, refusal)
             return
         try:
             workflow = self._workflow(ev.workflow)
@@ -478,7 +323,7 @@ class WorkerCore:
             key=ev.key,
             objective=ev.objective,
         )
-        deadline_s = self._deadline_s(workflow, ev.objective)
+        deadline_s = self.estimates.deadline_s(workflow, ev.objective)
         if deadline_s is not None:
             job.deadline = ev.now + deadline_s
         self.jobs[job.job_id] = job
@@ -538,21 +383,11 @@ class WorkerCore:
         assert job.deadline is not None
         # the waits of its priority: a job above the lowest runs ahead of the lower levels' work
         view = self.view.snapshot(now, without=job.job_id, priority=job.objective.priority)
-        costs = self._costs.get(job.workflow, self.profiles, view.names)
-        finish = plan_finish_s(
-            costs, plan, view, now, ingress=self.name, input_bytes=job.input_bytes,
-            host_lanes=self.host_lanes,
-        )  # fmt: skip
-        if finish > job.deadline:
+        finish = self.estimates.plan_finish_s(job.workflow, plan, view, now, job.input_bytes)
+        error = unreachable(job, finish)
+        if error is not None:
             self.stats.jobs_unreachable += 1
-            deadline_ms = (job.deadline - job.submitted_at) * 1000
-            estimate_ms = (finish - job.submitted_at) * 1000
-            raise DeadlineUnreachable(
-                f"job {job.job_id} ({job.workflow.name}) cannot meet its deadline of "
-                f"{deadline_ms:.1f} ms: its best plan finishes in {estimate_ms:.1f} ms",
-                detail={"job_id": job.job_id, "deadline_ms": deadline_ms,
-                        "estimate_ms": estimate_ms},
-            )  # fmt: skip
+            raise error
 
     def _new_attempt(self, job: IngressJob, lost: str, now: float) -> None:
         """Plan ``job`` again from the inputs kept here; older attempts are dropped by the
@@ -768,7 +603,7 @@ class WorkerCore:
             return  # a late message of a job already done or re-planned
         try:
             workflow = self._workflow(msg.workflow)
-            self._check_task(workflow, msg)
+            check_task(workflow, msg)
         except CompassError as exc:
             self.stats.messages_dropped += 1
             self._report_failure(
@@ -778,102 +613,8 @@ class WorkerCore:
         entry = self.inbox.add(msg, workflow, transfer_s=transfer_s, now=now)
         if entry is None:
             return
-        task = workflow.tasks[msg.task]
-        arrival = now if job_arrival is None else job_arrival
-        group: str | None = None
-        scale: tuple[float, ...] = ()
-        if task.batch > 1:
-            scale = self.profiles.batch_scale(workflow.name, task.name, self.name)
-            if batch_limit(scale, task.batch) > 1:  # else batching would gain nothing
-                group = _batch_group(task)
-        queued = QueuedTask(
-            job_id=msg.job,
-            attempt=msg.attempt,
-            workflow=workflow.name,
-            task=task.name,
-            model=task.model,
-            expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
-            inputs=entry.inputs,
-            plan=entry.plan,
-            ingress=entry.ingress,
-            enqueued_at=now,
-            transfer_s=entry.transfer_s,
-            priority=self._priority(workflow, arrival),
-            t0=msg.t0,
-            arrival=arrival,
-            group=group,
-            max_batch=task.batch,
-            scale=scale,
-            level=msg.priority,
-            # the budget left when it was sent, on this worker's clock, less the transfer
-            deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
-            finish=msg.finish,
-            remaining_s=self._remaining_of(workflow)[task.name],
-            fetch_s=0.0 if task.model is None else self._fetch_s(task.model),
-        )
+        queued = self.estimates.queued(msg, workflow, entry, now, transfer_s, job_arrival)
         self._take(self.lanes.submit(queued, now), now)
-
-    def _deadline_s(self, workflow: Workflow, objective: Objective) -> float | None:
-        """Seconds a job has: its own ``deadline_ms``, else its workflow's default objective
-        (``slo_ms``, or ``slo_x`` times its computed best time), else None."""
-        if objective.deadline_s is not None:
-            return objective.deadline_s
-        if workflow.slo_ms is not None:
-            return workflow.slo_ms / 1000.0
-        if workflow.slo_x is not None:
-            return workflow.slo_x * self._best_s(workflow)
-        return None
-
-    def _best_s(self, workflow: Workflow) -> float:
-        """``workflow``'s computed best time, kept per profile version."""
-        version = self.profiles.workflow_version(workflow.name)
-        known = self._best.get(workflow.name)
-        if known is None or known[0] != version:  # the estimates moved
-            known = self._best[workflow.name] = (version, best_time_s(workflow, self.profiles))
-        return known[1]
-
-    def _fetch_s(self, model: str) -> float:
-        """Seconds to copy ``model`` into this worker's cache."""
-        return self.profiles.model_bytes(model) / self.profiles.h2d_bytes_per_s(self.name)
-
-    def _remaining_of(self, workflow: Workflow) -> dict[str, float]:
-        """Each task's remaining critical path (:func:`remaining_s`), kept per profile
-        version."""
-        version = self.profiles.workflow_version(workflow.name)
-        known = self._remaining.get(workflow.name)
-        if known is None or known[0] != version:
-            known = self._remaining[workflow.name] = (
-                version,
-                remaining_s(workflow, self.profiles, self.name),
-            )
-        return known[1]
-
-    def _priority(self, workflow: Workflow, arrival: float) -> float | None:
-        """Where a task ranks in the queue (None: FIFO). Oldest job first ranks it at its
-        job's arrival; by deadline, at its arrival plus ``deadline_slack`` times its
-        workflow's best time (a short job's deadline comes sooner)."""
-        slack = self.policy.deadline_slack
-        if slack is not None:
-            return arrival + slack * self._best_s(workflow)
-        return arrival if self.policy.oldest_job_first else None
-
-    @staticmethod
-    def _check_task(workflow: Workflow, msg: TaskMsg) -> None:
-        """A task message must name a task of its workflow, one of its inputs, and a plan
-        that places it and its successors: anything else would fail later, far from its
-        cause."""
-        if msg.task not in workflow.tasks:
-            raise ProtocolError(f"workflow {workflow.name!r} has no task {msg.task!r}")
-        preds = workflow.preds(msg.task)
-        if msg.source not in preds and not (msg.source == JOB_INPUTS and not preds):
-            raise ProtocolError(f"task {msg.task!r} takes no input from {msg.source!r}")
-        if msg.source == JOB_INPUTS and not isinstance(msg.value, dict):
-            raise ProtocolError(f"the job inputs of root task {msg.task!r} are not a mapping")
-        # the entries this task's run will use: where it runs and where its output goes
-        needed = (msg.task, *workflow.succs(msg.task))
-        missing = [t for t in needed if not isinstance(msg.plan.get(t), str)]
-        if missing:
-            raise ProtocolError(f"the plan places no worker for {', '.join(missing)}")
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
@@ -1030,56 +771,6 @@ class WorkerCore:
         self._forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
-
-
-def _stimulus(event: Event, n: int) -> str:
-    """The id the core gives an anonymous event: its kind, what it is about, and its number
-    (the same for the same events)."""
-    match event:
-        case Received(msg=TaskMsg() as msg):
-            subject = f"{msg.job}/{msg.task}<{msg.source}"
-        case Received(msg=msg):
-            subject = f"{msg.op}:{msg.job}"
-        case TaskDone() | TaskFailed() | TaskReturned():
-            subject = f"{event.entry.job_id}/{event.entry.task}"
-        case ModelLoaded() | LoadFailed():
-            subject = event.model
-        case Submit() | PlanReady() | Cancel():
-            subject = event.job_id
-        case PlanAsked():
-            subject = event.request.job
-        case Heard():
-            subject = event.heartbeat.name
-        case PeerLost() | PeerJoined() | PeerDraining():
-            subject = event.name
-        case Undeliverable():
-            subject = f"{event.msg.op}>{event.peer}"
-        case Tick():
-            subject = ""
-        case _:
-            assert_never(event)
-    kind = _KINDS[type(event)]
-    return f"{kind}:{subject}#{n}" if subject else f"{kind}#{n}"
-
-
-_KINDS: dict[type, str] = {
-    Submit: "submit",
-    PlanReady: "plan-ready",
-    Received: "received",
-    TaskDone: "done",
-    TaskFailed: "failed",
-    TaskReturned: "returned",
-    ModelLoaded: "loaded",
-    LoadFailed: "load-failed",
-    Tick: "tick",
-    PeerLost: "lost",
-    Cancel: "cancel",
-    Undeliverable: "undeliverable",
-    PlanAsked: "plan-asked",
-    Heard: "heard",
-    PeerJoined: "joined",
-    PeerDraining: "draining",
-}
 
 
 def _original(fault: LanesFault) -> Exception:

@@ -3,15 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 # re-exported for old imports: it lives in compass.wire.codec (the client must not import worker/)
 from compass.wire.codec import payload_bytes
 
-if TYPE_CHECKING:
-    from compass.worker.executor import TaskOutcome
+__all__ = ["RanTask", "WorkerStats", "payload_bytes"]
 
-__all__ = ["WorkerStats", "payload_bytes"]
+
+class RanTask(Protocol):
+    """What the stats read of a task that ran (the executor's outcome is one)."""
+
+    @property
+    def error(self) -> BaseException | None: ...
+
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def cache_hit(self) -> bool: ...
+
+    @property
+    def queue_s(self) -> float: ...
+
+    @property
+    def fetch_s(self) -> float: ...
+
+    @property
+    def transfer_s(self) -> float: ...
+
+    @property
+    def exec_s(self) -> float: ...
 
 
 @dataclass(slots=True)
@@ -44,19 +66,19 @@ class WorkerStats:
     #: events whose handling raised (logged with their traceback); the worker serves on
     internal_errors: int = 0
 
-    def record(self, outcome: TaskOutcome) -> None:
+    def record(self, ran: RanTask) -> None:
         self.tasks_run += 1
-        if outcome.error is not None:
+        if ran.error is not None:
             self.tasks_failed += 1
-        if outcome.entry.model is not None:
-            if outcome.cache_hit:
+        if ran.model is not None:
+            if ran.cache_hit:
                 self.cache_hits += 1
             else:
                 self.cache_misses += 1
-        self.queue_s += outcome.queue_s
-        self.fetch_s += outcome.fetch_s
-        self.transfer_s += outcome.entry.transfer_s
-        self.exec_s += outcome.exec_s
+        self.queue_s += ran.queue_s
+        self.fetch_s += ran.fetch_s
+        self.transfer_s += ran.transfer_s
+        self.exec_s += ran.exec_s
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,11 +22,7 @@ from torch import nn
 
 import compass
 from compass.config import CacheConfig, WorkerConfig
-from compass.worker.lanes import LoadModel, RunTask
-from compass.worker.process import build_worker
-from compass.worker.queue import QueuedTask
-from compass.worker.server import Worker
-from compass.worker.state import (
+from compass.worker.events import (
     Answer,
     AskPlan,
     Event,
@@ -40,6 +36,10 @@ from compass.worker.state import (
     TaskFailed,
     TaskReturned,
 )
+from compass.worker.lanes import LoadModel, RunTask
+from compass.worker.process import build_worker
+from compass.worker.queue import QueuedTask
+from compass.worker.server import Worker
 
 app = compass.App("replay")
 app.model("a", lambda: nn.Linear(16, 16))

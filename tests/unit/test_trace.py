@@ -43,7 +43,7 @@ def task(name: str = "embed", **changes: object) -> dict[str, object]:
         "task": name, "worker": "w1", "planned_worker": "w0", "queued_ms": 2.0,
         "transfer_ms": 1.0, "load_ms": 40.0, "cache_hit": False, "exec_ms": 60.0, "batch": 3,
         "mates": ["w0-x-2", "w0-x-3"], "start": 100.0, "end": 100.1, "attempt": 1,
-        "model": "small", "lane": 0, "error": "",
+        "model": "small", "lane": 0, "error": "", "cause": "received:w0-x1/embed<JOB_INPUTS#3",
     }  # fmt: skip
     body.update(changes)
     return body
@@ -64,7 +64,7 @@ def test_a_trace_round_trips_through_its_json_form() -> None:
     trace = JobTrace.from_json(job())
     assert trace.tasks == (
         TaskTrace("embed", "w1", "w0", 1.0, 2.0, 40.0, False, 60.0, 3, 100.0, 100.1, 1, "small",
-                  ("w0-x-2", "w0-x-3"), 0, ""),
+                  ("w0-x-2", "w0-x-3"), 0, "", "received:w0-x1/embed<JOB_INPUTS#3"),
     )  # fmt: skip
     assert trace.attempts == 2 and trace.critical_path == ("embed",)
     assert JobTrace.from_json(trace.to_json()) == trace

@@ -11,10 +11,7 @@ import pytest
 from compass.config import WorkerConfig
 from compass.errors import UnknownWorkflow
 from compass.sched.heartbeat import Heartbeat
-from compass.worker.gossip import Gossip
-from compass.worker.lanes import LoadModel, RunTask
-from compass.worker.messages import JOB_INPUTS, PlanRequest
-from compass.worker.state import (
+from compass.worker.events import (
     Answer,
     Fault,
     Heard,
@@ -25,6 +22,9 @@ from compass.worker.state import (
     Submit,
     TaskDone,
 )
+from compass.worker.gossip import Gossip
+from compass.worker.lanes import LoadModel, RunTask
+from compass.worker.messages import JOB_INPUTS, PlanRequest
 
 from .test_state import GB, core, of, one, received, run_locally, task_msg
 

@@ -17,8 +17,8 @@ from compass.errors import (
     WorkflowError,
 )
 from compass.objective import NO_OBJECTIVE, Objective, check_objective
+from compass.worker.events import Answer, Received, RunTask, Send, Submit, TaskDone
 from compass.worker.messages import DoneMsg, FailedMsg, TaskMsg, decode
-from compass.worker.state import Answer, Received, RunTask, Send, Submit, TaskDone
 
 from .test_state import core, of, one, received, task_msg
 

@@ -38,7 +38,8 @@ def test_job_and_task_spans_carry_the_trace_and_its_fields() -> None:
     tracer.planned("j", 0, {"a": "w0", "b": "w1"}, 10.001)
     a = {"task": "a", "att": 0, "worker": "w0", "model": "m", "queued": 10.001,
          "start": 10.002, "end": 10.020, "transfer_s": 0.0, "load_s": 0.008, "exec_s": 0.01,
-         "hit": False, "batch": 2, "mates": ["k"], "lane": 0, "error": ""}  # fmt: skip
+         "hit": False, "batch": 2, "mates": ["k"], "lane": 0, "error": "",
+         "cause": "received:j/a<JOB_INPUTS#1"}  # fmt: skip
     b = {**a, "task": "b", "worker": "w2", "model": None, "hit": None, "batch": 1, "mates": [],
          "queued": 10.021, "start": 10.021, "end": 10.030, "load_s": 0.0,
          "error": "JobFailed"}  # fmt: skip
@@ -65,6 +66,7 @@ def test_job_and_task_spans_carry_the_trace_and_its_fields() -> None:
         "compass.transfer_ms": 0.0, "compass.queued_ms": pytest.approx(1.0),
         "compass.load_ms": pytest.approx(8.0), "compass.exec_ms": pytest.approx(10.0),
         "compass.batch": 2, "compass.batch_mates": ["k"], "compass.lane": 0,
+        "compass.cause": "received:j/a<JOB_INPUTS#1",
         "compass.model": "m", "compass.cache_hit": False,
     }  # fmt: skip
     assert [e.name for e in task_a.events] == ["lane", "model loaded"]

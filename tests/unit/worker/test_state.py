@@ -23,20 +23,11 @@ from compass.errors import (
 )
 from compass.sched import Heartbeat, ViewSnapshot, make_policy
 from compass.sched.view import Placement
-from compass.worker.messages import (
-    JOB_INPUTS,
-    DoneMsg,
-    FailedMsg,
-    PlacedMsg,
-    ResultMsg,
-    TaskMsg,
-)
-from compass.worker.state import (
-    MAX_ATTEMPTS,
+from compass.worker.assemble import CoreOptions, build_core
+from compass.worker.events import (
     Answer,
     AskPlan,
     Cancel,
-    CoreOptions,
     Event,
     Instruction,
     PeerLost,
@@ -48,9 +39,16 @@ from compass.worker.state import (
     TaskDone,
     TaskFailed,
     Undeliverable,
-    WorkerCore,
-    build_core,
 )
+from compass.worker.messages import (
+    JOB_INPUTS,
+    DoneMsg,
+    FailedMsg,
+    PlacedMsg,
+    ResultMsg,
+    TaskMsg,
+)
+from compass.worker.state import MAX_ATTEMPTS, WorkerCore
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000

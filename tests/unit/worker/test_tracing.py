@@ -36,7 +36,7 @@ def span(
     out = {
         "task": task, "att": 0, "worker": worker, "model": "m", "queued": queued,
         "start": start, "end": end, "transfer_s": 0.0, "load_s": 0.0, "exec_s": end - start,
-        "hit": True, "batch": 1, "mates": [], "lane": 0, "error": "",
+        "hit": True, "batch": 1, "mates": [], "lane": 0, "error": "", "cause": "",
     }  # fmt: skip
     out.update(more)
     return out

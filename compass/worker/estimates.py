@@ -1,0 +1,154 @@
+"""What a worker core expects of a job's tasks, from its profiles: a workflow's best time, each
+task's remaining critical path, a model's load time, a job's deadline, where a task ranks in
+the queue, when a plan would finish; and, from these, the queue entry of a task whose inputs
+are all here. Sans-IO, and pure but for caches kept per profile version (the estimates move
+when a learning core's profiles do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from compass.objective import Objective
+from compass.sched import Policy, ViewSnapshot
+from compass.sched.cost import CostCache
+from compass.sched.deadline import plan_finish_s, remaining_s
+from compass.worker.jobs import InboxEntry
+from compass.worker.messages import TaskMsg
+from compass.worker.queue import QueuedTask
+from compass.workflow.best import best_time_s
+from compass.workflow.dag import Task, Workflow, batch_limit
+from compass.workflow.profile import Profiles
+
+__all__ = ["Estimates"]
+
+
+def _batch_group(task: Task) -> str:
+    """The batch group of a batchable task: tasks of one function and model, whatever their
+    workflow. An emulated task has no function: it stands for its model's forward pass, so
+    emulated tasks of one model batch together."""
+    if task.fn is None:
+        return f"{task.model}"
+    fn = task.fn
+    return f"{task.model}/{fn.__module__}.{getattr(fn, '__qualname__', '')}#{id(fn)}"
+
+
+class Estimates:
+    """The estimates of worker ``name`` under ``policy``, from ``profiles``."""
+
+    def __init__(self, name: str, policy: Policy, profiles: Profiles, *, host_lanes: bool) -> None:
+        self.name = name
+        self.policy = policy
+        self.profiles = profiles
+        self.host_lanes = host_lanes
+        #: workflow -> (its profile version, its best time in seconds), for deadline order
+        self._best: dict[str, tuple[int, float]] = {}
+        #: workflow -> (its profile version, each task's remaining critical path), for shedding
+        self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
+        #: cost tables for estimating when a plan finishes (admission by deadline)
+        self._costs = CostCache()
+
+    def deadline_s(self, workflow: Workflow, objective: Objective) -> float | None:
+        """Seconds a job has: its own ``deadline_ms``, else its workflow's default objective
+        (``slo_ms``, or ``slo_x`` times its computed best time), else None."""
+        if objective.deadline_s is not None:
+            return objective.deadline_s
+        if workflow.slo_ms is not None:
+            return workflow.slo_ms / 1000.0
+        if workflow.slo_x is not None:
+            return workflow.slo_x * self.best_s(workflow)
+        return None
+
+    def best_s(self, workflow: Workflow) -> float:
+        """``workflow``'s computed best time, kept per profile version."""
+        version = self.profiles.workflow_version(workflow.name)
+        known = self._best.get(workflow.name)
+        if known is None or known[0] != version:  # the estimates moved
+            known = self._best[workflow.name] = (version, best_time_s(workflow, self.profiles))
+        return known[1]
+
+    def fetch_s(self, model: str) -> float:
+        """Seconds to copy ``model`` into this worker's cache."""
+        return self.profiles.model_bytes(model) / self.profiles.h2d_bytes_per_s(self.name)
+
+    def remaining(self, workflow: Workflow) -> dict[str, float]:
+        """Each task's remaining critical path (:func:`remaining_s`), kept per profile
+        version."""
+        version = self.profiles.workflow_version(workflow.name)
+        known = self._remaining.get(workflow.name)
+        if known is None or known[0] != version:
+            known = self._remaining[workflow.name] = (
+                version,
+                remaining_s(workflow, self.profiles, self.name),
+            )
+        return known[1]
+
+    def rank(self, workflow: Workflow, arrival: float) -> float | None:
+        """Where a task ranks in the queue (None: FIFO). Oldest job first ranks it at its
+        job's arrival; by deadline, at its arrival plus ``deadline_slack`` times its
+        workflow's best time (a short job's deadline comes sooner)."""
+        slack = self.policy.deadline_slack
+        if slack is not None:
+            return arrival + slack * self.best_s(workflow)
+        return arrival if self.policy.oldest_job_first else None
+
+    def plan_finish_s(
+        self,
+        workflow: Workflow,
+        plan: Mapping[str, str],
+        view: ViewSnapshot,
+        now: float,
+        input_bytes: int,
+    ) -> float:
+        """When ``plan`` of a job of ``workflow`` entering here now would finish on ``view``."""
+        costs = self._costs.get(workflow, self.profiles, view.names)
+        return plan_finish_s(
+            costs, plan, view, now, ingress=self.name, input_bytes=input_bytes,
+            host_lanes=self.host_lanes,
+        )  # fmt: skip
+
+    def queued(
+        self,
+        msg: TaskMsg,
+        workflow: Workflow,
+        ready: InboxEntry,
+        now: float,
+        transfer_s: float,
+        job_arrival: float | None,
+    ) -> QueuedTask:
+        """The queue entry of ``msg``'s task, ``ready`` (every input here) at ``now``, after
+        ``msg`` spent ``transfer_s`` on the wire; ``job_arrival``: its job's submit time on
+        this worker's clock (None: now)."""
+        task = workflow.tasks[msg.task]
+        arrival = now if job_arrival is None else job_arrival
+        group: str | None = None
+        scale: tuple[float, ...] = ()
+        if task.batch > 1:
+            scale = self.profiles.batch_scale(workflow.name, task.name, self.name)
+            if batch_limit(scale, task.batch) > 1:  # else batching would gain nothing
+                group = _batch_group(task)
+        return QueuedTask(
+            job_id=msg.job,
+            attempt=msg.attempt,
+            workflow=workflow.name,
+            task=task.name,
+            model=task.model,
+            expected_s=self.profiles.exec_s(workflow.name, task.name, self.name),
+            inputs=ready.inputs,
+            plan=ready.plan,
+            ingress=ready.ingress,
+            enqueued_at=now,
+            transfer_s=ready.transfer_s,
+            priority=self.rank(workflow, arrival),
+            t0=msg.t0,
+            arrival=arrival,
+            group=group,
+            max_batch=task.batch,
+            scale=scale,
+            level=msg.priority,
+            # the budget left when it was sent, on this worker's clock, less the transfer
+            deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
+            finish=msg.finish,
+            remaining_s=self.remaining(workflow)[task.name],
+            fetch_s=0.0 if task.model is None else self.fetch_s(task.model),
+        )
