@@ -10,7 +10,8 @@ its peers its primary address (a container). A client in worker 0's namespace th
 every worker knows every other by its namespace address, that jobs complete with tasks on
 every worker, and that each worker's ``/ready`` answers on the metrics port.
 
-It needs root and ``ip netns``; elsewhere it is skipped with the reason. Run as a module
+The hosts are :mod:`tests.integration.netns`'s: it needs root and ``ip netns``, and elsewhere
+it is skipped with the reason. Run as a module
 (``python -m tests.integration.test_multihost ADDRESS...``) it is that client.
 """
 
@@ -18,17 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,9 @@ import pytest
 from compass import Client
 from compass.cluster import WorkerProcess
 
+from . import netns
 from .conftest import PAPER
+from .netns import Hosts, compass_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBNET = "10.201.0"
@@ -50,83 +51,13 @@ PAPER_FLOWS = ["translation", "question_answer", "img_to_sound", "object_detecti
 #: emulated, and fast; round robin deals tasks to every worker in the view, so "tasks ran on
 #: every worker" is certain rather than likely
 EMULATED = ["--workload", PAPER, "--time-scale", "0.02", "--policy", "round_robin"]
-_names = itertools.count()
 
 
 def _address(i: int) -> str:
     return f"{SUBNET}.{i + 1}"
 
 
-# -- the hosts -----------------------------------------------------------------------------------
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
-
-
-class Hosts:
-    """``count`` namespaces, host i at 10.201.0.(i+1)/24 on its ``eth0``, all on one bridge in
-    a hub namespace. Names carry this process's id (and a counter), so parallel runs and other
-    tests' namespaces never collide; links are made inside the namespaces and go with them."""
-
-    def __init__(self, count: int) -> None:
-        tag = f"{os.getpid()}-{next(_names)}"
-        self.hub = f"cmh-hub-{tag}"
-        self.spaces = [f"cmh-w{i}-{tag}" for i in range(count)]
-        self._made: list[str] = []
-
-    def build(self) -> None:
-        self._add(self.hub)
-        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.hub, "link", "set", "br0", "up")
-        for i, space in enumerate(self.spaces):
-            self._add(space)
-            _ip("-n", space, "link", "set", "lo", "up")
-            hub_end = f"v{i}"
-            _ip("-n", self.hub, "link", "add", hub_end, "type", "veth",
-                "peer", "name", "eth0", "netns", space)  # fmt: skip
-            _ip("-n", self.hub, "link", "set", hub_end, "master", "br0")
-            _ip("-n", self.hub, "link", "set", hub_end, "up")
-            _ip("-n", space, "addr", "add", f"{_address(i)}/24", "dev", "eth0")
-            _ip("-n", space, "link", "set", "eth0", "up")
-            # a default route gives a worker bound to 0.0.0.0 a primary address to advertise;
-            # it leads only to the bridge, which has no other way out
-            _ip("-n", space, "route", "add", "default", "dev", "eth0")
-
-    def _add(self, space: str) -> None:
-        _ip("netns", "add", space)
-        self._made.append(space)
-
-    def close(self) -> None:
-        for space in reversed(self._made):  # a namespace takes its links with it
-            subprocess.run(["ip", "netns", "del", space], capture_output=True, timeout=20)
-        self._made.clear()
-
-
-@contextlib.contextmanager
-def _hosts(count: int) -> Iterator[Hosts]:
-    if shutil.which("ip") is None:
-        pytest.skip("no `ip` command (iproute2): cannot build network namespaces")
-    hosts = Hosts(count)
-    try:
-        try:
-            hosts.build()
-        except subprocess.CalledProcessError as exc:
-            pytest.skip(
-                f"cannot build network namespaces here (`{' '.join(exc.cmd)}`: "
-                f"{(exc.stderr or '').strip()}); needs root and `ip netns`"
-            )
-        yield hosts
-    finally:
-        hosts.close()
-
-
 # -- the workers ---------------------------------------------------------------------------------
-
-
-def _compass() -> list[str]:
-    script = Path(sys.executable).with_name("compass")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "compass"]
 
 
 def _worker_argv(i: int) -> list[str]:
@@ -139,7 +70,7 @@ def _worker_argv(i: int) -> list[str]:
         ["--host", "0.0.0.0", "--metrics-host", "0.0.0.0"],  # a container: the primary address
     ][i % 3]  # fmt: skip
     return [
-        *_compass(), "worker", "start", *EMULATED, "--name", f"w{i}", "--port", str(PORT),
+        *compass_command(), "worker", "start", *EMULATED, "--name", f"w{i}", "--port", str(PORT),
         "--join", f"{_address(0)}:{PORT}", "--join-timeout", "60",
         "--metrics-port", str(METRICS_PORT), *how,
     ]  # fmt: skip
@@ -151,12 +82,12 @@ async def _workers_in(
 ) -> AsyncIterator[list[WorkerProcess]]:
     workers: list[WorkerProcess] = []
     try:
-        for i, space in enumerate(hosts.spaces):  # all at once: the others wait for worker 0
+        for i in range(len(hosts.spaces)):  # all at once: the others wait for worker 0
             log_path = log_dir / f"w{i}.log"
             with log_path.open("ab") as log:
-                process = await asyncio.create_subprocess_exec(
-                    "ip", "netns", "exec", space, *_worker_argv(i),
-                    stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                process = await hosts.spawn(
+                    i, _worker_argv(i), env=env,
+                    stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                 )  # fmt: skip
             workers.append(WorkerProcess(f"w{i}", process, log_path))
         await asyncio.gather(*(w.read_address(60.0) for w in workers))
@@ -239,14 +170,13 @@ async def test_workers_on_three_hosts_join_by_address_and_share_jobs(
 ) -> None:
     env = {**worker_env, "COMPASS_TOKEN": secrets.token_hex(16)}
     addresses = [f"{_address(i)}:{PORT}" for i in range(WORKERS)]
-    with _hosts(WORKERS) as hosts:
+    with netns.hosts(WORKERS, subnet=SUBNET) as hosts:
         async with _workers_in(hosts, env, tmp_path) as workers:
             assert workers[0].address == addresses[0]  # the others bound 0.0.0.0
-            client = await asyncio.create_subprocess_exec(
-                "ip", "netns", "exec", hosts.spaces[0], sys.executable, "-m",
-                "tests.integration.test_multihost", *addresses,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                env=env, cwd=str(ROOT),
+            client = await hosts.spawn(
+                0, [sys.executable, "-m", "tests.integration.test_multihost", *addresses],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, cwd=str(ROOT),
             )  # fmt: skip
             try:
                 out, err = await asyncio.wait_for(client.communicate(), 120.0)
