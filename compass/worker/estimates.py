@@ -1,18 +1,24 @@
-"""What a worker core expects of a job's tasks, from its profiles: a workflow's best time, each
-task's remaining critical path, a model's load time, a job's deadline, where a task ranks in
-the queue, when a plan would finish; and, from these, the queue entry of a task whose inputs
-are all here. Sans-IO, and pure but for caches kept per profile version (the estimates move
-when a learning core's profiles do).
+"""What a worker core expects of a job's tasks, from its profiles, and what it learns into them.
+
+Expected: a workflow's best time, each task's remaining critical path, a model's load time, a
+job's deadline, where a task ranks in the queue, when a plan would finish; and, from these,
+the queue entry of a task whose inputs are all here (cached per profile version: the
+estimates move when the profiles do). Learned (a learning core, in real mode): measured runs,
+output sizes, pushes and loads, and the bandwidths peers measured. Sans-IO; only the core
+calls it, from its events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from compass.objective import Objective
 from compass.sched import Policy, ViewSnapshot
 from compass.sched.cost import CostCache
 from compass.sched.deadline import plan_finish_s, remaining_s
+from compass.sched.heartbeat import Heartbeat
+from compass.wire.codec import payload_bytes
 from compass.worker.jobs import InboxEntry
 from compass.worker.messages import TaskMsg
 from compass.worker.queue import QueuedTask
@@ -20,7 +26,13 @@ from compass.workflow.best import best_time_s
 from compass.workflow.dag import Task, Workflow, batch_limit
 from compass.workflow.profile import Profiles
 
-__all__ = ["Estimates"]
+__all__ = ["H2D_TOLERANCE", "MEASURED_TRANSFER_BYTES", "Estimates"]
+
+#: a pushed input smaller than this measures the link's latency, not its bandwidth: not learned
+MEASURED_TRANSFER_BYTES = 1 << 20
+
+#: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
+H2D_TOLERANCE = 0.02
 
 
 def _batch_group(task: Task) -> str:
@@ -47,6 +59,39 @@ class Estimates:
         self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
         #: cost tables for estimating when a plan finishes (admission by deadline)
         self._costs = CostCache()
+
+    # -- learning (a learning core's measurements; see WorkerCore) ------------------------------
+
+    def observe_run(self, entry: QueuedTask, output: Any, exec_s: float | None, batch: int) -> None:
+        """``entry`` ran and gave ``output``: its run's measured ``exec_s`` (None: not a
+        measurement, as for a batch's other entries: a batch is one, of its size, under its
+        lead) updates its task's profile, its output's size the task's output estimate."""
+        if exec_s is not None:
+            self.profiles.observe_batch(entry.workflow, entry.task, self.name, batch, exec_s)
+        self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(output))
+
+    def observe_push(self, sender: str, value: Any, transfer_s: float) -> None:
+        """An input ``value`` pushed by ``sender`` spent ``transfer_s`` on the wire: a measure
+        of the link (small pushes measure latency, not bandwidth, and are left out)."""
+        nbytes = payload_bytes(value)
+        if nbytes >= MEASURED_TRANSFER_BYTES:
+            self.profiles.observe_transfer(sender, self.name, nbytes, transfer_s)
+
+    def observe_load(self, nbytes: int, seconds: float) -> None:
+        """This worker copied ``nbytes`` of a model into its cache in ``seconds``."""
+        self.profiles.observe_h2d(self.name, nbytes, seconds)
+
+    def adopt_h2d(self, heartbeat: Heartbeat) -> None:
+        """A peer's measured host-to-device bandwidth, adopted when it differs by more than
+        :data:`H2D_TOLERANCE` from what this worker assumes (smaller moves would only rebuild
+        the cost tables)."""
+        measured = heartbeat.h2d_bytes_per_s
+        if measured > 0:
+            assumed = self.profiles.h2d_bytes_per_s(heartbeat.name)
+            if abs(measured - assumed) > H2D_TOLERANCE * assumed:
+                self.profiles.set_h2d(heartbeat.name, measured)
+
+    # -- estimates -----------------------------------------------------------------------------
 
     def deadline_s(self, workflow: Workflow, objective: Objective) -> float | None:
         """Seconds a job has: its own ``deadline_ms``, else its workflow's default objective

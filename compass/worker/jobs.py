@@ -110,12 +110,16 @@ class Inbox:
             return entry
         return None
 
-    def drop_ingress(self, ingress: str) -> set[str]:
-        """Drop the inputs of every job whose ingress is ``ingress``; return those jobs."""
+    def drop_ingress(self, ingress: str) -> dict[str, tuple[int, str]]:
+        """Drop the inputs of every job whose ingress is ``ingress``; return those jobs, each
+        with its highest attempt here and a task of that attempt."""
         stale = [key for key, entry in self._entries.items() if entry.ingress == ingress]
+        dropped: dict[str, tuple[int, str]] = {}
         for key in stale:
             del self._entries[key]
-        return {key[0] for key in stale}
+            job, attempt, task = key
+            dropped[job] = max(dropped.get(job, (attempt, task)), (attempt, task))
+        return dropped
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
         stale = [

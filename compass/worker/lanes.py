@@ -226,12 +226,16 @@ class Lanes:
                     self._prefetch()
         return steps
 
-    def drop(self, stale: Callable[[QueuedTask], bool]) -> int:
-        """Remove the queued (not yet running) tasks ``stale`` is true of."""
-        dropped = len(self.queue.drop(stale))
+    def drop(self, stale: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
+        """Remove the queued (not yet running) tasks ``stale`` is true of; return them."""
+        dropped = self.queue.drop(stale)
         if dropped:
             self.version += 1
-        return dropped + len(self.host_queue.drop(stale))
+        return [*dropped, *self.host_queue.drop(stale)]
+
+    def running(self) -> list[QueuedTask]:
+        """The tasks on a lane now (each entry of a batch)."""
+        return list(self._runs)
 
     def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> list[Step]:
         """``entry``'s run ended (done or failed): its lane is free (the caller fills it).

@@ -1,5 +1,5 @@
 """How a worker core is set up (:class:`CoreOptions`), the same for the asyncio worker and the
-simulator: both build their cores with :func:`compass.worker.state.build_core`.
+simulator: both build their cores with :func:`compass.worker.assemble.build_core`.
 """
 
 from __future__ import annotations

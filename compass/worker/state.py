@@ -12,9 +12,11 @@ What the core owns:
   its current attempt, the sink outputs gathered so far; admission (``max_jobs``), planning
   (here, or at the ``central`` planner), the one answer per job;
 - the **inbox**: the inputs of tasks whose predecessors have not all reported (a join waits for
-  every one of them); a task whose inputs are all here is handed out to run (:class:`Enqueue`);
+  every one of them); a task whose inputs are all here goes to the lanes;
 - the **attempt rules**: a job re-planned after a lost peer gets a new attempt; messages of an
   older attempt, or of a job already done here, are dropped, so a job is answered exactly once;
+  the tasks of a lost ingress's jobs are dropped here, and if that ingress comes back (it was
+  alive: a false suspicion, a healed partition) it hears of them and plans them again;
 - **dynamic adjustment**: when a task finishes, its successors are re-placed on this worker's
   view before the output is pushed on, and the ingress is told of every move;
 - the **queues, lanes and model residency** (:class:`~compass.worker.lanes.Lanes`): which task
@@ -47,7 +49,6 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
-from compass.wire.codec import payload_bytes
 from compass.worker.admission import Admission, unreachable
 from compass.worker.estimates import Estimates
 from compass.worker.events import (
@@ -103,12 +104,6 @@ MAX_ATTEMPTS = 4
 #: how many answered job keys an ingress remembers (with their answers) for resubmissions
 ANSWERED_KEYS = 4096
 
-#: a pushed input smaller than this measures the link's latency, not its bandwidth: not learned
-MEASURED_TRANSFER_BYTES = 1 << 20
-
-#: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
-H2D_TOLERANCE = 0.02
-
 
 class WorkerCore:
     """One worker's rules; see the module docstring.
@@ -163,6 +158,8 @@ class WorkerCore:
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = []
         self._cause = ""
+        #: per ingress this worker lost: the jobs whose tasks it dropped, (attempt, task)
+        self._orphans: dict[str, OrderedDict[str, tuple[int, str]]] = {}
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
         #: job key -> (value, error) of the answered job it named; the oldest forgotten first
@@ -240,7 +237,7 @@ class WorkerCore:
             case Heard():
                 self._heard(event)
             case PeerJoined():
-                self.view.joined(event.name, event.instance)
+                self._peer_joined(event)
             case PeerDraining():
                 self.view.drain(event.name, event.instance)
             case _:
@@ -269,21 +266,15 @@ class WorkerCore:
         self._out.append(Planned(request.ingress, request.job, plan, error, self._cause))
 
     def _heard(self, ev: Heard) -> None:
-        """A peer's heartbeat: into the view; a host-to-device bandwidth it measured is
-        adopted when it differs by more than 2% from what this worker assumes (smaller moves
-        would only rebuild the cost tables)."""
+        """A peer's heartbeat: into the view, and a bandwidth it measured into the profiles."""
         heartbeat = ev.heartbeat
         if not self.view.heard(heartbeat, ev.now):
             return  # stale, of a draining peer, or of this worker's own name
-        measured = heartbeat.h2d_bytes_per_s
-        if measured > 0:
-            assumed = self.profiles.h2d_bytes_per_s(heartbeat.name)
-            if abs(measured - assumed) > H2D_TOLERANCE * assumed:
-                self.profiles.set_h2d(heartbeat.name, measured)
+        self.estimates.adopt_h2d(heartbeat)
 
     def _model_loaded(self, ev: ModelLoaded) -> None:
         if self.learn and ev.seconds > 0 and self.lanes.cache.is_loading(ev.model):
-            self.profiles.observe_h2d(self.name, self.lanes.cache.size_bytes(ev.model), ev.seconds)
+            self.estimates.observe_load(self.lanes.cache.size_bytes(ev.model), ev.seconds)
             self.h2d_measured = True
         self._take(self.lanes.loaded(ev.model, ev.seconds, ev.now), ev.now)
 
@@ -562,15 +553,43 @@ class WorkerCore:
             return
         self.view.remove(ev.name)
         self.stats.peers_lost += 1
-        # inputs of jobs whose ingress is gone would wait forever: nobody takes their results
-        for job_id in self.inbox.drop_ingress(ev.name):
-            self._forget(job_id, None)
+        # inputs of jobs whose ingress is gone would wait forever: nobody takes their results.
+        # Only the attempts seen here are forgotten, and the ingress hears of them if it comes
+        # back (it was alive: a false suspicion, or a partition): it plans them again
         lost = ev.name
-        self.lanes.drop(lambda e: e.ingress == lost)
+        dropped = self.inbox.drop_ingress(lost)
+        for entry in [*self.lanes.drop(lambda e: e.ingress == lost), *self.lanes.running()]:
+            if entry.ingress == lost:
+                mark = (entry.attempt, entry.task)
+                dropped[entry.job_id] = max(dropped.get(entry.job_id, mark), mark)
+        for job_id, (attempt, task) in dropped.items():
+            self._forget(job_id, attempt + 1)
+            self._orphan(lost, job_id, attempt, task)
         for job in list(self.jobs.values()):
             if job.involves(ev.name):
                 self.stats.replans += 1
                 self._new_attempt(job, ev.name, ev.now)
+
+    def _orphan(self, ingress: str, job_id: str, attempt: int, task: str) -> None:
+        """This worker dropped ``task`` of ``job_id``'s ``attempt`` because it lost the job's
+        ``ingress``: if the ingress comes back, it hears so (:meth:`_peer_joined`)."""
+        jobs = self._orphans.setdefault(ingress, OrderedDict())
+        jobs[job_id] = (attempt, task)
+        while len(jobs) > ANSWERED_KEYS:
+            jobs.popitem(last=False)
+
+    def _peer_joined(self, ev: PeerJoined) -> None:
+        """A peer is connected. If it is an ingress this worker lost while it held tasks of
+        its jobs, the ingress plans those jobs again (a new attempt): it never lost this
+        worker, and would wait for them forever. A restarted ingress has no such jobs: it
+        drops the reports."""
+        self.view.joined(ev.name, ev.instance)
+        for job_id, (attempt, task) in self._orphans.pop(ev.name, {}).items():
+            self._report_failure(
+                job_id, attempt, task, ev.name, ev.now,
+                f"worker {self.name} lost its ingress {ev.name} and dropped the task; "
+                "planning the job again", WorkerUnavailable.code,
+            )  # fmt: skip
 
     # -- every worker: tasks in, outputs out --------------------------------------------------
 
@@ -578,7 +597,7 @@ class WorkerCore:
         msg = ev.msg
         if isinstance(msg, TaskMsg):
             if self.learn and ev.transfer_s > 0:
-                self._learn_transfer(ev.sender, msg, ev.transfer_s)
+                self.estimates.observe_push(ev.sender, msg.value, ev.transfer_s)
             self._task_input(msg, ev.now, ev.transfer_s, ev.job_arrival)
         elif isinstance(msg, ResultMsg):
             self._result(msg, ev.now)
@@ -588,13 +607,6 @@ class WorkerCore:
             self._placed(msg)
         else:
             self._drop_job(msg.job, msg.below)
-
-    def _learn_transfer(self, sender: str, msg: TaskMsg, transfer_s: float) -> None:
-        """A pushed input's time on the wire measures the link from ``sender``; small pushes
-        measure latency, not bandwidth, and are left out."""
-        nbytes = payload_bytes(msg.value)
-        if nbytes >= MEASURED_TRANSFER_BYTES:
-            self.profiles.observe_transfer(sender, self.name, nbytes, transfer_s)
 
     def _task_input(
         self, msg: TaskMsg, now: float, transfer_s: float, job_arrival: float | None
@@ -656,19 +668,12 @@ class WorkerCore:
         self._send(ingress, failed, now)
 
     def _task_done(self, ev: TaskDone) -> None:
-        if self.learn:
-            self._learn_task(ev)
+        if self.learn:  # a batch is one measurement, under its lead
+            measured = ev.exec_s if ev.first else None
+            self.estimates.observe_run(ev.entry, ev.output, measured, ev.batch)
         self._take(self.lanes.ended(ev.entry, ev.now), ev.now)
         self._pass_on(ev)
         self._take(self.lanes.fill(ev.now), ev.now)
-
-    def _learn_task(self, ev: TaskDone) -> None:
-        """A measured run updates its task's profile (a batch is one measurement, of its
-        size, under its lead), and its output's size the task's output estimate."""
-        entry = ev.entry
-        if ev.first and ev.exec_s is not None:
-            self.profiles.observe_batch(entry.workflow, entry.task, self.name, ev.batch, ev.exec_s)
-        self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(ev.output))
 
     def _pass_on(self, ev: TaskDone) -> None:
         """Send a finished task's output on: to its successors (re-placed first), or, from a
@@ -737,6 +742,11 @@ class WorkerCore:
             task, ingress = msg.task, msg.ingress  # a root, sent by this ingress: plan again
         elif isinstance(msg, ResultMsg):
             task, ingress = msg.task, ev.peer
+        elif isinstance(msg, FailedMsg) and ev.unreachable and msg.worker == self.name:
+            # this worker's report of a failure could not reach the job's ingress either: it
+            # hears of it if it comes back
+            self._orphan(ev.peer, msg.job, msg.attempt, msg.task)
+            return
         else:
             return
         if self.is_done(msg.job, msg.attempt):

@@ -20,6 +20,7 @@ from compass.errors import (
     JobTooLarge,
     Overloaded,
     UnknownWorkflow,
+    WorkerUnavailable,
 )
 from compass.sched import Heartbeat, ViewSnapshot, make_policy
 from compass.sched.view import Placement
@@ -30,6 +31,7 @@ from compass.worker.events import (
     Cancel,
     Event,
     Instruction,
+    PeerJoined,
     PeerLost,
     PlanReady,
     Received,
@@ -590,6 +592,29 @@ def test_a_lost_ingress_leaves_no_inputs_behind() -> None:
     late = task_msg(task="d", source="c", value=2, plan=plan, workflow="diamond")
     assert c.handle(received(late, 2.0)) == []
     assert len(c.inbox) == 0
+
+
+def test_an_ingress_lost_and_back_hears_of_the_jobs_dropped_and_their_next_attempts_run() -> None:
+    # w9 was declared dead here while it held jobs with tasks here, but it was alive (a false
+    # suspicion, a partition healed): it never lost this worker, and would wait forever
+    c, _ = core("a", ("a", "w9", "w8"), lanes=1)
+    one(RunTask, c.handle(received(task_msg(job="w9-1"))))  # running here
+    c.handle(received(task_msg(job="w9-2")))  # queued
+    plan = dict.fromkeys(DIAMOND.tasks, "a")
+    c.handle(received(task_msg(job="w9-3", task="d", source="b", value=1, plan=plan,
+                               workflow="diamond")))  # fmt: skip  # half of a join's inputs
+    assert c.handle(PeerLost(1.0, "w9")) == []
+    steps = c.handle(PeerJoined(2.0, "w9", "same-process"))
+    reports = {s.msg.job: s.msg for s in of(Send, steps)}
+    assert set(reports) == {"w9-1", "w9-2", "w9-3"} and {s.peer for s in of(Send, steps)} == {"w9"}
+    assert all(isinstance(m, FailedMsg) and m.code == WorkerUnavailable.code
+               for m in reports.values())  # fmt: skip  # the ingress plans them again
+    assert reports["w9-3"].task == "d" and reports["w9-3"].attempt == 0
+    # their next attempts run here: only the attempts seen were forgotten
+    assert c.handle(received(task_msg(job="w9-2", attempt=0), 3.0)) == []  # stale
+    c.handle(TaskDone(3.0, c.lanes.running()[0], "out"))  # the lane frees
+    assert one(RunTask, c.handle(received(task_msg(job="w9-2", attempt=1), 3.0))).entry.attempt == 1
+    assert c.handle(PeerJoined(4.0, "w9", "same-process")) == []  # told once
 
 
 # -- one attempt per answer, identity across restarts, one job too large -----------------------
