@@ -23,7 +23,6 @@ from compass.objective import Objective
 from compass.sched.heartbeat import Heartbeat
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
-from compass.worker.events import Heard, PeerDraining, Received
 from compass.worker.messages import (
     DoneMsg,
     FailedMsg,
@@ -254,12 +253,8 @@ class _Requests:
         return guarded
 
     def heartbeat(self, channel: Channel, body: Any) -> None:
-        # one of a peer that joined, of its current incarnation, counts (not one naming this
-        # worker, nor a stranger); a malformed one is dropped like any bad peer message
+        # a malformed one is dropped like any bad peer message; the worker judges the rest
         worker = self.worker
-        membership = worker.membership
-        if membership is None:
-            return
         try:
             heartbeat = Heartbeat.from_wire(body)
         except CompassError as exc:
@@ -267,8 +262,7 @@ class _Requests:
             log.warning("%s: dropped a malformed heartbeat from %s: %s", worker.name,
                         channel.peer_name, exc)  # fmt: skip
             return
-        if membership.seen(heartbeat.name, heartbeat.incarnation):
-            worker.apply(Heard(worker.clock(), heartbeat))
+        worker.heard(heartbeat)
 
     def leave(self, channel: Channel, body: Any) -> None:
         """A peer stopped on purpose: its jobs are re-planned, and it is retried soon (it is
@@ -279,16 +273,13 @@ class _Requests:
 
     def drain(self, channel: Channel, body: Any) -> None:
         """A peer drains before it stops: plan nothing new there."""
-        worker = self.worker
-        membership = worker.membership
         name = body.get("name") if isinstance(body, dict) else None
-        if membership is not None and isinstance(name, str) and name in membership.peers:
-            instance = membership.peers[name].member.instance
-            worker.apply(PeerDraining(worker.clock(), name, instance))
+        if isinstance(name, str):
+            self.worker.peer_draining(name)
 
     def peer_message(self, op: str) -> PeerHandler:
-        """The handler of the typed peer message ``op``: decoded and checked, then an event
-        of the core."""
+        """The handler of the typed peer message ``op``: decoded and checked, then the
+        worker's."""
         worker = self.worker
 
         def handle(channel: Channel, body: Any) -> None:
@@ -299,32 +290,9 @@ class _Requests:
                 log.warning("%s: dropped a malformed %r from %s: %s", worker.name, op,
                             channel.peer_name, exc)  # fmt: skip
                 return
-            if (
-                TRACE_FIELD in body
-                and isinstance(msg, TaskMsg | ResultMsg | FailedMsg)
-                and not worker.core.is_done(msg.job, msg.attempt)
-            ):
-                # a traced job's spans: kept before the message is handled (a result may
-                # answer the job at once)
-                worker.tracer.incoming(msg.job, body[TRACE_FIELD])
-            if isinstance(msg, TaskMsg):
-                worker.apply(self._task_arrived(channel, msg))
-            else:
-                if isinstance(msg, DoneMsg) and msg.below is None and worker.tracer.jobs:
-                    worker.tracer.forget(msg.job)
-                worker.apply(Received(worker.clock(), channel.peer_name, msg))
+            worker.receive(channel.peer_name, msg, body.get(TRACE_FIELD))
 
         return handle
-
-    def _task_arrived(self, channel: Channel, msg: TaskMsg) -> Received:
-        """A pushed task input: its transfer time and its job's age, from the wall clock."""
-        worker = self.worker
-        scale = worker.config.time_scale
-        wall = time.time()
-        transfer_s = max(0.0, wall - msg.sent) / scale
-        now = worker.clock()
-        arrival = now - max(0.0, wall - msg.t0) / scale
-        return Received(now, channel.peer_name, msg, transfer_s, arrival)
 
     # -- checks --------------------------------------------------------------------------------
     def _require_peer(self, channel: Channel, op: str) -> None:

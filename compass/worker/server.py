@@ -30,6 +30,7 @@ from compass.config import WorkerConfig
 from compass.errors import CompassError, WorkerUnavailable
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import Policy, make_policy
+from compass.sched.heartbeat import Heartbeat
 from compass.sched.policies import worker_seed
 from compass.wire.transport import ChannelOptions, Server, serve
 from compass.worker import dashboard
@@ -40,14 +41,17 @@ from compass.worker.events import (
     Cancel,
     Event,
     Fault,
+    Heard,
     LoadFailed,
     LoadModel,
     ModelLoaded,
+    PeerDraining,
     PeerJoined,
     PeerLost,
     PlanAsked,
     Planned,
     PlanReady,
+    Received,
     RunTask,
     Send,
     Submit,
@@ -66,7 +70,15 @@ from compass.worker.membership import (
     advertised_address,
     default_worker_name,
 )
-from compass.worker.messages import PeerMessage, PlanReply, PlanRequest, TaskMsg
+from compass.worker.messages import (
+    DoneMsg,
+    FailedMsg,
+    PeerMessage,
+    PlanReply,
+    PlanRequest,
+    ResultMsg,
+    TaskMsg,
+)
 from compass.worker.metrics import WorkerMetrics
 from compass.worker.otel import OtelExport
 from compass.worker.queue import QueuedTask
@@ -199,6 +211,16 @@ class Worker:
         """This worker's queues, lanes and cache decisions (the core's)."""
         return self.core.lanes
 
+    @property
+    def jobs_in_flight(self) -> int:
+        """Jobs accepted at this ingress and not answered yet."""
+        return len(self.core.jobs)
+
+    @property
+    def tasks_waiting_inputs(self) -> int:
+        """Tasks here that wait for their inputs."""
+        return len(self.core.inbox)
+
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
@@ -320,7 +342,7 @@ class Worker:
             if self.membership is not None:
                 self.membership.broadcast("drain", {"name": self.name})
             log.warning("%s: draining for up to %g s: %d jobs in flight here, %d tasks queued, "
-                        "%d running", self.name, timeout_s, len(self.core.jobs),
+                        "%d running", self.name, timeout_s, self.jobs_in_flight,
                         self._tasks_held(), self.lanes.busy + self.lanes.host_busy)  # fmt: skip
             self._check_drained()
         hurry = asyncio.ensure_future(self._hurry.wait())
@@ -335,12 +357,12 @@ class Worker:
             log.warning("%s: drained: every job and task held here is done", self.name)
             return True
         log.warning("%s: drain ended with %d jobs in flight here and %d tasks held; they fail "
-                    "over", self.name, len(self.core.jobs), self._tasks_held())  # fmt: skip
+                    "over", self.name, self.jobs_in_flight, self._tasks_held())  # fmt: skip
         return False
 
     def _tasks_held(self) -> int:
         lanes = self.lanes
-        return len(lanes.queue) + len(lanes.host_queue) + len(self.core.inbox)
+        return len(lanes.queue) + len(lanes.host_queue) + self.tasks_waiting_inputs
 
     def _check_drained(self) -> None:
         lanes = self.lanes
@@ -395,6 +417,47 @@ class Worker:
     def _peer_left(self, name: str, why: str) -> None:
         log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
         self.apply(PeerLost(self.clock(), name))
+
+    # -- what peers say (checked at the door by requests.py) -----------------------------------
+    def heard(self, heartbeat: Heartbeat) -> None:
+        """A peer's heartbeat: it counts if it is of a peer that joined, of its current
+        incarnation (not one naming this worker, nor a stranger)."""
+        membership = self.membership
+        if membership is not None and membership.seen(heartbeat.name, heartbeat.incarnation):
+            self.apply(Heard(self.clock(), heartbeat))
+
+    def peer_draining(self, name: str) -> None:
+        """Peer ``name`` drains before it stops: nothing new is planned there."""
+        membership = self.membership
+        if membership is not None and name in membership.peers:
+            instance = membership.peers[name].member.instance
+            self.apply(PeerDraining(self.clock(), name, instance))
+
+    def receive(self, sender: str, msg: PeerMessage, spans: Any = None) -> None:
+        """A typed message of peer ``sender``: an event of the core. ``spans``: the trace
+        field it carried (a traced job's spans), kept before the message is handled, as a
+        result may answer the job at once."""
+        if (
+            spans is not None
+            and isinstance(msg, TaskMsg | ResultMsg | FailedMsg)
+            and not self.core.is_done(msg.job, msg.attempt)
+        ):
+            self.tracer.incoming(msg.job, spans)
+        if isinstance(msg, TaskMsg):
+            self.apply(self._task_arrived(sender, msg))
+            return
+        if isinstance(msg, DoneMsg) and msg.below is None and self.tracer.jobs:
+            self.tracer.forget(msg.job)
+        self.apply(Received(self.clock(), sender, msg))
+
+    def _task_arrived(self, sender: str, msg: TaskMsg) -> Received:
+        """A pushed task input: its transfer time and its job's age, from the wall clock."""
+        scale = self.config.time_scale
+        wall = time.time()
+        transfer_s = max(0.0, wall - msg.sent) / scale
+        now = self.clock()
+        arrival = now - max(0.0, wall - msg.t0) / scale
+        return Received(now, sender, msg, transfer_s, arrival)
 
     # -- the core: events in, instructions out --------------------------------------------------
     def apply(self, event: Event) -> None:
