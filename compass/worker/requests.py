@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
-from compass.objective import Objective
+from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched.heartbeat import Heartbeat
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
 from compass.worker.messages import (
     DoneMsg,
     FailedMsg,
+    PeerMessage,
     PlacedMsg,
     PlanRequest,
     ResultMsg,
@@ -35,10 +37,27 @@ from compass.worker.messages import (
 from compass.worker.tracing import TRACE_FIELD
 
 if TYPE_CHECKING:
+    from compass.app import App
+    from compass.cache.models import ModelCache
+    from compass.config import WorkerConfig
+    from compass.sched import Policy
+    from compass.worker.gossip import Gossip
+    from compass.worker.lanes import Lanes
     from compass.worker.membership import Membership
-    from compass.worker.server import Worker
+    from compass.worker.metrics import WorkerMetrics
+    from compass.worker.stats import WorkerStats
+    from compass.worker.tracing import Tracer
 
-__all__ = ["describe", "make_router"]
+__all__ = [
+    "Described",
+    "Holdings",
+    "Identity",
+    "Records",
+    "Served",
+    "describe",
+    "make_router",
+    "queue_status",
+]
 
 log = logging.getLogger("compass.worker")
 
@@ -54,7 +73,110 @@ MAX_TIMELINE_SPANS = 2000
 STATUS_TRACES = 5
 
 
-def make_router(worker: Worker) -> Router:
+# What this module needs of a worker, by concern (compass.worker.server.Worker is each of them;
+# the dashboard and the metrics build on the first three).
+
+
+class Identity(Protocol):
+    """Who a worker is and how it runs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when it was made."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def config(self) -> WorkerConfig: ...
+
+
+class Holdings(Protocol):
+    """What a worker holds now: its queues and lanes, its cache and its jobs; and its clock,
+    which ages them."""
+
+    @property
+    def lanes(self) -> Lanes: ...
+
+    @property
+    def cache(self) -> ModelCache: ...
+
+    @property
+    def jobs_in_flight(self) -> int: ...
+
+    @property
+    def tasks_waiting_inputs(self) -> int: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    def clock(self) -> float: ...
+
+
+class Records(Protocol):
+    """What a worker counts and keeps of what it did: counters, traces, metrics."""
+
+    @property
+    def stats(self) -> WorkerStats: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
+
+    @property
+    def metrics(self) -> WorkerMetrics: ...
+
+
+class Described(Identity, Holdings, Records, Protocol):
+    """What ``compass status`` reads of a worker: the above, its peers and view of them, and
+    the workflows it serves."""
+
+    @property
+    def membership(self) -> Membership | None: ...
+
+    @property
+    def gossip(self) -> Gossip: ...
+
+    @property
+    def app(self) -> App: ...
+
+
+class Served(Described, Protocol):
+    """What the request handlers read (``status``) and what they ask the worker to do."""
+
+    @property
+    def trace(self) -> deque[dict[str, Any]]:
+        """The records of the last jobs answered here."""
+
+    async def submit_job(
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
+        *,
+        trace: bool = False,
+        traceparent: str | None = None,
+    ) -> tuple[str, Any]: ...
+
+    def plan_for(self, request: PlanRequest) -> dict[str, str]: ...
+
+    def heard(self, heartbeat: Heartbeat) -> None: ...
+
+    def peer_draining(self, name: str) -> None: ...
+
+    def receive(self, sender: str, msg: PeerMessage, spans: Any = None) -> None: ...
+
+
+def make_router(worker: Served) -> Router:
     """The request table of ``worker``."""
     router = Router()
     requests = _Requests(worker)
@@ -75,12 +197,12 @@ def make_router(worker: Worker) -> Router:
     return router
 
 
-def queue_status(worker: Worker) -> dict[str, Any]:
+def queue_status(worker: Holdings) -> dict[str, Any]:
     """The worker's queues and lanes as ``compass status`` and the dashboard show them."""
     lanes = worker.lanes
     return {
         "ready": len(lanes.queue),
-        "waiting_inputs": len(worker.core.inbox),
+        "waiting_inputs": worker.tasks_waiting_inputs,
         "running": lanes.busy,
         "lanes": lanes.lanes,
         "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
@@ -92,7 +214,7 @@ def queue_status(worker: Worker) -> dict[str, Any]:
     }
 
 
-def describe(worker: Worker) -> dict[str, Any]:
+def describe(worker: Described) -> dict[str, Any]:
     """``compass status``: the worker, its peers, its queues, cache and counters."""
     membership = worker.membership
     return {
@@ -113,7 +235,7 @@ def describe(worker: Worker) -> dict[str, Any]:
         "cluster": worker.gossip.describe(),
         "workflows": sorted(worker.app.workflows),
         "queue": queue_status(worker),
-        "jobs_in_flight": len(worker.core.jobs),
+        "jobs_in_flight": worker.jobs_in_flight,
         "cache": worker.cache.snapshot(),
         "stats": worker.stats.to_wire(),
         "batches": worker.metrics.batch_sizes(),  # model -> {batch size: runs}
@@ -145,7 +267,7 @@ def _brief(trace: dict[str, Any]) -> dict[str, Any]:
 class _Requests:
     """The handlers, over one worker."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Served) -> None:
         self.worker = worker
 
     # -- anyone --------------------------------------------------------------------------------
