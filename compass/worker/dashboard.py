@@ -29,23 +29,24 @@ import json
 import math
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.errors import CompassError, InvalidInputs, UnknownOperation
-from compass.worker.requests import queue_status
+from compass.worker.requests import Holdings, Identity, Records, queue_status
 from compass.worker.timeline import JOB_FIELDS, SPAN_FIELDS, rows
 
 if TYPE_CHECKING:
     from compass.wire.rpc import Router
     from compass.wire.transport import Channel
-    from compass.worker.server import Worker
+    from compass.worker.membership import Membership
 
 __all__ = [
     "DASHBOARD_OP",
     "DEFAULT_WINDOW_S",
     "MAX_WINDOW_S",
     "PAGE_HEADERS",
+    "Shown",
     "add_request",
     "cluster_view",
     "local_view",
@@ -74,20 +75,28 @@ PEER_TIMEOUT_S = 1.0
 _PAGE = "dashboard.html"
 
 
-def add_request(router: Router, worker: Worker) -> None:
+class Shown(Identity, Holdings, Records, Protocol):
+    """What the dashboard shows of a worker (:mod:`compass.worker.requests` names the groups),
+    and the peers it asks for theirs."""
+
+    @property
+    def membership(self) -> Membership | None: ...
+
+
+def add_request(router: Router, worker: Shown) -> None:
     """Answer the ``dashboard`` request (any authenticated channel, as ``status``) on
     ``router`` with ``worker``'s part."""
     router.inline(DASHBOARD_OP)(functools.partial(_answer, worker))
 
 
-def _answer(worker: Worker, channel: Channel, body: Any) -> dict[str, Any]:
+def _answer(worker: Shown, channel: Channel, body: Any) -> dict[str, Any]:
     window = body.get("window_s", DEFAULT_WINDOW_S) if isinstance(body, dict) else None
     if isinstance(window, bool) or not isinstance(window, int | float):
         raise InvalidInputs("a dashboard request is {window_s: seconds}")
     return local_view(worker, _checked_window(float(window)))
 
 
-def local_view(worker: Worker, window_s: float = DEFAULT_WINDOW_S) -> dict[str, Any]:
+def local_view(worker: Shown, window_s: float = DEFAULT_WINDOW_S) -> dict[str, Any]:
     """This worker's part: who it is, its state, queue, lanes and cache, and its task spans
     and answered jobs of the last ``window_s`` seconds (as rows of :data:`SPAN_FIELDS` and
     :data:`JOB_FIELDS`)."""
@@ -130,7 +139,7 @@ def local_view(worker: Worker, window_s: float = DEFAULT_WINDOW_S) -> dict[str, 
         "state": state,
         "why": why,
         "queue": queue,
-        "jobs_in_flight": len(worker.core.jobs),
+        "jobs_in_flight": worker.jobs_in_flight,
         "tasks": {"run": worker.stats.tasks_run, "failed": worker.stats.tasks_failed},
         "cache": {
             "backend": snapshot.get("backend", ""),
@@ -160,7 +169,7 @@ def _page_trace(trace: dict[str, Any]) -> dict[str, Any]:
 
 
 async def cluster_view(
-    worker: Worker, window_s: float = DEFAULT_WINDOW_S, timeout_s: float = PEER_TIMEOUT_S
+    worker: Shown, window_s: float = DEFAULT_WINDOW_S, timeout_s: float = PEER_TIMEOUT_S
 ) -> dict[str, Any]:
     """Every worker's part, as this worker gathers them: its own, and each connected peer's
     (a peer that does not answer within ``timeout_s`` is ``{name, address, error}``)."""
