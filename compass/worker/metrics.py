@@ -1,9 +1,9 @@
 """What a worker tells its operators: Prometheus metrics, a readiness probe, the log lines of
 job and task ends, and JSON log records.
 
-:class:`WorkerMetrics` belongs to one :class:`~compass.worker.server.Worker`. Its registry is
-its own (never prometheus_client's global one), so several workers in one process, as in
-tests, never share a metric. Three kinds of metric live in it:
+:class:`WorkerMetrics` belongs to one worker, of which it reads what :class:`Scraped` names.
+Its registry is its own (never prometheus_client's global one), so several workers in one
+process, as in tests, never share a metric. Three kinds of metric live in it:
 
 - histograms observed where a job is answered (:meth:`WorkerMetrics.job_answered`, at its
   ingress) and where a task ends (:meth:`WorkerMetrics.task_finished`, where it ran);
@@ -39,7 +39,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import (
@@ -59,9 +59,9 @@ from compass.worker.timeline import Timeline
 
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome
-    from compass.worker.server import Worker
+    from compass.worker.gossip import Gossip
 
-__all__ = ["JsonLogFormatter", "WorkerCollector", "WorkerMetrics"]
+__all__ = ["JsonLogFormatter", "Scraped", "WorkerCollector", "WorkerMetrics"]
 
 #: what became of a job with a deadline, as counted per workflow and priority
 SLO_OUTCOMES = ("met", "late", "unreachable", "dropped", "failed")
@@ -84,10 +84,18 @@ _READ_TIMEOUT_S = 5.0
 _MAX_CONNECTIONS = 32
 
 
+class Scraped(dashboard.Shown, Protocol):
+    """What the metrics read of a worker: what its dashboard (served here) shows, and the view
+    it holds of its peers."""
+
+    @property
+    def gossip(self) -> Gossip: ...
+
+
 class WorkerMetrics:
     """The metrics of ``worker`` and the HTTP endpoint that serves them."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Scraped) -> None:
         self._worker = worker
         #: histograms are observed only when something can scrape them (``--metrics-port``):
         #: four observations per task are a tenth of a tiny task's control-plane cost
@@ -454,7 +462,7 @@ _WORKER_COUNTERS = (
 class WorkerCollector(Collector):
     """Reads the worker's own counters when scraped: nothing is counted twice."""
 
-    def __init__(self, worker: Worker, metrics: WorkerMetrics) -> None:
+    def __init__(self, worker: Scraped, metrics: WorkerMetrics) -> None:
         self._worker = worker
         self._metrics = metrics
 
@@ -498,7 +506,7 @@ class WorkerCollector(Collector):
             for outcome, count in counts.items():
                 slo.add_metric([workflow, str(priority), outcome], count)
         yield slo
-        in_flight = len(w.core.jobs)
+        in_flight = w.jobs_in_flight
         yield _gauge("compass_jobs_in_flight", "Jobs accepted here, not answered yet.", in_flight)
         tasks = CounterMetricFamily(
             "compass_tasks", "Tasks run here, by outcome.", labels=["outcome"]
@@ -543,7 +551,7 @@ class WorkerCollector(Collector):
             "Expected seconds of queued and running work (what planners use).",
             lanes.wait_s(w.clock()),
         )
-        waiting = len(w.core.inbox)
+        waiting = w.tasks_waiting_inputs
         yield _gauge("compass_tasks_waiting_inputs", "Tasks waiting for their inputs.", waiting)
         yield _gauge("compass_tasks_stuck", "Task threads running past their timeout.", lanes.stuck)
         yield _gauge(
