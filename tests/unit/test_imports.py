@@ -216,3 +216,18 @@ def test_no_import_circle_in_compass() -> None:
 def test_the_client_imports_nothing_of_the_worker() -> None:
     loaded = loaded_after("import compass.client")
     assert not {m for m in loaded if m.startswith("compass.worker")}
+
+
+@pytest.mark.parametrize("module", ["requests", "dashboard", "metrics"])
+def test_what_serves_a_worker_does_not_import_the_worker(module: str) -> None:
+    # each states what it reads and calls of a worker as protocols (server.Worker is one),
+    # so none imports compass.worker.server, not even for its types
+    tree = ast.parse((REPO / "compass" / "worker" / f"{module}.py").read_text(encoding="utf-8"))
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+            imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+    assert "compass.worker.server" not in imported
