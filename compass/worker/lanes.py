@@ -37,10 +37,9 @@ The rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
@@ -65,7 +64,7 @@ class RunTask:
     fetch_s: float
     hit: bool | None
     mates: tuple[QueuedTask, ...] = ()
-    #: the id of the event that made it run (the core stamps it)
+    #: the id of the event that made it run
     cause: str = ""
 
     @property
@@ -82,7 +81,7 @@ class LoadModel:
     model: str
     evict: tuple[str, ...]
     prefetch: bool
-    #: the id of the event that made it load (the core stamps it)
+    #: the id of the event that made it load
     cause: str = ""
 
 
@@ -182,8 +181,9 @@ class Lanes:
         self._smallest = min(self._sizes.values(), default=0)
         #: models worth warming, most wanted first (a query; none without one)
         self.wanted: Callable[[float], Sequence[str]] = wanted or _nothing_wanted
-        #: the steps of the call under way (see :meth:`_deciding`)
+        #: the steps of the call under way, and the id of the event it is for (:meth:`_decide`)
         self._steps: list[Step] = _NOT_DECIDING
+        self._cause = ""
 
     # -- what the view and status read ---------------------------------------------------------
 
@@ -209,22 +209,23 @@ class Lanes:
 
     # -- tasks ---------------------------------------------------------------------------------
 
-    def submit(self, entry: QueuedTask, now: float) -> list[Step]:
+    def submit(self, entry: QueuedTask, now: float, cause: str = "") -> list[Step]:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
-        with self._deciding() as steps:
-            if entry.model is None and self.host_lanes:
-                # the host queue is not what heartbeats report: no version change
-                self.host_queue.push(entry)
-                self._fill_host(now)
-            else:
-                self.version += 1
-                self.queue.push(entry)
-                if self._idle:
-                    self._fill(now)
-                elif self.prefetch_depth:
-                    # every lane is busy: use the time to bring in what the queue needs next
-                    self._prefetch()
-        return steps
+        return self._decide(cause, self._submit, entry, now)
+
+    def _submit(self, entry: QueuedTask, now: float) -> None:
+        if entry.model is None and self.host_lanes:
+            # the host queue is not what heartbeats report: no version change
+            self.host_queue.push(entry)
+            self._fill_host(now)
+        else:
+            self.version += 1
+            self.queue.push(entry)
+            if self._idle:
+                self._fill(now)
+            elif self.prefetch_depth:
+                # every lane is busy: use the time to bring in what the queue needs next
+                self._prefetch()
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
         """Remove the queued (not yet running) tasks ``stale`` is true of; return them."""
@@ -237,13 +238,13 @@ class Lanes:
         """The tasks on a lane now (each entry of a batch)."""
         return list(self._runs)
 
-    def ended(self, entry: QueuedTask, now: float, *, still_running: bool = False) -> list[Step]:
+    def ended(
+        self, entry: QueuedTask, now: float, *, still_running: bool = False, cause: str = ""
+    ) -> list[Step]:
         """``entry``'s run ended (done or failed): its lane is free (the caller fills it).
         ``still_running``: it was abandoned past its timeout, and keeps its model pinned until
         :meth:`returned`. Its model unpinned, a task waiting for the slabs may load or run."""
-        with self._deciding() as steps:
-            self._ended(entry, now, still_running)
-        return steps
+        return self._decide(cause, self._ended, entry, now, still_running)
 
     def _ended(self, entry: QueuedTask, now: float, still_running: bool) -> None:
         run = self._runs.pop(entry, None)
@@ -267,35 +268,34 @@ class Lanes:
         if lead.model is not None and not run.stuck:
             self._unpin(lead.model, now)
 
-    def returned(self, entry: QueuedTask, now: float) -> list[Step]:
+    def returned(self, entry: QueuedTask, now: float, cause: str = "") -> list[Step]:
         """The thread of an abandoned task returned: its model is unpinned."""
-        with self._deciding() as steps:
-            self.version += 1
-            self.stuck -= 1
-            if entry.model is not None:
-                self._unpin(entry.model, now)
-            self._fill(now)
-        return steps
+        return self._decide(cause, self._returned, entry, now)
 
-    def fill(self, now: float) -> list[Step]:
+    def _returned(self, entry: QueuedTask, now: float) -> None:
+        self.version += 1
+        self.stuck -= 1
+        if entry.model is not None:
+            self._unpin(entry.model, now)
+        self._fill(now)
+
+    def fill(self, now: float, cause: str = "") -> list[Step]:
         """Idle lanes take the next ready tasks."""
-        with self._deciding() as steps:
-            self._fill(now)
-        return steps
+        return self._decide(cause, self._fill, now)
 
-    @contextmanager
-    def _deciding(self) -> Iterator[list[Step]]:
-        """The steps of one call: what its rules append to ``self._steps``. If the call
-        raises, they travel with the :class:`LanesFault` (the state changed with them)."""
-        outer = self._steps
+    def _decide(self, cause: str, rule: Callable[..., None], *args: Any) -> list[Step]:
+        """Run ``rule`` (one call's rules) and return what it decided, each step carrying
+        ``cause``, the id of the core's event. If it raises, the steps travel with the
+        :class:`LanesFault` (the state changed with them)."""
         steps: list[Step] = []
-        self._steps = steps
+        self._steps, self._cause = steps, cause
         try:
-            yield steps
+            rule(*args)
         except Exception as exc:
             raise LanesFault(steps) from exc
         finally:
-            self._steps = outer
+            self._steps = _NOT_DECIDING
+        return steps
 
     def _fill(self, now: float) -> None:
         self._shed_queued(now)
@@ -334,7 +334,7 @@ class Lanes:
                 continue
             run = _Run(entry, self._host_idle.pop(), True, now)
             self._runs[entry] = run
-            self._steps.append(RunTask(entry, run.lane, True, 0.0, None))
+            self._steps.append(RunTask(entry, run.lane, True, 0.0, None, cause=self._cause))
 
     def _shed_queued(self, now: float) -> None:
         """Drop the queued tasks whose jobs can no longer finish in time
@@ -417,7 +417,9 @@ class Lanes:
         for mate in mates:
             self._runs[mate] = run
         run.pending = 1 + len(mates)
-        self._steps.append(RunTask(entry, run.lane, False, fetch_s, run.hit, tuple(mates)))
+        self._steps.append(
+            RunTask(entry, run.lane, False, fetch_s, run.hit, tuple(mates), self._cause)
+        )
         if self.prefetch_depth:
             self._prefetch()
 
@@ -437,30 +439,34 @@ class Lanes:
         self._loading[name] = []
         if prefetch:
             self._speculating = name
-        self._steps.append(LoadModel(name, plan.evict, prefetch))
+        self._steps.append(LoadModel(name, plan.evict, prefetch, self._cause))
 
-    def loaded(self, name: str, seconds: float, now: float) -> list[Step]:
+    def loaded(self, name: str, seconds: float, now: float, cause: str = "") -> list[Step]:
         """The load of ``name`` ended in ``seconds``: its waiters run."""
-        with self._deciding() as steps:
-            waiters = self._loading.pop(name, None)
-            if waiters is not None:  # else not a load of this core's (already aborted)
-                self.cache.finish_load(name, seconds)
-                for run in waiters:
-                    self._start(run, now)
-                self._load_ended(name, now)
-        return steps
+        return self._decide(cause, self._loaded, name, seconds, now)
 
-    def load_failed(self, name: str, error: CompassError, now: float) -> list[Step]:
+    def _loaded(self, name: str, seconds: float, now: float) -> None:
+        waiters = self._loading.pop(name, None)
+        if waiters is not None:  # else not a load of this core's (already aborted)
+            self.cache.finish_load(name, seconds)
+            for run in waiters:
+                self._start(run, now)
+            self._load_ended(name, now)
+
+    def load_failed(
+        self, name: str, error: CompassError, now: float, cause: str = ""
+    ) -> list[Step]:
         """The load of ``name`` failed: its slabs are freed, the tasks waiting for it fail."""
-        with self._deciding() as steps:
-            waiters = self._loading.pop(name, None)
-            if waiters is not None:
-                self.cache.abort_load(name)
-                for run in waiters:
-                    self._unpin(name, now)
-                    self._fail(run, error, now)
-                self._load_ended(name, now)
-        return steps
+        return self._decide(cause, self._load_failed, name, error, now)
+
+    def _load_failed(self, name: str, error: CompassError, now: float) -> None:
+        waiters = self._loading.pop(name, None)
+        if waiters is not None:
+            self.cache.abort_load(name)
+            for run in waiters:
+                self._unpin(name, now)
+                self._fail(run, error, now)
+            self._load_ended(name, now)
 
     def _load_ended(self, name: str, now: float) -> None:
         self.version += 1
@@ -495,11 +501,9 @@ class Lanes:
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)
 
-    def tick(self, now: float) -> list[Step]:
+    def tick(self, now: float, cause: str = "") -> list[Step]:
         """A periodic check (the real worker's heartbeat): warm the cache if idle."""
-        with self._deciding() as steps:
-            self._warm(now)
-        return steps
+        return self._decide(cause, self._warm, now)
 
     def _warm(self, now: float) -> None:
         """Warm an idle cache with the model the cluster holds least for its demand: only into

@@ -205,11 +205,8 @@ class Worker:
             stats=self.stats,
         )
         self.gossip.attach(self.core)
-
-    @property
-    def lanes(self) -> Lanes:
-        """This worker's queues, lanes and cache decisions (the core's)."""
-        return self.core.lanes
+        #: this worker's queues, lanes and cache decisions (the core's)
+        self.lanes: Lanes = self.core.lanes
 
     @property
     def jobs_in_flight(self) -> int:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any, assert_never
 
 from compass.errors import (
@@ -217,11 +216,16 @@ class WorkerCore:
             case ModelLoaded():
                 self._model_loaded(event)
             case LoadFailed():
-                self._take(self.lanes.load_failed(event.model, event.error, event.now), event.now)
+                self._take(
+                    self.lanes.load_failed(event.model, event.error, event.now, cause=self._cause),
+                    event.now,
+                )
             case TaskReturned():
-                self._take(self.lanes.returned(event.entry, event.now), event.now)
+                self._take(
+                    self.lanes.returned(event.entry, event.now, cause=self._cause), event.now
+                )
             case Tick():
-                self._take(self.lanes.tick(event.now), event.now)
+                self._take(self.lanes.tick(event.now, cause=self._cause), event.now)
             case Submit():
                 self._submit(event)
             case PlanReady():
@@ -244,14 +248,13 @@ class WorkerCore:
                 assert_never(event)
 
     def _take(self, steps: list[Step], now: float) -> None:
-        """Carry the lanes' decisions on: runs and loads go out (with the event's id), a task
-        that cannot run is answered."""
-        cause = self._cause
+        """Carry the lanes' decisions on: runs and loads go out, a task that cannot run is
+        answered."""
         for step in steps:
             if isinstance(step, CannotRun):
                 self._lane_failed(step.entry, step.error, now)
             else:
-                self._out.append(replace(step, cause=cause))
+                self._out.append(step)
 
     def _plan_asked(self, ev: PlanAsked) -> None:
         """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
@@ -276,7 +279,7 @@ class WorkerCore:
         if self.learn and ev.seconds > 0 and self.lanes.cache.is_loading(ev.model):
             self.estimates.observe_load(self.lanes.cache.size_bytes(ev.model), ev.seconds)
             self.h2d_measured = True
-        self._take(self.lanes.loaded(ev.model, ev.seconds, ev.now), ev.now)
+        self._take(self.lanes.loaded(ev.model, ev.seconds, ev.now, cause=self._cause), ev.now)
 
     def is_done(self, job_id: str, attempt: int) -> bool:
         """Whether messages of ``job_id``'s ``attempt`` are stale here."""
@@ -626,17 +629,20 @@ class WorkerCore:
         if entry is None:
             return
         queued = self.estimates.queued(msg, workflow, entry, now, transfer_s, job_arrival)
-        self._take(self.lanes.submit(queued, now), now)
+        self._take(self.lanes.submit(queued, now, cause=self._cause), now)
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
-        self._take(self.lanes.ended(entry, ev.now, still_running=ev.still_running), ev.now)
+        self._take(
+            self.lanes.ended(entry, ev.now, still_running=ev.still_running, cause=self._cause),
+            ev.now,
+        )
         if not self.is_done(entry.job_id, entry.attempt):
             self._report_failure(
                 entry.job_id, entry.attempt, entry.task, entry.ingress, ev.now, ev.error,
                 ev.code, ev.traceback,
             )  # fmt: skip
-        self._take(self.lanes.fill(ev.now), ev.now)
+        self._take(self.lanes.fill(ev.now, cause=self._cause), ev.now)
 
     def _lane_failed(self, entry: QueuedTask, error: CompassError, now: float) -> None:
         """The lanes could not run ``entry`` (its model can never fit, its load failed, the
@@ -671,9 +677,9 @@ class WorkerCore:
         if self.learn:  # a batch is one measurement, under its lead
             measured = ev.exec_s if ev.first else None
             self.estimates.observe_run(ev.entry, ev.output, measured, ev.batch)
-        self._take(self.lanes.ended(ev.entry, ev.now), ev.now)
+        self._take(self.lanes.ended(ev.entry, ev.now, cause=self._cause), ev.now)
         self._pass_on(ev)
-        self._take(self.lanes.fill(ev.now), ev.now)
+        self._take(self.lanes.fill(ev.now, cause=self._cause), ev.now)
 
     def _pass_on(self, ev: TaskDone) -> None:
         """Send a finished task's output on: to its successors (re-placed first), or, from a
