@@ -188,9 +188,10 @@ class WorkerCore:
         self._handled += 1
         out: list[Instruction] = []
         self._out = out
-        self._cause = event.cause or f"event#{self._handled}"
+        self._cause = event.cause
         try:
-            if not event.cause:
+            # a heartbeat causes no instruction: it is not named (one comes from every peer)
+            if not self._cause and type(event) is not Heard:
                 self._cause = stimulus_id(event, self._handled)
             self._dispatch(event)
         except LanesFault as fault:
@@ -198,23 +199,29 @@ class WorkerCore:
             try:
                 self._take(fault.steps, event.now)
             finally:
-                out.append(Fault(error, self._cause))
+                out.append(Fault(error, self._cause or f"event#{self._handled}"))
         except Exception as exc:
-            out.append(Fault(exc, self._cause))
+            out.append(Fault(exc, self._cause or f"event#{self._handled}"))
         finally:
             self._out, self._cause = [], ""
         return out
 
     def _dispatch(self, event: Event) -> None:
-        match event:
+        match event:  # the most frequent first: a heartbeat arrives from every peer
             case Received():
                 self._received(event)
             case TaskDone():
                 self._task_done(event)
-            case TaskFailed():
-                self._task_failed(event)
+            case Heard():
+                self._heard(event)
+            case Submit():
+                self._submit(event)
+            case Tick():
+                self._take(self.lanes.tick(event.now, cause=self._cause), event.now)
             case ModelLoaded():
                 self._model_loaded(event)
+            case TaskFailed():
+                self._task_failed(event)
             case LoadFailed():
                 self._take(
                     self.lanes.load_failed(event.model, event.error, event.now, cause=self._cause),
@@ -224,10 +231,6 @@ class WorkerCore:
                 self._take(
                     self.lanes.returned(event.entry, event.now, cause=self._cause), event.now
                 )
-            case Tick():
-                self._take(self.lanes.tick(event.now, cause=self._cause), event.now)
-            case Submit():
-                self._submit(event)
             case PlanReady():
                 self._plan_ready(event)
             case PeerLost():
@@ -238,8 +241,6 @@ class WorkerCore:
                 self._undeliverable(event)
             case PlanAsked():
                 self._plan_asked(event)
-            case Heard():
-                self._heard(event)
             case PeerJoined():
                 self._peer_joined(event)
             case PeerDraining():
