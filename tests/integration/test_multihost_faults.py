@@ -376,6 +376,14 @@ def _pki(folder: Path) -> tuple[TLSConfig, TLSConfig]:
     return TLSConfig(*worker, ca=str(ca_path)), TLSConfig(*client, ca=str(ca_path))
 
 
+#: failure detection looser than the defaults (probes every 200 ms, 100 ms to answer, suspicion
+#: of 3 periods):
+#: twelve workers and a client on two cores starve the default timeout, and the storm of false
+#: suspicions it makes can still hang a job (a known, open bug: issue 24's note). The faults
+#: this test is for are the kill and the partition.
+DETECTOR = ["--probe-period-ms", "400", "--probe-timeout-ms", "250", "--suspicion-mult", "4"]
+
+
 def _worker_argv(hosts: Hosts, h: int, k: int, tls: TLSConfig) -> list[str]:
     address, port = hosts.address(h), str(PORT + k)
     how = [
@@ -384,7 +392,7 @@ def _worker_argv(hosts: Hosts, h: int, k: int, tls: TLSConfig) -> list[str]:
         ["--host", "0.0.0.0"],  # a container: its primary address
     ][(h + k) % 3]  # fmt: skip
     return [
-        *compass_command(), "worker", "start", *EMULATED, *_flags(tls), *how,
+        *compass_command(), "worker", "start", *EMULATED, *DETECTOR, *_flags(tls), *how,
         "--name", f"h{h + 1}w{k}", "--port", port, "--join", f"{hosts.address(0)}:{PORT}",
         "--join-timeout", "60", "--drain-timeout", "2", "--log-level", "info",
     ]  # fmt: skip
