@@ -74,6 +74,7 @@ class _FanoutView:
                 self._resident,
                 positions=base.positions,
                 batches=batches,
+                members=base.members,
             )
         return self._current
 

@@ -17,11 +17,13 @@ its marginal cost instead of the whole queue's wait.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
@@ -39,6 +41,7 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
+IntpArray = npt.NDArray[np.intp]
 
 #: a model's queued batches over the workers: (tasks queued that may batch, absolute expected
 #: start of the first of them)
@@ -87,6 +90,18 @@ class TransferModel:
         # seconds per byte on the default path, all terms: the fast path of row()
         self._per_byte = self._inv_net + (float(inv_h2d) + float(inv_d2h) if self.uniform else 0.0)
         self._link_rows: dict[int, tuple[FloatArray | float, FloatArray | float]] = {}
+
+    def take(self, index: IntpArray, names: tuple[str, ...]) -> TransferModel:
+        """The same model over the workers at positions ``index`` of this one's (``names``)."""
+        out = copy.copy(self)
+        out._names = names
+        out.n_workers = len(names)
+        if isinstance(self._inv_h2d, np.ndarray):
+            out._inv_h2d = self._inv_h2d[index]
+        if isinstance(self._inv_d2h, np.ndarray):
+            out._inv_d2h = self._inv_d2h[index]
+        out._link_rows = {}  # rows by sender position: positions differ here
+        return out
 
     def mean_s(self, nbytes: float) -> float:
         """Transfer time on the default path (for ranks, which need one number per edge)."""
@@ -248,6 +263,21 @@ class WorkflowCosts:
             for m, lim in zip(self.models, limits, strict=True)
         )
 
+    def take(self, index: IntpArray, names: tuple[str, ...]) -> WorkflowCosts:
+        """This table over the workers at positions ``index`` of its own (``names``), without
+        recomputing anything: every row indexed down. The ranks, and so the task order, stay
+        those over all of this table's workers (a job's task order does not depend on which
+        workers a bounded view sampled)."""
+        out = copy.copy(self)
+        out.names = names
+        out.exec_rows = tuple(row[index] for row in self.exec_rows)
+        out.fetch_rows = tuple(None if row is None else row[index] for row in self.fetch_rows)
+        out.fetch2_rows = tuple(None if row is None else row[index] for row in self.fetch2_rows)
+        out.transfer = self.transfer.take(index, names)
+        out.batch_limits = tuple(None if row is None else row[index] for row in self.batch_limits)
+        out.batch_scales = tuple(None if row is None else row[index] for row in self.batch_scales)
+        return out
+
     def _ranks(self, exec_matrix: FloatArray) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """HEFT upward ranks from the current estimates (mean over workers), and the task
         order by decreasing rank (ties: topological position, so predecessors come first)."""
@@ -270,10 +300,28 @@ class WorkflowCosts:
 class CostCache:
     """One :class:`WorkflowCosts` per workflow, rebuilt when the profiles or workers change."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_taken")
 
     def __init__(self) -> None:
         self._entries: dict[str, WorkflowCosts] = {}
+        #: per workflow, the last table indexed down to a view that shows some of its members
+        self._taken: dict[str, tuple[WorkflowCosts, WorkflowCosts]] = {}
+
+    def for_view(self, workflow: Workflow, profiles: Profiles, view: ViewSnapshot) -> WorkflowCosts:
+        """The cost table of ``workflow`` over ``view``'s workers: :meth:`get`, or for a view
+        that shows only some of its members (a bounded view), the table over all the members
+        indexed down to them (:meth:`WorkflowCosts.take`), so a job planned over a few sampled
+        workers costs no table of its own."""
+        members = view.members
+        if members is None:
+            return self.get(workflow, profiles, view.names)
+        full = self.get(workflow, profiles, members.names)
+        last = self._taken.get(workflow.name)
+        if last is not None and last[0] is full and last[1].names == view.names:
+            return last[1]
+        taken = full.take(members.index, view.names)
+        self._taken[workflow.name] = (full, taken)
+        return taken
 
     def get(self, workflow: Workflow, profiles: Profiles, names: tuple[str, ...]) -> WorkflowCosts:
         """The cost table of ``workflow`` over ``names`` under the current ``profiles``."""

@@ -144,13 +144,13 @@ class CompassPolicy:
 
     def costs(self, workflow: Workflow, profiles: Profiles, view: ViewSnapshot) -> WorkflowCosts:
         """The (cached) cost table of ``workflow`` over ``view``'s workers."""
-        return self._costs.get(workflow, profiles, view.names)
+        return self._costs.for_view(workflow, profiles, view)
 
     def plan(
         self, job: JobInfo, view: ViewSnapshot, profiles: Profiles, now: float
     ) -> dict[str, str]:
         """See :class:`~compass.sched.policy.Policy`."""
-        costs = self._costs.get(job.workflow, profiles, view.names)
+        costs = self._costs.for_view(job.workflow, profiles, view)
         return plan_eft(job, view, costs, now, self._terms)
 
     def adjust(
@@ -194,7 +194,7 @@ class CompassPolicy:
     ) -> float:
         """The wait ``task`` would see on worker ``i`` by joining a batch queued there
         (infinite when it would not join one)."""
-        costs = self._costs.get(job.workflow, profiles, view.names)
+        costs = self._costs.for_view(job.workflow, profiles, view)
         t = job.workflow.index[task]
         model = costs.models[t]
         if model is None or costs.batch_limits[t] is None:
@@ -220,7 +220,7 @@ class CompassPolicy:
         host-lane switches."""
         if not view.names:
             raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
-        costs = self._costs.get(job.workflow, profiles, view.names)
+        costs = self._costs.for_view(job.workflow, profiles, view)
         return self._finish_now(costs, job, job.workflow.index[task], plan, view, now)[0]
 
     def _finish_now(
@@ -250,7 +250,7 @@ class CompassPolicy:
         index)."""
         if not view.names:
             raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
-        costs = self._costs.get(job.workflow, profiles, view.names)
+        costs = self._costs.for_view(job.workflow, profiles, view)
         t = job.workflow.index[task]
         eft, sources, root_bytes, have = self._finish_now(costs, job, t, plan, view, now)
         j = int(eft.argmin())
@@ -299,7 +299,7 @@ class CompassPolicy:
             return {}
         wf = job.workflow
         order = wf.order
-        costs = self._costs.get(wf, profiles, view.names)
+        costs = self._costs.for_view(wf, profiles, view)
         moves: dict[str, str] = {}
         for j in joins:
             t = wf.index[j]

@@ -205,7 +205,7 @@ class _StaticPolicy:
         """See :class:`~compass.sched.policy.Policy`."""
         if not view.names:
             raise WorkerUnavailable(f"no workers in the view to place task {task!r} on")
-        costs = self._costs.get(job.workflow, profiles, view.names)
+        costs = self._costs.for_view(job.workflow, profiles, view)
         return finish_now(costs, job, job.workflow.index[task], plan, view, now)[0]
 
     def joins_fed_by(self, wf: Workflow, finished: str) -> tuple[str, ...]:
@@ -386,7 +386,7 @@ class ModelLocalityPolicy(JoinShortestQueuePolicy):
         wf = job.workflow
         names = view.names
         plan = {t: hash_worker(job.job_id, t, names) for t in wf.order}
-        costs = self._costs.get(wf, profiles, names)
+        costs = self._costs.for_view(wf, profiles, view)
         ingress = [view.positions.get(job.ingress, -1)]
         waits = view.wait_s
         free = view.free_bytes
@@ -426,7 +426,7 @@ class ModelLocalityPolicy(JoinShortestQueuePolicy):
     ) -> str:
         """The cheapest start (see the class docstring), ``planned`` on a tie."""
         wf = job.workflow
-        costs = self._costs.get(wf, profiles, view.names)
+        costs = self._costs.for_view(wf, profiles, view)
         t = wf.index[task]
         preds = costs.preds[t]
         if preds:

@@ -20,16 +20,28 @@ import numpy.typing as npt
 from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
 
-__all__ = ["BatchRows", "ViewSnapshot", "batch_rows", "heartbeat_arrays"]
+__all__ = ["BatchRows", "Members", "ViewSnapshot", "batch_rows", "heartbeat_arrays"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+IntpArray = npt.NDArray[np.intp]
 
 #: per model: (queued batchable tasks, seconds before the first of them starts), per worker
 BatchRows = tuple[IntArray, FloatArray]
 
 _NO_ROWS: Mapping[str, BatchRows] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Members:
+    """Every worker a view knows of (``names``, sorted), when a snapshot shows only some of
+    them: ``index`` holds each shown worker's position in ``names`` (sorted, read-only). A
+    planner's job-independent cost tables are built once over the members and indexed down
+    (:meth:`~compass.sched.cost.CostCache.for_view`)."""
+
+    names: tuple[str, ...]
+    index: IntpArray
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -43,6 +55,8 @@ class ViewSnapshot:
     ``batches[model]`` (:meth:`batched`): read-only ``(counts, start_s)`` arrays, the queued
     tasks of ``model`` that may batch on each worker and the seconds before the first of them
     is expected to start (like ``wait_s``: from now); only for models some worker reports.
+    ``members``: set when the snapshot shows only some of the workers the view knows of
+    (:meth:`take`; a bounded view, :mod:`compass.sched.candidates`); None: it shows them all.
     """
 
     names: tuple[str, ...]
@@ -53,6 +67,7 @@ class ViewSnapshot:
     positions: Mapping[str, int]
     min_capacity_bytes: int
     batches: Mapping[str, BatchRows] = field(default_factory=lambda: _NO_ROWS)
+    members: Members | None = None
 
     @classmethod
     def build(cls, states: Sequence[Heartbeat] | Iterable[Heartbeat]) -> ViewSnapshot:
@@ -79,6 +94,7 @@ class ViewSnapshot:
         *,
         positions: Mapping[str, int] | None = None,
         batches: Mapping[str, BatchRows] | None = None,
+        members: Members | None = None,
     ) -> ViewSnapshot:
         """A snapshot over arrays the caller built (the simulator, which keeps its cluster
         state in arrays already). ``names`` must be sorted; the arrays are indexed like it.
@@ -86,7 +102,8 @@ class ViewSnapshot:
         Nothing is copied: the arrays (and ``resident``'s and ``batches``' rows) are made
         read-only, so the caller must not reuse them for writing. ``positions``, when given,
         must map each name to its index (pass the same mapping every time to avoid rebuilding
-        it). ``batches``: see the class docstring (None: no worker reports any).
+        it). ``batches`` and ``members``: see the class docstring (None: no worker reports
+        any; the snapshot shows every worker).
         """
         n = len(names)
         if len(wait_s) != n or len(free_bytes) != n or len(capacity_bytes) != n:
@@ -101,7 +118,14 @@ class ViewSnapshot:
                         f"ViewSnapshot.from_arrays: {n} names but batches[{model!r}] has "
                         f"arrays of lengths {len(counts)}, {len(start)}"
                     )
-        return cls._frozen(names, wait_s, free_bytes, capacity_bytes, resident, positions, batches)
+        if members is not None and len(members.index) != n:
+            raise ConfigError(
+                f"ViewSnapshot.from_arrays: {n} names but members.index of length "
+                f"{len(members.index)}"
+            )
+        return cls._frozen(
+            names, wait_s, free_bytes, capacity_bytes, resident, positions, batches, members
+        )
 
     @classmethod
     def _frozen(
@@ -113,6 +137,7 @@ class ViewSnapshot:
         resident: Mapping[str, BoolArray],
         positions: Mapping[str, int] | None = None,
         batches: Mapping[str, BatchRows] | None = None,
+        members: Members | None = None,
     ) -> ViewSnapshot:
         for array in (wait, free, cap, *resident.values()):
             array.setflags(write=False)
@@ -131,6 +156,7 @@ class ViewSnapshot:
             positions=positions,
             min_capacity_bytes=int(cap.min()) if len(names) else 0,
             batches=MappingProxyType(dict(batches)) if batches else _NO_ROWS,
+            members=members,
         )
 
     def __len__(self) -> int:
@@ -152,6 +178,42 @@ class ViewSnapshot:
         if found is None:
             return np.zeros(len(self.names), dtype=np.bool_)
         return found
+
+    def subset(self, names: Iterable[str]) -> ViewSnapshot:
+        """The same picture over ``names`` only (in this view's order; a name twice counts
+        once): every array and row indexed down to them. :class:`ConfigError` if the view
+        lacks one."""
+        wanted = set(names)
+        missing = wanted - self.positions.keys()
+        if missing:
+            raise ConfigError(
+                f"ViewSnapshot.subset: {', '.join(sorted(missing))} not in this view "
+                f"({len(self.names)} workers)"
+            )
+        return self.take(np.array(sorted(self.positions[n] for n in wanted), dtype=np.intp))
+
+    def take(self, index: IntpArray) -> ViewSnapshot:
+        """The same picture over the workers at the sorted, distinct positions ``index``; its
+        :class:`Members` are this view's (or this view's members, for a view that is itself
+        part of one)."""
+        names = tuple(self.names[i] for i in index.tolist())
+        batches = {
+            model: (counts[index], start[index]) for model, (counts, start) in self.batches.items()
+        }
+        if self.members is None:
+            within = Members(self.names, index.copy())
+        else:
+            within = Members(self.members.names, self.members.index[index])
+        within.index.setflags(write=False)
+        return ViewSnapshot._frozen(
+            names,
+            self.wait_s[index],
+            self.free_bytes[index],
+            self.capacity_bytes[index],
+            {model: row[index] for model, row in self.resident.items()},
+            batches=batches,
+            members=within,
+        )
 
     def batched(self, model: str) -> BatchRows | None:
         """``(counts, start_s)`` of ``model``'s queued batchable tasks over the workers (see

@@ -146,7 +146,7 @@ class Estimates:
         input_bytes: int,
     ) -> float:
         """When ``plan`` of a job of ``workflow`` entering here now would finish on ``view``."""
-        costs = self._costs.get(workflow, self.profiles, view.names)
+        costs = self._costs.for_view(workflow, self.profiles, view)
         return plan_finish_s(
             costs, plan, view, now, ingress=self.name, input_bytes=input_bytes,
             host_lanes=self.host_lanes,

@@ -1,0 +1,117 @@
+"""Planning over candidates: the workers a planner needs to see to place one job.
+
+A full view (the mesh: every worker's load heard from every peer each heartbeat) costs each
+worker O(N) per period. A bounded view shows a planner, for one job, only:
+
+- the planner itself (its own state is exact; at the ingress it holds the job's inputs);
+- the workers that hold the job's inputs: at the ingress, the ingress; when a task finishes,
+  the workers of the job's current plan (a successor's other predecessors, and the planned
+  workers the adjustment may keep);
+- the workers that hold, or are loading, a model the job's workflow needs (residency changes
+  rarely, so it is disseminated to all), or at most ``holders`` of them per model, sampled;
+- ``k`` workers sampled from all the others: the power of k choices, so an idle worker
+  without the model can still win on its load.
+
+:func:`pick` is the rule over worker indices (what the simulator's cluster state uses, to build
+a snapshot over the candidates only); :func:`candidates` the same rule over a
+:class:`~compass.sched.snapshot.ViewSnapshot`, by name (a worker holding a full view of
+residency can use it, then :meth:`ViewSnapshot.subset`). Both are pure: the same view, scope
+and generator state give the same workers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from compass.errors import ConfigError
+from compass.sched.snapshot import ViewSnapshot
+from compass.workflow.dag import Workflow
+
+__all__ = ["CandidateRule", "PlanScope", "candidates", "pick"]
+
+BoolArray = npt.NDArray[np.bool_]
+IntpArray = npt.NDArray[np.intp]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanScope:
+    """Whom a snapshot is for: a job of ``workflow``, with ``keep`` (the planner and the
+    workers holding the job's inputs) always in view."""
+
+    workflow: Workflow
+    keep: frozenset[str]
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models the job's workflow needs, sorted (a fixed order, so sampling is
+        deterministic whatever the process's string hashing)."""
+        return tuple(sorted(self.workflow.models))
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateRule:
+    """How many workers a bounded view shows beyond the planner and the input holders: ``k``
+    sampled from the workers that are not otherwise candidates, and at most ``holders`` of
+    the holders of each model the job needs (None: every holder)."""
+
+    k: int
+    holders: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
+            raise ConfigError(f"candidates: k must be an integer >= 0, got {self.k!r}")
+        h = self.holders
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 1):
+            raise ConfigError(f"candidates: holders must be an integer >= 1 or None, got {h!r}")
+
+
+def pick(
+    n: int,
+    held: Sequence[BoolArray],
+    keep: Iterable[int],
+    rule: CandidateRule,
+    rng: random.Random,
+) -> IntpArray:
+    """The candidates among workers ``0..n-1``, as sorted indices: every index of ``keep``;
+    for each row of ``held`` (where one needed model is resident or loading, in a fixed model
+    order), its holders, or with ``rule.holders`` as many as needed to have that many of them
+    in view (those already kept count), sampled; then ``rule.k`` sampled from the workers not
+    chosen yet (all of them when there are no more)."""
+    chosen = np.zeros(n, dtype=np.bool_)
+    kept = list(keep)
+    if kept:
+        chosen[kept] = True
+    cap = rule.holders
+    for row in held:
+        if cap is None:
+            chosen |= row
+            continue
+        need = cap - int(np.count_nonzero(row & chosen))
+        if need <= 0:
+            continue
+        more = np.flatnonzero(row & ~chosen)
+        if len(more) > need:
+            more = more[rng.sample(range(len(more)), need)]
+        chosen[more] = True
+    if rule.k:
+        rest = np.flatnonzero(~chosen)
+        if len(rest) > rule.k:
+            rest = rest[rng.sample(range(len(rest)), rule.k)]
+        chosen[rest] = True
+    return np.flatnonzero(chosen)
+
+
+def candidates(
+    view: ViewSnapshot, scope: PlanScope, rule: CandidateRule, rng: random.Random
+) -> tuple[str, ...]:
+    """The workers of ``view`` a planner keeps for ``scope``'s job (:func:`pick` by name,
+    sorted; names of ``scope.keep`` missing from the view are left out)."""
+    positions = view.positions
+    keep = [positions[w] for w in scope.keep if w in positions]
+    held = [view.holds(m) for m in scope.models]
+    return tuple(view.names[i] for i in pick(len(view), held, keep, rule, rng))

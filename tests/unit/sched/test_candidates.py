@@ -1,0 +1,197 @@
+"""Planning over candidates: the rule (the planner, the input holders, the model holders, k
+sampled), a snapshot cut down to them, and cost tables indexed down instead of rebuilt."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from compass.errors import ConfigError
+from compass.sched import Heartbeat, ViewSnapshot
+from compass.sched.candidates import CandidateRule, PlanScope, candidates, pick
+from compass.sched.cost import CostCache, WorkflowCosts
+from compass.workflow import Profiles, Workflow, parse_workload
+
+GB = 1_000_000_000
+MB = 1_000_000
+
+
+def workload(workers: int = 12) -> tuple[Workflow, Profiles]:
+    spec = parse_workload(
+        {
+            "name": "pair",
+            "cluster": {
+                "workers": workers,
+                "gpu_memory_mb": 10_000,
+                "h2d_gbps": 10,
+                "d2h_gbps": 5,
+                "net_gbps": 1,
+                "net_fixed_us": 100,
+            },
+            "models": {"a": {"size_mb": 2000}, "b": {"size_mb": 3000}, "c": {"size_mb": 500}},
+            "workflows": {
+                "pair": {
+                    "tasks": {
+                        "first": {
+                            "model": "a",
+                            "exec_ms": 50,
+                            "input_kb": 2000,
+                            "output_kb": 1000,
+                            "after": [],
+                        },
+                        "second": {
+                            "model": "b",
+                            "exec_ms": 80,
+                            "output_kb": 10,
+                            "after": ["first"],
+                        },
+                    }
+                }
+            },
+        }
+    )
+    return spec.workflows["pair"], Profiles.from_workload(spec)
+
+
+def view(n: int, holds: dict[str, set[int]]) -> ViewSnapshot:
+    """``n`` workers, worker ``i`` waiting ``i`` ms, holding the models ``holds`` gives it."""
+    return ViewSnapshot.build(
+        Heartbeat(
+            f"w{i:02d}",
+            i / 1000,
+            frozenset(m for m, at in holds.items() if i in at),
+            10 * GB - i * MB,
+            10 * GB,
+        )
+        for i in range(n)
+    )
+
+
+def test_the_planner_the_input_holders_and_every_model_holder_are_kept() -> None:
+    wf, _ = workload()
+    snap = view(12, {"a": {3, 4}, "b": {9}, "c": {0, 1, 2}})  # c: not a model of the job
+    scope = PlanScope(wf, frozenset({"w05", "w07"}))  # the planner, a predecessor's worker
+    shown = candidates(snap, scope, CandidateRule(0), random.Random(0))
+    assert shown == ("w03", "w04", "w05", "w07", "w09")
+
+
+def test_k_more_are_sampled_from_the_others_and_never_twice() -> None:
+    wf, _ = workload()
+    snap = view(12, {"a": {3, 4}, "b": {9}})
+    scope = PlanScope(wf, frozenset({"w05"}))
+    base = {"w03", "w04", "w05", "w09"}
+    for seed in range(20):
+        shown = candidates(snap, scope, CandidateRule(3), random.Random(seed))
+        assert len(shown) == len(set(shown)) == 7
+        assert base <= set(shown)
+        assert list(shown) == sorted(shown)
+    # never more than there are: with k past the others, everyone, once
+    every = candidates(snap, scope, CandidateRule(50), random.Random(0))
+    assert every == snap.names
+
+
+def test_the_sample_is_deterministic_per_seed_and_varies_between_seeds() -> None:
+    wf, _ = workload()
+    snap = view(40, {"a": {3}, "b": {9}})
+    scope = PlanScope(wf, frozenset({"w05"}))
+    rule = CandidateRule(4)
+
+    def draws(seed: int) -> list[tuple[str, ...]]:
+        rng = random.Random(seed)
+        return [candidates(snap, scope, rule, rng) for _ in range(5)]
+
+    assert draws(1) == draws(1)
+    assert draws(1) != draws(2)
+    assert len(set(draws(1))) > 1  # one generator: each job draws afresh
+
+
+def test_holders_per_model_are_capped_counting_those_already_kept() -> None:
+    wf, _ = workload()
+    a_holders = set(range(10, 30))
+    snap = view(40, {"a": a_holders, "b": {1, 2}})
+    for seed in range(10):
+        shown = candidates(
+            snap,
+            PlanScope(wf, frozenset({"w10"})),
+            CandidateRule(0, holders=3),
+            random.Random(seed),
+        )
+        idx = {snap.index(w) for w in shown}
+        assert 10 in idx  # the planner, a holder of a: it counts among the three
+        assert len(idx & a_holders) == 3
+        assert idx & {1, 2} == {1, 2}  # b has only two holders: both
+        assert len(idx) == 5
+
+
+def test_pick_over_indices_matches_candidates_by_name() -> None:
+    wf, _ = workload()
+    snap = view(30, {"a": {3, 7, 21}, "b": {9, 28}})
+    scope = PlanScope(wf, frozenset({"w11", "w12"}))
+    rule = CandidateRule(5, holders=2)
+    by_name = candidates(snap, scope, rule, random.Random(4))
+    held = [snap.holds(m) for m in scope.models]
+    index = pick(len(snap), held, [11, 12], rule, random.Random(4))
+    assert by_name == tuple(snap.names[i] for i in index)
+
+
+def test_a_rule_needs_sane_counts() -> None:
+    with pytest.raises(ConfigError, match="k must be"):
+        CandidateRule(-1)
+    with pytest.raises(ConfigError, match="holders must be"):
+        CandidateRule(2, holders=0)
+
+
+def test_scope_models_are_sorted() -> None:
+    wf, _ = workload()
+    assert PlanScope(wf, frozenset()).models == ("a", "b")
+
+
+def test_a_subset_keeps_each_workers_entries_and_names_its_members() -> None:
+    snap = view(6, {"a": {1, 4}, "b": {5}})
+    sub = snap.subset(["w04", "w01", "w05", "w04"])
+    assert sub.names == ("w01", "w04", "w05")
+    assert list(sub.wait_s) == [0.001, 0.004, 0.005]
+    assert list(sub.free_bytes) == [10 * GB - MB, 10 * GB - 4 * MB, 10 * GB - 5 * MB]
+    assert list(sub.holds("a")) == [True, True, False]
+    assert list(sub.holds("b")) == [False, False, True]
+    assert sub.index("w05") == 2
+    assert sub.members is not None
+    assert sub.members.names == snap.names
+    assert list(sub.members.index) == [1, 4, 5]
+    # a part of a part: positions still among all the view's workers
+    part = sub.subset(["w05"])
+    assert part.members is not None and list(part.members.index) == [5]
+    assert not sub.wait_s.flags.writeable
+    with pytest.raises(ConfigError, match="w09"):
+        snap.subset(["w01", "w09"])
+
+
+def test_a_full_view_has_no_members() -> None:
+    assert view(3, {}).members is None
+
+
+def test_a_cost_table_over_a_subset_is_the_full_one_indexed_down() -> None:
+    wf, profiles = workload(8)
+    snap = view(8, {"a": {2}})
+    sub = snap.subset(["w01", "w02", "w06"])
+    cache = CostCache()
+    costs = cache.for_view(wf, profiles, sub)
+    fresh = WorkflowCosts(wf, profiles, sub.names)
+    assert costs.names == sub.names
+    for got, want in zip(costs.exec_rows, fresh.exec_rows, strict=True):
+        np.testing.assert_allclose(got, want)
+    for got_f, want_f in zip(costs.fetch_rows, fresh.fetch_rows, strict=True):
+        assert (got_f is None) == (want_f is None)
+        if got_f is not None and want_f is not None:
+            np.testing.assert_allclose(got_f, want_f)
+    np.testing.assert_allclose(
+        costs.transfer.row(1, 5 * MB, 0.1), fresh.transfer.row(1, 5 * MB, 0.1)
+    )
+    assert costs.rank_order == fresh.rank_order
+    # the table over all the members is built once; the same cut is reused
+    assert cache.for_view(wf, profiles, sub) is costs
+    other = cache.for_view(wf, profiles, snap.subset(["w00", "w07"]))
+    assert other.names == ("w00", "w07")
+    assert cache.get(wf, profiles, snap.names) is cache.get(wf, profiles, snap.names)
