@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeAlias, assert_never
 
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
@@ -57,10 +58,14 @@ __all__ = [
 class ViewPort(Protocol):
     """What the core needs of the worker's view of the cluster."""
 
-    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
+    def snapshot(
+        self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
+    ) -> ViewSnapshot:
         """The view at ``now``, this worker's own state exact, the counted placements of job
         ``without`` left out, the waits those of a task of ``priority``
-        (:meth:`ClusterView.snapshot`)."""
+        (:meth:`ClusterView.snapshot`). ``scope``: the job the snapshot is for, so a view
+        that plans over candidates (:mod:`compass.sched.candidates`) may show only those;
+        None, or a full view (the mesh), shows every worker."""
         ...
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from compass.config import WorkerConfig
+from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
@@ -87,7 +88,11 @@ class Gossip:
         self._core = core
 
     # -- the core's ViewPort -------------------------------------------------------------------
-    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
+    def snapshot(
+        self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
+    ) -> ViewSnapshot:
+        # the full mesh: every peer is heard, so every snapshot shows all of them (``scope``
+        # is for a view that plans over candidates)
         self.view.update_self(self.own_state(now))
         return self.view.snapshot(now, without, priority)
 

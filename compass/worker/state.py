@@ -48,6 +48,7 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
+from compass.sched.candidates import PlanScope
 from compass.worker.admission import Admission, unreachable
 from compass.worker.estimates import Estimates
 from compass.worker.events import (
@@ -326,7 +327,9 @@ class WorkerCore:
         if ev.key is not None:
             self._keys[ev.key] = job.job_id
         self.stats.jobs_submitted += 1
-        view = self.view.snapshot(ev.now, priority=ev.objective.priority)
+        # the ingress holds the job's inputs
+        scope = PlanScope(workflow, frozenset((self.name,)))
+        view = self.view.snapshot(ev.now, priority=ev.objective.priority, scope=scope)
         central = self.policy.planner(view)
         if central is not None and central != self.name:
             request = PlanRequest(job.job_id, workflow.name, self.name, job.input_bytes)
@@ -377,7 +380,10 @@ class WorkerCore:
         found, already finishes after its deadline: nothing of it has been sent yet."""
         assert job.deadline is not None
         # the waits of its priority: a job above the lowest runs ahead of the lower levels' work
-        view = self.view.snapshot(now, without=job.job_id, priority=job.objective.priority)
+        scope = PlanScope(job.workflow, frozenset(plan.values()) | {self.name})
+        view = self.view.snapshot(
+            now, without=job.job_id, priority=job.objective.priority, scope=scope
+        )
         finish = self.estimates.plan_finish_s(job.workflow, plan, view, now, job.input_bytes)
         error = unreachable(job, finish)
         if error is not None:
@@ -429,7 +435,9 @@ class WorkerCore:
     ) -> dict[str, str]:
         """Plan on ``view`` (a fresh snapshot when None: nothing changed since it was taken)."""
         if view is None:
-            view = self.view.snapshot(now, without=info.job_id, priority=info.priority)
+            # this worker plans; the job's ingress holds its inputs
+            scope = PlanScope(info.workflow, frozenset((self.name, info.ingress)))
+            view = self.view.snapshot(now, without=info.job_id, priority=info.priority, scope=scope)
         plan = self.policy.plan(info, view, self.profiles, now)
         self._note_placements(info, plan, now)
         return plan
@@ -727,7 +735,10 @@ class WorkerCore:
         ingress hears of every move."""
         plan = entry.plan
         info = JobInfo(entry.job_id, workflow, entry.ingress, 0, entry.level)
-        view = self.view.snapshot(now, without=entry.job_id, priority=entry.level)
+        # the workers of the plan hold (or will) the successors' other inputs, and the
+        # adjustment may keep a successor where it was planned
+        scope = PlanScope(workflow, frozenset(plan.values()) | {self.name})
+        view = self.view.snapshot(now, without=entry.job_id, priority=entry.level, scope=scope)
         adjusted = adjust_successors(self.policy, info, entry.task, plan, view, self.profiles, now)
         moved = {t: adjusted[t] for t in workflow.order if adjusted[t] != plan[t]}
         if not moved:

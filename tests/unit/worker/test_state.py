@@ -23,6 +23,7 @@ from compass.errors import (
     WorkerUnavailable,
 )
 from compass.sched import Heartbeat, ViewSnapshot, make_policy
+from compass.sched.candidates import PlanScope
 from compass.sched.view import Placement
 from compass.worker.assemble import CoreOptions, build_core
 from compass.worker.events import (
@@ -105,7 +106,9 @@ class FakeView:
         self.lifted: dict[str, tuple[float, ...]] = {}
         self.priorities: list[int] = []  # the priority each snapshot was taken at
 
-    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
+    def snapshot(
+        self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
+    ) -> ViewSnapshot:
         self.without.append(without)
         self.priorities.append(priority)
         states = [
