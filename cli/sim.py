@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -43,6 +43,11 @@ commands = typer.Typer()
 workload_app = typer.Typer(help="Workload spec files.", no_args_is_help=True)
 
 
+class View(StrEnum):
+    mesh = "mesh"
+    bounded = "bounded"
+
+
 class Shed(StrEnum):
     on = "on"
     off = "off"
@@ -76,6 +81,26 @@ def sim(
             "worker, as a load balancer would), auto (spread from 64 workers on)."
         ),
     ] = "auto",
+    view: Annotated[
+        View,
+        typer.Option(
+            help="What a planner sees: mesh (every worker), or bounded (for each job, itself, "
+            "the workers of the job's inputs and plan, the holders of its models and "
+            "--candidates sampled workers)."
+        ),
+    ] = View.mesh,
+    candidates: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="--view bounded: workers sampled per job beyond the holders (default: 4)."
+        ),
+    ] = None,
+    holders: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="--view bounded: at most this many holders per model (default: all)."
+        ),
+    ] = None,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     compare_real: Annotated[
@@ -134,6 +159,13 @@ def sim(
         fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
     evicts = prefetch == "evict"
     batch = batching_keywords(batching, batch_gain)
+    if view == View.mesh and (candidates is not None or holders is not None):
+        fail("--candidates and --holders need --view bounded", 2)
+    if view == View.bounded and (goodput or compare_real):
+        fail("--view bounded is for the plain simulation and --capacity", 2)
+    seen: dict[str, Any] = {"view": view.value, "holders": holders}
+    if candidates is not None:
+        seen["candidates"] = candidates
     if goodput:
         from compass._bench import goodput as goodput_bench
         from compass.sim.capacity import parse_seeds
@@ -181,6 +213,7 @@ def sim(
                 staleness_ms=staleness_ms,
                 host_lanes=host_lanes,
                 prefetch_evicts=evicts,
+                **seen,
                 **batch,
             ),
             CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
@@ -222,6 +255,7 @@ def sim(
         servers_sweep=sweep,
         target_slowdown=target_slowdown,
         ingress=ingress,
+        **seen,
         **batch,
     )
     sim_report.run_cli(config, json_path, plot)

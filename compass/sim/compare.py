@@ -20,7 +20,7 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.capacity import SimRuns
-from compass.sim.engine import ingress_spread, simulate
+from compass.sim.engine import DEFAULT_CANDIDATES, ingress_spread, simulate, view_rule
 from compass.sim.result import SimResult
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import Workload, load_workload
@@ -53,6 +53,9 @@ class SimConfig:
     on that many host lanes per worker; ``prefetch_evicts``: prefetch may evict models needed
     later (off: free slabs only, the paper's rule). ``servers_sweep=(lo, hi)``: also find the
     fewest workers in ``lo..hi`` whose median slowdown is at most ``target_slowdown``.
+    ``view``: ``"mesh"`` (every planner sees every worker) or ``"bounded"`` (each job planned
+    over its candidates: ``candidates`` sampled workers, at most ``holders`` holders per model;
+    :func:`~compass.sim.engine.simulate`).
     """
 
     workload: str
@@ -73,6 +76,9 @@ class SimConfig:
     target_slowdown: float = 2.0
     #: which worker a job enters at (:func:`~compass.sim.engine.simulate`'s ``ingress``)
     ingress: str = "auto"
+    view: str = "mesh"
+    candidates: int = DEFAULT_CANDIDATES
+    holders: int | None = None
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -92,6 +98,14 @@ class SimConfig:
         if not self.target_slowdown > 0:
             raise ConfigError(f"target slowdown must be > 0, got {self.target_slowdown!r}")
         ingress_spread(self.ingress, self.workers)  # a ConfigError for an unknown mode
+        view_rule(self.view, self.candidates, self.holders)  # likewise, and bad counts
+
+    def view_options(self) -> dict[str, Any]:
+        """:func:`~compass.sim.engine.simulate`'s view keywords (none for the mesh, its
+        default, so a mesh run's records stay as they were)."""
+        if self.view == "mesh":
+            return {}
+        return {"view": self.view, "candidates": self.candidates, "holders": self.holders}
 
     def runs(self) -> SimRuns:
         """How each simulated run of a capacity search is made with these settings."""
@@ -103,7 +117,7 @@ class SimConfig:
             heartbeat_ms=self.heartbeat_ms,
             staleness_ms=self.staleness_ms,
             host_lanes=self.host_lanes,
-            options={"prefetch_evicts": self.prefetch_evicts},
+            options={"prefetch_evicts": self.prefetch_evicts, **self.view_options()},
         )
 
 
@@ -151,6 +165,7 @@ def compare_policies(
             host_lanes=config.host_lanes,
             prefetch_evicts=config.prefetch_evicts,
             ingress=config.ingress,
+            **config.view_options(),
         )
 
     results: dict[str, dict[str, Any]] = {}
@@ -170,6 +185,8 @@ def compare_policies(
             "horizon_s": result.horizon_s,
             "batch_sizes": batch_sizes(result),
         }
+        if result.scoped_views:
+            runs[policy]["view_workers_mean"] = result.scoped_workers / result.scoped_views
         latencies_ms[policy] = [
             j.latency_s * 1000.0 for j in result.jobs if j.latency_s is not None
         ]
@@ -220,6 +237,7 @@ def _config_record(config: SimConfig, workload: Workload) -> dict[str, Any]:
         "cache_bytes": workload.cluster.gpu_memory_bytes,
         "servers_sweep": list(config.servers_sweep) if config.servers_sweep else None,
         "target_slowdown": config.target_slowdown,
+        **config.view_options(),
     }
 
 

@@ -30,18 +30,23 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
+import numpy as np
+import numpy.typing as npt
+
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.objective import NO_OBJECTIVE, Objective, outcome_of
-from compass.sched import Policy, ViewSnapshot, make_policy
+from compass.sched import CompassPolicy, Policy, ViewSnapshot, make_policy
+from compass.sched.candidates import CandidateRule, PlanScope, pick
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.policies import worker_seed
@@ -83,14 +88,22 @@ from compass.workflow.dag import Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-__all__ = ["simulate"]
+__all__ = ["DEFAULT_CANDIDATES", "VIEW_MODES", "simulate"]
 
 MiB = 1 << 20
+
+IntpArray = npt.NDArray[np.intp]
 
 #: bytes of a plan request or reply on the wire (``central``): a few hundred bytes of msgpack
 _RPC_BYTES = 256
 
 Handler = Callable[[Any], None]
+
+#: what a planner sees (:func:`simulate`'s ``view``)
+VIEW_MODES = ("mesh", "bounded")
+#: ``compass sim --view bounded``'s workers sampled per job beyond the holders (measured:
+#: docs/RESULTS.md, "Bounded view: planning over candidates")
+DEFAULT_CANDIDATES = 4
 
 
 def simulate(
@@ -112,6 +125,9 @@ def simulate(
     policy_options: Mapping[str, Any] | None = None,
     warm_start: bool = False,
     ingress: str = "auto",
+    view: str = "mesh",
+    candidates: int = DEFAULT_CANDIDATES,
+    holders: int | None = None,
 ) -> SimResult:
     """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
 
@@ -131,6 +147,13 @@ def simulate(
     (:func:`~compass.sched.make_policy`'s ``options``). ``warm_start``: the first job arrives
     once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a real
     cluster), not at time 0 of a cold cluster.
+
+    ``view`` says what a planner sees: ``"mesh"`` (the default), every worker; ``"bounded"``,
+    for each job it plans or re-plans, only its candidates
+    (:func:`~compass.sched.candidates.pick`): itself, the workers of the job's inputs and
+    plan, the holders of the job's models (at most ``holders`` per model; None: all) and
+    ``candidates`` workers sampled from the rest, by a generator seeded per planner from
+    ``seed``. Residency is known to all in both (warming reads the full view).
     """
     settings = _Settings(
         workers=workers,
@@ -147,6 +170,7 @@ def simulate(
         prefetch_evicts=prefetch_evicts,
         policy_options=policy_options,
         spread=ingress_spread(ingress, workers),
+        candidates=view_rule(view, candidates, holders),
     )
     return _Simulation(workload, settings).run(arrivals, warm_start=warm_start)
 
@@ -154,6 +178,13 @@ def simulate(
 #: from this many workers on, ``ingress="auto"`` deals jobs over every worker
 SPREAD_FROM = LARGE_CLUSTER
 INGRESS_MODES = ("auto", "client", "spread")
+
+
+def view_rule(view: str, candidates: int, holders: int | None) -> CandidateRule | None:
+    """The candidate rule of a bounded view (None: the mesh, every worker in view)."""
+    if view not in VIEW_MODES:
+        raise ConfigError(f"unknown view {view!r}; expected one of {', '.join(VIEW_MODES)}")
+    return CandidateRule(candidates, holders) if view == "bounded" else None
 
 
 def ingress_spread(mode: str, workers: int) -> bool:
@@ -184,6 +215,8 @@ class _Settings:
     policy_options: Mapping[str, Any] | None
     #: deal jobs over every worker (else client i enters at worker i)
     spread: bool = False
+    #: a bounded view's rule (None: the mesh)
+    candidates: CandidateRule | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -209,6 +242,8 @@ class _Worker:
     busy_s: float = 0.0
     #: the lanes' version last published to the cluster state
     version: int = -1
+    #: what the worker sees of the others (set once the worker exists)
+    view: _SimView | None = None
 
     @property
     def lanes(self) -> Lanes:
@@ -259,6 +294,12 @@ class _Simulation:
             )
             for name in names
         ]
+        rule = settings.candidates
+        if rule is not None and any(_central(p) for p in policies):
+            raise ConfigError(
+                f"policy {policy!r} plans every job at one worker: a bounded view, which shows "
+                "each planner only its candidates, does not apply"
+            )
         # every worker runs the same policy; warming needs prefetching (a speculative load)
         self.warm = settings.warm and prefetch and policies[0].warms_cache
         caches = [CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models) for _ in names]
@@ -283,12 +324,13 @@ class _Simulation:
             max_jobs=1 << 62,  # the simulator models no admission limit
         )
         for worker, cache in zip(self.workers, caches, strict=True):
+            worker.view = _SimView(self.state, worker, rule, seed)
             worker.rules = build_core(
                 worker.name,
                 workflows=workload.workflows,
                 policy=worker.policy,
                 profiles=self.profiles,
-                view=_SimView(self.state, worker),
+                view=worker.view,
                 cache=cache,
                 options=options,
             )
@@ -394,6 +436,8 @@ class _Simulation:
             moves=self.moves,
             events=self.events,
             wall_s=wall_s,
+            scoped_views=sum(w.view.scoped for w in self.workers if w.view is not None),
+            scoped_workers=sum(w.view.shown for w in self.workers if w.view is not None),
         )
 
     # -- ingress ------------------------------------------------------------------------------
@@ -597,19 +641,43 @@ class _Simulation:
 
 class _SimView:
     """A simulated worker's :class:`~compass.worker.state.ViewPort`: its peers as
-    :class:`ClusterState` says it sees them, itself exactly."""
+    :class:`ClusterState` says it sees them, itself exactly. With a candidate ``rule`` (a
+    bounded view), a snapshot for a job shows only that job's candidates, sampled by a
+    generator of this worker's own (seeded from ``seed`` and its name)."""
 
-    def __init__(self, state: ClusterState, worker: _Worker) -> None:
+    def __init__(
+        self, state: ClusterState, worker: _Worker, rule: CandidateRule | None, seed: int
+    ) -> None:
         self._state = state
         self._worker = worker
+        self._rule = rule
+        self._rng = random.Random(f"candidates:{seed}:{worker.name}")
+        #: snapshots taken for a job, and the workers they showed in all
+        self.scoped = 0
+        self.shown = 0
 
-    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
+    def snapshot(
+        self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
+    ) -> ViewSnapshot:
         worker = self._worker
         lanes = worker.lanes
+        among = None
+        if self._rule is not None and scope is not None:
+            among = self._candidates(now, scope, self._rule)
+            self.scoped += 1
+            self.shown += len(among)
         return self._state.snapshot(
             worker.index, now, lanes.wait_s(now, priority), lanes.queue.batchable(now, lanes.lanes),
-            without, priority,
+            without, priority, among,
         )  # fmt: skip
+
+    def _candidates(self, now: float, scope: PlanScope, rule: CandidateRule) -> IntpArray:
+        state = self._state
+        viewer = self._worker.index
+        keep = [state.positions[w] for w in scope.keep]  # simulated workers are never lost
+        keep.append(viewer)
+        held = state.holders(viewer, now, scope.models)
+        return pick(len(state.names), held, keep, rule, self._rng)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self._state.note_placement(self._worker.index, self._state.positions[worker], placed, now)
@@ -625,6 +693,10 @@ class _SimView:
 
     def joined(self, worker: str, instance: str) -> None:
         pass
+
+
+def _central(policy: Policy) -> bool:
+    return isinstance(policy, CompassPolicy) and policy.options.central
 
 
 def _rules(worker: _Worker) -> WorkerCore:

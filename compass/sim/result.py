@@ -73,6 +73,8 @@ class SimResult:
 
     ``busy_s`` is lane-seconds each worker spent on tasks (fetching their model or running);
     ``horizon_s`` is the virtual time of the last event. ``events`` counts simulator events.
+    With a bounded view, ``scoped_views`` counts the snapshots taken for a job and
+    ``scoped_workers`` the workers they showed in all (both 0 with the mesh).
     """
 
     policy: str
@@ -89,6 +91,8 @@ class SimResult:
     moves: int
     events: int
     wall_s: float
+    scoped_views: int = 0
+    scoped_workers: int = 0
 
     def utilization(self) -> dict[str, float]:
         """Fraction of the run each worker's lanes were busy."""

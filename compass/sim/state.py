@@ -34,13 +34,14 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError
 from compass.sched.placement import PlacedCounts, Placement
-from compass.sched.snapshot import BatchRows, ViewSnapshot, batch_rows
+from compass.sched.snapshot import BatchRows, Members, ViewSnapshot, batch_rows
 
 __all__ = ["ClusterState"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+IntpArray = npt.NDArray[np.intp]
 
 #: per model: (queued batchable tasks, absolute expected start of the first of them)
 _Batches = Mapping[str, tuple[int, float]]
@@ -206,6 +207,7 @@ class ClusterState:
         own_batches: _Batches | None = None,
         without: str = "",
         priority: int = 0,
+        among: IntpArray | None = None,
     ) -> ViewSnapshot:
         """What ``viewer`` sees at ``now``: peers as of the last tick at least ``staleness_s``
         old plus its own recent placements (but those of job ``without``, as
@@ -213,27 +215,46 @@ class ClusterState:
         ``own_batches``, seconds from ``now`` as :meth:`TaskQueue.batchable` gives them, from
         its queue). With ``priority`` above 0 the waits are those a task of that level sees
         (the running work and the queued tasks of its level and above), ``own_wait_s``
-        included."""
+        included. ``among``: only the workers at these sorted, distinct positions, ``viewer``
+        among them (a bounded view, :mod:`compass.sched.candidates`); the arrays are built
+        over them alone (None: every worker)."""
         q, base_wait, cap, published = self._at(now)
         if priority > 0:
             base_wait = self._lifted_at(q, cap, priority)
-        wait = base_wait.copy()
-        wait[viewer] = own_wait_s
-        free = cap.free.copy()
-        free[viewer] = self.free[viewer]
-        rows: dict[str, BoolArray] = {}  # rows this snapshot changes, copied
+        if among is None:
+            me = viewer
+            wait = base_wait.copy()
+            free = cap.free.copy()
+            rows: Mapping[str, BoolArray] = cap.rows
+            names, positions, capacity = self.names, self.positions, self.capacity
+            members = None
+        else:
+            me = int(np.searchsorted(among, viewer))
+            if me >= len(among) or among[me] != viewer:
+                raise ConfigError(f"a bounded view of worker {viewer} must include it")
+            wait = base_wait[among]
+            free = cap.free[among]
+            rows = {name: row[among] for name, row in cap.rows.items()}  # copies
+            names = tuple(self.names[i] for i in among.tolist())
+            positions, capacity = None, self.capacity[among]
+            members = Members(self.names, among)
+        wait[me] = own_wait_s
+        free[me] = self.free[viewer]
+        changed: dict[str, BoolArray] = {}  # rows this snapshot changes, copied
         own = self.held[:, viewer]
         seen = cap.held[:, viewer]
         if not np.array_equal(own, seen):
             for m in np.flatnonzero(own != seen):
                 name = self.models[m]
-                row = cap.rows[name].copy()
-                row[viewer] = own[m]
-                rows[name] = row
-        resident: Mapping[str, BoolArray] = {**cap.rows, **rows} if rows else cap.rows
+                row = rows[name].copy() if among is None else rows[name]
+                row[me] = own[m]
+                changed[name] = row
+        resident: Mapping[str, BoolArray] = {**rows, **changed} if changed else rows
         batches = published
         if published or own_batches:
             batches = self._own_batches(viewer, published, own_batches or _NONE)
+        if among is not None and batches:
+            batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
         pending = self._pending[viewer]
         if pending:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
@@ -241,19 +262,37 @@ class ClusterState:
             if kept:
                 counts = PlacedCounts(wait, free, resident, batches)
                 for p in kept:
-                    if not (without and p.task.job == without):
-                        counts.add(p.worker, p.task, p.task.priority >= priority)
+                    if without and p.task.job == without:
+                        continue
+                    i = p.worker if among is None else _position(among, p.worker)
+                    if i >= 0:
+                        counts.add(i, p.task, p.task.priority >= priority)
                 np.maximum(free, 0, out=free)
                 resident, batches = counts.resident(), counts.batches()
         return ViewSnapshot.from_arrays(
-            self.names,
-            wait,
-            free,
-            self.capacity,
-            resident,
-            positions=self.positions,
-            batches=batches,
-        )
+            names, wait, free, capacity, resident, positions=positions, batches=batches,
+            members=members,
+        )  # fmt: skip
+
+    def holders(self, viewer: int, now: float, models: Sequence[str]) -> list[BoolArray]:
+        """Per model of ``models``, where ``viewer`` sees it resident or loading at ``now``:
+        the residency published at the tick a snapshot shows, its own exactly, and the
+        workers it has just placed a task of the model on (as :meth:`snapshot` counts them)."""
+        _, _, cap, _ = self._at(now)
+        index = self.model_index
+        coming = [p for p in self._pending[viewer] if now <= p.ends and now < p.settles]
+        out: list[BoolArray] = []
+        for model in models:
+            m = index[model]
+            row = cap.held[m]
+            own = bool(self.held[m, viewer])
+            extra = [p.worker for p in coming if p.task.model == model and not row[p.worker]]
+            if extra or bool(row[viewer]) != own:
+                row = row.copy()
+                row[viewer] = own
+                row[extra] = True
+            out.append(row)
+        return out
 
     def _own_batches(
         self, viewer: int, published: Mapping[str, BatchRows], own: _Batches
@@ -332,6 +371,12 @@ class ClusterState:
         wait.setflags(write=False)
         self._published = (q, wait, cap, _frozen_rows(cap.batches, at))
         return self._published
+
+
+def _position(index: IntpArray, worker: int) -> int:
+    """Where ``worker`` is in the sorted ``index`` (-1: not there)."""
+    i = int(np.searchsorted(index, worker))
+    return i if i < len(index) and index[i] == worker else -1
 
 
 def _frozen_rows(batches: tuple[_Batches, ...] | None, at: float) -> Mapping[str, BatchRows]:
