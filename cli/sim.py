@@ -224,7 +224,7 @@ def sim(
     if compare_real:
         from compass._bench import e2e, fidelity
 
-        config = e2e.E2EConfig(
+        real = e2e.E2EConfig(
             workload=spec,
             workers=workers,
             policies=tuple(names),
@@ -237,7 +237,7 @@ def sim(
             host_lanes=host_lanes,
             **batch,
         )
-        fidelity.run(config, json_path)
+        fidelity.run(real, json_path)
         return
     config = SimConfig(
         workload=spec,
