@@ -98,7 +98,9 @@ def sim(
     holders: Annotated[
         int | None,
         typer.Option(
-            min=1, help="--view bounded: at most this many holders per model (default: all)."
+            min=0,
+            help="--view bounded: at most this many holders of each model the job needs "
+            "(default: 2; 0: every holder).",
         ),
     ] = None,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
@@ -163,9 +165,11 @@ def sim(
         fail("--candidates and --holders need --view bounded", 2)
     if view == View.bounded and (goodput or compare_real):
         fail("--view bounded is for the plain simulation and --capacity", 2)
-    seen: dict[str, Any] = {"view": view.value, "holders": holders}
+    seen: dict[str, Any] = {"view": view.value}
     if candidates is not None:
         seen["candidates"] = candidates
+    if holders is not None:
+        seen["holders"] = holders or None  # 0: every holder
     if goodput:
         from compass._bench import goodput as goodput_bench
         from compass.sim.capacity import parse_seeds

@@ -20,7 +20,13 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.capacity import SimRuns
-from compass.sim.engine import DEFAULT_CANDIDATES, ingress_spread, simulate, view_rule
+from compass.sim.engine import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_HOLDERS,
+    ingress_spread,
+    simulate,
+    view_rule,
+)
 from compass.sim.result import SimResult
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import Workload, load_workload
@@ -78,7 +84,7 @@ class SimConfig:
     ingress: str = "auto"
     view: str = "mesh"
     candidates: int = DEFAULT_CANDIDATES
-    holders: int | None = None
+    holders: int | None = DEFAULT_HOLDERS
 
     def __post_init__(self) -> None:
         if not self.policies:

@@ -88,7 +88,7 @@ from compass.workflow.dag import Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-__all__ = ["DEFAULT_CANDIDATES", "VIEW_MODES", "simulate"]
+__all__ = ["DEFAULT_CANDIDATES", "DEFAULT_HOLDERS", "VIEW_MODES", "simulate"]
 
 MiB = 1 << 20
 
@@ -101,9 +101,11 @@ Handler = Callable[[Any], None]
 
 #: what a planner sees (:func:`simulate`'s ``view``)
 VIEW_MODES = ("mesh", "bounded")
-#: ``compass sim --view bounded``'s workers sampled per job beyond the holders (measured:
-#: docs/RESULTS.md, "Bounded view: planning over candidates")
+#: ``compass sim --view bounded``'s workers sampled per job beyond the holders, and holders
+#: kept per model the job needs (measured: docs/RESULTS.md, "Bounded view: planning over
+#: candidates": every holder is nearly every worker once caches are warm)
 DEFAULT_CANDIDATES = 4
+DEFAULT_HOLDERS = 2
 
 
 def simulate(
@@ -127,7 +129,7 @@ def simulate(
     ingress: str = "auto",
     view: str = "mesh",
     candidates: int = DEFAULT_CANDIDATES,
-    holders: int | None = None,
+    holders: int | None = DEFAULT_HOLDERS,
 ) -> SimResult:
     """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
 

@@ -13,7 +13,7 @@ from compass.errors import ConfigError
 from compass.sched.view import Placement, ViewSnapshot
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
 from compass.sim.compare import SimConfig
-from compass.sim.engine import DEFAULT_CANDIDATES
+from compass.sim.engine import DEFAULT_CANDIDATES, DEFAULT_HOLDERS
 from compass.sim.state import ClusterState
 from compass.workflow import Workload, load_workload
 
@@ -114,8 +114,9 @@ def test_a_bounded_view_that_samples_everyone_plans_as_the_mesh(paper: Workload)
     jobs = arrivals(paper, 200, load=2.0)
     mesh = simulate(paper, workers=5, policy="compass", arrivals=jobs)
     every = simulate(
-        paper, workers=5, policy="compass", arrivals=jobs, view="bounded", candidates=4
-    )
+        paper, workers=5, policy="compass", arrivals=jobs, view="bounded", candidates=4,
+        holders=None,
+    )  # fmt: skip
     assert same_run(mesh, every)
     # one snapshot per job planned and per finished task with successors, each of all 5
     assert every.scoped_views > 200
@@ -186,6 +187,16 @@ def test_compass_sim_plans_over_candidates_and_records_it(
     assert (data["config"]["view"], data["config"]["candidates"]) == ("bounded", 1)
     assert data["config"]["holders"] == 1
     assert 1 < data["runs"]["compass"]["view_workers_mean"] < 8
+    # --holders 0: every holder (on 8 warm workers, nearly all of them)
+    code, text = run_cli(
+        capsys, "sim", "--workload", str(PAPER), "--workers", "8", "--policies", "compass",
+        "--jobs", "30", "--view", "bounded", "--holders", "0", "--json", str(out),
+    )  # fmt: skip
+    assert code == 0, text
+    data = json.loads(out.read_text())
+    assert data["config"]["holders"] is None
+    assert data["config"]["candidates"] == DEFAULT_CANDIDATES
+    assert data["runs"]["compass"]["view_workers_mean"] > 6
     code, text = run_cli(capsys, "sim", "--workers", "8", "--candidates", "2")
     assert code == 2 and "--view bounded" in text
 
@@ -197,3 +208,4 @@ def test_the_cli_names_the_library_default() -> None:
 
     hints = typing.get_type_hints(sim, include_extras=True)
     assert f"(default: {DEFAULT_CANDIDATES})" in hints["candidates"].__metadata__[0].help
+    assert f"(default: {DEFAULT_HOLDERS};" in hints["holders"].__metadata__[0].help
