@@ -1,33 +1,26 @@
 """The worker core, sans-IO: a worker's rules as a state machine, events in, instructions out.
 
 :meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the
-current time (``now``, on the worker's clock); the core imports no asyncio and no socket code
-and reads no clock, so the same list of events always gives the same instructions. Two
-adapters drive it: the asyncio :class:`~compass.worker.server.Worker` (sockets, threads,
-timers) and the simulator (:mod:`compass.sim.engine`, a heap of timestamped events).
-
-What the core owns:
+time (``now``, on the worker's clock); the core reads no clock and does no I/O, so the same
+events give the same instructions. The asyncio :class:`~compass.worker.server.Worker` and the
+simulator (:mod:`compass.sim.engine`) drive it. What the core owns:
 
 - the **ingress records**: every job this worker accepted, its plan as reported moves keep it,
-  its current attempt, the sink outputs gathered so far; admission (``max_jobs``), planning
-  (here, or at the ``central`` planner), the one answer per job;
-- the **inbox**: the inputs of tasks whose predecessors have not all reported (a join waits for
-  every one of them); a task whose inputs are all here goes to the lanes;
+  its current attempt, the sink outputs gathered so far; admission, planning (here, or at the
+  ``central`` planner), the one answer per job;
+- the **inbox**: the inputs of tasks whose predecessors have not all reported (a join waits
+  for each); a task whose inputs are all here goes to the lanes;
 - the **attempt rules**: a job re-planned after a lost peer gets a new attempt; messages of an
   older attempt, or of a job already done here, are dropped, so a job is answered exactly once;
   the tasks of a lost ingress's jobs are dropped here, and if that ingress comes back (it was
   alive: a false suspicion, a healed partition) it hears of them and plans them again;
 - **dynamic adjustment**: when a task finishes, its successors are re-placed on this worker's
   view before the output is pushed on, and the ingress is told of every move;
-- the **queues, lanes and model residency** (:class:`~compass.worker.lanes.Lanes`): which task
-  runs next on which lane (:class:`RunTask`), which model is loaded, prefetched, warmed or
-  evicted (:class:`LoadModel`), and the stuck-task rule.
+- the **queues, lanes and model residency** (:class:`~compass.worker.lanes.Lanes`).
 
-What it does not own: running a task's code and copying a model's bytes (the asyncio worker's
-task runner and model cache, or the simulator's timers), sending bytes, the view's heartbeats
-(:class:`ViewPort` is the core's window onto the view).
-
-Messages to this worker itself never leave it: the core handles them at once, in order.
+Not the core's: running a task's code, copying a model's bytes, sending bytes, the view's
+heartbeats (:class:`ViewPort` is its window onto the view). Messages to this worker itself
+never leave it: the core handles them at once, in order.
 """
 
 from __future__ import annotations
