@@ -22,7 +22,7 @@ and generator state give the same workers.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +41,11 @@ IntpArray = npt.NDArray[np.intp]
 @dataclass(frozen=True, slots=True)
 class PlanScope:
     """Whom a snapshot is for: a job of ``workflow``, with ``keep`` (the planner and the
-    workers holding the job's inputs) always in view."""
+    workers holding the job's inputs) always in view. ``keep`` may name a worker twice: it is
+    built on every snapshot, also for a view that ignores it, so it is not made a set."""
 
     workflow: Workflow
-    keep: frozenset[str]
+    keep: Collection[str]
 
     @property
     def models(self) -> tuple[str, ...]:

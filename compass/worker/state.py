@@ -321,7 +321,7 @@ class WorkerCore:
             self._keys[ev.key] = job.job_id
         self.stats.jobs_submitted += 1
         # the ingress holds the job's inputs
-        scope = PlanScope(workflow, frozenset((self.name,)))
+        scope = PlanScope(workflow, (self.name,))
         view = self.view.snapshot(ev.now, priority=ev.objective.priority, scope=scope)
         central = self.policy.planner(view)
         if central is not None and central != self.name:
@@ -373,7 +373,7 @@ class WorkerCore:
         found, already finishes after its deadline: nothing of it has been sent yet."""
         assert job.deadline is not None
         # the waits of its priority: a job above the lowest runs ahead of the lower levels' work
-        scope = PlanScope(job.workflow, frozenset(plan.values()) | {self.name})
+        scope = PlanScope(job.workflow, (*plan.values(), self.name))
         view = self.view.snapshot(
             now, without=job.job_id, priority=job.objective.priority, scope=scope
         )
@@ -429,7 +429,7 @@ class WorkerCore:
         """Plan on ``view`` (a fresh snapshot when None: nothing changed since it was taken)."""
         if view is None:
             # this worker plans; the job's ingress holds its inputs
-            scope = PlanScope(info.workflow, frozenset((self.name, info.ingress)))
+            scope = PlanScope(info.workflow, (self.name, info.ingress))
             view = self.view.snapshot(now, without=info.job_id, priority=info.priority, scope=scope)
         plan = self.policy.plan(info, view, self.profiles, now)
         self._note_placements(info, plan, now)
@@ -730,7 +730,7 @@ class WorkerCore:
         info = JobInfo(entry.job_id, workflow, entry.ingress, 0, entry.level)
         # the workers of the plan hold (or will) the successors' other inputs, and the
         # adjustment may keep a successor where it was planned
-        scope = PlanScope(workflow, frozenset(plan.values()) | {self.name})
+        scope = PlanScope(workflow, (*plan.values(), self.name))
         view = self.view.snapshot(now, without=entry.job_id, priority=entry.level, scope=scope)
         adjusted = adjust_successors(self.policy, info, entry.task, plan, view, self.profiles, now)
         moved = {t: adjusted[t] for t in workflow.order if adjusted[t] != plan[t]}
