@@ -683,6 +683,11 @@ class Membership:
             if not peer.channel.closed:
                 peer.channel.notify(op, body)
 
+    def send(self, name: str, op: str, body: Any) -> bool:
+        """Notify live peer ``name`` of ``op``; False where there is no open channel to it (a
+        notify is fire-and-forget: what it was for is sent again or times out)."""
+        return self._send(self.channel(name), op, body)
+
     def channel(self, name: str) -> Channel | None:
         peer = self.peers.get(name)
         return None if peer is None else peer.channel
