@@ -6,8 +6,9 @@ Three kinds of traffic, from one seeded generator:
   bad array descriptors, handshake messages after the handshake, plain noise), each on an
   authenticated client connection, some before authentication;
 - malformed peer messages (``task``, ``result``, ``failed``, ``placed``, ``done``,
-  ``heartbeat`` with bodies that are near misses or nonsense) on an authenticated
-  ``worker``-role connection, as a peer that holds the token but misbehaves would send them;
+  ``heartbeat``, ``rumors``, ``watch`` with bodies that are near misses or nonsense) on an
+  authenticated ``worker``-role connection, as a peer that holds the token but misbehaves
+  would send them;
 - idle unauthenticated sockets, many of them, while a real client connects.
 
 After each frame the connection is probed with a ping: answered (the frame was survived),
@@ -56,7 +57,7 @@ __all__ = [
 #: the app every fuzzed worker runs: its ``noop`` workflow is the real job checked at the end
 APP = ("--app", "compass._bench.apps", "--log-level", "error")
 #: one-way messages between workers
-PEER_OPS = ("task", "result", "failed", "placed", "done", "heartbeat")
+PEER_OPS = ("task", "result", "failed", "placed", "done", "heartbeat", "rumors", "watch")
 #: requests a client or a peer may send
 REQUEST_OPS = ("ping", "status", "trace", "submit", "join", "plan", "no-such-op", "$cancel")
 
@@ -247,6 +248,13 @@ class FrameFuzzer:
             body.update(worker="ghost", message="boom", code=rng.choice(["job_failed", "?", 3]))
         elif op == "placed":
             body["worker"] = rng.choice(["w0", "ghost", ""])
+        elif op == "rumors":
+            many = rng.choice([0, 1, 3, 65])
+            body = {"s": [self.peer_body("heartbeat") for _ in range(many)]}
+            if rng.random() < 0.5:
+                body["sync"] = rng.choice([True, 1, "yes"])
+        elif op == "watch":
+            body = {"for_ms": rng.choice([2000.0, 0, -1.0, float("nan"), 1e300, "x", True])}
         elif op == "heartbeat":
             body = {
                 "n": rng.choice(["ghost", "w0", "", "raw"]),

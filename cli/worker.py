@@ -230,6 +230,28 @@ def worker_start(
         bool,
         typer.Option(envvar=env("warm"), help="Idle workers load models the cluster is short of."),
     ] = True,
+    view: Annotated[
+        str,
+        typer.Option(
+            envvar=env("view"),
+            help="What a planner sees: bounded (a job's candidates, whose load it watches; "
+            "caches spread as rumors) or mesh (every worker heartbeats every peer).",
+        ),
+    ] = "bounded",
+    candidates: Annotated[
+        int,
+        typer.Option(
+            envvar=env("candidates"),
+            help="Bounded view: workers sampled per job beyond the holders of its models.",
+        ),
+    ] = 4,
+    holders: Annotated[
+        int,
+        typer.Option(
+            envvar=env("holders"),
+            help="Bounded view: holders in view per model a job needs (0: every holder).",
+        ),
+    ] = 2,
     max_frame_mb: Annotated[
         int, typer.Option(envvar=env("max_frame_mb"), min=1, help="Largest frame accepted, MiB.")
     ] = 1024,
@@ -372,6 +394,9 @@ def worker_start(
             peer_timeout_ms=peer_timeout_ms,
             adjust_threshold=adjust_threshold,
             warm=warm,
+            view=view,
+            candidates=candidates,
+            holders=holders,
         ),
         swim=SwimConfig(
             probe_period_ms=probe_period_ms,

@@ -20,6 +20,7 @@ __all__ = [
     "GPU_CACHE_FRACTION",
     "HOST_CACHE_FRACTION",
     "PROTOCOL_VERSION",
+    "VIEWS",
     "CacheConfig",
     "DeviceMemory",
     "Limits",
@@ -201,6 +202,10 @@ class CacheConfig:
         return replace(self, capacity_bytes=capacity)
 
 
+#: what a planner may see (SchedConfig.view)
+VIEWS = ("bounded", "mesh")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedConfig:
     """Placement policy and its knobs (every worker of a cluster uses the same)."""
@@ -223,10 +228,37 @@ class SchedConfig:
     adjust_threshold: float = 0.1
     #: idle workers fill free cache space with models the cluster is short of (if the policy does)
     warm: bool = True
+    #: what a planner sees: "bounded" (a job's candidates; load from the workers it watches,
+    #: residency from rumors, compass/worker/spread.py) or "mesh" (every worker, each
+    #: heartbeating every peer every heartbeat_ms)
+    view: str = "bounded"
+    #: a bounded view's workers sampled per job beyond the holders of its models
+    candidates: int = 4
+    #: a bounded view's holders in view per model the job needs (0: every holder)
+    holders: int = 2
+    #: a planner watches a candidate's load this long after it last planned over it
+    watch_ms: float = 2000.0
+    #: a bounded view sends rumors of workers' caches this often, to rumor_fanout peers
+    rumor_ms: float = 100.0
+    rumor_fanout: int = 2
+    #: a bounded view sends every state it holds to one peer picked at random this often
+    #: (anti-entropy: a worker that missed a rumor, or joined since, catches up)
+    sync_ms: float = 5000.0
 
     def __post_init__(self) -> None:
+        if self.view not in VIEWS:
+            raise ConfigError(f"--view must be one of {', '.join(VIEWS)}, got {self.view!r}")
+        for name, value, least in (("candidates", self.candidates, 0),
+                                   ("holders", self.holders, 0),
+                                   ("rumor_fanout", self.rumor_fanout, 1)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 1024:
+                flag = name.replace("_", "-")
+                raise ConfigError(f"--{flag} must be an integer {least}..1024, got {value!r}")
         _positive(
             self,
+            watch_ms=self.watch_ms,
+            rumor_ms=self.rumor_ms,
+            sync_ms=self.sync_ms,
             heartbeat_ms=self.heartbeat_ms,
             heartbeat_min_ms=self.heartbeat_min_ms,
             heartbeat_max_rate=self.heartbeat_max_rate,

@@ -1,15 +1,27 @@
-"""A worker's side of the shared view: its :class:`ClusterView`, the heartbeats it sends, the
-ones it receives, and what it learns from them.
+"""A worker's side of the shared view: its :class:`ClusterView`, the states it sends, the ones
+it receives, and what it learns from them.
 
-A worker gossips its queue and cache to every peer within ``heartbeat_min_ms`` of a change
-(spaced further in a large cluster, see :func:`~compass.worker.membership.gossip_gap_s`) and
-every ``heartbeat_ms`` regardless. Whether a peer is alive is not judged here but by the
-failure detector's probes (:mod:`~compass.worker.members`); a heartbeat only counts if it is
-of a live peer's current incarnation. Each heartbeat is also the worker core's periodic check
+Two views, :attr:`~compass.config.SchedConfig.view`:
+
+- ``bounded`` (the default): a planner plans each job over its candidates
+  (:mod:`compass.sched.candidates`: itself, the holders of the job's inputs, a few holders of
+  each model it needs and ``candidates`` more sampled), and watches their load: each
+  candidate sends it its state when that changes, for a lease the planner renews while it
+  keeps planning there. The cache of every worker reaches every other as rumors, a few a
+  period to a few peers, passed on (:mod:`compass.worker.spread`). A worker's messages grow
+  with the planners that place on it, not with the cluster; an idle cluster sends only
+  rumors and the failure detector's probes.
+- ``mesh``: a worker sends its state to every peer within ``heartbeat_min_ms`` of a change
+  (spaced further in a large cluster, see :func:`~compass.worker.membership.gossip_gap_s`)
+  and every ``heartbeat_ms`` regardless, and a planner sees every worker.
+
+Whether a peer is alive is not judged here but by the failure detector's probes
+(:mod:`~compass.worker.members`); a state only counts if it is of a live peer's current
+incarnation. Every ``heartbeat_ms`` the loop also runs the worker core's periodic check
 (``tick``): an idle worker warms its cache then.
 
 :class:`Gossip` is also the worker core's :class:`~compass.worker.events.ViewPort`, and only
-the core changes the view through it: a peer's heartbeat, a peer that drains, joins or is lost
+the core changes the view through it: a peer's state, a peer that drains, joins or is lost
 are events of the core (:class:`~compass.worker.events.Heard` and its kin), which calls back
 here. A snapshot counts this worker's own state exactly as it is at the snapshot's time.
 """
@@ -17,17 +29,20 @@ here. A snapshot counts this worker's own state exactly as it is at the snapshot
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
+from time import monotonic as _now
 from typing import Any, Protocol
 
 from compass.config import WorkerConfig
-from compass.sched.candidates import PlanScope
+from compass.sched.candidates import CandidateRule, PlanScope, candidates
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
 from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership, gossip_gap_s
+from compass.worker.spread import MAX_RUMORS, Rumors, Watchers, Watching, cache_changed
 from compass.workflow.profile import Profiles
 
 __all__ = ["Gossip", "Gossiped"]
@@ -49,7 +64,7 @@ _DEGRADED_WAIT_S = 1e6
 
 
 class Gossip:
-    """The view and the heartbeats of worker ``name``; see the module docstring."""
+    """The view and the state messages of worker ``name``; see the module docstring."""
 
     def __init__(
         self,
@@ -66,18 +81,36 @@ class Gossip:
         self._clock = clock
         self._tick = tick
         self._core: Gossiped | None = None
-        #: the sequence number of the last heartbeat sent
+        sched = config.sched
+        #: the candidate rule of a bounded view (None: the mesh)
+        self.rule = (
+            CandidateRule(sched.candidates, sched.holders or None)
+            if sched.view == "bounded"
+            else None
+        )
+        #: samples the candidates: seeded by the name, so a replay samples the same
+        self._rng = random.Random(f"candidates:{name}")
+        #: who watches this worker's load, whose load it watches, and the rumors it passes on
+        self.watchers = Watchers()
+        self.watching = Watching(sched.watch_ms / 1000.0)
+        self.rumors = Rumors()
+        self._asks: set[str] = set()  # candidates to ask for a watch at the next turn
+        self._rumored: Heartbeat | None = None  # the last rumor this worker started of itself
+        self._membership: Membership | None = None  # while running
+        #: the sequence number of the last state sent
         self._seq = 0
         #: this worker's incarnation, carried in its heartbeats
         self.incarnation = 0
         #: peers that said they drain, and the instance that did: out of the view (nothing new
         #: is placed there), their heartbeats still keep them alive
         self.draining: dict[str, str] = {}
-        #: the peers the core was told of (the heartbeat gap, and so the settle time, grows
-        #: with them)
-        self._peers: set[str] = set()
-        #: set when the queue or the cache changed since the last heartbeat
-        self._changed = asyncio.Event()
+        #: the peers the core was told of, and their instances (the heartbeat gap, and so the
+        #: settle time, grows with them in the mesh; a new instance holds no watch)
+        self._peers: dict[str, str] = {}
+        #: whether the queue or the cache changed since the last state sent, and the loop's
+        #: wake-up (a change, or its timer)
+        self._dirty = True
+        self._wake = asyncio.Event()
         gap = self._gap_s(0)
         self.view = ClusterView(
             name, heartbeat_s=gap / config.time_scale, settle_s=self._settle_s(gap)
@@ -87,21 +120,35 @@ class Gossip:
         """Gossip ``core``'s state: its lanes, its cache, what it measured."""
         self._core = core
 
+    @property
+    def bounded(self) -> bool:
+        """Whether planners see a job's candidates only (else the mesh: every worker)."""
+        return self.rule is not None
+
     # -- the core's ViewPort -------------------------------------------------------------------
     def snapshot(
         self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
     ) -> ViewSnapshot:
-        # the full mesh: every peer is heard, so every snapshot shows all of them (``scope``
-        # is for a view that plans over candidates)
         self.view.update_self(self.own_state(now))
-        return self.view.snapshot(now, without, priority)
+        full = self.view.snapshot(now, without, priority)
+        rule = self.rule
+        if rule is None or scope is None:
+            return full  # the mesh: every peer is heard, so every snapshot shows all of them
+        keep = (*scope.keep, self.name)
+        among = candidates(full, PlanScope(scope.workflow, keep), rule, self._rng)
+        if self._membership is not None:
+            self._want(among)
+        return full if len(among) == len(full) else full.subset(among)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self.view.note_placement(worker, placed, now)
 
     def remove(self, worker: str) -> None:
         self.draining.pop(worker, None)
-        self._peers.discard(worker)
+        self._peers.pop(worker, None)
+        self.watchers.drop(worker)
+        self.watching.drop(worker)
+        self.rumors.forget(worker)
         self._resettle()
         self.view.remove(worker)
 
@@ -116,7 +163,10 @@ class Gossip:
     def joined(self, worker: str, instance: str) -> None:
         if self.draining.get(worker, instance) != instance:
             del self.draining[worker]  # a new instance under the drained one's name
-        self._peers.add(worker)
+        if self._peers.get(worker, instance) != instance:
+            self.watchers.drop(worker)  # a new instance: it holds no lease, nor do we at it
+            self.watching.drop(worker)
+        self._peers[worker] = instance
         self._resettle()
 
     def _resettle(self) -> None:
@@ -150,11 +200,61 @@ class Gossip:
                            for w in lanes.queue.lifted_s(now)),
         )  # fmt: skip
 
+    def _next_state(self) -> Heartbeat:
+        """This worker's state now, under the next sequence number (each one sent is newer)."""
+        self._seq += 1
+        state = self.own_state(self._clock())
+        self.view.update_self(state)
+        return state
+
     def changed(self) -> None:
         """The queue or the cache changed: gossip it at the next gap."""
-        self._changed.set()
+        self._dirty = True
+        self._wake.set()
 
-    # -- heartbeats ----------------------------------------------------------------------------
+    # -- a bounded view: watches and rumors ----------------------------------------------------
+    def _want(self, among: tuple[str, ...]) -> None:
+        """A job was planned over ``among``: watch those whose lease runs out soon (asked at
+        the next turn of the loop, not while the core handles an event)."""
+        due = self.watching.due((w for w in among if w != self.name), _now())
+        if due:
+            if not self._asks:
+                asyncio.get_running_loop().call_soon(self._ask)
+            self._asks.update(due)
+
+    def _ask(self) -> None:
+        membership = self._membership
+        asks, self._asks = self._asks, set()
+        if membership is None:
+            return
+        body = {"name": self.name, "for_ms": self.watching.lease_s * 1000.0}
+        for peer in asks:
+            if not membership.send(peer, "watch", body):
+                self.watching.drop(peer)  # no channel now: ask again at the next plan
+
+    def watched_by(self, peer: str, for_ms: float) -> None:
+        """``peer`` watches this worker's load for ``for_ms``: it gets this worker's state now,
+        and each change until then."""
+        membership = self._membership
+        if membership is None or peer not in membership.peers or self.rule is None:
+            return
+        self.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
+        membership.send(peer, "heartbeat", self._next_state().to_wire())
+
+    def introduce(self, peer: str) -> None:
+        """A peer joined: it gets this worker's state at once (a bounded view sends it
+        nothing else until it watches this worker; rumors bring the rest)."""
+        membership = self._membership
+        if membership is not None and self.rule is not None:
+            membership.send(peer, "heartbeat", self._next_state().to_wire())
+
+    def rumor_heard(self, state: Heartbeat) -> None:
+        """``state`` came as a rumor and the core took it as news of a live peer: pass it on."""
+        membership = self._membership
+        members = 1 if membership is None else len(membership.peers) + 1
+        self.rumors.heard(state, members)
+
+    # -- sending -------------------------------------------------------------------------------
     def _gap_s(self, peers: int) -> float:
         """Real seconds at least between two heartbeats with ``peers`` peers."""
         sched = self._config.sched
@@ -166,35 +266,109 @@ class Gossip:
         return 2.0 * gap_s / self._config.time_scale
 
     async def run(self, membership: Membership) -> None:
-        """Send this worker's state to every peer when it changes, and every
-        ``heartbeat_ms`` regardless. Runs until cancelled."""
+        """Send this worker's state (to every peer, or in a bounded view to its watchers, and
+        as rumors) and run the core's periodic check. Runs until cancelled."""
+        self._membership = membership
+        try:
+            if self.rule is None:
+                await self._run_mesh(membership)
+            else:
+                await asyncio.gather(self._run_bounded(membership), self._run_rumors(membership))
+        finally:
+            self._membership = None
+
+    async def _run_mesh(self, membership: Membership) -> None:
+        """To every peer within the gap of a change, and every ``heartbeat_ms`` regardless."""
         sched = self._config.sched
-        loop = asyncio.get_running_loop()
         while True:
-            self._changed.clear()
+            self._dirty = False
             self.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
-            self._seq += 1
-            state = self.own_state(self._clock())
-            self.view.update_self(state)
+            state = self._next_state()
             self._tick()  # an idle worker warms its cache (the core decides)
             peers = len(membership.peers)
             if peers:
                 membership.broadcast("heartbeat", state.to_wire())
             min_gap = self._gap_s(peers)
-            interval = max(sched.heartbeat_ms / 1000.0, min_gap)
             await asyncio.sleep(min_gap)
-            if not self._changed.is_set() and interval > min_gap:
-                timer = loop.call_later(interval - min_gap, self._changed.set)
-                try:
-                    await self._changed.wait()
-                finally:
-                    timer.cancel()
+            await self._changed_or(max(sched.heartbeat_ms / 1000.0, min_gap) - min_gap)
+
+    async def _run_bounded(self, membership: Membership) -> None:
+        """To the watchers within the gap of a change; the core's check every
+        ``heartbeat_ms``; a rumor of this worker when its cache changed."""
+        sched = self._config.sched
+        changed = True
+        while True:
+            self._tick()  # an idle worker warms its cache (the core decides)
+            watchers = self.watchers.live(_now())
+            gap = gossip_gap_s(sched.heartbeat_min_ms / 1000.0, len(watchers),
+                               sched.heartbeat_max_rate)  # fmt: skip
+            if changed or self.incarnation != membership.incarnation:
+                self.incarnation = membership.incarnation  # raised when it rejoins
+                state = self._next_state()
+                if watchers:
+                    body = state.to_wire()
+                    for peer in watchers:
+                        membership.send(peer, "heartbeat", body)
+                if cache_changed(self._rumored, state):
+                    self._start_rumor(state, membership)
+                await asyncio.sleep(gap)
+            changed = await self._changed_or(sched.heartbeat_ms / 1000.0)
+
+    def _start_rumor(self, state: Heartbeat, membership: Membership) -> None:
+        self._rumored = state
+        self.rumors.heard(state, len(membership.peers) + 1)
+
+    async def _run_rumors(self, membership: Membership) -> None:
+        """Every ``rumor_ms`` (jittered), rumors to ``rumor_fanout`` peers picked at random;
+        every ``sync_ms``, every state this worker holds to one peer picked at random."""
+        sched = self._config.sched
+        period_s = sched.rumor_ms / 1000.0
+        sync_every = max(1, round(sched.sync_ms / sched.rumor_ms))
+        turns = 0
+        while True:
+            await asyncio.sleep(period_s * (0.5 + self._rng.random()))  # no lockstep
+            peers = list(membership.peers)
+            if not peers:
+                continue
+            turns += 1
+            if turns % sync_every == 0:
+                self._sync(self._rng.choice(peers), membership)
+            if not self.rumors.pending():
+                continue
+            for peer in self._rng.sample(peers, min(sched.rumor_fanout, len(peers))):
+                states = self.rumors.take()
+                if not states:
+                    break
+                membership.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
+
+    def _sync(self, peer: str, membership: Membership) -> None:
+        """Every state this worker's view holds (its own fresh), to ``peer``: it takes what is
+        newer than what it holds, and passes none of it on."""
+        states = [self._next_state()]
+        states += [s for n in self.view.names() if n != self.name and (s := self.view.get(n))]
+        for i in range(0, len(states), MAX_RUMORS):
+            chunk = [s.to_wire() for s in states[i : i + MAX_RUMORS]]
+            membership.send(peer, "rumors", {"s": chunk, "sync": True})
+
+    async def _changed_or(self, timeout_s: float) -> bool:
+        """Wait until the state changes or ``timeout_s`` passes; whether it changed since the
+        last call (a change while the timer fired still counts)."""
+        if not self._dirty and timeout_s > 0:
+            timer = asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+        self._wake.clear()
+        dirty, self._dirty = self._dirty, False
+        return dirty
 
     # -- for status ----------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:
         """Each worker's state as this worker's view holds it; ages and waits are in this
         worker's clock (workload time for an emulated worker)."""
         now = self._clock()
+        watched = set(self.watching.watched(_now()))
         rows = []
         for name in self.view.names():
             state = self.view.get(name)
@@ -209,6 +383,17 @@ class Gossip:
                     "h2d_gbps": round(self._profiles.h2d_bytes_per_s(name) / 1e9, 4),
                     "age_ms": round(self.view.age_s(name, now) * 1000, 3),
                     "placements_counted": self.view.pending(name),
+                    "watched": name in watched or self.rule is None,
                 }
             )
         return rows
+
+    def summary(self) -> dict[str, Any]:
+        """The view's kind and what a bounded one spreads: ``compass status``'s ``view``."""
+        now = _now()
+        return {
+            "kind": "mesh" if self.rule is None else "bounded",
+            "watchers": sorted(self.watchers.live(now)),
+            "watching": sorted(self.watching.watched(now)),
+            "rumors_pending": self.rumors.pending(),
+        }

@@ -34,6 +34,7 @@ from compass.worker.messages import (
     TaskMsg,
     decode,
 )
+from compass.worker.spread import MAX_RUMORS
 from compass.worker.tracing import TRACE_FIELD
 
 if TYPE_CHECKING:
@@ -171,6 +172,10 @@ class Served(Described, Protocol):
 
     def heard(self, heartbeat: Heartbeat) -> None: ...
 
+    def heard_rumors(self, states: list[Heartbeat], *, pass_on: bool) -> None: ...
+
+    def watched_by(self, peer: str, for_ms: float) -> None: ...
+
     def peer_draining(self, name: str) -> None: ...
 
     def receive(self, sender: str, msg: PeerMessage, spans: Any = None) -> None: ...
@@ -189,6 +194,8 @@ def make_router(worker: Served) -> Router:
     router.request("join")(requests.join)
     router.request("plan")(requests.plan)
     router.notify("heartbeat")(requests.from_peers("heartbeat", requests.heartbeat))
+    router.notify("rumors")(requests.from_peers("rumors", requests.rumors))
+    router.notify("watch")(requests.from_peers("watch", requests.watch))
     router.notify("leave")(requests.from_peers("leave", requests.leave))
     router.notify("drain")(requests.from_peers("drain", requests.drain))
     for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
@@ -233,6 +240,8 @@ def describe(worker: Described) -> dict[str, Any]:
         # the workers this one can place tasks on (itself and every peer it has heard from)
         # and what its planner currently believes of each
         "cluster": worker.gossip.describe(),
+        # the view's kind; in a bounded one, who watches this worker's load and whom it watches
+        "view": worker.gossip.summary(),
         "workflows": sorted(worker.app.workflows),
         "queue": queue_status(worker),
         "jobs_in_flight": worker.jobs_in_flight,
@@ -385,6 +394,39 @@ class _Requests:
                         channel.peer_name, exc)  # fmt: skip
             return
         worker.heard(heartbeat)
+
+    def rumors(self, channel: Channel, body: Any) -> None:
+        """Workers' states passed on (a bounded view's rumors): a malformed message is dropped
+        whole, like any bad peer message."""
+        worker = self.worker
+        try:
+            if not isinstance(body, dict) or not isinstance(body.get("s"), list):
+                raise ProtocolError("rumors: expected a map with a list 's' of worker states")
+            if len(body["s"]) > MAX_RUMORS:
+                raise ProtocolError(f"rumors: {len(body['s'])} states, at most {MAX_RUMORS}")
+            states = [Heartbeat.from_wire(state) for state in body["s"]]
+        except CompassError as exc:
+            worker.stats.messages_dropped += 1
+            log.warning("%s: dropped malformed rumors from %s: %s", worker.name,
+                        channel.peer_name, exc)  # fmt: skip
+            return
+        worker.heard_rumors(states, pass_on=body.get("sync") is not True)
+
+    def watch(self, channel: Channel, body: Any) -> None:
+        """A peer plans over this worker: it watches its load for ``for_ms``."""
+        worker = self.worker
+        for_ms = body.get("for_ms") if isinstance(body, dict) else None
+        if (
+            not isinstance(for_ms, int | float)
+            or isinstance(for_ms, bool)
+            or not 0 < for_ms < float("inf")
+            or not channel.peer_name
+        ):
+            worker.stats.messages_dropped += 1
+            log.warning("%s: dropped a malformed watch from %s: %r", worker.name,
+                        channel.peer_name, body)  # fmt: skip
+            return
+        worker.watched_by(channel.peer_name, float(for_ms))
 
     def leave(self, channel: Channel, body: Any) -> None:
         """A peer stopped on purpose: its jobs are re-planned, and it is retried soon (it is

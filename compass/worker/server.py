@@ -410,6 +410,7 @@ class Worker:
         if peer.name in self._held:
             asyncio.get_running_loop().call_soon(self._flush_held, peer.name)
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
+        self.gossip.introduce(peer.name)
 
     def _peer_left(self, name: str, why: str) -> None:
         log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
@@ -422,6 +423,23 @@ class Worker:
         membership = self.membership
         if membership is not None and membership.seen(heartbeat.name, heartbeat.incarnation):
             self.apply(Heard(self.clock(), heartbeat))
+
+    def heard_rumors(self, states: list[Heartbeat], *, pass_on: bool) -> None:
+        """Peers' states passed on as rumors, or a peer's whole view (a bounded view's sync,
+        not passed on): each one of a live peer's current incarnation is heard like its
+        heartbeat."""
+        membership = self.membership
+        if membership is None:
+            return
+        for state in states:
+            if state.name != self.name and membership.seen(state.name, state.incarnation):
+                self.apply(Heard(self.clock(), state))
+                if pass_on:
+                    self.gossip.rumor_heard(state)
+
+    def watched_by(self, peer: str, for_ms: float) -> None:
+        """``peer`` plans over this worker: it gets its state on every change for ``for_ms``."""
+        self.gossip.watched_by(peer, for_ms)
 
     def peer_draining(self, name: str) -> None:
         """Peer ``name`` drains before it stops: nothing new is planned there."""

@@ -18,7 +18,7 @@ MB = 1_000_000
 def test_the_fuzzer_is_seeded():
     first, second = FrameFuzzer(5), FrameFuzzer(5)
     assert [first.frame() for _ in range(50)] == [second.frame() for _ in range(50)]
-    for op in ("heartbeat", "result", "failed", "placed"):
+    for op in ("heartbeat", "result", "failed", "placed", "rumors", "watch"):
         assert repr([first.peer_body(op) for _ in range(20)]) == repr(
             [second.peer_body(op) for _ in range(20)]
         )

@@ -1,0 +1,173 @@
+"""How a worker's state spreads in a bounded view, sans-IO: who watches whose load, and the
+rumors that carry every worker's cache to all.
+
+A planner of a bounded view (:mod:`compass.sched.candidates`) ranks only a job's candidates,
+so it needs fresh load of those alone, and the cache residency of every worker (to know who
+holds a model). The two travel apart:
+
+- **Load, to the watchers.** A planner that plans over a candidate *watches* it: it asks for
+  its state for ``lease_s`` (:class:`Watching` says when to ask again, before the lease runs
+  out), and the candidate sends its state to every live watcher when it changes
+  (:class:`Watchers`), coalesced, and at once on a new watch. Nobody else hears it: a worker's
+  messages grow with the planners that place on it, not with the cluster.
+- **Residency, to all, as rumors.** A worker starts a rumor of its own state when its cache
+  changes (models resident or loading, capacity, lanes, measured bandwidth); each period it
+  sends a few rumors to a few peers picked at random, and a worker that hears a rumor newer
+  than any it knew passes it on in turn (:class:`Rumors`: infection-style, each rumor sent
+  ``retransmit_mult x ceil(log10(n + 1))`` times, so it reaches all ``n`` workers in O(log n)
+  periods while every worker sends a constant number of messages a period). Now and then a
+  worker also sends every state it holds to one peer (anti-entropy, as memberlist's push-pull
+  sync), so one that missed a rumor or joined since catches up.
+
+Nothing here reads a clock or does I/O; time is passed in, and the randomness is the caller's.
+The asyncio side is :class:`~compass.worker.gossip.Gossip`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from compass.errors import ConfigError
+from compass.sched.heartbeat import Heartbeat
+
+__all__ = ["MAX_RUMORS", "Rumors", "Watchers", "Watching", "cache_changed"]
+
+#: the most states one ``rumors`` message may carry (more is a malformed message)
+MAX_RUMORS = 64
+
+
+def cache_changed(before: Heartbeat | None, after: Heartbeat) -> bool:
+    """Whether ``after`` says something of its worker's cache that ``before`` did not: what a
+    rumor must carry to every planner (a change of load alone goes to the watchers)."""
+    return (
+        before is None
+        or before.incarnation != after.incarnation
+        or before.models != after.models
+        or before.loading != after.loading
+        or before.capacity_bytes != after.capacity_bytes
+        or before.lanes != after.lanes
+        or before.h2d_bytes_per_s != after.h2d_bytes_per_s
+    )
+
+
+class Watchers:
+    """The peers watching this worker's load, each until its lease ends."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def watch(self, peer: str, until: float) -> bool:
+        """``peer`` watches until ``until`` (a later lease extends, an earlier one does not
+        shorten); True if it did not watch before."""
+        before = self._until.get(peer)
+        if before is None or before < until:
+            self._until[peer] = until
+        return before is None
+
+    def live(self, now: float) -> list[str]:
+        """The watchers whose lease holds at ``now`` (the others are dropped)."""
+        ended = [p for p, until in self._until.items() if until < now]
+        for peer in ended:
+            del self._until[peer]
+        return list(self._until)
+
+    def drop(self, peer: str) -> None:
+        """``peer`` is gone: it watches no more."""
+        self._until.pop(peer, None)
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
+class Watching:
+    """The peers this worker watches, and when each lease it asked for ends."""
+
+    def __init__(self, lease_s: float) -> None:
+        if not lease_s > 0:
+            raise ConfigError(f"a watch lease must be > 0 seconds, got {lease_s!r}")
+        self.lease_s = lease_s
+        self._until: dict[str, float] = {}
+
+    def due(self, peers: Iterable[str], now: float) -> list[str]:
+        """Of ``peers``, those to ask now: never asked, or whose lease ends within half a lease
+        (renewed before it runs out). Each is counted as asked until ``now + lease_s``."""
+        ask = []
+        renew = now + self.lease_s / 2
+        for peer in peers:
+            until = self._until.get(peer)
+            if until is None or until < renew:
+                self._until[peer] = now + self.lease_s
+                ask.append(peer)
+        return ask
+
+    def watched(self, now: float) -> list[str]:
+        """The peers whose lease holds at ``now``."""
+        return [p for p, until in self._until.items() if until >= now]
+
+    def drop(self, peer: str) -> None:
+        """``peer`` is gone (or came back as a new instance, which knows no lease)."""
+        self._until.pop(peer, None)
+
+
+@dataclass(slots=True)
+class _Rumor:
+    state: Heartbeat
+    left: int  # transmissions still due
+
+
+class Rumors:
+    """The latest state heard of each worker, and the rumors still to pass on.
+
+    :meth:`heard` keeps a state newer (by ``(incarnation, seq)``) than any known of its worker
+    and queues it to be sent ``retransmits(n)`` times; :meth:`take` hands out the rumors with
+    the most transmissions left (the newest news first), counting one transmission each.
+    """
+
+    def __init__(self, *, retransmit_mult: int = 4, per_message: int = 8) -> None:
+        if retransmit_mult < 1 or not 1 <= per_message <= MAX_RUMORS:
+            raise ConfigError(
+                f"Rumors needs retransmit_mult >= 1 and 1 <= per_message <= {MAX_RUMORS}, got "
+                f"{retransmit_mult!r}, {per_message!r}"
+            )
+        self.retransmit_mult = retransmit_mult
+        self.per_message = per_message
+        self._known: dict[str, Heartbeat] = {}
+        self._rumors: dict[str, _Rumor] = {}
+
+    def retransmits(self, members: int) -> int:
+        """How many times a rumor is sent in a cluster of ``members`` workers."""
+        return self.retransmit_mult * max(1, math.ceil(math.log10(members + 1)))
+
+    def heard(self, state: Heartbeat, members: int) -> bool:
+        """Keep ``state`` if it is newer than what is known of its worker, and pass it on;
+        False (nothing changes) if it is not."""
+        old = self._known.get(state.name)
+        if old is not None and (state.incarnation, state.seq) <= (old.incarnation, old.seq):
+            return False
+        self._known[state.name] = state
+        self._rumors[state.name] = _Rumor(state, self.retransmits(members))
+        return True
+
+    def take(self) -> list[Heartbeat]:
+        """The rumors for one message: at most ``per_message``, those with the most
+        transmissions left; each counts as sent once, and is dropped once sent enough."""
+        if not self._rumors:
+            return []
+        picked = sorted(self._rumors.values(), key=lambda r: -r.left)[: self.per_message]
+        for rumor in picked:
+            rumor.left -= 1
+            if rumor.left <= 0:
+                del self._rumors[rumor.state.name]
+        return [r.state for r in picked]
+
+    def forget(self, worker: str) -> None:
+        """``worker`` was declared dead or left: pass on nothing more of it, and take its next
+        incarnation's news as new."""
+        self._known.pop(worker, None)
+        self._rumors.pop(worker, None)
+
+    def pending(self) -> int:
+        """Rumors still to pass on."""
+        return len(self._rumors)
