@@ -185,15 +185,22 @@ class ClusterView:
         """How many placements on ``worker`` are still counted."""
         return len(self._pending.get(worker, ()))
 
-    def snapshot(self, now: float, without: str = "", priority: int = 0) -> ViewSnapshot:
+    def snapshot(
+        self, now: float, without: str = "", priority: int = 0, *, aged: bool = False
+    ) -> ViewSnapshot:
         """An immutable picture at ``now``, counting placements not yet settled or run, except
         those of job ``without``, with the waits a task of ``priority`` would see (the work
         that runs before it: the running tasks and the queued ones of its level and above).
 
         A job re-planned or adjusted must not see its own tasks as other work queued ahead of
         them: a task counted on the worker it was planned for would wait behind itself there,
-        with its model counted as already coming."""
-        snap = self._snapshot(now, without)
+        with its model counted as already coming.
+
+        ``aged``: each peer's reported wait less the time since it was received (at least 0):
+        its queue has run that long since, as far as this worker knows. For a view whose
+        peers do not report every few milliseconds (a bounded view: a peer sends its state
+        to the planners watching it, on change)."""
+        snap = self._snapshot(now, without, aged)
         if priority <= 0:
             return snap
         # not cached: the worker's own state, applied before every snapshot, would clear it
@@ -202,6 +209,8 @@ class ClusterView:
             dtype=np.float64,
             count=len(self._names),
         )
+        if aged:
+            wait = self._age(wait, now)
         for worker, placements in self._pending.items():
             i = self._positions[worker]
             for p in placements:
@@ -210,8 +219,36 @@ class ClusterView:
         wait.setflags(write=False)
         return replace(snap, wait_s=wait)
 
-    def _snapshot(self, now: float, without: str) -> ViewSnapshot:
+    def _age(self, wait: FloatArray, now: float) -> FloatArray:
+        """``wait`` less each worker's time since its state was received, at least 0."""
+        got = np.fromiter(
+            (self._received.get(n, math.inf) for n in self._names),  # this worker's: exact
+            dtype=np.float64,
+            count=len(self._names),
+        )
+        return np.maximum(wait - np.maximum(now - got, 0.0), 0.0)
+
+    def _snapshot(self, now: float, without: str, aged: bool = False) -> ViewSnapshot:
         self._expire(now)
+        if aged:
+            # not cached: it changes with now
+            base = self._frozen_base()
+            wait = self._age(base.wait_s, now)
+            wait.setflags(write=False)
+            base = replace(base, wait_s=wait)
+            return self._with_placements(base, without) if self._pending else base
+        base = self._frozen_base()
+        if not self._pending:
+            return base
+        if without and any(p.task.job == without for ps in self._pending.values() for p in ps):
+            return self._with_placements(base, without)
+        if self._placed is None:
+            self._placed = self._with_placements(base)
+        return self._placed
+
+    def _frozen_base(self) -> ViewSnapshot:
+        """The heartbeats' picture, without placements: the view's arrays, shared until the
+        next write."""
         if self._base is None:
             self._base = ViewSnapshot._frozen(
                 self._names,
@@ -223,13 +260,7 @@ class ClusterView:
                 self._batches,
             )
             self._shared = True
-        if not self._pending:
-            return self._base
-        if without and any(p.task.job == without for ps in self._pending.values() for p in ps):
-            return self._with_placements(self._base, without)
-        if self._placed is None:
-            self._placed = self._with_placements(self._base)
-        return self._placed
+        return self._base
 
     # -- internals --------------------------------------------------------------------------
 

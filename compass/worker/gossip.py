@@ -130,8 +130,10 @@ class Gossip:
         self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
     ) -> ViewSnapshot:
         self.view.update_self(self.own_state(now))
-        full = self.view.snapshot(now, without, priority)
         rule = self.rule
+        # a bounded view hears a peer when it changes, not every few ms: its queue has run
+        # since (aged)
+        full = self.view.snapshot(now, without, priority, aged=rule is not None)
         if rule is None or scope is None:
             return full  # the mesh: every peer is heard, so every snapshot shows all of them
         keep = (*scope.keep, self.name)

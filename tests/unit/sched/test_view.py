@@ -389,3 +389,22 @@ def test_level_waits_round_trip_and_are_checked() -> None:
         Heartbeat.from_wire({**lifted.to_wire(), "wl": 3})
     with pytest.raises(ConfigError, match="lifted_s"):
         Heartbeat("p", 1.0, frozenset(), GB, GB, lifted_s=(0.0,) * 10)
+
+
+def test_an_aged_snapshot_counts_a_peers_queue_as_run_since_it_was_heard() -> None:
+    """A bounded view hears a peer on change only: its wait is what it reported less the time
+    since (never below 0); this worker's own and the counted placements are not aged."""
+    view = ClusterView("me", heartbeat_s=0.01)
+    view.update_self(Heartbeat("me", 3.0, frozenset(), GB, GB))
+    view.apply_heartbeat(Heartbeat("p", 4.0, frozenset(), GB, GB, seq=1, lifted_s=(1.0,)), now=0.0)
+    view.apply_heartbeat(state("q", wait=0.5, seq=1), now=1.0)
+    names = view.snapshot(0.0).names
+    me, p, q = (names.index(n) for n in ("me", "p", "q"))
+    assert list(view.snapshot(1.5).wait_s[[me, p, q]]) == [3.0, 4.0, 0.5]  # as heard
+    assert list(view.snapshot(1.5, aged=True).wait_s[[me, p, q]]) == [3.0, 2.5, 0.0]
+    assert view.snapshot(0.5, priority=1, aged=True).wait_s[p] == 0.5
+    view.note_placement("p", Placement(2.0, job="j"), now=1.5)
+    aged = view.snapshot(1.5, aged=True)
+    assert aged.wait_s[p] == 4.5 and not aged.wait_s.flags.writeable
+    assert view.snapshot(1.5, without="j", aged=True).wait_s[p] == 2.5
+    assert view.snapshot(1.5).wait_s[p] == 6.0  # the plain snapshot is unchanged
