@@ -1,8 +1,9 @@
-"""``compass bench scale``: what the full mesh costs each worker, as the cluster grows.
+"""``compass bench scale``: what the shared view costs each worker, as the cluster grows.
 
 For each size it starts a real local cluster (:class:`~compass.cluster.LocalCluster`: one
 ``compass worker start`` process per worker on loopback) running the emulated paper workload
-at ``time_scale`` with the default heartbeat settings and ``--host-lanes 0`` (as ``bench e2e``),
+at ``time_scale`` with the default heartbeat settings, ``--view`` (``bounded``, the default,
+or ``mesh``) and ``--host-lanes 0`` (as ``bench e2e``),
 waits for the caches to settle (:func:`.e2e.settled`), then measures, in this order:
 
 - **idle** (``seconds``, nothing submitted, the driver silent): ``idle_cpu_per_worker``, the
@@ -40,19 +41,25 @@ confirm it, and it lasts up to ``--peer-timeout-ms``). Null if some survivor sti
 15 s.
 
 **spread_ms_p99**: how long a change of one worker's queue takes to be visible to the planners
-that could place on it (in a full mesh: every peer). The workers' workload gets one more
-workflow, ``scale_probe``: one model-less task of ``PROBE_REAL_S`` real seconds (a GPU-lane
-task under ``--host-lanes 0``, so it is in the queue wait that heartbeats report, and it loads
-no model). On a quiet cluster (every queue empty, every view showing every wait at 0) the
-driver submits one probe job to the next worker in turn and polls every other worker's
-``status`` (one connection each, a request every 2 ms) until its view shows a wait above 0 for
-some peer. The worker ``X`` the probe ran on is read from the ingress's ``trace``; for every
-other worker ``Y``, one sample: the time ``Y`` received the heartbeat that first showed ``X``'s
-wait (the answer's time less the age ``Y``'s view gives that state, so the polling period does
-not count) less the time the probe was submitted. A sample therefore also holds the submission
-and, when ``X`` is not the ingress, the push to ``X`` (about a millisecond on an idle cluster):
-an upper bound. A worker that never showed it before the probe ended counts the time until
-then (a lower bound), and a note is printed. p99 over every probe and peer.
+that need it: in a full mesh every peer; in a bounded view the planners watching it (those
+that planned over it within their lease, compass/worker/spread.py). The workers' workload gets
+two more workflows of one model-less task each: ``scale_probe``, ``PROBE_REAL_S`` real seconds
+(a GPU-lane task under ``--host-lanes 0``, so it is in the queue wait that states report, and
+it loads no model), and ``scale_touch``, 2 ms. On a quiet cluster (every queue empty, every
+view showing every wait it hears of at 0; a bounded view's rows of workers it does not watch
+are as last heard, and left out) the driver, in a bounded view, first has every worker plan
+one touch job at once (so that each watches its candidates, as a cluster in use would), waits
+for quiet again, then submits one probe job to the next worker in turn and polls every other
+worker's ``status`` (one connection each, a request every 2 ms) until its view shows a wait
+above 0 for some peer it watches. The worker ``X`` the probe ran on is read from the ingress's
+``trace``, and its watchers from its ``status`` once the probe ended; for every other worker
+``Y`` that needs ``X`` (above), one sample: the time ``Y`` received the state that first
+showed ``X``'s wait (the answer's time less the age ``Y``'s view gives that state, so the
+polling period does not count) less the time the probe was submitted. A sample therefore also
+holds the submission and, when ``X`` is not the ingress, the push to ``X`` (about a
+millisecond on an idle cluster): an upper bound. A worker that never showed it before the
+probe ended counts the time until then (a lower bound), and a note is printed. p99 over every
+probe and every peer that needed it (null: none did).
 
 The JSON's ``config.notes`` hold, per size, what else the figures depend on: how busy the
 whole machine was during the idle window (these workers and everything else), the messages a
@@ -86,7 +93,7 @@ import numpy as np
 
 from compass.client import Client
 from compass.cluster import LocalCluster
-from compass.config import SchedConfig
+from compass.config import VIEWS, SchedConfig
 from compass.errors import CompassError, ConfigError
 from compass.sim.arrivals import Arrival, job_arrivals
 from compass.wire.transport import new_event_loop
@@ -114,6 +121,12 @@ __all__ = [
 #: the workflow added to the workload for the spread probes, and its one task
 PROBE = "scale_probe"
 PROBE_TASK = "probe"
+#: a bounded view's planners watch the candidates they plan over: before each probe every
+#: worker plans one job of this workflow (one short model-less task), so each probe's change
+#: has the watchers a cluster in use would give it
+TOUCH = "scale_touch"
+#: real seconds a touch task runs
+TOUCH_REAL_S = 0.002
 #: real seconds a probe task runs: a view that has not shown it by then counts this long
 PROBE_REAL_S = 0.5
 #: seconds between two status requests to one worker while a change or a loss is awaited
@@ -140,6 +153,8 @@ class ScaleConfig:
     #: jobs of the loaded stream per worker per real second
     jobs_per_s_per_worker: float = 0.8
     seed: int = 0
+    #: the workers' view (``compass worker start --view``): bounded or mesh
+    view: str = "bounded"
     #: more ``compass worker start`` flags for every worker
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -153,6 +168,8 @@ class ScaleConfig:
             raise ConfigError(f"--seconds must be a finite number > 0, got {self.seconds}")
         if self.probes < 1:
             raise ConfigError(f"--probes must be at least 1, got {self.probes}")
+        if self.view not in VIEWS:
+            raise ConfigError(f"--view must be one of {', '.join(VIEWS)}, got {self.view!r}")
         if not 0 < self.time_scale <= 10:
             raise ConfigError(f"time_scale must be in (0, 10], got {self.time_scale}")
         if not 0 < self.jobs_per_s_per_worker < math.inf:
@@ -164,7 +181,7 @@ class ScaleConfig:
     def worker_args(self, spec: str) -> list[str]:
         return [
             "--workload", spec, "--time-scale", str(self.time_scale), "--host-lanes", "0",
-            *self.extra_args,
+            "--view", self.view, *self.extra_args,
         ]  # fmt: skip
 
 
@@ -384,16 +401,18 @@ def probe_workload(config: ScaleConfig, folder: Path) -> tuple[str, Workload]:
     """Write the workers' spec (``config.workload`` plus :data:`PROBE`) into ``folder``;
     its path, and the workload the loaded stream draws from (without the probe)."""
     workload = load_workload(config.workload)
-    if PROBE in workload.workflows:
-        raise ConfigError(f"{config.workload}: a workflow is named {PROBE!r} already")
+    for name in (PROBE, TOUCH):
+        if name in workload.workflows:
+            raise ConfigError(f"{config.workload}: a workflow is named {name!r} already")
     spec = json.loads(Path(config.workload).read_text())
-    exec_ms = PROBE_REAL_S * 1000.0 / config.time_scale
-    spec["workflows"][PROBE] = {
-        "tasks": {
-            PROBE_TASK: {"model": None, "exec_ms": exec_ms, "input_kb": 1, "output_kb": 1,
-                         "after": []},
-        }
-    }  # fmt: skip
+    for name, real_s in ((PROBE, PROBE_REAL_S), (TOUCH, TOUCH_REAL_S)):
+        exec_ms = real_s * 1000.0 / config.time_scale
+        spec["workflows"][name] = {
+            "tasks": {
+                PROBE_TASK: {"model": None, "exec_ms": exec_ms, "input_kb": 1, "output_kb": 1,
+                             "after": []},
+            }
+        }  # fmt: skip
     path = folder / "workload.json"
     path.write_text(json.dumps(spec))
     return str(path), workload
@@ -422,14 +441,22 @@ async def _idle(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
     }
 
 
+def _watched(row: dict[str, Any]) -> bool:
+    """Whether a view's row is of a worker the view hears on change (every row of a mesh; in
+    a bounded view, the workers it watches: the others' rows are as last heard)."""
+    return bool(row.get("watched", True))
+
+
 async def _quiet(clients: Sequence[Client]) -> None:
-    """Wait until no worker has work queued or running, and no view shows a wait."""
+    """Wait until no worker has work queued or running, and no view shows a wait (of a worker
+    it watches)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + QUIET_LIMIT_S
     while loop.time() < deadline:
         statuses = await asyncio.gather(*(c.status() for c in clients))
         if all(
-            s["queue"]["wait_ms"] == 0 and all(row["wait_ms"] == 0 for row in s["cluster"])
+            s["queue"]["wait_ms"] == 0
+            and all(row["wait_ms"] == 0 for row in s["cluster"] if _watched(row))
             for s in statuses
         ):
             return
@@ -453,7 +480,7 @@ async def _probe(
             status = await clients[y].status()
             now = time.monotonic()
             for row in status["cluster"]:
-                if row["name"] != names[y] and row["wait_ms"] > 0:
+                if row["name"] != names[y] and row["wait_ms"] > 0 and _watched(row):
                     # received the state it holds that long ago (its clock is workload time)
                     first[y].setdefault(row["name"], now - row["age_ms"] * time_scale / 1000.0)
             if first[y]:
@@ -470,9 +497,12 @@ async def _probe(
     ended = time.monotonic()
     records = await clients[ingress].channel.request("trace", None)
     ran_on = next(r["plan"][PROBE_TASK] for r in records if r["job"] == result.job_id)
+    # the planners that need the change: every peer of a mesh; the watchers of a bounded view
+    view = (await clients[names.index(ran_on)].status())["view"]
+    needs = set(names) if view["kind"] == "mesh" else set(view["watchers"])
     samples, missed = [], 0
     for y, seen in enumerate(first):
-        if names[y] == ran_on:
+        if names[y] == ran_on or names[y] not in needs:
             continue
         if ran_on not in seen:
             missed += 1
@@ -480,17 +510,29 @@ async def _probe(
     return samples, missed
 
 
-async def _spread(cluster: LocalCluster, config: ScaleConfig) -> tuple[float, int, int]:
-    """p99 of the spread samples in ms; how many views missed their probe, of how many."""
+async def _touch(clients: Sequence[Client]) -> None:
+    """Every worker plans one :data:`TOUCH` job at once: it watches its candidates."""
+    payload = np.zeros(1024, np.uint8)
+    await asyncio.gather(*(c.submit(TOUCH, data=payload, timeout=JOB_TIMEOUT_S) for c in clients))
+
+
+async def _spread(cluster: LocalCluster, config: ScaleConfig) -> tuple[float | None, int, int]:
+    """p99 of the spread samples in ms (None: no planner needed any probe); how many views
+    missed their probe, of how many."""
     names = [w.name for w in cluster.workers]
     async with _clients(cluster, range(len(names))) as clients:
         samples: list[float] = []
         missed = 0
         for i in range(config.probes):
             await _quiet(clients)
+            if config.view == "bounded":
+                await _touch(clients)
+                await _quiet(clients)
             got, lost = await _probe(clients, names, i % len(names), config.time_scale)
             samples += got
             missed += lost
+    if not samples:
+        return None, missed, 0
     return float(np.percentile(samples, 99)) * 1000.0, missed, len(samples)
 
 
@@ -582,7 +624,7 @@ async def measure_size(config: ScaleConfig, workers: int) -> tuple[SizeResult, S
         connections_per_worker=round(idle["connections_per_worker"], 2),
         rss_mb_per_worker=round(idle["rss_mb_per_worker"], 1),
         detect_ms=_round(detect_ms, 1),
-        spread_ms_p99=round(spread_ms, 2),
+        spread_ms_p99=_round(spread_ms, 2),
     )
     notes = SizeNotes(
         workers=workers,
@@ -675,13 +717,14 @@ def print_scale(sizes: Sequence[Mapping[str, Any]], config: ScaleConfig) -> None
             _cell(s["connections_per_worker"], ".1f"),
             _cell(s["rss_mb_per_worker"], ".0f"),
             _cell(s["detect_ms"], ".0f"),
-            _cell(s["spread_ms_p99"], ".1f" if s["spread_ms_p99"] < 100 else ".0f"),
+            _cell(s["spread_ms_p99"],
+                  ".1f" if s["spread_ms_p99"] is None or s["spread_ms_p99"] < 100 else ".0f"),
         ]
         for s in sizes
     ]  # fmt: skip
     print_table(
-        f"compass bench scale: per worker, {config.seconds:g} s idle and under a light job "
-        f"stream, {config.probes} probes",
+        f"compass bench scale ({config.view} view): per worker, {config.seconds:g} s idle and "
+        f"under a light job stream, {config.probes} probes",
         ["N", "idle", "idle all", "loaded", "msg/s", "KB/s", "conns", "RSS MB", "detect ms",
          "spread p99 ms"],
         rows,

@@ -467,15 +467,20 @@ def bench_scale(
     probes: Annotated[
         int, typer.Option(min=1, help="Queue changes timed per size (spread p99).")
     ] = 20,
+    view: Annotated[
+        str, typer.Option(help="The workers' view: bounded (the default) or mesh.")
+    ] = "bounded",
     json_path: JsonPath = None,
     plot: Annotated[str | None, typer.Option(help="Write a PNG here (needs matplotlib).")] = None,
 ) -> None:
-    """What the full mesh costs each worker as the cluster grows: CPU idle and under a light
+    """What the shared view costs each worker as the cluster grows: CPU idle and under a light
     job stream, messages and bytes sent, connections, RSS, and the time to drop a killed
     worker and to spread a queue change, on real local clusters of each size."""
     from compass._bench import scale
 
-    config = scale.ScaleConfig(workers=scale.parse_sizes(workers), seconds=seconds, probes=probes)
+    config = scale.ScaleConfig(
+        workers=scale.parse_sizes(workers), seconds=seconds, probes=probes, view=view
+    )
     check_output(json_path, "--json")
     check_plot(plot)
     scale.run(config, json_path=json_path, plot_path=plot)

@@ -70,12 +70,17 @@ def test_bench_scale_measures_tiny_clusters_and_ends_its_workers(
         assert set(size) == KEYS
         assert 0 < size["idle_cpu_per_worker"] < 2
         assert 0 < size["loaded_cpu_per_worker"] < 2
-        # heartbeats every 10 ms to each peer, about 100 bytes each
-        assert size["messages_per_s_per_worker"] > 10 * (n - 1)
-        assert size["bytes_per_s_per_worker"] > 1000 * (n - 1)
+        # the bounded view sends its state to nobody while idle: the failure detector's probes
+        # and acks (5 a second each) and rumors are all; the mesh sent a heartbeat of about
+        # 100 bytes to each peer every 10 ms (100 and 200 a second at 2 and 3 workers)
+        assert 0 < size["messages_per_s_per_worker"] < 50
+        assert 0 < size["bytes_per_s_per_worker"] < 5000
         assert size["connections_per_worker"] >= n - 1
         assert 10 < size["rss_mb_per_worker"] < 2000
         assert size["detect_ms"] is not None and 0 < size["detect_ms"] < math.inf
-        assert 0 < size["spread_ms_p99"] < 1000
-    assert "compass bench scale" in printed and "detect" in printed
+        # the probes' changes reached the planners watching their workers (in a bounded view,
+        # those that planned over them: every worker plans a touch job first)
+        assert size["spread_ms_p99"] is not None and 0 < size["spread_ms_p99"] < 1000
+    assert "compass bench scale (bounded view)" in printed and "detect" in printed
+    assert all(n["probe_views"] > 0 for n in data["config"]["notes"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
