@@ -17,8 +17,9 @@ Two views, :attr:`~compass.config.SchedConfig.view`:
 
 Whether a peer is alive is not judged here but by the failure detector's probes
 (:mod:`~compass.worker.members`); a state only counts if it is of a live peer's current
-incarnation. Every ``heartbeat_ms`` the loop also runs the worker core's periodic check
-(``tick``): an idle worker warms its cache then.
+incarnation. At each change, and every ``heartbeat_ms`` (mesh) or 100 ms (bounded) regardless,
+the loop also runs the worker core's periodic check (``tick``): an idle worker warms its cache
+then.
 
 :class:`Gossip` is also the worker core's :class:`~compass.worker.events.ViewPort`, and only
 the core changes the view through it: a peer's state, a peer that drains, joins or is lost
@@ -61,6 +62,9 @@ class Gossiped(Protocol):
 
 #: the wait a degraded worker (too many stuck tasks) reports: planners place nothing there
 _DEGRADED_WAIT_S = 1e6
+#: in a bounded view, with nothing to send, the core's periodic check runs this often (the
+#: mesh runs it at each heartbeat)
+_IDLE_CHECK_S = 0.1
 
 
 class Gossip:
@@ -295,8 +299,9 @@ class Gossip:
             await self._changed_or(max(sched.heartbeat_ms / 1000.0, min_gap) - min_gap)
 
     async def _run_bounded(self, membership: Membership) -> None:
-        """To the watchers within the gap of a change; the core's check every
-        ``heartbeat_ms``; a rumor of this worker when its cache changed."""
+        """To the watchers within the gap of a change; the core's check at each change, and
+        every 100 ms (or ``heartbeat_ms`` if longer) regardless; a rumor of this worker when its
+        cache changed."""
         sched = self._config.sched
         changed = True
         while True:
@@ -314,7 +319,7 @@ class Gossip:
                 if cache_changed(self._rumored, state):
                     self._start_rumor(state, membership)
                 await asyncio.sleep(gap)
-            changed = await self._changed_or(sched.heartbeat_ms / 1000.0)
+            changed = await self._changed_or(max(sched.heartbeat_ms / 1000.0, _IDLE_CHECK_S))
 
     def _start_rumor(self, state: Heartbeat, membership: Membership) -> None:
         self._rumored = state
