@@ -86,10 +86,11 @@ class Gossip:
         self._tick = tick
         self._core: Gossiped | None = None
         sched = config.sched
-        #: the candidate rule of a bounded view (None: the mesh)
+        #: the candidate rule of a bounded view (None: the mesh; also for the ``central``
+        #: policy, whose one planner plans every job and so must see every worker)
         self.rule = (
             CandidateRule(sched.candidates, sched.holders or None)
-            if sched.view == "bounded"
+            if sched.view == "bounded" and sched.policy != "central"
             else None
         )
         #: samples the candidates: seeded by the name, so a replay samples the same
