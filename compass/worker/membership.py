@@ -1,5 +1,5 @@
-r"""Cluster membership, the asyncio side: join through any known address, keep a channel to every
-peer, and carry out what the member table decides.
+r"""Cluster membership, the asyncio side: join through any known address, open channels to peers
+on demand, and carry out what the member table decides.
 
 The rules (who joins, who is refused, incarnations, who is retried when and who is forgotten)
 are the sans-IO :class:`~compass.worker.members.MemberTable`'s; this module turns what happens
@@ -7,9 +7,13 @@ on the wire and in time into its events, and carries out its decisions: it dials
 ``join`` request, installs and closes channels, runs the retries as tasks and logs. Where this
 worker is reached is :mod:`~compass.worker.addresses`'s.
 
-The mesh is full (every worker talks to every other); that suits the tens of workers compass
-targets on a LAN. A peer is known by its name; two workers that connect to each other at once
-end up with two channels, and the newer one is used.
+A peer is live per the table whether or not a channel to it is open: a send to one with none
+dials it (one dial per peer at a time, what is sent meanwhile queued), a channel idle for
+:attr:`MembershipOptions.idle_s` is closed, and at most :attr:`MembershipOptions.max_channels`
+are open (the least recently used with no request under way is closed first). Closing by
+choice is no failure: the closer says ``bye`` and sends nothing more on it, the peer closes it
+once its requests are answered. A peer is known by its name; two workers that connect to each
+other at once end up with two channels, and the newer one is used.
 
 Failure detection is the table's (SWIM, see :mod:`~compass.worker.members`); this side sends
 its probes, acks, nacks and probe requests as notifies over the peer channels
