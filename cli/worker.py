@@ -222,6 +222,22 @@ def worker_start(
             help="A confirmed suspicion lasts this many periods (x log10 of the workers).",
         ),
     ] = 3.0,
+    peer_idle_s: Annotated[
+        float,
+        typer.Option(
+            envvar=env("peer_idle_s"),
+            help="Close a channel to a peer idle this many seconds (0: never); it is "
+            "opened again when there is something to send.",
+        ),
+    ] = 30.0,
+    max_peer_channels: Annotated[
+        int,
+        typer.Option(
+            envvar=env("max_peer_channels"),
+            help="Open channels to peers at most; past it the least recently used idle "
+            "one is closed (0: no cap).",
+        ),
+    ] = 64,
     adjust_threshold: Annotated[
         float,
         typer.Option(envvar=env("adjust_threshold"), help="Dynamic adjustment threshold."),
@@ -398,6 +414,8 @@ def worker_start(
             candidates=candidates,
             holders=holders,
         ),
+        peer_idle_s=peer_idle_s,
+        max_peer_channels=max_peer_channels,
         swim=SwimConfig(
             probe_period_ms=probe_period_ms,
             probe_timeout_ms=probe_timeout_ms,

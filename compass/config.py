@@ -382,6 +382,12 @@ class WorkerConfig:
     sched: SchedConfig = field(default_factory=SchedConfig)
     #: failure detection: probe period and timeout, indirect probes, suspicion
     swim: SwimConfig = field(default_factory=SwimConfig)
+    #: channels to peers are opened when there is something to send; one that carried nothing
+    #: either way for this many seconds is closed (0: never), which is no failure of the peer
+    peer_idle_s: float = 30.0
+    #: open channels to peers at most (dialed and accepted); past it the least recently used
+    #: one with no request under way is closed (0: no cap)
+    max_peer_channels: int = 64
     #: mutual TLS for every connection, clients' and peers'; None: plain TCP
     tls: TLSConfig | None = None
     #: the fraction of jobs this worker traces as their ingress (a client's ``trace=True``
@@ -416,6 +422,16 @@ class WorkerConfig:
             raise ConfigError(
                 f"WorkerConfig.drain_timeout_s must be a number of seconds >= 0, got "
                 f"{self.drain_timeout_s!r}"
+            )
+        if not 0 <= self.peer_idle_s < float("inf"):  # also refuses nan
+            raise ConfigError(
+                f"--peer-idle-s must be a number of seconds >= 0 (0: never close an idle "
+                f"channel), got {self.peer_idle_s!r}"
+            )
+        if isinstance(self.max_peer_channels, bool) or not 0 <= self.max_peer_channels <= 1_000_000:
+            raise ConfigError(
+                f"--max-peer-channels must be 0..1000000 (0: no cap), got "
+                f"{self.max_peer_channels!r}"
             )
         if self.host_lanes < 0:
             raise ConfigError(f"WorkerConfig.host_lanes must be >= 0, got {self.host_lanes}")

@@ -185,6 +185,9 @@ class Channel:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_timer_at = math.inf
         self._on_ready = on_ready
+        #: when a message last went either way (the loop's clock): who pools channels closes
+        #: the idle ones by it
+        self.last_active = self._loop.time()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -196,6 +199,12 @@ class Channel:
     def closed(self) -> bool:
         """True once the channel was closed by this side or lost."""
         return self._failure is not None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests under way either way: this side's awaiting an answer, and the peer's
+        being handled here."""
+        return len(self._waiters) + len(self._handler_tasks)
 
     async def request(
         self,
@@ -215,6 +224,7 @@ class Channel:
             raise self._use_error()
         request_id = self._conn.send_request(op, body)
         self._write_out()
+        self.last_active = self._loop.time()
         future = self._loop.create_future()
         waiters = self._waiters
         waiters[request_id] = future
@@ -248,6 +258,7 @@ class Channel:
             raise self._use_error()
         self._conn.send_notify(op, body)
         self._write_out()
+        self.last_active = self._loop.time()
 
     async def drain(self) -> None:
         """Wait while the write buffer is above ``limits.write_high_water``."""
@@ -443,6 +454,7 @@ class Channel:
             return
         if self._reading_paused:
             return  # the rest is read when writing resumes (see _resume_writing)
+        self.last_active = self._loop.time()
         waiters = self._waiters
         writes = self._writes
         writes.start_batch()

@@ -23,6 +23,7 @@ The endpoints, their parameters and fields are documented in docs/DEPLOY.md ("Th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.resources
 import json
@@ -174,10 +175,12 @@ async def cluster_view(
     """Every worker's part, as this worker gathers them: its own, and each connected peer's
     (a peer that does not answer within ``timeout_s`` is ``{name, address, error}``)."""
     membership = worker.membership
-    peers = [] if membership is None else sorted(membership.peers.values(), key=lambda p: p.name)
-    answers = await asyncio.gather(
-        *(_peer_part(p.name, p.address, p.channel, window_s, timeout_s) for p in peers)
-    )
+    answers = []
+    if membership is not None:
+        peers = sorted(membership.peers.values(), key=lambda p: p.name)
+        answers = await asyncio.gather(
+            *(_peer_part(p.name, p.address, membership, window_s, timeout_s) for p in peers)
+        )
     parts = sorted([local_view(worker, window_s), *answers], key=lambda part: str(part["name"]))
     lost = []
     if membership is not None:
@@ -198,8 +201,14 @@ async def cluster_view(
 
 
 async def _peer_part(
-    name: str, address: str, channel: Channel, window_s: float, timeout_s: float
+    name: str, address: str, membership: Membership, window_s: float, timeout_s: float
 ) -> dict[str, Any]:
+    channel = None
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            channel = await membership.open_channel(name)  # channels are opened on demand
+    if channel is None:
+        return {"name": name, "address": address, "error": "not reachable now"}
     try:
         part = await channel.request(DASHBOARD_OP, {"window_s": window_s}, timeout=timeout_s)
     except UnknownOperation:

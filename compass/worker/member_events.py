@@ -142,6 +142,7 @@ def parse_welcome(reply: object, address: str) -> Hello:
         _incarnation(reply.get("incarnation", 0)),
         str(reply.get("instance", "")),
         None if reply.get("dead") is None else _incarnation(reply["dead"]),
+        has_incarnation="incarnation" in reply,
     )
 
 

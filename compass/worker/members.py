@@ -435,6 +435,19 @@ class MemberTable(FailureDetector):
         ):
             out.append(Duplicate(name, ev.address, self.live[name].address))
             return
+        known = self.members.get(name)
+        if (
+            known is not None
+            and name not in self.live
+            and known.declared_dead
+            and hello.has_incarnation
+            and hello.incarnation <= (known.dead_incarnation or 0)
+        ):
+            # the answer to a join sent before it was declared dead here (it was slow, not
+            # gone): it comes back only at a newer incarnation, so dial it again at once,
+            # telling it
+            self._lost(known, ev.now, out, delay_s=0.0)
+            return
         self._refute(hello.dead, name, out)
         self._register(ev.now, name, hello.address, hello.incarnation, hello.instance, out)
 

@@ -1,5 +1,5 @@
-r"""Cluster membership, the asyncio side: join through any known address, keep a channel to every
-peer, and carry out what the member table decides.
+r"""Cluster membership, the asyncio side: join through any known address, open channels to peers
+on demand, and carry out what the member table decides.
 
 The rules (who joins, who is refused, incarnations, who is retried when and who is forgotten)
 are the sans-IO :class:`~compass.worker.members.MemberTable`'s; this module turns what happens
@@ -7,9 +7,13 @@ on the wire and in time into its events, and carries out its decisions: it dials
 ``join`` request, installs and closes channels, runs the retries as tasks and logs. Where this
 worker is reached is :mod:`~compass.worker.addresses`'s.
 
-The mesh is full (every worker talks to every other); that suits the tens of workers compass
-targets on a LAN. A peer is known by its name; two workers that connect to each other at once
-end up with two channels, and the newer one is used.
+A peer is live per the table whether or not a channel to it is open: a send to one with none
+dials it (one dial per peer at a time, what is sent meanwhile queued), a channel idle for
+:attr:`MembershipOptions.idle_s` is closed, and at most :attr:`MembershipOptions.max_channels`
+are open (the least recently used with no request under way is closed first). Closing by
+choice is no failure: the closer says ``bye`` and sends nothing more on it, the peer closes it
+once its requests are answered. A peer is known by its name; two workers that connect to each
+other at once end up with two channels, and the newer one is used.
 
 Failure detection is the table's (SWIM, see :mod:`~compass.worker.members`); this side sends
 its probes, acks, nacks and probe requests as notifies over the peer channels
@@ -131,12 +135,27 @@ def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
     return max(min_gap_s, peers / max_rate)
 
 
+#: channels to peers closed after this long without a message either way (seconds)
+PEER_IDLE_S = 30.0
+
+#: open channels to peers one worker keeps at most (the least recently used idle one is closed)
+MAX_PEER_CHANNELS = 64
+
+#: notifies queued for one peer while it is dialed; more are dropped (a notify is fire-and-forget)
+MAX_QUEUED = 256
+
+#: the notify that says "this side closes this channel by choice, it is idle": no failure
+BYE_OP = "bye"
+
+
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """A live peer: the channel to it, and what the member table knows of it."""
+    """A live peer: what the member table knows of it, and the open channel to it, if any
+    (channels are opened when there is something to send and closed when idle, see
+    :class:`Membership`)."""
 
     member: Member
-    channel: Channel
+    channel: Channel | None
 
     @property
     def name(self) -> str:
@@ -169,6 +188,11 @@ class MembershipOptions:
     heartbeat, ages, probes, suspicions, retries): seconds that only move forward,
     :func:`time.monotonic` by default. ``rng`` draws the retries' jitter and the probe order
     (None: a fresh ``random.Random``).
+
+    Channels to peers are opened on demand: ``idle_s`` closes one that carried nothing either
+    way that long (0: never), ``max_channels`` caps those open at once (the least recently
+    used idle one is closed first; 0: no cap), ``max_queued`` bounds the notifies waiting for
+    one peer while it is dialed.
     """
 
     channels: ChannelOptions
@@ -179,6 +203,19 @@ class MembershipOptions:
     dial: Dialer = connect
     clock: Callable[[], float] = time.monotonic
     rng: random.Random | None = None
+    idle_s: float = PEER_IDLE_S
+    max_channels: int = MAX_PEER_CHANNELS
+    max_queued: int = MAX_QUEUED
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_s < math.inf:
+            raise ConfigError(
+                f"MembershipOptions.idle_s must be seconds >= 0 (0: never), got {self.idle_s!r}"
+            )
+        for what, value in (("max_channels", self.max_channels), ("max_queued", self.max_queued)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"MembershipOptions.{what} must be an integer >= 0, got "
+                                  f"{value!r}")  # fmt: skip
 
 
 class Membership:
@@ -228,9 +265,22 @@ class Membership:
         self._seed_retry: asyncio.Task[None] | None = None
         #: joins under way (the first one, from start): the seeds are being tried already
         self._joining = 0
-        #: dials of live peers to probe them (one per peer at a time), and the probes waiting
+        #: dials of live peers (one per peer at a time), and the probes waiting
         self._reaching: dict[str, asyncio.Task[Channel]] = {}
         self._probing: set[asyncio.Task[None]] = set()
+        #: every open channel to a peer, dialed or accepted (a peer may have two), by channel
+        self._open: dict[Channel, str] = {}
+        #: channels this side closes by choice (idle, over the cap, of a removed peer) or the
+        #: peer said it closes (``bye``): their end is no failure
+        self._retired: set[Channel] = set()
+        #: peers whose channel broke (not closed by choice): a new one is a reconnection
+        self._broken: set[str] = set()
+        #: notifies waiting for a peer being dialed, by name
+        self._queued: dict[str, list[tuple[str, Any]]] = {}
+        self._idle_s = options.idle_s
+        self._max_channels = options.max_channels
+        self._max_queued = options.max_queued
+        self._sweeper: asyncio.Task[None] | None = None
 
     # -- what the table keeps ----------------------------------------------------------------
     @property
@@ -304,14 +354,16 @@ class Membership:
                 case AskIndirect():
                     body = decision.to_wire(self.name)
                     for name in decision.via:
-                        self._send(self.channel(name), "probe-req", body)
+                        self.send(name, "probe-req", body)
                 case SendAck() | SendNack():
                     op = "ack" if type(decision) is SendAck else "nack"
                     # an answer to the message just read goes back the way that came
                     back = None
                     if isinstance(event, (Pinged, ProbeAsked, Acked, Nacked)):
                         back = channel if event.sender == decision.to else None
-                    self._send(back or self.channel(decision.to), op, decision.to_wire(self.name))
+                    wire = decision.to_wire(self.name)
+                    if not self._send(back, op, wire):
+                        self.send(decision.to, op, wire)
                 case Suspect():
                     log.warning("%s: suspects %s (incarnation %d, first by %s): declared dead "
                                 "in %.0f ms unless it refutes", self.name, decision.name,
@@ -321,7 +373,6 @@ class Membership:
                     log.info("%s: %s refuted its suspicion (incarnation %d)", self.name,
                              decision.name, decision.incarnation)  # fmt: skip
                 case PeerUp():
-                    assert channel is not None, "a peer comes up on the channel of its join"
                     self._up(decision, channel)
                 case PeerDown():
                     self._down(decision)
@@ -350,17 +401,24 @@ class Membership:
                     assert_never(decision)
         return decisions
 
-    def _up(self, up: PeerUp, channel: Channel) -> None:
+    def _up(self, up: PeerUp, channel: Channel | None) -> None:
+        """``up.name`` is a live peer; ``channel``: the one its join came on (None: it was
+        named by another worker, and is dialed when there is something to send)."""
         name = up.name
-        peer = Peer(self.table.live[name], channel)
         before = self.peers.get(name)
+        if channel is None:
+            channel = None if before is None else before.channel
+        else:
+            self._adopt(name, channel)
+        peer = Peer(self.table.live[name], channel)
         self.peers[name] = peer
-        channel.on_close.append(lambda ch, exc: self._channel_closed(name, ch, exc))
         if up.replaces:
-            if before is not None and before.channel.closed:  # reconnected: as good as joined
+            if name in self._broken and channel is not None:  # reconnected: as good as joined
+                self._broken.discard(name)
                 log.info("%s: reconnected to peer %s", self.name, name)
                 self._on_join(peer)
             return
+        self._broken.discard(name)
         if up.back_after_s is None:
             log.info("%s: peer %s joined from %s", self.name, name, up.address)
         else:
@@ -370,20 +428,174 @@ class Membership:
 
     def _down(self, down: PeerDown) -> None:
         peer = self.peers.pop(down.name, None)
+        self._broken.discard(down.name)
+        self._queued.pop(down.name, None)
         log.warning("%s: peer %s removed: %s", self.name, down.name, down.why)
-        if peer is not None and not peer.channel.closed:
-            task = asyncio.get_running_loop().create_task(peer.channel.aclose())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+        if peer is not None and peer.channel is not None:
+            self._retire(peer.channel, "now")
+        for channel, name in list(self._open.items()):
+            if name == down.name:
+                self._retire(channel, "now")
         self._on_leave(down.name, down.why)
 
-    def _channel_closed(self, name: str, channel: Channel, exc: BaseException | None) -> None:
-        """A peer's channel broke: no verdict, the table probes it now (through a new one)."""
+    # -- the channels --------------------------------------------------------------------------
+    @property
+    def open_channels(self) -> int:
+        """Channels to peers open now (dialed or accepted; closing ones not counted)."""
+        return len(self._open)
+
+    def _adopt(self, name: str, channel: Channel) -> None:
+        """``channel`` (dialed, or accepted from ``name``) carries a join: count it, and close
+        the least recently used if that makes too many."""
+        if channel in self._open or channel in self._retired or channel.closed:
+            return  # counted already, or closing (the peer said bye before its join ended)
+        self._open[channel] = name
+        channel.on_close.append(lambda ch, exc: self._channel_closed(name, ch, exc))
+        self._trim(keep=channel)
+
+    def _trim(self, keep: Channel | None = None) -> None:
+        """Close the least recently used channels with no request under way while more than
+        :attr:`MembershipOptions.max_channels` are open (``keep``: the one just opened)."""
+        excess = len(self._open) - self._max_channels
+        if self._max_channels <= 0 or excess <= 0:
+            return
+        idle = [c for c in self._open if c is not keep and c.in_flight == 0]
+        idle.sort(key=lambda c: c.last_active)
+        for channel in idle[:excess]:
+            log.debug("%s: %d channels to peers open, over %d: closing the one to %s",
+                      self.name, len(self._open), self._max_channels,
+                      self._open.get(channel))  # fmt: skip
+            self._retire(channel)
+
+    def _retire(self, channel: Channel, how: str = "bye") -> None:
+        """Close ``channel`` by choice: its end is no failure, here or at the peer; the peer
+        stays live, and is dialed again when there is something to send. Nothing more is sent
+        on it from now on. ``how``: ``"bye"`` tells the peer, which closes it once it has read
+        that (so what it sent before is still read here); ``"quiet"`` (the peer said bye)
+        closes it once the requests under way on it are answered; ``"now"`` (a removed peer)
+        at once."""
+        name = self._open.pop(channel, None)
+        if channel in self._retired:
+            return
+        self._retired.add(channel)
+        if name is not None:
+            self._detach(name, channel)
+        if channel.closed:
+            self._retired.discard(channel)
+            return
+        if how == "bye":
+            try:
+                channel.notify(BYE_OP, {"from": self.name})
+            except CompassError:
+                how = "now"
+        task = asyncio.get_running_loop().create_task(self._close(channel, how))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close(self, channel: Channel, how: str) -> None:
+        timeouts = self._channels.timeouts
+        if how == "bye":  # the peer closes it; past the close timeout, this side does
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeouts.close):
+                    await channel.wait_closed()
+        elif how == "quiet":
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (timeouts.request or timeouts.close)
+            # the channel has no event for "no request under way": look every 20 ms
+            while channel.in_flight and not channel.closed and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        await channel.aclose()
+
+    def _detach(self, name: str, channel: Channel) -> None:
+        """``channel`` to ``name`` is closing: the peer's channel is another open one, if any."""
         peer = self.peers.get(name)
-        if peer is not None and peer.channel is channel and not self._closed:
-            log.info("%s: connection to %s closed (%s); probing it", self.name, name,
-                     exc or "by peer")  # fmt: skip
-            self._apply(ChannelLost(self._clock(), name))
+        if peer is not None and peer.channel is channel:
+            other = next((c for c, n in self._open.items() if n == name and not c.closed), None)
+            self.peers[name] = Peer(peer.member, other)
+
+    def _on_bye(self, channel: Channel, body: Any) -> None:
+        """The peer closes ``channel`` by choice (it was idle there): close it too, no failure."""
+        if channel.peer_role != "worker":
+            return
+        self._retire(channel, "quiet")
+
+    def _channel_closed(self, name: str, channel: Channel, exc: BaseException | None) -> None:
+        """A channel to peer ``name`` ended. Closed by choice (either side): nothing to do, the
+        peer is dialed when there is something to send. Broken: no verdict, the table probes
+        it now (through a new one)."""
+        self._open.pop(channel, None)
+        if channel in self._retired:
+            self._retired.discard(channel)
+            return
+        peer = self.peers.get(name)
+        if peer is None or peer.channel is not channel or self._closed:
+            return
+        self._detach(name, channel)
+        if self.peers[name].channel is not None:
+            return  # another channel to it is open: it is reachable
+        self._broken.add(name)
+        log.info("%s: connection to %s closed (%s); probing it", self.name, name,
+                 exc or "by peer")  # fmt: skip
+        self._apply(ChannelLost(self._clock(), name))
+
+    async def _sweep(self) -> None:
+        """Close the channels idle for :attr:`MembershipOptions.idle_s` (none with a request
+        under way), and those over the cap, until cancelled."""
+        loop = asyncio.get_running_loop()
+        every = min(max(self._idle_s / 4, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(every)
+            quiet_since = loop.time() - self._idle_s
+            for channel in [c for c in self._open if c.last_active <= quiet_since]:
+                if channel.in_flight == 0:
+                    log.debug("%s: closing the idle channel to %s", self.name,
+                              self._open.get(channel))  # fmt: skip
+                    self._retire(channel)
+            self._trim()
+
+    def _reach_task(self, name: str, address: str) -> asyncio.Task[Channel]:
+        """The dial of live peer ``name`` (one per peer at a time); what was queued for it is
+        sent once it is done, or dropped if it failed."""
+        reaching = self._reaching.get(name)
+        if reaching is None:
+            reaching = asyncio.get_running_loop().create_task(
+                self._reach(name, address), name=f"{self.name}-reach-{name}"
+            )
+            self._reaching[name] = reaching
+            reaching.add_done_callback(functools.partial(self._reached, name))
+        return reaching
+
+    def _reached(self, name: str, task: asyncio.Task[Channel]) -> None:
+        if self._reaching.get(name) is task:
+            del self._reaching[name]
+        queued = self._queued.pop(name, [])
+        if task.cancelled() or task.exception() is not None:
+            if queued:
+                log.debug("%s: dropped %d messages for %s: it could not be reached",
+                          self.name, len(queued), name)  # fmt: skip
+            return
+        channel = task.result()
+        for i, (op, body) in enumerate(queued):
+            if not self._send(channel, op, body):  # closed meanwhile: dial it again
+                peer = self.peers.get(name)
+                if peer is not None and not self._closed:
+                    self._queued.setdefault(name, [])[:0] = queued[i:]
+                    self._reach_task(name, peer.address)
+                break
+
+    async def open_channel(self, name: str) -> Channel | None:
+        """An open channel to live peer ``name``: the one there is, else a new one (dialed once
+        however many ask at a time); None if it is no peer or could not be reached."""
+        peer = self.peers.get(name)
+        if peer is None:
+            return None
+        if peer.channel is not None and not peer.channel.closed:
+            return peer.channel
+        try:
+            return await asyncio.shield(self._reach_task(name, peer.address))
+        except (CompassError, OSError) as exc:
+            log.debug("%s: could not reach %s: %s", self.name, name, exc)
+            return None
 
     # -- probing -----------------------------------------------------------------------------
     def route(self, router: Router) -> None:
@@ -391,6 +603,7 @@ class Membership:
         ``router``: from workers only."""
         for op in PROBE_OPS:
             router.add_notify(op, functools.partial(self._on_probe_message, op))
+        router.add_notify(BYE_OP, self._on_bye)
 
     def _on_probe_message(self, op: str, channel: Channel, body: Any) -> None:
         if channel.peer_role != "worker":
@@ -399,10 +612,9 @@ class Membership:
         if not self._closed:  # a malformed one raises ProtocolError: the channel drops it
             self._apply(parse_probe(op, body, self._clock()), channel)
 
-    @staticmethod
-    def _send(channel: Channel | None, op: str, body: Any) -> bool:
-        if channel is None or channel.closed:
-            return False
+    def _send(self, channel: Channel | None, op: str, body: Any) -> bool:
+        if channel is None or channel.closed or channel in self._retired:
+            return False  # a channel closing by choice carries nothing more
         try:
             channel.notify(op, body)
         except CompassError:  # it broke just now: what it was for times out
@@ -423,15 +635,7 @@ class Membership:
         """No channel to the probe's target: dial it (one dial per peer at a time), then send
         it; if that fails, the table hears it could not be sent."""
         try:
-            reaching = self._reaching.get(probe.target)
-            if reaching is None:
-                reaching = asyncio.get_running_loop().create_task(
-                    self._reach(probe.target, probe.address),
-                    name=f"{self.name}-reach-{probe.target}",
-                )
-                self._reaching[probe.target] = reaching
-                reaching.add_done_callback(lambda _: self._reaching.pop(probe.target, None))
-            channel = await asyncio.shield(reaching)
+            channel = await asyncio.shield(self._reach_task(probe.target, probe.address))
             if self._send(channel, "probe", body):
                 return
         except (CompassError, OSError) as exc:
@@ -440,11 +644,16 @@ class Membership:
             self._apply(ProbeUnsent(self._clock(), probe.seq))
 
     async def _reach(self, name: str, address: str) -> Channel:
-        await self.connect_peer(address, expect=name)
-        channel = self.channel(name)
-        if channel is None or channel.closed:
-            raise ConnectFailed(f"{name} at {address} did not take this worker's join")
-        return channel
+        for attempt in range(3):  # the peer may close a channel as it opens (over its cap)
+            if attempt:
+                await asyncio.sleep(0.05 * attempt)
+            await self.connect_peer(address, expect=name)
+            channel = self.channel(name)
+            if channel is not None:
+                return channel
+            if name not in self.peers:
+                break
+        raise ConnectFailed(f"{name} at {address} did not take this worker's join")
 
     # -- joining -----------------------------------------------------------------------------
     async def join(self, addresses: Iterable[str], *, timeout_s: float | None = None) -> None:
@@ -548,8 +757,8 @@ class Membership:
                 reply = await channel.request("join", hello.to_wire())
                 answer = parse_welcome(reply, address)
                 event = JoinAnswered(self._clock(), address, expect, answer)
-                if any(type(d) is Duplicate for d in self._apply(event, channel)):
-                    await channel.aclose()
+                if not any(type(d) is PeerUp for d in self._apply(event, channel)):
+                    await channel.aclose()  # a duplicate, or an answer too old to take
                     return []
             except BaseException:
                 await channel.aclose()
@@ -608,6 +817,8 @@ class Membership:
     async def run(self) -> None:
         """Retry lost peers, each on its own backoff, and the seeds while this worker has no
         peer at all, until cancelled."""
+        if self._idle_s > 0 and self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name=f"{self.name}-idle-channels")
         while not self._closed:
             self._wake.clear()
             now = self._clock()
@@ -679,18 +890,35 @@ class Membership:
 
     # -- talking -----------------------------------------------------------------------------
     def broadcast(self, op: str, body: Any) -> None:
-        for peer in list(self.peers.values()):
-            if not peer.channel.closed:
-                peer.channel.notify(op, body)
+        """Notify every live peer of ``op`` (dialing those with no open channel)."""
+        for name in list(self.peers):
+            self.send(name, op, body)
 
     def send(self, name: str, op: str, body: Any) -> bool:
-        """Notify live peer ``name`` of ``op``; False where there is no open channel to it (a
-        notify is fire-and-forget: what it was for is sent again or times out)."""
-        return self._send(self.channel(name), op, body)
+        """Notify live peer ``name`` of ``op``: at once on its open channel, else once it is
+        dialed (queued meanwhile, :attr:`MembershipOptions.max_queued` at most, dropped if the
+        dial fails). False where it is no peer, or too much waits for it already (a notify is
+        fire-and-forget: what it was for is sent again or times out)."""
+        peer = self.peers.get(name)
+        if peer is None:
+            return False
+        if self._send(peer.channel, op, body):
+            return True
+        if self._closed:
+            return False
+        queued = self._queued.setdefault(name, [])
+        if len(queued) >= self._max_queued:
+            return False
+        queued.append((op, body))
+        self._reach_task(name, peer.address)
+        return True
 
     def channel(self, name: str) -> Channel | None:
+        """The open channel to live peer ``name``, if there is one now (see
+        :meth:`open_channel`)."""
         peer = self.peers.get(name)
-        return None if peer is None else peer.channel
+        channel = None if peer is None else peer.channel
+        return None if channel is None or channel.closed else channel
 
     def describe(self) -> list[dict[str, Any]]:
         return self.table.describe(self._clock())
@@ -711,14 +939,18 @@ class Membership:
         retries = [*self._retries.values(), *self._reaching.values(), *self._probing]
         if self._seed_retry is not None:
             retries.append(self._seed_retry)
+        if self._sweeper is not None:
+            retries.append(self._sweeper)
         for task in retries:
             task.cancel()
-        peers = list(self.peers.values())
+        channels = {*self._open, *(p.channel for p in self.peers.values() if p.channel)}
         self.peers.clear()
+        self._open.clear()
+        self._queued.clear()
         self._apply(Close(self._clock()))
         await asyncio.gather(
             *retries,
-            *(p.channel.aclose() for p in peers),
+            *(c.aclose() for c in channels),
             *self._closing,
             return_exceptions=True,
         )

@@ -235,6 +235,8 @@ def describe(worker: Described) -> dict[str, Any]:
         "draining": worker.draining,
         "advertised": "" if membership is None else membership.address,
         "peers": [] if membership is None else membership.describe(),
+        # channels to peers open now (opened on demand, closed when idle)
+        "peer_channels": 0 if membership is None else membership.open_channels,
         # peers lost and being retried (with backoff) until they answer again
         "lost": [] if membership is None else membership.describe_lost(),
         # the workers this one can place tasks on (itself and every peer it has heard from)

@@ -159,6 +159,8 @@ class Worker:
         #: messages for workers this one has no connection to, by name, and their timers
         self._held: dict[str, list[PeerMessage]] = {}
         self._held_timers: dict[str, asyncio.TimerHandle] = {}
+        #: peers being dialed for what is held for them
+        self._dialing: set[str] = set()
         # a worker without --name is named when it binds (start)
         self._bind_name(self.name or "(unbound)")
         self._server: Server | None = None
@@ -262,6 +264,8 @@ class Worker:
                     suspicion_mult=cfg.swim.suspicion_mult,
                     suspicion_max_s=cfg.sched.peer_timeout_ms / 1000.0,
                 ),
+                idle_s=cfg.peer_idle_s,
+                max_channels=cfg.max_peer_channels,
             ),
             handler=self.router.handle_request,
             notify_handler=self.router.handle_notify,
@@ -529,10 +533,14 @@ class Worker:
         membership = self.membership
         channel = None if membership is None else membership.channel(worker)
         if membership is not None and (worker in self._held or channel is None or channel.closed):
-            # not connected (yet, or any more): wait a moment for it. A worker this one lost
-            # may be back already for the job's ingress, whose plan names it; one that is gone
-            # for good has its jobs planned again by their ingresses (PeerLost) meanwhile
+            # not connected (yet, or any more): wait a moment for it. A live peer with no open
+            # channel (channels are opened on demand) is dialed; a worker this one lost may be
+            # back already for the job's ingress, whose plan names it; one that is gone for
+            # good has its jobs planned again by their ingresses (PeerLost) meanwhile
             self._hold(worker, msg)
+            if channel is None and worker not in self._dialing and worker in membership.peers:
+                self._dialing.add(worker)
+                self._spawn(self._dial_held(worker), f"dial-{worker}")
             return
         assert channel is not None
         body = msg.to_wire()
@@ -564,6 +572,17 @@ class Worker:
                 HOLD_S, self._give_up_held, worker
             )
         self._held[worker].append(msg)
+
+    async def _dial_held(self, worker: str) -> None:
+        """Open a channel to live peer ``worker`` for what waits for it; if that fails, it
+        waits on (:data:`HOLD_S`, then its jobs are planned again)."""
+        assert self.membership is not None
+        try:
+            channel = await self.membership.open_channel(worker)
+        finally:
+            self._dialing.discard(worker)
+        if channel is not None and worker in self._held:
+            self._flush_held(worker)
 
     def _flush_held(self, worker: str) -> None:
         """Peer ``worker`` is connected: send what waited for it, in order."""
@@ -625,7 +644,7 @@ class Worker:
     async def _ask_plan(self, step: AskPlan) -> None:
         """The ``central`` policy plans at one worker: ask it; no answer means plan here."""
         assert self.membership is not None
-        channel = self.membership.channel(step.peer)
+        channel = await self.membership.open_channel(step.peer)
         plan = None
         if channel is not None:
             try:

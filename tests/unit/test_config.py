@@ -155,3 +155,23 @@ def test_failure_detection_options_are_checked_with_one_line(
     with pytest.raises(ConfigError) as caught:
         SwimConfig(**kwargs)  # type: ignore[arg-type]
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"peer_idle_s": -1.0}, "--peer-idle-s must be a number of seconds >= 0"),
+        ({"peer_idle_s": float("inf")}, "--peer-idle-s"),
+        ({"peer_idle_s": float("nan")}, "--peer-idle-s"),
+        ({"max_peer_channels": -1}, "--max-peer-channels must be 0..1000000 (0: no cap), got -1"),
+        ({"max_peer_channels": True}, "--max-peer-channels"),
+    ],
+)
+def test_peer_channel_options_are_checked_with_one_line(
+    kwargs: dict[str, float], message: str
+) -> None:
+    assert (WorkerConfig().peer_idle_s, WorkerConfig().max_peer_channels) == (30.0, 64)
+    assert WorkerConfig(peer_idle_s=0, max_peer_channels=0).peer_idle_s == 0  # never, no cap
+    with pytest.raises(ConfigError) as caught:
+        WorkerConfig(**kwargs)  # type: ignore[arg-type]
+    assert message in str(caught.value) and "\n" not in str(caught.value)

@@ -440,6 +440,23 @@ FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
 FAST_PROBES = Probing(period_s=0.05, timeout_s=0.02)
 
 
+def test_an_answer_to_a_join_sent_before_a_peer_was_declared_dead_does_not_bring_it_back() -> None:
+    """A slow peer (paused, not gone) answers a join sent before it was declared dead: at the
+    incarnation it was declared dead at, it is not taken back; it is dialed again at once,
+    told, and comes back one incarnation later."""
+    t = table()
+    b = hello("b")
+    t.handle(JoinAnswered(T0, b.address, "b", b))
+    t.handle(Remove(T0 + 1, "b", "suspected"))
+    out = t.handle(JoinAnswered(T0 + 2, b.address, "b", b))
+    assert "b" not in t.live and not any(type(d) is PeerUp for d in out)
+    assert [type(d) for d in out] == [RetryAt] and out[0].at == T0 + 2  # type: ignore[union-attr]
+    assert t.dead_for("b") == 0  # what the next dial tells it
+    newer = hello("b", incarnation=1)
+    out = t.handle(JoinAnswered(T0 + 3, b.address, "b", newer))
+    assert "b" in t.live and any(type(d) is PeerUp for d in out)
+
+
 class Node:
     """A :class:`Membership` listening on a :class:`MemoryNetwork`."""
 

@@ -246,8 +246,10 @@ async def test_an_answered_probe_keeps_a_peer_and_a_broken_channel_is_redialed()
         a.due(clock_a.now)
         assert a.describe()[0]["suspect"] is False and a.table.health == 0
         # the channel breaks with both alive: no verdict; a probes b through a new channel
-        await a.peers["b"].channel.aclose()
-        await until(lambda: "b" in a.peers and not a.peers["b"].channel.closed, "a redials b")
+        channel = a.channel("b")
+        assert channel is not None
+        await channel.aclose()
+        await until(lambda: a.channel("b") not in (None, channel), "a redials b")
         await until(lambda: not a.table._probes, "b acks the probe on the new channel")
         assert left_a == [] and joined_a == ["b", "b"]  # reconnected: held messages go out
 

@@ -1,0 +1,164 @@
+"""Channels to peers on demand (compass/worker/membership.py), in memory: a peer stays a member
+whether or not a channel to it is open; a send to one with none dials it (once, whatever is
+sent meanwhile); idle channels close with no verdict on either side; the cap holds."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from compass.config import Timeouts
+from compass.errors import ConfigError
+from compass.wire.memory import MemoryNetwork
+from compass.wire.rpc import Router
+from compass.wire.transport import Channel, ChannelOptions, Server
+from compass.worker.membership import Membership, MembershipOptions, Probing
+
+TOKEN = "channels-token"
+FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
+#: probes rare enough that they keep no channel open between them
+SLOW_PROBES = Probing(period_s=5.0, timeout_s=1.0)
+
+
+class Node:
+    """A :class:`Membership` on a :class:`MemoryNetwork` that counts the dials it makes and
+    the ``note`` notifies it receives."""
+
+    def __init__(self, network: MemoryNetwork, name: str, **options: Any) -> None:
+        self.network = network
+        self.router = Router()
+        self.left: list[tuple[str, str]] = []
+        self.notes: list[Any] = []
+        self.dials = 0
+        self.server: Server | None = None
+        self.options = ChannelOptions(name=name, token=TOKEN, timeouts=FAST)
+        self.membership = m = Membership(
+            "",
+            MembershipOptions(self.options, probing=SLOW_PROBES, dial=self.dial,
+                              rng=random.Random(7), **options),
+            handler=self.router.handle_request, notify_handler=self.router.handle_notify,
+            on_join=lambda peer: None, on_leave=lambda peer, why: self.left.append((peer, why)),
+        )  # fmt: skip
+        m.route(self.router)
+
+        async def join(channel: Channel, body: Any) -> Any:
+            return m.accept_join(channel, body)
+
+        self.router.add_request("join", join)
+        self.router.add_notify("note", lambda channel, body: self.notes.append(body))
+        self.run: asyncio.Future[None] | None = None
+
+    async def dial(self, address: Any, options: ChannelOptions, **kwargs: Any) -> Channel:
+        self.dials += 1
+        return await self.network.connect(address, options, **kwargs)
+
+    async def start(self) -> Node:
+        self.server = await self.network.serve(
+            self.membership.name, 0, self.options, handler=self.router.handle_request,
+            notify_handler=self.router.handle_notify,
+        )  # fmt: skip
+        host, port = self.server.address
+        self.membership.address = f"{host}:{port}"
+        self.run = asyncio.ensure_future(self.membership.run())
+        return self
+
+    async def aclose(self) -> None:
+        if self.run is not None:
+            self.run.cancel()
+            await asyncio.gather(self.run, return_exceptions=True)
+        await self.membership.aclose()
+        if self.server is not None:
+            await self.server.aclose()
+
+
+async def until(check: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        await asyncio.sleep(0.005)
+
+
+def test_bad_channel_options_are_config_errors() -> None:
+    options = ChannelOptions(name="a", token=TOKEN)
+    for bad in ({"idle_s": -1.0}, {"idle_s": float("inf")}, {"max_channels": -1},
+                {"max_queued": True}):  # fmt: skip
+        with pytest.raises(ConfigError):
+            MembershipOptions(options, **bad)
+
+
+@pytest.mark.asyncio
+async def test_idle_channels_close_with_no_verdict_and_a_send_dials_again() -> None:
+    network = MemoryNetwork()
+    nodes = [await Node(network, name, idle_s=0.2).start() for name in "abc"]
+    a, b, c = nodes
+    try:
+        for node in (b, c):
+            await node.membership.join([a.membership.address])
+        await until(lambda: all(len(n.membership.peers) == 2 for n in nodes), "all joined")
+        # idle: every channel is closed, by choice, and nobody lost anybody
+        await until(lambda: all(n.membership.open_channels == 0 for n in nodes), "all idle")
+        await asyncio.sleep(0.3)
+        for node in nodes:
+            assert len(node.membership.peers) == 2 and node.left == []
+            assert all(p.channel is None for p in node.membership.peers.values())
+            assert node.membership.describe_lost() == []
+            assert not any(p["suspect"] for p in node.membership.describe())
+        # a send to a live peer with no channel dials it once, whatever is sent meanwhile
+        dials = a.dials
+        assert all(a.membership.send("c", "note", {"n": n}) for n in range(5))
+        await until(lambda: len(c.notes) == 5, "c has every note")
+        assert c.notes == [{"n": n} for n in range(5)] and a.dials == dials + 1
+        assert a.membership.channel("c") is not None and c.membership.channel("a") is not None
+        # an accepted channel counts: c answers a on the channel a opened, dialing nobody
+        c_dials = c.dials
+        assert c.membership.send("a", "note", "back")
+        await until(lambda: a.notes == ["back"], "a has c's note")
+        assert c.dials == c_dials
+        await until(lambda: a.membership.open_channels == 0, "idle again")
+        assert a.left == c.left == []
+        # a channel that breaks (not closed by choice) is a failure to look at: probed
+        channel = a.membership.channel("b") or await a.membership.open_channel("b")
+        assert channel is not None
+        channel.abort()
+        await until(lambda: a.membership.table._probes != {} or a.dials > dials + 2, "probed")
+    finally:
+        for node in nodes:
+            await node.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_capped_worker_never_holds_more_channels_than_its_cap() -> None:
+    network = MemoryNetwork()
+    hub = await Node(network, "hub", max_channels=2, idle_s=0).start()
+    spokes = [await Node(network, f"s{i}", idle_s=0).start() for i in range(5)]
+    try:
+        for spoke in spokes:
+            await spoke.membership.join([hub.membership.address])
+            assert hub.membership.open_channels <= 2
+        await until(lambda: len(hub.membership.peers) == 5, "all joined the hub")
+        for _ in range(3):
+            for spoke in spokes:
+                assert hub.membership.send(spoke.membership.name, "note", hub.membership.name)
+
+                def arrived(node: Node = spoke) -> bool:
+                    return bool(node.notes)
+
+                await until(arrived, "the note arrives")
+                spoke.notes.clear()
+                assert hub.membership.open_channels <= 2
+        # the spokes dialing the hub: accepted channels count against its cap too
+        for spoke in spokes:
+            assert spoke.membership.send("hub", "note", spoke.membership.name)
+        await until(lambda: len(hub.notes) == 5, "the hub has every note")
+        assert hub.membership.open_channels <= 2
+        assert hub.left == [] and all(s.left == [] for s in spokes)
+        assert len(hub.membership.peers) == 5
+    finally:
+        for node in [hub, *spokes]:
+            await node.aclose()
