@@ -193,6 +193,10 @@ def compare_policies(
         }
         if result.scoped_views:
             runs[policy]["view_workers_mean"] = result.scoped_workers / result.scoped_views
+        if config.view == "bounded":  # the messages its real workers would send
+            runs[policy]["view_asks"] = result.view_asks
+            runs[policy]["view_pushes"] = result.view_pushes
+            runs[policy]["cache_changes"] = result.cache_changes
         latencies_ms[policy] = [
             j.latency_s * 1000.0 for j in result.jobs if j.latency_s is not None
         ]

@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.config import CacheConfig
+from compass.config import CacheConfig, SchedConfig
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.objective import NO_OBJECTIVE, Objective, outcome_of
 from compass.sched import CompassPolicy, Policy, ViewSnapshot, make_policy
@@ -54,6 +54,7 @@ from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
+from compass.sim.traffic import CacheKey, ViewTraffic
 from compass.worker.assemble import CoreOptions, build_core
 from compass.worker.events import (
     Answer,
@@ -325,8 +326,10 @@ class _Simulation:
             warm=self.warm,
             max_jobs=1 << 62,  # the simulator models no admission limit
         )
+        #: the messages a bounded view's real workers would send (none counted for the mesh)
+        self.traffic = None if rule is None else _traffic(names, caches)
         for worker, cache in zip(self.workers, caches, strict=True):
-            worker.view = _SimView(self.state, worker, rule, seed)
+            worker.view = _SimView(self.state, worker, rule, seed, self.traffic)
             worker.rules = build_core(
                 worker.name,
                 workflows=workload.workflows,
@@ -415,6 +418,8 @@ class _Simulation:
                 handler(arg)
             events += 1
         self.events = events
+        if self.traffic is not None:
+            self.traffic.finish()
         for job in self._jobs.values():  # never answered: stuck
             self._record_job(job, None, "did not finish", "failed")
         self._jobs.clear()
@@ -423,6 +428,7 @@ class _Simulation:
 
     def _result(self, wall_s: float) -> SimResult:
         stats = [w.lanes.cache.stats for w in self.workers]
+        traffic = self.traffic
         return SimResult(
             policy=self.policy_name,
             workers=self.names,
@@ -440,6 +446,9 @@ class _Simulation:
             wall_s=wall_s,
             scoped_views=sum(w.view.scoped for w in self.workers if w.view is not None),
             scoped_workers=sum(w.view.shown for w in self.workers if w.view is not None),
+            view_asks=0 if traffic is None else traffic.asks,
+            view_pushes=0 if traffic is None else traffic.pushes,
+            cache_changes=0 if traffic is None else traffic.cache_changes,
         )
 
     # -- ingress ------------------------------------------------------------------------------
@@ -503,6 +512,8 @@ class _Simulation:
                 lanes.queue.batchable(self.now, lanes.lanes),
                 lanes.queue.raised_s(),
             )
+            if self.traffic is not None:  # the real worker sends its state to its watchers
+                self.traffic.changed(worker.index, self.now, _cache_key(lanes.cache))
 
     def _plan_remote(self, arg: tuple[str, PlanRequest]) -> None:
         """At the ``central`` planner: plan (its answer goes back as :class:`Planned`)."""
@@ -648,9 +659,15 @@ class _SimView:
     generator of this worker's own (seeded from ``seed`` and its name)."""
 
     def __init__(
-        self, state: ClusterState, worker: _Worker, rule: CandidateRule | None, seed: int
+        self,
+        state: ClusterState,
+        worker: _Worker,
+        rule: CandidateRule | None,
+        seed: int,
+        traffic: ViewTraffic | None = None,
     ) -> None:
         self._state = state
+        self._traffic = traffic
         self._worker = worker
         self._rule = rule
         self._rng = random.Random(f"candidates:{seed}:{worker.name}")
@@ -668,6 +685,8 @@ class _SimView:
             among = self._candidates(now, scope, self._rule)
             self.scoped += 1
             self.shown += len(among)
+            if self._traffic is not None:  # the planner watches its candidates' load
+                self._traffic.planned(worker.index, among, now)
         return self._state.snapshot(
             worker.index, now, lanes.wait_s(now, priority), lanes.queue.batchable(now, lanes.lanes),
             without, priority, among,
@@ -695,6 +714,23 @@ class _SimView:
 
     def joined(self, worker: str, instance: str) -> None:
         pass
+
+
+def _traffic(names: Sequence[str], caches: Sequence[CacheCore]) -> ViewTraffic:
+    """A bounded view's message counts, with a real worker's default leases and spacing."""
+    sched = SchedConfig()
+    return ViewTraffic(
+        names,
+        [_cache_key(cache) for cache in caches],
+        lease_s=sched.watch_ms / 1000.0,
+        min_gap_s=sched.heartbeat_min_ms / 1000.0,
+        max_rate=sched.heartbeat_max_rate,
+    )
+
+
+def _cache_key(cache: CacheCore) -> CacheKey:
+    """What a rumor says of ``cache`` that the simulator changes: resident, loading."""
+    return cache.resident(), cache.loading()
 
 
 def _central(policy: Policy) -> bool:

@@ -74,7 +74,10 @@ class SimResult:
     ``busy_s`` is lane-seconds each worker spent on tasks (fetching their model or running);
     ``horizon_s`` is the virtual time of the last event. ``events`` counts simulator events.
     With a bounded view, ``scoped_views`` counts the snapshots taken for a job and
-    ``scoped_workers`` the workers they showed in all (both 0 with the mesh).
+    ``scoped_workers`` the workers they showed in all (both 0 with the mesh); and the
+    messages its real workers would send (:mod:`compass.sim.traffic`, all 0 with the mesh):
+    ``view_asks`` watch asks, ``view_pushes`` states pushed to watchers, ``cache_changes``
+    rumors started of a changed cache.
     """
 
     policy: str
@@ -93,6 +96,9 @@ class SimResult:
     wall_s: float
     scoped_views: int = 0
     scoped_workers: int = 0
+    view_asks: int = 0
+    view_pushes: int = 0
+    cache_changes: int = 0
 
     def utilization(self) -> dict[str, float]:
         """Fraction of the run each worker's lanes were busy."""

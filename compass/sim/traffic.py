@@ -1,0 +1,128 @@
+"""The messages a bounded view would send in a simulated cluster, counted by the real
+worker's rules (:mod:`compass.worker.spread`); nothing here changes what a simulated worker
+sees or does.
+
+- **Watch asks.** A planner that plans a job over its candidates asks each other candidate
+  whose lease is due (:meth:`Watching.due <compass.worker.spread.Watching.due>`: never asked,
+  or under half a lease left) to be watched for ``lease_s``; the ask arrives at once (the real
+  one is a message a few hundred microseconds away). Each ask is answered by one state message
+  (:meth:`Gossip.watched_by <compass.worker.gossip.Gossip.watched_by>`), not counted apart.
+- **State pushes.** When a worker's state changes (its lanes' version moved after the core
+  handled an event, as :class:`~compass.worker.server.Worker` tells its gossip), it sends its
+  state to every live watcher (:class:`~compass.worker.spread.Watchers`), with the real loop's
+  spacing (``Gossip._run_bounded``): a change at least a gap after the last send is sent at
+  once, changes within the gap are sent together when it ends; the gap is
+  :func:`~compass.worker.membership.gossip_gap_s` of the live watchers at the send (1 ms,
+  more with over 20 watchers). One push is one message to one watcher.
+- **Cache changes.** At each of those sends, a worker whose models resident or loading
+  differ from those of its last rumor starts a rumor of itself
+  (:func:`~compass.worker.spread.cache_changed`); the count is of rumors started, each sent
+  ``Rumors.retransmits(n)`` times in messages of up to ``per_message`` states (the arithmetic
+  is the caller's). A worker's first rumor (of its empty cache, at start) is not counted.
+
+Not counted: the rumor, sync and failure-detector messages themselves (they do not depend
+on the workload: a fixed number per period), and anything of workers lost or joining (the
+simulator loses none).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from compass.worker.membership import gossip_gap_s
+from compass.worker.spread import Watchers, Watching
+
+__all__ = ["CacheKey", "ViewTraffic"]
+
+#: what a rumor says of a worker's cache, as the simulator changes it: resident, loading
+CacheKey = tuple[frozenset[str], frozenset[str]]
+
+
+@dataclass(slots=True)
+class _Sender:
+    """One worker's side: its watchers, its last send and the change still to send."""
+
+    watchers: Watchers
+    watching: Watching
+    rumored: CacheKey
+    sent_at: float = -math.inf
+    gap_s: float = 0.0
+    #: the cache after the latest change not yet sent (None: nothing to send)
+    pending: CacheKey | None = None
+
+
+class ViewTraffic:
+    """Counts, for workers ``names``, the watch asks, state pushes and cache rumors a bounded
+    view's real workers would send; see the module docstring. Times are the simulation's
+    (workload seconds); ``caches`` is each worker's cache at the start."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        caches: Sequence[CacheKey],
+        *,
+        lease_s: float,
+        min_gap_s: float,
+        max_rate: float,
+    ) -> None:
+        self.names = tuple(names)
+        self._positions = {name: i for i, name in enumerate(self.names)}
+        self.lease_s = lease_s
+        self._min_gap_s = min_gap_s
+        self._max_rate = max_rate
+        self._senders = [_Sender(Watchers(), Watching(lease_s), cache) for cache in caches]
+        #: watch asks sent, state messages pushed to watchers, rumors started of a cache change
+        self.asks = 0
+        self.pushes = 0
+        self.cache_changes = 0
+
+    def planned(self, viewer: int, among: Iterable[int], now: float) -> None:
+        """Worker ``viewer`` planned a job over workers ``among`` at ``now``: it asks those
+        whose lease is due to be watched (each one now watched by it for a lease)."""
+        names = self.names
+        due = self._senders[viewer].watching.due(
+            (names[i] for i in among if i != viewer), now
+        )  # fmt: skip
+        if not due:
+            return
+        self.asks += len(due)
+        until = now + self.lease_s
+        watcher = names[viewer]
+        for name in due:
+            peer = self._positions[name]
+            self._catch_up(peer, now)  # a send due before the ask goes to the old watchers
+            self._senders[peer].watchers.watch(watcher, until)
+
+    def changed(self, worker: int, now: float, cache: CacheKey) -> None:
+        """``worker``'s state changed at ``now``; ``cache`` is its cache after the change."""
+        sender = self._senders[worker]
+        self._catch_up(worker, now)
+        if now >= sender.sent_at + sender.gap_s:
+            self._send(sender, now, cache)
+        else:
+            sender.pending = cache  # sent when the gap ends, with any later change in it
+
+    def finish(self) -> None:
+        """The run ended: send what is still waiting for its gap to end."""
+        for sender in self._senders:
+            if sender.pending is not None:
+                self._send(sender, sender.sent_at + sender.gap_s, sender.pending)
+
+    def _catch_up(self, worker: int, now: float) -> None:
+        """Make the send that came due before ``now`` (the changes within a gap)."""
+        sender = self._senders[worker]
+        due = sender.sent_at + sender.gap_s
+        if sender.pending is not None and due < now:
+            self._send(sender, due, sender.pending)
+
+    def _send(self, sender: _Sender, at: float, cache: CacheKey) -> None:
+        watchers = len(sender.watchers.live(at))
+        self.pushes += watchers
+        if cache != sender.rumored:
+            sender.rumored = cache
+            self.cache_changes += 1
+        sender.sent_at = at
+        sender.gap_s = gossip_gap_s(self._min_gap_s, watchers, self._max_rate)
+        sender.pending = None
