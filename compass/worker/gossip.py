@@ -65,6 +65,9 @@ _DEGRADED_WAIT_S = 1e6
 #: in a bounded view, with nothing to send, the core's periodic check runs this often (the
 #: mesh runs it at each heartbeat)
 _IDLE_CHECK_S = 0.1
+#: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
+#: beyond (memberlist scales its push-pull interval likewise, by the log)
+SYNC_SCALE_FROM = 32
 
 
 class Gossip:
@@ -101,6 +104,7 @@ class Gossip:
         self.rumors = Rumors()
         self._asks: set[str] = set()  # candidates to ask for a watch at the next turn
         self._rumored: Heartbeat | None = None  # the last rumor this worker started of itself
+        self._caught_up = False  # asked a peer for its whole view (when the first one joined)
         self._membership: Membership | None = None  # while running
         #: the sequence number of the last state sent
         self._seq = 0
@@ -250,10 +254,22 @@ class Gossip:
 
     def introduce(self, peer: str) -> None:
         """A peer joined: it gets this worker's state at once (a bounded view sends it
-        nothing else until it watches this worker; rumors bring the rest)."""
+        nothing else until it watches this worker; rumors bring the rest). A worker that has
+        heard of no peer yet (it is joining) asks the first for every state it holds."""
         membership = self._membership
-        if membership is not None and self.rule is not None:
+        if membership is None or self.rule is None:
+            return
+        if self._caught_up:
             membership.send(peer, "heartbeat", self._next_state().to_wire())
+        else:
+            self._caught_up = True
+            self._sync(peer, membership, ask=True)
+
+    def sync_asked(self, peer: str) -> None:
+        """``peer`` joined and asks for every state this worker holds."""
+        membership = self._membership
+        if membership is not None and self.rule is not None and peer in membership.peers:
+            self._sync(peer, membership)
 
     def rumor_heard(self, state: Heartbeat) -> None:
         """``state`` came as a rumor and the core took it as news of a live peer: pass it on."""
@@ -328,19 +344,21 @@ class Gossip:
 
     async def _run_rumors(self, membership: Membership) -> None:
         """Every ``rumor_ms`` (jittered), rumors to ``rumor_fanout`` peers picked at random;
-        every ``sync_ms``, every state this worker holds to one peer picked at random."""
+        every ``sync_ms`` (times n / 32 past 32 workers, so that the states a worker sends
+        and receives in syncs do not grow with the cluster), every state this worker holds
+        to one peer picked at random."""
         sched = self._config.sched
         period_s = sched.rumor_ms / 1000.0
-        sync_every = max(1, round(sched.sync_ms / sched.rumor_ms))
-        turns = 0
+        next_sync = _now() + sched.sync_ms / 1000.0
         while True:
             await asyncio.sleep(period_s * (0.5 + self._rng.random()))  # no lockstep
             peers = list(membership.peers)
             if not peers:
                 continue
-            turns += 1
-            if turns % sync_every == 0:
+            if _now() >= next_sync:
                 self._sync(self._rng.choice(peers), membership)
+                scale = max(1.0, (len(peers) + 1) / SYNC_SCALE_FROM)
+                next_sync = _now() + sched.sync_ms / 1000.0 * scale
             if not self.rumors.pending():
                 continue
             for peer in self._rng.sample(peers, min(sched.rumor_fanout, len(peers))):
@@ -349,14 +367,18 @@ class Gossip:
                     break
                 membership.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
 
-    def _sync(self, peer: str, membership: Membership) -> None:
+    def _sync(self, peer: str, membership: Membership, *, ask: bool = False) -> None:
         """Every state this worker's view holds (its own fresh), to ``peer``: it takes what is
-        newer than what it holds, and passes none of it on."""
+        newer than what it holds, and passes none of it on; with ``ask``, it answers with
+        every state it holds."""
         states = [self._next_state()]
         states += [s for n in self.view.names() if n != self.name and (s := self.view.get(n))]
         for i in range(0, len(states), MAX_RUMORS):
             chunk = [s.to_wire() for s in states[i : i + MAX_RUMORS]]
-            membership.send(peer, "rumors", {"s": chunk, "sync": True})
+            body: dict[str, Any] = {"s": chunk, "sync": True}
+            if ask and i == 0:
+                body["ask"] = True
+            membership.send(peer, "rumors", body)
 
     async def _changed_or(self, timeout_s: float) -> bool:
         """Wait until the state changes or ``timeout_s`` passes; whether it changed since the

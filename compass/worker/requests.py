@@ -176,6 +176,8 @@ class Served(Described, Protocol):
 
     def watched_by(self, peer: str, for_ms: float) -> None: ...
 
+    def sync_asked(self, peer: str) -> None: ...
+
     def peer_draining(self, name: str) -> None: ...
 
     def receive(self, sender: str, msg: PeerMessage, spans: Any = None) -> None: ...
@@ -413,6 +415,8 @@ class _Requests:
                         channel.peer_name, exc)  # fmt: skip
             return
         worker.heard_rumors(states, pass_on=body.get("sync") is not True)
+        if body.get("ask") is True and channel.peer_name:  # a joining peer's first sync
+            worker.sync_asked(channel.peer_name)
 
     def watch(self, channel: Channel, body: Any) -> None:
         """A peer plans over this worker: it watches its load for ``for_ms``."""

@@ -441,6 +441,10 @@ class Worker:
                 if pass_on:
                     self.gossip.rumor_heard(state)
 
+    def sync_asked(self, peer: str) -> None:
+        """``peer`` joined and asks for every state this worker's view holds."""
+        self.gossip.sync_asked(peer)
+
     def watched_by(self, peer: str, for_ms: float) -> None:
         """``peer`` plans over this worker: it gets its state on every change for ``for_ms``."""
         self.gossip.watched_by(peer, for_ms)

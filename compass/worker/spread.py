@@ -17,7 +17,9 @@ holds a model). The two travel apart:
   ``retransmit_mult x ceil(log10(n + 1))`` times, so it reaches all ``n`` workers in O(log n)
   periods while every worker sends a constant number of messages a period). Now and then a
   worker also sends every state it holds to one peer (anti-entropy, as memberlist's push-pull
-  sync), so one that missed a rumor or joined since catches up.
+  sync; less often the larger the cluster, so that it costs a worker the same at any size), and
+  a joining worker asks the first peer it meets for all of them, so one that missed a rumor or
+  joined since catches up.
 
 Nothing here reads a clock or does I/O; time is passed in, and the randomness is the caller's.
 The asyncio side is :class:`~compass.worker.gossip.Gossip`'s.
