@@ -133,7 +133,7 @@ class TransferModel:
     def row(self, src: int, nbytes: float, base: float) -> FloatArray:
         """``base`` + seconds to move ``nbytes`` from worker ``src`` to each worker."""
         if self.uniform:
-            out = np.full(self.n_workers, base + self._fixed + nbytes * self._per_byte)
+            out = _filled(self.n_workers, float(base + self._fixed + nbytes * self._per_byte))
         else:
             fixed, inv_net = self._net_row(src)
             if src < 0:
@@ -146,10 +146,18 @@ class TransferModel:
             if isinstance(seconds, np.ndarray):
                 out = seconds
             else:
-                out = np.full(self.n_workers, float(seconds))
+                out = _filled(self.n_workers, float(seconds))
         if src >= 0:
             out[src] = base
         return out
+
+
+def _filled(n: int, value: float) -> FloatArray:
+    """``np.full(n, value)`` for a float, without its Python-level wrapper (a plan fills a
+    row per predecessor of every task)."""
+    out = np.empty(n)
+    out.fill(value)
+    return out
 
 
 def _position(names: tuple[str, ...], name: str) -> int:

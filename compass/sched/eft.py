@@ -303,5 +303,5 @@ def fewest_bytes(
     if prefer >= 0 and bool((keep == prefer).any()):
         return prefer
     if ingress >= 0 and len(costs.exec_rows[t]) >= LARGE_CLUSTER:
-        return int(keep[int(np.searchsorted(keep, ingress)) % len(keep)])
+        return int(keep[int(keep.searchsorted(ingress)) % len(keep)])
     return int(keep[0])

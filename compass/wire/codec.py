@@ -166,17 +166,29 @@ class Encoder:
 _local = threading.local()
 
 
+#: exact types that take no more than a scalar's 16 bytes, and have no ``nbytes`` (a builtin
+#: type takes no attributes): the common case, answered first
+_SCALAR_TYPES = frozenset((int, float, bool, complex, type(None)))
+_BYTES_LIKE = (bytes, bytearray, memoryview, str)
+_SEQUENCE_TYPES = (list, tuple)
+
+
 def payload_bytes(value: Any) -> int:
     """Approximate bytes ``value`` takes on the wire (arrays and tensors exactly)."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
+        return 16
+    if kind is str or kind is bytes:
+        return len(value)
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
-    if isinstance(value, bytes | bytearray | memoryview | str):
+    if isinstance(value, _BYTES_LIKE):
         return len(value)
     if isinstance(value, dict):
-        return sum(payload_bytes(v) for v in value.values()) + 8 * len(value)
-    if isinstance(value, list | tuple):
-        return sum(payload_bytes(v) for v in value) + 8 * len(value)
+        return sum(map(payload_bytes, value.values())) + 8 * len(value)
+    if isinstance(value, _SEQUENCE_TYPES):
+        return sum(map(payload_bytes, value)) + 8 * len(value)
     element = getattr(value, "element_size", None)
     numel = getattr(value, "numel", None)
     if callable(element) and callable(numel):  # a torch tensor

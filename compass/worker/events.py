@@ -10,9 +10,10 @@ own instructions, :class:`~compass.worker.lanes.RunTask` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, assert_never
+from operator import attrgetter
+from typing import Any, Protocol, TypeAlias
 
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
@@ -382,49 +383,70 @@ Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned
 
 def stimulus_id(event: Event, n: int) -> str:
     """The id of an anonymous event, the ``n``-th a core handled: its kind, what it is about,
-    and its number (the same for the same events)."""
-    match event:
-        case Received(msg=TaskMsg() as msg):
-            subject = f"{msg.job}/{msg.task}<{msg.source}"
-        case Received(msg=msg):
-            subject = f"{msg.op}:{msg.job}"
-        case TaskDone() | TaskFailed() | TaskReturned():
-            subject = f"{event.entry.job_id}/{event.entry.task}"
-        case ModelLoaded() | LoadFailed():
-            subject = event.model
-        case Submit() | PlanReady() | Cancel():
-            subject = event.job_id
-        case PlanAsked():
-            subject = event.request.job
-        case Heard():
-            subject = event.heartbeat.name
-        case PeerLost() | PeerJoined() | PeerDraining():
-            subject = event.name
-        case Undeliverable():
-            subject = f"{event.msg.op}>{event.peer}"
-        case Tick():
-            subject = ""
-        case _:
-            assert_never(event)
-    kind = _KINDS[type(event)]
-    return f"{kind}:{subject}#{n}" if subject else f"{kind}#{n}"
+    and its number (the same for the same events): ``kind:subject#n``, or ``kind#n`` when it
+    is about nothing in particular (a tick)."""
+    namer = _NAMERS.get(type(event))
+    if namer is None:
+        namer = _namer_of(type(event))
+    return namer(event, n)
 
 
-_KINDS: dict[type, str] = {
-    Submit: "submit",
-    PlanReady: "plan-ready",
-    Received: "received",
-    TaskDone: "done",
-    TaskFailed: "failed",
-    TaskReturned: "returned",
-    ModelLoaded: "loaded",
-    LoadFailed: "load-failed",
-    Tick: "tick",
-    PeerLost: "lost",
-    Cancel: "cancel",
-    Undeliverable: "undeliverable",
-    PlanAsked: "plan-asked",
-    Heard: "heard",
-    PeerJoined: "joined",
-    PeerDraining: "draining",
+def _namer_of(kind: type) -> Callable[[Any, int], str]:
+    """The namer of a subclass of an event type; an object of no event type is a bug."""
+    for base in kind.__mro__:
+        namer = _NAMERS.get(base)
+        if namer is not None:
+            return namer
+    raise AssertionError(f"not an event: {kind.__name__}")
+
+
+def _about(kind: str, subject: Callable[[Any], str]) -> Callable[[Any, int], str]:
+    """The namer of an event kind about ``subject`` (its job, model or peer)."""
+
+    def named(event: Any, n: int) -> str:
+        about = subject(event)
+        return f"{kind}:{about}#{n}" if about else f"{kind}#{n}"
+
+    return named
+
+
+def _submit_id(event: Submit, n: int) -> str:
+    job = event.job_id
+    return f"submit:{job}#{n}" if job else f"submit#{n}"
+
+
+def _received_id(event: Received, n: int) -> str:
+    msg = event.msg
+    if isinstance(msg, TaskMsg):
+        return f"received:{msg.job}/{msg.task}<{msg.source}#{n}"
+    return f"received:{msg.op}:{msg.job}#{n}"
+
+
+def _entry_id(kind: str) -> Callable[[TaskDone | TaskFailed | TaskReturned, int], str]:
+    def named(event: TaskDone | TaskFailed | TaskReturned, n: int) -> str:
+        entry = event.entry
+        return f"{kind}:{entry.job_id}/{entry.task}#{n}"
+
+    return named
+
+
+#: event type -> its namer (one per type, looked up by exact type: the core's hot path).
+#: Every type of :data:`Event` has one (tests/unit/worker/test_core_events.py checks it)
+_NAMERS: dict[type, Callable[[Any, int], str]] = {
+    Submit: _submit_id,
+    PlanReady: _about("plan-ready", attrgetter("job_id")),
+    Received: _received_id,
+    TaskDone: _entry_id("done"),
+    TaskFailed: _entry_id("failed"),
+    TaskReturned: _entry_id("returned"),
+    ModelLoaded: _about("loaded", attrgetter("model")),
+    LoadFailed: _about("load-failed", attrgetter("model")),
+    Tick: lambda e, n: f"tick#{n}",
+    PeerLost: _about("lost", attrgetter("name")),
+    Cancel: _about("cancel", attrgetter("job_id")),
+    Undeliverable: lambda e, n: f"undeliverable:{e.msg.op}>{e.peer}#{n}",
+    PlanAsked: _about("plan-asked", attrgetter("request.job")),
+    Heard: _about("heard", attrgetter("heartbeat.name")),
+    PeerJoined: _about("joined", attrgetter("name")),
+    PeerDraining: _about("draining", attrgetter("name")),
 }

@@ -149,7 +149,7 @@ class WorkerCore:
         #: events handled so far (the anonymous ones are named by their number)
         self._handled = 0
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
-        self._out: list[Instruction] = []
+        self._out: list[Instruction] = _NOT_HANDLING
         self._cause = ""
         #: per ingress this worker lost: the jobs whose tasks it dropped, (attempt, task)
         self._orphans: dict[str, OrderedDict[str, tuple[int, str]]] = {}
@@ -182,12 +182,48 @@ class WorkerCore:
         self._handled += 1
         out: list[Instruction] = []
         self._out = out
-        self._cause = event.cause
+        cause = event.cause
         try:
             # a heartbeat causes no instruction: it is not named (one comes from every peer)
-            if not self._cause and type(event) is not Heard:
-                self._cause = stimulus_id(event, self._handled)
-            self._dispatch(event)
+            if not cause and type(event) is not Heard:
+                cause = stimulus_id(event, self._handled)
+            self._cause = cause
+            match event:  # the most frequent first: a heartbeat arrives from every peer
+                case Received():
+                    self._received(event)
+                case TaskDone():
+                    self._task_done(event)
+                case Heard():
+                    self._heard(event)
+                case Submit():
+                    self._submit(event)
+                case Tick():
+                    self._take(self.lanes.tick(event.now, cause=cause), event.now)
+                case ModelLoaded():
+                    self._model_loaded(event)
+                case TaskFailed():
+                    self._task_failed(event)
+                case LoadFailed():
+                    steps = self.lanes.load_failed(event.model, event.error, event.now, cause)
+                    self._take(steps, event.now)
+                case TaskReturned():
+                    self._take(self.lanes.returned(event.entry, event.now, cause), event.now)
+                case PlanReady():
+                    self._plan_ready(event)
+                case PeerLost():
+                    self._peer_lost(event)
+                case Cancel():
+                    self._cancel(event)
+                case Undeliverable():
+                    self._undeliverable(event)
+                case PlanAsked():
+                    self._plan_asked(event)
+                case PeerJoined():
+                    self._peer_joined(event)
+                case PeerDraining():
+                    self.view.drain(event.name, event.instance)
+                case _:
+                    assert_never(event)
         except LanesFault as fault:
             error = _original(fault)
             try:
@@ -197,50 +233,8 @@ class WorkerCore:
         except Exception as exc:
             out.append(Fault(exc, self._cause or f"event#{self._handled}"))
         finally:
-            self._out, self._cause = [], ""
+            self._out, self._cause = _NOT_HANDLING, ""
         return out
-
-    def _dispatch(self, event: Event) -> None:
-        match event:  # the most frequent first: a heartbeat arrives from every peer
-            case Received():
-                self._received(event)
-            case TaskDone():
-                self._task_done(event)
-            case Heard():
-                self._heard(event)
-            case Submit():
-                self._submit(event)
-            case Tick():
-                self._take(self.lanes.tick(event.now, cause=self._cause), event.now)
-            case ModelLoaded():
-                self._model_loaded(event)
-            case TaskFailed():
-                self._task_failed(event)
-            case LoadFailed():
-                self._take(
-                    self.lanes.load_failed(event.model, event.error, event.now, cause=self._cause),
-                    event.now,
-                )
-            case TaskReturned():
-                self._take(
-                    self.lanes.returned(event.entry, event.now, cause=self._cause), event.now
-                )
-            case PlanReady():
-                self._plan_ready(event)
-            case PeerLost():
-                self._peer_lost(event)
-            case Cancel():
-                self._cancel(event)
-            case Undeliverable():
-                self._undeliverable(event)
-            case PlanAsked():
-                self._plan_asked(event)
-            case PeerJoined():
-                self._peer_joined(event)
-            case PeerDraining():
-                self.view.drain(event.name, event.instance)
-            case _:
-                assert_never(event)
 
     def _take(self, steps: list[Step], now: float) -> None:
         """Carry the lanes' decisions on: runs and loads go out, a task that cannot run is
@@ -631,7 +625,9 @@ class WorkerCore:
         if entry is None:
             return
         queued = self.estimates.queued(msg, workflow, entry, now, transfer_s, job_arrival)
-        self._take(self.lanes.submit(queued, now, cause=self._cause), now)
+        steps = self.lanes.submit(queued, now, self._cause)
+        if steps:
+            self._take(steps, now)
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
@@ -679,9 +675,14 @@ class WorkerCore:
         if self.learn:  # a batch is one measurement, under its lead
             measured = ev.exec_s if ev.first else None
             self.estimates.observe_run(ev.entry, ev.output, measured, ev.batch)
-        self._take(self.lanes.ended(ev.entry, ev.now, cause=self._cause), ev.now)
+        now, cause, lanes = ev.now, self._cause, self.lanes
+        steps = lanes.ended(ev.entry, now, cause=cause)
+        if steps:
+            self._take(steps, now)
         self._pass_on(ev)
-        self._take(self.lanes.fill(ev.now, cause=self._cause), ev.now)
+        steps = lanes.fill(now, cause)
+        if steps:
+            self._take(steps, now)
 
     def _pass_on(self, ev: TaskDone) -> None:
         """Send a finished task's output on: to its successors (re-placed first), or, from a
@@ -792,6 +793,17 @@ class WorkerCore:
         self._forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
+
+
+class _NotHandling(list[Instruction]):
+    """``WorkerCore._out`` between events: an instruction decided outside :meth:`handle` is a
+    bug (one shared sentinel instead of a fresh list after every event)."""
+
+    def append(self, instruction: Instruction, /) -> None:
+        raise RuntimeError(f"the core decided {instruction!r} outside handle")
+
+
+_NOT_HANDLING = _NotHandling()
 
 
 def _original(fault: LanesFault) -> Exception:

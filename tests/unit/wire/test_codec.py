@@ -26,6 +26,7 @@ from compass.wire.codec import (
     check_depth,
     decode_message,
     encode_message,
+    payload_bytes,
 )
 
 LIMITS = Limits()
@@ -324,3 +325,25 @@ def test_one_flat_array_past_max_elements_is_refused_and_one_at_it_decodes(item:
     past = msgpack.packb([item] * limits.max_elements)
     with pytest.raises(ProtocolError, match="max_elements"):
         decode_message(past, [], limits)
+
+
+class _Sized(str):
+    """A str that says its own size (``nbytes`` is asked before the type)."""
+
+    nbytes = 3
+
+
+def test_payload_bytes_of_each_kind_of_value() -> None:
+    for scalar in (0, -7, 10**30, 2.5, True, None, 1j, np.float32(1.0), np.int64(3)):
+        expected = getattr(scalar, "nbytes", 16)
+        assert payload_bytes(scalar) == expected
+    assert payload_bytes("abc") == 3 and payload_bytes(b"xy") == 2
+    assert payload_bytes(bytearray(b"abc")) == 3 and payload_bytes(memoryview(b"abcd")) == 4
+    assert payload_bytes(_Sized("hello")) == 3
+    assert payload_bytes({"x": 1, "y": "ab"}) == 16 + 2 + 2 * 8
+    assert payload_bytes([1, 2.0, "x"]) == 16 + 16 + 1 + 3 * 8
+    assert payload_bytes((b"1",)) == 1 + 8
+    assert payload_bytes({"a": [np.ones(3), {"b": "cc"}]}) == (24 + (2 + 8) + 2 * 8) + 8
+    assert payload_bytes(np.zeros(10)) == 80
+    assert payload_bytes(torch.zeros(3, 4)) == 48
+    assert payload_bytes(object()) == 16 and payload_bytes({1, 2}) == 16
