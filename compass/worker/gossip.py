@@ -129,11 +129,6 @@ class Gossip:
         """Gossip ``core``'s state: its lanes, its cache, what it measured."""
         self._core = core
 
-    @property
-    def bounded(self) -> bool:
-        """Whether planners see a job's candidates only (else the mesh: every worker)."""
-        return self.rule is not None
-
     # -- the core's ViewPort -------------------------------------------------------------------
     def snapshot(
         self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
