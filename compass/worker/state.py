@@ -85,6 +85,7 @@ from compass.worker.messages import (
 )
 from compass.worker.options import CoreOptions
 from compass.worker.queue import QueuedTask
+from compass.worker.sent import SentLog
 from compass.worker.stats import WorkerStats
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
@@ -153,6 +154,8 @@ class WorkerCore:
         self._cause = ""
         #: per ingress this worker lost: the jobs whose tasks it dropped, (attempt, task)
         self._orphans: dict[str, OrderedDict[str, tuple[int, str]]] = {}
+        #: per peer, what was sent there of jobs not done here: a broken link may have lost it
+        self.sent = SentLog(ANSWERED_KEYS)
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
         #: job key -> (value, error) of the answered job it named; the oldest forgotten first
@@ -388,6 +391,7 @@ class WorkerCore:
         workers that held them (``lost`` is gone)."""
         old_workers = job.workers() - {lost}
         job.attempt += 1
+        self.sent.forget(job.job_id, job.attempt)
         job.outputs.clear()
         self._send_done(job.job_id, old_workers, below=job.attempt, now=now)
         try:
@@ -505,6 +509,7 @@ class WorkerCore:
         """Answer ``job`` (once: it leaves :attr:`jobs`) and tell its workers to drop it."""
         del self.jobs[job.job_id]
         self.held_bytes -= job.input_bytes
+        self.sent.forget(job.job_id)
         self._send_done(job.job_id, job.workers(), below=None, now=now)
         if job.key is not None:
             del self._keys[job.key]
@@ -574,6 +579,7 @@ class WorkerCore:
             if job.involves(ev.name):
                 self.stats.replans += 1
                 self._new_attempt(job, ev.name, ev.now)
+        self._link_broke(lost, ev.now, gone=True)
 
     def _orphan(self, ingress: str, job_id: str, attempt: int, task: str) -> None:
         """This worker dropped ``task`` of ``job_id``'s ``attempt`` because it lost the job's
@@ -589,12 +595,36 @@ class WorkerCore:
         worker, and would wait for them forever. A restarted ingress has no such jobs: it
         drops the reports."""
         self.view.joined(ev.name, ev.instance)
+        self._link_broke(ev.name, ev.now, gone=False)
         for job_id, (attempt, task) in self._orphans.pop(ev.name, {}).items():
             self._report_failure(
                 job_id, attempt, task, ev.name, ev.now,
                 f"worker {self.name} lost its ingress {ev.name} and dropped the task; "
                 "planning the job again", WorkerUnavailable.code,
             )  # fmt: skip
+
+    def _link_broke(self, peer: str, now: float, *, gone: bool) -> None:
+        """The link to ``peer`` broke (it is lost, ``gone``, or connected again): what this
+        worker sent there may never have arrived (:mod:`compass.worker.sent`), and the
+        ingress of its job, which may have lost neither, would wait forever. Each such job's
+        ingress plans it again; a report of a failure goes again as it was."""
+        for sent in self.sent.take(peer):
+            job_id, attempt, ingress = sent.job, sent.attempt, sent.ingress
+            if self.is_done(job_id, attempt) or (
+                ingress == self.name and self._live(job_id, attempt) is None
+            ):
+                continue  # done, or planned again already
+            if gone and ingress == peer:
+                self._orphan(peer, job_id, attempt, sent.task)  # it hears if it comes back
+            elif sent.failed is not None:
+                self._send(ingress, sent.failed, now)
+            else:
+                self._report_failure(
+                    job_id, attempt, sent.task, ingress, now,
+                    f"the link from {self.name} to {peer} broke after it sent a message of the "
+                    "job there, which may be lost; planning the job again",
+                    WorkerUnavailable.code,
+                )  # fmt: skip
 
     # -- every worker: tasks in, outputs out --------------------------------------------------
 
@@ -783,6 +813,7 @@ class WorkerCore:
             self._received(Received(now, self.name, msg, 0.0, job_arrival))
         else:
             self._out.append(Send(peer, msg, self._cause))
+            self.sent.note(peer, msg)
 
     def _send_done(self, job_id: str, workers: set[str], *, below: int | None, now: float) -> None:
         for worker in sorted(workers):
@@ -790,6 +821,7 @@ class WorkerCore:
 
     def _drop_job(self, job_id: str, below: int | None) -> None:
         self._forget(job_id, below)
+        self.sent.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
 
