@@ -99,7 +99,8 @@ REJOINED_WITHIN_S = 30.0
 JOINED_WITHIN_S = 60.0
 POLL_S = 0.2
 #: errors that say a job was hit by a lost worker: what a client may answer with here
-LOST_WORKER_ERRORS = {"WorkerUnavailable", "ConnectionLost", "ConnectFailed"}
+#: (WorkersLost: its ingress planned it again too often, and answered it)
+LOST_WORKER_ERRORS = {"WorkerUnavailable", "WorkersLost", "ConnectionLost", "ConnectFailed"}
 
 
 def _host(name: str) -> int:
