@@ -379,9 +379,9 @@ def _pki(folder: Path) -> tuple[TLSConfig, TLSConfig]:
 
 #: failure detection looser than the defaults (probes every 200 ms, 100 ms to answer, suspicion
 #: of 3 periods):
-#: twelve workers and a client on two cores starve the default timeout, and the storm of false
-#: suspicions it makes can still hang a job (a known, open bug: issue 24's note). The faults
-#: this test is for are the kill and the partition.
+#: twelve workers and a client on two cores starve the default timeout, and each false
+#: suspicion of the storm it makes re-plans the jobs of what was sent on the links it broke
+#: (compass/worker/links.py). The faults this test is for are the kill and the partition.
 DETECTOR = ["--probe-period-ms", "400", "--probe-timeout-ms", "250", "--suspicion-mult", "4"]
 
 
