@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         RemoteError,
         UnknownWorkflow,
         VersionMismatch,
+        WorkersLost,
         WorkerUnavailable,
         WorkflowError,
     )
@@ -87,6 +88,7 @@ __all__ = [
     "VersionMismatch",
     "WorkerConfig",
     "WorkerUnavailable",
+    "WorkersLost",
     "Workflow",
     "WorkflowError",
     "__version__",
@@ -116,6 +118,7 @@ _ERRORS = (
     "UnknownWorkflow",
     "VersionMismatch",
     "WorkerUnavailable",
+    "WorkersLost",
     "WorkflowError",
 )
 

@@ -42,6 +42,7 @@ from compass.errors import (
     ConnectionLost,
     Overloaded,
     ProtocolError,
+    WorkersLost,
     WorkerUnavailable,
 )
 from compass.objective import check_objective
@@ -87,10 +88,13 @@ class Client:
     worker, up to ``retries`` times (default 2). That runs a job's tasks again, so it requires
     idempotent tasks, which inference is; ``retries=0`` raises at once. Every job carries a key
     the client chose, so a worker that sees the same job twice (a retried request that did
-    arrive) answers both with one run. A worker that refuses a job because it drains (it was
-    told to stop) still answers the jobs already in flight on the same connection: only new
-    calls go to the next worker. An error about a job names it (``error.job_id``, as the
-    workers' logs do). After :meth:`aclose` calls fail until :meth:`connect`.
+    arrive) answers both with one run; another worker would run it again, so a job its ingress
+    answered itself, because the workers it ran on were lost too often
+    (:class:`~compass.errors.WorkersLost`), is not submitted again. A worker that refuses a job
+    because it drains (it was told to stop) still answers the jobs already in flight on the
+    same connection: only new calls go to the next worker. An error about a job names it
+    (``error.job_id``, as the workers' logs do). After :meth:`aclose` calls fail until
+    :meth:`connect`.
 
     A frame goes out whole on its TCP stream, so a small call behind a 128 MiB one would wait
     for it. Submissions whose inputs exceed ``bulk_threshold`` bytes therefore use a second
@@ -409,8 +413,8 @@ class Client:
                     raise
                 raise lost from None  # no other worker to retry on: the job's own error
             except (ConnectionLost, WorkerUnavailable) as exc:
-                if isinstance(exc, Overloaded):
-                    raise
+                if isinstance(exc, Overloaded | WorkersLost):
+                    raise  # not going away: it refused the job, or answered it (it ran)
                 lost = exc
                 if isinstance(exc, WorkerUnavailable) and channel is not None:
                     # it is going away: the next call fails over; the other jobs in flight

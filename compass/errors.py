@@ -26,7 +26,8 @@
     ├── JobTooLarge                   "job_too_large" one job's inputs exceed the ingress's limit
     ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
     └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
-        └── Overloaded                "overloaded"    too many jobs in flight at that ingress
+        ├── Overloaded                "overloaded"    too many jobs in flight at that ingress
+        └── WorkersLost               "workers_lost"  the job's workers failed it too often
 
 An error about one job carries its id (``detail["job_id"]``, :attr:`CompassError.job_id`), the
 id the workers' logs name it by.
@@ -65,6 +66,7 @@ __all__ = [
     "UnknownWorkflow",
     "VersionMismatch",
     "WorkerUnavailable",
+    "WorkersLost",
     "WorkflowError",
     "error_from_wire",
 ]
@@ -226,6 +228,16 @@ class Overloaded(WorkerUnavailable):
     submit to another worker. Nothing of the refused job was started."""
 
     code = "overloaded"
+
+
+class WorkersLost(WorkerUnavailable):
+    """The ingress took the job and planned it, but the workers it planned it on could not
+    take or pass on its tasks (unreachable, degraded) more often than it plans a job again,
+    or no worker was left to plan it on. Unlike its base class, it says nothing of the
+    ingress, which answered the job (and keeps the answer under its key): a client does not
+    submit it again to another worker, where it would run a second time."""
+
+    code = "workers_lost"
 
 
 def error_from_wire(code: object, message: object, detail: Any = None) -> CompassError:

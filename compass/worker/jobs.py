@@ -29,6 +29,8 @@ class IngressJob:
     #: tasks by job age (oldest job first)
     t0: float = 0.0
     attempt: int = 0
+    #: attempts planned again because a worker could not take or pass on a task (bounded)
+    refused: int = 0
     #: task -> worker, kept current as workers report moves
     plan: dict[str, str] = field(default_factory=dict)
     #: sink task -> output, for workflows with several sinks
@@ -48,6 +50,21 @@ class IngressJob:
 
     def workers(self) -> set[str]:
         return set(self.plan.values())
+
+    def record(self, now: float, *, ok: bool) -> dict[str, Any]:
+        """What the ingress keeps of the job answered at ``now`` (its answer record)."""
+        return {
+            "job": self.job_id,
+            "workflow": self.workflow.name,
+            "plan": dict(self.plan),
+            "attempts": self.attempt + 1,
+            "key": self.key,  # the client's name for the job: a job run twice shows twice
+            "priority": self.objective.priority,
+            # seconds the job had from its submission (None: no deadline)
+            "deadline_s": None if self.deadline is None else self.deadline - self.submitted_at,
+            "ok": ok,
+            "latency_s": now - self.submitted_at,
+        }
 
 
 @dataclass(slots=True)

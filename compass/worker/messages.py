@@ -22,6 +22,7 @@ from compass.errors import ProtocolError
 
 __all__ = [
     "JOB_INPUTS",
+    "LINK_LOST",
     "DoneMsg",
     "FailedMsg",
     "PeerMessage",
@@ -35,6 +36,12 @@ __all__ = [
 
 #: the ``source`` of a push that carries the job's own inputs to a root task
 JOB_INPUTS = ""
+
+#: the ``code`` of a :class:`FailedMsg` that says a link broke (a peer lost, or a channel that
+#: closed under a message): what was on it may be lost, and the job is planned again. Unlike
+#: ``"unavailable"`` (a worker could not take or pass on a task) it never uses up the job's
+#: attempts: each comes of one event of membership, as a lost peer's re-plan does
+LINK_LOST = "link_lost"
 
 
 def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], op: str) -> Any:

@@ -37,6 +37,7 @@ from compass.errors import (
     InvalidInputs,
     JobFailed,
     ProtocolError,
+    WorkersLost,
     WorkerUnavailable,
     error_from_wire,
 )
@@ -73,8 +74,10 @@ from compass.worker.events import (
 )
 from compass.worker.jobs import Inbox, IngressJob, check_task
 from compass.worker.lanes import CannotRun, Lanes, LanesFault, Step
+from compass.worker.links import Links, Sent
 from compass.worker.messages import (
     JOB_INPUTS,
+    LINK_LOST,
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -92,6 +95,7 @@ from compass.workflow.profile import Profiles
 __all__ = ["WorkerCore"]
 
 #: attempts of a job at most when workers report they could not take or pass on its tasks
+#: (lost peers and broken links plan it again besides)
 MAX_ATTEMPTS = 4
 
 #: how many answered job keys an ingress remembers (with their answers) for resubmissions
@@ -151,8 +155,8 @@ class WorkerCore:
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = _NOT_HANDLING
         self._cause = ""
-        #: per ingress this worker lost: the jobs whose tasks it dropped, (attempt, task)
-        self._orphans: dict[str, OrderedDict[str, tuple[int, str]]] = {}
+        #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
+        self.links = Links(name, ANSWERED_KEYS)
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
         #: job key -> (value, error) of the answered job it named; the oldest forgotten first
@@ -382,11 +386,14 @@ class WorkerCore:
         workers that held them (``lost`` is gone)."""
         old_workers = job.workers() - {lost}
         job.attempt += 1
+        self.links.forget(job.job_id, job.attempt)
         job.outputs.clear()
         self._send_done(job.job_id, old_workers, below=job.attempt, now=now)
         try:
             job.plan = self._plan_here(self._info(job), now)
         except CompassError as exc:
+            if type(exc) is WorkerUnavailable:  # no worker left: not this ingress going away
+                exc = WorkersLost(exc.message, detail={"job_id": job.job_id})
             self._answer(job, now, error=exc)
             return
         self._send_roots(job, now)
@@ -463,9 +470,12 @@ class WorkerCore:
             # done to every worker: the job's other tasks and inputs are dropped everywhere
             self._answer(job, now, error=DeadlineExceeded(why, detail=where))
             return
-        if msg.code == WorkerUnavailable.code and job.attempt < MAX_ATTEMPTS - 1:
-            # a worker could not take or pass on a task (it had no connection to the next
-            # one yet, or it refuses GPU work): plan the job again, from the inputs kept here
+        refused = msg.code == WorkerUnavailable.code
+        if msg.code == LINK_LOST or (refused and job.refused < MAX_ATTEMPTS - 1):
+            # a link of the job broke (as a lost peer, any number of times), or a worker could
+            # not take or pass on a task (it had no connection to the next one yet, or it
+            # refuses GPU work): plan the job again, from the inputs kept here
+            job.refused += refused
             self.stats.replans += 1
             self._new_attempt(job, "", now)
             return
@@ -484,8 +494,9 @@ class WorkerCore:
         )
         error: CompassError = JobFailed(text, detail=detail)
         if msg.code not in (JobFailed.code, ProtocolError.code):
-            # a typed failure (a timeout, a model too large) keeps its type for the client
-            error = error_from_wire(msg.code, text, detail)
+            # a typed failure (a timeout, a model too large) keeps its type for the client;
+            # refused too often, it says so, not that this ingress goes away
+            error = error_from_wire(WorkersLost.code if refused else msg.code, text, detail)
         self._answer(job, now, error=error)
 
     def _placed(self, msg: PlacedMsg) -> None:
@@ -499,6 +510,7 @@ class WorkerCore:
         """Answer ``job`` (once: it leaves :attr:`jobs`) and tell its workers to drop it."""
         del self.jobs[job.job_id]
         self.held_bytes -= job.input_bytes
+        self.links.forget(job.job_id)
         self._send_done(job.job_id, job.workers(), below=None, now=now)
         if job.key is not None:
             del self._keys[job.key]
@@ -508,18 +520,7 @@ class WorkerCore:
         for waiter in job.waiters:
             del self._attached[waiter]
             self._out.append(Answer(waiter, value=value, error=error, cause=self._cause))
-        record = {
-            "job": job.job_id,
-            "workflow": job.workflow.name,
-            "plan": dict(job.plan),
-            "attempts": job.attempt + 1,
-            "key": job.key,  # the client's name for the job: a job run twice shows twice
-            "priority": job.objective.priority,
-            # seconds the job had from its submission (None: no deadline)
-            "deadline_s": None if job.deadline is None else job.deadline - job.submitted_at,
-            "ok": error is None,
-            "latency_s": now - job.submitted_at,
-        }
+        record = job.record(now, ok=error is None)
         self._out.append(
             Answer(job.job_id, value=value, error=error, record=record, cause=self._cause)
         )
@@ -563,32 +564,29 @@ class WorkerCore:
                 dropped[entry.job_id] = max(dropped.get(entry.job_id, mark), mark)
         for job_id, (attempt, task) in dropped.items():
             self._forget(job_id, attempt + 1)
-            self._orphan(lost, job_id, attempt, task)
+            self.links.orphan(lost, Sent(job_id, attempt, task, lost))
         for job in list(self.jobs.values()):
             if job.involves(ev.name):
                 self.stats.replans += 1
                 self._new_attempt(job, ev.name, ev.now)
-
-    def _orphan(self, ingress: str, job_id: str, attempt: int, task: str) -> None:
-        """This worker dropped ``task`` of ``job_id``'s ``attempt`` because it lost the job's
-        ``ingress``: if the ingress comes back, it hears so (:meth:`_peer_joined`)."""
-        jobs = self._orphans.setdefault(ingress, OrderedDict())
-        jobs[job_id] = (attempt, task)
-        while len(jobs) > ANSWERED_KEYS:
-            jobs.popitem(last=False)
+        # what was sent there may be lost (:mod:`compass.worker.links`)
+        for to, report in self.links.lost(lost, self._stale):
+            self._send(to, report, ev.now)
 
     def _peer_joined(self, ev: PeerJoined) -> None:
-        """A peer is connected. If it is an ingress this worker lost while it held tasks of
-        its jobs, the ingress plans those jobs again (a new attempt): it never lost this
-        worker, and would wait for them forever. A restarted ingress has no such jobs: it
-        drops the reports."""
+        """A peer is connected: new, back, or restarted. The ingresses of the jobs of what
+        was sent on a link to it that broke, and the peer itself if it is an ingress lost here
+        while this worker held its jobs' tasks, plan those jobs again: they would wait for
+        them forever (:mod:`compass.worker.links`). A restarted ingress drops the reports."""
         self.view.joined(ev.name, ev.instance)
-        for job_id, (attempt, task) in self._orphans.pop(ev.name, {}).items():
-            self._report_failure(
-                job_id, attempt, task, ev.name, ev.now,
-                f"worker {self.name} lost its ingress {ev.name} and dropped the task; "
-                "planning the job again", WorkerUnavailable.code,
-            )  # fmt: skip
+        for to, report in self.links.joined(ev.name, self._stale):
+            self._send(to, report, ev.now)
+
+    def _stale(self, job_id: str, attempt: int, ingress: str) -> bool:
+        """Whether what was sent of ``job_id``'s ``attempt`` is stale: done here, or planned
+        again already (this worker is its ``ingress``)."""
+        done = self.is_done(job_id, attempt)
+        return done or (ingress == self.name and self._live(job_id, attempt) is None)
 
     # -- every worker: tasks in, outputs out --------------------------------------------------
 
@@ -757,7 +755,7 @@ class WorkerCore:
         elif isinstance(msg, FailedMsg) and ev.unreachable and msg.worker == self.name:
             # this worker's report of a failure could not reach the job's ingress either: it
             # hears of it if it comes back
-            self._orphan(ev.peer, msg.job, msg.attempt, msg.task)
+            self.links.orphan(ev.peer, Sent(msg.job, msg.attempt, msg.task, ev.peer, msg))
             return
         else:
             return
@@ -784,6 +782,7 @@ class WorkerCore:
             self._received(Received(now, self.name, msg, 0.0, job_arrival))
         else:
             self._out.append(Send(peer, msg, self._cause))
+            self.links.note(peer, msg)
 
     def _send_done(self, job_id: str, workers: set[str], *, below: int | None, now: float) -> None:
         for worker in sorted(workers):
@@ -791,6 +790,7 @@ class WorkerCore:
 
     def _drop_job(self, job_id: str, below: int | None) -> None:
         self._forget(job_id, below)
+        self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
 

@@ -99,7 +99,8 @@ REJOINED_WITHIN_S = 30.0
 JOINED_WITHIN_S = 60.0
 POLL_S = 0.2
 #: errors that say a job was hit by a lost worker: what a client may answer with here
-LOST_WORKER_ERRORS = {"WorkerUnavailable", "ConnectionLost", "ConnectFailed"}
+#: (WorkersLost: its ingress planned it again too often, and answered it)
+LOST_WORKER_ERRORS = {"WorkerUnavailable", "WorkersLost", "ConnectionLost", "ConnectFailed"}
 
 
 def _host(name: str) -> int:
@@ -378,9 +379,9 @@ def _pki(folder: Path) -> tuple[TLSConfig, TLSConfig]:
 
 #: failure detection looser than the defaults (probes every 200 ms, 100 ms to answer, suspicion
 #: of 3 periods):
-#: twelve workers and a client on two cores starve the default timeout, and the storm of false
-#: suspicions it makes can still hang a job (a known, open bug: issue 24's note). The faults
-#: this test is for are the kill and the partition.
+#: twelve workers and a client on two cores starve the default timeout, and each false
+#: suspicion of the storm it makes re-plans the jobs of what was sent on the links it broke
+#: (compass/worker/links.py). The faults this test is for are the kill and the partition.
 DETECTOR = ["--probe-period-ms", "400", "--probe-timeout-ms", "250", "--suspicion-mult", "4"]
 
 

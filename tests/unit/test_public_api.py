@@ -45,6 +45,7 @@ def test_all_is_pinned() -> None:
         "VersionMismatch",
         "WorkerConfig",
         "WorkerUnavailable",
+        "WorkersLost",
         "Workflow",
         "WorkflowError",
         "__version__",

@@ -20,7 +20,6 @@ from compass.errors import (
     JobTooLarge,
     Overloaded,
     UnknownWorkflow,
-    WorkerUnavailable,
 )
 from compass.sched import Heartbeat, ViewSnapshot, make_policy
 from compass.sched.candidates import PlanScope
@@ -45,6 +44,7 @@ from compass.worker.events import (
 )
 from compass.worker.messages import (
     JOB_INPUTS,
+    LINK_LOST,
     DoneMsg,
     FailedMsg,
     PlacedMsg,
@@ -610,7 +610,7 @@ def test_an_ingress_lost_and_back_hears_of_the_jobs_dropped_and_their_next_attem
     steps = c.handle(PeerJoined(2.0, "w9", "same-process"))
     reports = {s.msg.job: s.msg for s in of(Send, steps)}
     assert set(reports) == {"w9-1", "w9-2", "w9-3"} and {s.peer for s in of(Send, steps)} == {"w9"}
-    assert all(isinstance(m, FailedMsg) and m.code == WorkerUnavailable.code
+    assert all(isinstance(m, FailedMsg) and m.code == LINK_LOST
                for m in reports.values())  # fmt: skip  # the ingress plans them again
     assert reports["w9-3"].task == "d" and reports["w9-3"].attempt == 0
     # their next attempts run here: only the attempts seen were forgotten

@@ -1,0 +1,174 @@
+"""What a broken link may have lost, sans-IO: per peer, what a worker sent there of jobs not
+done here; per ingress it lost, the jobs whose tasks it dropped. Nobody else knows of either.
+
+Peer messages are one-way: nothing acknowledges them. A worker that declares a peer dead
+closes its connection to it, and what that peer had sent on it and was still on the way is
+discarded (:meth:`compass.wire.channel.Channel.aclose`); so is what a lost connection held. A
+starved worker, the one a busy machine gets falsely suspected, may take a second to notice
+the close, and every task output it pushes meanwhile is gone. When the receiver is the job's
+ingress, or the ingress lost the same peer, the job is planned again; when it is a third
+worker, the ingress, which lost neither, waits for the job forever.
+
+So the sender keeps, per peer, the last message of each job it sent there (its attempt, the
+task, the job's ingress; a failure report whole), until the job is done here (its ingress's
+:class:`~compass.worker.messages.DoneMsg`, or this worker answered it). When the link to that
+peer breaks, which the core learns as the peer being lost or joining again (a reconnection
+after a close, a return after being declared dead, a restart), :meth:`Links.lost` and
+:meth:`Links.joined` hand back the reports to send: each job's ingress hears that a link of
+the job broke (:data:`~compass.worker.messages.LINK_LOST`) and plans it again; a report of a
+failure goes again as it was. What had arrived counts too: an attempt planned again for nothing
+costs a re-run, a lost one a job that never ends. A report to an ingress that is itself the
+lost peer waits here until it comes back (it was alive: a false suspicion, a partition), as do
+the jobs whose tasks this worker dropped when it lost their ingress (:meth:`Links.orphan`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import NamedTuple
+
+from compass.worker.messages import (
+    JOB_INPUTS,
+    LINK_LOST,
+    FailedMsg,
+    PeerMessage,
+    ResultMsg,
+    TaskMsg,
+)
+
+__all__ = ["Links", "Sent"]
+
+
+class Sent(NamedTuple):
+    """A message of ``job``'s ``attempt`` sent to a peer: about ``task``, for ``ingress``;
+    ``failed``: the failure report itself (sent again as it was)."""
+
+    job: str
+    attempt: int
+    task: str
+    ingress: str
+    failed: FailedMsg | None = None
+
+
+#: whether what was sent of a job's attempt for an ingress is stale here (job, attempt, ingress)
+Stale = Callable[[str, int, str], bool]
+
+
+class Links:
+    """Worker ``name``'s record of what broken links may have lost: per peer the last message
+    sent of each job not done here, per lost ingress the jobs whose tasks were dropped (at most
+    ``limit`` jobs each, the oldest forgotten first)."""
+
+    def __init__(self, name: str, limit: int = 4096) -> None:
+        self.name = name
+        self.limit = limit
+        self._sent: dict[str, OrderedDict[str, Sent]] = {}
+        #: job -> the peers that have a message of it here
+        self._peers: dict[str, set[str]] = {}
+        #: per ingress this worker lost: what it must hear if it comes back, by job
+        self._orphans: dict[str, OrderedDict[str, Sent]] = {}
+
+    def __len__(self) -> int:
+        return sum(map(len, self._sent.values()))
+
+    def note(self, peer: str, msg: PeerMessage) -> None:
+        """``msg`` went to ``peer``. Only the messages a job waits for count: a task's input,
+        and a result or a failure report, which go to the job's ingress."""
+        if isinstance(msg, TaskMsg):
+            task = msg.task if msg.source == JOB_INPUTS else msg.source
+            sent = Sent(msg.job, msg.attempt, task, msg.ingress)
+        elif isinstance(msg, ResultMsg):
+            sent = Sent(msg.job, msg.attempt, msg.task, peer)
+        elif isinstance(msg, FailedMsg):
+            sent = Sent(msg.job, msg.attempt, msg.task, peer, msg)
+        else:
+            return
+        jobs = self._sent.setdefault(peer, OrderedDict())
+        known = jobs.get(sent.job)
+        # the newest attempt's; of one attempt, a report of a failure over a task's output
+        if known is None or (known.attempt, known.failed is not None) <= (
+            sent.attempt,
+            sent.failed is not None,
+        ):
+            jobs[sent.job] = sent
+        jobs.move_to_end(sent.job)
+        self._peers.setdefault(sent.job, set()).add(peer)
+        while len(jobs) > self.limit:
+            old, _ = jobs.popitem(last=False)
+            self._unlink(old, peer)
+
+    def forget(self, job: str, below: int | None = None) -> None:
+        """``job``'s attempts below ``below`` (every one: None) are done here."""
+        for peer in list(self._peers.get(job, ())):
+            jobs = self._sent[peer]
+            if below is None or jobs[job].attempt < below:
+                del jobs[job]
+                if not jobs:
+                    del self._sent[peer]
+                self._unlink(job, peer)
+
+    def orphan(self, ingress: str, sent: Sent) -> None:
+        """What ``sent`` says (a task of its job dropped here, or a report of its failure)
+        could not reach ``ingress``, which this worker lost: it hears if it comes back."""
+        jobs = self._orphans.setdefault(ingress, OrderedDict())
+        known = jobs.get(sent.job)
+        if known is None or known.attempt <= sent.attempt:
+            jobs[sent.job] = sent
+        jobs.move_to_end(sent.job)
+        while len(jobs) > self.limit:
+            jobs.popitem(last=False)
+
+    def lost(self, peer: str, stale: Stale) -> list[tuple[str, FailedMsg]]:
+        """``peer`` is lost: the reports to send, (to, report), of what was sent there. Those
+        to ``peer`` itself, an ingress, wait for its return."""
+        reports = []
+        for sent in self._take(peer):
+            if stale(sent.job, sent.attempt, sent.ingress):
+                continue
+            if sent.ingress == peer:
+                self.orphan(peer, sent)
+            else:
+                reports.append((sent.ingress, self._report(sent, peer)))
+        return reports
+
+    def joined(self, peer: str, stale: Stale) -> list[tuple[str, FailedMsg]]:
+        """``peer`` is connected again (or anew): the reports to send, (to, report), of what
+        was sent there, and what it must hear as an ingress this worker had lost."""
+        reports = {}
+        for sent in self._orphans.pop(peer, {}).values():  # stale or not: it knows
+            reports[sent.job, sent.attempt] = (peer, self._report(sent, peer, dropped=True))
+        for sent in self._take(peer):
+            mark = (sent.job, sent.attempt)
+            if mark not in reports and not stale(*mark, sent.ingress):
+                reports[mark] = (sent.ingress, self._report(sent, peer))
+        return list(reports.values())
+
+    def _report(self, sent: Sent, peer: str, *, dropped: bool = False) -> FailedMsg:
+        if sent.failed is not None:
+            return sent.failed
+        if dropped:
+            why = f"worker {self.name} lost its ingress {peer} and what it had of the job"
+        else:
+            why = (
+                f"the link from {self.name} to {peer} broke after it sent a message of the job "
+                "there, which may be lost"
+            )
+        return FailedMsg(
+            sent.job, sent.attempt, sent.task, self.name, f"{why}; planning the job again",
+            code=LINK_LOST,
+        )  # fmt: skip
+
+    def _take(self, peer: str) -> list[Sent]:
+        """What was sent to ``peer``, oldest first, forgotten here."""
+        jobs = self._sent.pop(peer, OrderedDict())
+        for job in jobs:
+            self._unlink(job, peer)
+        return list(jobs.values())
+
+    def _unlink(self, job: str, peer: str) -> None:
+        peers = self._peers.get(job)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                del self._peers[job]
