@@ -26,6 +26,7 @@ from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.worker.queue import QueuedTask
 
 __all__ = [
+    "NOT_HANDLING",
     "Answer",
     "AskPlan",
     "Cancel",
@@ -450,3 +451,15 @@ _NAMERS: dict[type, Callable[[Any, int], str]] = {
     PeerJoined: _about("joined", attrgetter("name")),
     PeerDraining: _about("draining", attrgetter("name")),
 }
+
+
+class _NotHandling(list[Instruction]):
+    """The core's output between events: an instruction decided outside ``handle`` is a bug
+    (one shared sentinel instead of a fresh list after every event)."""
+
+    def append(self, instruction: Instruction, /) -> None:
+        raise RuntimeError(f"the core decided {instruction!r} outside handle")
+
+
+#: see :class:`_NotHandling`
+NOT_HANDLING: list[Instruction] = _NotHandling()

@@ -107,6 +107,12 @@ class LanesFault(Exception):
         super().__init__(f"the lanes failed after deciding {len(steps)} steps")
         self.steps = steps
 
+    @property
+    def original(self) -> Exception:
+        """The error that made the lanes fail (this fault where none is chained)."""
+        cause = self.__cause__
+        return cause if isinstance(cause, Exception) else self
+
 
 @dataclass(slots=True, eq=False)
 class _Run:

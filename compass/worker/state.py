@@ -46,6 +46,7 @@ from compass.sched.candidates import PlanScope
 from compass.worker.admission import Admission, unreachable
 from compass.worker.estimates import Estimates
 from compass.worker.events import (
+    NOT_HANDLING,
     Answer,
     AskPlan,
     Cancel,
@@ -153,7 +154,7 @@ class WorkerCore:
         #: events handled so far (the anonymous ones are named by their number)
         self._handled = 0
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
-        self._out: list[Instruction] = _NOT_HANDLING
+        self._out: list[Instruction] = NOT_HANDLING
         self._cause = ""
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
         self.links = Links(name, ANSWERED_KEYS)
@@ -229,7 +230,7 @@ class WorkerCore:
                 case _:
                     assert_never(event)
         except LanesFault as fault:
-            error = _original(fault)
+            error = fault.original
             try:
                 self._take(fault.steps, event.now)
             finally:
@@ -237,7 +238,7 @@ class WorkerCore:
         except Exception as exc:
             out.append(Fault(exc, self._cause or f"event#{self._handled}"))
         finally:
-            self._out, self._cause = _NOT_HANDLING, ""
+            self._out, self._cause = NOT_HANDLING, ""
         return out
 
     def _take(self, steps: list[Step], now: float) -> None:
@@ -793,20 +794,3 @@ class WorkerCore:
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
-
-
-class _NotHandling(list[Instruction]):
-    """``WorkerCore._out`` between events: an instruction decided outside :meth:`handle` is a
-    bug (one shared sentinel instead of a fresh list after every event)."""
-
-    def append(self, instruction: Instruction, /) -> None:
-        raise RuntimeError(f"the core decided {instruction!r} outside handle")
-
-
-_NOT_HANDLING = _NotHandling()
-
-
-def _original(fault: LanesFault) -> Exception:
-    """The error a :class:`LanesFault` carries."""
-    cause = fault.__cause__
-    return cause if isinstance(cause, Exception) else fault
