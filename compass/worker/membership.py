@@ -7,13 +7,10 @@ on the wire and in time into its events, and carries out its decisions: it dials
 ``join`` request, installs and closes channels, runs the retries as tasks and logs. Where this
 worker is reached is :mod:`~compass.worker.addresses`'s.
 
-A peer is live per the table whether or not a channel to it is open: a send to one with none
-dials it (one dial per peer at a time, what is sent meanwhile queued), a channel idle for
-:attr:`MembershipOptions.idle_s` is closed, and at most :attr:`MembershipOptions.max_channels`
-are open (the least recently used with no request under way is closed first). Closing by
-choice is no failure: the closer says ``bye`` and sends nothing more on it, the peer closes it
-once its requests are answered. A peer is known by its name; two workers that connect to each
-other at once end up with two channels, and the newer one is used.
+A peer is live per the table whether or not a channel to it is open: channels are opened on
+demand, closed when idle and capped (:mod:`~compass.worker.peer_channels`, this class's base).
+A peer is known by its name; two workers that connect to each other at once end up with two
+channels, and the newer one is used.
 
 Failure detection is the table's (SWIM, see :mod:`~compass.worker.members`); this side sends
 its probes, acks, nacks and probe requests as notifies over the peer channels
@@ -55,7 +52,6 @@ from compass.worker.member_events import (
     PROBE_OPS,
     Acked,
     AskIndirect,
-    ChannelLost,
     Close,
     Decision,
     Dial,
@@ -107,6 +103,14 @@ from compass.worker.members import (
     Member,
     MemberTable,
 )
+from compass.worker.peer_channels import (
+    BYE_OP,
+    MAX_PEER_CHANNELS,
+    MAX_QUEUED,
+    PEER_IDLE_S,
+    Peer,
+    PeerChannels,
+)
 from compass.worker.swim import Probing
 
 __all__ = [
@@ -133,46 +137,6 @@ def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
     ``min_gap_s``, and enough that it sends at most ``max_rate`` messages a second in all
     (a full mesh: one message per peer per heartbeat)."""
     return max(min_gap_s, peers / max_rate)
-
-
-#: channels to peers closed after this long without a message either way (seconds)
-PEER_IDLE_S = 30.0
-
-#: open channels to peers one worker keeps at most (the least recently used idle one is closed)
-MAX_PEER_CHANNELS = 64
-
-#: notifies queued for one peer while it is dialed; more are dropped (a notify is fire-and-forget)
-MAX_QUEUED = 256
-
-#: the notify that says "this side closes this channel by choice, it is idle": no failure
-BYE_OP = "bye"
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """A live peer: what the member table knows of it, and the open channel to it, if any
-    (channels are opened when there is something to send and closed when idle, see
-    :class:`Membership`)."""
-
-    member: Member
-    channel: Channel | None
-
-    @property
-    def name(self) -> str:
-        return self.member.name
-
-    @property
-    def address(self) -> str:
-        return self.member.address
-
-    @property
-    def last_seen(self) -> float:
-        """When it was last heard from (the membership's clock)."""
-        return self.member.last_seen
-
-    @property
-    def joined_at(self) -> float:
-        return self.member.joined_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +182,7 @@ class MembershipOptions:
                                   f"{value!r}")  # fmt: skip
 
 
-class Membership:
+class Membership(PeerChannels):
     """Who is in the cluster, as seen from one worker.
 
     ``address`` is where peers reach this worker (set it once its server listens);
@@ -438,165 +402,6 @@ class Membership:
                 self._retire(channel, "now")
         self._on_leave(down.name, down.why)
 
-    # -- the channels --------------------------------------------------------------------------
-    @property
-    def open_channels(self) -> int:
-        """Channels to peers open now (dialed or accepted; closing ones not counted)."""
-        return len(self._open)
-
-    def _adopt(self, name: str, channel: Channel) -> None:
-        """``channel`` (dialed, or accepted from ``name``) carries a join: count it, and close
-        the least recently used if that makes too many."""
-        if channel in self._open or channel in self._retired or channel.closed:
-            return  # counted already, or closing (the peer said bye before its join ended)
-        self._open[channel] = name
-        channel.on_close.append(lambda ch, exc: self._channel_closed(name, ch, exc))
-        self._trim(keep=channel)
-
-    def _trim(self, keep: Channel | None = None) -> None:
-        """Close the least recently used channels with no request under way while more than
-        :attr:`MembershipOptions.max_channels` are open (``keep``: the one just opened)."""
-        excess = len(self._open) - self._max_channels
-        if self._max_channels <= 0 or excess <= 0:
-            return
-        idle = [c for c in self._open if c is not keep and c.in_flight == 0]
-        idle.sort(key=lambda c: c.last_active)
-        for channel in idle[:excess]:
-            log.debug("%s: %d channels to peers open, over %d: closing the one to %s",
-                      self.name, len(self._open), self._max_channels,
-                      self._open.get(channel))  # fmt: skip
-            self._retire(channel)
-
-    def _retire(self, channel: Channel, how: str = "bye") -> None:
-        """Close ``channel`` by choice: its end is no failure, here or at the peer; the peer
-        stays live, and is dialed again when there is something to send. Nothing more is sent
-        on it from now on. ``how``: ``"bye"`` tells the peer, which closes it once it has read
-        that (so what it sent before is still read here); ``"quiet"`` (the peer said bye)
-        closes it once the requests under way on it are answered; ``"now"`` (a removed peer)
-        at once."""
-        name = self._open.pop(channel, None)
-        if channel in self._retired:
-            return
-        self._retired.add(channel)
-        if name is not None:
-            self._detach(name, channel)
-        if channel.closed:
-            self._retired.discard(channel)
-            return
-        if how == "bye":
-            try:
-                channel.notify(BYE_OP, {"from": self.name})
-            except CompassError:
-                how = "now"
-        task = asyncio.get_running_loop().create_task(self._close(channel, how))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _close(self, channel: Channel, how: str) -> None:
-        timeouts = self._channels.timeouts
-        if how == "bye":  # the peer closes it; past the close timeout, this side does
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeouts.close):
-                    await channel.wait_closed()
-        elif how == "quiet":
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + (timeouts.request or timeouts.close)
-            # the channel has no event for "no request under way": look every 20 ms
-            while channel.in_flight and not channel.closed and loop.time() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
-        await channel.aclose()
-
-    def _detach(self, name: str, channel: Channel) -> None:
-        """``channel`` to ``name`` is closing: the peer's channel is another open one, if any."""
-        peer = self.peers.get(name)
-        if peer is not None and peer.channel is channel:
-            other = next((c for c, n in self._open.items() if n == name and not c.closed), None)
-            self.peers[name] = Peer(peer.member, other)
-
-    def _on_bye(self, channel: Channel, body: Any) -> None:
-        """The peer closes ``channel`` by choice (it was idle there): close it too, no failure."""
-        if channel.peer_role != "worker":
-            return
-        self._retire(channel, "quiet")
-
-    def _channel_closed(self, name: str, channel: Channel, exc: BaseException | None) -> None:
-        """A channel to peer ``name`` ended. Closed by choice (either side): nothing to do, the
-        peer is dialed when there is something to send. Broken: no verdict, the table probes
-        it now (through a new one)."""
-        self._open.pop(channel, None)
-        if channel in self._retired:
-            self._retired.discard(channel)
-            return
-        peer = self.peers.get(name)
-        if peer is None or peer.channel is not channel or self._closed:
-            return
-        self._detach(name, channel)
-        if self.peers[name].channel is not None:
-            return  # another channel to it is open: it is reachable
-        self._broken.add(name)
-        log.info("%s: connection to %s closed (%s); probing it", self.name, name,
-                 exc or "by peer")  # fmt: skip
-        self._apply(ChannelLost(self._clock(), name))
-
-    async def _sweep(self) -> None:
-        """Close the channels idle for :attr:`MembershipOptions.idle_s` (none with a request
-        under way), and those over the cap, until cancelled."""
-        loop = asyncio.get_running_loop()
-        every = min(max(self._idle_s / 4, 0.01), 1.0)
-        while True:
-            await asyncio.sleep(every)
-            quiet_since = loop.time() - self._idle_s
-            for channel in [c for c in self._open if c.last_active <= quiet_since]:
-                if channel.in_flight == 0:
-                    log.debug("%s: closing the idle channel to %s", self.name,
-                              self._open.get(channel))  # fmt: skip
-                    self._retire(channel)
-            self._trim()
-
-    def _reach_task(self, name: str, address: str) -> asyncio.Task[Channel]:
-        """The dial of live peer ``name`` (one per peer at a time); what was queued for it is
-        sent once it is done, or dropped if it failed."""
-        reaching = self._reaching.get(name)
-        if reaching is None:
-            reaching = asyncio.get_running_loop().create_task(
-                self._reach(name, address), name=f"{self.name}-reach-{name}"
-            )
-            self._reaching[name] = reaching
-            reaching.add_done_callback(functools.partial(self._reached, name))
-        return reaching
-
-    def _reached(self, name: str, task: asyncio.Task[Channel]) -> None:
-        if self._reaching.get(name) is task:
-            del self._reaching[name]
-        queued = self._queued.pop(name, [])
-        if task.cancelled() or task.exception() is not None:
-            if queued:
-                log.debug("%s: dropped %d messages for %s: it could not be reached",
-                          self.name, len(queued), name)  # fmt: skip
-            return
-        channel = task.result()
-        for i, (op, body) in enumerate(queued):
-            if not self._send(channel, op, body):  # closed meanwhile: dial it again
-                peer = self.peers.get(name)
-                if peer is not None and not self._closed:
-                    self._queued.setdefault(name, [])[:0] = queued[i:]
-                    self._reach_task(name, peer.address)
-                break
-
-    async def open_channel(self, name: str) -> Channel | None:
-        """An open channel to live peer ``name``: the one there is, else a new one (dialed once
-        however many ask at a time); None if it is no peer or could not be reached."""
-        peer = self.peers.get(name)
-        if peer is None:
-            return None
-        if peer.channel is not None and not peer.channel.closed:
-            return peer.channel
-        try:
-            return await asyncio.shield(self._reach_task(name, peer.address))
-        except (CompassError, OSError) as exc:
-            log.debug("%s: could not reach %s: %s", self.name, name, exc)
-            return None
-
     # -- probing -----------------------------------------------------------------------------
     def route(self, router: Router) -> None:
         """Serve the failure detector's messages (:data:`~.member_events.PROBE_OPS`) on
@@ -611,15 +416,6 @@ class Membership:
             return
         if not self._closed:  # a malformed one raises ProtocolError: the channel drops it
             self._apply(parse_probe(op, body, self._clock()), channel)
-
-    def _send(self, channel: Channel | None, op: str, body: Any) -> bool:
-        if channel is None or channel.closed or channel in self._retired:
-            return False  # a channel closing by choice carries nothing more
-        try:
-            channel.notify(op, body)
-        except CompassError:  # it broke just now: what it was for times out
-            return False
-        return True
 
     def _send_probe(self, probe: SendProbe) -> None:
         body = probe.to_wire(self.name)
@@ -889,37 +685,6 @@ class Membership:
             self._wake.set()
 
     # -- talking -----------------------------------------------------------------------------
-    def broadcast(self, op: str, body: Any) -> None:
-        """Notify every live peer of ``op`` (dialing those with no open channel)."""
-        for name in list(self.peers):
-            self.send(name, op, body)
-
-    def send(self, name: str, op: str, body: Any) -> bool:
-        """Notify live peer ``name`` of ``op``: at once on its open channel, else once it is
-        dialed (queued meanwhile, :attr:`MembershipOptions.max_queued` at most, dropped if the
-        dial fails). False where it is no peer, or too much waits for it already (a notify is
-        fire-and-forget: what it was for is sent again or times out)."""
-        peer = self.peers.get(name)
-        if peer is None:
-            return False
-        if self._send(peer.channel, op, body):
-            return True
-        if self._closed:
-            return False
-        queued = self._queued.setdefault(name, [])
-        if len(queued) >= self._max_queued:
-            return False
-        queued.append((op, body))
-        self._reach_task(name, peer.address)
-        return True
-
-    def channel(self, name: str) -> Channel | None:
-        """The open channel to live peer ``name``, if there is one now (see
-        :meth:`open_channel`)."""
-        peer = self.peers.get(name)
-        channel = None if peer is None else peer.channel
-        return None if channel is None or channel.closed else channel
-
     def describe(self) -> list[dict[str, Any]]:
         return self.table.describe(self._clock())
 
