@@ -117,7 +117,7 @@ def test_a_newcomer_joins_and_is_told_the_peers_it_should_dial() -> None:
     assert isinstance(welcome, Welcome)
     assert welcome.reply == {
         "name": "a", "address": "a.lan:7341", "incarnation": 0, "instance": "a-1", "dead": None,
-        "members": [], "peers": {},
+        "members": [], "peers": {}, "incarnations": {},
     }  # fmt: skip
     (*_, second) = t.handle(JoinAsked(T0 + 1, hello("c")))
     assert isinstance(second, Welcome)
