@@ -247,6 +247,9 @@ class Membership(PeerChannels):
         self._max_channels = options.max_channels
         self._max_queued = options.max_queued
         self._sweeper: asyncio.Task[None] | None = None
+        #: join handshakes this worker made: joining (through a seed, asking for the member
+        #: list) and redials of known peers (a send, a probe, a retry; no list)
+        self.handshakes = {"join": 0, "redial": 0}
 
     # -- what the table keeps ----------------------------------------------------------------
     @property
@@ -553,6 +556,7 @@ class Membership(PeerChannels):
                 handler=self._handler,
                 notify_handler=self._notify_handler,
             )
+            self.handshakes["join" if want_list else "redial"] += 1
             if expect is None:  # a seed: it may be a lost member's address
                 expect = self.table.lost_at_address(address)
             try:

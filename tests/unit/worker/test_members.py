@@ -534,7 +534,7 @@ async def test_in_memory_workers_join_refuse_a_duplicate_and_take_a_restart_back
     twin = await Node(network, "b").listen()
     try:
         await b.membership.join([a.membership.address])
-        await c.membership.join([a.membership.address])  # then dials b, which a named
+        await c.membership.join([a.membership.address])  # b, which a names: live, not dialed
         assert set(a.membership.peers) == {"b", "c"} and set(c.membership.peers) == {"a", "b"}
         with pytest.raises(ConfigError, match="'b' is taken"):
             await twin.membership.join([a.membership.address])
