@@ -4,10 +4,12 @@
 :class:`~compass.worker.members.MemberTable`'s.
 
 The join handshake is the ``join`` request: ``{name, address, incarnation, instance, dead}``
-one way, the same plus ``{members, peers}`` back (:class:`Welcome`), where ``dead`` is the
-incarnation at which the sender declared the receiver dead (or ``None``), ``peers`` maps the
-sender's live peers to their addresses and ``members`` lists those addresses (for workers that
-predate ``peers``).
+one way, the same plus ``{members, peers, incarnations}`` back (:class:`Welcome`), where
+``dead`` is the incarnation at which the sender declared the receiver dead (or ``None``),
+``peers`` maps the sender's live peers to their addresses, ``incarnations`` to their
+incarnations, and ``members`` lists those addresses (for workers that predate ``peers``). A
+join that says ``list: false`` (a redial of a known peer, which does not need the member list)
+is answered without the three.
 
 The failure detector's messages are notifies between peers (:data:`PROBE_OPS`): ``probe``
 ``{seq, from, to, up}``, answered by ``ack`` ``{seq, from, up}``; ``probe-req`` ``{seq, from,
@@ -49,6 +51,7 @@ __all__ = [
     "Left",
     "Moved",
     "Nacked",
+    "Named",
     "NotASeed",
     "NotReached",
     "PeerDown",
@@ -75,6 +78,7 @@ __all__ = [
     "Update",
     "Welcome",
     "members_of",
+    "named_in",
     "parse_join",
     "parse_probe",
     "parse_welcome",
@@ -153,6 +157,18 @@ def members_of(reply: Mapping[str, Any]) -> list[tuple[str | None, str]]:
     if isinstance(named, dict):
         return [(str(n), str(a)) for n, a in named.items()]
     return [(None, str(a)) for a in reply.get("members", [])]
+
+
+def named_in(reply: Mapping[str, Any]) -> tuple[tuple[str, str, int], ...]:
+    """The ``(name, address, incarnation)`` of the members a join answer names by name (the
+    incarnation 0 where it does not say); :class:`ProtocolError` for a bad incarnation."""
+    named = reply.get("peers")
+    if not isinstance(named, dict):
+        return ()
+    incarnations = reply.get("incarnations")
+    if not isinstance(incarnations, dict):
+        incarnations = {}
+    return tuple((str(n), str(a), _incarnation(incarnations.get(n, 0))) for n, a in named.items())
 
 
 # -- the failure detector's messages ------------------------------------------------------------
@@ -252,10 +268,22 @@ def _wire(updates: tuple[Update, ...]) -> list[list[Any]]:
 # -- events ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class JoinAsked:
-    """A worker that dialed this one asks to join with ``hello``."""
+    """A worker that dialed this one asks to join with ``hello``; ``wants_list``: it wants
+    the member list back (a joiner does; a redial of a known peer need not)."""
 
     now: float
     hello: Hello
+    wants_list: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """Worker ``by`` named ``members`` (``(name, address, incarnation)``) in the welcome it
+    answered this worker's join with: taken as live without dialing them."""
+
+    now: float
+    by: str
+    members: tuple[tuple[str, str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,6 +471,7 @@ class Gossiped:
 Event: TypeAlias = (
     JoinAsked
     | JoinAnswered
+    | Named
     | HeardFrom
     | Remove
     | Left

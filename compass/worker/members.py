@@ -40,10 +40,19 @@ The rules (after SWIM, as memberlist and Serf apply them):
   Heartbeats carry it: one of an older incarnation than the one recorded is stale, a newer one
   is adopted (:class:`HeardFrom`). A worker that hears it is suspected or dead refutes the
   same way, and says so in its updates.
+- A join costs O(1) dials: a joiner dials its seed only, and takes the members its welcome
+  names as live peers without dialing them (:class:`Named`); a worker that hears of a member
+  it never saw (an ``alive`` update with its address) does the same. Such a peer's instance
+  is unknown until the first handshake with it (whichever side dials, when there is something
+  to send or to probe); a member named that is lost here is retried at once instead, so that
+  it comes back through a handshake (at a newer incarnation, if it was declared dead).
 - Names are unique. Each worker process has a random *instance* id; a join under the name of a
   live peer of another instance is refused (:class:`Refuse` with a
   :class:`~compass.errors.ConfigError`), unless the newcomer says it listens where that peer
   listens: only one process can, so it is a restart, and the old instance is removed first.
+  A live peer whose instance is unknown yet (it was named, never met) is checked by address at
+  the first handshake: from its address it is that peer, from another one a second worker
+  under a taken name.
 - A worker with no peer at all joins through its seeds again, on :attr:`MemberTable.backoff`.
 
 The events, the decisions and the join handshake (:class:`~.member_events.Hello`) are defined
@@ -79,6 +88,7 @@ from compass.worker.member_events import (
     Left,
     Moved,
     Nacked,
+    Named,
     NotASeed,
     NotReached,
     PeerDown,
@@ -248,6 +258,8 @@ class MemberTable(FailureDetector):
                 self._join_asked(event, out)
             case JoinAnswered():
                 self._join_answered(event, out)
+            case Named():
+                self._named(event, out)
             case Remove():
                 self._remove(event.now, event.name, event.why, out)
             case Left():
@@ -391,7 +403,7 @@ class MemberTable(FailureDetector):
         if self.leaving:
             out.append(Refuse(WorkerUnavailable, f"worker {self.name} is leaving the cluster"))
             return
-        if not self._unique(name, hello.instance) and not self._restarted(
+        if not self._unique(name, hello.instance, hello.address) and not self._restarted(
             ev.now, name, hello.address, out
         ):
             out.append(self._taken(name, self.live[name].address))
@@ -413,12 +425,12 @@ class MemberTable(FailureDetector):
         up = self._register(ev.now, name, hello.address, incarnation, hello.instance, out)
         if up is not None and not up.replaces:  # first hand: it came to this worker
             self.broadcasts.add(Update("alive", name, up.incarnation, up.address, self.name))
-        others = [p for p in self.live.values() if p.name != name]
-        reply = {
-            **self.hello(told).to_wire(),
-            "members": [p.address for p in others],
-            "peers": {p.name: p.address for p in others},
-        }
+        reply = self.hello(told).to_wire()
+        if ev.wants_list:
+            others = [p for p in self.live.values() if p.name != name]
+            reply["members"] = [p.address for p in others]
+            reply["peers"] = {p.name: p.address for p in others}
+            reply["incarnations"] = {p.name: p.incarnation for p in others}
         out.append(Welcome(reply))
 
     def _join_answered(self, ev: JoinAnswered, out: list[Decision]) -> None:
@@ -430,7 +442,7 @@ class MemberTable(FailureDetector):
                 del self.members[ev.expect]
                 self._retrying.pop(ev.expect, None)
                 out.append(Moved(ev.expect, name, ev.address))
-        if not self._unique(name, hello.instance) and not self._restarted(
+        if not self._unique(name, hello.instance, hello.address) and not self._restarted(
             ev.now, name, hello.address, out
         ):
             out.append(Duplicate(name, ev.address, self.live[name].address))
@@ -460,16 +472,37 @@ class MemberTable(FailureDetector):
             {"name": name, "address": address},
         )
 
-    def _unique(self, name: str, instance: str) -> bool:
-        """False if ``name`` is a live peer's and ``instance`` says it is another process."""
+    def _unique(self, name: str, instance: str, address: str) -> bool:
+        """False if ``name`` is a live peer's and ``instance`` says it is another process, or,
+        where the peer's instance is unknown yet (named, never met), if it speaks from another
+        address than the peer's."""
         known = self.members.get(name)
-        return not (
-            name in self.live
-            and known is not None
-            and known.instance
-            and instance
-            and known.instance != instance
-        )
+        if name not in self.live or known is None:
+            return True
+        if not known.instance:
+            return address == known.address
+        return not (instance and known.instance != instance)
+
+    def _named(self, ev: Named, out: list[Decision]) -> None:
+        """The members ``ev.by``'s welcome named: those never seen are live peers, not dialed;
+        those lost here are retried at once (as a joiner dialed them all before)."""
+        if self.leaving:
+            return
+        for name, address, incarnation in ev.members:
+            known = self.members.get(name)
+            if name == self.name or name in self.live or name == ev.by or not address:
+                continue
+            if known is None:
+                self._meet(ev.now, name, address, incarnation, out)
+            elif known.retry_at > ev.now:
+                self._lost(known, ev.now, out, delay_s=0.0)
+
+    def _meet(
+        self, now: float, name: str, address: str, incarnation: int, out: list[Decision]
+    ) -> None:
+        """Take ``name``, never seen, as a live peer on another worker's word, without dialing
+        it: its instance is learnt at the first handshake with it."""
+        self._register(now, name, address, incarnation, "", out)
 
     def _restarted(self, now: float, name: str, address: str, out: list[Decision]) -> bool:
         """A new instance of live peer ``name`` speaks from ``address``: True if that is where
@@ -629,11 +662,9 @@ class MemberTable(FailureDetector):
                 self._refute(u.incarnation, by, out)
             return
         known = self.members.get(u.name)
-        if known is None:  # a member this worker never saw: meet it
+        if known is None:  # a member this worker never saw: a live peer, not dialed
             if u.status == "alive" and u.address and not self.leaving:
-                member = self._remember(u.name, u.address)
-                member.incarnation = u.incarnation
-                self._lost(member, now, out, delay_s=0.0)
+                self._meet(now, u.name, u.address, u.incarnation, out)
                 self.broadcasts.add(u)
             return
         if u.name not in self.live:  # lost here: alive at a newer incarnation, it is back

@@ -67,6 +67,7 @@ from compass.worker.member_events import (
     Left,
     Moved,
     Nacked,
+    Named,
     NotASeed,
     NotReached,
     PeerDown,
@@ -91,6 +92,7 @@ from compass.worker.member_events import (
     Unsuspected,
     Welcome,
     members_of,
+    named_in,
     parse_join,
     parse_probe,
     parse_welcome,
@@ -245,6 +247,9 @@ class Membership(PeerChannels):
         self._max_channels = options.max_channels
         self._max_queued = options.max_queued
         self._sweeper: asyncio.Task[None] | None = None
+        #: join handshakes this worker made: joining (through a seed, asking for the member
+        #: list) and redials of known peers (a send, a probe, a retry; no list)
+        self.handshakes = {"join": 0, "redial": 0}
 
     # -- what the table keeps ----------------------------------------------------------------
     @property
@@ -336,8 +341,9 @@ class Membership(PeerChannels):
                 case Unsuspected():
                     log.info("%s: %s refuted its suspicion (incarnation %d)", self.name,
                              decision.name, decision.incarnation)  # fmt: skip
-                case PeerUp():
-                    self._up(decision, channel)
+                case PeerUp():  # on the join's channel; one named (in an update) has none yet
+                    joining = isinstance(event, (JoinAsked, JoinAnswered))
+                    self._up(decision, channel if joining else None)
                 case PeerDown():
                     self._down(decision)
                 case RetryAt():
@@ -443,7 +449,7 @@ class Membership(PeerChannels):
         for attempt in range(3):  # the peer may close a channel as it opens (over its cap)
             if attempt:
                 await asyncio.sleep(0.05 * attempt)
-            await self.connect_peer(address, expect=name)
+            await self.connect_peer(address, expect=name, want_list=False)
             channel = self.channel(name)
             if channel is not None:
                 return channel
@@ -453,8 +459,10 @@ class Membership(PeerChannels):
 
     # -- joining -----------------------------------------------------------------------------
     async def join(self, addresses: Iterable[str], *, timeout_s: float | None = None) -> None:
-        """Join the cluster through any of ``addresses`` (seeds), then connect to every member
-        they know.
+        """Join the cluster through any of ``addresses`` (seeds): the first that answers is
+        the one worker dialed; the members its welcome names are live peers at once, dialed
+        when there is something to send them (a worker that predates names in the welcome
+        names addresses only: those are dialed).
 
         While no seed answers, the seeds are tried again with :attr:`backoff` until one does or
         ``timeout_s`` passes (then :class:`ConnectFailed`); ``None`` tries each seed once. A
@@ -530,11 +538,13 @@ class Membership(PeerChannels):
             ) from None
 
     async def connect_peer(
-        self, address: str, expect: str | None = None
+        self, address: str, expect: str | None = None, *, want_list: bool = True
     ) -> list[tuple[str | None, str]]:
         """Open a channel to the worker at ``address`` (named ``expect``, if known) and join
-        it; returns the ``(name, address)`` of the members it knows (name ``None`` from a
-        worker that predates names in the handshake)."""
+        it. ``want_list``: ask for the members it knows, and take those it names as live
+        peers (not dialed); returns the addresses of those it does not name (``(None,
+        address)``, from a worker that predates names in the handshake), for the caller to
+        dial. A redial of a known peer asks for no list (``want_list=False``)."""
         if address in self._connecting or self._closed or self.table.leaving:
             return []  # a leaving worker dials nobody: its peers would take it in again
         self._connecting.add(address)
@@ -546,11 +556,14 @@ class Membership(PeerChannels):
                 handler=self._handler,
                 notify_handler=self._notify_handler,
             )
+            self.handshakes["join" if want_list else "redial"] += 1
             if expect is None:  # a seed: it may be a lost member's address
                 expect = self.table.lost_at_address(address)
             try:
-                hello = self.table.hello(self.table.dead_for(expect))
-                reply = await channel.request("join", hello.to_wire())
+                hello = self.table.hello(self.table.dead_for(expect)).to_wire()
+                if not want_list:
+                    hello["list"] = False
+                reply = await channel.request("join", hello)
                 answer = parse_welcome(reply, address)
                 event = JoinAnswered(self._clock(), address, expect, answer)
                 if not any(type(d) is PeerUp for d in self._apply(event, channel)):
@@ -559,14 +572,18 @@ class Membership(PeerChannels):
             except BaseException:
                 await channel.aclose()
                 raise
-            return members_of(reply)
+            if not want_list:
+                return []
+            self._apply(Named(self._clock(), answer.name, named_in(reply)))
+            return [m for m in members_of(reply) if m[0] is None]
         finally:
             self._connecting.discard(address)
 
     def accept_join(self, channel: Channel, body: Any) -> dict[str, Any]:
         """Answer a peer's ``join`` request on an accepted channel; :class:`ConfigError` if its
         name is this worker's or a live peer's."""
-        decisions = self._apply(JoinAsked(self._clock(), parse_join(body)), channel)
+        wants_list = not (isinstance(body, dict) and body.get("list") is False)
+        decisions = self._apply(JoinAsked(self._clock(), parse_join(body), wants_list), channel)
         return next(dict(d.reply) for d in decisions if type(d) is Welcome)
 
     # -- losing ------------------------------------------------------------------------------
@@ -641,7 +658,7 @@ class Membership(PeerChannels):
             if known is None:
                 return
             try:
-                await self.connect_peer(known.address, expect=name)
+                await self.connect_peer(known.address, expect=name, want_list=False)
             except ConfigError as exc:  # refused: the name clash needs a person
                 log.warning("%s: %s at %s refused to take this worker back: %s", self.name, name,
                             known.address, exc)  # fmt: skip

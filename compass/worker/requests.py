@@ -239,6 +239,8 @@ def describe(worker: Described) -> dict[str, Any]:
         "peers": [] if membership is None else membership.describe(),
         # channels to peers open now (opened on demand, closed when idle)
         "peer_channels": 0 if membership is None else membership.open_channels,
+        # join handshakes this worker made: joining through a seed, and redials of known peers
+        "peer_handshakes": {} if membership is None else dict(membership.handshakes),
         # peers lost and being retried (with backoff) until they answer again
         "lost": [] if membership is None else membership.describe_lost(),
         # the workers this one can place tasks on (itself and every peer it has heard from)

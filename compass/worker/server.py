@@ -414,7 +414,8 @@ class Worker:
         if peer.name in self._held:
             asyncio.get_running_loop().call_soon(self._flush_held, peer.name)
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
-        self.gossip.introduce(peer.name)
+        if peer.channel is not None:  # met (a handshake); one only named is not dialed for it
+            self.gossip.introduce(peer.name)
 
     def _peer_left(self, name: str, why: str) -> None:
         log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)

@@ -117,7 +117,7 @@ def test_a_newcomer_joins_and_is_told_the_peers_it_should_dial() -> None:
     assert isinstance(welcome, Welcome)
     assert welcome.reply == {
         "name": "a", "address": "a.lan:7341", "incarnation": 0, "instance": "a-1", "dead": None,
-        "members": [], "peers": {},
+        "members": [], "peers": {}, "incarnations": {},
     }  # fmt: skip
     (*_, second) = t.handle(JoinAsked(T0 + 1, hello("c")))
     assert isinstance(second, Welcome)
@@ -534,7 +534,7 @@ async def test_in_memory_workers_join_refuse_a_duplicate_and_take_a_restart_back
     twin = await Node(network, "b").listen()
     try:
         await b.membership.join([a.membership.address])
-        await c.membership.join([a.membership.address])  # then dials b, which a named
+        await c.membership.join([a.membership.address])  # b, which a names: live, not dialed
         assert set(a.membership.peers) == {"b", "c"} and set(c.membership.peers) == {"a", "b"}
         with pytest.raises(ConfigError, match="'b' is taken"):
             await twin.membership.join([a.membership.address])

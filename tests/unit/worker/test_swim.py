@@ -33,6 +33,7 @@ from compass.worker.member_events import (
     Left,
     Nacked,
     PeerDown,
+    PeerUp,
     Pinged,
     ProbeAsked,
     ProbeUnsent,
@@ -303,11 +304,14 @@ def test_dead_gossip_removes_a_live_peer_and_alive_gossip_brings_a_lost_one_back
     ]
     assert only(t.handle(Tick(now)), Dial) == [Dial("c", "c.lan:7341")]
     assert t.dead_for("c") is None  # it refuted already: it is not told it was dead
-    # a worker never seen: dialed at once; news about it other than alive: nothing
+    # a worker never seen: a live peer at once, not dialed (issue 24: a join costs O(1) dials);
+    # news about it other than alive: nothing
     assert t.handle(Gossiped(T0 + 2, "b", (Update("dead", "z", 0, "z:1", "b"),))) == []
     assert t.handle(Gossiped(T0 + 2, "b", (Update("alive", "n", 0, "n.lan:1", "b"),))) == [
-        RetryAt("n", "n.lan:1", 0, T0 + 2)
+        PeerUp("n", "n.lan:1", 0, back_after_s=None, replaces=False)
     ]
+    assert "n" in t.live and t.members["n"].instance == ""  # its instance: at the first handshake
+    assert Dial("n", "n.lan:1") not in t.handle(Tick(T0 + 2))
 
 
 def test_a_worker_that_leaves_is_told_about_and_retried_soon() -> None:
