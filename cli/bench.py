@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Annotated
 
 import typer
@@ -40,6 +41,16 @@ from .options import (
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and writes JSON.", no_args_is_help=True
 )
+
+
+def stop_cleanly() -> None:
+    """A benchmark (or the demo) stopped with SIGTERM stops as with Ctrl-C: its event loop's
+    tasks are cancelled, so the local clusters it started end their worker processes (by
+    default SIGTERM ends the process at once and leaves them running)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+bench_app.callback()(stop_cleanly)
 
 
 @bench_app.command("wire")

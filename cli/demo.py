@@ -22,4 +22,7 @@ def demo(
     """Start a local cluster and race compass against hash and jsq on the paper's workload."""
     from compass._bench import demo as demo_module
 
+    from .bench import stop_cleanly
+
+    stop_cleanly()
     demo_module.run(seconds=seconds, workers=workers)

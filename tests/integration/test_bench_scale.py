@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,34 @@ def test_bench_scale_measures_tiny_clusters_and_ends_its_workers(
     assert "compass bench scale (bounded view)" in printed and "detect" in printed
     assert all(n["probe_views"] > 0 for n in data["config"]["notes"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_benchmark_stopped_with_sigterm_ends_its_workers(worker_env: dict[str, str]) -> None:
+    """SIGTERM stops a benchmark as Ctrl-C does: its local cluster's workers end with it
+    (by default SIGTERM ended the process at once and left its workers running)."""
+    argv = compass_argv("bench", "e2e", "--workers", "2", "--policies", "compass",
+                        "--jobs", "400")  # fmt: skip
+    bench = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_env,
+        start_new_session=True, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_in_session(bench.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the bench and its two workers
+        assert len(_in_session(bench.pid)) >= 3, "the workers never started"
+        bench.send_signal(signal.SIGTERM)
+        printed, _ = bench.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while _in_session(bench.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _in_session(bench.pid)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for pid in _in_session(bench.pid):  # a failing run must not leave them behind either
+            os.kill(pid, signal.SIGKILL)
+    assert bench.returncode != 0
+    assert not left, f"workers left behind: {left}\n{printed[-500:]}"
