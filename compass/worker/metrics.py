@@ -586,13 +586,15 @@ class WorkerCollector(Collector):
         yield _gauge("compass_peers", "Peers connected.", peers)
         ages = GaugeMetricFamily(
             "compass_view_age_seconds",
-            "Age of what this worker's view holds of each peer (since its last heartbeat).",
+            "Age of what this worker's view holds of each peer (since its last heartbeat; "
+            "mesh view only: a bounded view hears a peer when it changes, so ages grow idle).",
             labels=["peer"],
         )
-        view, now = w.gossip.view, w.clock()
-        for peer in view.names():
-            if peer != w.name:
-                ages.add_metric([peer], view.age_s(peer, now))
+        if w.gossip.rule is None:  # the mesh: heartbeats every few ms, so age is silence
+            view, now = w.gossip.view, w.clock()
+            for peer in view.names():
+                if peer != w.name:
+                    ages.add_metric([peer], view.age_s(peer, now))
         yield ages
 
 

@@ -153,6 +153,22 @@ def test_the_collector_reads_the_workers_counters_when_scraped(worker: Worker) -
     assert worker.metrics.is_ready() == (False, "starting, draining or stopping")
 
 
+@pytest.mark.parametrize("view", ["mesh", "bounded"])
+def test_view_ages_are_exported_by_the_mesh_only(view: str) -> None:
+    """A mesh hears every peer every few ms, so a view row's age is that peer's silence (an
+    alert fires past 1 s); a bounded view hears a peer on change only, so its rows age while
+    idle: it exports none (silence is the failure detector's to judge)."""
+    config = WorkerConfig(name="w0", workload=PAPER, metrics_port=0)
+    worker = build_worker(
+        dataclasses.replace(config, sched=dataclasses.replace(config.sched, view=view))
+    )
+    peer = worker.gossip.own_state(0.0)
+    worker.gossip.view.apply_heartbeat(dataclasses.replace(peer, name="w1", seq=1), now=0.0)
+    ages = {k: v for k, v in samples(worker).items() if k[0] == "compass_view_age_seconds"}
+    assert list(ages) == ([("compass_view_age_seconds", frozenset({("peer", "w1")}))]
+                          if view == "mesh" else [])  # fmt: skip
+
+
 def test_two_workers_in_one_process_never_share_a_metric() -> None:
     first = build_worker(WorkerConfig(name="a", workload=PAPER))
     second = build_worker(WorkerConfig(name="b", workload=PAPER))
