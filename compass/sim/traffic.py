@@ -12,7 +12,7 @@ sees or does.
   state to every live watcher (:class:`~compass.worker.spread.Watchers`), with the real loop's
   spacing (``Gossip._run_bounded``): a change at least a gap after the last send is sent at
   once, changes within the gap are sent together when it ends; the gap is
-  :func:`~compass.worker.membership.gossip_gap_s` of the live watchers at the send (1 ms,
+  :func:`~compass.worker.spread.gossip_gap_s` of the live watchers at the send (1 ms,
   more with over 20 watchers). One push is one message to one watcher.
 - **Cache changes.** At each of those sends, a worker whose models resident or loading
   differ from those of its last rumor starts a rumor of itself
@@ -31,8 +31,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from compass.worker.membership import gossip_gap_s
-from compass.worker.spread import Watchers, Watching
+from compass.worker.spread import Watchers, Watching, gossip_gap_s
 
 __all__ = ["CacheKey", "ViewTraffic"]
 

@@ -12,7 +12,7 @@ Two views, :attr:`~compass.config.SchedConfig.view`:
   with the planners that place on it, not with the cluster; an idle cluster sends only
   rumors and the failure detector's probes.
 - ``mesh``: a worker sends its state to every peer within ``heartbeat_min_ms`` of a change
-  (spaced further in a large cluster, see :func:`~compass.worker.membership.gossip_gap_s`)
+  (spaced further in a large cluster, see :func:`~compass.worker.spread.gossip_gap_s`)
   and every ``heartbeat_ms`` regardless, and a planner sees every worker.
 
 Whether a peer is alive is not judged here but by the failure detector's probes
@@ -42,8 +42,15 @@ from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
 from compass.worker.lanes import Lanes
-from compass.worker.membership import Membership, gossip_gap_s
-from compass.worker.spread import MAX_RUMORS, Rumors, Watchers, Watching, cache_changed
+from compass.worker.membership import Membership
+from compass.worker.spread import (
+    MAX_RUMORS,
+    Rumors,
+    Watchers,
+    Watching,
+    cache_changed,
+    gossip_gap_s,
+)
 from compass.workflow.profile import Profiles
 
 __all__ = ["Gossip", "Gossiped"]

@@ -113,6 +113,7 @@ from compass.worker.peer_channels import (
     Peer,
     PeerChannels,
 )
+from compass.worker.spread import gossip_gap_s
 from compass.worker.swim import Probing
 
 __all__ = [
@@ -132,13 +133,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("compass.worker")
-
-
-def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
-    """The least seconds between two heartbeats of a worker with ``peers`` peers: at least
-    ``min_gap_s``, and enough that it sends at most ``max_rate`` messages a second in all
-    (a full mesh: one message per peer per heartbeat)."""
-    return max(min_gap_s, peers / max_rate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,10 +34,17 @@ from dataclasses import dataclass
 from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
 
-__all__ = ["MAX_RUMORS", "Rumors", "Watchers", "Watching", "cache_changed"]
+__all__ = ["MAX_RUMORS", "Rumors", "Watchers", "Watching", "cache_changed", "gossip_gap_s"]
 
 #: the most states one ``rumors`` message may carry (more is a malformed message)
 MAX_RUMORS = 64
+
+
+def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
+    """The least seconds between two heartbeats of a worker with ``peers`` peers: at least
+    ``min_gap_s``, and enough that it sends at most ``max_rate`` messages a second in all
+    (one message per peer sent to: every peer in a mesh, the watchers in a bounded view)."""
+    return max(min_gap_s, peers / max_rate)
 
 
 def cache_changed(before: Heartbeat | None, after: Heartbeat) -> bool:

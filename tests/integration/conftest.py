@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from compass import Client
+from compass.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = str(ROOT / "bench" / "workloads" / "paper.json")
@@ -58,3 +60,20 @@ async def status_when(
         await asyncio.sleep(0.01)
         status = await client.status()
     return status
+
+
+async def kill_last(
+    cluster: LocalCluster, clients: list[Client], limit_s: float = 30.0
+) -> list[dict[str, Any]]:
+    """SIGKILL the cluster's last worker; the survivors' statuses (``clients`` but the last)
+    once none of them has it as a peer any more."""
+    victim = cluster.workers[-1]
+    t0 = time.monotonic()
+    victim.kill()
+    while True:
+        statuses = list(await asyncio.gather(*(c.status() for c in clients[:-1])))
+        if all(victim.name not in {p["name"] for p in s["peers"]} for s in statuses):
+            print(f"killed worker dropped by all after {(time.monotonic() - t0) * 1e3:.0f} ms")
+            return statuses
+        assert time.monotonic() - t0 < limit_s, "the killed worker is still a peer"
+        await asyncio.sleep(0.05)

@@ -6,7 +6,6 @@ them, and a SIGKILLed worker is still dropped by every peer."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 
 from compass.cluster import LocalCluster
 
-from .conftest import PAPER
+from .conftest import PAPER, kill_last
 
 WORKERS = 8
 ARGS = ["--workload", PAPER, "--time-scale", "0.05", "--peer-timeout-ms", "3000"]
@@ -53,18 +52,7 @@ async def test_workers_joining_one_seed_make_one_join_handshake_each(
             assert len(results) == 4 * WORKERS
 
             # a SIGKILLed worker is dropped by every peer, channel to it or not
-            victim = cluster.workers[-1]
-            t0 = time.monotonic()
-            victim.kill()
-            survivors = clients[:-1]
-            while True:
-                statuses = await asyncio.gather(*(c.status() for c in survivors))
-                if all(victim.name not in {p["name"] for p in s["peers"]} for s in statuses):
-                    break
-                assert time.monotonic() - t0 < 30.0, "the killed worker is still a peer"
-                await asyncio.sleep(0.05)
-            print(f"killed worker dropped by every peer after "
-                  f"{(time.monotonic() - t0) * 1000:.0f} ms")  # fmt: skip
+            statuses = await kill_last(cluster, clients)
             assert all(len(s["peers"]) == WORKERS - 2 for s in statuses)
         finally:
             for client in clients:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,6 +16,8 @@ from compass.wire.memory import MemoryNetwork
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, ChannelOptions, Server
 from compass.worker.membership import Membership, MembershipOptions, Probing
+
+from .test_members import until
 
 TOKEN = "channels-token"
 FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
@@ -74,14 +74,6 @@ class Node:
         await self.membership.aclose()
         if self.server is not None:
             await self.server.aclose()
-
-
-async def until(check: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        await asyncio.sleep(0.005)
 
 
 def test_bad_channel_options_are_config_errors() -> None:
