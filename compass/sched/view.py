@@ -88,6 +88,8 @@ class ClusterView:
         self._names: tuple[str, ...] = ()
         self._positions: Mapping[str, int] = MappingProxyType({})
         self._wait: FloatArray = np.zeros(0)
+        #: when each worker's state was received, by position (inf: this worker, never aged)
+        self._got: FloatArray = np.zeros(0)
         self._free: IntArray = np.zeros(0, dtype=np.int64)
         self._cap: IntArray = np.zeros(0, dtype=np.int64)
         self._resident: dict[str, BoolArray] = {}
@@ -131,6 +133,7 @@ class ClusterView:
             else:
                 del self._pending[name]
         self._store(state)
+        self._got[self._positions[name]] = now  # never shared with a snapshot: no copy
         return True
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
@@ -221,12 +224,7 @@ class ClusterView:
 
     def _age(self, wait: FloatArray, now: float) -> FloatArray:
         """``wait`` less each worker's time since its state was received, at least 0."""
-        got = np.fromiter(
-            (self._received.get(n, math.inf) for n in self._names),  # this worker's: exact
-            dtype=np.float64,
-            count=len(self._names),
-        )
-        return np.maximum(wait - np.maximum(now - got, 0.0), 0.0)
+        return np.maximum(wait - np.maximum(now - self._got, 0.0), 0.0)
 
     def _snapshot(self, now: float, without: str, aged: bool = False) -> ViewSnapshot:
         self._expire(now)
@@ -357,6 +355,9 @@ class ClusterView:
         self._positions = MappingProxyType({n: i for i, n in enumerate(names)})
         ordered = [self._states[n] for n in names]
         self._wait, self._free, self._cap, self._resident = heartbeat_arrays(ordered)
+        self._got = np.fromiter(
+            (self._received.get(n, math.inf) for n in names), dtype=np.float64, count=len(names)
+        )
         self._batches = batch_rows([s.batches for s in ordered])
         self._shared = False
         self._base = None

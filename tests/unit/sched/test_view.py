@@ -408,3 +408,20 @@ def test_an_aged_snapshot_counts_a_peers_queue_as_run_since_it_was_heard() -> No
     assert aged.wait_s[p] == 4.5 and not aged.wait_s.flags.writeable
     assert view.snapshot(1.5, without="j", aged=True).wait_s[p] == 2.5
     assert view.snapshot(1.5).wait_s[p] == 6.0  # the plain snapshot is unchanged
+
+
+def test_an_aged_snapshot_ages_each_peer_from_its_latest_state() -> None:
+    """A newer state of a known peer restarts its age, and the ages stay with their workers
+    when a worker joins or leaves (the view keeps the received times by position)."""
+    view = ClusterView("me", heartbeat_s=0.01)
+    view.update_self(Heartbeat("me", 3.0, frozenset(), GB, GB))
+    view.apply_heartbeat(state("p", wait=4.0, seq=1), now=0.0)
+    view.apply_heartbeat(state("r", wait=4.0, seq=1), now=1.0)
+    assert list(view.snapshot(2.0, aged=True).wait_s) == [3.0, 2.0, 3.0]  # me, p, r
+    view.apply_heartbeat(state("p", wait=4.0, seq=2), now=1.5)
+    assert list(view.snapshot(2.0, aged=True).wait_s) == [3.0, 3.5, 3.0]
+    view.apply_heartbeat(state("a", wait=4.0, seq=1), now=1.75)  # sorts first: positions move
+    assert list(view.snapshot(2.0, aged=True).wait_s) == [3.75, 3.0, 3.5, 3.0]  # a, me, p, r
+    view.remove("a")
+    view.apply_heartbeat(state("r", wait=1.0, seq=2), now=1.9)
+    assert list(view.snapshot(2.0, aged=True).wait_s) == pytest.approx([3.0, 3.5, 0.9])
