@@ -277,6 +277,11 @@ class PeerChannels:
         for name in list(self.peers):
             self.send(name, op, body)
 
+    def tell_connected(self, op: str, body: Any) -> int:
+        """Notify every live peer a channel is open to now of ``op``, dialing nobody; how
+        many were told."""
+        return sum(self._send(peer.channel, op, body) for peer in list(self.peers.values()))
+
     def send(self, name: str, op: str, body: Any) -> bool:
         """Notify live peer ``name`` of ``op``: at once on its open channel, else once it is
         dialed (queued meanwhile, :attr:`MembershipOptions.max_queued` at most, dropped if the

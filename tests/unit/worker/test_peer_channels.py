@@ -29,7 +29,9 @@ class Node:
     """A :class:`Membership` on a :class:`MemoryNetwork` that counts the dials it makes and
     the ``note`` notifies it receives."""
 
-    def __init__(self, network: MemoryNetwork, name: str, **options: Any) -> None:
+    def __init__(
+        self, network: MemoryNetwork, name: str, probing: Probing = SLOW_PROBES, **options: Any
+    ) -> None:
         self.network = network
         self.router = Router()
         self.left: list[tuple[str, str]] = []
@@ -39,7 +41,7 @@ class Node:
         self.options = ChannelOptions(name=name, token=TOKEN, timeouts=FAST)
         self.membership = m = Membership(
             "",
-            MembershipOptions(self.options, probing=SLOW_PROBES, dial=self.dial,
+            MembershipOptions(self.options, probing=probing, dial=self.dial,
                               rng=random.Random(7), **options),
             handler=self.router.handle_request, notify_handler=self.router.handle_notify,
             on_join=lambda peer: None, on_leave=lambda peer, why: self.left.append((peer, why)),
@@ -153,4 +155,43 @@ async def test_a_capped_worker_never_holds_more_channels_than_its_cap() -> None:
         assert len(hub.membership.peers) == 5
     finally:
         for node in [hub, *spokes]:
+            await node.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_leaves_tells_its_open_channels_and_they_pass_it_on() -> None:
+    """Leaving dials nobody (the worker closes next: a dial to every peer of a large cluster
+    would be cancelled unfinished); the peers it has a channel to hear it at once and pass it
+    on piggybacked on their probes, so the others know it left, not that it died."""
+    network = MemoryNetwork()
+    a = await Node(network, "a", idle_s=0.2).start()
+    # b probes often (its probes carry the news); c and d hardly at all
+    b = await Node(network, "b", probing=Probing(period_s=0.05, timeout_s=0.04)).start()
+    others = [await Node(network, name).start() for name in "cd"]
+    nodes = [a, b, *others]
+    try:
+        for node in nodes[1:]:
+            await node.membership.join([a.membership.address])
+        await until(lambda: all(len(n.membership.peers) == 3 for n in nodes), "all joined")
+        await until(lambda: a.membership.open_channels == 0, "a's channels idle")
+        assert a.membership.send("b", "note", "hello")
+        await until(lambda: b.notes == ["hello"], "a has a channel to b")
+        dials = a.dials
+        a.membership.leave()
+        assert not a.membership._reaching  # no dial even begun (a leaving worker makes none)
+        await asyncio.sleep(0.2)
+        assert a.dials == dials
+        await until(lambda: "a" not in b.membership.peers, "b hears it at once")
+        for node in others:
+
+            def heard(node: Node = node) -> bool:
+                return "a" not in node.membership.peers
+
+            await until(heard, f"{node.membership.name} hears it from b")
+        for node in nodes[1:]:
+            assert [peer for peer, _ in node.left] == ["a"]
+            assert "left" in node.left[0][1], node.left
+            assert next(m for m in node.membership.describe_lost() if m["name"] == "a")["left"]
+    finally:
+        for node in nodes:
             await node.aclose()
