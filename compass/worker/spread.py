@@ -27,6 +27,7 @@ The asyncio side is :class:`~compass.worker.gossip.Gossip`'s.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -126,6 +127,10 @@ class _Rumor:
     left: int  # transmissions still due
 
 
+def _left(rumor: _Rumor) -> int:
+    return rumor.left
+
+
 class Rumors:
     """The latest state heard of each worker, and the rumors still to pass on.
 
@@ -164,7 +169,8 @@ class Rumors:
         transmissions left; each counts as sent once, and is dropped once sent enough."""
         if not self._rumors:
             return []
-        picked = sorted(self._rumors.values(), key=lambda r: -r.left)[: self.per_message]
+        # sorted(..., reverse=True)[:k] without sorting them all (ties in the order heard)
+        picked = heapq.nlargest(self.per_message, self._rumors.values(), key=_left)
         for rumor in picked:
             rumor.left -= 1
             if rumor.left <= 0:
