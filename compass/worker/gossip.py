@@ -112,6 +112,7 @@ class Gossip:
         self._asks: set[str] = set()  # candidates to ask for a watch at the next turn
         self._rumored: Heartbeat | None = None  # the last rumor this worker started of itself
         self._caught_up = False  # asked a peer for its whole view (when the first one joined)
+        self._drains = False  # this worker drains: a watch is answered with that
         self._membership: Membership | None = None  # while running
         #: the sequence number of the last state sent
         self._seq = 0
@@ -245,11 +246,31 @@ class Gossip:
             if not membership.send(peer, "watch", body):
                 self.watching.drop(peer)  # no channel now: ask again at the next plan
 
+    def tell_draining(self, membership: Membership) -> None:
+        """This worker drains: the planners that may place here hear it, so that they place
+        nothing new. The mesh tells every peer. A bounded view tells the peers a channel is
+        open to and its watchers (the planners placing here), and answers each later watch
+        with it (:meth:`watched_by`): it dials no one else, as a thousand workers would
+        cost a thousand dials. A planner it does not reach may still place a task here
+        before it asks: a draining worker runs it."""
+        body = {"name": self.name}
+        if self.rule is None:
+            membership.broadcast("drain", body)
+            return
+        self._drains = True
+        membership.tell_connected("drain", body)
+        for peer in self.watchers.live(_now()):
+            if membership.channel(peer) is None:
+                membership.send(peer, "drain", body)
+
     def watched_by(self, peer: str, for_ms: float) -> None:
         """``peer`` watches this worker's load for ``for_ms``: it gets this worker's state now,
-        and each change until then."""
+        and each change until then (a draining worker tells it that instead)."""
         membership = self._membership
         if membership is None or peer not in membership.peers or self.rule is None:
+            return
+        if self._drains:
+            membership.send(peer, "drain", {"name": self.name})
             return
         self.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
         membership.send(peer, "heartbeat", self._next_state().to_wire())

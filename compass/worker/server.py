@@ -160,7 +160,8 @@ class Worker:
         self._held: dict[str, list[PeerMessage]] = {}
         self._held_timers: dict[str, asyncio.TimerHandle] = {}
         #: peers being dialed for what is held for them
-        self._dialing: set[str] = set()
+        #: the dials of peers that messages wait for (:meth:`_hold`)
+        self._dialing: dict[str, asyncio.Task[None]] = {}
         # a worker without --name is named when it binds (start)
         self._bind_name(self.name or "(unbound)")
         self._server: Server | None = None
@@ -307,6 +308,7 @@ class Worker:
                 )
         await self.metrics.aclose()  # before the wire: probes fail while the rest closes
         if self.membership is not None:
+            await self._send_held(self.config.timeouts.close)
             # peers re-plan its jobs at once instead of waiting for the connection to drop, and
             # retry it soon: it is most often restarting
             self.membership.leave()
@@ -341,7 +343,7 @@ class Worker:
             self.draining = True
             self.metrics.ready = False  # an orchestrator stops routing clients here
             if self.membership is not None:
-                self.membership.broadcast("drain", {"name": self.name})
+                self.gossip.tell_draining(self.membership)
             log.warning("%s: draining for up to %g s: %d jobs in flight here, %d tasks queued, "
                         "%d running", self.name, timeout_s, self.jobs_in_flight,
                         self._tasks_held(), self.lanes.busy + self.lanes.host_busy)  # fmt: skip
@@ -544,8 +546,7 @@ class Worker:
             # good has its jobs planned again by their ingresses (PeerLost) meanwhile
             self._hold(worker, msg)
             if channel is None and worker not in self._dialing and worker in membership.peers:
-                self._dialing.add(worker)
-                self._spawn(self._dial_held(worker), f"dial-{worker}")
+                self._dialing[worker] = self._spawn(self._dial_held(worker), f"dial-{worker}")
             return
         assert channel is not None
         body = msg.to_wire()
@@ -585,9 +586,21 @@ class Worker:
         try:
             channel = await self.membership.open_channel(worker)
         finally:
-            self._dialing.discard(worker)
+            self._dialing.pop(worker, None)
         if channel is not None and worker in self._held:
             self._flush_held(worker)
+
+    async def _send_held(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the messages held for peers being dialed to go out:
+        a worker about to leave sends what it owes first (a result for a peer whose channel
+        closed idle), as a leaving worker dials nobody."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while dials := [task for peer, task in self._dialing.items() if peer in self._held]:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.wait(dials, timeout=left)
 
     def _flush_held(self, worker: str) -> None:
         """Peer ``worker`` is connected: send what waited for it, in order."""
@@ -641,10 +654,11 @@ class Worker:
         if job is not None:
             self.tracer.planned(job_id, job.attempt, job.plan, time.time())
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=f"{self.name}-{name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _ask_plan(self, step: AskPlan) -> None:
         """The ``central`` policy plans at one worker: ask it; no answer means plan here."""
