@@ -228,21 +228,29 @@ class Lanes:
 
     def submit(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
-        return self._decide(cause, self._submit, entry, now)
-
-    def _submit(self, entry: QueuedTask, now: float) -> None:
-        if entry.model is None and self.host_lanes:
-            # the host queue is not what heartbeats report: no version change
-            self.host_queue.push(entry)
-            self._fill_host(now)
-        else:
-            self.version += 1
-            self.queue.push(entry)
-            if self._idle:
-                self._fill(now)
-            elif self.prefetch_depth:
-                # every lane is busy: use the time to bring in what the queue needs next
-                self._prefetch()
+        # the per-task calls (submit, ended, fill) are :meth:`_decide` written out: a chain
+        # task makes three of them
+        steps: list[Step] = []
+        self._steps = steps
+        self._cause = cause
+        try:
+            if entry.model is None and self.host_lanes:
+                # the host queue is not what heartbeats report: no version change
+                self.host_queue.push(entry)
+                self._fill_host(now)
+            else:
+                self.version += 1
+                self.queue.push(entry)
+                if self._idle:
+                    self._fill(now)
+                elif self.prefetch_depth:
+                    # every lane is busy: use the time to bring in what the queue needs next
+                    self._prefetch()
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = _NOT_DECIDING
+        return steps
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
         """Remove the queued (not yet running) tasks ``stale`` is true of; return them."""
@@ -261,29 +269,35 @@ class Lanes:
         """``entry``'s run ended (done or failed): its lane is free (the caller fills it).
         ``still_running``: it was abandoned past its timeout, and keeps its model pinned until
         :meth:`returned`. Its model unpinned, a task waiting for the slabs may load or run."""
-        return self._decide(cause, self._ended, entry, now, still_running)
-
-    def _ended(self, entry: QueuedTask, now: float, still_running: bool) -> None:
-        run = self._runs.pop(entry, None)
-        if run is None:
-            return
-        if still_running and not run.stuck:
-            run.stuck = True
-            self.stuck += 1
+        steps: list[Step] = []
+        self._steps = steps
+        self._cause = cause
+        try:
+            run = self._runs.pop(entry, None)
+            if run is None:
+                return steps
+            if still_running and not run.stuck:
+                run.stuck = True
+                self.stuck += 1
+                self.version += 1
+            run.pending -= 1
+            if run.pending:
+                return steps  # the rest of its batch is still to report
+            lead = run.entry
+            if run.host:
+                self._host_idle.append(run.lane)
+                self.host_queue.finish(lead)
+                return steps
             self.version += 1
-        run.pending -= 1
-        if run.pending:
-            return  # the rest of its batch is still to report
-        lead = run.entry
-        if run.host:
-            self._host_idle.append(run.lane)
-            self.host_queue.finish(lead)
-            return
-        self.version += 1
-        self._idle.append(run.lane)
-        self.queue.finish(lead)
-        if lead.model is not None and not run.stuck:
-            self._unpin(lead.model, now)
+            self._idle.append(run.lane)
+            self.queue.finish(lead)
+            if lead.model is not None and not run.stuck:
+                self._unpin(lead.model, now)
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = _NOT_DECIDING
+        return steps
 
     def returned(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """The thread of an abandoned task returned: its model is unpinned."""
@@ -298,7 +312,16 @@ class Lanes:
 
     def fill(self, now: float, cause: Cause = "") -> list[Step]:
         """Idle lanes take the next ready tasks."""
-        return self._decide(cause, self._fill, now)
+        steps: list[Step] = []
+        self._steps = steps
+        self._cause = cause
+        try:
+            self._fill(now)
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = _NOT_DECIDING
+        return steps
 
     def _decide(self, cause: Cause, rule: Callable[..., None], *args: Any) -> list[Step]:
         """Run ``rule`` (one call's rules) and return what it decided, each step carrying

@@ -182,15 +182,14 @@ class WorkerCore:
 
         Every instruction carries the event's id (``cause``; an event without one is named
         ``kind:subject#n``, the same for the same events, when the name is read:
-        :mod:`compass.worker.causes`). Nothing else changes the
-        core's state. If handling raises (a bug), the instructions decided before the failure
-        are still returned, as the state changed with them, followed by a :class:`Fault`."""
-        self._handled += 1
+        :mod:`compass.worker.causes`). Nothing else changes the core's state. If handling
+        raises (a bug), the instructions decided before the failure are still returned, as
+        the state changed with them, followed by a :class:`Fault`."""
+        self._handled = n = self._handled + 1
         out: list[Instruction] = []
         self._out = out
         # an anonymous event is named only if an instruction's cause is read
-        cause: Cause = event.cause or (event, self._handled)
-        self._cause = cause
+        self._cause = cause = event.cause or (event, n)
         try:
             match event:  # the most frequent first: a heartbeat arrives from every peer
                 case Received():
@@ -243,11 +242,12 @@ class WorkerCore:
     def _take(self, steps: list[Step], now: float) -> None:
         """Carry the lanes' decisions on: runs and loads go out, a task that cannot run is
         answered."""
+        out = self._out
         for step in steps:
             if isinstance(step, CannotRun):
                 self._lane_failed(step.entry, step.error, now)
             else:
-                self._out.append(step)
+                out.append(step)
 
     def _plan_asked(self, ev: PlanAsked) -> None:
         """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
