@@ -3,7 +3,8 @@ its window onto the view (:class:`ViewPort`).
 
 Every event carries the time on the worker's clock (``now``) and an id (``cause``; the core
 names an anonymous one); every instruction carries the id of the event that caused it, so a
-trace or a test can tell why a task ran, a model loaded or a message went out. The lanes'
+trace or a test can tell why a task ran, a model loaded or a message went out (an anonymous
+event's name is made only when read: :mod:`compass.worker.causes`). The lanes'
 own instructions, :class:`~compass.worker.lanes.RunTask` and
 :class:`~compass.worker.lanes.LoadModel`, are defined with the lanes.
 """
@@ -21,6 +22,7 @@ from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
+from compass.worker.causes import Cause, cause_text
 from compass.worker.lanes import LoadModel, RunTask
 from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.worker.queue import QueuedTask
@@ -328,8 +330,13 @@ class Send:
 
     peer: str
     msg: PeerMessage
-    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
-    cause: str = ""
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that caused it."""
+        return cause_text(self.stimulus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,8 +345,13 @@ class AskPlan:
 
     peer: str
     request: PlanRequest
-    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
-    cause: str = ""
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that caused it."""
+        return cause_text(self.stimulus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,8 +363,13 @@ class Answer:
     value: Any = None
     error: CompassError | None = None
     record: Mapping[str, Any] = field(default_factory=dict)
-    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
-    cause: str = ""
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that caused it."""
+        return cause_text(self.stimulus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,8 +381,13 @@ class Planned:
     job_id: str
     plan: dict[str, str] | None
     error: CompassError | None = None
-    #: the id of the event that caused it (see :meth:`WorkerCore.handle`)
-    cause: str = ""
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that caused it."""
+        return cause_text(self.stimulus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +398,13 @@ class Fault:
     stops."""
 
     error: Exception
-    cause: str = ""
+    #: the event whose handling raised (:attr:`cause` names it)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event whose handling raised."""
+        return cause_text(self.stimulus)
 
 
 Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Fault

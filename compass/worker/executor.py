@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
+from compass.worker.causes import Cause, cause_text
 from compass.worker.events import TaskDone, TaskFailed
 from compass.worker.lanes import RunTask
 from compass.worker.queue import QueuedTask
@@ -104,8 +105,13 @@ class TaskOutcome:
     lane: int = 0
     #: every entry of its run, its own included (a batch's mates are the others)
     run: tuple[QueuedTask, ...] = ()
-    #: the id of the core's event that started its run (:attr:`RunTask.cause`)
-    cause: str = ""
+    #: the core's event that started its run (:attr:`RunTask.stimulus`; :attr:`cause`)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the core's event that started its run."""
+        return cause_text(self.stimulus)
 
     @property
     def model(self) -> str | None:
@@ -186,7 +192,7 @@ class TaskRunner:
                 first=entry is run.entry,
                 lane=run.lane,
                 run=entries,
-                cause=run.cause,
+                stimulus=run.stimulus,
             )
             for entry in entries
         ]

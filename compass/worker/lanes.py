@@ -43,6 +43,7 @@ from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
+from compass.worker.causes import Cause, cause_text
 from compass.worker.queue import QueuedTask, TaskQueue
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
@@ -64,8 +65,13 @@ class RunTask:
     fetch_s: float
     hit: bool | None
     mates: tuple[QueuedTask, ...] = ()
-    #: the id of the event that made it run
-    cause: str = ""
+    #: the event that made it run (:attr:`cause` names it)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that made it run."""
+        return cause_text(self.stimulus)
 
     @property
     def entries(self) -> tuple[QueuedTask, ...]:
@@ -81,8 +87,13 @@ class LoadModel:
     model: str
     evict: tuple[str, ...]
     prefetch: bool
-    #: the id of the event that made it load
-    cause: str = ""
+    #: the event that made it load (:attr:`cause` names it)
+    stimulus: Cause = ""
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that made it load."""
+        return cause_text(self.stimulus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +200,7 @@ class Lanes:
         self.wanted: Callable[[float], Sequence[str]] = wanted or _nothing_wanted
         #: the steps of the call under way, and the id of the event it is for (:meth:`_decide`)
         self._steps: list[Step] = _NOT_DECIDING
-        self._cause = ""
+        self._cause: Cause = ""
 
     # -- what the view and status read ---------------------------------------------------------
 
@@ -215,23 +226,31 @@ class Lanes:
 
     # -- tasks ---------------------------------------------------------------------------------
 
-    def submit(self, entry: QueuedTask, now: float, cause: str = "") -> list[Step]:
+    def submit(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
-        return self._decide(cause, self._submit, entry, now)
-
-    def _submit(self, entry: QueuedTask, now: float) -> None:
-        if entry.model is None and self.host_lanes:
-            # the host queue is not what heartbeats report: no version change
-            self.host_queue.push(entry)
-            self._fill_host(now)
-        else:
-            self.version += 1
-            self.queue.push(entry)
-            if self._idle:
-                self._fill(now)
-            elif self.prefetch_depth:
-                # every lane is busy: use the time to bring in what the queue needs next
-                self._prefetch()
+        # the per-task calls (submit, ended, fill) are :meth:`_decide` written out: a chain
+        # task makes three of them
+        steps: list[Step] = []
+        self._steps = steps
+        self._cause = cause
+        try:
+            if entry.model is None and self.host_lanes:
+                # the host queue is not what heartbeats report: no version change
+                self.host_queue.push(entry)
+                self._fill_host(now)
+            else:
+                self.version += 1
+                self.queue.push(entry)
+                if self._idle:
+                    self._fill(now)
+                elif self.prefetch_depth:
+                    # every lane is busy: use the time to bring in what the queue needs next
+                    self._prefetch()
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = _NOT_DECIDING
+        return steps
 
     def drop(self, stale: Callable[[QueuedTask], bool]) -> list[QueuedTask]:
         """Remove the queued (not yet running) tasks ``stale`` is true of; return them."""
@@ -245,36 +264,42 @@ class Lanes:
         return list(self._runs)
 
     def ended(
-        self, entry: QueuedTask, now: float, *, still_running: bool = False, cause: str = ""
+        self, entry: QueuedTask, now: float, *, still_running: bool = False, cause: Cause = ""
     ) -> list[Step]:
         """``entry``'s run ended (done or failed): its lane is free (the caller fills it).
         ``still_running``: it was abandoned past its timeout, and keeps its model pinned until
         :meth:`returned`. Its model unpinned, a task waiting for the slabs may load or run."""
-        return self._decide(cause, self._ended, entry, now, still_running)
-
-    def _ended(self, entry: QueuedTask, now: float, still_running: bool) -> None:
-        run = self._runs.pop(entry, None)
-        if run is None:
-            return
-        if still_running and not run.stuck:
-            run.stuck = True
-            self.stuck += 1
+        steps: list[Step] = []
+        self._steps = steps
+        self._cause = cause
+        try:
+            run = self._runs.pop(entry, None)
+            if run is None:
+                return steps
+            if still_running and not run.stuck:
+                run.stuck = True
+                self.stuck += 1
+                self.version += 1
+            run.pending -= 1
+            if run.pending:
+                return steps  # the rest of its batch is still to report
+            lead = run.entry
+            if run.host:
+                self._host_idle.append(run.lane)
+                self.host_queue.finish(lead)
+                return steps
             self.version += 1
-        run.pending -= 1
-        if run.pending:
-            return  # the rest of its batch is still to report
-        lead = run.entry
-        if run.host:
-            self._host_idle.append(run.lane)
-            self.host_queue.finish(lead)
-            return
-        self.version += 1
-        self._idle.append(run.lane)
-        self.queue.finish(lead)
-        if lead.model is not None and not run.stuck:
-            self._unpin(lead.model, now)
+            self._idle.append(run.lane)
+            self.queue.finish(lead)
+            if lead.model is not None and not run.stuck:
+                self._unpin(lead.model, now)
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = _NOT_DECIDING
+        return steps
 
-    def returned(self, entry: QueuedTask, now: float, cause: str = "") -> list[Step]:
+    def returned(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """The thread of an abandoned task returned: its model is unpinned."""
         return self._decide(cause, self._returned, entry, now)
 
@@ -285,11 +310,20 @@ class Lanes:
             self._unpin(entry.model, now)
         self._fill(now)
 
-    def fill(self, now: float, cause: str = "") -> list[Step]:
+    def fill(self, now: float, cause: Cause = "") -> list[Step]:
         """Idle lanes take the next ready tasks."""
-        return self._decide(cause, self._fill, now)
+        steps: list[Step] = []
+        self._steps = steps
+        self._cause = cause
+        try:
+            self._fill(now)
+        except Exception as exc:
+            raise LanesFault(steps) from exc
+        finally:
+            self._steps = _NOT_DECIDING
+        return steps
 
-    def _decide(self, cause: str, rule: Callable[..., None], *args: Any) -> list[Step]:
+    def _decide(self, cause: Cause, rule: Callable[..., None], *args: Any) -> list[Step]:
         """Run ``rule`` (one call's rules) and return what it decided, each step carrying
         ``cause``, the id of the core's event. If it raises, the steps travel with the
         :class:`LanesFault` (the state changed with them)."""
@@ -340,7 +374,7 @@ class Lanes:
                 continue
             run = _Run(entry, self._host_idle.pop(), True, now)
             self._runs[entry] = run
-            self._steps.append(RunTask(entry, run.lane, True, 0.0, None, cause=self._cause))
+            self._steps.append(RunTask(entry, run.lane, True, 0.0, None, (), self._cause))
 
     def _shed_queued(self, now: float) -> None:
         """Drop the queued tasks whose jobs can no longer finish in time
@@ -447,7 +481,7 @@ class Lanes:
             self._speculating = name
         self._steps.append(LoadModel(name, plan.evict, prefetch, self._cause))
 
-    def loaded(self, name: str, seconds: float, now: float, cause: str = "") -> list[Step]:
+    def loaded(self, name: str, seconds: float, now: float, cause: Cause = "") -> list[Step]:
         """The load of ``name`` ended in ``seconds``: its waiters run."""
         return self._decide(cause, self._loaded, name, seconds, now)
 
@@ -460,7 +494,7 @@ class Lanes:
             self._load_ended(name, now)
 
     def load_failed(
-        self, name: str, error: CompassError, now: float, cause: str = ""
+        self, name: str, error: CompassError, now: float, cause: Cause = ""
     ) -> list[Step]:
         """The load of ``name`` failed: its slabs are freed, the tasks waiting for it fail."""
         return self._decide(cause, self._load_failed, name, error, now)
@@ -507,7 +541,7 @@ class Lanes:
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)
 
-    def tick(self, now: float, cause: str = "") -> list[Step]:
+    def tick(self, now: float, cause: Cause = "") -> list[Step]:
         """A periodic check (the real worker's heartbeat): warm the cache if idle."""
         return self._decide(cause, self._warm, now)
 

@@ -84,16 +84,25 @@ class Links:
             sent = Sent(msg.job, msg.attempt, msg.task, peer, msg)
         else:
             return
-        jobs = self._sent.setdefault(peer, OrderedDict())
-        known = jobs.get(sent.job)
-        # the newest attempt's; of one attempt, a report of a failure over a task's output
-        if known is None or (known.attempt, known.failed is not None) <= (
-            sent.attempt,
-            sent.failed is not None,
-        ):
-            jobs[sent.job] = sent
-        jobs.move_to_end(sent.job)
-        self._peers.setdefault(sent.job, set()).add(peer)
+        jobs = self._sent.get(peer)
+        if jobs is None:
+            jobs = self._sent[peer] = OrderedDict()
+        job = sent.job
+        known = jobs.get(job)
+        if known is not None:
+            # the newest attempt's; of one attempt, a report of a failure over a task's output
+            if known.attempt < sent.attempt or (
+                known.attempt == sent.attempt and (known.failed is None or sent.failed is not None)
+            ):
+                jobs[job] = sent
+            jobs.move_to_end(job)
+            return  # the peer is linked to the job already, and no job was added
+        jobs[job] = sent
+        peers = self._peers.get(job)
+        if peers is None:
+            self._peers[job] = {peer}
+        else:
+            peers.add(peer)
         while len(jobs) > self.limit:
             old, _ = jobs.popitem(last=False)
             self._unlink(old, peer)

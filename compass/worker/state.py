@@ -44,6 +44,7 @@ from compass.errors import (
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
 from compass.sched.candidates import PlanScope
 from compass.worker.admission import Admission, unreachable
+from compass.worker.causes import Cause
 from compass.worker.estimates import Estimates
 from compass.worker.events import (
     NOT_HANDLING,
@@ -71,7 +72,6 @@ from compass.worker.events import (
     Tick,
     Undeliverable,
     ViewPort,
-    stimulus_id,
 )
 from compass.worker.jobs import Inbox, IngressJob, check_task
 from compass.worker.lanes import CannotRun, Lanes, LanesFault, Step
@@ -155,7 +155,7 @@ class WorkerCore:
         self._handled = 0
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = NOT_HANDLING
-        self._cause = ""
+        self._cause: Cause = ""
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
         self.links = Links(name, ANSWERED_KEYS)
         #: job key -> the id of the unanswered job it names
@@ -181,18 +181,16 @@ class WorkerCore:
         """Apply ``event``; return what the adapter must do, in order.
 
         Every instruction carries the event's id (``cause``; an event without one is named
-        here, ``kind:subject#n``, the same for the same events). Nothing else changes the
-        core's state. If handling raises (a bug), the instructions decided before the failure
-        are still returned, as the state changed with them, followed by a :class:`Fault`."""
-        self._handled += 1
+        ``kind:subject#n``, the same for the same events, when the name is read:
+        :mod:`compass.worker.causes`). Nothing else changes the core's state. If handling
+        raises (a bug), the instructions decided before the failure are still returned, as
+        the state changed with them, followed by a :class:`Fault`."""
+        self._handled = n = self._handled + 1
         out: list[Instruction] = []
         self._out = out
-        cause = event.cause
+        # an anonymous event is named only if an instruction's cause is read
+        self._cause = cause = event.cause or (event, n)
         try:
-            # a heartbeat causes no instruction: it is not named (one comes from every peer)
-            if not cause and type(event) is not Heard:
-                cause = stimulus_id(event, self._handled)
-            self._cause = cause
             match event:  # the most frequent first: a heartbeat arrives from every peer
                 case Received():
                     self._received(event)
@@ -234,9 +232,9 @@ class WorkerCore:
             try:
                 self._take(fault.steps, event.now)
             finally:
-                out.append(Fault(error, self._cause or f"event#{self._handled}"))
+                out.append(Fault(error, cause))
         except Exception as exc:
-            out.append(Fault(exc, self._cause or f"event#{self._handled}"))
+            out.append(Fault(exc, cause))
         finally:
             self._out, self._cause = NOT_HANDLING, ""
         return out
@@ -244,11 +242,12 @@ class WorkerCore:
     def _take(self, steps: list[Step], now: float) -> None:
         """Carry the lanes' decisions on: runs and loads go out, a task that cannot run is
         answered."""
+        out = self._out
         for step in steps:
             if isinstance(step, CannotRun):
                 self._lane_failed(step.entry, step.error, now)
             else:
-                self._out.append(step)
+                out.append(step)
 
     def _plan_asked(self, ev: PlanAsked) -> None:
         """Plan a job for another ingress (the ``central`` policy plans at one worker)."""
@@ -340,7 +339,7 @@ class WorkerCore:
         kept = self._answered.get(ev.key)
         if kept is not None:
             value, error = kept
-            self._out.append(Answer(ev.job_id, value=value, error=error, cause=self._cause))
+            self._out.append(Answer(ev.job_id, value=value, error=error, stimulus=self._cause))
             return True
         return False
 
@@ -520,15 +519,15 @@ class WorkerCore:
                 self._answered.popitem(last=False)
         for waiter in job.waiters:
             del self._attached[waiter]
-            self._out.append(Answer(waiter, value=value, error=error, cause=self._cause))
+            self._out.append(Answer(waiter, value=value, error=error, stimulus=self._cause))
         record = job.record(now, ok=error is None)
         self._out.append(
-            Answer(job.job_id, value=value, error=error, record=record, cause=self._cause)
+            Answer(job.job_id, value=value, error=error, record=record, stimulus=self._cause)
         )
 
     def _answer_now(self, job_id: str, error: CompassError) -> None:
         """Refuse a job that was never accepted."""
-        self._out.append(Answer(job_id, error=error, cause=self._cause))
+        self._out.append(Answer(job_id, error=error, stimulus=self._cause))
 
     def _cancel(self, ev: Cancel) -> None:
         """A requester stopped waiting: its job is dropped once nobody waits for it (a

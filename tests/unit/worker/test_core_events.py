@@ -11,6 +11,7 @@ import pytest
 from compass.config import WorkerConfig
 from compass.errors import UnknownWorkflow
 from compass.sched.heartbeat import Heartbeat
+from compass.worker import events
 from compass.worker.events import (
     Answer,
     Fault,
@@ -55,6 +56,28 @@ def test_anonymous_events_are_named_the_same_way_every_time() -> None:
     assert first == causes()
     assert first[0] == "submit:a-1#1"
     assert all(first)
+
+
+def test_an_anonymous_event_is_named_only_when_a_cause_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Naming every event cost a chain task more than the rest of the bookkeeping: the core
+    keeps the event and its number, and the name is made when read, the same each time."""
+    named: list[int] = []
+    namer = events._NAMERS[TaskDone]
+
+    def counted(event: Any, n: int) -> str:
+        named.append(n)
+        return namer(event, n)
+
+    monkeypatch.setitem(events._NAMERS, TaskDone, counted)
+    c, _ = core("a", ("a",))
+    (run,) = of(RunTask, c.handle(Submit(0.0, "a-1", "chain", {"x": 1}, 8, 0.0)))
+    (second,) = of(RunTask, c.handle(TaskDone(1.0, run.entry, "out-a")))
+    (answer,) = of(Answer, c.handle(TaskDone(2.0, second.entry, "out-b")))
+    assert named == []  # handled, nothing named
+    assert second.cause == "done:a-1/a#2" == second.cause and answer.cause == "done:a-1/b#3"
+    assert named == [2, 2, 3]
 
 
 def test_a_send_is_caused_by_the_message_that_made_it() -> None:

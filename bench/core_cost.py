@@ -1,0 +1,338 @@
+"""What the worker core costs per job and per chain task, counted in executed Python bytecode
+instructions (which the machine's load does not move) and timed in CPU seconds.
+
+Three measurements:
+
+- ``job``: one no-op job through a real worker over loopback. The worker runs in a thread of
+  its own, with its own event loop, and only that thread is counted (``sys.settrace`` with
+  ``f_trace_opcodes``): the worker's framing, requests, core, lanes, task runner and event
+  loop, not the client's. Its CPU time is that thread's (``time.thread_time``).
+- ``core-job``: the same job through the cores alone: a ``Submit`` to a worker's
+  :class:`~compass.worker.state.WorkerCore`, the ``RunTask`` it answers with carried out at
+  once as a ``TaskDone``, up to the ``Answer``. No sockets, no loop.
+- ``core-chain``: a ``chain_100`` job of ``compass bench chain`` (``round_robin``: every task
+  on the other worker) between the cores of two workers in one process, each ``Send``
+  delivered at once as the peer's ``Received``; per task.
+
+The cores are those of real workers (:func:`~compass.worker.process.build_worker`, app
+``compass._bench.apps``, not emulated, so they learn from every run and push), never started.
+What an adapter pays beside the core (framing, the wire, gossip) is left out of the core
+measurements. The tool also measures trees from before issue 19 (388075e), where the worker,
+not the core, learned from a task's run and a push's transfer time: there it pays that
+learning itself, as the worker did, so that both sides count the same work.
+
+Run: ``python -m compass._bench.core_cost [--what job,core-job,core-chain] [--rounds 5]
+[--json out.json]``; with ``PYTHONPATH`` pointing at another tree, that tree is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import secrets
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from types import FrameType
+from typing import Any
+
+from compass.client import Client
+from compass.config import SchedConfig, WorkerConfig
+from compass.wire.transport import new_event_loop
+from compass.worker.process import build_worker
+
+from .report import machine, print_table, write_json
+
+__all__ = ["count_instructions", "run"]
+
+APP = "compass._bench.apps"
+CHAIN = 100
+WHAT = ("job", "core-job", "core-chain")
+
+
+class _Counter:
+    """Counts the bytecode instructions executed in the thread it traces."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def call(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        frame.f_trace_opcodes = True
+        return self.step
+
+    def step(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        if event == "opcode":
+            self.n += 1
+        return self.step
+
+
+@contextmanager
+def count_instructions() -> Iterator[_Counter]:
+    """Count the Python bytecode instructions this thread executes inside the block (the
+    count is read from the counter it yields; tracing slows the block down about 30x)."""
+    counter = _Counter()
+    previous = sys.gettrace()
+    sys.settrace(counter.call)
+    try:
+        yield counter
+    finally:
+        sys.settrace(previous)
+
+
+# -- the cores alone ---------------------------------------------------------------------------
+
+
+class _Cores:
+    """The cores of ``names`` (real workers, never started), each in the others' views, and
+    the events of this tree's core (the vocabulary moved to ``compass.worker.events`` in
+    issue 19; before it, the worker learned outside the core)."""
+
+    def __init__(self, names: list[str]) -> None:
+        try:
+            events: Any = importlib.import_module("compass.worker.events")
+            self.learns_outside = False
+        except ImportError:
+            events = importlib.import_module("compass.worker.state")
+            self.learns_outside = True
+        self.ev = events
+        stats: Any = importlib.import_module("compass.worker.stats")
+        self.payload_bytes: Callable[[Any], int] = stats.payload_bytes
+        sched = SchedConfig(policy="round_robin")
+        self.workers = {
+            n: build_worker(WorkerConfig(name=n, app=APP, sched=sched, token="x" * 32))
+            for n in names
+        }
+        for name, worker in self.workers.items():
+            for peer in self.workers:
+                if peer != name:
+                    state = self._state(worker.gossip)
+                    worker.gossip.view.apply_heartbeat(replace(state, name=peer, seq=1), 0.0)
+        self.now = 0.0
+        self.jobs = 0
+        self.threshold = getattr(
+            importlib.import_module("compass.worker.requests"), "MEASURED_TRANSFER_BYTES", 0
+        )
+
+    @staticmethod
+    def _state(gossip: Any) -> Any:
+        """A worker's own state (its heartbeat), to stand for a peer's."""
+        try:
+            return gossip.own_state(0.0)
+        except TypeError:  # before issue 19 the gossip read its own clock
+            return gossip.own_state()
+
+    def job(self, workflow: str, ingress: str) -> Any:
+        """Submit one job of ``workflow`` at ``ingress`` and carry every instruction out at
+        once, in order; returns its answer's value."""
+        self.jobs += 1
+        ev = self.ev
+        todo: deque[tuple[str, Any]] = deque()
+        todo.append(
+            (ingress, ev.Submit(self.now, f"{ingress}-{self.jobs}", workflow, {"x": 0}, 8, 0.0))
+        )
+        answer: Any = None
+        while todo:
+            name, event = todo.popleft()
+            worker = self.workers[name]
+            self.now += 1e-5
+            steps: list[Any] = worker.core.handle(event)  # this tree's instructions or 388075e's
+            for step in steps:
+                kind = type(step).__name__
+                if kind == "Send":
+                    todo.append((step.peer, self._received(step.peer, name, step.msg)))
+                elif kind == "RunTask":
+                    todo.append((name, self._done(worker, step.entry)))
+                elif kind == "Answer":
+                    if step.error is not None:
+                        raise step.error
+                    answer = step.value
+                else:
+                    raise AssertionError(f"unexpected instruction {step!r}")
+        return answer
+
+    def _received(self, to: str, sender: str, msg: Any) -> Any:
+        transfer_s = 1e-5
+        if self.learns_outside and type(msg).__name__ == "TaskMsg":
+            nbytes = self.payload_bytes(msg.value)  # what the worker did before the core
+            if nbytes >= self.threshold:
+                self.workers[to].profiles.observe_transfer(sender, to, nbytes, transfer_s)
+        return self.ev.Received(self.now, sender, msg, transfer_s, 0.0)
+
+    def _done(self, worker: Any, entry: Any) -> Any:
+        task = worker.app.get_workflow(entry.workflow).tasks[entry.task]
+        output, exec_s = task.fn(None, **entry.inputs), 1e-6
+        if self.learns_outside:  # what the worker did before the core learned
+            worker.profiles.observe_batch(entry.workflow, entry.task, worker.name, 1, exec_s)
+            worker.profiles.observe_output(entry.workflow, entry.task, self.payload_bytes(output))
+            return self.ev.TaskDone(self.now, entry, output)
+        return self.ev.TaskDone(self.now, entry, output, exec_s)
+
+
+def _core_cost(what: str, rounds: int, repeats: int) -> dict[str, Any]:
+    """Instructions per job (``core-job``) or per chain task (``core-chain``), and CPU
+    microseconds (best of ``rounds`` rounds of ``repeats`` jobs)."""
+    cores = _Cores(["w0", "w1"])
+    workflow, per = ("noop", 1) if what == "core-job" else (f"chain_{CHAIN}", CHAIN)
+    expected = 0 if what == "core-job" else CHAIN  # noop answers x, a chain adds 1 per task
+    for _ in range(20):  # warm up: the cost tables, the profiles' first measurements
+        if cores.job(workflow, "w0") != expected:
+            raise AssertionError(f"{workflow} answered wrong")
+    counts = []
+    for _ in range(3):
+        with count_instructions() as counter:
+            cores.job(workflow, "w0")
+        counts.append(counter.n / per)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.process_time()
+        for _ in range(repeats):
+            cores.job(workflow, "w0")
+        best = min(best, (time.process_time() - t0) / repeats / per)
+    return {"instructions": counts, "cpu_us": best * 1e6}
+
+
+# -- a real worker over loopback ---------------------------------------------------------------
+
+
+def _job_cost(jobs: int, rounds: int) -> dict[str, Any]:
+    """A real worker in a thread of its own, with its own event loop (counted and timed:
+    that thread only), its client in this one, over loopback."""
+    token = secrets.token_hex(16)
+    config = WorkerConfig(name="w0", app=APP, token=token)
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def serve() -> None:
+        worker = build_worker(config)
+        await worker.start()
+        box["done"] = done = asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        box["address"] = worker.address
+        ready.set()
+        try:
+            await done.wait()
+        finally:
+            await worker.aclose()
+
+    def serve_thread() -> None:
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(serve())
+        except BaseException as exc:
+            box["failure"] = exc
+            ready.set()
+        finally:
+            sys.settrace(None)
+            loop.close()
+
+    thread = threading.Thread(target=serve_thread, name="compass-worker", daemon=True)
+    thread.start()
+    if not ready.wait(60) or "failure" in box:
+        raise RuntimeError(f"the worker did not start: {box.get('failure')}")
+    worker_loop: asyncio.AbstractEventLoop = box["loop"]
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+    counter = _Counter()
+
+    def trace(on: bool) -> None:
+        """Turn counting on or off in the worker's thread (settrace is per thread)."""
+        flipped = threading.Event()
+
+        def flip() -> None:
+            sys.settrace(counter.call if on else None)
+            flipped.set()
+
+        worker_loop.call_soon_threadsafe(flip)
+        flipped.wait(10)
+
+    async def client_side() -> dict[str, Any]:
+        async with Client(box["address"], token=token) as client:
+            for i in range(200):  # warm up
+                await client.submit("noop", x=i)
+            best = float("inf")
+            for _ in range(rounds):
+                t0 = time.clock_gettime(clock)
+                for i in range(jobs):
+                    await client.submit("noop", x=i)
+                best = min(best, (time.clock_gettime(clock) - t0) / jobs)
+            counts, traced_s = [], []
+            for _ in range(3):
+                trace(True)
+                before, t0 = counter.n, time.perf_counter()
+                for i in range(jobs):
+                    await client.submit("noop", x=i)
+                counts.append((counter.n - before) / jobs)
+                traced_s.append((time.perf_counter() - t0) / jobs)
+                trace(False)
+            # what the idle worker runs meanwhile (its timers), slowed down as much
+            trace(True)
+            before = counter.n
+            await asyncio.sleep(1.0)
+            idle = counter.n - before
+            trace(False)
+            return {
+                "instructions": counts,
+                "cpu_us": best * 1e6,
+                "idle_per_s": idle,
+                "traced_s_per_job": min(traced_s),
+            }
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(client_side())
+    finally:
+        loop.close()
+        worker_loop.call_soon_threadsafe(box["done"].set)
+        thread.join(30)
+
+
+def run(
+    what: tuple[str, ...] = WHAT,
+    rounds: int = 5,
+    repeats: int = 20,
+    jobs: int = 300,
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    """Measure ``what`` (see the module docstring); print a table, write ``json_path``."""
+    result: dict[str, Any] = {}
+    for name in what:
+        if name == "job":
+            result[name] = _job_cost(jobs, rounds)
+        else:
+            result[name] = _core_cost(name, rounds, repeats)
+    rows = [
+        [name, min(r["instructions"]), max(r["instructions"]), r.get("cpu_us")]
+        for name, r in result.items()
+    ]
+    print_table(
+        "worker cost per job (job, core-job) and per chain task (core-chain)",
+        ["what", "instructions (min)", "(max)", "CPU us (best)"],
+        rows,
+    )
+    result["machine"] = machine()
+    write_json(json_path, result)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--what", default=",".join(WHAT), help="of " + ", ".join(WHAT))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    chosen = tuple(args.what.split(","))
+    unknown = [w for w in chosen if w not in WHAT]
+    if unknown:
+        parser.error(f"--what: unknown {unknown}; choose from {', '.join(WHAT)}")
+    run(chosen, args.rounds, args.repeats, args.jobs, args.json)
+
+
+if __name__ == "__main__":
+    main()
