@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +14,48 @@ import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
+from compass.wire.transport import new_event_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = str(ROOT / "bench" / "workloads" / "paper.json")
+VISION_APP = ["--app", "examples.vision_app"]
 
 
-@pytest.fixture
-def worker_env() -> dict[str, str]:
+def worker_environment() -> dict[str, str]:
     """Environment for worker subprocesses: the repo on the path, no inherited token."""
     env = dict(os.environ)
     env.pop("COMPASS_TOKEN", None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    """Environment for worker subprocesses: the repo on the path, no inherited token."""
+    return worker_environment()
+
+
+@contextlib.contextmanager
+def cluster_on_its_own_loop(workers: int, args: Sequence[str]) -> Iterator[LocalCluster]:
+    """A local cluster started and stopped on an event loop of its own (idle in between), so
+    that tests, each on a loop of its own, can share it: they talk to it over loopback."""
+    loop = new_event_loop()
+    cluster = LocalCluster(workers, args=args, env=worker_environment())
+    try:
+        loop.run_until_complete(cluster.start())
+        yield cluster
+    finally:
+        loop.run_until_complete(cluster.aclose())
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def vision_worker() -> Iterator[LocalCluster]:
+    """One worker of ``examples.vision_app`` shared by a module's tests (its start, torch
+    imported and models built, is most of a short test's time): a test that uses it must
+    leave it serving, and count from what its status said before, not from zero."""
+    with cluster_on_its_own_loop(1, VISION_APP) as cluster:
+        yield cluster
 
 
 def compass_argv(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import gc
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
@@ -27,7 +27,8 @@ from compass.errors import (
 )
 from compass.wire.transport import new_event_loop
 
-APP = ["--app", "examples.vision_app"]
+from .conftest import VISION_APP
+
 MiB = 1 << 20
 BIG = 4 * MiB  # above the client's 1 MiB bulk threshold
 HOLD_AFTER = 256 * 1024  # the proxy holds an upload once it has passed this many bytes
@@ -120,12 +121,11 @@ class HoldingProxy:
 
 
 @contextlib.asynccontextmanager
-async def proxied_worker(env: dict[str, str]) -> AsyncIterator[tuple[LocalCluster, HoldingProxy]]:
-    """One worker, and a holding proxy in front of it."""
-    async with (
-        LocalCluster(1, args=APP, env=env) as cluster,
-        HoldingProxy(cluster.addresses[0]) as proxy,
-    ):
+async def proxied_worker(
+    cluster: LocalCluster,
+) -> AsyncIterator[tuple[LocalCluster, HoldingProxy]]:
+    """The module's worker, and a holding proxy of this test's in front of it."""
+    async with HoldingProxy(cluster.addresses[0]) as proxy:
         yield cluster, proxy
 
 
@@ -135,9 +135,11 @@ def big_array(seed: int) -> np.ndarray:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
-async def test_a_small_call_passes_a_large_one_stuck_mid_frame(worker_env: dict[str, str]) -> None:
+async def test_a_small_call_passes_a_large_one_stuck_mid_frame(
+    vision_worker: LocalCluster,
+) -> None:
     async with (
-        proxied_worker(worker_env) as (cluster, proxy),
+        proxied_worker(vision_worker) as (cluster, proxy),
         Client(proxy.address, token=cluster.token) as client,
     ):
         assert await client.submit("echo", x=1) == 1
@@ -160,10 +162,10 @@ async def test_a_small_call_passes_a_large_one_stuck_mid_frame(worker_env: dict[
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_with_one_connection_a_small_call_waits_behind_a_large_one(
-    worker_env: dict[str, str],
+    vision_worker: LocalCluster,
 ) -> None:
     """The proxy test above can fail: without the bulk connection the small call is stuck."""
-    async with proxied_worker(worker_env) as (cluster, proxy):
+    async with proxied_worker(vision_worker) as (cluster, proxy):
         client = Client(proxy.address, token=cluster.token, bulk_threshold=None)
         async with client:
             big = big_array(2)
@@ -182,10 +184,10 @@ async def test_with_one_connection_a_small_call_waits_behind_a_large_one(
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_a_lost_bulk_connection_is_reopened_to_the_same_worker(
-    worker_env: dict[str, str],
+    vision_worker: LocalCluster,
 ) -> None:
     async with (
-        proxied_worker(worker_env) as (cluster, proxy),
+        proxied_worker(vision_worker) as (cluster, proxy),
         Client(proxy.address, token=cluster.token, retries=0) as client,
     ):
         control = client.channel
@@ -211,7 +213,7 @@ async def test_a_lost_bulk_connection_is_reopened_to_the_same_worker(
 @pytest.mark.timeout(120)
 async def test_both_connections_fail_over_together(worker_env: dict[str, str]) -> None:
     async with (
-        LocalCluster(2, args=APP, env=worker_env) as cluster,
+        LocalCluster(2, args=VISION_APP, env=worker_env) as cluster,
         Client(cluster.addresses, token=cluster.token) as client,
     ):
         big = big_array(5)
@@ -244,16 +246,9 @@ def test_bulk_threshold_is_validated() -> None:
 
 
 @pytest.fixture
-def cluster(worker_env: dict[str, str]) -> Iterator[LocalCluster]:
-    """One worker started on a loop of its own, so that each test can run loops of its own."""
-    loop = new_event_loop()
-    cluster = LocalCluster(1, args=APP, env=worker_env)
-    try:
-        loop.run_until_complete(cluster.start())
-        yield cluster
-    finally:
-        loop.run_until_complete(cluster.aclose())
-        loop.close()
+def cluster(vision_worker: LocalCluster) -> LocalCluster:
+    """The module's worker: started on a loop of its own, so each test can run loops of its own."""
+    return vision_worker
 
 
 LOOPS: list[Callable[[], asyncio.AbstractEventLoop]] = [asyncio.new_event_loop, new_event_loop]

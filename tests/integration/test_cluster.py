@@ -50,15 +50,33 @@ async def test_jobs_from_every_ingress_spread_over_the_cluster(worker_env: dict[
     assert all(record["ok"] for trace in traces for record in trace)
 
 
+def _policy_pairs() -> list[tuple[str, str]]:
+    """Every policy, two to a cluster of two workers, one per worker (each worker plans the
+    jobs it is the ingress of with its own policy, over both workers: a cluster tries two
+    policies for the cost of one); ``central`` on both workers of a cluster of its own, so
+    that w1 asks w0 for its plans."""
+    others = [name for name in POLICY_NAMES if name != "central"]
+    if len(others) % 2:
+        others.append(others[0])
+    return [*zip(others[::2], others[1::2], strict=True), ("central", "central")]
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("policy", POLICY_NAMES)
-async def test_every_policy_gives_correct_results(policy: str, worker_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("policies", _policy_pairs(), ids="+".join)
+async def test_every_policy_gives_correct_results(
+    policies: tuple[str, str], worker_env: dict[str, str]
+) -> None:
+    """Each worker of two runs one of ``policies``: the jobs submitted to it are planned with
+    that policy over both workers; ``central`` on both, so that w1's jobs are planned at w0."""
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     expected = vision_app.reference(images)
-    args = ["--app", "examples.vision_app", "--policy", policy]
-    async with LocalCluster(2, args=args, env=worker_env) as cluster:
-        for index in (0, 1):
+    args = ["--app", "examples.vision_app"]
+    async with LocalCluster(1, args=[*args, "--policy", policies[0]], env=worker_env) as cluster:
+        await cluster.spawn("w1", join=cluster.addresses[0], extra=["--policy", policies[1]])
+        await cluster.wait_joined()
+        for index, policy in enumerate(policies):
             async with cluster.client(index) as client:
+                assert (await client.status())["policy"] == policy
                 results = await asyncio.gather(
                     *(client.submit("describe", image=images) for _ in range(4))
                 )

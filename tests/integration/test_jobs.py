@@ -14,15 +14,14 @@ from examples import vision_app
 
 from .conftest import PAPER, one_worker_workload, status_when
 
-APP = ["--app", "examples.vision_app"]
 DATA = np.zeros(8, dtype=np.uint8)
 
 
 @pytest.mark.asyncio
-async def test_real_models_match_running_them_directly(worker_env: dict[str, str]) -> None:
+async def test_real_models_match_running_them_directly(vision_worker: LocalCluster) -> None:
     images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     expected = vision_app.reference(images)
-    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+    async with vision_worker.client() as client:
         got = await client.submit("describe", image=images)
         assert set(got) == set(expected)
         for key, value in expected.items():
@@ -33,8 +32,10 @@ async def test_real_models_match_running_them_directly(worker_env: dict[str, str
 
 
 @pytest.mark.asyncio
-async def test_errors_fail_the_job_and_the_worker_keeps_serving(worker_env: dict[str, str]) -> None:
-    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+async def test_errors_fail_the_job_and_the_worker_keeps_serving(
+    vision_worker: LocalCluster,
+) -> None:
+    async with vision_worker.client() as client:
         with pytest.raises(JobFailed) as failed:
             await client.submit("fails", x=41)
         assert failed.value.task == "explode"
@@ -49,9 +50,10 @@ async def test_errors_fail_the_job_and_the_worker_keeps_serving(worker_env: dict
 
 @pytest.mark.asyncio
 async def test_a_job_s_id_comes_with_its_result_and_its_error_and_is_in_the_log(
-    worker_env: dict[str, str],
+    vision_worker: LocalCluster,
 ) -> None:
-    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+    cluster = vision_worker
+    async with cluster.client() as client:
         answer = await client.submit_job("echo", x=7)
         assert answer.value == 7 and answer.job_id.startswith("w0-")
         again = await client.submit_job("echo", x=8)
@@ -71,8 +73,8 @@ async def test_a_job_s_id_comes_with_its_result_and_its_error_and_is_in_the_log(
 
 
 @pytest.mark.asyncio
-async def test_many_concurrent_jobs(worker_env: dict[str, str]) -> None:
-    async with LocalCluster(1, args=APP, env=worker_env) as cluster, cluster.client() as client:
+async def test_many_concurrent_jobs(vision_worker: LocalCluster) -> None:
+    async with vision_worker.client() as client:
         results = await client.submit_many("echo", ({"x": i} for i in range(200)), concurrency=50)
         assert results == list(range(200))
 
@@ -135,8 +137,8 @@ async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
 async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
     worker_env: dict[str, str], tmp_path
 ) -> None:
-    # a short drain at the end: the first job's 30 s task would hold the worker's exit
-    args = ["--workload", one_worker_workload(tmp_path, slow=("m", 30000)), "--drain-timeout", "1"]
+    # no drain at the end: the first job's 30 s task would hold the worker's exit
+    args = ["--workload", one_worker_workload(tmp_path, slow=("m", 30000)), "--drain-timeout", "0"]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         first = asyncio.create_task(client.submit("slow", data=DATA, timeout=None))
         await status_when(client, lambda s: s["queue"]["running"] == 1)
@@ -156,7 +158,7 @@ async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_servin
     worker_env: dict[str, str], tmp_path
 ) -> None:
     spec = one_worker_workload(tmp_path, slow=("m", 30000), quick=(None, 1))
-    args = ["--workload", spec, "--max-jobs", "2", "--drain-timeout", "1"]
+    args = ["--workload", spec, "--max-jobs", "2", "--drain-timeout", "0"]  # as above
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         held = [asyncio.create_task(client.submit("slow", data=DATA, timeout=None)) for _ in "ab"]
         await status_when(client, lambda s: s["jobs_in_flight"] == 2)

@@ -217,9 +217,16 @@ async def test_join_keeps_trying_until_its_seed_starts(
     )  # fmt: skip
     a = WorkerProcess("a", joiner, tmp_path / "a.log")
     seed: asyncio.subprocess.Process | None = None
+
+    async def logged() -> str:
+        return (tmp_path / "a.log").read_text()
+
     try:
-        await asyncio.sleep(1.5)
-        assert joiner.returncode is None  # still trying, not listening yet
+        # it tried, failed, and tried again: two tries logged, still running, not listening yet
+        await _until(
+            logged, lambda text: text.count("could not join 127.0.0.1:") >= 2, "two tries logged"
+        )
+        assert joiner.returncode is None
         seed = await _worker(worker_env, "--port", str(port), "--name", "b")
         address = await a.read_address(60.0)
         async with Client(f"127.0.0.1:{port}", token="rejoin-token-8d2f6b1e9a4c7e3b") as client:
