@@ -69,8 +69,9 @@ def test_bench_scale_measures_tiny_clusters_and_ends_its_workers(
     for size in data["sizes"]:
         n = size["workers"]
         assert set(size) == KEYS
-        assert 0 < size["idle_cpu_per_worker"] < 2
-        assert 0 < size["loaded_cpu_per_worker"] < 2
+        # an idle bounded worker spends about 1% of a core: over one second that can read as
+        # no clock tick at all (seen once); a light job stream costs more than that
+        assert 0 <= size["idle_cpu_per_worker"] < size["loaded_cpu_per_worker"] < 2
         # the bounded view sends its state to nobody while idle: the failure detector's probes
         # and acks (5 a second each) and rumors are all; the mesh sent a heartbeat of about
         # 100 bytes to each peer every 10 ms (100 and 200 a second at 2 and 3 workers)
