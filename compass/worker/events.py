@@ -6,7 +6,10 @@ names an anonymous one); every instruction carries the id of the event that caus
 trace or a test can tell why a task ran, a model loaded or a message went out (an anonymous
 event's name is made only when read: :mod:`compass.worker.causes`). The lanes'
 own instructions, :class:`~compass.worker.lanes.RunTask` and
-:class:`~compass.worker.lanes.LoadModel`, are defined with the lanes.
+:class:`~compass.worker.lanes.LoadModel`, are defined with the lanes. Events and instructions
+are frozen dataclasses, except those made for every task (:class:`Received`,
+:class:`TaskDone`, :class:`Send`, :class:`~compass.worker.lanes.RunTask`): records, frozen by
+convention and to the type checker (:mod:`compass.worker.records`), cheaper to make.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from compass.worker.causes import Cause, cause_text
 from compass.worker.lanes import LoadModel, RunTask
 from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.worker.queue import QueuedTask
+from compass.worker.records import record
 
 __all__ = [
     "NOT_HANDLING",
@@ -130,7 +134,8 @@ class PlanReady:
     cause: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+@record
 class Received:
     """A message from a peer. For a :class:`TaskMsg`: ``transfer_s`` it spent on the wire and
     ``job_arrival``, the job's submit time on this worker's clock."""
@@ -144,7 +149,8 @@ class Received:
     cause: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+@record
 class TaskDone:
     """``entry`` ran to its end with ``output``. ``exec_s``: how long its run took, measured
     (None: not measured, as in emulation); ``batch``: how many tasks the run took, ``first``:
@@ -324,7 +330,8 @@ Event: TypeAlias = (
 # -- instructions ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+@record
 class Send:
     """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""
 

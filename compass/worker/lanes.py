@@ -45,11 +45,13 @@ from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 from compass.worker.causes import Cause, cause_text
 from compass.worker.queue import QueuedTask, TaskQueue
+from compass.worker.records import record
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+@record
 class RunTask:
     """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
     group); its model (if any) is resident and pinned for the run. Each entry ends with an
