@@ -83,6 +83,9 @@ def pick(
     order), its holders, or with ``rule.holders`` as many as needed to have that many of them
     in view (those already kept count), sampled; then ``rule.k`` sampled from the workers not
     chosen yet (all of them when there are no more)."""
+    # ``a.nonzero()[0]`` is ``np.flatnonzero(a)`` for these 1-d masks, without the Python
+    # wrappers around it (about 60 bytecode instructions a call, most of what a small view's
+    # pick cost)
     chosen = np.zeros(n, dtype=np.bool_)
     kept = list(keep)
     if kept:
@@ -95,16 +98,16 @@ def pick(
         need = cap - int(np.count_nonzero(row & chosen))
         if need <= 0:
             continue
-        more = np.flatnonzero(row & ~chosen)
+        more = (row & ~chosen).nonzero()[0]
         if len(more) > need:
             more = more[rng.sample(range(len(more)), need)]
         chosen[more] = True
     if rule.k:
-        rest = np.flatnonzero(~chosen)
+        rest = (~chosen).nonzero()[0]
         if len(rest) > rule.k:
             rest = rest[rng.sample(range(len(rest)), rule.k)]
         chosen[rest] = True
-    return np.flatnonzero(chosen)
+    return chosen.nonzero()[0]
 
 
 def candidates(
@@ -115,4 +118,5 @@ def candidates(
     positions = view.positions
     keep = [positions[w] for w in scope.keep if w in positions]
     held = [view.holds(m) for m in scope.models]
-    return tuple(view.names[i] for i in pick(len(view), held, keep, rule, rng))
+    names = view.names
+    return tuple([names[i] for i in pick(len(view), held, keep, rule, rng).tolist()])

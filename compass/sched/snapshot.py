@@ -159,6 +159,24 @@ class ViewSnapshot:
             members=members,
         )
 
+    def with_wait(self, wait: FloatArray) -> ViewSnapshot:
+        """The same picture with the waits ``wait`` (indexed like :attr:`names`; made
+        read-only, so the caller must not write it again). Built field by field rather than
+        with :func:`dataclasses.replace`, which reads every field by name (about 290 bytecode
+        instructions against 100): a bounded view ages the waits of every snapshot."""
+        wait.setflags(write=False)
+        return ViewSnapshot(
+            self.names,
+            wait,
+            self.free_bytes,
+            self.capacity_bytes,
+            self.resident,
+            self.positions,
+            self.min_capacity_bytes,
+            self.batches,
+            self.members,
+        )
+
     def __len__(self) -> int:
         return len(self.names)
 
