@@ -50,7 +50,7 @@ def test_a_subclass_must_be_a_record_too() -> None:
     with pytest.raises(TypeError):
 
         @dataclass(frozen=True)
-        class Later(Send):  # type: ignore[misc]
+        class Later(Send):
             pass
 
     @record
