@@ -9,7 +9,7 @@ own instructions, :class:`~compass.worker.lanes.RunTask` and
 :class:`~compass.worker.lanes.LoadModel`, are defined with the lanes. Events and instructions
 are frozen dataclasses, except those made for every task (:class:`Received`,
 :class:`TaskDone`, :class:`Send`, :class:`~compass.worker.lanes.RunTask`): records, frozen by
-convention and to the type checker (:mod:`compass.worker.records`), cheaper to make.
+convention and to the type checker (:mod:`compass.records`), cheaper to make.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeAlias
 
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.records import record
 from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
@@ -29,7 +30,6 @@ from compass.worker.causes import Cause, cause_text
 from compass.worker.lanes import LoadModel, RunTask
 from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.worker.queue import QueuedTask
-from compass.worker.records import record
 
 __all__ = [
     "NOT_HANDLING",
@@ -134,7 +134,7 @@ class PlanReady:
     cause: str = ""
 
 
-# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
 class Received:
     """A message from a peer. For a :class:`TaskMsg`: ``transfer_s`` it spent on the wire and
@@ -149,7 +149,7 @@ class Received:
     cause: str = ""
 
 
-# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
 class TaskDone:
     """``entry`` ran to its end with ``output``. ``exec_s``: how long its run took, measured
@@ -330,7 +330,7 @@ Event: TypeAlias = (
 # -- instructions ----------------------------------------------------------------------------
 
 
-# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
 class Send:
     """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""

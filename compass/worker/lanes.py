@@ -43,14 +43,14 @@ from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
+from compass.records import record
 from compass.worker.causes import Cause, cause_text
 from compass.worker.queue import QueuedTask, TaskQueue
-from compass.worker.records import record
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 
 
-# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
 class RunTask:
     """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its

@@ -1,5 +1,5 @@
 """Every one-way message between workers, typed: one frozen dataclass each (:class:`TaskMsg`,
-made for every task, frozen by convention: :mod:`compass.worker.records`), one encode
+made for every task, frozen by convention: :mod:`compass.records`), one encode
 (:meth:`to_wire`) and one decode (:func:`decode`).
 
 Decoding validates types and required fields, so a malformed message from a peer is a
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from compass.errors import ProtocolError
-from compass.worker.records import record
+from compass.records import record
 
 __all__ = [
     "JOB_INPUTS",
@@ -87,7 +87,7 @@ def _budget(body: Mapping[str, Any], op: str) -> float | None:
     return budget
 
 
-# made for every task: a record, frozen by convention (:mod:`compass.worker.records`)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
 class TaskMsg:
     """One input of ``task``: the output of predecessor ``source``, or (``source`` =

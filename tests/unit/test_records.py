@@ -1,5 +1,5 @@
-"""The per-task values (compass.worker.records): compared, hashed and copied as the frozen
-dataclasses they replaced."""
+"""The hot values (compass.records): compared, hashed and copied as the frozen dataclasses
+they replaced."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from dataclasses import dataclass, fields, replace
 
 import pytest
 
+from compass.errors import ConfigError
+from compass.records import record
+from compass.sched import Heartbeat, ViewSnapshot
 from compass.worker.events import Received, Send, TaskDone
 from compass.worker.lanes import RunTask
 from compass.worker.messages import DoneMsg, TaskMsg
 from compass.worker.queue import QueuedTask
-from compass.worker.records import record
 
 
 def _msg(task: str = "b") -> TaskMsg:
@@ -58,3 +60,13 @@ def test_a_subclass_must_be_a_record_too() -> None:
         pass
 
     assert Again("w1", _msg()).peer == "w1"
+
+
+def test_a_heartbeat_is_checked_and_hashed_by_value_and_a_snapshot_by_identity() -> None:
+    beat = Heartbeat("w0", 0.5, frozenset({"m"}), 1, 2, batches={"m": (2, 0.5)})
+    assert beat == replace(beat) and hash(beat) == hash(replace(beat, batches={}))
+    with pytest.raises(ConfigError, match="wait_s"):
+        Heartbeat("w0", -1.0, frozenset(), 1, 2)  # __post_init__ still runs
+    # a snapshot's arrays have no truth value: it compares and hashes as itself (eq=False)
+    snap = ViewSnapshot.build([beat])
+    assert snap == snap and snap != ViewSnapshot.build([beat]) and len({snap, snap}) == 1
