@@ -21,14 +21,20 @@ measurements. The tool also measures trees from before issue 19 (388075e), where
 not the core, learned from a task's run and a push's transfer time: there it pays that
 learning itself, as the worker did, so that both sides count the same work.
 
+``--view mesh`` measures the workers with a full view (every peer's heartbeats, no candidate
+sampling), the only view before issue 24 made the bounded one the default; a tree without the
+``view`` setting has only the mesh.
+
 Run: ``python -m compass._bench.core_cost [--what job,core-job,core-chain] [--rounds 5]
-[--json out.json]``; with ``PYTHONPATH`` pointing at another tree, that tree is measured.
+[--view bounded|mesh] [--json out.json]``; with ``PYTHONPATH`` pointing at another tree, that
+tree is measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import secrets
 import sys
@@ -53,6 +59,17 @@ __all__ = ["count_instructions", "run"]
 APP = "compass._bench.apps"
 CHAIN = 100
 WHAT = ("job", "core-job", "core-chain")
+
+
+def _sched(view: str | None, **settings: Any) -> SchedConfig:
+    """The scheduling settings with ``view`` (None: the tree's default); a tree without the
+    setting (before issue 24) has only the mesh."""
+    if view is not None:
+        if any(f.name == "view" for f in dataclasses.fields(SchedConfig)):
+            settings["view"] = view
+        elif view != "mesh":
+            raise SystemExit(f"--view {view}: this tree has only the mesh")
+    return SchedConfig(**settings)
 
 
 class _Counter:
@@ -92,7 +109,7 @@ class _Cores:
     the events of this tree's core (the vocabulary moved to ``compass.worker.events`` in
     issue 19; before it, the worker learned outside the core)."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], view: str | None = None) -> None:
         try:
             events: Any = importlib.import_module("compass.worker.events")
             self.learns_outside = False
@@ -102,7 +119,7 @@ class _Cores:
         self.ev = events
         stats: Any = importlib.import_module("compass.worker.stats")
         self.payload_bytes: Callable[[Any], int] = stats.payload_bytes
-        sched = SchedConfig(policy="round_robin")
+        sched = _sched(view, policy="round_robin")
         self.workers = {
             n: build_worker(WorkerConfig(name=n, app=APP, sched=sched, token="x" * 32))
             for n in names
@@ -173,10 +190,10 @@ class _Cores:
         return self.ev.TaskDone(self.now, entry, output, exec_s)
 
 
-def _core_cost(what: str, rounds: int, repeats: int) -> dict[str, Any]:
+def _core_cost(what: str, rounds: int, repeats: int, view: str | None) -> dict[str, Any]:
     """Instructions per job (``core-job``) or per chain task (``core-chain``), and CPU
     microseconds (best of ``rounds`` rounds of ``repeats`` jobs)."""
-    cores = _Cores(["w0", "w1"])
+    cores = _Cores(["w0", "w1"], view)
     workflow, per = ("noop", 1) if what == "core-job" else (f"chain_{CHAIN}", CHAIN)
     expected = 0 if what == "core-job" else CHAIN  # noop answers x, a chain adds 1 per task
     for _ in range(20):  # warm up: the cost tables, the profiles' first measurements
@@ -199,11 +216,11 @@ def _core_cost(what: str, rounds: int, repeats: int) -> dict[str, Any]:
 # -- a real worker over loopback ---------------------------------------------------------------
 
 
-def _job_cost(jobs: int, rounds: int) -> dict[str, Any]:
+def _job_cost(jobs: int, rounds: int, view: str | None) -> dict[str, Any]:
     """A real worker in a thread of its own, with its own event loop (counted and timed:
     that thread only), its client in this one, over loopback."""
     token = secrets.token_hex(16)
-    config = WorkerConfig(name="w0", app=APP, token=token)
+    config = WorkerConfig(name="w0", app=APP, token=token, sched=_sched(view))
     ready = threading.Event()
     box: dict[str, Any] = {}
 
@@ -297,23 +314,27 @@ def run(
     repeats: int = 20,
     jobs: int = 300,
     json_path: str | None = None,
+    view: str | None = None,
 ) -> dict[str, Any]:
-    """Measure ``what`` (see the module docstring); print a table, write ``json_path``."""
+    """Measure ``what`` (see the module docstring) with the workers' ``view`` (None: the
+    tree's default); print a table, write ``json_path``."""
     result: dict[str, Any] = {}
     for name in what:
         if name == "job":
-            result[name] = _job_cost(jobs, rounds)
+            result[name] = _job_cost(jobs, rounds, view)
         else:
-            result[name] = _core_cost(name, rounds, repeats)
+            result[name] = _core_cost(name, rounds, repeats, view)
     rows = [
         [name, min(r["instructions"]), max(r["instructions"]), r.get("cpu_us")]
         for name, r in result.items()
     ]
     print_table(
-        "worker cost per job (job, core-job) and per chain task (core-chain)",
+        "worker cost per job (job, core-job) and per chain task (core-chain), "
+        f"{view or 'default'} view",
         ["what", "instructions (min)", "(max)", "CPU us (best)"],
         rows,
     )
+    result["view"] = view or "default"
     result["machine"] = machine()
     write_json(json_path, result)
     return result
@@ -326,12 +347,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--view", choices=("bounded", "mesh"), default=None, help="default: the tree's"
+    )
     args = parser.parse_args()
     chosen = tuple(args.what.split(","))
     unknown = [w for w in chosen if w not in WHAT]
     if unknown:
         parser.error(f"--what: unknown {unknown}; choose from {', '.join(WHAT)}")
-    run(chosen, args.rounds, args.repeats, args.jobs, args.json)
+    run(chosen, args.rounds, args.repeats, args.jobs, args.json, args.view)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ more of the jobs would stay warmer in the CPU's caches and scheduler, and look f
 
 Each side's p50 over the plain side's is ``<side>_over_plain`` in the JSON
 (``traced_over_plain``: the cost of tracing every job; ``control_over_plain``: the noise).
+
+``view``: the workers' view (``compass worker start --view``; ``mesh``, the only view before
+issue 24, plans without sampling candidates or aging the peers' waits).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import numpy as np
 
 from compass.client import Client
 from compass.cluster import LocalCluster
+from compass.config import VIEWS
+from compass.errors import ConfigError
 from compass.wire.transport import new_event_loop
 
 from .report import machine, print_table, write_json
@@ -48,9 +53,9 @@ TRACE_SIDES: dict[str, tuple[list[str], bool]] = {
 }
 
 
-async def _measure(jobs: int) -> dict[str, Any]:
+async def _measure(jobs: int, args: list[str] | None = None) -> dict[str, Any]:
     async with (
-        LocalCluster(1, args=APP) as cluster,
+        LocalCluster(1, args=args or APP) as cluster,
         cluster.client() as client,
     ):
         for i in range(min(200, jobs)):  # warm up: imports, caches, branch predictors
@@ -87,10 +92,10 @@ def _submitter(client: Client, returned: bool) -> Callable[[int], Awaitable[Any]
     return traced
 
 
-async def _measure_tracing(jobs: int) -> dict[str, Any]:
+async def _measure_tracing(jobs: int, args: list[str]) -> dict[str, Any]:
     """Every side of :data:`TRACE_SIDES`, the jobs dealt in turn."""
     async with contextlib.AsyncExitStack() as stack:
-        clusters = {side: LocalCluster(1, args=[*APP, *flags]) for side, (flags, _) in
+        clusters = {side: LocalCluster(1, args=[*args, *flags]) for side, (flags, _) in
                     TRACE_SIDES.items()}  # fmt: skip
         for cluster in clusters.values():
             stack.push_async_callback(cluster.aclose)
@@ -125,17 +130,24 @@ async def _measure_tracing(jobs: int) -> dict[str, Any]:
     return out
 
 
-def run(jobs: int = 2000, json_path: str | None = None, trace: bool = False) -> dict[str, Any]:
+def run(
+    jobs: int = 2000, json_path: str | None = None, trace: bool = False, view: str = "bounded"
+) -> dict[str, Any]:
+    if view not in VIEWS:
+        raise ConfigError(f"--view must be one of {', '.join(VIEWS)}, got {view!r}")
+    args = [*APP, "--view", view]
     loop = new_event_loop()
     try:
-        result = loop.run_until_complete(_measure_tracing(jobs) if trace else _measure(jobs))
+        measure = _measure_tracing if trace else _measure
+        result = loop.run_until_complete(measure(jobs, args))
     finally:
         loop.close()
+    result["view"] = view
     if trace:
         ratios = {side: result.get(f"{side}_over_plain", 1.0) for side in TRACE_SIDES}
         print_table(
             f"one-task no-op job, {jobs} sequential jobs per side, dealt in turn; one worker "
-            "process per side",
+            f"process per side, {view} view",
             ["side", "p50 us", "p99 us", "p50 / plain"],
             [
                 [side, result[side]["p50_us"], result[side]["p99_us"], ratios[side]]
@@ -145,7 +157,7 @@ def run(jobs: int = 2000, json_path: str | None = None, trace: bool = False) -> 
     else:
         result["job_over_ping"] = result["p50_us"] / result["ping_p50_us"]
         print_table(
-            f"one-task no-op job, {jobs} sequential jobs, one worker process",
+            f"one-task no-op job, {jobs} sequential jobs, one worker process, {view} view",
             ["what", "p50 us", "p99 us"],
             [
                 ["job (submit -> result)", result["p50_us"], result["p99_us"]],

@@ -123,12 +123,18 @@ def bench_job(
             "returned, in one run (traced_over_plain in the JSON).",
         ),
     ] = False,
+    view: Annotated[
+        str, typer.Option(help="The worker's view: bounded (the default) or mesh.")
+    ] = "bounded",
 ) -> None:
     """A one-task no-op job, client to worker and back: p50/p99 microseconds."""
     from compass._bench import job
+    from compass.config import VIEWS
 
+    if view not in VIEWS:
+        fail(f"--view must be one of {', '.join(VIEWS)}, got {view!r}", 2)
     check_output(json_path, "--json")
-    job.run(jobs=jobs, json_path=json_path, trace=trace)
+    job.run(jobs=jobs, json_path=json_path, trace=trace, view=view)
 
 
 @bench_app.command("client")

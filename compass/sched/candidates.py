@@ -83,6 +83,11 @@ def pick(
     order), its holders, or with ``rule.holders`` as many as needed to have that many of them
     in view (those already kept count), sampled; then ``rule.k`` sampled from the workers not
     chosen yet (all of them when there are no more)."""
+    if _all_chosen(n, held, rule):
+        return np.arange(n, dtype=np.intp)
+    # ``a.nonzero()[0]`` is ``np.flatnonzero(a)`` for these 1-d masks, without the Python
+    # wrappers around it (about 60 bytecode instructions a call, most of what a small view's
+    # pick cost)
     chosen = np.zeros(n, dtype=np.bool_)
     kept = list(keep)
     if kept:
@@ -95,16 +100,16 @@ def pick(
         need = cap - int(np.count_nonzero(row & chosen))
         if need <= 0:
             continue
-        more = np.flatnonzero(row & ~chosen)
+        more = (row & ~chosen).nonzero()[0]
         if len(more) > need:
             more = more[rng.sample(range(len(more)), need)]
         chosen[more] = True
     if rule.k:
-        rest = np.flatnonzero(~chosen)
+        rest = (~chosen).nonzero()[0]
         if len(rest) > rule.k:
             rest = rest[rng.sample(range(len(rest)), rule.k)]
         chosen[rest] = True
-    return np.flatnonzero(chosen)
+    return chosen.nonzero()[0]
 
 
 def candidates(
@@ -112,7 +117,21 @@ def candidates(
 ) -> tuple[str, ...]:
     """The workers of ``view`` a planner keeps for ``scope``'s job (:func:`pick` by name,
     sorted; names of ``scope.keep`` missing from the view are left out)."""
+    held = [view.holds(m) for m in scope.models]
+    names = view.names
+    if _all_chosen(len(names), held, rule):
+        return names
     positions = view.positions
     keep = [positions[w] for w in scope.keep if w in positions]
-    held = [view.holds(m) for m in scope.models]
-    return tuple(view.names[i] for i in pick(len(view), held, keep, rule, rng))
+    return tuple([names[i] for i in pick(len(names), held, keep, rule, rng).tolist()])
+
+
+def _all_chosen(n: int, held: Sequence[BoolArray], rule: CandidateRule) -> bool:
+    """Whether :func:`pick` would choose all ``n`` workers without a draw: ``rule.k`` takes
+    every worker left, and no model has more holders than ``rule.holders``. The common case
+    in a small cluster, answered without building the masks (the same workers, the
+    generator untouched)."""
+    if n > rule.k:
+        return False
+    cap = rule.holders
+    return cap is None or all(int(np.count_nonzero(row)) <= cap for row in held)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
 from compass.errors import ConfigError, ProtocolError
 from compass.objective import MAX_PRIORITY
+from compass.records import record
 
 __all__ = ["NO_BATCHES", "Heartbeat"]
 
@@ -23,7 +24,9 @@ __all__ = ["NO_BATCHES", "Heartbeat"]
 NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+# made for every job (a worker's own state): a record, frozen by convention
+# (:mod:`compass.records`)
+@record
 class Heartbeat:
     """One worker's state as its heartbeat reports it.
 

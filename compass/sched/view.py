@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
@@ -219,8 +219,7 @@ class ClusterView:
             for p in placements:
                 if p.task.priority >= priority and not (without and p.task.job == without):
                     wait[i] += p.task.seconds
-        wait.setflags(write=False)
-        return replace(snap, wait_s=wait)
+        return snap.with_wait(wait)
 
     def _age(self, wait: FloatArray, now: float) -> FloatArray:
         """``wait`` less each worker's time since its state was received, at least 0."""
@@ -231,9 +230,7 @@ class ClusterView:
         if aged:
             # not cached: it changes with now
             base = self._frozen_base()
-            wait = self._age(base.wait_s, now)
-            wait.setflags(write=False)
-            base = replace(base, wait_s=wait)
+            base = base.with_wait(self._age(base.wait_s, now))
             return self._with_placements(base, without) if self._pending else base
         base = self._frozen_base()
         if not self._pending:

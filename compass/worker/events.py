@@ -6,7 +6,10 @@ names an anonymous one); every instruction carries the id of the event that caus
 trace or a test can tell why a task ran, a model loaded or a message went out (an anonymous
 event's name is made only when read: :mod:`compass.worker.causes`). The lanes'
 own instructions, :class:`~compass.worker.lanes.RunTask` and
-:class:`~compass.worker.lanes.LoadModel`, are defined with the lanes.
+:class:`~compass.worker.lanes.LoadModel`, are defined with the lanes. Events and instructions
+are frozen dataclasses, except those made for every task (:class:`Received`,
+:class:`TaskDone`, :class:`Send`, :class:`~compass.worker.lanes.RunTask`): records, frozen by
+convention and to the type checker (:mod:`compass.records`), cheaper to make.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Protocol, TypeAlias
 
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.records import record
 from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
@@ -39,6 +43,7 @@ __all__ = [
     "LoadFailed",
     "LoadModel",
     "ModelLoaded",
+    "Named",
     "PeerDraining",
     "PeerJoined",
     "PeerLost",
@@ -99,8 +104,20 @@ class ViewPort(Protocol):
 # -- events ----------------------------------------------------------------------------------
 
 
+class Named:
+    """What every event type shares: an anonymous one names itself (:func:`stimulus_id`).
+    :func:`compass.worker.causes.cause_text` reads the name through this method: it cannot
+    import this module, which imports the lanes, which use it."""
+
+    __slots__ = ()
+
+    def stimulus_id(self, n: int) -> str:
+        """This event's id as the ``n``-th a core handled (:func:`stimulus_id`)."""
+        return stimulus_id(self, n)  # type: ignore[arg-type]  # every subclass is an Event
+
+
 @dataclass(frozen=True, slots=True)
-class Submit:
+class Submit(Named):
     """A client submitted a job to this worker (its ingress). ``t0`` is the submit time on
     the clock every worker shares for job ages (wall clock; virtual time in the simulator)."""
 
@@ -119,7 +136,7 @@ class Submit:
 
 
 @dataclass(frozen=True, slots=True)
-class PlanReady:
+class PlanReady(Named):
     """The plan asked of another worker (:class:`AskPlan`) arrived; ``None``: no answer,
     plan here."""
 
@@ -130,8 +147,9 @@ class PlanReady:
     cause: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
+class Received(Named):
     """A message from a peer. For a :class:`TaskMsg`: ``transfer_s`` it spent on the wire and
     ``job_arrival``, the job's submit time on this worker's clock."""
 
@@ -144,8 +162,9 @@ class Received:
     cause: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TaskDone:
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
+class TaskDone(Named):
     """``entry`` ran to its end with ``output``. ``exec_s``: how long its run took, measured
     (None: not measured, as in emulation); ``batch``: how many tasks the run took, ``first``:
     ``entry`` led it (a batch is one measurement, recorded under its lead). A learning core
@@ -162,7 +181,7 @@ class TaskDone:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskFailed:
+class TaskFailed(Named):
     """``entry`` failed: ``error`` is ``Type: message``; ``code`` the error's wire code.
     ``still_running``: it was abandoned past its timeout and its thread runs on (it keeps its
     model pinned until :class:`TaskReturned`)."""
@@ -178,7 +197,7 @@ class TaskFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskReturned:
+class TaskReturned(Named):
     """The thread of ``entry``, abandoned past its timeout, returned at last."""
 
     now: float
@@ -188,7 +207,7 @@ class TaskReturned:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelLoaded:
+class ModelLoaded(Named):
     """The load of ``model`` (a :class:`LoadModel`) ended after ``seconds`` of copying."""
 
     now: float
@@ -199,7 +218,7 @@ class ModelLoaded:
 
 
 @dataclass(frozen=True, slots=True)
-class LoadFailed:
+class LoadFailed(Named):
     """The load of ``model`` failed with ``error``; the tasks waiting for it fail with it."""
 
     now: float
@@ -210,7 +229,7 @@ class LoadFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(Named):
     """A periodic check (the real worker's heartbeat): an idle worker may warm its cache."""
 
     now: float
@@ -219,7 +238,7 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
-class PeerLost:
+class PeerLost(Named):
     """Peer ``name`` was declared dead or left."""
 
     now: float
@@ -229,7 +248,7 @@ class PeerLost:
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(Named):
     """The client of ``job_id`` stopped waiting: drop the job everywhere."""
 
     now: float
@@ -239,7 +258,7 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
-class Undeliverable:
+class Undeliverable(Named):
     """``msg`` could not be sent to ``peer``: ``error`` says why (a task output the wire
     cannot encode, say). The job it carried fails; nothing else does. ``unreachable``: this
     worker has no connection to ``peer`` (one that restarted and has not reached it yet):
@@ -255,7 +274,7 @@ class Undeliverable:
 
 
 @dataclass(frozen=True, slots=True)
-class PlanAsked:
+class PlanAsked(Named):
     """Another ingress asks this worker to plan its job (the ``central`` policy plans at one
     worker); answer with :class:`Planned`. Planning counts the placements in this worker's
     view, so it is an event, not a query."""
@@ -267,7 +286,7 @@ class PlanAsked:
 
 
 @dataclass(frozen=True, slots=True)
-class Heard:
+class Heard(Named):
     """A heartbeat of a live peer, of its current incarnation (the membership vouched for
     it): its queue and cache go into the view, and a host-to-device bandwidth it measured
     into the profiles."""
@@ -279,7 +298,7 @@ class Heard:
 
 
 @dataclass(frozen=True, slots=True)
-class PeerJoined:
+class PeerJoined(Named):
     """Peer ``name`` (process ``instance``) is connected: new, back, or restarted."""
 
     now: float
@@ -290,7 +309,7 @@ class PeerJoined:
 
 
 @dataclass(frozen=True, slots=True)
-class PeerDraining:
+class PeerDraining(Named):
     """Peer ``name`` (process ``instance``) drains before it stops: nothing new is placed
     there until it leaves or another instance joins under its name."""
 
@@ -324,7 +343,8 @@ Event: TypeAlias = (
 # -- instructions ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
 class Send:
     """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""
 

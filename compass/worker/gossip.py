@@ -148,8 +148,9 @@ class Gossip:
         full = self.view.snapshot(now, without, priority, aged=rule is not None)
         if rule is None or scope is None:
             return full  # the mesh: every peer is heard, so every snapshot shows all of them
-        keep = (*scope.keep, self.name)
-        among = candidates(full, PlanScope(scope.workflow, keep), rule, self._rng)
+        if self.name not in scope.keep:  # the core's scopes name it: no new scope per job
+            scope = PlanScope(scope.workflow, (*scope.keep, self.name))
+        among = candidates(full, scope, rule, self._rng)
         if self._membership is not None:
             self._want(among)
         return full if len(among) == len(full) else full.subset(among)

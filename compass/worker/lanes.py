@@ -43,13 +43,15 @@ from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
+from compass.records import record
 from compass.worker.causes import Cause, cause_text
 from compass.worker.queue import QueuedTask, TaskQueue
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
 class RunTask:
     """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
     group); its model (if any) is resident and pinned for the run. Each entry ends with an
@@ -228,8 +230,8 @@ class Lanes:
 
     def submit(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """``entry``'s inputs are all here: queue it, and start it if a lane is idle."""
-        # the per-task calls (submit, ended, fill) are :meth:`_decide` written out: a chain
-        # task makes three of them
+        # the per-task calls (submit, fill) are :meth:`_decide` written out: a chain task
+        # makes them and :meth:`ended`, which decides only when a model is unpinned
         steps: list[Step] = []
         self._steps = steps
         self._cause = cause
@@ -269,35 +271,30 @@ class Lanes:
         """``entry``'s run ended (done or failed): its lane is free (the caller fills it).
         ``still_running``: it was abandoned past its timeout, and keeps its model pinned until
         :meth:`returned`. Its model unpinned, a task waiting for the slabs may load or run."""
-        steps: list[Step] = []
-        self._steps = steps
-        self._cause = cause
-        try:
-            run = self._runs.pop(entry, None)
-            if run is None:
-                return steps
-            if still_running and not run.stuck:
-                run.stuck = True
-                self.stuck += 1
-                self.version += 1
-            run.pending -= 1
-            if run.pending:
-                return steps  # the rest of its batch is still to report
-            lead = run.entry
-            if run.host:
-                self._host_idle.append(run.lane)
-                self.host_queue.finish(lead)
-                return steps
+        # only an unpinned model can make anything happen: the bookkeeping before it decides
+        # nothing (if it raised, there would be no steps to carry on), so it runs outside
+        # :meth:`_decide` and returns a fresh empty list (one per task less to set up)
+        run = self._runs.pop(entry, None)
+        if run is None:
+            return []
+        if still_running and not run.stuck:
+            run.stuck = True
+            self.stuck += 1
             self.version += 1
-            self._idle.append(run.lane)
-            self.queue.finish(lead)
-            if lead.model is not None and not run.stuck:
-                self._unpin(lead.model, now)
-        except Exception as exc:
-            raise LanesFault(steps) from exc
-        finally:
-            self._steps = _NOT_DECIDING
-        return steps
+        run.pending -= 1
+        if run.pending:
+            return []  # the rest of its batch is still to report
+        lead = run.entry
+        if run.host:
+            self._host_idle.append(run.lane)
+            self.host_queue.finish(lead)
+            return []
+        self.version += 1
+        self._idle.append(run.lane)
+        self.queue.finish(lead)
+        if lead.model is not None and not run.stuck:
+            return self._decide(cause, self._unpin, lead.model, now)
+        return []
 
     def returned(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """The thread of an abandoned task returned: its model is unpinned."""

@@ -54,6 +54,13 @@ class Sent(NamedTuple):
 #: whether what was sent of a job's attempt for an ingress is stale here (job, attempt, ingress)
 Stale = Callable[[str, int, str], bool]
 
+#: what :meth:`Links.note` keeps of the last message of a job sent to a peer: a :class:`Sent`
+#: less its job (the key), as a plain tuple (attempt, task, ingress, failed). A worker notes
+#: every task output it pushes on, and a NamedTuple is built through a Python-level
+#: ``__new__`` (a call and about 11 bytecode instructions more than a tuple); the
+#: :class:`Sent` is made only when a link breaks (:meth:`Links._take`)
+_Kept = tuple[int, str, str, FailedMsg | None]
+
 
 class Links:
     """Worker ``name``'s record of what broken links may have lost: per peer the last message
@@ -63,7 +70,7 @@ class Links:
     def __init__(self, name: str, limit: int = 4096) -> None:
         self.name = name
         self.limit = limit
-        self._sent: dict[str, OrderedDict[str, Sent]] = {}
+        self._sent: dict[str, OrderedDict[str, _Kept]] = {}
         #: job -> the peers that have a message of it here
         self._peers: dict[str, set[str]] = {}
         #: per ingress this worker lost: what it must hear if it comes back, by job
@@ -75,29 +82,30 @@ class Links:
     def note(self, peer: str, msg: PeerMessage) -> None:
         """``msg`` went to ``peer``. Only the messages a job waits for count: a task's input,
         and a result or a failure report, which go to the job's ingress."""
+        kept: _Kept
         if isinstance(msg, TaskMsg):
-            task = msg.task if msg.source == JOB_INPUTS else msg.source
-            sent = Sent(msg.job, msg.attempt, task, msg.ingress)
+            source = msg.source
+            kept = (msg.attempt, msg.task if source == JOB_INPUTS else source, msg.ingress, None)
         elif isinstance(msg, ResultMsg):
-            sent = Sent(msg.job, msg.attempt, msg.task, peer)
+            kept = (msg.attempt, msg.task, peer, None)
         elif isinstance(msg, FailedMsg):
-            sent = Sent(msg.job, msg.attempt, msg.task, peer, msg)
+            kept = (msg.attempt, msg.task, peer, msg)
         else:
             return
         jobs = self._sent.get(peer)
         if jobs is None:
             jobs = self._sent[peer] = OrderedDict()
-        job = sent.job
+        job = msg.job
         known = jobs.get(job)
         if known is not None:
             # the newest attempt's; of one attempt, a report of a failure over a task's output
-            if known.attempt < sent.attempt or (
-                known.attempt == sent.attempt and (known.failed is None or sent.failed is not None)
+            if known[0] < kept[0] or (
+                known[0] == kept[0] and (known[3] is None or kept[3] is not None)
             ):
-                jobs[job] = sent
+                jobs[job] = kept
             jobs.move_to_end(job)
             return  # the peer is linked to the job already, and no job was added
-        jobs[job] = sent
+        jobs[job] = kept
         peers = self._peers.get(job)
         if peers is None:
             self._peers[job] = {peer}
@@ -111,7 +119,7 @@ class Links:
         """``job``'s attempts below ``below`` (every one: None) are done here."""
         for peer in list(self._peers.get(job, ())):
             jobs = self._sent[peer]
-            if below is None or jobs[job].attempt < below:
+            if below is None or jobs[job][0] < below:
                 del jobs[job]
                 if not jobs:
                     del self._sent[peer]
@@ -173,7 +181,7 @@ class Links:
         jobs = self._sent.pop(peer, OrderedDict())
         for job in jobs:
             self._unlink(job, peer)
-        return list(jobs.values())
+        return [Sent(job, *kept) for job, kept in jobs.items()]
 
     def _unlink(self, job: str, peer: str) -> None:
         peers = self._peers.get(job)

@@ -1,4 +1,5 @@
-"""Every one-way message between workers, typed: one frozen dataclass each, one encode
+"""Every one-way message between workers, typed: one frozen dataclass each (:class:`TaskMsg`,
+made for every task, frozen by convention: :mod:`compass.records`), one encode
 (:meth:`to_wire`) and one decode (:func:`decode`).
 
 Decoding validates types and required fields, so a malformed message from a peer is a
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from compass.errors import ProtocolError
+from compass.records import record
 
 __all__ = [
     "JOB_INPUTS",
@@ -85,7 +87,8 @@ def _budget(body: Mapping[str, Any], op: str) -> float | None:
     return budget
 
 
-@dataclass(frozen=True, slots=True)
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
 class TaskMsg:
     """One input of ``task``: the output of predecessor ``source``, or (``source`` =
     :data:`JOB_INPUTS`) the mapping of job inputs for a root task. ``plan`` is the job's plan

@@ -4,12 +4,14 @@ sampled), a snapshot cut down to them, and cost tables indexed down instead of r
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 
 from compass.errors import ConfigError
 from compass.sched import Heartbeat, ViewSnapshot
+from compass.sched import candidates as module
 from compass.sched.candidates import CandidateRule, PlanScope, candidates, pick
 from compass.sched.cost import CostCache, WorkflowCosts
 from compass.workflow import Profiles, Workflow, parse_workload
@@ -134,6 +136,46 @@ def test_pick_over_indices_matches_candidates_by_name() -> None:
     held = [snap.holds(m) for m in scope.models]
     index = pick(len(snap), held, [11, 12], rule, random.Random(4))
     assert by_name == tuple(snap.names[i] for i in index)
+
+
+def test_a_small_view_is_taken_whole_as_the_rule_would_take_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A view no larger than k is answered without the masks when the rule would choose every
+    worker without a draw: the same workers, and the generator left as the full rule leaves
+    it (a holder cap that must sample still samples)."""
+    wf, _ = workload()
+    cases = []
+    for seed in range(200):
+        draw = random.Random(seed)
+        n = draw.randint(1, 6)
+        holds = {m: {i for i in range(n) if draw.random() < 0.5} for m in ("a", "b")}
+        rule = CandidateRule(draw.randint(0, 6), draw.choice([None, 1, 2, 3]))
+        keep = [f"w{draw.randrange(n):02d}"]
+        cases.append((view(n, holds), PlanScope(wf, keep), rule, seed))
+
+    def run() -> list[tuple[tuple[str, ...], list[int], object]]:
+        out: list[tuple[tuple[str, ...], list[int], object]] = []
+        for snap, scope, rule, seed in cases:
+            rng = random.Random(seed)
+            held = [snap.holds(m) for m in scope.models]
+            keep = [snap.index(w) for w in scope.keep]
+            picked = pick(len(snap), held, keep, rule, rng).tolist()
+            out.append((candidates(snap, scope, rule, rng), picked, rng.getstate()))
+        return out
+
+    rule_of = module._all_chosen
+    answers: list[bool] = []
+
+    def spied(*args: Any) -> bool:
+        answers.append(rule_of(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(module, "_all_chosen", spied)
+    fast = run()
+    assert 40 < sum(answers) < len(answers)  # the shortcut taken, and not always
+    monkeypatch.setattr(module, "_all_chosen", lambda *args: False)
+    assert fast == run()
 
 
 def test_a_rule_needs_sane_counts() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import msgpack
 import numpy as np
 import pytest
@@ -205,6 +207,21 @@ def test_snapshots_are_immutable_and_unaffected_by_later_updates() -> None:
     assert first.holds("m").tolist() == [False, True]
     assert second.wait_s.tolist() == [0.5, 3.0]
     assert second.holds("m").tolist() == [True, False]
+
+
+def test_a_snapshot_with_other_waits_shares_the_rest_and_leaves_the_first_alone() -> None:
+    """What an aged or a priority's snapshot is made with (ViewSnapshot.with_wait)."""
+    first = ViewSnapshot.build(
+        [state("a", wait=1.0, models=("m",)), state("b", wait=2.0, batches={"m": (2, 0.5)})]
+    )
+    wait = np.array([5.0, 6.0])
+    other = first.with_wait(wait)
+    assert other.wait_s.tolist() == [5.0, 6.0] and first.wait_s.tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="read-only"):
+        wait[0] = 0.0
+    for f in fields(ViewSnapshot):
+        if f.name != "wait_s":
+            assert getattr(other, f.name) is getattr(first, f.name), f.name
 
 
 def test_build_snapshot_directly() -> None:

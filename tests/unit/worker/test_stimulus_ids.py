@@ -11,6 +11,7 @@ import pytest
 
 from compass.errors import CompassError
 from compass.sched.heartbeat import Heartbeat
+from compass.worker.causes import cause_text
 from compass.worker.events import _NAMERS as NAMERS
 from compass.worker.events import (
     Cancel,
@@ -92,3 +93,8 @@ def test_a_subclass_of_an_event_is_named_as_its_type_and_a_stranger_is_a_bug() -
     assert stimulus_id(Later(0.0), 3) == "tick#3"
     with pytest.raises(AssertionError):
         stimulus_id(object(), 3)  # type: ignore[arg-type]
+    # an instruction's cause names it the same way (the event names itself: causes.py
+    # imports no events, which import the lanes, which import causes.py)
+    assert cause_text((Later(0.0), 3)) == "tick#3" and cause_text("mine") == "mine"
+    with pytest.raises(AssertionError, match="not an event: object"):
+        cause_text((object(), 3))
