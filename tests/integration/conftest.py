@@ -14,6 +14,7 @@ import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
+from compass.config import TLSConfig
 from compass.wire.transport import new_event_loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +37,22 @@ def worker_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def cluster_on_its_own_loop(workers: int, args: Sequence[str]) -> Iterator[LocalCluster]:
+def cluster_on_its_own_loop(
+    workers: int,
+    args: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    token: str | None = None,
+    tls: TLSConfig | None = None,
+) -> Iterator[LocalCluster]:
     """A local cluster started and stopped on an event loop of its own (idle in between), so
-    that tests, each on a loop of its own, can share it: they talk to it over loopback."""
+    that tests, each on a loop of its own, can share it: they talk to it over loopback.
+    ``env`` defaults to :func:`worker_environment`; ``token`` and ``tls`` as in
+    :class:`LocalCluster`."""
     loop = new_event_loop()
-    cluster = LocalCluster(workers, args=args, env=worker_environment())
+    cluster = LocalCluster(
+        workers, args=args, env=worker_environment() if env is None else env, token=token, tls=tls
+    )
     try:
         loop.run_until_complete(cluster.start())
         yield cluster

@@ -11,6 +11,7 @@ import json
 import signal
 import ssl
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from compass.wire.channel import Channel
 from compass.wire.options import ChannelOptions
 from compass.wire.tcp import connect, serve
 
-from .conftest import compass_argv
+from .conftest import cluster_on_its_own_loop, compass_argv, worker_environment
 
 TOKEN = "tls-test-token-" + "5f0c9a7e3d1b8e2f4a6c0d9b7e1f3a5c"
 FAST = Timeouts(connect=5.0, handshake=5.0, request=20.0)
@@ -71,10 +72,9 @@ def _issue(authority: trustme.CA, folder: Path, name: str, *identities: str) -> 
     return str(cert), str(key)
 
 
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
-    folder = tmp_path / "pki"
-    folder.mkdir()
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    folder = tmp_path_factory.mktemp("pki")
     cluster_ca, other_ca = trustme.CA(), trustme.CA()
     ca, other = folder / "ca.pem", folder / "other-ca.pem"
     cluster_ca.cert_pem.write_to_path(str(ca))
@@ -91,10 +91,28 @@ def pki(tmp_path: Path) -> Pki:
     )
 
 
-@pytest.fixture
-def app_env(worker_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "tls_app.py").write_text(APP_SOURCE)
-    return {**worker_env, "PYTHONPATH": f"{tmp_path}:{worker_env['PYTHONPATH']}"}
+@pytest.fixture(scope="module")
+def app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("app")
+    (folder / "tls_app.py").write_text(APP_SOURCE)
+    env = worker_environment()
+    return {**env, "PYTHONPATH": f"{folder}:{env['PYTHONPATH']}"}
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(pki: Pki, app_env: dict[str, str]) -> Iterator[LocalCluster]:
+    """Two workers in mutual TLS, shared by the module's tests that leave them serving (their
+    start is most of such a test's time): a test counts from what a status said before it."""
+    with cluster_on_its_own_loop(2, APP, env=app_env, token=TOKEN, tls=pki.worker) as cluster:
+        yield cluster
+
+
+async def _tasks_run(cluster: LocalCluster, tls: TLSConfig) -> list[int]:
+    counts = []
+    for address in cluster.addresses:
+        async with Client(address, token=TOKEN, tls=tls, timeouts=FAST) as client:
+            counts.append((await client.status())["stats"]["tasks_run"])
+    return counts
 
 
 def _flags(tls: TLSConfig) -> list[str]:
@@ -103,50 +121,47 @@ def _flags(tls: TLSConfig) -> list[str]:
 
 @pytest.mark.asyncio
 async def test_a_mutual_tls_cluster_runs_jobs_for_a_tls_client(
-    pki: Pki, app_env: dict[str, str]
+    pki: Pki, tls_cluster: LocalCluster
 ) -> None:
     # LocalCluster waits until the two workers have joined each other: over TLS, both ways
-    async with (
-        LocalCluster(2, token=TOKEN, args=APP, env=app_env, tls=pki.worker) as cluster,
-        Client(cluster.addresses, token=TOKEN, tls=pki.client, timeouts=FAST) as client,
-    ):
+    cluster = tls_cluster
+    before = await _tasks_run(cluster, pki.client)
+    async with Client(cluster.addresses, token=TOKEN, tls=pki.client, timeouts=FAST) as client:
         assert [await client.submit("chain", x=x, timeout=20) for x in range(6)] == [
             2 * x + 1 for x in range(6)
         ]
-        tasks_run = []
-        for address in cluster.addresses:
-            async with Client(address, token=TOKEN, tls=pki.client.client_context()) as one:
-                status = await one.status()
-            assert [p["name"] for p in status["peers"]] == [
-                w.name for w in cluster.workers if w.address != address
-            ]
-            tasks_run.append(status["stats"]["tasks_run"])
-        # both workers ran tasks, so outputs crossed between them over TLS
-        assert sum(tasks_run) == 12 and min(tasks_run) > 0
+    for address in cluster.addresses:
+        async with Client(address, token=TOKEN, tls=pki.client.client_context()) as one:
+            status = await one.status()
+        assert [p["name"] for p in status["peers"]] == [
+            w.name for w in cluster.workers if w.address != address
+        ]
+    tasks_run = [a - b for a, b in zip(await _tasks_run(cluster, pki.client), before, strict=True)]
+    # both workers ran tasks, so outputs crossed between them over TLS
+    assert sum(tasks_run) == 12 and min(tasks_run) > 0
 
 
 @pytest.mark.asyncio
-async def test_clients_a_tls_worker_refuses_say_why(pki: Pki, app_env: dict[str, str]) -> None:
+async def test_clients_a_tls_worker_refuses_say_why(pki: Pki, tls_cluster: LocalCluster) -> None:
     no_certificate = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     no_certificate.check_hostname = False
     no_certificate.load_verify_locations(cafile=str(pki.ca))
-    async with LocalCluster(1, token=TOKEN, args=APP, env=app_env, tls=pki.worker) as cluster:
-        address = cluster.addresses[0]
-        for tls in (no_certificate, pki.stranger):
-            with pytest.raises(ConnectFailed, match="refused this client's TLS certificate"):
-                async with Client(address, token=TOKEN, tls=tls, timeouts=FAST) as client:
-                    await client.ping()
-        with pytest.raises(ConnectFailed, match="requires TLS"):
-            async with Client(address, token=TOKEN, timeouts=FAST) as client:
+    address = tls_cluster.addresses[0]
+    for tls in (no_certificate, pki.stranger):
+        with pytest.raises(ConnectFailed, match="refused this client's TLS certificate"):
+            async with Client(address, token=TOKEN, tls=tls, timeouts=FAST) as client:
                 await client.ping()
-        # a client that trusts another CA than the one that signed the worker's certificate
-        trusting_other = TLSConfig(pki.client.cert, pki.client.key, str(pki.other_ca))
-        with pytest.raises(ConnectFailed, match="could not verify the TLS certificate"):
-            async with Client(address, token=TOKEN, tls=trusting_other, timeouts=FAST) as client:
-                await client.ping()
-        # the worker was unharmed by all of that
-        async with Client(address, token=TOKEN, tls=pki.client, timeouts=FAST) as client:
-            assert await client.submit("chain", x=20, timeout=20) == 41
+    with pytest.raises(ConnectFailed, match="requires TLS"):
+        async with Client(address, token=TOKEN, timeouts=FAST) as client:
+            await client.ping()
+    # a client that trusts another CA than the one that signed the worker's certificate
+    trusting_other = TLSConfig(pki.client.cert, pki.client.key, str(pki.other_ca))
+    with pytest.raises(ConnectFailed, match="could not verify the TLS certificate"):
+        async with Client(address, token=TOKEN, tls=trusting_other, timeouts=FAST) as client:
+            await client.ping()
+    # the worker was unharmed by all of that
+    async with Client(address, token=TOKEN, tls=pki.client, timeouts=FAST) as client:
+        assert await client.submit("chain", x=20, timeout=20) == 41
 
 
 @pytest.mark.asyncio
@@ -162,24 +177,26 @@ async def test_a_tls_client_against_a_plain_worker_says_why(
 
 
 @pytest.mark.asyncio
-async def test_a_plain_worker_cannot_join_a_tls_cluster(pki: Pki, app_env: dict[str, str]) -> None:
-    async with LocalCluster(1, token=TOKEN, args=APP, env=app_env, tls=pki.worker) as cluster:
-        plain = await asyncio.create_subprocess_exec(
-            *compass_argv("worker", "start", "--port", "0", "--name", "plain", *APP,
-                          "--join", cluster.addresses[0], "--join-timeout", "1"),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            env={**app_env, "COMPASS_TOKEN": TOKEN},
-        )  # fmt: skip
-        try:
-            _, stderr = await asyncio.wait_for(plain.communicate(), 60)
-        finally:
-            if plain.returncode is None:
-                plain.kill()
-                await plain.wait()
-        assert plain.returncode != 0
-        assert "could not join the cluster" in stderr.decode()
-        async with cluster.client() as client:
-            assert (await client.status())["peers"] == []
+async def test_a_plain_worker_cannot_join_a_tls_cluster(
+    pki: Pki, app_env: dict[str, str], tls_cluster: LocalCluster
+) -> None:
+    seed, other = tls_cluster.workers
+    plain = await asyncio.create_subprocess_exec(
+        *compass_argv("worker", "start", "--port", "0", "--name", "plain", *APP,
+                      "--join", seed.address, "--join-timeout", "1"),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        env={**app_env, "COMPASS_TOKEN": TOKEN},
+    )  # fmt: skip
+    try:
+        _, stderr = await asyncio.wait_for(plain.communicate(), 60)
+    finally:
+        if plain.returncode is None:
+            plain.kill()
+            await plain.wait()
+    assert plain.returncode != 0
+    assert "could not join the cluster" in stderr.decode()
+    async with Client(seed.address, token=TOKEN, tls=pki.client, timeouts=FAST) as client:
+        assert [p["name"] for p in (await client.status())["peers"]] == [other.name]
 
 
 def test_status_cli_with_tls_flags_and_variables(pki: Pki, app_env: dict[str, str]) -> None:

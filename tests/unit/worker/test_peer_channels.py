@@ -20,7 +20,7 @@ from compass.worker.membership import Membership, MembershipOptions, Probing
 from .test_members import until
 
 TOKEN = "channels-token"
-FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=2.0)
+FAST = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=0.5)
 #: probes rare enough that they keep no channel open between them
 SLOW_PROBES = Probing(period_s=5.0, timeout_s=1.0)
 
@@ -94,6 +94,9 @@ async def test_idle_channels_close_with_no_verdict_and_a_send_dials_again() -> N
     try:
         for node in (b, c):
             await node.membership.join([a.membership.address])
+        # c knows b from a's welcome; b hears of c from c's first dial (else from gossip, on
+        # the first of probes 5 s apart)
+        assert c.membership.send("b", "note", "hello")
         await until(lambda: all(len(n.membership.peers) == 2 for n in nodes), "all joined")
         # idle: every channel is closed, by choice, and nobody lost anybody
         await until(lambda: all(n.membership.open_channels == 0 for n in nodes), "all idle")
