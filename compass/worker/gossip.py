@@ -75,6 +75,8 @@ _IDLE_CHECK_S = 0.1
 #: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
 #: beyond (memberlist scales its push-pull interval likewise, by the log)
 SYNC_SCALE_FROM = 32
+#: states of workers not yet peers kept until they join, at most (the oldest go first)
+MAX_EARLY = 1024
 
 
 class Gossip:
@@ -113,6 +115,9 @@ class Gossip:
         self._rumored: Heartbeat | None = None  # the last rumor this worker started of itself
         self._caught_up = False  # asked a peer for its whole view (when the first one joined)
         self._drains = False  # this worker drains: a watch is answered with that
+        #: the newest state of each worker heard before it was a peer here (see
+        #: :meth:`keep_early`): heard again when it joins
+        self.early: dict[str, Heartbeat] = {}
         self._membership: Membership | None = None  # while running
         #: the sequence number of the last state sent
         self._seq = 0
@@ -246,6 +251,20 @@ class Gossip:
         for peer in asks:
             if not membership.send(peer, "watch", body):
                 self.watching.drop(peer)  # no channel now: ask again at the next plan
+
+    def keep_early(self, state: Heartbeat, membership: Membership) -> None:
+        """``state`` is of no peer yet: keep the newest of each worker until it joins. A
+        worker a peer took in sends it its state as it answers the join, and in a bounded
+        view nothing more until it changes: heard before the answer, it was lost, and the
+        peer planned without it until a sync (seconds) brought it."""
+        if state.name in membership.peers:
+            return  # of an older incarnation of a live peer: stale
+        old = self.early.get(state.name)
+        if old is not None and (old.incarnation, old.seq) >= (state.incarnation, state.seq):
+            return
+        if old is None and len(self.early) >= MAX_EARLY:
+            del self.early[next(iter(self.early))]  # the one kept longest
+        self.early[state.name] = state
 
     def tell_draining(self, membership: Membership) -> None:
         """This worker drains: the planners that may place here hear it, so that they place

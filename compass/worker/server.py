@@ -413,6 +413,9 @@ class Worker:
         self.stats.peers_joined += 1
         # a new instance under a drained one's name is no longer draining
         self.apply(PeerJoined(self.clock(), peer.name, peer.member.instance))
+        early = self.gossip.early.pop(peer.name, None)
+        if early is not None:  # its state came first: heard now, if of this incarnation
+            self.heard_rumors([early], pass_on=False)
         if peer.name in self._held:
             asyncio.get_running_loop().call_soon(self._flush_held, peer.name)
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
@@ -430,6 +433,8 @@ class Worker:
         membership = self.membership
         if membership is not None and membership.seen(heartbeat.name, heartbeat.incarnation):
             self.apply(Heard(self.clock(), heartbeat))
+        elif membership is not None:
+            self.gossip.keep_early(heartbeat, membership)
 
     def heard_rumors(self, states: list[Heartbeat], *, pass_on: bool) -> None:
         """Peers' states passed on as rumors, or a peer's whole view (a bounded view's sync,
@@ -439,10 +444,14 @@ class Worker:
         if membership is None:
             return
         for state in states:
-            if state.name != self.name and membership.seen(state.name, state.incarnation):
+            if state.name == self.name:
+                continue
+            if membership.seen(state.name, state.incarnation):
                 self.apply(Heard(self.clock(), state))
                 if pass_on:
                     self.gossip.rumor_heard(state)
+            else:
+                self.gossip.keep_early(state, membership)
 
     def sync_asked(self, peer: str) -> None:
         """``peer`` joined and asks for every state this worker's view holds."""
