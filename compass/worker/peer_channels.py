@@ -183,6 +183,13 @@ class PeerChannels:
         """The peer closes ``channel`` by choice (it was idle there): close it too, no failure."""
         if channel.peer_role != "worker":
             return
+        if channel in self._retired:
+            # both sides said bye at once: each has read all the other will send, and each
+            # would wait out the close timeout for the other to close it
+            task = asyncio.get_running_loop().create_task(channel.aclose())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+            return
         self._retire(channel, "quiet")
 
     def _channel_closed(self, name: str, channel: Channel, exc: BaseException | None) -> None:

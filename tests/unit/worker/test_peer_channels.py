@@ -198,3 +198,27 @@ async def test_a_worker_that_leaves_tells_its_open_channels_and_they_pass_it_on(
     finally:
         for node in nodes:
             await node.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_channel_both_sides_retire_at_once_closes_without_the_close_timeout() -> None:
+    """Both ends retire an idle channel at the same moment: each says bye and reads the
+    other's, so each closes it then (they waited out the close timeout, 60 s here)."""
+    network = MemoryNetwork()
+    slow_close = Timeouts(connect=5.0, handshake=2.0, request=10.0, close=60.0)
+    a, b = [await Node(network, name).start() for name in "ab"]
+    for node in (a, b):
+        node.options = ChannelOptions(name=node.membership.name, token=TOKEN, timeouts=slow_close)
+        node.membership._channels = node.options
+    try:
+        await b.membership.join([a.membership.address])
+        await until(lambda: all(len(n.membership.peers) == 1 for n in (a, b)), "joined")
+        ours, theirs = a.membership.channel("b"), b.membership.channel("a")
+        assert ours is not None and theirs is not None
+        a.membership._retire(ours)
+        b.membership._retire(theirs)
+        await until(lambda: ours.closed and theirs.closed, "both ends closed", limit_s=5.0)
+        assert a.left == b.left == []
+    finally:
+        for node in (a, b):
+            await node.aclose()
