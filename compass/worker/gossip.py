@@ -45,6 +45,7 @@ from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership
 from compass.worker.spread import (
     MAX_RUMORS,
+    SYNC_SCALE_FROM,
     Rumors,
     Watchers,
     Watching,
@@ -72,9 +73,6 @@ _DEGRADED_WAIT_S = 1e6
 #: in a bounded view, with nothing to send, the core's periodic check runs this often (the
 #: mesh runs it at each heartbeat)
 _IDLE_CHECK_S = 0.1
-#: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
-#: beyond (memberlist scales its push-pull interval likewise, by the log)
-SYNC_SCALE_FROM = 32
 
 
 class Gossip:

@@ -34,10 +34,21 @@ from dataclasses import dataclass
 from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
 
-__all__ = ["MAX_RUMORS", "Rumors", "Watchers", "Watching", "cache_changed", "gossip_gap_s"]
+__all__ = [
+    "MAX_RUMORS",
+    "SYNC_SCALE_FROM",
+    "Rumors",
+    "Watchers",
+    "Watching",
+    "cache_changed",
+    "gossip_gap_s",
+]
 
 #: the most states one ``rumors`` message may carry (more is a malformed message)
 MAX_RUMORS = 64
+#: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
+#: beyond (memberlist scales its push-pull interval likewise, by the log)
+SYNC_SCALE_FROM = 32
 
 
 def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
