@@ -47,6 +47,7 @@ import functools
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -95,11 +96,72 @@ class Told:
         return max(self.wait_s(priority) - max(now - self.sent - LINK_S, 0.0), 0.0)
 
 
-@dataclass(slots=True)
-class _Rumor:
-    told: Told
-    held: BoolArray  # per model: resident or loading
-    arrives: FloatArray  # per worker: when it knows the change
+class _Flight:
+    """The rumors not yet heard by every worker, in the order they started: one row each of
+    who started it, its state, its residency (per model) and when each worker hears it, in
+    arrays that grow by doubling and drop heard rows from the front (amortised O(1))."""
+
+    def __init__(self, n: int, models: int) -> None:
+        self.arrives: FloatArray = np.empty((16, n))
+        self.held: BoolArray = np.empty((16, models), dtype=np.bool_)
+        self.who: npt.NDArray[np.intp] = np.empty(16, dtype=np.intp)
+        self.told: list[Told] = []
+        self.done: list[float] = []  # when every worker has heard it (at the latest)
+        self.head = 0  # rows before it are heard by all
+        self.by_worker: dict[int, deque[int]] = {}  # each worker's rows in flight, oldest first
+
+    def add(self, worker: int, told: Told, held: BoolArray, arrives: FloatArray) -> None:
+        size = len(self.told)
+        if size == len(self.who):
+            self._make_room()
+            size = len(self.told)
+        self.arrives[size] = arrives
+        self.held[size] = held
+        self.who[size] = worker
+        self.told.append(told)
+        self.done.append(float(arrives.max()))
+        self.by_worker.setdefault(worker, deque()).append(size)
+
+    def latest(self, viewer: int, peer: int, now: float) -> int:
+        """The row of ``peer``'s newest rumor that ``viewer`` has heard by ``now`` (-1: none)."""
+        rows = self.by_worker.get(peer)
+        if rows:
+            arrives = self.arrives
+            for row in reversed(rows):
+                if arrives[row, viewer] <= now:
+                    return row
+        return -1
+
+    def heard(self, viewer: int, now: float) -> npt.NDArray[np.intp]:
+        """Per worker with a rumor in flight that ``viewer`` has heard, the row of its newest."""
+        head, size = self.head, len(self.told)
+        if head == size:
+            return self.who[:0]
+        got = np.flatnonzero(self.arrives[head:size, viewer] <= now)
+        if len(got) == 0:
+            return got
+        # the last of each worker's rows: the first of the reversed
+        _, first = np.unique(self.who[head + got[::-1]], return_index=True)
+        return head + got[len(got) - 1 - first]
+
+    def _make_room(self) -> None:
+        head, size = self.head, len(self.told)
+        if head >= size // 2 and head:  # drop the rows heard by all
+            live = slice(head, size)
+            k = size - head
+            self.arrives[:k] = self.arrives[live]
+            self.held[:k] = self.held[live]
+            self.who[:k] = self.who[live]
+            del self.told[:head], self.done[:head]
+            for rows in self.by_worker.values():
+                for i in range(len(rows)):
+                    rows[i] -= head
+            self.head = 0
+            return
+        grow = len(self.who) * 2
+        self.arrives = np.resize(self.arrives, (grow, self.arrives.shape[1]))
+        self.held = np.resize(self.held, (grow, self.held.shape[1]))
+        self.who = np.resize(self.who, grow)
 
 
 @dataclass(slots=True)
@@ -148,8 +210,8 @@ class Heard:
         self._settled = held.copy()
         #: per worker, the newest rumor of it every worker has heard (or its state at start)
         self._known: list[Told] = list(initial)
-        #: per worker, its rumors still on their way to some worker, oldest first
-        self._flight: dict[int, list[_Rumor]] = {}
+        #: the rumors still on their way to some worker
+        self._flight = _Flight(self.n, len(self.models))
         self._viewers = [_Viewer() for _ in range(self.n)]
         self._leases: list[tuple[float, int, int]] = []  # (lease end, viewer, peer)
         self._next_prune = 0.0
@@ -170,9 +232,11 @@ class Heard:
             else:  # a renewal: its end is pushed back when the old one comes up
                 entry.lease_end = end
                 entry.answered = arrives
-            for rumor in self._flight.get(peer, ()):  # the answer carries its cache now
-                if rumor.arrives[viewer] > answered:
-                    rumor.arrives[viewer] = answered
+            rows = self._flight.by_worker.get(peer)
+            if rows:  # the answer carries its cache now
+                column = self._flight.arrives[:, viewer]
+                for row in rows:
+                    column[row] = min(column[row], answered)
 
     def rumor(
         self, worker: int, at: float, models: frozenset[str], watchers: Sequence[int]
@@ -187,7 +251,7 @@ class Heard:
         arrives[worker] = at
         if watchers:
             arrives[list(watchers)] = at + LINK_S
-        self._flight.setdefault(worker, []).append(_Rumor(told, held, arrives))
+        self._flight.add(worker, told, held, arrives)
 
     def advance(self, now: float) -> None:
         """Time moves to ``now`` (before the event at ``now`` changes anything): each lease
@@ -220,51 +284,48 @@ class Heard:
 
     def told(self, viewer: int, peer: int, now: float) -> Told:
         """The newest state of ``peer`` that ``viewer`` has heard at ``now`` (not watched)."""
-        rumor = self._latest(viewer, peer, now)
-        told = self._known[peer] if rumor is None else rumor.told
+        row = self._flight.latest(viewer, peer, now)
+        told = self._known[peer] if row < 0 else self._flight.told[row]
         last = self._viewers[viewer].last.get(peer)
         return told if last is None or told.sent > last.sent else last
 
     def residency(self, viewer: int, peer: int, now: float) -> BoolArray:
         """Per model, whether ``viewer`` knows ``peer`` holds or loads it at ``now``."""
-        rumor = self._latest(viewer, peer, now)
-        return self._settled[:, peer] if rumor is None else rumor.held
+        row = self._flight.latest(viewer, peer, now)
+        return self._settled[:, peer] if row < 0 else self._flight.held[row]
 
     def holders(self, viewer: int, now: float, models: Iterable[int]) -> list[BoolArray]:
         """Per model index of ``models``, where ``viewer`` knows it resident or loading at
         ``now`` (copies)."""
         models = list(models)
         rows = [self._settled[m].copy() for m in models]
-        for peer in self._flight:
-            rumor = self._latest(viewer, peer, now)
-            if rumor is not None:
-                for row, m in zip(rows, models, strict=True):
-                    row[peer] = rumor.held[m]
+        heard = self._flight.heard(viewer, now)
+        if len(heard):
+            flight = self._flight
+            who = flight.who[heard]
+            for row, m in zip(rows, models, strict=True):
+                row[who] = flight.held[heard, m]
         return rows
 
     def in_flight(self) -> int:
-        """Rumors not yet heard by every worker."""
-        return sum(len(r) for r in self._flight.values())
+        """Rumors not yet heard by every worker (or not yet found so)."""
+        return len(self._flight.told) - self._flight.head
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _latest(self, viewer: int, peer: int, now: float) -> _Rumor | None:
-        for rumor in reversed(self._flight.get(peer, ())):
-            if rumor.arrives[viewer] <= now:
-                return rumor
-        return None
-
     def _prune(self, now: float) -> None:
-        done = []
-        for worker, rumors in self._flight.items():
-            while rumors and float(rumors[0].arrives.max()) <= now:
-                rumor = rumors.pop(0)
-                self._settled[:, worker] = rumor.held
-                self._known[worker] = rumor.told
-            if not rumors:
-                done.append(worker)
-        for worker in done:
-            del self._flight[worker]
+        flight = self._flight
+        done, size = flight.done, len(flight.told)
+        while flight.head < size and done[flight.head] <= now:
+            row = flight.head
+            worker = int(flight.who[row])
+            self._settled[:, worker] = flight.held[row]
+            self._known[worker] = flight.told[row]
+            rows = flight.by_worker[worker]
+            rows.popleft()
+            if not rows:
+                del flight.by_worker[worker]
+            flight.head += 1
 
 
 @functools.lru_cache(maxsize=16)
