@@ -106,10 +106,11 @@ Handler = Callable[[Any], None]
 #: what a planner sees (:func:`simulate`'s ``view``)
 VIEW_MODES = ("mesh", "bounded")
 #: ``compass sim --view bounded``'s workers sampled per job beyond the holders, and holders
-#: kept per model the job needs (measured: docs/RESULTS.md, "Bounded view: planning over
-#: candidates": every holder is nearly every worker once caches are warm)
-DEFAULT_CANDIDATES = 4
-DEFAULT_HOLDERS = 2
+#: kept per model the job needs, the real worker's (measured: docs/RESULTS.md, "Bounded view:
+#: planning over candidates": every holder is nearly every worker once caches are warm, and
+#: "What each planner knows, and when")
+DEFAULT_CANDIDATES = SchedConfig().candidates
+DEFAULT_HOLDERS = SchedConfig().holders
 
 
 def simulate(
@@ -193,7 +194,8 @@ def view_rule(view: str, candidates: int, holders: int | None) -> CandidateRule 
     """The candidate rule of a bounded view (None: the mesh, every worker in view)."""
     if view not in VIEW_MODES:
         raise ConfigError(f"unknown view {view!r}; expected one of {', '.join(VIEW_MODES)}")
-    return CandidateRule(candidates, holders) if view == "bounded" else None
+    explore = SchedConfig().explore  # the sampled drawn from the watched first, as the worker
+    return CandidateRule(candidates, holders, explore) if view == "bounded" else None
 
 
 def ingress_spread(mode: str, workers: int) -> bool:
@@ -711,7 +713,9 @@ class _SimView:
         keep = [state.positions[w] for w in scope.keep]  # simulated workers are never lost
         keep.append(viewer)
         held = state.holders(viewer, now, scope.models)
-        return pick(len(state.names), held, keep, rule, self._rng)
+        heard = state.heard
+        fresh = None if heard is None or rule.explore is None else heard.watching(viewer, now)
+        return pick(len(state.names), held, keep, rule, self._rng, fresh)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self._state.note_placement(self._worker.index, self._state.positions[worker], placed, now)

@@ -282,6 +282,15 @@ class Heard:
         entry = self._viewers[viewer].watching.get(peer)
         return entry is not None and entry.fresh_from <= now <= entry.lease_end
 
+    def watching(self, viewer: int, now: float) -> BoolArray:
+        """Per worker, whether ``viewer`` holds a watch lease on it at ``now`` (asked, its
+        answer arrived or not: :meth:`Watching.watched <compass.worker.spread.Watching.
+        watched>`)."""
+        out = np.zeros(self.n, dtype=np.bool_)
+        peers = [p for p, e in self._viewers[viewer].watching.items() if now <= e.lease_end]
+        out[peers] = True
+        return out
+
     def told(self, viewer: int, peer: int, now: float) -> Told:
         """The newest state of ``peer`` that ``viewer`` has heard at ``now`` (not watched)."""
         row = self._flight.latest(viewer, peer, now)

@@ -97,7 +97,7 @@ class Gossip:
         #: the candidate rule of a bounded view (None: the mesh; also for the ``central``
         #: policy, whose one planner plans every job and so must see every worker)
         self.rule = (
-            CandidateRule(sched.candidates, sched.holders or None)
+            CandidateRule(sched.candidates, sched.holders or None, sched.explore)
             if sched.view == "bounded" and sched.policy != "central"
             else None
         )
@@ -146,7 +146,8 @@ class Gossip:
         if rule is None or scope is None:
             return full  # the mesh: every peer is heard, so every snapshot shows all of them
         keep = (*scope.keep, self.name)
-        among = candidates(full, PlanScope(scope.workflow, keep), rule, self._rng)
+        fresh = self.watching.watched(_now())  # sampled first: their load is pushed here
+        among = candidates(full, PlanScope(scope.workflow, keep), rule, self._rng, fresh)
         if self._membership is not None:
             self._want(among)
         return full if len(among) == len(full) else full.subset(among)

@@ -112,10 +112,10 @@ def test_two_workers_by_hand() -> None:
     # Client i enters at w{i}; with K = 1 each plans over itself and the other, and each job
     # runs at its ingress for 100 ms (a start and an end: two state changes).
     arrivals = [
-        Arrival(0.0, "plain", 0),  # w0 asks w1 (until 2.0); w0 has no watcher
-        Arrival(0.5, "plain", 1),  # w1 asks w0 (until 2.5); w0 watches it: 2 pushes
+        Arrival(0.0, "plain", 0),  # w0 asks w1 (a 10 s lease, until 10.0); w0 has no watcher
+        Arrival(0.5, "plain", 1),  # w1 asks w0 (until 10.5); w0 watches it: 2 pushes
         Arrival(1.0, "plain", 0),  # w0's lease on w1 is not due; w1 watches w0: 2 pushes
-        Arrival(3.0, "plain", 0),  # due again: an ask; w1's lease on w0 ended at 2.5
+        Arrival(11.0, "plain", 0),  # due again: an ask; w1's lease on w0 ended at 10.5
     ]
     assert counts(arrivals, "bounded") == (3, 4, 0)
     # a model: its load begins (a is loading) and ends (a is resident), two rumors; the
