@@ -123,19 +123,19 @@ def pick(
 def _sample(
     pool: IntpArray, need: int, rng: random.Random, fresh: BoolArray | None, explore: int
 ) -> IntpArray:
-    """``need`` of ``pool``, sampled; with ``fresh``, from its fresh workers first, but for
-    ``explore`` of them (fewer if there are not that many others)."""
+    """``need`` of ``pool``, sampled; with ``fresh``, ``need - explore`` from its fresh
+    workers (all of them if fewer), the rest from the others left."""
     if fresh is None:
         return pool[rng.sample(range(len(pool)), need)]
-    is_fresh = fresh[pool]
-    known = pool[is_fresh]
-    take = min(len(known), max(need - explore, 0))
-    if take < len(known):
-        known = known[rng.sample(range(len(known)), take)]
-        others = np.setdiff1d(pool, known)  # the fresh ones left may fill in for explorers
-    else:
-        others = pool[~is_fresh]
-    rest = need - len(known)
+    at = np.flatnonzero(fresh[pool])  # where the fresh ones are in the pool
+    take = min(len(at), max(need - explore, 0))
+    if take < len(at):
+        at = at[rng.sample(range(len(at)), take)]
+    known = pool[at]
+    left = np.ones(len(pool), dtype=np.bool_)
+    left[at] = False
+    others = pool[left]  # the explorers: any other (a fresh one too)
+    rest = need - take
     if len(others) > rest:
         others = others[rng.sample(range(len(others)), rest)]
     return np.concatenate((known, others))
