@@ -714,7 +714,7 @@ class _SimView:
         keep.append(viewer)
         held = state.holders(viewer, now, scope.models)
         heard = state.heard
-        fresh = None if heard is None or rule.explore is None else heard.watching(viewer, now)
+        fresh = None if heard is None or rule.explore is None else heard.watching(viewer)
         return pick(len(state.names), held, keep, rule, self._rng, fresh)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:

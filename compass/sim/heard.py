@@ -213,6 +213,9 @@ class Heard:
         #: the rumors still on their way to some worker
         self._flight = _Flight(self.n, len(self.models))
         self._viewers = [_Viewer() for _ in range(self.n)]
+        #: per viewer, per peer: whether it holds a lease on it (a lease ended before the
+        #: current event is dropped by :meth:`advance`)
+        self._leased = np.zeros((self.n, self.n), dtype=np.bool_)
         self._leases: list[tuple[float, int, int]] = []  # (lease end, viewer, peer)
         self._next_prune = 0.0
 
@@ -228,6 +231,7 @@ class Heard:
             end = arrives + self.lease_s
             if entry is None:
                 watching[peer] = _Watch(answered, end, arrives)
+                self._leased[viewer, peer] = True
                 heapq.heappush(self._leases, (end, viewer, peer))
             else:  # a renewal: its end is pushed back when the old one comes up
                 entry.lease_end = end
@@ -269,6 +273,7 @@ class Heard:
                 heapq.heappush(leases, (entry.lease_end, viewer, peer))
                 continue
             del v.watching[peer]
+            self._leased[viewer, peer] = False
             told = self._live(peer, entry.answered)
             v.last[peer] = told
         if now >= self._next_prune:
@@ -282,14 +287,11 @@ class Heard:
         entry = self._viewers[viewer].watching.get(peer)
         return entry is not None and entry.fresh_from <= now <= entry.lease_end
 
-    def watching(self, viewer: int, now: float) -> BoolArray:
-        """Per worker, whether ``viewer`` holds a watch lease on it at ``now`` (asked, its
-        answer arrived or not: :meth:`Watching.watched <compass.worker.spread.Watching.
-        watched>`)."""
-        out = np.zeros(self.n, dtype=np.bool_)
-        peers = [p for p, e in self._viewers[viewer].watching.items() if now <= e.lease_end]
-        out[peers] = True
-        return out
+    def watching(self, viewer: int) -> BoolArray:
+        """Per worker, whether ``viewer`` holds a watch lease on it now (asked, its answer
+        arrived or not: :meth:`Watching.watched <compass.worker.spread.Watching.watched>`);
+        read-only, valid until the next change."""
+        return self._leased[viewer]
 
     def told(self, viewer: int, peer: int, now: float) -> Told:
         """The newest state of ``peer`` that ``viewer`` has heard at ``now`` (not watched)."""

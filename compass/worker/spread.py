@@ -77,6 +77,7 @@ class Watchers:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        self._soonest = math.inf  # no lease ends before it
 
     def watch(self, peer: str, until: float) -> bool:
         """``peer`` watches until ``until`` (a later lease extends, an earlier one does not
@@ -84,13 +85,16 @@ class Watchers:
         before = self._until.get(peer)
         if before is None or before < until:
             self._until[peer] = until
+            self._soonest = min(self._soonest, until)
         return before is None
 
     def live(self, now: float) -> list[str]:
         """The watchers whose lease holds at ``now`` (the others are dropped)."""
-        ended = [p for p, until in self._until.items() if until < now]
-        for peer in ended:
-            del self._until[peer]
+        if now > self._soonest:  # some lease may have ended: look
+            ended = [p for p, until in self._until.items() if until < now]
+            for peer in ended:
+                del self._until[peer]
+            self._soonest = min(self._until.values(), default=math.inf)
         return list(self._until)
 
     def drop(self, peer: str) -> None:
