@@ -215,7 +215,7 @@ class Heard:
         self._viewers = [_Viewer() for _ in range(self.n)]
         #: per viewer, per peer: whether it holds a lease on it (a lease ended before the
         #: current event is dropped by :meth:`advance`)
-        self._leased = np.zeros((self.n, self.n), dtype=np.bool_)
+        self._leased: BoolArray = np.zeros((self.n, self.n), dtype=np.bool_)
         self._leases: list[tuple[float, int, int]] = []  # (lease end, viewer, peer)
         self._next_prune = 0.0
 
@@ -291,7 +291,8 @@ class Heard:
         """Per worker, whether ``viewer`` holds a watch lease on it now (asked, its answer
         arrived or not: :meth:`Watching.watched <compass.worker.spread.Watching.watched>`);
         read-only, valid until the next change."""
-        return self._leased[viewer]
+        row: BoolArray = self._leased[viewer]
+        return row
 
     def told(self, viewer: int, peer: int, now: float) -> Told:
         """The newest state of ``peer`` that ``viewer`` has heard at ``now`` (not watched)."""
