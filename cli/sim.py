@@ -92,7 +92,9 @@ def sim(
     candidates: Annotated[
         int | None,
         typer.Option(
-            min=0, help="--view bounded: workers sampled per job beyond the holders (default: 4)."
+            min=0,
+            help="--view bounded: workers sampled per job beyond the holders, all but one "
+            "drawn from those the planner watches (default: 6).",
         ),
     ] = None,
     holders: Annotated[

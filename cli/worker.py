@@ -260,7 +260,7 @@ def worker_start(
             envvar=env("candidates"),
             help="Bounded view: workers sampled per job beyond the holders of its models.",
         ),
-    ] = 4,
+    ] = 6,
     holders: Annotated[
         int,
         typer.Option(

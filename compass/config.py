@@ -233,11 +233,15 @@ class SchedConfig:
     #: heartbeating every peer every heartbeat_ms)
     view: str = "bounded"
     #: a bounded view's workers sampled per job beyond the holders of its models
-    candidates: int = 4
+    candidates: int = 6
     #: a bounded view's holders in view per model the job needs (0: every holder)
     holders: int = 2
+    #: of the sampled workers, all but this many are drawn from those the planner already
+    #: watches (fresh load), and the holders from them first: a first contact shows only
+    #: what was last heard of it, aged (docs/RESULTS.md, "What each planner knows")
+    explore: int = 1
     #: a planner watches a candidate's load this long after it last planned over it
-    watch_ms: float = 2000.0
+    watch_ms: float = 10000.0
     #: a bounded view sends rumors of workers' caches this often, to rumor_fanout peers
     rumor_ms: float = 100.0
     rumor_fanout: int = 2
@@ -250,6 +254,7 @@ class SchedConfig:
             raise ConfigError(f"--view must be one of {', '.join(VIEWS)}, got {self.view!r}")
         for name, value, least in (("candidates", self.candidates, 0),
                                    ("holders", self.holders, 0),
+                                   ("explore", self.explore, 0),
                                    ("rumor_fanout", self.rumor_fanout, 1)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 1024:
                 flag = name.replace("_", "-")

@@ -10,7 +10,9 @@ worker O(N) per period. A bounded view shows a planner, for one job, only:
 - the workers that hold, or are loading, a model the job's workflow needs (residency changes
   rarely, so it is disseminated to all), or at most ``holders`` of them per model, sampled;
 - ``k`` workers sampled from all the others: the power of k choices, so an idle worker
-  without the model can still win on its load.
+  without the model can still win on its load. A planner that says which workers it already
+  watches (their load is fresh; another is known only as last heard) has them sampled first,
+  all but ``explore`` of the ``k``, and the holders likewise.
 
 :func:`pick` is the rule over worker indices (what the simulator's cluster state uses, to build
 a snapshot over the candidates only); :func:`candidates` the same rule over a
@@ -62,6 +64,10 @@ class CandidateRule:
 
     k: int
     holders: int | None = None
+    #: with the workers the planner watches given (``fresh``), the sampled ``k`` are drawn
+    #: from them first but for this many, and the sampled holders from them first (None:
+    #: every worker alike)
+    explore: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
@@ -69,6 +75,9 @@ class CandidateRule:
         h = self.holders
         if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 1):
             raise ConfigError(f"candidates: holders must be an integer >= 1 or None, got {h!r}")
+        e = self.explore
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 0):
+            raise ConfigError(f"candidates: explore must be an integer >= 0 or None, got {e!r}")
 
 
 def pick(
@@ -77,13 +86,16 @@ def pick(
     keep: Iterable[int],
     rule: CandidateRule,
     rng: random.Random,
+    fresh: BoolArray | None = None,
 ) -> IntpArray:
     """The candidates among workers ``0..n-1``, as sorted indices: every index of ``keep``;
     for each row of ``held`` (where one needed model is resident or loading, in a fixed model
     order), its holders, or with ``rule.holders`` as many as needed to have that many of them
     in view (those already kept count), sampled; then ``rule.k`` sampled from the workers not
-    chosen yet (all of them when there are no more)."""
-    if _all_chosen(n, held, rule):
+    chosen yet (all of them when there are no more). With ``rule.explore`` set and ``fresh``
+    given (per worker: whether the planner watches it), the sampled holders are drawn from
+    the fresh ones first, and the ``k`` too but for ``rule.explore`` of them."""
+    if _all_chosen(n, held, rule):  # no draw to make, fresh or not
         return np.arange(n, dtype=np.intp)
     # ``a.nonzero()[0]`` is ``np.flatnonzero(a)`` for these 1-d masks, without the Python
     # wrappers around it (about 60 bytecode instructions a call, most of what a small view's
@@ -102,28 +114,59 @@ def pick(
             continue
         more = (row & ~chosen).nonzero()[0]
         if len(more) > need:
-            more = more[rng.sample(range(len(more)), need)]
+            more = _sample(more, need, rng, fresh if rule.explore is not None else None, 0)
         chosen[more] = True
     if rule.k:
         rest = (~chosen).nonzero()[0]
         if len(rest) > rule.k:
-            rest = rest[rng.sample(range(len(rest)), rule.k)]
+            explore = rule.explore
+            rest = _sample(rest, rule.k, rng, None if explore is None else fresh, explore or 0)
         chosen[rest] = True
     return chosen.nonzero()[0]
 
 
+def _sample(
+    pool: IntpArray, need: int, rng: random.Random, fresh: BoolArray | None, explore: int
+) -> IntpArray:
+    """``need`` of ``pool``, sampled; with ``fresh``, ``need - explore`` from its fresh
+    workers (all of them if fewer), the rest from the others left."""
+    if fresh is None:
+        return pool[rng.sample(range(len(pool)), need)]
+    at = np.flatnonzero(fresh[pool])  # where the fresh ones are in the pool
+    take = min(len(at), max(need - explore, 0))
+    if take < len(at):
+        at = at[rng.sample(range(len(at)), take)]
+    known = pool[at]
+    left = np.ones(len(pool), dtype=np.bool_)
+    left[at] = False
+    others = pool[left]  # the explorers: any other (a fresh one too)
+    rest = need - take
+    if len(others) > rest:
+        others = others[rng.sample(range(len(others)), rest)]
+    return np.concatenate((known, others))
+
+
 def candidates(
-    view: ViewSnapshot, scope: PlanScope, rule: CandidateRule, rng: random.Random
+    view: ViewSnapshot,
+    scope: PlanScope,
+    rule: CandidateRule,
+    rng: random.Random,
+    fresh: Iterable[str] = (),
 ) -> tuple[str, ...]:
     """The workers of ``view`` a planner keeps for ``scope``'s job (:func:`pick` by name,
-    sorted; names of ``scope.keep`` missing from the view are left out)."""
+    sorted; names of ``scope.keep`` missing from the view are left out); ``fresh``: the
+    workers it watches (names not in the view are ignored)."""
     held = [view.holds(m) for m in scope.models]
     names = view.names
     if _all_chosen(len(names), held, rule):
         return names
     positions = view.positions
     keep = [positions[w] for w in scope.keep if w in positions]
-    return tuple([names[i] for i in pick(len(names), held, keep, rule, rng).tolist()])
+    mask = None
+    if rule.explore is not None:
+        mask = np.zeros(len(names), dtype=np.bool_)
+        mask[[positions[w] for w in fresh if w in positions]] = True
+    return tuple([names[i] for i in pick(len(names), held, keep, rule, rng, mask).tolist()])
 
 
 def _all_chosen(n: int, held: Sequence[BoolArray], rule: CandidateRule) -> bool:

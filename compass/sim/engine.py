@@ -19,7 +19,8 @@ for every decision:
 Time costs: a model load takes ``Profiles.fetch_s`` at the spec's host-to-device bandwidth,
 a push between two workers ``Profiles.transfer_s`` of the output's declared size, a task its
 profiled execution time. What each worker sees of its peers is modelled in
-:mod:`compass.sim.state`.
+:mod:`compass.sim.state`, and for a bounded view in :mod:`compass.sim.heard`: its watched
+candidates as pushed, the others as last heard, aged, and residency as rumors spread it.
 
 Events at the same virtual time run in the order they were scheduled; bookkeeping messages
 that change no simulated outcome run after the current event, in order.
@@ -52,6 +53,7 @@ from compass.sched.placement import Placement
 from compass.sched.policies import worker_seed
 from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
+from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
 from compass.sim.traffic import CacheKey, ViewTraffic
@@ -83,6 +85,7 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.worker.spread import SYNC_SCALE_FROM, gossip_gap_s
 from compass.worker.state import WorkerCore
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Workflow, emulated_run_s
@@ -103,10 +106,11 @@ Handler = Callable[[Any], None]
 #: what a planner sees (:func:`simulate`'s ``view``)
 VIEW_MODES = ("mesh", "bounded")
 #: ``compass sim --view bounded``'s workers sampled per job beyond the holders, and holders
-#: kept per model the job needs (measured: docs/RESULTS.md, "Bounded view: planning over
-#: candidates": every holder is nearly every worker once caches are warm)
-DEFAULT_CANDIDATES = 4
-DEFAULT_HOLDERS = 2
+#: kept per model the job needs, the real worker's (measured: docs/RESULTS.md, "Bounded view:
+#: planning over candidates": every holder is nearly every worker once caches are warm, and
+#: "What each planner knows, and when")
+DEFAULT_CANDIDATES = SchedConfig().candidates
+DEFAULT_HOLDERS = SchedConfig().holders
 
 
 def simulate(
@@ -156,7 +160,10 @@ def simulate(
     (:func:`~compass.sched.candidates.pick`): itself, the workers of the job's inputs and
     plan, the holders of the job's models (at most ``holders`` per model; None: all) and
     ``candidates`` workers sampled from the rest, by a generator seeded per planner from
-    ``seed``. Residency is known to all in both (warming reads the full view).
+    ``seed``, each shown as the planner has heard of it (:mod:`compass.sim.heard`: watched
+    ones pushed a 1 ms gap and :data:`~compass.sim.heard.LINK_S` away, the others as last
+    heard and aged; residency, also for finding the holders and for warming, as rumors
+    spread it); ``heartbeat_s`` and ``staleness_s`` are the mesh's only.
     """
     settings = _Settings(
         workers=workers,
@@ -187,7 +194,8 @@ def view_rule(view: str, candidates: int, holders: int | None) -> CandidateRule 
     """The candidate rule of a bounded view (None: the mesh, every worker in view)."""
     if view not in VIEW_MODES:
         raise ConfigError(f"unknown view {view!r}; expected one of {', '.join(VIEW_MODES)}")
-    return CandidateRule(candidates, holders) if view == "bounded" else None
+    explore = SchedConfig().explore  # the sampled drawn from the watched first, as the worker
+    return CandidateRule(candidates, holders, explore) if view == "bounded" else None
 
 
 def ingress_spread(mode: str, workers: int) -> bool:
@@ -307,15 +315,20 @@ class _Simulation:
         self.warm = settings.warm and prefetch and policies[0].warms_cache
         caches = [CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models) for _ in names]
         self.workers = [_Worker(i, name, policies[i]) for i, name in enumerate(names)]
+        sched = SchedConfig()
+        # a bounded view: a watched peer pushes each change a gap apart, a link away; its
+        # view counts a placement for two gaps of the mesh of its size (Gossip._settle_s)
+        gap_s = sched.heartbeat_min_ms / 1000.0
+        mesh_gap_s = gossip_gap_s(gap_s, workers - 1, sched.heartbeat_max_rate)
         self.state = ClusterState(
             names,
             sorted(workload.models),
             [cache.capacity_bytes() for cache in caches],
             lanes=lanes,
-            heartbeat_s=heartbeat_s,
-            staleness_s=staleness_s,
+            heartbeat_s=heartbeat_s if rule is None else gap_s,
+            staleness_s=staleness_s if rule is None else LINK_S,
             # ClusterView's default: a heartbeat two intervals after a placement reflects it
-            settle_s=2.0 * heartbeat_s,
+            settle_s=2.0 * (heartbeat_s if rule is None else mesh_gap_s),
         )
         self.positions = self.state.positions
         options = CoreOptions(
@@ -327,7 +340,7 @@ class _Simulation:
             max_jobs=1 << 62,  # the simulator models no admission limit
         )
         #: the messages a bounded view's real workers would send (none counted for the mesh)
-        self.traffic = None if rule is None else _traffic(names, caches)
+        self.traffic = None if rule is None else _traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):
             worker.view = _SimView(self.state, worker, rule, seed, self.traffic)
             worker.rules = build_core(
@@ -505,6 +518,8 @@ class _Simulation:
         lanes = worker.lanes
         if lanes.version != worker.version:  # what a heartbeat shows changed
             worker.version = lanes.version
+            if self.traffic is not None:  # a send due before this change carries the old state
+                self.traffic.catch_up(worker.index, self.now)
             self.state.queue_changed(
                 worker.index,
                 lanes.queue.queued_s,
@@ -698,7 +713,9 @@ class _SimView:
         keep = [state.positions[w] for w in scope.keep]  # simulated workers are never lost
         keep.append(viewer)
         held = state.holders(viewer, now, scope.models)
-        return pick(len(state.names), held, keep, rule, self._rng)
+        heard = state.heard
+        fresh = None if heard is None or rule.explore is None else heard.watching(viewer)
+        return pick(len(state.names), held, keep, rule, self._rng, fresh)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self._state.note_placement(self._worker.index, self._state.positions[worker], placed, now)
@@ -716,15 +733,28 @@ class _SimView:
         pass
 
 
-def _traffic(names: Sequence[str], caches: Sequence[CacheCore]) -> ViewTraffic:
-    """A bounded view's message counts, with a real worker's default leases and spacing."""
+def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
+    """A bounded view's messages, with a real worker's default leases, spacing and rumors,
+    and what they tell each planner (:class:`Heard`, which the cluster state then shows)."""
     sched = SchedConfig()
+    n = len(state.names)
+    lease_s = sched.watch_ms / 1000.0
+    sync_s = sched.sync_ms / 1000.0 * max(1.0, n / SYNC_SCALE_FROM)
+    delays = rumor_delays(
+        n, period_s=sched.rumor_ms / 1000.0, fanout=sched.rumor_fanout, sync_s=sync_s
+    )
+    initial = [state.told(i) for i in range(n)]
+    heard = Heard(
+        state.models, state.held, initial, state.told, lease_s=lease_s, delays=delays, seed=seed
+    )
+    state.heard = heard
     return ViewTraffic(
-        names,
+        state.names,
         [_cache_key(cache) for cache in caches],
-        lease_s=sched.watch_ms / 1000.0,
+        lease_s=lease_s,
         min_gap_s=sched.heartbeat_min_ms / 1000.0,
         max_rate=sched.heartbeat_max_rate,
+        heard=heard,
     )
 
 

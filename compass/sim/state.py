@@ -14,6 +14,14 @@ the first event of a later tick arrives, before that event changes anything. A q
 depends on time through the running tasks' remaining seconds, so the copy keeps their expected
 end times and the published wait is computed at the tick it stands for, once per tick.
 
+A bounded view (:mod:`compass.sim.heard`): the ticks are a push gap apart (1 ms) and
+``staleness_s`` is a link delay, which is how a watched candidate's pushes show it (each
+change sent within a gap, a link away); :attr:`ClusterState.heard` then rewrites, in a
+snapshot over a job's candidates, the rows of those the planner does not watch with what it
+last heard of them, aged, and gives the residency each planner has heard (its candidates'
+holders, and the whole view's residency that warming reads). The mesh has no ``heard``: every
+peer as the last tick shows it.
+
 Batches: each worker also publishes, per model, its queued tasks that may batch and when the
 first of them is expected to start (:meth:`~compass.worker.queue.TaskQueue.batchable`). The
 live state keeps that start as an absolute time, so the published one, like the wait, is what
@@ -35,6 +43,7 @@ import numpy.typing as npt
 from compass.errors import ConfigError
 from compass.sched.placement import PlacedCounts, Placement
 from compass.sched.snapshot import BatchRows, Members, ViewSnapshot, batch_rows
+from compass.sim.heard import Heard, Told
 
 __all__ = ["ClusterState"]
 
@@ -126,6 +135,11 @@ class ClusterState:
         #: (tick, priority) -> the published waits at that priority
         self._lifted: dict[tuple[int, int], FloatArray] = {}
         self._pending: list[list[_Pending]] = [[] for _ in range(n)]
+        #: when each worker's queue last changed (the time of the state it would send)
+        self.changed_at: FloatArray = np.zeros(n)
+        #: a bounded view: what each planner has heard of the others (None: the mesh, where
+        #: every worker shows as the last tick published it)
+        self.heard: Heard | None = None
 
     # -- live updates (the simulator calls these as things happen) ---------------------------
 
@@ -134,6 +148,8 @@ class ClusterState:
 
         Call before applying the changes of an event at ``now``.
         """
+        if self.heard is not None:
+            self.heard.advance(now)
         self._now = now
         tick = int(now / self.heartbeat_s)
         if tick > self._tick:
@@ -172,6 +188,7 @@ class ClusterState:
             self.batches[worker] = _NONE
             self._batching.discard(worker)
         row = self.run_end[worker]
+        self.changed_at[worker] = self._now
         self.queued[worker] = queued_s
         row[:] = 0.0  # an idle lane: no time left
         row[: len(run_ends)] = run_ends
@@ -197,6 +214,15 @@ class ClusterState:
         settles = k * hb + self.staleness_s
         self._pending[viewer].append(_Pending(worker, placed, now + placed.seconds, settles))
 
+    def told(self, worker: int, since: float = 0.0) -> Told:
+        """``worker``'s live state as it would send it at ``since`` or, if it changed after,
+        at its last change (a push carries the state after each change)."""
+        return Told(
+            max(float(self.changed_at[worker]), since), float(self.queued[worker]),
+            tuple(self.run_end[worker].tolist()), int(self.free[worker]), self.batches[worker],
+            self.raised[worker],
+        )  # fmt: skip
+
     # -- views --------------------------------------------------------------------------------
 
     def snapshot(
@@ -221,11 +247,15 @@ class ClusterState:
         q, base_wait, cap, published = self._at(now)
         if priority > 0:
             base_wait = self._lifted_at(q, cap, priority)
+        heard = self.heard
         if among is None:
             me = viewer
             wait = base_wait.copy()
             free = cap.free.copy()
             rows: Mapping[str, BoolArray] = cap.rows
+            if heard is not None:  # residency as heard (what warming reads)
+                known = heard.holders(viewer, now, range(len(self.models)))
+                rows = dict(zip(self.models, known, strict=True))
             names, positions, capacity = self.names, self.positions, self.capacity
             members = None
         else:
@@ -255,6 +285,8 @@ class ClusterState:
             batches = self._own_batches(viewer, published, own_batches or _NONE)
         if among is not None and batches:
             batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
+        if heard is not None and among is not None:
+            batches = self._as_heard(heard, viewer, now, priority, among, wait, free, rows, batches)
         pending = self._pending[viewer]
         if pending:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
@@ -281,18 +313,62 @@ class ClusterState:
         _, _, cap, _ = self._at(now)
         index = self.model_index
         coming = [p for p in self._pending[viewer] if now <= p.ends and now < p.settles]
+        heard = self.heard
+        known = None if heard is None else heard.holders(viewer, now, [index[m] for m in models])
         out: list[BoolArray] = []
-        for model in models:
+        for k, model in enumerate(models):
             m = index[model]
-            row = cap.held[m]
+            row = cap.held[m] if known is None else known[k]
             own = bool(self.held[m, viewer])
             extra = [p.worker for p in coming if p.task.model == model and not row[p.worker]]
             if extra or bool(row[viewer]) != own:
-                row = row.copy()
+                row = row if known is not None else row.copy()
                 row[viewer] = own
                 row[extra] = True
             out.append(row)
         return out
+
+    def _as_heard(
+        self,
+        heard: Heard,
+        viewer: int,
+        now: float,
+        priority: int,
+        among: IntpArray,
+        wait: FloatArray,
+        free: IntArray,
+        rows: Mapping[str, BoolArray],
+        batches: Mapping[str, BatchRows],
+    ) -> Mapping[str, BatchRows]:
+        """Rewrite, in ``wait``, ``free``, ``rows`` and ``batches`` (arrays over ``among``,
+        copies), the rows of the candidates ``viewer`` does not watch at ``now`` with what it
+        last heard of them (:mod:`compass.sim.heard`); the batches, changed or not."""
+        models = self.models
+        changed: dict[str, BatchRows] | None = None
+        for j, peer in enumerate(among.tolist()):
+            if peer == viewer or heard.watched(viewer, peer, now):
+                continue
+            told = heard.told(viewer, peer, now)
+            wait[j] = told.aged(now, priority)
+            free[j] = told.free
+            held = heard.residency(viewer, peer, now)
+            for m, name in enumerate(models):
+                rows[name][j] = held[m]
+            if batches or told.batches:
+                if changed is None:
+                    changed = dict(batches)
+                for counts, _ in changed.values():
+                    counts[j] = 0
+                for model, (count, first) in told.batches.items():
+                    row = changed.get(model)
+                    if row is None:
+                        k = len(among)
+                        row = changed[model] = (np.zeros(k, dtype=np.int64), np.zeros(k))
+                    row[0][j] = count
+                    row[1][j] = first - told.sent  # as the heartbeat said it, not aged
+        if changed is None:
+            return batches
+        return {m: row for m, row in changed.items() if row[0].any()}
 
     def _own_batches(
         self, viewer: int, published: Mapping[str, BatchRows], own: _Batches

@@ -1,11 +1,13 @@
 """The messages a bounded view would send in a simulated cluster, counted by the real
-worker's rules (:mod:`compass.worker.spread`); nothing here changes what a simulated worker
-sees or does.
+worker's rules (:mod:`compass.worker.spread`), and told to :class:`~compass.sim.heard.Heard`
+(each watch asked, each rumor started), which makes them what each planner knows; counting
+alone changes nothing a simulated worker sees or does.
 
 - **Watch asks.** A planner that plans a job over its candidates asks each other candidate
   whose lease is due (:meth:`Watching.due <compass.worker.spread.Watching.due>`: never asked,
-  or under half a lease left) to be watched for ``lease_s``; the ask arrives at once (the real
-  one is a message a few hundred microseconds away). Each ask is answered by one state message
+  or under half a lease left) to be watched for ``lease_s``; for the counts the ask arrives at
+  once (:class:`~compass.sim.heard.Heard` puts it, and the answer, a link delay away). Each
+  ask is answered by one state message
   (:meth:`Gossip.watched_by <compass.worker.gossip.Gossip.watched_by>`), not counted apart.
 - **State pushes.** When a worker's state changes (its lanes' version moved after the core
   handled an event, as :class:`~compass.worker.server.Worker` tells its gossip), it sends its
@@ -31,6 +33,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from compass.sim.heard import Heard
 from compass.worker.spread import Watchers, Watching, gossip_gap_s
 
 __all__ = ["CacheKey", "ViewTraffic"]
@@ -65,12 +68,15 @@ class ViewTraffic:
         lease_s: float,
         min_gap_s: float,
         max_rate: float,
+        heard: Heard | None = None,
     ) -> None:
         self.names = tuple(names)
         self._positions = {name: i for i, name in enumerate(self.names)}
         self.lease_s = lease_s
         self._min_gap_s = min_gap_s
         self._max_rate = max_rate
+        #: told of each watch asked and each rumor started (None: counted only)
+        self.heard = heard
         self._senders = [_Sender(Watchers(), Watching(lease_s), cache) for cache in caches]
         #: watch asks sent, state messages pushed to watchers, rumors started of a cache change
         self.asks = 0
@@ -89,39 +95,48 @@ class ViewTraffic:
         self.asks += len(due)
         until = now + self.lease_s
         watcher = names[viewer]
-        for name in due:
-            peer = self._positions[name]
-            self._catch_up(peer, now)  # a send due before the ask goes to the old watchers
+        peers = [self._positions[name] for name in due]
+        for peer in peers:
+            self.catch_up(peer, now)  # a send due before the ask goes to the old watchers
             self._senders[peer].watchers.watch(watcher, until)
+        if self.heard is not None:
+            self.heard.watch(viewer, peers, now)
 
     def changed(self, worker: int, now: float, cache: CacheKey) -> None:
         """``worker``'s state changed at ``now``; ``cache`` is its cache after the change."""
         sender = self._senders[worker]
-        self._catch_up(worker, now)
+        self.catch_up(worker, now)
         if now >= sender.sent_at + sender.gap_s:
-            self._send(sender, now, cache)
+            self._send(worker, now, cache)
         else:
             sender.pending = cache  # sent when the gap ends, with any later change in it
 
     def finish(self) -> None:
         """The run ended: send what is still waiting for its gap to end."""
-        for sender in self._senders:
+        for worker, sender in enumerate(self._senders):
             if sender.pending is not None:
-                self._send(sender, sender.sent_at + sender.gap_s, sender.pending)
+                self._send(worker, sender.sent_at + sender.gap_s, sender.pending)
 
-    def _catch_up(self, worker: int, now: float) -> None:
-        """Make the send that came due before ``now`` (the changes within a gap)."""
+    def catch_up(self, worker: int, now: float) -> None:
+        """Make the send that came due before ``now`` (the changes within a gap); call it
+        before ``worker``'s state changes at ``now``, so that the send carries the state it
+        had."""
         sender = self._senders[worker]
         due = sender.sent_at + sender.gap_s
         if sender.pending is not None and due < now:
-            self._send(sender, due, sender.pending)
+            self._send(worker, due, sender.pending)
 
-    def _send(self, sender: _Sender, at: float, cache: CacheKey) -> None:
-        watchers = len(sender.watchers.live(at))
-        self.pushes += watchers
+    def _send(self, worker: int, at: float, cache: CacheKey) -> None:
+        sender = self._senders[worker]
+        live = sender.watchers.live(at)
+        self.pushes += len(live)
         if cache != sender.rumored:
             sender.rumored = cache
             self.cache_changes += 1
+            if self.heard is not None:
+                positions = self._positions
+                watchers = [positions[name] for name in live]
+                self.heard.rumor(worker, at, cache[0] | cache[1], watchers)
         sender.sent_at = at
-        sender.gap_s = gossip_gap_s(self._min_gap_s, watchers, self._max_rate)
+        sender.gap_s = gossip_gap_s(self._min_gap_s, len(live), self._max_rate)
         sender.pending = None

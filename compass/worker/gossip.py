@@ -45,6 +45,7 @@ from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership
 from compass.worker.spread import (
     MAX_RUMORS,
+    SYNC_SCALE_FROM,
     Rumors,
     Watchers,
     Watching,
@@ -72,9 +73,6 @@ _DEGRADED_WAIT_S = 1e6
 #: in a bounded view, with nothing to send, the core's periodic check runs this often (the
 #: mesh runs it at each heartbeat)
 _IDLE_CHECK_S = 0.1
-#: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
-#: beyond (memberlist scales its push-pull interval likewise, by the log)
-SYNC_SCALE_FROM = 32
 #: states of workers not yet peers kept until they join, at most (the oldest go first)
 MAX_EARLY = 1024
 
@@ -101,7 +99,7 @@ class Gossip:
         #: the candidate rule of a bounded view (None: the mesh; also for the ``central``
         #: policy, whose one planner plans every job and so must see every worker)
         self.rule = (
-            CandidateRule(sched.candidates, sched.holders or None)
+            CandidateRule(sched.candidates, sched.holders or None, sched.explore)
             if sched.view == "bounded" and sched.policy != "central"
             else None
         )
@@ -155,7 +153,8 @@ class Gossip:
             return full  # the mesh: every peer is heard, so every snapshot shows all of them
         if self.name not in scope.keep:  # the core's scopes name it: no new scope per job
             scope = PlanScope(scope.workflow, (*scope.keep, self.name))
-        among = candidates(full, scope, rule, self._rng)
+        fresh = self.watching.watched(_now())  # sampled first: their load is pushed here
+        among = candidates(full, scope, rule, self._rng, fresh)
         if self._membership is not None:
             self._want(among)
         return full if len(among) == len(full) else full.subset(among)

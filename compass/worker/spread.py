@@ -35,10 +35,21 @@ from dataclasses import dataclass
 from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
 
-__all__ = ["MAX_RUMORS", "Rumors", "Watchers", "Watching", "cache_changed", "gossip_gap_s"]
+__all__ = [
+    "MAX_RUMORS",
+    "SYNC_SCALE_FROM",
+    "Rumors",
+    "Watchers",
+    "Watching",
+    "cache_changed",
+    "gossip_gap_s",
+]
 
 #: the most states one ``rumors`` message may carry (more is a malformed message)
 MAX_RUMORS = 64
+#: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
+#: beyond (memberlist scales its push-pull interval likewise, by the log)
+SYNC_SCALE_FROM = 32
 
 
 def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
@@ -67,6 +78,7 @@ class Watchers:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        self._soonest = math.inf  # no lease ends before it
 
     def watch(self, peer: str, until: float) -> bool:
         """``peer`` watches until ``until`` (a later lease extends, an earlier one does not
@@ -74,13 +86,16 @@ class Watchers:
         before = self._until.get(peer)
         if before is None or before < until:
             self._until[peer] = until
+            self._soonest = min(self._soonest, until)
         return before is None
 
     def live(self, now: float) -> list[str]:
         """The watchers whose lease holds at ``now`` (the others are dropped)."""
-        ended = [p for p, until in self._until.items() if until < now]
-        for peer in ended:
-            del self._until[peer]
+        if now > self._soonest:  # some lease may have ended: look
+            ended = [p for p, until in self._until.items() if until < now]
+            for peer in ended:
+                del self._until[peer]
+            self._soonest = min(self._until.values(), default=math.inf)
         return list(self._until)
 
     def drop(self, peer: str) -> None:

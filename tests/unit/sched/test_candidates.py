@@ -178,11 +178,36 @@ def test_a_small_view_is_taken_whole_as_the_rule_would_take_it(
     assert fast == run()
 
 
+def test_the_watched_are_sampled_first_but_for_the_explorers() -> None:
+    """A planner that watches some workers (their load is fresh) samples its k from them,
+    all but ``explore``, and a model's holders from the watched ones first."""
+    wf, _ = workload()
+    snap = view(40, {"a": set(range(20, 40)), "b": {1, 2}})
+    watched = {f"w{i:02d}" for i in (3, 4, 5, 6, 7, 25, 26)}
+    scope = PlanScope(wf, frozenset({"w00"}))
+    for seed in range(20):
+        rule = CandidateRule(4, holders=2, explore=1)
+        idx = {snap.index(w) for w in candidates(snap, scope, rule, random.Random(seed), watched)}
+        assert {25, 26} <= idx  # a's two holders: the watched ones
+        sampled = idx - {0, 1, 2, 25, 26}
+        assert len(sampled) == 4 and len(sampled & {3, 4, 5, 6, 7}) == 3  # one explorer
+        # with fewer watched than asked for, the rest are drawn from the others
+        few = candidates(snap, scope, rule, random.Random(seed), {"w03"})
+        assert "w03" in few and len(few) == 3 + 2 + 4
+    # without explore, who is watched does not matter: the same sample as with none
+    plain = CandidateRule(4, holders=2)
+    assert candidates(snap, scope, plain, random.Random(7), watched) == candidates(
+        snap, scope, plain, random.Random(7)
+    )
+
+
 def test_a_rule_needs_sane_counts() -> None:
     with pytest.raises(ConfigError, match="k must be"):
         CandidateRule(-1)
     with pytest.raises(ConfigError, match="holders must be"):
         CandidateRule(2, holders=0)
+    with pytest.raises(ConfigError, match="explore must be"):
+        CandidateRule(2, explore=-1)
 
 
 def test_scope_models_are_sorted() -> None:

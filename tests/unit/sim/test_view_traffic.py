@@ -1,15 +1,19 @@
 """The messages a bounded view's real workers would send, counted in the simulator
 (compass.sim.traffic): watch asks by the lease rule, state pushes to live watchers with the
-real loop's spacing, rumors of cache changes; none for the mesh, and no outcome changes."""
+real loop's spacing, rumors of cache changes; none for the mesh. Counting them changes no
+outcome; what they tell the planners (compass.sim.heard) does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from compass.cache.policy import CacheCore
 from compass.sim import Arrival, SimResult, engine, job_arrivals, simulate
 from compass.sim.compare import SimConfig, compare_policies
+from compass.sim.state import ClusterState
 from compass.sim.traffic import CacheKey, ViewTraffic
 from compass.workflow import load_workload
 
@@ -108,10 +112,10 @@ def test_two_workers_by_hand() -> None:
     # Client i enters at w{i}; with K = 1 each plans over itself and the other, and each job
     # runs at its ingress for 100 ms (a start and an end: two state changes).
     arrivals = [
-        Arrival(0.0, "plain", 0),  # w0 asks w1 (until 2.0); w0 has no watcher
-        Arrival(0.5, "plain", 1),  # w1 asks w0 (until 2.5); w0 watches it: 2 pushes
+        Arrival(0.0, "plain", 0),  # w0 asks w1 (a 10 s lease, until 10.0); w0 has no watcher
+        Arrival(0.5, "plain", 1),  # w1 asks w0 (until 10.5); w0 watches it: 2 pushes
         Arrival(1.0, "plain", 0),  # w0's lease on w1 is not due; w1 watches w0: 2 pushes
-        Arrival(3.0, "plain", 0),  # due again: an ask; w1's lease on w0 ended at 2.5
+        Arrival(11.0, "plain", 0),  # due again: an ask; w1's lease on w0 ended at 10.5
     ]
     assert counts(arrivals, "bounded") == (3, 4, 0)
     # a model: its load begins (a is loading) and ends (a is resident), two rumors; the
@@ -138,6 +142,16 @@ def test_compass_sim_reports_the_counts_for_a_bounded_view_only() -> None:
         assert isinstance(value, int) and value > 0, (key, value)
 
 
+REAL_TRAFFIC = engine._traffic
+
+
+def counting_only(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
+    """The bounded view's messages counted, and nothing told to the planners."""
+    traffic = REAL_TRAFFIC(state, caches, seed)
+    state.heard = traffic.heard = None
+    return traffic
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_counting_changes_no_outcome(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     paper = load_workload(PAPER)
@@ -148,12 +162,16 @@ def test_counting_changes_no_outcome(seed: int, monkeypatch: pytest.MonkeyPatch)
     def once() -> SimResult:
         return simulate(paper, workers=10, policy="compass", arrivals=arrivals, view="bounded")
 
+    modelled = once()
+    monkeypatch.setattr(engine, "_traffic", counting_only)
     counted = once()
     assert counted.view_asks > 0
-    monkeypatch.setattr(engine, "_traffic", lambda names, caches: None)
+    monkeypatch.setattr(engine, "_traffic", lambda state, caches, seed: None)
     plain = once()
     assert (plain.view_asks, plain.view_pushes, plain.cache_changes) == (0, 0, 0)
     assert plain.jobs == counted.jobs and plain.tasks == counted.tasks
     assert (plain.events, plain.horizon_s, plain.loads) == (
         counted.events, counted.horizon_s, counted.loads,
     )  # fmt: skip
+    # what the messages tell the planners (compass.sim.heard) does change the plans
+    assert modelled.jobs != counted.jobs
