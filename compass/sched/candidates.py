@@ -104,20 +104,30 @@ def pick(
     # of the masks: the same pools in the same (sorted) order.
     chosen = {int(i) for i in keep}
     cap = rule.holders
-    watched = fresh if rule.explore is not None else None
+    watched = None if fresh is None or rule.explore is None else fresh.nonzero()[0]
     for row in held:
         if cap is None:
             chosen.update(row.nonzero()[0].tolist())
             continue
         inside = list(chosen)
-        need = cap - int(np.count_nonzero(row[inside]))
+        already = int(np.count_nonzero(row[inside]))
+        need = cap - already
         if need <= 0:
             continue
+        if watched is not None and int(np.count_nonzero(row)) - already > need:
+            # a model is held by most workers of a busy cluster: when enough of its holders
+            # are watched, the draw is among them alone (the pool of all is not needed)
+            known = [w for w in watched[row[watched]].tolist() if w not in chosen]
+            if len(known) > need:
+                known = [known[i] for i in rng.sample(range(len(known)), need)]
+            if len(known) == need:
+                chosen.update(known)
+                continue
         rest = row.copy()
         rest[inside] = False
         more = rest.nonzero()[0]
         if len(more) > need:
-            at = None if watched is None else watched[more].nonzero()[0].tolist()
+            at = None if watched is None or fresh is None else fresh[more].nonzero()[0].tolist()
             more = more[_draw(len(more), at, need, rng, 0)]
         chosen.update(more.tolist())
     free = n - len(chosen)
@@ -127,7 +137,7 @@ def pick(
         out = sorted(chosen)
         at = None
         if watched is not None:  # a fresh worker's position among the others: less those below
-            at = [w - bisect_left(out, w) for w in watched.nonzero()[0].tolist() if w not in chosen]
+            at = [w - bisect_left(out, w) for w in watched.tolist() if w not in chosen]
         chosen.update(_skipping(out, _draw(free, at, rule.k, rng, rule.explore or 0)))
     return np.array(sorted(chosen), dtype=np.intp)
 
