@@ -24,6 +24,7 @@ and generator state give the same workers.
 from __future__ import annotations
 
 import random
+from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -97,53 +98,75 @@ def pick(
     the fresh ones first, and the ``k`` too but for ``rule.explore`` of them."""
     if _all_chosen(n, held, rule):  # no draw to make, fresh or not
         return np.arange(n, dtype=np.intp)
-    # ``a.nonzero()[0]`` is ``np.flatnonzero(a)`` for these 1-d masks, without the Python
-    # wrappers around it (about 60 bytecode instructions a call, most of what a small view's
-    # pick cost)
-    chosen = np.zeros(n, dtype=np.bool_)
-    kept = list(keep)
-    if kept:
-        chosen[kept] = True
+    # The chosen are a few dozen of n (a thousand in a large simulation): kept as a set, and
+    # the k drawn as positions among the workers not chosen, instead of n-long masks built
+    # and scanned for each job (most of what pick cost at 1,000 workers). The draws are those
+    # of the masks: the same pools in the same (sorted) order.
+    chosen = {int(i) for i in keep}
     cap = rule.holders
+    watched = None if fresh is None or rule.explore is None else fresh.nonzero()[0]
     for row in held:
         if cap is None:
-            chosen |= row
+            chosen.update(row.nonzero()[0].tolist())
             continue
-        need = cap - int(np.count_nonzero(row & chosen))
+        inside = list(chosen)
+        already = int(np.count_nonzero(row[inside]))
+        need = cap - already
         if need <= 0:
             continue
-        more = (row & ~chosen).nonzero()[0]
+        if watched is not None and int(np.count_nonzero(row)) - already > need:
+            # a model is held by most workers of a busy cluster: when enough of its holders
+            # are watched, the draw is among them alone (the pool of all is not needed)
+            known = [w for w in watched[row[watched]].tolist() if w not in chosen]
+            if len(known) > need:
+                known = [known[i] for i in rng.sample(range(len(known)), need)]
+            if len(known) == need:
+                chosen.update(known)
+                continue
+        rest = row.copy()
+        rest[inside] = False
+        more = rest.nonzero()[0]
         if len(more) > need:
-            more = _sample(more, need, rng, fresh if rule.explore is not None else None, 0)
-        chosen[more] = True
-    if rule.k:
-        rest = (~chosen).nonzero()[0]
-        if len(rest) > rule.k:
-            explore = rule.explore
-            rest = _sample(rest, rule.k, rng, None if explore is None else fresh, explore or 0)
-        chosen[rest] = True
-    return chosen.nonzero()[0]
+            at = None if watched is None or fresh is None else fresh[more].nonzero()[0].tolist()
+            more = more[_draw(len(more), at, need, rng, 0)]
+        chosen.update(more.tolist())
+    free = n - len(chosen)
+    if rule.k and free:
+        if free <= rule.k:  # every worker left
+            return np.arange(n, dtype=np.intp)
+        out = sorted(chosen)
+        at = None
+        if watched is not None:  # a fresh worker's position among the others: less those below
+            at = [w - bisect_left(out, w) for w in watched.tolist() if w not in chosen]
+        chosen.update(_skipping(out, _draw(free, at, rule.k, rng, rule.explore or 0)))
+    return np.array(sorted(chosen), dtype=np.intp)
 
 
-def _sample(
-    pool: IntpArray, need: int, rng: random.Random, fresh: BoolArray | None, explore: int
-) -> IntpArray:
-    """``need`` of ``pool``, sampled; with ``fresh``, ``need - explore`` from its fresh
-    workers (all of them if fewer), the rest from the others left."""
+def _draw(
+    size: int, fresh: list[int] | None, need: int, rng: random.Random, explore: int
+) -> list[int]:
+    """``need`` positions of a pool of ``size``, sampled; with ``fresh`` (the sorted positions
+    of its fresh workers), ``need - explore`` of them (all if fewer), the rest from the other
+    positions left (in order: a fresh one too)."""
     if fresh is None:
-        return pool[rng.sample(range(len(pool)), need)]
-    at = np.flatnonzero(fresh[pool])  # where the fresh ones are in the pool
-    take = min(len(at), max(need - explore, 0))
-    if take < len(at):
-        at = at[rng.sample(range(len(at)), take)]
-    known = pool[at]
-    left = np.ones(len(pool), dtype=np.bool_)
-    left[at] = False
-    others = pool[left]  # the explorers: any other (a fresh one too)
+        return rng.sample(range(size), need)
+    take = min(len(fresh), max(need - explore, 0))
+    if take < len(fresh):
+        fresh = [fresh[i] for i in rng.sample(range(len(fresh)), take)]
     rest = need - take
-    if len(others) > rest:
-        others = others[rng.sample(range(len(others)), rest)]
-    return np.concatenate((known, others))
+    if rest <= 0:
+        return fresh
+    left = size - take
+    picked = rng.sample(range(left), rest) if left > rest else list(range(left))
+    return fresh + _skipping(sorted(fresh), picked)
+
+
+def _skipping(gone: Sequence[int], positions: Iterable[int]) -> list[int]:
+    """Each of ``positions`` among ``0, 1, ...`` with the sorted ``gone`` left out, as a
+    number: the j-th that is not gone is j plus the gone ones at or below it, and
+    ``gone[i] - i`` (how many are not gone below ``gone[i]``) is sorted."""
+    below = [g - i for i, g in enumerate(gone)]
+    return [j + bisect_right(below, j) for j in positions]
 
 
 def candidates(

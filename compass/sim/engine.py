@@ -701,7 +701,7 @@ class _SimView:
             self.scoped += 1
             self.shown += len(among)
             if self._traffic is not None:  # the planner watches its candidates' load
-                self._traffic.planned(worker.index, among, now)
+                self._traffic.planned(worker.index, among.tolist(), now)
         return self._state.snapshot(
             worker.index, now, lanes.wait_s(now, priority), lanes.queue.batchable(now, lanes.lanes),
             without, priority, among,

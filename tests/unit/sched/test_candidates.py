@@ -201,6 +201,74 @@ def test_the_watched_are_sampled_first_but_for_the_explorers() -> None:
     )
 
 
+def _pick_by_masks(
+    n: int,
+    held: list[np.ndarray[Any, Any]],
+    keep: list[int],
+    rule: CandidateRule,
+    rng: random.Random,
+    fresh: np.ndarray[Any, Any] | None,
+) -> list[int]:
+    """The rule as pick ran it before it drew positions (n-long masks): the reference."""
+
+    def sample(pool: Any, need: int, fresh: Any, explore: int) -> Any:
+        if fresh is None:
+            return pool[rng.sample(range(len(pool)), need)]
+        at = np.flatnonzero(fresh[pool])
+        take = min(len(at), max(need - explore, 0))
+        if take < len(at):
+            at = at[rng.sample(range(len(at)), take)]
+        left = np.ones(len(pool), dtype=np.bool_)
+        left[at] = False
+        others = pool[left]
+        if len(others) > need - take:
+            others = others[rng.sample(range(len(others)), need - take)]
+        return np.concatenate((pool[at], others))
+
+    chosen = np.zeros(n, dtype=np.bool_)
+    chosen[keep] = True
+    for row in held:
+        if rule.holders is None:
+            chosen |= row
+            continue
+        need = rule.holders - int(np.count_nonzero(row & chosen))
+        if need > 0:
+            more = np.flatnonzero(row & ~chosen)
+            if len(more) > need:
+                more = sample(more, need, fresh if rule.explore is not None else None, 0)
+            chosen[more] = True
+    if rule.k:
+        rest = np.flatnonzero(~chosen)
+        if len(rest) > rule.k:
+            watched = None if rule.explore is None else fresh
+            rest = sample(rest, rule.k, watched, rule.explore or 0)
+        chosen[rest] = True
+    return np.flatnonzero(chosen).tolist()
+
+
+def test_pick_draws_as_the_masks_did() -> None:
+    """pick draws its samples as positions among the workers not chosen, not over n-long
+    masks: the same workers for the same generator state, and the generator left the same,
+    over random views, caps, explorers and watched sets (a simulation's results depend on it)."""
+    for seed in range(3000):
+        draw = random.Random(seed)
+        n = draw.choice([3, 8, 20, 60, 200])
+        held = [
+            np.array([draw.random() < draw.choice([0.05, 0.3, 0.8]) for _ in range(n)])
+            for _ in range(draw.randint(0, 3))
+        ]
+        keep = [draw.randrange(n) for _ in range(draw.randint(0, 4))]
+        rule = CandidateRule(
+            draw.randint(0, 8), draw.choice([None, 1, 2, 3]), draw.choice([None, 0, 1, 2, 9])
+        )
+        share = draw.choice([0.02, 0.2, 0.7])
+        fresh = draw.choice([None, np.array([draw.random() < share for _ in range(n)])])
+        fast, slow = random.Random(seed), random.Random(seed)
+        picked = pick(n, held, keep, rule, fast, fresh)
+        assert picked.tolist() == _pick_by_masks(n, held, keep, rule, slow, fresh), seed
+        assert fast.getstate() == slow.getstate(), seed
+
+
 def test_a_rule_needs_sane_counts() -> None:
     with pytest.raises(ConfigError, match="k must be"):
         CandidateRule(-1)
