@@ -13,23 +13,39 @@ every time, the same for the same events.
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Protocol, TypeAlias
 
-__all__ = ["Cause", "cause_text"]
+__all__ = ["Cause", "Caused", "cause_text"]
+
+
+class _Nameable(Protocol):
+    """An event: it names itself (:class:`compass.worker.events.Named`; that module cannot be
+    imported here: it imports the lanes, whose instructions read their causes through this
+    one)."""
+
+    def stimulus_id(self, n: int) -> str: ...
+
 
 #: an event's own id, or an anonymous event and its number (named by :func:`cause_text`)
-Cause: TypeAlias = "str | tuple[Any, int]"
+Cause: TypeAlias = "str | tuple[_Nameable, int]"
 
 
 def cause_text(cause: Cause) -> str:
     """The id ``cause`` stands for: itself, or the name of the anonymous event it holds."""
     if isinstance(cause, str):
         return cause
-    # the event names itself (compass.worker.events.Named): the events import the lanes,
-    # whose instructions read their causes through this module, so it cannot import them
     event, n = cause
-    named = getattr(event, "stimulus_id", None)
-    if named is None:
-        raise AssertionError(f"not an event: {type(event).__name__}")
-    text: str = named(n)
-    return text
+    return event.stimulus_id(n)
+
+
+class Caused:
+    """What every instruction shares: the event that caused it (``stimulus``, a dataclass
+    field of each) and its id, named when read (:attr:`cause`)."""
+
+    __slots__ = ()
+    stimulus: Cause
+
+    @property
+    def cause(self) -> str:
+        """The id of the event that caused it."""
+        return cause_text(self.stimulus)

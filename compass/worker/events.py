@@ -26,7 +26,7 @@ from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
-from compass.worker.causes import Cause, cause_text
+from compass.worker.causes import Cause, Caused
 from compass.worker.lanes import LoadModel, RunTask
 from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.worker.queue import QueuedTask
@@ -345,7 +345,7 @@ Event: TypeAlias = (
 
 # made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
-class Send:
+class Send(Caused):
     """Send ``msg`` to peer ``peer`` (never this worker: the core delivers those itself)."""
 
     peer: str
@@ -353,14 +353,9 @@ class Send:
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
-    @property
-    def cause(self) -> str:
-        """The id of the event that caused it."""
-        return cause_text(self.stimulus)
-
 
 @dataclass(frozen=True, slots=True)
-class AskPlan:
+class AskPlan(Caused):
     """Ask ``peer`` to plan the job (answer with :class:`PlanReady`)."""
 
     peer: str
@@ -368,14 +363,9 @@ class AskPlan:
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
-    @property
-    def cause(self) -> str:
-        """The id of the event that caused it."""
-        return cause_text(self.stimulus)
-
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(Caused):
     """The job's one answer: ``value``, or ``error``. ``record`` describes the job for the
     worker's trace (plan, attempts, latency)."""
 
@@ -386,14 +376,9 @@ class Answer:
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
-    @property
-    def cause(self) -> str:
-        """The id of the event that caused it."""
-        return cause_text(self.stimulus)
-
 
 @dataclass(frozen=True, slots=True)
-class Planned:
+class Planned(Caused):
     """The answer to :class:`PlanAsked`: ``plan`` for ``job_id``, or the ``error`` that
     stopped it (an unknown workflow, say); ``peer`` asked."""
 
@@ -404,14 +389,9 @@ class Planned:
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
-    @property
-    def cause(self) -> str:
-        """The id of the event that caused it."""
-        return cause_text(self.stimulus)
-
 
 @dataclass(frozen=True, slots=True)
-class Fault:
+class Fault(Caused):
     """Handling the event ``cause`` raised ``error``, a bug: the instructions before this one
     were decided, and must be carried out, as the core's state changed with them; what the
     event would have done after is lost. The worker logs and counts it, the simulator
@@ -420,11 +400,6 @@ class Fault:
     error: Exception
     #: the event whose handling raised (:attr:`cause` names it)
     stimulus: Cause = ""
-
-    @property
-    def cause(self) -> str:
-        """The id of the event whose handling raised."""
-        return cause_text(self.stimulus)
 
 
 Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Fault

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
-from compass.worker.causes import Cause, cause_text
+from compass.worker.causes import Cause, Caused
 from compass.worker.events import TaskDone, TaskFailed
 from compass.worker.lanes import RunTask
 from compass.worker.queue import QueuedTask
@@ -84,7 +84,7 @@ def emulated_output(nbytes: int) -> np.ndarray:
 
 
 @dataclass(slots=True)
-class TaskOutcome:
+class TaskOutcome(Caused):
     """What happened to one task, with where its time went (seconds)."""
 
     entry: QueuedTask
@@ -107,11 +107,6 @@ class TaskOutcome:
     run: tuple[QueuedTask, ...] = ()
     #: the core's event that started its run (:attr:`RunTask.stimulus`; :attr:`cause`)
     stimulus: Cause = ""
-
-    @property
-    def cause(self) -> str:
-        """The id of the core's event that started its run."""
-        return cause_text(self.stimulus)
 
     @property
     def model(self) -> str | None:

@@ -115,7 +115,7 @@ class Gossip:
         self._drains = False  # this worker drains: a watch is answered with that
         #: the newest state of each worker heard before it was a peer here (see
         #: :meth:`keep_early`): heard again when it joins
-        self.early: dict[str, Heartbeat] = {}
+        self._early: dict[str, Heartbeat] = {}
         self._membership: Membership | None = None  # while running
         #: the sequence number of the last state sent
         self._seq = 0
@@ -258,12 +258,16 @@ class Gossip:
         peer planned without it until a sync (seconds) brought it."""
         if state.name in membership.peers:
             return  # of an older incarnation of a live peer: stale
-        old = self.early.get(state.name)
+        old = self._early.get(state.name)
         if old is not None and (old.incarnation, old.seq) >= (state.incarnation, state.seq):
             return
-        if old is None and len(self.early) >= MAX_EARLY:
-            del self.early[next(iter(self.early))]  # the one kept longest
-        self.early[state.name] = state
+        if old is None and len(self._early) >= MAX_EARLY:
+            del self._early[next(iter(self._early))]  # the one kept longest
+        self._early[state.name] = state
+
+    def take_early(self, worker: str) -> Heartbeat | None:
+        """``worker`` joined: the state kept of it before (:meth:`keep_early`), if any."""
+        return self._early.pop(worker, None)
 
     def tell_draining(self, membership: Membership) -> None:
         """This worker drains: the planners that may place here hear it, so that they place

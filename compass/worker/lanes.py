@@ -44,7 +44,7 @@ from typing import Any, TypeAlias
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 from compass.records import record
-from compass.worker.causes import Cause, cause_text
+from compass.worker.causes import Cause, Caused
 from compass.worker.queue import QueuedTask, TaskQueue
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
@@ -52,7 +52,7 @@ __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 
 # made for every task: a record, frozen by convention (:mod:`compass.records`)
 @record
-class RunTask:
+class RunTask(Caused):
     """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
     group); its model (if any) is resident and pinned for the run. Each entry ends with an
     event of its own.
@@ -71,18 +71,13 @@ class RunTask:
     stimulus: Cause = ""
 
     @property
-    def cause(self) -> str:
-        """The id of the event that made it run."""
-        return cause_text(self.stimulus)
-
-    @property
     def entries(self) -> tuple[QueuedTask, ...]:
         """Every task of the run, its first (``entry``) first."""
         return (self.entry, *self.mates)
 
 
 @dataclass(frozen=True, slots=True)
-class LoadModel:
+class LoadModel(Caused):
     """Copy ``model``'s weights into the slabs the cache gave it; ``evict`` left the cache to
     make room (their modules go). Answer with ``ModelLoaded`` or ``LoadFailed``."""
 
@@ -91,11 +86,6 @@ class LoadModel:
     prefetch: bool
     #: the event that made it load (:attr:`cause` names it)
     stimulus: Cause = ""
-
-    @property
-    def cause(self) -> str:
-        """The id of the event that made it load."""
-        return cause_text(self.stimulus)
 
 
 @dataclass(frozen=True, slots=True)

@@ -413,7 +413,7 @@ class Worker:
         self.stats.peers_joined += 1
         # a new instance under a drained one's name is no longer draining
         self.apply(PeerJoined(self.clock(), peer.name, peer.member.instance))
-        early = self.gossip.early.pop(peer.name, None)
+        early = self.gossip.take_early(peer.name)
         if early is not None:  # its state came first: heard now, if of this incarnation
             self.heard_rumors([early], pass_on=False)
         if peer.name in self._held:

@@ -96,5 +96,3 @@ def test_a_subclass_of_an_event_is_named_as_its_type_and_a_stranger_is_a_bug() -
     # an instruction's cause names it the same way (the event names itself: causes.py
     # imports no events, which import the lanes, which import causes.py)
     assert cause_text((Later(0.0), 3)) == "tick#3" and cause_text("mine") == "mine"
-    with pytest.raises(AssertionError, match="not an event: object"):
-        cause_text((object(), 3))
