@@ -85,7 +85,7 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.spread import SYNC_SCALE_FROM, gossip_gap_s
+from compass.worker.spread import gossip_gap_s, sync_period_s
 from compass.worker.state import WorkerCore
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Workflow, emulated_run_s
@@ -739,7 +739,7 @@ def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> Vie
     sched = SchedConfig()
     n = len(state.names)
     lease_s = sched.watch_ms / 1000.0
-    sync_s = sched.sync_ms / 1000.0 * max(1.0, n / SYNC_SCALE_FROM)
+    sync_s = sync_period_s(sched.sync_ms, n)
     delays = rumor_delays(
         n, period_s=sched.rumor_ms / 1000.0, fanout=sched.rumor_fanout, sync_s=sync_s
     )

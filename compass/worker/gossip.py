@@ -45,12 +45,12 @@ from compass.worker.lanes import Lanes
 from compass.worker.membership import Membership
 from compass.worker.spread import (
     MAX_RUMORS,
-    SYNC_SCALE_FROM,
     Rumors,
     Watchers,
     Watching,
     cache_changed,
     gossip_gap_s,
+    sync_period_s,
 )
 from compass.workflow.profile import Profiles
 
@@ -403,8 +403,7 @@ class Gossip:
                 continue
             if _now() >= next_sync:
                 self._sync(self._rng.choice(peers), membership)
-                scale = max(1.0, (len(peers) + 1) / SYNC_SCALE_FROM)
-                next_sync = _now() + sched.sync_ms / 1000.0 * scale
+                next_sync = _now() + sync_period_s(sched.sync_ms, len(peers) + 1)
             if not self.rumors.pending():
                 continue
             for peer in self._rng.sample(peers, min(sched.rumor_fanout, len(peers))):

@@ -43,6 +43,7 @@ __all__ = [
     "Watching",
     "cache_changed",
     "gossip_gap_s",
+    "sync_period_s",
 ]
 
 #: the most states one ``rumors`` message may carry (more is a malformed message)
@@ -50,6 +51,13 @@ MAX_RUMORS = 64
 #: a bounded view syncs every ``sync_ms`` up to this many workers, proportionally less often
 #: beyond (memberlist scales its push-pull interval likewise, by the log)
 SYNC_SCALE_FROM = 32
+
+
+def sync_period_s(sync_ms: float, workers: int) -> float:
+    """Seconds between two whole-view syncs of a worker in a cluster of ``workers``: every
+    ``sync_ms`` up to :data:`SYNC_SCALE_FROM` workers, proportionally less often beyond, so
+    that the states a worker sends and receives in syncs do not grow with the cluster."""
+    return sync_ms / 1000.0 * max(1.0, workers / SYNC_SCALE_FROM)
 
 
 def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:

@@ -10,7 +10,14 @@ import pytest
 
 from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
-from compass.worker.spread import MAX_RUMORS, Rumors, Watchers, Watching, cache_changed
+from compass.worker.spread import (
+    MAX_RUMORS,
+    Rumors,
+    Watchers,
+    Watching,
+    cache_changed,
+    sync_period_s,
+)
 
 
 def state(name: str, seq: int = 1, incarnation: int = 0, **kw: object) -> Heartbeat:
@@ -120,3 +127,10 @@ def test_rumors_reach_every_worker_in_log_n_periods_at_a_constant_cost(n: int) -
         for table in tables:
             table.take()
     assert all(t.pending() == 0 for t in tables)
+
+
+def test_syncs_grow_rarer_past_32_workers_so_their_cost_does_not_grow() -> None:
+    """The worker and the simulator time their whole-view syncs by this one rule."""
+    assert sync_period_s(5000.0, 2) == sync_period_s(5000.0, 32) == 5.0
+    assert sync_period_s(5000.0, 64) == 10.0
+    assert sync_period_s(5000.0, 1000) == 5.0 * 1000 / 32
