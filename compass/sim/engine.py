@@ -53,6 +53,7 @@ from compass.sched.placement import Placement
 from compass.sched.policies import worker_seed
 from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
+from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
@@ -385,6 +386,10 @@ class _Simulation:
         self._later.append((handler, arg))
 
     def run(self, arrivals: Sequence[Arrival], *, warm_start: bool = False) -> SimResult:
+        with collector_eased():
+            return self._simulate(arrivals, warm_start=warm_start)
+
+    def _simulate(self, arrivals: Sequence[Arrival], *, warm_start: bool = False) -> SimResult:
         started = time.perf_counter()
         ordered = sorted(arrivals, key=lambda a: a.t_s)
         for a in ordered:
@@ -760,7 +765,7 @@ def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> Vie
 
 def _cache_key(cache: CacheCore) -> CacheKey:
     """What a rumor says of ``cache`` that the simulator changes: resident, loading."""
-    return cache.resident(), cache.loading()
+    return cache.residency()
 
 
 def _central(policy: Policy) -> bool:

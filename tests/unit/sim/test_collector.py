@@ -1,0 +1,51 @@
+"""collector_eased: the simulator's run freezes what exists and collects the young less often,
+and leaves the collector as it found it."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from compass.sim.collector import EASED_THRESHOLD, collector_eased
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_run_freezes_what_exists_and_restores_the_collector() -> None:
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    with collector_eased():
+        assert gc.get_freeze_count() > 0  # the setup is frozen: never rescanned
+        assert gc.get_threshold() == (max(EASED_THRESHOLD, before[0]), *before[1:])
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_cycles_made_during_the_run_are_still_collected() -> None:
+    with collector_eased():
+        gc.collect()
+        _Cycle()
+        assert gc.collect() > 0
+
+
+def test_it_restores_the_collector_when_the_run_fails() -> None:
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), collector_eased():
+        raise RuntimeError("the simulation failed")
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_objects_someone_else_froze_stay_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collector_eased():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
