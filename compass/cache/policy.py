@@ -123,6 +123,8 @@ class CacheCore:
         self._sizes: dict[str, int] = {}
         self._state = _Residency()
         self._stats = CacheStats()
+        #: (resident, loading) until the next change of either (:meth:`residency`)
+        self._residency: tuple[frozenset[str], frozenset[str]] | None = None
         for name, model in (models or {}).items():
             self.add_model(name, model)
 
@@ -179,6 +181,14 @@ class CacheCore:
     def loading(self) -> frozenset[str]:
         """Models whose load has begun and not finished."""
         return frozenset(name for name, entry in self._state.entries.items() if entry.loading)
+
+    def residency(self) -> tuple[frozenset[str], frozenset[str]]:
+        """:meth:`resident` and :meth:`loading` together, built once per change of either
+        (a load begun, ended or aborted, an eviction): read after every event by a simulated
+        worker, which changes its cache far less often."""
+        if self._residency is None:
+            self._residency = self.resident(), self.loading()
+        return self._residency
 
     def is_resident(self, name: str) -> bool:
         """Whether ``name`` is loaded and usable."""
@@ -466,6 +476,7 @@ class CacheCore:
         if handle is None:  # can_alloc said yes over the same state
             raise AssertionError(f"pool refused {name!r} after can_alloc accepted it")
         self._state.entries[name] = _Entry(handle, loading=True, prefetch=prefetch)
+        self._residency = None
         if self._state.pins.get(name):
             self._pool.pin(handle)
         self._stats.loads += 1
@@ -479,6 +490,7 @@ class CacheCore:
         if entry is None or not entry.loading:
             raise CacheError(f"model {name!r} has no load under way")
         entry.loading = False
+        self._residency = None
         self._state.lru[name] = None
         self._state.lru.move_to_end(name)
         self._stats.bytes_loaded += self._sizes[name]
@@ -492,6 +504,7 @@ class CacheCore:
         if self._state.pins.get(name):
             self._pool.unpin(entry.handle)
         del self._state.entries[name]
+        self._residency = None
         self._pool.free(entry.handle)
         self._stats.aborted_loads += 1
 
@@ -506,6 +519,7 @@ class CacheCore:
     def _evict(self, name: str) -> None:
         entry = self._state.entries.pop(name)
         del self._state.lru[name]
+        self._residency = None
         self._pool.free(entry.handle)
         self._stats.evictions += 1
         self._stats.bytes_evicted += self._sizes[name]

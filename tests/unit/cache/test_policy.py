@@ -356,6 +356,8 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         self.core.validate()
+        # the cached pair follows every load begun, ended, aborted and every eviction
+        assert self.core.residency() == (self.core.resident(), self.core.loading())
         for name in set(self.held):
             assert name in self.core.resident() | self.core.loading()
             assert self.core.pins(name) == self.held.count(name)
