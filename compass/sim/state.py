@@ -264,29 +264,35 @@ class ClusterState:
                 raise ConfigError(f"a bounded view of worker {viewer} must include it")
             wait = base_wait[among]
             free = cap.free[among]
-            rows = {name: row[among] for name, row in cap.rows.items()}  # copies
-            names = tuple(self.names[i] for i in among.tolist())
+            # one copy of every model's row over the candidates; its own column exactly
+            grid = cap.held[:, among]
+            grid[:, me] = self.held[:, viewer]
+            rows = dict(zip(self.models, grid, strict=True))
+            every = self.names
+            names = tuple([every[i] for i in among.tolist()])
             positions, capacity = None, self.capacity[among]
-            members = Members(self.names, among)
+            members = Members(every, among)
         wait[me] = own_wait_s
         free[me] = self.free[viewer]
-        changed: dict[str, BoolArray] = {}  # rows this snapshot changes, copied
-        own = self.held[:, viewer]
-        seen = cap.held[:, viewer]
-        if not np.array_equal(own, seen):
-            for m in np.flatnonzero(own != seen):
-                name = self.models[m]
-                row = rows[name].copy() if among is None else rows[name]
-                row[me] = own[m]
-                changed[name] = row
-        resident: Mapping[str, BoolArray] = {**rows, **changed} if changed else rows
+        resident: Mapping[str, BoolArray] = rows
+        if among is None:
+            own = self.held[:, viewer]
+            seen = cap.held[:, viewer]
+            if (own != seen).any():  # rows this snapshot changes, copied
+                changed: dict[str, BoolArray] = {}
+                for m in np.flatnonzero(own != seen):
+                    name = self.models[m]
+                    row = rows[name].copy()
+                    row[me] = own[m]
+                    changed[name] = row
+                resident = {**rows, **changed}
         batches = published
         if published or own_batches:
             batches = self._own_batches(viewer, published, own_batches or _NONE)
         if among is not None and batches:
             batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
         if heard is not None and among is not None:
-            batches = self._as_heard(heard, viewer, now, priority, among, wait, free, rows, batches)
+            batches = self._as_heard(heard, viewer, now, priority, among, wait, free, grid, batches)
         pending = self._pending[viewer]
         if pending:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
@@ -310,19 +316,23 @@ class ClusterState:
         """Per model of ``models``, where ``viewer`` sees it resident or loading at ``now``:
         the residency published at the tick a snapshot shows, its own exactly, and the
         workers it has just placed a task of the model on (as :meth:`snapshot` counts them)."""
-        _, _, cap, _ = self._at(now)
         index = self.model_index
-        coming = [p for p in self._pending[viewer] if now <= p.ends and now < p.settles]
+        pending = self._pending[viewer]
+        coming = [p for p in pending if now <= p.ends and now < p.settles] if pending else pending
         heard = self.heard
-        known = None if heard is None else heard.holders(viewer, now, [index[m] for m in models])
+        if heard is None:
+            published = self._at(now)[2].held
+            known = [published[index[m]] for m in models]
+        else:  # copies, as heard
+            known = heard.holders(viewer, now, [index[m] for m in models])
         out: list[BoolArray] = []
         for k, model in enumerate(models):
             m = index[model]
-            row = cap.held[m] if known is None else known[k]
+            row = known[k]
             own = bool(self.held[m, viewer])
             extra = [p.worker for p in coming if p.task.model == model and not row[p.worker]]
             if extra or bool(row[viewer]) != own:
-                row = row if known is not None else row.copy()
+                row = row if heard is not None else row.copy()
                 row[viewer] = own
                 row[extra] = True
             out.append(row)
@@ -337,13 +347,13 @@ class ClusterState:
         among: IntpArray,
         wait: FloatArray,
         free: IntArray,
-        rows: Mapping[str, BoolArray],
+        held: BoolArray,
         batches: Mapping[str, BatchRows],
     ) -> Mapping[str, BatchRows]:
-        """Rewrite, in ``wait``, ``free``, ``rows`` and ``batches`` (arrays over ``among``,
-        copies), the rows of the candidates ``viewer`` does not watch at ``now`` with what it
-        last heard of them (:mod:`compass.sim.heard`); the batches, changed or not."""
-        models = self.models
+        """Rewrite, in ``wait``, ``free``, ``held`` (models x candidates) and ``batches``
+        (arrays over ``among``, copies), the columns of the candidates ``viewer`` does not
+        watch at ``now`` with what it last heard of them (:mod:`compass.sim.heard`); the
+        batches, changed or not."""
         changed: dict[str, BatchRows] | None = None
         for j, peer in enumerate(among.tolist()):
             if peer == viewer or heard.watched(viewer, peer, now):
@@ -351,9 +361,7 @@ class ClusterState:
             told = heard.told(viewer, peer, now)
             wait[j] = told.aged(now, priority)
             free[j] = told.free
-            held = heard.residency(viewer, peer, now)
-            for m, name in enumerate(models):
-                rows[name][j] = held[m]
+            held[:, j] = heard.residency(viewer, peer, now)
             if batches or told.batches:
                 if changed is None:
                     changed = dict(batches)
