@@ -44,6 +44,7 @@ workload_app = typer.Typer(help="Workload spec files.", no_args_is_help=True)
 
 
 class View(StrEnum):
+    auto = "auto"
     mesh = "mesh"
     bounded = "bounded"
 
@@ -86,9 +87,10 @@ def sim(
         typer.Option(
             help="What a planner sees: mesh (every worker), or bounded (for each job, itself, "
             "the workers of the job's inputs and plan, the holders of its models and "
-            "--candidates sampled workers)."
+            "--candidates sampled workers, as the worker's default view); auto: bounded from "
+            "64 workers on, but for --goodput and --compare-real, else mesh."
         ),
-    ] = View.mesh,
+    ] = View.auto,
     candidates: Annotated[
         int | None,
         typer.Option(
@@ -163,6 +165,10 @@ def sim(
         fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
     evicts = prefetch == "evict"
     batch = batching_keywords(batching, batch_gain)
+    if view == View.auto:
+        from compass.sim.engine import auto_view
+
+        view = View.mesh if goodput or compare_real else View(auto_view(workers))
     if view == View.mesh and (candidates is not None or holders is not None):
         fail("--candidates and --holders need --view bounded", 2)
     if view == View.bounded and (goodput or compare_real):

@@ -93,7 +93,7 @@ from compass.workflow.dag import Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-__all__ = ["DEFAULT_CANDIDATES", "DEFAULT_HOLDERS", "VIEW_MODES", "simulate"]
+__all__ = ["DEFAULT_CANDIDATES", "DEFAULT_HOLDERS", "VIEW_MODES", "auto_view", "simulate"]
 
 MiB = 1 << 20
 
@@ -186,9 +186,17 @@ def simulate(
     return _Simulation(workload, settings).run(arrivals, warm_start=warm_start)
 
 
-#: from this many workers on, ``ingress="auto"`` deals jobs over every worker
+#: from this many workers on, ``ingress="auto"`` deals jobs over every worker, and
+#: ``compass sim --view auto`` (its default) models the bounded view
 SPREAD_FROM = LARGE_CLUSTER
 INGRESS_MODES = ("auto", "client", "spread")
+
+
+def auto_view(workers: int) -> str:
+    """``compass sim``'s view when none is asked for: the real worker's bounded view from
+    :data:`SPREAD_FROM` workers on (a mesh of hundreds of workers is not what compass runs),
+    the mesh below, where every figure was measured with it."""
+    return "bounded" if workers >= SPREAD_FROM else "mesh"
 
 
 def view_rule(view: str, candidates: int, holders: int | None) -> CandidateRule | None:

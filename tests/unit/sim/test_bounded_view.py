@@ -204,6 +204,29 @@ def test_compass_sim_plans_over_candidates_and_records_it(
     assert code == 2 and "--view bounded" in text
 
 
+def test_compass_sim_models_the_bounded_view_from_64_workers_unless_told(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without --view, a large cluster is simulated with the view the worker runs (bounded),
+    a small one with the mesh every earlier figure used; --view mesh still asks for it."""
+    out = tmp_path / "out.json"
+
+    def view_of(*args: str) -> str | None:
+        code, text = run_cli(
+            capsys, "sim", "--workload", str(PAPER), "--policies", "hash", "--jobs", "20",
+            "--json", str(out), *args,
+        )  # fmt: skip
+        assert code == 0, text
+        view: str | None = json.loads(out.read_text())["config"].get("view")
+        return view
+
+    assert view_of("--workers", "64") == "bounded"
+    assert view_of("--workers", "63") is None  # the mesh records no view keywords
+    assert view_of("--workers", "64", "--view", "mesh") is None
+    code, text = run_cli(capsys, "sim", "--workers", "8", "--holders", "1")
+    assert code == 2 and "--view bounded" in text
+
+
 def test_the_cli_names_the_library_default() -> None:
     import typing
 
