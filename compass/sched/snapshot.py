@@ -157,7 +157,8 @@ class ViewSnapshot:
             capacity_bytes=cap,
             resident=MappingProxyType(dict(resident)),
             positions=positions,
-            min_capacity_bytes=int(cap.min()) if len(names) else 0,
+            # the ufunc itself: ndarray.min's Python wrapper costs twice as much (per job)
+            min_capacity_bytes=int(np.minimum.reduce(cap)) if len(names) else 0,
             batches=MappingProxyType(dict(batches)) if batches else _NO_ROWS,
             members=members,
         )

@@ -32,6 +32,7 @@ snapshot carries no arrays for them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -259,8 +260,9 @@ class ClusterState:
             names, positions, capacity = self.names, self.positions, self.capacity
             members = None
         else:
-            me = int(np.searchsorted(among, viewer))
-            if me >= len(among) or among[me] != viewer:
+            shown = among.tolist()
+            me = bisect_left(shown, viewer)
+            if me >= len(shown) or shown[me] != viewer:
                 raise ConfigError(f"a bounded view of worker {viewer} must include it")
             wait = base_wait[among]
             free = cap.free[among]
@@ -269,7 +271,7 @@ class ClusterState:
             grid[:, me] = self.held[:, viewer]
             rows = dict(zip(self.models, grid, strict=True))
             every = self.names
-            names = tuple([every[i] for i in among.tolist()])
+            names = tuple([every[i] for i in shown])
             positions, capacity = None, self.capacity[among]
             members = Members(every, among)
         wait[me] = own_wait_s
@@ -292,7 +294,7 @@ class ClusterState:
         if among is not None and batches:
             batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
         if heard is not None and among is not None:
-            batches = self._as_heard(heard, viewer, now, priority, among, wait, free, grid, batches)
+            batches = self._as_heard(heard, viewer, now, priority, shown, wait, free, grid, batches)
         pending = self._pending[viewer]
         if pending:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
@@ -344,18 +346,18 @@ class ClusterState:
         viewer: int,
         now: float,
         priority: int,
-        among: IntpArray,
+        among: list[int],
         wait: FloatArray,
         free: IntArray,
         held: BoolArray,
         batches: Mapping[str, BatchRows],
     ) -> Mapping[str, BatchRows]:
         """Rewrite, in ``wait``, ``free``, ``held`` (models x candidates) and ``batches``
-        (arrays over ``among``, copies), the columns of the candidates ``viewer`` does not
-        watch at ``now`` with what it last heard of them (:mod:`compass.sim.heard`); the
+        (arrays over the candidates ``among``, copies), the columns of those ``viewer`` does
+        not watch at ``now`` with what it last heard of them (:mod:`compass.sim.heard`); the
         batches, changed or not."""
         changed: dict[str, BatchRows] | None = None
-        for j, peer in enumerate(among.tolist()):
+        for j, peer in enumerate(among):
             if peer == viewer or heard.watched(viewer, peer, now):
                 continue
             told = heard.told(viewer, peer, now)
