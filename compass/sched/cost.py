@@ -191,7 +191,6 @@ class WorkflowCosts:
     """
 
     __slots__ = (
-        "_exec",
         "batch_limits",
         "batch_scales",
         "batch_shared",
@@ -239,7 +238,6 @@ class WorkflowCosts:
             float(b) for b in profiles.output_vector(workflow.name)
         )
         exec_matrix = profiles.exec_matrix(workflow.name, names)
-        self._exec = exec_matrix  # tasks x workers: taken down in one step
         self.exec_rows: tuple[FloatArray, ...] = tuple(exec_matrix)
         inv_h2d = profiles.h2d_inverse(names)
         fetch: list[FloatArray | None] = []
@@ -292,7 +290,7 @@ class WorkflowCosts:
         workers a bounded view sampled)."""
         out = _shallow(self)
         out.names = names
-        out.exec_rows = tuple(self._exec[:, index])
+        out.exec_rows = tuple(row[index] for row in self.exec_rows)
         out.fetch_rows = tuple(None if row is None else row[index] for row in self.fetch_rows)
         out.fetch2_rows = tuple(None if row is None else row[index] for row in self.fetch2_rows)
         out.transfer = self.transfer.take(index, names)
