@@ -262,9 +262,10 @@ def _same_as_the_masks(
 
 
 def test_pick_draws_as_the_masks_did() -> None:
-    """pick draws its samples over a pool's size, not over n-long index arrays: the same
-    workers for the same generator state, and the generator left the same, over random
-    views, caps, explorers and watched sets (a simulation's results depend on it)."""
+    """pick draws from each pool's size and looks up only the workers drawn, where the
+    reference lists each pool whole: the same workers for the same generator state, and the
+    generator left the same, over random views, caps, explorers and watched sets (a
+    simulation's results depend on it)."""
     for seed in range(3000):
         draw = random.Random(seed)
         n = draw.choice([3, 8, 20, 60, 200])
@@ -284,7 +285,7 @@ def test_pick_draws_as_the_masks_did() -> None:
 def test_pick_draws_as_the_masks_did_in_a_large_busy_cluster() -> None:
     """The simulator's case: a thousand workers, two or three models, most workers holding
     them (or a few), a planner watching a few dozen to a few hundred, a handful kept (some
-    twice), the rule k=6, two holders, one explorer (and its neighbours)."""
+    twice), the rule k=6, two holders, one explorer (and other k, caps and explorers)."""
     for seed in range(300):
         draw = np.random.default_rng(seed)
         n = 1000
@@ -306,8 +307,8 @@ def test_pick_draws_as_the_masks_did_in_a_large_busy_cluster() -> None:
 def test_a_sample_of_positions_draws_as_random_sample() -> None:
     """pick's draws are random.sample's over range(size), made without its per-call costs:
     the same numbers and the generator left the same, on either side of where sample
-    switches from a list of the positions to a set of those drawn (21 positions, more past 5
-    drawn: 85 up to 21 drawn, then 277), one drawn among them (randrange's draw)."""
+    switches from a list of the positions to a set of those drawn (past 21 positions, past
+    85 for 6 to 21 drawn, past 277 for 22 to 85), and one drawn (a randrange)."""
     for seed in range(400):
         draw = random.Random(seed)
         size = draw.choice([1, 2, 5, 6, 20, 21, 22, 84, 85, 86, 276, 277, 278, 10**6])
