@@ -23,8 +23,8 @@ and generator state give the same workers.
 
 from __future__ import annotations
 
+import math
 import random
-from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -98,75 +98,86 @@ def pick(
     the fresh ones first, and the ``k`` too but for ``rule.explore`` of them."""
     if _all_chosen(n, held, rule):  # no draw to make, fresh or not
         return np.arange(n, dtype=np.intp)
-    # The chosen are a few dozen of n (a thousand in a large simulation): kept as a set, and
-    # the k drawn as positions among the workers not chosen, instead of n-long masks built
-    # and scanned for each job (most of what pick cost at 1,000 workers). The draws are those
-    # of the masks: the same pools in the same (sorted) order.
-    chosen = {int(i) for i in keep}
+    # One n-long mask of the workers chosen: each step is a few whole-array operations (about
+    # a microsecond each at a thousand workers), and each draw is made from a pool's size
+    # alone, the workers it names looked up afterwards, instead of Python loops over the
+    # watched workers (a hundred or more in a busy cluster) and a list of positions for each.
+    chosen = np.zeros(n, dtype=np.bool_)
+    for i in keep:  # a handful: faster one by one than as an index array
+        chosen[i] = True
     cap = rule.holders
-    watched = None if fresh is None or rule.explore is None else fresh.nonzero()[0]
+    watched = None if rule.explore is None else fresh
     for row in held:
         if cap is None:
-            chosen.update(row.nonzero()[0].tolist())
+            chosen |= row
             continue
-        inside = list(chosen)
-        already = int(np.count_nonzero(row[inside]))
-        need = cap - already
-        if need <= 0:
-            continue
-        if watched is not None and int(np.count_nonzero(row)) - already > need:
-            # a model is held by most workers of a busy cluster: when enough of its holders
-            # are watched, the draw is among them alone (the pool of all is not needed)
-            known = [w for w in watched[row[watched]].tolist() if w not in chosen]
-            if len(known) > need:
-                known = [known[i] for i in rng.sample(range(len(known)), need)]
-            if len(known) == need:
-                chosen.update(known)
-                continue
-        rest = row.copy()
-        rest[inside] = False
-        more = rest.nonzero()[0]
-        if len(more) > need:
-            at = None if watched is None or fresh is None else fresh[more].nonzero()[0].tolist()
-            more = more[_draw(len(more), at, need, rng, 0)]
-        chosen.update(more.tolist())
-    free = n - len(chosen)
-    if rule.k and free:
-        if free <= rule.k:  # every worker left
-            return np.arange(n, dtype=np.intp)
-        out = sorted(chosen)
-        at = None
-        if watched is not None:  # a fresh worker's position among the others: less those below
-            at = [w - bisect_left(out, w) for w in watched.tolist() if w not in chosen]
-        chosen.update(_skipping(out, _draw(free, at, rule.k, rng, rule.explore or 0)))
-    return np.array(sorted(chosen), dtype=np.intp)
+        need = cap - int(np.count_nonzero(row & chosen))
+        if need > 0:
+            _draw(chosen, row & ~chosen, watched, need, 0, rng)
+    if rule.k:
+        _draw(chosen, ~chosen, watched, rule.k, rule.explore or 0, rng)
+    return chosen.nonzero()[0]
 
 
 def _draw(
-    size: int, fresh: list[int] | None, need: int, rng: random.Random, explore: int
-) -> list[int]:
-    """``need`` positions of a pool of ``size``, sampled; with ``fresh`` (the sorted positions
-    of its fresh workers), ``need - explore`` of them (all if fewer), the rest from the other
-    positions left (in order: a fresh one too)."""
+    chosen: BoolArray,
+    pool: BoolArray,
+    fresh: BoolArray | None,
+    need: int,
+    explore: int,
+    rng: random.Random,
+) -> None:
+    """Adds to ``chosen`` ``need`` workers of ``pool`` (workers not chosen yet), sampled, or
+    all of them if there are no more; with ``fresh``, ``need - explore`` of the pool's fresh
+    ones (all if fewer), then the rest from the pool's others left (fresh or not). A sample
+    is of positions among those it is drawn from, in worker order, as
+    ``rng.sample(range(size), count)`` draws them."""
+    size = int(np.count_nonzero(pool))
+    if size <= need:
+        chosen |= pool
+        return
     if fresh is None:
-        return rng.sample(range(size), need)
-    take = min(len(fresh), max(need - explore, 0))
-    if take < len(fresh):
-        fresh = [fresh[i] for i in rng.sample(range(len(fresh)), take)]
-    rest = need - take
-    if rest <= 0:
-        return fresh
-    left = size - take
-    picked = rng.sample(range(left), rest) if left > rest else list(range(left))
-    return fresh + _skipping(sorted(fresh), picked)
+        chosen[pool.nonzero()[0][_sample(rng, size, need)]] = True
+        return
+    known = (pool & fresh).nonzero()[0]
+    take = min(len(known), max(need - explore, 0))
+    if take < len(known):
+        known = known[_sample(rng, len(known), take)]
+    chosen[known] = True
+    if need > take:  # from the pool less the fresh ones taken: more than that left (size > need)
+        left = (pool & ~chosen).nonzero()[0]
+        chosen[left[_sample(rng, len(left), need - take)]] = True
 
 
-def _skipping(gone: Sequence[int], positions: Iterable[int]) -> list[int]:
-    """Each of ``positions`` among ``0, 1, ...`` with the sorted ``gone`` left out, as a
-    number: the j-th that is not gone is j plus the gone ones at or below it, and
-    ``gone[i] - i`` (how many are not gone below ``gone[i]``) is sorted."""
-    below = [g - i for i, g in enumerate(gone)]
-    return [j + bisect_right(below, j) for j in positions]
+def _sample(rng: random.Random, size: int, count: int) -> list[int]:
+    """``rng.sample(range(size), count)``: the same numbers, the generator left the same.
+    CPython's algorithm (Lib/random.py, the same from 3.11 to 3.13; a test pins it), with
+    ``randrange(m)``, which draws as its ``_randbelow(m)`` does, and without sample's own
+    costs (an abstract-class check of the population among them), which were a microsecond
+    a call, as much as the draw."""
+    if count == 1:  # both of sample's ways make one draw below size
+        return [rng.randrange(size)]
+    setsize = 21  # the size of a small set less an empty list's: Python's rule
+    if count > 5:
+        setsize += 4 ** math.ceil(math.log(count * 3, 4))
+    below = rng.randrange
+    if size <= setsize:  # swap the drawn out of a list of the positions not drawn
+        pool = list(range(size))
+        out = []
+        for i in range(count):
+            j = below(size - i)
+            out.append(pool[j])
+            pool[j] = pool[size - i - 1]
+        return out
+    out = []
+    seen: set[int] = set()  # draw again what was drawn before
+    for _ in range(count):
+        j = below(size)
+        while j in seen:
+            j = below(size)
+        seen.add(j)
+        out.append(j)
+    return out
 
 
 def candidates(

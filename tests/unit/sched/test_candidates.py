@@ -246,10 +246,26 @@ def _pick_by_masks(
     return np.flatnonzero(chosen).tolist()
 
 
+def _same_as_the_masks(
+    seed: int,
+    n: int,
+    held: list[np.ndarray[Any, Any]],
+    keep: list[int],
+    rule: CandidateRule,
+    fresh: np.ndarray[Any, Any] | None,
+) -> None:
+    fast, slow = random.Random(seed), random.Random(seed)
+    picked = pick(n, held, keep, rule, fast, fresh)
+    assert picked.dtype == np.intp
+    assert picked.tolist() == _pick_by_masks(n, held, keep, rule, slow, fresh), seed
+    assert fast.getstate() == slow.getstate(), seed
+
+
 def test_pick_draws_as_the_masks_did() -> None:
-    """pick draws its samples as positions among the workers not chosen, not over n-long
-    masks: the same workers for the same generator state, and the generator left the same,
-    over random views, caps, explorers and watched sets (a simulation's results depend on it)."""
+    """pick draws from each pool's size and looks up only the workers drawn, where the
+    reference lists each pool whole: the same workers for the same generator state, and the
+    generator left the same, over random views, caps, explorers and watched sets (a
+    simulation's results depend on it)."""
     for seed in range(3000):
         draw = random.Random(seed)
         n = draw.choice([3, 8, 20, 60, 200])
@@ -263,10 +279,43 @@ def test_pick_draws_as_the_masks_did() -> None:
         )
         share = draw.choice([0.02, 0.2, 0.7])
         fresh = draw.choice([None, np.array([draw.random() < share for _ in range(n)])])
-        fast, slow = random.Random(seed), random.Random(seed)
-        picked = pick(n, held, keep, rule, fast, fresh)
-        assert picked.tolist() == _pick_by_masks(n, held, keep, rule, slow, fresh), seed
-        assert fast.getstate() == slow.getstate(), seed
+        _same_as_the_masks(seed, n, held, keep, rule, fresh)
+
+
+def test_pick_draws_as_the_masks_did_in_a_large_busy_cluster() -> None:
+    """The simulator's case: a thousand workers, two or three models, most workers holding
+    them (or a few), a planner watching a few dozen to a few hundred, a handful kept (some
+    twice), the rule k=6, two holders, one explorer (and other k, caps and explorers)."""
+    for seed in range(300):
+        draw = np.random.default_rng(seed)
+        n = 1000
+        held = [
+            draw.random(n) < draw.choice([0.002, 0.2, 0.8, 0.99])
+            for _ in range(draw.integers(2, 4))
+        ]
+        watched = draw.choice([0, 5, 50, 250])
+        fresh = np.zeros(n, dtype=np.bool_)
+        fresh[draw.choice(n, watched, replace=False)] = True
+        keep = draw.integers(0, n, draw.integers(1, 8)).tolist()
+        keep += keep[: draw.integers(0, 3)]
+        rule = CandidateRule(
+            int(draw.choice([6, 1, 30])), int(draw.choice([2, 1, 5])), int(draw.choice([1, 0, 6]))
+        )
+        _same_as_the_masks(seed, n, held, keep, rule, fresh)
+
+
+def test_a_sample_of_positions_draws_as_random_sample() -> None:
+    """pick's draws are random.sample's over range(size), made without its per-call costs:
+    the same numbers and the generator left the same, on either side of where sample
+    switches from a list of the positions to a set of those drawn (past 21 positions, past
+    85 for 6 to 21 drawn, past 277 for 22 to 85), and one drawn (a randrange)."""
+    for seed in range(400):
+        draw = random.Random(seed)
+        size = draw.choice([1, 2, 5, 6, 20, 21, 22, 84, 85, 86, 276, 277, 278, 10**6])
+        count = min(size, draw.choice([0, 1, 2, 5, 6, 7, 20, 21, 22, 30]))
+        ours, theirs = random.Random(seed), random.Random(seed)
+        assert module._sample(ours, size, count) == theirs.sample(range(size), count), seed
+        assert ours.getstate() == theirs.getstate(), seed
 
 
 def test_a_rule_needs_sane_counts() -> None:
