@@ -23,7 +23,6 @@ and generator state give the same workers.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -130,54 +129,22 @@ def _draw(
     """Adds to ``chosen`` ``need`` workers of ``pool`` (workers not chosen yet), sampled, or
     all of them if there are no more; with ``fresh``, ``need - explore`` of the pool's fresh
     ones (all if fewer), then the rest from the pool's others left (fresh or not). A sample
-    is of positions among those it is drawn from, in worker order, as
-    ``rng.sample(range(size), count)`` draws them."""
+    is of positions among those it is drawn from, in worker order."""
     size = int(np.count_nonzero(pool))
     if size <= need:
         chosen |= pool
         return
     if fresh is None:
-        chosen[pool.nonzero()[0][_sample(rng, size, need)]] = True
+        chosen[pool.nonzero()[0][rng.sample(range(size), need)]] = True
         return
     known = (pool & fresh).nonzero()[0]
     take = min(len(known), max(need - explore, 0))
     if take < len(known):
-        known = known[_sample(rng, len(known), take)]
+        known = known[rng.sample(range(len(known)), take)]
     chosen[known] = True
     if need > take:  # from the pool less the fresh ones taken: more than that left (size > need)
         left = (pool & ~chosen).nonzero()[0]
-        chosen[left[_sample(rng, len(left), need - take)]] = True
-
-
-def _sample(rng: random.Random, size: int, count: int) -> list[int]:
-    """``rng.sample(range(size), count)``: the same numbers, the generator left the same.
-    CPython's algorithm (Lib/random.py, the same from 3.11 to 3.13; a test pins it), with
-    ``randrange(m)``, which draws as its ``_randbelow(m)`` does, and without sample's own
-    costs (an abstract-class check of the population among them), which were a microsecond
-    a call, as much as the draw."""
-    if count == 1:  # both of sample's ways make one draw below size
-        return [rng.randrange(size)]
-    setsize = 21  # the size of a small set less an empty list's: Python's rule
-    if count > 5:
-        setsize += 4 ** math.ceil(math.log(count * 3, 4))
-    below = rng.randrange
-    if size <= setsize:  # swap the drawn out of a list of the positions not drawn
-        pool = list(range(size))
-        out = []
-        for i in range(count):
-            j = below(size - i)
-            out.append(pool[j])
-            pool[j] = pool[size - i - 1]
-        return out
-    out = []
-    seen: set[int] = set()  # draw again what was drawn before
-    for _ in range(count):
-        j = below(size)
-        while j in seen:
-            j = below(size)
-        seen.add(j)
-        out.append(j)
-    return out
+        chosen[left[rng.sample(range(len(left)), need - take)]] = True
 
 
 def candidates(

@@ -304,20 +304,6 @@ def test_pick_draws_as_the_masks_did_in_a_large_busy_cluster() -> None:
         _same_as_the_masks(seed, n, held, keep, rule, fresh)
 
 
-def test_a_sample_of_positions_draws_as_random_sample() -> None:
-    """pick's draws are random.sample's over range(size), made without its per-call costs:
-    the same numbers and the generator left the same, on either side of where sample
-    switches from a list of the positions to a set of those drawn (past 21 positions, past
-    85 for 6 to 21 drawn, past 277 for 22 to 85), and one drawn (a randrange)."""
-    for seed in range(400):
-        draw = random.Random(seed)
-        size = draw.choice([1, 2, 5, 6, 20, 21, 22, 84, 85, 86, 276, 277, 278, 10**6])
-        count = min(size, draw.choice([0, 1, 2, 5, 6, 7, 20, 21, 22, 30]))
-        ours, theirs = random.Random(seed), random.Random(seed)
-        assert module._sample(ours, size, count) == theirs.sample(range(size), count), seed
-        assert ours.getstate() == theirs.getstate(), seed
-
-
 def test_a_rule_needs_sane_counts() -> None:
     with pytest.raises(ConfigError, match="k must be"):
         CandidateRule(-1)
