@@ -69,11 +69,12 @@ class _Capture:
     run_end: FloatArray
     free: IntArray
     held: BoolArray
-    rows: Mapping[str, BoolArray]
     #: each worker's batches (absolute starts); None: no worker had any
     batches: tuple[_Batches, ...] | None
     #: each worker's queued seconds per level above 0; None: no worker had any
     raised: tuple[Mapping[int, float], ...] | None
+    #: ``held`` by model name, made when a whole view first reads it (None: not yet)
+    rows: Mapping[str, BoolArray] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +254,12 @@ class ClusterState:
             me = viewer
             wait = base_wait.copy()
             free = cap.free.copy()
-            rows: Mapping[str, BoolArray] = cap.rows
+            rows: Mapping[str, BoolArray]
             if heard is not None:  # residency as heard (what warming reads)
                 known = heard.holders(viewer, now, range(len(self.models)))
                 rows = dict(zip(self.models, known, strict=True))
+            else:
+                rows = self._rows(cap)
             names, positions, capacity = self.names, self.positions, self.capacity
             members = None
         else:
@@ -417,13 +420,19 @@ class ClusterState:
     def _capture(self, label: int) -> _Capture:
         held = self.held.copy()
         held.setflags(write=False)
-        rows = MappingProxyType({m: held[i] for i, m in enumerate(self.models)})
         batches = tuple(self.batches) if self._batching else None
         raised = tuple(self.raised) if self._raising else None
         return _Capture(
-            label, self.queued.copy(), self.run_end.copy(), self.free.copy(), held, rows, batches,
-            raised,
+            label, self.queued.copy(), self.run_end.copy(), self.free.copy(), held, batches, raised
         )  # fmt: skip
+
+    def _rows(self, cap: _Capture) -> Mapping[str, BoolArray]:
+        """``cap``'s residency by model (read-only rows), made once per capture: only a whole
+        view of the mesh reads it."""
+        if cap.rows is None:
+            held = cap.held
+            cap.rows = MappingProxyType({m: held[i] for i, m in enumerate(self.models)})
+        return cap.rows
 
     def _lifted_at(self, q: int, cap: _Capture, priority: int) -> FloatArray:
         """The published waits at tick ``q`` of a task of ``priority`` (above 0): what runs
