@@ -603,7 +603,7 @@ class _Simulation:
             tasks = self.workload.workflows[msg.workflow].tasks
             profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
             nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
-            msg = replace(msg, plan=dict(msg.plan))  # every field kept: the budget too
+            msg = msg.with_plan(dict(msg.plan))  # every field kept: the budget too
         elif isinstance(msg, ResultMsg):
             job = self._jobs.get(msg.job)
             nbytes = (

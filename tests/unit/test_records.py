@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,18 @@ def test_a_heartbeat_is_checked_and_hashed_by_value_and_a_snapshot_by_identity()
     # a snapshot's arrays have no truth value: it compares and hashes as itself (eq=False)
     snap = ViewSnapshot.build([beat])
     assert snap == snap and snap != ViewSnapshot.build([beat]) and len({snap, snap}) == 1
+
+
+def test_a_task_message_with_another_plan_keeps_every_other_field() -> None:
+    """TaskMsg.with_plan builds the copy field by field: a field it forgot (one added later)
+    would be lost on the way; every field here differs from its default."""
+    values: dict[str, Any] = {
+        "job": "j1", "attempt": 2, "workflow": "wf", "task": "b", "source": "a",
+        "value": b"out", "plan": {"a": "w1", "b": "w2"}, "ingress": "w0", "sent": 1.5,
+        "t0": 0.5, "priority": 3, "budget_s": 2.25, "finish": True,
+    }  # fmt: skip
+    assert set(values) == {f.name for f in fields(TaskMsg)}
+    msg = TaskMsg(**values)
+    plan = {"a": "w1", "b": "w3"}
+    assert msg.with_plan(plan) == replace(msg, plan=plan)
+    assert msg.with_plan(plan).plan is plan
