@@ -50,7 +50,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -199,13 +199,6 @@ class _Watch:
     answered: float  # when it last answered an ask
 
 
-@dataclass(slots=True)
-class _Viewer:
-    watching: dict[int, _Watch] = field(default_factory=dict)
-    #: the last state pushed before a lease lapsed, per peer
-    last: dict[int, Told] = field(default_factory=dict)
-
-
 class Heard:
     """What each of ``n`` simulated workers has heard of the others; see the module doc.
 
@@ -240,7 +233,10 @@ class Heard:
         self._known: list[Told] = list(initial)
         #: the rumors still on their way to some worker
         self._flight = _Flight(self.n, len(self.models))
-        self._viewers = [_Viewer() for _ in range(self.n)]
+        #: per viewer: its watches, by peer
+        self._watches: list[dict[int, _Watch]] = [{} for _ in range(self.n)]
+        #: per viewer: the last state each peer pushed it before its lease lapsed
+        self._last: list[dict[int, Told]] = [{} for _ in range(self.n)]
         #: per viewer, per peer: whether it holds a lease on it (a lease ended before the
         #: current event is dropped by :meth:`advance`)
         self._leased: BoolArray = np.zeros((self.n, self.n), dtype=np.bool_)
@@ -257,7 +253,7 @@ class Heard:
         """``viewer`` asks ``peers`` (their leases due) to be watched at ``now``."""
         if not peers:
             return
-        watching = self._viewers[viewer].watching
+        watching = self._watches[viewer]
         arrives = now + LINK_S
         answered = arrives + LINK_S
         end = arrives + self.lease_s
@@ -316,7 +312,7 @@ class Heard:
 
     def watched(self, viewer: int, peer: int, now: float) -> bool:
         """Whether ``peer`` pushes its state to ``viewer`` at ``now`` (its answer arrived)."""
-        entry = self._viewers[viewer].watching.get(peer)
+        entry = self._watches[viewer].get(peer)
         return entry is not None and entry.fresh_from <= now <= entry.lease_end
 
     def watching(self, viewer: int) -> BoolArray:
@@ -330,7 +326,7 @@ class Heard:
         """The newest state of ``peer`` that ``viewer`` has heard at ``now`` (not watched)."""
         row = self._flight.latest(viewer, peer, now)
         told = self._known[peer] if row < 0 else self._flight.told[row]
-        last = self._viewers[viewer].last.get(peer)
+        last = self._last[viewer].get(peer)
         return told if last is None or told.sent > last.sent else last
 
     def residency(self, viewer: int, peer: int, now: float) -> BoolArray:
@@ -371,8 +367,8 @@ class Heard:
     def _lapse(self, end: float, viewer: int, peers: Sequence[int]) -> None:
         """The leases ``viewer`` asked of ``peers`` to end at ``end`` ended (those not renewed
         since): it keeps each peer's last push."""
-        v = self._viewers[viewer]
-        watching = v.watching
+        watching = self._watches[viewer]
+        last = self._last[viewer]
         leased = self._leased[viewer]
         for peer in peers:
             entry = watching.get(peer)
@@ -380,7 +376,7 @@ class Heard:
                 continue
             del watching[peer]
             leased[peer] = False
-            v.last[peer] = self._live(peer, entry.answered)
+            last[peer] = self._live(peer, entry.answered)
 
     def _prune(self, now: float) -> None:
         flight = self._flight

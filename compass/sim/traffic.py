@@ -106,7 +106,7 @@ class ViewTraffic:
         if sender.pending is not None:
             self.catch_up(worker, now)
         if now >= sender.sent_at + sender.gap_s:
-            self._send(worker, now, cache)
+            self._send(sender, worker, now, cache)
         else:
             sender.pending = cache  # sent when the gap ends, with any later change in it
 
@@ -114,7 +114,7 @@ class ViewTraffic:
         """The run ended: send what is still waiting for its gap to end."""
         for worker, sender in enumerate(self._senders):
             if sender.pending is not None:
-                self._send(worker, sender.sent_at + sender.gap_s, sender.pending)
+                self._send(sender, worker, sender.sent_at + sender.gap_s, sender.pending)
 
     def catch_up(self, worker: int, now: float) -> None:
         """Make the send that came due before ``now`` (the changes within a gap); call it
@@ -123,10 +123,9 @@ class ViewTraffic:
         sender = self._senders[worker]
         due = sender.sent_at + sender.gap_s
         if sender.pending is not None and due < now:
-            self._send(worker, due, sender.pending)
+            self._send(sender, worker, due, sender.pending)
 
-    def _send(self, worker: int, at: float, cache: CacheKey) -> None:
-        sender = self._senders[worker]
+    def _send(self, sender: _Sender, worker: int, at: float, cache: CacheKey) -> None:
         watchers = sender.watchers
         live = watchers.count(at)
         self.pushes += live
