@@ -35,10 +35,11 @@ parties' states a sync carries (no newer than the rumors already brought), a pus
 1 ms (a worker with over 20 watchers; counted by :class:`ViewTraffic`, not shown), batches
 and priority waits of an unwatched peer are as heard, not aged (as the real view leaves them).
 
-Cost: a watch and a rumor are O(1) (a rumor O(n) in numpy, to sample its delays); a lapsed
-lease is one heap entry, recorded when the lease ends; a snapshot patches only its candidates'
+Cost: a watch and a rumor are O(1) (a rumor O(n) in numpy, to sample its delays); each ask is
+one entry in a queue kept in the order of the lease ends (asks come in time order, each lease
+as long), whose lapse is recorded when its end passes; a snapshot patches only its candidates'
 rows; residency is the rows every worker knows, patched for the few peers with a rumor still
-on its way.
+on its way (looked up one by one when only a few rumors are in flight).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +71,8 @@ LINK_S = 0.00025
 _DELAY_SAMPLES = 4000
 
 _NO_LEVELS: Mapping[int, float] = {}
+#: rumors in flight up to which a viewer's heard ones are found in Python, not numpy
+_FEW = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +102,13 @@ class Told:
 class _Flight:
     """The rumors not yet heard by every worker, in the order they started: one row each of
     who started it, its state, its residency (per model) and when each worker hears it, in
-    arrays that grow by doubling and drop heard rows from the front (amortised O(1))."""
+    arrays that grow by doubling and drop heard rows from the front (amortised O(1)).
+
+    When each worker hears them is kept by worker (``arrives[viewer, row]``): a viewer's
+    lookups read one contiguous line."""
 
     def __init__(self, n: int, models: int) -> None:
-        self.arrives: FloatArray = np.empty((16, n))
+        self.arrives: FloatArray = np.empty((n, 16))
         self.held: BoolArray = np.empty((16, models), dtype=np.bool_)
         self.who: npt.NDArray[np.intp] = np.empty(16, dtype=np.intp)
         self.told: list[Told] = []
@@ -115,7 +121,7 @@ class _Flight:
         if size == len(self.who):
             self._make_room()
             size = len(self.told)
-        self.arrives[size] = arrives
+        self.arrives[:, size] = arrives
         self.held[size] = held
         self.who[size] = worker
         self.told.append(told)
@@ -126,18 +132,33 @@ class _Flight:
         """The row of ``peer``'s newest rumor that ``viewer`` has heard by ``now`` (-1: none)."""
         rows = self.by_worker.get(peer)
         if rows:
-            arrives = self.arrives
+            line = self.arrives[viewer]
             for row in reversed(rows):
-                if arrives[row, viewer] <= now:
+                if line[row] <= now:
                     return row
         return -1
 
+    def few(self) -> bool:
+        """Whether so few rumors are in flight that :meth:`heard_few` is the quicker."""
+        return len(self.told) - self.head <= _FEW
+
+    def heard_few(self, viewer: int, now: float) -> list[int]:
+        """As :meth:`heard`, looked up one by one (quicker for a few rows in flight)."""
+        head = self.head
+        line = self.arrives[viewer, head : len(self.told)].tolist()
+        rows = []
+        for mine in self.by_worker.values():
+            for row in reversed(mine):
+                if line[row - head] <= now:
+                    rows.append(row)
+                    break
+        return rows
+
     def heard(self, viewer: int, now: float) -> npt.NDArray[np.intp]:
-        """Per worker with a rumor in flight that ``viewer`` has heard, the row of its newest."""
+        """Per worker with a rumor in flight that ``viewer`` has heard, the row of its newest
+        (in no particular order)."""
         head, size = self.head, len(self.told)
-        if head == size:
-            return self.who[:0]
-        got = np.flatnonzero(self.arrives[head:size, viewer] <= now)
+        got = np.flatnonzero(self.arrives[viewer, head:size] <= now)
         if len(got) == 0:
             return got
         # the last of each worker's rows, by worker: a stable sort keeps each worker's rows in
@@ -153,11 +174,10 @@ class _Flight:
     def _make_room(self) -> None:
         head, size = self.head, len(self.told)
         if head >= size // 2 and head:  # drop the rows heard by all
-            live = slice(head, size)
             k = size - head
-            self.arrives[:k] = self.arrives[live]
-            self.held[:k] = self.held[live]
-            self.who[:k] = self.who[live]
+            self.arrives[:, :k] = self.arrives[:, head:size]
+            self.held[:k] = self.held[head:size]
+            self.who[:k] = self.who[head:size]
             del self.told[:head], self.done[:head]
             for rows in self.by_worker.values():
                 for i in range(len(rows)):
@@ -165,7 +185,9 @@ class _Flight:
             self.head = 0
             return
         grow = len(self.who) * 2
-        self.arrives = np.resize(self.arrives, (grow, self.arrives.shape[1]))
+        arrives = np.empty((self.arrives.shape[0], grow))
+        arrives[:, :size] = self.arrives[:, :size]
+        self.arrives = arrives
         self.held = np.resize(self.held, (grow, self.held.shape[1]))
         self.who = np.resize(self.who, grow)
 
@@ -175,13 +197,6 @@ class _Watch:
     fresh_from: float  # the answer to the first ask arrives
     lease_end: float  # at the watched worker
     answered: float  # when it last answered an ask
-
-
-@dataclass(slots=True)
-class _Viewer:
-    watching: dict[int, _Watch] = field(default_factory=dict)
-    #: the last state pushed before a lease lapsed, per peer
-    last: dict[int, Told] = field(default_factory=dict)
 
 
 class Heard:
@@ -218,35 +233,50 @@ class Heard:
         self._known: list[Told] = list(initial)
         #: the rumors still on their way to some worker
         self._flight = _Flight(self.n, len(self.models))
-        self._viewers = [_Viewer() for _ in range(self.n)]
+        #: per viewer: its watches, by peer
+        self._watches: list[dict[int, _Watch]] = [{} for _ in range(self.n)]
+        #: per viewer: the last state each peer pushed it before its lease lapsed
+        self._last: list[dict[int, Told]] = [{} for _ in range(self.n)]
         #: per viewer, per peer: whether it holds a lease on it (a lease ended before the
         #: current event is dropped by :meth:`advance`)
         self._leased: BoolArray = np.zeros((self.n, self.n), dtype=np.bool_)
-        self._leases: list[tuple[float, int, int]] = []  # (lease end, viewer, peer)
+        #: (lease end, viewer, peers) of each ask, in the order of their ends (asks come in
+        #: time order, each lease as long); an entry a later ask renewed is skipped
+        self._leases: deque[tuple[float, int, Sequence[int]]] = deque()
+        #: the same, of asks whose end came before the last in ``_leases`` (a heap)
+        self._late: list[tuple[float, int, Sequence[int]]] = []
         self._next_prune = 0.0
 
     # -- what happens -------------------------------------------------------------------------
 
     def watch(self, viewer: int, peers: Sequence[int], now: float) -> None:
         """``viewer`` asks ``peers`` (their leases due) to be watched at ``now``."""
-        watching = self._viewers[viewer].watching
+        if not peers:
+            return
+        watching = self._watches[viewer]
         arrives = now + LINK_S
         answered = arrives + LINK_S
+        end = arrives + self.lease_s
+        leased = self._leased[viewer]
         for peer in peers:
             entry = watching.get(peer)
-            end = arrives + self.lease_s
             if entry is None:
                 watching[peer] = _Watch(answered, end, arrives)
-                self._leased[viewer, peer] = True
-                heapq.heappush(self._leases, (end, viewer, peer))
-            else:  # a renewal: its end is pushed back when the old one comes up
+                leased[peer] = True
+            else:  # a renewal: the entry of the old end is skipped when it comes up
                 entry.lease_end = end
                 entry.answered = arrives
-            rows = self._flight.by_worker.get(peer)
-            if rows:  # the answer carries its cache now
-                column = self._flight.arrives[:, viewer]
-                for row in rows:
-                    column[row] = min(column[row], answered)
+        by_worker = self._flight.by_worker
+        if by_worker:  # the answer carries the cache of each peer with a rumor in flight
+            line = self._flight.arrives[viewer]
+            for peer in peers:
+                for row in by_worker.get(peer, ()):
+                    line[row] = min(line[row], answered)
+        leases = self._leases
+        if not leases or leases[-1][0] <= end:
+            leases.append((end, viewer, tuple(peers)))
+        else:
+            heapq.heappush(self._late, (end, viewer, tuple(peers)))
 
     def rumor(
         self, worker: int, at: float, models: frozenset[str], watchers: Sequence[int]
@@ -270,18 +300,10 @@ class Heard:
         folded into what all know."""
         leases = self._leases
         while leases and leases[0][0] < now:
-            end, viewer, peer = heapq.heappop(leases)
-            v = self._viewers[viewer]
-            entry = v.watching.get(peer)
-            if entry is None:
-                continue
-            if entry.lease_end > end:  # renewed since
-                heapq.heappush(leases, (entry.lease_end, viewer, peer))
-                continue
-            del v.watching[peer]
-            self._leased[viewer, peer] = False
-            told = self._live(peer, entry.answered)
-            v.last[peer] = told
+            self._lapse(*leases.popleft())
+        late = self._late
+        while late and late[0][0] < now:
+            self._lapse(*heapq.heappop(late))
         if now >= self._next_prune:
             self._prune(now)
             self._next_prune = now + 0.05
@@ -290,7 +312,7 @@ class Heard:
 
     def watched(self, viewer: int, peer: int, now: float) -> bool:
         """Whether ``peer`` pushes its state to ``viewer`` at ``now`` (its answer arrived)."""
-        entry = self._viewers[viewer].watching.get(peer)
+        entry = self._watches[viewer].get(peer)
         return entry is not None and entry.fresh_from <= now <= entry.lease_end
 
     def watching(self, viewer: int) -> BoolArray:
@@ -304,7 +326,7 @@ class Heard:
         """The newest state of ``peer`` that ``viewer`` has heard at ``now`` (not watched)."""
         row = self._flight.latest(viewer, peer, now)
         told = self._known[peer] if row < 0 else self._flight.told[row]
-        last = self._viewers[viewer].last.get(peer)
+        last = self._last[viewer].get(peer)
         return told if last is None or told.sent > last.sent else last
 
     def residency(self, viewer: int, peer: int, now: float) -> BoolArray:
@@ -316,13 +338,24 @@ class Heard:
         """Per model index of ``models``, where ``viewer`` knows it resident or loading at
         ``now`` (copies)."""
         models = list(models)
-        rows = [self._settled[m].copy() for m in models]
-        heard = self._flight.heard(viewer, now)
+        settled = self._settled
+        rows = [settled[m].copy() for m in models]
+        flight = self._flight
+        if flight.head == len(flight.told):
+            return rows
+        if flight.few():
+            for r in flight.heard_few(viewer, now):
+                worker = flight.who[r]
+                held = flight.held[r]
+                for row, m in zip(rows, models, strict=True):
+                    row[worker] = held[m]
+            return rows
+        heard = flight.heard(viewer, now)
         if len(heard):
-            flight = self._flight
             who = flight.who[heard]
+            held = flight.held[heard]
             for row, m in zip(rows, models, strict=True):
-                row[who] = flight.held[heard, m]
+                row[who] = held[:, m]
         return rows
 
     def in_flight(self) -> int:
@@ -330,6 +363,20 @@ class Heard:
         return len(self._flight.told) - self._flight.head
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _lapse(self, end: float, viewer: int, peers: Sequence[int]) -> None:
+        """The leases ``viewer`` asked of ``peers`` to end at ``end`` ended (those not renewed
+        since): it keeps each peer's last push."""
+        watching = self._watches[viewer]
+        last = self._last[viewer]
+        leased = self._leased[viewer]
+        for peer in peers:
+            entry = watching.get(peer)
+            if entry is None or entry.lease_end > end:  # ended already, or renewed since
+                continue
+            del watching[peer]
+            leased[peer] = False
+            last[peer] = self._live(peer, entry.answered)
 
     def _prune(self, now: float) -> None:
         flight = self._flight

@@ -46,8 +46,8 @@ CacheKey = tuple[frozenset[str], frozenset[str]]
 class _Sender:
     """One worker's side: its watchers, its last send and the change still to send."""
 
-    watchers: Watchers
-    watching: Watching
+    watchers: Watchers[int]
+    watching: Watching[int]
     rumored: CacheKey
     sent_at: float = -math.inf
     gap_s: float = 0.0
@@ -71,13 +71,12 @@ class ViewTraffic:
         heard: Heard | None = None,
     ) -> None:
         self.names = tuple(names)
-        self._positions = {name: i for i, name in enumerate(self.names)}
         self.lease_s = lease_s
         self._min_gap_s = min_gap_s
         self._max_rate = max_rate
         #: told of each watch asked and each rumor started (None: counted only)
         self.heard = heard
-        self._senders = [_Sender(Watchers(), Watching(lease_s), cache) for cache in caches]
+        self._senders = [_Sender(Watchers(int), Watching(lease_s, int), cache) for cache in caches]
         #: watch asks sent, state messages pushed to watchers, rumors started of a cache change
         self.asks = 0
         self.pushes = 0
@@ -86,28 +85,28 @@ class ViewTraffic:
     def planned(self, viewer: int, among: Iterable[int], now: float) -> None:
         """Worker ``viewer`` planned a job over workers ``among`` at ``now``: it asks those
         whose lease is due to be watched (each one now watched by it for a lease)."""
-        names = self.names
-        due = self._senders[viewer].watching.due(
-            (names[i] for i in among if i != viewer), now
-        )  # fmt: skip
-        if not due:
+        others = [i for i in among if i != viewer]
+        peers = self._senders[viewer].watching.due(others, now)
+        if not peers:
             return
-        self.asks += len(due)
+        self.asks += len(peers)
         until = now + self.lease_s
-        watcher = names[viewer]
-        peers = [self._positions[name] for name in due]
+        senders = self._senders
         for peer in peers:
-            self.catch_up(peer, now)  # a send due before the ask goes to the old watchers
-            self._senders[peer].watchers.watch(watcher, until)
+            sender = senders[peer]
+            if sender.pending is not None:  # a send due before the ask goes to the old watchers
+                self.catch_up(peer, now)
+            sender.watchers.watch(viewer, until)
         if self.heard is not None:
             self.heard.watch(viewer, peers, now)
 
     def changed(self, worker: int, now: float, cache: CacheKey) -> None:
         """``worker``'s state changed at ``now``; ``cache`` is its cache after the change."""
         sender = self._senders[worker]
-        self.catch_up(worker, now)
+        if sender.pending is not None:
+            self.catch_up(worker, now)
         if now >= sender.sent_at + sender.gap_s:
-            self._send(worker, now, cache)
+            self._send(sender, worker, now, cache)
         else:
             sender.pending = cache  # sent when the gap ends, with any later change in it
 
@@ -115,7 +114,7 @@ class ViewTraffic:
         """The run ended: send what is still waiting for its gap to end."""
         for worker, sender in enumerate(self._senders):
             if sender.pending is not None:
-                self._send(worker, sender.sent_at + sender.gap_s, sender.pending)
+                self._send(sender, worker, sender.sent_at + sender.gap_s, sender.pending)
 
     def catch_up(self, worker: int, now: float) -> None:
         """Make the send that came due before ``now`` (the changes within a gap); call it
@@ -124,19 +123,17 @@ class ViewTraffic:
         sender = self._senders[worker]
         due = sender.sent_at + sender.gap_s
         if sender.pending is not None and due < now:
-            self._send(worker, due, sender.pending)
+            self._send(sender, worker, due, sender.pending)
 
-    def _send(self, worker: int, at: float, cache: CacheKey) -> None:
-        sender = self._senders[worker]
-        live = sender.watchers.live(at)
-        self.pushes += len(live)
+    def _send(self, sender: _Sender, worker: int, at: float, cache: CacheKey) -> None:
+        watchers = sender.watchers
+        live = watchers.count(at)
+        self.pushes += live
         if cache != sender.rumored:
             sender.rumored = cache
             self.cache_changes += 1
             if self.heard is not None:
-                positions = self._positions
-                watchers = [positions[name] for name in live]
-                self.heard.rumor(worker, at, cache[0] | cache[1], watchers)
+                self.heard.rumor(worker, at, cache[0] | cache[1], watchers.live(at))
         sender.sent_at = at
-        sender.gap_s = gossip_gap_s(self._min_gap_s, len(live), self._max_rate)
+        sender.gap_s = gossip_gap_s(self._min_gap_s, live, self._max_rate)
         sender.pending = None

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar, overload
 
 from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
@@ -45,6 +47,8 @@ __all__ = [
     "gossip_gap_s",
     "sync_period_s",
 ]
+
+K = TypeVar("K", bound=Hashable)  # how a Watchers or Watching keys its peers
 
 #: the most states one ``rumors`` message may carry (more is a malformed message)
 MAX_RUMORS = 64
@@ -81,65 +85,104 @@ def cache_changed(before: Heartbeat | None, after: Heartbeat) -> bool:
     )
 
 
-class Watchers:
-    """The peers watching this worker's load, each until its lease ends."""
+class Watchers(Generic[K]):
+    """The peers watching this worker's load, each until its lease ends. Peers are named
+    (``Watchers()``) or keyed by what ``key`` says (``Watchers(int)``: the simulator's
+    worker indices)."""
 
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-        self._soonest = math.inf  # no lease ends before it
+    @overload
+    def __init__(self: Watchers[str]) -> None: ...
+    @overload
+    def __init__(self, key: type[K]) -> None: ...
+    def __init__(self, key: type[K] | None = None) -> None:
+        self._until: dict[K, float] = {}
+        #: (lease end, peer) of each lease set, in the order of their ends (leases set in time
+        #: order, each as long: a worker's); ended ones are dropped when looked at, and an entry
+        #: that a later lease or a drop made stale is skipped (its end is not the peer's)
+        self._ends: deque[tuple[float, K]] = deque()
+        #: (lease end, order, peer) of the leases that end before the last in ``_ends`` (a heap)
+        self._late: list[tuple[float, int, K]] = []
+        self._order = 0  # of the entries in ``_late``: ties in the end never compare peers
 
-    def watch(self, peer: str, until: float) -> bool:
+    def watch(self, peer: K, until: float) -> bool:
         """``peer`` watches until ``until`` (a later lease extends, an earlier one does not
         shorten); True if it did not watch before."""
         before = self._until.get(peer)
         if before is None or before < until:
             self._until[peer] = until
-            self._soonest = min(self._soonest, until)
+            ends = self._ends
+            if not ends or ends[-1][0] <= until:
+                ends.append((until, peer))
+            else:
+                self._order += 1
+                heapq.heappush(self._late, (until, self._order, peer))
         return before is None
 
-    def live(self, now: float) -> list[str]:
+    def live(self, now: float) -> list[K]:
         """The watchers whose lease holds at ``now`` (the others are dropped)."""
-        if now > self._soonest:  # some lease may have ended: look
-            ended = [p for p, until in self._until.items() if until < now]
-            for peer in ended:
-                del self._until[peer]
-            self._soonest = min(self._until.values(), default=math.inf)
+        self._drop_ended(now)
         return list(self._until)
 
-    def drop(self, peer: str) -> None:
+    def count(self, now: float) -> int:
+        """How many watchers' leases hold at ``now`` (as ``len(live(now))``, without the list)."""
+        self._drop_ended(now)
+        return len(self._until)
+
+    def drop(self, peer: K) -> None:
         """``peer`` is gone: it watches no more."""
         self._until.pop(peer, None)
 
     def __len__(self) -> int:
         return len(self._until)
 
+    def _drop_ended(self, now: float) -> None:
+        ends = self._ends
+        if ends and ends[0][0] < now:
+            until = self._until
+            while ends and ends[0][0] < now:
+                end, peer = ends.popleft()
+                if until.get(peer) == end:
+                    del until[peer]
+        late = self._late
+        while late and late[0][0] < now:
+            end, _, peer = heapq.heappop(late)
+            if self._until.get(peer) == end:
+                del self._until[peer]
 
-class Watching:
-    """The peers this worker watches, and when each lease it asked for ends."""
 
-    def __init__(self, lease_s: float) -> None:
+class Watching(Generic[K]):
+    """The peers this worker watches, and when each lease it asked for ends. Peers are named
+    (``Watching(lease_s)``) or keyed by what ``key`` says (``Watching(lease_s, int)``)."""
+
+    @overload
+    def __init__(self: Watching[str], lease_s: float) -> None: ...
+    @overload
+    def __init__(self, lease_s: float, key: type[K]) -> None: ...
+    def __init__(self, lease_s: float, key: type[K] | None = None) -> None:
         if not lease_s > 0:
             raise ConfigError(f"a watch lease must be > 0 seconds, got {lease_s!r}")
         self.lease_s = lease_s
-        self._until: dict[str, float] = {}
+        self._until: dict[K, float] = {}
 
-    def due(self, peers: Iterable[str], now: float) -> list[str]:
+    def due(self, peers: Iterable[K], now: float) -> list[K]:
         """Of ``peers``, those to ask now: never asked, or whose lease ends within half a lease
         (renewed before it runs out). Each is counted as asked until ``now + lease_s``."""
         ask = []
         renew = now + self.lease_s / 2
+        until = now + self.lease_s
+        leases = self._until
         for peer in peers:
-            until = self._until.get(peer)
-            if until is None or until < renew:
-                self._until[peer] = now + self.lease_s
+            end = leases.get(peer)
+            if end is None or end < renew:
+                leases[peer] = until
                 ask.append(peer)
         return ask
 
-    def watched(self, now: float) -> list[str]:
+    def watched(self, now: float) -> list[K]:
         """The peers whose lease holds at ``now``."""
         return [p for p, until in self._until.items() if until >= now]
 
-    def drop(self, peer: str) -> None:
+    def drop(self, peer: K) -> None:
         """``peer`` is gone (or came back as a new instance, which knows no lease)."""
         self._until.pop(peer, None)
 

@@ -4,6 +4,7 @@ cache change seen only once its rumor (or a push) reached the planner."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from compass.cache.policy import CacheCore
 from compass.sim import SimResult, engine, job_arrivals, simulate
-from compass.sim.heard import LINK_S, Heard, rumor_delays
+from compass.sim.heard import _FEW, LINK_S, Heard, Told, rumor_delays
 from compass.sim.state import ClusterState
 from compass.sim.traffic import CacheKey, ViewTraffic
 from compass.workflow import load_workload
@@ -116,6 +117,56 @@ def test_a_cache_change_is_seen_once_its_rumor_arrives_or_at_once_by_a_watcher()
     traffic2.planned(0, [0, 2], 1.05)
     state2.advance(1.06)
     assert bool(state2.holders(0, 1.06, ["m"])[0][2])
+
+
+def idle(workers: int, delays: np.ndarray, seed: int = 0) -> Heard:
+    """What ``workers`` idle workers hear of each other, their rumors ``delays`` away."""
+    initial = [Told(0.0, 0.0, (), 1, {}, {}) for _ in range(workers)]
+    return Heard(
+        ("a", "b"), np.zeros((2, workers), dtype=np.bool_), initial,
+        lambda worker, at: Told(at, 0.0, (), 1, {}, {}), lease_s=LEASE, delays=delays, seed=seed,
+    )  # fmt: skip
+
+
+def test_a_lease_ends_a_lease_after_its_ask_in_whatever_order_they_were_asked() -> None:
+    heard = idle(3, np.array([RUMOR_S]))
+    heard.watch(0, [1], 5.0)
+    heard.watch(0, [2], 1.0)  # asked for at an earlier time: its lease ends first
+    ends = 1.0 + LINK_S + LEASE
+    heard.advance(ends)
+    assert heard.watching(0).tolist() == [False, True, True]
+    heard.advance(ends + 0.001)
+    assert heard.watching(0).tolist() == [False, True, False]
+    assert not heard.watched(0, 2, ends + 0.001)
+    heard.watch(0, [1], 6.0)  # renewed: its first end passes, and it is still watched
+    heard.advance(5.0 + LINK_S + LEASE + 0.001)
+    assert heard.watching(0).tolist() == [False, True, False]
+    heard.advance(6.0 + LINK_S + LEASE + 0.001)
+    assert not heard.watching(0).any()
+
+
+def test_the_holders_heard_are_each_peers_newest_rumor_heard_however_many_are_in_flight() -> None:
+    workers = 6
+    heard = idle(workers, np.linspace(0.01, 1.0, 40), seed=3)
+    rng = random.Random(5)
+    sizes = set()
+    for step in range(200):
+        now = step * 0.01
+        heard.advance(now)
+        if step < 80:  # a rumor of a worker's new cache, sometimes with watchers pushed it
+            worker = rng.randrange(workers)
+            models = frozenset(rng.sample(("a", "b"), rng.randrange(3)))
+            heard.rumor(worker, now, models, rng.sample(range(workers), rng.randrange(2)))
+        if step % 7 == 0:  # a watch's answer brings a peer's rumors in flight at once
+            viewer, peer = rng.sample(range(workers), 2)
+            heard.watch(viewer, [peer], now)
+        sizes.add(min(heard.in_flight(), _FEW + 1))
+        for viewer in range(workers):
+            rows = heard.holders(viewer, now, [0, 1])
+            for peer in range(workers):
+                seen = [bool(row[peer]) for row in rows]
+                assert seen == heard.residency(viewer, peer, now).tolist(), (now, viewer, peer)
+    assert sizes == set(range(_FEW + 2))  # none, a few, and more than a few in flight
 
 
 def test_rumor_delays_follow_the_rules_and_are_deterministic() -> None:

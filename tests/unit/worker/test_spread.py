@@ -44,6 +44,22 @@ def test_a_watch_holds_until_its_lease_ends_and_a_longer_one_extends_it() -> Non
     assert watchers.live(15.0) == [] and len(watchers) == 0
 
 
+def test_watchers_keyed_by_index_drop_each_ended_lease_whatever_the_order_of_the_ends() -> None:
+    watchers = Watchers(int)  # the simulator's: workers by index
+    assert watchers.watch(1, until=5.0)
+    assert watchers.watch(2, until=3.0)  # ends before the lease set before it
+    assert watchers.watch(3, until=4.0)
+    assert not watchers.watch(1, until=6.0)  # extended: its end at 5.0 no longer counts
+    assert watchers.count(3.5) == 2 and watchers.live(3.5) == [1, 3]
+    assert watchers.live(5.5) == [1]  # 3's lease ended at 4.0, 1's holds until 6.0
+    watchers.drop(1)
+    assert watchers.count(5.5) == 0
+    assert watchers.watch(1, until=6.0)  # watching anew, until the same end as before
+    assert watchers.count(5.9) == 1 and watchers.count(6.5) == 0
+    watching = Watching(2.0, int)
+    assert watching.due([0, 1], now=0.0) == [0, 1] and watching.due([1, 2], now=0.5) == [2]
+
+
 def test_a_planner_asks_again_only_when_half_its_lease_is_gone() -> None:
     watching = Watching(lease_s=2.0)
     assert watching.due(["a", "b"], now=0.0) == ["a", "b"]
