@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
+from compass.records import record
 from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow
 
@@ -40,7 +41,8 @@ BoolArray = npt.NDArray[np.bool_]
 IntpArray = npt.NDArray[np.intp]
 
 
-@dataclass(frozen=True, slots=True)
+# made for every plan and adjustment: a record, frozen by convention (:mod:`compass.records`)
+@record
 class PlanScope:
     """Whom a snapshot is for: a job of ``workflow``, with ``keep`` (the planner and the
     workers holding the job's inputs) always in view. ``keep`` may name a worker twice: it is

@@ -9,12 +9,12 @@ when a predecessor finishes; :func:`~compass.sched.adjust.adjust_successors` dri
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from compass.records import record
 from compass.sched.snapshot import ViewSnapshot
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
@@ -31,7 +31,8 @@ TIE_S = 1e-9
 LARGE_CLUSTER = 64
 
 
-@dataclass(frozen=True, slots=True)
+# made for every plan and adjustment: a record, frozen by convention (:mod:`compass.records`)
+@record
 class JobInfo:
     """What the planner knows of a job: its id, workflow, ingress worker and input size.
 

@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
+from compass.records import record
 from compass.sched.heartbeat import Heartbeat
 from compass.worker.spread import Rumors
 
@@ -75,7 +76,8 @@ _NO_LEVELS: Mapping[int, float] = {}
 _FEW = 8
 
 
-@dataclass(frozen=True, slots=True)
+# made for every lapsed lease and rumor: a record, frozen by convention (:mod:`compass.records`)
+@record
 class Told:
     """A worker's state as it sent it at ``sent`` (a push, a watch's answer or a rumor)."""
 

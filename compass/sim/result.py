@@ -12,10 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from compass.records import record
+
 __all__ = ["JobRecord", "SimResult", "TaskRecord"]
 
 
-@dataclass(frozen=True, slots=True)
+# made for every job and task: records, frozen by convention (:mod:`compass.records`)
+@record
 class JobRecord:
     """One job. ``finish``, ``latency_s`` and ``slowdown`` are None for a failed job.
 
@@ -47,7 +50,7 @@ class JobRecord:
         return self.deadline_s is None or self.latency_s <= self.deadline_s
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TaskRecord:
     """One task run: where, and where its time went (seconds).
 

@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
+from compass.records import record
 from compass.sched.placement import PlacedCounts, Placement
 from compass.sched.snapshot import BatchRows, Members, ViewSnapshot, batch_rows
 from compass.sim.heard import Heard, Told
@@ -77,7 +78,7 @@ class _Capture:
     rows: Mapping[str, BoolArray] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Pending:
     worker: int
     task: Placement
