@@ -64,6 +64,7 @@ __all__ = ["LINK_S", "Heard", "Told", "rumor_delays"]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+IntpArray = npt.NDArray[np.intp]
 
 #: one way between two workers on a LAN: the ask, the answer, a push (about a quarter of a
 #: millisecond on the test machine's loopback, "Bounded view" in docs/RESULTS.md)
@@ -242,6 +243,9 @@ class Heard:
         #: per viewer, per peer: whether it holds a lease on it (a lease ended before the
         #: current event is dropped by :meth:`advance`)
         self._leased: BoolArray = np.zeros((self.n, self.n), dtype=np.bool_)
+        #: per viewer, per peer: when the answer to its first ask arrives (inf: no lease), so
+        #: that a snapshot finds the candidates it does not watch in one step
+        self._fresh_from: FloatArray = np.full((self.n, self.n), math.inf)
         #: (lease end, viewer, peers) of each ask, in the order of their ends (asks come in
         #: time order, each lease as long); an entry a later ask renewed is skipped
         self._leases: deque[tuple[float, int, Sequence[int]]] = deque()
@@ -260,11 +264,13 @@ class Heard:
         answered = arrives + LINK_S
         end = arrives + self.lease_s
         leased = self._leased[viewer]
+        fresh_from = self._fresh_from[viewer]
         for peer in peers:
             entry = watching.get(peer)
             if entry is None:
                 watching[peer] = _Watch(answered, end, arrives)
                 leased[peer] = True
+                fresh_from[peer] = answered
             else:  # a renewal: the entry of the old end is skipped when it comes up
                 entry.lease_end = end
                 entry.answered = arrives
@@ -316,6 +322,14 @@ class Heard:
         """Whether ``peer`` pushes its state to ``viewer`` at ``now`` (its answer arrived)."""
         entry = self._watches[viewer].get(peer)
         return entry is not None and entry.fresh_from <= now <= entry.lease_end
+
+    def unwatched(self, viewer: int, among: IntpArray, now: float) -> list[int]:
+        """The positions in ``among`` of the workers that do not push their state to
+        ``viewer`` at ``now`` (:meth:`watched` of each, ``viewer`` itself among them), after
+        :meth:`advance` to ``now``: a lease held then has not ended, so it is watched once
+        its answer has arrived."""
+        out: list[int] = (self._fresh_from[viewer, among] > now).nonzero()[0].tolist()
+        return out
 
     def watching(self, viewer: int) -> BoolArray:
         """Per worker, whether ``viewer`` holds a watch lease on it now (asked, its answer
@@ -372,12 +386,14 @@ class Heard:
         watching = self._watches[viewer]
         last = self._last[viewer]
         leased = self._leased[viewer]
+        fresh_from = self._fresh_from[viewer]
         for peer in peers:
             entry = watching.get(peer)
             if entry is None or entry.lease_end > end:  # ended already, or renewed since
                 continue
             del watching[peer]
             leased[peer] = False
+            fresh_from[peer] = math.inf
             last[peer] = self._live(peer, entry.answered)
 
     def _prune(self, now: float) -> None:

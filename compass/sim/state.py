@@ -298,7 +298,7 @@ class ClusterState:
         if among is not None and batches:
             batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
         if heard is not None and among is not None:
-            batches = self._as_heard(heard, viewer, now, priority, shown, wait, free, grid, batches)
+            batches = self._as_heard(heard, viewer, now, priority, among, wait, free, grid, batches)
         pending = self._pending[viewer]
         if pending:
             kept = [p for p in pending if now <= p.ends and now < p.settles]
@@ -350,7 +350,7 @@ class ClusterState:
         viewer: int,
         now: float,
         priority: int,
-        among: list[int],
+        among: IntpArray,
         wait: FloatArray,
         free: IntArray,
         held: BoolArray,
@@ -361,8 +361,10 @@ class ClusterState:
         not watch at ``now`` with what it last heard of them (:mod:`compass.sim.heard`); the
         batches, changed or not."""
         changed: dict[str, BatchRows] | None = None
-        for j, peer in enumerate(among):
-            if peer == viewer or heard.watched(viewer, peer, now):
+        shown = among.tolist()
+        for j in heard.unwatched(viewer, among, now):
+            peer = shown[j]
+            if peer == viewer:
                 continue
             told = heard.told(viewer, peer, now)
             wait[j] = told.aged(now, priority)

@@ -145,6 +145,25 @@ def test_a_lease_ends_a_lease_after_its_ask_in_whatever_order_they_were_asked() 
     assert not heard.watching(0).any()
 
 
+def test_the_unwatched_candidates_are_those_watched_says_at_every_step() -> None:
+    """Heard.unwatched (one step over a snapshot's candidates) agrees with watched, peer by
+    peer, over random asks, renewals and lapses: before an answer arrives, while a lease
+    holds, after it lapses, asked again."""
+    draw = random.Random(7)
+    heard = idle(12, np.array([RUMOR_S]))
+    now = 0.0
+    for _ in range(400):
+        now += draw.choice([LINK_S / 2, LINK_S, 0.3, 1.1, LEASE / 2])
+        heard.advance(now)
+        viewer = draw.randrange(12)
+        if draw.random() < 0.5:
+            heard.watch(viewer, draw.sample(range(12), draw.randint(1, 4)), now)
+        among = np.array(sorted(draw.sample(range(12), draw.randint(1, 12))), dtype=np.intp)
+        expected = [j for j, peer in enumerate(among.tolist())
+                    if not heard.watched(viewer, peer, now)]  # fmt: skip
+        assert heard.unwatched(viewer, among, now) == expected
+
+
 def test_the_holders_heard_are_each_peers_newest_rumor_heard_however_many_are_in_flight() -> None:
     workers = 6
     heard = idle(workers, np.linspace(0.01, 1.0, 40), seed=3)
