@@ -138,6 +138,9 @@ class ClusterState:
         #: (tick, priority) -> the published waits at that priority
         self._lifted: dict[tuple[int, int], FloatArray] = {}
         self._pending: list[list[_Pending]] = [[] for _ in range(n)]
+        #: per viewer: no placement it counts stops counting while now <= the first and
+        #: now < the second (the least ``ends`` and ``settles`` of them; infinite: none)
+        self._holds: list[tuple[float, float]] = [(math.inf, math.inf)] * n
         #: when each worker's queue last changed (the time of the state it would send)
         self.changed_at: FloatArray = np.zeros(n)
         #: a bounded view: what each planner has heard of the others (None: the mesh, where
@@ -215,7 +218,11 @@ class ClusterState:
         # heartbeats of tick k are received at k * hb + staleness
         k = math.floor((now + self.settle_s - self.staleness_s) / hb) + 1
         settles = k * hb + self.staleness_s
-        self._pending[viewer].append(_Pending(worker, placed, now + placed.seconds, settles))
+        ends = now + placed.seconds
+        self._pending[viewer].append(_Pending(worker, placed, ends, settles))
+        holds = self._holds[viewer]
+        if ends < holds[0] or settles < holds[1]:
+            self._holds[viewer] = (min(ends, holds[0]), min(settles, holds[1]))
 
     def told(self, worker: int, since: float = 0.0) -> Told:
         """``worker``'s live state as it would send it at ``since`` or, if it changed after,
@@ -299,20 +306,17 @@ class ClusterState:
             batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
         if heard is not None and among is not None:
             batches = self._as_heard(heard, viewer, now, priority, among, wait, free, grid, batches)
-        pending = self._pending[viewer]
-        if pending:
-            kept = [p for p in pending if now <= p.ends and now < p.settles]
-            self._pending[viewer] = kept
-            if kept:
-                counts = PlacedCounts(wait, free, resident, batches)
-                for p in kept:
-                    if without and p.task.job == without:
-                        continue
-                    i = p.worker if among is None else _position(among, p.worker)
-                    if i >= 0:
-                        counts.add(i, p.task, p.task.priority >= priority)
-                np.maximum(free, 0, out=free)
-                resident, batches = counts.resident(), counts.batches()
+        kept = self._counted(viewer, now)
+        if kept:
+            counts = PlacedCounts(wait, free, resident, batches)
+            for p in kept:
+                if without and p.task.job == without:
+                    continue
+                i = p.worker if among is None else _position(among, p.worker)
+                if i >= 0:
+                    counts.add(i, p.task, p.task.priority >= priority)
+            np.maximum(free, 0, out=free)
+            resident, batches = counts.resident(), counts.batches()
         return ViewSnapshot.from_arrays(
             names, wait, free, capacity, resident, positions=positions, batches=batches,
             members=members,
@@ -323,8 +327,7 @@ class ClusterState:
         the residency published at the tick a snapshot shows, its own exactly, and the
         workers it has just placed a task of the model on (as :meth:`snapshot` counts them)."""
         index = self.model_index
-        pending = self._pending[viewer]
-        coming = [p for p in pending if now <= p.ends and now < p.settles] if pending else pending
+        coming = self._counted(viewer, now)
         heard = self.heard
         if heard is None:
             published = self._at(now)[2].held
@@ -413,6 +416,21 @@ class ClusterState:
             else:
                 out.pop(model, None)
         return out
+
+    def _counted(self, viewer: int, now: float) -> list[_Pending]:
+        """The placements ``viewer`` still counts at ``now``, those that stopped dropped:
+        looked through only when one may have stopped (``now`` never goes back)."""
+        pending = self._pending[viewer]
+        holds = self._holds[viewer]
+        if now <= holds[0] and now < holds[1]:
+            return pending
+        kept = [p for p in pending if now <= p.ends and now < p.settles]
+        self._pending[viewer] = kept
+        self._holds[viewer] = (
+            min((p.ends for p in kept), default=math.inf),
+            min((p.settles for p in kept), default=math.inf),
+        )
+        return kept
 
     def pending(self, viewer: int) -> int:
         """Placements ``viewer`` counts (including expired ones not yet pruned)."""
