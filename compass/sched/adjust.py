@@ -61,20 +61,12 @@ class _FanoutView:
 
     def snapshot(self) -> ViewSnapshot:
         if self._current is None:
-            base = self.base
             batches = {
                 m: (c.copy(), s.copy()) if m in self._own_batches else (c, s)
                 for m, (c, s) in self._batches.items()
             }
-            self._current = ViewSnapshot.from_arrays(
-                base.names,
-                self._wait.copy(),
-                self._free.copy(),
-                base.capacity_bytes,
-                self._resident,
-                positions=base.positions,
-                batches=batches,
-                members=base.members,
+            self._current = self.base.counted(
+                self._wait.copy(), self._free.copy(), self._resident, batches
             )
         return self._current
 

@@ -40,6 +40,7 @@ places.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -290,6 +291,50 @@ def fewest_bytes(
     ingress's index (wrapping around): there many ingresses plan on the same view between two
     heartbeats, and all taking the lowest index would pile their tasks onto one worker
     (measured: docs/RESULTS.md, "Simulator scale")."""
+    if len(ties) > _FEW_TIES:
+        return _fewest_bytes_array(ties, costs, t, sources, ingress, root_bytes, have, prefer)
+    # a few ties (a bounded view shows about ten workers): a Python loop over them costs a
+    # third of the vector operations, each a microsecond or so for a handful of items. The
+    # bytes are summed in the same order, so they are the same floats
+    tied: list[int] = ties.tolist()
+    moved = [0.0] * len(tied)
+    preds = costs.preds[t]
+    if preds:
+        out_bytes = costs.out_bytes
+        for p, src in zip(preds, sources, strict=True):
+            size = out_bytes[p]
+            moved = [m + size * (w != src) for m, w in zip(moved, tied, strict=True)]
+    elif root_bytes:
+        size = float(root_bytes)
+        moved = [m + size * (w != ingress) for m, w in zip(moved, tied, strict=True)]
+    if have is not None:
+        size = float(costs.model_bytes[t])
+        held = have.tolist()
+        moved = [m + size * (not held[w]) for m, w in zip(moved, tied, strict=True)]
+    least = min(moved)
+    keep = [w for m, w in zip(moved, tied, strict=True) if m <= least]
+    if prefer >= 0 and prefer in keep:
+        return prefer
+    if ingress >= 0 and len(costs.exec_rows[t]) >= LARGE_CLUSTER:
+        return keep[bisect_left(keep, ingress) % len(keep)]
+    return keep[0]
+
+
+#: above this many tied workers :func:`fewest_bytes` sums the bytes with vector operations
+_FEW_TIES = 32
+
+
+def _fewest_bytes_array(
+    ties: IntpArray,
+    costs: WorkflowCosts,
+    t: int,
+    sources: Sequence[int],
+    ingress: int,
+    root_bytes: int,
+    have: BoolArray | None,
+    prefer: int,
+) -> int:
+    """:func:`fewest_bytes` over many ties (a full view of a large cluster), as vectors."""
     moved = np.zeros(len(ties))
     preds = costs.preds[t]
     if preds:

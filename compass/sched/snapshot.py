@@ -10,9 +10,10 @@ simulator's cluster state hand them out; tests and benchmarks build them from he
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,11 @@ IntpArray = npt.NDArray[np.intp]
 BatchRows = tuple[IntArray, FloatArray]
 
 _NO_ROWS: Mapping[str, BatchRows] = MappingProxyType({})
+
+#: ``ndarray.setflags`` with ``write`` passed by position, which numpy accepts (its stubs
+#: declare it keyword-only): the keyword costs twice the call, and a snapshot (several per
+#: job) makes an array per model read-only
+_set_writeable = cast("Callable[[npt.NDArray[Any], bool], None]", np.ndarray.setflags)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -142,25 +148,45 @@ class ViewSnapshot:
         batches: Mapping[str, BatchRows] | None = None,
         members: Members | None = None,
     ) -> ViewSnapshot:
-        for array in (wait, free, cap, *resident.values()):
-            array.setflags(write=False)
-        if batches:
-            for counts, start in batches.values():
-                counts.setflags(write=False)
-                start.setflags(write=False)
+        _freeze(wait, free, resident, batches)
+        _set_writeable(cap, False)
         if positions is None:
             positions = MappingProxyType({n: i for i, n in enumerate(names)})
         return cls(
-            names=names,
-            wait_s=wait,
-            free_bytes=free,
-            capacity_bytes=cap,
-            resident=MappingProxyType(dict(resident)),
-            positions=positions,
-            # the ufunc itself: ndarray.min's Python wrapper costs twice as much (per job)
-            min_capacity_bytes=int(np.minimum.reduce(cap)) if len(names) else 0,
-            batches=MappingProxyType(dict(batches)) if batches else _NO_ROWS,
-            members=members,
+            names,
+            wait,
+            free,
+            cap,
+            MappingProxyType(dict(resident)),
+            positions,
+            _least(cap),
+            MappingProxyType(dict(batches)) if batches else _NO_ROWS,
+            members,
+        )
+
+    def counted(
+        self,
+        wait: FloatArray,
+        free: IntArray,
+        resident: Mapping[str, BoolArray],
+        batches: Mapping[str, BatchRows],
+    ) -> ViewSnapshot:
+        """The same workers with the waits, free bytes, residency and batches given (indexed
+        like :attr:`names`, made read-only as :meth:`from_arrays` makes them): a view that
+        counts placements on this one (:mod:`compass.sched.adjust`). Its names, capacities,
+        positions and members are this view's, so it skips :meth:`from_arrays`' checks and the
+        least capacity (a fan-out builds one per sibling it places)."""
+        _freeze(wait, free, resident, batches)
+        return ViewSnapshot(
+            self.names,
+            wait,
+            free,
+            self.capacity_bytes,
+            MappingProxyType(dict(resident)),
+            self.positions,
+            self.min_capacity_bytes,
+            MappingProxyType(dict(batches)) if batches else _NO_ROWS,
+            self.members,
         )
 
     def with_wait(self, wait: FloatArray) -> ViewSnapshot:
@@ -168,7 +194,7 @@ class ViewSnapshot:
         read-only, so the caller must not write it again). Built field by field rather than
         with :func:`dataclasses.replace`, which looks every field up by name (about 290
         bytecode instructions, three times this): a bounded view ages every snapshot's waits."""
-        wait.setflags(write=False)
+        _set_writeable(wait, False)
         return ViewSnapshot(
             self.names,
             wait,
@@ -241,6 +267,37 @@ class ViewSnapshot:
         """``(counts, start_s)`` of ``model``'s queued batchable tasks over the workers (see
         the class docstring); None when no worker reports any."""
         return self.batches.get(model) if self.batches else None
+
+
+def _freeze(
+    wait: FloatArray,
+    free: IntArray,
+    resident: Mapping[str, BoolArray],
+    batches: Mapping[str, BatchRows] | None,
+) -> None:
+    """Make a snapshot's arrays read-only."""
+    _set_writeable(wait, False)
+    _set_writeable(free, False)
+    for row in resident.values():
+        _set_writeable(row, False)
+    if batches:
+        for counts, start in batches.values():
+            _set_writeable(counts, False)
+            _set_writeable(start, False)
+
+
+#: below this many workers the least capacity is taken over a list: a bounded view shows about
+#: ten, where ``min(tolist())`` costs half the ufunc's reduce (which wins from about 20)
+_FEW_WORKERS = 16
+
+
+def _least(capacity: IntArray) -> int:
+    """The least of ``capacity`` (0 when empty)."""
+    n = len(capacity)
+    if n < _FEW_WORKERS:
+        return min(capacity.tolist()) if n else 0
+    # the ufunc itself: ndarray.min's Python wrapper costs twice as much
+    return int(np.minimum.reduce(capacity))
 
 
 def heartbeat_arrays(

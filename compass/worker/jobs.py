@@ -79,6 +79,10 @@ class InboxEntry:
     first_at: float = 0.0
 
 
+#: what a root task needs: the job's inputs
+_ROOT_INPUTS = frozenset({JOB_INPUTS})
+
+
 class Inbox:
     """Inputs of tasks whose predecessors have not all reported yet, keyed by job, attempt, task."""
 
@@ -103,9 +107,19 @@ class Inbox:
         entry = self._entries.get(key)
         if entry is None:
             preds = workflow.preds(msg.task)
+            if len(preds) < 2 and source == (preds[0] if preds else JOB_INPUTS):
+                # a task of one input (most are) is whole with it: the entry it would be
+                # once complete, never stored
+                value = msg.value
+                inputs = dict(value) if source == JOB_INPUTS else {source: value}
+                needed = frozenset(preds) if preds else _ROOT_INPUTS
+                return InboxEntry(
+                    workflow.name, needed, msg.plan, msg.ingress, inputs, {source},
+                    max(0.0, transfer_s), now,
+                )  # fmt: skip
             entry = InboxEntry(
                 workflow=workflow.name,
-                needed=frozenset(preds) if preds else frozenset({JOB_INPUTS}),
+                needed=frozenset(preds) if preds else _ROOT_INPUTS,
                 plan=msg.plan,
                 ingress=msg.ingress,
                 first_at=now,

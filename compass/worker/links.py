@@ -117,7 +117,10 @@ class Links:
 
     def forget(self, job: str, below: int | None = None) -> None:
         """``job``'s attempts below ``below`` (every one: None) are done here."""
-        for peer in list(self._peers.get(job, ())):
+        linked = self._peers.get(job)
+        if linked is None:
+            return  # nothing sent of it (every worker of a job hears it is done)
+        for peer in list(linked):
             jobs = self._sent[peer]
             if below is None or jobs[job][0] < below:
                 del jobs[job]

@@ -140,7 +140,9 @@ class TaskQueue:
 
     def __iter__(self) -> Iterator[QueuedTask]:
         """The queued tasks in the order they would be popped."""
-        return (item[3] for item in sorted(self._ready, key=_heap_key))
+        # items differ in their arrival number, the third field, so they sort as their first
+        # three fields do without comparing the tasks: no key function to call per item
+        return (item[3] for item in sorted(self._ready))
 
     @property
     def queued_s(self) -> float:
@@ -227,7 +229,7 @@ class TaskQueue:
         shortest = longest = lead.expected_s
         chosen: list[_Item] = []
         members = [lead]
-        for item in sorted((i for i in self._ready if i[3].group == group), key=_heap_key):
+        for item in sorted([i for i in self._ready if i[3].group == group]):
             run_s = item[3].expected_s
             if max(longest, run_s) > SIMILAR_RUNS * min(shortest, run_s):
                 continue
@@ -375,7 +377,8 @@ class TaskQueue:
         """Models of the running and queued tasks, running first (they are pinned), then in
         the order the queue will run them."""
         models = [e.model for e in self._running if e.model is not None]
-        models.extend(e.model for e in self if e.model is not None)
+        # in pop order (see __iter__), without its generator
+        models += [item[3].model for item in sorted(self._ready) if item[3].model is not None]
         return models
 
 
@@ -386,7 +389,3 @@ def _in_time(members: list[QueuedTask], ends: float) -> bool:
         m.deadline is None or m.finish or ends + m.remaining_s - m.expected_s <= m.deadline
         for m in members
     )
-
-
-def _heap_key(item: _Item) -> tuple[int, float, int]:
-    return item[0], item[1], item[2]

@@ -380,3 +380,50 @@ def test_every_policy_answers_what_adjustment_needs(name: str) -> None:
     finish = {"short": (1, NOW + 1.0), "mid": (3, NOW + 2.0), "long": (2, NOW + 3.0)}
     moved = policy.place_joins(job(FAN), "r", plan, finish, fan_view(), p, NOW)
     assert moved == ({"join": "c"} if moves_joins else {})
+
+
+def test_fewest_bytes_over_a_few_ties_matches_the_vector_rule() -> None:
+    """A few ties are summed in a Python loop, many with numpy: the same worker, for roots,
+    chains and joins, with or without a model, in a small cluster and a large one."""
+    from compass.sched.eft import _fewest_bytes_array, fewest_bytes
+
+    wf = Workflow(
+        "diamond",
+        [
+            t("r", out=3 * MB),
+            t("x", "r", out=5 * MB),
+            t("y", "r", model=None, out=5 * MB),
+            t("j", "x", "y", out=MB),
+        ],
+    )
+    rng = np.random.default_rng(7)
+    for n in (8, 80):  # below and above LARGE_CLUSTER (64)
+        names = tuple(f"w{i:02d}" for i in range(n))
+        costs = WorkflowCosts(wf, profiles(wf), names)
+        for _ in range(300):
+            task = wf.order[int(rng.integers(len(wf.order)))]
+            k = wf.index[task]
+            ties = np.sort(rng.choice(n, size=int(rng.integers(2, min(n, 32) + 1)), replace=False))
+            sources = [int(s) for s in rng.integers(-1, n, size=max(1, len(costs.preds[k])))]
+            ingress = int(rng.integers(-1, n))
+            have = rng.random(n) < 0.3 if rng.random() < 0.8 else None
+            root_bytes = int(rng.integers(0, 3)) * MB
+            prefer = int(rng.choice([-1, int(rng.choice(ties)), int(rng.integers(n))]))
+            args = (ties, costs, k, sources, ingress, root_bytes, have, prefer)
+            assert fewest_bytes(*args) == _fewest_bytes_array(*args)
+
+
+def test_fewest_bytes_picks_the_tie_moving_least_then_the_preferred_one() -> None:
+    from compass.sched.eft import fewest_bytes
+
+    costs = WorkflowCosts(PAIR, profiles(PAIR), ("a", "b", "c", "d"))
+    y = PAIR.index["y"]
+    ties = np.array([1, 2, 3])
+    have = np.array([False, False, True, True])
+    # x's 10 MB output on c: c moves nothing, d the output, b the output and the model
+    assert fewest_bytes(ties, costs, y, [2], -1, 0, have, -1) == 2
+    # with the output on a, c and d both move only the output: the preferred one, else the
+    # lowest index
+    assert fewest_bytes(ties, costs, y, [0], -1, 0, have, 3) == 3
+    assert fewest_bytes(ties, costs, y, [0], -1, 0, have, -1) == 2
+    assert fewest_bytes(ties, costs, y, [0], -1, 0, have, 1) == 2  # b must fetch the model

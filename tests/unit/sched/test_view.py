@@ -442,3 +442,38 @@ def test_an_aged_snapshot_ages_each_peer_from_its_latest_state() -> None:
     view.remove("a")
     view.apply_heartbeat(state("r", wait=1.0, seq=2), now=1.9)
     assert list(view.snapshot(2.0, aged=True).wait_s) == pytest.approx([3.0, 3.5, 0.9])
+
+
+def test_a_counted_view_keeps_the_workers_and_freezes_what_it_is_given() -> None:
+    base = ViewSnapshot.build([state("b", 0.5, ("m",)), state("a", 0.1), state("c", free=GB)])
+    wait = base.wait_s.copy()
+    wait[1] = 2.0
+    free = base.free_bytes.copy()
+    row = np.array([True, True, False])
+    batches = {"m": (np.array([0, 1, 0]), np.array([0.0, 0.3, 0.0]))}
+    counted = base.counted(wait, free, {"m": row}, batches)
+    assert counted.names == base.names and counted.positions is base.positions
+    assert counted.capacity_bytes is base.capacity_bytes
+    assert counted.min_capacity_bytes == base.min_capacity_bytes == 10 * GB
+    assert counted.members is base.members
+    assert counted.wait_s.tolist() == [0.1, 2.0, 0.0]
+    assert counted.holds("m").tolist() == [True, True, False]
+    found = counted.batched("m")
+    assert found is not None and found[0].tolist() == [0, 1, 0]
+    for array in (wait, free, row, *batches["m"]):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1
+    assert base.wait_s.tolist() == [0.1, 0.5, 0.0]  # the base view is untouched
+
+
+@pytest.mark.parametrize("n", [3, 15, 16, 40])
+def test_the_least_capacity_is_the_smallest_workers_cache(n: int) -> None:
+    """Taken over a list for a few workers, by numpy's reduce for many: the same number."""
+    rng = np.random.default_rng(n)
+    caps = rng.integers(1, 100, size=n) * GB
+    names = tuple(f"w{i:02d}" for i in range(n))
+    cap = caps.astype(np.int64)
+    view = ViewSnapshot.from_arrays(names, np.zeros(n), cap.copy(), cap, {})
+    assert view.min_capacity_bytes == int(caps.min())
+    assert isinstance(view.min_capacity_bytes, int)
+    assert ViewSnapshot.from_arrays((), np.zeros(0), cap[:0], cap[:0], {}).min_capacity_bytes == 0

@@ -79,3 +79,19 @@ def test_drop_job_removes_stale_attempts_only() -> None:
     assert len(inbox) == 1
     assert add(inbox, "d", "c", 2, attempt=1) is not None
     assert inbox.drop_job("j1") == 0
+
+
+def test_a_task_of_one_input_is_whole_with_it_and_never_waits() -> None:
+    inbox = Inbox()
+    entry = add(inbox, "b", "a", 7, plan={"b": "w1"}, transfer_s=0.3)
+    assert entry is not None and len(inbox) == 0
+    assert entry.needed == frozenset({"a"}) and entry.arrived == {"a"}
+    assert entry.inputs == {"a": 7} and entry.transfer_s == 0.3
+    assert entry.plan == {"b": "w1"} and entry.ingress == "w0" and entry.workflow == "diamond"
+    inputs = {"x": 1}
+    root = add(inbox, "a", JOB_INPUTS, inputs)
+    assert root is not None and root.needed == frozenset({JOB_INPUTS})
+    inputs["x"] = 2  # the entry holds a copy of the job's inputs
+    assert root.inputs == {"x": 1}
+    # an input from a task that does not feed it is kept aside, as for a join
+    assert add(inbox, "b", "c", 1) is None and len(inbox) == 1
