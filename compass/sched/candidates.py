@@ -137,16 +137,23 @@ def _draw(
         chosen |= pool
         return
     if fresh is None:
-        chosen[pool.nonzero()[0][rng.sample(range(size), need)]] = True
+        _mark(chosen, pool.nonzero()[0], rng.sample(range(size), need))
         return
-    known = (pool & fresh).nonzero()[0]
+    known = (pool & fresh).nonzero()[0].tolist()
     take = min(len(known), max(need - explore, 0))
-    if take < len(known):
-        known = known[rng.sample(range(len(known)), take)]
-    chosen[known] = True
+    # the same draws as sampling their positions (a sample of a list picks its items at the
+    # positions a sample of its range draws), without indexing an array by a list
+    for worker in rng.sample(known, take) if take < len(known) else known:
+        chosen[worker] = True
     if need > take:  # from the pool less the fresh ones taken: more than that left (size > need)
         left = (pool & ~chosen).nonzero()[0]
-        chosen[left[rng.sample(range(len(left)), need - take)]] = True
+        _mark(chosen, left, rng.sample(range(size - take), need - take))
+
+
+def _mark(chosen: BoolArray, pool: IntpArray, positions: list[int]) -> None:
+    """Marks chosen the workers at ``positions`` of ``pool`` (a few: one by one)."""
+    for i in positions:
+        chosen[pool[i]] = True
 
 
 def candidates(
