@@ -31,25 +31,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
-import numpy as np
-import numpy.typing as npt
-
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig, SchedConfig
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.objective import NO_OBJECTIVE, Objective, outcome_of
-from compass.sched import CompassPolicy, Policy, ViewSnapshot, make_policy
-from compass.sched.candidates import CandidateRule, PlanScope, pick
-from compass.sched.heartbeat import Heartbeat
-from compass.sched.placement import Placement
+from compass.sched import CompassPolicy, Policy, make_policy
+from compass.sched.candidates import CandidateRule
 from compass.sched.policies import worker_seed
 from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
@@ -58,6 +52,7 @@ from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
 from compass.sim.traffic import CacheKey, ViewTraffic
+from compass.sim.view import SimView
 from compass.worker.assemble import CoreOptions, build_core
 from compass.worker.events import (
     Answer,
@@ -96,8 +91,6 @@ from compass.workflow.spec import Workload
 __all__ = ["DEFAULT_CANDIDATES", "DEFAULT_HOLDERS", "VIEW_MODES", "auto_view", "simulate"]
 
 MiB = 1 << 20
-
-IntpArray = npt.NDArray[np.intp]
 
 #: bytes of a plan request or reply on the wire (``central``): a few hundred bytes of msgpack
 _RPC_BYTES = 256
@@ -263,7 +256,7 @@ class _Worker:
     #: the lanes' version last published to the cluster state
     version: int = -1
     #: what the worker sees of the others (set once the worker exists)
-    view: _SimView | None = None
+    view: SimView | None = None
 
     @property
     def lanes(self) -> Lanes:
@@ -351,7 +344,7 @@ class _Simulation:
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):
-            worker.view = _SimView(self.state, worker, rule, seed, self.traffic)
+            worker.view = SimView(self.state, worker, rule, seed, self.traffic)
             worker.rules = build_core(
                 worker.name,
                 workflows=workload.workflows,
@@ -678,77 +671,6 @@ class _Simulation:
 
     def _tick(self, worker: _Worker) -> None:
         self._apply(worker, Tick(self.now))
-
-
-class _SimView:
-    """A simulated worker's :class:`~compass.worker.state.ViewPort`: its peers as
-    :class:`ClusterState` says it sees them, itself exactly. With a candidate ``rule`` (a
-    bounded view), a snapshot for a job shows only that job's candidates, sampled by a
-    generator of this worker's own (seeded from ``seed`` and its name)."""
-
-    def __init__(
-        self,
-        state: ClusterState,
-        worker: _Worker,
-        rule: CandidateRule | None,
-        seed: int,
-        traffic: ViewTraffic | None = None,
-    ) -> None:
-        self._state = state
-        self._traffic = traffic
-        self._worker = worker
-        self._rule = rule
-        self._rng = random.Random(f"candidates:{seed}:{worker.name}")
-        #: per workflow, the models its jobs need in PlanScope.models' order (it sorts them)
-        self._models: dict[str, tuple[str, ...]] = {}
-        #: snapshots taken for a job, and the workers they showed in all
-        self.scoped = 0
-        self.shown = 0
-
-    def snapshot(
-        self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
-    ) -> ViewSnapshot:
-        worker = self._worker
-        lanes = worker.lanes
-        among = None
-        if self._rule is not None and scope is not None:
-            among = self._candidates(now, scope, self._rule)
-            self.scoped += 1
-            self.shown += len(among)
-            if self._traffic is not None:  # the planner watches its candidates' load
-                self._traffic.planned(worker.index, among.tolist(), now)
-        return self._state.snapshot(
-            worker.index, now, lanes.wait_s(now, priority), lanes.queue.batchable(now, lanes.lanes),
-            without, priority, among,
-        )  # fmt: skip
-
-    def _candidates(self, now: float, scope: PlanScope, rule: CandidateRule) -> IntpArray:
-        state = self._state
-        viewer = self._worker.index
-        keep = [state.positions[w] for w in scope.keep]  # simulated workers are never lost
-        keep.append(viewer)
-        models = self._models.get(scope.workflow.name)
-        if models is None:
-            models = self._models[scope.workflow.name] = scope.models
-        held = state.holders(viewer, now, models)
-        heard = state.heard
-        fresh = None if heard is None or rule.explore is None else heard.watching(viewer)
-        return pick(len(state.names), held, keep, rule, self._rng, fresh)
-
-    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
-        self._state.note_placement(self._worker.index, self._state.positions[worker], placed, now)
-
-    def remove(self, worker: str) -> None:
-        pass  # simulated workers are never lost
-
-    def heard(self, heartbeat: Heartbeat, now: float) -> bool:
-        return False  # what each worker sees of the others is modelled by the cluster state
-
-    def drain(self, worker: str, instance: str) -> None:
-        pass  # simulated workers never drain
-
-    def joined(self, worker: str, instance: str) -> None:
-        pass
 
 
 def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
