@@ -55,7 +55,7 @@ class PlanScope:
     def models(self) -> tuple[str, ...]:
         """The models the job's workflow needs, sorted (a fixed order, so sampling is
         deterministic whatever the process's string hashing)."""
-        return tuple(sorted(self.workflow.models))
+        return self.workflow.model_order
 
 
 @dataclass(frozen=True, slots=True)

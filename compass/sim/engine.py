@@ -51,7 +51,7 @@ from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.state import ClusterState
-from compass.sim.traffic import CacheKey, ViewTraffic
+from compass.sim.traffic import ViewTraffic
 from compass.sim.view import SimView
 from compass.worker.assemble import CoreOptions, build_core
 from compass.worker.events import (
@@ -534,7 +534,7 @@ class _Simulation:
                 lanes.queue.raised_s(),
             )
             if self.traffic is not None:  # the real worker sends its state to its watchers
-                self.traffic.changed(worker.index, self.now, _cache_key(lanes.cache))
+                self.traffic.changed(worker.index, self.now, lanes.cache.residency())
 
     def _plan_remote(self, arg: tuple[str, PlanRequest]) -> None:
         """At the ``central`` planner: plan (its answer goes back as :class:`Planned`)."""
@@ -690,17 +690,12 @@ def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> Vie
     state.heard = heard
     return ViewTraffic(
         state.names,
-        [_cache_key(cache) for cache in caches],
+        [cache.residency() for cache in caches],
         lease_s=lease_s,
         min_gap_s=sched.heartbeat_min_ms / 1000.0,
         max_rate=sched.heartbeat_max_rate,
         heard=heard,
     )
-
-
-def _cache_key(cache: CacheCore) -> CacheKey:
-    """What a rumor says of ``cache`` that the simulator changes: resident, loading."""
-    return cache.residency()
 
 
 def _central(policy: Policy) -> bool:

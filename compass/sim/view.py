@@ -61,8 +61,6 @@ class SimView:
         self._worker = worker
         self._rule = rule
         self._rng = random.Random(f"candidates:{seed}:{worker.name}")
-        #: per workflow, the models its jobs need in PlanScope.models' order (it sorts them)
-        self._models: dict[str, tuple[str, ...]] = {}
         #: snapshots taken for a job, and the workers they showed in all
         self.scoped = 0
         self.shown = 0
@@ -89,10 +87,7 @@ class SimView:
         viewer = self._worker.index
         keep = [state.positions[w] for w in scope.keep]  # simulated workers are never lost
         keep.append(viewer)
-        models = self._models.get(scope.workflow.name)
-        if models is None:
-            models = self._models[scope.workflow.name] = scope.models
-        held = state.holders(viewer, now, models)
+        held = state.holders(viewer, now, scope.models)
         heard = state.heard
         fresh = None if heard is None or rule.explore is None else heard.watching(viewer)
         return pick(len(state.names), held, keep, rule, self._rng, fresh)

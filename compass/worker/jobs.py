@@ -105,18 +105,11 @@ class Inbox:
         key = (msg.job, msg.attempt, msg.task)
         source = msg.source
         entry = self._entries.get(key)
+        stored = entry is not None
         if entry is None:
+            # stored only if it waits for more: a task of one input (most are) is whole with
+            # its first, so it never is
             preds = workflow.preds(msg.task)
-            if len(preds) < 2 and source == (preds[0] if preds else JOB_INPUTS):
-                # a task of one input (most are) is whole with it: the entry it would be
-                # once complete, never stored
-                value = msg.value
-                inputs = dict(value) if source == JOB_INPUTS else {source: value}
-                needed = frozenset(preds) if preds else _ROOT_INPUTS
-                return InboxEntry(
-                    workflow.name, needed, msg.plan, msg.ingress, inputs, {source},
-                    max(0.0, transfer_s), now,
-                )  # fmt: skip
             entry = InboxEntry(
                 workflow=workflow.name,
                 needed=frozenset(preds) if preds else _ROOT_INPUTS,
@@ -124,21 +117,22 @@ class Inbox:
                 ingress=msg.ingress,
                 first_at=now,
             )
-            self._entries[key] = entry
         else:
             # later pushes may carry fresher placements of tasks further down the DAG
             entry.plan.update(msg.plan)
-        if source not in entry.needed:
-            return None
-        if source == JOB_INPUTS:
-            entry.inputs.update(msg.value)
-        else:
-            entry.inputs[source] = msg.value
-        entry.arrived.add(source)
-        entry.transfer_s = max(entry.transfer_s, transfer_s)
-        if entry.arrived >= entry.needed:
-            del self._entries[key]
-            return entry
+        if source in entry.needed:
+            if source == JOB_INPUTS:
+                entry.inputs.update(msg.value)
+            else:
+                entry.inputs[source] = msg.value
+            entry.arrived.add(source)
+            entry.transfer_s = max(entry.transfer_s, transfer_s)
+            if entry.arrived >= entry.needed:
+                if stored:
+                    del self._entries[key]
+                return entry
+        if not stored:
+            self._entries[key] = entry
         return None
 
     def drop_ingress(self, ingress: str) -> dict[str, tuple[int, str]]:

@@ -377,8 +377,7 @@ class TaskQueue:
         """Models of the running and queued tasks, running first (they are pinned), then in
         the order the queue will run them."""
         models = [e.model for e in self._running if e.model is not None]
-        # in pop order (see __iter__), without its generator
-        models += [item[3].model for item in sorted(self._ready) if item[3].model is not None]
+        models.extend(e.model for e in self if e.model is not None)
         return models
 
 

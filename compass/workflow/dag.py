@@ -338,6 +338,7 @@ class Workflow:
         "best_ms",
         "index",
         "inputs",
+        "model_order",
         "models",
         "name",
         "order",
@@ -357,6 +358,9 @@ class Workflow:
     roots: tuple[str, ...]
     sinks: tuple[str, ...]
     models: frozenset[str]
+    #: the same, sorted: a fixed order (sampling candidates per model must not depend on the
+    #: process's string hashing)
+    model_order: tuple[str, ...]
     #: the default objective of its jobs (one without ``deadline_ms``): answered within this
     #: many ms, or within this multiple of the workflow's computed best time; None: none
     slo_ms: float | None
@@ -442,6 +446,7 @@ class Workflow:
         self.roots = tuple(t for t in order if not declared[t].after)
         self.sinks = tuple(t for t in order if not succs[t])
         self.models = frozenset(t.model for t in declared.values() if t.model is not None)
+        self.model_order = tuple(sorted(self.models))
         self._rank_cache: dict[float, Mapping[str, float]] = {}
 
     def __repr__(self) -> str:
