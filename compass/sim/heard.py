@@ -58,7 +58,7 @@ import numpy.typing as npt
 from compass.errors import ConfigError
 from compass.records import record
 from compass.sched.heartbeat import Heartbeat
-from compass.worker.spread import Rumors
+from compass.worker.spread import Ends, Rumors
 
 __all__ = ["LINK_S", "Heard", "Told", "rumor_delays"]
 
@@ -246,11 +246,8 @@ class Heard:
         #: per viewer, per peer: when the answer to its first ask arrives (inf: no lease), so
         #: that a snapshot finds the candidates it does not watch in one step
         self._fresh_from: FloatArray = np.full((self.n, self.n), math.inf)
-        #: (lease end, viewer, peers) of each ask, in the order of their ends (asks come in
-        #: time order, each lease as long); an entry a later ask renewed is skipped
-        self._leases: deque[tuple[float, int, Sequence[int]]] = deque()
-        #: the same, of asks whose end came before the last in ``_leases`` (a heap)
-        self._late: list[tuple[float, int, Sequence[int]]] = []
+        #: (viewer, peers) of each ask, by its lease end; a peer an ask renewed since is skipped
+        self._leases: Ends[tuple[int, tuple[int, ...]]] = Ends()
         self._next_prune = 0.0
 
     # -- what happens -------------------------------------------------------------------------
@@ -280,11 +277,7 @@ class Heard:
             for peer in peers:
                 for row in by_worker.get(peer, ()):
                     line[row] = min(line[row], answered)
-        leases = self._leases
-        if not leases or leases[-1][0] <= end:
-            leases.append((end, viewer, tuple(peers)))
-        else:
-            heapq.heappush(self._late, (end, viewer, tuple(peers)))
+        self._leases.add(end, (viewer, tuple(peers)))
 
     def rumor(
         self, worker: int, at: float, models: frozenset[str], watchers: Sequence[int]
@@ -306,12 +299,8 @@ class Heard:
         that ended before it leaves its viewer the peer's last push (the live state: the one
         after the peer's last change before the end). Rumors every worker has heard are
         folded into what all know."""
-        leases = self._leases
-        while leases and leases[0][0] < now:
-            self._lapse(*leases.popleft())
-        late = self._late
-        while late and late[0][0] < now:
-            self._lapse(*heapq.heappop(late))
+        for end, (viewer, peers) in self._leases.ended(now):
+            self._lapse(end, viewer, peers)
         if now >= self._next_prune:
             self._prune(now)
             self._next_prune = now + 0.05

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, overload
 
@@ -40,6 +40,7 @@ from compass.sched.heartbeat import Heartbeat
 __all__ = [
     "MAX_RUMORS",
     "SYNC_SCALE_FROM",
+    "Ends",
     "Rumors",
     "Watchers",
     "Watching",
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 K = TypeVar("K", bound=Hashable)  # how a Watchers or Watching keys its peers
+T = TypeVar("T")
 
 #: the most states one ``rumors`` message may carry (more is a malformed message)
 MAX_RUMORS = 64
@@ -85,6 +87,45 @@ def cache_changed(before: Heartbeat | None, after: Heartbeat) -> bool:
     )
 
 
+class Ends(Generic[T]):
+    """Items that each end at a time, handed back once it has passed. Leases of one length
+    set as time goes on end in the order they were set: those wait in a queue (O(1) each);
+    one that ends before the last added (set for a shorter lease, or for an earlier time)
+    waits in a heap."""
+
+    __slots__ = ("_late", "_order", "_queue")
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[float, T]] = deque()
+        self._late: list[tuple[float, int, T]] = []
+        self._order = 0  # of the entries in ``_late``: ties in the end never compare items
+
+    def add(self, end: float, item: T) -> None:
+        """``item`` ends at ``end``."""
+        queue = self._queue
+        if not queue or queue[-1][0] <= end:
+            queue.append((end, item))
+        else:
+            self._order += 1
+            heapq.heappush(self._late, (end, self._order, item))
+
+    def ended(self, now: float) -> Sequence[tuple[float, T]]:
+        """The items that ended before ``now``, with their ends, taken out."""
+        queue, late = self._queue, self._late
+        if not (queue and queue[0][0] < now) and not (late and late[0][0] < now):
+            return ()
+        out = []
+        while queue and queue[0][0] < now:
+            out.append(queue.popleft())
+        while late and late[0][0] < now:
+            end, _, item = heapq.heappop(late)
+            out.append((end, item))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._queue) + len(self._late)
+
+
 class Watchers(Generic[K]):
     """The peers watching this worker's load, each until its lease ends. Peers are named
     (``Watchers()``) or keyed by what ``key`` says (``Watchers(int)``: the simulator's
@@ -96,13 +137,9 @@ class Watchers(Generic[K]):
     def __init__(self, key: type[K]) -> None: ...
     def __init__(self, key: type[K] | None = None) -> None:
         self._until: dict[K, float] = {}
-        #: (lease end, peer) of each lease set, in the order of their ends (leases set in time
-        #: order, each as long: a worker's); ended ones are dropped when looked at, and an entry
-        #: that a later lease or a drop made stale is skipped (its end is not the peer's)
-        self._ends: deque[tuple[float, K]] = deque()
-        #: (lease end, order, peer) of the leases that end before the last in ``_ends`` (a heap)
-        self._late: list[tuple[float, int, K]] = []
-        self._order = 0  # of the entries in ``_late``: ties in the end never compare peers
+        #: each lease set, by its end; one that a later lease or a drop made stale is skipped
+        #: (its end is not the peer's)
+        self._ends: Ends[K] = Ends()
 
     def watch(self, peer: K, until: float) -> bool:
         """``peer`` watches until ``until`` (a later lease extends, an earlier one does not
@@ -110,12 +147,7 @@ class Watchers(Generic[K]):
         before = self._until.get(peer)
         if before is None or before < until:
             self._until[peer] = until
-            ends = self._ends
-            if not ends or ends[-1][0] <= until:
-                ends.append((until, peer))
-            else:
-                self._order += 1
-                heapq.heappush(self._late, (until, self._order, peer))
+            self._ends.add(until, peer)
         return before is None
 
     def live(self, now: float) -> list[K]:
@@ -136,18 +168,10 @@ class Watchers(Generic[K]):
         return len(self._until)
 
     def _drop_ended(self, now: float) -> None:
-        ends = self._ends
-        if ends and ends[0][0] < now:
-            until = self._until
-            while ends and ends[0][0] < now:
-                end, peer = ends.popleft()
-                if until.get(peer) == end:
-                    del until[peer]
-        late = self._late
-        while late and late[0][0] < now:
-            end, _, peer = heapq.heappop(late)
-            if self._until.get(peer) == end:
-                del self._until[peer]
+        until = self._until
+        for end, peer in self._ends.ended(now):
+            if until.get(peer) == end:
+                del until[peer]
 
 
 class Watching(Generic[K]):

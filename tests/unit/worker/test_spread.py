@@ -12,6 +12,7 @@ from compass.errors import ConfigError
 from compass.sched.heartbeat import Heartbeat
 from compass.worker.spread import (
     MAX_RUMORS,
+    Ends,
     Rumors,
     Watchers,
     Watching,
@@ -150,3 +151,20 @@ def test_syncs_grow_rarer_past_32_workers_so_their_cost_does_not_grow() -> None:
     assert sync_period_s(5000.0, 2) == sync_period_s(5000.0, 32) == 5.0
     assert sync_period_s(5000.0, 64) == 10.0
     assert sync_period_s(5000.0, 1000) == 5.0 * 1000 / 32
+
+
+def test_ends_hands_back_each_item_once_its_end_has_passed_in_any_order() -> None:
+    """Ends (the lease ends of Watchers and of the simulator's Heard): items added in the
+    order of their ends wait in a queue, earlier ones in a heap; each comes back once, after
+    its end (strictly), with it; equal ends never compare the items (dicts do not order)."""
+    ends: Ends[object] = Ends()
+    items = [(5.0, "a"), (7.0, "b"), (3.0, "c"), (6.0, {"d": 1}), (6.0, {"e": 2}), (9.0, "f")]
+    for end, item in items:
+        ends.add(end, item)
+    assert len(ends) == 6
+    assert ends.ended(3.0) == ()  # not strictly before
+    early = sorted(ends.ended(6.5), key=lambda e: e[0])
+    assert [end for end, _ in early] == [3.0, 5.0, 6.0, 6.0]
+    assert ends.ended(6.5) == ()
+    assert list(ends.ended(10.0)) == [(7.0, "b"), (9.0, "f")]
+    assert len(ends) == 0
