@@ -288,6 +288,15 @@ def worker_start(
             "(JobTooLarge), more jobs than fit together are refused for now (Overloaded).",
         ),
     ] = 4096.0,
+    keep_answers_mb: Annotated[
+        float,
+        typer.Option(
+            envvar=env("keep_answers_mb"),
+            min=0.0,
+            help="MiB of answers kept as ingress for a client's retry of a job (its key); "
+            "past it the oldest are shed, and a retry of theirs gets AnswerNotKept.",
+        ),
+    ] = 64.0,
     task_timeout: Annotated[
         float,
         typer.Option(
@@ -398,6 +407,7 @@ def worker_start(
         time_scale=time_scale,
         max_jobs=max_jobs,
         max_job_bytes=int(max_job_mb * MiB),
+        keep_answer_bytes=int(keep_answers_mb * MiB),
         task_timeout_s=task_timeout,
         max_stuck_tasks=max_stuck_tasks,
         limits=Limits(max_frame_bytes=max_frame_mb * MiB),

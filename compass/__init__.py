@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from compass.cluster import LocalCluster
     from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig
     from compass.errors import (
+        AnswerNotKept,
         AuthenticationError,
         CacheError,
         CompassConnectionError,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from compass.workflow.dag import Task, TaskProfile, Workflow
 
 __all__ = [
+    "AnswerNotKept",
     "App",
     "AuthenticationError",
     "CacheConfig",
@@ -96,6 +98,7 @@ __all__ = [
 ]
 
 _ERRORS = (
+    "AnswerNotKept",
     "AuthenticationError",
     "CacheError",
     "CompassConnectionError",

@@ -362,6 +362,10 @@ class WorkerConfig:
     max_jobs: int = 10000
     #: bytes of job inputs this worker holds as ingress at most; more jobs are refused
     max_job_bytes: int = 4 * GiB
+    #: bytes of answers this worker keeps as ingress for resubmissions of a job's key (a
+    #: client's retry); past it the oldest are shed, and a resubmission of theirs gets
+    #: AnswerNotKept (the job is not run twice)
+    keep_answer_bytes: int = 64 * MiB
     #: seconds a task may run when it declares no timeout_ms of its own; past it the job fails
     #: with CompassTimeout and the task's thread is abandoned (it cannot be interrupted)
     task_timeout_s: float = 300.0
@@ -416,6 +420,8 @@ class WorkerConfig:
             max_stuck_tasks=self.max_stuck_tasks,
             join_timeout_s=self.join_timeout_s,
         )
+        if self.keep_answer_bytes < 0:
+            raise ConfigError(f"keep_answer_bytes must be >= 0, got {self.keep_answer_bytes}")
         if self.advertise_address:
             advertised, _ = parse_address(self.advertise_address, default_port=0)
             if advertised in ("0.0.0.0", "::"):

@@ -24,6 +24,7 @@
     │   ├── DeadlineUnreachable       "deadline_unreachable"  refused: no plan meets it
     │   └── DeadlineExceeded          "deadline_exceeded"     dropped: too late to finish
     ├── JobTooLarge                   "job_too_large" one job's inputs exceed the ingress's limit
+    ├── AnswerNotKept                 "answer_not_kept" a resubmitted key ran; its answer is gone
     ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
     └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
         ├── Overloaded                "overloaded"    too many jobs in flight at that ingress
@@ -42,6 +43,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AnswerNotKept",
     "AuthenticationError",
     "CacheError",
     "CompassConnectionError",
@@ -213,6 +215,14 @@ class JobTooLarge(CompassError):
     retrying anywhere with the same inputs: make them smaller, or raise the limit."""
 
     code = "job_too_large"
+
+
+class AnswerNotKept(CompassError):
+    """A resubmission of a job key the ingress answered, whose answer it no longer keeps (it
+    keeps answers within a byte budget). The job ran once and is not run again: the answer went
+    to the request that submitted it first."""
+
+    code = "answer_not_kept"
 
 
 class UnknownOperation(CompassError):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compass.worker.answers import KEEP_ANSWER_BYTES
+
 __all__ = ["FORGET_AFTER", "CoreOptions"]
 
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
@@ -23,7 +25,8 @@ class CoreOptions:
     into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
     cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
     make the worker degraded; ``max_jobs`` and ``max_job_bytes`` bound what an ingress
-    holds; ``learn``: measured timings, output sizes, transfers and loads update the profiles
+    holds; ``keep_answer_bytes`` the answers it keeps for resubmitted job keys; ``learn``:
+    measured timings, output sizes, transfers and loads update the profiles
     (real mode; an emulated worker and the simulator keep the spec's); ``instance``: this
     worker process's id, in every job id.
     """
@@ -37,5 +40,6 @@ class CoreOptions:
     max_jobs: int = 10_000
     max_job_bytes: int = 1 << 62
     forget_after: int = FORGET_AFTER
+    keep_answer_bytes: int = KEEP_ANSWER_BYTES
     learn: bool = False
     instance: str = ""

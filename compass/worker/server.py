@@ -202,6 +202,7 @@ class Worker:
                 max_stuck=config.max_stuck_tasks,
                 max_jobs=config.max_jobs,
                 max_job_bytes=config.max_job_bytes,
+                keep_answer_bytes=config.keep_answer_bytes,
                 learn=not config.emulate,
                 instance=self.instance,
             ),

@@ -44,6 +44,7 @@ from compass.errors import (
 from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
 from compass.sched.candidates import PlanScope
 from compass.worker.admission import Admission, unreachable
+from compass.worker.answers import KEEP_ANSWERS, KeptAnswers
 from compass.worker.causes import Cause
 from compass.worker.estimates import Estimates
 from compass.worker.events import (
@@ -98,9 +99,6 @@ __all__ = ["WorkerCore"]
 #: attempts of a job at most when workers report they could not take or pass on its tasks
 #: (lost peers and broken links plan it again besides)
 MAX_ATTEMPTS = 4
-
-#: how many answered job keys an ingress remembers (with their answers) for resubmissions
-ANSWERED_KEYS = 4096
 
 
 class WorkerCore:
@@ -157,11 +155,11 @@ class WorkerCore:
         self._out: list[Instruction] = NOT_HANDLING
         self._cause: Cause = ""
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
-        self.links = Links(name, ANSWERED_KEYS)
+        self.links = Links(name, KEEP_ANSWERS)
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
-        #: job key -> (value, error) of the answered job it named; the oldest forgotten first
-        self._answered: OrderedDict[str, tuple[Any, CompassError | None]] = OrderedDict()
+        #: job key -> the answer of the answered job it named (bounded in keys, bytes, time)
+        self.answered = KeptAnswers(max_bytes=options.keep_answer_bytes)
         #: requests that wait for another request's job (a resubmitted key) -> that job's id
         self._attached: dict[str, str] = {}
         #: best times, critical paths, deadlines and queue entries, from the profiles
@@ -336,7 +334,7 @@ class WorkerCore:
             self.jobs[running].waiters.append(ev.job_id)
             self._attached[ev.job_id] = running
             return True
-        kept = self._answered.get(ev.key)
+        kept = self.answered.get(ev.key, ev.now)
         if kept is not None:
             value, error = kept
             self._out.append(Answer(ev.job_id, value=value, error=error, stimulus=self._cause))
@@ -514,12 +512,12 @@ class WorkerCore:
         self._send_done(job.job_id, job.workers(), below=None, now=now)
         if job.key is not None:
             del self._keys[job.key]
-            self._answered[job.key] = (value, error)
-            while len(self._answered) > ANSWERED_KEYS:
-                self._answered.popitem(last=False)
+            self.answered.put(job.key, value, error, now)
         for waiter in job.waiters:
             del self._attached[waiter]
-            self._out.append(Answer(waiter, value=value, error=error, stimulus=self._cause))
+            # an exception of its own each: a raised one takes its raiser's frames along
+            own = None if error is None else error_from_wire(*error.to_wire().values())
+            self._out.append(Answer(waiter, value=value, error=own, stimulus=self._cause))
         record = job.record(now, ok=error is None)
         self._out.append(
             Answer(job.job_id, value=value, error=error, record=record, stimulus=self._cause)

@@ -8,6 +8,7 @@ from compass import errors
 
 def test_all_is_pinned() -> None:
     assert sorted(compass.__all__) == [
+        "AnswerNotKept",
         "App",
         "AuthenticationError",
         "CacheConfig",

@@ -9,11 +9,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.errors import (
+    AnswerNotKept,
     CompassTimeout,
     InvalidInputs,
     JobFailed,
@@ -558,6 +560,41 @@ def test_a_resubmitted_key_attaches_to_its_running_job() -> None:
     (answer,) = c.handle(Submit(2.0, late, "chain", {"x": 1}, 8, 2.0, key="k1"))
     assert isinstance(answer, Answer) and (answer.job_id, answer.value) == (late, "B")
     assert c.stats.jobs_submitted == 1
+
+
+def test_a_key_whose_answer_was_shed_is_not_run_again() -> None:
+    """The ingress keeps answers within a byte budget: past it a resubmitted key is answered
+    AnswerNotKept, never run a second time."""
+    c, view = core("a", ("a", "b"), keep_answer_bytes=1 << 20)
+    view.waits.update(a=100.0)
+    for n, key in enumerate(("k1", "k2")):
+        job = c.new_job_id()
+        c.handle(Submit(float(n), job, "chain", {"x": 1}, 8, float(n), key=key))
+        big = np.zeros(1 << 20, dtype=np.uint8)
+        (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "b", big), n + 0.5, "b")))
+        assert answer.value is big
+    assert c.answered.bytes == 1 << 20  # k1's value was shed for k2's
+    late = c.new_job_id()
+    shed = one(Answer, c.handle(Submit(3.0, late, "chain", {"x": 1}, 8, 3.0, key="k1")))
+    assert isinstance(shed.error, AnswerNotKept) and shed.job_id == late
+    kept = one(Answer, c.handle(Submit(3.0, c.new_job_id(), "chain", {"x": 1}, 8, 3.0, key="k2")))
+    assert kept.error is None and kept.value.nbytes == 1 << 20
+    assert c.stats.jobs_submitted == 2
+
+
+def test_every_waiter_on_a_key_gets_an_error_of_its_own() -> None:
+    """An exception raised to one requester takes its frames (and the job's inputs in them)
+    along: requesters of one key never share one."""
+    c, view = core("a", ("a", "b"))
+    view.waits.update(a=100.0)
+    first, again = c.new_job_id(), c.new_job_id()
+    c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k"))
+    c.handle(Submit(0.1, again, "chain", {"x": 1}, 8, 0.1, key="k"))
+    failed = FailedMsg(first, 0, "b", "b", "ValueError: no", "tb", JobFailed.code)
+    answers = of(Answer, c.handle(received(failed, 1.0, "b")))
+    errors = [a.error for a in answers]
+    assert len(errors) == 2 and all(isinstance(e, JobFailed) for e in errors)
+    assert errors[0] is not errors[1] and str(errors[0]) == str(errors[1])
 
 
 def test_a_job_runs_on_while_a_resubmission_of_its_key_waits() -> None:

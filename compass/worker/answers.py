@@ -1,0 +1,126 @@
+"""The answers an ingress keeps for job keys, sans-IO: a client names each job (a key), and a
+resubmission of a key already answered gets the kept answer instead of a second run.
+
+What is kept is bounded three ways, so that a long-running ingress stays flat whatever its
+jobs return: the number of keys (``max_keys``, the oldest forgotten first), the bytes of the
+values kept (``max_bytes``: past it the oldest values are shed, their keys kept), and time
+(``keep_s`` on the core's clock: a key answered longer ago is forgotten, and a resubmission of it
+runs again). A resubmission of a key whose value was shed is answered with
+:class:`~compass.errors.AnswerNotKept`: the job ran, and it is not run twice.
+
+An error is kept as its wire form (code, message, detail) and rebuilt for each answer: an
+exception object raised to a waiter takes a traceback, whose frames hold that waiter's locals
+(the job's inputs among them), and a kept error would keep them alive with it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+from compass.errors import AnswerNotKept, CompassError, error_from_wire
+from compass.worker.stats import payload_bytes
+
+__all__ = ["KEEP_ANSWERS", "KEEP_ANSWER_BYTES", "KEEP_ANSWER_S", "KeptAnswers"]
+
+#: job keys an ingress remembers at most
+KEEP_ANSWERS = 4096
+#: bytes of answered values it keeps at most (past them, the oldest values are shed)
+KEEP_ANSWER_BYTES = 64 << 20
+#: seconds it remembers a key after answering it
+KEEP_ANSWER_S = 300.0
+
+#: a value shed for room: the key is known, its answer is not
+_SHED = object()
+
+
+class _Kept(NamedTuple):
+    at: float
+    value: Any
+    #: the error's wire form (code, message, detail), or None
+    error: tuple[str, str, Any] | None
+    nbytes: int
+
+
+class KeptAnswers:
+    """Answers of answered job keys; see the module docstring."""
+
+    def __init__(
+        self,
+        max_keys: int = KEEP_ANSWERS,
+        max_bytes: int = KEEP_ANSWER_BYTES,
+        keep_s: float = KEEP_ANSWER_S,
+    ) -> None:
+        self.max_keys = max_keys
+        self.max_bytes = max_bytes
+        self.keep_s = keep_s
+        #: key -> what was answered, oldest first
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        #: keys whose value is still kept, oldest first (the order values are shed in)
+        self._valued: OrderedDict[str, None] = OrderedDict()
+        #: bytes of the values kept
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    @property
+    def values(self) -> int:
+        """How many keys still have their value."""
+        return len(self._valued)
+
+    def put(self, key: str, value: Any, error: CompassError | None, now: float) -> None:
+        """Keep the answer to ``key``, given at ``now``."""
+        self.expire(now)
+        self._drop(key)
+        wire = None if error is None else (error.code, error.message, error.detail)
+        nbytes = 0 if error is not None or value is None else payload_bytes(value)
+        if nbytes > self.max_bytes:
+            value, nbytes = _SHED, 0
+        self._kept[key] = _Kept(now, value, wire, nbytes)
+        if nbytes:
+            self._valued[key] = None
+            self.bytes += nbytes
+            while self.bytes > self.max_bytes:
+                self._shed(next(iter(self._valued)))
+        while len(self._kept) > self.max_keys:
+            self._drop(next(iter(self._kept)))
+
+    def get(self, key: str, now: float) -> tuple[Any, CompassError | None] | None:
+        """The answer kept for ``key`` as (value, error), or None if none is kept; an error is a
+        new exception each time."""
+        self.expire(now)
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        if kept.value is _SHED:
+            return None, AnswerNotKept(
+                f"job key {key!r} was answered {now - kept.at:.1f} s ago and its answer is no "
+                f"longer kept (an ingress keeps {self.max_bytes >> 20} MiB of answers): the job "
+                "is not run again",
+                detail={"key": key},
+            )
+        if kept.error is not None:
+            return None, error_from_wire(*kept.error)
+        return kept.value, None
+
+    def expire(self, now: float) -> None:
+        """Forget the keys answered more than ``keep_s`` before ``now``."""
+        kept = self._kept
+        while kept:
+            key, oldest = next(iter(kept.items()))
+            if now - oldest.at <= self.keep_s:
+                break
+            self._drop(key)
+
+    def _shed(self, key: str) -> None:
+        kept = self._kept[key]
+        del self._valued[key]
+        self.bytes -= kept.nbytes
+        self._kept[key] = kept._replace(value=_SHED, nbytes=0)
+
+    def _drop(self, key: str) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None and key in self._valued:
+            del self._valued[key]
+            self.bytes -= kept.nbytes

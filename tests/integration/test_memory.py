@@ -1,0 +1,90 @@
+"""A long run keeps the workers flat: what an ingress keeps of answered jobs is bounded, and a
+failed job leaves nothing behind. Real worker processes, MB-sized data, RSS measured."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compass.cluster import LocalCluster
+from compass.errors import JobFailed
+
+MiB = 1 << 20
+
+MEMORY_APP = """
+import compass
+
+app = compass.App("memory")
+
+echo = app.workflow("echo", inputs=["x"])
+
+@echo.task(expected_ms=1)
+def first(model, x):
+    return x
+
+@echo.task(after=["first"], expected_ms=1)
+def second(model, first):
+    return first
+
+fails = app.workflow("fails", inputs=["x"])
+
+@fails.task(expected_ms=1)
+def boom(model, x):
+    raise ValueError(f"refused {x.nbytes} bytes")
+"""
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def memory_env(tmp_path: Path, worker_env: dict[str, str]) -> dict[str, str]:
+    (tmp_path / "memory_app.py").write_text(MEMORY_APP)
+    env = dict(worker_env)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    return env
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_mb_sized_jobs_ok_or_failed_leave_the_ingress_flat(
+    memory_env: dict[str, str], workers: int
+) -> None:
+    """Before: the ingress kept the answer of every job key it answered (4,096 of them) and,
+    through the traceback of a failed job's kept error, the job's inputs: 1 MB per 1 MB job,
+    ok or failed. Now kept answers have a byte budget (64 MiB by default) and a kept error is
+    rebuilt for each answer. 2 workers, round robin: the tasks run on both and the answers
+    come back over the wire to the ingress."""
+    args = ["--app", "memory_app", "--policy", "round_robin"]
+    async with LocalCluster(workers, args=args, env=memory_env) as cluster:
+        await cluster.wait_joined()
+        pid = cluster.workers[0].process.pid
+        async with cluster.client(0) as client:
+            x = np.ones(2 * MiB, dtype=np.uint8)
+            gate = asyncio.Semaphore(8)
+
+            async def one(workflow: str) -> None:
+                async with gate:
+                    if workflow == "echo":
+                        assert (await client.submit("echo", x=x, timeout=60)).nbytes == x.nbytes
+                    else:
+                        with pytest.raises(JobFailed):
+                            await client.submit("fails", x=x, timeout=60)
+
+            await asyncio.gather(*(one(wf) for wf in ["echo", "fails"] * 10))  # warm up
+            before = rss_mb(pid)
+            await asyncio.gather(*(one(wf) for wf in ["echo", "fails"] * 200))
+            grown = rss_mb(pid) - before
+            status = await client.status()
+    print(f"{workers} workers: ingress RSS {before:.0f} MB, +{grown:.0f} MB after 800 MB of jobs")
+    # 400 jobs of 2 MiB: 800 MB kept before; the answers' budget is 64 MiB
+    assert grown < 200, f"the ingress grew {grown:.0f} MB over 400 jobs of 2 MiB"
+    assert status["jobs_in_flight"] == 0
