@@ -28,6 +28,12 @@ def status_lines(info: dict[str, Any]) -> list[str]:
         f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB, "
         f"{cache.get('staged_bytes', 0) / 1e9:.2f} GB of weights staged on the host",
     ]
+    if queue.get("stuck"):
+        state = "DEGRADED: takes no work until one returns" if queue.get("degraded") else "ok"
+        lines.append(
+            f"stuck tasks: {queue['stuck']} past their timeout, threads still running, of "
+            f"{queue.get('max_stuck', '?')} allowed ({state})"
+        )
     if cache.get("fallback"):
         lines.append(f"cache fallback: {cache['fallback']}")
     if info.get("cluster"):

@@ -49,6 +49,7 @@ import numpy.typing as npt
 
 from compass.errors import ModelTooLarge, WorkerUnavailable
 from compass.sched.cost import BatchRows, WorkflowCosts, finish_row
+from compass.sched.heartbeat import DEGRADED_WAIT_S
 from compass.sched.policy import LARGE_CLUSTER, TIE_S, JobInfo
 from compass.sched.snapshot import ViewSnapshot
 
@@ -102,6 +103,9 @@ def plan_eft(
     at_now = (now,)
     preds_of = costs.preds
     batches = _PlanBatches(view, now) if batch_aware and use_load else None
+    #: when each worker can start a task off its lanes (None: now, everywhere), found once
+    off_lane: FloatArray | None = None
+    off_lane_found = False
 
     for t in costs.rank_order:
         preds = preds_of[t]
@@ -123,9 +127,13 @@ def plan_eft(
         if batches is not None and model is not None and costs.batch_limits[t] is not None:
             rows = batches.rows(model)
         fetch = None if have is None else (have, free, capacity, min_capacity)
-        eft, joined = finish_row(
-            costs, t, sources, ready, avail if on_lane else None, fetch, root_bytes, rows
-        )
+        starts: FloatArray | None = avail
+        if not on_lane:
+            if not off_lane_found:
+                off_lane = off_lane_avail(view, now) if use_load else None
+                off_lane_found = True
+            starts = off_lane
+        eft, joined = finish_row(costs, t, sources, ready, starts, fetch, root_bytes, rows)
         j = int(eft.argmin())
         best = float(eft[j])
         if best == math.inf:
@@ -250,7 +258,12 @@ def finish_now(
         root_bytes = job.input_bytes or costs.input_bytes[t]
     model = costs.models[t]
     on_lane = model is not None or not terms.host_lanes
-    avail = view.wait_s + now if terms.load and on_lane else None
+    if not terms.load:
+        avail = None
+    elif on_lane:
+        avail = view.wait_s + now
+    else:
+        avail = off_lane_avail(view, now)
     have = view.holds(model) if terms.cache and model is not None else None
     rows = view_batches(costs, t, view, now) if terms.batches and avail is not None else None
     fetch = None
@@ -258,6 +271,16 @@ def finish_now(
         fetch = (have, view.free_bytes, view.capacity_bytes, view.min_capacity_bytes)
     eft, _ = finish_row(costs, t, sources, ready, avail, fetch, root_bytes, rows)
     return eft, sources, root_bytes, have
+
+
+def off_lane_avail(view: ViewSnapshot, now: float) -> FloatArray | None:
+    """When each worker of ``view`` can start a task off its GPU lanes (a model-less task on a
+    host lane): now (None), except on a degraded worker, whose reported wait carries
+    :data:`~compass.sched.heartbeat.DEGRADED_WAIT_S` (it starts no task at all)."""
+    wait = view.wait_s
+    if not len(wait) or float(wait.max()) < DEGRADED_WAIT_S:
+        return None
+    return np.where(wait >= DEGRADED_WAIT_S, wait + now, now)
 
 
 def view_batches(costs: WorkflowCosts, t: int, view: ViewSnapshot, now: float) -> BatchRows | None:

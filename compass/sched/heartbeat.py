@@ -18,7 +18,11 @@ from compass.errors import ConfigError, ProtocolError
 from compass.objective import MAX_PRIORITY
 from compass.records import record
 
-__all__ = ["NO_BATCHES", "Heartbeat"]
+__all__ = ["DEGRADED_WAIT_S", "NO_BATCHES", "Heartbeat"]
+
+#: what a degraded worker (too many stuck task threads) adds to the wait it reports: no plan's
+#: horizon reaches it, so planners place nothing there, GPU or host lane
+DEGRADED_WAIT_S = 1e6
 
 #: a heartbeat without batches (shared: most heartbeats have none)
 NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})

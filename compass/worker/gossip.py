@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from compass.config import WorkerConfig
 from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import Heartbeat
+from compass.sched.heartbeat import DEGRADED_WAIT_S, Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
@@ -68,8 +68,6 @@ class Gossiped(Protocol):
     def h2d_measured(self) -> bool: ...
 
 
-#: the wait a degraded worker (too many stuck tasks) reports: planners place nothing there
-_DEGRADED_WAIT_S = 1e6
 #: in a bounded view, with nothing to send, the core's periodic check runs this often (the
 #: mesh runs it at each heartbeat)
 _IDLE_CHECK_S = 0.1
@@ -204,7 +202,7 @@ class Gossip:
         batches = {} if lanes.degraded else lanes.queue.batchable(now, lanes.lanes)
         return Heartbeat(
             name=self.name,
-            wait_s=wait_s + (_DEGRADED_WAIT_S if lanes.degraded else 0.0),
+            wait_s=wait_s + (DEGRADED_WAIT_S if lanes.degraded else 0.0),
             models=cache.resident(),
             free_bytes=cache.free_bytes(),
             capacity_bytes=cache.capacity_bytes(),
@@ -215,7 +213,7 @@ class Gossip:
             h2d_bytes_per_s=h2d,
             incarnation=self.incarnation,
             batches=batches,
-            lifted_s=tuple(w + (_DEGRADED_WAIT_S if lanes.degraded else 0.0)
+            lifted_s=tuple(w + (DEGRADED_WAIT_S if lanes.degraded else 0.0)
                            for w in lanes.queue.lifted_s(now)),
         )  # fmt: skip
 

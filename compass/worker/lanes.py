@@ -31,8 +31,10 @@ The rules:
   warms caches loads, into free slabs only, the model the cluster holds least for its demand.
   It checks when it falls idle, when a speculative load ends, and on :meth:`Lanes.tick`.
 - **Stuck tasks.** A task that ran past its timeout frees its lane but keeps its model pinned
-  until its thread returns. Past ``max_stuck`` such tasks the worker is *degraded*: a task with
-  a model fails at once (:class:`~compass.errors.WorkerUnavailable`) instead of running.
+  until its thread returns. Past ``max_stuck`` such tasks (host lanes' and GPU lanes' alike: each
+  holds a thread) the worker is *degraded*: every task it would start fails at once
+  (:class:`~compass.errors.WorkerUnavailable`) instead of taking another thread, and its state
+  tells planners to place nothing here, until a stuck thread returns.
 """
 
 from __future__ import annotations
@@ -208,7 +210,7 @@ class Lanes:
 
     @property
     def degraded(self) -> bool:
-        """Too many stuck tasks: no more GPU work here."""
+        """Too many stuck tasks: no more work here (each would take another thread)."""
         return self.stuck >= self.max_stuck
 
     def wait_s(self, now: float, level: int = 0) -> float:
@@ -339,13 +341,10 @@ class Lanes:
             run = _Run(entry, lane, False, now)
             self._runs[entry] = run
             model = entry.model
-            if model is None:
+            if self.degraded:
+                self._fail(run, self._degraded_error(), now)
+            elif model is None:
                 self._start(run, now)
-            elif self.degraded:
-                self._fail(run, WorkerUnavailable(
-                    f"this worker has {self.stuck} stuck tasks (timed out, still running) "
-                    "and takes no more GPU work"
-                ), now)  # fmt: skip
             else:
                 run.hit = self.cache.record_request(model)
                 run.upcoming = self.queue.upcoming_models()
@@ -361,7 +360,17 @@ class Lanes:
                 continue
             run = _Run(entry, self._host_idle.pop(), True, now)
             self._runs[entry] = run
+            if self.degraded:
+                self._fail(run, self._degraded_error(), now)
+                continue
             self._steps.append(RunTask(entry, run.lane, True, 0.0, None, (), self._cause))
+
+    def _degraded_error(self) -> WorkerUnavailable:
+        return WorkerUnavailable(
+            f"this worker has {self.stuck} stuck tasks (timed out, their threads still "
+            f"running; --max-stuck-tasks {self.max_stuck}) and takes no more work until "
+            "they return"
+        )
 
     def _shed_queued(self, now: float) -> None:
         """Drop the queued tasks whose jobs can no longer finish in time
@@ -454,8 +463,12 @@ class Lanes:
         """``run`` cannot run: its lane is free, its job hears why."""
         self.version += 1
         self._runs.pop(run.entry, None)
-        self._idle.append(run.lane)
-        self.queue.finish(run.entry)
+        if run.host:
+            self._host_idle.append(run.lane)
+            self.host_queue.finish(run.entry)
+        else:
+            self._idle.append(run.lane)
+            self.queue.finish(run.entry)
         self._steps.append(CannotRun(run.entry, error))
 
     # -- models --------------------------------------------------------------------------------

@@ -219,6 +219,7 @@ def queue_status(worker: Holdings) -> dict[str, Any]:
         "host_running": lanes.host_busy,
         "host_lanes": lanes.host_lanes,
         "stuck": lanes.stuck,
+        "max_stuck": lanes.max_stuck,
         "degraded": lanes.degraded,
     }
 

@@ -45,6 +45,13 @@ def leave(model, x):
 
 hangs = app.workflow("hangs", inputs=["x"])
 
+hangs_host = app.workflow("hangs_host", inputs=["x"])
+
+@hangs_host.task(expected_ms=1, timeout_ms=300)
+def hang_host(model, x):
+    time.sleep(30)
+    return x
+
 @hangs.task(model="tiny", expected_ms=1, timeout_ms=300)
 def hang(model, x):
     time.sleep(30)
@@ -119,8 +126,44 @@ async def test_a_hung_task_times_out_frees_its_lane_and_sigterm_still_stops_the_
         assert status["queue"]["stuck"] == 2
         with pytest.raises(WorkerUnavailable):
             await client.submit("gpu", x=1, timeout=20)
-        assert await client.submit("echo", x=5, timeout=20) == 5  # model-less work still runs
+        with pytest.raises(WorkerUnavailable):  # model-less work would take a thread too
+            await client.submit("echo", x=5, timeout=20)
         worker = cluster.workers[0]
         worker.process.send_signal(signal.SIGTERM)
         # its two task threads are stuck for 30 s more: the worker exits without them
         assert await asyncio.wait_for(worker.process.wait(), 15) == 0
+
+
+@pytest.mark.asyncio
+async def test_stuck_host_lane_threads_are_bounded_and_said(poison_env: dict[str, str]) -> None:
+    """Model-less tasks run on host lanes, each in a thread: hung ones count towards
+    --max-stuck-tasks like GPU lanes', and past it the worker starts no thread for any task
+    (it would pile up hung threads without limit), says so, and serves again once one
+    returns."""
+    from cli.format import status_lines
+
+    args = ["--app", "poison_app", "--host-lanes", "1", "--max-stuck-tasks", "2"]
+    async with LocalCluster(1, args=args, env=poison_env) as cluster, cluster.client() as client:
+        worker = cluster.workers[0]
+        for i in range(2):
+            with pytest.raises(CompassTimeout):
+                await client.submit("hangs_host", x=i, timeout=20)
+        status = await status_when(client, lambda s: s["queue"]["degraded"])
+        assert status["queue"]["stuck"] == 2
+        assert any("DEGRADED" in line for line in status_lines(status))
+        threads = _threads(worker.process.pid)
+        for i in range(4):  # neither hung nor plain model-less work takes a thread now
+            with pytest.raises(WorkerUnavailable) as info:
+                await client.submit("hangs_host" if i % 2 else "echo", x=i, timeout=20)
+            assert "stuck" in str(info.value)
+        assert _threads(worker.process.pid) == threads
+        status = await client.status()
+        assert status["queue"]["stuck"] == 2 and status["queue"]["host_running"] == 0
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no thread count")

@@ -16,6 +16,7 @@ from compass.sched import (
     make_policy,
     record_plan,
 )
+from compass.sched.heartbeat import DEGRADED_WAIT_S
 from compass.sched.policy import LARGE_CLUSTER
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
@@ -375,6 +376,20 @@ def test_with_host_lanes_a_model_less_task_ignores_the_gpu_queue() -> None:
     # on host lanes a decodes at once; only the inference moves to the idle GPU, and the
     # post-processing runs where the inference ran without waiting for b's lane
     assert hosted == {"decode": "a", "infer": "b", "post": "b"}
+
+
+def test_with_host_lanes_a_degraded_worker_gets_no_model_less_task_either() -> None:
+    """A degraded worker (too many stuck threads) starts no task on any lane: its reported
+    wait keeps host-lane tasks off it as well, though they ignore GPU queues otherwise."""
+    view = ViewSnapshot.build(
+        [worker("a", 2.0 + DEGRADED_WAIT_S), worker("b", 0.0, ("m",)), worker("c", 0.0)]
+    )
+    p = profiles(HOSTED, net=100 * MB)
+    hosted = make_policy("compass", host_lanes=True)
+    plan = hosted.plan(job(HOSTED, input_bytes=10 * MB), view, p, 0.0)
+    assert "a" not in plan.values()  # the input at a moves rather than wait for ever
+    healthy = ViewSnapshot.build([worker("a", 2.0), worker("b", 0.0, ("m",)), worker("c", 0.0)])
+    assert hosted.plan(job(HOSTED, input_bytes=10 * MB), healthy, p, 0.0)["decode"] == "a"
 
 
 def test_with_host_lanes_a_model_less_task_is_not_counted_in_the_wait() -> None:

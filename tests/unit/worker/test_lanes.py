@@ -186,14 +186,37 @@ def test_a_stuck_task_keeps_its_model_pinned_and_enough_of_them_degrade_the_work
     assert h.lanes.degraded and h.lanes.busy == 0
     h.record(h.lanes.submit(entry("refused"), 3.0))
     assert [(task, type(error)) for task, error in h.failed] == [("refused", WorkerUnavailable)]
-    modelless = entry("no-model", None)
-    h.record(h.lanes.submit(modelless, 3.0))
-    assert h.runs() == ["no-model"]  # model-less work still runs
-    h.record(h.lanes.ended(modelless, 3.5))
+    # model-less work would take a thread too: refused as well
+    h.record(h.lanes.submit(entry("no-model", None), 3.0))
+    assert [task for task, _ in h.failed] == ["refused", "no-model"] and h.runs() == []
     h.record(h.lanes.returned(stuck[0], 4.0))
     assert not h.lanes.degraded and h.cache.pins("a") == 1
     h.record(h.lanes.submit(entry("accepted"), 4.0))
     assert h.runs() == ["accepted"]
+
+
+def test_stuck_host_lane_tasks_count_and_a_degraded_worker_starts_no_thread() -> None:
+    """Host lanes run model-less tasks in threads as well: their stuck ones degrade the worker
+    like GPU lanes', and a degraded worker starts no task on any lane (each would hold another
+    thread for good if it hung too)."""
+    h = Harness(lanes=1, host_lanes=1, max_stuck=2)
+    stuck = []
+    for i in range(2):
+        task = entry(f"hang{i}", None)
+        h.record(h.lanes.submit(task, float(i)))
+        assert h.runs() == [task.task]
+        h.record(h.lanes.ended(task, i + 0.5, still_running=True))
+        stuck.append(task)
+    assert h.lanes.degraded and h.lanes.stuck == 2
+    for i in range(3):  # refused at once, and the host lane stays free for after
+        h.record(h.lanes.submit(entry(f"more{i}", None), 3.0))
+    assert h.runs() == [] and [t for t, _ in h.failed] == ["more0", "more1", "more2"]
+    assert all(isinstance(e, WorkerUnavailable) and "--max-stuck-tasks 2" in str(e)
+               for _, e in h.failed)  # fmt: skip
+    assert len(h.lanes.host_queue) == 0
+    h.record(h.lanes.returned(stuck[1], 4.0))
+    h.record(h.lanes.submit(entry("after", None), 4.0))
+    assert h.runs() == ["after"]
 
 
 def test_an_idle_worker_warms_free_slabs_with_the_most_wanted_model() -> None:
