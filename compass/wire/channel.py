@@ -246,6 +246,10 @@ class Channel:
             raise
         finally:
             waiters.pop(request_id, None)
+            # an error raised here holds this frame in its traceback, and the future holds the
+            # error: without this the pair (and the request's body) waits for the cyclic
+            # collector, which a large heap runs seldom
+            del future
 
     def _send_cancel(self, request_id: int) -> None:
         if self._failure is None:

@@ -739,6 +739,9 @@ class Worker:
                 self.apply(Cancel(self.clock(), job_id))
             if tracing is not None:
                 self.tracer.forget(job_id)  # answered (kept already), or never accepted
+            # the job's error holds this frame (and the job's inputs) in its traceback, and
+            # the future holds the error: a cycle the collector of a large heap frees late
+            del future
 
     def status(self) -> dict[str, Any]:
         """What ``compass status`` shows."""

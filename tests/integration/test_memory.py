@@ -4,6 +4,7 @@ failed job leaves nothing behind. Real worker processes, MB-sized data, RSS meas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,46 @@ async def test_mb_sized_jobs_ok_or_failed_leave_the_ingress_flat(
     # 400 jobs of 2 MiB: 800 MB kept before; the answers' budget is 64 MiB
     assert grown < 200, f"the ingress grew {grown:.0f} MB over 400 jobs of 2 MiB"
     assert status["jobs_in_flight"] == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("workflow", ["echo", "fails"])
+async def test_a_job_makes_no_cyclic_garbage_on_either_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workflow: str
+) -> None:
+    """A failed job's error held the frames it was raised through in its traceback, and a
+    future in one of those frames held the error: a cycle per job, with the job's inputs in
+    it, that only the cyclic collector frees (seldom, over a heap the size of torch's). The
+    worker and the client run in this process over a loopback socket; with the collector
+    off, jobs must leave nothing for it."""
+    import gc
+
+    from compass import Client
+    from compass.config import WorkerConfig
+    from compass.worker.process import build_worker
+
+    (tmp_path / "memory_app.py").write_text(MEMORY_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    token = "t" * 32
+    worker = build_worker(WorkerConfig(app="memory_app", token=token))
+    await worker.start()
+    try:
+        async with Client(worker.address, token=token) as client:
+            x = np.ones(MiB, dtype=np.uint8)
+
+            async def one() -> None:
+                with contextlib.suppress(JobFailed):
+                    await client.submit(workflow, x=x, timeout=30)
+
+            await one()  # warm up: first-use caches are not garbage
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(20):
+                    await one()
+                found = gc.collect()
+            finally:
+                gc.enable()
+    finally:
+        await worker.aclose()
+    assert found == 0, f"{found} objects in reference cycles after 20 {workflow} jobs"
