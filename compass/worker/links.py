@@ -62,22 +62,34 @@ Stale = Callable[[str, int, str], bool]
 _Kept = tuple[int, str, str, FailedMsg | None]
 
 
+#: lost ingresses whose dropped jobs a worker remembers at most: one that never comes back
+#: under its name (a pod replaced under another) is forgotten once this many were lost since
+MAX_ORPHANED = 64
+
+
 class Links:
     """Worker ``name``'s record of what broken links may have lost: per peer the last message
     sent of each job not done here, per lost ingress the jobs whose tasks were dropped (at most
-    ``limit`` jobs each, the oldest forgotten first)."""
+    ``limit`` jobs each, and ``max_orphaned`` ingresses, the oldest forgotten first)."""
 
-    def __init__(self, name: str, limit: int = 4096) -> None:
+    def __init__(self, name: str, limit: int = 4096, max_orphaned: int = MAX_ORPHANED) -> None:
         self.name = name
         self.limit = limit
+        self.max_orphaned = max_orphaned
         self._sent: dict[str, OrderedDict[str, _Kept]] = {}
         #: job -> the peers that have a message of it here
         self._peers: dict[str, set[str]] = {}
-        #: per ingress this worker lost: what it must hear if it comes back, by job
-        self._orphans: dict[str, OrderedDict[str, Sent]] = {}
+        #: per ingress this worker lost: what it must hear if it comes back, by job; the
+        #: ingress lost longest ago first
+        self._orphans: OrderedDict[str, OrderedDict[str, Sent]] = OrderedDict()
 
     def __len__(self) -> int:
         return sum(map(len, self._sent.values()))
+
+    @property
+    def orphaned(self) -> int:
+        """Jobs remembered for lost ingresses."""
+        return sum(map(len, self._orphans.values()))
 
     def note(self, peer: str, msg: PeerMessage) -> None:
         """``msg`` went to ``peer``. Only the messages a job waits for count: a task's input,
@@ -131,7 +143,11 @@ class Links:
     def orphan(self, ingress: str, sent: Sent) -> None:
         """What ``sent`` says (a task of its job dropped here, or a report of its failure)
         could not reach ``ingress``, which this worker lost: it hears if it comes back."""
-        jobs = self._orphans.setdefault(ingress, OrderedDict())
+        jobs = self._orphans.get(ingress)
+        if jobs is None:
+            jobs = self._orphans[ingress] = OrderedDict()
+            while len(self._orphans) > self.max_orphaned:
+                self._orphans.popitem(last=False)
         known = jobs.get(sent.job)
         if known is None or known.attempt <= sent.attempt:
             jobs[sent.job] = sent

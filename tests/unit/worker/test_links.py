@@ -198,3 +198,20 @@ def test_the_log_keeps_the_newest_attempt_of_a_job_a_peer_and_forgets_by_attempt
         "j2",
         "j3",
     ]
+
+
+def test_the_jobs_of_ingresses_that_never_come_back_are_forgotten_past_a_bound() -> None:
+    """Ingresses replaced under new names (pods of a Deployment) never rejoin to hear what was
+    dropped of their jobs: a worker keeps that for the last ``max_orphaned`` lost ones only,
+    and the one that does come back still hears."""
+    from compass.worker.links import Sent
+
+    links = Links("b", limit=8, max_orphaned=4)
+    for n in range(100):
+        for job in range(10):
+            links.orphan(f"pod-{n}", Sent(f"pod-{n}-{job}", 0, "a", f"pod-{n}"))
+    assert links.orphaned == 4 * 8  # 4 ingresses of 8 jobs each, not 100 of 10
+    reports = links.joined("pod-99", lambda job, attempt, ingress: False)
+    assert len(reports) == 8 and all(to == "pod-99" for to, _ in reports)
+    assert links.joined("pod-0", lambda job, attempt, ingress: False) == []
+    assert links.orphaned == 3 * 8
