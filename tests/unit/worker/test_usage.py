@@ -38,7 +38,8 @@ def test_the_tasks_of_the_running_loop_are_counted() -> None:
 
         tasks = [asyncio.create_task(idle()) for _ in range(3)]
         try:
-            return process_usage()["asyncio_tasks"]
+            count: int | None = process_usage()["asyncio_tasks"]
+            return count
         finally:
             for task in tasks:
                 task.cancel()
