@@ -35,7 +35,8 @@ What it judges (the JSON's ``checks``):
   second half's length; under ``RSS_LIMIT_MB``. ``rss_last_minus_middle_mb`` is given beside;
 - no ``false_deaths``: a worker's log line "peer X lost (...)" counts as one unless X, or
   the worker that wrote it, was being restarted then (from the SIGTERM until every view was
-  whole again, plus ``GRACE_S``).
+  whole again, plus ``GRACE_S``);
+- ``restarted``: the restarted worker was back and every view whole within ``VIEW_LIMIT_S``.
 
 ``worker_pythonpath`` runs the workers from another checkout (a before/after with the same
 driver; an old worker without ``process`` in its status is read from ``/proc/<pid>``).
@@ -215,6 +216,8 @@ class _Restart:
     exit_s: float | None = None
     back_s: float | None = None
     view_s: float | None = None
+    #: why it could not be started again (the run goes on without it)
+    error: str | None = None
     #: wall-clock window in which losses of this worker are expected
     window: tuple[float, float] = (0.0, 0.0)
 
@@ -348,11 +351,15 @@ class _Soak:
         t = loop.time()
         await worker.stop()  # SIGTERM: it drains, then exits
         restart.exit_s = round(loop.time() - t, 2)
-        await cluster.restart(index)  # gone already: started again with the same command
-        restart.back_s = round(loop.time() - t, 2)
-        restart.view_s = await self._views_whole(loop.time())
-        self._retired.append(self._clients[index])
-        self._clients[index] = self._client_for(index)
+        try:
+            await cluster.restart(index)  # gone already: started again with the same command
+        except CompassError as exc:
+            restart.error = str(exc)
+        else:
+            restart.back_s = round(loop.time() - t, 2)
+            restart.view_s = await self._views_whole(loop.time())
+            self._retired.append(self._clients[index])
+            self._clients[index] = self._client_for(index)
         restart.window = (started, time.time() + GRACE_S)
 
     async def _views_whole(self, since: float) -> float | None:
@@ -577,6 +584,8 @@ async def soak(
         "rss_flat": all(g is not None and g < RSS_LIMIT_MB for g in growth.values()),
         "no_false_deaths": lost == 0,
     }
+    if run.restart is not None:  # back, and every view whole again
+        checks["restarted"] = run.restart.view_s is not None
     return {
         "config": {
             **asdict(config),
@@ -608,7 +617,7 @@ async def soak(
 def _restart_json(r: _Restart) -> dict[str, Any]:
     return {
         "worker": r.worker, "at_s": round(r.at_s, 2), "exit_s": r.exit_s, "back_s": r.back_s,
-        "view_s": r.view_s,
+        "view_s": r.view_s, "error": r.error,
     }  # fmt: skip
 
 
@@ -688,7 +697,9 @@ def print_soak(out: dict[str, Any]) -> None:
         f"{jobs['max_latency_s']:g} s)"
     )
     restart = out["restart"]
-    if restart is not None:
+    if restart is not None and restart["error"] is not None:
+        print(f"restart: {restart['worker']} could not be started again: {restart['error']}")
+    elif restart is not None:
         print(
             f"restart: {restart['worker']} at {restart['at_s']:g} s, exited in "
             f"{restart['exit_s']} s, back in {restart['back_s']} s, every view whole "
