@@ -503,7 +503,8 @@ _LOST = re.compile(
     r"\((.*)\); re-planning"
 )
 _DECLARED_DEAD = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*had declared this worker dead"
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ compass\.worker: (\S+): (\S+) had "
+    r"declared this worker dead (.*)"
 )
 
 
@@ -518,7 +519,7 @@ def false_deaths(
     """Peer losses in the workers' logs (``<name>.log``) after ``since`` (a Unix time) that
     no restart explains (``(worker, from, to)``: it, and losses logged by it, were expected
     then), the notices of a worker that heard it had been declared dead (same rule), and the
-    first 20 losses."""
+    first 20 of either (``worker`` lost ``peer``, or declared it dead)."""
 
     def expected(at: float, *names: str) -> bool:
         return any(
@@ -548,9 +549,13 @@ def false_deaths(
                     if found is None:
                         continue
                     at = _at(found[1])
-                    name = path.stem
-                    if at >= since and not expected(at, name):
+                    if at >= since and not expected(at, found[2], found[3]):
                         declared += 1
+                        if len(events) < 20:
+                            events.append(
+                                {"t": round(at - since, 2), "worker": found[3],
+                                 "peer": found[2], "why": "declared dead " + found[4]}
+                            )  # fmt: skip
     return lost, declared, events
 
 

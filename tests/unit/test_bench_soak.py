@@ -92,4 +92,8 @@ def test_a_loss_counts_as_false_unless_a_restart_explains_it(tmp_path: Path) -> 
     logs = sorted(tmp_path.glob("*.log"))
     lost, declared, events = false_deaths(logs, [("w2", t0 + 9, t0 + 15)], t0)
     assert (lost, declared) == (1, 1)
-    assert events == [{"t": 30.0, "worker": "w0", "peer": "w1", "why": "no answer to probes"}]
+    assert events == [
+        {"t": 30.0, "worker": "w0", "peer": "w1", "why": "no answer to probes"},
+        {"t": 40.0, "worker": "w0", "peer": "w2",
+         "why": "declared dead (incarnation 0); rejoined as 1"},
+    ]  # fmt: skip
