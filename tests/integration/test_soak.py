@@ -5,11 +5,12 @@ worker's status that the soak samples."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from compass._bench.soak import SoakConfig, soak
+from compass._bench.soak import SoakConfig, plot_soak, print_soak, soak
 from compass.cluster import LocalCluster
 
 from .conftest import PAPER
@@ -17,7 +18,9 @@ from .conftest import PAPER
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
-async def test_a_short_soak_answers_every_job_once(worker_env: dict[str, str]) -> None:
+async def test_a_short_soak_answers_every_job_once(
+    worker_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # a short drain: a worker draining under a stream may hold a job until its drain ends
     config = SoakConfig(
         workers=2, jobs=200, rate=0, sample_s=0.5, worker_args=("--drain-timeout", "5")
@@ -41,6 +44,10 @@ async def test_a_short_soak_answers_every_job_once(worker_env: dict[str, str]) -
             assert sample["asyncio_tasks"] >= 1 and sample["threads"] >= 1, sample
             assert "answered_keys" in sample["tables"], sample
     json.dumps(out)  # the JSON as written
+    print_soak(out)
+    assert "jobs: submitted 200" in capsys.readouterr().out
+    plot_soak(str(tmp_path / "rss.png"), out)
+    assert (tmp_path / "rss.png").stat().st_size > 10_000
 
 
 @pytest.mark.asyncio
