@@ -501,3 +501,88 @@ def bench_scale(
     check_output(json_path, "--json")
     check_plot(plot)
     scale.run(config, json_path=json_path, plot_path=plot)
+
+
+@bench_app.command("soak")
+def bench_soak(
+    workers: Workers = 3,
+    jobs: Annotated[
+        int | None,
+        typer.Option(min=1, help="Stop after this many jobs (with --duration-s: the first)."),
+    ] = None,
+    duration_s: Annotated[
+        float | None,
+        typer.Option(
+            "--duration-s",
+            help="Stop after this many seconds (default: 600 unless --jobs is given).",
+            show_default=False,
+        ),
+    ] = None,
+    in_flight: Annotated[int, typer.Option(min=1, help="Jobs out at once, at most.")] = 16,
+    rate: Annotated[
+        float, typer.Option(min=0.0, help="Jobs offered per second (0: as fast as allowed).")
+    ] = 10.0,
+    big_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="The share of jobs with a 1 MiB input.")
+    ] = 0.25,
+    deadline_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="The share of jobs with a deadline.")
+    ] = 0.2,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart/--no-restart", help="Drain and restart the last worker a third of the way."
+        ),
+    ] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the job mix.")] = 0,
+    time_scale: Annotated[
+        float, typer.Option(help="Real seconds per spec second of the paper's workload.")
+    ] = 0.02,
+    sample_s: Annotated[
+        float, typer.Option("--sample-s", help="Seconds between two reads of each worker.")
+    ] = 2.0,
+    worker_pythonpath: Annotated[
+        str | None, typer.Option(help="Run the workers from this checkout (a before/after).")
+    ] = None,
+    log_dir: Annotated[
+        str | None, typer.Option(help="Keep the workers' logs in this folder.")
+    ] = None,
+    json_path: JsonPath = None,
+    plot: Annotated[
+        str | None, typer.Option(help="Draw each worker's RSS over time here (PNG).")
+    ] = None,
+) -> None:
+    """A local cluster under a steady stream of jobs (small and 1 MiB inputs, some with
+    deadlines), one worker drained and restarted on the way: every job answered once, none
+    hung, none run twice, no false deaths, and each worker's RSS and tables flat."""
+    from compass._bench import soak
+
+    if duration_s is not None and not 0 < duration_s < float("inf"):
+        fail(f"--duration-s must be a number of seconds > 0, got {duration_s:g}", 2)
+    if not 0 < sample_s < float("inf"):
+        fail(f"--sample-s must be a number of seconds > 0, got {sample_s:g}", 2)
+    if restart and workers < 2:
+        fail("--workers 1 with a restart: nobody would take the jobs while it is away "
+             "(give --workers 2 or more, or --no-restart)", 2)  # fmt: skip
+    check_output(json_path, "--json")
+    check_plot(plot)
+    config = soak.SoakConfig(
+        workers=workers,
+        jobs=jobs,
+        duration_s=duration_s,
+        in_flight=in_flight,
+        rate=rate,
+        big_share=big_share,
+        deadline_share=deadline_share,
+        restart=restart,
+        time_scale=time_scale,
+        sample_s=sample_s,
+        seed=seed,
+    )
+    soak.run(
+        config,
+        worker_pythonpath=worker_pythonpath,
+        json_path=json_path,
+        plot_path=plot,
+        log_dir=log_dir,
+    )

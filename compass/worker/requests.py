@@ -36,6 +36,7 @@ from compass.worker.messages import (
 )
 from compass.worker.spread import MAX_RUMORS
 from compass.worker.tracing import TRACE_FIELD
+from compass.worker.usage import process_usage
 
 if TYPE_CHECKING:
     from compass.app import App
@@ -148,6 +149,9 @@ class Described(Identity, Holdings, Records, Protocol):
 
     @property
     def app(self) -> App: ...
+
+    def table_sizes(self) -> dict[str, int]:
+        """Entries in each of its tables keyed by jobs, peers or time, by name."""
 
 
 class Served(Described, Protocol):
@@ -265,6 +269,10 @@ def describe(worker: Described) -> dict[str, Any]:
             "kept": len(worker.tracer.kept),
             "recent": [_brief(t) for t in worker.tracer.recent(STATUS_TRACES)],
         },
+        # what the process holds (rss_mb, open_fds, asyncio_tasks, threads), and the entries
+        # of each table keyed by jobs, peers or time: a soak watches both stay flat
+        "process": process_usage(),
+        "tables": worker.table_sizes(),
     }
 
 

@@ -85,6 +85,7 @@ from compass.worker.queue import QueuedTask
 from compass.worker.requests import describe, make_router
 from compass.worker.stats import WorkerStats, payload_bytes
 from compass.worker.tracing import TRACE_FIELD, Tracer, task_span
+from compass.worker.usage import table_sizes
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
@@ -746,6 +747,11 @@ class Worker:
     def status(self) -> dict[str, Any]:
         """What ``compass status`` shows."""
         return describe(self)
+
+    def table_sizes(self) -> dict[str, int]:
+        """Entries in each of this worker's tables keyed by jobs, peers or time
+        (:func:`compass.worker.usage.table_sizes`)."""
+        return table_sizes(self)
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]:
         """Plan another ingress's job here (the ``central`` policy plans at one worker); the

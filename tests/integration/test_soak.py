@@ -1,0 +1,67 @@
+"""``compass bench soak`` in small: a stream of jobs on real worker processes, one drained and
+restarted on the way, every job accounted for; and the process and tables sections of a live
+worker's status that the soak samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compass._bench.soak import SoakConfig, plot_soak, print_soak, soak
+from compass.cluster import LocalCluster
+
+from .conftest import PAPER
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_a_short_soak_answers_every_job_once(
+    worker_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a short drain: a worker draining under a stream may hold a job until its drain ends
+    config = SoakConfig(
+        workers=2, jobs=200, rate=0, sample_s=0.5, worker_args=("--drain-timeout", "5")
+    )
+    out = await soak(config, env=worker_env)
+    jobs = out["jobs"]
+    assert jobs["submitted"] == 200
+    assert jobs["submitted"] == jobs["ok"] + jobs["failed"] + jobs["hung"], jobs
+    assert (jobs["hung"], jobs["twice"], jobs["untyped"]) == (0, 0, 0), jobs
+    assert jobs["big"] > 0 and jobs["with_deadline"] > 0
+    assert out["restart"]["worker"] == "w1" and out["restart"]["view_s"] is not None
+    assert set(out["rss_growth_mb_second_half"]) == {"w0", "w1"}
+    assert isinstance(out["false_deaths"], int)
+    assert set(out["checks"]) >= {"every_job_answered_once", "none_hung", "rss_flat"}
+    samples = out["samples"]
+    assert set(samples) == {"w0", "w1", "driver"}
+    for name in ("w0", "w1"):
+        assert len({s["instance"] for s in samples[name]}) == (2 if name == "w1" else 1)
+        for sample in samples[name]:
+            assert sample["rss_mb"] > 10 and sample["open_fds"] > 3, sample
+            assert sample["asyncio_tasks"] >= 1 and sample["threads"] >= 1, sample
+            assert "answered_keys" in sample["tables"], sample
+    json.dumps(out)  # the JSON as written
+    print_soak(out)
+    assert "jobs: submitted 200" in capsys.readouterr().out
+    plot_soak(str(tmp_path / "rss.png"), out)
+    assert (tmp_path / "rss.png").stat().st_size > 10_000
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_live_workers_status_says_what_it_holds(worker_env: dict[str, str]) -> None:
+    args = ["--workload", PAPER, "--time-scale", "0.02"]
+    cluster = LocalCluster(1, args=args, env=worker_env)
+    async with cluster, cluster.client() as client:
+        for _ in range(3):
+            await client.submit("question_answer", data=np.zeros(1 << 20, np.uint8))
+        status = await client.status()
+    process, tables = status["process"], status["tables"]
+    assert process["rss_mb"] > 10 and process["open_fds"] > 3
+    assert process["asyncio_tasks"] >= 1 and process["threads"] >= 1
+    assert (tables["jobs"], tables["answers"], tables["inbox"]) == (0, 0, 0)  # all answered
+    assert tables["trace"] == 3  # the answer records of the three jobs
+    assert tables["client_channels"] >= 1 and tables["members"] == 0
