@@ -748,7 +748,7 @@ class Worker:
         """What ``compass status`` shows."""
         return describe(self)
 
-    def table_sizes(self) -> dict[str, int]:
+    def table_sizes(self) -> dict[str, float]:
         """Entries in each of this worker's tables keyed by jobs, peers or time
         (:func:`compass.worker.usage.table_sizes`)."""
         return table_sizes(self)

@@ -75,7 +75,7 @@ def _total(groups: Iterable[Sized]) -> int:
     return sum(len(group) for group in groups)
 
 
-def table_sizes(worker: Worker) -> dict[str, int]:
+def table_sizes(worker: Worker) -> dict[str, float]:
     """Entries in each of ``worker``'s tables keyed by jobs, peers or time, by name: its
     core's (ingress jobs, the inbox, finished jobs, job keys and the answers kept of them,
     links), the adapter's (clients' futures, tasks, held messages, traces, timeline),
@@ -89,11 +89,13 @@ def table_sizes(worker: Worker) -> dict[str, int]:
         "inbox": len(core.inbox),
         "finished": len(core._finished),
         "keys": len(core._keys),
-        "answered_keys": len(core._answered),
+        "answered_keys": len(core.answered),
+        "answered_values": core.answered.values,
+        "answered_mb": round(core.answered.bytes / (1 << 20), 3),
         "attached": len(core._attached),
         "links_sent": len(links),
         "links_jobs": len(links._peers),
-        "links_orphans": _total(links._orphans.values()),
+        "links_orphans": links.orphaned,
         # the adapter
         "answers": len(worker._answers),
         "tasks": len(worker._tasks),
