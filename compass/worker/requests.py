@@ -150,7 +150,7 @@ class Described(Identity, Holdings, Records, Protocol):
     @property
     def app(self) -> App: ...
 
-    def table_sizes(self) -> dict[str, int]:
+    def table_sizes(self) -> dict[str, float]:
         """Entries in each of its tables keyed by jobs, peers or time, by name."""
 
 
