@@ -166,10 +166,15 @@ class CompassPolicy:
         wf = job.workflow
         profiles.add_workflow(wf)  # this worker may not have planned a job of it yet
         planned = plan.get(task)
+        if planned is not None and wf.is_join(task):
+            # a join stays where it was planned, in this view or not (a draining worker still
+            # runs it): its other inputs may be on their way there already, and each
+            # predecessor's worker moving it on its own would send them to different places
+            return planned
         i = -1 if planned is None else view.positions.get(planned, -1)
         if i >= 0:
             assert planned is not None
-            if not self.dynamic or not self.options.use_load or wf.is_join(task):
+            if not self.dynamic or not self.options.use_load:
                 return planned
             if self.host_lanes and wf.tasks[task].model is None:
                 return planned  # no queue to escape: it starts when its input arrives

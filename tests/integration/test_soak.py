@@ -21,11 +21,15 @@ from .conftest import PAPER
 async def test_a_short_soak_answers_every_job_once(
     worker_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # a short drain: a worker draining under a stream may hold a job until its drain ends
+    # drained at the start of the stream: a join's inputs were split between the draining
+    # worker and its peer (each moved it on its own), which held a job until the drain gave up
     config = SoakConfig(
-        workers=2, jobs=200, rate=0, sample_s=0.5, worker_args=("--drain-timeout", "5")
+        workers=2, jobs=200, rate=0, sample_s=0.5, worker_args=("--drain-timeout", "30")
     )
-    out = await soak(config, env=worker_env)
+    out = await soak(config, env=worker_env, log_dir=tmp_path / "logs")
+    log = (tmp_path / "logs" / "w1.log").read_text()
+    assert "w1: drained: every job and task held here is done" in log
+    assert "drain ended with" not in log
     jobs = out["jobs"]
     assert jobs["submitted"] == 200
     assert jobs["submitted"] == jobs["ok"] + jobs["failed"] + jobs["hung"], jobs
