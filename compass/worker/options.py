@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compass.worker.answers import KEEP_ANSWER_BYTES
+from compass.worker.answers import KEEP_ANSWER_BYTES, KEEP_ANSWER_S
 
 __all__ = ["FORGET_AFTER", "CoreOptions"]
 
@@ -25,10 +25,10 @@ class CoreOptions:
     into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
     cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
     make the worker degraded; ``max_jobs`` and ``max_job_bytes`` bound what an ingress
-    holds; ``keep_answer_bytes`` the answers it keeps for resubmitted job keys; ``learn``:
-    measured timings, output sizes, transfers and loads update the profiles
-    (real mode; an emulated worker and the simulator keep the spec's); ``instance``: this
-    worker process's id, in every job id.
+    holds; ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it
+    keeps for resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
+    loads update the profiles (real mode; an emulated worker and the simulator keep the
+    spec's); ``instance``: this worker process's id, in every job id.
     """
 
     lanes: int = 1
@@ -41,5 +41,6 @@ class CoreOptions:
     max_job_bytes: int = 1 << 62
     forget_after: int = FORGET_AFTER
     keep_answer_bytes: int = KEEP_ANSWER_BYTES
+    keep_answer_s: float = KEEP_ANSWER_S
     learn: bool = False
     instance: str = ""

@@ -34,6 +34,7 @@ from compass.sched.heartbeat import Heartbeat
 from compass.sched.policies import worker_seed
 from compass.wire.transport import ChannelOptions, Server, serve
 from compass.worker import dashboard
+from compass.worker.answers import KEEP_ANSWER_S
 from compass.worker.assemble import CoreOptions, build_core
 from compass.worker.events import (
     Answer,
@@ -204,6 +205,7 @@ class Worker:
                 max_jobs=config.max_jobs,
                 max_job_bytes=config.max_job_bytes,
                 keep_answer_bytes=config.keep_answer_bytes,
+                keep_answer_s=KEEP_ANSWER_S / config.time_scale,  # real seconds
                 learn=not config.emulate,
                 instance=self.instance,
             ),
@@ -740,9 +742,7 @@ class Worker:
                 self.apply(Cancel(self.clock(), job_id))
             if tracing is not None:
                 self.tracer.forget(job_id)  # answered (kept already), or never accepted
-            # the job's error holds this frame (and the job's inputs) in its traceback, and
-            # the future holds the error: a cycle the collector of a large heap frees late
-            del future
+            del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
     def status(self) -> dict[str, Any]:
         """What ``compass status`` shows."""

@@ -159,7 +159,9 @@ class WorkerCore:
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
         #: job key -> the answer of the answered job it named (bounded in keys, bytes, time)
-        self.answered = KeptAnswers(max_bytes=options.keep_answer_bytes)
+        self.answered = KeptAnswers(
+            max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s
+        )
         #: requests that wait for another request's job (a resubmitted key) -> that job's id
         self._attached: dict[str, str] = {}
         #: best times, critical paths, deadlines and queue entries, from the profiles
