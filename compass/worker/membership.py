@@ -635,13 +635,15 @@ class Membership(PeerChannels):
             now = self._clock()
             for decision in self._tick(now):
                 if type(decision) is Dial:
-                    self._retries[decision.name] = self._tasks.spawn(
-                        self._retry(decision.name), f"{self.name}-rejoin-{decision.name}"
-                    )
+                    name = decision.name
+                    retry = self._tasks.spawn(self._retry(name), f"{self.name}-rejoin-{name}")
+                    self._retries[name] = retry
+                    retry.add_done_callback(functools.partial(self._retry_ended, name))
                 elif type(decision) is JoinSeeds:
                     self._seed_retry = self._tasks.spawn(
                         self._retry_seeds(), f"{self.name}-rejoin-seeds"
                     )
+                    self._seed_retry.add_done_callback(self._seeds_ended)
             wait_s = self.table.next_due(frozenset(self._retries), self._seeding) - now
             if math.isinf(wait_s):
                 await self._wake.wait()
@@ -673,6 +675,19 @@ class Membership(PeerChannels):
             self._retries.pop(name, None)
             self._wake.set()
 
+    def _retry_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        """A retry of ``name`` ended. One that failed in a way nobody foresaw (the supervisor
+        logged it) counts as a failed try, so that the next one backs off, and it is no
+        longer under way whatever it left undone."""
+        if self._retries.get(name) is task:
+            del self._retries[name]
+        self._wake.set()
+        if task.cancelled() or self._closed:
+            return
+        error = task.exception()
+        if error is not None:
+            self.failed(name, error)  # the table ignores it for a peer back meanwhile
+
     @property
     def _seeding(self) -> bool:
         """Whether the seeds are being tried already (a join under way): the table must not
@@ -698,6 +713,13 @@ class Membership(PeerChannels):
         finally:
             self._seed_retry = None
             self._wake.set()
+
+    def _seeds_ended(self, task: asyncio.Task[None]) -> None:
+        """The seeds' retry ended: it is no longer under way, whatever it left undone (a
+        failure nobody foresaw is the supervisor's to log)."""
+        if self._seed_retry is task:
+            self._seed_retry = None
+        self._wake.set()
 
     # -- talking -----------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:
