@@ -587,7 +587,12 @@ class Channel:
         except Exception as exc:
             self._answer_error(request_id, op, exc)
         else:
-            self._answer(request_id, op, result)
+            try:
+                self._answer(request_id, op, result)
+            except Exception as exc:  # a bug: logged, and the caller told rather than left waiting
+                log.exception("%r: answering %r from %s failed", self.local_name, op,
+                              self._describe())  # fmt: skip
+                self._answer_error(request_id, op, exc)
         finally:
             self._handler_tasks.pop(serial, None)
             if self._serial_of.get(request_id) == serial:
