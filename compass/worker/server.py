@@ -387,14 +387,12 @@ class Worker:
             return
         error = task.exception()
         self.failure = error or RuntimeError(f"{task.get_name()} ended")
-        # its traceback is logged already (the supervisor's)
         log.critical("%s: %s stopped (%r); stopping the worker", self.name, task.get_name(),
                      self.failure)  # fmt: skip
         self.stop()
 
     def _task_failed(self, task: asyncio.Task[Any], error: BaseException) -> None:
-        """A background task failed in a way nobody expected (the supervisor logged it with
-        its traceback): a bug, counted like an event whose handling raised."""
+        """A background task failed (a bug; the supervisor logged its traceback): counted."""
         self.stats.internal_errors += 1
 
     def stop(self) -> None:
@@ -592,9 +590,9 @@ class Worker:
         self._held[worker].append(msg)
 
     async def _dial_held(self, worker: str) -> None:
-        """Open a channel to live peer ``worker`` for what waits for it; if that fails, it
-        waits on (:data:`HOLD_S`, then its jobs are planned again). A failure nobody foresaw
-        is the supervisor's to log and count; what waits is given up by the same timer."""
+        """Open a channel to live peer ``worker`` for what waits for it; if that fails (a bug
+        too: the supervisor logs it), it waits on (:data:`HOLD_S`, then its jobs are planned
+        again)."""
         assert self.membership is not None
         try:
             channel = await self.membership.open_channel(worker)
@@ -668,15 +666,12 @@ class Worker:
             self.tracer.planned(job_id, job.attempt, job.plan, time.time())
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run ``coro`` in the background, supervised: a failure is logged and counted."""
         return self.supervisor.spawn(coro, f"{self.name}-{name}")
 
     async def _ask_plan(self, step: AskPlan) -> None:
-        """The ``central`` policy plans at one worker: ask it; no answer means plan here.
-        Whatever stops the asking, the job is planned: a failure on this side that nobody
-        foresaw (a bug) is logged with its traceback and counted, and the job planned here
-        as when the planner does not answer, so that no job waits for a plan that never
-        comes."""
+        """The ``central`` policy plans at one worker: ask it; no answer means plan here, and
+        so does a failure on this side nobody foresaw (a bug: logged and counted), so that no
+        job waits for a plan that never comes."""
         assert self.membership is not None
         job = step.request.job
         plan = None
@@ -691,8 +686,8 @@ class Worker:
             log.exception("%s: asking %s to plan job %s failed; planning it here", self.name,
                           step.peer, job)  # fmt: skip
         self.apply(PlanReady(self.clock(), job, plan))
-        if step.request.job in self.tracer.jobs:
-            self._note_plan(step.request.job)
+        if job in self.tracer.jobs:
+            self._note_plan(job)
 
     # -- the public surface of the core ---------------------------------------------------------
     async def submit(
