@@ -61,11 +61,6 @@ class Supervisor:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`aclose` was called."""
-        return self._closing
-
     def spawn(
         self,
         coro: Coroutine[Any, Any, T],
