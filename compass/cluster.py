@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -16,10 +16,13 @@ from types import TracebackType
 from compass.client import Client
 from compass.config import TLSConfig
 from compass.errors import CompassError, CompassTimeout, ConfigError
+from compass.supervisor import Supervisor
 
 __all__ = ["LocalCluster", "WorkerProcess"]
 
 LISTENING = "compass worker listening on "
+
+log = logging.getLogger("compass.cluster")
 
 
 class WorkerProcess:
@@ -38,7 +41,8 @@ class WorkerProcess:
         #: the command it was started with (a restart runs it again, bound to the same port)
         self.argv = list(argv)
         self.address = ""
-        self._drain: asyncio.Task[None] | None = None
+        #: the reader of its stdout past the address (a full pipe would block the worker)
+        self._tasks = Supervisor(f"worker process {name}", log)
 
     async def read_address(self, timeout: float) -> str:
         assert self.process.stdout is not None
@@ -58,7 +62,8 @@ class WorkerProcess:
             text = line.decode(errors="replace").strip()
             if text.startswith(LISTENING):
                 self.address = text[len(LISTENING) :]
-                self._drain = asyncio.create_task(self._drain_stdout())
+                # read to the end, not cancelled, when it stops: the pipe ends as it exits
+                self._tasks.spawn(self._drain_stdout(), f"{self.name}-stdout", finish=True)
                 return self.address
         # stdout closed: the worker exited, and says why in one line, the last of its log
         try:
@@ -97,9 +102,7 @@ class WorkerProcess:
         except TimeoutError:
             self.process.kill()
             code = await self.process.wait()
-        if self._drain is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
+        await self._tasks.aclose()  # a failure of its stdout's reader is logged, not raised
         return code
 
 

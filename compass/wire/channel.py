@@ -42,6 +42,7 @@ from compass.errors import (
     WorkerUnavailable,
     error_from_wire,
 )
+from compass.supervisor import log_failures
 from compass.wire.handlers import CloseCallback, Handler, Immediate, NotifyHandler
 from compass.wire.protocol import (
     Connection,
@@ -303,7 +304,7 @@ class Channel:
         """Wait until the channel has ended (closed or lost) and its handler tasks are done."""
         await asyncio.shield(self._ended)
         if self._handler_tasks:
-            await asyncio.gather(*self._handler_tasks.values(), return_exceptions=True)
+            await self._handlers_ended(list(self._handler_tasks.values()))
 
     async def __aenter__(self) -> Channel:
         return self
@@ -352,7 +353,14 @@ class Channel:
             _, late = await asyncio.wait(tasks, timeout=timeout)
             for task in late:
                 task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            await self._handlers_ended(tasks)
+
+    async def _handlers_ended(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Wait for request handler ``tasks`` to end. A handler answers its own errors, so
+        one that ends in an error (not a cancellation) failed answering: it is logged."""
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        log_failures(results, log, f"{self.local_name!r}: a request handler on the channel to "
+                     f"{self._describe()}", [t.get_name() for t in tasks])  # fmt: skip
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -579,7 +587,12 @@ class Channel:
         except Exception as exc:
             self._answer_error(request_id, op, exc)
         else:
-            self._answer(request_id, op, result)
+            try:
+                self._answer(request_id, op, result)
+            except Exception as exc:  # a bug: logged, and the caller told rather than left waiting
+                log.exception("%r: answering %r from %s failed", self.local_name, op,
+                              self._describe())  # fmt: skip
+                self._answer_error(request_id, op, exc)
         finally:
             self._handler_tasks.pop(serial, None)
             if self._serial_of.get(request_id) == serial:

@@ -44,6 +44,7 @@ from compass.errors import (
     ConfigError,
     ConnectFailed,
 )
+from compass.supervisor import OnFailure, Supervisor, log_failures
 from compass.wire.handlers import Dialer
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel, ChannelOptions, Handler, NotifyHandler, connect
@@ -185,7 +186,9 @@ class Membership(PeerChannels):
     ``options`` (:class:`MembershipOptions`) its name, how it dials and its timings. Its
     channels answer requests with ``handler`` and notifies with ``notify_handler``;
     ``on_join`` is called with each peer that joins (or comes back), ``on_leave`` with the
-    name of each one removed and why.
+    name of each one removed and why; ``on_failure`` with each of its background tasks (a
+    retry, a dial, a probe, the idle-channel sweeper) that fails in a way nobody foresaw,
+    once it is logged (see :class:`~compass.supervisor.Supervisor`).
     """
 
     def __init__(
@@ -197,6 +200,7 @@ class Membership(PeerChannels):
         notify_handler: NotifyHandler,
         on_join: Callable[[Peer], None],
         on_leave: Callable[[str, str], None],
+        on_failure: OnFailure | None = None,
     ) -> None:
         #: the rules and what they keep: members, incarnations, schedules, probes
         self.table = MemberTable(
@@ -218,7 +222,8 @@ class Membership(PeerChannels):
         #: the live peers and their channels, in the table's order
         self.peers: dict[str, Peer] = {}
         self._connecting: set[str] = set()
-        self._closing: set[asyncio.Task[None]] = set()  # channels of removed peers, closing
+        #: its background tasks: retries, dials, probes, closing channels, the sweeper
+        self._tasks = Supervisor(options.channels.name, log, on_failure=on_failure)
         self._retries: dict[str, asyncio.Task[None]] = {}  # reconnections in flight, by name
         self._wake = asyncio.Event()  # a peer was lost or a retry ended: look at the schedule
         self._closed = False
@@ -227,7 +232,6 @@ class Membership(PeerChannels):
         self._joining = 0
         #: dials of live peers (one per peer at a time), and the probes waiting
         self._reaching: dict[str, asyncio.Task[Channel]] = {}
-        self._probing: set[asyncio.Task[None]] = set()
         #: every open channel to a peer, dialed or accepted (a peer may have two), by channel
         self._open: dict[Channel, str] = {}
         #: channels this side closes by choice (idle, over the cap, of a removed peer) or the
@@ -421,11 +425,9 @@ class Membership(PeerChannels):
         body = probe.to_wire(self.name)
         if self._send(self.channel(probe.target), "probe", body):
             return
-        task = asyncio.get_running_loop().create_task(
+        self._tasks.spawn(
             self._probe_through_dial(probe, body), name=f"{self.name}-probe-{probe.target}"
         )
-        self._probing.add(task)
-        task.add_done_callback(self._probing.discard)
 
     async def _probe_through_dial(self, probe: SendProbe, body: Any) -> None:
         """No channel to the probe's target: dial it (one dial per peer at a time), then send
@@ -624,20 +626,24 @@ class Membership(PeerChannels):
     async def run(self) -> None:
         """Retry lost peers, each on its own backoff, and the seeds while this worker has no
         peer at all, until cancelled."""
-        if self._idle_s > 0 and self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep(), name=f"{self.name}-idle-channels")
         while not self._closed:
             self._wake.clear()
+            if self._idle_s > 0 and (self._sweeper is None or self._sweeper.done()):
+                # started here, and started again if it failed (the supervisor logged why)
+                self._sweeper = self._tasks.spawn(self._sweep(), f"{self.name}-idle-channels")
+                self._sweeper.add_done_callback(lambda _: self._wake.set())
             now = self._clock()
             for decision in self._tick(now):
                 if type(decision) is Dial:
-                    self._retries[decision.name] = asyncio.create_task(
-                        self._retry(decision.name), name=f"{self.name}-rejoin-{decision.name}"
-                    )
+                    name = decision.name
+                    retry = self._tasks.spawn(self._retry(name), f"{self.name}-rejoin-{name}")
+                    self._retries[name] = retry
+                    retry.add_done_callback(functools.partial(self._retry_ended, name))
                 elif type(decision) is JoinSeeds:
-                    self._seed_retry = asyncio.create_task(
-                        self._retry_seeds(), name=f"{self.name}-rejoin-seeds"
+                    self._seed_retry = self._tasks.spawn(
+                        self._retry_seeds(), f"{self.name}-rejoin-seeds"
                     )
+                    self._seed_retry.add_done_callback(self._seeds_ended)
             wait_s = self.table.next_due(frozenset(self._retries), self._seeding) - now
             if math.isinf(wait_s):
                 await self._wake.wait()
@@ -669,6 +675,19 @@ class Membership(PeerChannels):
             self._retries.pop(name, None)
             self._wake.set()
 
+    def _retry_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        """A retry of ``name`` ended. One that failed in a way nobody foresaw (the supervisor
+        logged it) counts as a failed try, so that the next one backs off, and it is no
+        longer under way whatever it left undone."""
+        if self._retries.get(name) is task:
+            del self._retries[name]
+        self._wake.set()
+        if task.cancelled() or self._closed:
+            return
+        error = task.exception()
+        if error is not None:
+            self.failed(name, error)  # the table ignores it for a peer back meanwhile
+
     @property
     def _seeding(self) -> bool:
         """Whether the seeds are being tried already (a join under way): the table must not
@@ -695,6 +714,13 @@ class Membership(PeerChannels):
             self._seed_retry = None
             self._wake.set()
 
+    def _seeds_ended(self, task: asyncio.Task[None]) -> None:
+        """The seeds' retry ended: it is no longer under way, whatever it left undone (a
+        failure nobody foresaw is the supervisor's to log)."""
+        if self._seed_retry is task:
+            self._seed_retry = None
+        self._wake.set()
+
     # -- talking -----------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:
         return self.table.describe(self._clock())
@@ -714,23 +740,17 @@ class Membership(PeerChannels):
         self.tell_connected("leave", {"name": self.name})
 
     async def aclose(self) -> None:
+        """Cancel the retries, dials, probes and the sweeper, close every channel to a peer,
+        and wait for it all (channels closing by choice finish closing); what failed is
+        logged, not dropped."""
         self._closed = True
         self._wake.set()
-        retries = [*self._retries.values(), *self._reaching.values(), *self._probing]
-        if self._seed_retry is not None:
-            retries.append(self._seed_retry)
-        if self._sweeper is not None:
-            retries.append(self._sweeper)
-        for task in retries:
-            task.cancel()
+        self._tasks.cancel()
         channels = {*self._open, *(p.channel for p in self.peers.values() if p.channel)}
         self.peers.clear()
         self._open.clear()
         self._queued.clear()
         self._apply(Close(self._clock()))
-        await asyncio.gather(
-            *retries,
-            *(c.aclose() for c in channels),
-            *self._closing,
-            return_exceptions=True,
-        )
+        closing = [self._tasks.aclose(), *(c.aclose() for c in channels)]
+        results = await asyncio.gather(*closing, return_exceptions=True)
+        log_failures(results, log, f"{self.name}: closing the channels to peers")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compass.errors import CompassError
+from compass.supervisor import Supervisor
 from compass.wire.transport import Channel, ChannelOptions
 from compass.worker.member_events import ChannelLost, Decision, Event
 from compass.worker.members import Member
@@ -80,7 +81,8 @@ class PeerChannels:
     _channels: ChannelOptions
     _clock: Callable[[], float]
     _closed: bool
-    _closing: set[asyncio.Task[None]]
+    #: its background tasks (dials, channels closing), supervised: a failure is logged
+    _tasks: Supervisor
     _reaching: dict[str, asyncio.Task[Channel]]
     #: every open channel to a peer, dialed or accepted (a peer may have two), by channel
     _open: dict[Channel, str]
@@ -154,9 +156,9 @@ class PeerChannels:
                 channel.notify(BYE_OP, {"from": self.name})
             except CompassError:
                 how = "now"
-        task = asyncio.get_running_loop().create_task(self._close(channel, how))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        # finished, not cancelled, when the membership closes: the peer is told, or it times out
+        peer = name or channel.peer_name
+        self._tasks.spawn(self._close(channel, how), f"{self.name}-close-{peer}", finish=True)
 
     async def _close(self, channel: Channel, how: str) -> None:
         timeouts = self._channels.timeouts
@@ -186,9 +188,8 @@ class PeerChannels:
         if channel in self._retired:
             # both sides said bye at once: each has read all the other will send, and each
             # would wait out the close timeout for the other to close it
-            task = asyncio.get_running_loop().create_task(channel.aclose())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            name = self._open.get(channel, channel.peer_name)
+            self._tasks.spawn(channel.aclose(), f"{self.name}-close-{name}", finish=True)
             return
         self._retire(channel, "quiet")
 
@@ -231,9 +232,12 @@ class PeerChannels:
         sent once it is done, or dropped if it failed."""
         reaching = self._reaching.get(name)
         if reaching is None:
-            reaching = asyncio.get_running_loop().create_task(
-                self._reach(name, address), name=f"{self.name}-reach-{name}"
-            )
+            # a peer that cannot be reached is the answer of those waiting for the dial; any
+            # other error is a bug, logged by the supervisor
+            reaching = self._tasks.spawn(
+                self._reach(name, address), f"{self.name}-reach-{name}",
+                expected=(CompassError, OSError),
+            )  # fmt: skip
             self._reaching[name] = reaching
             reaching.add_done_callback(functools.partial(self._reached, name))
         return reaching

@@ -98,7 +98,7 @@ def table_sizes(worker: Worker) -> dict[str, float]:
         "links_orphans": links.orphaned,
         # the adapter
         "answers": len(worker._answers),
-        "tasks": len(worker._tasks),
+        "tasks": len(worker.supervisor),  # its background tasks, the loops among them
         "held": _total(worker._held.values()),
         "dialing": len(worker._dialing),
         "planned": len(worker._planned),
