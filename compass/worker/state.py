@@ -37,6 +37,7 @@ from compass.errors import (
     InvalidInputs,
     JobFailed,
     ProtocolError,
+    RemoteError,
     WorkersLost,
     WorkerUnavailable,
     error_from_wire,
@@ -363,6 +364,9 @@ class WorkerCore:
         except CompassError as exc:
             self._answer(job, now, error=exc)
             return
+        except Exception as exc:
+            self._planning_failed(job, now, exc)
+            raise
         job.plan = plan
         self._send_roots(job, now)
 
@@ -396,7 +400,20 @@ class WorkerCore:
                 exc = WorkersLost(exc.message, detail={"job_id": job.job_id})
             self._answer(job, now, error=exc)
             return
+        except Exception as exc:
+            self._planning_failed(job, now, exc)
+            raise
         self._send_roots(job, now)
+
+    def _planning_failed(self, job: IngressJob, now: float, exc: Exception) -> None:
+        """Planning ``job`` raised what no rule expects (a bug): the job is answered with a
+        typed error at once, rather than left without a plan until its client gives up; the
+        caller raises on, so the failure is a :class:`Fault` (logged and counted)."""
+        self._answer(job, now, error=RemoteError(
+            f"worker {self.name} failed to plan job {job.job_id} ({job.workflow.name}): "
+            f"{type(exc).__name__}: {exc} (a bug in compass: please report it)",
+            detail={"job_id": job.job_id},
+        ))  # fmt: skip
 
     def _send_roots(self, job: IngressJob, now: float) -> None:
         for root in job.workflow.roots:

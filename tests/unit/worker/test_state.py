@@ -21,6 +21,7 @@ from compass.errors import (
     JobFailed,
     JobTooLarge,
     Overloaded,
+    RemoteError,
     UnknownWorkflow,
 )
 from compass.sched import Heartbeat, ViewSnapshot, make_policy
@@ -32,6 +33,7 @@ from compass.worker.events import (
     AskPlan,
     Cancel,
     Event,
+    Fault,
     Instruction,
     PeerJoined,
     PeerLost,
@@ -540,6 +542,25 @@ def test_a_job_answered_once_when_its_peer_is_lost_mid_task_and_the_result_arriv
     # b was only slow: its result of attempt 0 arrives now
     assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "late"), 3.0, "b"))) == []
     assert c.stats.jobs_completed == 1
+
+
+def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said() -> None:
+    """A bug in planning (an exception no rule expects) answered nothing: the job stayed
+    without a plan until its client gave up. It is answered with a typed error at once, and
+    the failure is still a Fault for the worker to log and count."""
+    c, _ = core("a", ("a", "b"))
+
+    def broken(*args: Any) -> dict[str, str]:
+        raise IndexError("planner bug")
+
+    c.policy.plan = broken  # type: ignore[method-assign]
+    job = c.new_job_id()
+    steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
+    answer, fault = steps
+    assert isinstance(answer, Answer) and answer.job_id == job
+    assert isinstance(answer.error, RemoteError) and "IndexError: planner bug" in str(answer.error)
+    assert isinstance(fault, Fault) and isinstance(fault.error, IndexError)
+    assert job not in c.jobs and c.held_bytes == 0
 
 
 # -- job keys: one answer per key -------------------------------------------------------------
