@@ -553,7 +553,7 @@ def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said(
     def broken(*args: Any) -> dict[str, str]:
         raise IndexError("planner bug")
 
-    c.policy.plan = broken  # type: ignore[method-assign]
+    c.policy.plan = broken  # type: ignore[method-assign,assignment]
     job = c.new_job_id()
     steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     answer, fault = steps
