@@ -1,15 +1,10 @@
 """The worker process: the asyncio adapter around the worker core.
 
-The rules (admission, planning, the inbox, attempts, adjustment, one answer per job) live in
-the sans-IO :class:`~compass.worker.state.WorkerCore` (with its queues, lanes and cache
-decisions); this module owns the sockets, the threads and the timers. It turns what arrives (a
-client's submit, a peer's message, a task's outcome, a model loaded, a lost peer) into the
-core's events and carries out the instructions the core returns (send a message, run a task,
-load a model, answer a client). What clients and peers may ask is checked at the door by
-:mod:`compass.worker.requests`.
-
-A job's way through, and how a lost peer's jobs are planned again and answered exactly once,
-are in docs/ARCHITECTURE.md.
+The rules live in the sans-IO :class:`~compass.worker.state.WorkerCore`; this module owns the
+sockets, the threads and the timers. It turns what arrives (a submit, a peer's message, a
+task's outcome, a model loaded, a lost peer) into the core's events and carries out the
+instructions the core returns. What clients and peers may ask is checked at the door by
+:mod:`compass.worker.requests`; a job's way through is in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
