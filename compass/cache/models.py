@@ -35,6 +35,7 @@ from compass.cache.slab import SlabHandle
 from compass.cache.weights import Model
 from compass.config import CacheConfig
 from compass.errors import CacheError, CompassError, ConfigError
+from compass.supervisor import log_failures
 
 if TYPE_CHECKING:
     import torch
@@ -184,7 +185,8 @@ class ModelCache:
         """Refuse new loads, finish those under way, free memory."""
         self._closed = True
         while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            results = await asyncio.gather(*self._tasks, return_exceptions=True)
+            log_failures(results, log, "a model load at close")
         self._modules.clear()
         self._host.clear()
         self._backend.close()

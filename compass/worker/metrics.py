@@ -54,6 +54,7 @@ from prometheus_client.registry import Collector
 import compass
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
+from compass.supervisor import log_failures
 from compass.worker import dashboard
 from compass.worker.timeline import Timeline
 
@@ -306,7 +307,8 @@ class WorkerMetrics:
             server.close()
         for task in list(self._handlers):
             task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+        results = await asyncio.gather(*self._handlers, return_exceptions=True)
+        log_failures(results, log, "a metrics request at close")
         if server is not None:
             await server.wait_closed()
 
