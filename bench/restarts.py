@@ -34,16 +34,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from compass import Client, LocalCluster
+from compass.cluster import WorkerProcess
 from compass.errors import CompassError, CompassTimeout
 
 from .report import write_json
 
-__all__ = ["SCENARIOS", "Outcome", "free_port", "run", "run_scenario"]
+__all__ = ["SCENARIOS", "Fleet", "Outcome", "free_port", "run", "run_scenario", "worker_env"]
 
 PAPER = str(Path(__file__).resolve().parent / "workloads" / "paper.json")
 FLOWS = ("translation", "question_answer", "img_to_sound", "object_detection")
@@ -55,6 +56,15 @@ WORKER_ARGS = [
 JOB_TIMEOUT_S = 20.0
 #: how long a view may take to be whole again before the scenario says it never was
 VIEW_LIMIT_S = 15.0
+
+
+class Fleet(Protocol):
+    """What the counting below reads: the worker processes, and a client for each
+    (:class:`~compass.LocalCluster`, or the campaign's workers in network namespaces)."""
+
+    workers: list[WorkerProcess]
+
+    def client(self, index: int) -> Client: ...
 
 
 @dataclass
@@ -102,11 +112,12 @@ async def _jobs(client: Client, count: int, outcome: Outcome) -> None:
         outcome.count(result)
 
 
-async def _views_whole(cluster: LocalCluster, since: float) -> float | None:
-    """Seconds from ``since`` until every worker has every other as a peer and in its view."""
+async def _views_whole(cluster: Fleet, since: float, limit_s: float = VIEW_LIMIT_S) -> float | None:
+    """Seconds from ``since`` until every worker has every other as a peer and in its view
+    (looked at once at least, however long ago ``since`` was); None past ``limit_s``."""
     names = sorted(w.name for w in cluster.workers)
-    deadline = since + VIEW_LIMIT_S
-    while time.monotonic() < deadline:
+    deadline = max(since + limit_s, time.monotonic())
+    while True:
         with contextlib.suppress(CompassError, OSError):
             statuses = await asyncio.gather(*(_status(cluster, i) for i in range(len(names))))
             if all(
@@ -115,39 +126,57 @@ async def _views_whole(cluster: LocalCluster, since: float) -> float | None:
                 for s in statuses
             ):
                 return round(time.monotonic() - since, 2)
+        if time.monotonic() >= deadline:
+            return None
         await asyncio.sleep(0.05)
-    return None
 
 
-async def _status(cluster: LocalCluster, index: int) -> dict[str, Any]:
+async def _status(cluster: Fleet, index: int) -> dict[str, Any]:
     async with cluster.client(index) as client:
         return await client.status(timeout=2.0)
 
 
 class _Keys:
-    """Reads every worker's trace while a scenario runs: which job ids answered each key."""
+    """Reads every worker's trace while a scenario runs: which job ids answered each key.
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    ``clear``: each read empties the trace it read, so a long run reads only what is new; a
+    read then waits up to 10 s (a worker stopped for a while answers it when it goes on: one
+    given up on would have emptied its trace into a closed connection)."""
+
+    def __init__(self, cluster: Fleet, *, clear: bool = False) -> None:
         self.cluster = cluster
+        self.clear = clear
         self.by_key: dict[str, set[str]] = {}
 
     async def poll(self) -> None:
-        for index, worker in enumerate(self.cluster.workers):
-            if not worker.running:
-                continue
-            with contextlib.suppress(CompassError, OSError):
-                async with self.cluster.client(index) as client:
-                    records = await client.channel.request("trace", None, timeout=2.0)
-                for record in records:
-                    key = record.get("key")
-                    if key:
-                        self.by_key.setdefault(key, set()).add(record["job"])
+        await asyncio.gather(*(self.poll_one(i) for i in range(len(self.cluster.workers))))
+
+    async def poll_one(self, index: int) -> None:
+        """Read worker ``index``'s trace (nothing if it is not running)."""
+        if not self.cluster.workers[index].running:
+            return
+        body, timeout = ({"clear": True}, 10.0) if self.clear else (None, 2.0)
+        with contextlib.suppress(CompassError, OSError):
+            async with self.cluster.client(index) as client:
+                records = await client.channel.request("trace", body, timeout=timeout)
+            for record in records:
+                key = record.get("key")
+                if key:
+                    self.by_key.setdefault(key, set()).add(record["job"])
 
     async def watch(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.poll()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.1)
+        """Read each worker's trace every 100 ms (each on its own, so that one slow to answer
+        holds up no other) until ``stop``, and once more after."""
+
+        async def one(index: int) -> None:
+            while not stop.is_set():
+                await self.poll_one(index)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+
+        async with asyncio.TaskGroup() as group:
+            for index in range(len(self.cluster.workers)):
+                group.create_task(one(index))
         await self.poll()
 
     def twice(self) -> int:
@@ -290,6 +319,16 @@ async def run_scenario(
     return await SCENARIOS[name](env, log_dir)
 
 
+def worker_env(worker_pythonpath: str | None) -> dict[str, str] | None:
+    """The workers' environment: this one (None), or with ``worker_pythonpath`` first."""
+    if not worker_pythonpath:
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = worker_pythonpath
+    env["PYTHONSAFEPATH"] = "1"  # `python -m` would put the working directory first
+    return env
+
+
 def run(
     scenarios: list[str],
     *,
@@ -298,11 +337,7 @@ def run(
     log_dir: str | None = None,
 ) -> list[Outcome]:
     """Run ``scenarios`` one after another; print a table, write JSON."""
-    env = None
-    if worker_pythonpath:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = worker_pythonpath
-        env["PYTHONSAFEPATH"] = "1"  # `python -m` would put the working directory first
+    env = worker_env(worker_pythonpath)
     outcomes = []
     for name in scenarios:
         path = Path(log_dir) / name if log_dir else None
