@@ -117,6 +117,11 @@ class Campaign:
     views_whole: bool = False  # within VIEW_LIMIT_S of the last fault, and still at the end
     last_view_s: float | None = None
     ran_s: float = 0.0
+    #: answered jobs' latency at the client (p50, p99, max), failovers included
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    #: lines at ERROR level (or tracebacks) in the workers' logs, and the first of them
+    log_errors: int = 0
+    log_error_lines: list[str] = field(default_factory=list)
     exit_codes: list[int] = field(default_factory=list)
     log_dir: str = ""
 
@@ -277,13 +282,16 @@ async def _stream(
     cluster: CampaignCluster,
     settings: Settings,
     outcome: Outcome,
+    latencies: list[float],
     stop: asyncio.Event,
     jobs: asyncio.TaskGroup,
 ) -> None:
     """A job every ``job_gap_s`` until ``stop``, each to the next worker in turn (a fresh
-    connection each, as behind a load balancer), failing over to the others."""
+    connection each, as behind a load balancer), failing over to the others; the latency of
+    each answered one in ``latencies`` (ms)."""
 
     async def routed(i: int) -> None:
+        start = time.monotonic()
         addresses = [w.address for w in cluster.workers]
         first = i % len(addresses)
         order = addresses[first:] + addresses[:first]
@@ -297,6 +305,8 @@ async def _stream(
         except (CompassError, OSError) as exc:
             result = exc
         outcome.count(result)
+        if result is None:
+            latencies.append((time.monotonic() - start) * 1e3)
 
     t0 = time.monotonic()
     i = 0
@@ -351,11 +361,13 @@ async def run_campaign(settings: Settings) -> Campaign:
         keys = _Keys(cluster, clear=True)
         faults = _Faults(cluster, keys, settings, result, kinds)
         stop_stream, stop_keys = asyncio.Event(), asyncio.Event()
+        latencies: list[float] = []
         t0 = time.monotonic()
         async with asyncio.TaskGroup() as watching:
             watching.create_task(keys.watch(stop_keys))
             async with asyncio.TaskGroup() as jobs:
-                jobs.create_task(_stream(cluster, settings, result.jobs, stop_stream, jobs))
+                stream = _stream(cluster, settings, result.jobs, latencies, stop_stream, jobs)
+                jobs.create_task(stream)
                 await faults.run(t0)
                 stop_stream.set()
             # every job answered (or counted hung): the views once more
@@ -366,6 +378,7 @@ async def run_campaign(settings: Settings) -> Campaign:
             stop_keys.set()
         result.ran_s = round(time.monotonic() - t0, 1)
         result.jobs.twice = keys.twice()
+        result.latency_ms = _percentiles(latencies)
     finally:
         try:
             if cluster is not None:
@@ -373,7 +386,32 @@ async def run_campaign(settings: Settings) -> Campaign:
         finally:
             if hosts is not None:
                 hosts.close()
+    result.log_error_lines = _log_errors(log_dir)
+    result.log_errors = len(result.log_error_lines)
+    del result.log_error_lines[10:]
     return result
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    return {
+        "p50": round(ordered[min(int(0.5 * len(ordered)), last)], 1),
+        "p99": round(ordered[min(int(0.99 * len(ordered)), last)], 1),
+        "max": round(ordered[last], 1),
+    }
+
+
+def _log_errors(log_dir: Path) -> list[str]:
+    """The lines of the workers' logs at ERROR level or above, and each traceback's first."""
+    found = []
+    for path in sorted(log_dir.glob("w*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback"):
+                found.append(f"{path.name}: {line}")
+    return found
 
 
 def run(settings: Settings, json_path: str | None = None) -> Campaign:
@@ -422,6 +460,12 @@ def _print(c: Campaign) -> None:
         f"views whole at the end: {'yes' if c.views_whole else 'NO'} (after the last fault: "
         f"{'never' if c.last_view_s is None else f'{c.last_view_s:.2f} s'})"
     )
+    if c.latency_ms:
+        lat = c.latency_ms
+        print(f"answered jobs' latency: p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms, "
+              f"max {lat['max']:.0f} ms")  # fmt: skip
+    if c.log_errors:
+        print(f"{c.log_errors} error lines in the workers' logs, the first: {c.log_error_lines[0]}")
     if c.cut_skipped:
         print(f"no cut links: {c.cut_skipped}")
     print(f"{'PASS' if c.passed else 'FAIL'} (0 hung, 0 twice, views whole); worker logs in "
