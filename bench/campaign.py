@@ -100,6 +100,8 @@ class Fault:
     targets: list[str]
     held_s: float | None = None
     view_s: float | None = None
+    exit_code: int | None = None  # kill, restart: the worker's (-9 after a SIGTERM: no drain)
+    error: str | None = None  # what went wrong applying it (the campaign stopped there)
 
 
 @dataclass
@@ -124,10 +126,12 @@ class Campaign:
     log_error_lines: list[str] = field(default_factory=list)
     exit_codes: list[int] = field(default_factory=list)
     log_dir: str = ""
+    aborted: str | None = None  # a fault that could not be applied: the campaign stopped
 
     @property
     def passed(self) -> bool:
-        return self.jobs.hung == 0 and self.jobs.twice == 0 and self.views_whole
+        whole = self.views_whole and self.aborted is None
+        return self.jobs.hung == 0 and self.jobs.twice == 0 and whole
 
 
 class CampaignCluster:
@@ -193,13 +197,15 @@ class CampaignCluster:
             raise
         return worker
 
-    async def restart(self, i: int, *, kill: bool) -> None:
-        """SIGKILL (``kill``) or SIGTERM worker ``i``, wait for its exit, start it again."""
+    async def restart(self, i: int, *, kill: bool) -> int:
+        """SIGKILL (``kill``) or SIGTERM worker ``i``, wait for its exit (a drain not done in
+        30 s is killed), start it again; its exit code."""
         worker = self.workers[i]
         if kill:
             worker.kill()
-        await worker.stop()
+        code = await worker.stop()
         self.workers[i] = await self._spawn(i)
+        return code
 
     def client(self, index: int) -> Client:
         return Client(self.workers[index].address, token=self.token)
@@ -241,7 +247,13 @@ class _Faults:
             await asyncio.sleep(gap)
             kind = forced.pop(0) if forced else self.rng.choice(self.kinds)
             fault = Fault(kind, round(time.monotonic() - t0, 2), [])
-            await self.apply(fault)
+            try:
+                await self.apply(fault)
+            except (CompassError, OSError) as exc:  # a worker that did not start again
+                fault.error = f"{type(exc).__name__}: {exc}"
+                self.result.faults.append(fault)
+                self.result.aborted = f"{kind} of {fault.targets}: {fault.error}"
+                return
             ended = time.monotonic()
             fault.view_s = await _views_whole(self.cluster, ended)
             self.result.faults.append(fault)
@@ -255,7 +267,7 @@ class _Faults:
             # its last answers, read before they go with it (a job it answered whose answer
             # is lost with it, run again elsewhere, is a job answered twice)
             await self.keys.poll_one(i)
-            await cluster.restart(i, kill=fault.kind == "kill")
+            fault.exit_code = await cluster.restart(i, kill=fault.kind == "kill")
         elif fault.kind == "pause":
             fault.held_s = round(rng.uniform(*PAUSE_S), 2)
             process = cluster.workers[i].process
@@ -466,6 +478,13 @@ def _print(c: Campaign) -> None:
               f"max {lat['max']:.0f} ms")  # fmt: skip
     if c.log_errors:
         print(f"{c.log_errors} error lines in the workers' logs, the first: {c.log_error_lines[0]}")
+    drains = [f for f in c.faults if f.kind == "restart" and f.exit_code not in (0, None)]
+    if drains:
+        print(
+            f"graceful restarts that did not exit 0: {[(f.targets, f.exit_code) for f in drains]}"
+        )
+    if c.aborted:
+        print(f"stopped early: {c.aborted}")
     if c.cut_skipped:
         print(f"no cut links: {c.cut_skipped}")
     print(f"{'PASS' if c.passed else 'FAIL'} (0 hung, 0 twice, views whole); worker logs in "

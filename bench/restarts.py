@@ -13,7 +13,9 @@ what happened to the jobs submitted meanwhile:
   both workers has jobs in flight there: their answers, and the worker's exit time;
 - ``rolling``: every worker of four restarted in turn (SIGTERM, wait for the exit, start with
   the same name and flags) under a steady stream of jobs dealt to the workers in turn, as a
-  load balancer would (each job fails over to the next worker while its own is away).
+  load balancer would (each job fails over to the next worker while its own is away);
+- ``campaign`` (:mod:`bench.campaign`, run alone): random faults, one at a time, for minutes
+  (kill, pause, graceful restart, cut link) under such a stream.
 
 A job is ``ok`` (answered with its result), ``failed`` (answered with an error), ``hung`` (no
 answer within its timeout) or run ``twice`` (two ingresses answered the same job key: the

@@ -19,6 +19,9 @@ def _held(result: Campaign, kinds: tuple[str, ...]) -> None:
     assert result.views_whole, result
     assert result.passed
     assert {k: n for k, n in result.applied.items() if n}.keys() == set(kinds), result.applied
+    # a graceful restart drained and exited by itself, a kill killed
+    exits = {(f.kind, f.exit_code) for f in result.faults if f.kind in ("kill", "restart")}
+    assert exits <= {("kill", -9), ("restart", 0)}, result.faults
     # every worker ended when the campaign did, each on its SIGTERM (a drain: exit code 0)
     assert result.exit_codes == [0] * result.workers, result.exit_codes
 
