@@ -173,7 +173,14 @@ class CampaignCluster:
                 "--join", seed,
             ])  # fmt: skip
         self.workers.append(await self._spawn(0))
-        self.workers.extend(await asyncio.gather(*(self._spawn(i) for i in range(1, self.size))))
+        started = await asyncio.gather(
+            *(self._spawn(i) for i in range(1, self.size)), return_exceptions=True
+        )
+        # those that did start are ended with the cluster, also when another did not
+        self.workers.extend(w for w in started if isinstance(w, WorkerProcess))
+        for failed in started:
+            if isinstance(failed, BaseException):
+                raise failed
         if await _views_whole(self, time.monotonic(), STARTUP_S) is None:
             raise CompassTimeout(f"the campaign's workers did not join within {STARTUP_S:.0f} s")
 
