@@ -47,6 +47,7 @@ from . import netns
 from .report import print_table, write_json
 from .restarts import (
     JOB_TIMEOUT_S,
+    SLOW_S,
     VIEW_LIMIT_S,
     WORKER_ARGS,
     Outcome,
@@ -85,6 +86,8 @@ class Settings:
     forced: tuple[str, ...] = ()
     gap_s: tuple[float, float] = (2.0, 8.0)
     job_gap_s: float = 0.05
+    #: more flags for every worker (``--log-level info`` to look into a finding)
+    worker_args: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     log_dir: Path | None = None
 
@@ -127,6 +130,11 @@ class Campaign:
     exit_codes: list[int] = field(default_factory=list)
     log_dir: str = ""
     aborted: str | None = None  # a fault that could not be applied: the campaign stopped
+    #: the jobs not answered with their result (the first 200): when each was sent (seconds
+    #: from the stream's start), through which worker first, and what the client got
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    #: the ingresses' answer records of jobs that failed or were slow (restarts.SLOW_S)
+    slow_records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -146,8 +154,10 @@ class CampaignCluster:
         hosts: netns.Namespaces | None,
         env: dict[str, str] | None,
         log_dir: Path,
+        args: list[str],
     ) -> None:
         self.size = size
+        self.args = args
         self.hosts = hosts
         self.env = dict(os.environ if env is None else env)
         self.token = secrets.token_hex(16)
@@ -169,7 +179,7 @@ class CampaignCluster:
             prefix = self.hosts.command(i) if self.hosts is not None else []
             self._argv.append([
                 *prefix, sys.executable, "-m", "compass", "worker", "start",
-                "--host", host, "--port", str(port), "--name", f"w{i}", *WORKER_ARGS,
+                "--host", host, "--port", str(port), "--name", f"w{i}", *self.args,
                 "--join", seed,
             ])  # fmt: skip
         self.workers.append(await self._spawn(0))
@@ -302,12 +312,13 @@ async def _stream(
     settings: Settings,
     outcome: Outcome,
     latencies: list[float],
+    problems: list[dict[str, Any]],
     stop: asyncio.Event,
     jobs: asyncio.TaskGroup,
 ) -> None:
     """A job every ``job_gap_s`` until ``stop``, each to the next worker in turn (a fresh
     connection each, as behind a load balancer), failing over to the others; the latency of
-    each answered one in ``latencies`` (ms)."""
+    each answered one in ``latencies`` (ms), what went wrong with the others in ``problems``."""
 
     async def routed(i: int) -> None:
         start = time.monotonic()
@@ -326,6 +337,12 @@ async def _stream(
         outcome.count(result)
         if result is None:
             latencies.append((time.monotonic() - start) * 1e3)
+        elif len(problems) < 200:
+            problems.append({
+                "i": i, "at_s": round(start - t0, 2), "via": cluster.workers[first].name,
+                "error": type(result).__name__, "message": str(result)[:300],
+                "job": getattr(result, "job_id", None),
+            })  # fmt: skip
 
     t0 = time.monotonic()
     i = 0
@@ -375,7 +392,10 @@ async def run_campaign(settings: Settings) -> Campaign:
         if hosts is not None:
             hosts.build()
             hosts.enter(settings.workers)  # the host after the workers': the client's
-        cluster = CampaignCluster(settings.workers, hosts=hosts, env=settings.env, log_dir=log_dir)
+        cluster = CampaignCluster(
+            settings.workers, hosts=hosts, env=settings.env, log_dir=log_dir,
+            args=[*WORKER_ARGS, *settings.worker_args],
+        )  # fmt: skip
         await cluster.start()
         keys = _Keys(cluster, clear=True)
         faults = _Faults(cluster, keys, settings, result, kinds)
@@ -385,7 +405,9 @@ async def run_campaign(settings: Settings) -> Campaign:
         async with asyncio.TaskGroup() as watching:
             watching.create_task(keys.watch(stop_keys))
             async with asyncio.TaskGroup() as jobs:
-                stream = _stream(cluster, settings, result.jobs, latencies, stop_stream, jobs)
+                stream = _stream(
+                    cluster, settings, result.jobs, latencies, result.problems, stop_stream, jobs
+                )
                 jobs.create_task(stream)
                 await faults.run(t0)
                 stop_stream.set()
@@ -397,6 +419,7 @@ async def run_campaign(settings: Settings) -> Campaign:
             stop_keys.set()
         result.ran_s = round(time.monotonic() - t0, 1)
         result.jobs.twice = keys.twice()
+        result.slow_records = keys.slow
         result.latency_ms = _percentiles(latencies)
     finally:
         try:
@@ -443,6 +466,7 @@ def run(settings: Settings, json_path: str | None = None) -> Campaign:
             "job_gap_s": settings.job_gap_s,
             "gap_s": list(settings.gap_s),
             "forced": list(settings.forced),
+            "worker_args_more": list(settings.worker_args),
             "pause_s": list(PAUSE_S),
             "cut_s": list(CUT_S),
             "job_timeout_s": JOB_TIMEOUT_S,
@@ -490,6 +514,18 @@ def _print(c: Campaign) -> None:
         print(
             f"graceful restarts that did not exit 0: {[(f.targets, f.exit_code) for f in drains]}"
         )
+    for p in c.problems[:20]:
+        before = [f for f in c.faults if f.at_s <= p["at_s"] + JOB_TIMEOUT_S]
+        near = (
+            f"{before[-1].kind} of {before[-1].targets} at {before[-1].at_s:.1f} s"
+            if before
+            else "-"
+        )
+        print(f"  job {p['i']} sent at {p['at_s']:.1f} s via {p['via']}: {p['error']} "
+              f"(the last fault before its timeout: {near})")  # fmt: skip
+    if c.slow_records:
+        print(f"{len(c.slow_records)} answer records of jobs that failed or took "
+              f"{SLOW_S:.0f} s or more (in the JSON)")  # fmt: skip
     if c.aborted:
         print(f"stopped early: {c.aborted}")
     if c.cut_skipped:

@@ -54,8 +54,12 @@ WORKER_ARGS = [
     "--workload", PAPER, "--time-scale", "0.02", "--policy", "round_robin",
     "--heartbeat-ms", "20", "--peer-timeout-ms", "1000",
 ]  # fmt: skip
+#: the emulated workers' time scale: real seconds per second of the workload's time
+TIME_SCALE = float(WORKER_ARGS[WORKER_ARGS.index("--time-scale") + 1])
 #: a job not answered within this is counted hung
 JOB_TIMEOUT_S = 20.0
+#: a job answered after this long is slow (its answer record is kept)
+SLOW_S = 10.0
 #: how long a view may take to be whole again before the scenario says it never was
 VIEW_LIMIT_S = 15.0
 
@@ -149,6 +153,9 @@ class _Keys:
         self.cluster = cluster
         self.clear = clear
         self.by_key: dict[str, set[str]] = {}
+        #: the answer records of jobs that failed or took SLOW_S or more (the first 200): a
+        #: job the client gave up on has one too, with the id the workers' logs name it by
+        self.slow: list[dict[str, Any]] = []
 
     async def poll(self) -> None:
         await asyncio.gather(*(self.poll_one(i) for i in range(len(self.cluster.workers))))
@@ -165,6 +172,10 @@ class _Keys:
                 key = record.get("key")
                 if key:
                     self.by_key.setdefault(key, set()).add(record["job"])
+                # an emulated worker's core keeps the workload's time
+                real_s = record.get("latency_s", 0.0) * TIME_SCALE
+                if (not record.get("ok") or real_s >= SLOW_S) and len(self.slow) < 200:
+                    self.slow.append({**record, "latency_real_s": round(real_s, 2)})
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Read each worker's trace every 100 ms (each on its own, so that one slow to answer
