@@ -50,11 +50,11 @@ from .restarts import (
     SLOW_S,
     VIEW_LIMIT_S,
     WORKER_ARGS,
+    AnswerKeys,
     Outcome,
-    _job,
-    _Keys,
-    _views_whole,
     free_port,
+    submit_one,
+    views_whole,
 )
 
 __all__ = ["KINDS", "Campaign", "Fault", "Settings", "run", "run_campaign"]
@@ -191,7 +191,7 @@ class CampaignCluster:
         for failed in started:
             if isinstance(failed, BaseException):
                 raise failed
-        if await _views_whole(self, time.monotonic(), STARTUP_S) is None:
+        if await views_whole(self, time.monotonic(), STARTUP_S) is None:
             raise CompassTimeout(f"the campaign's workers did not join within {STARTUP_S:.0f} s")
 
     async def _spawn(self, i: int) -> WorkerProcess:
@@ -241,7 +241,7 @@ class _Faults:
     def __init__(
         self,
         cluster: CampaignCluster,
-        keys: _Keys,
+        keys: AnswerKeys,
         settings: Settings,
         result: Campaign,
         kinds: tuple[str, ...],
@@ -272,7 +272,7 @@ class _Faults:
                 self.result.aborted = f"{kind} of {fault.targets}: {fault.error}"
                 return
             ended = time.monotonic()
-            fault.view_s = await _views_whole(self.cluster, ended)
+            fault.view_s = await views_whole(self.cluster, ended)
             self.result.faults.append(fault)
             self.result.applied[kind] = self.result.applied.get(kind, 0) + 1
 
@@ -329,7 +329,7 @@ async def _stream(
         try:
             async with asyncio.timeout(JOB_BOUND_S):
                 async with Client(order, token=cluster.token, retries=4) as client:
-                    result = await _job(client, i)
+                    result = await submit_one(client, i)
         except TimeoutError:
             result = CompassTimeout(f"job {i} not answered within {JOB_BOUND_S:.0f} s")
         except (CompassError, OSError) as exc:
@@ -397,7 +397,7 @@ async def run_campaign(settings: Settings) -> Campaign:
             args=[*WORKER_ARGS, *settings.worker_args],
         )  # fmt: skip
         await cluster.start()
-        keys = _Keys(cluster, clear=True)
+        keys = AnswerKeys(cluster, clear=True)
         faults = _Faults(cluster, keys, settings, result, kinds)
         stop_stream, stop_keys = asyncio.Event(), asyncio.Event()
         latencies: list[float] = []
@@ -414,7 +414,7 @@ async def run_campaign(settings: Settings) -> Campaign:
             # every job answered (or counted hung): the views once more
             last = result.faults[-1].view_s if result.faults else 0.0
             result.last_view_s = last
-            still = await _views_whole(cluster, time.monotonic())
+            still = await views_whole(cluster, time.monotonic())
             result.views_whole = last is not None and still is not None
             stop_keys.set()
         result.ran_s = round(time.monotonic() - t0, 1)

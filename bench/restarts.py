@@ -46,7 +46,18 @@ from compass.errors import CompassError, CompassTimeout
 
 from .report import write_json
 
-__all__ = ["SCENARIOS", "Fleet", "Outcome", "free_port", "run", "run_scenario", "worker_env"]
+__all__ = [
+    "SCENARIOS",
+    "AnswerKeys",
+    "Fleet",
+    "Outcome",
+    "free_port",
+    "run",
+    "run_scenario",
+    "submit_one",
+    "views_whole",
+    "worker_env",
+]
 
 PAPER = str(Path(__file__).resolve().parent / "workloads" / "paper.json")
 FLOWS = ("translation", "question_answer", "img_to_sound", "object_detection")
@@ -105,7 +116,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def _job(client: Client, i: int) -> BaseException | None:
+async def submit_one(client: Client, i: int) -> BaseException | None:
+    """Job ``i`` (the workflows in turn) through ``client``: None once answered, else the
+    error it was answered with."""
     try:
         await client.submit(FLOWS[i % 4], data=np.zeros(256, np.uint8), timeout=JOB_TIMEOUT_S)
     except CompassError as exc:
@@ -114,11 +127,11 @@ async def _job(client: Client, i: int) -> BaseException | None:
 
 
 async def _jobs(client: Client, count: int, outcome: Outcome) -> None:
-    for result in await asyncio.gather(*(_job(client, i) for i in range(count))):
+    for result in await asyncio.gather(*(submit_one(client, i) for i in range(count))):
         outcome.count(result)
 
 
-async def _views_whole(cluster: Fleet, since: float, limit_s: float = VIEW_LIMIT_S) -> float | None:
+async def views_whole(cluster: Fleet, since: float, limit_s: float = VIEW_LIMIT_S) -> float | None:
     """Seconds from ``since`` until every worker has every other as a peer and in its view
     (looked at once at least, however long ago ``since`` was); None past ``limit_s``."""
     names = sorted(w.name for w in cluster.workers)
@@ -142,7 +155,7 @@ async def _status(cluster: Fleet, index: int) -> dict[str, Any]:
         return await client.status(timeout=2.0)
 
 
-class _Keys:
+class AnswerKeys:
     """Reads every worker's trace while a scenario runs: which job ids answered each key.
 
     ``clear``: each read empties the trace it read, so a long run reads only what is new; a
@@ -216,7 +229,7 @@ async def same_name(env: dict[str, str] | None, log_dir: Path | None) -> Outcome
         async with cluster.client(1) as client:
             await _jobs(client, 12, Outcome("warm-up"))
         await cluster.restart(1)
-        outcome.view_s = await _views_whole(cluster, time.monotonic())
+        outcome.view_s = await views_whole(cluster, time.monotonic())
         async with cluster.client(1) as client:
             await _jobs(client, 12, outcome)
     return outcome
@@ -231,7 +244,7 @@ async def crash_loop(env: dict[str, str] | None, log_dir: Path | None) -> Outcom
                 await _jobs(client, 4, Outcome("warm-up"))
             await cluster.restart(1, kill=True)
             if round_ == 4:
-                outcome.view_s = await _views_whole(cluster, time.monotonic())
+                outcome.view_s = await views_whole(cluster, time.monotonic())
             for index in (1, 0):
                 async with cluster.client(index) as client:
                     await _jobs(client, 4, outcome)
@@ -245,7 +258,7 @@ async def seed_restart(env: dict[str, str] | None, log_dir: Path | None) -> Outc
         await _seeded(cluster, 3)
         await cluster.restart(0)
         since = time.monotonic()
-        outcome.view_s = await _views_whole(cluster, since)
+        outcome.view_s = await views_whole(cluster, since)
         for index in range(3):
             async with cluster.client(index) as client:
                 await _jobs(client, 4, outcome)
@@ -258,7 +271,7 @@ async def drain(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
     outcome = Outcome("drain")
     cluster = _cluster(2, env, log_dir)
     async with cluster, Client(cluster.addresses, token=cluster.token) as client:
-        jobs = [asyncio.ensure_future(_job(client, i)) for i in range(48)]
+        jobs = [asyncio.ensure_future(submit_one(client, i)) for i in range(48)]
         await asyncio.sleep(0.2)  # submitted, and queued behind each other
         t0 = time.monotonic()
         worker = cluster.workers[0]
@@ -275,7 +288,7 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
     cluster = _cluster(4, env, log_dir)
     try:
         await _seeded(cluster, 4)
-        keys = _Keys(cluster)
+        keys = AnswerKeys(cluster)
         stop_watch = asyncio.Event()
         watcher = asyncio.ensure_future(keys.watch(stop_watch))
         addresses = cluster.addresses
@@ -288,7 +301,7 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
             first = i % len(addresses)
             order = addresses[first:] + addresses[:first]
             async with Client(order, token=cluster.token, retries=4) as client:
-                return await _job(client, i)
+                return await submit_one(client, i)
 
         async def stream() -> None:
             i = 0
@@ -307,7 +320,7 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
         await asyncio.gather(*feeders)
         for result in await asyncio.gather(*jobs):
             outcome.count(result)
-        outcome.view_s = await _views_whole(cluster, since)
+        outcome.view_s = await views_whole(cluster, since)
         stop_watch.set()
         await watcher
         outcome.twice = keys.twice()
