@@ -69,6 +69,8 @@ CUT_S = (1.0, 5.0)
 JOB_BOUND_S = 3 * JOB_TIMEOUT_S
 #: where the workers listen: each host's address (namespaces) or 127.0.0.1 on free ports
 NETNS_PORT = 7400
+#: a graceful restart whose drain takes longer has its worker's queues looked at
+SLOW_DRAIN_S = 3.0
 #: a cluster that is not whole this long after its start does not start
 STARTUP_S = 60.0
 
@@ -104,6 +106,9 @@ class Fault:
     held_s: float | None = None
     view_s: float | None = None
     exit_code: int | None = None  # kill, restart: the worker's (-9 after a SIGTERM: no drain)
+    stop_s: float | None = None  # kill, restart: from the signal to the exit
+    #: restart: the worker's queues (``compass status``) SLOW_DRAIN_S into a drain not done
+    drain_queue: dict[str, Any] | None = None
     error: str | None = None  # what went wrong applying it (the campaign stopped there)
 
 
@@ -214,15 +219,23 @@ class CampaignCluster:
             raise
         return worker
 
-    async def restart(self, i: int, *, kill: bool) -> int:
+    async def restart(self, i: int, fault: Fault, *, kill: bool) -> None:
         """SIGKILL (``kill``) or SIGTERM worker ``i``, wait for its exit (a drain not done in
-        30 s is killed), start it again; its exit code."""
+        30 s is killed), start it again; its exit code and how long it took to exit in
+        ``fault``, and the queues of a drain still going on after :data:`SLOW_DRAIN_S`."""
         worker = self.workers[i]
         if kill:
             worker.kill()
-        code = await worker.stop()
+        t0 = time.monotonic()
+        stopping = asyncio.ensure_future(worker.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=SLOW_DRAIN_S)
+        if not done:  # what does it wait for?
+            with contextlib.suppress(CompassError, OSError):
+                async with self.client(i) as client:
+                    fault.drain_queue = (await client.status(timeout=2.0))["queue"]
+        fault.exit_code = await stopping
+        fault.stop_s = round(time.monotonic() - t0, 2)
         self.workers[i] = await self._spawn(i)
-        return code
 
     def client(self, index: int) -> Client:
         return Client(self.workers[index].address, token=self.token)
@@ -284,7 +297,7 @@ class _Faults:
             # its last answers, read before they go with it (a job it answered whose answer
             # is lost with it, run again elsewhere, is a job answered twice)
             await self.keys.poll_one(i)
-            fault.exit_code = await cluster.restart(i, kill=fault.kind == "kill")
+            await cluster.restart(i, fault, kill=fault.kind == "kill")
         elif fault.kind == "pause":
             fault.held_s = round(rng.uniform(*PAUSE_S), 2)
             process = cluster.workers[i].process
@@ -514,6 +527,10 @@ def _print(c: Campaign) -> None:
         print(
             f"graceful restarts that did not exit 0: {[(f.targets, f.exit_code) for f in drains]}"
         )
+    for f in c.faults:
+        if f.drain_queue is not None:
+            print(f"  restart of {f.targets[0]} at {f.at_s:.1f} s drained for {f.stop_s} s; "
+                  f"{SLOW_DRAIN_S:.0f} s in, its queues: {f.drain_queue}")  # fmt: skip
     for p in c.problems[:20]:
         before = [f for f in c.faults if f.at_s <= p["at_s"] + JOB_TIMEOUT_S]
         near = (
