@@ -13,7 +13,9 @@ what happened to the jobs submitted meanwhile:
   both workers has jobs in flight there: their answers, and the worker's exit time;
 - ``rolling``: every worker of four restarted in turn (SIGTERM, wait for the exit, start with
   the same name and flags) under a steady stream of jobs dealt to the workers in turn, as a
-  load balancer would (each job fails over to the next worker while its own is away).
+  load balancer would (each job fails over to the next worker while its own is away);
+- ``campaign`` (:mod:`bench.campaign`, run alone): random faults, one at a time, for minutes
+  (kill, pause, graceful restart, cut link) under such a stream.
 
 A job is ``ok`` (answered with its result), ``failed`` (answered with an error), ``hung`` (no
 answer within its timeout) or run ``twice`` (two ingresses answered the same job key: the
@@ -34,16 +36,28 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from compass import Client, LocalCluster
+from compass.cluster import WorkerProcess
 from compass.errors import CompassError, CompassTimeout
 
 from .report import write_json
 
-__all__ = ["SCENARIOS", "Outcome", "free_port", "run", "run_scenario"]
+__all__ = [
+    "SCENARIOS",
+    "AnswerKeys",
+    "Fleet",
+    "Outcome",
+    "free_port",
+    "run",
+    "run_scenario",
+    "submit_one",
+    "views_whole",
+    "worker_env",
+]
 
 PAPER = str(Path(__file__).resolve().parent / "workloads" / "paper.json")
 FLOWS = ("translation", "question_answer", "img_to_sound", "object_detection")
@@ -51,10 +65,23 @@ WORKER_ARGS = [
     "--workload", PAPER, "--time-scale", "0.02", "--policy", "round_robin",
     "--heartbeat-ms", "20", "--peer-timeout-ms", "1000",
 ]  # fmt: skip
+#: the emulated workers' time scale: real seconds per second of the workload's time
+TIME_SCALE = float(WORKER_ARGS[WORKER_ARGS.index("--time-scale") + 1])
 #: a job not answered within this is counted hung
 JOB_TIMEOUT_S = 20.0
+#: a job answered after this long is slow (its answer record is kept)
+SLOW_S = 10.0
 #: how long a view may take to be whole again before the scenario says it never was
 VIEW_LIMIT_S = 15.0
+
+
+class Fleet(Protocol):
+    """What the counting below reads: the worker processes, and a client for each
+    (:class:`~compass.LocalCluster`, or the campaign's workers in network namespaces)."""
+
+    workers: list[WorkerProcess]
+
+    def client(self, index: int) -> Client: ...
 
 
 @dataclass
@@ -89,7 +116,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def _job(client: Client, i: int) -> BaseException | None:
+async def submit_one(client: Client, i: int) -> BaseException | None:
+    """Job ``i`` (the workflows in turn) through ``client``: None once answered, else the
+    error it was answered with."""
     try:
         await client.submit(FLOWS[i % 4], data=np.zeros(256, np.uint8), timeout=JOB_TIMEOUT_S)
     except CompassError as exc:
@@ -98,15 +127,16 @@ async def _job(client: Client, i: int) -> BaseException | None:
 
 
 async def _jobs(client: Client, count: int, outcome: Outcome) -> None:
-    for result in await asyncio.gather(*(_job(client, i) for i in range(count))):
+    for result in await asyncio.gather(*(submit_one(client, i) for i in range(count))):
         outcome.count(result)
 
 
-async def _views_whole(cluster: LocalCluster, since: float) -> float | None:
-    """Seconds from ``since`` until every worker has every other as a peer and in its view."""
+async def views_whole(cluster: Fleet, since: float, limit_s: float = VIEW_LIMIT_S) -> float | None:
+    """Seconds from ``since`` until every worker has every other as a peer and in its view
+    (looked at once at least, however long ago ``since`` was); None past ``limit_s``."""
     names = sorted(w.name for w in cluster.workers)
-    deadline = since + VIEW_LIMIT_S
-    while time.monotonic() < deadline:
+    deadline = max(since + limit_s, time.monotonic())
+    while True:
         with contextlib.suppress(CompassError, OSError):
             statuses = await asyncio.gather(*(_status(cluster, i) for i in range(len(names))))
             if all(
@@ -115,39 +145,64 @@ async def _views_whole(cluster: LocalCluster, since: float) -> float | None:
                 for s in statuses
             ):
                 return round(time.monotonic() - since, 2)
+        if time.monotonic() >= deadline:
+            return None
         await asyncio.sleep(0.05)
-    return None
 
 
-async def _status(cluster: LocalCluster, index: int) -> dict[str, Any]:
+async def _status(cluster: Fleet, index: int) -> dict[str, Any]:
     async with cluster.client(index) as client:
         return await client.status(timeout=2.0)
 
 
-class _Keys:
-    """Reads every worker's trace while a scenario runs: which job ids answered each key."""
+class AnswerKeys:
+    """Reads every worker's trace while a scenario runs: which job ids answered each key.
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    ``clear``: each read empties the trace it read, so a long run reads only what is new; a
+    read then waits up to 10 s (a worker stopped for a while answers it when it goes on: one
+    given up on would have emptied its trace into a closed connection)."""
+
+    def __init__(self, cluster: Fleet, *, clear: bool = False) -> None:
         self.cluster = cluster
+        self.clear = clear
         self.by_key: dict[str, set[str]] = {}
+        #: the answer records of jobs that failed or took SLOW_S or more (the first 200): a
+        #: job the client gave up on has one too, with the id the workers' logs name it by
+        self.slow: list[dict[str, Any]] = []
 
     async def poll(self) -> None:
-        for index, worker in enumerate(self.cluster.workers):
-            if not worker.running:
-                continue
-            with contextlib.suppress(CompassError, OSError):
-                async with self.cluster.client(index) as client:
-                    records = await client.channel.request("trace", None, timeout=2.0)
-                for record in records:
-                    key = record.get("key")
-                    if key:
-                        self.by_key.setdefault(key, set()).add(record["job"])
+        await asyncio.gather(*(self.poll_one(i) for i in range(len(self.cluster.workers))))
+
+    async def poll_one(self, index: int) -> None:
+        """Read worker ``index``'s trace (nothing if it is not running)."""
+        if not self.cluster.workers[index].running:
+            return
+        body, timeout = ({"clear": True}, 10.0) if self.clear else (None, 2.0)
+        with contextlib.suppress(CompassError, OSError):
+            async with self.cluster.client(index) as client:
+                records = await client.channel.request("trace", body, timeout=timeout)
+            for record in records:
+                key = record.get("key")
+                if key:
+                    self.by_key.setdefault(key, set()).add(record["job"])
+                # an emulated worker's core keeps the workload's time
+                real_s = record.get("latency_s", 0.0) * TIME_SCALE
+                if (not record.get("ok") or real_s >= SLOW_S) and len(self.slow) < 200:
+                    self.slow.append({**record, "latency_real_s": round(real_s, 2)})
 
     async def watch(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.poll()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.1)
+        """Read each worker's trace every 100 ms (each on its own, so that one slow to answer
+        holds up no other) until ``stop``, and once more after."""
+
+        async def one(index: int) -> None:
+            while not stop.is_set():
+                await self.poll_one(index)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+
+        async with asyncio.TaskGroup() as group:
+            for index in range(len(self.cluster.workers)):
+                group.create_task(one(index))
         await self.poll()
 
     def twice(self) -> int:
@@ -174,7 +229,7 @@ async def same_name(env: dict[str, str] | None, log_dir: Path | None) -> Outcome
         async with cluster.client(1) as client:
             await _jobs(client, 12, Outcome("warm-up"))
         await cluster.restart(1)
-        outcome.view_s = await _views_whole(cluster, time.monotonic())
+        outcome.view_s = await views_whole(cluster, time.monotonic())
         async with cluster.client(1) as client:
             await _jobs(client, 12, outcome)
     return outcome
@@ -189,7 +244,7 @@ async def crash_loop(env: dict[str, str] | None, log_dir: Path | None) -> Outcom
                 await _jobs(client, 4, Outcome("warm-up"))
             await cluster.restart(1, kill=True)
             if round_ == 4:
-                outcome.view_s = await _views_whole(cluster, time.monotonic())
+                outcome.view_s = await views_whole(cluster, time.monotonic())
             for index in (1, 0):
                 async with cluster.client(index) as client:
                     await _jobs(client, 4, outcome)
@@ -203,7 +258,7 @@ async def seed_restart(env: dict[str, str] | None, log_dir: Path | None) -> Outc
         await _seeded(cluster, 3)
         await cluster.restart(0)
         since = time.monotonic()
-        outcome.view_s = await _views_whole(cluster, since)
+        outcome.view_s = await views_whole(cluster, since)
         for index in range(3):
             async with cluster.client(index) as client:
                 await _jobs(client, 4, outcome)
@@ -216,7 +271,7 @@ async def drain(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
     outcome = Outcome("drain")
     cluster = _cluster(2, env, log_dir)
     async with cluster, Client(cluster.addresses, token=cluster.token) as client:
-        jobs = [asyncio.ensure_future(_job(client, i)) for i in range(48)]
+        jobs = [asyncio.ensure_future(submit_one(client, i)) for i in range(48)]
         await asyncio.sleep(0.2)  # submitted, and queued behind each other
         t0 = time.monotonic()
         worker = cluster.workers[0]
@@ -233,7 +288,7 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
     cluster = _cluster(4, env, log_dir)
     try:
         await _seeded(cluster, 4)
-        keys = _Keys(cluster)
+        keys = AnswerKeys(cluster)
         stop_watch = asyncio.Event()
         watcher = asyncio.ensure_future(keys.watch(stop_watch))
         addresses = cluster.addresses
@@ -246,7 +301,7 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
             first = i % len(addresses)
             order = addresses[first:] + addresses[:first]
             async with Client(order, token=cluster.token, retries=4) as client:
-                return await _job(client, i)
+                return await submit_one(client, i)
 
         async def stream() -> None:
             i = 0
@@ -265,7 +320,7 @@ async def rolling(env: dict[str, str] | None, log_dir: Path | None) -> Outcome:
         await asyncio.gather(*feeders)
         for result in await asyncio.gather(*jobs):
             outcome.count(result)
-        outcome.view_s = await _views_whole(cluster, since)
+        outcome.view_s = await views_whole(cluster, since)
         stop_watch.set()
         await watcher
         outcome.twice = keys.twice()
@@ -290,6 +345,16 @@ async def run_scenario(
     return await SCENARIOS[name](env, log_dir)
 
 
+def worker_env(worker_pythonpath: str | None) -> dict[str, str] | None:
+    """The workers' environment: this one (None), or with ``worker_pythonpath`` first."""
+    if not worker_pythonpath:
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = worker_pythonpath
+    env["PYTHONSAFEPATH"] = "1"  # `python -m` would put the working directory first
+    return env
+
+
 def run(
     scenarios: list[str],
     *,
@@ -298,11 +363,7 @@ def run(
     log_dir: str | None = None,
 ) -> list[Outcome]:
     """Run ``scenarios`` one after another; print a table, write JSON."""
-    env = None
-    if worker_pythonpath:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = worker_pythonpath
-        env["PYTHONSAFEPATH"] = "1"  # `python -m` would put the working directory first
+    env = worker_env(worker_pythonpath)
     outcomes = []
     for name in scenarios:
         path = Path(log_dir) / name if log_dir else None

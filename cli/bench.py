@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -154,23 +155,58 @@ def bench_client(
 def bench_restarts(
     scenario: Annotated[
         list[str] | None,
-        typer.Option(help="same_name, crash_loop, seed_restart, drain or rolling (repeatable)."),
+        typer.Option(
+            help="same_name, crash_loop, seed_restart, drain or rolling (repeatable; all five "
+            "by default), or campaign (alone: random faults for --duration-s)."
+        ),
     ] = None,
     worker_pythonpath: Annotated[
         str | None, typer.Option(help="Run the workers from this checkout (a before/after).")
     ] = None,
+    duration_s: Annotated[
+        float, typer.Option(min=1.0, help="campaign: how long faults are applied, in seconds.")
+    ] = 600.0,
+    workers: Annotated[int, typer.Option(min=2, help="campaign: worker processes.")] = 5,
+    seed: Annotated[
+        int, typer.Option(help="campaign: seeds the faults, their targets and gaps.")
+    ] = 0,
+    netns: Annotated[
+        str,
+        typer.Option(
+            help="campaign: auto, on or off: each worker in a network namespace of its own, "
+            "for cut links (root and `ip netns`; auto: where they can be made)."
+        ),
+    ] = "auto",
+    log_dir: Annotated[
+        str | None, typer.Option(help="Keep the workers' logs here (campaign: a temp folder).")
+    ] = None,
     json_path: JsonPath = None,
 ) -> None:
     """Restarts, crashes, drains and a rolling restart on a local cluster: jobs ok, hung,
-    failed or run twice, and the time until every view is whole again."""
+    failed or run twice, and the time until every view is whole again; or a campaign of random
+    faults (kill, pause, graceful restart, cut link) under a stream of jobs."""
     from compass._bench import restarts
 
     names = scenario or list(restarts.SCENARIOS)
-    unknown = [n for n in names if n not in restarts.SCENARIOS]
+    unknown = [n for n in names if n not in restarts.SCENARIOS and n != "campaign"]
     if unknown:
-        fail(f"--scenario {unknown[0]!r}: expected one of {', '.join(restarts.SCENARIOS)}", 2)
+        choices = ", ".join([*restarts.SCENARIOS, "campaign"])
+        fail(f"--scenario {unknown[0]!r}: expected one of {choices}", 2)
+    if "campaign" in names and len(names) > 1:
+        fail("--scenario campaign runs alone", 2)
+    if netns not in ("auto", "on", "off"):
+        fail(f"--netns {netns!r}: expected auto, on or off", 2)
     check_output(json_path, "--json")
-    restarts.run(names, worker_pythonpath=worker_pythonpath, json_path=json_path)
+    if names == ["campaign"]:
+        from compass._bench import campaign
+
+        settings = campaign.Settings(
+            duration_s=duration_s, workers=workers, seed=seed, netns=netns,
+            env=restarts.worker_env(worker_pythonpath), log_dir=Path(log_dir) if log_dir else None,
+        )  # fmt: skip
+        campaign.run(settings, json_path=json_path)
+        return
+    restarts.run(names, worker_pythonpath=worker_pythonpath, json_path=json_path, log_dir=log_dir)
 
 
 @bench_app.command("chain")
