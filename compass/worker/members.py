@@ -106,6 +106,7 @@ from compass.worker.member_events import (
     SeedsFailed,
     SendAck,
     Stale,
+    Stalled,
     Tick,
     Update,
     Welcome,
@@ -292,7 +293,9 @@ class MemberTable(FailureDetector):
             case Close():
                 self.live.clear()
                 self._probes.clear()
+                self._given_up.clear()
                 self.suspicions.clear()
+                self.slowness.clear()
                 self.broadcasts.clear()
                 self.probe_at = math.inf
             case Pinged():
@@ -318,6 +321,8 @@ class MemberTable(FailureDetector):
                 self._unsent(event, out)
             case ChannelLost():
                 self._channel_lost(event, out)
+            case Stalled():
+                self._stalled(event)
             case Gossiped():
                 self._learn(event.now, event.sender, event.updates, out)
             case _:
@@ -581,6 +586,7 @@ class MemberTable(FailureDetector):
             return
         out.append(PeerDown(name, peer.address, why))
         self.suspicions.pop(name, None)
+        self.slowness.pop(name, None)
         if not self.live:  # nobody left to tell: what was to be told is stale by the next peer
             self.broadcasts.clear()
             self.probe_at = math.inf  # nobody to probe either, until the next peer
@@ -659,7 +665,13 @@ class MemberTable(FailureDetector):
         by = u.by or sender
         if u.name == self.name:
             if u.status != "alive" and not self.leaving:
+                before = self.incarnation
                 self._refute(u.incarnation, by, out)
+                peer = self.live.get(by)
+                if self.incarnation > before and peer is not None:
+                    # the refutation goes first: to the one that suspects it, now, on a probe
+                    # (its updates, the newest first), not when the round reaches it
+                    self._probe(now, by, peer.address, None, out)
             return
         known = self.members.get(u.name)
         if known is None:  # a member this worker never saw: a live peer, not dialed
