@@ -301,11 +301,12 @@ class FailureDetector(abc.ABC):
     def _suspicion_timeout_s(self, members: int, confirmations: int, name: str) -> float:
         """How long a suspicion of ``name`` lasts here: Lifeguard's, stretched by this
         worker's local health (a slow worker is slow to hear refutations too), plus twice
-        how slow ``name`` has been to ack lately, at most the longest suspicion (a busy peer
-        refutes late; one that was quick when it went silent gets no more time)."""
+        how slow ``name`` has been to ack lately (a busy peer refutes late; one that was
+        quick when it went silent gets no more time); never more than the longest (with
+        ``--peer-timeout-ms``, the bound the operator set)."""
         base = self.probing.suspicion_timeout_s(members, confirmations) * (1 + self.health)
         _, longest = self.probing.suspicion_bounds_s(members)
-        return base + min(2 * self.slowness.get(name, 0.0), longest)
+        return min(base + 2 * self.slowness.get(name, 0.0), longest)
 
     def _unsuspect(self, name: str, out: list[Decision]) -> None:
         """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""

@@ -132,8 +132,10 @@ def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     (suspect,) = only(decisions, Suspect)
     members = len(PEERS) + 1
     assert t.health == 1  # no peer asked even nacked: this worker may be the slow one
-    # a slow worker is slow to hear refutations too: the suspicion lasts (1 + health) times
-    longest = PROBING.suspicion_timeout_s(members, 0) * 2
+    # a slow worker is slow to hear refutations too: the suspicion lasts (1 + health) times,
+    # but no more than the longest (unconfirmed, it is that already)
+    longest = PROBING.suspicion_timeout_s(members, 0)
+    assert longest == PROBING.suspicion_bounds_s(members)[1]
     assert suspect == Suspect(target, 0, "a", longest)
     # and the suspect is told at once, on a probe that carries its suspicion first
     (told,) = [p for p in decisions if isinstance(p, SendProbe) and p.target == target]
