@@ -25,8 +25,13 @@ The rules (after SWIM, as memberlist and Serf apply them):
   acks, a bounded number of times; what arrives is applied by the same rules (a worker told
   it is suspected or dead refutes at once). A worker answers every probe meant for it
   (:class:`Pinged`: :class:`SendAck`) and probes for a peer that asks (:class:`ProbeAsked`).
-  Lifeguard's local health: a worker that misses the answers of the peers it asked, or must
-  refute, stretches its own period and timeouts (it is likely the slow one).
+  Lifeguard's local health: a worker that misses the answers of the peers it asked, must
+  refute, or whose own loop stalls (:class:`~.member_events.Stalled`), stretches its own
+  period, timeouts and suspicions (it is likely the slow one). A busy worker is not a dead
+  one: this worker's own stalls move the deadlines of its probes and suspicions (silence is
+  measured in the time it listened), a peer that acked late lately gets that much longer to
+  refute, and a suspect is told at once, as the one it refutes to is; no suspicion lasts more
+  than the longest.
 - Every worker ever seen is remembered (:class:`Member`: name, address, incarnation, instance).
   A live one (a *peer*) is removed when it is declared dead (above, or :class:`Remove`) or it
   says it leaves (:class:`Left`). A removed one is retried, each
