@@ -20,6 +20,14 @@ drains. A peer that asks and never reads the answers is thus held to a bounded a
 side's memory. Everything else (answers to our requests, notifies) is read on: those never add
 to what this side writes on the channel, and two peers pushing bulk notifies at each other
 while both are over the mark must keep reading each other, or neither buffer would ever drain.
+
+Admission at the loop's pace. At most :data:`MAX_STARTS_PER_PASS` requests are started in one
+pass of the event loop; the rest are queued the same way and started on the next passes, and
+past :data:`MAX_DEFERRED` queued the channel stops reading. A burst (a client submitting 2,000
+jobs at once) is thus taken in at the pace the loop can plan it, waiting in the socket rather
+than in memory, while the loop goes on serving everything else between passes: a worker whose
+loop spent a second starting 2,000 handlers in one pass answered no probe meanwhile, and its
+peers declared it dead.
 """
 
 from __future__ import annotations
@@ -67,6 +75,9 @@ CANCEL_OP = "$cancel"
 #: requests queued, not started, while the write buffer is over its high-water mark; one more
 #: and the channel stops reading from the peer until the buffer drains
 MAX_DEFERRED = 32
+#: requests started in one pass of the event loop; more wait for the next pass (queued as
+#: above), so that one pass stays short whatever a peer sends at once
+MAX_STARTS_PER_PASS = 32
 #: requests started while reading one batch before what they answered goes to the transport
 #: (so that its flow control sees it): many answers held for one write would bypass it
 _SPILL_EVERY = 32
@@ -175,6 +186,10 @@ class Channel:
         # requests not started while writing is paused, and whether reading is paused for them
         self._deferred: deque[Request] = deque()
         self._reading_paused = False
+        # requests started in this pass of the loop, and whether the next pass is called to
+        # start those deferred meanwhile (see MAX_STARTS_PER_PASS)
+        self._starts = 0
+        self._next_pass: asyncio.Handle | None = None
         self._rejection: CompassError | None = None  # refused by the server before its handshake
 
         self._writes = WriteBatcher(self._loop, conn.data_to_send, self._in_flight)
@@ -373,20 +388,40 @@ class Channel:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        self._admit()
+
+    def _pass_over(self) -> None:
+        """A new pass of the loop: start what waited for it."""
+        self._next_pass = None
+        self._starts = 0
+        self._admit()
+
+    def _admit(self) -> None:
+        """Start deferred requests while writing is not paused and this pass may start more;
+        read on once none waits."""
         if self._failure is not None:
             self._deferred.clear()
             return
         deferred = self._deferred
-        while deferred and not self._write_paused:
+        while deferred and not self._write_paused and self._starts < MAX_STARTS_PER_PASS:
             self._start_handler(deferred.popleft())
+            self._count_start()
         if self._reading_paused and not deferred and not self._write_paused:
             self._reading_paused = False
             if self._transport is not None:
                 self._transport.resume_reading()
             self._buffer_updated(0)  # frames that arrived before reading paused
 
+    def _count_start(self) -> None:
+        """One more request started in this pass: the first calls the next pass, which
+        counts again from zero and starts what was deferred meanwhile."""
+        self._starts += 1
+        if self._next_pass is None:
+            self._next_pass = self._loop.call_soon(self._pass_over)
+
     def _defer(self, event: Request) -> None:
-        """Writing is paused: queue ``event``; stop reading once the queue is full."""
+        """Writing is paused, or this pass started its share: queue ``event``; stop reading
+        once the queue is full."""
         self._deferred.append(event)
         if len(self._deferred) >= MAX_DEFERRED and not self._reading_paused:
             self._reading_paused = True
@@ -480,12 +515,13 @@ class Channel:
                     if future is not None and not future.done():
                         future.set_result(event.body)  # type: ignore[union-attr]
                 elif kind is Request:
-                    if self._write_paused:
+                    if self._write_paused or self._starts >= MAX_STARTS_PER_PASS:
                         self._defer(event)  # type: ignore[arg-type]
                         if self._reading_paused:
                             break
                     else:
                         self._start_handler(event)  # type: ignore[arg-type]
+                        self._count_start()
                         started += 1
                         if started == _SPILL_EVERY:
                             started = 0

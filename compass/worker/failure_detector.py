@@ -29,6 +29,7 @@ from compass.worker.member_events import (
     SendAck,
     SendNack,
     SendProbe,
+    Stalled,
     Suspect,
     Unsuspected,
     Update,
@@ -38,7 +39,10 @@ from compass.worker.swim import Broadcasts, ProbeOrder, Probing
 if TYPE_CHECKING:
     from compass.worker.members import Member
 
-__all__ = ["FailureDetector"]
+__all__ = ["LATE_ACKS", "FailureDetector"]
+
+#: own probes given up on whose acks may still come (each tells how slow its target is)
+LATE_ACKS = 64
 
 
 @dataclass(slots=True)
@@ -51,6 +55,8 @@ class _Probe:
     #: no ack by then: ask others (own), or tell the asker (relay)
     ack_by: float
     relay: tuple[str, int] | None = None
+    #: when it was sent
+    sent: float = 0.0
     #: others were asked to probe it: it failed unless acked by then
     indirect_by: float | None = None
     asked: int = 0
@@ -63,12 +69,14 @@ class _Probe:
 @dataclass(slots=True)
 class _Suspicion:
     """A live peer suspected at ``incarnation`` since ``since``, by the workers in ``by`` (the
-    first suspected it, the others confirmed), declared dead at ``deadline``."""
+    first suspected it, the others confirmed), declared dead at ``deadline``; ``stalled``:
+    how long this worker's own loop stalled since, by which the deadline moved."""
 
     incarnation: int
     since: float
     deadline: float
     by: list[str]
+    stalled: float = 0.0
 
 
 class FailureDetector(abc.ABC):
@@ -102,6 +110,12 @@ class FailureDetector(abc.ABC):
         self._seq = rng.getrandbits(48)
         #: the suspected live peers
         self.suspicions: dict[str, _Suspicion] = {}
+        #: how slow each live peer has been to ack lately (seconds: its slowest ack, halved
+        #: at each ack since): a peer that answered late a moment ago is busy, and its
+        #: suspicion lasts that much longer (see _suspicion_timeout_s)
+        self.slowness: dict[str, float] = {}
+        #: own probes given up on, by seq: target and when sent (the last LATE_ACKS)
+        self._given_up: dict[int, tuple[str, float]] = {}
 
     @abc.abstractmethod
     def _remove(self, now: float, name: str, why: str, out: list[Decision]) -> None:
@@ -147,7 +161,7 @@ class FailureDetector(abc.ABC):
         timeout_s = self.probing.timeout_s * (1 + self.health)
         if relay is not None:
             timeout_s *= 0.8  # the asker hears the nack before its own window closes
-        self._probes[self._seq] = _Probe(target, address, now + timeout_s, relay)
+        self._probes[self._seq] = _Probe(target, address, now + timeout_s, relay, now)
         out.append(SendProbe(target, address, self._seq, self._piggyback(target)))
 
     def _channel_lost(self, ev: ChannelLost, out: list[Decision]) -> None:
@@ -162,6 +176,24 @@ class FailureDetector(abc.ABC):
                     return  # others are probing it already
                 del self._probes[seq]
         self._probe(ev.now, peer.name, peer.address, None, out)
+
+    def _stalled(self, ev: Stalled) -> None:
+        """This worker's loop stalled ``ev.late_s``: silence is measured in the time it was
+        listening, so every deadline of its own probes and suspicions moves by the stall (an
+        ack may be waiting unread, a refutation could not be asked for). A stall of half a
+        probe timeout or more counts against its local health, as a missed nack does: it is
+        the slow one, and stretches its period and timeouts (Lifeguard)."""
+        late = ev.late_s
+        for probe in self._probes.values():
+            if probe.relay is None:  # a relay owes its asker a nack within the asker's window
+                probe.ack_by += late
+                if probe.indirect_by is not None:
+                    probe.indirect_by += late
+        for suspicion in self.suspicions.values():
+            suspicion.stalled += late
+            suspicion.deadline += late
+        if late >= self.probing.timeout_s / 2:
+            self._health(+1)
 
     def _indirect(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
         """Probe ``seq``'s ack is late: ask others to probe its target."""
@@ -178,6 +210,9 @@ class FailureDetector(abc.ABC):
     def _failed(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
         """Nobody got an ack from probe ``seq``'s target: suspect it."""
         del self._probes[seq]
+        self._given_up[seq] = (probe.target, probe.sent)
+        if len(self._given_up) > LATE_ACKS:
+            del self._given_up[next(iter(self._given_up))]
         if probe.nacks < probe.asked:
             self._health(+1)  # a peer asked did not even nack: this worker may be the slow one
         known = self.live.get(probe.target)
@@ -193,12 +228,29 @@ class FailureDetector(abc.ABC):
     def _acked(self, ev: Acked, out: list[Decision]) -> None:
         probe = self._probes.pop(ev.seq, None)
         if probe is None:
-            return  # late: decided already
+            late = self._given_up.pop(ev.seq, None)
+            if late is not None:  # decided already, but it tells how slow the target is
+                self._slow(ev.now, late[0], ev.now - late[1])
+            return
         if probe.relay is not None:
             asker, their_seq = probe.relay
             out.append(SendAck(asker, their_seq, self._piggyback(asker)))
         else:
             self._health(-1)
+            self._slow(ev.now, probe.target, ev.now - probe.sent)
+
+    def _slow(self, now: float, name: str, rtt_s: float) -> None:
+        """An ack of ``name`` took ``rtt_s``: its slowest lately, halved at each ack. A
+        suspect that acks late was busy, not gone: its suspicion takes the new slowness in."""
+        if name not in self.live:
+            return
+        self.slowness[name] = max(rtt_s, self.slowness.get(name, 0.0) / 2)
+        suspicion = self.suspicions.get(name)
+        if suspicion is not None:
+            timeout_s = self._suspicion_timeout_s(len(self.live) + 1, len(suspicion.by) - 1, name)
+            suspicion.deadline = max(
+                suspicion.deadline, suspicion.since + suspicion.stalled + timeout_s
+            )
 
     def _nacked(self, ev: Nacked, out: list[Decision]) -> None:
         probe = self._probes.get(ev.seq)
@@ -230,16 +282,31 @@ class FailureDetector(abc.ABC):
                 return
             suspicion.by.append(by)
             confirmations = len(suspicion.by) - 1
-            timeout_s = self.probing.suspicion_timeout_s(members, confirmations)
-            suspicion.deadline = suspicion.since + timeout_s
+            timeout_s = self._suspicion_timeout_s(members, confirmations, name)
+            suspicion.deadline = suspicion.since + suspicion.stalled + timeout_s
             if confirmations <= self.probing.suspicion_mult:  # more shorten nothing more
                 self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
             return
         known.incarnation = max(known.incarnation, incarnation)
-        timeout_s = self.probing.suspicion_timeout_s(members, 0)
+        timeout_s = self._suspicion_timeout_s(members, 0, name)
         self.suspicions[name] = _Suspicion(incarnation, now, now + timeout_s, [by])
         self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
         out.append(Suspect(name, incarnation, by, timeout_s))
+        if by == self.name:
+            # tell it now, not on the next probe of it a round later: the probe carries its
+            # suspicion first (see _piggyback), and a live peer refutes in its ack (the
+            # first to suspect it tells it; those that only hear of it do not, at any n)
+            self._probe(now, name, known.address, None, out)
+
+    def _suspicion_timeout_s(self, members: int, confirmations: int, name: str) -> float:
+        """How long a suspicion of ``name`` lasts here: Lifeguard's, stretched by this
+        worker's local health (a slow worker is slow to hear refutations too), plus twice
+        how slow ``name`` has been to ack lately (a busy peer refutes late; one that was
+        quick when it went silent gets no more time); never more than the longest (with
+        ``--peer-timeout-ms``, the bound the operator set)."""
+        base = self.probing.suspicion_timeout_s(members, confirmations) * (1 + self.health)
+        _, longest = self.probing.suspicion_bounds_s(members)
+        return min(base + 2 * self.slowness.get(name, 0.0), longest)
 
     def _unsuspect(self, name: str, out: list[Decision]) -> None:
         """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""
@@ -254,10 +321,15 @@ class FailureDetector(abc.ABC):
     ) -> None:
         known = self.members[name]
         others = len(suspicion.by) - 1
+        stalled = (
+            f", {suspicion.stalled * 1000:.0f} ms of it this worker's own stalls"
+            if suspicion.stalled >= 0.001
+            else ""
+        )
         why = (
             f"suspected for {(now - suspicion.since) * 1000:.0f} ms without refuting it "
             f"(first by {suspicion.by[0]}, confirmed by {others} other worker"
-            f"{'' if others == 1 else 's'})"
+            f"{'' if others == 1 else 's'}{stalled})"
         )
         self._remove(now, name, why, out)
         if self.live:

@@ -71,6 +71,7 @@ __all__ = [
     "SendNack",
     "SendProbe",
     "Stale",
+    "Stalled",
     "Status",
     "Suspect",
     "Tick",
@@ -460,6 +461,15 @@ class ChannelLost:
 
 
 @dataclass(frozen=True, slots=True)
+class Stalled:
+    """This worker's own event loop ran ``late_s`` seconds late (a timer due ``late_s`` ago
+    fired only now): its peers' silence meanwhile is no sign against them."""
+
+    now: float
+    late_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Gossiped:
     """``updates`` arrived from ``sender`` other than on a probe."""
 
@@ -490,6 +500,7 @@ Event: TypeAlias = (
     | Nacked
     | ProbeUnsent
     | ChannelLost
+    | Stalled
     | Gossiped
 )
 

@@ -25,8 +25,13 @@ The rules (after SWIM, as memberlist and Serf apply them):
   acks, a bounded number of times; what arrives is applied by the same rules (a worker told
   it is suspected or dead refutes at once). A worker answers every probe meant for it
   (:class:`Pinged`: :class:`SendAck`) and probes for a peer that asks (:class:`ProbeAsked`).
-  Lifeguard's local health: a worker that misses the answers of the peers it asked, or must
-  refute, stretches its own period and timeouts (it is likely the slow one).
+  Lifeguard's local health: a worker that misses the answers of the peers it asked, must
+  refute, or whose own loop stalls (:class:`~.member_events.Stalled`), stretches its own
+  period, timeouts and suspicions (it is likely the slow one). A busy worker is not a dead
+  one: this worker's own stalls move the deadlines of its probes and suspicions (silence is
+  measured in the time it listened), a peer that acked late lately gets that much longer to
+  refute, and a suspect is told at once, as the one it refutes to is; no suspicion lasts more
+  than the longest.
 - Every worker ever seen is remembered (:class:`Member`: name, address, incarnation, instance).
   A live one (a *peer*) is removed when it is declared dead (above, or :class:`Remove`) or it
   says it leaves (:class:`Left`). A removed one is retried, each
@@ -106,6 +111,7 @@ from compass.worker.member_events import (
     SeedsFailed,
     SendAck,
     Stale,
+    Stalled,
     Tick,
     Update,
     Welcome,
@@ -292,7 +298,9 @@ class MemberTable(FailureDetector):
             case Close():
                 self.live.clear()
                 self._probes.clear()
+                self._given_up.clear()
                 self.suspicions.clear()
+                self.slowness.clear()
                 self.broadcasts.clear()
                 self.probe_at = math.inf
             case Pinged():
@@ -318,6 +326,8 @@ class MemberTable(FailureDetector):
                 self._unsent(event, out)
             case ChannelLost():
                 self._channel_lost(event, out)
+            case Stalled():
+                self._stalled(event)
             case Gossiped():
                 self._learn(event.now, event.sender, event.updates, out)
             case _:
@@ -581,6 +591,7 @@ class MemberTable(FailureDetector):
             return
         out.append(PeerDown(name, peer.address, why))
         self.suspicions.pop(name, None)
+        self.slowness.pop(name, None)
         if not self.live:  # nobody left to tell: what was to be told is stale by the next peer
             self.broadcasts.clear()
             self.probe_at = math.inf  # nobody to probe either, until the next peer
@@ -659,7 +670,13 @@ class MemberTable(FailureDetector):
         by = u.by or sender
         if u.name == self.name:
             if u.status != "alive" and not self.leaving:
+                before = self.incarnation
                 self._refute(u.incarnation, by, out)
+                peer = self.live.get(by)
+                if self.incarnation > before and peer is not None:
+                    # the refutation goes first: to the one that suspects it, now, on a probe
+                    # (its updates, the newest first), not when the round reaches it
+                    self._probe(now, by, peer.address, None, out)
             return
         known = self.members.get(u.name)
         if known is None:  # a member this worker never saw: a live peer, not dialed

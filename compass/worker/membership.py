@@ -88,6 +88,7 @@ from compass.worker.member_events import (
     SendNack,
     SendProbe,
     Stale,
+    Stalled,
     Suspect,
     Tick,
     Unsuspected,
@@ -134,6 +135,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("compass.worker")
+
+#: how often this worker checks its own loop for stalls: a timer this often, and how late it
+#: fires is how long the loop was stuck (its peers' silence meanwhile does not count)
+STALL_CHECK_S = 0.05
+#: lateness below this is a loop's ordinary jitter, not a stall
+STALL_SLACK_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +252,9 @@ class Membership(PeerChannels):
         self._max_channels = options.max_channels
         self._max_queued = options.max_queued
         self._sweeper: asyncio.Task[None] | None = None
+        #: the stall check's timer, and when it is due (the loop's clock)
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_due = math.inf
         #: join handshakes this worker made: joining (through a seed, asking for the member
         #: list) and redials of known peers (a send, a probe, a retry; no list)
         self.handshakes = {"join": 0, "redial": 0}
@@ -604,8 +614,27 @@ class Membership(PeerChannels):
         decisions = self._apply(HeardFrom(self._clock(), name, incarnation))
         return bool(decisions) and type(decisions[0]) is Fresh
 
+    # -- this worker's own stalls ------------------------------------------------------------
+    def _check_stall(self) -> None:
+        """Tell the table how late the stall check ran, if late past :data:`STALL_SLACK_S`,
+        and arm it again. Run by its timer, and before each :class:`Tick` whose turn came
+        first after a stall: a late probe timeout is judged with the stall known."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        late = now - self._stall_due
+        if late > STALL_SLACK_S and not self._closed:
+            self._apply(Stalled(self._clock(), late))
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        self._stall_due = now + STALL_CHECK_S
+        self._stall_timer = (
+            None if self._closed else loop.call_at(self._stall_due, self._check_stall)
+        )
+
     # -- taking lost peers back --------------------------------------------------------------
     def _tick(self, now: float) -> list[Decision]:
+        if asyncio.get_running_loop().time() > self._stall_due + STALL_SLACK_S:
+            self._check_stall()
         return self._apply(Tick(now, frozenset(self._retries), self._seeding))
 
     def due(self, now: float) -> list[str]:
@@ -626,6 +655,8 @@ class Membership(PeerChannels):
     async def run(self) -> None:
         """Retry lost peers, each on its own backoff, and the seeds while this worker has no
         peer at all, until cancelled."""
+        if self._stall_timer is None:
+            self._check_stall()
         while not self._closed:
             self._wake.clear()
             if self._idle_s > 0 and (self._sweeper is None or self._sweeper.done()):
@@ -745,6 +776,8 @@ class Membership(PeerChannels):
         logged, not dropped."""
         self._closed = True
         self._wake.set()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
         self._tasks.cancel()
         channels = {*self._open, *(p.channel for p in self.peers.values() if p.channel)}
         self.peers.clear()

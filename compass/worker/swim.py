@@ -40,7 +40,8 @@ class Probing:
     never more than ``suspicion_max_s`` (``--peer-timeout-ms``). Each update is piggybacked
     ``retransmit_mult x ceil(log10(n + 1))`` times, at most ``max_piggyback`` on one message.
     ``max_health``: the most Lifeguard's local health multiplier grows, stretching this
-    worker's period and timeouts while it misses answers itself (it is the slow one).
+    worker's period, timeouts and suspicions (up to the longest) while it misses answers or
+    stalls itself (it is the slow one).
     """
 
     period_s: float = 0.2

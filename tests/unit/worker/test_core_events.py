@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from compass.config import WorkerConfig
-from compass.errors import UnknownWorkflow
+from compass.errors import RemoteError, UnknownWorkflow
 from compass.sched.heartbeat import Heartbeat
 from compass.worker import events
 from compass.worker.events import (
@@ -105,8 +105,11 @@ def test_a_bug_while_handling_becomes_a_fault_and_the_core_goes_on() -> None:
 
     plan = c.policy.plan
     c.policy.plan = broken  # type: ignore[method-assign]
-    (fault,) = c.handle(Submit(0.0, "a-1", "chain", {"x": 1}, 8, 0.0, cause="s1"))
+    answer, fault = c.handle(Submit(0.0, "a-1", "chain", {"x": 1}, 8, 0.0, cause="s1"))
     assert isinstance(fault, Fault) and isinstance(fault.error, _Broken) and fault.cause == "s1"
+    # the job it was planning is answered, not left without a plan
+    assert isinstance(answer, Answer) and answer.job_id == "a-1" and answer.cause == "s1"
+    assert isinstance(answer.error, RemoteError) and "the policy broke" in str(answer.error)
     c.policy.plan = plan  # type: ignore[method-assign]
     steps = run_locally(c, c.handle(Submit(0.0, "a-2", "chain", {"x": 1}, 8, 0.0)), 1.0)
     assert one(Answer, steps).value == "out-b"

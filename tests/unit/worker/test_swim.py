@@ -131,9 +131,15 @@ def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     decisions = t.handle(Tick(sent_at + 0.2))
     (suspect,) = only(decisions, Suspect)
     members = len(PEERS) + 1
-    longest = PROBING.suspicion_timeout_s(members, 0)
-    assert suspect == Suspect(target, 0, "a", longest)
     assert t.health == 1  # no peer asked even nacked: this worker may be the slow one
+    # a slow worker is slow to hear refutations too: the suspicion lasts (1 + health) times,
+    # but no more than the longest (unconfirmed, it is that already)
+    longest = PROBING.suspicion_timeout_s(members, 0)
+    assert longest == PROBING.suspicion_bounds_s(members)[1]
+    assert suspect == Suspect(target, 0, "a", longest)
+    # and the suspect is told at once, on a probe that carries its suspicion first
+    (told,) = [p for p in decisions if isinstance(p, SendProbe) and p.target == target]
+    assert told.updates[0] == Update("suspect", target, 0, f"{target}.lan:7341", "a")
     assert t.broadcasts.get(target) == Update("suspect", target, 0, f"{target}.lan:7341", "a")
     # not yet: then dead, told to all, and retried
     assert not only(t.handle(Tick(sent_at + 0.2 + longest - 0.001)), PeerDown)
@@ -190,8 +196,9 @@ def test_nacks_from_every_peer_asked_suspect_at_once_and_keep_the_health() -> No
     assert isinstance(ask, AskIndirect)
     for via in ask.via[:-1]:
         assert t.handle(Nacked(now + 0.11, via, probe.seq)) == []
-    (suspect,) = t.handle(Nacked(now + 0.11, ask.via[-1], probe.seq))
+    suspect, told = t.handle(Nacked(now + 0.11, ask.via[-1], probe.seq))
     assert isinstance(suspect, Suspect) and suspect.name == probe.target
+    assert isinstance(told, SendProbe) and told.target == probe.target
     assert t.health == 0  # every peer asked answered: the target is the silent one
 
 
@@ -260,7 +267,11 @@ def test_a_confirmation_from_another_worker_shortens_the_suspicion() -> None:
 def test_a_suspected_worker_refutes_with_a_higher_incarnation_and_the_suspicion_ends() -> None:
     a = mesh_table("a", PEERS)
     decisions = a.handle(Gossiped(T0, "b", (Update("suspect", "a", 0, "", "b"),)))
-    assert decisions == [Refuted("b", 0, 1)] and a.incarnation == 1 and a.health == 1
+    refuted, told = decisions
+    assert refuted == Refuted("b", 0, 1) and a.incarnation == 1 and a.health == 1
+    # the one that suspects it hears the refutation at once, on a probe
+    assert isinstance(told, SendProbe) and told.target == "b"
+    assert told.updates[0] == Update("alive", "a", 1, "a.lan:7341", "a")
     # an old suspicion, or its own alive, changes nothing more
     assert a.handle(Gossiped(T0, "b", (Update("suspect", "a", 0, "", "c"),))) == []
     refute = Update("alive", "a", 1, "a.lan:7341", "a")
@@ -341,8 +352,9 @@ def test_each_update_is_piggybacked_a_bounded_number_of_times() -> None:
     assert len(q) == 0  # each sent 3 times: gone
     # in a table: retransmit_mult x ceil(log10(n + 1)) messages carry one update
     t = mesh_table("a", [f"p{i}" for i in range(20)])
-    t.handle(Gossiped(T0, "p1", (Update("suspect", "a", 0, "", "p1"),)))
-    carried = 0
+    _, told = t.handle(Gossiped(T0, "p1", (Update("suspect", "a", 0, "", "p1"),)))
+    assert isinstance(told, SendProbe)  # the refutation, to the one that suspects it, at once
+    carried = 1
     for k in range(100):
         (ack,) = t.handle(Pinged(T0 + k, "p2", k, "a"))
         assert isinstance(ack, SendAck) and len(ack.updates) <= PROBING.max_piggyback
