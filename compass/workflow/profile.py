@@ -52,6 +52,9 @@ def _check_positive(what: str, value: float) -> float:
 
 
 def _check_nonnegative(what: str, value: float) -> float:
+    kind = type(value)
+    if (kind is float and 0.0 <= value < math.inf) or (kind is int and value >= 0):
+        return float(value)  # a measured time or size, as nearly every call gives
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
         raise ConfigError(f"{what} must be a number >= 0, got {value!r}")
     if math.isinf(value):
@@ -228,17 +231,17 @@ class Profiles:
         slot = self._slot(worker)
         a = self.alpha
         overall = float(prof.exec_s[i])
-        prof.exec_s[i] = overall + a * (seconds - overall)
+        # the new estimates as stored (a float64 array holds a float exactly): compared
+        # below without reading them back
+        new = prof.exec_s[i] = overall + a * (seconds - overall)
         # a worker's first measurement blends with the overall estimate so one outlier
         # cannot set its value alone
         mine = float(prof.exec_by_slot[i, slot])
         if math.isnan(mine):
             mine = overall
-        prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
+        new_mine = prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
         prof.measured_on_workers = True
-        if prof.drifted(0, (i,), float(prof.exec_s[i])) or prof.drifted(
-            2, (i, slot), float(prof.exec_by_slot[i, slot])
-        ):
+        if prof.drifted(0, (i,), new) or prof.drifted(2, (i, slot), new_mine):
             self._bump(prof)
 
     def observe_batch(
@@ -294,8 +297,8 @@ class Profiles:
         prof = self._wf(workflow)
         i = self._task(prof, task)
         old = float(prof.output_bytes[i])
-        prof.output_bytes[i] = old + self.alpha * (size - old)
-        if prof.drifted(1, (i,), float(prof.output_bytes[i])):
+        new = prof.output_bytes[i] = old + self.alpha * (size - old)
+        if prof.drifted(1, (i,), new):
             self._bump(prof)
 
     def _bump(self, prof: _WorkflowProfile) -> None:
