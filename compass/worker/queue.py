@@ -94,6 +94,10 @@ class QueuedTask:
     run_s: float = 0.0
 
 
+#: :meth:`TaskQueue.lifted_s` of a queue with nothing running and nothing above level 0
+_IDLE_LIFTED = (0.0,)
+
+
 def _work(scale: tuple[float, ...], size: int, count: int) -> float:
     """Cost (in single runs) of ``count`` tasks run in batches of at most ``size``."""
     full, rest = divmod(count, size)
@@ -340,6 +344,8 @@ class TaskQueue:
         last one holding for every level above: what heartbeats report so that a planner
         places a job above the lowest priority by the work that would run before it, not by
         the lower levels' queues it overtakes."""
+        if not self._raised and not self._running:
+            return _IDLE_LIFTED  # what the loop below gives for an idle queue, the usual case
         top = max(self._raised, default=1)
         remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
         waits: list[float] = []
