@@ -207,16 +207,18 @@ class Gossip:
         else:
             wait_s += 0.0  # a float, as the heartbeat's checks made it
             batches = lanes.queue.batchable(now, lanes.lanes)
+        # built once per change of the cache, not per job (a walk of every cached model)
+        models, loading = cache.residency()
         return Heartbeat.own(
             self.name,
             wait_s,
-            cache.resident(),
+            models,
             cache.free_bytes(),
             cache.capacity_bytes(),
             lanes.lanes,
             lanes.busy,
             self._seq,
-            cache.loading(),
+            loading,
             h2d,
             self.incarnation,
             batches,
