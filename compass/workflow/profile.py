@@ -91,13 +91,18 @@ class _WorkflowProfile:
     def _copy(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         return self.exec_s.copy(), self.output_bytes.copy(), self.exec_by_slot.copy()
 
-    def drifted(self, which: int, index: tuple[int, ...], value: float) -> bool:
-        """Whether ``value`` is more than :data:`REPLAN_TOLERANCE` away from what was published."""
+    def drifted(self, which: int, i: int, value: float, slot: int = -1) -> bool:
+        """Whether ``value``, task ``i``'s new estimate in table ``which`` (on worker ``slot``
+        in the per-worker table), is more than :data:`REPLAN_TOLERANCE` away from what was
+        published."""
         table = self.published[which]
-        if index[-1] >= table.shape[-1]:  # a worker slot added since the last bump
+        if slot < 0:
+            old = float(table[i])
+        elif slot >= table.shape[1]:  # a worker slot added since the last bump
             return True
-        old = float(table[index])
-        if math.isnan(old):
+        else:
+            old = float(table[i, slot])
+        if old != old:  # NaN: none published
             return True
         return abs(value - old) > max(REPLAN_TOLERANCE * abs(old), REPLAN_FLOOR[which])
 
@@ -204,7 +209,8 @@ class Profiles:
 
     def workflow_version(self, workflow: str) -> int:
         """Changes whenever an estimate of ``workflow`` does."""
-        return self._wf(workflow).version
+        prof = self._workflows.get(workflow)  # read for every job, several times
+        return self._wf(workflow).version if prof is None else prof.version
 
     def exec_s(self, workflow: str, task: str, worker: str | None = None) -> float:
         """Expected execution seconds of ``task``, on ``worker`` when measured there."""
@@ -241,7 +247,7 @@ class Profiles:
             mine = overall
         new_mine = prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
         prof.measured_on_workers = True
-        if prof.drifted(0, (i,), new) or prof.drifted(2, (i, slot), new_mine):
+        if prof.drifted(0, i, new) or prof.drifted(2, i, new_mine, slot):
             self._bump(prof)
 
     def observe_batch(
@@ -298,7 +304,7 @@ class Profiles:
         i = self._task(prof, task)
         old = float(prof.output_bytes[i])
         new = prof.output_bytes[i] = old + self.alpha * (size - old)
-        if prof.drifted(1, (i,), new):
+        if prof.drifted(1, i, new):
             self._bump(prof)
 
     def _bump(self, prof: _WorkflowProfile) -> None:
