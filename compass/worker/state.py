@@ -797,4 +797,4 @@ class WorkerCore:
         self._forget(job_id, below)
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
-        self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
+        self.lanes.drop_job(job_id, below)
