@@ -6,7 +6,8 @@ Three measurements:
 - ``job``: one no-op job through a real worker over loopback. The worker runs in a thread of
   its own, with its own event loop, and only that thread is counted (``sys.settrace`` with
   ``f_trace_opcodes``): the worker's framing, requests, core, lanes, task runner and event
-  loop, not the client's. Its CPU time is that thread's (``time.thread_time``).
+  loop, not the client's. Its CPU time is that thread's (``time.thread_time``). The client's
+  thread is counted apart, in runs of its own (``client_instructions``).
 - ``core-job``: the same job through the cores alone: a ``Submit`` to a worker's
   :class:`~compass.worker.state.WorkerCore`, the ``RunTask`` it answers with carried out at
   once as a ``TaskDone``, up to the ``Answer``. No sockets, no loop.
@@ -25,9 +26,13 @@ learning itself, as the worker did, so that both sides count the same work.
 sampling), the only view before issue 24 made the bounded one the default; a tree without the
 ``view`` setting has only the mesh.
 
+``--by-function`` also counts per code object and prints the 25 that executed most (their own
+instructions, not their callees'), per job or task: where the instructions go, to compare two
+trees function by function.
+
 Run: ``python -m compass._bench.core_cost [--what job,core-job,core-chain] [--rounds 5]
-[--view bounded|mesh] [--json out.json]``; with ``PYTHONPATH`` pointing at another tree, that
-tree is measured.
+[--view bounded|mesh] [--by-function] [--json out.json]``; with ``PYTHONPATH`` pointing at
+another tree, that tree is measured.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from compass.client import Client
@@ -59,6 +64,7 @@ __all__ = ["count_instructions", "run"]
 APP = "compass._bench.apps"
 CHAIN = 100
 WHAT = ("job", "core-job", "core-chain")
+TOP = 25
 
 
 def _sched(view: str | None, **settings: Any) -> SchedConfig:
@@ -88,11 +94,55 @@ class _Counter:
         return self.step
 
 
+class _ByFunction(_Counter):
+    """Counts as :class:`_Counter` does, and per code object (a function's own instructions,
+    not those of what it calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by: dict[CodeType, int] = {}
+        self.made: dict[CodeType, str] = {}  # generated code (a dataclass's __init__): whose
+
+    def call(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        code = frame.f_code
+        if code.co_filename == "<string>" and code not in self.made and "self" in frame.f_locals:
+            self.made[code] = type(frame.f_locals["self"]).__qualname__
+        return super().call(frame, event, arg)
+
+    def step(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+        if event == "opcode":
+            self.n += 1
+            code = frame.f_code
+            self.by[code] = self.by.get(code, 0) + 1
+        return self.step
+
+    def top(self, per: float) -> list[list[Any]]:
+        """Every code object that executed, most first, per ``per`` (jobs or tasks): name,
+        where, instructions."""
+        rows = sorted(self.by.items(), key=lambda item: -item[1])
+        return [[*self.where(code), count / per] for code, count in rows]
+
+    def where(self, code: CodeType) -> tuple[str, str]:
+        """A code object's qualified name and its file (under ``compass``, or from
+        ``asyncio`` or the last two parts of the path) and first line."""
+        if code in self.made:
+            return f"{self.made[code]}.{code.co_name}", "(generated)"
+        parts = code.co_filename.replace("\\", "/").split("/")
+        for anchor, skip in (("compass", 1), ("bench", 0), ("asyncio", 0)):
+            if anchor in parts:
+                parts = parts[parts.index(anchor) + skip :]
+                break
+        else:
+            parts = parts[-2:]
+        return code.co_qualname, f"{'/'.join(parts)}:{code.co_firstlineno}"
+
+
 @contextmanager
-def count_instructions() -> Iterator[_Counter]:
+def count_instructions(counter: _Counter | None = None) -> Iterator[_Counter]:
     """Count the Python bytecode instructions this thread executes inside the block (the
-    count is read from the counter it yields; tracing slows the block down about 30x)."""
-    counter = _Counter()
+    count is read from the counter it yields, ``counter`` or a new one; tracing slows the
+    block down about 30x)."""
+    counter = counter or _Counter()
     previous = sys.gettrace()
     sys.settrace(counter.call)
     try:
@@ -190,9 +240,12 @@ class _Cores:
         return self.ev.TaskDone(self.now, entry, output, exec_s)
 
 
-def _core_cost(what: str, rounds: int, repeats: int, view: str | None) -> dict[str, Any]:
+def _core_cost(
+    what: str, rounds: int, repeats: int, view: str | None, by_function: bool = False
+) -> dict[str, Any]:
     """Instructions per job (``core-job``) or per chain task (``core-chain``), and CPU
-    microseconds (best of ``rounds`` rounds of ``repeats`` jobs)."""
+    microseconds (best of ``rounds`` rounds of ``repeats`` jobs); with ``by_function``, the
+    code objects that executed most, per job or task."""
     cores = _Cores(["w0", "w1"], view)
     workflow, per = ("noop", 1) if what == "core-job" else (f"chain_{CHAIN}", CHAIN)
     expected = 0 if what == "core-job" else CHAIN  # noop answers x, a chain adds 1 per task
@@ -200,25 +253,33 @@ def _core_cost(what: str, rounds: int, repeats: int, view: str | None) -> dict[s
         if cores.job(workflow, "w0") != expected:
             raise AssertionError(f"{workflow} answered wrong")
     counts = []
+    by = _ByFunction()
     for _ in range(3):
-        with count_instructions() as counter:
+        with count_instructions(by if by_function else None) as counter:
+            before = counter.n
             cores.job(workflow, "w0")
-        counts.append(counter.n / per)
+        counts.append((counter.n - before) / per)
     best = float("inf")
     for _ in range(rounds):
         t0 = time.process_time()
         for _ in range(repeats):
             cores.job(workflow, "w0")
         best = min(best, (time.process_time() - t0) / repeats / per)
-    return {"instructions": counts, "cpu_us": best * 1e6}
+    result: dict[str, Any] = {"instructions": counts, "cpu_us": best * 1e6}
+    if by_function:
+        result["by_function"] = by.top(3 * per)
+    return result
 
 
 # -- a real worker over loopback ---------------------------------------------------------------
 
 
-def _job_cost(jobs: int, rounds: int, view: str | None) -> dict[str, Any]:
+def _job_cost(
+    jobs: int, rounds: int, view: str | None, by_function: bool = False
+) -> dict[str, Any]:
     """A real worker in a thread of its own, with its own event loop (counted and timed:
-    that thread only), its client in this one, over loopback."""
+    that thread only), its client in this one, over loopback; with ``by_function``, the
+    code objects that executed most in that thread, per job."""
     token = secrets.token_hex(16)
     config = WorkerConfig(name="w0", app=APP, token=token, sched=_sched(view))
     ready = threading.Event()
@@ -254,7 +315,8 @@ def _job_cost(jobs: int, rounds: int, view: str | None) -> dict[str, Any]:
     worker_loop: asyncio.AbstractEventLoop = box["loop"]
     assert thread.ident is not None
     clock = time.pthread_getcpuclockid(thread.ident)
-    counter = _Counter()
+    counter = _ByFunction() if by_function else _Counter()
+    client_counter = _ByFunction() if by_function else _Counter()
 
     def trace(on: bool) -> None:
         """Turn counting on or off in the worker's thread (settrace is per thread)."""
@@ -277,7 +339,7 @@ def _job_cost(jobs: int, rounds: int, view: str | None) -> dict[str, Any]:
                 for i in range(jobs):
                     await client.submit("noop", x=i)
                 best = min(best, (time.clock_gettime(clock) - t0) / jobs)
-            counts, traced_s = [], []
+            counts, client_counts, traced_s = [], [], []
             for _ in range(3):
                 trace(True)
                 before, t0 = counter.n, time.perf_counter()
@@ -286,18 +348,31 @@ def _job_cost(jobs: int, rounds: int, view: str | None) -> dict[str, Any]:
                 counts.append((counter.n - before) / jobs)
                 traced_s.append((time.perf_counter() - t0) / jobs)
                 trace(False)
+            for _ in range(3):  # the client's side, its thread alone (this one)
+                with count_instructions(client_counter):
+                    before = client_counter.n
+                    for i in range(jobs):
+                        await client.submit("noop", x=i)
+                client_counts.append((client_counter.n - before) / jobs)
+            top = counter.top(3 * jobs) if isinstance(counter, _ByFunction) else None
             # what the idle worker runs meanwhile (its timers), slowed down as much
             trace(True)
             before = counter.n
             await asyncio.sleep(1.0)
             idle = counter.n - before
             trace(False)
-            return {
+            result: dict[str, Any] = {
                 "instructions": counts,
+                "client_instructions": client_counts,
                 "cpu_us": best * 1e6,
                 "idle_per_s": idle,
                 "traced_s_per_job": min(traced_s),
             }
+            if top is not None:
+                result["by_function"] = top
+            if isinstance(client_counter, _ByFunction):
+                result["client_by_function"] = client_counter.top(3 * jobs)
+            return result
 
     loop = new_event_loop()
     try:
@@ -315,25 +390,40 @@ def run(
     jobs: int = 300,
     json_path: str | None = None,
     view: str | None = None,
+    by_function: bool = False,
 ) -> dict[str, Any]:
     """Measure ``what`` (see the module docstring) with the workers' ``view`` (None: the
-    tree's default); print a table, write ``json_path``."""
+    tree's default); print a table (with ``by_function``, one more per measurement: the
+    code objects that executed most), write ``json_path``."""
     result: dict[str, Any] = {}
     for name in what:
         if name == "job":
-            result[name] = _job_cost(jobs, rounds, view)
+            result[name] = _job_cost(jobs, rounds, view, by_function)
         else:
-            result[name] = _core_cost(name, rounds, repeats, view)
+            result[name] = _core_cost(name, rounds, repeats, view, by_function)
     rows = [
         [name, min(r["instructions"]), max(r["instructions"]), r.get("cpu_us")]
         for name, r in result.items()
     ]
+    if "job" in result:
+        counts = result["job"]["client_instructions"]
+        rows.append(["job, the client's thread", min(counts), max(counts), None])
     print_table(
         "worker cost per job (job, core-job) and per chain task (core-chain), "
         f"{view or 'default'} view",
         ["what", "instructions (min)", "(max)", "CPU us (best)"],
         rows,
     )
+    for name, r in result.items():
+        per = "task" if name == "core-chain" else "job"
+        for key, whose in (("by_function", name), ("client_by_function", f"{name}, client")):
+            if key in r:
+                print_table(
+                    f"{whose}: the {TOP} code objects that executed most "
+                    f"(own instructions per {per})",
+                    ["function", "where", "instructions"],
+                    r[key][:TOP],
+                )
     result["view"] = view or "default"
     result["machine"] = machine()
     write_json(json_path, result)
@@ -350,12 +440,17 @@ def main() -> None:
     parser.add_argument(
         "--view", choices=("bounded", "mesh"), default=None, help="default: the tree's"
     )
+    parser.add_argument(
+        "--by-function",
+        action="store_true",
+        help=f"also print the {TOP} code objects that executed most (their own instructions)",
+    )
     args = parser.parse_args()
     chosen = tuple(args.what.split(","))
     unknown = [w for w in chosen if w not in WHAT]
     if unknown:
         parser.error(f"--what: unknown {unknown}; choose from {', '.join(WHAT)}")
-    run(chosen, args.rounds, args.repeats, args.jobs, args.json, args.view)
+    run(chosen, args.rounds, args.repeats, args.jobs, args.json, args.view, args.by_function)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ class Objective:
         deadline_ms = body.get("deadline_ms")
         priority = body.get("priority", 0)
         on_miss = body.get("on_miss", "drop")
+        if deadline_ms is None and type(priority) is int and priority == 0 and on_miss == "drop":
+            return NO_OBJECTIVE  # nothing asked (nearly every job): nothing to check
         check_objective(deadline_ms, priority, on_miss)
         if deadline_ms is None and not priority and on_miss == "drop":
             return NO_OBJECTIVE

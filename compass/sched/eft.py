@@ -147,8 +147,9 @@ def plan_eft(
         ties = (eft <= best + TIE_S).nonzero()[0]
         if len(ties) > 1:
             j = fewest_bytes(ties, costs, t, sources, ingress, root_bytes, have, ingress)
+            best = float(eft[j])
         placed[t] = j
-        finish[t] = float(eft[j])
+        finish[t] = best
         joins = joined is not None and float(joined[j]) <= finish[t]
         if joins:
             # the batch runs longer by this item: so does everything queued behind it
@@ -278,7 +279,8 @@ def off_lane_avail(view: ViewSnapshot, now: float) -> FloatArray | None:
     host lane): now (None), except on a degraded worker, whose reported wait carries
     :data:`~compass.sched.heartbeat.DEGRADED_WAIT_S` (it starts no task at all)."""
     wait = view.wait_s
-    if not len(wait) or float(wait.max()) < DEGRADED_WAIT_S:
+    # the reduction ndarray.max() calls, without its Python-level wrapper
+    if not len(wait) or float(np.maximum.reduce(wait)) < DEGRADED_WAIT_S:
         return None
     return np.where(wait >= DEGRADED_WAIT_S, wait + now, now)
 

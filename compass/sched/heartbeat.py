@@ -102,6 +102,45 @@ class Heartbeat:
                 )
             object.__setattr__(self, "lifted_s", tuple(float(w) for w in lifted))
 
+    @classmethod
+    def own(
+        cls,
+        name: str,
+        wait_s: float,
+        models: frozenset[str],
+        free_bytes: int,
+        capacity_bytes: int,
+        lanes: int,
+        lanes_busy: int,
+        seq: int,
+        loading: frozenset[str],
+        h2d_bytes_per_s: float,
+        incarnation: int,
+        batches: Mapping[str, tuple[int, float]],
+        lifted_s: tuple[float, ...],
+    ) -> Heartbeat:
+        """A worker's own state, made from its lanes and cache for every job it plans: the
+        same value as the constructor's, without its checks, which what a worker counts itself
+        always passes (``lifted_s`` are floats >= 0, at most one per priority level; the
+        constructor's checks were 150 of the 220 bytecode instructions). ``batches`` is
+        normalised as the constructor does (none: :data:`NO_BATCHES`)."""
+        state: Any = object.__new__(cls)
+        state.name = name
+        state.wait_s = wait_s
+        state.models = models
+        state.free_bytes = free_bytes
+        state.capacity_bytes = capacity_bytes
+        state.lanes = lanes
+        state.lanes_busy = lanes_busy
+        state.seq = seq
+        state.loading = loading
+        state.h2d_bytes_per_s = h2d_bytes_per_s
+        state.incarnation = incarnation
+        state.batches = state._checked_batches(batches) if batches else NO_BATCHES
+        state.lifted_s = lifted_s
+        made: Heartbeat = state
+        return made
+
     def wait_at(self, priority: int) -> float:
         """Expected seconds before a task of ``priority`` queued now would start: the running
         work and the queued tasks of its level and above (``wait_s`` at level 0)."""

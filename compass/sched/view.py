@@ -108,7 +108,12 @@ class ClusterView:
             raise ConfigError(
                 f"update_self got the state of {state.name!r}; this is {self.self_name!r}"
             )
-        self._pending.pop(self.self_name, None)
+        if self._pending.pop(self.self_name, None) is not None:
+            self._placed = None
+        if state == self._states.get(self.self_name):
+            # as it was (a worker's state for each job it plans, between jobs that leave no
+            # queue): the arrays and the snapshot of them stand
+            return
         self._store(state)
 
     def apply_heartbeat(self, state: Heartbeat, now: float) -> bool:

@@ -180,6 +180,8 @@ def payload_bytes(value: Any) -> int:
         return 16
     if kind is str or kind is bytes:
         return len(value)
+    if kind is dict:  # a job's inputs: before the look-up of nbytes, which a dict lacks
+        return sum(map(payload_bytes, value.values())) + 8 * len(value)
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes

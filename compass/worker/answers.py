@@ -15,6 +15,7 @@ exception object raised to a waiter takes a traceback, whose frames hold that wa
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
@@ -60,6 +61,9 @@ class KeptAnswers:
         self._valued: OrderedDict[str, None] = OrderedDict()
         #: bytes of the values kept
         self.bytes = 0
+        #: at most the time the oldest kept key was answered (inf: none kept), so that
+        #: :meth:`expire`, twice per job, looks at nothing while no key is due
+        self._oldest_at = math.inf
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -73,6 +77,8 @@ class KeptAnswers:
         """Keep the answer to ``key``, given at ``now``."""
         self.expire(now)
         self._drop(key)
+        if now < self._oldest_at:
+            self._oldest_at = now
         wire = None if error is None else (error.code, error.message, error.detail)
         nbytes = 0 if error is not None or value is None else payload_bytes(value)
         if nbytes > self.max_bytes:
@@ -106,12 +112,16 @@ class KeptAnswers:
 
     def expire(self, now: float) -> None:
         """Forget the keys answered more than ``keep_s`` before ``now``."""
+        if now - self._oldest_at <= self.keep_s:
+            return  # the oldest was answered no earlier: none is due
         kept = self._kept
         while kept:
             key, oldest = next(iter(kept.items()))
             if now - oldest.at <= self.keep_s:
-                break
+                self._oldest_at = oldest.at
+                return
             self._drop(key)
+        self._oldest_at = math.inf
 
     def _shed(self, key: str) -> None:
         kept = self._kept[key]

@@ -116,7 +116,8 @@ class Named:
         return stimulus_id(self, n)  # type: ignore[arg-type]  # every subclass is an Event
 
 
-@dataclass(frozen=True, slots=True)
+# made for every job: a record, frozen by convention (:mod:`compass.records`)
+@record
 class Submit(Named):
     """A client submitted a job to this worker (its ingress). ``t0`` is the submit time on
     the clock every worker shares for job ages (wall clock; virtual time in the simulator)."""
@@ -364,7 +365,8 @@ class AskPlan(Caused):
     stimulus: Cause = ""
 
 
-@dataclass(frozen=True, slots=True)
+# made for every job: a record, frozen by convention (:mod:`compass.records`)
+@record
 class Answer(Caused):
     """The job's one answer: ``value``, or ``error``. ``record`` describes the job for the
     worker's trace (plan, attempts, latency)."""

@@ -211,7 +211,7 @@ class TaskRunner:
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
-        work = self._threads.run(_call, task, method, module, payload, scope)
+        work = self._threads.run(loop, _call, task, method, module, payload, scope)
         deadline = loop.time() + timeout_s
         self._deadlines[work] = (deadline, run.entry)
         work.add_done_callback(functools.partial(self._thread_done, outcomes, task, t0))
@@ -327,9 +327,11 @@ class TaskThreads:
         work.set_exception(TimeoutError())
         work.exception()  # retrieved: its awaiter may be gone
 
-    def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """Run ``fn(*args)`` in a task thread; the future settles on the running loop."""
-        loop = asyncio.get_running_loop()
+    def run(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any
+    ) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` in a task thread; the future settles on ``loop``, the running
+        one (passed in: asking for it is a system call on Python 3.11, getpid)."""
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
             if self._idle:

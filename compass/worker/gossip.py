@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from time import monotonic as _now
 from typing import Any, Protocol
 
 from compass.config import WorkerConfig
 from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import DEGRADED_WAIT_S, Heartbeat
+from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
@@ -198,24 +198,32 @@ class Gossip:
         lanes, cache = core.lanes, core.lanes.cache
         h2d = self._profiles.h2d_bytes_per_s(self.name) if core.h2d_measured else 0.0
         wait_s = lanes.wait_s(now)
-        # a degraded worker takes no GPU work: no batch there to join either
-        batches = {} if lanes.degraded else lanes.queue.batchable(now, lanes.lanes)
-        return Heartbeat(
-            name=self.name,
-            wait_s=wait_s + (DEGRADED_WAIT_S if lanes.degraded else 0.0),
-            models=cache.resident(),
-            free_bytes=cache.free_bytes(),
-            capacity_bytes=cache.capacity_bytes(),
-            lanes=lanes.lanes,
-            lanes_busy=lanes.busy,
-            seq=self._seq,
-            loading=cache.loading(),
-            h2d_bytes_per_s=h2d,
-            incarnation=self.incarnation,
-            batches=batches,
-            lifted_s=tuple(w + (DEGRADED_WAIT_S if lanes.degraded else 0.0)
-                           for w in lanes.queue.lifted_s(now)),
-        )  # fmt: skip
+        lifted_s = lanes.queue.lifted_s(now)
+        if lanes.degraded:
+            # a degraded worker takes no GPU work: no batch there to join either
+            wait_s += DEGRADED_WAIT_S
+            lifted_s = tuple(w + DEGRADED_WAIT_S for w in lifted_s)
+            batches: Mapping[str, tuple[int, float]] = NO_BATCHES
+        else:
+            wait_s += 0.0  # a float, as the heartbeat's checks made it
+            batches = lanes.queue.batchable(now, lanes.lanes)
+        # built once per change of the cache, not per job (a walk of every cached model)
+        models, loading = cache.residency()
+        return Heartbeat.own(
+            self.name,
+            wait_s,
+            models,
+            cache.free_bytes(),
+            cache.capacity_bytes(),
+            lanes.lanes,
+            lanes.busy,
+            self._seq,
+            loading,
+            h2d,
+            self.incarnation,
+            batches,
+            lifted_s,
+        )
 
     def _next_state(self) -> Heartbeat:
         """This worker's state now, under the next sequence number (each one sent is newer)."""

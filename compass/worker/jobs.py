@@ -88,6 +88,9 @@ class Inbox:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, int, str], InboxEntry] = {}
+        #: job id -> how many entries it has here (jobs with none are removed), so that a
+        #: job's end looks through the entries only when it has some
+        self._jobs: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -129,11 +132,20 @@ class Inbox:
             entry.transfer_s = max(entry.transfer_s, transfer_s)
             if entry.arrived >= entry.needed:
                 if stored:
-                    del self._entries[key]
+                    self._remove(key)
                 return entry
         if not stored:
             self._entries[key] = entry
+            self._jobs[key[0]] = self._jobs.get(key[0], 0) + 1
         return None
+
+    def _remove(self, key: tuple[str, int, str]) -> None:
+        del self._entries[key]
+        left = self._jobs[key[0]] - 1
+        if left:
+            self._jobs[key[0]] = left
+        else:
+            del self._jobs[key[0]]
 
     def drop_ingress(self, ingress: str) -> dict[str, tuple[int, str]]:
         """Drop the inputs of every job whose ingress is ``ingress``; return those jobs, each
@@ -141,19 +153,21 @@ class Inbox:
         stale = [key for key, entry in self._entries.items() if entry.ingress == ingress]
         dropped: dict[str, tuple[int, str]] = {}
         for key in stale:
-            del self._entries[key]
+            self._remove(key)
             job, attempt, task = key
             dropped[job] = max(dropped.get(job, (attempt, task)), (attempt, task))
         return dropped
 
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> int:
+        if job_id not in self._jobs:
+            return 0  # what the look through the entries would find
         stale = [
             key
             for key in self._entries
             if key[0] == job_id and (below_attempt is None or key[1] < below_attempt)
         ]
         for key in stale:
-            del self._entries[key]
+            self._remove(key)
         return len(stale)
 
 

@@ -253,6 +253,14 @@ class Lanes:
             self.version += 1
         return [*dropped, *self.host_queue.drop(stale)]
 
+    def drop_job(self, job_id: str, below: int | None = None) -> list[QueuedTask]:
+        """:meth:`drop` the queued tasks of ``job_id`` (of attempts below ``below`` when
+        given): nothing to look through when none of its tasks is queued, as at the end of
+        nearly every job."""
+        if not (self.queue.holds_job(job_id) or self.host_queue.holds_job(job_id)):
+            return []
+        return self.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
+
     def running(self) -> list[QueuedTask]:
         """The tasks on a lane now (each entry of a batch)."""
         return list(self._runs)

@@ -94,6 +94,10 @@ class QueuedTask:
     run_s: float = 0.0
 
 
+#: :meth:`TaskQueue.lifted_s` of a queue with nothing running and nothing above level 0
+_IDLE_LIFTED = (0.0,)
+
+
 def _work(scale: tuple[float, ...], size: int, count: int) -> float:
     """Cost (in single runs) of ``count`` tasks run in batches of at most ``size``."""
     full, rest = divmod(count, size)
@@ -134,6 +138,9 @@ class TaskQueue:
         self._raised: dict[int, float] = {}
         #: queued tasks whose job has a deadline it does not finish past
         self._timed = 0
+        #: job id -> how many of its tasks are queued (jobs with none are removed), so that a
+        #: job's end looks through the queue only when some task of it waits there
+        self._jobs: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -170,6 +177,8 @@ class TaskQueue:
         self._count_in(entry)
 
     def _count_in(self, entry: QueuedTask) -> None:
+        jobs = self._jobs
+        jobs[entry.job_id] = jobs.get(entry.job_id, 0) + 1
         if entry.deadline is not None and not entry.finish:
             self._timed += 1
         if entry.level > 0:
@@ -184,6 +193,11 @@ class TaskQueue:
         group.expected_s += entry.expected_s
 
     def _count_out(self, entry: QueuedTask) -> None:
+        of_job = self._jobs[entry.job_id] - 1
+        if of_job:
+            self._jobs[entry.job_id] = of_job
+        else:
+            del self._jobs[entry.job_id]
         if entry.deadline is not None and not entry.finish:
             self._timed -= 1
         level = entry.level
@@ -260,8 +274,14 @@ class TaskQueue:
         """``entry``'s run stopped (done or failed): a batch by its first task."""
         self._running.pop(entry, None)
 
+    def holds_job(self, job_id: str) -> bool:
+        """Whether a task of ``job_id`` is queued (not running)."""
+        return job_id in self._jobs
+
     def drop_job(self, job_id: str, below_attempt: int | None = None) -> list[QueuedTask]:
         """Remove the job's queued tasks (of attempts below ``below_attempt`` when given)."""
+        if job_id not in self._jobs:
+            return []  # what the look through the queue would find
         return self.drop(
             lambda e: e.job_id == job_id and (below_attempt is None or e.attempt < below_attempt)
         )
@@ -283,6 +303,7 @@ class TaskQueue:
             self._groups.clear()
             self._raised.clear()
             self._timed = 0
+            self._jobs.clear()
             for item in kept:
                 self._count_in(item[3])
         return dropped
@@ -340,6 +361,8 @@ class TaskQueue:
         last one holding for every level above: what heartbeats report so that a planner
         places a job above the lowest priority by the work that would run before it, not by
         the lower levels' queues it overtakes."""
+        if not self._raised and not self._running:
+            return _IDLE_LIFTED  # what the loop below gives for an idle queue, the usual case
         top = max(self._raised, default=1)
         remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
         waits: list[float] = []

@@ -609,14 +609,20 @@ class WorkerCore:
 
     def _received(self, ev: Received) -> None:
         msg = ev.msg
+        if isinstance(msg, TaskMsg) and self.learn and ev.transfer_s > 0:
+            self.estimates.observe_push(ev.sender, msg.value, ev.transfer_s)
+        self._here(msg, ev.now, ev.transfer_s, ev.job_arrival)
+
+    def _here(
+        self, msg: PeerMessage, now: float, transfer_s: float, job_arrival: float | None
+    ) -> None:
+        """``msg`` arrived here, from a peer or from this worker itself (:meth:`_send`)."""
         if isinstance(msg, TaskMsg):
-            if self.learn and ev.transfer_s > 0:
-                self.estimates.observe_push(ev.sender, msg.value, ev.transfer_s)
-            self._task_input(msg, ev.now, ev.transfer_s, ev.job_arrival)
+            self._task_input(msg, now, transfer_s, job_arrival)
         elif isinstance(msg, ResultMsg):
-            self._result(msg, ev.now)
+            self._result(msg, now)
         elif isinstance(msg, FailedMsg):
-            self._failed(msg, ev.now)
+            self._failed(msg, now)
         elif isinstance(msg, PlacedMsg):
             self._placed(msg)
         else:
@@ -796,7 +802,8 @@ class WorkerCore:
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
     ) -> None:
         if peer == self.name:
-            self._received(Received(now, self.name, msg, 0.0, job_arrival))
+            # as a Received from itself, which would learn nothing (no time on the wire)
+            self._here(msg, now, 0.0, job_arrival)
         else:
             self._out.append(Send(peer, msg, self._cause))
             self.links.note(peer, msg)
@@ -809,4 +816,4 @@ class WorkerCore:
         self._forget(job_id, below)
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
-        self.lanes.drop(lambda e: e.job_id == job_id and (below is None or e.attempt < below))
+        self.lanes.drop_job(job_id, below)

@@ -52,6 +52,9 @@ def _check_positive(what: str, value: float) -> float:
 
 
 def _check_nonnegative(what: str, value: float) -> float:
+    kind = type(value)
+    if (kind is float and 0.0 <= value < math.inf) or (kind is int and value >= 0):
+        return float(value)  # a measured time or size, as nearly every call gives
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
         raise ConfigError(f"{what} must be a number >= 0, got {value!r}")
     if math.isinf(value):
@@ -88,13 +91,18 @@ class _WorkflowProfile:
     def _copy(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         return self.exec_s.copy(), self.output_bytes.copy(), self.exec_by_slot.copy()
 
-    def drifted(self, which: int, index: tuple[int, ...], value: float) -> bool:
-        """Whether ``value`` is more than :data:`REPLAN_TOLERANCE` away from what was published."""
+    def drifted(self, which: int, i: int, value: float, slot: int = -1) -> bool:
+        """Whether ``value``, task ``i``'s new estimate in table ``which`` (on worker ``slot``
+        in the per-worker table), is more than :data:`REPLAN_TOLERANCE` away from what was
+        published."""
         table = self.published[which]
-        if index[-1] >= table.shape[-1]:  # a worker slot added since the last bump
+        if slot < 0:
+            old = float(table[i])
+        elif slot >= table.shape[1]:  # a worker slot added since the last bump
             return True
-        old = float(table[index])
-        if math.isnan(old):
+        else:
+            old = float(table[i, slot])
+        if old != old:  # NaN: none published
             return True
         return abs(value - old) > max(REPLAN_TOLERANCE * abs(old), REPLAN_FLOOR[which])
 
@@ -201,7 +209,8 @@ class Profiles:
 
     def workflow_version(self, workflow: str) -> int:
         """Changes whenever an estimate of ``workflow`` does."""
-        return self._wf(workflow).version
+        prof = self._workflows.get(workflow)  # read for every job, several times
+        return self._wf(workflow).version if prof is None else prof.version
 
     def exec_s(self, workflow: str, task: str, worker: str | None = None) -> float:
         """Expected execution seconds of ``task``, on ``worker`` when measured there."""
@@ -228,17 +237,17 @@ class Profiles:
         slot = self._slot(worker)
         a = self.alpha
         overall = float(prof.exec_s[i])
-        prof.exec_s[i] = overall + a * (seconds - overall)
+        # the new estimates as stored (a float64 array holds a float exactly): compared
+        # below without reading them back
+        new = prof.exec_s[i] = overall + a * (seconds - overall)
         # a worker's first measurement blends with the overall estimate so one outlier
         # cannot set its value alone
         mine = float(prof.exec_by_slot[i, slot])
         if math.isnan(mine):
             mine = overall
-        prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
+        new_mine = prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
         prof.measured_on_workers = True
-        if prof.drifted(0, (i,), float(prof.exec_s[i])) or prof.drifted(
-            2, (i, slot), float(prof.exec_by_slot[i, slot])
-        ):
+        if prof.drifted(0, i, new) or prof.drifted(2, i, new_mine, slot):
             self._bump(prof)
 
     def observe_batch(
@@ -294,8 +303,8 @@ class Profiles:
         prof = self._wf(workflow)
         i = self._task(prof, task)
         old = float(prof.output_bytes[i])
-        prof.output_bytes[i] = old + self.alpha * (size - old)
-        if prof.drifted(1, (i,), float(prof.output_bytes[i])):
+        new = prof.output_bytes[i] = old + self.alpha * (size - old)
+        if prof.drifted(1, i, new):
             self._bump(prof)
 
     def _bump(self, prof: _WorkflowProfile) -> None:

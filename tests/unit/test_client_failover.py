@@ -86,3 +86,15 @@ async def test_a_job_its_ingress_answered_workers_lost_is_not_submitted_again(pa
         with pytest.raises(WorkersLost):
             await client.submit("flow", x=2)
     assert len(one.keys) == 2 and two.keys == []
+
+
+@pytest.mark.asyncio
+async def test_every_job_has_a_key_of_its_own_across_clients(pair: Any) -> None:
+    one, _, client = await pair(lambda key: "ran")
+    other = Client(client.addresses, token=TOKEN)
+    async with client, other:
+        for i in range(3):
+            await client.submit("flow", x=i)
+            await other.submit("flow", x=i)
+    assert len(one.keys) == len(set(one.keys)) == 6
+    assert all(0 < len(key) <= 128 for key in one.keys)  # the workers' limit (MAX_KEY_CHARS)

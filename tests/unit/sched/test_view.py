@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from compass.errors import ConfigError, ProtocolError
 from compass.sched import ClusterView, Heartbeat, ViewSnapshot
+from compass.sched.heartbeat import NO_BATCHES
 from compass.sched.view import BatchCurve, Placement
 from compass.workflow.dag import linear_scale
 
@@ -158,6 +160,40 @@ def test_self_placements_clear_on_update_self() -> None:
     assert view.age_s("me", 100.0) == 0.0
     with pytest.raises(ConfigError, match="'other'"):
         view.update_self(state("other"))
+
+
+def test_the_same_own_state_again_keeps_the_snapshot_and_clears_own_placements() -> None:
+    view = ClusterView("me")
+    view.update_self(state("me", wait=0.3))
+    view.apply_heartbeat(state("peer", seq=1), now=0.0)
+    first = view.snapshot(0.0)
+    view.update_self(state("me", wait=0.3))  # equal, not the same object
+    assert view.snapshot(0.0) is first
+    view.note_placement("me", Placement(0.5), now=0.0)
+    view.note_placement("peer", Placement(0.2), now=0.0)
+    assert list(view.snapshot(0.0).wait_s) == pytest.approx([0.8, 0.2])
+    view.update_self(state("me", wait=0.3))  # its own queue holds the placement now
+    assert list(view.snapshot(0.0).wait_s) == pytest.approx([0.3, 0.2])
+    view.update_self(state("me", wait=0.4))
+    assert list(view.snapshot(0.0).wait_s) == pytest.approx([0.4, 0.2])
+
+
+def test_own_state_is_the_checked_state() -> None:
+    values: dict[str, Any] = {
+        "name": "me", "wait_s": 0.5, "models": frozenset({"a"}), "free_bytes": GB,
+        "capacity_bytes": 2 * GB, "lanes": 2, "lanes_busy": 1, "seq": 7,
+        "loading": frozenset({"b"}), "h2d_bytes_per_s": 1e9, "incarnation": 3,
+        "lifted_s": (0.25, 0.5),
+    }  # fmt: skip
+    for batches in ({}, {"a": (2, 0.25)}):
+        own = Heartbeat.own(**values, batches=batches)
+        checked = Heartbeat(**values, batches=batches)
+        assert own == checked
+        assert type(own.batches) is type(checked.batches)
+        assert [getattr(own, f.name) for f in fields(Heartbeat)] == [
+            getattr(checked, f.name) for f in fields(Heartbeat)
+        ]
+    assert Heartbeat.own(**values, batches={}).batches is NO_BATCHES
 
 
 def test_placement_on_unknown_worker_is_ignored() -> None:

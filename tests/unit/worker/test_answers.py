@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import numpy as np
 import pytest
 
@@ -21,6 +24,29 @@ def test_a_kept_answer_is_given_back_until_it_expires() -> None:
     assert kept.get("k", now=10.0) == ("value", None)
     assert kept.get("k", now=10.5) is None  # forgotten: a resubmission runs again
     assert len(kept) == 0
+
+
+def test_keys_expire_as_a_scan_of_the_oldest_would_expire_them() -> None:
+    # expire() looks at the oldest key only when it may be due: the same keys are forgotten
+    # as by looking every time, over random puts (new keys and answered ones again) and gets
+    class EveryTime(KeptAnswers):
+        def expire(self, now: float) -> None:
+            self._oldest_at = -math.inf  # always due: the scan runs every time
+            super().expire(now)
+
+    rng = random.Random(7)
+    kept, every_time = KeptAnswers(max_keys=50, keep_s=3.0), EveryTime(max_keys=50, keep_s=3.0)
+    now = 0.0
+    for _ in range(3_000):
+        now += rng.choice((0.0, 0.01, 0.5, 2.0, 7.0))
+        key = f"k{rng.randrange(80)}"
+        if rng.random() < 0.5:
+            kept.put(key, 1, None, now)
+            every_time.put(key, 1, None, now)
+        else:
+            assert kept.get(key, now) == every_time.get(key, now)
+        assert list(kept._kept) == list(every_time._kept)
+    assert len(kept) < 50  # keys were forgotten by time, not only by count
 
 
 def test_the_oldest_keys_are_forgotten_past_the_count() -> None:

@@ -7,6 +7,7 @@ guards and fails if that rule is broken.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
@@ -248,6 +249,11 @@ def test_heartbeats_carry_the_queued_batches_and_none_from_a_degraded_worker() -
     h.lanes.stuck = h.lanes.max_stuck  # degraded: it takes no GPU work, so no batch to join
     degraded = gossip.own_state(0.25)
     assert degraded.batches == {} and degraded.wait_s >= 1e6
+    # made without the constructor's checks (Heartbeat.own): what the checks would make
+    for own in (state, degraded):
+        checked = Heartbeat(**{f.name: getattr(own, f.name) for f in dataclasses.fields(own)})
+        assert own == checked and type(own.batches) is type(checked.batches)
+        assert own.lifted_s and all(type(w) is float for w in own.lifted_s)
 
 
 def test_a_batch_takes_only_mates_whose_runs_are_within_twice_each_other() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from compass.worker.jobs import JOB_INPUTS, Inbox, InboxEntry
 from compass.worker.messages import TaskMsg
 from compass.workflow.dag import Task, TaskProfile, Workflow
@@ -95,3 +97,31 @@ def test_a_task_of_one_input_is_whole_with_it_and_never_waits() -> None:
     assert root.inputs == {"x": 1}
     # an input from a task that does not feed it is kept aside, as for a join
     assert add(inbox, "b", "c", 1) is None and len(inbox) == 1
+
+
+def test_a_job_is_looked_for_only_where_it_has_entries() -> None:
+    # the count of entries per job follows every way in and out (a join waiting, completed,
+    # dropped by job or by ingress): drop_job finds what a look through the entries finds
+    rng = random.Random(9)
+    inbox = Inbox()
+    jobs, ingresses = ["j1", "j2", "j3"], ["w0", "w1"]
+    for _ in range(3_000):
+        op, job = rng.random(), rng.choice(jobs)
+        if op < 0.6:
+            msg = TaskMsg(job=job, attempt=rng.randrange(2), workflow="diamond", task="d",
+                          source=rng.choice("bc"), value=1, plan={"d": "w0"},
+                          ingress=rng.choice(ingresses))  # fmt: skip
+            inbox.add(msg, diamond(), transfer_s=0.0, now=0.0)
+        elif op < 0.85:
+            below = rng.choice((None, 1))
+            expected = sum(
+                1
+                for j, attempt, _ in inbox._entries
+                if j == job and (below is None or attempt < below)
+            )
+            assert inbox.drop_job(job, below) == expected
+        else:
+            inbox.drop_ingress(rng.choice(ingresses))
+        for j in jobs:
+            assert (j in inbox._jobs) == any(key[0] == j for key in inbox._entries)
+            assert inbox._jobs.get(j, 0) == sum(1 for key in inbox._entries if key[0] == j)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -189,3 +190,31 @@ def test_late_spreads_the_work_ahead_over_the_lanes_and_spares_finish_anyway_job
     queue.push(entry("no-deadline", at=9.0))
     assert [e.task for e, _ in queue.late(0.0, lanes=1)] == ["c"]
     assert queue.late(0.0, lanes=2) == []
+
+
+def test_a_job_is_looked_for_only_where_it_has_queued_tasks() -> None:
+    # holds_job follows every way in and out (push, pop, drop, drop_job): drop_job finds what
+    # a look through the queue finds, and holds_job answers what such a look would
+    rng = random.Random(5)
+    queue = TaskQueue()
+    jobs = [f"j{i}" for i in range(4)]
+    for n in range(3_000):
+        op = rng.random()
+        if op < 0.45:
+            queue.push(entry(f"t{n}", job=rng.choice(jobs), attempt=rng.randrange(2), at=n))
+        elif op < 0.7:
+            popped = queue.pop(float(n))
+            if popped is not None:
+                queue.finish(popped)
+        elif op < 0.85:
+            job, below = rng.choice(jobs), rng.choice((None, 1))
+            expected = [
+                e for e in queue if e.job_id == job and (below is None or e.attempt < below)
+            ]
+            dropped = queue.drop_job(job, below)
+            assert sorted(e.task for e in dropped) == sorted(e.task for e in expected)
+        else:
+            doomed = {id(e) for e in queue if rng.random() < 0.3}
+            queue.drop(lambda e: id(e) in doomed)  # noqa: B023 (called here, at once)
+        for job in jobs:
+            assert queue.holds_job(job) == any(e.job_id == job for e in queue)

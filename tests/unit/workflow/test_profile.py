@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
 from compass.workflow import Profiles, Task, TaskProfile, Workflow, load_workload
+from compass.workflow.profile import REPLAN_FLOOR, REPLAN_TOLERANCE
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
 
@@ -150,3 +153,41 @@ def test_steady_measurements_stop_changing_the_version() -> None:
     profiles.observe_exec("w", "a", "w0", 0.050)  # a real change is published at once
     assert profiles.workflow_version("w") != before
     assert profiles.exec_s("w", "a", "w0") > 0.010
+
+
+def test_the_version_moves_exactly_when_an_estimate_drifts_from_the_published_one() -> None:
+    # the rule as written before the per-job cut (a tuple index, its last entry checked
+    # against the table's width, math.isnan), applied to the tables published before each
+    # measurement: new workers past the first slots, steady and jumping times and sizes
+    def drifted(table: np.ndarray, index: tuple[int, ...], value: float, which: int) -> bool:
+        if index[-1] >= table.shape[-1]:
+            return True
+        old = float(table[index])
+        if math.isnan(old):
+            return True
+        return abs(value - old) > max(REPLAN_TOLERANCE * abs(old), REPLAN_FLOOR[which])
+
+    rng = random.Random(3)
+    p = profiles(alpha=0.2)
+    prof = p._workflows["w"]
+    bumps = 0
+    for _ in range(3_000):
+        task, worker = rng.choice("ab"), f"x{rng.randrange(12)}"
+        i = prof.wf.index[task]
+        published = [table.copy() for table in prof.published]
+        before = p.workflow_version("w")
+        if rng.random() < 0.7:
+            p.observe_exec(
+                "w", task, worker, 0.5 if rng.random() < 0.02 else rng.choice((0.01, 0.0101))
+            )
+            slot = p._slots[worker]
+            expected = drifted(published[0], (i,), float(prof.exec_s[i]), 0) or drifted(
+                published[2], (i, slot), float(prof.exec_by_slot[i, slot]), 2
+            )
+        else:
+            p.observe_output("w", task, 10**6 if rng.random() < 0.02 else rng.choice((100, 110)))
+            expected = drifted(published[1], (i,), float(prof.output_bytes[i]), 1)
+        moved = p.workflow_version("w") != before
+        assert moved == expected
+        bumps += moved
+    assert 100 < bumps < 2_900, bumps  # both ways, many times
