@@ -82,14 +82,17 @@ class Links:
         #: per ingress this worker lost: what it must hear if it comes back, by job; the
         #: ingress lost longest ago first
         self._orphans: OrderedDict[str, OrderedDict[str, Sent]] = OrderedDict()
+        #: per worker this ingress lost: the jobs it held an attempt of, planned again
+        #: meanwhile, with the first attempt still live (what it holds below is stale)
+        self._owed: OrderedDict[str, OrderedDict[str, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return sum(map(len, self._sent.values()))
 
     @property
     def orphaned(self) -> int:
-        """Jobs remembered for lost ingresses."""
-        return sum(map(len, self._orphans.values()))
+        """Jobs remembered for lost ingresses, and for lost workers of this ingress's jobs."""
+        return sum(map(len, self._orphans.values())) + sum(map(len, self._owed.values()))
 
     def note(self, peer: str, msg: PeerMessage) -> None:
         """``msg`` went to ``peer``. Only the messages a job waits for count: a task's input,
@@ -154,6 +157,24 @@ class Links:
         jobs.move_to_end(sent.job)
         while len(jobs) > self.limit:
             jobs.popitem(last=False)
+
+    def owe_done(self, peer: str, job: str, below: int) -> None:
+        """Ingress side: lost ``peer`` held an attempt of ``job``, which is planned again
+        (attempts below ``below`` are stale). It may be alive (a false suspicion, a cut
+        link): if it comes back it must hear it, or it keeps their inputs waiting for ever."""
+        jobs = self._owed.get(peer)
+        if jobs is None:
+            jobs = self._owed[peer] = OrderedDict()
+            while len(self._owed) > self.max_orphaned:
+                self._owed.popitem(last=False)
+        jobs[job] = max(jobs.get(job, 0), below)
+        jobs.move_to_end(job)
+        while len(jobs) > self.limit:
+            jobs.popitem(last=False)
+
+    def owed(self, peer: str) -> list[tuple[str, int]]:
+        """The (job, below) that ``peer``, back, must hear are done below that attempt."""
+        return list(self._owed.pop(peer, {}).items())
 
     def lost(self, peer: str, stale: Stale) -> list[tuple[str, FailedMsg]]:
         """``peer`` is lost: the reports to send, (to, report), of what was sent there. Those

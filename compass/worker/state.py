@@ -387,11 +387,14 @@ class WorkerCore:
 
     def _new_attempt(self, job: IngressJob, lost: str, now: float) -> None:
         """Plan ``job`` again from the inputs kept here; older attempts are dropped by the
-        workers that held them (``lost`` is gone)."""
-        old_workers = job.workers() - {lost}
+        workers that held them (``lost`` hears it if it comes back)."""
+        old_workers = job.workers()
         job.attempt += 1
         self.links.forget(job.job_id, job.attempt)
         job.outputs.clear()
+        if lost in old_workers:
+            old_workers.discard(lost)
+            self.links.owe_done(lost, job.job_id, job.attempt)
         self._send_done(job.job_id, old_workers, below=job.attempt, now=now)
         try:
             job.plan = self._plan_here(self._info(job), now)
@@ -598,6 +601,10 @@ class WorkerCore:
         self.view.joined(ev.name, ev.instance)
         for to, report in self.links.joined(ev.name, self._stale):
             self._send(to, report, ev.now)
+        # jobs it held an attempt of when it was lost here, planned again since (it may have
+        # been alive all along): what it holds of those attempts is stale
+        for job_id, below in self.links.owed(ev.name):
+            self._send(ev.name, DoneMsg(job_id, below), ev.now)
 
     def _stale(self, job_id: str, attempt: int, ingress: str) -> bool:
         """Whether what was sent of ``job_id``'s ``attempt`` is stale: done here, or planned

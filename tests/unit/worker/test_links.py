@@ -215,3 +215,26 @@ def test_the_jobs_of_ingresses_that_never_come_back_are_forgotten_past_a_bound()
     assert len(reports) == 8 and all(to == "pod-99" for to, _ in reports)
     assert links.joined("pod-0", lambda job, attempt, ingress: False) == []
     assert links.orphaned == 3 * 8
+
+
+def test_a_worker_lost_by_the_ingress_hears_its_attempt_is_stale_when_it_is_back() -> None:
+    """A worker its ingress lost (a false suspicion, a cut link) may be alive and hold the
+    inputs of an attempt planned again elsewhere: nothing told it (Done went to the others),
+    and the entry waited for ever, a drain holding it for its whole timeout. When it is back,
+    the ingress tells it; it drops what it held, and hears nothing of jobs it did not hold."""
+    a, view = core("a", ("a", "b", "c"))
+    job, root = _job_on_peer(a, view, "b")
+    other, _ = _job_on_peer(a, view, "c")
+    b, _ = core("b", ("a", "b", "c"), lanes=1)
+    one(RunTask, b.handle(received(task_msg(job="w9-1", ingress="w9"), 0.0)))  # its lane busy
+    b.handle(received(root, 0.1, "a"))
+    assert len(b.lanes.queue) == 1  # a's root waits there
+    view.waits.update(a=100.0, b=100.0, c=0.0)
+    steps = a.handle(PeerLost(1.0, "b"))  # b's job is planned again on c; b hears nothing
+    assert a.jobs[job].attempt == 1
+    assert all(s.peer != "b" for s in of(Send, steps))
+    back = of(Send, a.handle(PeerJoined(2.0, "b", "i2")))
+    assert [(s.peer, s.msg) for s in back] == [("b", DoneMsg(job, 1))]
+    b.handle(received(back[0].msg, 2.1, "a"))
+    assert len(b.lanes.queue) == 0 and b.is_done(job, 0) and not b.is_done(other, 0)
+    assert a.handle(PeerJoined(3.0, "b", "i2")) == []  # told once
