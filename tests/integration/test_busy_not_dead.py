@@ -29,7 +29,7 @@ from .conftest import PAPER
 #: a worker getting busier: stalls of 300, then 600, then 900 ms, 500 ms apart. Before the
 #: fix, stalls of 300 ms alone were survived (the suspicions they caused were refuted in time);
 #: the 900 ms ones were not (3 false deaths at each peer in 14 stalls)
-STALLS_S = (0.3,) * 4 + (0.6,) * 4 + (0.9,) * 6
+STALLS_S = (0.3,) * 3 + (0.6,) * 2 + (0.9,) * 6
 GAP_S = 0.5
 FLOWS = ("translation", "question_answer", "img_to_sound", "object_detection")
 
@@ -91,7 +91,7 @@ async def test_a_burst_of_2000_jobs_at_once_declares_nobody_dead(
         await asyncio.sleep(1.0)  # every worker probing the others a few times
         payload = np.zeros(1000, dtype=np.uint8)
         t0 = time.monotonic()
-        for _ in range(2):  # 2,000 submits at once on one client channel, twice
+        for _ in range(1):  # 2,000 submits at once on one client channel
             results = await asyncio.gather(
                 *(clients[0].submit(FLOWS[i % 4], data=payload, timeout=150) for i in range(2000)),
                 return_exceptions=True,
@@ -101,7 +101,7 @@ async def test_a_burst_of_2000_jobs_at_once_declares_nobody_dead(
         took = time.monotonic() - t0
         statuses = list(await asyncio.gather(*(c.status(timeout=30) for c in clients)))
         bumps = {p["name"]: p["incarnation"] for p in statuses[1]["peers"]}
-        print(f"\n4,000 jobs in 2 bursts of 2,000: {4000 / took:.0f} jobs/s; incarnations "
+        print(f"\n2,000 jobs in one burst: {2000 / took:.0f} jobs/s; incarnations "
               f"seen by w1 (each a suspicion refuted): {bumps}")  # fmt: skip
         assert not _false_deaths(statuses), _false_deaths(statuses)
 
