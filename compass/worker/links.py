@@ -31,6 +31,7 @@ from typing import NamedTuple
 from compass.worker.messages import (
     JOB_INPUTS,
     LINK_LOST,
+    DoneMsg,
     FailedMsg,
     PeerMessage,
     ResultMsg,
@@ -172,10 +173,6 @@ class Links:
         while len(jobs) > self.limit:
             jobs.popitem(last=False)
 
-    def owed(self, peer: str) -> list[tuple[str, int]]:
-        """The (job, below) that ``peer``, back, must hear are done below that attempt."""
-        return list(self._owed.pop(peer, {}).items())
-
     def lost(self, peer: str, stale: Stale) -> list[tuple[str, FailedMsg]]:
         """``peer`` is lost: the reports to send, (to, report), of what was sent there. Those
         to ``peer`` itself, an ingress, wait for its return."""
@@ -189,9 +186,14 @@ class Links:
                 reports.append((sent.ingress, self._report(sent, peer)))
         return reports
 
-    def joined(self, peer: str, stale: Stale) -> list[tuple[str, FailedMsg]]:
-        """``peer`` is connected again (or anew): the reports to send, (to, report), of what
-        was sent there, and what it must hear as an ingress this worker had lost."""
+    def joined(self, peer: str, stale: Stale) -> list[tuple[str, FailedMsg | DoneMsg]]:
+        """``peer`` is connected again (or anew): what to send, (to, message): the reports of
+        what was sent there, what it must hear as an ingress this worker had lost, and, as a
+        worker this ingress had lost, the attempts it held that were planned again since
+        (:meth:`owe_done`)."""
+        owed: list[tuple[str, FailedMsg | DoneMsg]] = [
+            (peer, DoneMsg(job, below)) for job, below in self._owed.pop(peer, {}).items()
+        ]
         reports = {}
         for sent in self._orphans.pop(peer, {}).values():  # stale or not: it knows
             reports[sent.job, sent.attempt] = (peer, self._report(sent, peer, dropped=True))
@@ -199,7 +201,7 @@ class Links:
             mark = (sent.job, sent.attempt)
             if mark not in reports and not stale(*mark, sent.ingress):
                 reports[mark] = (sent.ingress, self._report(sent, peer))
-        return list(reports.values())
+        return [*reports.values(), *owed]
 
     def _report(self, sent: Sent, peer: str, *, dropped: bool = False) -> FailedMsg:
         if sent.failed is not None:

@@ -3,24 +3,14 @@
 :meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the
 time (``now``, on the worker's clock); the core reads no clock and does no I/O, so the same
 events give the same instructions. The asyncio :class:`~compass.worker.server.Worker` and the
-simulator (:mod:`compass.sim.engine`) drive it. What the core owns:
-
-- the **ingress records**: every job this worker accepted, its plan as reported moves keep it,
-  its current attempt, the sink outputs gathered so far; admission, planning (here, or at the
-  ``central`` planner), the one answer per job;
-- the **inbox**: the inputs of tasks whose predecessors have not all reported (a join waits
-  for each); a task whose inputs are all here goes to the lanes;
-- the **attempt rules**: a job re-planned after a lost peer gets a new attempt; messages of an
-  older attempt, or of a job already done here, are dropped, so a job is answered exactly once;
-  the tasks of a lost ingress's jobs are dropped here, and if that ingress comes back (it was
-  alive: a false suspicion, a healed partition) it hears of them and plans them again;
-- **dynamic adjustment**: when a task finishes, its successors are re-placed on this worker's
-  view before the output is pushed on, and the ingress is told of every move;
-- the **queues, lanes and model residency** (:class:`~compass.worker.lanes.Lanes`).
-
-Not the core's: running a task's code, copying a model's bytes, sending bytes, the view's
-heartbeats (:class:`ViewPort` is its window onto the view). Messages to this worker itself
-never leave it: the core handles them at once, in order.
+simulator (:mod:`compass.sim.engine`) drive it. It owns the **ingress records** (the jobs
+this worker accepted: plan, attempt, sink outputs, the one answer each), the **inbox** (inputs
+of tasks waiting for the rest), the **attempt rules** (a job planned again after a lost peer gets
+a new attempt; messages of older ones are dropped), **dynamic adjustment**, and the **queues,
+lanes and model residency** (:class:`~compass.worker.lanes.Lanes`); docs/ARCHITECTURE.md, "The
+worker core", says how. Not the core's: running a task's code, copying a model's bytes, sending
+bytes, the view's heartbeats (:class:`ViewPort` is its window onto the view). Messages to this
+worker itself never leave it: the core handles them at once, in order.
 """
 
 from __future__ import annotations
@@ -160,9 +150,8 @@ class WorkerCore:
         #: job key -> the id of the unanswered job it names
         self._keys: dict[str, str] = {}
         #: job key -> the answer of the answered job it named (bounded in keys, bytes, time)
-        self.answered = KeptAnswers(
-            max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s
-        )
+        self.answered = KeptAnswers(max_bytes=options.keep_answer_bytes,
+                                    keep_s=options.keep_answer_s)  # fmt: skip
         #: requests that wait for another request's job (a resubmitted key) -> that job's id
         self._attached: dict[str, str] = {}
         #: best times, critical paths, deadlines and queue entries, from the profiles
@@ -301,16 +290,8 @@ class WorkerCore:
         except CompassError as exc:
             self._answer_now(ev.job_id, exc)
             return
-        job = IngressJob(
-            job_id=ev.job_id,
-            workflow=workflow,
-            inputs=ev.inputs,
-            input_bytes=ev.input_bytes,
-            submitted_at=ev.now,
-            t0=ev.t0,
-            key=ev.key,
-            objective=ev.objective,
-        )
+        job = IngressJob(ev.job_id, workflow, ev.inputs, ev.input_bytes, ev.now, t0=ev.t0,
+                         key=ev.key, objective=ev.objective)  # fmt: skip
         deadline_s = self.estimates.deadline_s(workflow, ev.objective)
         if deadline_s is not None:
             job.deadline = ev.now + deadline_s
@@ -409,9 +390,9 @@ class WorkerCore:
         self._send_roots(job, now)
 
     def _planning_failed(self, job: IngressJob, now: float, exc: Exception) -> None:
-        """Planning ``job`` raised what no rule expects (a bug): the job is answered with a
-        typed error at once, rather than left without a plan until its client gives up; the
-        caller raises on, so the failure is a :class:`Fault` (logged and counted)."""
+        """Planning ``job`` raised what no rule expects (a bug): answer it now (the caller
+        raises on, a :class:`Fault`), rather than leave it without a plan until its client
+        gives up."""
         self._answer(job, now, error=RemoteError(
             f"worker {self.name} failed to plan job {job.job_id} ({job.workflow.name}): "
             f"{type(exc).__name__}: {exc} (a bug in compass: please report it)",
@@ -573,9 +554,8 @@ class WorkerCore:
             return
         self.view.remove(ev.name)
         self.stats.peers_lost += 1
-        # inputs of jobs whose ingress is gone would wait forever: nobody takes their results.
-        # Only the attempts seen here are forgotten, and the ingress hears of them if it comes
-        # back (it was alive: a false suspicion, or a partition): it plans them again
+        # inputs of jobs whose ingress is gone would wait forever; the ingress hears of the
+        # attempts forgotten here if it comes back (a false suspicion): it plans them again
         lost = ev.name
         dropped = self.inbox.drop_ingress(lost)
         for entry in [*self.lanes.drop(lambda e: e.ingress == lost), *self.lanes.running()]:
@@ -594,17 +574,11 @@ class WorkerCore:
             self._send(to, report, ev.now)
 
     def _peer_joined(self, ev: PeerJoined) -> None:
-        """A peer is connected: new, back, or restarted. The ingresses of the jobs of what
-        was sent on a link to it that broke, and the peer itself if it is an ingress lost here
-        while this worker held its jobs' tasks, plan those jobs again: they would wait for
-        them forever (:mod:`compass.worker.links`). A restarted ingress drops the reports."""
+        """A peer is connected: new, back, or restarted. It and the ingresses of what a broken
+        link to it may have lost hear what they must (:meth:`Links.joined`)."""
         self.view.joined(ev.name, ev.instance)
-        for to, report in self.links.joined(ev.name, self._stale):
-            self._send(to, report, ev.now)
-        # jobs it held an attempt of when it was lost here, planned again since (it may have
-        # been alive all along): what it holds of those attempts is stale
-        for job_id, below in self.links.owed(ev.name):
-            self._send(ev.name, DoneMsg(job_id, below), ev.now)
+        for to, message in self.links.joined(ev.name, self._stale):
+            self._send(to, message, ev.now)
 
     def _stale(self, job_id: str, attempt: int, ingress: str) -> bool:
         """Whether what was sent of ``job_id``'s ``attempt`` is stale: done here, or planned
