@@ -103,9 +103,8 @@ def plan_eft(
     at_now = (now,)
     preds_of = costs.preds
     batches = _PlanBatches(view, now) if batch_aware and use_load else None
-    #: when each worker can start a task off its lanes (None: now, everywhere), found once
-    off_lane: FloatArray | None = None
-    off_lane_found = False
+    #: when each worker can start a task off its lanes (None: now, everywhere)
+    off_lane = off_lane_avail(view, now) if host_lanes and use_load else None
 
     for t in costs.rank_order:
         preds = preds_of[t]
@@ -127,12 +126,7 @@ def plan_eft(
         if batches is not None and model is not None and costs.batch_limits[t] is not None:
             rows = batches.rows(model)
         fetch = None if have is None else (have, free, capacity, min_capacity)
-        starts: FloatArray | None = avail
-        if not on_lane:
-            if not off_lane_found:
-                off_lane = off_lane_avail(view, now) if use_load else None
-                off_lane_found = True
-            starts = off_lane
+        starts = avail if on_lane else off_lane
         eft, joined = finish_row(costs, t, sources, ready, starts, fetch, root_bytes, rows)
         j = int(eft.argmin())
         best = float(eft[j])
