@@ -30,6 +30,15 @@ def worker_environment() -> dict[str, str]:
     return env
 
 
+def app_environment(folder: Path, module: str, source: str) -> dict[str, str]:
+    """:func:`worker_environment` with an app module ``module`` of ``source`` written to
+    ``folder`` and importable by the workers (``--app module``)."""
+    (folder / f"{module}.py").write_text(source)
+    env = worker_environment()
+    env["PYTHONPATH"] = f"{folder}{os.pathsep}{env['PYTHONPATH']}"
+    return env
+
+
 @pytest.fixture
 def worker_env() -> dict[str, str]:
     """Environment for worker subprocesses: the repo on the path, no inherited token."""

@@ -26,7 +26,7 @@ from compass.cluster import LocalCluster
 from compass.errors import CompassTimeout, JobFailed
 from examples.batch_app import IN_FEATURES, OUT_FEATURES, reference
 
-from .conftest import status_when
+from .conftest import app_environment, status_when
 from .test_metrics import free_port, scrape
 
 BATCH_APP = """
@@ -90,11 +90,8 @@ RTOL, ATOL = 1e-5, 1e-5
 
 
 @pytest.fixture
-def batch_env(tmp_path: Path, worker_env: dict[str, str]) -> dict[str, str]:
-    (tmp_path / "batch_test_app.py").write_text(BATCH_APP)
-    env = dict(worker_env)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    return env
+def batch_env(tmp_path: Path) -> dict[str, str]:
+    return app_environment(tmp_path, "batch_test_app", BATCH_APP)
 
 
 def one_worker(env: dict[str, str], *extra: str) -> LocalCluster:

@@ -13,6 +13,8 @@ import pytest
 from compass.cluster import LocalCluster
 from compass.errors import JobFailed
 
+from .conftest import app_environment
+
 MiB = 1 << 20
 
 MEMORY_APP = """
@@ -47,11 +49,8 @@ def rss_mb(pid: int) -> float:
 
 
 @pytest.fixture
-def memory_env(tmp_path: Path, worker_env: dict[str, str]) -> dict[str, str]:
-    (tmp_path / "memory_app.py").write_text(MEMORY_APP)
-    env = dict(worker_env)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    return env
+def memory_env(tmp_path: Path) -> dict[str, str]:
+    return app_environment(tmp_path, "memory_app", MEMORY_APP)
 
 
 @pytest.mark.asyncio

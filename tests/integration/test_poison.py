@@ -12,7 +12,7 @@ import pytest
 from compass.cluster import LocalCluster
 from compass.errors import CompassError, CompassTimeout, JobFailed, WorkerUnavailable
 
-from .conftest import status_when
+from .conftest import app_environment, status_when
 
 POISON_APP = """
 import sys
@@ -72,11 +72,8 @@ def same(model, x):
 
 
 @pytest.fixture
-def poison_env(tmp_path: Path, worker_env: dict[str, str]) -> dict[str, str]:
-    (tmp_path / "poison_app.py").write_text(POISON_APP)
-    env = dict(worker_env)
-    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
-    return env
+def poison_env(tmp_path: Path) -> dict[str, str]:
+    return app_environment(tmp_path, "poison_app", POISON_APP)
 
 
 @pytest.mark.asyncio
