@@ -9,7 +9,7 @@ Three measurements:
   loop, not the client's. Its CPU time is that thread's (``time.thread_time``). The client's
   thread is counted apart, in runs of its own (``client_instructions``).
 - ``core-job``: the same job through the cores alone: a ``Submit`` to a worker's
-  :class:`~compass.worker.state.WorkerCore`, the ``RunTask`` it answers with carried out at
+  :class:`~compass.core.state.WorkerCore`, the ``RunTask`` it answers with carried out at
   once as a ``TaskDone``, up to the ``Answer``. No sockets, no loop.
 - ``core-chain``: a ``chain_100`` job of ``compass bench chain`` (``round_robin``: every task
   on the other worker) between the cores of two workers in one process, each ``Send``
@@ -156,18 +156,18 @@ def count_instructions(counter: _Counter | None = None) -> Iterator[_Counter]:
 
 class _Cores:
     """The cores of ``names`` (real workers, never started), each in the others' views, and
-    the events of this tree's core (the vocabulary moved to ``compass.worker.events`` in
+    the events of this tree's core (the vocabulary moved to ``compass.core.events`` in
     issue 19; before it, the worker learned outside the core)."""
 
     def __init__(self, names: list[str], view: str | None = None) -> None:
         try:
-            events: Any = importlib.import_module("compass.worker.events")
+            events: Any = importlib.import_module("compass.core.events")
             self.learns_outside = False
         except ImportError:
-            events = importlib.import_module("compass.worker.state")
+            events = importlib.import_module("compass.core.state")
             self.learns_outside = True
         self.ev = events
-        stats: Any = importlib.import_module("compass.worker.stats")
+        stats: Any = importlib.import_module("compass.core.stats")
         self.payload_bytes: Callable[[Any], int] = stats.payload_bytes
         sched = _sched(view, policy="round_robin")
         self.workers = {

@@ -1,7 +1,7 @@
 """The model cache driven on its own, without a worker core: pinned leases, for benchmarks and
 tests.
 
-On a worker the core decides every load (:class:`~compass.worker.lanes.Lanes` asks
+On a worker the core decides every load (:class:`~compass.core.lanes.Lanes` asks
 :meth:`CacheCore.acquire <compass.cache.policy.CacheCore.acquire>` and begins the load) and
 :meth:`ModelCache.fetch <compass.cache.models.ModelCache.fetch>` carries it out.
 :class:`LeasingCache` plays the core's part for code that has no worker: ``compass bench gpu``

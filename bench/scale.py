@@ -34,7 +34,7 @@ null.
 (one connection each, opened before the kill, a request every 2 ms) until the victim is
 neither among its ``peers`` nor in its view (``cluster``); the time from the kill to the last
 survivor's first such answer. A broken connection is no verdict for the failure detector (SWIM,
-compass/worker/members.py): on one host the kernel closes the victim's sockets at once, so every
+compass/membership/table.py): on one host the kernel closes the victim's sockets at once, so every
 survivor probes it at once and suspects it within milliseconds, and this is mostly the
 suspicion's length (``--suspicion-mult`` periods once confirmed; with two workers nobody can
 confirm it, and it lasts up to ``--peer-timeout-ms``). Null if some survivor still has it after
@@ -42,7 +42,7 @@ confirm it, and it lasts up to ``--peer-timeout-ms``). Null if some survivor sti
 
 **spread_ms_p99**: how long a change of one worker's queue takes to be visible to the planners
 that need it: in a full mesh every peer; in a bounded view the planners watching it (those
-that planned over it within their lease, compass/worker/spread.py). The workers' workload gets
+that planned over it within their lease, compass/gossip/spread.py). The workers' workload gets
 two more workflows of one model-less task each: ``scale_probe``, ``PROBE_REAL_S`` real seconds
 (a GPU-lane task under ``--host-lanes 0``, so it is in the queue wait that states report, and
 it loads no model), and ``scale_touch``, 2 ms. On a quiet cluster (every queue empty, every

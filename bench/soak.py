@@ -18,7 +18,7 @@ so that the second half, whose memory is judged, starts with the new process war
 
 Every ``sample_s`` the driver reads each worker's ``compass status``: its ``process``
 (``rss_mb``, ``open_fds``, ``asyncio_tasks``, ``threads``) and the sizes of its ``tables``
-(:mod:`compass.worker.usage`), kept as the JSON's ``samples``. Past ``MAX_SAMPLES`` per series
+(:mod:`compass.observe.usage`), kept as the JSON's ``samples``. Past ``MAX_SAMPLES`` per series
 every other sample is dropped and the period doubled, so long runs keep a bounded series.
 
 What it judges (the JSON's ``checks``):
@@ -63,8 +63,8 @@ import numpy as np
 
 from compass import Client, LocalCluster
 from compass.errors import CompassError, CompassTimeout, ConfigError
+from compass.observe.usage import process_usage
 from compass.wire.transport import new_event_loop
-from compass.worker.usage import process_usage
 
 from .report import machine, print_table, write_json
 

@@ -2,7 +2,7 @@
 (``compass bench e2e --trace PATH``, which Perfetto and chrome://tracing open) and as a
 per-worker Gantt chart (``--timeline PNG``).
 
-The spans come from each worker's timeline ring (:mod:`compass.worker.timeline`), read over
+The spans come from each worker's timeline ring (:mod:`compass.observe.timeline`), read over
 the ``timeline`` request once a run's jobs are answered (a worker keeps its last 8192 task
 spans and 2048 loads; a run that ends more on one worker loses its oldest, and says so).
 Times are workload milliseconds from the run's first task (real time divided by the time

@@ -26,7 +26,7 @@ T = TypeVar("T")
 def configure_logging(level: str, *, as_json: bool = False) -> None:
     """Log at ``level`` (``"warning"``, ...) on stderr: text lines, or one JSON object a line."""
     if as_json:
-        from compass.worker.metrics import JsonLogFormatter
+        from compass.observe.metrics import JsonLogFormatter
 
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLogFormatter())

@@ -47,6 +47,7 @@ from compass.errors import (
     WorkerUnavailable,
 )
 from compass.objective import check_objective
+from compass.payload import payload_bytes
 from compass.trace import (
     JobTrace,
     TraceParent,
@@ -54,7 +55,6 @@ from compass.trace import (
     parse_traceparent,
     seen_by_client,
 )
-from compass.wire.codec import payload_bytes
 from compass.wire.transport import Channel, ChannelOptions, connect, new_event_loop
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult", "SyncClient"]

@@ -229,7 +229,7 @@ class SchedConfig:
     #: idle workers fill free cache space with models the cluster is short of (if the policy does)
     warm: bool = True
     #: what a planner sees: "bounded" (a job's candidates; load from the workers it watches,
-    #: residency from rumors, compass/worker/spread.py) or "mesh" (every worker, each
+    #: residency from rumors, compass/gossip/spread.py) or "mesh" (every worker, each
     #: heartbeating every peer every heartbeat_ms)
     view: str = "bounded"
     #: a bounded view's workers sampled per job beyond the holders of its models
@@ -281,7 +281,7 @@ class SchedConfig:
 
 @dataclass(frozen=True, slots=True)
 class SwimConfig:
-    """Failure detection, SWIM-style (compass/worker/members.py): every ``probe_period_ms`` a
+    """Failure detection, SWIM-style (compass/membership/table.py): every ``probe_period_ms`` a
     worker probes one peer; without an ack within ``probe_timeout_ms`` it asks
     ``indirect_probes`` others to probe it, then suspects it; a suspicion lasts
     ``suspicion_mult x max(1, log10(workers)) x probe_period_ms`` once another worker confirms
@@ -382,7 +382,7 @@ class WorkerConfig:
     #: :func:`compass.worker.membership.advertised_address`)
     advertise_address: str = ""
     #: serve Prometheus ``/metrics`` and ``/ready`` on this port (0: one the system picks);
-    #: None: no metrics endpoint (compass/worker/metrics.py)
+    #: None: no metrics endpoint (compass/observe/metrics.py)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     limits: Limits = field(default_factory=Limits)

@@ -4,9 +4,9 @@ checker, not at run time.
 A frozen dataclass sets each field in ``__init__`` through ``object.__setattr__`` (its own
 ``__setattr__`` refuses), about 8 bytecode instructions and a C call per field against 3
 instructions for a plain store. The events, instructions and messages the worker core makes
-for every task (:class:`~compass.worker.events.Received`,
-:class:`~compass.worker.events.TaskDone`, :class:`~compass.worker.events.Send`,
-:class:`~compass.worker.lanes.RunTask`, :class:`~compass.worker.messages.TaskMsg`) have 3 to
+for every task (:class:`~compass.core.events.Received`,
+:class:`~compass.core.events.TaskDone`, :class:`~compass.core.events.Send`,
+:class:`~compass.core.lanes.RunTask`, :class:`~compass.core.messages.TaskMsg`) have 3 to
 13 fields each, and that setting was the largest part of what a chain task cost over 388075e
 (docs/RESULTS.md, "Measured again, and cut"); a worker's own state
 (:class:`~compass.sched.heartbeat.Heartbeat`) and the view's snapshots

@@ -275,7 +275,7 @@ class CacheCore:
 
     def acquire(self, name: str, upcoming: Sequence[str] = ()) -> str | LoadPlan:
         """The next step in making ``name`` resident for a task about to run, the one rule
-        the worker core's lanes (:class:`~compass.worker.lanes.Lanes`, on a worker and in the
+        the worker core's lanes (:class:`~compass.core.lanes.Lanes`, on a worker and in the
         simulator) follow: :data:`READY` or :data:`JOIN` (pinned: run now, or once the load
         under way ends), :data:`WAIT` (nothing changed: ask again when a pin or a load is
         released), or a :class:`LoadPlan` (nothing changed: begin that load, then pin ``name``

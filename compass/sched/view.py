@@ -10,7 +10,7 @@ snapshot without copying; the first write after that copies them (copy on write)
 many jobs between heartbeats therefore costs no copies at all.
 
 Batches: a worker also reports, per model, how many queued tasks may batch and when the first
-of them is expected to start (:meth:`~compass.worker.queue.TaskQueue.batchable`), so the
+of them is expected to start (:meth:`~compass.core.queue.TaskQueue.batchable`), so the
 planner can send a task of that model where it joins their batch. Most of the time no worker
 has any, and then a snapshot holds no arrays for them at all.
 

@@ -7,8 +7,8 @@ for every decision:
   worker, as in a cluster) on a :class:`~compass.sched.view.ViewSnapshot` of its view, counts
   the placements on peers, and pushes each root task to its worker (``central``: the plan is
   asked of one worker, a round trip away);
-- every simulated worker runs the real worker's core (:class:`~compass.worker.state.WorkerCore`
-  and its :class:`~compass.worker.lanes.Lanes`): the inbox, the queues, which task a lane takes,
+- every simulated worker runs the real worker's core (:class:`~compass.core.state.WorkerCore`
+  and its :class:`~compass.core.lanes.Lanes`): the inbox, the queues, which task a lane takes,
   model residency, prefetch, warming, adjustment and the one answer per job are its rules; the
   simulator carries out its instructions in virtual time: a :class:`RunTask` ends after the
   task's profiled execution time, a :class:`LoadModel` after the model's load time, a message
@@ -40,21 +40,8 @@ from typing import Any, assert_never
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import CacheConfig, SchedConfig
-from compass.errors import ConfigError, UnknownWorkflow
-from compass.objective import NO_OBJECTIVE, Objective, outcome_of
-from compass.sched import CompassPolicy, Policy, make_policy
-from compass.sched.candidates import CandidateRule
-from compass.sched.policies import worker_seed
-from compass.sched.policy import LARGE_CLUSTER
-from compass.sim.arrivals import Arrival
-from compass.sim.collector import collector_eased
-from compass.sim.heard import LINK_S, Heard, rumor_delays
-from compass.sim.result import JobRecord, SimResult, TaskRecord
-from compass.sim.state import ClusterState
-from compass.sim.traffic import ViewTraffic
-from compass.sim.view import SimView
-from compass.worker.assemble import CoreOptions, build_core
-from compass.worker.events import (
+from compass.core.assemble import CoreOptions, build_core
+from compass.core.events import (
     Answer,
     AskPlan,
     Event,
@@ -71,8 +58,8 @@ from compass.worker.events import (
     TaskDone,
     Tick,
 )
-from compass.worker.lanes import Lanes
-from compass.worker.messages import (
+from compass.core.lanes import Lanes
+from compass.core.messages import (
     JOB_INPUTS,
     DoneMsg,
     PeerMessage,
@@ -81,8 +68,21 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.spread import gossip_gap_s, sync_period_s
-from compass.worker.state import WorkerCore
+from compass.core.state import WorkerCore
+from compass.errors import ConfigError, UnknownWorkflow
+from compass.gossip.spread import gossip_gap_s, sync_period_s
+from compass.objective import NO_OBJECTIVE, Objective, outcome_of
+from compass.sched import CompassPolicy, Policy, make_policy
+from compass.sched.candidates import CandidateRule
+from compass.sched.policies import worker_seed
+from compass.sched.policy import LARGE_CLUSTER
+from compass.sim.arrivals import Arrival
+from compass.sim.collector import collector_eased
+from compass.sim.heard import LINK_S, Heard, rumor_delays
+from compass.sim.result import JobRecord, SimResult, TaskRecord
+from compass.sim.state import ClusterState
+from compass.sim.traffic import ViewTraffic
+from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Workflow, emulated_run_s
 from compass.workflow.profile import Profiles

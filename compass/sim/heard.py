@@ -1,13 +1,13 @@
 """What each planner of a simulated bounded view has heard of its peers, and when.
 
-A real bounded view (:mod:`compass.worker.gossip`, :mod:`compass.worker.spread`) knows a peer
+A real bounded view (:mod:`compass.worker.gossip`, :mod:`compass.gossip.spread`) knows a peer
 by what reached it: the states a watched peer pushes, the rumors of cache changes, the answer
 to a watch ask. :class:`Heard` keeps that for the simulator, by the same rules, with the
 simulation's clock (workload seconds):
 
-- **Watched.** A planner asks a candidate whose lease is due (:class:`~compass.worker.spread.
+- **Watched.** A planner asks a candidate whose lease is due (:class:`~compass.gossip.spread.
   Watching`, run by :class:`~compass.sim.traffic.ViewTraffic`); the ask arrives a link delay
-  (:data:`LINK_S`) later, starts the lease at the candidate (:class:`~compass.worker.spread.
+  (:data:`LINK_S`) later, starts the lease at the candidate (:class:`~compass.gossip.spread.
   Watchers`) and is answered by its state, which arrives a link delay after that. From then
   until the lease ends the candidate pushes its state on every change, a push gap apart, so
   the planner sees it as the cluster state's tick model shows it (ticks a push gap apart,
@@ -56,9 +56,9 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.errors import ConfigError
+from compass.gossip.spread import Ends, Rumors
 from compass.records import record
 from compass.sched.heartbeat import Heartbeat
-from compass.worker.spread import Ends, Rumors
 
 __all__ = ["LINK_S", "Heard", "Told", "rumor_delays"]
 
@@ -322,7 +322,7 @@ class Heard:
 
     def watching(self, viewer: int) -> BoolArray:
         """Per worker, whether ``viewer`` holds a watch lease on it now (asked, its answer
-        arrived or not: :meth:`Watching.watched <compass.worker.spread.Watching.watched>`);
+        arrived or not: :meth:`Watching.watched <compass.gossip.spread.Watching.watched>`);
         read-only, valid until the next change."""
         row: BoolArray = self._leased[viewer]
         return row
@@ -406,7 +406,7 @@ def rumor_delays(
 ) -> FloatArray:
     """Seconds from a worker's start of a rumor to each other worker's hearing it, in a
     cluster of ``n``: about 4,000 of them (pooled over rumors started at random workers),
-    each rumor run on its own by the real :class:`~compass.worker.spread.Rumors` rules. Each
+    each rumor run on its own by the real :class:`~compass.gossip.spread.Rumors` rules. Each
     worker wakes every ``period_s`` x U(0.5, 1.5) (``Gossip._run_rumors``), takes a message
     of rumors for each of ``fanout`` peers picked at random and sends it, a link delay away;
     a worker the rumor misses hears it from the next sync, an exponential delay of mean

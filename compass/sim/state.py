@@ -23,7 +23,7 @@ holders, and the whole view's residency that warming reads). The mesh has no ``h
 peer as the last tick shows it.
 
 Batches: each worker also publishes, per model, its queued tasks that may batch and when the
-first of them is expected to start (:meth:`~compass.worker.queue.TaskQueue.batchable`). The
+first of them is expected to start (:meth:`~compass.core.queue.TaskQueue.batchable`). The
 live state keeps that start as an absolute time, so the published one, like the wait, is what
 is left of it at the tick. Most of the time no worker has any: then a capture holds none and a
 snapshot carries no arrays for them.

@@ -1,24 +1,24 @@
 """The messages a bounded view would send in a simulated cluster, counted by the real
-worker's rules (:mod:`compass.worker.spread`), and told to :class:`~compass.sim.heard.Heard`
+worker's rules (:mod:`compass.gossip.spread`), and told to :class:`~compass.sim.heard.Heard`
 (each watch asked, each rumor started), which makes them what each planner knows; counting
 alone changes nothing a simulated worker sees or does.
 
 - **Watch asks.** A planner that plans a job over its candidates asks each other candidate
-  whose lease is due (:meth:`Watching.due <compass.worker.spread.Watching.due>`: never asked,
+  whose lease is due (:meth:`Watching.due <compass.gossip.spread.Watching.due>`: never asked,
   or under half a lease left) to be watched for ``lease_s``; for the counts the ask arrives at
   once (:class:`~compass.sim.heard.Heard` puts it, and the answer, a link delay away). Each
   ask is answered by one state message
   (:meth:`Gossip.watched_by <compass.worker.gossip.Gossip.watched_by>`), not counted apart.
 - **State pushes.** When a worker's state changes (its lanes' version moved after the core
   handled an event, as :class:`~compass.worker.server.Worker` tells its gossip), it sends its
-  state to every live watcher (:class:`~compass.worker.spread.Watchers`), with the real loop's
+  state to every live watcher (:class:`~compass.gossip.spread.Watchers`), with the real loop's
   spacing (``Gossip._run_bounded``): a change at least a gap after the last send is sent at
   once, changes within the gap are sent together when it ends; the gap is
-  :func:`~compass.worker.spread.gossip_gap_s` of the live watchers at the send (1 ms,
+  :func:`~compass.gossip.spread.gossip_gap_s` of the live watchers at the send (1 ms,
   more with over 20 watchers). One push is one message to one watcher.
 - **Cache changes.** At each of those sends, a worker whose models resident or loading
   differ from those of its last rumor starts a rumor of itself
-  (:func:`~compass.worker.spread.cache_changed`); the count is of rumors started, each sent
+  (:func:`~compass.gossip.spread.cache_changed`); the count is of rumors started, each sent
   ``Rumors.retransmits(n)`` times in messages of up to ``per_message`` states (the arithmetic
   is the caller's). A worker's first rumor (of its empty cache, at start) is not counted.
 
@@ -33,8 +33,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from compass.gossip.spread import Watchers, Watching, gossip_gap_s
 from compass.sim.heard import Heard
-from compass.worker.spread import Watchers, Watching, gossip_gap_s
 
 __all__ = ["CacheKey", "ViewTraffic"]
 

@@ -1,5 +1,5 @@
 """What a simulated worker sees of its peers (the simulator's
-:class:`~compass.worker.state.ViewPort`).
+:class:`~compass.core.state.ViewPort`).
 
 The cluster state (:mod:`compass.sim.state`) keeps what every worker has published; a
 :class:`SimView` is one worker's window on it, as the real worker's view is: its peers as the
@@ -16,13 +16,13 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from compass.core.lanes import Lanes
 from compass.sched import ViewSnapshot
 from compass.sched.candidates import CandidateRule, PlanScope, pick
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sim.state import ClusterState
 from compass.sim.traffic import ViewTraffic
-from compass.worker.lanes import Lanes
 
 __all__ = ["SimView", "Simulated"]
 
@@ -43,7 +43,7 @@ class Simulated(Protocol):
 
 
 class SimView:
-    """A simulated worker's :class:`~compass.worker.state.ViewPort`: its peers as
+    """A simulated worker's :class:`~compass.core.state.ViewPort`: its peers as
     :class:`ClusterState` says it sees them, itself exactly. With a candidate ``rule`` (a
     bounded view), a snapshot for a job shows only that job's candidates, sampled by a
     generator of this worker's own (seeded from ``seed`` and its name)."""

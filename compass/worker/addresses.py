@@ -2,7 +2,7 @@
 it was told (``--advertise-address``) and, for a wildcard bind, the host's route out or name.
 
 The one module of membership that asks the operating system (a routing lookup, the host name):
-the member table (:mod:`~compass.worker.members`) and its adapter
+the member table (:mod:`~compass.membership.table`) and its adapter
 (:mod:`~compass.worker.membership`) only carry the address it finds.
 """
 

@@ -1,8 +1,8 @@
 """Running tasks: the code of each task the worker core starts (a
-:class:`~compass.worker.lanes.RunTask`), off the event loop, under its timeout.
+:class:`~compass.core.lanes.RunTask`), off the event loop, under its timeout.
 
 Which task runs when, on which lane, and with which model resident is the worker core's
-decision (:mod:`compass.worker.lanes`); this module carries it out and reports the outcome.
+decision (:mod:`compass.core.lanes`); this module carries it out and reports the outcome.
 
 Real mode calls the task's function with its torch module under ``torch.inference_mode()`` in a
 thread, inside the model cache's compute scope (:meth:`ModelCache.compute
@@ -50,11 +50,11 @@ from typing import Any
 
 import numpy as np
 
+from compass.core.causes import Cause, Caused
+from compass.core.events import TaskDone, TaskFailed
+from compass.core.lanes import RunTask
+from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
-from compass.worker.causes import Cause, Caused
-from compass.worker.events import TaskDone, TaskFailed
-from compass.worker.lanes import RunTask
-from compass.worker.queue import QueuedTask
 from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]

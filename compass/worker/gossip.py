@@ -8,22 +8,22 @@ Two views, :attr:`~compass.config.SchedConfig.view`:
   each model it needs and ``candidates`` more sampled), and watches their load: each
   candidate sends it its state when that changes, for a lease the planner renews while it
   keeps planning there. The cache of every worker reaches every other as rumors, a few a
-  period to a few peers, passed on (:mod:`compass.worker.spread`). A worker's messages grow
+  period to a few peers, passed on (:mod:`compass.gossip.spread`). A worker's messages grow
   with the planners that place on it, not with the cluster; an idle cluster sends only
   rumors and the failure detector's probes.
 - ``mesh``: a worker sends its state to every peer within ``heartbeat_min_ms`` of a change
-  (spaced further in a large cluster, see :func:`~compass.worker.spread.gossip_gap_s`)
+  (spaced further in a large cluster, see :func:`~compass.gossip.spread.gossip_gap_s`)
   and every ``heartbeat_ms`` regardless, and a planner sees every worker.
 
 Whether a peer is alive is not judged here but by the failure detector's probes
-(:mod:`~compass.worker.members`); a state only counts if it is of a live peer's current
+(:mod:`~compass.membership.table`); a state only counts if it is of a live peer's current
 incarnation. At each change, and every ``heartbeat_ms`` (mesh) or 100 ms (bounded) regardless,
 the loop also runs the worker core's periodic check (``tick``): an idle worker warms its cache
 then.
 
-:class:`Gossip` is also the worker core's :class:`~compass.worker.events.ViewPort`, and only
+:class:`Gossip` is also the worker core's :class:`~compass.core.events.ViewPort`, and only
 the core changes the view through it: a peer's state, a peer that drains, joins or is lost
-are events of the core (:class:`~compass.worker.events.Heard` and its kin), which calls back
+are events of the core (:class:`~compass.core.events.Heard` and its kin), which calls back
 here. A snapshot counts this worker's own state exactly as it is at the snapshot's time.
 """
 
@@ -36,14 +36,8 @@ from time import monotonic as _now
 from typing import Any, Protocol
 
 from compass.config import WorkerConfig
-from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, Heartbeat
-from compass.sched.placement import Placement
-from compass.sched.snapshot import ViewSnapshot
-from compass.sched.view import ClusterView
-from compass.worker.lanes import Lanes
-from compass.worker.membership import Membership
-from compass.worker.spread import (
+from compass.core.lanes import Lanes
+from compass.gossip.spread import (
     MAX_RUMORS,
     Rumors,
     Watchers,
@@ -52,6 +46,12 @@ from compass.worker.spread import (
     gossip_gap_s,
     sync_period_s,
 )
+from compass.sched.candidates import CandidateRule, PlanScope, candidates
+from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, Heartbeat
+from compass.sched.placement import Placement
+from compass.sched.snapshot import ViewSnapshot
+from compass.sched.view import ClusterView
+from compass.worker.membership import Membership
 from compass.workflow.profile import Profiles
 
 __all__ = ["Gossip", "Gossiped"]

@@ -2,7 +2,7 @@ r"""Cluster membership, the asyncio side: join through any known address, open c
 on demand, and carry out what the member table decides.
 
 The rules (who joins, who is refused, incarnations, who is retried when and who is forgotten)
-are the sans-IO :class:`~compass.worker.members.MemberTable`'s; this module turns what happens
+are the sans-IO :class:`~compass.membership.table.MemberTable`'s; this module turns what happens
 on the wire and in time into its events, and carries out its decisions: it dials, answers the
 ``join`` request, installs and closes channels, runs the retries as tasks and logs. Where this
 worker is reached is :mod:`~compass.worker.addresses`'s.
@@ -12,7 +12,7 @@ demand, closed when idle and capped (:mod:`~compass.worker.peer_channels`, this 
 A peer is known by its name; two workers that connect to each other at once end up with two
 channels, and the newer one is used.
 
-Failure detection is the table's (SWIM, see :mod:`~compass.worker.members`); this side sends
+Failure detection is the table's (SWIM, see :mod:`~compass.membership.table`); this side sends
 its probes, acks, nacks and probe requests as notifies over the peer channels
 (:meth:`Membership.route` serves them), dials a peer it must probe but has no channel to (so a
 broken channel is no verdict: the peer is probed through a new one, and through others), and
@@ -44,12 +44,8 @@ from compass.errors import (
     ConfigError,
     ConnectFailed,
 )
-from compass.supervisor import OnFailure, Supervisor, log_failures
-from compass.wire.handlers import Dialer
-from compass.wire.rpc import Router
-from compass.wire.transport import Channel, ChannelOptions, Handler, NotifyHandler, connect
-from compass.worker.addresses import advertised_address, default_worker_name, primary_address
-from compass.worker.member_events import (
+from compass.gossip.spread import gossip_gap_s
+from compass.membership.events import (
     PROBE_OPS,
     Acked,
     AskIndirect,
@@ -99,7 +95,8 @@ from compass.worker.member_events import (
     parse_probe,
     parse_welcome,
 )
-from compass.worker.members import (
+from compass.membership.swim import Probing
+from compass.membership.table import (
     FORGET_AFTER_S,
     FORGET_LEFT_AFTER_S,
     LEFT_BACKOFF,
@@ -107,6 +104,11 @@ from compass.worker.members import (
     Member,
     MemberTable,
 )
+from compass.supervisor import OnFailure, Supervisor, log_failures
+from compass.wire.handlers import Dialer
+from compass.wire.rpc import Router
+from compass.wire.transport import Channel, ChannelOptions, Handler, NotifyHandler, connect
+from compass.worker.addresses import advertised_address, default_worker_name, primary_address
 from compass.worker.peer_channels import (
     BYE_OP,
     MAX_PEER_CHANNELS,
@@ -115,8 +117,6 @@ from compass.worker.peer_channels import (
     Peer,
     PeerChannels,
 )
-from compass.worker.spread import gossip_gap_s
-from compass.worker.swim import Probing
 
 __all__ = [
     "FORGET_AFTER_S",

@@ -8,7 +8,7 @@ none dials it (one dial per peer at a time, what is sent meanwhile queued), a ch
 ``max_channels`` are open (the least recently used with no request under way is closed first).
 Closing by choice is no failure: the closer says ``bye`` and sends nothing more on it, the peer
 closes it once its requests are answered. A channel that breaks is no verdict either: the
-member table probes the peer (:class:`~compass.worker.member_events.ChannelLost`).
+member table probes the peer (:class:`~compass.membership.events.ChannelLost`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compass.errors import CompassError
+from compass.membership.events import ChannelLost, Decision, Event
+from compass.membership.table import Member
 from compass.supervisor import Supervisor
 from compass.wire.transport import Channel, ChannelOptions
-from compass.worker.member_events import ChannelLost, Decision, Event
-from compass.worker.members import Member
 
 __all__ = ["BYE_OP", "MAX_PEER_CHANNELS", "MAX_QUEUED", "PEER_IDLE_S", "Peer", "PeerChannels"]
 

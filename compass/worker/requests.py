@@ -4,7 +4,7 @@ Clients may ``ping``, ask for ``status``, ``trace`` (the records of answered job
 ``traces`` (the traces of traced jobs) and ``timeline`` (task spans and model loads, for a
 benchmark's timeline), and ``submit`` jobs. Peers (channels
 that authenticated as workers) may also ``join``, ask for a ``plan``, and send one-way
-heartbeats, ``leave`` notices and the typed peer messages of :mod:`compass.worker.messages`. A
+heartbeats, ``leave`` notices and the typed peer messages of :mod:`compass.core.messages`. A
 peer-only request from a client is refused with a :class:`~compass.errors.ProtocolError`; a
 peer-only notification from a client, or a malformed one from a peer, is counted as dropped and
 logged: it never raises inside the worker. What passes becomes an event of the worker core.
@@ -19,12 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
-from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
-from compass.objective import NO_OBJECTIVE, Objective
-from compass.sched.heartbeat import Heartbeat
-from compass.wire.rpc import Router
-from compass.wire.transport import Channel
-from compass.worker.messages import (
+from compass.core.messages import (
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -34,21 +29,26 @@ from compass.worker.messages import (
     TaskMsg,
     decode,
 )
-from compass.worker.spread import MAX_RUMORS
-from compass.worker.tracing import TRACE_FIELD
-from compass.worker.usage import process_usage
+from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
+from compass.gossip.spread import MAX_RUMORS
+from compass.objective import NO_OBJECTIVE, Objective
+from compass.observe.tracing import TRACE_FIELD
+from compass.observe.usage import process_usage
+from compass.sched.heartbeat import Heartbeat
+from compass.wire.rpc import Router
+from compass.wire.transport import Channel
 
 if TYPE_CHECKING:
     from compass.app import App
     from compass.cache.models import ModelCache
     from compass.config import WorkerConfig
+    from compass.core.lanes import Lanes
+    from compass.core.stats import WorkerStats
+    from compass.observe.metrics import WorkerMetrics
+    from compass.observe.tracing import Tracer
     from compass.sched import Policy
     from compass.worker.gossip import Gossip
-    from compass.worker.lanes import Lanes
     from compass.worker.membership import Membership
-    from compass.worker.metrics import WorkerMetrics
-    from compass.worker.stats import WorkerStats
-    from compass.worker.tracing import Tracer
 
 __all__ = [
     "Described",
@@ -338,7 +338,7 @@ class _Requests:
     def timeline(self, channel: Channel, body: Any) -> dict[str, Any]:
         """The task spans after ``{"after": seq}`` (at most :data:`MAX_TIMELINE_SPANS`) and
         every model load this worker keeps: :meth:`Timeline.export
-        <compass.worker.timeline.Timeline.export>`, with the worker's name and time scale."""
+        <compass.observe.timeline.Timeline.export>`, with the worker's name and time scale."""
         after = body.get("after", 0) if isinstance(body, dict) else None
         if isinstance(after, bool) or not isinstance(after, int):
             raise InvalidInputs("a timeline request is {after: span seq}")

@@ -1,6 +1,6 @@
 """The worker process: the asyncio adapter around the worker core.
 
-The rules live in the sans-IO :class:`~compass.worker.state.WorkerCore`; this module owns the
+The rules live in the sans-IO :class:`~compass.core.state.WorkerCore`; this module owns the
 sockets, the threads and the timers. It turns what arrives (a submit, a peer's message, a
 task's outcome, a model loaded, a lost peer) into the core's events and carries out the
 instructions the core returns. What clients and peers may ask is checked at the door by
@@ -22,17 +22,9 @@ from typing import Any, assert_never
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.errors import CompassError, WorkerUnavailable
-from compass.objective import NO_OBJECTIVE, Objective
-from compass.sched import Policy, make_policy
-from compass.sched.heartbeat import Heartbeat
-from compass.sched.policies import worker_seed
-from compass.supervisor import Supervisor
-from compass.wire.transport import ChannelOptions, Server, serve
-from compass.worker import dashboard
-from compass.worker.answers import KEEP_ANSWER_S
-from compass.worker.assemble import CoreOptions, build_core
-from compass.worker.events import (
+from compass.core.answers import KEEP_ANSWER_S
+from compass.core.assemble import CoreOptions, build_core
+from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
@@ -56,18 +48,8 @@ from compass.worker.events import (
     Tick,
     Undeliverable,
 )
-from compass.worker.executor import TaskOutcome, TaskRunner
-from compass.worker.gossip import Gossip
-from compass.worker.lanes import Lanes
-from compass.worker.membership import (
-    Membership,
-    MembershipOptions,
-    Peer,
-    Probing,
-    advertised_address,
-    default_worker_name,
-)
-from compass.worker.messages import (
+from compass.core.lanes import Lanes
+from compass.core.messages import (
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -76,13 +58,31 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.metrics import WorkerMetrics
-from compass.worker.otel import OtelExport
-from compass.worker.queue import QueuedTask
+from compass.core.queue import QueuedTask
+from compass.core.stats import WorkerStats, payload_bytes
+from compass.errors import CompassError, WorkerUnavailable
+from compass.objective import NO_OBJECTIVE, Objective
+from compass.observe import dashboard
+from compass.observe.metrics import WorkerMetrics
+from compass.observe.otel import OtelExport
+from compass.observe.tracing import TRACE_FIELD, Tracer, task_span
+from compass.observe.usage import table_sizes
+from compass.sched import Policy, make_policy
+from compass.sched.heartbeat import Heartbeat
+from compass.sched.policies import worker_seed
+from compass.supervisor import Supervisor
+from compass.wire.transport import ChannelOptions, Server, serve
+from compass.worker.executor import TaskOutcome, TaskRunner
+from compass.worker.gossip import Gossip
+from compass.worker.membership import (
+    Membership,
+    MembershipOptions,
+    Peer,
+    Probing,
+    advertised_address,
+    default_worker_name,
+)
 from compass.worker.requests import describe, make_router
-from compass.worker.stats import WorkerStats, payload_bytes
-from compass.worker.tracing import TRACE_FIELD, Tracer, task_span
-from compass.worker.usage import table_sizes
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
@@ -143,7 +143,7 @@ class Worker:
         dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
         #: the last answered jobs of this ingress, for benchmarks and `compass status`
         self.trace: deque[dict[str, Any]] = deque(maxlen=config.trace_jobs)
-        #: traced jobs: their spans as they travel, the traces kept (compass/worker/tracing.py)
+        #: traced jobs: their spans as they travel, the traces kept (compass/observe/tracing.py)
         self.tracer = Tracer(sample=config.trace_sample, keep=config.trace_keep)
         #: OpenTelemetry export of the traced jobs' spans (--otel-endpoint), else None
         self.otel: OtelExport | None = None
@@ -748,7 +748,7 @@ class Worker:
 
     def table_sizes(self) -> dict[str, float]:
         """Entries in each of this worker's tables keyed by jobs, peers or time
-        (:func:`compass.worker.usage.table_sizes`)."""
+        (:func:`compass.observe.usage.table_sizes`)."""
         return table_sizes(self)
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]:

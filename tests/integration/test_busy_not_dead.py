@@ -22,7 +22,7 @@ import pytest
 from compass import Client
 from compass.cluster import LocalCluster
 from compass.config import SchedConfig, SwimConfig
-from compass.worker.swim import Probing
+from compass.membership.swim import Probing
 
 from .conftest import PAPER
 

@@ -20,8 +20,8 @@ import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
-from compass.worker import dashboard
-from compass.worker.timeline import JOB_FIELDS, SPAN_FIELDS
+from compass.observe import dashboard
+from compass.observe.timeline import JOB_FIELDS, SPAN_FIELDS
 
 from .chromium import CHROMIUM, Chromium, chromium_path
 from .conftest import compass_argv

@@ -9,7 +9,7 @@ certificates of a CA made for the test, and the workload is the paper's, emulate
 its time under round robin (:data:`~tests.integration.test_multihost.EMULATED`), with the
 default failure detector: thirteen processes on a 2-core machine starve its 100 ms probe
 timeout now and then, and the false suspicions that makes, and the links they break
-(compass/worker/links.py), are part of what is tested. A fourth
+(compass/core/links.py), are part of what is tested. A fourth
 namespace is the client's host; run there as ``python -m tests.integration.test_multihost_faults
 SETUP`` this module is the client. It waits until every worker sees every other, then streams
 jobs, one every :data:`STREAM_GAP_S`, through ingresses on every host (each of its clients

@@ -22,7 +22,7 @@ from torch import nn
 
 import compass
 from compass.config import CacheConfig, WorkerConfig
-from compass.worker.events import (
+from compass.core.events import (
     Answer,
     AskPlan,
     Event,
@@ -36,9 +36,9 @@ from compass.worker.events import (
     TaskFailed,
     TaskReturned,
 )
-from compass.worker.lanes import LoadModel, RunTask
+from compass.core.lanes import LoadModel, RunTask
+from compass.core.queue import QueuedTask
 from compass.worker.process import build_worker
-from compass.worker.queue import QueuedTask
 from compass.worker.server import Worker
 
 app = compass.App("replay")

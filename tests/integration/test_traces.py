@@ -233,7 +233,7 @@ async def test_a_callers_span_is_the_parent_of_the_job_span_and_it_of_the_task_s
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import SpanKind, StatusCode
 
-    from compass.worker.otel import OtelExport
+    from compass.observe.otel import OtelExport
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -18,8 +18,8 @@ import pytest
 
 from compass.cluster import LISTENING, WorkerProcess
 from compass.config import SchedConfig, WorkerConfig
+from compass.core.messages import DoneMsg
 from compass.worker import server
-from compass.worker.messages import DoneMsg
 from compass.worker.process import build_worker
 from compass.worker.server import Worker
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from compass.core.events import Received, Send, TaskDone
+from compass.core.lanes import RunTask
+from compass.core.messages import DoneMsg, TaskMsg
+from compass.core.queue import QueuedTask
 from compass.errors import ConfigError
 from compass.records import record
 from compass.sched import Heartbeat, ViewSnapshot
-from compass.worker.events import Received, Send, TaskDone
-from compass.worker.lanes import RunTask
-from compass.worker.messages import DoneMsg, TaskMsg
-from compass.worker.queue import QueuedTask
 
 
 def _msg(task: str = "b") -> TaskMsg:

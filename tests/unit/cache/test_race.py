@@ -21,10 +21,10 @@ import compass
 from compass.cache.backend import StrictBackend
 from compass.cache.models import ModelCache
 from compass.config import CacheConfig
+from compass.core.lanes import Lanes, LoadModel, RunTask, Step
+from compass.core.queue import QueuedTask
 from compass.errors import CompassError
 from compass.worker.executor import TaskOutcome, TaskRunner
-from compass.worker.lanes import Lanes, LoadModel, RunTask, Step
-from compass.worker.queue import QueuedTask
 
 KiB = 1024
 

@@ -145,10 +145,10 @@ def test_a_job_s_deadline_reaches_its_later_tasks_in_the_simulator() -> None:
 def test_the_simulator_delivers_a_task_s_objective_across_workers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from compass.core.messages import TaskMsg
     from compass.objective import Objective
     from compass.sim import engine
     from compass.sim.arrivals import Arrival
-    from compass.worker.messages import TaskMsg
 
     step: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0}
     spec = {

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
+from compass.core.answers import KeptAnswers
 from compass.errors import AnswerNotKept, JobFailed
-from compass.worker.answers import KeptAnswers
 
 MiB = 1 << 20
 

@@ -15,10 +15,10 @@ import pytest
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
+from compass.core.lanes import CannotRun, Lanes, RunTask, Step
+from compass.core.queue import SIMILAR_RUNS, QueuedTask, TaskQueue
 from compass.errors import CompassError
 from compass.sched.view import Heartbeat
-from compass.worker.lanes import CannotRun, Lanes, RunTask, Step
-from compass.worker.queue import SIMILAR_RUNS, QueuedTask, TaskQueue
 from compass.workflow.dag import batch_limit, linear_scale
 
 GB = 1_000_000_000

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from compass.worker.failure_detector import LATE_ACKS
-from compass.worker.member_events import (
+from compass.membership.detector import LATE_ACKS
+from compass.membership.events import (
     Acked,
     AskIndirect,
     Gossiped,

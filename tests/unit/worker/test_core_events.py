@@ -9,10 +9,8 @@ from typing import Any
 import pytest
 
 from compass.config import WorkerConfig
-from compass.errors import RemoteError, UnknownWorkflow
-from compass.sched.heartbeat import Heartbeat
-from compass.worker import events
-from compass.worker.events import (
+from compass.core import events
+from compass.core.events import (
     Answer,
     Fault,
     Heard,
@@ -23,9 +21,11 @@ from compass.worker.events import (
     Submit,
     TaskDone,
 )
+from compass.core.lanes import LoadModel, RunTask
+from compass.core.messages import JOB_INPUTS, PlanRequest
+from compass.errors import RemoteError, UnknownWorkflow
+from compass.sched.heartbeat import Heartbeat
 from compass.worker.gossip import Gossip
-from compass.worker.lanes import LoadModel, RunTask
-from compass.worker.messages import JOB_INPUTS, PlanRequest
 
 from .test_state import GB, core, of, one, received, run_locally, task_msg
 

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from compass.config import WorkerConfig
+from compass.core.queue import QueuedTask
 from compass.errors import DeadlineExceeded, InvalidInputs
-from compass.worker import dashboard
+from compass.observe import dashboard
+from compass.observe.timeline import JOB_FIELDS, SPAN_FIELDS
 from compass.worker.executor import TaskOutcome
 from compass.worker.process import build_worker
-from compass.worker.queue import QueuedTask
 from compass.worker.requests import describe
 from compass.worker.server import Worker
-from compass.worker.timeline import JOB_FIELDS, SPAN_FIELDS
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from compass.worker.jobs import JOB_INPUTS, Inbox, InboxEntry
-from compass.worker.messages import TaskMsg
+from compass.core.jobs import JOB_INPUTS, Inbox, InboxEntry
+from compass.core.messages import TaskMsg
 from compass.workflow.dag import Task, TaskProfile, Workflow
 
 P = TaskProfile(exec_ms=1.0, output_bytes=8)

@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 
 from compass.errors import ConfigError
-from compass.wire.memory import MemoryNetwork
-from compass.wire.transport import Channel, ChannelOptions
-from compass.worker.member_events import (
+from compass.membership.events import (
     Dial,
     Duplicate,
     Gossiped,
@@ -30,6 +28,8 @@ from compass.worker.member_events import (
     Welcome,
     named_in,
 )
+from compass.wire.memory import MemoryNetwork
+from compass.wire.transport import Channel, ChannelOptions
 from tests.unit.worker.test_members import T0, Node, hello, joined, state, table, until
 
 N = 50

@@ -12,9 +12,9 @@ import pytest
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
+from compass.core.lanes import CannotRun, Lanes, LoadModel, RunTask, Step
+from compass.core.queue import QueuedTask
 from compass.errors import CompassError, ModelTooLarge, WorkerUnavailable
-from compass.worker.lanes import CannotRun, Lanes, LoadModel, RunTask, Step
-from compass.worker.queue import QueuedTask
 
 GB = 1_000_000_000
 

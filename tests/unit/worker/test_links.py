@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from compass.errors import JobFailed, WorkersLost, WorkerUnavailable
-from compass.worker.events import (
+from compass.core.events import (
     Answer,
     Instruction,
     PeerJoined,
@@ -22,9 +21,10 @@ from compass.worker.events import (
     TaskFailed,
     Undeliverable,
 )
-from compass.worker.links import Links
-from compass.worker.messages import LINK_LOST, DoneMsg, FailedMsg, ResultMsg, TaskMsg
-from compass.worker.state import MAX_ATTEMPTS, WorkerCore
+from compass.core.links import Links
+from compass.core.messages import LINK_LOST, DoneMsg, FailedMsg, ResultMsg, TaskMsg
+from compass.core.state import MAX_ATTEMPTS, WorkerCore
+from compass.errors import JobFailed, WorkersLost, WorkerUnavailable
 
 from .test_state import _job_on_peer, core, of, one, received, submit, task_msg
 
@@ -204,7 +204,7 @@ def test_the_jobs_of_ingresses_that_never_come_back_are_forgotten_past_a_bound()
     """Ingresses replaced under new names (pods of a Deployment) never rejoin to hear what was
     dropped of their jobs: a worker keeps that for the last ``max_orphaned`` lost ones only,
     and the one that does come back still hears."""
-    from compass.worker.links import Sent
+    from compass.core.links import Sent
 
     links = Links("b", limit=8, max_orphaned=4)
     for n in range(100):

@@ -24,10 +24,7 @@ from compass.errors import (
     ProtocolError,
     WorkerUnavailable,
 )
-from compass.wire.memory import MemoryNetwork
-from compass.wire.rpc import Router
-from compass.wire.transport import Channel, ChannelOptions, Server
-from compass.worker.member_events import (
+from compass.membership.events import (
     Decision,
     Dial,
     Duplicate,
@@ -61,15 +58,18 @@ from compass.worker.member_events import (
     parse_join,
     parse_welcome,
 )
-from compass.worker.members import (
+from compass.membership.swim import Probing
+from compass.membership.table import (
     FORGET_AFTER_S,
     FORGET_LEFT_AFTER_S,
     LEFT_BACKOFF,
     Backoff,
     MemberTable,
 )
+from compass.wire.memory import MemoryNetwork
+from compass.wire.rpc import Router
+from compass.wire.transport import Channel, ChannelOptions, Server
 from compass.worker.membership import Membership, MembershipOptions
-from compass.worker.swim import Probing
 
 REPO = Path(__file__).resolve().parents[3]
 T0 = 1000.0
@@ -424,7 +424,7 @@ def test_every_event_gives_the_same_decisions_on_replay() -> None:
 
 def test_the_table_imports_neither_asyncio_nor_socket() -> None:
     code = (
-        "import sys, compass.worker.members, compass.worker.member_events\n"
+        "import sys, compass.membership.table, compass.membership.events\n"
         "print(sorted({'asyncio', 'socket', 'compass.wire.channel'} & set(sys.modules)))"
     )
     done = subprocess.run(

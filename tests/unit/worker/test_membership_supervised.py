@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from compass.membership.table import Member
 from compass.wire.memory import MemoryNetwork
-from compass.worker.members import Member
 from compass.worker.membership import Backoff
 
 from .test_members import until

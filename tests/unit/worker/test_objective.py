@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from compass.core.events import Answer, Received, RunTask, Send, Submit, TaskDone
+from compass.core.messages import DoneMsg, FailedMsg, TaskMsg, decode
 from compass.errors import (
     DeadlineExceeded,
     DeadlineUnreachable,
@@ -17,8 +19,6 @@ from compass.errors import (
     WorkflowError,
 )
 from compass.objective import NO_OBJECTIVE, Objective, check_objective
-from compass.worker.events import Answer, Received, RunTask, Send, Submit, TaskDone
-from compass.worker.messages import DoneMsg, FailedMsg, TaskMsg, decode
 
 from .test_state import core, of, one, received, task_msg
 

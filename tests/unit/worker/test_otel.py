@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from compass.worker.tracing import Tracer, task_span
+from compass.observe.tracing import Tracer, task_span
 from compass.workflow import Task, TaskProfile, Workflow
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +27,7 @@ def test_job_and_task_spans_carry_the_trace_and_its_fields() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import StatusCode
 
-    from compass.worker.otel import OtelExport
+    from compass.observe.otel import OtelExport
 
     exporter = InMemorySpanExporter()
     otel = OtelExport(exporter, instance="abc123", batch=False)
@@ -95,12 +95,12 @@ def test_compass_works_without_the_extra_and_says_what_to_install() -> None:
         "sys.modules['opentelemetry'] = None\n"
         "from compass.config import WorkerConfig\n"
         "from compass.errors import ConfigError\n"
-        "import compass.client, compass.worker.server, compass.worker.otel\n"
-        "from compass.worker.tracing import Tracer\n"
+        "import compass.client, compass.worker.server, compass.observe.otel\n"
+        "from compass.observe.tracing import Tracer\n"
         "t = Tracer(sample=1.0)\n"
         "assert t.start('j', forced=False, traceparent=None, received=0.0) is not None\n"
         "try:\n"
-        "    compass.worker.otel.OtelExport.to_endpoint('http://x:4318/v1/traces', instance='i')\n"
+        "    compass.observe.otel.OtelExport.to_endpoint('http://x:4318/v1/traces', instance='i')\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n"
     )
@@ -112,7 +112,7 @@ def test_compass_works_without_the_extra_and_says_what_to_install() -> None:
 
 def test_nothing_imports_opentelemetry_unless_an_endpoint_is_given() -> None:
     done = run_python(
-        "import sys, compass.client, compass.worker.server, compass.worker.otel\n"
+        "import sys, compass.client, compass.worker.server, compass.observe.otel\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compass.worker.queue import QueuedTask, TaskQueue
+from compass.core.queue import QueuedTask, TaskQueue
 
 
 def entry(

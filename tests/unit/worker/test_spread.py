@@ -9,8 +9,7 @@ import random
 import pytest
 
 from compass.errors import ConfigError
-from compass.sched.heartbeat import Heartbeat
-from compass.worker.spread import (
+from compass.gossip.spread import (
     MAX_RUMORS,
     Ends,
     Rumors,
@@ -19,6 +18,7 @@ from compass.worker.spread import (
     cache_changed,
     sync_period_s,
 )
+from compass.sched.heartbeat import Heartbeat
 
 
 def state(name: str, seq: int = 1, incarnation: int = 0, **kw: object) -> Heartbeat:

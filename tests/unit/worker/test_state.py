@@ -14,21 +14,8 @@ import pytest
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.errors import (
-    AnswerNotKept,
-    CompassTimeout,
-    InvalidInputs,
-    JobFailed,
-    JobTooLarge,
-    Overloaded,
-    RemoteError,
-    UnknownWorkflow,
-)
-from compass.sched import Heartbeat, ViewSnapshot, make_policy
-from compass.sched.candidates import PlanScope
-from compass.sched.view import Placement
-from compass.worker.assemble import CoreOptions, build_core
-from compass.worker.events import (
+from compass.core.assemble import CoreOptions, build_core
+from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
@@ -46,7 +33,7 @@ from compass.worker.events import (
     TaskFailed,
     Undeliverable,
 )
-from compass.worker.messages import (
+from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
     DoneMsg,
@@ -55,7 +42,20 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.state import MAX_ATTEMPTS, WorkerCore
+from compass.core.state import MAX_ATTEMPTS, WorkerCore
+from compass.errors import (
+    AnswerNotKept,
+    CompassTimeout,
+    InvalidInputs,
+    JobFailed,
+    JobTooLarge,
+    Overloaded,
+    RemoteError,
+    UnknownWorkflow,
+)
+from compass.sched import Heartbeat, ViewSnapshot, make_policy
+from compass.sched.candidates import PlanScope
+from compass.sched.view import Placement
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 
 GB = 1_000_000_000

@@ -9,11 +9,9 @@ from typing import get_args
 
 import pytest
 
-from compass.errors import CompassError
-from compass.sched.heartbeat import Heartbeat
-from compass.worker.causes import cause_text
-from compass.worker.events import _NAMERS as NAMERS
-from compass.worker.events import (
+from compass.core.causes import cause_text
+from compass.core.events import _NAMERS as NAMERS
+from compass.core.events import (
     Cancel,
     Event,
     Heard,
@@ -33,8 +31,10 @@ from compass.worker.events import (
     Undeliverable,
     stimulus_id,
 )
-from compass.worker.lanes import RunTask
-from compass.worker.messages import DoneMsg, PlanRequest, ResultMsg
+from compass.core.lanes import RunTask
+from compass.core.messages import DoneMsg, PlanRequest, ResultMsg
+from compass.errors import CompassError
+from compass.sched.heartbeat import Heartbeat
 
 from .test_state import GB, core, of, task_msg
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 import pytest
 
 from compass.errors import ConfigError, ProtocolError
-from compass.worker.member_events import (
+from compass.membership.events import (
     MAX_UPDATES,
     Acked,
     AskIndirect,
@@ -52,8 +52,8 @@ from compass.worker.member_events import (
     Update,
     parse_probe,
 )
-from compass.worker.members import LEFT_BACKOFF, Backoff, MemberTable
-from compass.worker.swim import Broadcasts, ProbeOrder, Probing
+from compass.membership.swim import Broadcasts, ProbeOrder, Probing
+from compass.membership.table import LEFT_BACKOFF, Backoff, MemberTable
 
 T0 = 1000.0
 PROBING = Probing(period_s=0.2, timeout_s=0.1, indirect=3, suspicion_mult=3.0)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
-from compass.worker.executor import TaskOutcome
-from compass.worker.queue import QueuedTask
-from compass.worker.timeline import (
+from compass.observe.timeline import (
     JOB_FIELDS,
     LOAD_FIELDS,
     SPAN_FIELDS,
@@ -17,6 +16,7 @@ from compass.worker.timeline import (
     Timeline,
     rows,
 )
+from compass.worker.executor import TaskOutcome
 
 
 class Clocks:

@@ -1,5 +1,5 @@
 """What ``compass status`` says a worker process holds: its memory, descriptors, threads and
-tasks, and the sizes of its tables (compass/worker/usage.py), without a socket."""
+tasks, and the sizes of its tables (compass/observe/usage.py), without a socket."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from compass.config import WorkerConfig
+from compass.observe.usage import process_usage
 from compass.worker.process import build_worker
 from compass.worker.requests import describe
 from compass.worker.server import Worker
-from compass.worker.usage import process_usage
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
 

@@ -1,7 +1,7 @@
 """The live dashboard: the page a worker's metrics port serves at ``/``, and the JSON it reads.
 
 Data flow. Each worker keeps its own recent task spans and answered jobs
-(:class:`~compass.worker.timeline.Timeline`) and knows its own queue, lanes and cache. The
+(:class:`~compass.observe.timeline.Timeline`) and knows its own queue, lanes and cache. The
 worker a browser opens gathers the rest: ``GET /api/cluster`` asks every peer it is connected
 to for its part over the peer channels it already holds (the ``dashboard`` request, answered
 inline from the peer's state, like ``status``), at once and for at most
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.errors import CompassError, InvalidInputs, UnknownOperation
+from compass.observe.timeline import JOB_FIELDS, SPAN_FIELDS, rows
 from compass.worker.requests import Holdings, Identity, Records, queue_status
-from compass.worker.timeline import JOB_FIELDS, SPAN_FIELDS, rows
 
 if TYPE_CHECKING:
     from compass.wire.rpc import Router

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-# re-exported for old imports: it lives in compass.wire.codec (the client must not import worker/)
-from compass.wire.codec import payload_bytes
+# re-exported for old imports: it lives in compass.payload, below the core and the wire
+from compass.payload import payload_bytes
 
 __all__ = ["RanTask", "WorkerStats", "payload_bytes"]
 

@@ -5,7 +5,7 @@ made for every task, frozen by convention: :mod:`compass.records`), one encode
 Decoding validates types and required fields, so a malformed message from a peer is a
 :class:`~compass.errors.ProtocolError` the worker counts and drops, never an exception inside
 its rules. Whether a message makes sense (a workflow this worker knows, a plan that places
-every task) is the worker core's to check: :mod:`compass.worker.state`.
+every task) is the worker core's to check: :mod:`compass.core.state`.
 
 The wire layout (a msgpack map per message, keys as below) is documented in
 docs/ARCHITECTURE.md ("Peer messages"). Values (task outputs, job inputs) travel as the codec

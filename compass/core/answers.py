@@ -19,8 +19,8 @@ import math
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
+from compass.core.stats import payload_bytes
 from compass.errors import AnswerNotKept, CompassError, error_from_wire
-from compass.worker.stats import payload_bytes
 
 __all__ = ["KEEP_ANSWERS", "KEEP_ANSWER_BYTES", "KEEP_ANSWER_S", "KeptAnswers"]
 

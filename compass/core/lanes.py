@@ -1,7 +1,7 @@
 """A worker's queues, execution lanes and model residency, sans-IO: which task runs next, on
 which lane, when its model is resident, what is loaded, prefetched or evicted.
 
-Part of the worker core (:class:`~compass.worker.state.WorkerCore` drives it; the asyncio
+Part of the worker core (:class:`~compass.core.state.WorkerCore` drives it; the asyncio
 worker and the simulator both carry out what it decides). It imports no asyncio and reads no
 clock: every call passes the current time. Each call that decides something returns its
 :data:`Step` list, in order: tasks to run, models to load, and tasks that cannot run here
@@ -9,7 +9,7 @@ clock: every call passes the current time. Each call that decides something retu
 
 The rules:
 
-- **Queues.** A ready task joins the GPU queue (a :class:`~compass.worker.queue.TaskQueue`,
+- **Queues.** A ready task joins the GPU queue (a :class:`~compass.core.queue.TaskQueue`,
   priority order). With host lanes (``host_lanes > 0``) a model-less task joins a queue of its
   own served by those lanes, never waiting behind a GPU task nor holding one up; without them
   (the paper's model) the GPU lanes run every task.
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
+from compass.core.causes import Cause, Caused
+from compass.core.queue import QueuedTask, TaskQueue
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 from compass.records import record
-from compass.worker.causes import Cause, Caused
-from compass.worker.queue import QueuedTask, TaskQueue
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 

@@ -4,10 +4,10 @@ Every task that ends on a worker (ran, failed, timed out) becomes one :class:`Ta
 every model load, one :class:`LoadSpan`; every job answered at its ingress, one
 :class:`JobEnd`. The rings are deques with a ``maxlen``: recording is one tuple appended per
 task, nothing is ever scanned on the hot path, and the oldest entries fall off. Readers (the
-dashboard's task stream and latency histogram, :mod:`compass.worker.dashboard`) ask for what
+dashboard's task stream and latency histogram, :mod:`compass.observe.dashboard`) ask for what
 ended in the last seconds; a benchmark's timeline (``compass bench e2e --trace``) pages
 through everything recorded with :meth:`Timeline.export`. A job's trace does not read these
-rings: its spans travel with the job (:mod:`compass.worker.tracing`).
+rings: its spans travel with the job (:mod:`compass.observe.tracing`).
 
 Times. A span's ``queued``, ``start`` and ``end`` are wall-clock seconds since the epoch
 (``time.time()``) and its durations real seconds, also on an emulated worker (``--workload``

@@ -7,7 +7,7 @@ simulator (:mod:`compass.sim.engine`) drive it. It owns the **ingress records** 
 this worker accepted: plan, attempt, sink outputs, the one answer each), the **inbox** (inputs
 of tasks waiting for the rest), the **attempt rules** (a job planned again after a lost peer gets
 a new attempt; messages of older ones are dropped), **dynamic adjustment**, and the **queues,
-lanes and model residency** (:class:`~compass.worker.lanes.Lanes`); docs/ARCHITECTURE.md, "The
+lanes and model residency** (:class:`~compass.core.lanes.Lanes`); docs/ARCHITECTURE.md, "The
 worker core", says how. Not the core's: running a task's code, copying a model's bytes, sending
 bytes, the view's heartbeats (:class:`ViewPort` is its window onto the view). Messages to this
 worker itself never leave it: the core handles them at once, in order.
@@ -20,25 +20,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, assert_never
 
-from compass.errors import (
-    CompassError,
-    ConfigError,
-    DeadlineExceeded,
-    InvalidInputs,
-    JobFailed,
-    ProtocolError,
-    RemoteError,
-    WorkersLost,
-    WorkerUnavailable,
-    error_from_wire,
-)
-from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
-from compass.sched.candidates import PlanScope
-from compass.worker.admission import Admission, unreachable
-from compass.worker.answers import KEEP_ANSWERS, KeptAnswers
-from compass.worker.causes import Cause
-from compass.worker.estimates import Estimates
-from compass.worker.events import (
+from compass.core.admission import Admission, unreachable
+from compass.core.answers import KEEP_ANSWERS, KeptAnswers
+from compass.core.causes import Cause
+from compass.core.estimates import Estimates
+from compass.core.events import (
     NOT_HANDLING,
     Answer,
     AskPlan,
@@ -65,10 +51,10 @@ from compass.worker.events import (
     Undeliverable,
     ViewPort,
 )
-from compass.worker.jobs import Inbox, IngressJob, check_task
-from compass.worker.lanes import CannotRun, Lanes, LanesFault, Step
-from compass.worker.links import Links, Sent
-from compass.worker.messages import (
+from compass.core.jobs import Inbox, IngressJob, check_task
+from compass.core.lanes import CannotRun, Lanes, LanesFault, Step
+from compass.core.links import Links, Sent
+from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
     DoneMsg,
@@ -79,9 +65,23 @@ from compass.worker.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.worker.options import CoreOptions
-from compass.worker.queue import QueuedTask
-from compass.worker.stats import WorkerStats
+from compass.core.options import CoreOptions
+from compass.core.queue import QueuedTask
+from compass.core.stats import WorkerStats
+from compass.errors import (
+    CompassError,
+    ConfigError,
+    DeadlineExceeded,
+    InvalidInputs,
+    JobFailed,
+    ProtocolError,
+    RemoteError,
+    WorkersLost,
+    WorkerUnavailable,
+    error_from_wire,
+)
+from compass.sched import JobInfo, Policy, ViewSnapshot, adjust_successors, record_plan
+from compass.sched.candidates import PlanScope
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 
@@ -98,7 +98,7 @@ class WorkerCore:
     ``workflow`` looks a workflow up by name (raising
     :class:`~compass.errors.UnknownWorkflow`); ``lanes``: this worker's queues, lanes and
     cache (the core drives them); ``options``: see :class:`CoreOptions` (the lanes' own are
-    read from ``lanes``). Build one with :func:`~compass.worker.assemble.build_core`.
+    read from ``lanes``). Build one with :func:`~compass.core.assemble.build_core`.
     """
 
     def __init__(
@@ -172,7 +172,7 @@ class WorkerCore:
 
         Every instruction carries the event's id (``cause``; an event without one is named
         ``kind:subject#n``, the same for the same events, when the name is read:
-        :mod:`compass.worker.causes`). Nothing else changes the core's state. If handling
+        :mod:`compass.core.causes`). Nothing else changes the core's state. If handling
         raises (a bug), the instructions decided before the failure are still returned, as
         the state changed with them, followed by a :class:`Fault`."""
         self._handled = n = self._handled + 1
@@ -569,7 +569,7 @@ class WorkerCore:
             if job.involves(ev.name):
                 self.stats.replans += 1
                 self._new_attempt(job, ev.name, ev.now)
-        # what was sent there may be lost (:mod:`compass.worker.links`)
+        # what was sent there may be lost (:mod:`compass.core.links`)
         for to, report in self.links.lost(lost, self._stale):
             self._send(to, report, ev.now)
 

@@ -1,5 +1,5 @@
 """The worker core assembled: :func:`build_core` makes a core and its lanes from
-:class:`~compass.worker.options.CoreOptions`, the one way the asyncio worker and the simulator
+:class:`~compass.core.options.CoreOptions`, the one way the asyncio worker and the simulator
 make theirs (so that they cannot drift apart).
 """
 
@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from compass.cache.policy import CacheCore
+from compass.core.events import ViewPort
+from compass.core.lanes import Lanes
+from compass.core.options import CoreOptions
+from compass.core.state import WorkerCore
+from compass.core.stats import WorkerStats
 from compass.errors import UnknownWorkflow
 from compass.sched import Policy
 from compass.sched.replicas import model_demand, warm_order
-from compass.worker.events import ViewPort
-from compass.worker.lanes import Lanes
-from compass.worker.options import CoreOptions
-from compass.worker.state import WorkerCore
-from compass.worker.stats import WorkerStats
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 

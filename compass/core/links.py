@@ -11,11 +11,11 @@ worker, the ingress, which lost neither, waits for the job forever.
 
 So the sender keeps, per peer, the last message of each job it sent there (its attempt, the
 task, the job's ingress; a failure report whole), until the job is done here (its ingress's
-:class:`~compass.worker.messages.DoneMsg`, or this worker answered it). When the link to that
+:class:`~compass.core.messages.DoneMsg`, or this worker answered it). When the link to that
 peer breaks, which the core learns as the peer being lost or joining again (a reconnection
 after a close, a return after being declared dead, a restart), :meth:`Links.lost` and
 :meth:`Links.joined` hand back the reports to send: each job's ingress hears that a link of
-the job broke (:data:`~compass.worker.messages.LINK_LOST`) and plans it again; a report of a
+the job broke (:data:`~compass.core.messages.LINK_LOST`) and plans it again; a report of a
 failure goes again as it was. What had arrived counts too: an attempt planned again for nothing
 costs a re-run, a lost one a job that never ends. A report to an ingress that is itself the
 lost peer waits here until it comes back (it was alive: a false suspicion, a partition), as do
@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from compass.worker.messages import (
+from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
     DoneMsg,

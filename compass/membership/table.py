@@ -12,8 +12,8 @@ carries out the decisions (install or close a channel, dial an address, log).
 The rules (after SWIM, as memberlist and Serf apply them):
 
 - Failure detection is SWIM's, with Lifeguard's refinements (its rules are the table's base,
-  :class:`~compass.worker.failure_detector.FailureDetector`; its knobs and helpers are in
-  :mod:`~compass.worker.swim`). Every period (:class:`Tick`) this worker probes one peer
+  :class:`~compass.membership.detector.FailureDetector`; its knobs and helpers are in
+  :mod:`~compass.membership.swim`). Every period (:class:`Tick`) this worker probes one peer
   (:class:`SendProbe`), in a shuffled round-robin order; with no :class:`Acked` within the
   timeout (or the probe could not be sent, :class:`ProbeUnsent`) it asks ``indirect`` other
   peers to probe it (:class:`AskIndirect`, answered by :class:`Acked` or :class:`Nacked`);
@@ -61,7 +61,7 @@ The rules (after SWIM, as memberlist and Serf apply them):
 - A worker with no peer at all joins through its seeds again, on :attr:`MemberTable.backoff`.
 
 The events, the decisions and the join handshake (:class:`~.member_events.Hello`) are defined
-in :mod:`~compass.worker.member_events`.
+in :mod:`~compass.membership.events`.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from compass.errors import ConfigError, WorkerUnavailable
-from compass.worker.failure_detector import FailureDetector
-from compass.worker.member_events import (
+from compass.membership.detector import FailureDetector
+from compass.membership.events import (
     Acked,
     ChannelLost,
     Close,
@@ -116,7 +116,7 @@ from compass.worker.member_events import (
     Update,
     Welcome,
 )
-from compass.worker.swim import Probing
+from compass.membership.swim import Probing
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -206,7 +206,7 @@ class Member:
 # -- the table -------------------------------------------------------------------------------------
 class MemberTable(FailureDetector):
     """Whom one worker knows; see the module docstring. Its failure detector (probes,
-    suspicions, local health) is its base, :class:`~compass.worker.failure_detector.
+    suspicions, local health) is its base, :class:`~compass.membership.detector.
     FailureDetector`.
 
     ``name``, ``address`` and ``instance`` are this worker's; ``backoff`` spaces the retries

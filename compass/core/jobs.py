@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compass.core.messages import JOB_INPUTS, TaskMsg
 from compass.errors import ProtocolError
 from compass.objective import NO_OBJECTIVE, Objective
-from compass.worker.messages import JOB_INPUTS, TaskMsg
 from compass.workflow.dag import Workflow
 
 __all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob", "check_task"]

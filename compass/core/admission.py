@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compass.core.jobs import IngressJob
 from compass.errors import CompassError, DeadlineUnreachable, JobTooLarge, Overloaded
-from compass.worker.jobs import IngressJob
 
 __all__ = ["Admission", "unreachable"]
 

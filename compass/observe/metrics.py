@@ -11,19 +11,19 @@ process, as in tests, never share a metric. Three kinds of metric live in it:
   alone), counted at every run's first outcome whether or not anything scrapes them, since
   ``compass status`` shows them too (:meth:`WorkerMetrics.batch_sizes`);
 - everything else, read at scrape time from the counters the worker keeps anyway
-  (:class:`~compass.worker.stats.WorkerStats`, the cache's ``CacheStats``, the executor, the
+  (:class:`~compass.core.stats.WorkerStats`, the cache's ``CacheStats``, the executor, the
   membership and the view) by :class:`WorkerCollector`, so the hot path pays nothing for it.
 
 With ``--metrics-port`` the worker serves, on its own event loop (so a scrape reads a
 consistent state and the socket closes with the worker), ``GET /metrics`` (the text exposition
 format), ``GET /ready`` (200 once the worker serves, 503 while it starts, stops or is
 degraded: a Kubernetes readiness probe), and the live dashboard: its page at ``GET /`` and the
-JSON it reads, ``GET /api/cluster`` and ``GET /api/worker`` (:mod:`compass.worker.dashboard`).
+JSON it reads, ``GET /api/cluster`` and ``GET /api/worker`` (:mod:`compass.observe.dashboard`).
 The HTTP side is deliberately tiny: one request per connection, GET or HEAD, headers capped at
 8 KiB and read within 5 s, at most 32 connections at once.
 
 Every task's span and every answered job also go to :attr:`WorkerMetrics.timeline` (a
-bounded ring, :mod:`compass.worker.timeline`), whether or not anything serves them: a peer's
+bounded ring, :mod:`compass.observe.timeline`), whether or not anything serves them: a peer's
 dashboard asks for them over the peer channel.
 
 Seconds are on the worker's clock: in emulated mode (``--workload``) that is workload time,
@@ -54,9 +54,9 @@ from prometheus_client.registry import Collector
 import compass
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
+from compass.observe import dashboard
+from compass.observe.timeline import Timeline
 from compass.supervisor import log_failures
-from compass.worker import dashboard
-from compass.worker.timeline import Timeline
 
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome

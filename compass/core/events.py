@@ -4,11 +4,11 @@ its window onto the view (:class:`ViewPort`).
 Every event carries the time on the worker's clock (``now``) and an id (``cause``; the core
 names an anonymous one); every instruction carries the id of the event that caused it, so a
 trace or a test can tell why a task ran, a model loaded or a message went out (an anonymous
-event's name is made only when read: :mod:`compass.worker.causes`). The lanes'
-own instructions, :class:`~compass.worker.lanes.RunTask` and
-:class:`~compass.worker.lanes.LoadModel`, are defined with the lanes. Events and instructions
+event's name is made only when read: :mod:`compass.core.causes`). The lanes'
+own instructions, :class:`~compass.core.lanes.RunTask` and
+:class:`~compass.core.lanes.LoadModel`, are defined with the lanes. Events and instructions
 are frozen dataclasses, except those made for every task (:class:`Received`,
-:class:`TaskDone`, :class:`Send`, :class:`~compass.worker.lanes.RunTask`): records, frozen by
+:class:`TaskDone`, :class:`Send`, :class:`~compass.core.lanes.RunTask`): records, frozen by
 convention and to the type checker (:mod:`compass.records`), cheaper to make.
 """
 
@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Protocol, TypeAlias
 
+from compass.core.causes import Cause, Caused
+from compass.core.lanes import LoadModel, RunTask
+from compass.core.messages import PeerMessage, PlanRequest, TaskMsg
+from compass.core.queue import QueuedTask
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.records import record
@@ -26,10 +30,6 @@ from compass.sched.candidates import PlanScope
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
-from compass.worker.causes import Cause, Caused
-from compass.worker.lanes import LoadModel, RunTask
-from compass.worker.messages import PeerMessage, PlanRequest, TaskMsg
-from compass.worker.queue import QueuedTask
 
 __all__ = [
     "NOT_HANDLING",
@@ -106,7 +106,7 @@ class ViewPort(Protocol):
 
 class Named:
     """What every event type shares: an anonymous one names itself (:func:`stimulus_id`).
-    :func:`compass.worker.causes.cause_text` reads the name through this method: it cannot
+    :func:`compass.core.causes.cause_text` reads the name through this method: it cannot
     import this module, which imports the lanes, which use it."""
 
     __slots__ = ()

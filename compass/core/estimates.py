@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from compass.core.jobs import InboxEntry
+from compass.core.messages import TaskMsg
+from compass.core.queue import QueuedTask
 from compass.objective import Objective
+from compass.payload import payload_bytes
 from compass.sched import Policy, ViewSnapshot
 from compass.sched.cost import CostCache
 from compass.sched.deadline import plan_finish_s, remaining_s
 from compass.sched.heartbeat import Heartbeat
-from compass.wire.codec import payload_bytes
-from compass.worker.jobs import InboxEntry
-from compass.worker.messages import TaskMsg
-from compass.worker.queue import QueuedTask
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Task, Workflow, batch_limit
 from compass.workflow.profile import Profiles

@@ -1,8 +1,8 @@
 """The failure detector's parts, sans-IO: its knobs and timings (:class:`Probing`), the order
 peers are probed in (:class:`ProbeOrder`) and the updates waiting to ride on probes and acks
 (:class:`Broadcasts`). The rules that use them are
-:class:`~compass.worker.failure_detector.FailureDetector`'s, the base of
-:class:`~compass.worker.members.MemberTable`; nothing here reads a clock or does I/O.
+:class:`~compass.membership.detector.FailureDetector`'s, the base of
+:class:`~compass.membership.table.MemberTable`; nothing here reads a clock or does I/O.
 
 After SWIM (Das, Gupta and Motivala, 2002) with Lifeguard's refinements (Dadgar et al.,
 2018) as HashiCorp's memberlist applies them: each period a worker probes one peer, in a
@@ -24,7 +24,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 from compass.errors import ConfigError
-from compass.worker.member_events import Update
+from compass.membership.events import Update
 
 __all__ = ["Broadcasts", "ProbeOrder", "Probing"]
 

@@ -1,13 +1,13 @@
 """The failure detector's rules, sans-IO: SWIM's probes with Lifeguard's refinements, as the
-member table (:class:`~compass.worker.members.MemberTable`) applies them.
+member table (:class:`~compass.membership.table.MemberTable`) applies them.
 
 :class:`FailureDetector` is the table's base: it keeps what the detector keeps (the probes
 under way, the suspicions, the local health, the next probe of the round and the updates to
-piggyback) and the rules that change it; the table's :meth:`~compass.worker.members.
+piggyback) and the rules that change it; the table's :meth:`~compass.membership.table.
 MemberTable.handle` calls them, and they read the table's members and live peers and declare a
 peer dead through it (:meth:`FailureDetector._remove`). The knobs and the parts they use (the
-probe order, the broadcasts) are in :mod:`~compass.worker.swim`; the rules themselves are
-described in :mod:`~compass.worker.members`'s docstring. Like the table, nothing here reads a
+probe order, the broadcasts) are in :mod:`~compass.membership.swim`; the rules themselves are
+described in :mod:`~compass.membership.table`'s docstring. Like the table, nothing here reads a
 clock or does I/O: every time comes with an event, every random draw from the table's ``rng``.
 """
 
@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from compass.worker.member_events import (
+from compass.membership.events import (
     Acked,
     AskIndirect,
     ChannelLost,
@@ -34,10 +34,10 @@ from compass.worker.member_events import (
     Unsuspected,
     Update,
 )
-from compass.worker.swim import Broadcasts, ProbeOrder, Probing
+from compass.membership.swim import Broadcasts, ProbeOrder, Probing
 
 if TYPE_CHECKING:
-    from compass.worker.members import Member
+    from compass.membership.table import Member
 
 __all__ = ["LATE_ACKS", "FailureDetector"]
 

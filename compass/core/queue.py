@@ -1,7 +1,7 @@
 """The worker's local task queue: ready tasks in priority order, and what they add up to.
 
 Sans-IO (every call that depends on time is given ``now``): the lanes
-(:class:`~compass.worker.lanes.Lanes`) pop entries, the view reads :meth:`TaskQueue.wait_s` (the
+(:class:`~compass.core.lanes.Lanes`) pop entries, the view reads :meth:`TaskQueue.wait_s` (the
 paper's queue wait: expected seconds of queued plus running work) and the cache decisions read
 :meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch).
 

@@ -17,7 +17,7 @@ that peer neither ran nor was sent already, so a long chain carries each span ab
 instead of its whole history at every hop. A sink's result thus brings the ingress every span
 of the job's attempt: causally, each task ended before its output moved on, so the trace is
 complete the moment the job is answered, with no request to any worker afterwards and
-nothing lost when a busy worker's timeline ring (:mod:`compass.worker.timeline`) wraps.
+nothing lost when a busy worker's timeline ring (:mod:`compass.observe.timeline`) wraps.
 
 **What the ingress keeps.** The assembled trace (the JSON form of
 :class:`compass.trace.JobTrace`) goes into a bounded ring of the last ``keep`` traces, read by
@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from compass.core.messages import JOB_INPUTS, FailedMsg, PeerMessage, ResultMsg, TaskMsg
 from compass.trace import TraceParent, format_traceparent, parse_traceparent
-from compass.worker.messages import JOB_INPUTS, FailedMsg, PeerMessage, ResultMsg, TaskMsg
 
 if TYPE_CHECKING:
     from compass.worker.executor import TaskOutcome

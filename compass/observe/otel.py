@@ -5,7 +5,7 @@ Optional: it needs the ``compass[otel]`` extra (``opentelemetry-sdk`` and
 ``--otel-endpoint``; without the extra that flag is a one-line
 :class:`~compass.errors.ConfigError`, and nothing else in compass imports OpenTelemetry.
 
-Which jobs: the traced ones (:mod:`compass.worker.tracing`: sampled by ``--trace-sample``,
+Which jobs: the traced ones (:mod:`compass.observe.tracing`: sampled by ``--trace-sample``,
 asked for by the client, or sampled by the caller's own tracing). Who exports what: the
 ingress exports the job's span when it answers it; every worker exports the spans of the tasks
 it ran as they end. The ids come from the job's trace context, which travels with its
@@ -29,7 +29,7 @@ import compass
 from compass.errors import ConfigError
 
 if TYPE_CHECKING:
-    from compass.worker.tracing import JobTracing
+    from compass.observe.tracing import JobTracing
 
 __all__ = ["MISSING_EXTRA", "OtelExport"]
 
@@ -104,7 +104,7 @@ class OtelExport:
 
     def task(self, job: str, workflow: str, span: Mapping[str, Any], tracing: JobTracing) -> None:
         """Export the span of a task of ``job`` that ended on this worker (``span`` as
-        :func:`~compass.worker.tracing.task_span` made it), a child of the job's span."""
+        :func:`~compass.observe.tracing.task_span` made it), a child of the job's span."""
         task = span["task"]
         attributes: dict[str, Any] = {
             "compass.job": job,

@@ -1,7 +1,7 @@
 """What goes into the member table and what comes out of it, sans-IO: the join handshake
 (:class:`Hello`, checked as it is read), the events the table takes and the decisions it makes
 (frozen, slotted dataclasses). The rules that connect them are
-:class:`~compass.worker.members.MemberTable`'s.
+:class:`~compass.membership.table.MemberTable`'s.
 
 The join handshake is the ``join`` request: ``{name, address, incarnation, instance, dead}``
 one way, the same plus ``{members, peers, incarnations}`` back (:class:`Welcome`), where

@@ -3,8 +3,8 @@
 Every instruction carries the id of the event that caused it (dask's stimulus ids). An event
 with an id of its own (``cause``, a client's request, say) passes it on as it is; an anonymous
 one is named ``kind:subject#n``, the ``n``-th event the core handled
-(:func:`compass.worker.events.stimulus_id`, through the event's own
-:meth:`~compass.worker.events.Named.stimulus_id`). Formatting that name for every event cost a
+(:func:`compass.core.events.stimulus_id`, through the event's own
+:meth:`~compass.core.events.Named.stimulus_id`). Formatting that name for every event cost a
 chain task more than any other part of the bookkeeping, and only traces, the logs of faults
 and tests read it. So an instruction keeps a :data:`Cause`: the id itself, or the anonymous
 event and its number, and :func:`cause_text` makes the name when it is read: the same text
@@ -19,7 +19,7 @@ __all__ = ["Cause", "Caused", "cause_text"]
 
 
 class _Nameable(Protocol):
-    """An event: it names itself (:class:`compass.worker.events.Named`; that module cannot be
+    """An event: it names itself (:class:`compass.core.events.Named`; that module cannot be
     imported here: it imports the lanes, whose instructions read their causes through this
     one)."""
 

@@ -1,12 +1,12 @@
 """How a worker core is set up (:class:`CoreOptions`), the same for the asyncio worker and the
-simulator: both build their cores with :func:`compass.worker.assemble.build_core`.
+simulator: both build their cores with :func:`compass.core.assemble.build_core`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compass.worker.answers import KEEP_ANSWER_BYTES, KEEP_ANSWER_S
+from compass.core.answers import KEEP_ANSWER_BYTES, KEEP_ANSWER_S
 
 __all__ = ["FORGET_AFTER", "CoreOptions"]
 
