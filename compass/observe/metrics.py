@@ -55,12 +55,12 @@ import compass
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
+from compass.observe.shown import ViewHeld
 from compass.observe.timeline import Timeline
 from compass.supervisor import log_failures
 
 if TYPE_CHECKING:
-    from compass.worker.executor import TaskOutcome
-    from compass.worker.gossip import Gossip
+    from compass.core.outcome import TaskOutcome
 
 __all__ = ["JsonLogFormatter", "Scraped", "WorkerCollector", "WorkerMetrics"]
 
@@ -90,7 +90,7 @@ class Scraped(dashboard.Shown, Protocol):
     it holds of its peers."""
 
     @property
-    def gossip(self) -> Gossip: ...
+    def gossip(self) -> ViewHeld: ...
 
 
 class WorkerMetrics:

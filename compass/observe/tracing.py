@@ -40,7 +40,7 @@ from compass.core.messages import JOB_INPUTS, FailedMsg, PeerMessage, ResultMsg,
 from compass.trace import TraceParent, format_traceparent, parse_traceparent
 
 if TYPE_CHECKING:
-    from compass.worker.executor import TaskOutcome
+    from compass.core.outcome import TaskOutcome
     from compass.workflow.dag import Workflow
 
 __all__ = [

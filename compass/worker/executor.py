@@ -45,16 +45,14 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from compass.core.causes import Cause, Caused
-from compass.core.events import TaskDone, TaskFailed
 from compass.core.lanes import RunTask
+from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
-from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
+from compass.errors import CompassTimeout
 from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
@@ -81,54 +79,6 @@ def emulated_output(nbytes: int) -> np.ndarray:
         payload.setflags(write=False)
         _payloads[nbytes] = payload
     return payload
-
-
-@dataclass(slots=True)
-class TaskOutcome(Caused):
-    """What happened to one task, with where its time went (seconds)."""
-
-    entry: QueuedTask
-    output: Any = None
-    error: BaseException | None = None
-    error_text: str = ""
-    queue_s: float = 0.0
-    fetch_s: float = 0.0
-    exec_s: float = 0.0
-    cache_hit: bool = True
-    #: abandoned past its timeout, its thread still runs (it keeps its model pinned)
-    still_running: bool = False
-    #: how many tasks its run took (1: it ran alone)
-    batch: int = 1
-    #: the first entry of its run (the one a batch's measurements are recorded under)
-    first: bool = True
-    #: the lane it ran on (GPU lanes from 0, host lanes after them)
-    lane: int = 0
-    #: every entry of its run, its own included (a batch's mates are the others)
-    run: tuple[QueuedTask, ...] = ()
-    #: the core's event that started its run (:attr:`RunTask.stimulus`; :attr:`cause`)
-    stimulus: Cause = ""
-
-    @property
-    def model(self) -> str | None:
-        return self.entry.model
-
-    @property
-    def transfer_s(self) -> float:
-        return self.entry.transfer_s
-
-    def event(self, now: float) -> TaskDone | TaskFailed:
-        """The worker core's event for this outcome. compass's own verdicts (a timeout, a
-        degraded worker) keep their type for the client; a task's own error is JobFailed."""
-        error = self.error
-        if error is None:
-            return TaskDone(now, self.entry, self.output, self.exec_s, self.batch, self.first)
-        code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
-        text = f"{type(error).__name__}: {error}"
-        if self.batch > 1:
-            text += f" (in a batch of {self.batch})"
-        return TaskFailed(
-            now, self.entry, text, self.error_text, code or JobFailed.code, self.still_running
-        )
 
 
 class TaskRunner:

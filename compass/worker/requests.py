@@ -32,6 +32,7 @@ from compass.core.messages import (
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
 from compass.gossip.spread import MAX_RUMORS
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.observe.shown import Holdings, Identity, Records, queue_status
 from compass.observe.tracing import TRACE_FIELD
 from compass.observe.usage import process_usage
 from compass.sched.heartbeat import Heartbeat
@@ -40,13 +41,6 @@ from compass.wire.transport import Channel
 
 if TYPE_CHECKING:
     from compass.app import App
-    from compass.cache.models import ModelCache
-    from compass.config import WorkerConfig
-    from compass.core.lanes import Lanes
-    from compass.core.stats import WorkerStats
-    from compass.observe.metrics import WorkerMetrics
-    from compass.observe.tracing import Tracer
-    from compass.sched import Policy
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
 
@@ -75,66 +69,9 @@ MAX_TIMELINE_SPANS = 2000
 STATUS_TRACES = 5
 
 
-# What this module needs of a worker, by concern (compass.worker.server.Worker is each of them;
-# the dashboard and the metrics build on the first three).
-
-
-class Identity(Protocol):
-    """Who a worker is and how it runs."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def instance(self) -> str: ...
-
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def started_at(self) -> float:
-        """``time.monotonic()`` when it was made."""
-
-    @property
-    def policy(self) -> Policy: ...
-
-    @property
-    def config(self) -> WorkerConfig: ...
-
-
-class Holdings(Protocol):
-    """What a worker holds now: its queues and lanes, its cache and its jobs; and its clock,
-    which ages them."""
-
-    @property
-    def lanes(self) -> Lanes: ...
-
-    @property
-    def cache(self) -> ModelCache: ...
-
-    @property
-    def jobs_in_flight(self) -> int: ...
-
-    @property
-    def tasks_waiting_inputs(self) -> int: ...
-
-    @property
-    def draining(self) -> bool: ...
-
-    def clock(self) -> float: ...
-
-
-class Records(Protocol):
-    """What a worker counts and keeps of what it did: counters, traces, metrics."""
-
-    @property
-    def stats(self) -> WorkerStats: ...
-
-    @property
-    def tracer(self) -> Tracer: ...
-
-    @property
-    def metrics(self) -> WorkerMetrics: ...
+# What this module needs of a worker, by concern (compass.worker.server.Worker is each of them):
+# who it is, what it holds and what it records are compass.observe.shown's, which the dashboard
+# and the metrics read too.
 
 
 class Described(Identity, Holdings, Records, Protocol):
@@ -208,24 +145,6 @@ def make_router(worker: Served) -> Router:
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
     return router
-
-
-def queue_status(worker: Holdings) -> dict[str, Any]:
-    """The worker's queues and lanes as ``compass status`` and the dashboard show them."""
-    lanes = worker.lanes
-    return {
-        "ready": len(lanes.queue),
-        "waiting_inputs": worker.tasks_waiting_inputs,
-        "running": lanes.busy,
-        "lanes": lanes.lanes,
-        "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
-        "host_ready": len(lanes.host_queue),
-        "host_running": lanes.host_busy,
-        "host_lanes": lanes.host_lanes,
-        "stuck": lanes.stuck,
-        "max_stuck": lanes.max_stuck,
-        "degraded": lanes.degraded,
-    }
 
 
 def describe(worker: Described) -> dict[str, Any]:

@@ -66,7 +66,6 @@ from compass.observe import dashboard
 from compass.observe.metrics import WorkerMetrics
 from compass.observe.otel import OtelExport
 from compass.observe.tracing import TRACE_FIELD, Tracer, task_span
-from compass.observe.usage import table_sizes
 from compass.sched import Policy, make_policy
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.policies import worker_seed
@@ -83,6 +82,7 @@ from compass.worker.membership import (
     default_worker_name,
 )
 from compass.worker.requests import describe, make_router
+from compass.worker.tables import table_sizes
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
@@ -748,7 +748,7 @@ class Worker:
 
     def table_sizes(self) -> dict[str, float]:
         """Entries in each of this worker's tables keyed by jobs, peers or time
-        (:func:`compass.observe.usage.table_sizes`)."""
+        (:func:`compass.worker.tables.table_sizes`)."""
         return table_sizes(self)
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]:
