@@ -60,6 +60,8 @@ __all__ = [
     "Tick",
     "Undeliverable",
     "ViewPort",
+    "Watch",
+    "WatchFailed",
     "stimulus_id",
 ]
 
@@ -98,6 +100,15 @@ class ViewPort(Protocol):
     def joined(self, worker: str, instance: str) -> None:
         """Peer ``worker`` (process ``instance``) is connected: a new instance is no longer
         draining (the same one, reconnecting, still is)."""
+        ...
+
+    def take_wanted(self) -> tuple[str, ...]:
+        """The peers whose load the snapshots since the last call want watched (a bounded view
+        plans over candidates that push their load to it: :class:`Watch`); () for none."""
+        ...
+
+    def watch_failed(self, peer: str) -> None:
+        """A watch could not be asked of ``peer``: want it again at the next plan."""
         ...
 
 
@@ -275,6 +286,16 @@ class Undeliverable(Named):
 
 
 @dataclass(frozen=True, slots=True)
+class WatchFailed(Named):
+    """A :class:`Watch` could not be asked of ``peer`` (no channel to it now)."""
+
+    now: float
+    peer: str
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class PlanAsked(Named):
     """Another ingress asks this worker to plan its job (the ``central`` policy plans at one
     worker); answer with :class:`Planned`. Planning counts the placements in this worker's
@@ -338,6 +359,7 @@ Event: TypeAlias = (
     | Heard
     | PeerJoined
     | PeerDraining
+    | WatchFailed
 )
 
 
@@ -351,6 +373,16 @@ class Send(Caused):
 
     peer: str
     msg: PeerMessage
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Watch(Caused):
+    """Ask ``peers`` to send this worker their state for a lease: its plans are placing work
+    there (a bounded view's candidates; answered with heartbeats, or :class:`WatchFailed`)."""
+
+    peers: tuple[str, ...]
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
@@ -404,7 +436,7 @@ class Fault(Caused):
     stimulus: Cause = ""
 
 
-Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Fault
+Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | Fault
 
 
 def stimulus_id(event: Event, n: int) -> str:

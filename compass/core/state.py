@@ -1,16 +1,15 @@
 """The worker core, sans-IO: a worker's rules as a state machine, events in, instructions out.
 
-:meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the
-time (``now``, on the worker's clock); the core reads no clock and does no I/O, so the same
-events give the same instructions. The asyncio :class:`~compass.worker.server.Worker` and the
-simulator (:mod:`compass.sim.engine`) drive it. It owns the **ingress records** (the jobs
-this worker accepted: plan, attempt, sink outputs, the one answer each), the **inbox** (inputs
-of tasks waiting for the rest), the **attempt rules** (a job planned again after a lost peer gets
-a new attempt; messages of older ones are dropped), **dynamic adjustment**, and the **queues,
-lanes and model residency** (:class:`~compass.core.lanes.Lanes`); docs/ARCHITECTURE.md, "The
-worker core", says how. Not the core's: running a task's code, copying a model's bytes, sending
-bytes, the view's heartbeats (:class:`ViewPort` is its window onto the view). Messages to this
-worker itself never leave it: the core handles them at once, in order.
+:meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the time
+(``now``, on the worker's clock); the core reads no clock and does no I/O, so the same events
+give the same instructions. The asyncio :class:`~compass.worker.server.Worker` and the simulator
+(:mod:`compass.sim.engine`) drive it. It owns the **ingress records** (the jobs it accepted,
+their plans and one answer each), the **inbox** (inputs of tasks waiting for the rest), the
+**attempt rules** (a job planned again after a lost peer gets a new attempt; messages of older
+ones are dropped), **dynamic adjustment**, and the **queues, lanes and model residency**
+(:class:`~compass.core.lanes.Lanes`); docs/ARCHITECTURE.md, "The worker core", says how. Not the
+core's: running a task's code, copying a model's bytes, sending bytes, the view's heartbeats.
+Messages to this worker itself never leave it: the core handles them at once, in order.
 """
 
 from __future__ import annotations
@@ -50,6 +49,8 @@ from compass.core.events import (
     Tick,
     Undeliverable,
     ViewPort,
+    Watch,
+    WatchFailed,
 )
 from compass.core.jobs import Inbox, IngressJob, check_task
 from compass.core.lanes import CannotRun, Lanes, LanesFault, Step
@@ -93,13 +94,9 @@ MAX_ATTEMPTS = 4
 
 
 class WorkerCore:
-    """One worker's rules; see the module docstring.
-
-    ``workflow`` looks a workflow up by name (raising
-    :class:`~compass.errors.UnknownWorkflow`); ``lanes``: this worker's queues, lanes and
-    cache (the core drives them); ``options``: see :class:`CoreOptions` (the lanes' own are
-    read from ``lanes``). Build one with :func:`~compass.core.assemble.build_core`.
-    """
+    """One worker's rules; see the module docstring. ``workflow`` looks a workflow up by name
+    (raising :class:`~compass.errors.UnknownWorkflow`); ``lanes``: its queues, lanes and cache
+    (driven by the core); ``options``: :class:`CoreOptions`. Built by ``build_core``."""
 
     def __init__(
         self,
@@ -158,9 +155,8 @@ class WorkerCore:
         self.estimates = Estimates(name, policy, profiles, host_lanes=self.host_lanes)
 
     def new_job_id(self) -> str:
-        """A job id unique in the cluster (worker names are) and across restarts of a worker
-        under the same name (its instance is in the id: the counter starts again at 1, and its
-        peers still remember the ids of the jobs they finished for the last instance)."""
+        """A job id unique in the cluster (worker names are) and across restarts under the same
+        name (the instance is in it: peers remember the jobs of the last one)."""
         if self.instance:
             return f"{self.name}-{self.instance}-{next(self._job_ids)}"
         return f"{self.name}-{next(self._job_ids)}"
@@ -215,8 +211,12 @@ class WorkerCore:
                     self._peer_joined(event)
                 case PeerDraining():
                     self.view.drain(event.name, event.instance)
+                case WatchFailed():
+                    self.view.watch_failed(event.peer)
                 case _:
                     assert_never(event)
+            if wanted := self.view.take_wanted():  # a bounded view's candidates to watch
+                out.append(Watch(wanted, cause))
         except LanesFault as fault:
             error = fault.original
             try:

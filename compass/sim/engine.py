@@ -57,6 +57,7 @@ from compass.core.events import (
     Submit,
     TaskDone,
     Tick,
+    Watch,
 )
 from compass.core.lanes import Lanes
 from compass.core.messages import (
@@ -515,6 +516,8 @@ class _Simulation:
                     delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
                     ingress = self.workers[self.positions[step.peer]]
                     self._at(self.now + delay, self._plan_back, (ingress, step.job_id, step.plan))
+                case Watch():
+                    pass  # watches are modelled by what each planner has heard (heard.py)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"

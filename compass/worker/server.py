@@ -47,6 +47,8 @@ from compass.core.events import (
     TaskReturned,
     Tick,
     Undeliverable,
+    Watch,
+    WatchFailed,
 )
 from compass.core.lanes import Lanes
 from compass.core.messages import (
@@ -172,6 +174,7 @@ class Worker:
         self._drained = asyncio.Event()  # draining, and nothing is left to finish
         self._hurry = asyncio.Event()  # a second stop(): end the drain now
         self._closing = False
+        self._events: deque[Event] = deque()  # the one being carried out, and those after it
         #: why the worker stopped on its own (a background loop died), else None
         self.failure: BaseException | None = None
 
@@ -192,7 +195,7 @@ class Worker:
             workflows=self.app.workflows,
             policy=self.policy,
             profiles=self.profiles,
-            view=self.gossip,
+            view=self.gossip.port,
             cache=self.cache.core,
             options=CoreOptions(
                 lanes=config.lanes,
@@ -426,13 +429,8 @@ class Worker:
 
     # -- what peers say (checked at the door by requests.py) -----------------------------------
     def heard(self, heartbeat: Heartbeat) -> None:
-        """A peer's heartbeat: it counts if it is of a peer that joined, of its current
-        incarnation (not one naming this worker, nor a stranger)."""
-        membership = self.membership
-        if membership is not None and membership.seen(heartbeat.name, heartbeat.incarnation):
-            self.apply(Heard(self.clock(), heartbeat))
-        elif membership is not None:
-            self.gossip.keep_early(heartbeat, membership)
+        """A peer's heartbeat: heard as one rumor not passed on (:meth:`heard_rumors`)."""
+        self.heard_rumors([heartbeat], pass_on=False)
 
     def heard_rumors(self, states: list[Heartbeat], *, pass_on: bool) -> None:
         """Peers' states passed on as rumors, or a peer's whole view (a bounded view's sync,
@@ -476,34 +474,32 @@ class Worker:
             and not self.core.is_done(msg.job, msg.attempt)
         ):
             self.tracer.incoming(msg.job, spans)
-        if isinstance(msg, TaskMsg):
-            self.apply(self._task_arrived(sender, msg))
+        if isinstance(msg, TaskMsg):  # a pushed input: its transfer time and its job's age
+            wall, scale, now = time.time(), self.config.time_scale, self.clock()
+            transfer_s, age_s = max(0.0, wall - msg.sent) / scale, max(0.0, wall - msg.t0) / scale
+            self.apply(Received(now, sender, msg, transfer_s, now - age_s))
             return
         if isinstance(msg, DoneMsg) and msg.below is None and self.tracer.jobs:
             self.tracer.forget(msg.job)
         self.apply(Received(self.clock(), sender, msg))
 
-    def _task_arrived(self, sender: str, msg: TaskMsg) -> Received:
-        """A pushed task input: its transfer time and its job's age, from the wall clock."""
-        scale = self.config.time_scale
-        wall = time.time()
-        transfer_s = max(0.0, wall - msg.sent) / scale
-        now = self.clock()
-        arrival = now - max(0.0, wall - msg.t0) / scale
-        return Received(now, sender, msg, transfer_s, arrival)
-
     # -- the core: events in, instructions out --------------------------------------------------
     def apply(self, event: Event) -> None:
-        """Feed ``event`` to the core and carry out what it says, in order. Whatever goes
-        wrong here is logged and counted: no message and no task can stop the worker. A
-        closing worker takes no more events (a load or a task ending during the shutdown)."""
+        """Feed ``event`` to the core and carry out what it says, in order; an event that
+        arises meanwhile (a send failed) waits for that. Whatever goes wrong is logged and
+        counted: no message nor task can stop the worker. A closing one takes no events."""
         if self._closing:
             return
-        try:
-            self._carry_out(event)
-        except Exception:
-            self.stats.internal_errors += 1
-            log.exception("%s: handling %s failed", self.name, type(event).__name__)
+        self._events.append(event)
+        if len(self._events) > 1:
+            return  # carried out by the call under way, after the one it is carrying out
+        while self._events:
+            try:
+                self._carry_out(self._events[0])
+            except Exception:
+                self.stats.internal_errors += 1
+                log.exception("%s: handling %s failed", self.name, type(self._events[0]).__name__)
+            self._events.popleft()
 
     def _carry_out(self, event: Event) -> None:
         version = self.lanes.version
@@ -522,6 +518,9 @@ class Worker:
                     self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
                 case Planned():
                     self._planned[step.job_id] = step
+                case Watch():
+                    for peer in self.gossip.watch(step.peers):
+                        self.apply(WatchFailed(self.clock(), peer))
                 case Fault():
                     self.stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
@@ -747,8 +746,7 @@ class Worker:
         return describe(self)
 
     def table_sizes(self) -> dict[str, float]:
-        """Entries in each of this worker's tables keyed by jobs, peers or time
-        (:func:`compass.worker.tables.table_sizes`)."""
+        """Entries in each table keyed by jobs, peers or time (compass.worker.tables)."""
         return table_sizes(self)
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]:

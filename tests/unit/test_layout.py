@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "compass"
 
-#: packages that do no I/O: no event loop, socket or thread, and no package that does
+#: packages that do no I/O: no event loop or socket, and no package that does
 SANS_IO = (
     "compass.core",
     "compass.membership",

@@ -140,6 +140,12 @@ class FakeView:
     def joined(self, worker: str, instance: str) -> None:
         pass
 
+    def take_wanted(self) -> tuple[str, ...]:
+        return ()
+
+    def watch_failed(self, peer: str) -> None:
+        pass
+
 
 def resident_cache(*models: str) -> CacheCore:
     """A cache of 10 GB holding ``models`` (1 GB each), loaded already."""
