@@ -5,6 +5,7 @@ predecessor).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,24 @@ from compass.errors import ProtocolError
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.workflow.dag import Workflow
 
-__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob", "check_task"]
+__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob", "JobIds", "check_task"]
+
+
+class JobIds:
+    """The ids of the jobs one worker process takes in: unique in the cluster (worker names
+    are) and across restarts under the same name (the process's ``instance`` is in each: the
+    count starts again at 1, and peers remember the ids of the last instance's jobs). The
+    ingress names a job before its core hears of it (:class:`~compass.core.events.Submit`
+    carries the id), so the count is the adapter's (or the simulator's), not the core's."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self, name: str, instance: str = "") -> None:
+        self._prefix = f"{name}-{instance}-" if instance else f"{name}-"
+        self._count = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count)}"
 
 
 @dataclass(slots=True)

@@ -14,7 +14,6 @@ Messages to this worker itself never leave it: the core handles them at once, in
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, assert_never
@@ -136,7 +135,6 @@ class WorkerCore:
         self.inbox = Inbox()
         #: job id -> the highest attempt known done here (late messages of those are dropped)
         self._finished: OrderedDict[str, int] = OrderedDict()
-        self._job_ids = itertools.count(1)
         #: events handled so far (the anonymous ones are named by their number)
         self._handled = 0
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
@@ -153,13 +151,6 @@ class WorkerCore:
         self._attached: dict[str, str] = {}
         #: best times, critical paths, deadlines and queue entries, from the profiles
         self.estimates = Estimates(name, policy, profiles, host_lanes=self.host_lanes)
-
-    def new_job_id(self) -> str:
-        """A job id unique in the cluster (worker names are) and across restarts under the same
-        name (the instance is in it: peers remember the jobs of the last one)."""
-        if self.instance:
-            return f"{self.name}-{self.instance}-{next(self._job_ids)}"
-        return f"{self.name}-{next(self._job_ids)}"
 
     # -- the one entry point ------------------------------------------------------------------
 

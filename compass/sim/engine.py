@@ -59,6 +59,7 @@ from compass.core.events import (
     Tick,
     Watch,
 )
+from compass.core.jobs import JobIds
 from compass.core.lanes import Lanes
 from compass.core.messages import (
     JOB_INPUTS,
@@ -258,6 +259,8 @@ class _Worker:
     version: int = -1
     #: what the worker sees of the others (set once the worker exists)
     view: SimView | None = None
+    #: the ids of the jobs it takes in, as a real ingress names them (set with the name)
+    job_ids: JobIds | None = None
 
     @property
     def lanes(self) -> Lanes:
@@ -483,8 +486,10 @@ class _Simulation:
             entry = arrival.client % n
         worker = self.workers[self.positions[f"w{entry}"]]
         rules = _rules(worker)
+        if worker.job_ids is None:
+            worker.job_ids = JobIds(worker.name, rules.instance)
         job = _Job(
-            id=rules.new_job_id(),  # the real ingress's job id
+            id=worker.job_ids(),  # the real ingress's job id
             workflow=wf,
             client=arrival.client,
             arrival=self.now,

@@ -41,6 +41,7 @@ from compass.wire.transport import Channel
 
 if TYPE_CHECKING:
     from compass.app import App
+    from compass.core.stats import WorkerStats
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
 
@@ -97,6 +98,10 @@ class Served(Described, Protocol):
     @property
     def trace(self) -> deque[dict[str, Any]]:
         """The records of the last jobs answered here."""
+
+    @property
+    def run_stats(self) -> WorkerStats:
+        """The adapter's own counters: messages refused at the door count there."""
 
     async def submit_job(
         self,
@@ -306,7 +311,7 @@ class _Requests:
 
     def from_peers(self, op: str, handler: PeerHandler) -> PeerHandler:
         """A one-way handler only workers may trigger: from a client, ``op`` is dropped."""
-        stats, name = self.worker.stats, self.worker.name
+        stats, name = self.worker.run_stats, self.worker.name
 
         def guarded(channel: Channel, body: Any) -> None:
             if channel.peer_role != "worker":
@@ -323,7 +328,7 @@ class _Requests:
         try:
             heartbeat = Heartbeat.from_wire(body)
         except CompassError as exc:
-            worker.stats.messages_dropped += 1
+            worker.run_stats.messages_dropped += 1
             log.warning("%s: dropped a malformed heartbeat from %s: %s", worker.name,
                         channel.peer_name, exc)  # fmt: skip
             return
@@ -340,7 +345,7 @@ class _Requests:
                 raise ProtocolError(f"rumors: {len(body['s'])} states, at most {MAX_RUMORS}")
             states = [Heartbeat.from_wire(state) for state in body["s"]]
         except CompassError as exc:
-            worker.stats.messages_dropped += 1
+            worker.run_stats.messages_dropped += 1
             log.warning("%s: dropped malformed rumors from %s: %s", worker.name,
                         channel.peer_name, exc)  # fmt: skip
             return
@@ -358,7 +363,7 @@ class _Requests:
             or not 0 < for_ms < float("inf")
             or not channel.peer_name
         ):
-            worker.stats.messages_dropped += 1
+            worker.run_stats.messages_dropped += 1
             log.warning("%s: dropped a malformed watch from %s: %r", worker.name,
                         channel.peer_name, body)  # fmt: skip
             return
@@ -386,7 +391,7 @@ class _Requests:
             try:
                 msg = decode(op, body)
             except ProtocolError as exc:
-                worker.stats.messages_dropped += 1
+                worker.run_stats.messages_dropped += 1
                 log.warning("%s: dropped a malformed %r from %s: %s", worker.name, op,
                             channel.peer_name, exc)  # fmt: skip
                 return

@@ -50,6 +50,7 @@ from compass.core.events import (
     Watch,
     WatchFailed,
 )
+from compass.core.jobs import JobIds
 from compass.core.lanes import Lanes
 from compass.core.messages import (
     DoneMsg,
@@ -117,7 +118,8 @@ class Worker:
         #: job id, so that no id repeats across restarts
         self.instance = secrets.token_hex(6)
         self.address = ""
-        self.stats = WorkerStats()
+        #: the adapter's own counters (the core keeps its own: :attr:`stats` is their sum)
+        self.run_stats = WorkerStats()
         self.metrics = WorkerMetrics(self)
         self.started_at = time.monotonic()
         # Emulated workers live in the workload's time: a real second is 1/time_scale seconds of
@@ -210,9 +212,9 @@ class Worker:
                 learn=not config.emulate,
                 instance=self.instance,
             ),
-            stats=self.stats,
         )
         self.gossip.attach(self.core)
+        self._job_ids = JobIds(name, self.instance)  # the ingress names its jobs
         #: this worker's queues, lanes and cache decisions (the core's)
         self.lanes: Lanes = self.core.lanes
 
@@ -380,9 +382,8 @@ class Worker:
             self._drained.set()
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
-        """A lane or the heartbeat loop ended before the worker stopped: a worker that can no
-        longer run tasks or gossip must not keep accepting them, so it stops (its peers then
-        drop it and re-plan its jobs) and the process exits non-zero."""
+        """A lane or the heartbeat loop ended before the worker stopped: unable to run tasks or
+        gossip, it stops (its peers re-plan its jobs); the process exits non-zero."""
         if task.cancelled() or self._closing:
             return
         error = task.exception()
@@ -393,11 +394,10 @@ class Worker:
 
     def _task_failed(self, task: asyncio.Task[Any], error: BaseException) -> None:
         """A background task failed (a bug; the supervisor logged its traceback): counted."""
-        self.stats.internal_errors += 1
+        self.run_stats.internal_errors += 1
 
     def stop(self) -> None:
-        """Ask the worker to stop (signal handlers call this); asked again, a drain under way
-        ends at once."""
+        """Ask the worker to stop (signal handlers do); asked again, a drain ends at once."""
         if self._stopped.is_set():
             self._hurry.set()
         self._stopped.set()
@@ -411,7 +411,7 @@ class Worker:
 
     # -- membership ---------------------------------------------------------------------------
     def _peer_joined(self, peer: Peer) -> None:
-        self.stats.peers_joined += 1
+        self.run_stats.peers_joined += 1
         # a new instance under a drained one's name is no longer draining
         self.apply(PeerJoined(self.clock(), peer.name, peer.member.instance))
         early = self.gossip.take_early(peer.name)
@@ -450,8 +450,7 @@ class Worker:
                 self.gossip.keep_early(state, membership)
 
     def sync_asked(self, peer: str) -> None:
-        """``peer`` joined and asks for every state this worker's view holds."""
-        self.gossip.sync_asked(peer)
+        self.gossip.sync_asked(peer)  # it joined and asks for every state the view holds
 
     def watched_by(self, peer: str, for_ms: float) -> None:
         """``peer`` plans over this worker: it gets its state on every change for ``for_ms``."""
@@ -497,7 +496,7 @@ class Worker:
             try:
                 self._carry_out(self._events[0])
             except Exception:
-                self.stats.internal_errors += 1
+                self.run_stats.internal_errors += 1
                 log.exception("%s: handling %s failed", self.name, type(self._events[0]).__name__)
             self._events.popleft()
 
@@ -522,7 +521,7 @@ class Worker:
                     for peer in self.gossip.watch(step.peers):
                         self.apply(WatchFailed(self.clock(), peer))
                 case Fault():
-                    self.stats.internal_errors += 1
+                    self.run_stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
                               exc_info=step.error)  # fmt: skip
                 case _:
@@ -678,7 +677,7 @@ class Worker:
         except CompassError as exc:
             log.warning("%s: %s could not plan job %s: %s", self.name, step.peer, job, exc)
         except Exception:
-            self.stats.internal_errors += 1
+            self.run_stats.internal_errors += 1
             log.exception("%s: asking %s to plan job %s failed; planning it here", self.name,
                           step.peer, job)  # fmt: skip
         self.apply(PlanReady(self.clock(), job, plan))
@@ -709,14 +708,13 @@ class Worker:
         traceparent: str | None = None,
     ) -> tuple[str, Any]:
         """:meth:`submit`, answering the job's id with its answer (an error names it too).
-        ``trace``: trace the job whatever the sampling (its trace is then kept here:
-        ``self.tracer.trace(job_id)``); ``traceparent``: the caller's W3C trace context."""
+        ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
                 f"worker {self.name} is {state}: it takes no new jobs; submit to another worker"
             )
-        job_id = self.core.new_job_id()
+        job_id = self._job_ids()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
         tracing = self.tracer.start(
@@ -741,9 +739,13 @@ class Worker:
                 self.tracer.forget(job_id)  # answered (kept already), or never accepted
             del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
+    @property
+    def stats(self) -> WorkerStats:
+        """Every counter, the core's and the adapter's summed (a new count at each read)."""
+        return self.core.stats.plus(self.run_stats)
+
     def status(self) -> dict[str, Any]:
-        """What ``compass status`` shows."""
-        return describe(self)
+        return describe(self)  # what compass status shows
 
     def table_sizes(self) -> dict[str, float]:
         """Entries in each table keyed by jobs, peers or time (compass.worker.tables)."""
@@ -766,7 +768,7 @@ class Worker:
         return self.app.get_workflow(workflow).tasks[task]
 
     def _task_finished(self, outcome: TaskOutcome) -> None:
-        self.stats.record(outcome)
+        self.run_stats.record(outcome)
         self.metrics.task_finished(outcome)
         entry = outcome.entry
         if self.tracer.jobs and entry.job_id in self.tracer.jobs:

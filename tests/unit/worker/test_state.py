@@ -5,6 +5,7 @@ Each test names the rule it guards and would fail if that rule were broken.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -33,6 +34,7 @@ from compass.core.events import (
     TaskFailed,
     Undeliverable,
 )
+from compass.core.jobs import JobIds
 from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
@@ -147,6 +149,17 @@ class FakeView:
         pass
 
 
+_JOB_IDS: weakref.WeakKeyDictionary[WorkerCore, JobIds] = weakref.WeakKeyDictionary()
+
+
+def new_job_id(core: WorkerCore) -> str:
+    """A new job id at ``core``'s worker, named as its ingress names one (:class:`JobIds`)."""
+    ids = _JOB_IDS.get(core)
+    if ids is None:
+        ids = _JOB_IDS[core] = JobIds(core.name, core.instance)
+    return ids()
+
+
 def resident_cache(*models: str) -> CacheCore:
     """A cache of 10 GB holding ``models`` (1 GB each), loaded already."""
     cache = CacheCore(SlabPool(10 * GB, GB // 10), dict.fromkeys(("m", "n"), GB))
@@ -197,7 +210,7 @@ def one(kind: type, steps: Sequence[Instruction]) -> Any:
 
 
 def submit(c: WorkerCore, workflow: str = "chain", now: float = 0.0, **inputs: Any) -> str:
-    job_id = c.new_job_id()
+    job_id = new_job_id(c)
     c.handle(Submit(now, job_id, workflow, inputs or {"x": 1}, 8, t0=now))
     return job_id
 
@@ -241,7 +254,7 @@ def run_locally(c: WorkerCore, steps: list[Instruction], now: float) -> list[Ins
 def test_the_same_events_give_the_same_instructions() -> None:
     def replay() -> list[Instruction]:
         c, _ = core("a", ("a",))
-        job = c.new_job_id()
+        job = new_job_id(c)
         events: list[Event] = [Submit(0.0, job, "diamond", {"x": 1}, 8, 0.0)]
         out: list[Instruction] = []
         for event in events:
@@ -259,7 +272,7 @@ def test_the_same_events_give_the_same_instructions() -> None:
 
 def test_a_job_runs_through_one_worker_and_is_answered_once() -> None:
     c, _ = core("a", ("a",))
-    job = c.new_job_id()
+    job = new_job_id(c)
     steps = run_locally(c, c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0)), 1.0)
     answers = of(Answer, steps)
     assert len(answers) == 1 and answers[0].value == "out-b" and answers[0].error is None
@@ -272,7 +285,7 @@ def test_a_job_runs_through_one_worker_and_is_answered_once() -> None:
 def test_a_job_with_two_sinks_is_answered_when_both_have_reported() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    job = c.new_job_id()
+    job = new_job_id(c)
     c.handle(Submit(0.0, job, "fork", {"x": 1}, 8, 0.0))
     assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "B"), 1.0, "b"))) == []
     (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "c", "C"), 2.0, "b")))
@@ -282,7 +295,7 @@ def test_a_job_with_two_sinks_is_answered_when_both_have_reported() -> None:
 def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> None:
     c, _ = core("a", ("a",), max_jobs=1)
     first = submit(c)
-    refused = c.new_job_id()
+    refused = new_job_id(c)
     (answer,) = c.handle(Submit(0.0, refused, "chain", {"x": 1}, 8, 0.0))
     assert isinstance(answer, Answer) and isinstance(answer.error, Overloaded)
     assert c.stats.jobs_refused == 1 and refused not in c.jobs
@@ -294,12 +307,12 @@ def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> 
 
 def test_admission_bounds_the_bytes_of_held_inputs() -> None:
     c, _ = core("a", ("a",), max_job_bytes=100)
-    held = c.new_job_id()
+    held = new_job_id(c)
     c.handle(Submit(0.0, held, "chain", {"x": 1}, 80, 0.0))
     assert c.held_bytes == 80
-    answer = one(Answer, c.handle(Submit(0.0, c.new_job_id(), "chain", {"x": 1}, 30, 0.0)))
+    answer = one(Answer, c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 30, 0.0)))
     assert isinstance(answer.error, Overloaded) and answer.error.detail["held_bytes"] == 80
-    c.handle(Submit(0.0, c.new_job_id(), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
+    c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
     c.handle(Cancel(1.0, held))
     assert c.held_bytes == 20
 
@@ -312,7 +325,7 @@ def test_a_bad_submit_is_answered_with_a_typed_error(
     workflow: str, inputs: Any, error: type
 ) -> None:
     c, _ = core("a", ("a",))
-    (answer,) = c.handle(Submit(0.0, c.new_job_id(), workflow, inputs, 8, 0.0))
+    (answer,) = c.handle(Submit(0.0, new_job_id(c), workflow, inputs, 8, 0.0))
     assert isinstance(answer, Answer) and isinstance(answer.error, error)
     assert c.jobs == {}
 
@@ -330,14 +343,14 @@ def test_placements_on_peers_are_counted_in_the_view_but_not_on_itself() -> None
 
 def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> None:
     c, _ = core("b", ("a", "b"), policy="central")  # central plans at the first worker, "a"
-    job = c.new_job_id()
+    job = new_job_id(c)
     (ask,) = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     assert isinstance(ask, AskPlan) and ask.peer == "a" and ask.request.job == job
     steps = c.handle(PlanReady(0.1, job, {"a": "a", "b": "a"}))
     (send,) = of(Send, steps)
     assert send.peer == "a" and isinstance(send.msg, TaskMsg) and send.msg.task == "a"
     # no answer: it plans the job itself
-    job2 = c.new_job_id()
+    job2 = new_job_id(c)
     c.handle(Submit(0.2, job2, "chain", {"x": 1}, 8, 0.2))
     steps = c.handle(PlanReady(0.3, job2, None))
     assert of(Send, steps) or of(RunTask, steps)
@@ -351,7 +364,7 @@ def _job_on_peer(c: WorkerCore, view: FakeView, peer: str = "b") -> tuple[str, T
     """Submit a chain job at ``c`` whose root is planned on ``peer``."""
     for other in view.waits:
         view.waits[other] = 0.0 if other == peer else 100.0
-    job = c.new_job_id()
+    job = new_job_id(c)
     steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     (send,) = of(Send, steps)
     assert send.peer == peer
@@ -560,7 +573,7 @@ def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said(
         raise IndexError("planner bug")
 
     c.policy.plan = broken  # type: ignore[method-assign,assignment]
-    job = c.new_job_id()
+    job = new_job_id(c)
     steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     answer, fault = steps
     assert isinstance(answer, Answer) and answer.job_id == job
@@ -575,15 +588,15 @@ def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said(
 def test_a_resubmitted_key_attaches_to_its_running_job() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    first = c.new_job_id()
+    first = new_job_id(c)
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k1"))
-    again = c.new_job_id()
+    again = new_job_id(c)
     assert c.handle(Submit(0.5, again, "chain", {"x": 1}, 8, 0.5, key="k1")) == []
     assert len(c.jobs) == 1  # not run twice
     answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
     assert sorted((a.job_id, a.value) for a in answers) == [(first, "B"), (again, "B")]
     # answered: the same key now gets the kept answer at once
-    late = c.new_job_id()
+    late = new_job_id(c)
     (answer,) = c.handle(Submit(2.0, late, "chain", {"x": 1}, 8, 2.0, key="k1"))
     assert isinstance(answer, Answer) and (answer.job_id, answer.value) == (late, "B")
     assert c.stats.jobs_submitted == 1
@@ -595,16 +608,16 @@ def test_a_key_whose_answer_was_shed_is_not_run_again() -> None:
     c, view = core("a", ("a", "b"), keep_answer_bytes=1 << 20)
     view.waits.update(a=100.0)
     for n, key in enumerate(("k1", "k2")):
-        job = c.new_job_id()
+        job = new_job_id(c)
         c.handle(Submit(float(n), job, "chain", {"x": 1}, 8, float(n), key=key))
         big = np.zeros(1 << 20, dtype=np.uint8)
         (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "b", big), n + 0.5, "b")))
         assert answer.value is big
     assert c.answered.bytes == 1 << 20  # k1's value was shed for k2's
-    late = c.new_job_id()
+    late = new_job_id(c)
     shed = one(Answer, c.handle(Submit(3.0, late, "chain", {"x": 1}, 8, 3.0, key="k1")))
     assert isinstance(shed.error, AnswerNotKept) and shed.job_id == late
-    kept = one(Answer, c.handle(Submit(3.0, c.new_job_id(), "chain", {"x": 1}, 8, 3.0, key="k2")))
+    kept = one(Answer, c.handle(Submit(3.0, new_job_id(c), "chain", {"x": 1}, 8, 3.0, key="k2")))
     assert kept.error is None and kept.value.nbytes == 1 << 20
     assert c.stats.jobs_submitted == 2
 
@@ -614,7 +627,7 @@ def test_every_waiter_on_a_key_gets_an_error_of_its_own() -> None:
     along: requesters of one key never share one."""
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    first, again = c.new_job_id(), c.new_job_id()
+    first, again = new_job_id(c), new_job_id(c)
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k"))
     c.handle(Submit(0.1, again, "chain", {"x": 1}, 8, 0.1, key="k"))
     failed = FailedMsg(first, 0, "b", "b", "ValueError: no", "tb", JobFailed.code)
@@ -627,14 +640,14 @@ def test_every_waiter_on_a_key_gets_an_error_of_its_own() -> None:
 def test_a_job_runs_on_while_a_resubmission_of_its_key_waits() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    first, again = c.new_job_id(), c.new_job_id()
+    first, again = new_job_id(c), new_job_id(c)
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k"))
     c.handle(Submit(0.1, again, "chain", {"x": 1}, 8, 0.1, key="k"))
     assert c.handle(Cancel(0.2, first)) == []  # the first caller gave up; the second waits
     answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
     assert {(a.job_id, a.value) for a in answers} == {(first, "B"), (again, "B")}
     # when every requester gives up, the job is dropped
-    third, fourth = c.new_job_id(), c.new_job_id()
+    third, fourth = new_job_id(c), new_job_id(c)
     c.handle(Submit(2.0, third, "chain", {"x": 1}, 8, 2.0, key="k2"))
     c.handle(Submit(2.1, fourth, "chain", {"x": 1}, 8, 2.1, key="k2"))
     c.handle(Cancel(2.2, fourth))
@@ -705,8 +718,8 @@ def test_a_replanned_job_with_two_sinks_is_answered_from_one_attempt_only() -> N
 def test_job_ids_carry_the_instance_so_a_restart_under_the_same_name_never_reuses_one() -> None:
     before, _ = core("a", ("a",), instance="0f0f0f")
     after, _ = core("a", ("a",), instance="a1a1a1")  # the same name, restarted
-    first = [before.new_job_id() for _ in range(3)]
-    again = [after.new_job_id() for _ in range(3)]
+    first = [new_job_id(before) for _ in range(3)]
+    again = [new_job_id(after) for _ in range(3)]
     assert first == ["a-0f0f0f-1", "a-0f0f0f-2", "a-0f0f0f-3"]
     assert not set(first) & set(again)
     # a peer that finished the first instance's jobs still runs the second one's
@@ -720,7 +733,7 @@ def test_job_ids_carry_the_instance_so_a_restart_under_the_same_name_never_reuse
 
 def test_one_job_over_the_byte_limit_is_too_large_not_overloaded() -> None:
     c, _ = core("a", ("a",), max_job_bytes=100)
-    job = c.new_job_id()
+    job = new_job_id(c)
     answer = one(Answer, c.handle(Submit(0.0, job, "chain", {"x": 1}, 101, 0.0)))
     assert isinstance(answer.error, JobTooLarge) and not isinstance(answer.error, Overloaded)
     assert answer.error.job_id == job and answer.error.detail["max_job_bytes"] == 100

@@ -141,3 +141,19 @@ def test_a_replayed_event_stream_is_unchanged_by_a_second_worker_in_between() ->
         other.core.handle(event)
         interleaved.append([shape(step) for step in one.core.handle(event)])
     assert interleaved == alone
+
+
+def test_the_core_counts_only_in_handle_and_the_adapter_in_its_own_counters() -> None:
+    events = recorded_events()
+    counts = []
+    for _ in range(2):
+        worker = build_worker(config())
+        assert worker.core.stats is not worker.run_stats
+        for event in events:
+            worker.core.handle(event)
+        counts.append(worker.core.stats)
+        assert worker.run_stats == type(worker.run_stats)(), "handle wrote no adapter counter"
+        worker.run_stats.messages_dropped += 2  # refused at the door: the adapter's count
+        assert worker.stats.messages_dropped == worker.core.stats.messages_dropped + 2
+        assert worker.stats.jobs_submitted == worker.core.stats.jobs_submitted > 0
+    assert counts[0] == counts[1]
