@@ -20,7 +20,6 @@ from operator import attrgetter
 from typing import Any, Protocol, TypeAlias
 
 from compass.core.causes import Cause, Caused
-from compass.core.lanes import LoadModel, RunTask
 from compass.core.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError, JobFailed
@@ -364,6 +363,44 @@ Event: TypeAlias = (
 
 
 # -- instructions ----------------------------------------------------------------------------
+
+
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
+class RunTask(Caused):
+    """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
+    group); its model (if any) is resident and pinned for the run. Each entry ends with an
+    event of its own.
+
+    GPU lanes are numbered from 0, host lanes after them. ``fetch_s``: how long it waited for
+    its model; ``hit``: whether the model was resident when the task asked (None: no model).
+    """
+
+    entry: QueuedTask
+    lane: int
+    host: bool
+    fetch_s: float
+    hit: bool | None
+    mates: tuple[QueuedTask, ...] = ()
+    #: the event that made it run (:attr:`cause` names it)
+    stimulus: Cause = ""
+
+    @property
+    def entries(self) -> tuple[QueuedTask, ...]:
+        """Every task of the run, its first (``entry``) first."""
+        return (self.entry, *self.mates)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel(Caused):
+    """Copy ``model``'s weights into the slabs the cache gave it; ``evict`` left the cache to
+    make room (their modules go). Answer with ``ModelLoaded`` or ``LoadFailed``."""
+
+    model: str
+    evict: tuple[str, ...]
+    prefetch: bool
+    #: the event that made it load (:attr:`cause` names it)
+    stimulus: Cause = ""
 
 
 # made for every task: a record, frozen by convention (:mod:`compass.records`)

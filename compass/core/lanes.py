@@ -44,50 +44,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
-from compass.core.causes import Cause, Caused
+from compass.core.causes import Cause
+from compass.core.events import LoadModel, RunTask  # instructions: the core's union
 from compass.core.queue import QueuedTask, TaskQueue
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
-from compass.records import record
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
-
-
-# made for every task: a record, frozen by convention (:mod:`compass.records`)
-@record
-class RunTask(Caused):
-    """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
-    group); its model (if any) is resident and pinned for the run. Each entry ends with an
-    event of its own.
-
-    GPU lanes are numbered from 0, host lanes after them. ``fetch_s``: how long it waited for
-    its model; ``hit``: whether the model was resident when the task asked (None: no model).
-    """
-
-    entry: QueuedTask
-    lane: int
-    host: bool
-    fetch_s: float
-    hit: bool | None
-    mates: tuple[QueuedTask, ...] = ()
-    #: the event that made it run (:attr:`cause` names it)
-    stimulus: Cause = ""
-
-    @property
-    def entries(self) -> tuple[QueuedTask, ...]:
-        """Every task of the run, its first (``entry``) first."""
-        return (self.entry, *self.mates)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadModel(Caused):
-    """Copy ``model``'s weights into the slabs the cache gave it; ``evict`` left the cache to
-    make room (their modules go). Answer with ``ModelLoaded`` or ``LoadFailed``."""
-
-    model: str
-    evict: tuple[str, ...]
-    prefetch: bool
-    #: the event that made it load (:attr:`cause` names it)
-    stimulus: Cause = ""
 
 
 @dataclass(frozen=True, slots=True)
