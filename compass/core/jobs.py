@@ -6,6 +6,7 @@ predecessor).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,15 @@ from compass.errors import ProtocolError
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.workflow.dag import Workflow
 
-__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob", "JobIds", "check_task"]
+__all__ = [
+    "INBOX_KEEP_S",
+    "JOB_INPUTS",
+    "Inbox",
+    "InboxEntry",
+    "IngressJob",
+    "JobIds",
+    "check_task",
+]
 
 
 class JobIds:
@@ -97,6 +106,10 @@ class InboxEntry:
     first_at: float = 0.0
 
 
+#: real seconds a task's inputs wait on a worker for the rest, before the job is failed (a
+#: lost output, or an end that never came: :meth:`Inbox.expire`); jobs with deadlines end sooner
+INBOX_KEEP_S = 600.0
+
 #: what a root task needs: the job's inputs
 _ROOT_INPUTS = frozenset({JOB_INPUTS})
 
@@ -104,7 +117,10 @@ _ROOT_INPUTS = frozenset({JOB_INPUTS})
 class Inbox:
     """Inputs of tasks whose predecessors have not all reported yet, keyed by job, attempt, task."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_s: float = math.inf) -> None:
+        #: how long an entry waits for the rest of its inputs (:meth:`expire`)
+        self.keep_s = keep_s
+        # in the order they were made, which is the order of their ``first_at``
         self._entries: dict[tuple[str, int, str], InboxEntry] = {}
         #: job id -> how many entries it has here (jobs with none are removed), so that a
         #: job's end looks through the entries only when it has some
@@ -164,6 +180,21 @@ class Inbox:
             self._jobs[key[0]] = left
         else:
             del self._jobs[key[0]]
+
+    def expire(self, now: float) -> list[tuple[tuple[str, int, str], InboxEntry]]:
+        """Drop the entries that waited over :attr:`keep_s` for the rest of their inputs (a
+        predecessor whose output never came: its worker lost it, or the job's end never reached
+        this worker), oldest first; return them, keyed by job, attempt and task. Entries are
+        kept in the order they were made, so this looks at the expired ones and one more."""
+        expired = []
+        before = now - self.keep_s
+        for key, entry in self._entries.items():
+            if entry.first_at >= before:
+                break
+            expired.append((key, entry))
+        for key, _ in expired:
+            self._remove(key)
+        return expired
 
     def drop_ingress(self, ingress: str) -> dict[str, tuple[int, str]]:
         """Drop the inputs of every job whose ingress is ``ingress``; return those jobs, each

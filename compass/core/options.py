@@ -4,6 +4,7 @@ simulator: both build their cores with :func:`compass.core.assemble.build_core`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from compass.core.answers import KEEP_ANSWER_BYTES, KEEP_ANSWER_S
@@ -28,7 +29,9 @@ class CoreOptions:
     holds; ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it
     keeps for resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
     loads update the profiles (real mode; an emulated worker and the simulator keep the
-    spec's); ``instance``: this worker process's id, in every job id.
+    spec's); ``instance``: this worker process's id, in every job id; ``inbox_keep_s`` (on the
+    core's clock): how long a task's inputs wait for the rest before its job's ingress is told
+    it failed (:meth:`~compass.core.jobs.Inbox.expire`; the simulator keeps them forever).
     """
 
     lanes: int = 1
@@ -44,3 +47,4 @@ class CoreOptions:
     keep_answer_s: float = KEEP_ANSWER_S
     learn: bool = False
     instance: str = ""
+    inbox_keep_s: float = math.inf

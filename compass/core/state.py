@@ -70,6 +70,7 @@ from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats
 from compass.errors import (
     CompassError,
+    CompassTimeout,
     ConfigError,
     DeadlineExceeded,
     InvalidInputs,
@@ -132,7 +133,7 @@ class WorkerCore:
         self._forget_after = options.forget_after
         #: unanswered jobs this worker is the ingress of
         self.jobs: dict[str, IngressJob] = {}
-        self.inbox = Inbox()
+        self.inbox = Inbox(options.inbox_keep_s)
         #: job id -> the highest attempt known done here (late messages of those are dropped)
         self._finished: OrderedDict[str, int] = OrderedDict()
         #: events handled so far (the anonymous ones are named by their number)
@@ -179,6 +180,10 @@ class WorkerCore:
                     self._submit(event)
                 case Tick():
                     self._take(self.lanes.tick(event.now, cause=cause), event.now)
+                    for (job, attempt, task), entry in self.inbox.expire(event.now):
+                        waited = f"{task}'s inputs waited {self.inbox.keep_s:g} s for the rest"
+                        self._report_failure(job, attempt, task, entry.ingress, event.now,
+                                             waited, CompassTimeout.code)  # fmt: skip
                 case ModelLoaded():
                     self._model_loaded(event)
                 case TaskFailed():

@@ -50,7 +50,7 @@ from compass.core.events import (
     Watch,
     WatchFailed,
 )
-from compass.core.jobs import JobIds
+from compass.core.jobs import INBOX_KEEP_S, JobIds
 from compass.core.lanes import Lanes
 from compass.core.messages import (
     DoneMsg,
@@ -177,8 +177,7 @@ class Worker:
         self._hurry = asyncio.Event()  # a second stop(): end the drain now
         self._closing = False
         self._events: deque[Event] = deque()  # the one being carried out, and those after it
-        #: why the worker stopped on its own (a background loop died), else None
-        self.failure: BaseException | None = None
+        self.failure: BaseException | None = None  # why it stopped on its own (a loop died)
 
     def _bind_name(self, name: str) -> None:
         """Name the worker; its view and its core are made for that name."""
@@ -208,7 +207,8 @@ class Worker:
                 max_jobs=config.max_jobs,
                 max_job_bytes=config.max_job_bytes,
                 keep_answer_bytes=config.keep_answer_bytes,
-                keep_answer_s=KEEP_ANSWER_S / config.time_scale,  # real seconds
+                keep_answer_s=KEEP_ANSWER_S / config.time_scale,  # real seconds, as the next
+                inbox_keep_s=INBOX_KEEP_S / config.time_scale,
                 learn=not config.emulate,
                 instance=self.instance,
             ),

@@ -32,6 +32,7 @@ from compass.core.events import (
     Submit,
     TaskDone,
     TaskFailed,
+    Tick,
     Undeliverable,
 )
 from compass.core.jobs import JobIds
@@ -761,3 +762,31 @@ def test_a_root_the_ingress_could_not_send_to_a_worker_not_met_yet_is_planned_ag
     assert of(Answer, steps) == [] and c.jobs[job].attempt == 1
     # a message the wire could not encode still fails nothing but its own job's pushes
     assert of(Answer, c.handle(Undeliverable(2.0, "b", root, "cannot encode"))) == []
+
+
+def test_a_join_input_that_waits_past_the_keep_fails_its_job_at_the_ingress() -> None:
+    # d (a join of b and c) got b's output; c's never comes (its worker lost it, or the
+    # job's end never reached this worker): at a tick past the keep, the ingress is told
+    c, _ = core("a", inbox_keep_s=30.0)
+    msg = task_msg(job="w9-7", task="d", source="b", value=1, workflow="diamond")
+    assert not of(RunTask, c.handle(received(msg, now=1.0)))
+    assert len(c.inbox) == 1
+    assert not of(Send, c.handle(Tick(30.5)))  # waited 29.5 s: kept
+    (sent,) = of(Send, c.handle(Tick(31.5)))
+    assert sent.peer == "w9" and isinstance(sent.msg, FailedMsg)
+    assert (sent.msg.job, sent.msg.task, sent.msg.code) == ("w9-7", "d", CompassTimeout.code)
+    assert "waited 30 s" in sent.msg.message
+    assert len(c.inbox) == 0
+
+
+def test_an_ingress_answers_its_own_job_whose_join_input_never_came() -> None:
+    c, _ = core("a", names=("a",), inbox_keep_s=30.0)
+    job = new_job_id(c)
+    steps = c.handle(Submit(0.0, job, "diamond", {"x": 1}, 8, t0=0.0))
+    assert of(RunTask, steps)
+    # b's output reaches d; c's is lost (not delivered): d waits
+    c.handle(received(task_msg(job=job, task="d", source="b", value=1, workflow="diamond",
+                               ingress="a", plan=dict.fromkeys("abcd", "a")), sender="a"))  # fmt: skip
+    answers = of(Answer, c.handle(Tick(40.0)))
+    assert len(answers) == 1 and isinstance(answers[0].error, CompassTimeout)
+    assert job not in c.jobs and len(c.inbox) == 0
