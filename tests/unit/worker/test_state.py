@@ -785,8 +785,9 @@ def test_an_ingress_answers_its_own_job_whose_join_input_never_came() -> None:
     steps = c.handle(Submit(0.0, job, "diamond", {"x": 1}, 8, t0=0.0))
     assert of(RunTask, steps)
     # b's output reaches d; c's is lost (not delivered): d waits
-    c.handle(received(task_msg(job=job, task="d", source="b", value=1, workflow="diamond",
-                               ingress="a", plan=dict.fromkeys("abcd", "a")), sender="a"))  # fmt: skip
+    late = task_msg(job=job, task="d", source="b", value=1, workflow="diamond", ingress="a",
+                    plan=dict.fromkeys("abcd", "a"))  # fmt: skip
+    c.handle(received(late, sender="a"))
     answers = of(Answer, c.handle(Tick(40.0)))
     assert len(answers) == 1 and isinstance(answers[0].error, CompassTimeout)
     assert job not in c.jobs and len(c.inbox) == 0
