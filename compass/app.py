@@ -218,6 +218,8 @@ class WorkflowBuilder:
         batch: int | None = None,
         batch_item: float | None = None,
         batch_ms: Sequence[float] | None = None,
+        steps: int | None = None,
+        step_ms: float | None = None,
     ) -> Any:
         """Declare a task: ``fn(model_module_or_None, **keywords) -> output``.
 
@@ -239,6 +241,13 @@ class WorkflowBuilder:
         A lane batches only while an extra item costs less than a run of its own; the worker
         refines the curve from what it measures. The function then takes lists and returns one
         output per item (see the module docstring).
+
+        Steps: a function that is a generator (``def ... yield``, or ``async def ... yield``)
+        runs in steps: each ``yield`` ends one with a partial output, and the task can be
+        stopped between two (its job cancelled, failed or past its deadline); its final output
+        is what it returns, or its last item if it returns nothing. ``steps`` (expected; default
+        1) and ``step_ms`` seed its profile: ``expected_ms`` defaults to ``steps * step_ms``.
+        A plain function is one step.
         """
         preds, renames = _sources("after", after)
         taken: tuple[str, ...] | None = None
@@ -248,14 +257,18 @@ class WorkflowBuilder:
 
         def register(func: F) -> F:
             task_name = name or func.__name__
+            first_ms = expected_ms
+            if first_ms is None and step_ms is not None:
+                first_ms = step_ms * (steps or 1)
             exec_ms, size, scale = _batch_profile(
-                task_name, model, expected_ms, batch, batch_item, batch_ms
+                task_name, model, first_ms, batch, batch_item, batch_ms
             )
             profile = TaskProfile(
                 exec_ms=exec_ms,
                 output_bytes=int(output_bytes),
                 input_bytes=input_bytes,
                 batch_scale=scale,
+                steps=1 if steps is None else steps,
             )
             self._tasks.append(
                 Task(

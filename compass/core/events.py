@@ -52,6 +52,7 @@ __all__ = [
     "Received",
     "RunTask",
     "Send",
+    "StopTask",
     "Submit",
     "TaskDone",
     "TaskFailed",
@@ -415,6 +416,17 @@ class Send(Caused):
 
 
 @dataclass(frozen=True, slots=True)
+class StopTask(Caused):
+    """``entries`` run here for a job that ended (answered, cancelled, failed or dropped
+    elsewhere): a step-wise task stops at its next step boundary, which frees its lane (its
+    outcome still comes, as :class:`TaskFailed`); a plain one runs to its end."""
+
+    entries: tuple[QueuedTask, ...]
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Watch(Caused):
     """Ask ``peers`` to send this worker their state for a lease: its plans are placing work
     there (a bounded view's candidates; answered with heartbeats, or :class:`WatchFailed`)."""
@@ -473,7 +485,9 @@ class Fault(Caused):
     stimulus: Cause = ""
 
 
-Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | Fault
+Instruction: TypeAlias = (
+    Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | StopTask | Fault
+)
 
 
 def stimulus_id(event: Event, n: int) -> str:

@@ -227,6 +227,14 @@ class Lanes:
         """The tasks on a lane now (each entry of a batch)."""
         return list(self._runs)
 
+    def running_of(self, job_id: str, below: int | None = None) -> tuple[QueuedTask, ...]:
+        """The tasks of ``job_id`` (of attempts below ``below`` when given) on a lane now."""
+        if not self._runs:
+            return ()
+        return tuple(
+            e for e in self._runs if e.job_id == job_id and (below is None or e.attempt < below)
+        )
+
     def ended(
         self, entry: QueuedTask, now: float, *, still_running: bool = False, cause: Cause = ""
     ) -> list[Step]:

@@ -39,6 +39,10 @@ class TaskOutcome(Caused):
     run: tuple[QueuedTask, ...] = ()
     #: the core's event that started its run (:attr:`RunTask.stimulus`; :attr:`cause`)
     stimulus: Cause = ""
+    #: steps it took (a step-wise task; 0 for a plain one), and when its first ended (seconds
+    #: after its call began: the basis of its time to first output)
+    steps: int = 0
+    first_step_s: float | None = None
 
     @property
     def model(self) -> str | None:

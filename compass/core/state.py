@@ -41,6 +41,7 @@ from compass.core.events import (
     PlanReady,
     Received,
     Send,
+    StopTask,
     Submit,
     TaskDone,
     TaskFailed,
@@ -794,3 +795,5 @@ class WorkerCore:
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop_job(job_id, below)
+        if running := self.lanes.running_of(job_id, below):  # a step-wise one stops at a step
+            self._out.append(StopTask(running, self._cause))

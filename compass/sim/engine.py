@@ -54,6 +54,7 @@ from compass.core.events import (
     Received,
     RunTask,
     Send,
+    StopTask,
     Submit,
     TaskDone,
     Tick,
@@ -521,8 +522,9 @@ class _Simulation:
                     delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
                     ingress = self.workers[self.positions[step.peer]]
                     self._at(self.now + delay, self._plan_back, (ingress, step.job_id, step.plan))
-                case Watch():
-                    pass  # watches are modelled by what each planner has heard (heard.py)
+                case Watch() | StopTask():
+                    pass  # watches are modelled by what each planner has heard (heard.py);
+                    # a simulated task runs in one step (its end is the step)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"

@@ -43,6 +43,7 @@ from compass.core.events import (
     Received,
     RunTask,
     Send,
+    StopTask,
     Submit,
     TaskReturned,
     Tick,
@@ -520,6 +521,8 @@ class Worker:
                 case Watch():
                     for peer in self.gossip.watch(step.peers):
                         self.apply(WatchFailed(self.clock(), peer))
+                case StopTask():
+                    self.runner.stop(step.entries)
                 case Fault():
                     self.run_stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
@@ -642,8 +645,7 @@ class Worker:
             if self.tracer.jobs:
                 self._finish_trace(answer)
 
-    def _finish_trace(self, answer: Answer) -> None:
-        """A job this ingress answered: its trace, if it was traced, is kept and exported."""
+    def _finish_trace(self, answer: Answer) -> None:  # a traced job's: kept and exported
         record = answer.record
         workflow = self.app.workflows.get(str(record.get("workflow")))
         error = "" if answer.error is None else type(answer.error).__name__
@@ -655,8 +657,7 @@ class Worker:
             self.otel.job(trace, answered.tracing)
 
     def _note_plan(self, job_id: str) -> None:
-        """A traced job was planned here: its tracing keeps the plan as made."""
-        job = self.core.jobs.get(job_id)
+        job = self.core.jobs.get(job_id)  # a traced job planned here: its plan is kept
         if job is not None:
             self.tracer.planned(job_id, job.attempt, job.plan, time.time())
 
@@ -664,9 +665,8 @@ class Worker:
         return self.supervisor.spawn(coro, f"{self.name}-{name}")
 
     async def _ask_plan(self, step: AskPlan) -> None:
-        """The ``central`` policy plans at one worker: ask it; no answer means plan here, and
-        so does a failure on this side nobody foresaw (a bug: logged and counted), so that no
-        job waits for a plan that never comes."""
+        """The ``central`` policy plans at one worker: ask it; no answer, or a bug here (logged,
+        counted), means plan here: no job waits for a plan that never comes."""
         assert self.membership is not None
         job = step.request.job
         plan = None
