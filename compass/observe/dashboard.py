@@ -276,7 +276,7 @@ def _finite(value: float) -> float | None:
 def page() -> bytes:
     """The dashboard page: one HTML file with its script and style inline, shipped in the
     package (no script or style from anywhere else: it works offline)."""
-    return importlib.resources.files("compass.worker").joinpath(_PAGE).read_bytes()
+    return importlib.resources.files("compass.observe").joinpath(_PAGE).read_bytes()
 
 
 #: the page's headers: it may load nothing but itself and the JSON it reads
