@@ -143,6 +143,7 @@ class CacheConfig:
     ``"strict"`` (host memory that checks GPU rules: alignment, copies visible only after a sync,
     no copy into slabs a task may still read) or ``"capacity"`` (accounts slabs, holds no bytes:
     emulated mode). ``device`` is the CUDA device the cupy backend allocates on.
+    ``prefetch_depth``: how far the queue's look-ahead loads models (0: no speculative loads).
     ``capacity_bytes=None`` lets the worker choose: the workload's GPU memory when emulated,
     otherwise a share of the device's memory (see :meth:`resolved` and :class:`DeviceMemory`;
     :func:`compass.cache.backend.resolve_cache` measures the device and resolves).
@@ -152,6 +153,8 @@ class CacheConfig:
     slab_bytes: int = 64 * MiB
     backend: str = "auto"
     prefetch_depth: int = 3
+    #: a prefetch may evict a model needed later; False: free slabs only (the paper's rule)
+    prefetch_evicts: bool = True
     device: int = 0
 
     def __post_init__(self) -> None:

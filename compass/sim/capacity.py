@@ -35,6 +35,7 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
+from compass.sim.settings import SimSettings
 from compass.workflow.spec import Workload
 
 __all__ = [
@@ -424,14 +425,16 @@ def simulator_run(workload: Workload, runs: SimRuns) -> RunFn:
         )
         result = simulate(
             workload,
-            workers=runs.workers,
-            policy=policy,
-            arrivals=arrivals,
-            heartbeat_s=heartbeat_s,
-            staleness_s=staleness_s,
-            seed=seed,
-            host_lanes=runs.host_lanes,
-            **extra,
+            SimSettings(
+                workers=runs.workers,
+                policy=policy,
+                heartbeat_s=heartbeat_s,
+                staleness_s=staleness_s,
+                seed=seed,
+                host_lanes=runs.host_lanes,
+                **extra,
+            ),
+            arrivals,
         )
         return [job.slowdown for job in result.jobs]
 

@@ -28,6 +28,7 @@ from compass.sim.engine import (
     view_rule,
 )
 from compass.sim.result import SimResult
+from compass.sim.settings import SimSettings
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import Workload, load_workload
 
@@ -162,16 +163,18 @@ def compare_policies(
     def run(policy: str, n_workers: int) -> SimResult:
         return simulate(
             workload,
-            workers=n_workers,
-            policy=policy,
-            arrivals=arrivals,
-            heartbeat_s=heartbeat_s,
-            staleness_s=staleness_s,
-            seed=config.seed,
-            host_lanes=config.host_lanes,
-            prefetch_evicts=config.prefetch_evicts,
-            ingress=config.ingress,
-            **config.view_options(),
+            SimSettings(
+                workers=n_workers,
+                policy=policy,
+                heartbeat_s=heartbeat_s,
+                staleness_s=staleness_s,
+                seed=config.seed,
+                host_lanes=config.host_lanes,
+                prefetch_evicts=config.prefetch_evicts,
+                ingress=config.ingress,
+                **config.view_options(),
+            ),
+            arrivals,
         )
 
     results: dict[str, dict[str, Any]] = {}

@@ -25,6 +25,7 @@ from compass.objective import Objective
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
 from compass.sim.result import JobRecord
+from compass.sim.settings import SimSettings
 from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
@@ -95,9 +96,10 @@ def simulator_goodput_run(
         ]
         arrivals = [replace(a, objective=o) for a, o in zip(arrivals, objective, strict=True)]
         result = simulate(
-            workload, workers=workers, policy=policy, arrivals=arrivals, seed=seed,
-            host_lanes=host_lanes,
-        )  # fmt: skip
+            workload,
+            SimSettings(workers=workers, policy=policy, seed=seed, host_lanes=host_lanes),
+            arrivals,
+        )
         return result.jobs
 
     return run

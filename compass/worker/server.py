@@ -22,8 +22,7 @@ from typing import Any, assert_never
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.core.answers import KEEP_ANSWER_S
-from compass.core.assemble import CoreOptions, build_core
+from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
     AskPlan,
@@ -58,6 +57,7 @@ from compass.core.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.core.options import core_options
 from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats, payload_bytes
 from compass.errors import CompassError, WorkerUnavailable
@@ -194,19 +194,7 @@ class Worker:
             profiles=self.profiles,
             view=self.gossip,
             cache=self.cache.core,
-            options=CoreOptions(
-                lanes=config.lanes,
-                host_lanes=config.host_lanes,
-                prefetch_depth=config.cache.prefetch_depth,
-                warm=config.sched.warm,
-                max_stuck=config.max_stuck_tasks,
-                max_jobs=config.max_jobs,
-                max_job_bytes=config.max_job_bytes,
-                keep_answer_bytes=config.keep_answer_bytes,
-                keep_answer_s=KEEP_ANSWER_S / config.time_scale,  # real seconds
-                learn=not config.emulate,
-                instance=self.instance,
-            ),
+            options=core_options(config, instance=self.instance),
             stats=self.stats,
         )
         self.gossip.attach(self.core)
