@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
@@ -385,9 +386,9 @@ class SimRuns:
     jobs: int = 1000
     arrival: str = "poisson"
     cv: float = 1.0
-    heartbeat_ms: float = 10.0
+    heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
     staleness_ms: float | None = None
-    host_lanes: int = 0
+    host_lanes: int = SIM_WORKER.host_lanes
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:

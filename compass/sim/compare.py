@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
@@ -73,17 +74,17 @@ class SimConfig:
     load: float = 1.0
     jobs: int = 1000
     seed: int = 0
-    heartbeat_ms: float = 10.0
+    heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
     staleness_ms: float | None = None
-    host_lanes: int = 0
-    prefetch_evicts: bool = True
+    host_lanes: int = SIM_WORKER.host_lanes
+    prefetch_evicts: bool = SIM_WORKER.cache.prefetch_evicts
     batching: bool = True
     batch_gain: str | None = None
     servers_sweep: tuple[int, int] | None = None
     target_slowdown: float = 2.0
     #: which worker a job enters at (:func:`~compass.sim.engine.simulate`'s ``ingress``)
     ingress: str = "auto"
-    view: str = "mesh"
+    view: str = SIM_WORKER.sched.view
     candidates: int = DEFAULT_CANDIDATES
     holders: int | None = DEFAULT_HOLDERS
 

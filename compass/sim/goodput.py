@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.objective import Objective
 from compass.sim.arrivals import PROCESSES, workload_arrivals
@@ -72,7 +73,7 @@ def simulator_goodput_run(
     priority_mix: float = 0.0,
     arrival: str = "poisson",
     cv: float = 1.0,
-    host_lanes: int = 0,
+    host_lanes: int = SIM_WORKER.host_lanes,
 ) -> GoodputRun:
     """A :data:`GoodputRun` that simulates ``jobs`` arrivals of ``workload`` on ``workers``,
     each with its deadline and priority; deterministic in its seed."""

@@ -4,46 +4,22 @@ A simulated worker is configured as ``compass worker start`` configures a real o
 simulator makes a :class:`~compass.config.WorkerConfig` of its settings
 (:meth:`SimSettings.worker_config`), and its core's options of that with
 :func:`~compass.core.options.core_options`, the function the asyncio worker uses. The defaults
-are a worker's, but where :data:`SIM_WORKER` differs on purpose, in this one place, each
-difference with why (``tests/unit/test_config_sources.py`` fails on any other).
+are a worker's, but where :data:`compass.config.SIM_WORKER` differs on purpose, in that one
+place, each difference with why (``tests/unit/test_config_sources.py`` fails on any other).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from compass.config import WorkerConfig
-from compass.workflow.spec import Workload
+from compass.config import SIM_WORKER, WorkerConfig
 
-__all__ = ["SIM_DIFFERS", "SIM_WORKER", "SimSettings"]
+if TYPE_CHECKING:
+    from compass.workflow.spec import Workload
 
-_WORKER = WorkerConfig()
-
-#: why each of :data:`SIM_WORKER`'s settings differs from a worker's default
-SIM_DIFFERS = {
-    "host_lanes": "the paper's execution model: model-less tasks share the GPU lanes; every "
-    "simulated figure (docs/RESULTS.md) and the reference runs were measured so "
-    "(compass sim --host-lanes 1 models a worker's default)",
-    "emulate": "a simulated worker is emulated: its timings are the spec's, never learned",
-    "max_jobs": "no admission limit is modelled: every job of the arrivals is planned",
-    "max_job_bytes": "no admission limit is modelled: every job of the arrivals is planned",
-    "cache.backend": "the cache accounts slabs and holds no bytes",
-    "sched.view": "the figures were measured with the mesh; compass sim --view auto models "
-    "the bounded view from 64 workers on",
-}
-
-#: a simulated worker's configuration before :class:`SimSettings` applies its own
-SIM_WORKER = replace(
-    _WORKER,
-    host_lanes=0,
-    emulate=True,
-    max_jobs=1 << 62,
-    max_job_bytes=1 << 62,
-    cache=replace(_WORKER.cache, backend="capacity"),
-    sched=replace(_WORKER.sched, view="mesh"),
-)
+__all__ = ["SimSettings"]
 
 
 @dataclass(frozen=True, slots=True)
