@@ -47,7 +47,7 @@ from compass.gossip.spread import (
     sync_period_s,
 )
 from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, Heartbeat
+from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, CacheHeld, Heartbeat, LaneLoad
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
@@ -211,18 +211,10 @@ class Gossip:
         models, loading = cache.residency()
         return Heartbeat.own(
             self.name,
-            wait_s,
-            models,
-            cache.free_bytes(),
-            cache.capacity_bytes(),
-            lanes.lanes,
-            lanes.busy,
             self._seq,
-            loading,
-            h2d,
             self.incarnation,
-            batches,
-            lifted_s,
+            LaneLoad(wait_s, lifted_s, lanes.lanes, lanes.busy, batches),
+            CacheHeld(models, loading, cache.free_bytes(), cache.capacity_bytes(), h2d),
         )
 
     def _next_state(self) -> Heartbeat:

@@ -132,12 +132,10 @@ class Worker:
             lookup=self._task,
             module_of=self.cache.module,
             compute=self.cache.compute,  # the compute fence before a model is unpinned
-            emulate=config.emulate,
-            time_scale=config.time_scale,
+            config=config,
             on_outcome=self._task_finished,
             on_returned=self._task_returned,
             clock=self.clock,
-            task_timeout_s=config.task_timeout_s,
         )
         self.router = make_router(self)
         dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
