@@ -379,7 +379,7 @@ class SimRuns:
     (``cv``: gamma's spread) on ``workers`` simulated workers, peers' state every
     ``heartbeat_ms`` and at least ``staleness_ms`` old (default: ``heartbeat_ms``), model-less
     tasks on ``host_lanes`` host lanes; ``options`` go to
-    :func:`~compass.sim.engine.simulate` as they are (``prefetch_evicts``,
+    :class:`~compass.sim.settings.SimSettings` as they are (``prefetch_evicts``,
     ``policy_options``...)."""
 
     workers: int

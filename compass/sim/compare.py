@@ -82,7 +82,7 @@ class SimConfig:
     batch_gain: str | None = None
     servers_sweep: tuple[int, int] | None = None
     target_slowdown: float = 2.0
-    #: which worker a job enters at (:func:`~compass.sim.engine.simulate`'s ``ingress``)
+    #: which worker a job enters at (:class:`~compass.sim.settings.SimSettings`'s ``ingress``)
     ingress: str = "auto"
     view: str = SIM_WORKER.sched.view
     candidates: int = DEFAULT_CANDIDATES
@@ -109,7 +109,7 @@ class SimConfig:
         view_rule(self.view, self.candidates, self.holders)  # likewise, and bad counts
 
     def view_options(self) -> dict[str, Any]:
-        """:func:`~compass.sim.engine.simulate`'s view keywords (none for the mesh, its
+        """:class:`~compass.sim.settings.SimSettings`'s view fields (none for the mesh, its
         default, so a mesh run's records stay as they were)."""
         if self.view == "mesh":
             return {}

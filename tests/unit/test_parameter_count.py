@@ -17,6 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKED = ("compass", "bench")
 SKIPPED = {REPO / "compass" / "_cli", REPO / "compass" / "_bench"}
 MOST = 8
+#: functions over the limit for now, each with why; a waiver that no longer applies fails too
+WAIVED = {
+    "compass/app.py task": "the public decorator's 13 keywords (issue 33 part 4 types this "
+    "surface, overloads for task included): regrouped there, with the deprecated spellings",
+}
 
 
 def parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -35,13 +40,14 @@ def sources() -> Iterator[Path]:
                 yield path
 
 
-def too_many(path: Path) -> list[str]:
+def too_many(path: Path) -> dict[str, int]:
+    """``"path name"`` -> parameters, of the functions of ``path`` over the limit."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    return [
-        f"{path.relative_to(REPO)}:{node.lineno} {node.name}() takes {parameters(node)}"
+    return {
+        f"{path.relative_to(REPO).as_posix()} {node.name}": parameters(node)
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and parameters(node) > MOST
-    ]
+    }
 
 
 def test_the_rule_counts_what_a_caller_passes() -> None:
@@ -61,5 +67,7 @@ def test_the_rule_counts_what_a_caller_passes() -> None:
 def test_no_function_outside_cli_takes_more_than_eight_parameters() -> None:
     checked = list(sources())
     assert len(checked) > 100  # the walk found the packages
-    offenders = [line for path in checked for line in too_many(path)]
+    over = {name: count for path in checked for name, count in too_many(path).items()}
+    offenders = [f"{name}() takes {count}" for name, count in over.items() if name not in WAIVED]
     assert not offenders, "group these parameters in a frozen dataclass:\n" + "\n".join(offenders)
+    assert set(WAIVED) <= set(over), f"no longer over the limit: {set(WAIVED) - set(over)}"
