@@ -46,10 +46,14 @@ from typing import Any, TypeAlias
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.core.causes import Cause
 from compass.core.events import LoadModel, RunTask  # instructions: the core's union
+from compass.core.options import CoreOptions
 from compass.core.queue import QueuedTask, TaskQueue
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
+
+#: a core's defaults (host lanes aside: lanes made alone share the GPU lanes, the paper's model)
+_DEFAULT = CoreOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +118,10 @@ class Lanes:
         lanes: int,
         cache: CacheCore,
         host_lanes: int = 0,
-        prefetch_depth: int = 3,
-        prefetch_evicts: bool = True,
+        prefetch_depth: int = _DEFAULT.prefetch_depth,
+        prefetch_evicts: bool = _DEFAULT.prefetch_evicts,
         demand: Mapping[str, float] | None = None,
-        max_stuck: int = 4,
+        max_stuck: int = _DEFAULT.max_stuck,
         wanted: Callable[[float], Sequence[str]] | None = None,
     ) -> None:
         if lanes < 1 or host_lanes < 0:

@@ -31,7 +31,7 @@ from compass.config import WorkerConfig
 from compass.core.lanes import Lanes
 from compass.gossip.spread import Rumors, Watchers, Watching, gossip_gap_s
 from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, Heartbeat
+from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, CacheHeld, Heartbeat, LaneLoad
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
@@ -187,18 +187,10 @@ class GossipPort:
         models, loading = cache.residency()
         return Heartbeat.own(
             self.name,
-            wait_s,
-            models,
-            cache.free_bytes(),
-            cache.capacity_bytes(),
-            lanes.lanes,
-            lanes.busy,
             self.seq,
-            loading,
-            h2d,
             self.incarnation,
-            batches,
-            lifted_s,
+            LaneLoad(wait_s, lifted_s, lanes.lanes, lanes.busy, batches),
+            CacheHeld(models, loading, cache.free_bytes(), cache.capacity_bytes(), h2d),
         )
 
     def next_state(self, now: float) -> Heartbeat:

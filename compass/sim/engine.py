@@ -33,14 +33,14 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.config import CacheConfig, SchedConfig
-from compass.core.assemble import CoreOptions, build_core
+from compass.config import SchedConfig
+from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
     AskPlan,
@@ -71,6 +71,7 @@ from compass.core.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.core.options import core_options
 from compass.core.state import WorkerCore
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.gossip.spread import gossip_gap_s, sync_period_s
@@ -83,6 +84,7 @@ from compass.sim.arrivals import Arrival
 from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
+from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.traffic import ViewTraffic
 from compass.sim.view import SimView
@@ -110,76 +112,25 @@ DEFAULT_CANDIDATES = SchedConfig().candidates
 DEFAULT_HOLDERS = SchedConfig().holders
 
 
-def simulate(
-    workload: Workload,
-    *,
-    workers: int,
-    policy: str,
-    arrivals: Sequence[Arrival],
-    heartbeat_s: float = 0.01,
-    staleness_s: float | None = None,
-    lanes: int = 1,
-    prefetch: bool = True,
-    warm: bool = True,
-    cache_bytes: int | None = None,
-    slab_bytes: int = 64 * MiB,
-    seed: int = 0,
-    host_lanes: int = 0,
-    prefetch_evicts: bool = True,
-    policy_options: Mapping[str, Any] | None = None,
-    warm_start: bool = False,
-    ingress: str = "auto",
-    view: str = "mesh",
-    candidates: int = DEFAULT_CANDIDATES,
-    holders: int | None = DEFAULT_HOLDERS,
-) -> SimResult:
-    """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
+def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arrival]) -> SimResult:
+    """Run ``arrivals`` on ``settings.workers`` simulated workers under ``settings.policy``
+    (:class:`~compass.sim.settings.SimSettings` says what each setting does).
 
-    Workers are named ``w0`` .. ``w{n-1}`` (as a LocalCluster names them). ``ingress`` says
-    which worker a job enters at: ``"client"``, client ``i`` submits to ``w{i % workers}`` (a
-    client keeps its connection, as the paper's setup and ``bench e2e`` do); ``"spread"``, the
-    ``k``-th job enters at ``w{k % workers}``, as a load balancer in front of the cluster would
-    deal them; ``"auto"`` (the default), spread from :data:`SPREAD_FROM` workers on (a few
-    clients' ingresses would otherwise plan, hold and send every job of a large cluster).
-    ``staleness_s`` (default ``heartbeat_s``) is how old the peers' state in a view is at least;
-    ``cache_bytes`` (default the spec's GPU memory) is each worker's cache, in slabs of
-    ``slab_bytes``; ``seed`` seeds the ``random`` policy. ``prefetch=False`` turns off every
-    speculative load; ``warm=False`` only the warming of idle caches. ``host_lanes`` > 0 runs
-    model-less tasks on that many host lanes per worker, off the GPU lanes (``compass worker
-    start --host-lanes``). ``prefetch_evicts=False`` prefetches into free slabs only (the
-    paper's rule); ``policy_options`` changes compass's settings
-    (:func:`~compass.sched.make_policy`'s ``options``). ``warm_start``: the first job arrives
-    once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a real
-    cluster), not at time 0 of a cold cluster.
-
-    ``view`` says what a planner sees: ``"mesh"`` (the default), every worker; ``"bounded"``,
-    for each job it plans or re-plans, only its candidates
+    ``"auto"`` ingress deals jobs over every worker from :data:`SPREAD_FROM` workers on (a few
+    clients' ingresses would otherwise plan, hold and send every job of a large cluster). A
+    bounded view shows a planner, for each job it plans or re-plans, only its candidates
     (:func:`~compass.sched.candidates.pick`): itself, the workers of the job's inputs and
-    plan, the holders of the job's models (at most ``holders`` per model; None: all) and
-    ``candidates`` workers sampled from the rest, by a generator seeded per planner from
-    ``seed``, each shown as the planner has heard of it (:mod:`compass.sim.heard`: watched
-    ones pushed a 1 ms gap and :data:`~compass.sim.heard.LINK_S` away, the others as last
-    heard and aged; residency, also for finding the holders and for warming, as rumors
-    spread it); ``heartbeat_s`` and ``staleness_s`` are the mesh's only.
+    plan, the holders of the job's models and workers sampled from the rest, by a generator
+    seeded per planner from ``seed``, each shown as the planner has heard of it
+    (:mod:`compass.sim.heard`: watched ones pushed a 1 ms gap and
+    :data:`~compass.sim.heard.LINK_S` away, the others as last heard and aged; residency, also
+    for finding the holders and for warming, as rumors spread it); ``heartbeat_s`` and
+    ``staleness_s`` are the mesh's only.
     """
-    settings = _Settings(
-        workers=workers,
-        policy=policy,
-        heartbeat_s=heartbeat_s,
-        staleness_s=heartbeat_s if staleness_s is None else staleness_s,
-        lanes=lanes,
-        prefetch=prefetch,
-        warm=warm,
-        cache_bytes=workload.cluster.gpu_memory_bytes if cache_bytes is None else cache_bytes,
-        slab_bytes=slab_bytes,
-        seed=seed,
-        host_lanes=host_lanes,
-        prefetch_evicts=prefetch_evicts,
-        policy_options=policy_options,
-        spread=ingress_spread(ingress, workers),
-        candidates=view_rule(view, candidates, holders),
-    )
-    return _Simulation(workload, settings).run(arrivals, warm_start=warm_start)
+    spread = ingress_spread(settings.ingress, settings.workers)
+    rule = view_rule(settings.view, settings.candidates, settings.holders)
+    simulation = _Simulation(workload, settings, spread=spread, rule=rule)
+    return simulation.run(arrivals, warm_start=settings.warm_start)
 
 
 #: from this many workers on, ``ingress="auto"`` deals jobs over every worker, and
@@ -210,29 +161,6 @@ def ingress_spread(mode: str, workers: int) -> bool:
             f"unknown ingress mode {mode!r}; expected one of {', '.join(INGRESS_MODES)}"
         )
     return mode == "spread" or (mode == "auto" and workers >= SPREAD_FROM)
-
-
-@dataclass(frozen=True, slots=True)
-class _Settings:
-    """:func:`simulate`'s settings, defaults applied."""
-
-    workers: int
-    policy: str
-    heartbeat_s: float
-    staleness_s: float
-    lanes: int
-    prefetch: bool
-    warm: bool
-    cache_bytes: int
-    slab_bytes: int
-    seed: int
-    host_lanes: int
-    prefetch_evicts: bool
-    policy_options: Mapping[str, Any] | None
-    #: deal jobs over every worker (else client i enters at worker i)
-    spread: bool = False
-    #: a bounded view's rule (None: the mesh)
-    candidates: CandidateRule | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -269,14 +197,22 @@ class _Worker:
 
 
 class _Simulation:
-    def __init__(self, workload: Workload, settings: _Settings) -> None:
-        self.spread = settings.spread
+    def __init__(
+        self,
+        workload: Workload,
+        settings: SimSettings,
+        *,
+        spread: bool = False,
+        rule: CandidateRule | None = None,
+    ) -> None:
+        #: deal jobs over every worker (else client i enters at worker i)
+        self.spread = spread
         self._arrived = 0  # jobs dealt so far (``spread``)
         workers, policy, seed = settings.workers, settings.policy, settings.seed
         lanes, host_lanes = settings.lanes, settings.host_lanes
-        heartbeat_s, staleness_s = settings.heartbeat_s, settings.staleness_s
-        prefetch, slab_bytes = settings.prefetch, settings.slab_bytes
-        cache_bytes = settings.cache_bytes
+        heartbeat_s = settings.heartbeat_s
+        staleness_s = heartbeat_s if settings.staleness_s is None else settings.staleness_s
+        prefetch = settings.prefetch
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"simulate needs workers >= 1, got {workers!r}")
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
@@ -287,10 +223,9 @@ class _Simulation:
             raise ConfigError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
         if not staleness_s >= 0:
             raise ConfigError(f"staleness_s must be >= 0, got {staleness_s!r}")
-        # the same cache settings a worker validates (capacity vs slab size, prefetch depth)
-        self.cache_config = CacheConfig(
-            capacity_bytes=cache_bytes, slab_bytes=slab_bytes, backend="capacity"
-        )
+        # configured as a worker is (the cache's checks: capacity vs slab size, prefetch depth)
+        config = settings.worker_config(workload)
+        cache_bytes, slab_bytes = config.cache.capacity, config.cache.slab_bytes
         self.workload = workload
         self.policy_name = policy
         self.lanes = lanes
@@ -312,7 +247,6 @@ class _Simulation:
             )
             for name in names
         ]
-        rule = settings.candidates
         if rule is not None and any(_central(p) for p in policies):
             raise ConfigError(
                 f"policy {policy!r} plans every job at one worker: a bounded view, which shows "
@@ -322,7 +256,7 @@ class _Simulation:
         self.warm = settings.warm and prefetch and policies[0].warms_cache
         caches = [CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models) for _ in names]
         self.workers = [_Worker(i, name, policies[i]) for i, name in enumerate(names)]
-        sched = SchedConfig()
+        sched = config.sched
         # a bounded view: a watched peer pushes each change a gap apart, a link away; its
         # view counts a placement for two gaps of the mesh of its size (Gossip._settle_s)
         gap_s = sched.heartbeat_min_ms / 1000.0
@@ -338,14 +272,7 @@ class _Simulation:
             settle_s=2.0 * (heartbeat_s if rule is None else mesh_gap_s),
         )
         self.positions = self.state.positions
-        options = CoreOptions(
-            lanes=lanes,
-            host_lanes=host_lanes,
-            prefetch_depth=self.cache_config.prefetch_depth if prefetch else 0,
-            prefetch_evicts=settings.prefetch_evicts,
-            warm=self.warm,
-            max_jobs=1 << 62,  # the simulator models no admission limit
-        )
+        options = core_options(config)  # as a worker makes its core's
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):

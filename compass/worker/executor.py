@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import WorkerConfig
 from compass.core.lanes import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
@@ -106,6 +107,7 @@ def emulated_output(nbytes: int) -> np.ndarray:
 class TaskRunner:
     """Runs the tasks the worker core starts; reports each outcome to ``on_outcome``.
 
+    ``config``: the worker's (``emulate``, ``time_scale``, ``task_timeout_s``);
     ``module_of`` gives a resident model's module (the core pinned it for the task); ``compute``
     gives the scope a real task's code runs in, in its thread (the model cache's
     :meth:`~compass.cache.models.ModelCache.compute`: a compute stream, and the fence before the
@@ -119,23 +121,22 @@ class TaskRunner:
         *,
         lookup: Callable[[str, str], Task],
         module_of: Callable[[str], Any],
-        emulate: bool,
-        time_scale: float,
+        config: WorkerConfig,
         on_outcome: Callable[[TaskOutcome], None],
         on_returned: Callable[[QueuedTask], None],
         clock: Callable[[], float] = time.monotonic,
-        task_timeout_s: float = 300.0,
         compute: Callable[[str | None], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self._lookup = lookup
         self._module_of = module_of
         self._compute = compute
-        self._emulate = emulate
-        self._time_scale = time_scale
+        # what the worker's config says of running tasks: emulated or not, how fast, how long
+        self._emulate = config.emulate
+        self._time_scale = config.time_scale
         self._on_outcome = on_outcome
         self._on_returned = on_returned
         self._clock = clock
-        self._task_timeout_s = task_timeout_s
+        self._task_timeout_s = config.task_timeout_s
         self._threads = TaskThreads()
         #: emulated tasks under way: their timers
         self._timers: dict[QueuedTask, asyncio.TimerHandle] = {}

@@ -22,8 +22,7 @@ from typing import Any, assert_never
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.core.answers import KEEP_ANSWER_S
-from compass.core.assemble import CoreOptions, build_core
+from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
     AskPlan,
@@ -62,6 +61,7 @@ from compass.core.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.core.options import core_options
 from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats, payload_bytes
 from compass.errors import CompassError, WorkerUnavailable
@@ -137,12 +137,10 @@ class Worker:
             lookup=self._task,
             module_of=self.cache.module,
             compute=self.cache.compute,  # the compute fence before a model is unpinned
-            emulate=config.emulate,
-            time_scale=config.time_scale,
+            config=config,
             on_outcome=self._task_finished,
             on_returned=self._task_returned,
             clock=self.clock,
-            task_timeout_s=config.task_timeout_s,
         )
         self.router = make_router(self)
         dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
@@ -199,19 +197,8 @@ class Worker:
             profiles=self.profiles,
             view=self.gossip.port,
             cache=self.cache.core,
-            options=CoreOptions(
-                lanes=config.lanes,
-                host_lanes=config.host_lanes,
-                prefetch_depth=config.cache.prefetch_depth,
-                warm=config.sched.warm,
-                max_stuck=config.max_stuck_tasks,
-                max_jobs=config.max_jobs,
-                max_job_bytes=config.max_job_bytes,
-                keep_answer_bytes=config.keep_answer_bytes,
-                keep_answer_s=KEEP_ANSWER_S / config.time_scale,  # real seconds, as the next
-                inbox_keep_s=INBOX_KEEP_S / config.time_scale,
-                learn=not config.emulate,
-                instance=self.instance,
+            options=core_options(
+                config, instance=self.instance, inbox_keep_s=INBOX_KEEP_S / config.time_scale
             ),
         )
         self.gossip.attach(self.core)

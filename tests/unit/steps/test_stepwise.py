@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import compass
+from compass.config import WorkerConfig
 from compass.core.events import StopTask, Submit
 from compass.core.messages import DoneMsg
 from compass.core.outcome import TaskOutcome
@@ -76,8 +77,7 @@ class Runner:
         self.runner = TaskRunner(
             lookup=lambda wf, task: app.get_workflow(wf).tasks[task],
             module_of=lambda model: None,
-            emulate=False,
-            time_scale=1.0,
+            config=WorkerConfig(name="w"),
             on_outcome=self.outcomes.put_nowait,
             on_returned=lambda entry: None,
         )
@@ -146,8 +146,7 @@ async def test_an_emulated_step_wise_task_stopped_ends_with_its_step_under_way()
     runner = TaskRunner(
         lookup=lambda wf, task: app.get_workflow(wf).tasks[task],
         module_of=lambda model: None,
-        emulate=True,
-        time_scale=1.0,
+        config=WorkerConfig(name="w", emulate=True),
         on_outcome=outcomes.put_nowait,
         on_returned=lambda entry: None,
     )
