@@ -72,6 +72,7 @@ from compass.core.messages import (
     TaskMsg,
 )
 from compass.core.options import core_options
+from compass.core.queue import QueuedTask
 from compass.core.state import WorkerCore
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.gossip.spread import gossip_gap_s, sync_period_s
@@ -89,7 +90,7 @@ from compass.sim.state import ClusterState
 from compass.sim.traffic import ViewTraffic
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
-from compass.workflow.dag import Workflow, emulated_run_s
+from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
@@ -174,6 +175,8 @@ class _Job:
     best_s: float
     placed: dict[str, str] = field(default_factory=dict)
     objective: Objective = NO_OBJECTIVE
+    #: when its first output reached its ingress (a step-wise sink's first step, one hop on)
+    first_output: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -290,6 +293,10 @@ class _Simulation:
         self._seq = itertools.count()
         self._later: deque[tuple[Handler, Any]] = deque()
         self._jobs: dict[str, _Job] = {}
+        #: step-wise tasks running: where, their run, when they began, their step time; and
+        #: when each ends (sooner if stopped at a step boundary)
+        self._stepping: dict[QueuedTask, tuple[_Worker, RunTask, float, float]] = {}
+        self._ends: dict[QueuedTask, float] = {}
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -449,9 +456,10 @@ class _Simulation:
                     delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
                     ingress = self.workers[self.positions[step.peer]]
                     self._at(self.now + delay, self._plan_back, (ingress, step.job_id, step.plan))
-                case Watch() | StopTask():
-                    pass  # watches are modelled by what each planner has heard (heard.py);
-                    # a simulated task runs in one step (its end is the step)
+                case Watch():
+                    pass  # watches are modelled by what each planner has heard (heard.py)
+                case StopTask():
+                    self._stop(step.entries)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"
@@ -520,6 +528,7 @@ class _Simulation:
                 priority=job.objective.priority,
                 deadline_s=deadline_s,
                 outcome=outcome,
+                ttfo_s=None if latency is None else _first_output_s(job, latency),
             )
         )
 
@@ -571,10 +580,46 @@ class _Simulation:
         exec_s = emulated_run_s(
             profile, [workflows[e.workflow].tasks[e.task].profile for e in run.entries]
         )
+        if profile.steps > 1:  # a step-wise task: its first output, and it can be stopped
+            self._steps_begun(worker, run, exec_s, profile)
         self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
+
+    def _steps_begun(
+        self, worker: _Worker, run: RunTask, exec_s: float, profile: TaskProfile
+    ) -> None:
+        entry, step_s = run.entry, exec_s / profile.steps
+        self._stepping[entry] = (worker, run, self.now, step_s)
+        self._ends[entry] = self.now + exec_s
+        job = self._jobs.get(entry.job_id)
+        if job is not None and entry.task in job.workflow.sinks:
+            hop = self.profiles.transfer_s(worker.name, entry.ingress,
+                                           profile.output_bytes // profile.steps)  # fmt: skip
+            first = self.now + step_s + hop
+            if job.first_output is None or first < job.first_output:
+                job.first_output = first
+
+    def _stop(self, entries: tuple[QueuedTask, ...]) -> None:
+        """The job of ``entries`` ended: a step-wise one ends with its step under way (the
+        end it had scheduled is then stale: :meth:`_task_end`); a plain one runs on."""
+        for entry in entries:
+            began = self._stepping.pop(entry, None)
+            if began is None:
+                continue
+            worker, run, start, step_s = began
+            steps = max(1, math.ceil((self.now - start) / step_s - 1e-9))
+            end = start + steps * step_s
+            if end < self._ends[entry]:
+                self._ends[entry] = end
+                self._at(end, self._task_end, (worker, run, end - start))
 
     def _task_end(self, arg: tuple[_Worker, RunTask, float]) -> None:
         worker, run, exec_s = arg
+        end = self._ends.get(run.entry)
+        if end is not None:  # step-wise: the end that counts is the last one set (_stop)
+            if end != self.now:
+                return
+            del self._ends[run.entry]
+            self._stepping.pop(run.entry, None)
         if not run.host:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
@@ -642,3 +687,11 @@ def _central(policy: Policy) -> bool:
 def _rules(worker: _Worker) -> WorkerCore:
     assert worker.rules is not None
     return worker.rules
+
+
+def _first_output_s(job: _Job, latency_s: float) -> float:
+    """A job's time to first output: its step-wise sink's first step (one hop on), never
+    after its answer; the answer itself for a job of plain sinks."""
+    if job.first_output is None:
+        return latency_s
+    return min(job.first_output - job.arrival, latency_s)

@@ -211,7 +211,7 @@ class Task:
                 f"task {self.name!r}: only a task with a model batches (batch={self.batch})"
             )
         object.__setattr__(self, "stepwise", is_stepwise(self.fn))
-        if self.stepwise and self.batch > 1:
+        if (self.stepwise or self.profile.steps > 1) and self.batch > 1:
             raise WorkflowError(
                 f"task {self.name!r}: a step-wise task (a generator) does not batch its calls "
                 f"(batch={self.batch}); its steps will batch at step boundaries"
