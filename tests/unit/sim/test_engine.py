@@ -291,6 +291,8 @@ def test_summary_has_the_benchmark_keys(paper: Workload) -> None:
         "p50_ms",
         "p95_ms",
         "p99_ms",
+        "ttfo_p50_ms",
+        "ttfo_p99_ms",
         "median_slowdown",
         "mean_slowdown",
         "cache_hit_rate",
