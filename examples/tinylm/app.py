@@ -4,7 +4,7 @@ speaker follow. Everything is made on this machine; nothing is downloaded::
     OMP_NUM_THREADS=1 compass worker start --app examples.tinylm.app
     compass submit tell -i 'prompt=The ship' -i max_new_tokens=60
 
-The models: ``tinylm`` (:class:`~examples.tinylm.model.TinyLM`, about 110 thousand parameters)
+The models: ``tinylm`` (:class:`~examples.tinylm.model.TinyLM`, about 130 thousand parameters)
 gets its weights from :func:`~examples.tinylm.train.ensure_weights`: trained on first use on the
 corpus shipped beside this file, with fixed seeds, and cached under the system's temporary
 folder (:func:`~examples.tinylm.train.default_weights`); a worker that finds the file loads it.

@@ -2,7 +2,7 @@
 
 :class:`TinyLM` is GPT-shaped: byte and position embeddings, pre-norm blocks of causal
 self-attention and an MLP, a final norm and an output layer tied to the byte embedding. With
-the default :class:`TinyConfig` it has about 110 thousand parameters.
+the default :class:`TinyConfig` it has about 130 thousand parameters.
 
 :func:`generate` is a Python generator: it runs the prompt through the model once, filling a
 :class:`KVCache`, then each step feeds only the token it just chose (the keys and values of
@@ -96,16 +96,25 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(config.width)
         self.attention = Attention(config)
         self.norm2 = nn.LayerNorm(config.width)
-        self.mlp = nn.Sequential(
-            nn.Linear(config.width, 4 * config.width),
-            nn.GELU(),
-            nn.Linear(4 * config.width, config.width),
-        )
+        self.up = nn.Linear(config.width, 4 * config.width)
+        self.down = nn.Linear(4 * config.width, config.width)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
         x = x + self.attention(self.norm1(x), cache, layer)
-        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.down(functional.gelu(self.up(self.norm2(x))))
         return out
+
+
+#: the standard deviation of the initial weights (GPT-2's)
+STD = 0.02
+
+
+def _small(*shape: int, std: float = STD) -> torch.Tensor:
+    """Initial weights of standard deviation ``std``, uniform rather than normal: on the meta
+    device (where compass measures a model) ``normal_`` imports torch's compiler, seconds of
+    a worker's start, and ``uniform_`` does not."""
+    bound = std * math.sqrt(3)
+    return torch.empty(shape).uniform_(-bound, bound)
 
 
 class TinyLM(nn.Module):
@@ -114,23 +123,28 @@ class TinyLM(nn.Module):
     def __init__(self, config: TinyConfig | None = None) -> None:
         super().__init__()
         self.config = config = config or TinyConfig()
-        self.embed = nn.Embedding(config.vocab, config.width)
-        self.position = nn.Embedding(config.context, config.width)
+        self.embed = nn.Embedding(
+            config.vocab, config.width, _weight=_small(config.vocab, config.width)
+        )
+        self.position = nn.Embedding(
+            config.context, config.width, _weight=_small(config.context, config.width)
+        )
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = nn.LayerNorm(config.width)
         self.head = nn.Linear(config.width, config.vocab, bias=False)
         self.head.weight = self.embed.weight  # tied: one table of byte vectors
-        for name, parameter in self.named_parameters():
-            if name.endswith("weight") and parameter.dim() == 2:
-                nn.init.normal_(parameter, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(parameter)
-        # GPT-2's scaling of the layers that write into the residual stream
-        for block in self.blocks:
-            assert isinstance(block, Block)
-            scale = 0.02 / math.sqrt(2 * config.layers)
-            nn.init.normal_(block.attention.out.weight, std=scale)
-            nn.init.normal_(block.mlp[2].weight, std=scale)
+        with torch.no_grad():
+            for block in self.blocks:
+                assert isinstance(block, Block)
+                for linear in (block.attention.qkv, block.up):
+                    linear.weight.copy_(_small(*linear.weight.shape))
+                    linear.bias.zero_()
+                # GPT-2's smaller start for the layers that write into the residual stream
+                for linear in (block.attention.out, block.down):
+                    linear.weight.copy_(
+                        _small(*linear.weight.shape, std=STD / math.sqrt(2 * config.layers))
+                    )
+                    linear.bias.zero_()
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         start = 0 if cache is None else cache.length
@@ -160,7 +174,7 @@ def _last_logits(model: TinyLM, ids: list[int], cache: KVCache | None) -> torch.
     Inference mode per call, not around the generator: a context held across a ``yield``
     would leak into whatever the consumer runs between steps."""
     device = model.embed.weight.device
-    logits = model(torch.tensor([ids], device=device), cache)
+    logits: torch.Tensor = model(torch.tensor([ids], device=device), cache)
     return logits[0, -1].float()
 
 

@@ -14,7 +14,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["FRAME", "PigLatin", "Sentences", "Speaker", "build_speaker", "pig_latin", "speak"]
+__all__ = [
+    "FRAME",
+    "PigLatin",
+    "Sentences",
+    "Speaker",
+    "build_speaker",
+    "pig_latin",
+    "speak",
+    "split_sentences",
+]
 
 VOWELS = frozenset("aeiouAEIOU")
 #: samples per byte of a spoken sentence
@@ -107,7 +116,9 @@ class Speaker(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Embedding(256, 24)
+        # given its table: Embedding's own init (normal_) imports torch's compiler on the meta
+        # device, where compass measures a model
+        self.embed = nn.Embedding(256, 24, _weight=torch.empty(256, 24).uniform_(-1.7, 1.7))
         self.blend = nn.Conv1d(24, 24, kernel_size=3, padding=1)  # each byte hears its neighbours
         self.project = nn.Linear(24, FRAME)
 

@@ -27,8 +27,9 @@ from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
-import compass
 from torch import nn
+
+import compass
 
 from .model import TinyLM, generate
 from .speech import PigLatin, Sentences, speak

@@ -26,7 +26,16 @@ from torch.nn import functional
 
 from .model import TinyConfig, TinyLM
 
-__all__ = ["CORPUS", "Training", "default_weights", "ensure_weights", "load_weights", "train"]
+__all__ = [
+    "CORPUS",
+    "Training",
+    "default_weights",
+    "ensure_weights",
+    "full_state",
+    "load_weights",
+    "save_weights",
+    "train",
+]
 
 CORPUS = Path(__file__).resolve().parent / "corpus.txt"
 
@@ -35,10 +44,10 @@ CORPUS = Path(__file__).resolve().parent / "corpus.txt"
 class Training:
     """How the weights are made: ``steps`` of Adam on random windows of the corpus."""
 
-    steps: int = 300
+    steps: int = 120
     batch: int = 16
     window: int = 64
-    lr: float = 1e-2
+    lr: float = 2e-2
     seed: int = 0
 
 
@@ -148,13 +157,20 @@ def ensure_weights(
     with open(target.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.exists():
-            state = train(config, training)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-            os.close(fd)
-            try:
-                save_file(state, tmp)
-                os.replace(tmp, target)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            save_weights(train(config, training), target)
+    return target
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | Path) -> Path:
+    """Write ``state`` (as :func:`train` returns it) to ``path`` atomically: a reader never
+    sees half a file."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(state, tmp)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     return target

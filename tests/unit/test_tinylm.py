@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,18 @@ from examples.tinylm import speech
 from examples.tinylm.app import build_app, synthesize, translate, write
 from examples.tinylm.model import KVCache, TinyLM, generate
 from examples.tinylm.steps import declare_steps, stream_locally, synthesize_steps, translate_steps
-from examples.tinylm.train import Training, corpus_bytes, ensure_weights, full_state, load_weights
+from examples.tinylm.train import (
+    Training,
+    corpus_bytes,
+    ensure_weights,
+    full_state,
+    load_weights,
+    save_weights,
+)
 from examples.tinylm.train import train as train_weights
 
 ROOT = Path(__file__).resolve().parents[2]
-SHORT = Training(steps=15, batch=8, window=48, lr=2e-2)
+SHORT = Training(steps=50, batch=8, window=48, lr=3e-2)
 PROMPTS = ["The ship", "The captain read", "A good compass"]
 
 
@@ -46,8 +52,14 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_weights(tmp_path_factory.mktemp("tinylm") / "tinylm.safetensors", training=SHORT)
+def trained() -> dict[str, torch.Tensor]:
+    return train_weights(training=SHORT)
+
+
+@pytest.fixture(scope="module")
+def weights(trained: dict[str, torch.Tensor], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trained weights cached as the app caches them."""
+    return save_weights(trained, tmp_path_factory.mktemp("tinylm") / "tinylm.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +78,16 @@ def corpus_loss(model: TinyLM) -> float:
     return float(functional.cross_entropy(logits.flatten(0, 1), data[1:]))
 
 
-def test_training_is_deterministic_and_learns_the_corpus(weights: Path, model: TinyLM) -> None:
-    again = train_weights(training=SHORT)  # a second training, in memory
-    on_disk = load_weights(weights).state_dict()
-    assert full_state(again).keys() == on_disk.keys()
-    for key, tensor in full_state(again).items():
+def test_training_is_deterministic_and_learns_the_corpus(model: TinyLM, tmp_path: Path) -> None:
+    # trained twice, once through the app's cache: the same bits
+    brief = Training(steps=8, batch=4, window=32, seed=3)
+    cached = ensure_weights(tmp_path / "brief.safetensors", training=brief)
+    on_disk = load_weights(cached).state_dict()
+    again = full_state(train_weights(training=brief))
+    assert again.keys() == on_disk.keys()
+    for key, tensor in again.items():
         assert torch.equal(tensor, on_disk[key]), key
+    assert ensure_weights(cached, training=brief) == cached  # found: not trained again
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SHORT.seed)
         untrained = TinyLM().eval()
@@ -79,24 +95,23 @@ def test_training_is_deterministic_and_learns_the_corpus(weights: Path, model: T
 
 
 def test_generation_is_deterministic_and_the_same_after_reloading(
-    weights: Path, model: TinyLM
+    trained: dict[str, torch.Tensor], weights: Path
 ) -> None:
     in_memory = TinyLM()
-    in_memory.load_state_dict(full_state(train_weights(training=SHORT)))
+    in_memory.load_state_dict(full_state(trained))
     in_memory.eval()
     reloaded = load_weights(weights)
     for prompt in PROMPTS:
-        first = text_of(model, prompt, 40)
-        assert first, prompt
-        assert text_of(model, prompt, 40) == first
-        assert text_of(reloaded, prompt, 40) == first
+        first = text_of(in_memory, prompt, 40)
+        assert len(set(first)) >= 3, first  # the test means something only if the text varies
         assert text_of(in_memory, prompt, 40) == first
+        assert text_of(reloaded, prompt, 40) == first
         # a longer run starts with the shorter one
-        assert text_of(model, prompt, 60).startswith(first)
+        assert text_of(reloaded, prompt, 60).startswith(first)
     # sampling: the same seed gives the same text, another seed another one
-    sampled = text_of(model, "The", 60, temperature=1.0, seed=1)
+    sampled = text_of(in_memory, "The", 60, temperature=1.0, seed=1)
     assert text_of(reloaded, "The", 60, temperature=1.0, seed=1) == sampled
-    assert text_of(model, "The", 60, temperature=1.0, seed=2) != sampled
+    assert text_of(reloaded, "The", 60, temperature=1.0, seed=2) != sampled
 
 
 def test_each_step_costs_one_token_and_the_cache_equals_recomputing(model: TinyLM) -> None:
@@ -234,10 +249,10 @@ async def test_the_workflows_on_a_worker_process_answer_what_this_process_comput
             await client.submit("tell", prompt=prompt, max_new_tokens=1000, timeout=60)
         again = await client.submit("tell", prompt="A good", max_new_tokens=20, timeout=60)
     assert told == write(model, prompt, 60)
+    assert len(set(told)) >= 3, told
     expected = synthesize(speaker, translate(None, told))
     assert spoken["sentences"] == expected["sentences"]
     assert len(spoken["audio"]) == len(expected["audio"])
     for got, want in zip(spoken["audio"], expected["audio"], strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-6)
     assert again == write(model, "A good", 20)  # the worker kept serving after the bad job
-    assert sys.modules.get("tinylm_test_app") is None  # the module ran only in the worker
