@@ -15,14 +15,16 @@ cost far more than the arithmetic.
 Workflows (``prompt``: a non-empty string; ``max_new_tokens``: how many bytes to write; the
 prompt and the new bytes together fit the model's 256-byte context):
 
-- ``tell``: the generated text, greedy (the same prompt gives the same text everywhere).
-- ``speak``: generate -> translate (pig latin) -> synthesize: ``{"sentences": [str],
-  "audio": [tensor]}``, one waveform-like tensor per translated sentence.
+- ``tell``: task ``generate``: the generated text, greedy (the same prompt gives the same text
+  on every worker and in :func:`~examples.tinylm.model.generate` run directly).
+- ``speak``: ``generate`` -> ``translate`` (pig latin) -> ``synthesize``:
+  ``{"sentences": [str], "audio": [tensor]}``, one waveform-like tensor per translated sentence.
 
-Both run on today's compass: each task returns its whole output. :data:`STREAMED` names the
-step-wise versions of the same tasks (generators, one ``yield`` per step), written for compass's
-step-wise tasks and streamed edges (issue 34), which are not in the core yet: see
-:mod:`examples.tinylm.steps`.
+Both run on today's compass: each task returns its whole output (``write`` collects what
+:func:`~examples.tinylm.model.generate` yields). The step-wise versions of the same three
+tasks (generators, one ``yield`` per step, for issue 34's step-wise tasks and streamed edges,
+not in the core yet) are in :mod:`examples.tinylm.steps`, with :func:`~.steps.declare_steps`
+to declare them.
 """
 
 from __future__ import annotations
@@ -76,10 +78,10 @@ def build_app(weights: str | Path | None = None, training: Training | None = Non
     app.model("speaker", build_speaker)
     # expected times are for a CPU and about a hundred bytes; measurements take over at run time
     tell = app.workflow("tell", inputs=["prompt", "max_new_tokens"])
-    tell.task(write, name="write", model="tinylm", expected_ms=100.0, output_bytes=256)
+    tell.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
     spoken = app.workflow("speak", inputs=["prompt", "max_new_tokens"])
-    spoken.task(write, name="write", model="tinylm", expected_ms=100.0, output_bytes=256)
-    spoken.task(translate, after={"write": "text"}, expected_ms=0.1, output_bytes=384)
+    spoken.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
+    spoken.task(translate, after={"generate": "text"}, expected_ms=0.1, output_bytes=384)
     spoken.task(
         synthesize,
         model="speaker",

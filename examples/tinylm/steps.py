@@ -15,7 +15,7 @@ take any iterable of text pieces, so they work on both kinds of edge (a whole st
 iterable of one-character pieces).
 
 Once streamed edges exist, the edges of :func:`declare_steps` become streamed (the marker's
-name is the core's to choose), e.g. ``after={"write": Stream("text")}``: the translator then
+name is the core's to choose), e.g. ``after={"generate": Stream("text")}``: the translator then
 starts on the first word written and the speaker on the first sentence translated.
 :func:`stream_locally` chains the three generators in this process that way, so the
 pipeline's streamed behaviour is tested now.
@@ -93,9 +93,9 @@ def declare_steps(app: compass.App, name: str = "speak_steps") -> None:
     ``max_new_tokens``), with plain edges until streamed ones exist (see the module docstring).
     Not runnable before the core runs generator tasks."""
     flow = app.workflow(name, inputs=["prompt", "max_new_tokens"])
-    flow.task(write_steps, name="write", model="tinylm", expected_ms=100.0, output_bytes=256)
+    flow.task(write_steps, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
     flow.task(
-        translate_steps, name="translate", after={"write": "text"}, expected_ms=0.1,
+        translate_steps, name="translate", after={"generate": "text"}, expected_ms=0.1,
         output_bytes=384,
     )  # fmt: skip
     flow.task(
@@ -127,7 +127,7 @@ def stream_locally(
     after the whole text is written); returns the speaker's final output."""
     made: deque[tuple[str, Any]] = deque()
     finals: dict[str, Any] = {}
-    written = _relay("write", write_steps(tinylm, prompt, max_new_tokens), made, finals)
+    written = _relay("generate", write_steps(tinylm, prompt, max_new_tokens), made, finals)
     translated = _relay("translate", translate_steps(None, written), made, finals)
     for _ in _relay("synthesize", synthesize_steps(speaker, translated), made, finals):
         while made:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,8 +197,8 @@ def test_the_streamed_pipeline_gives_what_the_collecting_tasks_give(model: TinyL
         task: [part for _, part in group]
         for task, group in itertools.groupby(sorted(events, key=lambda e: e[0]), lambda e: e[0])
     }
-    assert "".join(by_task["write"]) == text
-    assert len(by_task["write"]) >= 40  # a piece per step, not one at the end
+    assert "".join(by_task["generate"]) == text
+    assert len(by_task["generate"]) >= 40  # a piece per step, not one at the end
     assert "".join(by_task["translate"]) == translate(None, text)
     expected = synthesize(speaker, translate(None, text))
     assert final["sentences"] == expected["sentences"]
@@ -206,12 +207,22 @@ def test_the_streamed_pipeline_gives_what_the_collecting_tasks_give(model: TinyL
         assert torch.equal(got, want)
 
 
+def test_the_app_caches_its_weights_outside_the_repository() -> None:
+    from examples.tinylm.app import app
+
+    app.validate()
+    path = app.models["tinylm"].weights
+    assert path is not None and path.is_relative_to(tempfile.gettempdir())
+    assert not path.resolve().is_relative_to(ROOT)
+    assert set(app.workflows) == {"tell", "speak"}
+
+
 def test_the_step_wise_workflow_is_a_valid_declaration_today(weights: Path) -> None:
     app = build_app(weights, SHORT)
     declare_steps(app)
     app.validate()
     flow = app.get_workflow("speak_steps")
-    assert set(flow.tasks) == {"write", "translate", "synthesize"}
+    assert set(flow.tasks) == {"generate", "translate", "synthesize"}
 
 
 APP_MODULE = """\
