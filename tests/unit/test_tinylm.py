@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +96,48 @@ def test_training_is_deterministic_and_learns_the_corpus(model: TinyLM, tmp_path
         torch.manual_seed(SHORT.seed)
         untrained = TinyLM().eval()
     assert corpus_loss(model) < corpus_loss(untrained) - 1.0  # ln 256 = 5.5 before
+
+
+HOLDER = """\
+import fcntl, os, shutil, sys
+source, target = sys.argv[1:]
+lock = open(target[: -len(".safetensors")] + ".lock", "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.readline()
+shutil.copy(source, target + ".part")
+os.replace(target + ".part", target)
+"""
+
+
+def test_a_second_process_waits_for_the_first_ones_weights(weights: Path, tmp_path: Path) -> None:
+    """Workers loading at once train once: while another process holds the lock, the cache
+    waits for it, then takes its file rather than training its own."""
+    target = tmp_path / "shared.safetensors"
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(weights), str(target)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert holder.stdout.readline() == "locked\n"
+            found: list[Path] = []
+            waiter = threading.Thread(
+                target=lambda: found.append(ensure_weights(target, training=Training(steps=1)))
+            )
+            waiter.start()
+            waiter.join(0.5)
+            assert waiter.is_alive() and not target.exists()  # waiting for the lock
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            waiter.join(30)
+            assert found == [target]
+            # the holder's file, not one trained here (one step of training makes other weights)
+            assert target.read_bytes() == weights.read_bytes()
+        finally:
+            holder.kill()
 
 
 def test_generation_is_deterministic_and_the_same_after_reloading(
