@@ -385,6 +385,11 @@ class WorkerConfig:
     #: None: no metrics endpoint (compass/worker/metrics.py)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: serve the HTTP front door (Open Inference Protocol, OpenAI API) on this port, on the
+    #: worker's host (0: one the system picks); None: off (compass/front/)
+    http_port: int | None = None
+    #: the front door's health routes need the bearer token too
+    http_private_health: bool = False
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -465,6 +470,8 @@ class WorkerConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http port must be in 0..65535, got {self.http_port}")
         for address in self.join:
             parse_address(address)
 
