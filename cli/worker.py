@@ -356,6 +356,15 @@ def worker_start(
             help="The front door's /v2/health routes need the bearer token too.",
         ),
     ] = False,
+    http_idle_s: Annotated[
+        float,
+        typer.Option(
+            envvar=env("http_idle_s"),
+            min=0.001,
+            help="Seconds a front-door connection may go without a whole request head "
+            "(idle keep-alive, or a client too slow to send one) before it is closed.",
+        ),
+    ] = 15.0,
     trace_sample: Annotated[
         float,
         typer.Option(
@@ -417,6 +426,7 @@ def worker_start(
         metrics_host=metrics_host,
         http_port=http_port,
         http_private_health=http_private_health,
+        http_idle_s=http_idle_s,
         trace_sample=trace_sample,
         trace_keep=trace_keep,
         otel_endpoint=otel_endpoint,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 import compass
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
@@ -79,6 +80,8 @@ def front_options(config: WorkerConfig) -> FrontOptions:
         token=config.token,
         private_health=config.http_private_health,
         max_body_bytes=config.max_job_bytes,
+        idle_s=config.http_idle_s,
+        read_s=2 * config.http_idle_s,  # a body may take twice what a request head may
         ssl=config.tls.server_context() if config.tls is not None else None,
     )
 
@@ -93,6 +96,32 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 Handler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection, answering what its parser refuses (not HTTP, a head too long) in
+    one JSON line, logged at debug level: a stranger's junk must not fill the worker's log."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        log.debug("front door: refused a request from %s: %s", request.remote, exc or message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response is sent already; the connection is closed")
+        lines = [line.strip() for line in str(message or exc or "").splitlines() if line.strip()]
+        text = lines[0].rstrip(":") if lines else "malformed request"
+        response = _json({"error": f"malformed HTTP request: {text}"}, status)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
 
 
 class FrontDoor:
@@ -114,7 +143,7 @@ class FrontDoor:
 
     async def start(self) -> None:
         opts = self.options
-        self._server = web.Server(
+        self._server = _Server(
             self._handle,
             handler_cancellation=True,  # a client gone cancels its job
             access_log=None,

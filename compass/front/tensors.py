@@ -81,7 +81,7 @@ def _header(body: bytes, header_length: int | None) -> tuple[Any, memoryview]:
     except UnicodeDecodeError:
         raise _bad("malformed JSON: the request header is not UTF-8") from None
     except json.JSONDecodeError as exc:
-        raise _bad(f"malformed JSON: {exc.msg} at byte {exc.pos}") from None
+        raise _bad(f"malformed JSON: {exc.msg} (byte {exc.pos})") from None
     if not isinstance(doc, dict):
         raise _bad("an infer request must be a JSON object with an 'inputs' list")
     return doc, rest
