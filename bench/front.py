@@ -8,7 +8,8 @@ binary tensor data extension). Each comparison alternates its sides in blocks, s
 same background noise:
 
 - **no-op, sequential**: one call at a time; p50 and p99 per side (native; HTTP JSON; HTTP
-  binary);
+  binary), and an HTTP request that is no job (``/v2/health/live``: the HTTP stack's own
+  round trip, client and server);
 - **no-op, concurrent**: ``CONCURRENCY`` calls in flight; jobs per second per side;
 - **3 MB tensor** (float32) into ``nbytes``: native against binary HTTP;
 - **front door on against off**: the native client's no-op p50 at the worker serving HTTP (idle)
@@ -82,13 +83,10 @@ def _free_port() -> int:
 
 def _binary_body(array: np.ndarray[Any, Any], datatype: str) -> tuple[bytes, int]:
     raw = array.tobytes()
-    header = json.dumps(
-        {
-            "inputs": [{"name": "x", "datatype": datatype, "shape": list(array.shape),
-                        "parameters": {"binary_data_size": len(raw)}}],
-            "parameters": {"binary_data_output": True},
-        }  # fmt: skip
-    ).encode()
+    tensor: dict[str, Any] = {"name": "x", "datatype": datatype, "shape": list(array.shape)}
+    tensor["parameters"] = {"binary_data_size": len(raw)}
+    doc = {"inputs": [tensor], "parameters": {"binary_data_output": True}}
+    header = json.dumps(doc).encode()
     return header + raw, len(header)
 
 
@@ -104,9 +102,10 @@ class Sides:
             connector=aiohttp.TCPConnector(limit=CONCURRENCY),
         )
         self.json_noop = json.dumps(
-            {"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}]}
+            {"inputs": [{"name": "x", "datatype": "INT64", "shape": [], "data": [1]}]}
         ).encode()
-        self.binary_noop = _binary_body(np.ones(1, dtype=np.int64), "INT64")
+        # shape []: the job's x is the int 1, as the native client sends it
+        self.binary_noop = _binary_body(np.array(1, dtype=np.int64), "INT64")
         self.tensor = np.ones(TENSOR_BYTES // 4, dtype=np.float32)
         self.binary_tensor = _binary_body(self.tensor, "FP32")
 
@@ -137,6 +136,12 @@ class Sides:
                 raise CompassError(f"HTTP {response.status}: {answer[:200]!r}")
             length = response.headers.get("Inference-Header-Content-Length")
             return answer if length is None else answer[int(length) :]
+
+    async def http_live(self) -> None:
+        async with self.session.get("/v2/health/live") as response:
+            await response.read()
+            if response.status != 200:
+                raise CompassError(f"HTTP {response.status} from /v2/health/live")
 
     async def http_json_noop(self) -> None:
         answer = await self._post("noop", self.json_noop, None)
@@ -189,7 +194,7 @@ def _us(values: list[float], q: float) -> float:
 async def _measure(quick: bool) -> dict[str, Any]:
     calls, tensor_calls, rate_calls = (300, 30, 600) if quick else (2000, 200, 4000)
     with tempfile.TemporaryDirectory(prefix="compass-bench-http-") as folder:
-        Path(folder, "bench_http_app.py").write_text(APP)
+        Path(folder, "bench_http_app.py").write_text(APP)  # noqa: ASYNC240 (before any load)
         env = dict(os.environ)
         env.pop("COMPASS_TOKEN", None)
         path = [folder, str(ROOT), env.get("PYTHONPATH", "")]
@@ -208,8 +213,9 @@ async def _measure(quick: bool) -> dict[str, Any]:
                         await call()
                 await sides.native_tensor()
                 await sides.http_binary_tensor()
-                latencies = await _latencies(noop, calls, blocks=10)
+                latencies = await _latencies({**noop, "http, no job": sides.http_live}, calls, 10)
                 rates = {name: await _throughput(call, rate_calls) for name, call in noop.items()}
+                rates["http, no job"] = await _throughput(sides.http_live, rate_calls)
                 tensors = await _latencies(
                     {"native": sides.native_tensor, "http binary": sides.http_binary_tensor},
                     tensor_calls,
@@ -235,20 +241,33 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
         loop.close()
     noop, tensors, door = raw["noop"], raw["tensor"], raw["door"]
     p50 = {name: _us(v, 50) for name, v in noop.items()}
-    rows = [[f"no-op, {name}", p50[name], _us(v, 99), raw["rates"][name], p50[name] / p50["native"]]
-            for name, v in noop.items()]  # fmt: skip
     tensor_p50 = {name: _us(v, 50) for name, v in tensors.items()}
-    rows += [[f"3 MB tensor, {name}", tensor_p50[name], _us(v, 99), None,
-              tensor_p50[name] / tensor_p50["native"]] for name, v in tensors.items()]  # fmt: skip
     door_p50 = {name: _us(v, 50) for name, v in door.items()}
-    rows += [[f"native no-op, {name}", door_p50[name], _us(v, 99), None,
-              door_p50[name] / door_p50["front door off"]] for name, v in door.items()]  # fmt: skip
+    rows: list[list[Any]] = []
+    for name, values in noop.items():
+        label = "health route, no job" if name == "http, no job" else f"no-op, {name}"
+        ratio = p50[name] / p50["native"]
+        rows.append([label, p50[name], _us(values, 99), raw["rates"][name], ratio])
+    for name, values in tensors.items():
+        ratio = tensor_p50[name] / tensor_p50["native"]
+        rows.append([f"3 MB tensor, {name}", tensor_p50[name], _us(values, 99), None, ratio])
+    for name, values in door.items():
+        ratio = door_p50[name] / door_p50["front door off"]
+        rows.append([f"native no-op, {name}", door_p50[name], _us(values, 99), None, ratio])
     print_table(
         f"HTTP front door against the native client: µs, one worker, {raw['calls']} no-op calls "
         f"and {raw['tensor_calls']} tensor calls per side; jobs/s at {CONCURRENCY} in flight",
         ["side", "p50 µs", "p99 µs", "jobs/s", "p50 / native"],
         rows,
     )
+    noop_figures = {
+        name: {"p50_us": p50[name], "p99_us": _us(values, 99), "jobs_per_s": raw["rates"][name]}
+        for name, values in noop.items()
+    }
+    tensor_figures = {
+        name: {"p50_us": tensor_p50[name], "p99_us": _us(values, 99)}
+        for name, values in tensors.items()
+    }
     result: dict[str, Any] = {
         "http_over_native_p50": p50["http json"] / p50["native"],
         "binary_noop_over_native_p50": p50["http binary"] / p50["native"],
@@ -256,10 +275,9 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
         "native_p50_us": door_p50["front door off"],
         "native_p50_us_front_door_on": door_p50["front door on"],
         "native_front_door_on_over_off": door_p50["front door on"] / door_p50["front door off"],
-        "noop": {name: {"p50_us": p50[name], "p99_us": _us(v, 99), "jobs_per_s": raw["rates"][name]}
-                 for name, v in noop.items()},  # fmt: skip
-        "tensor_3mb": {name: {"p50_us": tensor_p50[name], "p99_us": _us(v, 99)}
-                       for name, v in tensors.items()},  # fmt: skip
+        "http_no_job_p50_us": p50["http, no job"],
+        "noop": noop_figures,
+        "tensor_3mb": tensor_figures,
         "calls": raw["calls"],
         "tensor_calls": raw["tensor_calls"],
         "concurrency": CONCURRENCY,

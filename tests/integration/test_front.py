@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import re
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +30,7 @@ from compass.cluster import LocalCluster
 from compass.errors import InvalidInputs
 from compass.security import new_token
 
-from .conftest import app_environment, cluster_on_its_own_loop
+from .conftest import ROOT, app_environment, cluster_on_its_own_loop, worker_environment
 
 FRONT_APP = """
 import time
@@ -424,3 +428,57 @@ def test_a_draining_worker_answers_503_and_finishes_what_it_took(tmp_path: Path)
             held.join(timeout=30)
         assert answers and answers[0][0] == 200  # the job it held was finished
         assert answers[0][2]["outputs"][0]["data"] == [1.0]
+
+
+def readme_http_section() -> tuple[list[str], str]:
+    """The README's "Over HTTP" section: its bash lines and its Python block."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("### Over HTTP")
+    section = text[start : text.index("\n## ", start)]
+    (bash,) = re.findall(r"^```bash\n(.*?)^```", section, flags=re.S | re.M)
+    (python,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
+    return [line for line in bash.splitlines() if line.strip()], python
+
+
+def test_the_readme_http_lines_run_as_written(tmp_path: Path) -> None:
+    lines, python = readme_http_section()
+    native, port = free_port(), free_port()
+    env = worker_environment()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # its `compass`
+    worker: subprocess.Popen[str] | None = None
+    try:
+        for line in lines:
+            line = line.replace("7351", str(native)).replace("8351", str(port))
+            if line.startswith("compass worker start"):
+                worker = subprocess.Popen(
+                    ["bash", "-c", f"exec {line}"], env=env, cwd=ROOT, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                assert worker.stdout is not None
+                while not (said := worker.stdout.readline()).startswith("compass front door"):
+                    assert said, "the README's worker exited before its front door listened"
+                continue
+            script = f"{line}\nstatus=$?\nprintf '\\0'\nenv -0\nexit $status"
+            done = subprocess.run(
+                ["bash", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                timeout=60, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, (line, done.stderr)
+            output, _, dump = done.stdout.partition("\0")
+            env = dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
+            expected = re.search(r"#\s*prints\s+(.+)$", line)
+            if expected:
+                assert expected.group(1).strip() in output, (line, output)
+        example = tmp_path / "readme_http.py"
+        example.write_text(python.replace("8351", str(port)))
+        done = subprocess.run(
+            [sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["[2. 4. 6.]", "there hi", "2"]
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGINT)
+            worker.communicate(timeout=60)
+    assert worker is not None and worker.returncode == 0
