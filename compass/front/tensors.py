@@ -45,6 +45,11 @@ _NUMERIC: dict[str, np.dtype[Any]] = {
     )
 }  # fmt: skip
 _BY_KIND = {(dt.kind, dt.itemsize): name for name, dt in _NUMERIC.items()}
+_INT_RANGE = {
+    name: (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+    for name, dt in _NUMERIC.items()
+    if dt.kind in "iu"
+}
 #: elements one tensor may have (its shape's product), whatever its bytes say
 MAX_ELEMENTS = 1 << 31
 
@@ -184,6 +189,8 @@ def _tensor(spec: Any, rest: memoryview, at: int) -> tuple[str, Any, int]:
                 f"(expected {count * dtype.itemsize})"
             )
         array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    elif shape == () and (scalar := _scalar(name, datatype, spec["data"])) is not None:
+        return name, scalar, at  # a job's scalar, as a Python number: no array made
     else:
         flat = _flatten(spec["data"])
         if len(flat) != count:
@@ -195,6 +202,24 @@ def _tensor(spec: Any, rest: memoryview, at: int) -> tuple[str, Any, int]:
         except (OverflowError, ValueError) as exc:
             raise _bad(f"input {name!r}: data does not fit {datatype}: {exc}") from None
     return name, (array.item() if shape == () else array), at
+
+
+def _scalar(name: str, datatype: Any, data: Any) -> int | float | bool | None:
+    """A shape ``[]`` tensor's one JSON value, checked, without numpy (None: not a plain
+    number, left to the array path and its messages)."""
+    value = data[0] if isinstance(data, list) and len(data) == 1 else data
+    kind = type(value)
+    if datatype == "BOOL":
+        return bool(value) if kind is bool else None
+    if kind is int and datatype in _INT_RANGE:
+        low, high = _INT_RANGE[datatype]
+        number: int = value
+        if not low <= number <= high:
+            raise _bad(f"input {name!r}: {number} does not fit {datatype}")
+        return number
+    if kind in (int, float) and datatype in ("FP16", "FP32", "FP64"):
+        return float(value)
+    return None
 
 
 def _json_bytes(name: str, item: Any) -> str | bytes:
@@ -294,6 +319,22 @@ def _datatype(name: str, array: np.ndarray[Any, Any]) -> str:
     return found
 
 
+_PLAIN = (int, float, bool)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _plain(name: str, value: int | float | bool) -> dict[str, Any]:
+    if type(value) is bool:
+        datatype = "BOOL"
+    elif type(value) is float:
+        datatype = "FP64"
+    elif _INT64[0] <= value <= _INT64[1]:
+        datatype = "INT64"
+    else:
+        raise HttpError(500, f"output {name!r}: {value} does not fit INT64")
+    return {"name": name, "datatype": datatype, "shape": [], "data": [value]}
+
+
 def _encode_bytes(array: np.ndarray[Any, Any]) -> list[bytes]:
     items = []
     for item in array.reshape(-1):
@@ -319,7 +360,11 @@ def encode_answer(
     for name in names:
         if name not in outputs:
             raise _bad(f"no output {name!r} (the job gave {', '.join(map(repr, outputs))})")
-        array = _as_array(name, outputs[name])
+        value = outputs[name]
+        if type(value) in _PLAIN and not (request.binary_all or name in request.binary):
+            tensors.append(_plain(name, value))  # a Python number: no array made
+            continue
+        array = _as_array(name, value)
         datatype = _datatype(name, array)
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if request.binary_all or name in request.binary:

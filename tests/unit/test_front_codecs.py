@@ -52,6 +52,7 @@ def test_json_and_binary_tensors_become_arrays_strings_and_scalars() -> None:
     assert parsed.inputs["m"].shape == (2, 3) and parsed.inputs["m"][1, 2] == 5.0
     assert parsed.inputs["w"] == ["ab", b"\xff"]  # bytes where not UTF-8
     assert parsed.inputs["s"] == "héllo" and parsed.inputs["k"] == 7
+    assert type(parsed.inputs["k"]) is int  # a scalar is a Python number, as natively
     assert parsed.inputs["n"].dtype == np.int32 and parsed.inputs["n"].tolist() == [[1, 2], [3, 4]]
     assert tensors.objective_fields(parsed.parameters) == {"priority": 3, "deadline_ms": 250.0}
 
@@ -66,6 +67,10 @@ def test_json_and_binary_tensors_become_arrays_strings_and_scalars() -> None:
          "input 'x': 2 elements for shape [3]"),
         (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}]}', None,
          "FP32 data must be numbers"),
+        (b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [], "data": [300]}]}', None,
+         "input 'x': 300 does not fit INT8"),
+        (b'{"inputs": [{"name": "x", "datatype": "UINT8", "shape": [2], "data": [1, -1]}]}', None,
+         "data does not fit UINT8"),
         (b'{"inputs": [{"name": "x", "datatype": "BF16", "shape": [1], "data": [1]}]}', None,
          "datatype must be one of"),
         (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]},'
