@@ -8,15 +8,17 @@ binary tensor data extension). Each comparison alternates its sides in blocks, s
 same background noise:
 
 - **no-op, sequential**: one call at a time; p50 and p99 per side (native; HTTP JSON; HTTP
-  binary), and an HTTP request that is no job (``/v2/health/live``: the HTTP stack's own
-  round trip, client and server);
+  binary; HTTP JSON from a lean client, :class:`LeanClient`, which tells the front door's share
+  of a round trip from aiohttp's client's), and an HTTP request that is no job
+  (``/v2/health/live``: the HTTP stack's own round trip, client and server);
 - **no-op, concurrent**: ``CONCURRENCY`` calls in flight; jobs per second per side;
 - **3 MB tensor** (float32) into ``nbytes``: native against binary HTTP;
 - **front door on against off**: the native client's no-op p50 at the worker serving HTTP (idle)
   and at the one that does not.
 
 JSON: ``http_over_native_p50`` (JSON no-op), ``binary_noop_over_native_p50``,
-``binary_over_native_p50`` (3 MB tensor), ``native_p50_us`` (front door off),
+``lean_client_over_native_p50`` (JSON no-op, the lean client), ``binary_over_native_p50``
+(3 MB tensor), ``native_p50_us`` (front door off),
 ``native_p50_us_front_door_on`` and ``native_front_door_on_over_off``, with every side's figures.
 Targets (issue 36): HTTP no-op p50 within 1.5x of native; binary tensors within 1.3x; the native
 figures unchanged with the front door on.
@@ -90,6 +92,45 @@ def _binary_body(array: np.ndarray[Any, Any], datatype: str) -> tuple[bytes, int
     return header + raw, len(header)
 
 
+class LeanClient:
+    """What wrk does: one keep-alive connection, the request's bytes made once, the answer
+    read by its Content-Length. Not a general HTTP client (it knows the front door answers
+    with a Content-Length and no chunking): the least a client can cost, so the front door's
+    share of a round trip shows apart from aiohttp's client's."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> LeanClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    @staticmethod
+    def request(path: str, body: bytes, token: str) -> bytes:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    async def send(self, request: bytes) -> bytes:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise CompassError(f"HTTP answered {head[:40]!r}")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return await self.reader.readexactly(length)
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
 class Sides:
     """The calls each side makes, checked: a wrong answer fails the benchmark."""
 
@@ -109,7 +150,18 @@ class Sides:
         self.tensor = np.ones(TENSOR_BYTES // 4, dtype=np.float32)
         self.binary_tensor = _binary_body(self.tensor, "FP32")
 
+    async def connect(self, port: int, token: str) -> None:
+        self.lean = await LeanClient.open(port)
+        self.lean_noop = LeanClient.request("/v2/models/noop/infer", self.json_noop, token)
+        body, header = self.binary_tensor
+        tensor = LeanClient.request("/v2/models/nbytes/infer", body, token)
+        marker = b"\r\nContent-Length:"  # the binary extension's header goes beside it
+        self.lean_tensor = tensor.replace(
+            marker, b"\r\nInference-Header-Content-Length: %d%s" % (header, marker), 1
+        )
+
     async def aclose(self) -> None:
+        await self.lean.aclose()
         await self.native_on.aclose()
         await self.native_off.aclose()
         await self.session.close()
@@ -147,6 +199,17 @@ class Sides:
         answer = await self._post("noop", self.json_noop, None)
         if json.loads(answer)["outputs"][0]["data"] != [0]:
             raise CompassError("noop over HTTP answered something other than 0")
+
+    async def http_lean_noop(self) -> None:
+        answer = await self.lean.send(self.lean_noop)
+        if json.loads(answer)["outputs"][0]["data"] != [0]:
+            raise CompassError("noop over HTTP answered something other than 0")
+
+    async def http_lean_tensor(self) -> None:
+        answer = await self.lean.send(self.lean_tensor)
+        length = json.loads(answer[: answer.index(b"}]}") + 3])  # the JSON header
+        if struct.unpack("<q", answer[-8:]) != (TENSOR_BYTES,) or not length["outputs"]:
+            raise CompassError("nbytes over binary HTTP answered the wrong size")
 
     async def http_binary_noop(self) -> None:
         answer = await self._post("noop", *self.binary_noop)
@@ -205,19 +268,27 @@ async def _measure(quick: bool) -> dict[str, Any]:
         off = LocalCluster(1, args=app, env=env)
         async with on, off:
             sides = Sides(on, off, port)
+            assert on.token is not None
+            await sides.connect(port, on.token)
             try:
                 noop = {"native": sides.native_noop_on, "http json": sides.http_json_noop,
-                        "http binary": sides.http_binary_noop}  # fmt: skip
+                        "http binary": sides.http_binary_noop,
+                        "http json, lean client": sides.http_lean_noop}  # fmt: skip
                 for call in [*noop.values(), sides.native_noop_off]:  # warm up
                     for _ in range(50):
                         await call()
                 await sides.native_tensor()
                 await sides.http_binary_tensor()
                 latencies = await _latencies({**noop, "http, no job": sides.http_live}, calls, 10)
-                rates = {name: await _throughput(call, rate_calls) for name, call in noop.items()}
+                rated = {k: v for k, v in noop.items() if k != "http json, lean client"}  # one conn
+                rates = {name: await _throughput(call, rate_calls) for name, call in rated.items()}
                 rates["http, no job"] = await _throughput(sides.http_live, rate_calls)
                 tensors = await _latencies(
-                    {"native": sides.native_tensor, "http binary": sides.http_binary_tensor},
+                    {
+                        "native": sides.native_tensor,
+                        "http binary": sides.http_binary_tensor,
+                        "http binary, lean client": sides.http_lean_tensor,
+                    },  # fmt: skip
                     tensor_calls,
                     blocks=10,
                 )
@@ -247,7 +318,7 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
     for name, values in noop.items():
         label = "health route, no job" if name == "http, no job" else f"no-op, {name}"
         ratio = p50[name] / p50["native"]
-        rows.append([label, p50[name], _us(values, 99), raw["rates"][name], ratio])
+        rows.append([label, p50[name], _us(values, 99), raw["rates"].get(name), ratio])
     for name, values in tensors.items():
         ratio = tensor_p50[name] / tensor_p50["native"]
         rows.append([f"3 MB tensor, {name}", tensor_p50[name], _us(values, 99), None, ratio])
@@ -261,17 +332,21 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
         rows,
     )
     noop_figures = {
-        name: {"p50_us": p50[name], "p99_us": _us(values, 99), "jobs_per_s": raw["rates"][name]}
+        name: {"p50_us": p50[name], "p99_us": _us(values, 99), "jobs_per_s": raw["rates"].get(name)}
         for name, values in noop.items()
     }
     tensor_figures = {
         name: {"p50_us": tensor_p50[name], "p99_us": _us(values, 99)}
         for name, values in tensors.items()
     }
+    native_tensor = tensor_p50["native"]
     result: dict[str, Any] = {
         "http_over_native_p50": p50["http json"] / p50["native"],
         "binary_noop_over_native_p50": p50["http binary"] / p50["native"],
+        "lean_client_over_native_p50": p50["http json, lean client"] / p50["native"],
         "binary_over_native_p50": tensor_p50["http binary"] / tensor_p50["native"],
+        "lean_binary_over_native_p50": tensor_p50["http binary, lean client"]
+        / tensor_p50["native"],
         "native_p50_us": door_p50["front door off"],
         "native_p50_us_front_door_on": door_p50["front door on"],
         "native_front_door_on_over_off": door_p50["front door on"] / door_p50["front door off"],
