@@ -288,7 +288,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
                         "native": sides.native_tensor,
                         "http binary": sides.http_binary_tensor,
                         "http binary, lean client": sides.http_lean_tensor,
-                    },  # fmt: skip
+                    },
                     tensor_calls,
                     blocks=10,
                 )
@@ -345,8 +345,7 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, Any]:
         "binary_noop_over_native_p50": p50["http binary"] / p50["native"],
         "lean_client_over_native_p50": p50["http json, lean client"] / p50["native"],
         "binary_over_native_p50": tensor_p50["http binary"] / tensor_p50["native"],
-        "lean_binary_over_native_p50": tensor_p50["http binary, lean client"]
-        / tensor_p50["native"],
+        "lean_binary_over_native_p50": tensor_p50["http binary, lean client"] / native_tensor,
         "native_p50_us": door_p50["front door off"],
         "native_p50_us_front_door_on": door_p50["front door on"],
         "native_front_door_on_over_off": door_p50["front door on"] / door_p50["front door off"],
