@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -23,12 +24,14 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as triton
+import trustme
 from tritonclient.utils import InferenceServerException
 
 from compass import SyncClient
 from compass.cluster import LocalCluster
+from compass.config import TLSConfig
 from compass.errors import InvalidInputs
-from compass.security import new_token
+from compass.security import client_context, new_token
 
 from .conftest import ROOT, app_environment, cluster_on_its_own_loop, worker_environment
 
@@ -112,9 +115,10 @@ Headers = dict[str, str]
 class Door:
     """The worker under test: its native address, its HTTP port and its token."""
 
-    def __init__(self, cluster: LocalCluster, port: int) -> None:
+    def __init__(self, cluster: LocalCluster, port: int, tls: ssl.SSLContext | None = None) -> None:
         self.cluster = cluster
         self.port = port
+        self.tls = tls
         assert cluster.token is not None
         self.token: str = cluster.token
 
@@ -130,7 +134,11 @@ class Door:
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn = (
+            http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            if self.tls is None
+            else http.client.HTTPSConnection("127.0.0.1", self.port, timeout=30, context=self.tls)
+        )
         try:
             conn.request(method, path, body=body, headers={**self.auth, **(headers or {})})
             response = conn.getresponse()
@@ -397,18 +405,42 @@ def test_malformed_requests_are_refused_in_one_line_and_the_worker_keeps_serving
     assert status == 200 and body["outputs"][0]["data"] == [4, 2]
 
 
-def test_a_draining_worker_answers_503_and_finishes_what_it_took(tmp_path: Path) -> None:
+def issue(authority: trustme.CA, folder: Path, name: str, *identities: str) -> TLSConfig:
+    issued = authority.issue_cert(*identities)
+    cert, key, ca = folder / f"{name}.pem", folder / f"{name}.key", folder / f"{name}-ca.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    authority.cert_pem.write_to_path(str(ca))
+    return TLSConfig(str(cert), str(key), str(ca))
+
+
+def test_over_mutual_tls_a_draining_worker_answers_503_and_finishes_what_it_took(
+    tmp_path: Path,
+) -> None:
     env = app_environment(tmp_path, "front_app", FRONT_APP)
     port = free_port()
+    authority = trustme.CA()
+    worker_tls = issue(authority, tmp_path, "worker", "127.0.0.1")
+    client_tls = issue(authority, tmp_path, "client", "client.compass.test")
+    stranger_tls = issue(trustme.CA(), tmp_path, "stranger", "client.compass.test")
     args = ["--app", "front_app", "--http-port", str(port), "--drain-timeout", "20"]
-    with cluster_on_its_own_loop(1, args, env=env, token=new_token()) as cluster:
-        door = Door(cluster, port)
+    cluster = cluster_on_its_own_loop(1, args, env=env, token=new_token(), tls=worker_tls)
+    with cluster as cluster:
+        https = client_context(client_tls.cert, client_tls.key, client_tls.ca)
+        door = Door(cluster, port, tls=https)
+        assert door.request("GET", "/v2/health/live")[0] == 200  # HTTPS, the client's cert
+        plain = Door(cluster, port)  # no TLS at all: the handshake fails, nothing is served
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            plain.request("GET", "/v2/health/live")
+        stranger = client_context(stranger_tls.cert, stranger_tls.key, client_tls.ca)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            Door(cluster, port, tls=stranger).request("GET", "/v2/health/live")
         answers: list[tuple[int, dict[str, str], Any]] = []
         slow = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [], "data": [1.0]}]}
         held = threading.Thread(target=lambda: answers.append(door.infer("slow", slow)))
         held.start()
         try:
-            with SyncClient(cluster.addresses[0], token=door.token) as native:
+            with SyncClient(cluster.addresses[0], token=door.token, tls=client_tls) as native:
                 for _ in range(200):  # until the slow job is in flight (bounded)
                     if native.status()["jobs_in_flight"] >= 1:
                         break
