@@ -150,6 +150,8 @@ class Sides:
         self.tensor = np.ones(TENSOR_BYTES // 4, dtype=np.float32)
         self.binary_tensor = _binary_body(self.tensor, "FP32")
 
+    lean: LeanClient | None = None
+
     async def connect(self, port: int, token: str) -> None:
         self.lean = await LeanClient.open(port)
         self.lean_noop = LeanClient.request("/v2/models/noop/infer", self.json_noop, token)
@@ -161,10 +163,11 @@ class Sides:
         )
 
     async def aclose(self) -> None:
-        await self.lean.aclose()
+        await self.session.close()
         await self.native_on.aclose()
         await self.native_off.aclose()
-        await self.session.close()
+        if self.lean is not None:
+            await self.lean.aclose()
 
     async def native_noop_on(self) -> None:
         if await self.native_on.submit("noop", x=1) != 0:
@@ -201,11 +204,13 @@ class Sides:
             raise CompassError("noop over HTTP answered something other than 0")
 
     async def http_lean_noop(self) -> None:
+        assert self.lean is not None
         answer = await self.lean.send(self.lean_noop)
         if json.loads(answer)["outputs"][0]["data"] != [0]:
             raise CompassError("noop over HTTP answered something other than 0")
 
     async def http_lean_tensor(self) -> None:
+        assert self.lean is not None
         answer = await self.lean.send(self.lean_tensor)
         length = json.loads(answer[: answer.index(b"}]}") + 3])  # the JSON header
         if struct.unpack("<q", answer[-8:]) != (TENSOR_BYTES,) or not length["outputs"]:
@@ -268,9 +273,9 @@ async def _measure(quick: bool) -> dict[str, Any]:
         off = LocalCluster(1, args=app, env=env)
         async with on, off:
             sides = Sides(on, off, port)
-            assert on.token is not None
-            await sides.connect(port, on.token)
             try:
+                assert on.token is not None
+                await sides.connect(port, on.token)
                 noop = {"native": sides.native_noop_on, "http json": sides.http_json_noop,
                         "http binary": sides.http_binary_noop,
                         "http json, lean client": sides.http_lean_noop}  # fmt: skip

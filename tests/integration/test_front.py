@@ -424,8 +424,8 @@ def test_over_mutual_tls_a_draining_worker_answers_503_and_finishes_what_it_took
     client_tls = issue(authority, tmp_path, "client", "client.compass.test")
     stranger_tls = issue(trustme.CA(), tmp_path, "stranger", "client.compass.test")
     args = ["--app", "front_app", "--http-port", str(port), "--drain-timeout", "20"]
-    cluster = cluster_on_its_own_loop(1, args, env=env, token=new_token(), tls=worker_tls)
-    with cluster as cluster:
+    started = cluster_on_its_own_loop(1, args, env=env, token=new_token(), tls=worker_tls)
+    with started as cluster:
         https = client_context(client_tls.cert, client_tls.key, client_tls.ca)
         door = Door(cluster, port, tls=https)
         assert door.request("GET", "/v2/health/live")[0] == 200  # HTTPS, the client's cert
