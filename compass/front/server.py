@@ -272,6 +272,14 @@ class FrontDoor:
         length = request.content_length
         if length is not None and length > limit:
             raise HttpError(413, f"the request body is {length} bytes, over the limit of {limit}")
+        content = request.content
+        if content.is_eof():  # the whole body came with the head (most requests): no timer
+            body = content.read_nowait()
+            if length is not None and len(body) != length:
+                raise HttpError(400, f"the body ended after {len(body)} of its {length} bytes")
+            if len(body) > limit:
+                raise HttpError(413, f"the request body is over the limit of {limit}")
+            return body
         try:
             async with asyncio.timeout(self.options.read_s):
                 if length is not None:

@@ -337,6 +337,18 @@ def test_idle_and_slow_loris_connections_are_closed(door: Door) -> None:
         assert recv_all(slow) == b""
 
 
+def test_a_body_slower_than_twice_the_idle_time_is_408(door: Door) -> None:
+    with socket.create_connection(("127.0.0.1", door.port), timeout=IDLE_S * 20) as sock:
+        head = (
+            f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            f"{door.token}\r\nContent-Length: 100\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"inputs": [')  # and the rest never comes
+        answer = recv_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"the request body took over 2.0 s" in answer
+
+
 MALFORMED: list[tuple[bytes, dict[str, str]]] = [
     (b"{not json", {}),
     (b"\xff\xfe\x00", {}),
