@@ -426,7 +426,7 @@ def issue(authority: trustme.CA, folder: Path, name: str, *identities: str) -> T
     return TLSConfig(str(cert), str(key), str(ca))
 
 
-def test_over_mutual_tls_a_draining_worker_answers_503_and_finishes_what_it_took(
+def test_over_mutual_tls_with_private_health_a_draining_worker_answers_503(
     tmp_path: Path,
 ) -> None:
     env = app_environment(tmp_path, "front_app", FRONT_APP)
@@ -435,12 +435,15 @@ def test_over_mutual_tls_a_draining_worker_answers_503_and_finishes_what_it_took
     worker_tls = issue(authority, tmp_path, "worker", "127.0.0.1")
     client_tls = issue(authority, tmp_path, "client", "client.compass.test")
     stranger_tls = issue(trustme.CA(), tmp_path, "stranger", "client.compass.test")
-    args = ["--app", "front_app", "--http-port", str(port), "--drain-timeout", "20"]
+    args = ["--app", "front_app", "--http-port", str(port), "--drain-timeout", "20",
+            "--http-private-health"]  # fmt: skip
     started = cluster_on_its_own_loop(1, args, env=env, token=new_token(), tls=worker_tls)
     with started as cluster:
         https = client_context(client_tls.cert, client_tls.key, client_tls.ca)
         door = Door(cluster, port, tls=https)
         assert door.request("GET", "/v2/health/live")[0] == 200  # HTTPS, the client's cert
+        # --http-private-health: the health routes need the token too
+        assert door.request("GET", "/v2/health/live", headers={"Authorization": ""})[0] == 401
         plain = Door(cluster, port)  # no TLS at all: the handshake fails, nothing is served
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
             plain.request("GET", "/v2/health/live")
