@@ -50,6 +50,9 @@ IDLE_S = 15.0
 READ_S = 30.0
 #: bytes of a request head's line and of one header at most
 MAX_LINE = 16 * 1024
+#: seconds a connection answered before its body was read (413, 408) still reads what the
+#: client sends, so that it sees the answer rather than a reset (aiohttp's default: 10 s)
+LINGER_S = 1.0
 #: bytes a connection buffers before aiohttp pauses reading it (its default, 64 KiB, pauses
 #: and resumes a 3 MB tensor's body dozens of times)
 READ_BUFFER = 1024 * 1024
@@ -170,6 +173,7 @@ class FrontDoor:
             max_line_size=MAX_LINE,
             max_field_size=MAX_LINE,
             read_bufsize=READ_BUFFER,
+            lingering_time=LINGER_S,
         )
         loop = asyncio.get_running_loop()
         try:
@@ -307,13 +311,14 @@ class FrontDoor:
     async def _live(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
         return web.Response(status=200)
 
-    def _is_ready(self) -> bool:
-        return self.worker.metrics.ready and not self.worker.draining
-
     async def _ready(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
-        if self._is_ready():
+        """200 while the worker takes work, as the metrics port's ``/ready``; else 503 with
+        why (starting, draining, stopping, degraded, split off)."""
+        ready, why = self.worker.metrics.is_ready()
+        if ready and not self.worker.draining:
             return web.Response(status=200)
-        return web.Response(status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        body = {"error": f"not ready: {why if not ready else 'draining'}"}
+        return _json(body, 503, {"Retry-After": str(RETRY_AFTER_S)})
 
     async def _server_metadata(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
         extensions = ["binary_tensor_data", "openai"]

@@ -467,6 +467,7 @@ def test_over_mutual_tls_with_private_health_a_draining_worker_answers_503(
                     break
                 time.sleep(0.01)
             assert (ready[0], ready[1].get("Retry-After")) == (503, "1")
+            assert b"not ready" in ready[2]
             echo = {"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}]}
             status, headers, body = door.infer("echo", echo)
             assert (status, headers.get("Retry-After")) == (503, "1"), body
