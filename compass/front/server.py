@@ -74,6 +74,8 @@ class FrontOptions:
     max_body_bytes: int = 64 * 1024 * 1024
     idle_s: float = IDLE_S
     read_s: float = READ_S
+    #: connections open at most; past it a new one is closed at once
+    max_connections: int = 4096
     ssl: ssl.SSLContext | None = None
 
 
@@ -88,6 +90,7 @@ def front_options(config: WorkerConfig) -> FrontOptions:
         max_body_bytes=config.max_job_bytes,
         idle_s=config.http_idle_s,
         read_s=2 * config.http_idle_s,  # a body may take twice what a request head may
+        max_connections=config.limits.max_connections,
         ssl=config.tls.server_context() if config.tls is not None else None,
     )
 
@@ -105,8 +108,29 @@ Handler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
 
 
 class _Connection(RequestHandler):
-    """aiohttp's connection, answering what its parser refuses (not HTTP, a head too long) in
-    one JSON line, logged at debug level: a stranger's junk must not fill the worker's log."""
+    """aiohttp's connection, counted against the server's cap, answering what its parser
+    refuses (not HTTP, a head too long) in one JSON line, logged at debug level: a stranger's
+    junk must not fill the worker's log."""
+
+    counted: _Server | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._manager
+        assert isinstance(server, _Server)
+        if server.open >= server.max_connections:
+            log.debug("front door: %d connections open, closing a new one", server.open)
+            self._manager = None  # never started: its connection_lost has nothing to undo
+            transport.close()
+            return
+        server.open += 1
+        self.counted = server
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.counted is not None:
+            self.counted.open -= 1
+            self.counted = None
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -126,6 +150,14 @@ class _Connection(RequestHandler):
 
 
 class _Server(web.Server):
+    """aiohttp's server, making :class:`_Connection` s and holding at most ``max_connections``
+    open (past it a new one is closed at once, as the wire's server does)."""
+
+    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.open = 0
+
     def __call__(self) -> RequestHandler:
         return _Connection(self, loop=self._loop, **self._kwargs)
 
@@ -167,6 +199,7 @@ class FrontDoor:
         opts = self.options
         self._server = _Server(
             self._handle,
+            max_connections=opts.max_connections,
             handler_cancellation=True,  # a client gone cancels its job
             access_log=None,
             keepalive_timeout=opts.idle_s,

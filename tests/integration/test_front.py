@@ -4,6 +4,7 @@ errors, the limits and a fuzz run of malformed requests that the worker outlives
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import openai
@@ -31,7 +32,11 @@ from compass import SyncClient
 from compass.cluster import LocalCluster
 from compass.config import TLSConfig
 from compass.errors import InvalidInputs
+from compass.front.server import FrontDoor, FrontOptions
 from compass.security import client_context, new_token
+
+if TYPE_CHECKING:
+    from compass.worker.server import Worker
 
 from .conftest import ROOT, app_environment, cluster_on_its_own_loop, worker_environment
 
@@ -530,3 +535,30 @@ def test_the_readme_http_lines_run_as_written(tmp_path: Path) -> None:
             worker.send_signal(signal.SIGINT)
             worker.communicate(timeout=60)
     assert worker is not None and worker.returncode == 0
+
+
+@pytest.mark.asyncio
+async def test_connections_past_the_cap_are_closed_and_the_door_serves_again_below_it() -> None:
+    # the health route reads nothing of the worker: a door with none, on a real socket
+    door = FrontDoor(cast("Worker", object()), FrontOptions(max_connections=2))
+    async with door:
+        port = int(door.address.rsplit(":", 1)[1])
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        for reader, writer in held:  # each is served
+            writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the third: closed at once
+        writer.close()
+        held[0][1].close()
+        await held[0][1].wait_closed()
+        for _ in range(100):  # until the server has seen it go (bounded)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(12), 10)
+            writer.close()
+            if answer:
+                break
+            await asyncio.sleep(0.01)
+        assert answer == b"HTTP/1.1 200"
+        held[1][1].close()
