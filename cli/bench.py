@@ -153,6 +153,16 @@ def bench_client(
     client.run(rounds=rounds, mib=mib, json_path=json_path)
 
 
+@bench_app.command("http")
+def bench_http(quick: Quick = False, json_path: JsonPath = None) -> None:
+    """The HTTP front door (Open Inference Protocol, JSON and binary) against the native
+    client: no-op p50/p99 and jobs/s, a 3 MB tensor, native with the front door on and off."""
+    from compass._bench import front
+
+    check_output(json_path, "--json")
+    front.run(quick=quick, json_path=json_path)
+
+
 @bench_app.command("restarts")
 def bench_restarts(
     scenario: Annotated[

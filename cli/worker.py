@@ -342,6 +342,33 @@ def worker_start(
     metrics_host: Annotated[
         str, typer.Option(envvar=env("metrics_host"), help="Address the metrics port binds.")
     ] = WORKER.metrics_host,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar=env("http_port"),
+            min=0,
+            max=65535,
+            help="Serve the HTTP front door (Open Inference Protocol /v2, OpenAI /v1) on this "
+            "port of --host (0: a free one; default: off). The cluster token is its bearer token.",
+            show_default=False,
+        ),
+    ] = WORKER.http_port,
+    http_private_health: Annotated[
+        bool,
+        typer.Option(
+            envvar=env("http_private_health"),
+            help="The front door's /v2/health routes need the bearer token too.",
+        ),
+    ] = WORKER.http_private_health,
+    http_idle_s: Annotated[
+        float,
+        typer.Option(
+            envvar=env("http_idle_s"),
+            min=0.001,
+            help="Seconds a front-door connection may go without a whole request head "
+            "(idle keep-alive, or a client too slow to send one) before it is closed.",
+        ),
+    ] = WORKER.http_idle_s,
     trace_sample: Annotated[
         float,
         typer.Option(
@@ -401,6 +428,9 @@ def worker_start(
         advertise_address=advertise_address,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        http_port=http_port,
+        http_private_health=http_private_health,
+        http_idle_s=http_idle_s,
         trace_sample=trace_sample,
         trace_keep=trace_keep,
         otel_endpoint=otel_endpoint,

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 from compass.cache.weights import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
+from compass.front.declare import Declarations, OpenAIKind, OpenAIModel
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload
 
@@ -305,6 +306,8 @@ class App:
         self._resources: dict[str, Resource] = {}
         self._builders: dict[str, WorkflowBuilder] = {}
         self._workflows: dict[str, Workflow] = {}
+        #: what the HTTP front door serves by OpenAI model name, and tensor metadata
+        self.front = Declarations()
 
     # -- declaration -------------------------------------------------------------------------
     def model(
@@ -376,6 +379,25 @@ class App:
             raise WorkflowError(f"workflow {workflow.name!r} is declared twice")
         self._workflows[workflow.name] = workflow
         return workflow
+
+    def openai(
+        self, model: str, workflow: str, *, kind: OpenAIKind = "chat", owned_by: str = "compass"
+    ) -> OpenAIModel:
+        """Serve ``workflow`` under the OpenAI model name ``model`` on the HTTP front door:
+        ``kind`` "chat" (/v1/chat/completions), "completion" (/v1/completions) or "embedding"
+        (/v1/embeddings). compass/front/openai.py says which inputs the workflow gets."""
+        return self.front.add_openai(OpenAIModel(model, workflow, kind, owned_by))
+
+    def tensors(
+        self,
+        workflow: str,
+        *,
+        inputs: Mapping[str, tuple[str, Sequence[int]]],
+        outputs: Mapping[str, tuple[str, Sequence[int]]] | None = None,
+    ) -> None:
+        """Declare ``workflow``'s tensors for the Open Inference Protocol's metadata:
+        ``{name: (datatype, shape)}``, e.g. ``{"image": ("FP32", [3, -1, -1])}``."""
+        self.front.add_tensors(workflow, inputs, outputs or {})
 
     # -- use ---------------------------------------------------------------------------------
     @property

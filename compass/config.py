@@ -390,6 +390,13 @@ class WorkerConfig:
     #: None: no metrics endpoint (compass/observe/metrics.py)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: serve the HTTP front door (Open Inference Protocol, OpenAI API) on this port, on the
+    #: worker's host (0: one the system picks); None: off (compass/front/)
+    http_port: int | None = None
+    #: the front door's health routes need the bearer token too
+    http_private_health: bool = False
+    #: seconds a front-door connection may stay without a whole request head (idle or slow)
+    http_idle_s: float = 15.0
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -470,6 +477,10 @@ class WorkerConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http port must be in 0..65535, got {self.http_port}")
+        if not self.http_idle_s > 0:
+            raise ConfigError(f"--http-idle-s must be > 0, got {self.http_idle_s}")
         for address in self.join:
             parse_address(address)
 
