@@ -35,6 +35,7 @@ __all__ = [
     "Answer",
     "AskPlan",
     "Cancel",
+    "Chunk",
     "Event",
     "Fault",
     "Heard",
@@ -57,6 +58,7 @@ __all__ = [
     "TaskDone",
     "TaskFailed",
     "TaskReturned",
+    "TaskStep",
     "Tick",
     "Undeliverable",
     "ViewPort",
@@ -143,6 +145,21 @@ class Submit(Named):
     key: str | None = None
     #: its deadline, priority and what to do when it would miss it
     objective: Objective = NO_OBJECTIVE
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+    #: its caller reads its sinks' partial outputs as they are made (:class:`Chunk`)
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStep(Named):
+    """Step ``seq`` (from 0) of step-wise task ``entry``, running here, ended with partial
+    output ``value`` (reported only for a job that streams)."""
+
+    now: float
+    entry: QueuedTask
+    seq: int
+    value: Any
     #: its id, carried by every instruction it causes (empty: the core names it)
     cause: str = ""
 
@@ -360,6 +377,7 @@ Event: TypeAlias = (
     | PeerJoined
     | PeerDraining
     | WatchFailed
+    | TaskStep
 )
 
 
@@ -411,6 +429,19 @@ class Send(Caused):
 
     peer: str
     msg: PeerMessage
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk(Caused):
+    """A partial output of a job this worker is the ingress of, for its caller: step ``seq``
+    of sink ``task``, in order per task (the job's :class:`Answer` still ends it)."""
+
+    job_id: str
+    task: str
+    seq: int
+    value: Any
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
@@ -486,7 +517,7 @@ class Fault(Caused):
 
 
 Instruction: TypeAlias = (
-    Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | StopTask | Fault
+    Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | StopTask | Chunk | Fault
 )
 
 

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from compass.core.messages import JOB_INPUTS, TaskMsg
-from compass.errors import ProtocolError
+from compass.core.messages import JOB_INPUTS, FailedMsg, TaskMsg
+from compass.errors import CompassError, JobFailed, ProtocolError, WorkersLost, error_from_wire
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.workflow.dag import Workflow
 
@@ -71,6 +71,8 @@ class IngressJob:
     #: what it asks for; ``deadline`` is absolute, on the ingress's clock (None: none)
     objective: Objective = NO_OBJECTIVE
     deadline: float | None = None
+    #: its caller reads its sinks' partial outputs as they are made
+    stream: bool = False
 
     def involves(self, worker: str) -> bool:
         return worker in self.plan.values()
@@ -218,6 +220,27 @@ class Inbox:
         for key in stale:
             self._remove(key)
         return len(stale)
+
+
+def failure_of(job: IngressJob, msg: FailedMsg, *, refused: bool) -> CompassError:
+    """The error ``job`` is answered with when its task failed (``msg``): :class:`JobFailed`
+    naming the task, its worker and traceback; a typed failure (a timeout, a model too large)
+    keeps its type for the client, and ``refused`` (a worker refused it too often) says so
+    (:class:`WorkersLost`), not that this ingress goes away."""
+    detail = {
+        "job_id": job.job_id,
+        "workflow": job.workflow.name,
+        "task": msg.task,
+        "worker": msg.worker,
+        "code": msg.code,
+        "traceback": msg.traceback,
+    }
+    text = (
+        f"task {msg.task!r} of workflow {job.workflow.name!r} failed on {msg.worker}: {msg.message}"
+    )
+    if msg.code in (JobFailed.code, ProtocolError.code):
+        return JobFailed(text, detail=detail)
+    return error_from_wire(WorkersLost.code if refused else msg.code, text, detail)
 
 
 def check_task(workflow: Workflow, msg: TaskMsg) -> None:

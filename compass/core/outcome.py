@@ -43,6 +43,8 @@ class TaskOutcome(Caused):
     #: after its call began: the basis of its time to first output)
     steps: int = 0
     first_step_s: float | None = None
+    #: stopped between two steps because its job ended (its error says so; not a failure)
+    stopped: bool = False
 
     @property
     def model(self) -> str | None:

@@ -27,6 +27,7 @@ from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
+    Chunk,
     Event,
     Fault,
     Heard,
@@ -46,18 +47,20 @@ from compass.core.events import (
     TaskDone,
     TaskFailed,
     TaskReturned,
+    TaskStep,
     Tick,
     Undeliverable,
     ViewPort,
     Watch,
     WatchFailed,
 )
-from compass.core.jobs import Inbox, IngressJob, check_task
+from compass.core.jobs import Inbox, IngressJob, check_task, failure_of
 from compass.core.lanes import CannotRun, Lanes, LanesFault, Step
 from compass.core.links import Links, Sent
 from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
+    ChunkMsg,
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -75,7 +78,6 @@ from compass.errors import (
     ConfigError,
     DeadlineExceeded,
     InvalidInputs,
-    JobFailed,
     ProtocolError,
     RemoteError,
     WorkersLost,
@@ -123,12 +125,9 @@ class WorkerCore:
         self.host_lanes = lanes.host_lanes > 0
         #: the ingress's limits: jobs in flight, bytes of inputs held
         self.admission = Admission(name, options.max_jobs, options.max_job_bytes)
-        #: measurements update the profiles (real mode)
-        self.learn = options.learn
-        #: this worker's own host-to-device copies were timed (its heartbeats advertise it)
-        self.h2d_measured = False
-        #: bytes of job inputs held for the unanswered jobs (to re-plan them if a peer is lost)
-        self.held_bytes = 0
+        self.learn = options.learn  # measurements update the profiles (real mode)
+        self.h2d_measured = False  # its own host-to-device copies were timed (heartbeats say)
+        self.held_bytes = 0  # of inputs, held for unanswered jobs (to re-plan them)
         self.stats = stats if stats is not None else WorkerStats()
         self._workflow = workflow
         self._forget_after = options.forget_after
@@ -137,19 +136,19 @@ class WorkerCore:
         self.inbox = Inbox(options.inbox_keep_s)
         #: job id -> the highest attempt known done here (late messages of those are dropped)
         self._finished: OrderedDict[str, int] = OrderedDict()
-        #: events handled so far (the anonymous ones are named by their number)
+        #: events handled so far (anonymous ones are named by their number), the instructions
+        #: of the one being handled and its id (see :meth:`handle`)
         self._handled = 0
-        #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = NOT_HANDLING
         self._cause: Cause = ""
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
         self.links = Links(name, KEEP_ANSWERS)
-        #: job key -> the id of the unanswered job it names
+        #: job key -> the unanswered job it names; -> the answer of an answered one (bounded in
+        #: keys, bytes, time); requests waiting for another's job (its key resubmitted) -> it
         self._keys: dict[str, str] = {}
-        #: job key -> the answer of the answered job it named (bounded in keys, bytes, time)
-        self.answered = KeptAnswers(max_bytes=options.keep_answer_bytes,
-                                    keep_s=options.keep_answer_s)  # fmt: skip
-        #: requests that wait for another request's job (a resubmitted key) -> that job's id
+        self.answered = KeptAnswers(
+            max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s
+        )
         self._attached: dict[str, str] = {}
         #: best times, critical paths, deadlines and queue entries, from the profiles
         self.estimates = Estimates(name, policy, profiles, host_lanes=self.host_lanes)
@@ -210,6 +209,8 @@ class WorkerCore:
                     self.view.drain(event.name, event.instance)
                 case WatchFailed():
                     self.view.watch_failed(event.peer)
+                case TaskStep():  # of a streaming job's task: its sinks' go to the ingress
+                    self._step(event)
                 case _:
                     assert_never(event)
             if wanted := self.view.take_wanted():  # a bounded view's candidates to watch
@@ -288,7 +289,7 @@ class WorkerCore:
             self._answer_now(ev.job_id, exc)
             return
         job = IngressJob(ev.job_id, workflow, ev.inputs, ev.input_bytes, ev.now, t0=ev.t0,
-                         key=ev.key, objective=ev.objective)  # fmt: skip
+                         key=ev.key, objective=ev.objective, stream=ev.stream)  # fmt: skip
         deadline_s = self.estimates.deadline_s(workflow, ev.objective)
         if deadline_s is not None:
             job.deadline = ev.now + deadline_s
@@ -414,6 +415,7 @@ class WorkerCore:
                     priority=job.objective.priority,
                     budget_s=None if job.deadline is None else job.deadline - now,
                     finish=job.objective.finish,
+                    stream=job.stream,
                 ),
                 now,
                 job_arrival=job.submitted_at,
@@ -478,24 +480,7 @@ class WorkerCore:
             self._new_attempt(job, "", now)
             return
         self.stats.jobs_failed += 1
-        detail = {
-            "job_id": job.job_id,
-            "workflow": job.workflow.name,
-            "task": msg.task,
-            "worker": msg.worker,
-            "code": msg.code,
-            "traceback": msg.traceback,
-        }
-        text = (
-            f"task {msg.task!r} of workflow {job.workflow.name!r} failed on {msg.worker}: "
-            f"{msg.message}"
-        )
-        error: CompassError = JobFailed(text, detail=detail)
-        if msg.code not in (JobFailed.code, ProtocolError.code):
-            # a typed failure (a timeout, a model too large) keeps its type for the client;
-            # refused too often, it says so, not that this ingress goes away
-            error = error_from_wire(WorkersLost.code if refused else msg.code, text, detail)
-        self._answer(job, now, error=error)
+        self._answer(job, now, error=failure_of(job, msg, refused=refused))
 
     def _placed(self, msg: PlacedMsg) -> None:
         job = self._live(msg.job, msg.attempt)
@@ -603,6 +588,10 @@ class WorkerCore:
             self._failed(msg, now)
         elif isinstance(msg, PlacedMsg):
             self._placed(msg)
+        elif isinstance(msg, ChunkMsg):
+            job = self.jobs.get(msg.job)
+            if job is not None and job.attempt == msg.attempt and job.stream:
+                self._out.append(Chunk(msg.job, msg.task, msg.seq, msg.value, self._cause))
         else:
             self._drop_job(msg.job, msg.below)
 
@@ -654,6 +643,11 @@ class WorkerCore:
                 entry.job_id, entry.attempt, entry.task, entry.ingress, now,
                 f"{type(error).__name__}: {error.message}", error.code,
             )  # fmt: skip
+
+    def _step(self, ev: TaskStep) -> None:
+        e = ev.entry
+        if e.task in self._workflow(e.workflow).sinks:
+            self._send(e.ingress, ChunkMsg(e.job_id, e.attempt, e.task, ev.seq, ev.value), ev.now)
 
     def _report_failure(
         self,
@@ -720,6 +714,7 @@ class WorkerCore:
                 priority=entry.level,
                 budget_s=None if entry.deadline is None else entry.deadline - now,
                 finish=entry.finish,
+                stream=entry.stream,
             )
             self._send(plan[succ], msg, now, job_arrival=entry.arrival)
 

@@ -261,6 +261,10 @@ class WorkerMetrics:
                       name, entry.task, entry.job_id, outcome.queue_s, outcome.fetch_s,
                       outcome.exec_s, extra=extra)  # fmt: skip
             return
+        if outcome.stopped:  # its job ended elsewhere: no failure of its own
+            log.info("%s: task %s of job %s stopped after %d steps (its job ended)", name,
+                     entry.task, entry.job_id, outcome.steps, extra=extra)  # fmt: skip
+            return
         log.warning("%s: task %s of job %s (%s) failed: %s: %s", name, entry.task,
                     entry.job_id, entry.workflow, type(error).__name__, error,
                     extra=extra)  # fmt: skip

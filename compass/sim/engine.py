@@ -44,6 +44,7 @@ from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
     AskPlan,
+    Chunk,
     Event,
     Fault,
     LoadModel,
@@ -460,6 +461,8 @@ class _Simulation:
                     pass  # watches are modelled by what each planner has heard (heard.py)
                 case StopTask():
                     self._stop(step.entries)
+                case Chunk():
+                    pass  # a first output is timed at the step that makes it (_steps_begun)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"

@@ -51,6 +51,7 @@ import itertools
 import logging
 import math
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -124,6 +125,7 @@ class TaskRunner:
         config: WorkerConfig,
         on_outcome: Callable[[TaskOutcome], None],
         on_returned: Callable[[QueuedTask], None],
+        on_step: Callable[[QueuedTask, int, Any], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         compute: Callable[[str | None], AbstractContextManager[Any]] | None = None,
     ) -> None:
@@ -135,6 +137,8 @@ class TaskRunner:
         self._time_scale = config.time_scale
         self._on_outcome = on_outcome
         self._on_returned = on_returned
+        #: a step-wise task of a streaming job reports each step's partial output (on the loop)
+        self._on_step = on_step
         self._clock = clock
         self._task_timeout_s = config.task_timeout_s
         self._threads = TaskThreads()
@@ -190,7 +194,10 @@ class TaskRunner:
             method = task.call_batch
         elif task.stepwise:
             stop = self._stops[run.entry] = threading.Event()
-            method = functools.partial(_run_steps, task, stop, outcomes[0])
+            report = None
+            if run.entry.stream and self._on_step is not None:
+                report = _reporter(loop, self._on_step, run.entry)
+            method = functools.partial(_run_steps, task, stop, outcomes[0], report)
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
@@ -223,7 +230,7 @@ class TaskRunner:
     def _emulated_stopped(self, outcomes: list[TaskOutcome], steps: int) -> None:
         del self._timers[outcomes[0].entry]
         outcomes[0].error = TaskStopped(f"task {outcomes[0].entry.task!r} stopped")
-        outcomes[0].steps = steps
+        outcomes[0].steps, outcomes[0].stopped = steps, True
         self._report(outcomes)
 
     async def aclose(self) -> None:
@@ -408,12 +415,19 @@ def _call(
         raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
 
 
-def _run_steps(task: Task, stop: threading.Event, outcome: TaskOutcome, module: Any,
-               payload: Any) -> Any:  # fmt: skip
+def _run_steps(
+    task: Task,
+    stop: threading.Event,
+    outcome: TaskOutcome,
+    report: Callable[[int, Any], Any] | None,
+    module: Any,
+    payload: Any,
+) -> Any:
     """Drive step-wise ``task``'s generator (its ``call``), a step at a time: each item ends a
-    step (counted in ``outcome``, the first's time kept); ``stop`` set, the generator is closed
-    between two steps and :class:`TaskStopped` raised. The final output: the value returned,
-    or the last item when it returns nothing (an async generator cannot return one)."""
+    step (counted in ``outcome``, the first's time kept; ``report(seq, item)``, the item on
+    the host, for a job that streams); ``stop`` set, the generator is closed between two
+    steps and :class:`TaskStopped` raised. The final output: the value returned, or the last
+    item when it returns nothing (an async generator cannot return one)."""
     started = time.perf_counter()
     made = task.call(module, payload)
     items = _async_items(made) if inspect.isasyncgen(made) else made
@@ -421,11 +435,14 @@ def _run_steps(task: Task, stop: threading.Event, outcome: TaskOutcome, module: 
     try:
         while True:
             if stop.is_set():
+                outcome.stopped = True
                 raise TaskStopped(f"task {task.name!r} stopped after {outcome.steps} steps")
             try:
                 last = next(items)
             except StopIteration as end:
                 return last if end.value is None else end.value
+            if report is not None:
+                report(outcome.steps, _to_host(last))
             outcome.steps += 1
             if outcome.steps == 1:
                 outcome.first_step_s = time.perf_counter() - started
@@ -445,6 +462,25 @@ def _async_items(agen: Any) -> Generator[Any, None, None]:
     finally:
         loop.run_until_complete(agen.aclose())
         loop.close()
+
+
+def _reporter(
+    loop: asyncio.AbstractEventLoop,
+    on_step: Callable[[QueuedTask, int, Any], None],
+    entry: QueuedTask,
+) -> Callable[[int, Any], None]:
+    """``report(seq, value)`` for a task's thread: ``on_step(entry, seq, value)`` on ``loop``."""
+
+    def report(seq: int, value: Any) -> None:
+        loop.call_soon_threadsafe(on_step, entry, seq, value)
+
+    return report
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` with every torch tensor in it on the CPU (nothing to do without torch)."""
+    torch = sys.modules.get("torch")
+    return value if torch is None else _moved(value, torch.device("cpu"))
 
 
 def _device_of(module: Any) -> Any:

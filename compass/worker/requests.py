@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.core.messages import (
+    ChunkMsg,
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -146,7 +147,7 @@ def make_router(worker: Served) -> Router:
     router.notify("watch")(requests.from_peers("watch", requests.watch))
     router.notify("leave")(requests.from_peers("leave", requests.leave))
     router.notify("drain")(requests.from_peers("drain", requests.drain))
-    for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
+    for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg):
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
     return router

@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, assert_never
 
 from compass.app import App
@@ -27,6 +27,7 @@ from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
+    Chunk,
     Event,
     Fault,
     Heard,
@@ -45,6 +46,7 @@ from compass.core.events import (
     StopTask,
     Submit,
     TaskReturned,
+    TaskStep,
     Tick,
     Undeliverable,
     Watch,
@@ -140,6 +142,7 @@ class Worker:
             config=config,
             on_outcome=self._task_finished,
             on_returned=self._task_returned,
+            on_step=lambda e, seq, value: self.apply(TaskStep(self.clock(), e, seq, value)),
             clock=self.clock,
         )
         self.router = make_router(self)
@@ -156,6 +159,7 @@ class Worker:
         self._planned: dict[str, Planned] = {}
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
+        self._streams: dict[str, Callable[[str, int, Any], None]] = {}  # job -> its chunks' sink
         #: every background task of this worker: plan requests, dials, the loops
         self.supervisor = Supervisor(self.name or "worker", log, on_failure=self._task_failed)
         #: messages for workers this one has no connection to, by name, and their timers
@@ -510,6 +514,9 @@ class Worker:
                         self.apply(WatchFailed(self.clock(), peer))
                 case StopTask():
                     self.runner.stop(step.entries)
+                case Chunk():
+                    if (sink := self._streams.get(step.job_id)) is not None:
+                        sink(step.task, step.seq, step.value)
                 case Fault():
                     self.run_stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
@@ -693,9 +700,11 @@ class Worker:
         *,
         trace: bool = False,
         traceparent: str | None = None,
+        chunks: Callable[[str, int, Any], None] | None = None,
     ) -> tuple[str, Any]:
         """:meth:`submit`, answering the job's id with its answer (an error names it too).
-        ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context."""
+        ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context;
+        ``chunks(task, seq, value)``: the job streams its sinks' partial outputs there."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
@@ -704,6 +713,8 @@ class Worker:
         job_id = self._job_ids()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
+        if chunks is not None:
+            self._streams[job_id] = chunks
         tracing = self.tracer.start(
             job_id, forced=trace, traceparent=traceparent, received=time.time(),
             follow_caller=self.otel is not None,
@@ -711,7 +722,8 @@ class Worker:
         try:
             now, wall = self.clock(), time.time()
             size = payload_bytes(inputs)
-            self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective))
+            self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective,
+                              stream=chunks is not None))  # fmt: skip
             if tracing is not None:
                 self._note_plan(job_id)
             return job_id, await future
@@ -720,6 +732,7 @@ class Worker:
             raise
         finally:
             self._answers.pop(job_id, None)
+            self._streams.pop(job_id, None)
             if not future.done() or future.cancelled():  # the client stopped waiting
                 self.apply(Cancel(self.clock(), job_id))
             if tracing is not None:
