@@ -44,8 +44,16 @@ class Output:
     final: bool = False
 
 
+class Measures(Protocol):
+    def streamed(self, workflow: str, first_output_s: float) -> None: ...
+
+
 class Streamer(Protocol):
-    """What :func:`stream_job` needs of a worker (the worker is one)."""
+    """What :func:`stream_job` needs of a worker (the worker is one): it submits, and its
+    metrics time the first output."""
+
+    @property
+    def metrics(self) -> Measures: ...
 
     async def submit_job(
         self,
@@ -73,10 +81,15 @@ async def stream_job(
     docstring."""
     items: asyncio.Queue[Output] = asyncio.Queue()
     overrun: list[StreamOverrun] = []
+    loop = asyncio.get_running_loop()
+    started, first = loop.time(), [True]
 
     def chunk(task: str, seq: int, value: Any) -> None:
         if overrun:
             return
+        if first[0]:
+            first[0] = False
+            worker.metrics.streamed(workflow, loop.time() - started)
         if items.qsize() >= MAX_BEHIND:
             overrun.append(
                 StreamOverrun(

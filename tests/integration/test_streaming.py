@@ -60,6 +60,7 @@ def config(name: str, join: tuple[str, ...] = ()) -> WorkerConfig:
         host_lanes=2,
         cache=CacheConfig(backend="host"),
         sched=SchedConfig(policy="round_robin"),
+        metrics_port=0,  # the time to first output and steps are observed
     )
 
 
@@ -90,6 +91,17 @@ async def test_partial_outputs_reach_the_caller_in_order_then_the_final_output()
             ]
             assert final.final and final.value == " ".join(f"w{i}" for i in range(8))
         assert w1.stats.tasks_run > 0, "the generating task ran on the other worker too"
+        first = w0.metrics.registry.get_sample_value(
+            "compass_time_to_first_output_seconds_count", {"workflow": "tell"}
+        )
+        steps = [
+            w.metrics.registry.get_sample_value(
+                "compass_task_steps_total", {"workflow": "tell", "task": "words"}
+            )
+            or 0.0
+            for w in (w0, w1)
+        ]
+        assert first == 6 and sum(steps) == 6 * 8
     finally:
         await w1.aclose()
         await w0.aclose()
