@@ -74,6 +74,9 @@ DEFAULT_WINDOW = 16
 #: with :class:`WorkerUnavailable` (so a reader costs at most this many windows)
 MAX_PRODUCING = 1024
 
+#: items a producer sends in one write at most (when it makes them faster than the loop turns)
+_FLUSH_EVERY = 16
+
 StreamEvent = StreamOpen | StreamItem | StreamEnd | StreamFailed | StreamCredit
 
 _OPEN, _ENDED, _FAILED, _LEFT = 0, 1, 2, 3
@@ -83,7 +86,7 @@ class ItemStream:
     """The items of one stream this side opened (:meth:`Channel.stream
     <compass.wire.channel.Channel.stream>`), in order: an async iterator and an async context
     manager. It holds at most ``window`` items not yet taken, and grants the producer more
-    credit as they are taken (half a window at a time)."""
+    credit for the items taken when the next is asked for (half a window at a time)."""
 
     __slots__ = (
         "_channel",
@@ -123,10 +126,21 @@ class ItemStream:
         """Items received and not yet taken (at most ``window``)."""
         return len(self._items)
 
+    @property
+    def done(self) -> bool:
+        """True once nothing more can arrive: the producer ended the stream (its END or FAIL
+        came, also after this side left early) or the channel ended."""
+        side = self._channel._streams
+        return side is None or side.readers.get(self.id) is not self
+
     def __aiter__(self) -> ItemStream:
         return self
 
     async def __anext__(self) -> Any:
+        if self._consumed >= self._grant_at and self._state == _OPEN:
+            # the items taken before are done with: credit for them now, not as they were
+            # handed out (a reader busy with an item holds the producer back by one more)
+            self._grant()
         items = self._items
         if not items:
             if self._state != _OPEN:
@@ -141,12 +155,8 @@ class ItemStream:
                 self._waiter = None
             if not items:
                 self._stop()
-        item = items.popleft()
-        if self._state == _OPEN:
-            self._consumed += 1
-            if self._consumed >= self._grant_at:
-                self._grant()
-        return item
+        self._consumed += 1
+        return items.popleft()
 
     def _stop(self) -> None:
         """Nothing left to take: end the iteration the way the stream ended."""
@@ -317,6 +327,7 @@ async def _produce(
     """Send ``items`` as credit allows; end the stream the way they end."""
     conn = channel._conn
     windows = conn.streams
+    writes = channel._writes
     loop = channel._loop
     sent = 0
     try:
@@ -341,7 +352,12 @@ async def _produce(
             except CompassError as exc:  # too large, or not encodable
                 raise ProtocolError(f"item {sent} of stream {op!r} cannot be sent: {exc}") from None
             sent += 1
-            channel._write_out()
+            # the first item of a pass of the loop goes out at once, the next ones together at
+            # its end (one system call, not one each), or when the window is used up, or every
+            # few items
+            writes.write_gathered()
+            if sent % _FLUSH_EVERY == 0 or windows.credit(stream_id) == 0:
+                writes.flush()
     except StopAsyncIteration:
         if channel._failure is None:
             conn.send_stream_end(stream_id, None)

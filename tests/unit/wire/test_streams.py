@@ -199,11 +199,15 @@ async def test_a_slow_reader_holds_the_producer_after_window_items() -> None:
         assert served_channel._conn.streams.credit(items.id) == 0
         transport = served_channel._transport
         assert transport is not None and transport.get_write_buffer_size() == 0
-        # taking half a window grants that much: the producer makes exactly that many more
+        # items taken are granted back, half a window at a time, when the next is asked for:
+        # the producer makes exactly that many more
         for _ in range(4):
             await items.__anext__()
+        await asyncio.sleep(0.02)
+        assert producer.produced[1] == 8  # the reader may still be busy with the fourth
+        await items.__anext__()
         await until(lambda: producer.produced[1] == 12, "the producer resumed")
-        await until(lambda: items.buffered == 8, "the window refilled")
+        await until(lambda: items.buffered == 7, "the window refilled")
         await asyncio.sleep(0.02)
         assert producer.produced[1] == 12
         await items.aclose()
