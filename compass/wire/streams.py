@@ -32,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from compass.errors import (
     CompassError,
@@ -50,17 +51,15 @@ from compass.wire.flow import (
     check_window,
 )
 from compass.wire.handlers import Streamed, StreamResult, exception_to_wire
-
-if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
-    from compass.wire.channel import Channel
+from compass.wire.protocol import Connection
+from compass.wire.writes import WriteBatcher
 
 __all__ = [
     "DEFAULT_WINDOW",
     "MAX_PRODUCING",
     "ItemStream",
     "StreamEvent",
+    "StreamHost",
     "StreamSide",
     "open_stream",
     "stream_event",
@@ -80,6 +79,43 @@ _FLUSH_EVERY = 16
 StreamEvent = StreamOpen | StreamItem | StreamEnd | StreamFailed | StreamCredit
 
 _OPEN, _ENDED, _FAILED, _LEFT = 0, 1, 2, 3
+
+
+class StreamHost(Protocol):
+    """What streams use of their channel: :class:`compass.wire.channel.Channel`, which calls
+    into this module (so it is described here, not imported). Its request handlers, their
+    task table and cancellation are shared with the producers."""
+
+    local_name: str
+    last_active: float
+    _streams: StreamSide | None
+    _handler_serial: int
+
+    @property
+    def _conn(self) -> Connection: ...
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def _writes(self) -> WriteBatcher: ...
+    @property
+    def _failure(self) -> tuple[type[CompassError], str] | None: ...
+    @property
+    def _handler(self) -> Callable[[Any, str, Any], Any] | None: ...
+    @property
+    def _refusing(self) -> bool: ...
+    @property
+    def _write_paused(self) -> bool: ...
+    @property
+    def _handler_tasks(self) -> dict[int, asyncio.Task[None]]: ...
+    @property
+    def _serial_of(self) -> dict[int, int]: ...
+    @property
+    def _peer_cancelled(self) -> set[int]: ...
+    @property
+    def _write_out(self) -> Callable[[], None]: ...
+    def _send_cancel(self, request_id: int) -> None: ...
+    def _use_error(self) -> CompassError: ...
+    async def drain(self) -> None: ...
 
 
 class ItemStream:
@@ -102,7 +138,7 @@ class ItemStream:
         "window",
     )
 
-    def __init__(self, channel: Channel, stream_id: int, op: str, window: int) -> None:
+    def __init__(self, channel: StreamHost, stream_id: int, op: str, window: int) -> None:
         self._channel = channel
         #: the stream's id (the request id of its OPEN)
         self.id = stream_id
@@ -125,13 +161,6 @@ class ItemStream:
     def buffered(self) -> int:
         """Items received and not yet taken (at most ``window``)."""
         return len(self._items)
-
-    @property
-    def done(self) -> bool:
-        """True once nothing more can arrive: the producer ended the stream (its END or FAIL
-        came, also after this side left early) or the channel ended."""
-        side = self._channel._streams
-        return side is None or side.readers.get(self.id) is not self
 
     def __aiter__(self) -> ItemStream:
         return self
@@ -228,14 +257,14 @@ class StreamSide:
             reader._fail(error(message))
 
 
-def _side(channel: Channel) -> StreamSide:
+def _side(channel: StreamHost) -> StreamSide:
     side = channel._streams
     if side is None:
         side = channel._streams = StreamSide()
     return side
 
 
-def open_stream(channel: Channel, op: str, body: Any, window: int) -> ItemStream:
+def open_stream(channel: StreamHost, op: str, body: Any, window: int) -> ItemStream:
     """Open stream ``op`` on ``channel`` (see :meth:`Channel.stream
     <compass.wire.channel.Channel.stream>`)."""
     if channel._failure is not None:
@@ -248,7 +277,7 @@ def open_stream(channel: Channel, op: str, body: Any, window: int) -> ItemStream
     return reader
 
 
-def stream_event(channel: Channel, event: StreamEvent) -> None:
+def stream_event(channel: StreamHost, event: StreamEvent) -> None:
     """Deliver a stream frame the channel read (the connection has checked its window)."""
     side = _side(channel)
     kind = type(event)
@@ -273,14 +302,14 @@ def stream_event(channel: Channel, event: StreamEvent) -> None:
         _start_producer(channel, side, event)  # type: ignore[arg-type]
 
 
-def _refuse(channel: Channel, stream_id: int, exc: BaseException, op: str) -> None:
+def _refuse(channel: StreamHost, stream_id: int, exc: BaseException, op: str) -> None:
     where = f"streaming {op!r} on {channel.local_name!r}"
     code, text, detail = exception_to_wire(exc, context=where)
     channel._conn.send_stream_error(stream_id, code, text, detail)
     channel._write_out()
 
 
-def _start_producer(channel: Channel, side: StreamSide, event: StreamOpen) -> None:
+def _start_producer(channel: StreamHost, side: StreamSide, event: StreamOpen) -> None:
     handler = channel._handler
     name, op = channel.local_name, event.op
     refusal: CompassError | None = None
@@ -317,7 +346,7 @@ def _start_producer(channel: Channel, side: StreamSide, event: StreamOpen) -> No
 
 
 async def _produce(
-    channel: Channel,
+    channel: StreamHost,
     side: StreamSide,
     serial: int,
     stream_id: int,
