@@ -12,8 +12,13 @@ Both servers run in processes of their own on loopback (uvloop), the clients in 
 
 Measured: a 64-byte round trip with one request in flight (p50/p99 microseconds), throughput
 with 64 requests in flight (messages per second), and one 64 MiB ndarray sent and acknowledged
-(GB/s, 1e9 bytes). Ratios are compass / raw. The two sides alternate for a few rounds and each
-keeps its best figure, since background noise only ever makes a side slower.
+(GB/s, 1e9 bytes). Ratios are compass / raw. Streams (:mod:`compass.wire.streams`), against
+compass's own requests in the same run: 64-byte items per second over one stream with a window
+of 64, against 64 requests in flight; the time per item (one over that rate) against the round
+trip; the first item of a stream against a round trip (p50, 1 CPU, both with an async
+handler); and one item at a time (window 1, so each item waits for its credit: p50 from item to
+item) against a round trip. The two sides alternate for a few
+rounds and each keeps its best figure, since background noise only ever makes a side slower.
 
 Placement is fixed where the OS allows it, the same for both sides: for round trips the client
 and the servers share one CPU; throughput and bulk run both with one shared CPU and with a CPU
@@ -196,6 +201,12 @@ async def _serve_compass(port: int) -> None:
     async def echo_task(channel: Channel, body: Any) -> Any:
         return body
 
+    @router.stream("items")
+    async def items(channel: Channel, body: Any) -> Any:
+        payload = body["payload"]
+        for _ in range(body["n"]):
+            yield payload
+
     @router.request("bulk")
     async def bulk(channel: Channel, body: Any) -> Any:
         return int(body.nbytes)
@@ -285,6 +296,52 @@ async def _bulk(call: Call, repeat: int) -> float:
     return BULK_BYTES / sorted(times)[len(times) // 2] / 1e9
 
 
+async def _streamed(channel: Channel, payload: bytes, total: int, window: int) -> float:
+    """Items per second over one stream of ``total`` items, ``window`` ahead."""
+    body = {"payload": payload, "n": total}
+    async with channel.stream("items", {**body, "n": max(100, total // 10)}, window=window) as it:
+        async for _ in it:  # warm up
+            pass
+    started = time.perf_counter()
+    async with channel.stream("items", body, window=window) as it:
+        async for _ in it:
+            pass
+    return total / (time.perf_counter() - started)
+
+
+async def _first_items(channel: Channel, payload: bytes, count: int) -> list[int]:
+    """Nanoseconds from opening a stream to its first item, ``count`` times (the stream goes
+    on, held by its window of 1, while that item is timed; the rest is read to the end before
+    the next is opened)."""
+    body = {"payload": payload, "n": 2}
+    clock = time.perf_counter_ns
+    samples = []
+    warm = max(100, count // 10)
+    for i in range(warm + count):
+        started = clock()
+        async with channel.stream("items", body, window=1) as it:
+            await it.__anext__()
+            elapsed = clock() - started
+            async for _ in it:  # the second item, then the end: the server is done with it
+                pass
+        if i >= warm:
+            samples.append(elapsed)
+    return samples
+
+
+async def _item_gaps(channel: Channel, payload: bytes, count: int, window: int) -> list[int]:
+    """Nanoseconds between consecutive items of one stream of ``count`` items."""
+    clock = time.perf_counter_ns
+    samples = []
+    async with channel.stream("items", {"payload": payload, "n": count}, window=window) as it:
+        last = clock()
+        async for _ in it:
+            now = clock()
+            samples.append(now - last)
+            last = now
+    return samples[max(100, count // 10) :]
+
+
 def _percentile(samples: list[int], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1e3
@@ -365,6 +422,10 @@ async def _measure(
                 samples = await _round_trips(small, rtt_count)
                 keep(f"{prefix}rtt_p50_us", _percentile(samples, 0.50), False)
                 keep(f"{prefix}rtt_p99_us", _percentile(samples, 0.99), False)
+            first = await _first_items(channel, payload, rtt_count // 4)
+            keep("stream_first_item_p50_us", _percentile(first, 0.50), False)
+            gaps = await _item_gaps(channel, payload, rtt_count, 1)
+            keep("stream_window1_item_p50_us", _percentile(gaps, 0.50), False)
             # both placements, each side keeping its better one: a cheap server gains from
             # sharing the client's CPU (no cross-CPU wake-ups), a busy one from a CPU of its own
             for shared in (True, False):
@@ -380,6 +441,8 @@ async def _measure(
                     rate = await _pipelined(small, pipelined_total)
                     keep(f"{prefix}pipelined_msgs_per_s", rate, True)
                     keep(f"{prefix}bulk_gbps", await _bulk(bulk, bulk_repeat), True)
+                rate = await _streamed(channel, payload, pipelined_total, IN_FLIGHT)
+                keep("stream_items_per_s", rate, True)
     finally:
         _pin([0, *pids], allowed)
         raw.close()
@@ -390,6 +453,12 @@ async def _measure(
     best["rtt_task_ratio"] = best["task_rtt_p50_us"] / best["raw_rtt_p50_us"]
     best["pipelined_ratio"] = best["pipelined_msgs_per_s"] / best["raw_pipelined_msgs_per_s"]
     best["bulk_ratio"] = best["bulk_gbps"] / best["raw_bulk_gbps"]
+    best["request_us"] = 1e6 / best["pipelined_msgs_per_s"]
+    best["stream_item_us"] = 1e6 / best["stream_items_per_s"]
+    best["stream_over_pipelined"] = best["stream_items_per_s"] / best["pipelined_msgs_per_s"]
+    best["stream_item_over_request"] = best["stream_item_us"] / best["request_us"]
+    best["stream_first_over_rtt"] = best["stream_first_item_p50_us"] / best["task_rtt_p50_us"]
+    best["stream_window1_over_rtt"] = best["stream_window1_item_p50_us"] / best["task_rtt_p50_us"]
     return best
 
 
@@ -401,6 +470,18 @@ _TABLE = [
     (f"{IN_FLIGHT} in flight (msg/s)", "pipelined_msgs_per_s", "pipelined_ratio", ">= 0.75"),
     ("64 MiB ndarray (GB/s)", "bulk_gbps", "bulk_ratio", ">= 0.5"),
 ]
+
+
+#: (label, request figure, stream figure, ratio): streams against compass's own requests
+_STREAM_TABLE = [
+    (f"64 B items/s (window {IN_FLIGHT} vs {IN_FLIGHT} in flight)", "pipelined_msgs_per_s",
+     "stream_items_per_s", "stream_over_pipelined"),
+    ("  per item (us)", "request_us", "stream_item_us", "stream_item_over_request"),
+    ("first item p50 (us) vs round trip p50", "task_rtt_p50_us", "stream_first_item_p50_us",
+     "stream_first_over_rtt"),
+    ("window 1: item to item p50 (us) vs round trip", "task_rtt_p50_us",
+     "stream_window1_item_p50_us", "stream_window1_over_rtt"),
+]  # fmt: skip
 
 
 def run(quick: bool = False, json_path: str | None = None) -> dict[str, float]:
@@ -420,6 +501,9 @@ def run(quick: bool = False, json_path: str | None = None) -> dict[str, float]:
     ]
     columns = ["", "raw", "compass", "ratio", "target"]
     print_table("wire: compass vs raw asyncio (uvloop, loopback)", columns, rows)
+    rows = [[label, result[a], result[b], result[r]] for label, a, b, r in _STREAM_TABLE]
+    columns = ["", "request", "stream", "ratio"]
+    print_table("wire: streamed items vs requests (compass, same run)", columns, rows)
     write_json(json_path, {**result, "quick": quick, "machine": machine()})
     return result
 

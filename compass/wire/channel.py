@@ -60,6 +60,7 @@ from compass.wire.protocol import (
     Request,
     Response,
 )
+from compass.wire.streams import ItemStream, StreamSide, open_stream, stream_event
 from compass.wire.writes import WriteBatcher
 
 __all__ = [
@@ -206,6 +207,7 @@ class Channel:
         self._starts = 0
         self._next_pass: asyncio.Handle | None = None
         self._rejection: CompassError | None = None  # refused by the server before its handshake
+        self._streams: StreamSide | None = None  # streams either way, made by the first
 
         self._writes = WriteBatcher(self._loop, conn.data_to_send, self._in_flight)
         # bound once: called for every message sent
@@ -286,6 +288,11 @@ class Channel:
         if self._failure is None:
             self._conn.send_notify(CANCEL_OP, request_id)
             self._write_out()
+
+    def stream(self, op: str, body: Any = None, *, window: int = 16) -> ItemStream:
+        """Open stream ``op`` at the peer: its items in order, ``window`` at most ahead of the
+        reader (an async iterator and context manager; see :mod:`compass.wire.streams`)."""
+        return open_stream(self, op, body, window)
 
     def notify(self, op: str, body: Any = None) -> None:
         """Send one-way message ``op``; buffered, never blocks (see :meth:`drain`)."""
@@ -547,8 +554,10 @@ class Channel:
                     self._dispatch_error(event)  # type: ignore[arg-type]
                 elif kind is HandshakeComplete:
                     self._handshake_complete(event)  # type: ignore[arg-type]
-                else:
+                elif event is None:
                     break
+                else:
+                    stream_event(self, event)  # type: ignore[arg-type]
                 if decoder.drained:
                     break  # every received byte consumed: no further frame, skip asking
         except CompassError as exc:
@@ -773,6 +782,8 @@ class Channel:
                 waiter.set_exception(kind(message))
         for task in self._handler_tasks.values():
             task.cancel()
+        if self._streams is not None:
+            self._streams.fail(kind, message)
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None

@@ -1,5 +1,6 @@
-"""What a request handler answers: a value ready at once (:class:`Immediate`), or an error in
-wire form (:func:`exception_to_wire`, the one place where exceptions become wire errors).
+"""What a request handler answers: a value ready at once (:class:`Immediate`), a stream of items
+(:class:`Streamed`, ended early by a :class:`StreamResult`), or an error in wire form
+(:func:`exception_to_wire`, the one place where exceptions become wire errors).
 
 Both :mod:`compass.wire.channel` and :mod:`compass.wire.rpc` import this module, and it imports
 neither, not even for types: the channel's callback types are the channel's
@@ -9,11 +10,12 @@ neither, not even for types: the channel's callback types are the channel's
 from __future__ import annotations
 
 import traceback
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
-from compass.errors import CompassError, RemoteError
+from compass.errors import CompassError, RemoteError, UnknownOperation
 
-__all__ = ["Immediate", "exception_to_wire"]
+__all__ = ["Immediate", "StreamResult", "Streamed", "exception_to_wire"]
 
 
 class Immediate:
@@ -22,6 +24,41 @@ class Immediate:
     The channel answers it inside the callback that read the request: no task, no extra
     loop iteration. Only for handlers that never block.
     """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Streamed:
+    """A request handler's answer that is a stream (see :meth:`Router.stream`): the channel
+    sends each item ``items`` yields, as credit allows, to a peer that opened it with
+    :meth:`Channel.stream <compass.wire.channel.Channel.stream>`.
+
+    Asked for as a plain request, it answers :class:`UnknownOperation` (the op streams).
+    """
+
+    __slots__ = ("items", "op")
+
+    def __init__(self, items: AsyncIterator[Any], op: str) -> None:
+        self.items = items
+        self.op = op
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        aclose = getattr(self.items, "aclose", None)
+        if aclose is not None:
+            yield from aclose().__await__()
+        raise UnknownOperation(
+            f"{self.op!r} is a stream: open it with Channel.stream, not Channel.request",
+            detail={"op": self.op},
+        )
+
+
+class StreamResult:
+    """Yielded by a stream handler: the stream ends, with ``value`` as its final body (the
+    reader's :attr:`ItemStream.result <compass.wire.streams.ItemStream.result>`); the
+    generator is not resumed. A stream that simply ends has the final body ``None``."""
 
     __slots__ = ("value",)
 

@@ -14,6 +14,7 @@ Every message is a msgpack array whose first element is its kind::
     RESPONSE [5, id, body]
     ERROR    [6, id, code, message, detail]     the request ``id`` failed
     NOTIFY   [7, op, body]
+    OPEN, ITEM, END, FAIL, CREDIT   [8..12, id, ...]   streams: see :mod:`compass.wire.flow`
 
 Handshake (mutual HMAC-SHA256 over the cluster token; no token means an empty key)::
 
@@ -22,6 +23,9 @@ Handshake (mutual HMAC-SHA256 over the cluster token; no token means an empty ke
                                         <-      HELLO{nonce_a, proof=H("acceptor"+nonce_i+nonce_a)}
     checks proof; AUTH{H("initiator"+nonce_a+nonce_i)} ->
                                         <-      READY   (or REFUSE{auth} and close)
+
+Each HELLO says ``streams: true``: a peer whose HELLO lacks it (an older compass) is never sent
+a stream frame; opening a stream to it fails on this side, and requests flow as before.
 
 A version mismatch is answered with REFUSE{version}; a failed proof on either side with
 REFUSE{auth}, so both ends report the same typed error. The initiator proves itself only after
@@ -66,6 +70,15 @@ from compass.wire.codec import (
     _no_buffers_hook,
     check_structure,
     decode_message,
+)
+from compass.wire.flow import (
+    StreamCredit,
+    StreamEnd,
+    StreamFailed,
+    StreamItem,
+    StreamOpen,
+    StreamWindows,
+    check_window,
 )
 from compass.wire.frames import PREFIX as _PREFIX
 from compass.wire.frames import (
@@ -122,10 +135,16 @@ class MessageKind(enum.IntEnum):
     RESPONSE = 5
     ERROR = 6
     NOTIFY = 7
+    OPEN = 8
+    ITEM = 9
+    END = 10
+    FAIL = 11
+    CREDIT = 12
 
 
 _HELLO, _AUTH, _READY, _REFUSE = 0, 1, 2, 3
 _REQUEST, _RESPONSE, _ERROR, _NOTIFY = 4, 5, 6, 7
+_OPEN, _ITEM, _END, _FAIL, _CREDIT = 8, 9, 10, 11, 12
 
 
 class State(enum.Enum):
@@ -147,7 +166,9 @@ _EXPECTED: dict[State, frozenset[int]] = {
     State.WAIT_HELLO: frozenset({_HELLO, _REFUSE}),
     State.WAIT_AUTH: frozenset({_AUTH, _REFUSE}),
     State.SENT_AUTH: frozenset({_READY, _REFUSE}),
-    State.READY: frozenset({_REQUEST, _RESPONSE, _ERROR, _NOTIFY, _REFUSE}),
+    State.READY: frozenset(
+        {_REQUEST, _RESPONSE, _ERROR, _NOTIFY, _REFUSE, _OPEN, _ITEM, _END, _FAIL, _CREDIT}
+    ),
     State.FAILED: frozenset(),
 }
 
@@ -195,7 +216,18 @@ class Notify:
     body: Any
 
 
-Event = HandshakeComplete | Request | Response | ErrorResponse | Notify
+Event = (
+    HandshakeComplete
+    | Request
+    | Response
+    | ErrorResponse
+    | Notify
+    | StreamOpen
+    | StreamItem
+    | StreamEnd
+    | StreamFailed
+    | StreamCredit
+)
 
 # slot setters of the two hot events (see next_event)
 _new = object.__new__
@@ -304,6 +336,10 @@ class Connection:
         self._encoder_made: Encoder | None = None
         self._pack: Callable[[Any], bytes] | None = None
         self._next_id = 1
+        #: the credit windows of the streams open on this connection, both ways
+        self.streams = StreamWindows()
+        #: the peer's HELLO said it speaks streams (an older compass's does not)
+        self.peer_streams = False
         self._error: CompassError | None = None
         self._state = State.IDLE if role == "initiator" else State.WAIT_HELLO
 
@@ -427,6 +463,24 @@ class Connection:
 
     def _ready_event(self, kind: object, message: list[Any]) -> Event:
         size = len(message)
+        if kind == _ITEM and size == 3 and type(message[1]) is int:
+            self.streams.item_received(message[1])
+            return StreamItem(message[1], message[2])
+        if kind == _CREDIT and size == 3 and type(message[1]) is int:
+            if self.streams.credit_received(message[1], message[2]):
+                return StreamCredit(message[1], message[2])
+            return StreamCredit(message[1], 0)  # the stream ended here: nothing to wake
+        if kind == _OPEN and size == 5 and type(message[1]) is int and type(message[2]) is str:
+            self.streams.open_received(message[1], message[4])
+            return StreamOpen(message[1], message[2], message[3], message[4])
+        if kind == _END and size == 3 and type(message[1]) is int:
+            self.streams.ended(message[1], "END")
+            return StreamEnd(message[1], message[2])
+        if kind == _FAIL and size == 5:
+            _, sid, code, text, detail = message
+            if type(sid) is int and type(code) is str and type(text) is str:
+                self.streams.ended(sid, "FAIL")
+                return StreamFailed(sid, code, text, detail)
         if kind == _REQUEST and size == 4:
             _, rid, op, body = message
             if type(rid) is int and type(op) is str:
@@ -467,6 +521,7 @@ class Connection:
             "nonce": self._nonce,
             "token": self._has_token,
             "limits": [getattr(self.limits, name) for name in _ANNOUNCED],
+            "streams": True,
         }
 
     def _handshake_event(self, kind: object, message: list[Any]) -> Event | None:
@@ -515,6 +570,7 @@ class Connection:
             raise ProtocolError(f"malformed HELLO fields: {fields!r:.200}")
         self.peer_name, self.peer_role, self._peer_nonce = name, str(role), nonce
         self._peer_has_token = bool(fields.get("token"))
+        self.peer_streams = fields.get("streams") is True
         self.send_limits = _peer_limits(self.limits, fields.get("limits"))
         if self.role == "acceptor":
             fields = self._hello_fields()
@@ -585,6 +641,60 @@ class Connection:
         if self._state is not _STATE_READY or type(op) is not str:
             self._require_ready(op)
         self._queue([_NOTIFY, op, body], type(body) in _FLAT)
+
+    # -- streams (see compass.wire.flow) ------------------------------------------------------
+
+    def send_stream_open(self, op: str, body: Any, window: int) -> int:
+        """Open a stream of ``op`` at the peer with credit for ``window`` items; returns its id
+        (a request id). Raises :class:`VersionMismatch` if the peer speaks no streams."""
+        self._require_ready(op)
+        check_window(window)
+        if not self.peer_streams:
+            raise VersionMismatch(
+                f"peer {self.peer_name!r} runs a compass without streams; upgrade it to open "
+                f"stream {op!r}"
+            )
+        stream_id = self._next_id
+        self._queue([_OPEN, stream_id, op, body, window], type(body) in _FLAT)
+        self._next_id = stream_id + 1
+        self.streams.opened(stream_id, window)
+        return stream_id
+
+    def send_credit(self, stream_id: int, n: int) -> None:
+        """Grant the producer of our stream ``stream_id`` ``n`` more items."""
+        self._require_ready()
+        self.streams.grant(stream_id, n)
+        self._queue([_CREDIT, stream_id, n], True)
+
+    def send_stream_item(self, stream_id: int, body: Any) -> None:
+        """Queue the next item of the peer's stream ``stream_id``; uses one credit
+        (:class:`~compass.wire.flow.StreamMisuse` if none is left)."""
+        self._require_ready()
+        windows = self.streams
+        windows.item_sent(stream_id)
+        try:
+            self._queue([_ITEM, stream_id, body], type(body) in _FLAT)
+        except BaseException:
+            windows.refund(stream_id)
+            raise
+
+    def send_stream_end(self, stream_id: int, body: Any = None) -> None:
+        """End the peer's stream ``stream_id`` with final ``body``."""
+        self._require_ready()
+        self._queue([_END, stream_id, body], type(body) in _FLAT)
+        self.streams.finished(stream_id)
+
+    def send_stream_error(
+        self, stream_id: int, code: str, message: str, detail: Any = None
+    ) -> None:
+        """End the peer's stream ``stream_id`` with an error (an unencodable ``detail`` is sent
+        as its ``repr``)."""
+        self._require_ready()
+        try:
+            self._queue([_FAIL, stream_id, code, message, detail])
+        except ProtocolError:
+            self._queue([_FAIL, stream_id, code, message, repr(detail)[:4096]])
+        self.streams.finished(stream_id)
 
     def _require_ready(self, op: object = "") -> None:
         if self._state is not State.READY:

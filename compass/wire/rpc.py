@@ -8,6 +8,11 @@
     async def ping(channel: Channel, body: Any) -> Any:
         return body
 
+    @router.stream("count")
+    async def count(channel: Channel, body: Any) -> AsyncIterator[Any]:
+        for n in range(body):
+            yield n  # sent when the reader has credit; until then not resumed
+
     @router.notify("heartbeat")
     def heartbeat(channel: Channel, body: Any) -> None: ...
 
@@ -22,25 +27,35 @@ the remote traceback as text in ``detail["traceback"]``. Nothing is pickled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compass.errors import ConfigError, UnknownOperation
-from compass.wire.handlers import Immediate, exception_to_wire
+from compass.wire.handlers import Immediate, Streamed, exception_to_wire
 
 if TYPE_CHECKING:
     from compass.wire.channel import Channel
 
-__all__ = ["Immediate", "InlineFunc", "NotifyFunc", "RequestFunc", "Router", "exception_to_wire"]
+__all__ = [
+    "Immediate",
+    "InlineFunc",
+    "NotifyFunc",
+    "RequestFunc",
+    "Router",
+    "StreamFunc",
+    "exception_to_wire",
+]
 
 log = logging.getLogger("compass.wire")
 
 RequestFunc = Callable[["Channel", Any], Awaitable[Any]]
 InlineFunc = Callable[["Channel", Any], Any]
 NotifyFunc = Callable[["Channel", Any], None]
+StreamFunc = Callable[["Channel", Any], AsyncIterator[Any]]
 _R = TypeVar("_R", bound=RequestFunc)
 _N = TypeVar("_N", bound=NotifyFunc)
 _I = TypeVar("_I", bound=InlineFunc)
+_S = TypeVar("_S", bound=StreamFunc)
 
 
 class Router:
@@ -82,6 +97,19 @@ class Router:
             if op in self._requests or op in self._inline:
                 raise ConfigError(f"request op {op!r} already has a handler")
             self._inline[op] = func
+            return func
+
+        return register
+
+    def stream(self, op: str) -> Callable[[_S], _S]:
+        """Decorator: ``async def f(channel, body)``, an async generator, serves streams of
+        ``op`` (see :mod:`compass.wire.streams`): each item it yields is sent in order, and
+        while the reader's window is full it is not resumed. Yielding a
+        :class:`~compass.wire.handlers.StreamResult` ends the stream with that final body;
+        leaving the stream early (or losing the connection) closes the generator."""
+
+        def register(func: _S) -> _S:
+            self.add_request(op, lambda channel, body: Streamed(func(channel, body), op))
             return func
 
         return register

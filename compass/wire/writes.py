@@ -133,6 +133,18 @@ class WriteBatcher:
         else:
             transport.writelines(data)
 
+    def write_gathered(self) -> None:
+        """:meth:`write_out` for a writer likely to write again in this pass of the loop (a
+        stream's producer): its first write of a pass goes out at once, later ones together
+        at the end of the pass."""
+        if self._reading or self._flush_scheduled:
+            self._pending.extend(self._source())
+            return
+        self.write_out()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._scheduled_flush)
+
     def spill(self) -> None:
         """Write what the batch being read has queued so far, now, and keep reading the batch.
 

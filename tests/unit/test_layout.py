@@ -31,7 +31,12 @@ SANS_IO = (
 IO_MODULES = ("asyncio", "uvloop", "socket", "selectors", "subprocess")
 IO_PACKAGES = ("compass.worker", "compass.observe", "compass.client", "compass.cluster")
 #: the sans-IO modules of the wire (a framer, a codec, a connection without a socket)
-SANS_IO_WIRE = ("compass.wire.frames", "compass.wire.codec", "compass.wire.protocol")
+SANS_IO_WIRE = (
+    "compass.wire.frames",
+    "compass.wire.codec",
+    "compass.wire.protocol",
+    "compass.wire.flow",
+)
 MAX_LINES = 800
 
 
