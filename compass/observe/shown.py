@@ -106,6 +106,8 @@ class Measured(Protocol):
 
     def batch_sizes(self) -> dict[str, dict[str, int]]: ...
 
+    def streamed(self, workflow: str, first_output_s: float) -> None: ...
+
 
 class Peer(Protocol):
     """A live peer as observability names it."""

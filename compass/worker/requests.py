@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
@@ -37,8 +37,10 @@ from compass.observe.shown import Holdings, Identity, Records, queue_status
 from compass.observe.tracing import TRACE_FIELD
 from compass.observe.usage import process_usage
 from compass.sched.heartbeat import Heartbeat
+from compass.wire.handlers import StreamResult
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
+from compass.worker.streaming import stream_job
 
 if TYPE_CHECKING:
     from compass.app import App
@@ -113,6 +115,7 @@ class Served(Described, Protocol):
         *,
         trace: bool = False,
         traceparent: str | None = None,
+        chunks: Callable[[str, int, Any], None] | None = None,
     ) -> tuple[str, Any]: ...
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]: ...
@@ -140,6 +143,7 @@ def make_router(worker: Served) -> Router:
     router.inline("traces")(requests.traces)
     router.inline("timeline")(requests.timeline)
     router.request("submit")(requests.submit)
+    router.stream("stream")(requests.stream)
     router.request("join")(requests.join)
     router.request("plan")(requests.plan)
     router.notify("heartbeat")(requests.from_peers("heartbeat", requests.heartbeat))
@@ -275,18 +279,22 @@ class _Requests:
         )  # fmt: skip
         return part
 
-    async def submit(self, channel: Channel, body: Any) -> Any:
+    def _submission(self, body: Any, op: str) -> tuple[str | None, str | None, Objective]:
+        """A submission's key, traceparent and objective, checked; its workflow too."""
         if not isinstance(body, dict) or not isinstance(body.get("workflow"), str):
-            raise InvalidInputs("submit needs {workflow: str, inputs: {name: value}}")
+            raise InvalidInputs(f"{op} needs {{workflow: str, inputs: {{name: value}}}}")
         key = body.get("key")
         if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS):
             raise InvalidInputs(f"a job key must be a string of 1 to {MAX_KEY_CHARS} characters")
         traceparent = body.get("tp")
         if traceparent is not None and not isinstance(traceparent, str):
             raise InvalidInputs("a submission's tp must be a W3C traceparent string")
+        return key, traceparent, Objective.from_wire(body, self.worker.config.time_scale)
+
+    async def submit(self, channel: Channel, body: Any) -> Any:
+        key, traceparent, objective = self._submission(body, "submit")
         traced = body.get("trace") is True
         worker = self.worker
-        objective = Objective.from_wire(body, worker.config.time_scale)
         job_id, value = await worker.submit_job(
             body["workflow"], body.get("inputs") or {}, key, objective,
             trace=traced, traceparent=traceparent,
@@ -297,6 +305,20 @@ class _Requests:
                 reply["trace"] = worker.tracer.trace(job_id)
             return reply
         return value
+
+    async def stream(self, channel: Channel, body: Any) -> AsyncIterator[Any]:
+        """``submit``, streaming: each partial output of the job's step-wise sinks as
+        ``{task, seq, value}``, as it is made, then its final output as the stream's end."""
+        key, _, objective = self._submission(body, "stream")
+        if key is not None:
+            raise InvalidInputs("a streamed job takes no key (its partial outputs are not kept)")
+        outputs = stream_job(self.worker, body["workflow"], body.get("inputs") or {}, objective,
+                             trace=body.get("trace") is True)  # fmt: skip
+        async for out in outputs:
+            if out.final:
+                yield StreamResult(out.value)
+            else:
+                yield {"task": out.task, "seq": out.seq, "value": out.value}
 
     # -- peers ---------------------------------------------------------------------------------
     async def join(self, channel: Channel, body: Any) -> dict[str, Any]:

@@ -17,7 +17,9 @@ import pytest
 
 import compass
 from compass.config import CacheConfig, SchedConfig, WorkerConfig
-from compass.errors import StreamOverrun
+from compass.errors import InvalidInputs, StreamOverrun, UnknownWorkflow
+from compass.wire.options import ChannelOptions
+from compass.wire.tcp import connect
 from compass.worker import streaming
 from compass.worker.process import build_worker
 from compass.worker.server import Worker
@@ -165,3 +167,25 @@ def test_outputs_say_what_they_are() -> None:
     part, final = Output("w0", "words", 0), Output("text", final=True)
     assert not part.final and part.task == "words" and part.seq == 0
     assert final.final and final.task is None and final.value == "text"
+
+
+@pytest.mark.asyncio
+async def test_a_remote_caller_reads_a_streamed_job_over_the_wire() -> None:
+    w0, w1 = await two_workers()
+    channel = await connect(w0.address, ChannelOptions(name="reader", token=w0.config.token))
+    try:
+        for n in range(2):
+            async with channel.stream("stream", {"workflow": "tell", "inputs": {"n": n}}) as items:
+                got = [item async for item in items]
+            assert got == [{"task": "words", "seq": i, "value": f"w{i}"} for i in range(8)]
+            assert items.result == " ".join(f"w{i}" for i in range(8))
+        with pytest.raises(InvalidInputs, match="takes no key"):
+            async with channel.stream("stream", {"workflow": "tell", "key": "k"}) as items:
+                [item async for item in items]
+        with pytest.raises(UnknownWorkflow):
+            async with channel.stream("stream", {"workflow": "nope", "inputs": {}}) as items:
+                [item async for item in items]
+    finally:
+        await channel.aclose()
+        await w1.aclose()
+        await w0.aclose()
