@@ -19,8 +19,10 @@ import pytest
 
 from compass.config import Limits, Timeouts
 from compass.errors import (
+    ConfigError,
     ConnectionClosed,
     ConnectionLost,
+    ProtocolError,
     RemoteError,
     UnknownOperation,
     UnknownWorkflow,
@@ -75,6 +77,8 @@ class Producer:
             yield 1
             if body == "typed":
                 raise UnknownWorkflow("no workflow 'w'", detail={"workflow": "w"})
+            if body == "unsendable":
+                yield object()
             raise ValueError("the producer broke")
 
         @router.request("echo")
@@ -169,6 +173,21 @@ async def test_errors_keep_their_type_after_the_items_before_them() -> None:
         with pytest.raises(RemoteError, match=r"ValueError.*the producer broke") as other:
             await collect(channel.stream("fails", "other"), got)
         assert got == [0, 1] and "Traceback" in other.value.detail["traceback"]
+        got.clear()
+        with pytest.raises(ProtocolError, match="item 2 of stream 'fails' cannot be sent") as bad:
+            await collect(channel.stream("fails", "unsendable"), got)
+        assert got == [0, 1] and "object" in str(bad.value)
+        assert await channel.request("echo", "served on") == "served on"
+
+
+def test_a_stream_handler_must_be_an_async_generator() -> None:
+    router = Router()
+
+    async def not_a_generator(channel: Channel, body: Any) -> Any:
+        return [1, 2]
+
+    with pytest.raises(ConfigError, match="'listed' must be an async generator function"):
+        router.stream("listed")(not_a_generator)  # type: ignore[type-var]
 
 
 @pytest.mark.asyncio
