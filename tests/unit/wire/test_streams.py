@@ -30,6 +30,7 @@ from compass.errors import (
 )
 from compass.wire import streams as streams_module
 from compass.wire.handlers import StreamResult
+from compass.wire.memory import End, memory_pair
 from compass.wire.protocol import Connection
 from compass.wire.rpc import Router
 from compass.wire.tcp import Server, connect, serve
@@ -426,3 +427,22 @@ async def test_many_streams_on_one_channel_interleave_fairly_each_in_order() -> 
         )
         progress = [arrivals[: first_done + 1].count(k) for k in range(streams)]
         assert min(progress) >= per_stream // 2, progress
+
+
+@pytest.mark.asyncio
+async def test_streams_work_over_the_in_memory_transport_too() -> None:
+    producer = Producer()
+    router = producer.router
+    near, far = await memory_pair(
+        End("near"), End("far", handler=router.handle_request), token=TOKEN, timeouts=FAST
+    )
+    try:
+        async with near.stream("count", {"key": 1, "n": 50, "final": 7}, window=4) as items:
+            assert [item async for item in items] == list(range(50))
+        assert items.result == 7 and producer.closed == [1]
+        async with near.stream("count", {"key": 2, "n": 1000, "pause": True}, window=4) as items:
+            assert await items.__anext__() == 0
+        await until(lambda: producer.closed == [1, 2], "the left stream's producer closed")
+    finally:
+        await near.aclose()
+        await far.aclose()
