@@ -27,8 +27,10 @@ from compass.wire.protocol import (
 if TYPE_CHECKING:
     from compass.wire.channel import DEFAULT, Channel, Handler, NotifyHandler
     from compass.wire.eventloop import install_event_loop_policy, new_event_loop
+    from compass.wire.handlers import StreamResult
     from compass.wire.options import ChannelOptions
     from compass.wire.rpc import Router, exception_to_wire
+    from compass.wire.streams import ItemStream
     from compass.wire.tcp import Server, connect, serve
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "FrameDecoder",
     "Handler",
     "HandshakeComplete",
+    "ItemStream",
     "LocalProtocolError",
     "Notify",
     "NotifyHandler",
@@ -49,6 +52,7 @@ __all__ = [
     "Response",
     "Router",
     "Server",
+    "StreamResult",
     "connect",
     "decode_message",
     "encode_frame",
@@ -66,6 +70,8 @@ _LAZY = {
     "Handler": "handlers",
     "NotifyHandler": "handlers",
     "Server": "tcp",
+    "ItemStream": "streams",
+    "StreamResult": "handlers",
     "connect": "tcp",
     "install_event_loop_policy": "eventloop",
     "new_event_loop": "eventloop",

@@ -26,6 +26,7 @@ the remote traceback as text in ``detail["traceback"]``. Nothing is pickled.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -109,6 +110,12 @@ class Router:
         leaving the stream early (or losing the connection) closes the generator."""
 
         def register(func: _S) -> _S:
+            generator: bool = inspect.isasyncgenfunction(func)  # a bool: func stays _S
+            if not generator:
+                raise ConfigError(
+                    f"the stream handler for {op!r} must be an async generator function "
+                    f"(async def with yield), got {func!r:.80}"
+                )
             self.add_request(op, lambda channel, body: Streamed(func(channel, body), op))
             return func
 

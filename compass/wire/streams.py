@@ -48,7 +48,6 @@ from compass.wire.flow import (
     StreamFailed,
     StreamItem,
     StreamOpen,
-    check_window,
 )
 from compass.wire.handlers import Streamed, StreamResult, exception_to_wire
 from compass.wire.protocol import Connection
@@ -269,7 +268,6 @@ def open_stream(channel: StreamHost, op: str, body: Any, window: int) -> ItemStr
     <compass.wire.channel.Channel.stream>`)."""
     if channel._failure is not None:
         raise channel._use_error()
-    check_window(window)
     stream_id = channel._conn.send_stream_open(op, body, window)
     channel._write_out()
     channel.last_active = channel._loop.time()
@@ -312,13 +310,16 @@ def _refuse(channel: StreamHost, stream_id: int, exc: BaseException, op: str) ->
 def _start_producer(channel: StreamHost, side: StreamSide, event: StreamOpen) -> None:
     handler = channel._handler
     name, op = channel.local_name, event.op
-    refusal: CompassError | None = None
     if handler is None:
-        refusal = UnknownOperation(f"{name!r} serves no streams (op {op!r})", detail={"op": op})
+        refusal: CompassError | None = UnknownOperation(
+            f"{name!r} serves no streams (op {op!r})", detail={"op": op}
+        )
     elif channel._refusing:
         refusal = WorkerUnavailable(f"{name!r} is shutting down")
     elif channel._conn.streams.producing > MAX_PRODUCING:
         refusal = WorkerUnavailable(f"{name!r} already serves {MAX_PRODUCING} streams to this peer")
+    else:
+        refusal = None
     if refusal is not None or handler is None:
         _refuse(channel, event.id, refusal or UnknownOperation(op), op)
         return

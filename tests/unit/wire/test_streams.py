@@ -19,8 +19,10 @@ import pytest
 
 from compass.config import Limits, Timeouts
 from compass.errors import (
+    ConfigError,
     ConnectionClosed,
     ConnectionLost,
+    ProtocolError,
     RemoteError,
     UnknownOperation,
     UnknownWorkflow,
@@ -28,6 +30,7 @@ from compass.errors import (
 )
 from compass.wire import streams as streams_module
 from compass.wire.handlers import StreamResult
+from compass.wire.memory import End, memory_pair
 from compass.wire.protocol import Connection
 from compass.wire.rpc import Router
 from compass.wire.tcp import Server, connect, serve
@@ -75,6 +78,8 @@ class Producer:
             yield 1
             if body == "typed":
                 raise UnknownWorkflow("no workflow 'w'", detail={"workflow": "w"})
+            if body == "unsendable":
+                yield object()
             raise ValueError("the producer broke")
 
         @router.request("echo")
@@ -169,6 +174,21 @@ async def test_errors_keep_their_type_after_the_items_before_them() -> None:
         with pytest.raises(RemoteError, match=r"ValueError.*the producer broke") as other:
             await collect(channel.stream("fails", "other"), got)
         assert got == [0, 1] and "Traceback" in other.value.detail["traceback"]
+        got.clear()
+        with pytest.raises(ProtocolError, match="item 2 of stream 'fails' cannot be sent") as bad:
+            await collect(channel.stream("fails", "unsendable"), got)
+        assert got == [0, 1] and "object" in str(bad.value)
+        assert await channel.request("echo", "served on") == "served on"
+
+
+def test_a_stream_handler_must_be_an_async_generator() -> None:
+    router = Router()
+
+    async def not_a_generator(channel: Channel, body: Any) -> Any:
+        return [1, 2]
+
+    with pytest.raises(ConfigError, match="'listed' must be an async generator function"):
+        router.stream("listed")(not_a_generator)  # type: ignore[type-var]
 
 
 @pytest.mark.asyncio
@@ -407,3 +427,22 @@ async def test_many_streams_on_one_channel_interleave_fairly_each_in_order() -> 
         )
         progress = [arrivals[: first_done + 1].count(k) for k in range(streams)]
         assert min(progress) >= per_stream // 2, progress
+
+
+@pytest.mark.asyncio
+async def test_streams_work_over_the_in_memory_transport_too() -> None:
+    producer = Producer()
+    router = producer.router
+    near, far = await memory_pair(
+        End("near"), End("far", handler=router.handle_request), token=TOKEN, timeouts=FAST
+    )
+    try:
+        async with near.stream("count", {"key": 1, "n": 50, "final": 7}, window=4) as items:
+            assert [item async for item in items] == list(range(50))
+        assert items.result == 7 and producer.closed == [1]
+        async with near.stream("count", {"key": 2, "n": 1000, "pause": True}, window=4) as items:
+            assert await items.__anext__() == 0
+        await until(lambda: producer.closed == [1, 2], "the left stream's producer closed")
+    finally:
+        await near.aclose()
+        await far.aclose()
