@@ -341,6 +341,7 @@ class _Simulation:
             warm=self.warm,
             max_jobs=1 << 62,  # the simulator models no admission limit
         )
+        self.core_options = options  # a restarted worker's core (compass.elastic) reuses them
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):
@@ -474,13 +475,7 @@ class _Simulation:
 
     def _arrive(self, arrival: Arrival) -> None:
         wf = self.workload.workflows[arrival.workflow]
-        n = len(self.names)
-        if self.spread:
-            entry = self._arrived % n
-            self._arrived += 1
-        else:
-            entry = arrival.client % n
-        worker = self.workers[self.positions[f"w{entry}"]]
+        worker = self.workers[self.positions[f"w{self._entry(arrival)}"]]
         rules = _rules(worker)
         job = _Job(
             id=rules.new_job_id(),  # the real ingress's job id
@@ -494,6 +489,14 @@ class _Simulation:
         inputs = dict.fromkeys(wf.inputs)  # values are not simulated, only their size
         submit = Submit(self.now, job.id, wf.name, inputs, 0, self.now, None, arrival.objective)
         self._apply(worker, submit)
+
+    def _entry(self, arrival: Arrival) -> int:
+        """The number of the worker ``arrival`` enters at (``compass.elastic``: a serving one)."""
+        n = len(self.names)
+        if self.spread:
+            self._arrived += 1
+            return (self._arrived - 1) % n
+        return arrival.client % n
 
     def _apply(self, worker: _Worker, event: Event) -> None:
         """Feed ``event`` to ``worker``'s core and carry out its instructions in virtual time."""

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from compass.app import App
     from compass.cache.models import ModelCache
     from compass.config import WorkerConfig
+    from compass.elastic.rule import Decision
     from compass.sched import Policy
     from compass.worker.gossip import Gossip
     from compass.worker.lanes import Lanes
@@ -228,6 +229,10 @@ def queue_status(worker: Holdings) -> dict[str, Any]:
     }
 
 
+def _desired(decision: Decision) -> dict[str, Any]:
+    return {"desired": decision.desired, "reason": decision.reason, "pressure": decision.pressure}
+
+
 def describe(worker: Described) -> dict[str, Any]:
     """``compass status``: the worker, its peers, its queues, cache and counters."""
     membership = worker.membership
@@ -262,6 +267,8 @@ def describe(worker: Described) -> dict[str, Any]:
         # jobs with a deadline: workflow -> priority -> outcome counts and attainment
         "slo": worker.metrics.slo_summary(),
         "metrics": worker.metrics.address or None,
+        # the cluster's desired worker count by compass.elastic's rule, and why
+        "desired_workers": _desired(worker.metrics.desired_workers()),
         # jobs traced at this ingress: the sampling, and the last few traces in brief
         "traces": {
             "sample": worker.tracer.sample,

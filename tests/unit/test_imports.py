@@ -28,6 +28,8 @@ SANS_IO = [
     "compass.sched.view",
     "compass.cache.policy",
     "compass.worker.state",
+    "compass.elastic.rule",
+    "compass.elastic.live",
 ]
 
 
