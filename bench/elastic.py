@@ -20,7 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from compass.elastic.curve import burst_curve, curve_arrivals, daily_curve, workload_rate
+from compass.elastic.curve import (
+    burst_curve,
+    curve_arrivals,
+    daily_curve,
+    read_counts,
+    workload_rate,
+)
 from compass.elastic.rule import RayServeConfig, ScaleConfig, workers_for
 from compass.elastic.sim import ElasticOptions, lane_s_per_job, simulate_elastic
 from compass.sim.arrivals import workload_arrivals
@@ -30,7 +36,7 @@ from compass.workflow.spec import Workload, load_workload
 
 from .report import machine, print_table, write_json
 
-__all__ = ["CONTROLLERS", "ElasticConfig", "run"]
+__all__ = ["CONTROLLERS", "ElasticConfig", "TrafficConfig", "run", "run_traffic"]
 
 #: result keys: the controller each runs
 CONTROLLERS = {
@@ -209,5 +215,89 @@ def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
         rows,
     )  # fmt: skip
     out = {"config": {**asdict(config), "machine": machine()}, "workloads": workloads}
+    write_json(json_path, out)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficConfig:
+    """``compass sim --traffic``: one workload over one rate curve (``daily`` or a CSV)."""
+
+    workload: str
+    traffic: str
+    seed: int = 0
+    minute_s: float = 60.0
+    rate_scale: float = 1.0
+    bounds: tuple[int, int] | None = None
+    start_s: float = 30.0
+    max_slowdown: float = 3.0
+    policy: str = "compass"
+
+
+def _hourly(jobs: list[Any], minute_s: float, max_slowdown: float) -> list[float | None]:
+    """Attainment per trace hour (None: no job arrived in that hour)."""
+    hour_s = 60.0 * minute_s
+    hours: dict[int, list[bool]] = {}
+    for j in jobs:
+        ok = j.slowdown is not None and j.slowdown <= max_slowdown
+        hours.setdefault(int(j.arrival // hour_s), []).append(ok)
+    last = max(hours, default=-1)
+    return [sum(hours[h]) / len(hours[h]) if h in hours else None for h in range(last + 1)]
+
+
+def run_traffic(config: TrafficConfig, json_path: str | None = None) -> dict[str, Any]:
+    """Autoscaling (within ``bounds``; default 1 to the peak size), peak, mean and Ray
+    Serve's rule on one curve: GPU-hours, attainment, attainment per trace hour, jobs not
+    answered in time or at all. Prints a table and writes JSON."""
+    workload = load_workload(config.workload)
+    curve = daily_curve(config.seed) if config.traffic == "daily" else read_counts(config.traffic)
+    util = calibrate_util(workload, config.max_slowdown)
+    peak, mean = _sizes(workload, float(curve.max()), config.rate_scale, util)
+    low, high = config.bounds or (1, peak)
+    arrivals = curve_arrivals(
+        workload, curve, minute_s=config.minute_s, rate_scale=config.rate_scale, seed=config.seed
+    )
+    first = min(max(_sizes(workload, float(curve[0]), config.rate_scale, util)[0], low), high)
+    runs = {
+        "autoscale": ("autoscale", first, low, high),
+        "peak": ("fixed", peak, peak, peak),
+        "mean": ("fixed", mean, mean, mean),
+        "ray-serve-rule": ("ray-serve", first, low, high),
+    }
+    results: dict[str, Any] = {}
+    rows: list[list[Any]] = []
+    for key, (controller, initial, minimum, maximum) in runs.items():
+        opts = ElasticOptions(
+            controller=controller,
+            initial=initial,
+            minimum=minimum,
+            maximum=maximum,
+            start_s=config.start_s,
+            max_slowdown=config.max_slowdown,
+            rule=ScaleConfig(minimum=minimum, maximum=maximum, target_util=util,
+                             band=min(0.15, util / 4)),
+            ray=RayServeConfig(minimum=minimum, maximum=maximum),
+        )  # fmt: skip
+        result = simulate_elastic(workload, arrivals, opts, policy=config.policy, seed=config.seed)
+        unanswered = sum(1 for j in result.jobs if j.finish is None)
+        results[key] = {
+            "gpu_hours": result.gpu_hours,
+            "attainment": result.attainment(config.max_slowdown),
+            "attainment_per_hour": _hourly(result.jobs, config.minute_s, config.max_slowdown),
+            "jobs": len(result.jobs),
+            "not_answered": unanswered,
+            "starts": result.starts,
+            "drains": result.drains,
+        }
+        rows.append([key, result.gpu_hours, results[key]["attainment"], len(result.jobs),
+                     unanswered, result.starts, result.drains])  # fmt: skip
+    print_table(
+        f"{workload.name} over {config.traffic} ({len(curve)} minutes of {config.minute_s:g} s, "
+        f"rate x{config.rate_scale:g}); attainment = share within {config.max_slowdown:g}x best",
+        ["cluster", "GPU-h", "attainment", "jobs", "not answered", "starts", "drains"],
+        rows,
+    )
+    out = {"config": {**asdict(config), "machine": machine()}, "results": results,
+           "sizes": {"peak": peak, "mean": mean, "target_util": util}}  # fmt: skip
     write_json(json_path, out)
     return out

@@ -89,6 +89,14 @@ CASES: list[tuple[str, list[str], list[str], dict[str, str]]] = [
     ("sim-policy", ["sim", "--policies", "compass,fastest"], ["fastest"], {}),
     ("sim-arrival", ["sim", "--arrival", "weird"], ["weird"], {}),
     ("sim-sweep", ["sim", "--servers-sweep", "5..2"], ["5..2"], {}),
+    (
+        "sim-autoscale",
+        ["sim", "--traffic", "daily", "--autoscale", "5:2"],
+        ["MIN (5) is above MAX (2)"],
+        {},
+    ),  # fmt: skip
+    ("sim-traffic", ["sim", "--traffic", "/nonexistent/day.csv"], ["cannot read trace"], {}),
+    ("sim-rate-scale", ["sim", "--traffic", "daily", "--rate-scale", "0"], ["--rate-scale"], {}),
     ("sim-not-json", ["sim", "--workload", "notjson.json"], ["notjson.json"], {}),
     ("sim-deep-json", ["sim", "--workload", "deep.json"], ["deep.json"], {}),
     ("sim-json-path", ["sim", "--json", "/proc/no/such.json"], ["/proc/no/such.json"], {}),
