@@ -94,7 +94,7 @@ CASES: list[tuple[str, list[str], list[str], dict[str, str]]] = [
         ["sim", "--traffic", "daily", "--autoscale", "5:2"],
         ["MIN (5) is above MAX (2)"],
         {},
-    ),  # fmt: skip
+    ),
     ("sim-traffic", ["sim", "--traffic", "/nonexistent/day.csv"], ["cannot read trace"], {}),
     ("sim-rate-scale", ["sim", "--traffic", "daily", "--rate-scale", "0"], ["--rate-scale"], {}),
     ("sim-not-json", ["sim", "--workload", "notjson.json"], ["notjson.json"], {}),
