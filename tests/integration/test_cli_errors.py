@@ -95,6 +95,8 @@ CASES: list[tuple[str, list[str], list[str], dict[str, str]]] = [
         ["MIN (5) is above MAX (2)"],
         {},
     ),
+    ("up-autoscale", ["up", "--autoscale", "5:2"], ["MIN (5) is above MAX (2)"], {}),
+    ("up-autoscale-form", ["up", "--autoscale", "4"], ["MIN:MAX"], {}),
     ("sim-traffic", ["sim", "--traffic", "/nonexistent/day.csv"], ["cannot read trace"], {}),
     ("sim-rate-scale", ["sim", "--traffic", "daily", "--rate-scale", "0"], ["--rate-scale"], {}),
     ("sim-not-json", ["sim", "--workload", "notjson.json"], ["notjson.json"], {}),
