@@ -11,7 +11,7 @@ Any worker can compute it from what it already knows; the simulator
    short window's (seconds: a burst is seen at once) and a long window's.
 2. **Scale out fast, before attainment falls.** Pressure is a mean queue wait (at the lowest
    priority, what every heartbeat carries) above ``wait_fraction`` of the slack a job has
-   within its objective, any priority's wait above that slack, or the recent attainment below
+   within its objective, a raised priority's wait above that slack, or the attainment below
    the objective's quantile while some queue still waits. Under pressure the target is at
    least the current size plus ``out_step`` of it. A higher target applies at once (no
    delay): starting workers count toward the current size, so a step is not asked twice.
@@ -149,7 +149,10 @@ class ScaleRule:
         low = s.waits.get(min(s.waits), ()) if s.waits else ()
         if low and sum(low) / len(low) > c.wait_fraction * s.slack_s:
             return True
-        if any(w > s.slack_s for waits in s.waits.values() for w in waits):
+        # a raised priority is owed its slack on every worker (the lowest: on average, as a
+        # single long task queued anywhere is not a shortage of workers)
+        lowest = min(s.waits) if s.waits else 0
+        if any(w > s.slack_s for p, ws in s.waits.items() if p != lowest for w in ws):
             return True
         # attainment lags (it is of jobs already done): it presses only while queues wait
         lagging = s.attainment is not None and s.attainment < s.quantile
