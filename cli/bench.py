@@ -454,6 +454,35 @@ def bench_generalize(
     )
 
 
+@bench_app.command("elastic")
+def bench_elastic(
+    seeds: Annotated[str, typer.Option(help="Curve and arrival seeds, 0-2 or 0,1,2.")] = "0-2",
+    generated: Annotated[
+        int, typer.Option(min=0, help="Generated workloads beside the paper's: seeds 1..N.")
+    ] = 2,
+    minute_s: Annotated[
+        float, typer.Option(help="Simulated seconds per trace minute (60: real time).")
+    ] = 1.0,
+    start_s: Annotated[float, typer.Option(help="Seconds a new worker takes to start.")] = 30.0,
+    json_path: JsonPath = None,
+) -> None:
+    """A simulated day of traffic: autoscaling against peak, mean and Ray Serve's rule."""
+    from compass._bench import elastic
+    from compass.sim.capacity import parse_seeds
+
+    if not 0 < minute_s < float("inf") or not 0 <= start_s < float("inf"):
+        fail(f"--minute-s must be > 0 and --start-s >= 0, got {minute_s:g}, {start_s:g}", 2)
+    seed_list = parse_seeds(seeds)
+    check_output(json_path, "--json")
+    config = elastic.ElasticConfig(
+        generated=tuple(range(1, generated + 1)),
+        seeds=seed_list,
+        minute_s=minute_s,
+        start_s=start_s,
+    )
+    elastic.run(config, json_path=json_path)
+
+
 @bench_app.command("defaults")
 def bench_defaults(
     workloads: Annotated[int, typer.Option(min=0, help="Generated workloads: seeds 0..N-1.")] = 8,

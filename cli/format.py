@@ -34,6 +34,12 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             f"stuck tasks: {queue['stuck']} past their timeout, threads still running, of "
             f"{queue.get('max_stuck', '?')} allowed ({state})"
         )
+    desired = info.get("desired_workers")
+    if desired:
+        lines.append(
+            f"desired workers: {desired['desired']} ({desired['reason']}"
+            f"{', under pressure' if desired.get('pressure') else ''})"
+        )
     if cache.get("fallback"):
         lines.append(f"cache fallback: {cache['fallback']}")
     if info.get("cluster"):

@@ -104,9 +104,11 @@ def hold_cluster(
     devices: list[int] | None,
     ready: Callable[[], None],
     stopping: Callable[[], None],
+    during: Callable[[LocalCluster, asyncio.Event], Awaitable[None]] | None = None,
 ) -> None:
     """Start ``cluster`` (worker i on ``devices[i % n]`` when given), call ``ready``, and hold
-    it until SIGINT or SIGTERM; then call ``stopping`` and stop every worker."""
+    it until SIGINT or SIGTERM; then call ``stopping`` and stop every worker. ``during`` runs
+    while it is held (``compass up --autoscale``) and is told to stop by the event."""
     from compass.wire.eventloop import new_event_loop
 
     async def main() -> None:
@@ -116,7 +118,10 @@ def hold_cluster(
             loop.add_signal_handler(sig, stop.set)
         async with cluster if devices is None else _on_devices(cluster, devices):
             ready()
-            await stop.wait()
+            if during is None:
+                await stop.wait()
+            else:
+                await during(cluster, stop)
             stopping()
 
     loop = new_event_loop()

@@ -147,6 +147,26 @@ def sim(
     shed: Annotated[
         Shed, typer.Option(help="--goodput: refuse and drop jobs that would miss (on), or not.")
     ] = Shed.both,
+    traffic: Annotated[
+        str | None,
+        typer.Option(
+            help="A day of traffic: 'daily' (a seeded daily curve with bursts) or a CSV of "
+            "per-minute counts (header minute,jobs); compares autoscaling with clusters fixed "
+            "at the peak and the mean size and with Ray Serve's rule."
+        ),
+    ] = None,
+    rate_scale: Annotated[
+        float, typer.Option(help="--traffic: the curve's mean maps to this x the spec's rate.")
+    ] = 1.0,
+    minute_s: Annotated[
+        float, typer.Option(help="--traffic: simulated seconds per minute (less compresses).")
+    ] = 60.0,
+    autoscale: Annotated[
+        str | None, typer.Option(help="--traffic: MIN:MAX workers (default 1 to the peak size).")
+    ] = None,
+    start_s: Annotated[
+        float, typer.Option(help="--traffic: seconds a new worker takes before it can load.")
+    ] = 30.0,
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
     from compass._bench import sim_report
@@ -180,6 +200,13 @@ def sim(
         seen["candidates"] = candidates
     if holders is not None:
         seen["holders"] = holders or None  # 0: every holder
+    if traffic is not None:
+        if capacity or goodput or compare_real or sweep:
+            fail("--traffic does not combine with --capacity, --goodput, --compare-real or "
+                 "--servers-sweep", 2)  # fmt: skip
+        _traffic(spec, traffic, names[0], seed, rate_scale, minute_s, autoscale, start_s,
+                 json_path)  # fmt: skip
+        return
     if goodput:
         from compass._bench import goodput as goodput_bench
         from compass.sim.capacity import parse_seeds
@@ -273,6 +300,38 @@ def sim(
         **batch,
     )
     sim_report.run_cli(config, json_path, plot)
+
+
+def _traffic(
+    spec: str,
+    traffic: str,
+    policy: str,
+    seed: int,
+    rate_scale: float,
+    minute_s: float,
+    autoscale: str | None,
+    start_s: float,
+    json_path: str | None,
+) -> None:
+    from compass._bench import elastic
+    from compass.elastic.rule import parse_bounds
+
+    if not 0 < rate_scale < float("inf"):
+        fail(f"--rate-scale must be a number > 0, got {rate_scale:g}", 2)
+    if not 0 < minute_s < float("inf") or not 0 <= start_s < float("inf"):
+        fail(f"--minute-s must be > 0 and --start-s >= 0, got {minute_s:g}, {start_s:g}", 2)
+    bounds = None if autoscale is None else parse_bounds(autoscale)
+    config = elastic.TrafficConfig(
+        workload=spec,
+        traffic=traffic,
+        seed=seed,
+        minute_s=minute_s,
+        rate_scale=rate_scale,
+        bounds=bounds,
+        start_s=start_s,
+        policy=policy,
+    )
+    elastic.run_traffic(config, json_path)
 
 
 @workload_app.command("generate")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from enum import StrEnum
 from pathlib import Path
@@ -497,6 +498,13 @@ def up(
             "workers start one after another."
         ),
     ] = None,
+    autoscale: Annotated[
+        str | None,
+        typer.Option(
+            help="MIN:MAX: start MIN workers, then start and drain workers to the cluster's "
+            "desired count (compass_desired_workers), within the bounds."
+        ),
+    ] = None,
 ) -> None:
     """Start a local cluster of joined workers on loopback; Ctrl-C stops them all.
 
@@ -508,6 +516,14 @@ def up(
     """
     from compass.cluster import LocalCluster
 
+    bounds = None
+    if autoscale is not None:
+        from compass.elastic.rule import parse_bounds
+
+        bounds = parse_bounds(autoscale)
+        if gpus is not None:
+            fail("--autoscale starts workers on this host's default device; not with --gpus", 2)
+        workers = bounds[0]
     extra = list(ctx.args)
     _check_worker_args(extra)
     tls = tls_config(tls_cert, tls_key, tls_ca)
@@ -537,11 +553,18 @@ def up(
             "(`compass worker start --port N` for a fixed one); Ctrl-C stops them"
         )
 
+    async def follow(held: LocalCluster, stop: asyncio.Event) -> None:
+        from compass.elastic.local import LocalAutoscaler
+
+        assert bounds is not None
+        await LocalAutoscaler(held, *bounds, say=typer.echo).run(stop)
+
     hold_cluster(
         cluster,
         devices=devices,
         ready=ready,
         stopping=lambda: typer.echo("stopping workers..."),
+        during=None if bounds is None else follow,
     )
 
 

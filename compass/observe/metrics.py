@@ -52,6 +52,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 import compass
+from compass.elastic.live import LiveDesired, Seen
+from compass.elastic.rule import Decision
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
@@ -173,11 +175,25 @@ class WorkerMetrics:
         #: the histograms of each (workflow, task), found once: ``labels`` costs a lock and a
         #: lookup per call, four times per task
         self._task_children: dict[tuple[str, str], tuple[Histogram, ...]] = {}
+        #: the cluster's desired worker count as this worker computes it (compass.elastic)
+        self.elastic = LiveDesired()
         #: set once the worker serves (the end of Worker.start)
         self.ready = False
         self.address = ""
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
+
+    def desired_workers(self) -> Decision:
+        """The rule's decision (:mod:`compass.elastic.live`) from this worker's state and its
+        view's last heartbeat of each peer, sampled now."""
+        w = self._worker
+        now, lanes, view = w.clock(), w.lanes, w.gossip.view
+        seen = [Seen(lanes.wait_s(now), lanes.lanes, lanes.busy)]
+        for peer in view.names():
+            beat = view.get(peer) if peer != w.name else None
+            if beat is not None:
+                seen.append(Seen(beat.wait_s, beat.lanes, beat.lanes_busy))
+        return self.elastic.update(now, seen)
 
     # -- observations ---------------------------------------------------------------------
 
@@ -612,6 +628,12 @@ class WorkerCollector(Collector):
         w = self._worker
         peers = 0 if w.membership is None else len(w.membership.peers)
         yield _gauge("compass_peers", "Peers connected.", peers)
+        yield _gauge(
+            "compass_desired_workers",
+            "Workers the cluster needs for its objective, by compass.elastic's rule (an HPA or "
+            "KEDA target).",
+            self._metrics.desired_workers().desired,
+        )
         ages = GaugeMetricFamily(
             "compass_view_age_seconds",
             "Age of what this worker's view holds of each peer (since its last heartbeat; "

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from compass.config import WorkerConfig
     from compass.core.lanes import Lanes
     from compass.core.stats import WorkerStats
+    from compass.elastic.rule import Decision
     from compass.observe.timeline import Timeline
     from compass.observe.tracing import Tracer
     from compass.sched import Policy
@@ -107,6 +108,9 @@ class Measured(Protocol):
     def batch_sizes(self) -> dict[str, dict[str, int]]: ...
 
     def streamed(self, workflow: str, first_output_s: float) -> None: ...
+
+    def desired_workers(self) -> Decision:
+        """The cluster's desired size as this worker sees it (:mod:`compass.elastic.live`)."""
 
 
 class Peer(Protocol):

@@ -277,6 +277,8 @@ class _Simulation:
         )
         self.positions = self.state.positions
         options = core_options(config)  # as a worker makes its core's
+        self.core_options = options  # a restarted worker's core (compass.elastic) reuses them
+        self.slab_bytes = slab_bytes
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):
@@ -414,13 +416,7 @@ class _Simulation:
 
     def _arrive(self, arrival: Arrival) -> None:
         wf = self.workload.workflows[arrival.workflow]
-        n = len(self.names)
-        if self.spread:
-            entry = self._arrived % n
-            self._arrived += 1
-        else:
-            entry = arrival.client % n
-        worker = self.workers[self.positions[f"w{entry}"]]
+        worker = self.workers[self.positions[f"w{self._entry(arrival)}"]]
         rules = _rules(worker)
         if worker.job_ids is None:
             worker.job_ids = JobIds(worker.name, rules.instance)
@@ -436,6 +432,14 @@ class _Simulation:
         inputs = dict.fromkeys(wf.inputs)  # values are not simulated, only their size
         submit = Submit(self.now, job.id, wf.name, inputs, 0, self.now, None, arrival.objective)
         self._apply(worker, submit)
+
+    def _entry(self, arrival: Arrival) -> int:
+        """The number of the worker ``arrival`` enters at (``compass.elastic``: a serving one)."""
+        n = len(self.names)
+        if self.spread:
+            self._arrived += 1
+            return (self._arrived - 1) % n
+        return arrival.client % n
 
     def _apply(self, worker: _Worker, event: Event) -> None:
         """Feed ``event`` to ``worker``'s core and carry out its instructions in virtual time."""

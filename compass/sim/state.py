@@ -141,6 +141,10 @@ class ClusterState:
         #: per viewer: no placement it counts stops counting while now <= the first and
         #: now < the second (the least ``ends`` and ``settles`` of them; infinite: none)
         self._holds: list[tuple[float, float]] = [(math.inf, math.inf)] * n
+        #: seconds added to each worker's published wait: a worker not serving (stopped,
+        #: starting or draining, :mod:`compass.elastic.sim`) shows an endless queue; None: all
+        #: serve
+        self.closed: FloatArray | None = None
         #: when each worker's queue last changed (the time of the state it would send)
         self.changed_at: FloatArray = np.zeros(n)
         #: a bounded view: what each planner has heard of the others (None: the mesh, where
@@ -286,6 +290,8 @@ class ClusterState:
             positions, capacity = None, self.capacity[among]
             members = Members(every, among)
         wait[me] = own_wait_s
+        if self.closed is not None:
+            wait += self.closed if among is None else self.closed[among]
         free[me] = self.free[viewer]
         resident: Mapping[str, BoolArray] = rows
         if among is None:

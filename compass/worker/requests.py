@@ -45,6 +45,7 @@ from compass.worker.streaming import stream_job
 if TYPE_CHECKING:
     from compass.app import App
     from compass.core.stats import WorkerStats
+    from compass.elastic.rule import Decision
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
 
@@ -157,6 +158,10 @@ def make_router(worker: Served) -> Router:
     return router
 
 
+def _desired(decision: Decision) -> dict[str, Any]:
+    return {"desired": decision.desired, "reason": decision.reason, "pressure": decision.pressure}
+
+
 def describe(worker: Described) -> dict[str, Any]:
     """``compass status``: the worker, its peers, its queues, cache and counters."""
     membership = worker.membership
@@ -191,6 +196,8 @@ def describe(worker: Described) -> dict[str, Any]:
         # jobs with a deadline: workflow -> priority -> outcome counts and attainment
         "slo": worker.metrics.slo_summary(),
         "metrics": worker.metrics.address or None,
+        # the cluster's desired worker count by compass.elastic's rule, and why
+        "desired_workers": _desired(worker.metrics.desired_workers()),
         # jobs traced at this ingress: the sampling, and the last few traces in brief
         "traces": {
             "sample": worker.tracer.sample,

@@ -153,6 +153,7 @@ def test_status_cli(worker_env: dict[str, str]) -> None:
         assert human.returncode == 0, human.stderr
         assert "host lanes: 0 ready, 0 running of 1" in human.stdout
         assert "  solo: wait 0.0 ms" in human.stdout  # the view holds the worker itself
+        assert "desired workers: 1 (steady)" in human.stdout  # idle, and alone
         bad = status(address, "--token", "nope")
         assert bad.returncode != 0
         assert len(bad.stderr.strip().splitlines()) == 1

@@ -274,11 +274,48 @@ def test_every_kubernetes_object_is_valid_against_the_api_schema() -> None:
     validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate checks them")
     checked = 0
     for path, doc in _k8s_documents():
-        if doc.get("kind") == "Kustomization" or path.parent.name == "cuda":
-            continue  # kustomize's own file, and the GPU overlay's patch (a partial object)
+        if doc.get("kind") in ("Kustomization", "ScaledObject") or path.parent.name == "cuda":
+            continue  # kustomize's file, KEDA's (a CRD: below), the GPU overlay's patch
         validate.validate(doc, "1.30.0", strict=True)  # raises on a field that is wrong
         checked += 1
     assert checked >= 4  # two Services, the StatefulSet, the PodDisruptionBudget
+
+
+def test_the_autoscalers_size_the_statefulset_by_the_desired_worker_gauge() -> None:
+    """The HPA and the KEDA ScaledObject target the base StatefulSet, read the gauge every
+    worker exports, ask for one replica per desired worker, scale in one pod at a time (each
+    through the drain), and each overlay builds on the base."""
+    docs = _k8s_documents()
+    (sts,) = [d for p, d in docs if d["kind"] == "StatefulSet" and p.parent.name == "base"]
+    (hpa,) = [d for _, d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    (keda,) = [d for _, d in docs if d["kind"] == "ScaledObject"]
+    target = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == target == keda["spec"]["scaleTargetRef"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["name"] == "compass_desired_workers"
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    (trigger,) = keda["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+    assert "compass_desired_workers" in trigger["metadata"]["query"]
+    assert keda["apiVersion"] == "keda.sh/v1alpha1"
+    for low, high in (
+        (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]),
+        (keda["spec"]["minReplicaCount"], keda["spec"]["maxReplicaCount"]),
+    ):
+        assert 1 <= low <= high  # fmt: skip
+    keda_behavior = keda["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    for behavior in (hpa["spec"]["behavior"], keda_behavior):
+        assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0  # out at once
+        assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 1,
+                                                      "periodSeconds": 60}]  # fmt: skip
+    # the metric is served where the pods are scraped
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+    for overlay in ("autoscale-hpa", "autoscale-keda"):
+        (kust,) = [d for p, d in docs if p.parent.name == overlay and d["kind"] == "Kustomization"]
+        assert "../base" in kust["resources"] and len(kust["resources"]) == 2
+        for name in kust["resources"][1:]:
+            assert (K8S / overlay / name).is_file()
 
 
 def test_a_stopping_pod_drains_within_its_grace_period_one_at_a_time() -> None:

@@ -32,6 +32,8 @@ SANS_IO = [
     "compass.front.openai",
     "compass.front.errors",
     "compass.front.declare",
+    "compass.elastic.rule",
+    "compass.elastic.live",
 ]
 
 
