@@ -589,6 +589,8 @@ _NAMERS: dict[type, Callable[[Any, int], str]] = {
     Heard: _about("heard", attrgetter("heartbeat.name")),
     PeerJoined: _about("joined", attrgetter("name")),
     PeerDraining: _about("draining", attrgetter("name")),
+    WatchFailed: _about("watch-failed", attrgetter("peer")),
+    TaskStep: lambda e, n: f"step:{e.entry.job_id}/{e.entry.task}:{e.seq}#{n}",
 }
 
 

@@ -77,7 +77,7 @@ def test_answers_count_by_outcome_and_feed_the_latency_histogram(worker: Worker)
     metrics.job_answered(record("c", False), WorkerUnavailable("gone"), waited=False)
     # a job that completes after its client left still completed
     metrics.job_answered(record("d", True), None, waited=False)
-    worker.stats.jobs_refused = 4
+    worker.core.stats.jobs_refused = 4  # the core counts refusals
     got = samples(worker)
     jobs = {dict(k[1])["outcome"]: v for k, v in got.items() if k[0] == "compass_jobs_total"}
     assert jobs == {"ok": 2, "failed": 1, "cancelled": 1, "refused": 4}
@@ -143,8 +143,8 @@ def test_the_collector_reads_the_workers_counters_when_scraped(worker: Worker) -
     before = samples(worker)
     assert before["compass_ready", frozenset()] == 0  # not started
     assert before["compass_peers", frozenset()] == 0
-    worker.stats.tasks_run, worker.stats.tasks_failed = 7, 2
-    worker.stats.peers_lost = 3
+    worker.run_stats.tasks_run, worker.run_stats.tasks_failed = 7, 2  # the adapter's count
+    worker.core.stats.peers_lost = 3  # the core's
     after = samples(worker)
     assert after["compass_tasks_total", frozenset({("outcome", "ok")})] == 5
     assert after["compass_tasks_total", frozenset({("outcome", "failed")})] == 2
@@ -172,7 +172,7 @@ def test_view_ages_are_exported_by_the_mesh_only(view: str) -> None:
 def test_two_workers_in_one_process_never_share_a_metric() -> None:
     first = build_worker(WorkerConfig(name="a", workload=PAPER))
     second = build_worker(WorkerConfig(name="b", workload=PAPER))
-    first.stats.jobs_refused = 1
+    first.core.stats.jobs_refused = 1
     refused = frozenset({("outcome", "refused")})
     assert samples(first)["compass_jobs_total", refused] == 1
     assert samples(second)["compass_jobs_total", refused] == 0

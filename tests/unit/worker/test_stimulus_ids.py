@@ -27,8 +27,10 @@ from compass.core.events import (
     TaskDone,
     TaskFailed,
     TaskReturned,
+    TaskStep,
     Tick,
     Undeliverable,
+    WatchFailed,
     stimulus_id,
 )
 from compass.core.lanes import RunTask
@@ -71,6 +73,8 @@ def _events(job: str, model: str, peer: str) -> list[tuple[Event, str]]:
         (Heard(0.0, beat), about("heard", peer or "p")),
         (PeerJoined(0.0, peer, "i"), about("joined", peer)),
         (PeerDraining(0.0, peer, "i"), about("draining", peer)),
+        (WatchFailed(0.0, peer), about("watch-failed", peer)),
+        (TaskStep(0.0, entry, 3, "w"), "step:a-1/a:3#7"),
     ]
 
 
