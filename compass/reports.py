@@ -14,6 +14,7 @@ Nothing here imports asyncio: a test or a tool can build these from saved JSON.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from compass.cluster import LocalCluster
-from compass.sched import POLICY_NAMES
 from compass.reports import JobRecord
+from compass.sched import POLICY_NAMES
 from examples import vision_app
 
 from .conftest import PAPER

@@ -143,7 +143,9 @@ async def observe(addresses: Sequence[str], token: str, jobs: int) -> dict[str, 
             await client.aclose()
     ready = await asyncio.gather(*(asyncio.to_thread(_ready, a) for a in addresses))
     return {
-        "statuses": [{"name": s.name, "address": s.address, "peers": list(s.peers)} for s in statuses],
+        "statuses": [
+            {"name": s.name, "address": s.address, "peers": list(s.peers)} for s in statuses
+        ],
         "plans": [dict(r.plan) for r in records if r.ok],
         "failed": [r.to_json() for r in records if not r.ok],
         "tasks_run": {s.name: s.stats["tasks_run"] for s in after},

@@ -347,7 +347,9 @@ async def scenario(setup: Mapping[str, Any]) -> dict[str, Any]:
         report["jobs_in_flight"] = {s.name: s.jobs_in_flight for s in after}
         records = await asyncio.gather(*(c.records() for c in alive))
         report["records"] = {
-            name: [{k: r.to_json()[k] for k in ("job", "key", "ok", "plan", "attempts")} for r in kept]
+            name: [
+                {k: r.to_json()[k] for k in ("job", "key", "ok", "plan", "attempts")} for r in kept
+            ]
             for name, kept in zip(survivors, records, strict=True)
         }
     finally:
