@@ -560,7 +560,7 @@ async def _loaded(
         async def submit(arrival: Arrival) -> None:
             client = clients[next(dealt) % n]  # replay starts them in arrival order
             inputs = payloads[arrival.workflow]
-            await client.submit(arrival.workflow, timeout=JOB_TIMEOUT_S, **inputs)
+            await client.submit(arrival.workflow, inputs, timeout=JOB_TIMEOUT_S)
 
         before = _sample(pids)
         stream = asyncio.ensure_future(replay(arrivals, config.time_scale, submit, (CompassError,)))

@@ -94,7 +94,7 @@ def run_job(
     async def submit(client: Client) -> JobResult:
         return await client.submit_job(
             workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, trace=trace, **inputs,
+            on_miss=on_miss, trace=trace, inputs=inputs,
         )  # fmt: skip
 
     return _ask(address, submit, token=token, tls=tls)
