@@ -8,9 +8,14 @@
     with compass.SyncClient("127.0.0.1:7341", token=token) as client:  # scripts, notebooks
         caption = client.submit("img_to_text", image=pixels)
 
-A job's trace (where each task ran and where its time went, :class:`~compass.trace.JobTrace`)
-comes with its answer from :meth:`Client.submit_job` with ``trace=True``; the traces an
-ingress sampled are read with :meth:`Client.trace` and :meth:`Client.traces`. A submission
+A job's inputs are keywords, an ``inputs`` mapping or both; an input named like an option
+goes in the mapping (``client.submit("rank", {"priority": p}, priority=3)``,
+:mod:`compass.submission`). A job's trace (where each task ran and where its time went,
+:class:`~compass.trace.JobTrace`) comes with its answer from :meth:`Client.submit_job` with
+``trace=True``; the traces an ingress sampled are read with :meth:`Client.trace` and
+:meth:`Client.traces`. What a worker reports comes typed (:mod:`compass.reports`):
+:meth:`Client.status`, :meth:`Client.records` (the jobs it answered) and
+:meth:`Client.timeline` (its task spans and model loads). The connections are private. A submission
 made inside an OpenTelemetry span carries that span's context (W3C ``traceparent``), so the
 job's spans, exported by workers started with ``--otel-endpoint``, are its children.
 """
