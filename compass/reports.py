@@ -100,18 +100,22 @@ class WorkerStatus:
 
     @classmethod
     def from_wire(cls, wire: Any) -> WorkerStatus:
-        """The status a worker sent (``status`` request); ProtocolError if it is malformed."""
+        """The status a worker sent (``status`` request); ProtocolError if it is malformed.
+        Who the worker is must be there; a part an older worker does not send is empty."""
         w = _map(wire, "status")
         what = "status"
 
         def rows(name: str) -> tuple[Mapping[str, Any], ...]:
-            items = _field(w, name, list, what)
+            items = _field(w, name, list, what) if name in w else []
             if not all(isinstance(item, Mapping) for item in items):
                 raise ProtocolError(f"a worker's status has a {name!r} that is not a list of maps")
             return tuple(items)
 
         def mapping(name: str) -> Mapping[str, Any]:
-            return _field(w, name, Mapping, what)  # type: ignore[no-any-return]
+            return _field(w, name, Mapping, what) if name in w else {}
+
+        def optional(name: str, kind: type, empty: Any) -> Any:
+            return _field(w, name, kind, what) if name in w else empty
 
         metrics = w.get("metrics")
         if metrics is not None and not isinstance(metrics, str):
@@ -121,20 +125,20 @@ class WorkerStatus:
             address=_field(w, "address", str, what),
             version=_field(w, "version", str, what),
             uptime_s=float(_field(w, "uptime_s", (int, float), what)),
-            policy=_field(w, "policy", str, what),
-            emulate=_field(w, "emulate", bool, what),
+            policy=optional("policy", str, ""),
+            emulate=optional("emulate", bool, False),
             instance=_field(w, "instance", str, what),
-            draining=_field(w, "draining", bool, what),
-            advertised=_field(w, "advertised", str, what),
+            draining=optional("draining", bool, False),
+            advertised=optional("advertised", str, ""),
             peers=rows("peers"),
             lost=rows("lost"),
-            peer_channels=_field(w, "peer_channels", int, what),
+            peer_channels=optional("peer_channels", int, 0),
             peer_handshakes=mapping("peer_handshakes"),
             cluster=rows("cluster"),
             view=mapping("view"),
-            workflows=tuple(_field(w, "workflows", list, what)),
+            workflows=tuple(optional("workflows", list, [])),
             queue=mapping("queue"),
-            jobs_in_flight=_field(w, "jobs_in_flight", int, what),
+            jobs_in_flight=optional("jobs_in_flight", int, 0),
             cache=mapping("cache"),
             stats=mapping("stats"),
             batches=mapping("batches"),

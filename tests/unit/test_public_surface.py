@@ -99,6 +99,13 @@ def test_a_malformed_status_is_a_protocol_error_naming_the_field(
         WorkerStatus.from_wire(missing)
 
 
+def test_a_status_without_the_parts_an_older_worker_did_not_send_has_them_empty() -> None:
+    who = ("name", "address", "version", "uptime_s", "instance")
+    status = WorkerStatus.from_wire({k: STATUS[k] for k in who})
+    assert status.peers == () and status.queue == {} and status.metrics is None
+    assert status.jobs_in_flight == 0 and status.policy == "" and not status.draining
+
+
 def test_a_job_record_round_trips_and_a_bad_one_is_refused() -> None:
     record = JobRecord.from_wire(RECORD)
     assert record.plan == {"t": "w0"} and record.key == "k-0" and record.priority == 2
