@@ -15,9 +15,11 @@ goes in the mapping (``client.submit("rank", {"priority": p}, priority=3)``,
 ``trace=True``; the traces an ingress sampled are read with :meth:`Client.trace` and
 :meth:`Client.traces`. What a worker reports comes typed (:mod:`compass.reports`):
 :meth:`Client.status`, :meth:`Client.records` (the jobs it answered) and
-:meth:`Client.timeline` (its task spans and model loads). The connections are private. A submission
-made inside an OpenTelemetry span carries that span's context (W3C ``traceparent``), so the
-job's spans, exported by workers started with ``--otel-endpoint``, are its children.
+:meth:`Client.timeline` (its task spans and model loads). The connections are private.
+
+A submission made inside an OpenTelemetry span carries that span's context (W3C
+``traceparent``), so the job's spans, exported by workers started with ``--otel-endpoint``,
+are its children.
 """
 
 from __future__ import annotations
