@@ -210,7 +210,7 @@ class JobRecord:
             plan={str(task): str(worker) for task, worker in plan.items()},
             attempts=_field(w, "attempts", int, what),
             key=key,
-            priority=_field(w, "priority", int, what),
+            priority=_field(w, "priority", int, what) if "priority" in w else 0,
             deadline_s=None if deadline is None else float(deadline),
             ok=_field(w, "ok", bool, what),
             latency_s=float(_field(w, "latency_s", (int, float), what)),
