@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from compass.cluster import LocalCluster
+from compass.reports import WorkerStatus
 
 from .conftest import one_worker_workload, status_when
 
 
-def _sees(name: str) -> Any:
-    def sees(status: dict[str, Any]) -> bool:
-        return name in {row["name"] for row in status["cluster"]}
+def _sees(name: str) -> Callable[[WorkerStatus], bool]:
+    def sees(status: WorkerStatus) -> bool:
+        return name in {row["name"] for row in status.cluster}
 
     return sees
 

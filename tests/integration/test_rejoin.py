@@ -142,7 +142,7 @@ async def test_a_paused_worker_is_dropped_then_rejoins_every_view(
             rejoined_s = time.monotonic() - resumed_at
             # it came back one incarnation later than the one it was declared dead at
             for status in statuses[:2]:
-                row = next(p for p in status["peers"] if p["name"] == "w2")
+                row = next(p for p in status.peers if p["name"] == "w2")
                 assert row["incarnation"] >= 1
             assert "w2" in _used(await _run_jobs(clients[0], 6))  # plans include it again
             assert "w2" in _used(await _run_jobs(clients[1], 6))
@@ -234,7 +234,7 @@ async def test_join_keeps_trying_until_its_seed_starts(
             status = await _until(
                 client.status, lambda s: _peers(s) == ["a"], "b has a as a peer", 20.0
             )
-            assert status["peers"][0]["address"] == address
+            assert status.peers[0]["address"] == address
         assert "could not join 127.0.0.1:" in (tmp_path / "a.log").read_text()  # logged tries
     finally:
         assert await a.stop() == 0
@@ -416,7 +416,7 @@ async def test_a_cut_link_drops_peers_routes_jobs_around_and_heals(
                 names = ["w0", "w1", "w2"]
                 statuses = await _until(lambda: _statuses(clients), _whole(names), "all joined")
                 for status in statuses:  # bound to 0.0.0.0, each advertises its own address
-                    for peer in status["peers"]:
+                    for peer in status.peers:
                         assert peer["address"] == f"10.77.0.{int(peer['name'][1]) + 1}:7341"
                 assert _used(await _run_jobs(clients[0], 6)) == set(names)
 
@@ -463,7 +463,7 @@ async def test_a_worker_that_leaves_is_retried_often_and_a_killed_one_on_the_bac
 
         async with cluster.client(0) as client:
             status = await _until(client.status, settled, "w0 has retried both for a while")
-        lost = {m["name"]: m for m in status["lost"]}
+        lost = {m["name"]: m for m in status.lost}
         # the one that left is most often restarting: retried every second at most, while
         # the backoff of the one that died grows past it
         assert lost["w2"]["left"] is True and lost["w1"]["left"] is False
