@@ -232,7 +232,7 @@ class CampaignCluster:
         if not done:  # what does it wait for?
             with contextlib.suppress(CompassError, OSError):
                 async with self.client(i) as client:
-                    fault.drain_queue = (await client.status(timeout=2.0))["queue"]
+                    fault.drain_queue = dict((await client.status(timeout=2.0)).queue)
         fault.exit_code = await stopping
         fault.stop_s = round(time.monotonic() - t0, 2)
         self.workers[i] = await self._spawn(i)

@@ -32,12 +32,12 @@ async def _compass_chain(tasks: int, workers: int, repeats: int) -> list[float]:
             seconds.append(time.perf_counter() - t0)
             if result != tasks:
                 raise AssertionError(f"chain returned {result}, expected {tasks}")
-        trace = await client.channel.request("trace", None)
+        records = await client.records()
     hops = sum(
         1
-        for record in trace[-1:]
+        for record in records[-1:]
         for i in range(1, tasks)
-        if record["plan"][f"t{i}"] != record["plan"][f"t{i - 1}"]
+        if record.plan[f"t{i}"] != record.plan[f"t{i - 1}"]
     )
     if hops != tasks - 1:
         raise AssertionError(f"the chain crossed workers {hops} times, expected {tasks - 1}")

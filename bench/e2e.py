@@ -273,8 +273,8 @@ async def settled(clients: Sequence[Client], timeout_s: float = 120.0) -> None:
     same = 0
     while same < 3 and loop.time() < deadline:
         statuses = [await client.status() for client in clients]
-        now = [(s["cache"]["resident"], s["cache"]["loading"]) for s in statuses]
-        loading = any(s["cache"]["loading"] for s in statuses)
+        now = [(s.cache["resident"], s.cache["loading"]) for s in statuses]
+        loading = any(s.cache["loading"] for s in statuses)
         same = same + 1 if now == last and not loading else 0
         last = now
         await asyncio.sleep(0.05)
@@ -288,10 +288,10 @@ async def _collect(
     plans: dict[str, dict[str, str]] = {}
     for index in range(len(cluster.workers)):
         async with cluster.client(index) as client:
-            statuses.append(await client.status())
+            statuses.append((await client.status()).to_json())
             if with_traces:
-                for record in await client.channel.request("trace", None):
-                    plans[record["job"]] = record["plan"]
+                for record in await client.records():
+                    plans[record.job] = dict(record.plan)
     return statuses, plans
 
 

@@ -467,7 +467,7 @@ def _two_workers() -> list[Row]:
             for index in (0, 1):
                 async with cluster.client(index) as client:
                     await client.submit("describe", timeout=60, image=torch.randn(1, 3, 32, 32))
-                    statuses.append((await client.status())["cache"])
+                    statuses.append(dict((await client.status()).cache))
             return statuses
 
     caches = asyncio.run(main())

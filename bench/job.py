@@ -117,7 +117,7 @@ async def _measure_tracing(jobs: int, args: list[str]) -> dict[str, Any]:
                 times[side][i] = (time.perf_counter() - t0) * 1e6
         async with clusters["traced"].client() as client:
             status = await client.status()
-    out: dict[str, Any] = {"jobs": jobs, "traced_kept": status["traces"]["kept"]}
+    out: dict[str, Any] = {"jobs": jobs, "traced_kept": status.traces["kept"]}
     for side in sides:
         out[side] = {
             "p50_us": float(np.percentile(times[side], 50)),

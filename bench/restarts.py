@@ -152,7 +152,7 @@ async def views_whole(cluster: Fleet, since: float, limit_s: float = VIEW_LIMIT_
 
 async def _status(cluster: Fleet, index: int) -> dict[str, Any]:
     async with cluster.client(index) as client:
-        return await client.status(timeout=2.0)
+        return (await client.status(timeout=2.0)).to_json()
 
 
 class AnswerKeys:
@@ -177,18 +177,17 @@ class AnswerKeys:
         """Read worker ``index``'s trace (nothing if it is not running)."""
         if not self.cluster.workers[index].running:
             return
-        body, timeout = ({"clear": True}, 10.0) if self.clear else (None, 2.0)
+        timeout = 10.0 if self.clear else 2.0
         with contextlib.suppress(CompassError, OSError):
             async with self.cluster.client(index) as client:
-                records = await client.channel.request("trace", body, timeout=timeout)
+                records = await client.records(clear=self.clear, timeout=timeout)
             for record in records:
-                key = record.get("key")
-                if key:
-                    self.by_key.setdefault(key, set()).add(record["job"])
+                if record.key:
+                    self.by_key.setdefault(record.key, set()).add(record.job)
                 # an emulated worker's core keeps the workload's time
-                real_s = record.get("latency_s", 0.0) * TIME_SCALE
-                if (not record.get("ok") or real_s >= SLOW_S) and len(self.slow) < 200:
-                    self.slow.append({**record, "latency_real_s": round(real_s, 2)})
+                real_s = record.latency_s * TIME_SCALE
+                if (not record.ok or real_s >= SLOW_S) and len(self.slow) < 200:
+                    self.slow.append({**record.to_json(), "latency_real_s": round(real_s, 2)})
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Read each worker's trace every 100 ms (each on its own, so that one slow to answer

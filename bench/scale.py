@@ -441,7 +441,7 @@ async def _idle(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
     }
 
 
-def _watched(row: dict[str, Any]) -> bool:
+def _watched(row: Mapping[str, Any]) -> bool:
     """Whether a view's row is of a worker the view hears on change (every row of a mesh; in
     a bounded view, the workers it watches: the others' rows are as last heard)."""
     return bool(row.get("watched", True))
@@ -455,8 +455,8 @@ async def _quiet(clients: Sequence[Client]) -> None:
     while loop.time() < deadline:
         statuses = await asyncio.gather(*(c.status() for c in clients))
         if all(
-            s["queue"]["wait_ms"] == 0
-            and all(row["wait_ms"] == 0 for row in s["cluster"] if _watched(row))
+            s.queue["wait_ms"] == 0
+            and all(row["wait_ms"] == 0 for row in s.cluster if _watched(row))
             for s in statuses
         ):
             return
@@ -479,7 +479,7 @@ async def _probe(
         while not job.done():
             status = await clients[y].status()
             now = time.monotonic()
-            for row in status["cluster"]:
+            for row in status.cluster:
                 if row["name"] != names[y] and row["wait_ms"] > 0 and _watched(row):
                     # received the state it holds that long ago (its clock is workload time)
                     first[y].setdefault(row["name"], now - row["age_ms"] * time_scale / 1000.0)
@@ -495,10 +495,10 @@ async def _probe(
     finally:
         job.cancel()
     ended = time.monotonic()
-    records = await clients[ingress].channel.request("trace", None)
-    ran_on = next(r["plan"][PROBE_TASK] for r in records if r["job"] == result.job_id)
+    records = await clients[ingress].records()
+    ran_on = next(r.plan[PROBE_TASK] for r in records if r.job == result.job_id)
     # the planners that need the change: every peer of a mesh; the watchers of a bounded view
-    view = (await clients[names.index(ran_on)].status())["view"]
+    view = (await clients[names.index(ran_on)].status()).view
     needs = set(names) if view["kind"] == "mesh" else set(view["watchers"])
     samples, missed = [], 0
     for y, seen in enumerate(first):
@@ -560,7 +560,7 @@ async def _loaded(
         async def submit(arrival: Arrival) -> None:
             client = clients[next(dealt) % n]  # replay starts them in arrival order
             inputs = payloads[arrival.workflow]
-            await client.submit(arrival.workflow, timeout=JOB_TIMEOUT_S, **inputs)
+            await client.submit(arrival.workflow, inputs, timeout=JOB_TIMEOUT_S)
 
         before = _sample(pids)
         stream = asyncio.ensure_future(replay(arrivals, config.time_scale, submit, (CompassError,)))
@@ -580,7 +580,7 @@ async def _dropped(client: Client, victim: str, t0: float) -> float | None:
     while True:
         status = await client.status()
         now = time.monotonic()
-        names = {p["name"] for p in status["peers"]} | {row["name"] for row in status["cluster"]}
+        names = {p["name"] for p in status.peers} | {row["name"] for row in status.cluster}
         if victim not in names:
             return now - t0
         if now - t0 > DETECT_LIMIT_S:

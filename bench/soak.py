@@ -380,7 +380,7 @@ class _Soak:
     # -- what the workers hold ----------------------------------------------------------------
     async def _status(self, index: int) -> dict[str, Any]:
         async with self.cluster.client(index) as client:
-            return await client.status(timeout=5.0)
+            return (await client.status(timeout=5.0)).to_json()
 
     async def _sample_loop(self) -> None:
         while not self._stop.is_set():
@@ -415,11 +415,10 @@ class _Soak:
                 continue
             with contextlib.suppress(CompassError, OSError):
                 async with self.cluster.client(index) as client:
-                    records = await client.channel.request("trace", {"clear": True}, timeout=5.0)
+                    records = await client.records(clear=True, timeout=5.0)
                 for record in records:
-                    key = record.get("key")
-                    if key:
-                        self.keys.add(key, record["job"], now)
+                    if record.key:
+                        self.keys.add(record.key, record.job, now)
         self.keys.expire(now)
 
     async def _watch_keys(self) -> None:

@@ -40,26 +40,15 @@ async def collect(cluster: LocalCluster) -> list[dict[str, Any]]:
 
 
 async def _worker_part(client: Client) -> dict[str, Any]:
-    spans: list[dict[str, Any]] = []
-    after, lost = 0, False
-    while True:
-        part = await client.channel.request("timeline", {"after": after})
-        fields = part["span_fields"]
-        batch = [dict(zip(fields, row, strict=True)) for row in part["spans"]]
-        spans += batch
-        lost = lost or part["lost"]
-        if not part["more"] or not batch:
-            break
-        after = batch[-1]["seq"]
-    loads = [dict(zip(part["load_fields"], row, strict=True)) for row in part["loads"]]
+    timeline = await client.timeline()
     return {
-        "name": part["name"],
-        "time_scale": part["time_scale"],
-        "lanes": part["lanes"],
-        "host_lanes": part["host_lanes"],
-        "spans": spans,
-        "loads": loads,
-        "lost": lost,
+        "name": timeline.name,
+        "time_scale": timeline.time_scale,
+        "lanes": timeline.lanes,
+        "host_lanes": timeline.host_lanes,
+        "spans": [span._asdict() for span in timeline.spans],
+        "loads": [load._asdict() for load in timeline.loads],
+        "lost": timeline.lost,
     }
 
 

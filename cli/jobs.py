@@ -65,9 +65,9 @@ def status(
             typer.echo("\n".join(trace_lines(job_trace)))
         return
     if as_json:
-        typer.echo(json.dumps(info, indent=2, sort_keys=True))
+        typer.echo(json.dumps(info.to_json(), indent=2, sort_keys=True))
         return
-    typer.echo("\n".join(status_lines(info)))
+    typer.echo("\n".join(status_lines(info.to_json())))
 
 
 @commands.command()
@@ -141,7 +141,8 @@ def submit(
     try:
         result = run_job(
             address, workflow, kwargs, token=token, tls=tls, timeout=timeout,
-            deadline_ms=deadline_ms, priority=priority, on_miss=on_miss.value, trace=traced,
+            deadline_ms=deadline_ms, priority=priority, trace=traced,
+            on_miss="finish" if on_miss is OnMiss.finish else "drop",
         )  # fmt: skip
     except CompassError as exc:
         fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)

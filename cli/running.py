@@ -18,6 +18,8 @@ from compass.config import Timeouts, TLSConfig
 if TYPE_CHECKING:
     from compass.client import Client, JobResult
     from compass.cluster import LocalCluster
+    from compass.objective import OnMiss
+    from compass.reports import WorkerStatus
     from compass.trace import JobTrace
 
 T = TypeVar("T")
@@ -60,7 +62,7 @@ def _ask(
 
 def worker_status(
     address: str, *, token: str | None, tls: TLSConfig | None, timeout: float
-) -> dict[str, Any]:
+) -> WorkerStatus:
     """The status of the worker at ``address``; ``timeout`` seconds for each step."""
     timeouts = Timeouts(connect=timeout, handshake=timeout, request=timeout)
     return _ask(address, lambda client: client.status(), token=token, tls=tls, timeouts=timeouts)
@@ -84,7 +86,7 @@ def run_job(
     timeout: float,
     deadline_ms: float | None,
     priority: int,
-    on_miss: str,
+    on_miss: OnMiss,
     trace: bool,
 ) -> JobResult:
     """One job of ``workflow`` submitted to the worker at ``address``, and its result."""
@@ -92,7 +94,7 @@ def run_job(
     async def submit(client: Client) -> JobResult:
         return await client.submit_job(
             workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, trace=trace, **inputs,
+            on_miss=on_miss, trace=trace, inputs=inputs,
         )  # fmt: skip
 
     return _ask(address, submit, token=token, tls=tls)

@@ -20,6 +20,7 @@ from compass.config import (
     SchedConfig,
     SwimConfig,
     WorkerConfig,
+    check_view,
 )
 
 from .checks import (
@@ -455,7 +456,7 @@ def worker_start(
             peer_timeout_ms=peer_timeout_ms,
             adjust_threshold=adjust_threshold,
             warm=warm,
-            view=view,
+            view=check_view(view),
             candidates=candidates,
             holders=holders,
         ),

@@ -48,7 +48,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from compass.cache.weights import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
@@ -203,9 +203,13 @@ class WorkflowBuilder:
         self._provider = provider
         self._tasks: list[Task] = []
 
+    # typed for both uses: ``@wf.task`` (or ``wf.task(fn, ...)``) gives the function back,
+    # ``@wf.task(...)`` a decorator that does
+    @overload
     def task(
         self,
-        fn: F | None = None,
+        fn: F,
+        /,
         *,
         name: str | None = None,
         model: str | None = None,
@@ -221,7 +225,50 @@ class WorkflowBuilder:
         batch_ms: Sequence[float] | None = None,
         steps: int | None = None,
         step_ms: float | None = None,
-    ) -> Any:
+    ) -> F: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        model: str | None = None,
+        after: Iterable[str] | Mapping[str, str] = (),
+        inputs: Iterable[str] | Mapping[str, str] | None = None,
+        resources: Iterable[str] = (),
+        expected_ms: float | None = None,
+        output_bytes: int = 0,
+        input_bytes: int = 0,
+        timeout_ms: float | None = None,
+        batch: int | None = None,
+        batch_item: float | None = None,
+        batch_ms: Sequence[float] | None = None,
+        steps: int | None = None,
+        step_ms: float | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        model: str | None = None,
+        after: Iterable[str] | Mapping[str, str] = (),
+        inputs: Iterable[str] | Mapping[str, str] | None = None,
+        resources: Iterable[str] = (),
+        expected_ms: float | None = None,
+        output_bytes: int = 0,
+        input_bytes: int = 0,
+        timeout_ms: float | None = None,
+        batch: int | None = None,
+        batch_item: float | None = None,
+        batch_ms: Sequence[float] | None = None,
+        steps: int | None = None,
+        step_ms: float | None = None,
+    ) -> F | Callable[[F], F]:
         """Declare a task: ``fn(model_module_or_None, **keywords) -> output``.
 
         Usable bare (``@wf.task``) or with arguments, and stackable: the same function under

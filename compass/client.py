@@ -8,18 +8,23 @@
     with compass.SyncClient("127.0.0.1:7341", token=token) as client:  # scripts, notebooks
         caption = client.submit("img_to_text", image=pixels)
 
-A job's trace (where each task ran and where its time went, :class:`~compass.trace.JobTrace`)
-comes with its answer from :meth:`Client.submit_job` with ``trace=True``; the traces an
-ingress sampled are read with :meth:`Client.trace` and :meth:`Client.traces`. A submission
-made inside an OpenTelemetry span carries that span's context (W3C ``traceparent``), so the
-job's spans, exported by workers started with ``--otel-endpoint``, are its children.
+A job's inputs are keywords, an ``inputs`` mapping or both; an input named like an option
+goes in the mapping (``client.submit("rank", {"priority": p}, priority=3)``,
+:mod:`compass.submission`). A job's trace (where each task ran and where its time went,
+:class:`~compass.trace.JobTrace`) comes with its answer from :meth:`Client.submit_job` with
+``trace=True``; the traces an ingress sampled are read with :meth:`Client.trace` and
+:meth:`Client.traces`. What a worker reports comes typed (:mod:`compass.reports`):
+:meth:`Client.status`, :meth:`Client.records` (the jobs it answered) and
+:meth:`Client.timeline` (its task spans and model loads). The connections are private.
+
+A submission made inside an OpenTelemetry span carries that span's context (W3C
+``traceparent``), so the job's spans, exported by workers started with ``--otel-endpoint``,
+are its children.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import itertools
 import logging
 import ssl
@@ -27,8 +32,9 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -46,8 +52,17 @@ from compass.errors import (
     WorkersLost,
     WorkerUnavailable,
 )
-from compass.objective import check_objective
+from compass.loop_thread import LoopThread
 from compass.payload import payload_bytes
+from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
+from compass.submission import (
+    USE_CLIENT_DEFAULT,
+    OnMiss,
+    TimeoutArg,
+    job_inputs,
+    objective_fields,
+    resolve_timeout,
+)
 from compass.trace import (
     JobTrace,
     TraceParent,
@@ -55,13 +70,12 @@ from compass.trace import (
     parse_traceparent,
     seen_by_client,
 )
-from compass.wire.transport import Channel, ChannelOptions, connect, new_event_loop
+from compass.wire.transport import Channel, ChannelOptions, connect
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult", "SyncClient"]
 
 log = logging.getLogger(__name__)
 
-_DEFAULT: Any = object()
 _T = TypeVar("_T")
 
 #: submissions whose inputs take more bytes than this travel on the client's second connection
@@ -161,7 +175,7 @@ class Client:
         self.timeouts = timeouts or Timeouts()
         self.limits = limits or Limits()
         self._channel: Channel | None = None  # every call but large submissions
-        self._bulk: Channel | None = None  # large submissions, to the same worker
+        self._bulk_channel: Channel | None = None  # large submissions, to the same worker
         # channels to a worker that is going away (it drains, or one of them broke): no new
         # call goes there, and the calls in flight on them finish (the worker answers them
         # before it leaves); closed by the worker, or by aclose()
@@ -181,6 +195,28 @@ class Client:
 
     @property
     def channel(self) -> Channel:
+        """Deprecated: the transport is private. Each request has a method of its own
+        (:meth:`status`, :meth:`records`, :meth:`traces`, :meth:`timeline`, ...)."""
+        warnings.warn(
+            "Client.channel is deprecated and will be removed: use the client's methods "
+            "(status(), records(), traces(), timeline(), submit(), ...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._connected()
+
+    @property
+    def bulk_channel(self) -> Channel | None:
+        """Deprecated: the transport is private (the connection for large submissions)."""
+        warnings.warn(
+            "Client.bulk_channel is deprecated and will be removed: large submissions use it "
+            "on their own",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._bulk_channel
+
+    def _connected(self) -> Channel:
         """The connection for every call but large submissions."""
         if self._channel is None:
             raise ConnectionClosed(
@@ -188,11 +224,6 @@ class Client:
                 "or 'await client.connect()'"
             )
         return self._channel
-
-    @property
-    def bulk_channel(self) -> Channel | None:
-        """The connection for submissions above ``bulk_threshold``, once one has been made."""
-        return self._bulk
 
     def _lock_for_this_loop(self) -> asyncio.Lock:
         """The connection lock of the running loop; refuses a loop the client is not open on."""
@@ -211,7 +242,7 @@ class Client:
         return self._connecting
 
     def _holds_connections(self) -> bool:
-        live = any(c is not None and not c.closed for c in (self._channel, self._bulk))
+        live = any(c is not None and not c.closed for c in (self._channel, self._bulk_channel))
         return live or (self._connecting is not None and self._connecting.locked())
 
     def _usable(self, channel: Channel | None) -> bool:
@@ -220,7 +251,7 @@ class Client:
     def _retire(self, channel: Channel) -> None:
         """``channel``'s worker is going away: the next call fails over, while the calls in
         flight on this channel (and on the other one to the same worker) go on."""
-        for ch in (channel, self._channel, self._bulk):
+        for ch in (channel, self._channel, self._bulk_channel):
             if ch is not None and not ch.closed and ch not in self._retired:
                 self._retired.add(ch)
                 ch.on_close.append(lambda closed, _exc: self._retired.discard(closed))
@@ -235,23 +266,23 @@ class Client:
                     raise ConnectionClosed(f"client for {self.address} was closed")
                 await self._fail_over()
             if not bulk:
-                return self.channel
-            if self._usable(self._bulk):
-                assert self._bulk is not None
-                return self._bulk
+                return self._connected()
+            if self._usable(self._bulk_channel):
+                assert self._bulk_channel is not None
+                return self._bulk_channel
             try:
-                self._bulk = await self._dial(self.address)
+                self._bulk_channel = await self._dial(self.address)
             except (ConnectFailed, CompassTimeout):
                 # the worker does not take a second connection: treat it as lost, and move
                 # both connections to the next worker that answers
-                await self.channel.aclose()
+                await self._connected().aclose()
                 await self._fail_over()
-                self._bulk = await self._dial(self.address)
-            return self._bulk
+                self._bulk_channel = await self._dial(self.address)
+            return self._bulk_channel
 
     async def _fail_over(self) -> None:
         """Connect to the first worker that answers; the current one last if it was lost."""
-        bulk, self._bulk = self._bulk, None
+        bulk, self._bulk_channel = self._bulk_channel, None
         if bulk is not None and not bulk.closed and bulk not in self._retired:
             await bulk.aclose()  # it points at the worker being left
         n = len(self.addresses)
@@ -294,30 +325,59 @@ class Client:
 
     # -- calls ------------------------------------------------------------------------------
 
-    async def ping(self, *, timeout: float | None = _DEFAULT) -> float:
+    async def ping(self, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> float:
         """Round-trip time to the worker, in seconds."""
         t0 = time.perf_counter()
         await self._request("ping", None, timeout)
         return time.perf_counter() - t0
 
-    async def status(self, *, timeout: float | None = _DEFAULT) -> dict[str, Any]:
-        """The worker's status: name, address, version, uptime, peers, queue, cache, counters."""
-        result = await self._request("status", None, timeout)
-        assert isinstance(result, dict)
-        return result
+    async def status(self, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> WorkerStatus:
+        """The worker's status (:class:`~compass.reports.WorkerStatus`): name, address,
+        version, uptime, peers, queue, cache, counters."""
+        return WorkerStatus.from_wire(await self._request("status", None, timeout))
+
+    async def records(
+        self, *, clear: bool = False, timeout: TimeoutArg = USE_CLIENT_DEFAULT
+    ) -> list[JobRecord]:
+        """The records of the last jobs the connected worker answered as their ingress
+        (:class:`~compass.reports.JobRecord`: where their tasks ran, how they ended), oldest
+        first; ``clear=True`` empties its log after reading it, so that the next read has only
+        newer ones."""
+        answer = await self._request("trace", {"clear": True} if clear else None, timeout)
+        if not isinstance(answer, list):
+            raise ProtocolError(f"{self.address} answered records with a {type(answer).__name__}")
+        return [JobRecord.from_wire(record) for record in answer]
+
+    async def timeline(self, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> WorkerTimeline:
+        """What ran on the connected worker lately (:class:`~compass.reports.WorkerTimeline`):
+        every task span its ring keeps, oldest first (read in pages, each bounded by
+        ``timeout``), and the model loads it keeps."""
+        parts, after = [], 0
+        while True:
+            part = await self._request("timeline", {"after": after}, timeout)
+            parts.append(part)
+            rows = part.get("spans") if isinstance(part, dict) else None
+            if not (isinstance(part, dict) and part.get("more") and rows):
+                return WorkerTimeline.from_parts(parts)
+            after = WorkerTimeline.from_parts([part]).spans[-1].seq
 
     async def submit(
         self,
         workflow: str,
         /,
+        inputs: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: TimeoutArg = USE_CLIENT_DEFAULT,
         deadline_ms: float | None = None,
         priority: int = 0,
-        on_miss: str = "drop",
-        **inputs: Any,
+        on_miss: OnMiss = "drop",
+        **keywords: Any,
     ) -> Any:
         """Run one job of ``workflow`` with ``inputs`` and return its final output.
+
+        The job's inputs: the ``inputs`` mapping, keywords (``submit("wf", image=x)``), or
+        both. An input named like an option (``priority``, ``timeout``, ``trace``, ...) goes in
+        ``inputs=``: a keyword of that name is the option, or a :class:`TypeError` that says so.
 
         The job's objective: ``deadline_ms`` (answer within this many milliseconds of
         submission, or not at all: a job no plan can finish in time is refused at once with
@@ -332,21 +392,23 @@ class Client:
         :class:`~compass.errors.InvalidInputs` for a bad request; each names the job
         (``error.job_id``).
         """
-        extra = _objective(deadline_ms, priority, on_miss)
-        return (await self._submit(workflow, inputs, timeout, extra))[0]
+        job = job_inputs("submit", inputs, keywords)
+        extra = objective_fields(deadline_ms, priority, on_miss)
+        return (await self._submit(workflow, job, timeout, extra))[0]
 
     async def submit_job(
         self,
         workflow: str,
         /,
+        inputs: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: TimeoutArg = USE_CLIENT_DEFAULT,
         deadline_ms: float | None = None,
         priority: int = 0,
-        on_miss: str = "drop",
+        on_miss: OnMiss = "drop",
         trace: bool = False,
         traceparent: str | None = None,
-        **inputs: Any,
+        **keywords: Any,
     ) -> JobResult:
         """:meth:`submit`, answering the job's id with its output (:class:`JobResult`).
 
@@ -358,7 +420,8 @@ class Client:
         read with :meth:`trace` (``error.job_id``). ``traceparent``: the W3C trace context of
         the caller's span (by default the current OpenTelemetry span's, when there is one):
         the job's spans are its children. Neither is a job input."""
-        extra: dict[str, Any] = {"reply": "job", **_objective(deadline_ms, priority, on_miss)}
+        job = job_inputs("submit_job", inputs, keywords)
+        extra: dict[str, Any] = {"reply": "job", **objective_fields(deadline_ms, priority, on_miss)}
         if traceparent is not None:
             if parse_traceparent(traceparent) is None:
                 raise ConfigError(
@@ -369,7 +432,7 @@ class Client:
         if trace:
             extra["trace"] = True
         t0 = time.perf_counter()
-        answer, retries = await self._submit(workflow, inputs, timeout, extra)
+        answer, retries = await self._submit(workflow, job, timeout, extra)
         latency_ms = (time.perf_counter() - t0) * 1000.0
         if not (isinstance(answer, dict) and isinstance(answer.get("job"), str)):
             raise ProtocolError(
@@ -380,13 +443,15 @@ class Client:
             job_trace = JobTrace.from_json(seen_by_client(answer["trace"], latency_ms, retries))
         return JobResult(answer["job"], answer.get("value"), job_trace)
 
-    async def trace(self, job_id: str, *, timeout: float | None = _DEFAULT) -> JobTrace:
+    async def trace(self, job_id: str, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> JobTrace:
         """The trace the connected worker kept of job ``job_id``, which it was the ingress
         of (the first part of a job id names it) and traced: sampled (``--trace-sample``) or
         asked for. :class:`~compass.errors.InvalidInputs` when it keeps none."""
         return JobTrace.from_json(await self._request("traces", {"job": job_id}, timeout))
 
-    async def traces(self, limit: int = 20, *, timeout: float | None = _DEFAULT) -> list[JobTrace]:
+    async def traces(
+        self, limit: int = 20, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT
+    ) -> list[JobTrace]:
         """The last ``limit`` (at most 100) traces the connected worker kept, oldest first."""
         answer = await self._request("traces", {"limit": limit}, timeout)
         if not isinstance(answer, list):
@@ -394,12 +459,11 @@ class Client:
         return [JobTrace.from_json(trace) for trace in answer]
 
     async def _submit(
-        self, workflow: str, inputs: dict[str, Any], timeout: float | None, extra: dict[str, Any]
+        self, workflow: str, inputs: dict[str, Any], wait: TimeoutArg, extra: dict[str, Any]
     ) -> tuple[Any, int]:
         """Submit, failing over as the class says; the answer, and how many times the job
         was submitted again to another worker."""
-        if timeout is _DEFAULT:
-            timeout = self.timeouts.request
+        timeout = resolve_timeout(wait, self.timeouts.request)
         threshold = self.bulk_threshold
         bulk = threshold is not None and payload_bytes(inputs) > threshold
         key = f"{self._key_prefix}{next(self._keys)}"
@@ -436,33 +500,34 @@ class Client:
         inputs: Iterable[Mapping[str, Any]],
         *,
         concurrency: int = 64,
-        timeout: float | None = _DEFAULT,
+        timeout: TimeoutArg = USE_CLIENT_DEFAULT,
         deadline_ms: float | None = None,
         priority: int = 0,
-        on_miss: str = "drop",
+        on_miss: OnMiss = "drop",
     ) -> list[Any]:
         """Run one job per inputs mapping, at most ``concurrency`` at once; results in order.
-        The objective, as for :meth:`submit`, is every job's."""
+        The objective, as for :meth:`submit`, is every job's. Every mapping is checked before
+        any job is sent."""
         limit = asyncio.Semaphore(concurrency)
-        extra = _objective(deadline_ms, priority, on_miss)
+        extra = objective_fields(deadline_ms, priority, on_miss)
+        jobs = [job_inputs("submit_many", each, {}) for each in inputs]
 
-        async def one(kwargs: Mapping[str, Any]) -> Any:
+        async def one(job: dict[str, Any]) -> Any:
             async with limit:
-                return (await self._submit(workflow, dict(kwargs), timeout, extra))[0]
+                return (await self._submit(workflow, job, timeout, extra))[0]
 
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(kwargs)) for kwargs in inputs]
+            tasks = [group.create_task(one(job)) for job in jobs]
         return [task.result() for task in tasks]
 
-    async def _request(self, op: str, body: Any, timeout: float | None) -> Any:
-        if timeout is _DEFAULT:
-            timeout = self.timeouts.request
+    async def _request(self, op: str, body: Any, wait: TimeoutArg) -> Any:
+        timeout = resolve_timeout(wait, self.timeouts.request)
         channel = await self._channel_for(bulk=False)
         return await channel.request(op, body, timeout=timeout)
 
     async def _channel_for(self, bulk: bool) -> Channel:
         """The channel the next call goes on, (re)connected or failed over as needed."""
-        channel = self._bulk if bulk else self._channel
+        channel = self._bulk_channel if bulk else self._channel
         if (
             not self._usable(channel)
             or self._loop is not asyncio.get_running_loop()
@@ -478,9 +543,9 @@ class Client:
         if self._loop is None:
             return
         self._lock_for_this_loop()
-        channels = [c for c in (self._channel, self._bulk, *self._retired) if c is not None]
+        channels = [c for c in (self._channel, self._bulk_channel, *self._retired) if c is not None]
         # forgotten, so that a later connect() starts at the same worker, not the next one
-        self._channel = self._bulk = None
+        self._channel = self._bulk_channel = None
         self._retired.clear()
         await asyncio.gather(*(c.aclose() for c in channels))
         self._loop = self._connecting = None  # free to be used on another loop now
@@ -509,22 +574,6 @@ def _current_traceparent() -> str | None:
         return None
     sampled = bool(context.trace_flags & 1)
     return format_traceparent(TraceParent(context.trace_id, context.span_id, sampled))
-
-
-def _objective(deadline_ms: float | None, priority: int, on_miss: str) -> dict[str, Any]:
-    """The objective's fields of a submission (none for a job that asks for nothing),
-    checked here so that a bad one fails before anything is sent."""
-    if deadline_ms is None and type(priority) is int and priority == 0 and on_miss == "drop":
-        return {}  # the defaults: nothing to check or send
-    check_objective(deadline_ms, priority, on_miss)
-    body: dict[str, Any] = {}
-    if deadline_ms is not None:
-        body["deadline_ms"] = deadline_ms
-    if priority:
-        body["priority"] = priority
-    if on_miss != "drop":
-        body["on_miss"] = on_miss
-    return body
 
 
 def _explain_refusal(address: str, exc: ConnectFailed | ConnectionLost, *, tls: bool) -> str:
@@ -560,70 +609,6 @@ def _explain_refusal(address: str, exc: ConnectFailed | ConnectionLost, *, tls: 
     return str(exc)
 
 
-class _LoopThread:
-    """An event loop running in a daemon thread; coroutines are handed to it and awaited."""
-
-    def __init__(self, name: str, on_stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        self.loop = new_event_loop()
-        self._on_stop = on_stop
-        # guards handing work to the loop, so that nothing is handed over once it has stopped
-        self._lock = threading.Lock()
-        self._running = True
-        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self.thread.start()
-
-    def _main(self) -> None:
-        loop = self.loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-            with self._lock:
-                self._running = False
-            try:
-                loop.run_until_complete(self._on_stop())
-            except Exception:  # nobody waits for this thread: say why, then end cleanly
-                log.exception("closing the client on %s failed", self.thread.name)
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        if threading.current_thread() is self.thread:
-            coro.close()
-            raise ConfigError(
-                "a SyncClient method was called from its own event loop thread, where it "
-                "would wait for itself forever: use the async Client there"
-            )
-        with self._lock:
-            if not self._running:
-                coro.close()
-                raise ConnectionClosed("the client was closed (by another thread)")
-            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            if self._running:
-                raise
-            raise ConnectionClosed("the client was closed while this call waited") from None
-        except BaseException:
-            future.cancel()  # an interrupted caller (Ctrl-C) cancels the call, job included
-            raise
-
-    def stop_soon(self) -> None:
-        """Ask the loop to close the client and end; does not wait."""
-        with contextlib.suppress(RuntimeError):  # the loop has closed already
-            self.loop.call_soon_threadsafe(self.loop.stop)
-
-    def stop(self) -> None:
-        self.stop_soon()
-        self.thread.join()
-
-
 class SyncClient:
     """A blocking :class:`Client` for scripts and notebooks.
 
@@ -656,7 +641,7 @@ class SyncClient:
             retries=retries,
             tls=tls,
         )
-        self._runner: _LoopThread | None = None
+        self._runner: LoopThread | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._closed = False
         self._starting = threading.Lock()
@@ -679,7 +664,7 @@ class SyncClient:
                     if self._closed:
                         coro.close()
                         raise ConnectionClosed(f"client for {self.address} was closed")
-                    runner = _LoopThread(f"compass-client-{self.address}", self._client.aclose)
+                    runner = LoopThread(f"compass-client-{self.address}", self._client.aclose)
                     # a client dropped without close() still ends its thread and connections
                     self._finalizer = weakref.finalize(self, runner.stop_soon)
                     self._finalizer.atexit = False  # at exit the daemon thread just ends
@@ -692,57 +677,71 @@ class SyncClient:
         self._run(self._client.connect())
         return self
 
-    def ping(self, *, timeout: float | None = _DEFAULT) -> float:
+    def ping(self, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> float:
         """Round-trip time to the worker, in seconds."""
         return self._run(self._client.ping(timeout=timeout))
 
-    def status(self, *, timeout: float | None = _DEFAULT) -> dict[str, Any]:
-        """The worker's status: name, address, version, uptime, peers, queue, cache, counters."""
+    def status(self, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> WorkerStatus:
+        """The worker's status (see :meth:`Client.status`)."""
         return self._run(self._client.status(timeout=timeout))
+
+    def records(
+        self, *, clear: bool = False, timeout: TimeoutArg = USE_CLIENT_DEFAULT
+    ) -> list[JobRecord]:
+        """The records of the last jobs the worker answered (see :meth:`Client.records`)."""
+        return self._run(self._client.records(clear=clear, timeout=timeout))
+
+    def timeline(self, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> WorkerTimeline:
+        """What ran on the worker lately (see :meth:`Client.timeline`)."""
+        return self._run(self._client.timeline(timeout=timeout))
 
     def submit(
         self,
         workflow: str,
         /,
+        inputs: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: TimeoutArg = USE_CLIENT_DEFAULT,
         deadline_ms: float | None = None,
         priority: int = 0,
-        on_miss: str = "drop",
-        **inputs: Any,
+        on_miss: OnMiss = "drop",
+        **keywords: Any,
     ) -> Any:
-        """Run one job of ``workflow`` with ``inputs`` and return its final output (see
-        :meth:`Client.submit`)."""
+        """Run one job of ``workflow`` with ``inputs`` (a mapping, keywords, or both) and
+        return its final output (see :meth:`Client.submit`)."""
         return self._run(self._client.submit(
-            workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, **inputs,
+            workflow, inputs, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
+            on_miss=on_miss, **keywords,
         ))  # fmt: skip
 
     def submit_job(
         self,
         workflow: str,
         /,
+        inputs: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = _DEFAULT,
+        timeout: TimeoutArg = USE_CLIENT_DEFAULT,
         deadline_ms: float | None = None,
         priority: int = 0,
-        on_miss: str = "drop",
+        on_miss: OnMiss = "drop",
         trace: bool = False,
         traceparent: str | None = None,
-        **inputs: Any,
+        **keywords: Any,
     ) -> JobResult:
         """Run one job and return its id with its output, and with ``trace=True`` its trace
         (see :meth:`Client.submit_job`)."""
         return self._run(self._client.submit_job(
-            workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, trace=trace, traceparent=traceparent, **inputs,
+            workflow, inputs, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
+            on_miss=on_miss, trace=trace, traceparent=traceparent, **keywords,
         ))  # fmt: skip
 
-    def trace(self, job_id: str, *, timeout: float | None = _DEFAULT) -> JobTrace:
+    def trace(self, job_id: str, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> JobTrace:
         """The trace the connected worker kept of job ``job_id`` (see :meth:`Client.trace`)."""
         return self._run(self._client.trace(job_id, timeout=timeout))
 
-    def traces(self, limit: int = 20, *, timeout: float | None = _DEFAULT) -> list[JobTrace]:
+    def traces(
+        self, limit: int = 20, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT
+    ) -> list[JobTrace]:
         """The last ``limit`` traces the connected worker kept (see :meth:`Client.traces`)."""
         return self._run(self._client.traces(limit, timeout=timeout))
 
@@ -752,10 +751,10 @@ class SyncClient:
         inputs: Iterable[Mapping[str, Any]],
         *,
         concurrency: int = 64,
-        timeout: float | None = _DEFAULT,
+        timeout: TimeoutArg = USE_CLIENT_DEFAULT,
         deadline_ms: float | None = None,
         priority: int = 0,
-        on_miss: str = "drop",
+        on_miss: OnMiss = "drop",
     ) -> list[Any]:
         """Run one job per inputs mapping, at most ``concurrency`` at once; results in order."""
         return self._run(self._client.submit_many(

@@ -229,13 +229,11 @@ class LocalCluster:
             async with Client(worker.address, token=self.token, tls=self.tls) as client:
                 while True:
                     status = await client.status()
-                    if len(status["peers"]) >= len(live) - 1 and len(status["cluster"]) >= len(
-                        live
-                    ):
+                    if len(status.peers) >= len(live) - 1 and len(status.cluster) >= len(live):
                         break
                     if asyncio.get_running_loop().time() > deadline:
                         raise CompassTimeout(
-                            f"worker {worker.name} sees {len(status['peers'])} of "
+                            f"worker {worker.name} sees {len(status.peers)} of "
                             f"{len(live) - 1} peers after startup"
                         )
                     await asyncio.sleep(delay)

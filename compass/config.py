@@ -7,7 +7,7 @@ Nothing here reads the environment or a file at import time; only ``cli/`` turns
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from compass.errors import ConfigError
 
@@ -30,7 +30,9 @@ __all__ = [
     "SwimConfig",
     "TLSConfig",
     "Timeouts",
+    "View",
     "WorkerConfig",
+    "check_view",
     "parse_address",
 ]
 
@@ -208,7 +210,16 @@ class CacheConfig:
 
 
 #: what a planner may see (SchedConfig.view)
-VIEWS = ("bounded", "mesh")
+View = Literal["bounded", "mesh"]
+VIEWS: tuple[View, ...] = get_args(View)
+
+
+def check_view(value: str) -> View:
+    """``value`` as a :data:`View` (a flag's text); ConfigError naming the choices otherwise."""
+    for view in VIEWS:
+        if value == view:
+            return view
+    raise ConfigError(f"--view must be one of {', '.join(VIEWS)}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +247,7 @@ class SchedConfig:
     #: what a planner sees: "bounded" (a job's candidates; load from the workers it watches,
     #: residency from rumors, compass/gossip/spread.py) or "mesh" (every worker, each
     #: heartbeating every peer every heartbeat_ms)
-    view: str = "bounded"
+    view: View = "bounded"
     #: a bounded view's workers sampled per job beyond the holders of its models
     candidates: int = 6
     #: a bounded view's holders in view per model the job needs (0: every holder)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from compass.errors import DeadlineExceeded, DeadlineUnreachable, InvalidInputs
 
@@ -19,6 +19,7 @@ __all__ = [
     "NO_OBJECTIVE",
     "ON_MISS",
     "Objective",
+    "OnMiss",
     "check_objective",
     "outcome_of",
 ]
@@ -26,7 +27,8 @@ __all__ = [
 #: priorities run from 0 (the default) to this; a higher one runs first
 MAX_PRIORITY = 9
 #: what a job may ask for when it would miss its deadline: be dropped, or finish regardless
-ON_MISS = ("drop", "finish")
+OnMiss = Literal["drop", "finish"]
+ON_MISS: tuple[OnMiss, ...] = get_args(OnMiss)
 
 
 @dataclass(frozen=True, slots=True)

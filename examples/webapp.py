@@ -131,11 +131,10 @@ async def submit_job(
     timeout: Annotated[float | None, Query(gt=0, le=3600, description="Seconds.")] = None,
 ) -> dict[str, Any] | Response:
     """Run one job of ``workflow`` and answer its result."""
-    if "timeout" in inputs:  # Client.submit takes that name as its own argument
-        return _error_response(InvalidInputs("an input named 'timeout' cannot be submitted"))
     client = _client(request)
     kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-    job = asyncio.ensure_future(client.submit(workflow, **kwargs, **inputs))
+    # inputs= carries any name, "timeout" too: it cannot be taken for the option
+    job = asyncio.ensure_future(client.submit(workflow, inputs, **kwargs))
     hangup = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({job, hangup}, return_when=asyncio.FIRST_COMPLETED)

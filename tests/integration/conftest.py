@@ -8,13 +8,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
 from compass.config import TLSConfig
+from compass.reports import WorkerStatus
 from compass.wire.transport import new_event_loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,8 +102,8 @@ def one_worker_workload(tmp_path: Path, **workflows: tuple[str | None, float]) -
 
 
 async def status_when(
-    client: Client, ready: Callable[[dict[str, Any]], bool], tries: int = 200
-) -> dict[str, Any]:
+    client: Client, ready: Callable[[WorkerStatus], bool], tries: int = 200
+) -> WorkerStatus:
     """The worker's status once ``ready(status)`` holds (or the last one after ``tries``)."""
     status = await client.status()
     for _ in range(tries):
@@ -116,7 +116,7 @@ async def status_when(
 
 async def kill_last(
     cluster: LocalCluster, clients: list[Client], limit_s: float = 30.0
-) -> list[dict[str, Any]]:
+) -> list[WorkerStatus]:
     """SIGKILL the cluster's last worker; the survivors' statuses (``clients`` but the last)
     once none of them has it as a peer any more."""
     victim = cluster.workers[-1]
@@ -124,7 +124,7 @@ async def kill_last(
     victim.kill()
     while True:
         statuses = list(await asyncio.gather(*(c.status() for c in clients[:-1])))
-        if all(victim.name not in {p["name"] for p in s["peers"]} for s in statuses):
+        if all(victim.name not in {p["name"] for p in s.peers} for s in statuses):
             print(f"killed worker dropped by all after {(time.monotonic() - t0) * 1e3:.0f} ms")
             return statuses
         assert time.monotonic() - t0 < limit_s, "the killed worker is still a peer"

@@ -104,13 +104,13 @@ async def queued_behind_gate(
     """Run one ``workflow`` job per inputs, all queued while a gate job holds the GPU lane,
     then open the gate; each job's output, or the error it raised."""
     held = asyncio.create_task(client.submit("gate", path=str(gate), timeout=JOB_TIMEOUT_S))
-    running = await status_when(client, lambda s: s["queue"]["running"] == 1, WAIT_TRIES)
-    assert running["queue"]["running"] == 1 and not held.done()
+    running = await status_when(client, lambda s: s.queue["running"] == 1, WAIT_TRIES)
+    assert running.queue["running"] == 1 and not held.done()
     jobs = [
         asyncio.create_task(client.submit(workflow, timeout=JOB_TIMEOUT_S, **kw)) for kw in inputs
     ]
-    queued = await status_when(client, lambda s: s["queue"]["ready"] == len(inputs), WAIT_TRIES)
-    assert queued["queue"]["ready"] == len(inputs) and not held.done()
+    queued = await status_when(client, lambda s: s.queue["ready"] == len(inputs), WAIT_TRIES)
+    assert queued.queue["ready"] == len(inputs) and not held.done()
     await asyncio.to_thread(gate.touch)
     assert await held == str(gate)
     return await asyncio.gather(*jobs, return_exceptions=True)
@@ -129,7 +129,7 @@ async def test_a_batched_real_model_gives_every_job_its_unbatched_output(
     async with one_worker(batch_env) as cluster, cluster.client() as client:
         outputs = await queued_behind_gate(client, "embed", [{"x": x} for x in xs], tmp_path / "go")
         status = await client.status()
-        assert status["batches"]["mlp"] == {"4": 1}  # the four ran as one batch
+        assert status.batches["mlp"] == {"4": 1}  # the four ran as one batch
         for x, out in zip(xs, outputs, strict=True):
             assert isinstance(out, torch.Tensor) and out.shape == (x.shape[0], OUT_FEATURES)
             # the same model run here, on this job alone
@@ -139,7 +139,7 @@ async def test_a_batched_real_model_gives_every_job_its_unbatched_output(
         assert torch.allclose(alone, reference(xs[3]), rtol=RTOL, atol=ATOL)
         assert torch.allclose(alone, outputs[3], rtol=RTOL, atol=ATOL)
         status = await client.status()
-        assert status["batches"]["mlp"] == {"1": 1, "4": 1}
+        assert status.batches["mlp"] == {"1": 1, "4": 1}
 
 
 @pytest.mark.asyncio
@@ -149,7 +149,7 @@ async def test_an_item_returned_as_an_exception_fails_only_its_job(
     xs: list[Any] = [features(2, 1), torch.zeros(2, 5), features(1, 2)]
     async with one_worker(batch_env) as cluster, cluster.client() as client:
         outputs = await queued_behind_gate(client, "embed", [{"x": x} for x in xs], tmp_path / "go")
-        assert (await client.status())["batches"]["mlp"] == {"3": 1}
+        assert (await client.status()).batches["mlp"] == {"3": 1}
     bad = outputs[1]
     assert isinstance(bad, JobFailed)
     assert bad.task == "embed" and bad.workflow == "embed"
@@ -178,8 +178,8 @@ async def test_a_raise_fails_every_job_of_its_batch_and_the_worker_serves_on(
         out = await client.submit("embed", x=x, timeout=JOB_TIMEOUT_S)
         assert torch.allclose(out, reference(x), rtol=RTOL, atol=ATOL)
         status = await client.status()
-        assert status["batches"]["mlp"] == {"1": 2, "3": 1}
-        assert status["stats"]["tasks_failed"] == 3
+        assert status.batches["mlp"] == {"1": 2, "3": 1}
+        assert status.stats["tasks_failed"] == 3
 
 
 @pytest.mark.asyncio
@@ -197,16 +197,16 @@ async def test_a_batch_past_its_timeout_fails_its_jobs_and_the_worker_serves_on(
             assert "in a batch of 3" in str(error)
         status = await client.status()
         # one run is stuck (its thread still waits), not three; the lane moved on
-        assert status["queue"]["stuck"] == 1 and not status["queue"]["degraded"]
+        assert status.queue["stuck"] == 1 and not status.queue["degraded"]
         x = features(3, 4)
         out = await client.submit("embed", x=x, timeout=JOB_TIMEOUT_S)
         assert torch.allclose(out, reference(x), rtol=RTOL, atol=ATOL)
         await asyncio.to_thread(release.touch)  # the stuck thread returns
-        status = await status_when(client, lambda s: s["queue"]["stuck"] == 0, WAIT_TRIES)
-        assert status["queue"]["stuck"] == 0
+        status = await status_when(client, lambda s: s.queue["stuck"] == 0, WAIT_TRIES)
+        assert status.queue["stuck"] == 0
         assert await client.submit("stalls", x=str(release), timeout=JOB_TIMEOUT_S) == str(release)
         status = await client.status()
-        assert status["batches"]["mlp"] == {"1": 2, "3": 1}
+        assert status.batches["mlp"] == {"1": 2, "3": 1}
 
 
 def batch_workload(tmp_path: Path) -> str:
@@ -242,16 +242,16 @@ async def test_emulated_tasks_queued_behind_a_busy_lane_run_as_one_batch(
     ):
         # the gate (3 s of emulated work) holds the lane while the four jobs queue
         held = asyncio.create_task(client.submit("gate", data=data, timeout=JOB_TIMEOUT_S))
-        await status_when(client, lambda s: s["queue"]["running"] == 1, WAIT_TRIES)
+        await status_when(client, lambda s: s.queue["running"] == 1, WAIT_TRIES)
         jobs = [client.submit("embed", data=data, timeout=JOB_TIMEOUT_S) for _ in range(4)]
         queued_jobs = [asyncio.create_task(job) for job in jobs]
-        queued = await status_when(client, lambda s: s["queue"]["ready"] == 4, WAIT_TRIES)
-        assert queued["queue"]["ready"] == 4 and not held.done()
+        queued = await status_when(client, lambda s: s.queue["ready"] == 4, WAIT_TRIES)
+        assert queued.queue["ready"] == 4 and not held.done()
         outputs = await asyncio.gather(*queued_jobs)
         await held
         assert all(isinstance(out, np.ndarray) and out.nbytes == 1000 for out in outputs)
         status = await client.status()
-        assert status["batches"] == {"g": {"1": 1}, "m": {"4": 1}}
+        assert status.batches == {"g": {"1": 1}, "m": {"4": 1}}
         got = await scrape(f"127.0.0.1:{port}")
     m = frozenset({("model", "m")})
     assert got["compass_batch_size_count", m] == 1  # one run ...

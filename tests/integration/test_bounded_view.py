@@ -6,36 +6,36 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from typing import Any
 
 import numpy as np
 import pytest
 
 from compass.cluster import LocalCluster
+from compass.reports import WorkerStatus
 
 from .conftest import PAPER
 
 FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
 
 
-async def _statuses(cluster: LocalCluster) -> list[dict[str, Any]]:
-    async def one(i: int) -> dict[str, Any]:
+async def _statuses(cluster: LocalCluster) -> list[WorkerStatus]:
+    async def one(i: int) -> WorkerStatus:
         async with cluster.client(i) as client:
-            status: dict[str, Any] = await client.status()
+            status: WorkerStatus = await client.status()
             return status
 
     return list(await asyncio.gather(*(one(i) for i in range(len(cluster.workers)))))
 
 
-async def _all_in_view(cluster: LocalCluster, tries: int = 300) -> list[dict[str, Any]]:
+async def _all_in_view(cluster: LocalCluster, tries: int = 300) -> list[WorkerStatus]:
     """The statuses once every worker's view holds every worker."""
     n = len(cluster.workers)
     for _ in range(tries):
         statuses = await _statuses(cluster)
-        if all(len(s["cluster"]) == n for s in statuses):
+        if all(len(s.cluster) == n for s in statuses):
             return statuses
         await asyncio.sleep(0.05)
-    raise AssertionError(f"views never held all {n}: {[len(s['cluster']) for s in statuses]}")
+    raise AssertionError(f"views never held all {n}: {[len(s.cluster) for s in statuses]}")
 
 
 @pytest.mark.asyncio
@@ -48,9 +48,9 @@ async def test_an_idle_bounded_cluster_heartbeats_nobody(view: str, worker_env: 
     async with LocalCluster(4, args=args, env=worker_env) as cluster:
         statuses = await _all_in_view(cluster)
         whole = time.monotonic()
-        assert {s["view"]["kind"] for s in statuses} == {view}
+        assert {s.view["kind"] for s in statuses} == {view}
 
-        def aged(statuses: list[dict[str, Any]]) -> bool:
+        def aged(statuses: list[WorkerStatus]) -> bool:
             # a peer's sync may have refreshed one row since; the rest heard nothing for 1 s
             return all(sorted(_ages(s))[1] > 1000.0 for s in statuses)
 
@@ -65,15 +65,15 @@ async def test_an_idle_bounded_cluster_heartbeats_nobody(view: str, worker_env: 
         ages = _ages(status)
         assert len(ages) == 3
         if view == "bounded":
-            assert sorted(ages)[1] > 1000.0, (status["name"], ages)
-            assert status["view"]["watchers"] == [] and status["view"]["watching"] == []
+            assert sorted(ages)[1] > 1000.0, (status.name, ages)
+            assert status.view["watchers"] == [] and status.view["watching"] == []
         else:
-            assert statistics.median(ages) < 1000.0, (status["name"], ages)
+            assert statistics.median(ages) < 1000.0, (status.name, ages)
 
 
-def _ages(status: dict[str, Any]) -> list[float]:
+def _ages(status: WorkerStatus) -> list[float]:
     """How old each of its peers' rows in ``status``'s view is, in ms."""
-    return [r["age_ms"] for r in status["cluster"] if r["name"] != status["name"]]
+    return [r["age_ms"] for r in status.cluster if r["name"] != status.name]
 
 
 @pytest.mark.asyncio
@@ -91,15 +91,15 @@ async def test_a_planner_watches_its_candidates_and_every_cache_reaches_every_vi
             jobs = [client.submit(FLOWS[i % 4], data=payload, timeout=60) for i in range(16)]
             assert len(await asyncio.gather(*jobs)) == 16
             status = await client.status()
-        watching = status["view"]["watching"]
+        watching = status.view["watching"]
         assert watching and "w0" not in watching
-        statuses = {s["name"]: s for s in await _statuses(cluster)}
+        statuses = {s.name: s for s in await _statuses(cluster)}
         for peer in watching:
-            assert "w0" in statuses[peer]["view"]["watchers"], peer
+            assert "w0" in statuses[peer].view["watchers"], peer
         for _ in range(100):  # rumors: a few periods of 100 ms each
-            statuses = {s["name"]: s for s in await _statuses(cluster)}
-            caches = {n: sorted(s["cache"]["resident"]) for n, s in statuses.items()}
-            views = {n: {r["name"]: r["models"] for r in s["cluster"]} for n, s in statuses.items()}
+            statuses = {s.name: s for s in await _statuses(cluster)}
+            caches = {n: sorted(s.cache["resident"]) for n, s in statuses.items()}
+            views = {n: {r["name"]: r["models"] for r in s.cluster} for n, s in statuses.items()}
             if all(views[n] == caches for n in views):
                 break
             await asyncio.sleep(0.1)

@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from compass import Client
 from compass.cluster import LocalCluster
 from compass.config import SchedConfig, SwimConfig
 from compass.membership.swim import Probing
+from compass.reports import WorkerStatus
 
 from .conftest import PAPER
 
@@ -75,9 +75,9 @@ async def _cluster(workers: int, args: list[str], env: dict[str, str]) -> AsyncI
                 await client.aclose()
 
 
-def _false_deaths(statuses: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+def _false_deaths(statuses: list[WorkerStatus]) -> dict[str, tuple[int, int]]:
     """Each worker's peers lost and jobs planned again, where either is not 0."""
-    counts = {s["name"]: (s["stats"]["peers_lost"], s["stats"]["replans"]) for s in statuses}
+    counts = {s.name: (s.stats["peers_lost"], s.stats["replans"]) for s in statuses}
     return {name: c for name, c in counts.items() if c != (0, 0)}
 
 
@@ -100,7 +100,7 @@ async def test_a_burst_of_2000_jobs_at_once_declares_nobody_dead(
             assert not errors, f"{len(errors)} of 2000 jobs failed, first: {errors[0]!r}"
         took = time.monotonic() - t0
         statuses = list(await asyncio.gather(*(c.status(timeout=30) for c in clients)))
-        bumps = {p["name"]: p["incarnation"] for p in statuses[1]["peers"]}
+        bumps = {p["name"]: p["incarnation"] for p in statuses[1].peers}
         print(f"\n2,000 jobs in one burst: {2000 / took:.0f} jobs/s; incarnations "
               f"seen by w1 (each a suspicion refuted): {bumps}")  # fmt: skip
         assert not _false_deaths(statuses), _false_deaths(statuses)
@@ -134,7 +134,7 @@ async def test_a_worker_stalled_again_and_again_is_not_declared_dead(
         await asyncio.sleep(1.0)  # a suspicion still running would end by now
         statuses = list(await asyncio.gather(*(c.status(timeout=30) for c in clients)))
         for status in statuses[:2]:
-            assert cluster.workers[2].name in {p["name"] for p in status["peers"]}
+            assert cluster.workers[2].name in {p["name"] for p in status.peers}
         assert not _false_deaths(statuses), _false_deaths(statuses)
 
 
@@ -142,7 +142,7 @@ async def _dropped(clients: list[Client], victim: str, t0: float, limit_s: float
     """Seconds from ``t0`` until no worker of ``clients`` has ``victim`` as a peer."""
     while True:
         statuses = await asyncio.gather(*(c.status(timeout=10) for c in clients))
-        if all(victim not in {p["name"] for p in s["peers"]} for s in statuses):
+        if all(victim not in {p["name"] for p in s.peers} for s in statuses):
             return time.monotonic() - t0
         if time.monotonic() - t0 > 2 * limit_s:
             pytest.fail(f"{victim} still a peer after {2 * limit_s:.1f} s")

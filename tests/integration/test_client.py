@@ -143,7 +143,7 @@ async def test_a_small_call_passes_a_large_one_stuck_mid_frame(
         Client(proxy.address, token=cluster.token) as client,
     ):
         assert await client.submit("echo", x=1) == 1
-        assert client.bulk_channel is None  # opened only when a payload needs it
+        assert client._bulk_channel is None  # opened only when a payload needs it
         big = big_array(1)
         stuck = asyncio.create_task(client.submit("echo", x=big))
         await asyncio.wait_for(proxy.held.wait(), WAIT)
@@ -151,9 +151,9 @@ async def test_a_small_call_passes_a_large_one_stuck_mid_frame(
             assert await asyncio.wait_for(client.submit("echo", x=i), WAIT) == i
         assert await asyncio.wait_for(client.ping(), WAIT) > 0
         assert not stuck.done()
-        bulk = client.bulk_channel
-        assert bulk is not None and bulk is not client.channel
-        assert bulk.peer_name == client.channel.peer_name == "w0"
+        bulk = client._bulk_channel
+        assert bulk is not None and bulk is not client._connected()
+        assert bulk.peer_name == client._connected().peer_name == "w0"
         assert proxy.connections == 2
         proxy.release.set()
         assert np.array_equal(await asyncio.wait_for(stuck, WAIT), big)
@@ -178,7 +178,7 @@ async def test_with_one_connection_a_small_call_waits_behind_a_large_one(
             proxy.release.set()
             assert np.array_equal(await asyncio.wait_for(stuck, WAIT), big)
             assert await asyncio.wait_for(small, WAIT) == 3
-            assert client.bulk_channel is None and proxy.connections == 1
+            assert client._bulk_channel is None and proxy.connections == 1
 
 
 @pytest.mark.asyncio
@@ -190,22 +190,22 @@ async def test_a_lost_bulk_connection_is_reopened_to_the_same_worker(
         proxied_worker(vision_worker) as (cluster, proxy),
         Client(proxy.address, token=cluster.token, retries=0) as client,
     ):
-        control = client.channel
+        control = client._connected()
         stuck = asyncio.create_task(client.submit("echo", x=big_array(3)))
         await asyncio.wait_for(proxy.held.wait(), WAIT)
-        lost = client.bulk_channel
+        lost = client._bulk_channel
         proxy.cut = True
         proxy.release.set()
         with pytest.raises(ConnectionLost):
             await asyncio.wait_for(stuck, WAIT)
         assert lost is not None and lost.closed
-        assert client.channel is control and not control.closed  # untouched
+        assert client._connected() is control and not control.closed  # untouched
         assert await client.submit("echo", x=4) == 4
         proxy.holding = False
         again = big_array(4)
         assert np.array_equal(await client.submit("echo", x=again), again)
-        assert client.bulk_channel is not None and client.bulk_channel is not lost
-        assert client.channel is control
+        assert client._bulk_channel is not None and client._bulk_channel is not lost
+        assert client._connected() is control
         assert proxy.connections == 3
 
 
@@ -218,8 +218,8 @@ async def test_both_connections_fail_over_together(worker_env: dict[str, str]) -
     ):
         big = big_array(5)
         assert np.array_equal(await client.submit("echo", x=big), big)
-        assert client.bulk_channel is not None
-        assert client.bulk_channel.peer_name == client.channel.peer_name == "w0"
+        assert client._bulk_channel is not None
+        assert client._bulk_channel.peer_name == client._connected().peer_name == "w0"
         cluster.workers[0].kill()
         await cluster.workers[0].process.wait()
         answered = None
@@ -231,9 +231,9 @@ async def test_both_connections_fail_over_together(worker_env: dict[str, str]) -
                 await asyncio.sleep(0.05)
         assert answered is not None and np.array_equal(answered, big)
         assert client.address == cluster.addresses[1]
-        assert client.channel.peer_name == "w1"
-        assert client.bulk_channel is not None and client.bulk_channel.peer_name == "w1"
-        assert (await client.status())["name"] == "w1"
+        assert client._connected().peer_name == "w1"
+        assert client._bulk_channel is not None and client._bulk_channel.peer_name == "w1"
+        assert (await client.status()).name == "w1"
 
 
 def test_bulk_threshold_is_validated() -> None:
@@ -307,7 +307,7 @@ def test_a_client_open_on_one_loop_refuses_another(cluster: LocalCluster) -> Non
 def test_sync_client_runs_every_call_on_its_own_loop(cluster: LocalCluster) -> None:
     with SyncClient(cluster.addresses[0], token=cluster.token) as client:
         assert client.ping() > 0
-        assert client.status()["name"] == "w0"
+        assert client.status().name == "w0"
         assert client.submit("echo", x=[1, "two", {"three": 3.0}]) == [1, "two", {"three": 3.0}]
         big = big_array(7)
         assert np.array_equal(client.submit("echo", x=big), big)

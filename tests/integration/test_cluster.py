@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from compass.cluster import LocalCluster
+from compass.reports import JobRecord
 from compass.sched import POLICY_NAMES
 from examples import vision_app
 
@@ -19,10 +19,9 @@ from .conftest import PAPER
 PAPER_FLOWS = ["translation", "question_answer", "img_to_sound", "object_detection"]
 
 
-async def _trace(cluster: LocalCluster, index: int) -> list[dict[str, Any]]:
+async def _trace(cluster: LocalCluster, index: int) -> list[JobRecord]:
     async with cluster.client(index) as client:
-        records: list[dict[str, Any]] = await client.channel.request("trace", None)
-        return records
+        return await client.records()
 
 
 @pytest.mark.asyncio
@@ -45,9 +44,9 @@ async def test_jobs_from_every_ingress_spread_over_the_cluster(worker_env: dict[
         assert len(results) == 24
         traces = [await _trace(cluster, i) for i in range(3)]
     assert [len(t) for t in traces] == [8, 8, 8]
-    used = {worker for trace in traces for record in trace for worker in record["plan"].values()}
+    used = {worker for trace in traces for record in trace for worker in record.plan.values()}
     assert used == {"w0", "w1", "w2"}
-    assert all(record["ok"] for trace in traces for record in trace)
+    assert all(record.ok for trace in traces for record in trace)
 
 
 def _policy_pairs() -> list[tuple[str, str]]:
@@ -76,7 +75,7 @@ async def test_every_policy_gives_correct_results(
         await cluster.wait_joined()
         for index, policy in enumerate(policies):
             async with cluster.client(index) as client:
-                assert (await client.status())["policy"] == policy
+                assert (await client.status()).policy == policy
                 results = await asyncio.gather(
                     *(client.submit("describe", image=images) for _ in range(4))
                 )
@@ -113,10 +112,10 @@ async def test_killed_worker_every_job_answered_exactly_once(worker_env: dict[st
         traces = [await _trace(cluster, i) for i in range(3)]
     records = [record for trace in traces for record in trace]
     assert len(records) == 30
-    assert len({record["job"] for record in records}) == 30  # answered once each
-    assert all(record["ok"] for record in records)
-    assert any(record["attempts"] > 1 for record in records)  # some were re-planned
-    assert all("w3" not in record["plan"].values() for record in records if record["attempts"] > 1)
+    assert len({record.job for record in records}) == 30  # answered once each
+    assert all(record.ok for record in records)
+    assert any(record.attempts > 1 for record in records)  # some were re-planned
+    assert all("w3" not in record.plan.values() for record in records if record.attempts > 1)
 
 
 @pytest.mark.asyncio
@@ -130,7 +129,7 @@ async def test_silent_peer_is_removed_and_a_restarted_worker_rejoins(
         try:
             async with cluster.client(0) as client:
                 for _ in range(100):
-                    names = [p["name"] for p in (await client.status())["peers"]]
+                    names = [p["name"] for p in (await client.status()).peers]
                     if names == ["w1"]:
                         break
                     await asyncio.sleep(0.05)
@@ -143,7 +142,7 @@ async def test_silent_peer_is_removed_and_a_restarted_worker_rejoins(
         await cluster.spawn("w2", join=cluster.addresses[1])
         await cluster.wait_joined(timeout=20)
         async with cluster.client(0) as client:
-            assert [p["name"] for p in (await client.status())["peers"]] == ["w1", "w2"]
+            assert [p["name"] for p in (await client.status()).peers] == ["w1", "w2"]
             payload = np.zeros(10, dtype=np.uint8)
             results = await asyncio.gather(
                 *(client.submit(flow, data=payload, timeout=60) for flow in PAPER_FLOWS)
@@ -172,19 +171,19 @@ async def test_changes_are_gossiped_without_waiting_for_the_periodic_heartbeat(
         )
         for _ in range(200):
             s0, s1 = await asyncio.gather(c0.status(), c1.status())
-            views = {"w0": s1["cluster"], "w1": s0["cluster"]}
+            views = {"w0": s1.cluster, "w1": s0.cluster}
             agree = all(
-                next(r for r in views[s["name"]] if r["name"] == s["name"])["models"]
-                == s["cache"]["resident"]
+                next(r for r in views[s.name] if r["name"] == s.name)["models"]
+                == s.cache["resident"]
                 for s in (s0, s1)
             )
-            if agree and all(s["cache"]["resident"] for s in (s0, s1)):
+            if agree and all(s.cache["resident"] for s in (s0, s1)):
                 break
             await asyncio.sleep(0.05)
         assert agree, (
-            s0["cache"]["resident"],
+            s0.cache["resident"],
             views["w0"],
-            s1["cache"]["resident"],
+            s1.cache["resident"],
             views["w1"],
         )
 
@@ -207,7 +206,7 @@ async def test_workers_learn_each_others_measured_h2d_bandwidth(
         learned = False
         for _ in range(200):
             s0, s1 = await asyncio.gather(c0.status(), c1.status())
-            rows = {s["name"]: {r["name"]: r["h2d_gbps"] for r in s["cluster"]} for s in (s0, s1)}
+            rows = {s.name: {r["name"]: r["h2d_gbps"] for r in s.cluster} for s in (s0, s1)}
             own = {w: rows[w][w] for w in ("w0", "w1")}
             seen = {"w0": rows["w1"]["w0"], "w1": rows["w0"]["w1"]}
             learned = all(own[w] != 10.0 and abs(seen[w] - own[w]) <= 0.021 * own[w] for w in own)

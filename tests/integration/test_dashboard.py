@@ -72,7 +72,8 @@ async def test_the_json_gathers_every_worker_and_says_which_did_not_answer(
         LocalCluster(3, args=args(workload(tmp_path)), env=worker_env) as cluster,
         cluster.client() as client,
     ):
-        address = (await client.status())["metrics"]
+        address = (await client.status()).metrics
+        assert address is not None  # the worker serves metrics
         await asyncio.gather(
             *(client.submit("quick", x=i, deadline_ms=5000, timeout=30) for i in range(9))
         )
@@ -96,7 +97,7 @@ async def test_the_json_gathers_every_worker_and_says_which_did_not_answer(
 
         one = await get_json(f"http://{address}/api/worker?window=60")
         assert one["name"] == "w0" and "workers" not in one
-        assert one["queue"] == (await client.status())["queue"]
+        assert one["queue"] == (await client.status()).queue
         assert one["spans"] == parts["w0"]["spans"]
         few = await get_json(f"http://{address}/api/worker?window=0.001")
         assert few["spans"] == [] and few["jobs"] == []
@@ -248,7 +249,8 @@ async def test_the_page_in_a_browser_shows_what_status_shows(
         clients = [Client(w.address, token=cluster.token) for w in cluster.workers]
         for client in clients:
             await stack.enter_async_context(client)
-        address = (await clients[0].status())["metrics"]
+        address = (await clients[0].status()).metrics
+        assert address is not None  # the worker serves metrics
         # answered jobs (latencies against a deadline) and finished tasks (the stream)
         await asyncio.gather(
             *(clients[0].submit("quick", x=i, deadline_ms=2000, timeout=30) for i in range(24))
@@ -258,8 +260,8 @@ async def test_the_page_in_a_browser_shows_what_status_shows(
         stack.push_async_callback(cancelled, slow)
         for _ in range(500):
             statuses = await asyncio.gather(*(c.status() for c in clients))
-            placed = sum(s["queue"]["running"] + s["queue"]["ready"] for s in statuses)
-            if placed == 4 and not any(s["cache"]["loading"] for s in statuses):
+            placed = sum(s.queue["running"] + s.queue["ready"] for s in statuses)
+            if placed == 4 and not any(s.cache["loading"] for s in statuses):
                 break
             await asyncio.sleep(0.02)
         assert placed == 4
@@ -275,7 +277,7 @@ async def test_the_page_in_a_browser_shows_what_status_shows(
         for _ in range(50):
             seen = json.loads(await asyncio.to_thread(page.evaluate, READ_PAGE))
             statuses = await asyncio.gather(*(c.status() for c in clients))
-            if seen["workers"] == [shown(status) for status in statuses]:
+            if seen["workers"] == [shown(status.to_json()) for status in statuses]:
                 break
             await asyncio.sleep(0.2)
         env = {**worker_env, "COMPASS_TOKEN": cluster.token}
@@ -287,7 +289,7 @@ async def test_the_page_in_a_browser_shows_what_status_shows(
     assert seen["status"] == ""  # no error reading the cluster
     assert [w["name"] for w in seen["workers"]] == ["w0", "w1", "w2"]
     # every number and model the page shows is what `compass status` shows
-    assert seen["workers"] == [shown(status) for status in statuses]
+    assert seen["workers"] == [shown(status.to_json()) for status in statuses]
     assert shown(by_cli) == seen["workers"][0]
     assert sum(w["running"] for w in seen["workers"]) == 3
     assert sum(w["ready"] for w in seen["workers"]) == 1

@@ -8,12 +8,12 @@ import asyncio
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from compass.cluster import LocalCluster
 from compass.errors import DeadlineExceeded, DeadlineUnreachable
+from compass.reports import WorkerStatus
 
 from .conftest import compass_argv, status_when
 
@@ -39,10 +39,10 @@ def spec(tmp_path: Path) -> str:
     return str(path)
 
 
-def idle(status: dict[str, Any]) -> bool:
-    queue = status["queue"]
+def idle(status: WorkerStatus) -> bool:
+    queue = status.queue
     return bool(
-        status["jobs_in_flight"] == 0
+        status.jobs_in_flight == 0
         and queue["ready"] == 0
         and queue["waiting_inputs"] == 0
         and queue["running"] == 0
@@ -74,9 +74,9 @@ async def test_refused_dropped_prioritized_and_generous_jobs(
         assert await slow is not None  # the high-priority job ran
         status = await status_when(client, idle, tries=500)
         assert idle(status), status  # nothing of the dropped job left behind
-        stats = status["stats"]
+        stats = status.stats
         assert (stats["jobs_unreachable"], stats["jobs_dropped"], stats["tasks_shed"]) == (1, 1, 1)
-        slo = status["slo"]["chain"]["0"]  # by workflow and priority, for dashboards
+        slo = status.slo["chain"]["0"]  # by workflow and priority, for dashboards
         assert (slo["met"], slo["unreachable"], slo["dropped"]) == (1, 1, 1)
 
         # asked to finish regardless: the same race runs the chain to the end
@@ -143,6 +143,6 @@ async def test_under_overload_the_lower_priority_is_shed_and_every_job_answered_
         assert done  # the lane kept serving the level-0 jobs that still could make it
         status = await status_when(client, idle, tries=500)
         assert idle(status), status
-        slo = status["slo"]["chain"]
+        slo = status.slo["chain"]
         assert slo["1"]["met"] == 6 and slo["0"]["dropped"] == len(dropped)
-        assert status["stats"]["tasks_shed"] >= len(dropped)
+        assert status.stats["tasks_shed"] >= len(dropped)

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from compass.cluster import LocalCluster
+from compass.reports import WorkerStatus
 
 from .conftest import one_worker_workload, status_when
 
 
-def _sees(name: str) -> Any:
-    def sees(status: dict[str, Any]) -> bool:
-        return name in {row["name"] for row in status["cluster"]}
+def _sees(name: str) -> Callable[[WorkerStatus], bool]:
+    def sees(status: WorkerStatus) -> bool:
+        return name in {row["name"] for row in status.cluster}
 
     return sees
 
@@ -43,10 +44,10 @@ async def test_a_draining_worker_tells_its_planners_and_dials_no_one_else(
             c0, c1, others = clients[0], clients[1], clients[2:]
             # w0 plans over every worker (4 candidates of 4 peers), so it watches w1
             await asyncio.gather(*(c0.submit("quick", x=i, timeout=30) for i in range(8)))
-            assert "w1" in (await c0.status())["view"]["watching"]
+            assert "w1" in (await c0.status()).view["watching"]
             # a job of w1's own keeps its drain going; meanwhile its idle channels close
             slow = asyncio.ensure_future(c1.submit("slow", x=0, timeout=60))
-            await status_when(c1, lambda s: s["jobs_in_flight"] == 1)
+            await status_when(c1, lambda s: s.jobs_in_flight == 1)
             await asyncio.sleep(1.0)
             cluster.workers[1].process.send_signal(signal.SIGTERM)  # it drains
             status = await status_when(c0, lambda s: not _sees("w1")(s), tries=300)
@@ -91,7 +92,7 @@ async def test_a_stopping_worker_sends_the_result_it_owes_over_a_channel_closed_
                 asyncio.ensure_future(c0.submit_job("slow", x=i, trace=True, timeout=60))
                 for i in range(2)
             ]
-            await status_when(c0, lambda s: len(s["view"]["watching"]) == 1)
+            await status_when(c0, lambda s: len(s.view["watching"]) == 1)
             await asyncio.sleep(0.8)  # the channels between them close idle meanwhile
             assert await cluster.workers[1].stop() == 0  # it drains, then leaves
             traces = [(await job).trace for job in jobs]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import numpy as np
 import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster
+from compass.reports import WorkerStatus
 
 from .conftest import PAPER
 
@@ -25,12 +25,12 @@ async def _dropped(client: Client, victim: str, t0: float) -> float:
     """Seconds from ``t0`` until ``client``'s worker has ``victim`` neither as a peer nor in
     its view."""
     while True:
-        status: dict[str, Any] = await client.status(timeout=5.0)
-        names = {p["name"] for p in status["peers"]} | {r["name"] for r in status["cluster"]}
+        status: WorkerStatus = await client.status(timeout=5.0)
+        names = {p["name"] for p in status.peers} | {r["name"] for r in status.cluster}
         if victim not in names:
             return time.monotonic() - t0
         if time.monotonic() - t0 > 30.0:
-            pytest.fail(f"{status['name']} still has {victim} after 30 s")
+            pytest.fail(f"{status.name} still has {victim} after 30 s")
         await asyncio.sleep(0.005)
 
 
@@ -58,8 +58,8 @@ async def test_a_killed_worker_is_dropped_by_every_peer_within_a_second(
             # nobody else was dropped, and jobs run on the survivors
             for client in clients:
                 status = await client.status()
-                assert len(status["peers"]) == WORKERS - 2
-                assert not any(p["suspect"] for p in status["peers"])
+                assert len(status.peers) == WORKERS - 2
+                assert not any(p["suspect"] for p in status.peers)
             payload = np.zeros(1000, dtype=np.uint8)
             flows = ["translation", "question_answer", "img_to_sound", "object_detection"]
             results = await asyncio.gather(

@@ -49,7 +49,7 @@ async def test_a_fuzzed_worker_keeps_serving_within_bounded_memory():
             assert report.dropped_peer == 0
             await client.ping()
             status = await client.status()
-            assert status["name"] == "w0"
+            assert status.name == "w0"
             assert await client.submit("noop", x=41) == 41
             assert rss_bytes(worker.process.pid) - before < 64 * MB
         # the worker logs at ERROR level: no exception escaped where it was not expected

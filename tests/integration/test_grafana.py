@@ -200,7 +200,8 @@ async def test_every_metric_the_dashboard_and_alerts_name_is_exported(
     spec = one_worker_workload(tmp_path, quick=("m", 5), plain=(None, 5))
     args = ["--workload", spec, "--metrics-port", "0", "--drain-timeout", "0"]
     async with LocalCluster(2, args=args, env=worker_env) as cluster, cluster.client() as client:
-        address = (await client.status())["metrics"]
+        address = (await client.status()).metrics
+        assert address is not None  # the worker serves metrics
         # what makes every family have samples: jobs with a deadline, a model, a peer
         await asyncio.gather(
             *(client.submit("quick", x=i, deadline_ms=10_000, timeout=30) for i in range(4)),

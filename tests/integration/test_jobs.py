@@ -28,7 +28,7 @@ async def test_real_models_match_running_them_directly(vision_worker: LocalClust
             assert isinstance(got[key], torch.Tensor)
             assert torch.equal(got[key], value), key
         status = await client.status()
-        assert set(status["cache"]["resident"]) == {"encoder", "classifier"}
+        assert set(status.cache["resident"]) == {"encoder", "classifier"}
 
 
 @pytest.mark.asyncio
@@ -89,8 +89,8 @@ async def test_emulated_paper_workload_with_eviction(worker_env: dict[str, str])
         results = await asyncio.gather(*(client.submit(n, data=payload) for n in names))
         assert len(results) == len(names)
         status = await client.status()
-        cache = status["cache"]
-        assert status["stats"]["jobs_completed"] == len(names)
+        cache = status.cache
+        assert status.stats["jobs_completed"] == len(names)
         assert cache["stats"]["evictions"] > 0
         assert cache["capacity_bytes"] <= 8000 * (1 << 20)
         resident = sum(
@@ -125,12 +125,12 @@ async def test_host_lanes_let_model_less_tasks_pass_a_busy_gpu(
             order.append(workflow)
 
         gpu = asyncio.create_task(run("gpu"))
-        await status_when(client, lambda s: s["queue"]["running"] == 1)  # it holds the lane
+        await status_when(client, lambda s: s.queue["running"] == 1)  # it holds the lane
         await asyncio.gather(gpu, run("cpu"))
         status = await client.status()
     # on the GPU lane the model-less task waits for the 1.5 s task; on a host lane it passes
     assert order == (["cpu", "gpu"] if host_lanes else ["gpu", "cpu"])
-    assert status["queue"]["host_lanes"] == host_lanes
+    assert status.queue["host_lanes"] == host_lanes
 
 
 @pytest.mark.asyncio
@@ -141,15 +141,15 @@ async def test_a_job_whose_caller_gave_up_is_dropped_not_run(
     args = ["--workload", one_worker_workload(tmp_path, slow=("m", 30000)), "--drain-timeout", "0"]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         first = asyncio.create_task(client.submit("slow", data=DATA, timeout=None))
-        await status_when(client, lambda s: s["queue"]["running"] == 1)
+        await status_when(client, lambda s: s.queue["running"] == 1)
         with pytest.raises(CompassTimeout):  # queued behind it; the caller stops waiting
             await client.submit("slow", data=DATA, timeout=0.3)
-        status = await status_when(client, lambda s: s["jobs_in_flight"] == 1)
+        status = await status_when(client, lambda s: s.jobs_in_flight == 1)
         # the abandoned job is gone from the ingress and its queued task from the queue;
         # the first job is untouched
-        assert status["jobs_in_flight"] == 1
-        assert status["queue"]["ready"] == 0
-        assert status["queue"]["running"] == 1
+        assert status.jobs_in_flight == 1
+        assert status.queue["ready"] == 0
+        assert status.queue["running"] == 1
         first.cancel()
 
 
@@ -161,17 +161,17 @@ async def test_an_ingress_at_its_job_limit_refuses_more_clearly_and_keeps_servin
     args = ["--workload", spec, "--max-jobs", "2", "--drain-timeout", "0"]  # as above
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         held = [asyncio.create_task(client.submit("slow", data=DATA, timeout=None)) for _ in "ab"]
-        await status_when(client, lambda s: s["jobs_in_flight"] == 2)
+        await status_when(client, lambda s: s.jobs_in_flight == 2)
         with pytest.raises(Overloaded, match="2 jobs in flight") as refused:
             await client.submit("quick", data=DATA)
         detail = refused.value.detail
         assert (detail["jobs_in_flight"], detail["max_jobs"]) == (2, 2)
         assert detail["held_bytes"] == 2 * (DATA.nbytes + 8)  # two jobs: an array + its name
         status = await client.status()
-        assert status["stats"]["jobs_refused"] == 1
+        assert status.stats["jobs_refused"] == 1
         for task in held:  # the caller gives up on them: the ingress drops them
             task.cancel()
-        await status_when(client, lambda s: s["jobs_in_flight"] == 0)
+        await status_when(client, lambda s: s.jobs_in_flight == 0)
         assert await client.submit("quick", data=DATA) is not None  # room again
 
 
@@ -188,17 +188,19 @@ async def test_a_job_key_runs_once_however_often_it_is_submitted(
         await first.ping()  # connected: their channels exist
         await second.ping()
         body = {"workflow": "slow", "inputs": {"data": DATA}, "key": "job-7"}
+        # raw submissions on the clients' private connections: the test chooses the key
+        raw_first, raw_second = first._connected(), second._connected()
         # two clients with one key at once: one job, both answered with its output
         answers = await asyncio.gather(
-            first.channel.request("submit", body), second.channel.request("submit", body)
+            raw_first.request("submit", body), raw_second.request("submit", body)
         )
         assert answers[0] is not None and np.array_equal(answers[0], answers[1])
         # and once it is answered, the key gets the kept answer without running again
-        again = await first.channel.request("submit", body)
+        again = await raw_first.request("submit", body)
         assert np.array_equal(again, answers[0])
         status = await first.status()
-        assert status["stats"]["tasks_run"] == 1
-        assert status["stats"]["jobs_submitted"] == 1
+        assert status.stats["tasks_run"] == 1
+        assert status.stats["jobs_submitted"] == 1
         # another key is another job
-        await first.channel.request("submit", {**body, "key": "job-8"})
-        assert (await first.status())["stats"]["tasks_run"] == 2
+        await raw_first.request("submit", {**body, "key": "job-8"})
+        assert (await first.status()).stats["tasks_run"] == 2

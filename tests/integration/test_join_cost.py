@@ -6,12 +6,12 @@ them, and a SIGKILLed worker is still dropped by every peer."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import numpy as np
 import pytest
 
 from compass.cluster import LocalCluster
+from compass.reports import WorkerStatus
 
 from .conftest import PAPER, kill_last
 
@@ -30,17 +30,17 @@ async def test_workers_joining_one_seed_make_one_join_handshake_each(
         for client in clients:
             await client.connect()
         try:
-            statuses: list[dict[str, Any]] = await asyncio.gather(*(c.status() for c in clients))
-            joins = [s["peer_handshakes"]["join"] for s in statuses]
-            redials = [s["peer_handshakes"]["redial"] for s in statuses]
+            statuses: list[WorkerStatus] = await asyncio.gather(*(c.status() for c in clients))
+            joins = [s.peer_handshakes["join"] for s in statuses]
+            redials = [s.peer_handshakes["redial"] for s in statuses]
             print(f"\n{WORKERS} workers joined one seed: join handshakes made {joins}, redials "
                   f"(on demand: probes, rumors, syncs) {redials}, channels open "
-                  f"{[s['peer_channels'] for s in statuses]}")  # fmt: skip
+                  f"{[s.peer_channels for s in statuses]}")  # fmt: skip
             assert joins[0] == 0  # the seed joined nobody
             # each joiner dialed its seed (once more, at most, had its first try failed); it
             # used to dial every member named too: 1, 2, ..., 7 handshakes
             assert all(1 <= j <= 2 for j in joins[1:]), joins
-            assert all(len(s["peers"]) == WORKERS - 1 for s in statuses)
+            assert all(len(s.peers) == WORKERS - 1 for s in statuses)
 
             # jobs run across all of them
             payload = np.zeros(1000, dtype=np.uint8)
@@ -53,7 +53,7 @@ async def test_workers_joining_one_seed_make_one_join_handshake_each(
 
             # a SIGKILLed worker is dropped by every peer, channel to it or not
             statuses = await kill_last(cluster, clients)
-            assert all(len(s["peers"]) == WORKERS - 2 for s in statuses)
+            assert all(len(s.peers) == WORKERS - 2 for s in statuses)
         finally:
             for client in clients:
                 await client.aclose()

@@ -87,7 +87,7 @@ async def test_mb_sized_jobs_ok_or_failed_leave_the_ingress_flat(
     print(f"{workers} workers: ingress RSS {before:.0f} MB, +{grown:.0f} MB after 800 MB of jobs")
     # 400 jobs of 2 MiB: 800 MB kept before; the answers' budget is 64 MiB
     assert grown < 200, f"the ingress grew {grown:.0f} MB over 400 jobs of 2 MiB"
-    assert status["jobs_in_flight"] == 0
+    assert status.jobs_in_flight == 0
 
 
 @pytest.mark.asyncio

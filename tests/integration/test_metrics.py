@@ -96,7 +96,7 @@ async def test_metrics_count_jobs_tasks_and_the_cache_over_http(
     names = list(PAPER_TASKS) * 3
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
         address = f"127.0.0.1:{port}"
-        assert (await client.status())["metrics"] == address
+        assert (await client.status()).metrics == address
         payload = np.zeros(3000 * 1000, dtype=np.uint8)
         await asyncio.gather(*(client.submit(n, data=payload, timeout=60) for n in names))
         samples = await scrape(address)
@@ -147,15 +147,13 @@ async def test_metrics_count_jobs_tasks_and_the_cache_over_http(
         assert value(samples, "compass_model_load_seconds_total") > 0
 
         status = await client.status()  # the metrics read the same counters as `status`
-        assert (
-            value(samples, "compass_cache_evictions_total") == status["cache"]["stats"]["evictions"]
-        )
+        assert value(samples, "compass_cache_evictions_total") == status.cache["stats"]["evictions"]
         assert value(samples, "compass_peers") == 0
         # one idle worker: the rule wants the minimum, and status says the same
         assert value(samples, "compass_desired_workers") == 1
         assert status["desired_workers"]["desired"] == 1
         assert value(samples, "compass_ready") == 1
-        assert value(samples, "compass_worker_info", worker="w0", version=status["version"],
+        assert value(samples, "compass_worker_info", worker="w0", version=status.version,
                      policy="compass") == 1  # fmt: skip
 
         assert await asyncio.to_thread(http_get, f"http://{address}/ready") == (200, "ready\n")
@@ -176,7 +174,8 @@ async def test_refused_and_cancelled_jobs_are_counted(worker_env: dict[str, str]
     # unscaled time: a translation job runs for seconds, long enough to be refused beside
     args = ["--workload", PAPER, "--max-jobs", "1", "--metrics-port", "0", "--no-warm"]
     async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
-        address = (await client.status())["metrics"]
+        address = (await client.status()).metrics
+        assert address is not None  # the worker serves metrics
         payload = np.zeros(1000, dtype=np.uint8)
         running = asyncio.create_task(client.submit("translation", data=payload, timeout=60))
         for _ in range(500):
@@ -209,7 +208,8 @@ async def test_json_logs_name_model_loads_and_failed_tasks(
     images = torch.zeros(2, 3, 32, 32)
     async with LocalCluster(1, args=args, env=worker_env, log_dir=tmp_path) as cluster:
         async with cluster.client() as client:
-            address = (await client.status())["metrics"]
+            address = (await client.status()).metrics
+            assert address is not None  # the worker serves metrics
             result = await client.submit("describe", image=images, timeout=60)
             assert set(result) == {"label", "probs", "embedding"}
             with pytest.raises(JobFailed):

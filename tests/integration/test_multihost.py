@@ -36,6 +36,7 @@ import pytest
 
 from compass import Client
 from compass.cluster import WorkerProcess
+from compass.reports import WorkerStatus
 
 from . import netns
 from .conftest import PAPER
@@ -109,11 +110,11 @@ def _ready(address: str) -> int:
         return exc.code
 
 
-def _whole(statuses: Sequence[dict[str, Any]]) -> bool:
-    names = {s["name"] for s in statuses}
+def _whole(statuses: Sequence[WorkerStatus]) -> bool:
+    names = {s.name for s in statuses}
     return len(names) == len(statuses) and all(
-        {p["name"] for p in s["peers"]} == names - {s["name"]}
-        and {row["name"] for row in s["cluster"]} == names
+        {p["name"] for p in s.peers} == names - {s.name}
+        and {row["name"] for row in s.cluster} == names
         for s in statuses
     )
 
@@ -135,7 +136,7 @@ async def observe(addresses: Sequence[str], token: str, jobs: int) -> dict[str, 
         await asyncio.gather(
             *(first.submit(PAPER_FLOWS[i % 4], data=payload, timeout=60.0) for i in range(jobs))
         )
-        records: list[dict[str, Any]] = await first.channel.request("trace", None)
+        records = await first.records()
         after = await asyncio.gather(*(c.status(timeout=5.0) for c in clients))
     finally:
         for client in clients:
@@ -143,11 +144,11 @@ async def observe(addresses: Sequence[str], token: str, jobs: int) -> dict[str, 
     ready = await asyncio.gather(*(asyncio.to_thread(_ready, a) for a in addresses))
     return {
         "statuses": [
-            {"name": s["name"], "address": s["address"], "peers": s["peers"]} for s in statuses
+            {"name": s.name, "address": s.address, "peers": list(s.peers)} for s in statuses
         ],
-        "plans": [r["plan"] for r in records if r["ok"]],
-        "failed": [r for r in records if not r["ok"]],
-        "tasks_run": {s["name"]: s["stats"]["tasks_run"] for s in after},
+        "plans": [dict(r.plan) for r in records if r.ok],
+        "failed": [r.to_json() for r in records if not r.ok],
+        "tasks_run": {s.name: s.stats["tasks_run"] for s in after},
         "ready": dict(zip(addresses, ready, strict=True)),
     }
 

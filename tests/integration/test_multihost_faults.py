@@ -60,6 +60,7 @@ from compass import Client
 from compass.cluster import WorkerProcess
 from compass.config import TLSConfig
 from compass.errors import CompassError
+from compass.reports import WorkerStatus
 
 from . import netns
 from .netns import Hosts, compass_command
@@ -155,13 +156,13 @@ def _say(text: str) -> None:
 
 
 async def _poll(
-    clients: Sequence[Client], ready: Callable[[list[dict[str, Any]]], bool], limit_s: float
-) -> tuple[float | None, list[dict[str, Any]]]:
+    clients: Sequence[Client], ready: Callable[[list[WorkerStatus]], bool], limit_s: float
+) -> tuple[float | None, list[WorkerStatus]]:
     """Statuses of ``clients``' workers until ``ready(statuses)``: the seconds it took (None
     past ``limit_s``) and the last statuses. A worker that does not answer in time counts as
     not ready."""
     t0 = time.monotonic()
-    statuses: list[dict[str, Any]] = []
+    statuses: list[WorkerStatus] = []
     while True:
         with contextlib.suppress(CompassError):
             statuses = await _statuses(clients)
@@ -172,18 +173,18 @@ async def _poll(
         await asyncio.sleep(POLL_S)
 
 
-def _views(statuses: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
-    return {s["name"]: {"peers": _peers(s), "view": _cluster(s)} for s in statuses}
+def _views(statuses: Sequence[WorkerStatus]) -> dict[str, dict[str, list[str]]]:
+    return {s.name: {"peers": _peers(s), "view": _cluster(s)} for s in statuses}
 
 
-def _split(sides: Sequence[set[str]]) -> Callable[[list[dict[str, Any]]], bool]:
+def _split(sides: Sequence[set[str]]) -> Callable[[list[WorkerStatus]], bool]:
     """No worker has a worker of another side as a peer or in its view. (Not that each sees
     its whole side: on a busy machine a peer may be suspected for a moment, which is not
     what the cut shows.)"""
 
-    def ready(statuses: list[dict[str, Any]]) -> bool:
+    def ready(statuses: list[WorkerStatus]) -> bool:
         for status in statuses:
-            (side,) = [s for s in sides if status["name"] in s]
+            (side,) = [s for s in sides if status.name in s]
             if not set(_peers(status) + _cluster(status)) <= side:
                 return False
         return True
@@ -264,7 +265,7 @@ async def _faults_while_streaming(
     await faults.ask("kill")
     _say(f"{victim} killed with {len(stream.outcomes) - stream.answered} jobs in flight")
 
-    def dropped(statuses: list[dict[str, Any]]) -> bool:
+    def dropped(statuses: list[WorkerStatus]) -> bool:
         return all(victim not in _peers(s) + _cluster(s) for s in statuses)
 
     report["dropped_s"], statuses = await _poll(alive, dropped, DROPPED_WITHIN_S)
@@ -342,11 +343,13 @@ async def scenario(setup: Mapping[str, Any]) -> dict[str, Any]:
             )
         alive = [watch[name] for name in survivors]
         after = await _statuses(alive)
-        report["internal_errors"] = {s["name"]: s["stats"]["internal_errors"] for s in after}
-        report["jobs_in_flight"] = {s["name"]: s["jobs_in_flight"] for s in after}
-        records = await asyncio.gather(*(c.channel.request("trace", None) for c in alive))
+        report["internal_errors"] = {s.name: s.stats["internal_errors"] for s in after}
+        report["jobs_in_flight"] = {s.name: s.jobs_in_flight for s in after}
+        records = await asyncio.gather(*(c.records() for c in alive))
         report["records"] = {
-            name: [{k: r[k] for k in ("job", "key", "ok", "plan", "attempts")} for r in kept]
+            name: [
+                {k: r.to_json()[k] for k in ("job", "key", "ok", "plan", "attempts")} for r in kept
+            ]
             for name, kept in zip(survivors, records, strict=True)
         }
     finally:

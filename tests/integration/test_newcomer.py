@@ -76,7 +76,7 @@ async def test_readme_worker_command_from_the_repo_root() -> None:
             status = await client.status()
             port = address.rsplit(":", 1)[1]
             # named <host>-<port> without --name
-            assert status["name"] == f"{socket.gethostname().split('.')[0]}-{port}"
+            assert status.name == f"{socket.gethostname().split('.')[0]}-{port}"
             assert await client.submit("echo", x=[1, 2]) == [1, 2]
     finally:
         assert await _stop(proc) == 0
@@ -192,7 +192,7 @@ async def test_a_worker_reads_its_flags_from_compass_variables(tmp_path: Path) -
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         assert line == f"compass worker listening on 127.0.0.1:{port}\n"
         async with Client(f"127.0.0.1:{port}", token=TOKEN) as client:
-            assert (await client.status())["name"] == "from-the-environment"
+            assert (await client.status()).name == "from-the-environment"
     finally:
         assert await _stop(proc) == 0
 
@@ -223,7 +223,7 @@ def test_compass_up_passes_worker_flags_and_says_where_its_logs_are(tmp_path: Pa
 
         async def capacity() -> int:
             async with Client(address, token=TOKEN) as client:
-                return int((await client.status())["cache"]["capacity_bytes"])
+                return int((await client.status()).cache["capacity_bytes"])
 
         # --cache-mb reached the worker: whole 64 MiB slabs of 15000 MiB, not the spec's 14 GB
         assert asyncio.run(capacity()) == 15000 // 64 * 64 * (1 << 20)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from typing import Any
 
 import numpy as np
 import pytest
 
 from compass.cluster import LocalCluster
+from compass.reports import WorkerStatus
 
 from .conftest import PAPER, kill_last
 
@@ -37,11 +37,9 @@ async def test_an_idle_cluster_holds_few_channels_and_still_runs_and_detects(
             await asyncio.sleep(1.5)  # the join's channels go idle
             samples: list[list[int]] = []
             for _ in range(30):
-                statuses: list[dict[str, Any]] = await asyncio.gather(
-                    *(c.status() for c in clients)
-                )
-                assert all(len(s["peers"]) == WORKERS - 1 for s in statuses)  # all live
-                samples.append([s["peer_channels"] for s in statuses])
+                statuses: list[WorkerStatus] = await asyncio.gather(*(c.status() for c in clients))
+                assert all(len(s.peers) == WORKERS - 1 for s in statuses)  # all live
+                samples.append([s.peer_channels for s in statuses])
                 await asyncio.sleep(0.1)
             per_worker = [statistics.median(col) for col in zip(*samples, strict=True)]
             print(f"\nidle, {WORKERS} workers, {WORKERS - 1} peers each: channels per worker "
@@ -50,7 +48,7 @@ async def test_an_idle_cluster_holds_few_channels_and_still_runs_and_detects(
             assert max(map(max, samples)) <= CAP
             assert all(m < WORKERS - 1 for m in per_worker)
             for status in statuses:
-                assert not any(p["suspect"] for p in status["peers"]) and not status["lost"]
+                assert not any(p["suspect"] for p in status.peers) and not status.lost
 
             # jobs still run across all of them
             payload = np.zeros(1000, dtype=np.uint8)
@@ -61,11 +59,11 @@ async def test_an_idle_cluster_holds_few_channels_and_still_runs_and_detects(
             )  # fmt: skip
             assert len(results) == 24
             statuses = await asyncio.gather(*(c.status() for c in clients))
-            assert all(s["peer_channels"] <= CAP for s in statuses)
+            assert all(s.peer_channels <= CAP for s in statuses)
 
             # a SIGKILLed worker is dropped by every peer, channel to it or not
             statuses = await kill_last(cluster, clients)
-            assert all(len(s["peers"]) == WORKERS - 2 for s in statuses)
+            assert all(len(s.peers) == WORKERS - 2 for s in statuses)
         finally:
             for client in clients:
                 await client.aclose()

@@ -97,7 +97,7 @@ async def test_unencodable_outputs_and_sys_exit_fail_their_jobs_and_no_worker(
             for i, client in enumerate(clients):  # every worker still runs jobs
                 assert await client.submit("echo", x=i, timeout=20) == i
                 status = await client.status()
-                assert len(status["peers"]) == 2
+                assert len(status.peers) == 2
         finally:
             for client in clients:
                 await client.aclose()
@@ -115,12 +115,12 @@ async def test_a_hung_task_times_out_frees_its_lane_and_sigterm_still_stops_the_
         # the lane moved on: a GPU job and another job run at once
         assert await client.submit("gpu", x=1, timeout=20) == 3
         status = await client.status()
-        assert status["queue"]["stuck"] == 1 and not status["queue"]["degraded"]
+        assert status.queue["stuck"] == 1 and not status.queue["degraded"]
         # a second stuck thread reaches --max-stuck-tasks: no more GPU work here
         with pytest.raises(CompassTimeout):
             await client.submit("hangs", x=2, timeout=20)
-        status = await status_when(client, lambda s: s["queue"]["degraded"])
-        assert status["queue"]["stuck"] == 2
+        status = await status_when(client, lambda s: s.queue["degraded"])
+        assert status.queue["stuck"] == 2
         with pytest.raises(WorkerUnavailable):
             await client.submit("gpu", x=1, timeout=20)
         with pytest.raises(WorkerUnavailable):  # model-less work would take a thread too
@@ -145,9 +145,9 @@ async def test_stuck_host_lane_threads_are_bounded_and_said(poison_env: dict[str
         for i in range(2):
             with pytest.raises(CompassTimeout):
                 await client.submit("hangs_host", x=i, timeout=20)
-        status = await status_when(client, lambda s: s["queue"]["degraded"])
-        assert status["queue"]["stuck"] == 2
-        assert any("DEGRADED" in line for line in status_lines(status))
+        status = await status_when(client, lambda s: s.queue["degraded"])
+        assert status.queue["stuck"] == 2
+        assert any("DEGRADED" in line for line in status_lines(status.to_json()))
         threads = _threads(worker.process.pid)
         for i in range(4):  # neither hung nor plain model-less work takes a thread now
             with pytest.raises(WorkerUnavailable) as info:
@@ -155,7 +155,7 @@ async def test_stuck_host_lane_threads_are_bounded_and_said(poison_env: dict[str
             assert "stuck" in str(info.value)
         assert _threads(worker.process.pid) == threads
         status = await client.status()
-        assert status["queue"]["stuck"] == 2 and status["queue"]["host_running"] == 0
+        assert status.queue["stuck"] == 2 and status.queue["host_running"] == 0
 
 
 def _threads(pid: int) -> int:

@@ -28,6 +28,7 @@ import pytest
 
 from compass import Client
 from compass.cluster import LocalCluster, WorkerProcess
+from compass.reports import JobRecord, WorkerStatus
 
 from .conftest import PAPER
 
@@ -56,44 +57,44 @@ async def _until(
         await asyncio.sleep(0.02)
 
 
-def _peers(status: dict[str, Any]) -> list[str]:
-    return [p["name"] for p in status["peers"]]
+def _peers(status: WorkerStatus) -> list[str]:
+    return [p["name"] for p in status.peers]
 
 
-def _cluster(status: dict[str, Any]) -> list[str]:
-    return [row["name"] for row in status["cluster"]]
+def _cluster(status: WorkerStatus) -> list[str]:
+    return [row["name"] for row in status.cluster]
 
 
-async def _statuses(clients: Sequence[Client]) -> list[dict[str, Any]]:
+async def _statuses(clients: Sequence[Client]) -> list[WorkerStatus]:
     return list(await asyncio.gather(*(c.status(timeout=5.0) for c in clients)))
 
 
-def _whole(names: Sequence[str]) -> Callable[[list[dict[str, Any]]], bool]:
+def _whole(names: Sequence[str]) -> Callable[[list[WorkerStatus]], bool]:
     """Every worker has every other as a peer and every worker in its view."""
 
-    def ready(statuses: list[dict[str, Any]]) -> bool:
+    def ready(statuses: list[WorkerStatus]) -> bool:
         return all(
-            _peers(s) == sorted(set(names) - {s["name"]}) and _cluster(s) == sorted(names)
+            _peers(s) == sorted(set(names) - {s.name}) and _cluster(s) == sorted(names)
             for s in statuses
         )
 
     return ready
 
 
-async def _run_jobs(client: Client, jobs: int) -> list[dict[str, Any]]:
+async def _run_jobs(client: Client, jobs: int) -> list[JobRecord]:
     """Submit ``jobs`` jobs to ``client``'s worker; returns their trace records."""
-    await client.channel.request("trace", {"clear": True})
+    await client.records(clear=True)
     payload = np.zeros(1000, dtype=np.uint8)
     await asyncio.gather(
         *(client.submit(PAPER_FLOWS[i % 4], data=payload, timeout=60.0) for i in range(jobs))
     )
-    records: list[dict[str, Any]] = await client.channel.request("trace", None)
-    assert len(records) == jobs and all(r["ok"] for r in records)
+    records = await client.records()
+    assert len(records) == jobs and all(r.ok for r in records)
     return records
 
 
-def _used(records: list[dict[str, Any]]) -> set[str]:
-    return {worker for record in records for worker in record["plan"].values()}
+def _used(records: list[JobRecord]) -> set[str]:
+    return {worker for record in records for worker in record.plan.values()}
 
 
 # -- a paused worker ---------------------------------------------------------------------------
@@ -115,10 +116,10 @@ async def test_a_paused_worker_is_dropped_then_rejoins_every_view(
             victim.process.send_signal(signal.SIGSTOP)  # alive, but silent
             suspected: set[str] = set()
 
-            def dropped(statuses: list[dict[str, Any]]) -> bool:
+            def dropped(statuses: list[WorkerStatus]) -> bool:
                 for s in statuses:  # its probes unanswered, it is suspected before it is dropped
-                    if any(p["name"] == "w2" and p["suspect"] for p in s["peers"]):
-                        suspected.add(s["name"])
+                    if any(p["name"] == "w2" and p["suspect"] for p in s.peers):
+                        suspected.add(s.name)
                 return [_peers(s) for s in statuses] == [["w1"], ["w0"]]
 
             try:
@@ -141,7 +142,7 @@ async def test_a_paused_worker_is_dropped_then_rejoins_every_view(
             rejoined_s = time.monotonic() - resumed_at
             # it came back one incarnation later than the one it was declared dead at
             for status in statuses[:2]:
-                row = next(p for p in status["peers"] if p["name"] == "w2")
+                row = next(p for p in status.peers if p["name"] == "w2")
                 assert row["incarnation"] >= 1
             assert "w2" in _used(await _run_jobs(clients[0], 6))  # plans include it again
             assert "w2" in _used(await _run_jobs(clients[1], 6))
@@ -233,7 +234,7 @@ async def test_join_keeps_trying_until_its_seed_starts(
             status = await _until(
                 client.status, lambda s: _peers(s) == ["a"], "b has a as a peer", 20.0
             )
-            assert status["peers"][0]["address"] == address
+            assert status.peers[0]["address"] == address
         assert "could not join 127.0.0.1:" in (tmp_path / "a.log").read_text()  # logged tries
     finally:
         assert await a.stop() == 0
@@ -278,9 +279,9 @@ async def test_a_duplicate_name_is_refused_and_exits_non_zero(
         assert len(lines) == 1, lines
         assert "'w1' is taken" in lines[0] and cluster.workers[1].address in lines[0]
         after = await first.status()
-        assert after["peers"][0]["name"] == "w1"  # the cluster is not split
-        assert after["peers"][0]["address"] == before["peers"][0]["address"]
-        assert after["stats"]["peers_lost"] == before["stats"]["peers_lost"]
+        assert after.peers[0]["name"] == "w1"  # the cluster is not split
+        assert after.peers[0]["address"] == before.peers[0]["address"]
+        assert after.stats["peers_lost"] == before.stats["peers_lost"]
 
 
 # -- a cut network link ------------------------------------------------------------------------
@@ -415,7 +416,7 @@ async def test_a_cut_link_drops_peers_routes_jobs_around_and_heals(
                 names = ["w0", "w1", "w2"]
                 statuses = await _until(lambda: _statuses(clients), _whole(names), "all joined")
                 for status in statuses:  # bound to 0.0.0.0, each advertises its own address
-                    for peer in status["peers"]:
+                    for peer in status.peers:
                         assert peer["address"] == f"10.77.0.{int(peer['name'][1]) + 1}:7341"
                 assert _used(await _run_jobs(clients[0], 6)) == set(names)
 
@@ -456,13 +457,13 @@ async def test_a_worker_that_leaves_is_retried_often_and_a_killed_one_on_the_bac
         assert await cluster.workers[2].stop() == 0  # SIGTERM: it says it leaves
         cluster.workers[1].kill()  # no word: it is retried on the usual backoff
 
-        def settled(status: dict[str, Any]) -> bool:
-            lost = {m["name"]: m for m in status["lost"]}
-            return not status["peers"] and set(lost) == {"w1", "w2"} and lost["w1"]["failures"] > 5
+        def settled(status: WorkerStatus) -> bool:
+            lost = {m["name"]: m for m in status.lost}
+            return not status.peers and set(lost) == {"w1", "w2"} and lost["w1"]["failures"] > 5
 
         async with cluster.client(0) as client:
             status = await _until(client.status, settled, "w0 has retried both for a while")
-        lost = {m["name"]: m for m in status["lost"]}
+        lost = {m["name"]: m for m in status.lost}
         # the one that left is most often restarting: retried every second at most, while
         # the backoff of the one that died grows past it
         assert lost["w2"]["left"] is True and lost["w1"]["left"] is False

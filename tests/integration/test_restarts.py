@@ -104,6 +104,6 @@ async def _views(cluster: LocalCluster) -> list[set[str]]:
 
     async def one(i: int) -> set[str]:
         async with cluster.client(i) as client:
-            return {row["name"] for row in (await client.status())["cluster"]}
+            return {row["name"] for row in (await client.status()).cluster}
 
     return list(await asyncio.gather(*(one(i) for i in range(len(cluster.workers)))))

@@ -63,7 +63,7 @@ async def test_a_live_workers_status_says_what_it_holds(worker_env: dict[str, st
         for _ in range(3):
             await client.submit("question_answer", data=np.zeros(1 << 20, np.uint8))
         status = await client.status()
-    process, tables = status["process"], status["tables"]
+    process, tables = status.process, status.tables
     assert process["rss_mb"] > 10 and process["open_fds"] > 3
     assert process["asyncio_tasks"] >= 1 and process["threads"] >= 1
     assert (tables["jobs"], tables["answers"], tables["inbox"]) == (0, 0, 0)  # all answered

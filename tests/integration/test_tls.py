@@ -111,7 +111,7 @@ async def _tasks_run(cluster: LocalCluster, tls: TLSConfig) -> list[int]:
     counts = []
     for address in cluster.addresses:
         async with Client(address, token=TOKEN, tls=tls, timeouts=FAST) as client:
-            counts.append((await client.status())["stats"]["tasks_run"])
+            counts.append((await client.status()).stats["tasks_run"])
     return counts
 
 
@@ -133,7 +133,7 @@ async def test_a_mutual_tls_cluster_runs_jobs_for_a_tls_client(
     for address in cluster.addresses:
         async with Client(address, token=TOKEN, tls=pki.client.client_context()) as one:
             status = await one.status()
-        assert [p["name"] for p in status["peers"]] == [
+        assert [p["name"] for p in status.peers] == [
             w.name for w in cluster.workers if w.address != address
         ]
     tasks_run = [a - b for a, b in zip(await _tasks_run(cluster, pki.client), before, strict=True)]
@@ -196,7 +196,7 @@ async def test_a_plain_worker_cannot_join_a_tls_cluster(
     assert plain.returncode != 0
     assert "could not join the cluster" in stderr.decode()
     async with Client(seed.address, token=TOKEN, tls=pki.client, timeouts=FAST) as client:
-        assert [p["name"] for p in (await client.status())["peers"]] == [other.name]
+        assert [p["name"] for p in (await client.status()).peers] == [other.name]
 
 
 def test_status_cli_with_tls_flags_and_variables(pki: Pki, app_env: dict[str, str]) -> None:
@@ -336,7 +336,7 @@ def test_compass_up_starts_a_mutual_tls_cluster(
             counts = []
             for address in addresses:
                 async with Client(address, token=TOKEN, tls=pki.client) as client:
-                    counts.append(len((await client.status())["peers"]))
+                    counts.append(len((await client.status()).peers))
             return counts
 
         assert asyncio.run(peers()) == [1, 1]

@@ -85,7 +85,7 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
             await client.trace(untraced.job_id)
 
         view = json.loads((await asyncio.to_thread(
-            http_get, f"http://{status['metrics']}/api/cluster"))[1])  # fmt: skip
+            http_get, f"http://{status.metrics}/api/cluster"))[1])  # fmt: skip
 
         def synchronously() -> tuple[JobTrace, JobTrace | None]:
             with SyncClient(cluster.addresses[0], token=cluster.token) as sync:
@@ -156,8 +156,8 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
     assert queued  # the batch waited behind the job that ran alone
 
     # the ingress keeps them: status, the traces request, the dashboard
-    assert status["traces"]["traced"] == 5 and status["traces"]["sample"] == 0
-    assert [b["job"] for b in status["traces"]["recent"]] == [
+    assert status.traces["traced"] == 5 and status.traces["sample"] == 0
+    assert [b["job"] for b in status.traces["recent"]] == [
         first.job_id, *(r.job_id for r in many)
     ]  # fmt: skip
     assert kept.tasks == trace.tasks and kept.latency_ms <= trace.latency_ms
@@ -200,7 +200,8 @@ async def test_the_dashboard_page_lists_the_recent_traces(
         await stack.enter_async_context(cluster)
         client = await stack.enter_async_context(cluster.client())
         results = [await client.submit_job("pair", data=DATA, trace=True) for _ in range(2)]
-        address = (await client.status())["metrics"]
+        address = (await client.status()).metrics
+        assert address is not None  # the worker serves metrics
         page = await asyncio.to_thread(Chromium, tmp_path / "chromium")
         stack.push_async_callback(asyncio.to_thread, page.close)
         await asyncio.to_thread(page.start)
@@ -365,7 +366,7 @@ async def test_worker_processes_export_spans_by_otlp_http(
             instances = {}
             for i, address in enumerate(cluster.addresses):
                 async with Client(address, token=cluster.token) as each:
-                    instances[f"w{i}"] = (await each.status())["instance"]
+                    instances[f"w{i}"] = (await each.status()).instance
             # each worker exports in batches (every 0.5 s) and what is left when it stops
         spans = receiver.spans()
     caller = parse_traceparent(CALLER)

@@ -33,12 +33,12 @@ async def test_ping_and_status(vision_worker: LocalCluster) -> None:
         rtt = await client.ping()
         assert rtt > 0
         status = await client.status()
-        assert status["name"] == "w0"
-        assert status["address"] == cluster.addresses[0]
-        assert status["version"] == __import__("compass").__version__
-        assert status["uptime_s"] >= 0
-        assert status["peers"] == []
-        assert "describe" in status["workflows"]
+        assert status.name == "w0"
+        assert status.address == cluster.addresses[0]
+        assert status.version == __import__("compass").__version__
+        assert status.uptime_s >= 0
+        assert status.peers == ()
+        assert "describe" in status.workflows
 
 
 @pytest.mark.asyncio
@@ -112,7 +112,7 @@ async def test_sigterm_fails_jobs_still_running_after_the_drain_clearly_then_exi
     try:
         async with cluster.client() as client:
             job = asyncio.create_task(client.submit("slow", data=np.zeros(8, dtype=np.uint8)))
-            await status_when(client, lambda s: s["queue"]["running"] == 1)
+            await status_when(client, lambda s: s.queue["running"] == 1)
             cluster.workers[0].process.send_signal(signal.SIGTERM)
             # answered before the connection closes: the job is lost, and the error says so
             # (the client found no other worker to submit it to)
@@ -184,7 +184,7 @@ def test_compass_up_starts_and_stops_a_joined_cluster(worker_env: dict[str, str]
 
         async def peers() -> int:
             async with Client(addresses[2], token="up-token-5c9e2a7d4b8f1e6a3d") as client:
-                return len((await client.status())["peers"])
+                return len((await client.status()).peers)
 
         assert asyncio.run(peers()) == 2
     finally:
@@ -222,15 +222,16 @@ def test_bad_worker_configuration_fails_clearly(
 @pytest.mark.asyncio
 async def test_a_client_cannot_inject_peer_messages(vision_worker: LocalCluster) -> None:
     async with vision_worker.client() as client:
-        before = (await client.status())["stats"]
+        before = (await client.status()).stats
         forged = {
             "job": "x-1", "att": 0, "wf": "fails", "task": "explode", "from": "",
             "value": {"x": 1}, "plan": {"explode": "w0"}, "ingress": "w0", "sent": 0.0, "t0": 0.0,
         }  # fmt: skip
-        client.channel.notify("task", forged)
-        client.channel.notify("done", {"job": "x-1", "below": None})
+        raw = client._connected()  # the client's private connection: it speaks the protocol
+        raw.notify("task", forged)
+        raw.notify("done", {"job": "x-1", "below": None})
         await client.ping()  # notifies on one channel arrive in order: both were handled
-        stats = (await client.status())["stats"]
+        stats = (await client.status()).stats
         assert stats["tasks_run"] == before["tasks_run"]
         assert stats["messages_dropped"] == before["messages_dropped"] + 2
         assert await client.submit("echo", x=5) == 5
@@ -263,7 +264,7 @@ async def test_a_client_given_several_workers_fails_over_when_its_worker_dies(
         client = Client(cluster.addresses, token=cluster.token)
         payload = np.zeros(10, dtype=np.uint8)
         try:
-            assert (await client.status())["name"] == "w0"  # connects on the first call
+            assert (await client.status()).name == "w0"  # connects on the first call
             cluster.workers[0].kill()
             await cluster.workers[0].process.wait()
             answered = None
@@ -273,7 +274,7 @@ async def test_a_client_given_several_workers_fails_over_when_its_worker_dies(
                     break
                 except ConnectionLost:  # a call already on its way to the dead worker
                     await asyncio.sleep(0.05)
-            assert answered is not None and answered["name"] == "w1"
+            assert answered is not None and answered.name == "w1"
             assert client.address == cluster.addresses[1]
             assert await client.submit("question_answer", data=payload, timeout=30) is not None
         finally:

@@ -64,7 +64,7 @@ async def test_vision_app_on_the_strict_backend():
             got = await client.submit("describe", timeout=60, image=image)
             assert_close(got, reference(image), f"describe #{seed}")
         status = await client.status()
-    cache = status["cache"]
+    cache = status.cache
     assert cache["backend"] == "strict"
     assert cache["device"] == "cpu"
     assert cache["stats"]["evictions"] >= 4

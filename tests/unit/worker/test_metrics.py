@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from compass.config import WorkerConfig
+from compass.config import View, WorkerConfig
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import JobFailed, WorkerUnavailable
@@ -154,7 +154,7 @@ def test_the_collector_reads_the_workers_counters_when_scraped(worker: Worker) -
 
 
 @pytest.mark.parametrize("view", ["mesh", "bounded"])
-def test_view_ages_are_exported_by_the_mesh_only(view: str) -> None:
+def test_view_ages_are_exported_by_the_mesh_only(view: View) -> None:
     """A mesh hears every peer every few ms, so a view row's age is that peer's silence (an
     alert fires past 1 s); a bounded view hears a peer on change only, so its rows age while
     idle: it exports none (silence is the failure detector's to judge)."""

@@ -1,0 +1,123 @@
+"""What a client makes of a submission's arguments before anything is sent: the job's inputs
+(an ``inputs`` mapping and keywords, which cannot be mistaken for the client's options), its
+objective's fields, and the sentinel that means "the client's own timeout".
+
+A job's inputs go either in ``inputs={...}`` or as keywords (``submit("wf", image=x)``).
+A keyword is a job input unless it is one of the submission's options; a keyword named like
+an option of another submission method (``trace`` given to ``submit``) is refused with a
+:class:`TypeError` that says to pass it in ``inputs=``, where any name is an input. Sans-IO.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Final
+
+from compass.errors import InvalidInputs
+from compass.objective import OnMiss, check_objective
+
+__all__ = [
+    "OPTION_NAMES",
+    "USE_CLIENT_DEFAULT",
+    "OnMiss",
+    "TimeoutArg",
+    "UseClientDefault",
+    "job_inputs",
+    "objective_fields",
+    "resolve_timeout",
+]
+
+
+class UseClientDefault(enum.Enum):
+    """The type of :data:`USE_CLIENT_DEFAULT`: a call's ``timeout`` left unsaid, so the
+    client's ``timeouts.request`` applies (``None`` means no timeout at all)."""
+
+    USE_CLIENT_DEFAULT = "the client's timeouts.request"
+
+    def __repr__(self) -> str:
+        return "USE_CLIENT_DEFAULT"
+
+
+#: a call's ``timeout`` left unsaid: the client's ``timeouts.request`` applies
+USE_CLIENT_DEFAULT: Final = UseClientDefault.USE_CLIENT_DEFAULT
+
+#: a call's ``timeout``: seconds, None (no timeout) or left unsaid (the client's own)
+TimeoutArg = float | None | UseClientDefault
+
+#: the options of the submission methods (``submit``, ``submit_job``, ``submit_many``), which
+#: a keyword can never be a job input of; ``inputs`` is the mapping itself
+OPTION_NAMES: Final = frozenset(
+    {"timeout", "deadline_ms", "priority", "on_miss", "trace", "traceparent", "concurrency",
+     "inputs"}
+)  # fmt: skip
+
+
+def resolve_timeout(timeout: TimeoutArg, default: float | None) -> float | None:
+    """``timeout``, or ``default`` where it was left unsaid; a TypeError for anything else
+    (a job input named ``timeout`` passed as a keyword lands here)."""
+    if isinstance(timeout, UseClientDefault):
+        return default
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {timeout!r}; to send a job "
+            "input named 'timeout', pass it in inputs={'timeout': ...}"
+        )
+    return float(timeout)
+
+
+def job_inputs(method: str, inputs: object, keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's inputs from ``inputs`` (a mapping or None) and ``keywords``; a
+    :class:`TypeError` that says what to do when they are not a mapping of names, name an
+    input twice, or a keyword is named like a submission option ``method`` does not take."""
+    for name in keywords:
+        if name in OPTION_NAMES:
+            raise TypeError(
+                f"{method}() got the keyword {name!r}, an option of another submission "
+                f"method, not of {method}(); to send a job input named {name!r}, pass it in "
+                f"inputs={{{name!r}: ...}}"
+            )
+    if inputs is None:
+        return dict(keywords)
+    if not isinstance(inputs, Mapping):
+        raise TypeError(
+            f"{method}() inputs must be a mapping of input names to values, got a "
+            f"{type(inputs).__name__}"
+        )
+    merged = dict(inputs)
+    for name in merged:
+        if not isinstance(name, str):
+            raise TypeError(f"{method}() inputs must be named by strings, got {name!r}")
+    twice = sorted(merged.keys() & keywords.keys())
+    if twice:
+        raise TypeError(
+            f"{method}() got the job input {twice[0]!r} twice: in inputs= and as a keyword"
+        )
+    merged.update(keywords)
+    return merged
+
+
+def objective_fields(deadline_ms: float | None, priority: int, on_miss: OnMiss) -> dict[str, Any]:
+    """The objective's fields of a submission (none for a job that asks for nothing), checked
+    here so that a bad one fails before anything is sent (its message then says where a job
+    input of that name goes)."""
+    if deadline_ms is None and type(priority) is int and priority == 0 and on_miss == "drop":
+        return {}  # the defaults: nothing to check or send
+    try:
+        check_objective(deadline_ms, priority, on_miss)
+    except InvalidInputs as exc:
+        name = exc.message.split(" ", 1)[0]
+        raise InvalidInputs(
+            f"{exc.message}; to send a job input named {name!r}, pass it in "
+            f"inputs={{{name!r}: ...}}"
+        ) from None
+    body: dict[str, Any] = {}
+    if deadline_ms is not None:
+        body["deadline_ms"] = deadline_ms
+    if priority:
+        body["priority"] = priority
+    if on_miss != "drop":
+        body["on_miss"] = on_miss
+    return body
