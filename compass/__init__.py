@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from compass.app import App, load_app
     from compass.cache.weights import Model
-    from compass.client import Client, JobResult, SyncClient
+    from compass.client import Client, JobResult
     from compass.cluster import LocalCluster
     from compass.config import CacheConfig, Limits, SchedConfig, Timeouts, WorkerConfig
     from compass.errors import (
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         WorkflowError,
     )
     from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
+    from compass.sync_client import SyncClient
     from compass.trace import JobTrace, TaskTrace
     from compass.workflow.dag import Task, TaskProfile, Workflow
 
@@ -145,7 +146,7 @@ _LAZY: dict[str, str] = {
     "Model": "compass.cache.weights",
     "Client": "compass.client",
     "JobResult": "compass.client",
-    "SyncClient": "compass.client",
+    "SyncClient": "compass.sync_client",
     "LocalCluster": "compass.cluster",
     "CacheConfig": "compass.config",
     "Limits": "compass.config",

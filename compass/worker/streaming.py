@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from compass.errors import StreamOverrun
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.streamed import Output
 
 __all__ = ["MAX_BEHIND", "Output", "Streamer", "stream_job"]
 
@@ -31,17 +31,6 @@ __all__ = ["MAX_BEHIND", "Output", "Streamer", "stream_job"]
 MAX_BEHIND = 1024
 
 Chunks = Callable[[str, int, Any], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """One item of a streamed job: a partial output of sink ``task`` (step ``seq``, from 0),
-    or, last, the job's final output (``final``; ``task`` is None)."""
-
-    value: Any
-    task: str | None = None
-    seq: int = -1
-    final: bool = False
 
 
 class Measures(Protocol):

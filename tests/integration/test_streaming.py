@@ -189,3 +189,39 @@ async def test_a_remote_caller_reads_a_streamed_job_over_the_wire() -> None:
         await channel.aclose()
         await w1.aclose()
         await w0.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_clients_stream_a_job_and_leaving_the_loop_cancels_it() -> None:
+    w0, w1 = await two_workers()
+    client = compass.Client(w0.address)
+    sync = compass.SyncClient(w0.address)
+    try:
+        got = [out async for out in client.stream("tell", {"n": 4})]
+        assert [(o.task, o.seq, o.value, o.final) for o in got[:-1]] == [
+            ("words", i, f"w{i}", False) for i in range(8)
+        ]
+        assert got[-1].final and got[-1].value == " ".join(f"w{i}" for i in range(8))
+        # the blocking client, from a thread of its own
+        same = await asyncio.to_thread(lambda: list(sync.stream("tell", n=5)))
+        assert [o.value for o in same] == [o.value for o in got]
+        # leaving the loop early: the job is cancelled, its generator stops at a step
+        items = client.stream("tell", {"n": -4})
+        async for out in items:
+            assert out.seq == 0
+            break
+        (job_id,) = w0.core.jobs
+        await items.aclose()  # type: ignore[attr-defined]
+        async with asyncio.timeout(30):  # both workers dropped the job: its task stops
+            while not all(w.core.is_done(job_id, 0) for w in (w0, w1)):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        PACE.setdefault(-4, threading.Semaphore(0)).release()
+        async with asyncio.timeout(30):
+            while -4 not in ENDED:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert ENDED[-4] <= 2
+    finally:
+        await asyncio.to_thread(sync.close)
+        await client.aclose()
+        await w1.aclose()
+        await w0.aclose()

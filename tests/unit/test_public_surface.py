@@ -13,7 +13,7 @@ import pytest
 import compass
 from compass import errors
 from compass.app import App
-from compass.client import Client, SyncClient
+from compass.client import Client
 from compass.errors import ConnectionClosed, InvalidInputs, ProtocolError
 from compass.observe.timeline import LOAD_FIELDS, SPAN_FIELDS
 from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
@@ -24,6 +24,7 @@ from compass.submission import (
     objective_fields,
     resolve_timeout,
 )
+from compass.sync_client import SyncClient
 
 STATUS: dict[str, Any] = {
     "name": "w0", "address": "127.0.0.1:7341", "version": "0.1.0", "uptime_s": 1.5,
