@@ -126,7 +126,7 @@ def table_sizes(worker: Worker) -> dict[str, float]:
             members=len(table.members),
             peers=len(membership.peers),
             lost=len(table._retrying),
-            suspicions=len(table.suspicions),
+            suspicions=len(table.detector.suspicions),
             peer_channels=len(membership._open),
             queued_notifies=_total(membership._queued.values()),
             retries=len(membership._retries),
