@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compass.core.answers import KEEP_ANSWER_BYTES, KEEP_ANSWER_S
+from compass.stimuli import KEEP_STIMULI
 
 __all__ = ["FORGET_AFTER", "CoreOptions"]
 
@@ -28,7 +29,8 @@ class CoreOptions:
     holds; ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it
     keeps for resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
     loads update the profiles (real mode; an emulated worker and the simulator keep the
-    spec's); ``instance``: this worker process's id, in every job id.
+    spec's); ``instance``: this worker process's id, in every job id; ``keep_stimuli``: the
+    events its stimulus log keeps (0: none, as in the simulator).
     """
 
     lanes: int = 1
@@ -44,3 +46,4 @@ class CoreOptions:
     keep_answer_s: float = KEEP_ANSWER_S
     learn: bool = False
     instance: str = ""
+    keep_stimuli: int = KEEP_STIMULI

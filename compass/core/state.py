@@ -1,16 +1,13 @@
 """The worker core, sans-IO: a worker's rules as a state machine, events in, instructions out.
 
-:meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the
-time (``now``, on the worker's clock); the core reads no clock and does no I/O, so the same
-events give the same instructions. The asyncio :class:`~compass.worker.server.Worker` and the
-simulator (:mod:`compass.sim.engine`) drive it. It owns the **ingress records** (the jobs
-this worker accepted: plan, attempt, sink outputs, the one answer each), the **inbox** (inputs
-of tasks waiting for the rest), the **attempt rules** (a job planned again after a lost peer gets
-a new attempt; messages of older ones are dropped), **dynamic adjustment**, and the **queues,
-lanes and model residency** (:class:`~compass.core.lanes.Lanes`); docs/ARCHITECTURE.md, "The
-worker core", says how. Not the core's: running a task's code, copying a model's bytes, sending
-bytes, the view's heartbeats (:class:`ViewPort` is its window onto the view). Messages to this
-worker itself never leave it: the core handles them at once, in order.
+:meth:`WorkerCore.handle` is the only way its state changes. Each event carries the time (``now``,
+the worker's clock); the core reads no clock and does no I/O, so the same events give the same
+instructions. The asyncio :class:`~compass.worker.server.Worker` and the simulator drive it. It
+owns the **ingress records**, the **inbox**, the **attempt rules**, **dynamic adjustment**, the
+**queues, lanes and model residency** (:class:`~compass.core.lanes.Lanes`) and its **stimulus
+log** (:meth:`WorkerCore.story`); docs/ARCHITECTURE.md, "The worker core", says how. Not its
+own: running a task's code, copying a model's bytes, sending bytes, the view's heartbeats
+(:class:`ViewPort`); messages to this worker itself never leave it.
 """
 
 from __future__ import annotations
@@ -68,6 +65,7 @@ from compass.core.messages import (
 from compass.core.options import CoreOptions
 from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats
+from compass.core.story import CoreLog, Stimulus
 from compass.errors import (
     CompassError,
     ConfigError,
@@ -95,11 +93,9 @@ MAX_ATTEMPTS = 4
 class WorkerCore:
     """One worker's rules; see the module docstring.
 
-    ``workflow`` looks a workflow up by name (raising
-    :class:`~compass.errors.UnknownWorkflow`); ``lanes``: this worker's queues, lanes and
-    cache (the core drives them); ``options``: see :class:`CoreOptions` (the lanes' own are
-    read from ``lanes``). Build one with :func:`~compass.core.assemble.build_core`.
-    """
+    ``workflow`` looks a workflow up by name (raising :class:`~compass.errors.UnknownWorkflow`);
+    ``lanes``: its queues, lanes and cache (the core drives them); ``options``: :class:`CoreOptions`
+    (the lanes' own come from ``lanes``); built by :func:`~compass.core.assemble.build_core`."""
 
     def __init__(
         self,
@@ -145,6 +141,7 @@ class WorkerCore:
         #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = NOT_HANDLING
         self._cause: Cause = ""
+        self.log = CoreLog(options.keep_stimuli)
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
         self.links = Links(name, KEEP_ANSWERS)
         #: job key -> the id of the unanswered job it names
@@ -168,13 +165,11 @@ class WorkerCore:
     # -- the one entry point ------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Instruction]:
-        """Apply ``event``; return what the adapter must do, in order.
-
-        Every instruction carries the event's id (``cause``; an event without one is named
-        ``kind:subject#n``, the same for the same events, when the name is read:
-        :mod:`compass.core.causes`). Nothing else changes the core's state. If handling
-        raises (a bug), the instructions decided before the failure are still returned, as
-        the state changed with them, followed by a :class:`Fault`."""
+        """Apply ``event``; return what the adapter must do, in order. Every instruction carries the
+        event's id (``cause``; an anonymous event is named ``kind:subject#n`` when read, see
+        :mod:`compass.core.causes`). If handling raises (a bug), the instructions decided before
+        are returned, as the state changed with them, then a :class:`Fault`. The event and what
+        it decided go into :attr:`log`."""
         self._handled = n = self._handled + 1
         out: list[Instruction] = []
         self._out = out
@@ -227,7 +222,12 @@ class WorkerCore:
             out.append(Fault(exc, cause))
         finally:
             self._out, self._cause = NOT_HANDLING, ""
+        self.log.record(event, n, cause, out)
         return out
+
+    def story(self, key: str) -> list[Stimulus]:
+        """What :attr:`log` kept about ``key`` (a job id, a peer, a model, a cause id)."""
+        return self.log.story(key)
 
     def _take(self, steps: list[Step], now: float) -> None:
         """Carry the lanes' decisions on: runs and loads go out, a task that cannot run is

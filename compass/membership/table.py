@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 from compass.errors import ConfigError, WorkerUnavailable
@@ -81,6 +81,8 @@ from compass.membership.events import (
     Dial,
     Duplicate,
     Event,
+    Fault,
+    ForgetAfter,
     Forgot,
     Fresh,
     Gossiped,
@@ -91,6 +93,7 @@ from compass.membership.events import (
     JoinSeeds,
     Leave,
     Left,
+    Listens,
     Moved,
     Nacked,
     Named,
@@ -117,7 +120,9 @@ from compass.membership.events import (
     Welcome,
 )
 from compass.membership.member import Member
+from compass.membership.story import stimulus, stimulus_id, worth_keeping
 from compass.membership.swim import Probing
+from compass.stimuli import KEEP_STIMULI, Stimulus, StimulusLog
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -180,7 +185,8 @@ class MemberTable:
 
     ``name``, ``address`` and ``instance`` are this worker's; ``backoff`` spaces the retries
     of a lost member and of the seeds; ``probing`` times the failure detector; ``rng`` draws
-    the jitter, the probe order and the peers asked to probe indirectly.
+    the jitter, the probe order and the peers asked to probe indirectly; ``keep_stimuli``: the
+    events its stimulus log keeps (0: none).
     """
 
     def __init__(
@@ -193,6 +199,7 @@ class MemberTable:
         backoff: Backoff = Backoff(),
         forget_after_s: float = FORGET_AFTER_S,
         probing: Probing = Probing(),
+        keep_stimuli: int = KEEP_STIMULI,
     ) -> None:
         self.name = name
         #: where peers reach this worker (what it tells them in the handshake)
@@ -219,6 +226,9 @@ class MemberTable:
         self.seed_retry_at = 0.0
         #: the lost members (being retried), by name
         self._retrying: dict[str, Member] = {}
+        #: the last events handled, their causes and what they decided (:meth:`story`)
+        self.log = StimulusLog(keep_stimuli)
+        self._handled = 0  # events handled so far (the anonymous ones are named by their number)
         #: SWIM's probes and suspicions, Lifeguard's local health, the updates to piggyback
         self.detector = FailureDetector(name, self.members, self.live, rng, probing,
                                         remove=self._remove)  # fmt: skip
@@ -226,8 +236,29 @@ class MemberTable:
     # -- the one entry point ------------------------------------------------------------------
     def handle(self, event: Event) -> list[Decision]:
         """Apply ``event``; return what the adapter must do, in order. An event the table
-        refuses (:class:`Refuse`) changes nothing."""
+        refuses (:class:`Refuse`) changes nothing. Every decision carries the event's id
+        (``cause``; an anonymous event is named ``kind:subject#n``, see :func:`~compass.
+        membership.story.stimulus_id`). If a rule raises (a bug), the decisions made before
+        are still returned, as the table changed with them, then a :class:`Fault`. The event
+        and what it decided go into :attr:`log` (:meth:`story`)."""
+        self._handled = n = self._handled + 1
+        cause = event.cause or stimulus_id(event, n)
         out: list[Decision] = []
+        try:
+            self._apply(event, out)
+        except Exception as exc:
+            out.append(Fault(exc))
+        decisions = [replace(d, cause=cause) for d in out]
+        if self.log.keep and worth_keeping(event, decisions):
+            self.log.add(stimulus(event, cause, decisions))
+        return decisions
+
+    def story(self, key: str) -> list[Stimulus]:
+        """What :attr:`log` kept about ``key`` (a peer, an address, a cause id), oldest first."""
+        return self.log.story(key)
+
+    def _apply(self, event: Event, out: list[Decision]) -> None:
+        """The rules: what ``event`` changes, and the decisions it makes, into ``out``."""
         match event:
             case HeardFrom():
                 self._heard(event, out)
@@ -300,9 +331,12 @@ class MemberTable:
                 self.detector.stalled(event)
             case Gossiped():
                 self._learn(event.now, event.sender, event.updates, out)
+            case Listens():
+                self.address = event.address
+            case ForgetAfter():
+                self.forget_after_s = event.seconds
             case _:
                 assert_never(event)
-        return out
 
     # -- queries ------------------------------------------------------------------------------
     def hello(self, dead: int | None = None) -> Hello:

@@ -340,6 +340,7 @@ class _Simulation:
             prefetch_evicts=settings.prefetch_evicts,
             warm=self.warm,
             max_jobs=1 << 62,  # the simulator models no admission limit
+            keep_stimuli=0,  # millions of events, and nobody to read a story
         )
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)

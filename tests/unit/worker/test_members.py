@@ -101,7 +101,7 @@ def joined(t: MemberTable, *names: str, now: float = T0) -> None:
 
 def state(t: MemberTable) -> Any:
     """Everything the table keeps (its detector's too), to compare before and after an event."""
-    kept = {k: v for k, v in vars(t).items() if k not in ("rng", "detector", "log")}
+    kept = {k: v for k, v in vars(t).items() if k not in ("rng", "detector", "log", "_handled")}
     # the detector shares the table's dicts and randomness, and calls back into the table
     detector = {k: v for k, v in vars(t.detector).items()
                 if k not in ("rng", "members", "live", "_remove")}  # fmt: skip
