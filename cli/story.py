@@ -1,6 +1,7 @@
 """A worker's story of a job, a peer or a cause id as ``compass status --story KEY`` prints it:
 what its worker core and its member table logged about the key, oldest first, each event with
-its time (seconds after the first), its cause id and what it decided."""
+its time (seconds after the first), its cause id (where it is not the event's own name) and
+what it decided."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ def story_lines(story: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"{title}:")
         for entry in entries:
-            lines.append(
-                f"  +{entry['now'] - start:.6f} s  {entry['event']}  (cause {entry['cause']})"
-            )
+            # an anonymous event's cause is its name, the first word of its words
+            cause = entry["cause"]
+            named = "" if entry["event"].split(" ", 1)[0] == cause else f"  (cause {cause})"
+            lines.append(f"  +{entry['now'] - start:.6f} s  {entry['event']}{named}")
             lines.extend(f"      -> {did}" for did in entry["did"])
     if not core and not members:
         lines.append(

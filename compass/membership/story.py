@@ -4,9 +4,12 @@
 it names (``heard-from:b#12``), or ``kind#n`` (``tick#40``).
 
 :func:`stimulus` makes the entry of one event, with the peers it and its decisions name, so that
-``story(peer)`` finds every event that touched a peer. A tick that decided nothing and a
-heartbeat that was merely fresh are not kept (:func:`worth_keeping`): they come every few
-milliseconds, tell nothing new, and would push a peer's story out of the log within seconds.
+``story(peer)`` finds every event that touched a peer. The routine is not kept
+(:func:`worth_keeping`): a heartbeat that was merely fresh, a tick that decided nothing or only
+the next probe of the round, a probe acked and a ping answered with nothing else decided. They
+come every few milliseconds and tell nothing new: kept, they would push a peer's join, its
+suspicion or its removal out of the log within a minute. What is not routine is kept whole
+(a probe that went unanswered is followed by the indirect probes, the suspicion, the verdict).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from compass.membership.events import (
     ProbeAsked,
     Remove,
     RetryFailed,
+    SendAck,
+    SendProbe,
     Tick,
 )
 from compass.stimuli import Stimulus
@@ -93,17 +98,23 @@ def stimulus_id(event: Event, n: int) -> str:
     return f"{kind}:{about}#{n}" if about else f"{kind}#{n}"
 
 
+#: events that are routine when they decide no more than :data:`_ROUTINE_DECISIONS`
+_ROUTINE_EVENTS = frozenset({Tick, HeardFrom, Pinged, Acked})
+_ROUTINE_DECISIONS = frozenset({Fresh, SendProbe, SendAck})
+
+
 def worth_keeping(event: Event, decisions: list[Decision]) -> bool:
-    """Whether ``event``, which decided ``decisions``, goes into the log."""
-    if type(event) is Tick:
-        return bool(decisions)
-    if type(event) is HeardFrom:
-        return any(type(d) is not Fresh for d in decisions)
-    return True
+    """Whether ``event``, which decided ``decisions``, goes into the log (see the module
+    docstring)."""
+    if type(event) not in _ROUTINE_EVENTS:
+        return True
+    return any(type(d) not in _ROUTINE_DECISIONS for d in decisions)
 
 
-def stimulus(event: Event, cause: str, decisions: list[Decision]) -> Stimulus:
-    """The log entry of ``event``, of id ``cause``, which decided ``decisions``."""
+def stimulus(event: Event, n: int, cause: str, decisions: list[Decision]) -> Stimulus:
+    """The log entry of ``event``, the ``n``-th the table handled, of id ``cause``, which
+    decided ``decisions``: the event in words begins with its anonymous name
+    (:func:`stimulus_id`), which its cause is unless it came with an id of its own."""
     about: set[str] = set()
     subject = _SUBJECT.get(type(event))
     if subject is not None:
@@ -114,11 +125,13 @@ def stimulus(event: Event, cause: str, decisions: list[Decision]) -> Stimulus:
         about.update(name for name, _, _ in event.members)
     did = tuple(_words(d, about) for d in decisions)
     about.discard("")
-    return Stimulus(cause, event.now, _words(event, set()), did, frozenset(about))
+    words = _words(event, set(), head=stimulus_id(event, n))
+    return Stimulus(cause, event.now, words, did, frozenset(about))
 
 
-def _words(thing: Event | Decision, about: set[str]) -> str:
-    """``thing`` in words: its kind and its short fields; the peers it names go to ``about``."""
+def _words(thing: Event | Decision, about: set[str], head: str = "") -> str:
+    """``thing`` in words: ``head`` (its kind by default) and its short fields; the peers it
+    names go to ``about``."""
     if isinstance(thing, Fault):
         return f"fault: {type(thing.error).__name__}: {thing.error}"[:300]
     parts = []
@@ -136,4 +149,4 @@ def _words(thing: Event | Decision, about: set[str]) -> str:
             parts.append(f"{f.name}={value}")
         elif isinstance(value, tuple) and all(isinstance(v, str) for v in value):
             parts.append(f"{f.name}={','.join(value)}")
-    return " ".join([_kind(type(thing)), *parts])[:300]
+    return " ".join([head or _kind(type(thing)), *parts])[:300]

@@ -250,7 +250,7 @@ class MemberTable:
             out.append(Fault(exc))
         decisions = [replace(d, cause=cause) for d in out]
         if self.log.keep and worth_keeping(event, decisions):
-            self.log.add(stimulus(event, cause, decisions))
+            self.log.add(stimulus(event, n, cause, decisions))
         return decisions
 
     def story(self, key: str) -> list[Stimulus]:

@@ -60,7 +60,7 @@ def test_a_fault_is_in_the_story_of_the_event_that_raised() -> None:
     def broken(*_: object) -> None:
         raise IndexError("a bug")
 
-    c._pass_on = broken  # type: ignore[method-assign]
+    c._pass_on = broken  # type: ignore[method-assign,assignment]
     c.handle(TaskDone(1.0, run.entry, "out"))
     (done,) = [s for s in c.story(job) if s.event.startswith("done:")]
     assert done.did[-1] == "fault: IndexError: a bug"

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from compass.membership.events import (
+    Acked,
     Fault,
     ForgetAfter,
+    Forgot,
     HeardFrom,
     JoinAsked,
     Listens,
@@ -21,6 +23,7 @@ from compass.membership.events import (
     PeerUp,
     Remove,
     RetryAt,
+    SendProbe,
     Tick,
     Welcome,
 )
@@ -58,7 +61,8 @@ def test_every_decision_carries_the_cause_of_its_event() -> None:
     decisions = t.handle(Remove(T0 + 2, "c", "asked", cause="op-9"))
     assert [type(d) for d in decisions] == [PeerDown, RetryAt]
     assert {d.cause for d in decisions} == {"op-9"}
-    assert [s.event.split()[0] for s in t.story("op-9")] == ["remove"]
+    # its words still begin with the name it would have had
+    assert [s.event.split()[0] for s in t.story("op-9")] == ["remove:c#4"]
 
 
 def test_its_address_and_forget_after_change_through_events() -> None:
@@ -70,7 +74,7 @@ def test_its_address_and_forget_after_change_through_events() -> None:
     joined(t, "b")
     t.handle(Remove(T0 + 1, "b", "gone"))
     forgot = t.handle(Tick(T0 + 7.0))  # lost past the 5 s set by the event: forgotten
-    assert [d.name for d in forgot if type(d).__name__ == "Forgot"] == ["b"]
+    assert [d.name for d in forgot if isinstance(d, Forgot)] == ["b"]
     assert [s.cause for s in t.story("10.0.0.7:7341")] == ["listens:10.0.0.7:7341#1"]
 
 
@@ -79,11 +83,14 @@ def test_the_story_of_a_peer_is_what_happened_to_it_and_fresh_heartbeats_are_lef
     joined(t, "b", "c")
     for i in range(50):  # every few ms in a real cluster: they would push the rest out
         t.handle(HeardFrom(T0 + i / 100, "b", 0))
+    # so would the routine probing: a probe of the round, acked
+    (probe,) = t.handle(Tick(t.detector.probe_at))
+    assert type(probe) is SendProbe and t.handle(Acked(T0, probe.target, probe.seq)) == []
     t.handle(Remove(T0 + 1, "b", "it stopped answering"))
     story = t.story("b")
-    assert [s.cause for s in story] == ["join-asked:b#1", "remove:b#53"]
+    assert [s.cause for s in story] == ["join-asked:b#1", "remove:b#55"]
     assert story[0].did[0].startswith("peer-up name=b address=b.lan:7341")
-    assert story[1].event == "remove name=b why=it stopped answering"
+    assert story[1].event == "remove:b#55 name=b why=it stopped answering"
     assert story[1].did[0] == "peer-down name=b address=b.lan:7341 why=it stopped answering"
     assert story[1].now == T0 + 1
     assert all("b" not in s.about for s in t.story("c"))
