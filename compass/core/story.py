@@ -73,7 +73,13 @@ def stimulus(event: Event, n: int, cause: Cause, now: float, out: list[Instructi
     _event_about(event, about)
     did = tuple(_did(instruction, about) for instruction in out)
     about.discard("")
-    return Stimulus(cause_text(cause), now, stimulus_id(event, n), did, frozenset(about))
+    try:
+        name = stimulus_id(event, n)
+        text = cause_text(cause)
+    except Exception:  # an object of no event type: a bug, which the core answered with a Fault
+        name = f"{type(event).__name__}#{n}"
+        text = cause if isinstance(cause, str) and cause else name
+    return Stimulus(text, now, name, did, frozenset(about))
 
 
 def _event_about(event: Event, about: set[str]) -> None:
