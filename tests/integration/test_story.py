@@ -46,7 +46,8 @@ async def test_a_jobs_story_is_read_through_the_cli(
     # the ingress: the submit (its id, the client request's or the core's name for it) ran
     # embed here or loaded its model first; embed's end sent decode to w1; w1's result
     # answered the client
-    assert f"submit:{job}#" in lines[2] and "(cause " in lines[2]
+    # (its cause, the core's name for it, is not printed twice)
+    assert lines[2].startswith(f"  +0.000000 s  submit:{job}#") and "(cause " not in lines[2]
     assert f"      -> send task {job}/decode to w1" in lines
     assert f"      -> answer {job}: ok" in lines
     assert lines.index(f"      -> send task {job}/decode to w1") < lines.index(
@@ -57,7 +58,9 @@ async def test_a_jobs_story_is_read_through_the_cli(
     told = json.loads(as_json.stdout)
     assert (told["worker"], told["key"]) == ("w1", job)
     assert told["core"] and all(job in entry["about"] for entry in told["core"])
-    assert told["core"][0]["event"].startswith(f"received:{job}/decode<embed#")
+    first = told["core"][0]
+    assert first["event"].startswith(f"received:{job}/decode<embed#")
+    assert first["cause"] == first["event"]  # an anonymous event: its name is its cause
     did = [d for entry in told["core"] for d in entry["did"]]
     assert f"run {job}/decode on lane 0" in did
     assert f"send result {job}/decode to w0" in did
