@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from compass.errors import ConfigError
+from compass.records import record
 
 __all__ = ["KEEP_STIMULI", "Stimulus", "StimulusLog", "check_keep"]
 
@@ -32,17 +32,18 @@ __all__ = ["KEEP_STIMULI", "Stimulus", "StimulusLog", "check_keep"]
 KEEP_STIMULI = 2048
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Stimulus:
     """One event a core handled: its id (``cause``), when (``now``, the core's clock), the
     event in words, what the core decided (``did``, in order, in words) and what it is about
-    (``about``: job ids, peer names, models)."""
+    (``about``: job ids, peer names, models; a name may repeat). A record (made for every
+    event a core logs: :mod:`compass.records`)."""
 
     cause: str
     now: float
     event: str
     did: tuple[str, ...]
-    about: frozenset[str]
+    about: tuple[str, ...]
 
     def to_wire(self) -> dict[str, Any]:
         """The entry as a ``story`` request answers it."""
@@ -51,7 +52,7 @@ class Stimulus:
             "now": self.now,
             "event": self.event,
             "did": list(self.did),
-            "about": sorted(self.about),
+            "about": sorted(set(self.about)),
         }
 
 
@@ -67,7 +68,7 @@ class StimulusLog:
     """The last ``keep`` events a core handled (0: none), oldest first; see the module
     docstring."""
 
-    __slots__ = ("_entries", "keep")
+    __slots__ = ("_entries", "keep")  # a core's log appends to _entries itself (hot path)
 
     def __init__(self, keep: int = KEEP_STIMULI) -> None:
         self.keep = check_keep(keep, "a stimulus log's keep")

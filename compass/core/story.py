@@ -14,7 +14,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
-from compass.core.causes import Cause, cause_text
+from compass.core.causes import Cause
 from compass.core.events import (
     Answer,
     AskPlan,
@@ -57,51 +57,57 @@ class CoreLog(StimulusLog):
     def record(self, event: Event, n: int, cause: Cause, out: list[Instruction]) -> None:
         """Keep ``event``, the ``n``-th the core handled, of id ``cause``, which decided
         ``out``."""
-        if self.keep and worth_keeping(event, out):
-            self.add(stimulus(event, n, cause, event.now, out))
+        if self.keep and (out or type(event) not in _QUIET):  # worth_keeping, inlined
+            self._entries.append(stimulus(event, n, cause, event.now, out))
+
+
+#: events not kept when they decide nothing
+_QUIET = frozenset({Heard, Tick})
 
 
 def worth_keeping(event: Event, out: list[Instruction]) -> bool:
     """Whether ``event``, which decided ``out``, goes into the log (see the module docstring)."""
-    return bool(out) or type(event) not in (Heard, Tick)
+    return bool(out) or type(event) not in _QUIET
 
 
 def stimulus(event: Event, n: int, cause: Cause, now: float, out: list[Instruction]) -> Stimulus:
     """The log entry of ``event``, the ``n``-th the core handled, of id ``cause``, which
     decided ``out``."""
-    about: set[str] = set()
-    _event_about(event, about)
-    did = tuple(_did(instruction, about) for instruction in out)
-    about.discard("")
+    about = _event_about(event)
+    did = tuple([_did(instruction, about) for instruction in out])
     try:
         name = stimulus_id(event, n)
-        text = cause_text(cause)
     except Exception:  # an object of no event type: a bug, which the core answered with a Fault
         name = f"{type(event).__name__}#{n}"
-        text = cause if isinstance(cause, str) and cause else name
-    return Stimulus(text, now, name, did, frozenset(about))
+    # the event's own id, or (itself, n): then its id is its name, made once
+    text = cause if isinstance(cause, str) else name
+    return Stimulus(text, now, name, did, tuple(about))
 
 
-def _event_about(event: Event, about: set[str]) -> None:
+def _event_about(event: Event) -> list[str]:
+    """What ``event`` names."""
     if isinstance(event, Received):
-        about.update((event.sender, event.msg.job))
-    elif isinstance(event, Undeliverable):
-        about.update((event.peer, event.msg.job))
-    else:
-        for field in _ABOUT.get(type(event), ()):
-            value = field(event)
-            if isinstance(value, str):
-                about.add(value)
+        return [event.sender, event.msg.job]
+    if isinstance(event, Undeliverable):
+        return [event.peer, event.msg.job]
+    fields = _ABOUT.get(type(event))
+    return [] if fields is None else list(fields(event))
+
+
+def _getter(*fields: str) -> Callable[[Any], tuple[Any, ...]]:
+    """The values of ``fields`` of an object, as a tuple, read at once."""
+    get = attrgetter(*fields)
+    return get if len(fields) > 1 else lambda thing: (get(thing),)
 
 
 #: event type -> the fields naming what it is about (jobs, peers, models)
-_ABOUT: dict[type, tuple[Callable[[Any], Any], ...]] = {
-    kind: tuple(map(attrgetter, fields))
+_ABOUT: dict[type, Callable[[Any], tuple[str, ...]]] = {
+    kind: _getter(*fields)
     for kind, fields in (
-        (Submit, ("job_id", "key")),
+        (Submit, ("job_id",)),
         (PlanReady, ("job_id",)),
-        (TaskDone, ("entry.job_id", "entry.model")),
-        (TaskFailed, ("entry.job_id", "entry.model")),
+        (TaskDone, ("entry.job_id",)),
+        (TaskFailed, ("entry.job_id",)),
         (TaskReturned, ("entry.job_id",)),
         (ModelLoaded, ("model",)),
         (LoadFailed, ("model",)),
@@ -115,32 +121,32 @@ _ABOUT: dict[type, tuple[Callable[[Any], Any], ...]] = {
 }
 
 
-def _did(step: Instruction, about: set[str]) -> str:
+def _did(step: Instruction, about: list[str]) -> str:
     """``step`` in words; what it names goes into ``about``."""
     if isinstance(step, Send):
         msg = step.msg
-        about.update((step.peer, msg.job))
+        about += (step.peer, msg.job)
         task = getattr(msg, "task", None)
         return f"send {msg.op} {msg.job}{'' if task is None else '/' + task} to {step.peer}"
     if isinstance(step, RunTask):
         entry = step.entry
-        about.add(entry.job_id)
-        if entry.model:
-            about.add(entry.model)
+        about.append(entry.job_id)
+        if entry.model is not None:
+            about.append(entry.model)
         return f"run {entry.job_id}/{entry.task} on lane {step.lane}"
     if isinstance(step, LoadModel):
-        about.add(step.model)
-        about.update(step.evict)
+        about.append(step.model)
+        about += step.evict
         evict = f", evicting {', '.join(step.evict)}" if step.evict else ""
         return f"load {step.model}{' (prefetch)' if step.prefetch else ''}{evict}"
     if isinstance(step, Answer):
-        about.add(step.job_id)
+        about.append(step.job_id)
         return f"answer {step.job_id}: {_outcome(step.error)}"
     if isinstance(step, AskPlan):
-        about.update((step.peer, step.request.job))
+        about += (step.peer, step.request.job)
         return f"ask {step.peer} to plan {step.request.job}"
     if isinstance(step, Planned):
-        about.update((step.peer, step.job_id))
+        about += (step.peer, step.job_id)
         return f"planned {step.job_id} for {step.peer}: {_outcome(step.error)}"
     if isinstance(step, Fault):
         return f"fault: {_outcome(step.error)}"

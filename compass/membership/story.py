@@ -126,7 +126,7 @@ def stimulus(event: Event, n: int, cause: str, decisions: list[Decision]) -> Sti
     did = tuple(_words(d, about) for d in decisions)
     about.discard("")
     words = _words(event, set(), head=stimulus_id(event, n))
-    return Stimulus(cause, event.now, words, did, frozenset(about))
+    return Stimulus(cause, event.now, words, did, tuple(sorted(about)))
 
 
 def _words(thing: Event | Decision, about: set[str], head: str = "") -> str:

@@ -10,7 +10,7 @@ from compass.stimuli import KEEP_STIMULI, Stimulus, StimulusLog
 
 
 def entry(i: int, *about: str) -> Stimulus:
-    return Stimulus(f"ev#{i}", float(i), f"event {i}", (f"did {i}",), frozenset(about))
+    return Stimulus(f"ev#{i}", float(i), f"event {i}", (f"did {i}",), about)
 
 
 def test_the_log_keeps_the_last_keep_entries_and_drops_the_oldest() -> None:

@@ -26,7 +26,7 @@ def test_the_story_of_a_job_is_every_event_that_touched_it_with_what_it_decided(
     first, last = story
     assert first.event == f"submit:{job}#1" and first.now == 0.0
     assert first.did == (f"send task {job}/a to b",) and send.peer == "b"
-    assert {job, "b"} <= first.about and other not in first.about
+    assert {job, "b"} <= set(first.about) and other not in first.about
     # the job is done: b is told to drop it, and the client gets its one answer
     assert last.did == (f"send done {job} to b", f"answer {job}: ok") and answer.value == "B"
     # a cause id seen in a log line finds its event; so does the peer the job went to
