@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from compass.errors import ConfigError, WorkerUnavailable
@@ -242,16 +242,19 @@ class MemberTable:
         are still returned, as the table changed with them, then a :class:`Fault`. The event
         and what it decided go into :attr:`log` (:meth:`story`)."""
         self._handled = n = self._handled + 1
-        cause = event.cause or stimulus_id(event, n)
         out: list[Decision] = []
         try:
             self._apply(event, out)
         except Exception as exc:
             out.append(Fault(exc))
-        decisions = [replace(d, cause=cause) for d in out]
-        if self.log.keep and worth_keeping(event, decisions):
-            self.log.add(stimulus(event, n, cause, decisions))
-        return decisions
+        keep = self.log.keep and worth_keeping(event, out)
+        if out or keep:  # an event that decided nothing and is not kept is not named
+            cause = event.cause or stimulus_id(event, n)
+            for decision in out:  # made just now and seen by nobody yet: its cause set in place
+                object.__setattr__(decision, "cause", cause)
+            if keep:
+                self.log.add(stimulus(event, n, cause, out))
+        return out
 
     def story(self, key: str) -> list[Stimulus]:
         """What :attr:`log` kept about ``key`` (a peer, an address, a cause id), oldest first."""
