@@ -40,6 +40,7 @@ from compass.sched import POLICY_NAMES
 from compass.sim import capacity as cap
 from compass.sim.arrivals import workload_arrivals
 from compass.sim.engine import simulate
+from compass.sim.settings import SimSettings
 from compass.workflow.batching import BATCH_GAINS, apply_batching
 from compass.workflow.spec import Workload, load_workload
 
@@ -67,7 +68,9 @@ def p99_ms(
     for seed in seeds:
         arrivals = workload_arrivals(workload, jobs, process=arrival, load=load, seed=seed)
         result = simulate(
-            workload, workers=workload.cluster.workers, policy=policy, arrivals=arrivals, seed=seed
+            workload,
+            SimSettings(workers=workload.cluster.workers, policy=policy, seed=seed),
+            arrivals,
         )
         values.append(result.summary()["p99_ms"])
     if any(v is None for v in values):

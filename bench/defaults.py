@@ -15,7 +15,6 @@ error of the per-seed ratio.
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,7 @@ from compass.errors import ConfigError
 from compass.sched.planner import CompassOptions
 from compass.sched.policies import VARIANT_OPTIONS
 from compass.sim import capacity as cap
-from compass.sim.engine import simulate
+from compass.sim.settings import SimSettings
 from compass.workflow.spec import Workload, load_workload
 
 from .report import machine, print_table, write_json
@@ -79,11 +78,11 @@ _COLUMNS = ("paper", "generated_median", "generated_min", "noise")
 def current_settings(knobs: Sequence[Knob] = KNOBS) -> dict[str, Any]:
     """What compass ships with for each knob's setting (read from the code, not repeated)."""
     options = CompassOptions()
-    sim_defaults = inspect.signature(simulate).parameters
+    sim_defaults = SimSettings(workers=1, policy="compass")
     out: dict[str, Any] = {}
     for knob in knobs:
         if knob.setting in _SIM_SETTINGS:
-            out[knob.setting] = sim_defaults[knob.setting].default
+            out[knob.setting] = getattr(sim_defaults, knob.setting)
         elif knob.setting in VARIANT_OPTIONS:
             out[knob.setting] = getattr(options, knob.setting)
         else:

@@ -29,6 +29,7 @@ from rich.console import Console
 
 from compass.client import Client
 from compass.cluster import LocalCluster
+from compass.config import SIM_WORKER
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.sim.arrivals import Arrival, workload_arrivals
@@ -59,10 +60,11 @@ class E2EConfig:
     jobs: int = 200
     seed: int = 0
     time_scale: float = 0.25
-    heartbeat_ms: float = 10.0
-    heartbeat_min_ms: float = 1.0
-    #: model-less tasks on this many host lanes per worker (0: on the GPU lane, as in the paper)
-    host_lanes: int = 0
+    heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
+    heartbeat_min_ms: float = SIM_WORKER.sched.heartbeat_min_ms
+    #: model-less tasks on this many host lanes per worker (0: on the GPU lane, as in the paper,
+    #: and as the simulator it is compared with runs them)
+    host_lanes: int = SIM_WORKER.host_lanes
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     #: off: every task runs one item at a time; on: tasks batch as the workload declares, and
     #: model tasks that declare no curve take ``batch_gain``'s (None: they do not batch)

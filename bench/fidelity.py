@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from compass.sim.engine import simulate
+from compass.sim.settings import SimSettings
 from compass.wire.transport import new_event_loop
 
 from . import e2e
@@ -31,12 +32,14 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
             real = runner.run(e2e.run_policy(config, spec, policy, arrivals))
             simulated = simulate(
                 spec,
-                workers=config.workers,
-                policy=policy,
-                arrivals=arrivals,
-                heartbeat_s=heartbeat_s,
-                host_lanes=config.host_lanes,
-                warm_start=True,  # the real run starts once the caches settled (e2e.settled)
+                SimSettings(
+                    workers=config.workers,
+                    policy=policy,
+                    heartbeat_s=heartbeat_s,
+                    host_lanes=config.host_lanes,
+                    warm_start=True,
+                ),
+                arrivals,
             ).summary()
             diff = {
                 key: _rel(simulated[key], real[key])

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.sim.goodput import goodput_for_workload, simulator_goodput_run
 from compass.workflow.batching import apply_batching
@@ -39,7 +40,7 @@ class GoodputConfig:
     shed: tuple[bool, ...] = (True,)
     arrival: str = "poisson"
     cv: float = 1.0
-    host_lanes: int = 0
+    host_lanes: int = SIM_WORKER.host_lanes
     batching: bool = True
     batch_gain: str | None = None
 

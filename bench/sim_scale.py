@@ -16,6 +16,7 @@ import numpy as np
 
 from compass.sim import simulate
 from compass.sim.arrivals import workload_arrivals
+from compass.sim.settings import SimSettings
 from compass.workflow import load_workload
 
 from .report import machine, print_table, write_json
@@ -33,7 +34,7 @@ def run(json_path: str | None = None, jobs: int = 100_000, workers: int = 240) -
     started = time.perf_counter()
     arrivals = workload_arrivals(workload, jobs, process="poisson", load=LOAD)
     arrivals_s = time.perf_counter() - started
-    result = simulate(workload, workers=workers, policy="compass", arrivals=arrivals)
+    result = simulate(workload, SimSettings(workers=workers, policy="compass"), arrivals)
     seconds = time.perf_counter() - started
     summary = result.summary()
     utilization = np.array(list(summary["utilization"].values()))

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from compass.config import SIM_WORKER
+
 from .checks import (
     batching_keywords,
     capacity_args,
@@ -151,6 +153,16 @@ def bench_client(
     client.run(rounds=rounds, mib=mib, json_path=json_path)
 
 
+@bench_app.command("http")
+def bench_http(quick: Quick = False, json_path: JsonPath = None) -> None:
+    """The HTTP front door (Open Inference Protocol, JSON and binary) against the native
+    client: no-op p50/p99 and jobs/s, a 3 MB tensor, native with the front door on and off."""
+    from compass._bench import front
+
+    check_output(json_path, "--json")
+    front.run(quick=quick, json_path=json_path)
+
+
 @bench_app.command("restarts")
 def bench_restarts(
     scenario: Annotated[
@@ -242,11 +254,13 @@ def bench_e2e(
     jobs: Jobs = 200,
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
     time_scale: Annotated[float | None, typer.Option(help=TIME_SCALE_HELP)] = None,
-    heartbeat_ms: Annotated[float, typer.Option(help="Worker heartbeat interval.")] = 10.0,
+    heartbeat_ms: Annotated[
+        float, typer.Option(help="Worker heartbeat interval.")
+    ] = SIM_WORKER.sched.heartbeat_ms,
     heartbeat_min_ms: Annotated[
         float, typer.Option(help="Least gap between a worker's heartbeats.")
-    ] = 1.0,
-    host_lanes: HostLanes = 0,
+    ] = SIM_WORKER.sched.heartbeat_min_ms,
+    host_lanes: HostLanes = SIM_WORKER.host_lanes,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,
     target_slowdown: Annotated[float, typer.Option(help="For --servers-sweep.")] = 2.0,
     json_path: JsonPath = None,

@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from compass.config import SIM_WORKER
+
 from .checks import (
     batching_keywords,
     capacity_args,
@@ -70,11 +72,11 @@ def sim(
     seed: Annotated[int, typer.Option(help="Arrival sequence seed.")] = 0,
     heartbeat_ms: Annotated[
         float, typer.Option(help="How often peers' state reaches the views (virtual ms).")
-    ] = 10.0,
+    ] = SIM_WORKER.sched.heartbeat_ms,
     staleness_ms: Annotated[
         float | None, typer.Option(help="Age of the peer state planners see.")
     ] = None,
-    host_lanes: HostLanes = 0,
+    host_lanes: HostLanes = SIM_WORKER.host_lanes,
     ingress: Annotated[
         str,
         typer.Option(
@@ -96,7 +98,7 @@ def sim(
         typer.Option(
             min=0,
             help="--view bounded: workers sampled per job beyond the holders, all but one "
-            "drawn from those the planner watches (default: 6).",
+            f"drawn from those the planner watches (default: {SIM_WORKER.sched.candidates}).",
         ),
     ] = None,
     holders: Annotated[
@@ -104,7 +106,7 @@ def sim(
         typer.Option(
             min=0,
             help="--view bounded: at most this many holders of each model the job needs "
-            "(default: 2; 0: every holder).",
+            f"(default: {SIM_WORKER.sched.holders}; 0: every holder).",
         ),
     ] = None,
     servers_sweep: Annotated[str | None, typer.Option(help="LO..HI: servers needed.")] = None,

@@ -39,6 +39,10 @@ commands = typer.Typer()
 
 MiB = 1 << 20
 
+#: every flag's default is read from here, the one source (but ``--port``: a worker started
+#: from the command line listens on the well-known port, one made in Python on a free port)
+WORKER = WorkerConfig()
+
 CACHE_DEFAULT = (
     f"default: {GPU_CACHE_FRACTION:.0%} of free GPU memory, or {HOST_CACHE_FRACTION:.0%} of "
     "host memory; with --workload, its GPU memory"
@@ -67,7 +71,7 @@ class LogFormat(StrEnum):
 def worker_start(
     host: Annotated[
         str, typer.Option(envvar=env("host"), help="Address to bind (loopback by default).")
-    ] = "127.0.0.1",
+    ] = WORKER.host,
     port: Annotated[
         int,
         typer.Option(envvar=env("port"), min=0, max=65535, help="Port to bind; 0: a free one."),
@@ -99,7 +103,7 @@ def worker_start(
             min=0.001,
             help="Seconds to keep retrying --join before exiting with an error.",
         ),
-    ] = 60.0,
+    ] = WORKER.join_timeout_s,
     drain_timeout: Annotated[
         float,
         typer.Option(
@@ -108,7 +112,7 @@ def worker_start(
             help="Seconds a worker drains on SIGTERM or Ctrl-C (no new work; it finishes what "
             "it holds, then leaves); 0 stops at once. A second signal stops at once.",
         ),
-    ] = 25.0,
+    ] = WORKER.drain_timeout_s,
     advertise_address: Annotated[
         str,
         typer.Option(
@@ -116,28 +120,28 @@ def worker_start(
             help="HOST[:PORT] peers reach this worker at (NAT, or --host 0.0.0.0); "
             "default: the bound address, or this host's primary address for 0.0.0.0.",
         ),
-    ] = "",
+    ] = WORKER.advertise_address,
     name: Annotated[
         str, typer.Option(envvar=env("name"), help="Unique worker name (default: <host>-<port>).")
-    ] = "",
+    ] = WORKER.name,
     app_ref: Annotated[
         str | None,
         typer.Option(
             "--app", envvar=env("app"), help="Python module (or module:attr) with a compass.App."
         ),
-    ] = None,
+    ] = WORKER.app,
     workload: Annotated[
         str | None,
         typer.Option(
             envvar=env("workload"), help="Workload spec JSON: run its workflows emulated."
         ),
-    ] = None,
+    ] = WORKER.workload,
     policy: Annotated[
         str, typer.Option(envvar=env("policy"), help="Placement policy (same on every worker).")
-    ] = "compass",
+    ] = WORKER.sched.policy,
     lanes: Annotated[
         int, typer.Option(envvar=env("lanes"), min=1, help="Execution lanes (tasks run at once).")
-    ] = 1,
+    ] = WORKER.lanes,
     host_lanes: Annotated[
         int,
         typer.Option(
@@ -145,10 +149,10 @@ def worker_start(
             min=0,
             help="Lanes for model-less tasks, off the GPU (0: they share it).",
         ),
-    ] = 1,
+    ] = WORKER.host_lanes,
     time_scale: Annotated[
         float, typer.Option(envvar=env("time_scale"), help="Emulated time multiplier.")
-    ] = 1.0,
+    ] = WORKER.time_scale,
     cache_mb: Annotated[
         int | None,
         typer.Option(
@@ -157,71 +161,71 @@ def worker_start(
             help=f"Model cache capacity in MiB ({CACHE_DEFAULT}).",
             show_default=False,
         ),
-    ] = None,
+    ] = None if WORKER.cache.capacity_bytes is None else WORKER.cache.capacity_bytes // MiB,
     slab_mb: Annotated[
         int, typer.Option(envvar=env("slab_mb"), min=1, help="Slab size in MiB.")
-    ] = 64,
+    ] = WORKER.cache.slab_bytes // MiB,
     backend: Annotated[
         str, typer.Option(envvar=env("backend"), help="auto, cupy, host, strict or capacity.")
-    ] = "auto",
+    ] = WORKER.cache.backend,
     device: Annotated[
         int,
         typer.Option(
             envvar=env("device"), min=0, help="CUDA device of the model cache (cupy backend)."
         ),
-    ] = 0,
+    ] = WORKER.cache.device,
     heartbeat_ms: Annotated[
         float,
         typer.Option(envvar=env("heartbeat_ms"), help="Heartbeat interval when nothing changes."),
-    ] = 10.0,
+    ] = WORKER.sched.heartbeat_ms,
     heartbeat_min_ms: Annotated[
         float,
         typer.Option(
             envvar=env("heartbeat_min_ms"),
             help="Least gap between heartbeats; changes go out after it.",
         ),
-    ] = 1.0,
+    ] = WORKER.sched.heartbeat_min_ms,
     heartbeat_max_rate: Annotated[
         float,
         typer.Option(
             envvar=env("heartbeat_max_rate"),
             help="Most heartbeat messages a second, over all peers.",
         ),
-    ] = 20000.0,
+    ] = WORKER.sched.heartbeat_max_rate,
     peer_timeout_ms: Annotated[
         float,
         typer.Option(
             envvar=env("peer_timeout_ms"),
             help="A suspected peer that does not refute is dropped at most this long after.",
         ),
-    ] = 2000.0,
+    ] = WORKER.sched.peer_timeout_ms,
     probe_period_ms: Annotated[
         float,
         typer.Option(
             envvar=env("probe_period_ms"), help="Failure detection: probe one peer this often."
         ),
-    ] = 200.0,
+    ] = WORKER.swim.probe_period_ms,
     probe_timeout_ms: Annotated[
         float,
         typer.Option(
             envvar=env("probe_timeout_ms"),
             help="A probe not acked within this goes through --indirect-probes others.",
         ),
-    ] = 100.0,
+    ] = WORKER.swim.probe_timeout_ms,
     indirect_probes: Annotated[
         int,
         typer.Option(
             envvar=env("indirect_probes"),
             help="Peers asked to probe one that did not ack, before it is suspected.",
         ),
-    ] = 3,
+    ] = WORKER.swim.indirect_probes,
     suspicion_mult: Annotated[
         float,
         typer.Option(
             envvar=env("suspicion_mult"),
             help="A confirmed suspicion lasts this many periods (x log10 of the workers).",
         ),
-    ] = 3.0,
+    ] = WORKER.swim.suspicion_mult,
     peer_idle_s: Annotated[
         float,
         typer.Option(
@@ -229,7 +233,7 @@ def worker_start(
             help="Close a channel to a peer idle this many seconds (0: never); it is "
             "opened again when there is something to send.",
         ),
-    ] = 30.0,
+    ] = WORKER.peer_idle_s,
     max_peer_channels: Annotated[
         int,
         typer.Option(
@@ -237,15 +241,15 @@ def worker_start(
             help="Open channels to peers at most; past it the least recently used idle "
             "one is closed (0: no cap).",
         ),
-    ] = 64,
+    ] = WORKER.max_peer_channels,
     adjust_threshold: Annotated[
         float,
         typer.Option(envvar=env("adjust_threshold"), help="Dynamic adjustment threshold."),
-    ] = 0.1,
+    ] = WORKER.sched.adjust_threshold,
     warm: Annotated[
         bool,
         typer.Option(envvar=env("warm"), help="Idle workers load models the cluster is short of."),
-    ] = True,
+    ] = WORKER.sched.warm,
     view: Annotated[
         str,
         typer.Option(
@@ -253,24 +257,24 @@ def worker_start(
             help="What a planner sees: bounded (a job's candidates, whose load it watches; "
             "caches spread as rumors) or mesh (every worker heartbeats every peer).",
         ),
-    ] = "bounded",
+    ] = WORKER.sched.view,
     candidates: Annotated[
         int,
         typer.Option(
             envvar=env("candidates"),
             help="Bounded view: workers sampled per job beyond the holders of its models.",
         ),
-    ] = 6,
+    ] = WORKER.sched.candidates,
     holders: Annotated[
         int,
         typer.Option(
             envvar=env("holders"),
             help="Bounded view: holders in view per model a job needs (0: every holder).",
         ),
-    ] = 2,
+    ] = WORKER.sched.holders,
     max_frame_mb: Annotated[
         int, typer.Option(envvar=env("max_frame_mb"), min=1, help="Largest frame accepted, MiB.")
-    ] = 1024,
+    ] = WORKER.limits.max_frame_bytes // MiB,
     max_jobs: Annotated[
         int,
         typer.Option(
@@ -278,7 +282,7 @@ def worker_start(
             min=1,
             help="Jobs in flight accepted as ingress; more are refused.",
         ),
-    ] = 10000,
+    ] = WORKER.max_jobs,
     max_job_mb: Annotated[
         float,
         typer.Option(
@@ -287,7 +291,7 @@ def worker_start(
             help="MiB of job inputs held as ingress: a job over it alone is refused "
             "(JobTooLarge), more jobs than fit together are refused for now (Overloaded).",
         ),
-    ] = 4096.0,
+    ] = WORKER.max_job_bytes / MiB,
     keep_answers_mb: Annotated[
         float,
         typer.Option(
@@ -296,7 +300,7 @@ def worker_start(
             help="MiB of answers kept as ingress for a client's retry of a job (its key); "
             "past it the oldest are shed, and a retry of theirs gets AnswerNotKept.",
         ),
-    ] = 64.0,
+    ] = WORKER.keep_answer_bytes / MiB,
     task_timeout: Annotated[
         float,
         typer.Option(
@@ -304,7 +308,7 @@ def worker_start(
             min=0.001,
             help="Seconds a task may run unless it declares timeout_ms; past it its job fails.",
         ),
-    ] = 300.0,
+    ] = WORKER.task_timeout_s,
     max_stuck_tasks: Annotated[
         int,
         typer.Option(
@@ -312,7 +316,7 @@ def worker_start(
             min=1,
             help="Timed-out task threads still running past which the worker takes no GPU work.",
         ),
-    ] = 4,
+    ] = WORKER.max_stuck_tasks,
     log_level: Annotated[
         LogLevel,
         typer.Option(envvar=env("log_level"), case_sensitive=False, help="Logging on stderr."),
@@ -334,10 +338,37 @@ def worker_start(
             help="Serve Prometheus /metrics and /ready on this port (0: a free one; default: off).",
             show_default=False,
         ),
-    ] = None,
+    ] = WORKER.metrics_port,
     metrics_host: Annotated[
         str, typer.Option(envvar=env("metrics_host"), help="Address the metrics port binds.")
-    ] = "127.0.0.1",
+    ] = WORKER.metrics_host,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar=env("http_port"),
+            min=0,
+            max=65535,
+            help="Serve the HTTP front door (Open Inference Protocol /v2, OpenAI /v1) on this "
+            "port of --host (0: a free one; default: off). The cluster token is its bearer token.",
+            show_default=False,
+        ),
+    ] = WORKER.http_port,
+    http_private_health: Annotated[
+        bool,
+        typer.Option(
+            envvar=env("http_private_health"),
+            help="The front door's /v2/health routes need the bearer token too.",
+        ),
+    ] = WORKER.http_private_health,
+    http_idle_s: Annotated[
+        float,
+        typer.Option(
+            envvar=env("http_idle_s"),
+            min=0.001,
+            help="Seconds a front-door connection may go without a whole request head "
+            "(idle keep-alive, or a client too slow to send one) before it is closed.",
+        ),
+    ] = WORKER.http_idle_s,
     trace_sample: Annotated[
         float,
         typer.Option(
@@ -347,11 +378,11 @@ def worker_start(
             help="Fraction of the jobs submitted here that are traced (a client's trace=True "
             "always is); their traces are kept for `compass status --trace JOB`.",
         ),
-    ] = 0.01,
+    ] = WORKER.trace_sample,
     trace_keep: Annotated[
         int,
         typer.Option(envvar=env("trace_keep"), min=0, help="Traces of recent jobs kept here."),
-    ] = 512,
+    ] = WORKER.trace_keep,
     otel_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -360,7 +391,7 @@ def worker_start(
             "http://collector:4318/v1/traces (needs compass[otel]).",
             show_default=False,
         ),
-    ] = None,
+    ] = WORKER.otel_endpoint,
 ) -> None:
     """Start a worker; prints 'compass worker listening on HOST:PORT' first.
 
@@ -397,6 +428,9 @@ def worker_start(
         advertise_address=advertise_address,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        http_port=http_port,
+        http_private_health=http_private_health,
+        http_idle_s=http_idle_s,
         trace_sample=trace_sample,
         trace_keep=trace_keep,
         otel_endpoint=otel_endpoint,
@@ -452,7 +486,7 @@ def up(
     app_ref: Annotated[
         str | None, typer.Option("--app", help="App module for every worker.")
     ] = None,
-    policy: Annotated[str, typer.Option(help="Placement policy.")] = "compass",
+    policy: Annotated[str, typer.Option(help="Placement policy.")] = WORKER.sched.policy,
     log_dir: Annotated[
         Path, typer.Option(help="Folder for the workers' logs (w0.log, w1.log, ...).")
     ] = Path("compass-logs"),

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 from compass.cache.weights import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
+from compass.front.declare import Declarations, OpenAIKind, OpenAIModel
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload
 
@@ -218,6 +219,8 @@ class WorkflowBuilder:
         batch: int | None = None,
         batch_item: float | None = None,
         batch_ms: Sequence[float] | None = None,
+        steps: int | None = None,
+        step_ms: float | None = None,
     ) -> Any:
         """Declare a task: ``fn(model_module_or_None, **keywords) -> output``.
 
@@ -239,6 +242,13 @@ class WorkflowBuilder:
         A lane batches only while an extra item costs less than a run of its own; the worker
         refines the curve from what it measures. The function then takes lists and returns one
         output per item (see the module docstring).
+
+        Steps: a function that is a generator (``def ... yield``, or ``async def ... yield``)
+        runs in steps: each ``yield`` ends one with a partial output, and the task can be
+        stopped between two (its job cancelled, failed or past its deadline); its final output
+        is what it returns, or its last item if it returns nothing. ``steps`` (expected; default
+        1) and ``step_ms`` seed its profile: ``expected_ms`` defaults to ``steps * step_ms``.
+        A plain function is one step.
         """
         preds, renames = _sources("after", after)
         taken: tuple[str, ...] | None = None
@@ -248,14 +258,18 @@ class WorkflowBuilder:
 
         def register(func: F) -> F:
             task_name = name or func.__name__
+            first_ms = expected_ms
+            if first_ms is None and step_ms is not None:
+                first_ms = step_ms * (steps or 1)
             exec_ms, size, scale = _batch_profile(
-                task_name, model, expected_ms, batch, batch_item, batch_ms
+                task_name, model, first_ms, batch, batch_item, batch_ms
             )
             profile = TaskProfile(
                 exec_ms=exec_ms,
                 output_bytes=int(output_bytes),
                 input_bytes=input_bytes,
                 batch_scale=scale,
+                steps=1 if steps is None else steps,
             )
             self._tasks.append(
                 Task(
@@ -292,6 +306,8 @@ class App:
         self._resources: dict[str, Resource] = {}
         self._builders: dict[str, WorkflowBuilder] = {}
         self._workflows: dict[str, Workflow] = {}
+        #: what the HTTP front door serves by OpenAI model name, and tensor metadata
+        self.front = Declarations()
 
     # -- declaration -------------------------------------------------------------------------
     def model(
@@ -363,6 +379,25 @@ class App:
             raise WorkflowError(f"workflow {workflow.name!r} is declared twice")
         self._workflows[workflow.name] = workflow
         return workflow
+
+    def openai(
+        self, model: str, workflow: str, *, kind: OpenAIKind = "chat", owned_by: str = "compass"
+    ) -> OpenAIModel:
+        """Serve ``workflow`` under the OpenAI model name ``model`` on the HTTP front door:
+        ``kind`` "chat" (/v1/chat/completions), "completion" (/v1/completions) or "embedding"
+        (/v1/embeddings). compass/front/openai.py says which inputs the workflow gets."""
+        return self.front.add_openai(OpenAIModel(model, workflow, kind, owned_by))
+
+    def tensors(
+        self,
+        workflow: str,
+        *,
+        inputs: Mapping[str, tuple[str, Sequence[int]]],
+        outputs: Mapping[str, tuple[str, Sequence[int]]] | None = None,
+    ) -> None:
+        """Declare ``workflow``'s tensors for the Open Inference Protocol's metadata:
+        ``{name: (datatype, shape)}``, e.g. ``{"image": ("FP32", [3, -1, -1])}``."""
+        self.front.add_tensors(workflow, inputs, outputs or {})
 
     # -- use ---------------------------------------------------------------------------------
     @property

@@ -20,6 +20,8 @@ __all__ = [
     "GPU_CACHE_FRACTION",
     "HOST_CACHE_FRACTION",
     "PROTOCOL_VERSION",
+    "SIM_DIFFERS",
+    "SIM_WORKER",
     "VIEWS",
     "CacheConfig",
     "DeviceMemory",
@@ -143,6 +145,7 @@ class CacheConfig:
     ``"strict"`` (host memory that checks GPU rules: alignment, copies visible only after a sync,
     no copy into slabs a task may still read) or ``"capacity"`` (accounts slabs, holds no bytes:
     emulated mode). ``device`` is the CUDA device the cupy backend allocates on.
+    ``prefetch_depth``: how far the queue's look-ahead loads models (0: no speculative loads).
     ``capacity_bytes=None`` lets the worker choose: the workload's GPU memory when emulated,
     otherwise a share of the device's memory (see :meth:`resolved` and :class:`DeviceMemory`;
     :func:`compass.cache.backend.resolve_cache` measures the device and resolves).
@@ -152,6 +155,8 @@ class CacheConfig:
     slab_bytes: int = 64 * MiB
     backend: str = "auto"
     prefetch_depth: int = 3
+    #: a prefetch may evict a model needed later; False: free slabs only (the paper's rule)
+    prefetch_evicts: bool = True
     device: int = 0
 
     def __post_init__(self) -> None:
@@ -385,6 +390,13 @@ class WorkerConfig:
     #: None: no metrics endpoint (compass/observe/metrics.py)
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: serve the HTTP front door (Open Inference Protocol, OpenAI API) on this port, on the
+    #: worker's host (0: one the system picks); None: off (compass/front/)
+    http_port: int | None = None
+    #: the front door's health routes need the bearer token too
+    http_private_health: bool = False
+    #: seconds a front-door connection may stay without a whole request head (idle or slow)
+    http_idle_s: float = 15.0
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -465,6 +477,10 @@ class WorkerConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics port must be in 0..65535, got {self.metrics_port}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http port must be in 0..65535, got {self.http_port}")
+        if not self.http_idle_s > 0:
+            raise ConfigError(f"--http-idle-s must be > 0, got {self.http_idle_s}")
         for address in self.join:
             parse_address(address)
 
@@ -497,3 +513,32 @@ def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, 
     if not 0 < port <= 65535:
         raise ConfigError(f"bad address {address!r}: port must be in 1..65535")
     return host, port
+
+
+#: where a simulated worker (compass/sim/) differs from a worker's defaults on purpose, and why:
+#: the one place (tests/unit/test_config_sources.py fails on any other difference)
+SIM_DIFFERS = {
+    "host_lanes": "the paper's execution model: model-less tasks share the GPU lanes; every "
+    "simulated figure (docs/RESULTS.md) and the reference runs were measured so "
+    "(compass sim --host-lanes 1 models a worker's default)",
+    "emulate": "a simulated worker is emulated: its timings are the spec's, never learned",
+    "max_jobs": "no admission limit is modelled: every job of the arrivals is planned",
+    "max_job_bytes": "no admission limit is modelled: every job of the arrivals is planned",
+    "cache.backend": "the cache accounts slabs and holds no bytes",
+    "sched.view": "the figures were measured with the mesh; compass sim --view auto models "
+    "the bounded view from 64 workers on",
+}
+
+_WORKER = WorkerConfig()
+
+#: a simulated worker's configuration, before its ``compass.sim.SimSettings`` apply: a
+#: worker's defaults but for :data:`SIM_DIFFERS`
+SIM_WORKER = replace(
+    _WORKER,
+    host_lanes=0,
+    emulate=True,
+    max_jobs=1 << 62,
+    max_job_bytes=1 << 62,
+    cache=replace(_WORKER.cache, backend="capacity"),
+    sched=replace(_WORKER.sched, view="mesh"),
+)

@@ -25,6 +25,7 @@
     │   └── DeadlineExceeded          "deadline_exceeded"     dropped: too late to finish
     ├── JobTooLarge                   "job_too_large" one job's inputs exceed the ingress's limit
     ├── AnswerNotKept                 "answer_not_kept" a resubmitted key ran; its answer is gone
+    ├── StreamOverrun                 "stream_overrun" the caller read a streamed job too slowly
     ├── UnknownOperation              "unknown_op"    the peer has no handler for a request
     └── WorkerUnavailable             "unavailable"   the worker is shutting down or has no peers
         ├── Overloaded                "overloaded"    too many jobs in flight at that ingress
@@ -64,6 +65,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "StaleHandle",
+    "StreamOverrun",
     "UnknownOperation",
     "UnknownWorkflow",
     "VersionMismatch",
@@ -223,6 +225,14 @@ class AnswerNotKept(CompassError):
     to the request that submitted it first."""
 
     code = "answer_not_kept"
+
+
+class StreamOverrun(CompassError):
+    """The caller of a streamed job read its partial outputs too slowly: its ingress held as
+    many as it keeps for one stream, so it cancelled the job rather than hold more (or drop
+    one silently). Read faster, or submit the job without streaming."""
+
+    code = "stream_overrun"
 
 
 class UnknownOperation(CompassError):

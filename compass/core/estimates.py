@@ -194,6 +194,7 @@ class Estimates:
             # the budget left when it was sent, on this worker's clock, less the transfer
             deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
             finish=msg.finish,
+            stream=msg.stream,
             remaining_s=self.remaining(workflow)[task.name],
             fetch_s=0.0 if task.model is None else self.fetch_s(task.model),
         )

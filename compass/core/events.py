@@ -20,7 +20,6 @@ from operator import attrgetter
 from typing import Any, Protocol, TypeAlias
 
 from compass.core.causes import Cause, Caused
-from compass.core.lanes import LoadModel, RunTask
 from compass.core.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError, JobFailed
@@ -36,6 +35,7 @@ __all__ = [
     "Answer",
     "AskPlan",
     "Cancel",
+    "Chunk",
     "Event",
     "Fault",
     "Heard",
@@ -53,13 +53,17 @@ __all__ = [
     "Received",
     "RunTask",
     "Send",
+    "StopTask",
     "Submit",
     "TaskDone",
     "TaskFailed",
     "TaskReturned",
+    "TaskStep",
     "Tick",
     "Undeliverable",
     "ViewPort",
+    "Watch",
+    "WatchFailed",
     "stimulus_id",
 ]
 
@@ -100,6 +104,15 @@ class ViewPort(Protocol):
         draining (the same one, reconnecting, still is)."""
         ...
 
+    def take_wanted(self) -> tuple[str, ...]:
+        """The peers whose load the snapshots since the last call want watched (a bounded view
+        plans over candidates that push their load to it: :class:`Watch`); () for none."""
+        ...
+
+    def watch_failed(self, peer: str) -> None:
+        """A watch could not be asked of ``peer``: want it again at the next plan."""
+        ...
+
 
 # -- events ----------------------------------------------------------------------------------
 
@@ -132,6 +145,21 @@ class Submit(Named):
     key: str | None = None
     #: its deadline, priority and what to do when it would miss it
     objective: Objective = NO_OBJECTIVE
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+    #: its caller reads its sinks' partial outputs as they are made (:class:`Chunk`)
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStep(Named):
+    """Step ``seq`` (from 0) of step-wise task ``entry``, running here, ended with partial
+    output ``value`` (reported only for a job that streams)."""
+
+    now: float
+    entry: QueuedTask
+    seq: int
+    value: Any
     #: its id, carried by every instruction it causes (empty: the core names it)
     cause: str = ""
 
@@ -275,6 +303,16 @@ class Undeliverable(Named):
 
 
 @dataclass(frozen=True, slots=True)
+class WatchFailed(Named):
+    """A :class:`Watch` could not be asked of ``peer`` (no channel to it now)."""
+
+    now: float
+    peer: str
+    #: its id, carried by every instruction it causes (empty: the core names it)
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class PlanAsked(Named):
     """Another ingress asks this worker to plan its job (the ``central`` policy plans at one
     worker); answer with :class:`Planned`. Planning counts the placements in this worker's
@@ -338,10 +376,50 @@ Event: TypeAlias = (
     | Heard
     | PeerJoined
     | PeerDraining
+    | WatchFailed
+    | TaskStep
 )
 
 
 # -- instructions ----------------------------------------------------------------------------
+
+
+# made for every task: a record, frozen by convention (:mod:`compass.records`)
+@record
+class RunTask(Caused):
+    """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
+    group); its model (if any) is resident and pinned for the run. Each entry ends with an
+    event of its own.
+
+    GPU lanes are numbered from 0, host lanes after them. ``fetch_s``: how long it waited for
+    its model; ``hit``: whether the model was resident when the task asked (None: no model).
+    """
+
+    entry: QueuedTask
+    lane: int
+    host: bool
+    fetch_s: float
+    hit: bool | None
+    mates: tuple[QueuedTask, ...] = ()
+    #: the event that made it run (:attr:`cause` names it)
+    stimulus: Cause = ""
+
+    @property
+    def entries(self) -> tuple[QueuedTask, ...]:
+        """Every task of the run, its first (``entry``) first."""
+        return (self.entry, *self.mates)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel(Caused):
+    """Copy ``model``'s weights into the slabs the cache gave it; ``evict`` left the cache to
+    make room (their modules go). Answer with ``ModelLoaded`` or ``LoadFailed``."""
+
+    model: str
+    evict: tuple[str, ...]
+    prefetch: bool
+    #: the event that made it load (:attr:`cause` names it)
+    stimulus: Cause = ""
 
 
 # made for every task: a record, frozen by convention (:mod:`compass.records`)
@@ -351,6 +429,40 @@ class Send(Caused):
 
     peer: str
     msg: PeerMessage
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk(Caused):
+    """A partial output of a job this worker is the ingress of, for its caller: step ``seq``
+    of sink ``task``, in order per task (the job's :class:`Answer` still ends it)."""
+
+    job_id: str
+    task: str
+    seq: int
+    value: Any
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StopTask(Caused):
+    """``entries`` run here for a job that ended (answered, cancelled, failed or dropped
+    elsewhere): a step-wise task stops at its next step boundary, which frees its lane (its
+    outcome still comes, as :class:`TaskFailed`); a plain one runs to its end."""
+
+    entries: tuple[QueuedTask, ...]
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Watch(Caused):
+    """Ask ``peers`` to send this worker their state for a lease: its plans are placing work
+    there (a bounded view's candidates; answered with heartbeats, or :class:`WatchFailed`)."""
+
+    peers: tuple[str, ...]
     #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
     stimulus: Cause = ""
 
@@ -404,7 +516,9 @@ class Fault(Caused):
     stimulus: Cause = ""
 
 
-Instruction: TypeAlias = Send | RunTask | LoadModel | AskPlan | Answer | Planned | Fault
+Instruction: TypeAlias = (
+    Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | StopTask | Chunk | Fault
+)
 
 
 def stimulus_id(event: Event, n: int) -> str:

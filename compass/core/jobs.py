@@ -5,15 +5,42 @@ predecessor).
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from compass.core.messages import JOB_INPUTS, TaskMsg
-from compass.errors import ProtocolError
+from compass.core.messages import JOB_INPUTS, FailedMsg, TaskMsg
+from compass.errors import CompassError, JobFailed, ProtocolError, WorkersLost, error_from_wire
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.workflow.dag import Workflow
 
-__all__ = ["JOB_INPUTS", "Inbox", "InboxEntry", "IngressJob", "check_task"]
+__all__ = [
+    "INBOX_KEEP_S",
+    "JOB_INPUTS",
+    "Inbox",
+    "InboxEntry",
+    "IngressJob",
+    "JobIds",
+    "check_task",
+]
+
+
+class JobIds:
+    """The ids of the jobs one worker process takes in: unique in the cluster (worker names
+    are) and across restarts under the same name (the process's ``instance`` is in each: the
+    count starts again at 1, and peers remember the ids of the last instance's jobs). The
+    ingress names a job before its core hears of it (:class:`~compass.core.events.Submit`
+    carries the id), so the count is the adapter's (or the simulator's), not the core's."""
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self, name: str, instance: str = "") -> None:
+        self._prefix = f"{name}-{instance}-" if instance else f"{name}-"
+        self._count = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count)}"
 
 
 @dataclass(slots=True)
@@ -44,6 +71,8 @@ class IngressJob:
     #: what it asks for; ``deadline`` is absolute, on the ingress's clock (None: none)
     objective: Objective = NO_OBJECTIVE
     deadline: float | None = None
+    #: its caller reads its sinks' partial outputs as they are made
+    stream: bool = False
 
     def involves(self, worker: str) -> bool:
         return worker in self.plan.values()
@@ -79,6 +108,10 @@ class InboxEntry:
     first_at: float = 0.0
 
 
+#: real seconds a task's inputs wait on a worker for the rest, before the job is failed (a
+#: lost output, or an end that never came: :meth:`Inbox.expire`); jobs with deadlines end sooner
+INBOX_KEEP_S = 600.0
+
 #: what a root task needs: the job's inputs
 _ROOT_INPUTS = frozenset({JOB_INPUTS})
 
@@ -86,7 +119,10 @@ _ROOT_INPUTS = frozenset({JOB_INPUTS})
 class Inbox:
     """Inputs of tasks whose predecessors have not all reported yet, keyed by job, attempt, task."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_s: float = math.inf) -> None:
+        #: how long an entry waits for the rest of its inputs (:meth:`expire`)
+        self.keep_s = keep_s
+        # in the order they were made, which is the order of their ``first_at``
         self._entries: dict[tuple[str, int, str], InboxEntry] = {}
         #: job id -> how many entries it has here (jobs with none are removed), so that a
         #: job's end looks through the entries only when it has some
@@ -147,6 +183,21 @@ class Inbox:
         else:
             del self._jobs[key[0]]
 
+    def expire(self, now: float) -> list[tuple[tuple[str, int, str], InboxEntry]]:
+        """Drop the entries that waited over :attr:`keep_s` for the rest of their inputs (a
+        predecessor whose output never came: its worker lost it, or the job's end never reached
+        this worker), oldest first; return them, keyed by job, attempt and task. Entries are
+        kept in the order they were made, so this looks at the expired ones and one more."""
+        expired = []
+        before = now - self.keep_s
+        for key, entry in self._entries.items():
+            if entry.first_at >= before:
+                break
+            expired.append((key, entry))
+        for key, _ in expired:
+            self._remove(key)
+        return expired
+
     def drop_ingress(self, ingress: str) -> dict[str, tuple[int, str]]:
         """Drop the inputs of every job whose ingress is ``ingress``; return those jobs, each
         with its highest attempt here and a task of that attempt."""
@@ -169,6 +220,27 @@ class Inbox:
         for key in stale:
             self._remove(key)
         return len(stale)
+
+
+def failure_of(job: IngressJob, msg: FailedMsg, *, refused: bool) -> CompassError:
+    """The error ``job`` is answered with when its task failed (``msg``): :class:`JobFailed`
+    naming the task, its worker and traceback; a typed failure (a timeout, a model too large)
+    keeps its type for the client, and ``refused`` (a worker refused it too often) says so
+    (:class:`WorkersLost`), not that this ingress goes away."""
+    detail = {
+        "job_id": job.job_id,
+        "workflow": job.workflow.name,
+        "task": msg.task,
+        "worker": msg.worker,
+        "code": msg.code,
+        "traceback": msg.traceback,
+    }
+    text = (
+        f"task {msg.task!r} of workflow {job.workflow.name!r} failed on {msg.worker}: {msg.message}"
+    )
+    if msg.code in (JobFailed.code, ProtocolError.code):
+        return JobFailed(text, detail=detail)
+    return error_from_wire(WorkersLost.code if refused else msg.code, text, detail)
 
 
 def check_task(workflow: Workflow, msg: TaskMsg) -> None:

@@ -44,50 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
-from compass.core.causes import Cause, Caused
+from compass.core.causes import Cause
+from compass.core.events import LoadModel, RunTask  # instructions: the core's union
+from compass.core.options import CoreOptions
 from compass.core.queue import QueuedTask, TaskQueue
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
-from compass.records import record
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
 
-
-# made for every task: a record, frozen by convention (:mod:`compass.records`)
-@record
-class RunTask(Caused):
-    """Run ``entry`` on ``lane`` now, with ``mates`` in one batch (other jobs' tasks of its
-    group); its model (if any) is resident and pinned for the run. Each entry ends with an
-    event of its own.
-
-    GPU lanes are numbered from 0, host lanes after them. ``fetch_s``: how long it waited for
-    its model; ``hit``: whether the model was resident when the task asked (None: no model).
-    """
-
-    entry: QueuedTask
-    lane: int
-    host: bool
-    fetch_s: float
-    hit: bool | None
-    mates: tuple[QueuedTask, ...] = ()
-    #: the event that made it run (:attr:`cause` names it)
-    stimulus: Cause = ""
-
-    @property
-    def entries(self) -> tuple[QueuedTask, ...]:
-        """Every task of the run, its first (``entry``) first."""
-        return (self.entry, *self.mates)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadModel(Caused):
-    """Copy ``model``'s weights into the slabs the cache gave it; ``evict`` left the cache to
-    make room (their modules go). Answer with ``ModelLoaded`` or ``LoadFailed``."""
-
-    model: str
-    evict: tuple[str, ...]
-    prefetch: bool
-    #: the event that made it load (:attr:`cause` names it)
-    stimulus: Cause = ""
+#: a core's defaults (host lanes aside: lanes made alone share the GPU lanes, the paper's model)
+_DEFAULT = CoreOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +118,10 @@ class Lanes:
         lanes: int,
         cache: CacheCore,
         host_lanes: int = 0,
-        prefetch_depth: int = 3,
-        prefetch_evicts: bool = True,
+        prefetch_depth: int = _DEFAULT.prefetch_depth,
+        prefetch_evicts: bool = _DEFAULT.prefetch_evicts,
         demand: Mapping[str, float] | None = None,
-        max_stuck: int = 4,
+        max_stuck: int = _DEFAULT.max_stuck,
         wanted: Callable[[float], Sequence[str]] | None = None,
     ) -> None:
         if lanes < 1 or host_lanes < 0:
@@ -264,6 +230,14 @@ class Lanes:
     def running(self) -> list[QueuedTask]:
         """The tasks on a lane now (each entry of a batch)."""
         return list(self._runs)
+
+    def running_of(self, job_id: str, below: int | None = None) -> tuple[QueuedTask, ...]:
+        """The tasks of ``job_id`` (of attempts below ``below`` when given) on a lane now."""
+        if not self._runs:
+            return ()
+        return tuple(
+            e for e in self._runs if e.job_id == job_id and (below is None or e.attempt < below)
+        )
 
     def ended(
         self, entry: QueuedTask, now: float, *, still_running: bool = False, cause: Cause = ""

@@ -25,6 +25,7 @@ from compass.records import record
 __all__ = [
     "JOB_INPUTS",
     "LINK_LOST",
+    "ChunkMsg",
     "DoneMsg",
     "FailedMsg",
     "PeerMessage",
@@ -114,6 +115,9 @@ class TaskMsg:
     priority: int = 0
     budget_s: float | None = None
     finish: bool = False
+    #: the job streams its sinks' partial outputs to its caller (a step-wise sink sends each
+    #: step's to the ingress: :class:`ChunkMsg`)
+    stream: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -135,6 +139,8 @@ class TaskMsg:
             body["dl"] = self.budget_s
         if self.finish:
             body["fin"] = True
+        if self.stream:
+            body["st"] = True
         return body
 
     def with_plan(self, plan: dict[str, str]) -> TaskMsg:
@@ -144,6 +150,7 @@ class TaskMsg:
         return TaskMsg(
             self.job, self.attempt, self.workflow, self.task, self.source, self.value, plan,
             self.ingress, self.sent, self.t0, self.priority, self.budget_s, self.finish,
+            self.stream,
         )  # fmt: skip
 
     @classmethod
@@ -165,6 +172,7 @@ class TaskMsg:
             priority=_field(body, "pri", int, op) if "pri" in body else 0,
             budget_s=_budget(body, op),
             finish=_field(body, "fin", bool, op) if "fin" in body else False,
+            stream=_field(body, "st", bool, op) if "st" in body else False,
         )
 
 
@@ -190,6 +198,41 @@ class ResultMsg:
             job=_field(body, "job", str, op),
             attempt=_field(body, "att", int, op),
             task=_field(body, "task", str, op),
+            value=body["value"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMsg:
+    """Step ``seq`` (from 0) of step-wise sink ``task`` ended with partial output ``value``,
+    for the ingress of a job that streams to its caller."""
+
+    op: ClassVar[str] = "chunk"
+    job: str
+    attempt: int
+    task: str
+    seq: int
+    value: Any
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "att": self.attempt,
+            "task": self.task,
+            "seq": self.seq,
+            "value": self.value,
+        }
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> ChunkMsg:
+        op = cls.op
+        if "value" not in body:
+            raise ProtocolError(f"peer message {op!r} lacks field 'value'")
+        return cls(
+            job=_field(body, "job", str, op),
+            attempt=_field(body, "att", int, op),
+            task=_field(body, "task", str, op),
+            seq=_field(body, "seq", int, op),
             value=body["value"],
         )
 
@@ -321,10 +364,10 @@ class PlanReply:
         return body
 
 
-PeerMessage: TypeAlias = TaskMsg | ResultMsg | FailedMsg | PlacedMsg | DoneMsg
+PeerMessage: TypeAlias = TaskMsg | ResultMsg | FailedMsg | PlacedMsg | DoneMsg | ChunkMsg
 
 _BY_OP: dict[str, type[PeerMessage]] = {
-    cls.op: cls for cls in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg)
+    cls.op: cls for cls in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg)
 }
 
 

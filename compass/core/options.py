@@ -1,24 +1,31 @@
 """How a worker core is set up (:class:`CoreOptions`), the same for the asyncio worker and the
-simulator: both build their cores with :func:`compass.core.assemble.build_core`.
+simulator: both build their options with :func:`core_options` from a
+:class:`~compass.config.WorkerConfig`, and their cores with
+:func:`compass.core.assemble.build_core`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from compass.core.answers import KEEP_ANSWER_BYTES, KEEP_ANSWER_S
+from compass.config import WorkerConfig
+from compass.core.answers import KEEP_ANSWER_S
 from compass.stimuli import KEEP_STIMULI
 
-__all__ = ["FORGET_AFTER", "CoreOptions"]
+__all__ = ["FORGET_AFTER", "CoreOptions", "core_options"]
 
 #: how many finished job ids a worker remembers, to drop late messages of those jobs
 FORGET_AFTER = 4096
+
+#: the defaults of a worker: the options both configure read theirs from it (one source)
+_WORKER = WorkerConfig()
 
 
 @dataclass(frozen=True, slots=True)
 class CoreOptions:
     """How a worker core is set up, the same for the asyncio worker and the simulator (both
-    build it with :func:`build_core`).
+    build it with :func:`core_options`); its defaults are :class:`~compass.config.WorkerConfig`'s.
 
     ``lanes`` GPU lanes and ``host_lanes`` host lanes (model-less tasks run there, off the GPU
     queue, and are not counted in a peer's wait); ``prefetch_depth`` how far the queue's
@@ -29,21 +36,49 @@ class CoreOptions:
     holds; ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it
     keeps for resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
     loads update the profiles (real mode; an emulated worker and the simulator keep the
-    spec's); ``instance``: this worker process's id, in every job id; ``keep_stimuli``: the
-    events its stimulus log keeps (0: none, as in the simulator).
+    spec's); ``instance``: this worker process's id, in every job id; ``inbox_keep_s`` (on the
+    core's clock): how long a task's inputs wait for the rest before its job's ingress is told
+    it failed (:meth:`~compass.core.jobs.Inbox.expire`; the simulator keeps them forever);
+    ``keep_stimuli``: the events its stimulus log keeps (0: none, as in the simulator).
     """
 
-    lanes: int = 1
-    host_lanes: int = 0
-    prefetch_depth: int = 3
-    prefetch_evicts: bool = True
-    warm: bool = True
-    max_stuck: int = 4
-    max_jobs: int = 10_000
-    max_job_bytes: int = 1 << 62
+    lanes: int = _WORKER.lanes
+    host_lanes: int = _WORKER.host_lanes
+    prefetch_depth: int = _WORKER.cache.prefetch_depth
+    prefetch_evicts: bool = _WORKER.cache.prefetch_evicts
+    warm: bool = _WORKER.sched.warm
+    max_stuck: int = _WORKER.max_stuck_tasks
+    max_jobs: int = _WORKER.max_jobs
+    max_job_bytes: int = _WORKER.max_job_bytes
     forget_after: int = FORGET_AFTER
-    keep_answer_bytes: int = KEEP_ANSWER_BYTES
-    keep_answer_s: float = KEEP_ANSWER_S
-    learn: bool = False
+    keep_answer_bytes: int = _WORKER.keep_answer_bytes
+    keep_answer_s: float = KEEP_ANSWER_S / _WORKER.time_scale
+    learn: bool = not _WORKER.emulate
     instance: str = ""
+    inbox_keep_s: float = math.inf
     keep_stimuli: int = KEEP_STIMULI
+
+
+def core_options(
+    config: WorkerConfig, *, instance: str = "", inbox_keep_s: float = math.inf
+) -> CoreOptions:
+    """The options of the core of a worker configured by ``config``: the asyncio worker's
+    and every simulated worker's (:mod:`compass.sim.settings`), so they cannot drift apart.
+    ``keep_answer_s`` is in the core's clock, real seconds: :data:`KEEP_ANSWER_S` spec
+    seconds over the emulation's ``time_scale``; so is ``inbox_keep_s``, which the asyncio
+    worker sets and the simulator leaves infinite."""
+    return CoreOptions(
+        lanes=config.lanes,
+        host_lanes=config.host_lanes,
+        prefetch_depth=config.cache.prefetch_depth,
+        prefetch_evicts=config.cache.prefetch_evicts,
+        warm=config.sched.warm,
+        max_stuck=config.max_stuck_tasks,
+        max_jobs=config.max_jobs,
+        max_job_bytes=config.max_job_bytes,
+        keep_answer_bytes=config.keep_answer_bytes,
+        keep_answer_s=KEEP_ANSWER_S / config.time_scale,
+        learn=not config.emulate,
+        instance=instance,
+        inbox_keep_s=inbox_keep_s,
+    )

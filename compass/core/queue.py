@@ -78,6 +78,9 @@ class QueuedTask:
     #: run it past its deadline (the job's ``on_miss="finish"``); otherwise a task that would
     #: start too late for its job to finish in time is dropped instead of run
     finish: bool = False
+    #: its job streams its sinks' partial outputs to its caller (a step-wise sink reports
+    #: each step: :class:`~compass.core.events.TaskStep`)
+    stream: bool = False
     #: the job's remaining critical path from this task's start: its own best time plus the
     #: longest best path of its successors
     remaining_s: float = 0.0

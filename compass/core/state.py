@@ -1,18 +1,19 @@
 """The worker core, sans-IO: a worker's rules as a state machine, events in, instructions out.
 
-:meth:`WorkerCore.handle` is the only way its state changes. Each event carries the time (``now``,
-the worker's clock); the core reads no clock and does no I/O, so the same events give the same
-instructions. The asyncio :class:`~compass.worker.server.Worker` and the simulator drive it. It
-owns the **ingress records**, the **inbox**, the **attempt rules**, **dynamic adjustment**, the
-**queues, lanes and model residency** (:class:`~compass.core.lanes.Lanes`) and its **stimulus
-log** (:meth:`WorkerCore.story`); docs/ARCHITECTURE.md, "The worker core", says how. Not its
-own: running a task's code, copying a model's bytes, sending bytes, the view's heartbeats
-(:class:`ViewPort`); messages to this worker itself never leave it.
+:meth:`WorkerCore.handle` is the only way the core's state changes. Each event carries the time
+(``now``, on the worker's clock); the core reads no clock and does no I/O, so the same events
+give the same instructions. The asyncio :class:`~compass.worker.server.Worker` and the simulator
+(:mod:`compass.sim.engine`) drive it. It owns the **ingress records** (the jobs it accepted,
+their plans and one answer each), the **inbox** (inputs of tasks waiting for the rest), the
+**attempt rules** (a job planned again after a lost peer gets a new attempt; messages of older
+ones are dropped), **dynamic adjustment**, and the **queues, lanes and model residency**
+(:class:`~compass.core.lanes.Lanes`); docs/ARCHITECTURE.md, "The worker core", says how. Not the
+core's: running a task's code, copying a model's bytes, sending bytes, the view's heartbeats.
+Messages to this worker itself never leave it: the core handles them at once, in order.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, assert_never
@@ -26,6 +27,7 @@ from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
+    Chunk,
     Event,
     Fault,
     Heard,
@@ -40,20 +42,25 @@ from compass.core.events import (
     PlanReady,
     Received,
     Send,
+    StopTask,
     Submit,
     TaskDone,
     TaskFailed,
     TaskReturned,
+    TaskStep,
     Tick,
     Undeliverable,
     ViewPort,
+    Watch,
+    WatchFailed,
 )
-from compass.core.jobs import Inbox, IngressJob, check_task
+from compass.core.jobs import Inbox, IngressJob, check_task, failure_of
 from compass.core.lanes import CannotRun, Lanes, LanesFault, Step
 from compass.core.links import Links, Sent
 from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
+    ChunkMsg,
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -68,10 +75,10 @@ from compass.core.stats import WorkerStats
 from compass.core.story import CoreLog, Stimulus
 from compass.errors import (
     CompassError,
+    CompassTimeout,
     ConfigError,
     DeadlineExceeded,
     InvalidInputs,
-    JobFailed,
     ProtocolError,
     RemoteError,
     WorkersLost,
@@ -91,11 +98,9 @@ MAX_ATTEMPTS = 4
 
 
 class WorkerCore:
-    """One worker's rules; see the module docstring.
-
-    ``workflow`` looks a workflow up by name (raising :class:`~compass.errors.UnknownWorkflow`);
-    ``lanes``: its queues, lanes and cache (the core drives them); ``options``: :class:`CoreOptions`
-    (the lanes' own come from ``lanes``); built by :func:`~compass.core.assemble.build_core`."""
+    """One worker's rules; see the module docstring. ``workflow`` looks a workflow up by name
+    (raising :class:`~compass.errors.UnknownWorkflow`); ``lanes``: its queues, lanes and cache
+    (driven by the core); ``options``: :class:`CoreOptions`. Built by ``build_core``."""
 
     def __init__(
         self,
@@ -121,46 +126,34 @@ class WorkerCore:
         self.host_lanes = lanes.host_lanes > 0
         #: the ingress's limits: jobs in flight, bytes of inputs held
         self.admission = Admission(name, options.max_jobs, options.max_job_bytes)
-        #: measurements update the profiles (real mode)
-        self.learn = options.learn
-        #: this worker's own host-to-device copies were timed (its heartbeats advertise it)
-        self.h2d_measured = False
-        #: bytes of job inputs held for the unanswered jobs (to re-plan them if a peer is lost)
-        self.held_bytes = 0
+        self.learn = options.learn  # measurements update the profiles (real mode)
+        self.h2d_measured = False  # its own host-to-device copies were timed (heartbeats say)
+        self.held_bytes = 0  # of inputs, held for unanswered jobs (to re-plan them)
         self.stats = stats if stats is not None else WorkerStats()
         self._workflow = workflow
         self._forget_after = options.forget_after
         #: unanswered jobs this worker is the ingress of
         self.jobs: dict[str, IngressJob] = {}
-        self.inbox = Inbox()
+        self.inbox = Inbox(options.inbox_keep_s)
         #: job id -> the highest attempt known done here (late messages of those are dropped)
         self._finished: OrderedDict[str, int] = OrderedDict()
-        self._job_ids = itertools.count(1)
-        #: events handled so far (the anonymous ones are named by their number)
+        #: events handled so far (anonymous ones are named by their number), the instructions
+        #: of the one being handled and its id (see :meth:`handle`)
         self._handled = 0
-        #: the instructions of the event being handled, and its id (see :meth:`handle`)
         self._out: list[Instruction] = NOT_HANDLING
         self._cause: Cause = ""
         self.log = CoreLog(options.keep_stimuli)
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
         self.links = Links(name, KEEP_ANSWERS)
-        #: job key -> the id of the unanswered job it names
+        #: job key -> the unanswered job it names; -> the answer of an answered one (bounded in
+        #: keys, bytes, time); requests waiting for another's job (its key resubmitted) -> it
         self._keys: dict[str, str] = {}
-        #: job key -> the answer of the answered job it named (bounded in keys, bytes, time)
-        self.answered = KeptAnswers(max_bytes=options.keep_answer_bytes,
-                                    keep_s=options.keep_answer_s)  # fmt: skip
-        #: requests that wait for another request's job (a resubmitted key) -> that job's id
+        self.answered = KeptAnswers(
+            max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s
+        )
         self._attached: dict[str, str] = {}
         #: best times, critical paths, deadlines and queue entries, from the profiles
         self.estimates = Estimates(name, policy, profiles, host_lanes=self.host_lanes)
-
-    def new_job_id(self) -> str:
-        """A job id unique in the cluster (worker names are) and across restarts of a worker
-        under the same name (its instance is in the id: the counter starts again at 1, and its
-        peers still remember the ids of the jobs they finished for the last instance)."""
-        if self.instance:
-            return f"{self.name}-{self.instance}-{next(self._job_ids)}"
-        return f"{self.name}-{next(self._job_ids)}"
 
     # -- the one entry point ------------------------------------------------------------------
 
@@ -187,6 +180,10 @@ class WorkerCore:
                     self._submit(event)
                 case Tick():
                     self._take(self.lanes.tick(event.now, cause=cause), event.now)
+                    for (job, attempt, task), entry in self.inbox.expire(event.now):
+                        waited = f"{task}'s inputs waited {self.inbox.keep_s:g} s for the rest"
+                        self._report_failure(job, attempt, task, entry.ingress, event.now,
+                                             waited, CompassTimeout.code)  # fmt: skip
                 case ModelLoaded():
                     self._model_loaded(event)
                 case TaskFailed():
@@ -210,8 +207,14 @@ class WorkerCore:
                     self._peer_joined(event)
                 case PeerDraining():
                     self.view.drain(event.name, event.instance)
+                case WatchFailed():
+                    self.view.watch_failed(event.peer)
+                case TaskStep():  # of a streaming job's task: its sinks' go to the ingress
+                    self._step(event)
                 case _:
                     assert_never(event)
+            if wanted := self.view.take_wanted():  # a bounded view's candidates to watch
+                out.append(Watch(wanted, cause))
         except LanesFault as fault:
             error = fault.original
             try:
@@ -291,7 +294,7 @@ class WorkerCore:
             self._answer_now(ev.job_id, exc)
             return
         job = IngressJob(ev.job_id, workflow, ev.inputs, ev.input_bytes, ev.now, t0=ev.t0,
-                         key=ev.key, objective=ev.objective)  # fmt: skip
+                         key=ev.key, objective=ev.objective, stream=ev.stream)  # fmt: skip
         deadline_s = self.estimates.deadline_s(workflow, ev.objective)
         if deadline_s is not None:
             job.deadline = ev.now + deadline_s
@@ -417,6 +420,7 @@ class WorkerCore:
                     priority=job.objective.priority,
                     budget_s=None if job.deadline is None else job.deadline - now,
                     finish=job.objective.finish,
+                    stream=job.stream,
                 ),
                 now,
                 job_arrival=job.submitted_at,
@@ -481,24 +485,7 @@ class WorkerCore:
             self._new_attempt(job, "", now)
             return
         self.stats.jobs_failed += 1
-        detail = {
-            "job_id": job.job_id,
-            "workflow": job.workflow.name,
-            "task": msg.task,
-            "worker": msg.worker,
-            "code": msg.code,
-            "traceback": msg.traceback,
-        }
-        text = (
-            f"task {msg.task!r} of workflow {job.workflow.name!r} failed on {msg.worker}: "
-            f"{msg.message}"
-        )
-        error: CompassError = JobFailed(text, detail=detail)
-        if msg.code not in (JobFailed.code, ProtocolError.code):
-            # a typed failure (a timeout, a model too large) keeps its type for the client;
-            # refused too often, it says so, not that this ingress goes away
-            error = error_from_wire(WorkersLost.code if refused else msg.code, text, detail)
-        self._answer(job, now, error=error)
+        self._answer(job, now, error=failure_of(job, msg, refused=refused))
 
     def _placed(self, msg: PlacedMsg) -> None:
         job = self._live(msg.job, msg.attempt)
@@ -606,6 +593,10 @@ class WorkerCore:
             self._failed(msg, now)
         elif isinstance(msg, PlacedMsg):
             self._placed(msg)
+        elif isinstance(msg, ChunkMsg):
+            job = self.jobs.get(msg.job)
+            if job is not None and job.attempt == msg.attempt and job.stream:
+                self._out.append(Chunk(msg.job, msg.task, msg.seq, msg.value, self._cause))
         else:
             self._drop_job(msg.job, msg.below)
 
@@ -657,6 +648,11 @@ class WorkerCore:
                 entry.job_id, entry.attempt, entry.task, entry.ingress, now,
                 f"{type(error).__name__}: {error.message}", error.code,
             )  # fmt: skip
+
+    def _step(self, ev: TaskStep) -> None:
+        e = ev.entry
+        if e.task in self._workflow(e.workflow).sinks:
+            self._send(e.ingress, ChunkMsg(e.job_id, e.attempt, e.task, ev.seq, ev.value), ev.now)
 
     def _report_failure(
         self,
@@ -723,6 +719,7 @@ class WorkerCore:
                 priority=entry.level,
                 budget_s=None if entry.deadline is None else entry.deadline - now,
                 finish=entry.finish,
+                stream=entry.stream,
             )
             self._send(plan[succ], msg, now, job_arrival=entry.arrival)
 
@@ -798,3 +795,5 @@ class WorkerCore:
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
         self.lanes.drop_job(job_id, below)
+        if running := self.lanes.running_of(job_id, below):  # a step-wise one stops at a step
+            self._out.append(StopTask(running, self._cause))

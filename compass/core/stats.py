@@ -1,8 +1,14 @@
-"""Counters a worker keeps so that benchmarks can explain their results."""
+"""Counters a worker keeps so that benchmarks can explain their results.
+
+Each counter has one writer: the core counts in its own :class:`WorkerStats` (jobs, moves,
+peers lost, messages it dropped) inside ``handle``, the asyncio adapter in another (tasks run,
+where their time went, peers joined, messages refused at the door, its own errors); what
+``compass status`` and the metrics read is their sum (:meth:`WorkerStats.plus`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import Any, Protocol
 
 # re-exported for old imports: it lives in compass.payload, below the core and the wire
@@ -79,6 +85,10 @@ class WorkerStats:
         self.fetch_s += ran.fetch_s
         self.transfer_s += ran.transfer_s
         self.exec_s += ran.exec_s
+
+    def plus(self, other: WorkerStats) -> WorkerStats:
+        """A new count: this one and ``other``, field by field."""
+        return WorkerStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

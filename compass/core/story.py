@@ -19,6 +19,7 @@ from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
+    Chunk,
     Event,
     Fault,
     Heard,
@@ -35,12 +36,16 @@ from compass.core.events import (
     Received,
     RunTask,
     Send,
+    StopTask,
     Submit,
     TaskDone,
     TaskFailed,
     TaskReturned,
+    TaskStep,
     Tick,
     Undeliverable,
+    Watch,
+    WatchFailed,
     stimulus_id,
 )
 from compass.stimuli import Stimulus, StimulusLog
@@ -117,6 +122,8 @@ _ABOUT: dict[type, Callable[[Any], tuple[str, ...]]] = {
         (Heard, ("heartbeat.name",)),
         (PeerJoined, ("name",)),
         (PeerDraining, ("name",)),
+        (WatchFailed, ("peer",)),
+        (TaskStep, ("entry.job_id",)),
     )
 }
 
@@ -148,6 +155,15 @@ def _did(step: Instruction, about: list[str]) -> str:
     if isinstance(step, Planned):
         about += (step.peer, step.job_id)
         return f"planned {step.job_id} for {step.peer}: {_outcome(step.error)}"
+    if isinstance(step, Chunk):
+        about.append(step.job_id)
+        return f"chunk {step.seq} of {step.job_id}/{step.task}"
+    if isinstance(step, StopTask):
+        about += [entry.job_id for entry in step.entries]
+        return "stop " + ", ".join(f"{e.job_id}/{e.task}" for e in step.entries)
+    if isinstance(step, Watch):
+        about += step.peers
+        return f"watch {', '.join(step.peers)}"
     if isinstance(step, Fault):
         return f"fault: {_outcome(step.error)}"
     return type(step).__name__  # pragma: no cover - every instruction type is above

@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.errors import CompassError, InvalidInputs, UnknownOperation
+from compass.observe.shown import Holdings, Identity, Peers, Records, queue_status
 from compass.observe.timeline import JOB_FIELDS, SPAN_FIELDS, rows
-from compass.worker.requests import Holdings, Identity, Records, queue_status
 
 if TYPE_CHECKING:
     from compass.wire.rpc import Router
     from compass.wire.transport import Channel
-    from compass.worker.membership import Membership
 
 __all__ = [
     "DASHBOARD_OP",
@@ -77,11 +76,11 @@ _PAGE = "dashboard.html"
 
 
 class Shown(Identity, Holdings, Records, Protocol):
-    """What the dashboard shows of a worker (:mod:`compass.worker.requests` names the groups),
+    """What the dashboard shows of a worker (:mod:`compass.observe.shown` names the groups),
     and the peers it asks for theirs."""
 
     @property
-    def membership(self) -> Membership | None: ...
+    def membership(self) -> Peers | None: ...
 
 
 def add_request(router: Router, worker: Shown) -> None:
@@ -201,7 +200,7 @@ async def cluster_view(
 
 
 async def _peer_part(
-    name: str, address: str, membership: Membership, window_s: float, timeout_s: float
+    name: str, address: str, membership: Peers, window_s: float, timeout_s: float
 ) -> dict[str, Any]:
     channel = None
     with contextlib.suppress(TimeoutError):
@@ -277,7 +276,7 @@ def _finite(value: float) -> float | None:
 def page() -> bytes:
     """The dashboard page: one HTML file with its script and style inline, shipped in the
     package (no script or style from anywhere else: it works offline)."""
-    return importlib.resources.files("compass.worker").joinpath(_PAGE).read_bytes()
+    return importlib.resources.files("compass.observe").joinpath(_PAGE).read_bytes()
 
 
 #: the page's headers: it may load nothing but itself and the JSON it reads

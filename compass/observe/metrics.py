@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -55,12 +55,12 @@ import compass
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
+from compass.observe.shown import ViewHeld
 from compass.observe.timeline import Timeline
 from compass.supervisor import log_failures
 
 if TYPE_CHECKING:
-    from compass.worker.executor import TaskOutcome
-    from compass.worker.gossip import Gossip
+    from compass.core.outcome import TaskOutcome
 
 __all__ = ["JsonLogFormatter", "Scraped", "WorkerCollector", "WorkerMetrics"]
 
@@ -90,7 +90,7 @@ class Scraped(dashboard.Shown, Protocol):
     it holds of its peers."""
 
     @property
-    def gossip(self) -> Gossip: ...
+    def gossip(self) -> ViewHeld: ...
 
 
 class WorkerMetrics:
@@ -140,6 +140,19 @@ class WorkerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.first_output = Histogram(
+            "compass_time_to_first_output_seconds",
+            "Submit to the first partial output of streamed jobs this worker was the ingress of.",
+            ["workflow"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.steps = Counter(
+            "compass_task_steps",
+            "Steps of step-wise tasks run here (their rate: steps per second).",
+            ["workflow", "task"],
+            registry=self.registry,
+        )
         #: jobs answered at this ingress, by outcome (refusals come from WorkerStats)
         self.jobs = {"ok": 0, "failed": 0, "cancelled": 0}
         #: jobs with a deadline answered here: (workflow, priority) -> outcome -> count, the
@@ -155,6 +168,7 @@ class WorkerMetrics:
             self.task_exec,
             self.queue_wait,
             self.fetch_wait,
+            self.first_output,
         )
         #: the histograms of each (workflow, task), found once: ``labels`` costs a lock and a
         #: lookup per call, four times per task
@@ -224,9 +238,17 @@ class WorkerMetrics:
             out.setdefault(workflow, {})[str(priority)] = row
         return out
 
+    def streamed(self, workflow: str, first_output_s: float) -> None:
+        """A streamed job's first partial output reached its caller ``first_output_s`` after
+        its submit (seconds)."""
+        if self.enabled:
+            self.first_output.labels(workflow).observe(first_output_s)
+
     def task_finished(self, outcome: TaskOutcome) -> None:
         """A task ended on this worker (ran, failed, timed out or was refused)."""
         self.timeline.task_ended(outcome)
+        if outcome.steps and self.enabled:
+            self.steps.labels(outcome.entry.workflow, outcome.entry.task).inc(outcome.steps)
         entry = outcome.entry
         if outcome.first and entry.model is not None:  # a batch is one run, of its size
             runs = self.batches.setdefault(entry.model, {})
@@ -260,6 +282,10 @@ class WorkerMetrics:
             log.debug("%s: task %s of job %s done: queue %.4f s, fetch %.4f s, exec %.4f s",
                       name, entry.task, entry.job_id, outcome.queue_s, outcome.fetch_s,
                       outcome.exec_s, extra=extra)  # fmt: skip
+            return
+        if outcome.stopped:  # its job ended elsewhere: no failure of its own
+            log.info("%s: task %s of job %s stopped after %d steps (its job ended)", name,
+                     entry.task, entry.job_id, outcome.steps, extra=extra)  # fmt: skip
             return
         log.warning("%s: task %s of job %s (%s) failed: %s: %s", name, entry.task,
                     entry.job_id, entry.workflow, type(error).__name__, error,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
-    from compass.worker.executor import TaskOutcome
+    from compass.core.outcome import TaskOutcome
 
 __all__ = [
     "JOB_FIELDS",

@@ -36,11 +36,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from compass.config import WorkerConfig
 from compass.core.messages import JOB_INPUTS, FailedMsg, PeerMessage, ResultMsg, TaskMsg
 from compass.trace import TraceParent, format_traceparent, parse_traceparent
 
 if TYPE_CHECKING:
-    from compass.worker.executor import TaskOutcome
+    from compass.core.outcome import TaskOutcome
     from compass.workflow.dag import Workflow
 
 __all__ = [
@@ -148,7 +149,7 @@ class Tracer:
         self,
         *,
         sample: float = 0.0,
-        keep: int = 512,
+        keep: int = WorkerConfig().trace_keep,
         rng: random.Random | None = None,
         max_jobs: int = MAX_JOBS,
     ) -> None:

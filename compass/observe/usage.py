@@ -1,6 +1,6 @@
 """What a worker process holds, for ``compass status`` and ``compass bench soak``: its memory,
-descriptors, threads and tasks (:func:`process_usage`), and the sizes of its tables keyed by
-jobs, peers or time (:func:`table_sizes`).
+descriptors, threads and tasks (:func:`process_usage`); the sizes of its tables are
+:func:`compass.worker.tables.table_sizes`.
 
 A soak reads them over time: every table must stay within its bound or expire its entries,
 and the process must stay flat (docs/RESULTS.md, "Soak"). Reading them changes nothing.
@@ -13,14 +13,12 @@ import os
 import resource
 import sys
 import threading
-from collections.abc import Iterable, Sized
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from compass.wire.channel import Channel
-    from compass.worker.server import Worker
+    pass
 
-__all__ = ["process_usage", "table_sizes"]
+__all__ = ["process_usage"]
 
 MB = 1e6
 
@@ -69,71 +67,3 @@ def _open_fds() -> int | None:
         except OSError:
             continue
     return None
-
-
-def _total(groups: Iterable[Sized]) -> int:
-    return sum(len(group) for group in groups)
-
-
-def table_sizes(worker: Worker) -> dict[str, float]:
-    """Entries in each of ``worker``'s tables keyed by jobs, peers or time, by name: its
-    core's (ingress jobs, the inbox, finished jobs, job keys and the answers kept of them,
-    links), the adapter's (clients' futures, tasks, held messages, traces, timeline),
-    membership's and the view's. Read-only; private tables are read where they live."""
-    core = worker.core
-    links = core.links
-    timeline = worker.metrics.timeline
-    sizes = {
-        # the core: jobs and what it remembers of answered ones
-        "jobs": len(core.jobs),
-        "inbox": len(core.inbox),
-        "finished": len(core._finished),
-        "keys": len(core._keys),
-        "answered_keys": len(core.answered),
-        "answered_values": core.answered.values,
-        "answered_mb": round(core.answered.bytes / (1 << 20), 3),
-        "attached": len(core._attached),
-        "links_sent": len(links),
-        "links_jobs": len(links._peers),
-        "links_orphans": links.orphaned,
-        "stimuli": len(core.log),  # its stimulus log: a ring, at most keep_stimuli
-        # the adapter
-        "answers": len(worker._answers),
-        "tasks": len(worker.supervisor),  # its background tasks, the loops among them
-        "held": _total(worker._held.values()),
-        "dialing": len(worker._dialing),
-        "planned": len(worker._planned),
-        "trace": len(worker.trace),
-        "tracer_jobs": len(worker.tracer.jobs),
-        "tracer_kept": len(worker.tracer.kept),
-        "timeline_spans": len(timeline.spans),
-        "timeline_jobs": len(timeline.jobs),
-        "timeline_loads": len(timeline.loads),
-        "slo": len(worker.metrics.slo),
-        # the view of the peers
-        "view": len(worker.gossip.view),
-        "view_pending": _total(worker.gossip.view._pending.values()),
-        "early_states": len(worker.gossip._early),
-        "watchers": len(worker.gossip.watchers),
-    }
-    channels: list[Channel] = []
-    if worker._server is not None:
-        sizes["client_channels"] = len(worker._server.channels)
-        channels += worker._server.channels
-    membership = worker.membership
-    if membership is not None:
-        table = membership.table
-        sizes.update(
-            members=len(table.members),
-            peers=len(membership.peers),
-            lost=len(table._retrying),
-            suspicions=len(table.detector.suspicions),
-            member_stimuli=len(table.log),
-            peer_channels=len(membership._open),
-            queued_notifies=_total(membership._queued.values()),
-            retries=len(membership._retries),
-        )
-        channels += membership._open
-    sizes["handler_tasks"] = sum(len(c._handler_tasks) for c in channels)
-    sizes["request_waiters"] = sum(len(c._waiters) for c in channels)
-    return sizes

@@ -18,7 +18,7 @@ from compass.errors import ConfigError, ProtocolError
 from compass.objective import MAX_PRIORITY
 from compass.records import record
 
-__all__ = ["DEGRADED_WAIT_S", "NO_BATCHES", "Heartbeat"]
+__all__ = ["DEGRADED_WAIT_S", "NO_BATCHES", "CacheHeld", "Heartbeat", "LaneLoad"]
 
 #: what a degraded worker (too many stuck task threads) adds to the wait it reports: no plan's
 #: horizon reaches it, so planners place nothing there, GPU or host lane
@@ -26,6 +26,30 @@ DEGRADED_WAIT_S = 1e6
 
 #: a heartbeat without batches (shared: most heartbeats have none)
 NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})
+
+
+@record(eq=False)
+class LaneLoad:
+    """A worker's lanes as its own state reports them (:meth:`Heartbeat.own`): the fields of
+    :class:`Heartbeat` of the same names."""
+
+    wait_s: float
+    lifted_s: tuple[float, ...]
+    lanes: int
+    lanes_busy: int
+    batches: Mapping[str, tuple[int, float]]
+
+
+@record(eq=False)
+class CacheHeld:
+    """A worker's cache as its own state reports it (:meth:`Heartbeat.own`): the fields of
+    :class:`Heartbeat` of the same names."""
+
+    models: frozenset[str]
+    loading: frozenset[str]
+    free_bytes: int
+    capacity_bytes: int
+    h2d_bytes_per_s: float
 
 
 # made for every job (a worker's own state): a record, frozen by convention
@@ -104,40 +128,28 @@ class Heartbeat:
 
     @classmethod
     def own(
-        cls,
-        name: str,
-        wait_s: float,
-        models: frozenset[str],
-        free_bytes: int,
-        capacity_bytes: int,
-        lanes: int,
-        lanes_busy: int,
-        seq: int,
-        loading: frozenset[str],
-        h2d_bytes_per_s: float,
-        incarnation: int,
-        batches: Mapping[str, tuple[int, float]],
-        lifted_s: tuple[float, ...],
+        cls, name: str, seq: int, incarnation: int, load: LaneLoad, held: CacheHeld
     ) -> Heartbeat:
-        """A worker's own state, made from its lanes and cache for every job it plans: the
-        same value as the constructor's, without its checks, which what a worker counts itself
-        always passes (``lifted_s`` are floats >= 0, at most one per priority level; the
-        constructor's checks were 150 of the 220 bytecode instructions). ``batches`` is
-        normalised as the constructor does (none: :data:`NO_BATCHES`)."""
+        """A worker's own state, made from its lanes (``load``) and cache (``held``) for every
+        job it plans: the same value as the constructor's, without its checks, which what a
+        worker counts itself always passes (``lifted_s`` are floats >= 0, at most one per
+        priority level; the constructor's checks were 150 of the 220 bytecode instructions).
+        ``batches`` is normalised as the constructor does (none: :data:`NO_BATCHES`)."""
         state: Any = object.__new__(cls)
         state.name = name
-        state.wait_s = wait_s
-        state.models = models
-        state.free_bytes = free_bytes
-        state.capacity_bytes = capacity_bytes
-        state.lanes = lanes
-        state.lanes_busy = lanes_busy
+        state.wait_s = load.wait_s
+        state.models = held.models
+        state.free_bytes = held.free_bytes
+        state.capacity_bytes = held.capacity_bytes
+        state.lanes = load.lanes
+        state.lanes_busy = load.lanes_busy
         state.seq = seq
-        state.loading = loading
-        state.h2d_bytes_per_s = h2d_bytes_per_s
+        state.loading = held.loading
+        state.h2d_bytes_per_s = held.h2d_bytes_per_s
         state.incarnation = incarnation
+        batches = load.batches
         state.batches = state._checked_batches(batches) if batches else NO_BATCHES
-        state.lifted_s = lifted_s
+        state.lifted_s = load.lifted_s
         made: Heartbeat = state
         return made
 

@@ -31,10 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
+from compass.sim.settings import SimSettings
 from compass.workflow.spec import Workload
 
 __all__ = [
@@ -377,16 +379,16 @@ class SimRuns:
     (``cv``: gamma's spread) on ``workers`` simulated workers, peers' state every
     ``heartbeat_ms`` and at least ``staleness_ms`` old (default: ``heartbeat_ms``), model-less
     tasks on ``host_lanes`` host lanes; ``options`` go to
-    :func:`~compass.sim.engine.simulate` as they are (``prefetch_evicts``,
+    :class:`~compass.sim.settings.SimSettings` as they are (``prefetch_evicts``,
     ``policy_options``...)."""
 
     workers: int
     jobs: int = 1000
     arrival: str = "poisson"
     cv: float = 1.0
-    heartbeat_ms: float = 10.0
+    heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
     staleness_ms: float | None = None
-    host_lanes: int = 0
+    host_lanes: int = SIM_WORKER.host_lanes
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
@@ -424,14 +426,16 @@ def simulator_run(workload: Workload, runs: SimRuns) -> RunFn:
         )
         result = simulate(
             workload,
-            workers=runs.workers,
-            policy=policy,
-            arrivals=arrivals,
-            heartbeat_s=heartbeat_s,
-            staleness_s=staleness_s,
-            seed=seed,
-            host_lanes=runs.host_lanes,
-            **extra,
+            SimSettings(
+                workers=runs.workers,
+                policy=policy,
+                heartbeat_s=heartbeat_s,
+                staleness_s=staleness_s,
+                seed=seed,
+                host_lanes=runs.host_lanes,
+                **extra,
+            ),
+            arrivals,
         )
         return [job.slowdown for job in result.jobs]
 

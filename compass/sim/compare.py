@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
@@ -28,6 +29,7 @@ from compass.sim.engine import (
     view_rule,
 )
 from compass.sim.result import SimResult
+from compass.sim.settings import SimSettings
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import Workload, load_workload
 
@@ -72,17 +74,17 @@ class SimConfig:
     load: float = 1.0
     jobs: int = 1000
     seed: int = 0
-    heartbeat_ms: float = 10.0
+    heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
     staleness_ms: float | None = None
-    host_lanes: int = 0
-    prefetch_evicts: bool = True
+    host_lanes: int = SIM_WORKER.host_lanes
+    prefetch_evicts: bool = SIM_WORKER.cache.prefetch_evicts
     batching: bool = True
     batch_gain: str | None = None
     servers_sweep: tuple[int, int] | None = None
     target_slowdown: float = 2.0
-    #: which worker a job enters at (:func:`~compass.sim.engine.simulate`'s ``ingress``)
+    #: which worker a job enters at (:class:`~compass.sim.settings.SimSettings`'s ``ingress``)
     ingress: str = "auto"
-    view: str = "mesh"
+    view: str = SIM_WORKER.sched.view
     candidates: int = DEFAULT_CANDIDATES
     holders: int | None = DEFAULT_HOLDERS
 
@@ -107,7 +109,7 @@ class SimConfig:
         view_rule(self.view, self.candidates, self.holders)  # likewise, and bad counts
 
     def view_options(self) -> dict[str, Any]:
-        """:func:`~compass.sim.engine.simulate`'s view keywords (none for the mesh, its
+        """:class:`~compass.sim.settings.SimSettings`'s view fields (none for the mesh, its
         default, so a mesh run's records stay as they were)."""
         if self.view == "mesh":
             return {}
@@ -162,16 +164,18 @@ def compare_policies(
     def run(policy: str, n_workers: int) -> SimResult:
         return simulate(
             workload,
-            workers=n_workers,
-            policy=policy,
-            arrivals=arrivals,
-            heartbeat_s=heartbeat_s,
-            staleness_s=staleness_s,
-            seed=config.seed,
-            host_lanes=config.host_lanes,
-            prefetch_evicts=config.prefetch_evicts,
-            ingress=config.ingress,
-            **config.view_options(),
+            SimSettings(
+                workers=n_workers,
+                policy=policy,
+                heartbeat_s=heartbeat_s,
+                staleness_s=staleness_s,
+                seed=config.seed,
+                host_lanes=config.host_lanes,
+                prefetch_evicts=config.prefetch_evicts,
+                ingress=config.ingress,
+                **config.view_options(),
+            ),
+            arrivals,
         )
 
     results: dict[str, dict[str, Any]] = {}

@@ -33,17 +33,18 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.config import CacheConfig, SchedConfig
-from compass.core.assemble import CoreOptions, build_core
+from compass.config import SchedConfig
+from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
     AskPlan,
+    Chunk,
     Event,
     Fault,
     LoadModel,
@@ -54,10 +55,13 @@ from compass.core.events import (
     Received,
     RunTask,
     Send,
+    StopTask,
     Submit,
     TaskDone,
     Tick,
+    Watch,
 )
+from compass.core.jobs import JobIds
 from compass.core.lanes import Lanes
 from compass.core.messages import (
     JOB_INPUTS,
@@ -68,6 +72,8 @@ from compass.core.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.core.options import core_options
+from compass.core.queue import QueuedTask
 from compass.core.state import WorkerCore
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.gossip.spread import gossip_gap_s, sync_period_s
@@ -80,11 +86,12 @@ from compass.sim.arrivals import Arrival
 from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
+from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.traffic import ViewTraffic
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
-from compass.workflow.dag import Workflow, emulated_run_s
+from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
@@ -107,76 +114,25 @@ DEFAULT_CANDIDATES = SchedConfig().candidates
 DEFAULT_HOLDERS = SchedConfig().holders
 
 
-def simulate(
-    workload: Workload,
-    *,
-    workers: int,
-    policy: str,
-    arrivals: Sequence[Arrival],
-    heartbeat_s: float = 0.01,
-    staleness_s: float | None = None,
-    lanes: int = 1,
-    prefetch: bool = True,
-    warm: bool = True,
-    cache_bytes: int | None = None,
-    slab_bytes: int = 64 * MiB,
-    seed: int = 0,
-    host_lanes: int = 0,
-    prefetch_evicts: bool = True,
-    policy_options: Mapping[str, Any] | None = None,
-    warm_start: bool = False,
-    ingress: str = "auto",
-    view: str = "mesh",
-    candidates: int = DEFAULT_CANDIDATES,
-    holders: int | None = DEFAULT_HOLDERS,
-) -> SimResult:
-    """Run ``arrivals`` on ``workers`` simulated workers under ``policy``; see the module doc.
+def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arrival]) -> SimResult:
+    """Run ``arrivals`` on ``settings.workers`` simulated workers under ``settings.policy``
+    (:class:`~compass.sim.settings.SimSettings` says what each setting does).
 
-    Workers are named ``w0`` .. ``w{n-1}`` (as a LocalCluster names them). ``ingress`` says
-    which worker a job enters at: ``"client"``, client ``i`` submits to ``w{i % workers}`` (a
-    client keeps its connection, as the paper's setup and ``bench e2e`` do); ``"spread"``, the
-    ``k``-th job enters at ``w{k % workers}``, as a load balancer in front of the cluster would
-    deal them; ``"auto"`` (the default), spread from :data:`SPREAD_FROM` workers on (a few
-    clients' ingresses would otherwise plan, hold and send every job of a large cluster).
-    ``staleness_s`` (default ``heartbeat_s``) is how old the peers' state in a view is at least;
-    ``cache_bytes`` (default the spec's GPU memory) is each worker's cache, in slabs of
-    ``slab_bytes``; ``seed`` seeds the ``random`` policy. ``prefetch=False`` turns off every
-    speculative load; ``warm=False`` only the warming of idle caches. ``host_lanes`` > 0 runs
-    model-less tasks on that many host lanes per worker, off the GPU lanes (``compass worker
-    start --host-lanes``). ``prefetch_evicts=False`` prefetches into free slabs only (the
-    paper's rule); ``policy_options`` changes compass's settings
-    (:func:`~compass.sched.make_policy`'s ``options``). ``warm_start``: the first job arrives
-    once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a real
-    cluster), not at time 0 of a cold cluster.
-
-    ``view`` says what a planner sees: ``"mesh"`` (the default), every worker; ``"bounded"``,
-    for each job it plans or re-plans, only its candidates
+    ``"auto"`` ingress deals jobs over every worker from :data:`SPREAD_FROM` workers on (a few
+    clients' ingresses would otherwise plan, hold and send every job of a large cluster). A
+    bounded view shows a planner, for each job it plans or re-plans, only its candidates
     (:func:`~compass.sched.candidates.pick`): itself, the workers of the job's inputs and
-    plan, the holders of the job's models (at most ``holders`` per model; None: all) and
-    ``candidates`` workers sampled from the rest, by a generator seeded per planner from
-    ``seed``, each shown as the planner has heard of it (:mod:`compass.sim.heard`: watched
-    ones pushed a 1 ms gap and :data:`~compass.sim.heard.LINK_S` away, the others as last
-    heard and aged; residency, also for finding the holders and for warming, as rumors
-    spread it); ``heartbeat_s`` and ``staleness_s`` are the mesh's only.
+    plan, the holders of the job's models and workers sampled from the rest, by a generator
+    seeded per planner from ``seed``, each shown as the planner has heard of it
+    (:mod:`compass.sim.heard`: watched ones pushed a 1 ms gap and
+    :data:`~compass.sim.heard.LINK_S` away, the others as last heard and aged; residency, also
+    for finding the holders and for warming, as rumors spread it); ``heartbeat_s`` and
+    ``staleness_s`` are the mesh's only.
     """
-    settings = _Settings(
-        workers=workers,
-        policy=policy,
-        heartbeat_s=heartbeat_s,
-        staleness_s=heartbeat_s if staleness_s is None else staleness_s,
-        lanes=lanes,
-        prefetch=prefetch,
-        warm=warm,
-        cache_bytes=workload.cluster.gpu_memory_bytes if cache_bytes is None else cache_bytes,
-        slab_bytes=slab_bytes,
-        seed=seed,
-        host_lanes=host_lanes,
-        prefetch_evicts=prefetch_evicts,
-        policy_options=policy_options,
-        spread=ingress_spread(ingress, workers),
-        candidates=view_rule(view, candidates, holders),
-    )
-    return _Simulation(workload, settings).run(arrivals, warm_start=warm_start)
+    spread = ingress_spread(settings.ingress, settings.workers)
+    rule = view_rule(settings.view, settings.candidates, settings.holders)
+    simulation = _Simulation(workload, settings, spread=spread, rule=rule)
+    return simulation.run(arrivals, warm_start=settings.warm_start)
 
 
 #: from this many workers on, ``ingress="auto"`` deals jobs over every worker, and
@@ -209,29 +165,6 @@ def ingress_spread(mode: str, workers: int) -> bool:
     return mode == "spread" or (mode == "auto" and workers >= SPREAD_FROM)
 
 
-@dataclass(frozen=True, slots=True)
-class _Settings:
-    """:func:`simulate`'s settings, defaults applied."""
-
-    workers: int
-    policy: str
-    heartbeat_s: float
-    staleness_s: float
-    lanes: int
-    prefetch: bool
-    warm: bool
-    cache_bytes: int
-    slab_bytes: int
-    seed: int
-    host_lanes: int
-    prefetch_evicts: bool
-    policy_options: Mapping[str, Any] | None
-    #: deal jobs over every worker (else client i enters at worker i)
-    spread: bool = False
-    #: a bounded view's rule (None: the mesh)
-    candidates: CandidateRule | None = None
-
-
 @dataclass(slots=True, eq=False)
 class _Job:
     """What the simulation records of a job; its rules are the ingress core's."""
@@ -243,6 +176,8 @@ class _Job:
     best_s: float
     placed: dict[str, str] = field(default_factory=dict)
     objective: Objective = NO_OBJECTIVE
+    #: when its first output reached its ingress (a step-wise sink's first step, one hop on)
+    first_output: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -257,6 +192,8 @@ class _Worker:
     version: int = -1
     #: what the worker sees of the others (set once the worker exists)
     view: SimView | None = None
+    #: the ids of the jobs it takes in, as a real ingress names them (set with the name)
+    job_ids: JobIds | None = None
 
     @property
     def lanes(self) -> Lanes:
@@ -264,14 +201,22 @@ class _Worker:
 
 
 class _Simulation:
-    def __init__(self, workload: Workload, settings: _Settings) -> None:
-        self.spread = settings.spread
+    def __init__(
+        self,
+        workload: Workload,
+        settings: SimSettings,
+        *,
+        spread: bool = False,
+        rule: CandidateRule | None = None,
+    ) -> None:
+        #: deal jobs over every worker (else client i enters at worker i)
+        self.spread = spread
         self._arrived = 0  # jobs dealt so far (``spread``)
         workers, policy, seed = settings.workers, settings.policy, settings.seed
         lanes, host_lanes = settings.lanes, settings.host_lanes
-        heartbeat_s, staleness_s = settings.heartbeat_s, settings.staleness_s
-        prefetch, slab_bytes = settings.prefetch, settings.slab_bytes
-        cache_bytes = settings.cache_bytes
+        heartbeat_s = settings.heartbeat_s
+        staleness_s = heartbeat_s if settings.staleness_s is None else settings.staleness_s
+        prefetch = settings.prefetch
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"simulate needs workers >= 1, got {workers!r}")
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
@@ -282,10 +227,9 @@ class _Simulation:
             raise ConfigError(f"heartbeat_s must be > 0, got {heartbeat_s!r}")
         if not staleness_s >= 0:
             raise ConfigError(f"staleness_s must be >= 0, got {staleness_s!r}")
-        # the same cache settings a worker validates (capacity vs slab size, prefetch depth)
-        self.cache_config = CacheConfig(
-            capacity_bytes=cache_bytes, slab_bytes=slab_bytes, backend="capacity"
-        )
+        # configured as a worker is (the cache's checks: capacity vs slab size, prefetch depth)
+        config = settings.worker_config(workload)
+        cache_bytes, slab_bytes = config.cache.capacity, config.cache.slab_bytes
         self.workload = workload
         self.policy_name = policy
         self.lanes = lanes
@@ -307,7 +251,6 @@ class _Simulation:
             )
             for name in names
         ]
-        rule = settings.candidates
         if rule is not None and any(_central(p) for p in policies):
             raise ConfigError(
                 f"policy {policy!r} plans every job at one worker: a bounded view, which shows "
@@ -317,7 +260,7 @@ class _Simulation:
         self.warm = settings.warm and prefetch and policies[0].warms_cache
         caches = [CacheCore(SlabPool(cache_bytes, slab_bytes), workload.models) for _ in names]
         self.workers = [_Worker(i, name, policies[i]) for i, name in enumerate(names)]
-        sched = SchedConfig()
+        sched = config.sched
         # a bounded view: a watched peer pushes each change a gap apart, a link away; its
         # view counts a placement for two gaps of the mesh of its size (Gossip._settle_s)
         gap_s = sched.heartbeat_min_ms / 1000.0
@@ -333,15 +276,9 @@ class _Simulation:
             settle_s=2.0 * (heartbeat_s if rule is None else mesh_gap_s),
         )
         self.positions = self.state.positions
-        options = CoreOptions(
-            lanes=lanes,
-            host_lanes=host_lanes,
-            prefetch_depth=self.cache_config.prefetch_depth if prefetch else 0,
-            prefetch_evicts=settings.prefetch_evicts,
-            warm=self.warm,
-            max_jobs=1 << 62,  # the simulator models no admission limit
-            keep_stimuli=0,  # millions of events, and nobody to read a story
-        )
+        # as a worker makes its core's, but keeping no stimulus log: millions of events, and
+        # nobody to read a story
+        options = replace(core_options(config), keep_stimuli=0)
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):
@@ -359,6 +296,10 @@ class _Simulation:
         self._seq = itertools.count()
         self._later: deque[tuple[Handler, Any]] = deque()
         self._jobs: dict[str, _Job] = {}
+        #: step-wise tasks running: where, their run, when they began, their step time; and
+        #: when each ends (sooner if stopped at a step boundary)
+        self._stepping: dict[QueuedTask, tuple[_Worker, RunTask, float, float]] = {}
+        self._ends: dict[QueuedTask, float] = {}
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -483,8 +424,10 @@ class _Simulation:
             entry = arrival.client % n
         worker = self.workers[self.positions[f"w{entry}"]]
         rules = _rules(worker)
+        if worker.job_ids is None:
+            worker.job_ids = JobIds(worker.name, rules.instance)
         job = _Job(
-            id=rules.new_job_id(),  # the real ingress's job id
+            id=worker.job_ids(),  # the real ingress's job id
             workflow=wf,
             client=arrival.client,
             arrival=self.now,
@@ -516,6 +459,12 @@ class _Simulation:
                     delay = self.profiles.transfer_s(worker.name, step.peer, _RPC_BYTES)
                     ingress = self.workers[self.positions[step.peer]]
                     self._at(self.now + delay, self._plan_back, (ingress, step.job_id, step.plan))
+                case Watch():
+                    pass  # watches are modelled by what each planner has heard (heard.py)
+                case StopTask():
+                    self._stop(step.entries)
+                case Chunk():
+                    pass  # a first output is timed at the step that makes it (_steps_begun)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"
@@ -584,6 +533,7 @@ class _Simulation:
                 priority=job.objective.priority,
                 deadline_s=deadline_s,
                 outcome=outcome,
+                ttfo_s=None if latency is None else _first_output_s(job, latency),
             )
         )
 
@@ -635,10 +585,46 @@ class _Simulation:
         exec_s = emulated_run_s(
             profile, [workflows[e.workflow].tasks[e.task].profile for e in run.entries]
         )
+        if profile.steps > 1:  # a step-wise task: its first output, and it can be stopped
+            self._steps_begun(worker, run, exec_s, profile)
         self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
+
+    def _steps_begun(
+        self, worker: _Worker, run: RunTask, exec_s: float, profile: TaskProfile
+    ) -> None:
+        entry, step_s = run.entry, exec_s / profile.steps
+        self._stepping[entry] = (worker, run, self.now, step_s)
+        self._ends[entry] = self.now + exec_s
+        job = self._jobs.get(entry.job_id)
+        if job is not None and entry.task in job.workflow.sinks:
+            hop = self.profiles.transfer_s(worker.name, entry.ingress,
+                                           profile.output_bytes // profile.steps)  # fmt: skip
+            first = self.now + step_s + hop
+            if job.first_output is None or first < job.first_output:
+                job.first_output = first
+
+    def _stop(self, entries: tuple[QueuedTask, ...]) -> None:
+        """The job of ``entries`` ended: a step-wise one ends with its step under way (the
+        end it had scheduled is then stale: :meth:`_task_end`); a plain one runs on."""
+        for entry in entries:
+            began = self._stepping.pop(entry, None)
+            if began is None:
+                continue
+            worker, run, start, step_s = began
+            steps = max(1, math.ceil((self.now - start) / step_s - 1e-9))
+            end = start + steps * step_s
+            if end < self._ends[entry]:
+                self._ends[entry] = end
+                self._at(end, self._task_end, (worker, run, end - start))
 
     def _task_end(self, arg: tuple[_Worker, RunTask, float]) -> None:
         worker, run, exec_s = arg
+        end = self._ends.get(run.entry)
+        if end is not None:  # step-wise: the end that counts is the last one set (_stop)
+            if end != self.now:
+                return
+            del self._ends[run.entry]
+            self._stepping.pop(run.entry, None)
         if not run.host:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
@@ -706,3 +692,11 @@ def _central(policy: Policy) -> bool:
 def _rules(worker: _Worker) -> WorkerCore:
     assert worker.rules is not None
     return worker.rules
+
+
+def _first_output_s(job: _Job, latency_s: float) -> float:
+    """A job's time to first output: its step-wise sink's first step (one hop on), never
+    after its answer; the answer itself for a job of plain sinks."""
+    if job.first_output is None:
+        return latency_s
+    return min(job.first_output - job.arrival, latency_s)

@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.objective import Objective
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
 from compass.sim.result import JobRecord
+from compass.sim.settings import SimSettings
 from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
@@ -71,7 +73,7 @@ def simulator_goodput_run(
     priority_mix: float = 0.0,
     arrival: str = "poisson",
     cv: float = 1.0,
-    host_lanes: int = 0,
+    host_lanes: int = SIM_WORKER.host_lanes,
 ) -> GoodputRun:
     """A :data:`GoodputRun` that simulates ``jobs`` arrivals of ``workload`` on ``workers``,
     each with its deadline and priority; deterministic in its seed."""
@@ -95,9 +97,10 @@ def simulator_goodput_run(
         ]
         arrivals = [replace(a, objective=o) for a, o in zip(arrivals, objective, strict=True)]
         result = simulate(
-            workload, workers=workers, policy=policy, arrivals=arrivals, seed=seed,
-            host_lanes=host_lanes,
-        )  # fmt: skip
+            workload,
+            SimSettings(workers=workers, policy=policy, seed=seed, host_lanes=host_lanes),
+            arrivals,
+        )
         return result.jobs
 
     return run

@@ -41,6 +41,9 @@ class JobRecord:
     #: "ok", "failed", or, for a job with a deadline, "unreachable" (refused at its ingress)
     #: or "dropped" (a task started too late)
     outcome: str = "ok"
+    #: arrival to its first output at its ingress: a step-wise sink's first step, one hop
+    #: later; the whole job otherwise (None for a failed job)
+    ttfo_s: float | None = None
 
     @property
     def met(self) -> bool:
@@ -109,11 +112,13 @@ class SimResult:
         return {w: (b / span if span > 0 else 0.0) for w, b in self.busy_s.items()}
 
     def summary(self) -> dict[str, Any]:
-        """The benchmark's keys: completed, failed, p50/p95/p99_ms, median and mean slowdown,
+        """The benchmark's keys: completed, failed, p50/p95/p99_ms, ttfo_p50/p99_ms (time to
+        first output), median and mean slowdown,
         cache_hit_rate, model_gb_loaded, utilization, breakdown_ms (mean per task) and
         slowdown_by_workflow (median). Statistics of an empty set are None."""
         done = [j for j in self.jobs if j.latency_s is not None]
         latency_ms = np.array([j.latency_s for j in done], dtype=np.float64) * 1000.0
+        ttfo_ms = np.array([j.ttfo_s for j in done], dtype=np.float64) * 1000.0
         slowdown = np.array([j.slowdown for j in done], dtype=np.float64)
         with_model = [t.cache_hit for t in self.tasks if t.cache_hit is not None]
         by_workflow: dict[str, list[float]] = {}
@@ -131,6 +136,8 @@ class SimResult:
             "p50_ms": _stat(np.percentile, latency_ms, 50),
             "p95_ms": _stat(np.percentile, latency_ms, 95),
             "p99_ms": _stat(np.percentile, latency_ms, 99),
+            "ttfo_p50_ms": _stat(np.percentile, ttfo_ms, 50),
+            "ttfo_p99_ms": _stat(np.percentile, ttfo_ms, 99),
             "median_slowdown": _stat(np.median, slowdown),
             "mean_slowdown": _stat(np.mean, slowdown),
             "cache_hit_rate": (sum(with_model) / len(with_model)) if with_model else None,

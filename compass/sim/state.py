@@ -305,7 +305,7 @@ class ClusterState:
         if among is not None and batches:
             batches = {m: (counts[among], starts[among]) for m, (counts, starts) in batches.items()}
         if heard is not None and among is not None:
-            batches = self._as_heard(heard, viewer, now, priority, among, wait, free, grid, batches)
+            batches = self._as_heard(viewer, now, priority, among, wait, free, grid, batches)
         kept = self._counted(viewer, now)
         if kept:
             counts = PlacedCounts(wait, free, resident, batches)
@@ -349,7 +349,6 @@ class ClusterState:
 
     def _as_heard(
         self,
-        heard: Heard,
         viewer: int,
         now: float,
         priority: int,
@@ -363,6 +362,8 @@ class ClusterState:
         (arrays over the candidates ``among``, copies), the columns of those ``viewer`` does
         not watch at ``now`` with what it last heard of them (:mod:`compass.sim.heard`); the
         batches, changed or not."""
+        heard = self.heard
+        assert heard is not None, "a view as heard needs what was heard"
         changed: dict[str, BatchRows] | None = None
         shown = among.tolist()
         for j in heard.unwatched(viewer, among, now):

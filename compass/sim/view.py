@@ -106,3 +106,9 @@ class SimView:
 
     def joined(self, worker: str, instance: str) -> None:
         pass
+
+    def take_wanted(self) -> tuple[str, ...]:
+        return ()  # a bounded view's watches are modelled by what a planner has heard (heard.py)
+
+    def watch_failed(self, peer: str) -> None:
+        pass

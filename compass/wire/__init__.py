@@ -25,9 +25,8 @@ from compass.wire.protocol import (
 )
 
 if TYPE_CHECKING:
-    from compass.wire.channel import DEFAULT, Channel
+    from compass.wire.channel import DEFAULT, Channel, Handler, NotifyHandler
     from compass.wire.eventloop import install_event_loop_policy, new_event_loop
-    from compass.wire.handlers import Handler, NotifyHandler
     from compass.wire.options import ChannelOptions
     from compass.wire.rpc import Router, exception_to_wire
     from compass.wire.tcp import Server, connect, serve

@@ -51,7 +51,7 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.supervisor import log_failures
-from compass.wire.handlers import CloseCallback, Handler, Immediate, NotifyHandler
+from compass.wire.handlers import Immediate, exception_to_wire
 from compass.wire.protocol import (
     Connection,
     ErrorResponse,
@@ -60,12 +60,27 @@ from compass.wire.protocol import (
     Request,
     Response,
 )
-from compass.wire.rpc import exception_to_wire
 from compass.wire.writes import WriteBatcher
 
-__all__ = ["CANCEL_OP", "DEFAULT", "MAX_DEFERRED", "Channel"]
+__all__ = [
+    "CANCEL_OP",
+    "DEFAULT",
+    "MAX_DEFERRED",
+    "Channel",
+    "CloseCallback",
+    "Handler",
+    "NotifyHandler",
+]
 
 log = logging.getLogger("compass.wire")
+
+#: ``handler(channel, op, body)``: an awaitable of the answer (run in a task of its own), or an
+#: :class:`Immediate`; raising before any await answers with that error
+Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate"]
+#: ``notify_handler(channel, op, body)``: runs inline, in order of arrival
+NotifyHandler = Callable[["Channel", str, Any], None]
+#: ``callback(channel, None)`` when this side closed the channel, else ``(channel, ConnectionLost)``
+CloseCallback = Callable[["Channel", BaseException | None], None]
 
 #: the one-way message a requester sends when it stops waiting for an answer (its timeout
 #: passed, or its caller was cancelled): the peer cancels the handler still working on it, so

@@ -1,20 +1,19 @@
-"""The callback types a channel runs, shared by the channel and the handler table.
+"""What a request handler answers: a value ready at once (:class:`Immediate`), or an error in
+wire form (:func:`exception_to_wire`, the one place where exceptions become wire errors).
 
-Both :mod:`compass.wire.channel` and :mod:`compass.wire.rpc` import this module; it imports
-neither at run time (``Channel`` appears here only in annotations), so the two do not import
-each other.
+Both :mod:`compass.wire.channel` and :mod:`compass.wire.rpc` import this module, and it imports
+neither, not even for types: the channel's callback types are the channel's
+(:data:`compass.wire.channel.Handler`), the handler table is :mod:`compass.wire.rpc`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+import traceback
+from typing import Any
 
-if TYPE_CHECKING:
-    from compass.wire.channel import Channel
-    from compass.wire.options import ChannelOptions
+from compass.errors import CompassError, RemoteError
 
-__all__ = ["CloseCallback", "Dialer", "Handler", "Immediate", "NotifyHandler"]
+__all__ = ["Immediate", "exception_to_wire"]
 
 
 class Immediate:
@@ -30,26 +29,17 @@ class Immediate:
         self.value = value
 
 
-#: ``handler(channel, op, body)``: an awaitable of the answer (run in a task of its own), or an
-#: :class:`Immediate`; raising before any await answers with that error
-Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate"]
-#: ``notify_handler(channel, op, body)``: runs inline, in order of arrival
-NotifyHandler = Callable[["Channel", str, Any], None]
-#: ``callback(channel, None)`` when this side closed the channel, else ``(channel, ConnectionLost)``
-CloseCallback = Callable[["Channel", BaseException | None], None]
+def exception_to_wire(exc: BaseException, *, context: str = "") -> tuple[str, str, Any]:
+    """``(code, message, detail)`` for an exception raised while serving a request.
 
-
-class Dialer(Protocol):
-    """How a channel to an address is opened: :func:`compass.wire.tcp.connect`, or the
-    ``connect`` of a :class:`compass.wire.memory.MemoryNetwork` (no sockets), which take the
-    same arguments and raise the same errors."""
-
-    async def __call__(
-        self,
-        address: str | tuple[str, int],
-        options: ChannelOptions,
-        *,
-        role: str = ...,
-        handler: Handler | None = ...,
-        notify_handler: NotifyHandler | None = ...,
-    ) -> Channel: ...
+    A :class:`CompassError` keeps its code, message and detail. Anything else becomes
+    ``"internal"`` with ``context`` (e.g. "handling 'ping' on w1") in the message and the
+    traceback text in ``detail["traceback"]``.
+    """
+    if isinstance(exc, CompassError):
+        wire = exc.to_wire()
+        return wire["code"], wire["message"], wire["detail"]
+    where = f" while {context}" if context else ""
+    message = f"{type(exc).__name__}{where}: {exc}"
+    text = "".join(traceback.format_exception(exc))
+    return RemoteError.code, message, {"exception": type(exc).__qualname__, "traceback": text}

@@ -31,8 +31,7 @@ from typing import Any
 
 from compass.config import Limits, Timeouts, parse_address
 from compass.errors import ConfigError, ConnectFailed
-from compass.wire.channel import Channel
-from compass.wire.handlers import Handler, NotifyHandler
+from compass.wire.channel import Channel, Handler, NotifyHandler
 from compass.wire.options import ChannelOptions
 from compass.wire.protocol import Connection
 from compass.wire.tcp import Server, finish_handshake

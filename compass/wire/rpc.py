@@ -22,12 +22,11 @@ the remote traceback as text in ``detail["traceback"]``. Nothing is pickled.
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from compass.errors import CompassError, ConfigError, RemoteError, UnknownOperation
-from compass.wire.handlers import Immediate
+from compass.errors import ConfigError, UnknownOperation
+from compass.wire.handlers import Immediate, exception_to_wire
 
 if TYPE_CHECKING:
     from compass.wire.channel import Channel
@@ -42,22 +41,6 @@ NotifyFunc = Callable[["Channel", Any], None]
 _R = TypeVar("_R", bound=RequestFunc)
 _N = TypeVar("_N", bound=NotifyFunc)
 _I = TypeVar("_I", bound=InlineFunc)
-
-
-def exception_to_wire(exc: BaseException, *, context: str = "") -> tuple[str, str, Any]:
-    """``(code, message, detail)`` for an exception raised while serving a request.
-
-    A :class:`CompassError` keeps its code, message and detail. Anything else becomes
-    ``"internal"`` with ``context`` (e.g. "handling 'ping' on w1") in the message and the
-    traceback text in ``detail["traceback"]``.
-    """
-    if isinstance(exc, CompassError):
-        wire = exc.to_wire()
-        return wire["code"], wire["message"], wire["detail"]
-    where = f" while {context}" if context else ""
-    message = f"{type(exc).__name__}{where}: {exc}"
-    text = "".join(traceback.format_exception(exc))
-    return RemoteError.code, message, {"exception": type(exc).__qualname__, "traceback": text}
 
 
 class Router:

@@ -20,15 +20,15 @@ import asyncio
 import logging
 import resource
 from collections.abc import Callable
+from typing import Protocol
 
 from compass.config import Limits, Timeouts, parse_address
 from compass.errors import CompassTimeout, ConnectFailed, WorkerUnavailable
-from compass.wire.channel import Channel
-from compass.wire.handlers import Handler, NotifyHandler
+from compass.wire.channel import Channel, Handler, NotifyHandler
 from compass.wire.options import ChannelOptions
 from compass.wire.protocol import Connection
 
-__all__ = ["Server", "connect", "finish_handshake", "serve"]
+__all__ = ["Dialer", "Server", "connect", "finish_handshake", "serve"]
 
 log = logging.getLogger("compass.wire")
 
@@ -290,3 +290,19 @@ async def serve(
     bound = listener.sockets[0].getsockname()
     server.address = (str(bound[0]), int(bound[1]))
     return server
+
+
+class Dialer(Protocol):
+    """How a channel to an address is opened: :func:`compass.wire.tcp.connect`, or the
+    ``connect`` of a :class:`compass.wire.memory.MemoryNetwork` (no sockets), which take the
+    same arguments and raise the same errors."""
+
+    async def __call__(
+        self,
+        address: str | tuple[str, int],
+        options: ChannelOptions,
+        *,
+        role: str = ...,
+        handler: Handler | None = ...,
+        notify_handler: NotifyHandler | None = ...,
+    ) -> Channel: ...

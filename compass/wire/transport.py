@@ -13,9 +13,9 @@
 
 from __future__ import annotations
 
-from compass.wire.channel import CANCEL_OP, DEFAULT, Channel
+from compass.wire.channel import CANCEL_OP, DEFAULT, Channel, CloseCallback, Handler, NotifyHandler
 from compass.wire.eventloop import install_event_loop_policy, new_event_loop
-from compass.wire.handlers import CloseCallback, Handler, Immediate, NotifyHandler
+from compass.wire.handlers import Immediate
 from compass.wire.options import ChannelOptions
 from compass.wire.tcp import Server, connect, serve
 

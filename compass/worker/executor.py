@@ -23,6 +23,15 @@ profiled time; each entry gets its own outcome: its own output, or the batch's e
 call failed (an output that is an ``Exception`` fails its entry alone). Everything else (the
 queue, the pool, the cache decisions, the wire) is the real code in both modes.
 
+**Steps.** A step-wise task (a generator function, :attr:`Task.stepwise
+<compass.workflow.dag.Task.stepwise>`) is driven a step at a time in its thread: each item it
+yields ends a step (moved to the host like an output), and between two steps the thread looks at
+the task's stop flag (:meth:`TaskRunner.stop`, the core's :class:`~compass.core.events.StopTask`):
+set, the generator is closed (its ``finally`` runs) and the task ends there, its lane free. Its
+final output is what it returns, or its last item if it returns nothing; an async generator runs
+on an event loop of its thread's own. An emulated step-wise task sleeps its profile and, stopped,
+ends at its next step boundary.
+
 Nothing a task does stops the worker: an exception, ``sys.exit()`` or any other
 ``BaseException`` from user code becomes the task's error. A task past its timeout (its
 ``timeout_ms``, else the worker's ``task_timeout_s``) fails with
@@ -37,27 +46,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import itertools
 import logging
+import math
 import queue
+import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from compass.core.causes import Cause, Caused
-from compass.core.events import TaskDone, TaskFailed
+from compass.config import WorkerConfig
 from compass.core.lanes import RunTask
+from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
-from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
+from compass.errors import CompassTimeout
 from compass.workflow.dag import Task, emulated_run_s
 
-__all__ = ["TaskAborted", "TaskOutcome", "TaskRunner", "TaskThreads", "emulated_output"]
+__all__ = [
+    "TaskAborted",
+    "TaskOutcome",
+    "TaskRunner",
+    "TaskStopped",
+    "TaskThreads",
+    "emulated_output",
+]
 
 log = logging.getLogger("compass.worker")
 
@@ -65,6 +83,10 @@ log = logging.getLogger("compass.worker")
 class TaskAborted(Exception):
     """A task's code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``
     from ``sys.exit()``, ``KeyboardInterrupt``...): it fails that task's job, nothing more."""
+
+
+class TaskStopped(Exception):
+    """A step-wise task was stopped between two steps (its job ended elsewhere)."""
 
 
 _payloads: dict[int, np.ndarray] = {}
@@ -83,57 +105,10 @@ def emulated_output(nbytes: int) -> np.ndarray:
     return payload
 
 
-@dataclass(slots=True)
-class TaskOutcome(Caused):
-    """What happened to one task, with where its time went (seconds)."""
-
-    entry: QueuedTask
-    output: Any = None
-    error: BaseException | None = None
-    error_text: str = ""
-    queue_s: float = 0.0
-    fetch_s: float = 0.0
-    exec_s: float = 0.0
-    cache_hit: bool = True
-    #: abandoned past its timeout, its thread still runs (it keeps its model pinned)
-    still_running: bool = False
-    #: how many tasks its run took (1: it ran alone)
-    batch: int = 1
-    #: the first entry of its run (the one a batch's measurements are recorded under)
-    first: bool = True
-    #: the lane it ran on (GPU lanes from 0, host lanes after them)
-    lane: int = 0
-    #: every entry of its run, its own included (a batch's mates are the others)
-    run: tuple[QueuedTask, ...] = ()
-    #: the core's event that started its run (:attr:`RunTask.stimulus`; :attr:`cause`)
-    stimulus: Cause = ""
-
-    @property
-    def model(self) -> str | None:
-        return self.entry.model
-
-    @property
-    def transfer_s(self) -> float:
-        return self.entry.transfer_s
-
-    def event(self, now: float) -> TaskDone | TaskFailed:
-        """The worker core's event for this outcome. compass's own verdicts (a timeout, a
-        degraded worker) keep their type for the client; a task's own error is JobFailed."""
-        error = self.error
-        if error is None:
-            return TaskDone(now, self.entry, self.output, self.exec_s, self.batch, self.first)
-        code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
-        text = f"{type(error).__name__}: {error}"
-        if self.batch > 1:
-            text += f" (in a batch of {self.batch})"
-        return TaskFailed(
-            now, self.entry, text, self.error_text, code or JobFailed.code, self.still_running
-        )
-
-
 class TaskRunner:
     """Runs the tasks the worker core starts; reports each outcome to ``on_outcome``.
 
+    ``config``: the worker's (``emulate``, ``time_scale``, ``task_timeout_s``);
     ``module_of`` gives a resident model's module (the core pinned it for the task); ``compute``
     gives the scope a real task's code runs in, in its thread (the model cache's
     :meth:`~compass.cache.models.ModelCache.compute`: a compute stream, and the fence before the
@@ -147,23 +122,25 @@ class TaskRunner:
         *,
         lookup: Callable[[str, str], Task],
         module_of: Callable[[str], Any],
-        emulate: bool,
-        time_scale: float,
+        config: WorkerConfig,
         on_outcome: Callable[[TaskOutcome], None],
         on_returned: Callable[[QueuedTask], None],
+        on_step: Callable[[QueuedTask, int, Any], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        task_timeout_s: float = 300.0,
         compute: Callable[[str | None], AbstractContextManager[Any]] | None = None,
     ) -> None:
         self._lookup = lookup
         self._module_of = module_of
         self._compute = compute
-        self._emulate = emulate
-        self._time_scale = time_scale
+        # what the worker's config says of running tasks: emulated or not, how fast, how long
+        self._emulate = config.emulate
+        self._time_scale = config.time_scale
         self._on_outcome = on_outcome
         self._on_returned = on_returned
+        #: a step-wise task of a streaming job reports each step's partial output (on the loop)
+        self._on_step = on_step
         self._clock = clock
-        self._task_timeout_s = task_timeout_s
+        self._task_timeout_s = config.task_timeout_s
         self._threads = TaskThreads()
         #: emulated tasks under way: their timers
         self._timers: dict[QueuedTask, asyncio.TimerHandle] = {}
@@ -171,6 +148,10 @@ class TaskRunner:
         self._deadlines: dict[asyncio.Future[Any], tuple[float, QueuedTask]] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
+        #: step-wise tasks under way: the flag their thread looks at between two steps (real),
+        #: or their run's start and step time (emulated)
+        self._stops: dict[QueuedTask, threading.Event] = {}
+        self._emulated_steps: dict[QueuedTask, tuple[list[TaskOutcome], Task, float, float]] = {}
 
     def start(self, run: RunTask) -> None:
         """Run ``run``'s entries (one task, or a batch) now (needs a running event loop)."""
@@ -201,6 +182,9 @@ class TaskRunner:
             self._timers[run.entry] = loop.call_later(
                 min(delay, timeout_s), self._emulated_done, outcomes, task, t0, delay > timeout_s
             )
+            if task.profile.steps > 1:
+                step_s = delay / task.profile.steps
+                self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
             return
         model = run.entry.model
         payload: Any = run.entry.inputs
@@ -208,6 +192,12 @@ class TaskRunner:
         if task.batch > 1:  # a batchable function takes lists, even for one item
             payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
             method = task.call_batch
+        elif task.stepwise:
+            stop = self._stops[run.entry] = threading.Event()
+            report = None
+            if run.entry.stream and self._on_step is not None:
+                report = _reporter(loop, self._on_step, run.entry)
+            method = functools.partial(_run_steps, task, stop, outcomes[0], report)
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
@@ -219,9 +209,35 @@ class TaskRunner:
         if watchdog is None or deadline < watchdog.when():
             self._arm(deadline)
 
+    def stop(self, entries: tuple[QueuedTask, ...]) -> None:
+        """Stop the step-wise tasks among ``entries`` at their next step boundary (the others,
+        one call each, cannot be stopped: they run to their end)."""
+        for entry in entries:
+            flag = self._stops.get(entry)
+            if flag is not None:
+                flag.set()
+            emulated = self._emulated_steps.pop(entry, None)
+            timer = self._timers.get(entry)
+            if emulated is not None and timer is not None:
+                outcomes, _, began, step_s = emulated  # real seconds, the loop's clock
+                loop = asyncio.get_running_loop()
+                begun = max(1, math.ceil((loop.time() - began) / step_s - 1e-9))
+                timer.cancel()  # it ends with the step under way
+                self._timers[entry] = loop.call_at(
+                    began + begun * step_s, self._emulated_stopped, outcomes, begun
+                )
+
+    def _emulated_stopped(self, outcomes: list[TaskOutcome], steps: int) -> None:
+        del self._timers[outcomes[0].entry]
+        outcomes[0].error = TaskStopped(f"task {outcomes[0].entry.task!r} stopped")
+        outcomes[0].steps, outcomes[0].stopped = steps, True
+        self._report(outcomes)
+
     async def aclose(self) -> None:
         """Stop waiting for the tasks under way (their threads are abandoned)."""
         self._closed = True
+        for flag in self._stops.values():
+            flag.set()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -235,6 +251,7 @@ class TaskRunner:
         self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool
     ) -> None:
         del self._timers[outcomes[0].entry]
+        self._emulated_steps.pop(outcomes[0].entry, None)
         exec_s = self._clock() - t0
         for outcome in outcomes:
             entry = outcome.entry
@@ -249,6 +266,7 @@ class TaskRunner:
     def _thread_done(
         self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
     ) -> None:
+        self._stops.pop(outcomes[0].entry, None)
         if self._deadlines.pop(work, None) is None or work.cancelled():
             return  # the worker is stopping
         error = work.exception()
@@ -395,6 +413,74 @@ def _call(
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
         raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _run_steps(
+    task: Task,
+    stop: threading.Event,
+    outcome: TaskOutcome,
+    report: Callable[[int, Any], Any] | None,
+    module: Any,
+    payload: Any,
+) -> Any:
+    """Drive step-wise ``task``'s generator (its ``call``), a step at a time: each item ends a
+    step (counted in ``outcome``, the first's time kept; ``report(seq, item)``, the item on
+    the host, for a job that streams); ``stop`` set, the generator is closed between two
+    steps and :class:`TaskStopped` raised. The final output: the value returned, or the last
+    item when it returns nothing (an async generator cannot return one)."""
+    started = time.perf_counter()
+    made = task.call(module, payload)
+    items = _async_items(made) if inspect.isasyncgen(made) else made
+    last: Any = None
+    try:
+        while True:
+            if stop.is_set():
+                outcome.stopped = True
+                raise TaskStopped(f"task {task.name!r} stopped after {outcome.steps} steps")
+            try:
+                last = next(items)
+            except StopIteration as end:
+                return last if end.value is None else end.value
+            if report is not None:
+                report(outcome.steps, _to_host(last))
+            outcome.steps += 1
+            if outcome.steps == 1:
+                outcome.first_step_s = time.perf_counter() - started
+    finally:
+        items.close()  # a stopped or failed generator's finally clauses run here
+
+
+def _async_items(agen: Any) -> Generator[Any, None, None]:
+    """The items of async generator ``agen``, driven on an event loop of this thread's own."""
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
+def _reporter(
+    loop: asyncio.AbstractEventLoop,
+    on_step: Callable[[QueuedTask, int, Any], None],
+    entry: QueuedTask,
+) -> Callable[[int, Any], None]:
+    """``report(seq, value)`` for a task's thread: ``on_step(entry, seq, value)`` on ``loop``."""
+
+    def report(seq: int, value: Any) -> None:
+        loop.call_soon_threadsafe(on_step, entry, seq, value)
+
+    return report
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` with every torch tensor in it on the CPU (nothing to do without torch)."""
+    torch = sys.modules.get("torch")
+    return value if torch is None else _moved(value, torch.device("cpu"))
 
 
 def _device_of(module: Any) -> Any:

@@ -21,22 +21,25 @@ incarnation. At each change, and every ``heartbeat_ms`` (mesh) or 100 ms (bounde
 the loop also runs the worker core's periodic check (``tick``): an idle worker warms its cache
 then.
 
-:class:`Gossip` is also the worker core's :class:`~compass.core.events.ViewPort`, and only
-the core changes the view through it: a peer's state, a peer that drains, joins or is lost
-are events of the core (:class:`~compass.core.events.Heard` and its kin), which calls back
-here. A snapshot counts this worker's own state exactly as it is at the snapshot's time.
+:class:`Gossip` runs the loops; the view itself is its :attr:`~Gossip.port`
+(:class:`~compass.gossip.port.GossipPort`, sans-IO), the worker core's
+:class:`~compass.core.events.ViewPort`, and only the core changes it: a peer's state, a peer
+that drains, joins or is lost are events of the core (:class:`~compass.core.events.Heard` and
+its kin), which calls the port; the watches a plan wants are the core's
+:class:`~compass.core.events.Watch` instructions, carried out here (:meth:`Gossip.watch`). A
+snapshot counts this worker's own state exactly as it is at the snapshot's time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from time import monotonic as _now
-from typing import Any, Protocol
+from typing import Any
 
 from compass.config import WorkerConfig
-from compass.core.lanes import Lanes
+from compass.gossip.port import Gossiped, GossipPort
 from compass.gossip.spread import (
     MAX_RUMORS,
     Rumors,
@@ -46,26 +49,13 @@ from compass.gossip.spread import (
     gossip_gap_s,
     sync_period_s,
 )
-from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, Heartbeat
-from compass.sched.placement import Placement
-from compass.sched.snapshot import ViewSnapshot
+from compass.sched.candidates import CandidateRule
+from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
 from compass.worker.membership import Membership
 from compass.workflow.profile import Profiles
 
 __all__ = ["Gossip", "Gossiped"]
-
-
-class Gossiped(Protocol):
-    """What a heartbeat says of a worker (its core): its lanes, queue and cache, and whether
-    it measured its host-to-device bandwidth."""
-
-    @property
-    def lanes(self) -> Lanes: ...
-
-    @property
-    def h2d_measured(self) -> bool: ...
 
 
 #: in a bounded view, with nothing to send, the core's periodic check runs this often (the
@@ -76,7 +66,8 @@ MAX_EARLY = 1024
 
 
 class Gossip:
-    """The view and the state messages of worker ``name``; see the module docstring."""
+    """The state messages of worker ``name`` and the loops that send them; the view itself,
+    which only the core changes, is :attr:`port` (see the module docstring)."""
 
     def __init__(
         self,
@@ -89,25 +80,13 @@ class Gossip:
     ) -> None:
         self.name = name
         self._config = config
-        self._profiles = profiles
         self._clock = clock
         self._tick = tick
-        self._core: Gossiped | None = None
-        sched = config.sched
-        #: the candidate rule of a bounded view (None: the mesh; also for the ``central``
-        #: policy, whose one planner plans every job and so must see every worker)
-        self.rule = (
-            CandidateRule(sched.candidates, sched.holders or None, sched.explore)
-            if sched.view == "bounded" and sched.policy != "central"
-            else None
-        )
-        #: samples the candidates: seeded by the name, so a replay samples the same
-        self._rng = random.Random(f"candidates:{name}")
-        #: who watches this worker's load, whose load it watches, and the rumors it passes on
-        self.watchers = Watchers()
-        self.watching = Watching(sched.watch_ms / 1000.0)
-        self.rumors = Rumors()
-        self._asks: set[str] = set()  # candidates to ask for a watch at the next turn
+        #: the core's view port: the view, the candidates' sampling, the watches' leases
+        self.port = GossipPort(name, config, profiles=profiles)
+        self._profiles = profiles
+        #: the loop's timing and peer choice (the port samples candidates with its own)
+        self._rng = random.Random(f"gossip:{name}")
         self._rumored: Heartbeat | None = None  # the last rumor this worker started of itself
         self._caught_up = False  # asked a peer for its whole view (when the first one joined)
         self._drains = False  # this worker drains: a watch is answered with that
@@ -115,122 +94,55 @@ class Gossip:
         #: :meth:`keep_early`): heard again when it joins
         self._early: dict[str, Heartbeat] = {}
         self._membership: Membership | None = None  # while running
-        #: the sequence number of the last state sent
-        self._seq = 0
-        #: this worker's incarnation, carried in its heartbeats
-        self.incarnation = 0
-        #: peers that said they drain, and the instance that did: out of the view (nothing new
-        #: is placed there), their heartbeats still keep them alive
-        self.draining: dict[str, str] = {}
-        #: the peers the core was told of, and their instances (the heartbeat gap, and so the
-        #: settle time, grows with them in the mesh; a new instance holds no watch)
-        self._peers: dict[str, str] = {}
         #: whether the queue or the cache changed since the last state sent, and the loop's
         #: wake-up (a change, or its timer)
         self._dirty = True
         self._wake = asyncio.Event()
-        gap = self._gap_s(0)
-        self.view = ClusterView(
-            name, heartbeat_s=gap / config.time_scale, settle_s=self._settle_s(gap)
-        )
+
+    # what the rest of the worker reads of the port
+    @property
+    def view(self) -> ClusterView:
+        return self.port.view
+
+    @property
+    def rule(self) -> CandidateRule | None:
+        return self.port.rule
+
+    @property
+    def draining(self) -> dict[str, str]:
+        return self.port.draining
+
+    @property
+    def watchers(self) -> Watchers[str]:
+        return self.port.watchers
+
+    @property
+    def watching(self) -> Watching[str]:
+        return self.port.watching
+
+    @property
+    def rumors(self) -> Rumors:
+        return self.port.rumors
+
+    @property
+    def incarnation(self) -> int:
+        return self.port.incarnation
+
+    @incarnation.setter
+    def incarnation(self, value: int) -> None:
+        self.port.incarnation = value
 
     def attach(self, core: Gossiped) -> None:
         """Gossip ``core``'s state: its lanes, its cache, what it measured."""
-        self._core = core
+        self.port.attach(core)
 
-    # -- the core's ViewPort -------------------------------------------------------------------
-    def snapshot(
-        self, now: float, without: str = "", priority: int = 0, scope: PlanScope | None = None
-    ) -> ViewSnapshot:
-        self.view.update_self(self.own_state(now))
-        rule = self.rule
-        # a bounded view hears a peer when it changes, not every few ms: its queue has run
-        # since (aged)
-        full = self.view.snapshot(now, without, priority, aged=rule is not None)
-        if rule is None or scope is None:
-            return full  # the mesh: every peer is heard, so every snapshot shows all of them
-        if self.name not in scope.keep:  # the core's scopes name it: no new scope per job
-            scope = PlanScope(scope.workflow, (*scope.keep, self.name))
-        fresh = self.watching.watched(_now())  # sampled first: their load is pushed here
-        among = candidates(full, scope, rule, self._rng, fresh)
-        if self._membership is not None:
-            self._want(among)
-        return full if len(among) == len(full) else full.subset(among)
-
-    def note_placement(self, worker: str, placed: Placement, now: float) -> None:
-        self.view.note_placement(worker, placed, now)
-
-    def remove(self, worker: str) -> None:
-        self.draining.pop(worker, None)
-        self._peers.pop(worker, None)
-        self.watchers.drop(worker)
-        self.watching.drop(worker)
-        self.rumors.forget(worker)
-        self._resettle()
-        self.view.remove(worker)
-
-    def heard(self, heartbeat: Heartbeat, now: float) -> bool:
-        return heartbeat.name not in self.draining and self.view.apply_heartbeat(heartbeat, now)
-
-    def drain(self, worker: str, instance: str) -> None:
-        if worker != self.name:
-            self.draining[worker] = instance
-            self.view.remove(worker)
-
-    def joined(self, worker: str, instance: str) -> None:
-        if self.draining.get(worker, instance) != instance:
-            del self.draining[worker]  # a new instance under the drained one's name
-        if self._peers.get(worker, instance) != instance:
-            self.watchers.drop(worker)  # a new instance: it holds no lease, nor do we at it
-            self.watching.drop(worker)
-        self._peers[worker] = instance
-        self._resettle()
-
-    def _resettle(self) -> None:
-        """The view counts a placement for two heartbeat gaps, which grow with the peers."""
-        self.view.settle_s = self._settle_s(self._gap_s(len(self._peers)))
-
-    # -- this worker's state -------------------------------------------------------------------
     def own_state(self, now: float) -> Heartbeat:
         """This worker's state at ``now``, as its next heartbeat would say it."""
-        core = self._core
-        assert core is not None, "attach the core first"
-        lanes, cache = core.lanes, core.lanes.cache
-        h2d = self._profiles.h2d_bytes_per_s(self.name) if core.h2d_measured else 0.0
-        wait_s = lanes.wait_s(now)
-        lifted_s = lanes.queue.lifted_s(now)
-        if lanes.degraded:
-            # a degraded worker takes no GPU work: no batch there to join either
-            wait_s += DEGRADED_WAIT_S
-            lifted_s = tuple(w + DEGRADED_WAIT_S for w in lifted_s)
-            batches: Mapping[str, tuple[int, float]] = NO_BATCHES
-        else:
-            wait_s += 0.0  # a float, as the heartbeat's checks made it
-            batches = lanes.queue.batchable(now, lanes.lanes)
-        # built once per change of the cache, not per job (a walk of every cached model)
-        models, loading = cache.residency()
-        return Heartbeat.own(
-            self.name,
-            wait_s,
-            models,
-            cache.free_bytes(),
-            cache.capacity_bytes(),
-            lanes.lanes,
-            lanes.busy,
-            self._seq,
-            loading,
-            h2d,
-            self.incarnation,
-            batches,
-            lifted_s,
-        )
+        return self.port.own_state(now)
 
     def _next_state(self) -> Heartbeat:
         """This worker's state now, under the next sequence number (each one sent is newer)."""
-        self._seq += 1
-        state = self.own_state(self._clock())
-        self.view.update_self(state)
-        return state
+        return self.port.next_state(self._clock())
 
     def changed(self) -> None:
         """The queue or the cache changed: gossip it at the next gap."""
@@ -238,24 +150,15 @@ class Gossip:
         self._wake.set()
 
     # -- a bounded view: watches and rumors ----------------------------------------------------
-    def _want(self, among: tuple[str, ...]) -> None:
-        """A job was planned over ``among``: watch those whose lease runs out soon (asked at
-        the next turn of the loop, not while the core handles an event)."""
-        due = self.watching.due((w for w in among if w != self.name), _now())
-        if due:
-            if not self._asks:
-                asyncio.get_running_loop().call_soon(self._ask)
-            self._asks.update(due)
-
-    def _ask(self) -> None:
+    def watch(self, peers: Iterable[str]) -> list[str]:
+        """Ask each of ``peers``, whose load this worker's plans need, to send it its state
+        for a lease (the core's :class:`~compass.core.events.Watch`). The peers it could not
+        ask now (no channel) are returned: the core hears of them as an event."""
         membership = self._membership
-        asks, self._asks = self._asks, set()
         if membership is None:
-            return
-        body = {"name": self.name, "for_ms": self.watching.lease_s * 1000.0}
-        for peer in asks:
-            if not membership.send(peer, "watch", body):
-                self.watching.drop(peer)  # no channel now: ask again at the next plan
+            return []
+        body = {"name": self.name, "for_ms": self.port.watching.lease_s * 1000.0}
+        return [peer for peer in peers if not membership.send(peer, "watch", body)]
 
     def keep_early(self, state: Heartbeat, membership: Membership) -> None:
         """``state`` is of no peer yet: keep the newest of each worker until it joins. A
@@ -330,16 +233,6 @@ class Gossip:
         self.rumors.heard(state, members)
 
     # -- sending -------------------------------------------------------------------------------
-    def _gap_s(self, peers: int) -> float:
-        """Real seconds at least between two heartbeats with ``peers`` peers."""
-        sched = self._config.sched
-        return gossip_gap_s(sched.heartbeat_min_ms / 1000.0, peers, sched.heartbeat_max_rate)
-
-    def _settle_s(self, gap_s: float) -> float:
-        """How long the view counts a placement: changes are gossiped within ``gap_s``, so a
-        heartbeat received two gaps after a placement reflects it (in the view's clock)."""
-        return 2.0 * gap_s / self._config.time_scale
-
     async def run(self, membership: Membership) -> None:
         """Send this worker's state (to every peer, or in a bounded view to its watchers, and
         as rumors) and run the core's periodic check. Runs until cancelled."""
@@ -363,7 +256,7 @@ class Gossip:
             peers = len(membership.peers)
             if peers:
                 membership.broadcast("heartbeat", state.to_wire())
-            min_gap = self._gap_s(peers)
+            min_gap = self.port.gap_s(peers)
             await asyncio.sleep(min_gap)
             await self._changed_or(max(sched.heartbeat_ms / 1000.0, min_gap) - min_gap)
 

@@ -108,8 +108,8 @@ from compass.membership.table import (
     MemberTable,
 )
 from compass.supervisor import OnFailure, Supervisor, log_failures
-from compass.wire.handlers import Dialer
 from compass.wire.rpc import Router
+from compass.wire.tcp import Dialer
 from compass.wire.transport import Channel, ChannelOptions, Handler, NotifyHandler, connect
 from compass.worker.addresses import advertised_address, default_worker_name, primary_address
 from compass.worker.peer_channels import (

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from compass.app import App, load_app
 from compass.cache.backend import resolve_cache
@@ -17,7 +18,10 @@ from compass.worker.server import Worker
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import load_workload
 
-__all__ = ["build_worker", "run_worker"]
+if TYPE_CHECKING:
+    from compass.front.server import FrontDoor
+
+__all__ = ["build_worker", "open_front_door", "run_worker"]
 
 log = logging.getLogger("compass.worker")
 
@@ -60,8 +64,11 @@ async def serve_worker(config: WorkerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, worker.stop)
     await worker.start()
+    front = await open_front_door(worker)
     # the first line on stdout is the contract with `compass up` and scripts
     print(f"compass worker listening on {worker.address}", flush=True)
+    if front is not None:
+        print(f"compass front door listening on {front.address}", flush=True)
     log.info("worker %s serving on %s (policy %s)", worker.name, worker.address, worker.policy.name)
     try:
         await worker.wait()
@@ -70,9 +77,26 @@ async def serve_worker(config: WorkerConfig) -> int:
         if worker.failure is None and config.drain_timeout_s > 0:
             await worker.drain(config.drain_timeout_s)
     finally:
+        if front is not None:  # after the drain: it answered 503 while the worker drained
+            await front.aclose()
         await worker.aclose()
         log.info("worker %s stopped", worker.name)
     return 0 if worker.failure is None else 1
+
+
+async def open_front_door(worker: Worker) -> FrontDoor | None:
+    """The worker's HTTP front door, serving, where ``--http-port`` asks for one."""
+    if worker.config.http_port is None:
+        return None
+    from compass.front.server import FrontDoor, front_options  # aiohttp: only when asked
+
+    door = FrontDoor(worker, front_options(worker.config))
+    try:
+        await door.start()
+    except BaseException:
+        await worker.aclose()
+        raise
+    return door
 
 
 def run_worker(config: WorkerConfig) -> int:

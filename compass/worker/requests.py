@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.core.messages import (
+    ChunkMsg,
     DoneMsg,
     FailedMsg,
     PeerMessage,
@@ -33,6 +34,7 @@ from compass.core.messages import (
 from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
 from compass.gossip.spread import MAX_RUMORS
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.observe.shown import Holdings, Identity, Records, queue_status
 from compass.observe.tracing import TRACE_FIELD
 from compass.observe.usage import process_usage
 from compass.sched.heartbeat import Heartbeat
@@ -41,14 +43,8 @@ from compass.wire.transport import Channel
 
 if TYPE_CHECKING:
     from compass.app import App
-    from compass.cache.models import ModelCache
-    from compass.config import WorkerConfig
-    from compass.core.lanes import Lanes
     from compass.core.state import WorkerCore
     from compass.core.stats import WorkerStats
-    from compass.observe.metrics import WorkerMetrics
-    from compass.observe.tracing import Tracer
-    from compass.sched import Policy
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
 
@@ -80,66 +76,9 @@ MAX_TIMELINE_SPANS = 2000
 STATUS_TRACES = 5
 
 
-# What this module needs of a worker, by concern (compass.worker.server.Worker is each of them;
-# the dashboard and the metrics build on the first three).
-
-
-class Identity(Protocol):
-    """Who a worker is and how it runs."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def instance(self) -> str: ...
-
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def started_at(self) -> float:
-        """``time.monotonic()`` when it was made."""
-
-    @property
-    def policy(self) -> Policy: ...
-
-    @property
-    def config(self) -> WorkerConfig: ...
-
-
-class Holdings(Protocol):
-    """What a worker holds now: its queues and lanes, its cache and its jobs; and its clock,
-    which ages them."""
-
-    @property
-    def lanes(self) -> Lanes: ...
-
-    @property
-    def cache(self) -> ModelCache: ...
-
-    @property
-    def jobs_in_flight(self) -> int: ...
-
-    @property
-    def tasks_waiting_inputs(self) -> int: ...
-
-    @property
-    def draining(self) -> bool: ...
-
-    def clock(self) -> float: ...
-
-
-class Records(Protocol):
-    """What a worker counts and keeps of what it did: counters, traces, metrics."""
-
-    @property
-    def stats(self) -> WorkerStats: ...
-
-    @property
-    def tracer(self) -> Tracer: ...
-
-    @property
-    def metrics(self) -> WorkerMetrics: ...
+# What this module needs of a worker, by concern (compass.worker.server.Worker is each of them):
+# who it is, what it holds and what it records are compass.observe.shown's, which the dashboard
+# and the metrics read too.
 
 
 class Described(Identity, Holdings, Records, Protocol):
@@ -170,6 +109,10 @@ class Served(Described, Protocol):
     @property
     def trace(self) -> deque[dict[str, Any]]:
         """The records of the last jobs answered here."""
+
+    @property
+    def run_stats(self) -> WorkerStats:
+        """The adapter's own counters: messages refused at the door count there."""
 
     async def submit_job(
         self,
@@ -215,28 +158,10 @@ def make_router(worker: Served) -> Router:
     router.notify("watch")(requests.from_peers("watch", requests.watch))
     router.notify("leave")(requests.from_peers("leave", requests.leave))
     router.notify("drain")(requests.from_peers("drain", requests.drain))
-    for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg):
+    for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg):
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
     return router
-
-
-def queue_status(worker: Holdings) -> dict[str, Any]:
-    """The worker's queues and lanes as ``compass status`` and the dashboard show them."""
-    lanes = worker.lanes
-    return {
-        "ready": len(lanes.queue),
-        "waiting_inputs": worker.tasks_waiting_inputs,
-        "running": lanes.busy,
-        "lanes": lanes.lanes,
-        "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
-        "host_ready": len(lanes.host_queue),
-        "host_running": lanes.host_busy,
-        "host_lanes": lanes.host_lanes,
-        "stuck": lanes.stuck,
-        "max_stuck": lanes.max_stuck,
-        "degraded": lanes.degraded,
-    }
 
 
 def describe(worker: Described) -> dict[str, Any]:
@@ -418,7 +343,7 @@ class _Requests:
 
     def from_peers(self, op: str, handler: PeerHandler) -> PeerHandler:
         """A one-way handler only workers may trigger: from a client, ``op`` is dropped."""
-        stats, name = self.worker.stats, self.worker.name
+        stats, name = self.worker.run_stats, self.worker.name
 
         def guarded(channel: Channel, body: Any) -> None:
             if channel.peer_role != "worker":
@@ -435,7 +360,7 @@ class _Requests:
         try:
             heartbeat = Heartbeat.from_wire(body)
         except CompassError as exc:
-            worker.stats.messages_dropped += 1
+            worker.run_stats.messages_dropped += 1
             log.warning("%s: dropped a malformed heartbeat from %s: %s", worker.name,
                         channel.peer_name, exc)  # fmt: skip
             return
@@ -452,7 +377,7 @@ class _Requests:
                 raise ProtocolError(f"rumors: {len(body['s'])} states, at most {MAX_RUMORS}")
             states = [Heartbeat.from_wire(state) for state in body["s"]]
         except CompassError as exc:
-            worker.stats.messages_dropped += 1
+            worker.run_stats.messages_dropped += 1
             log.warning("%s: dropped malformed rumors from %s: %s", worker.name,
                         channel.peer_name, exc)  # fmt: skip
             return
@@ -470,7 +395,7 @@ class _Requests:
             or not 0 < for_ms < float("inf")
             or not channel.peer_name
         ):
-            worker.stats.messages_dropped += 1
+            worker.run_stats.messages_dropped += 1
             log.warning("%s: dropped a malformed watch from %s: %r", worker.name,
                         channel.peer_name, body)  # fmt: skip
             return
@@ -498,7 +423,7 @@ class _Requests:
             try:
                 msg = decode(op, body)
             except ProtocolError as exc:
-                worker.stats.messages_dropped += 1
+                worker.run_stats.messages_dropped += 1
                 log.warning("%s: dropped a malformed %r from %s: %s", worker.name, op,
                             channel.peer_name, exc)  # fmt: skip
                 return

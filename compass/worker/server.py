@@ -16,18 +16,18 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, assert_never
 
 from compass.app import App
 from compass.cache.models import ModelCache
 from compass.config import WorkerConfig
-from compass.core.answers import KEEP_ANSWER_S
-from compass.core.assemble import CoreOptions, build_core
+from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
     AskPlan,
     Cancel,
+    Chunk,
     Event,
     Fault,
     Heard,
@@ -43,11 +43,16 @@ from compass.core.events import (
     Received,
     RunTask,
     Send,
+    StopTask,
     Submit,
     TaskReturned,
+    TaskStep,
     Tick,
     Undeliverable,
+    Watch,
+    WatchFailed,
 )
+from compass.core.jobs import INBOX_KEEP_S, JobIds
 from compass.core.lanes import Lanes
 from compass.core.messages import (
     DoneMsg,
@@ -58,6 +63,7 @@ from compass.core.messages import (
     ResultMsg,
     TaskMsg,
 )
+from compass.core.options import core_options
 from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats, payload_bytes
 from compass.errors import CompassError, WorkerUnavailable
@@ -66,7 +72,6 @@ from compass.observe import dashboard
 from compass.observe.metrics import WorkerMetrics
 from compass.observe.otel import OtelExport
 from compass.observe.tracing import TRACE_FIELD, Tracer, task_span
-from compass.observe.usage import table_sizes
 from compass.sched import Policy, make_policy
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.policies import worker_seed
@@ -83,6 +88,7 @@ from compass.worker.membership import (
     default_worker_name,
 )
 from compass.worker.requests import describe, make_router
+from compass.worker.tables import table_sizes
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
@@ -115,7 +121,8 @@ class Worker:
         #: job id, so that no id repeats across restarts
         self.instance = secrets.token_hex(6)
         self.address = ""
-        self.stats = WorkerStats()
+        #: the adapter's own counters (the core keeps its own: :attr:`stats` is their sum)
+        self.run_stats = WorkerStats()
         self.metrics = WorkerMetrics(self)
         self.started_at = time.monotonic()
         # Emulated workers live in the workload's time: a real second is 1/time_scale seconds of
@@ -132,12 +139,11 @@ class Worker:
             lookup=self._task,
             module_of=self.cache.module,
             compute=self.cache.compute,  # the compute fence before a model is unpinned
-            emulate=config.emulate,
-            time_scale=config.time_scale,
+            config=config,
             on_outcome=self._task_finished,
             on_returned=self._task_returned,
+            on_step=lambda e, seq, value: self.apply(TaskStep(self.clock(), e, seq, value)),
             clock=self.clock,
-            task_timeout_s=config.task_timeout_s,
         )
         self.router = make_router(self)
         dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
@@ -153,6 +159,7 @@ class Worker:
         self._planned: dict[str, Planned] = {}
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
+        self._streams: dict[str, Callable[[str, int, Any], None]] = {}  # job -> its chunks' sink
         #: every background task of this worker: plan requests, dials, the loops
         self.supervisor = Supervisor(self.name or "worker", log, on_failure=self._task_failed)
         #: messages for workers this one has no connection to, by name, and their timers
@@ -172,8 +179,8 @@ class Worker:
         self._drained = asyncio.Event()  # draining, and nothing is left to finish
         self._hurry = asyncio.Event()  # a second stop(): end the drain now
         self._closing = False
-        #: why the worker stopped on its own (a background loop died), else None
-        self.failure: BaseException | None = None
+        self._events: deque[Event] = deque()  # the one being carried out, and those after it
+        self.failure: BaseException | None = None  # why it stopped on its own (a loop died)
 
     def _bind_name(self, name: str) -> None:
         """Name the worker; its view and its core are made for that name."""
@@ -192,24 +199,14 @@ class Worker:
             workflows=self.app.workflows,
             policy=self.policy,
             profiles=self.profiles,
-            view=self.gossip,
+            view=self.gossip.port,
             cache=self.cache.core,
-            options=CoreOptions(
-                lanes=config.lanes,
-                host_lanes=config.host_lanes,
-                prefetch_depth=config.cache.prefetch_depth,
-                warm=config.sched.warm,
-                max_stuck=config.max_stuck_tasks,
-                max_jobs=config.max_jobs,
-                max_job_bytes=config.max_job_bytes,
-                keep_answer_bytes=config.keep_answer_bytes,
-                keep_answer_s=KEEP_ANSWER_S / config.time_scale,  # real seconds
-                learn=not config.emulate,
-                instance=self.instance,
+            options=core_options(
+                config, instance=self.instance, inbox_keep_s=INBOX_KEEP_S / config.time_scale
             ),
-            stats=self.stats,
         )
         self.gossip.attach(self.core)
+        self._job_ids = JobIds(name, self.instance)  # the ingress names its jobs
         #: this worker's queues, lanes and cache decisions (the core's)
         self.lanes: Lanes = self.core.lanes
 
@@ -377,9 +374,8 @@ class Worker:
             self._drained.set()
 
     def _background_done(self, task: asyncio.Task[None]) -> None:
-        """A lane or the heartbeat loop ended before the worker stopped: a worker that can no
-        longer run tasks or gossip must not keep accepting them, so it stops (its peers then
-        drop it and re-plan its jobs) and the process exits non-zero."""
+        """A lane or the heartbeat loop ended before the worker stopped: unable to run tasks or
+        gossip, it stops (its peers re-plan its jobs); the process exits non-zero."""
         if task.cancelled() or self._closing:
             return
         error = task.exception()
@@ -390,11 +386,10 @@ class Worker:
 
     def _task_failed(self, task: asyncio.Task[Any], error: BaseException) -> None:
         """A background task failed (a bug; the supervisor logged its traceback): counted."""
-        self.stats.internal_errors += 1
+        self.run_stats.internal_errors += 1
 
     def stop(self) -> None:
-        """Ask the worker to stop (signal handlers call this); asked again, a drain under way
-        ends at once."""
+        """Ask the worker to stop (signal handlers do); asked again, a drain ends at once."""
         if self._stopped.is_set():
             self._hurry.set()
         self._stopped.set()
@@ -408,7 +403,7 @@ class Worker:
 
     # -- membership ---------------------------------------------------------------------------
     def _peer_joined(self, peer: Peer) -> None:
-        self.stats.peers_joined += 1
+        self.run_stats.peers_joined += 1
         # a new instance under a drained one's name is no longer draining
         self.apply(PeerJoined(self.clock(), peer.name, peer.member.instance))
         early = self.gossip.take_early(peer.name)
@@ -426,13 +421,8 @@ class Worker:
 
     # -- what peers say (checked at the door by requests.py) -----------------------------------
     def heard(self, heartbeat: Heartbeat) -> None:
-        """A peer's heartbeat: it counts if it is of a peer that joined, of its current
-        incarnation (not one naming this worker, nor a stranger)."""
-        membership = self.membership
-        if membership is not None and membership.seen(heartbeat.name, heartbeat.incarnation):
-            self.apply(Heard(self.clock(), heartbeat))
-        elif membership is not None:
-            self.gossip.keep_early(heartbeat, membership)
+        """A peer's heartbeat: heard as one rumor not passed on (:meth:`heard_rumors`)."""
+        self.heard_rumors([heartbeat], pass_on=False)
 
     def heard_rumors(self, states: list[Heartbeat], *, pass_on: bool) -> None:
         """Peers' states passed on as rumors, or a peer's whole view (a bounded view's sync,
@@ -452,8 +442,7 @@ class Worker:
                 self.gossip.keep_early(state, membership)
 
     def sync_asked(self, peer: str) -> None:
-        """``peer`` joined and asks for every state this worker's view holds."""
-        self.gossip.sync_asked(peer)
+        self.gossip.sync_asked(peer)  # it joined and asks for every state the view holds
 
     def watched_by(self, peer: str, for_ms: float) -> None:
         """``peer`` plans over this worker: it gets its state on every change for ``for_ms``."""
@@ -476,34 +465,32 @@ class Worker:
             and not self.core.is_done(msg.job, msg.attempt)
         ):
             self.tracer.incoming(msg.job, spans)
-        if isinstance(msg, TaskMsg):
-            self.apply(self._task_arrived(sender, msg))
+        if isinstance(msg, TaskMsg):  # a pushed input: its transfer time and its job's age
+            wall, scale, now = time.time(), self.config.time_scale, self.clock()
+            transfer_s, age_s = max(0.0, wall - msg.sent) / scale, max(0.0, wall - msg.t0) / scale
+            self.apply(Received(now, sender, msg, transfer_s, now - age_s))
             return
         if isinstance(msg, DoneMsg) and msg.below is None and self.tracer.jobs:
             self.tracer.forget(msg.job)
         self.apply(Received(self.clock(), sender, msg))
 
-    def _task_arrived(self, sender: str, msg: TaskMsg) -> Received:
-        """A pushed task input: its transfer time and its job's age, from the wall clock."""
-        scale = self.config.time_scale
-        wall = time.time()
-        transfer_s = max(0.0, wall - msg.sent) / scale
-        now = self.clock()
-        arrival = now - max(0.0, wall - msg.t0) / scale
-        return Received(now, sender, msg, transfer_s, arrival)
-
     # -- the core: events in, instructions out --------------------------------------------------
     def apply(self, event: Event) -> None:
-        """Feed ``event`` to the core and carry out what it says, in order. Whatever goes
-        wrong here is logged and counted: no message and no task can stop the worker. A
-        closing worker takes no more events (a load or a task ending during the shutdown)."""
+        """Feed ``event`` to the core and carry out what it says, in order; an event that
+        arises meanwhile (a send failed) waits for that. Whatever goes wrong is logged and
+        counted: no message nor task can stop the worker. A closing one takes no events."""
         if self._closing:
             return
-        try:
-            self._carry_out(event)
-        except Exception:
-            self.stats.internal_errors += 1
-            log.exception("%s: handling %s failed", self.name, type(event).__name__)
+        self._events.append(event)
+        if len(self._events) > 1:
+            return  # carried out by the call under way, after the one it is carrying out
+        while self._events:
+            try:
+                self._carry_out(self._events[0])
+            except Exception:
+                self.run_stats.internal_errors += 1
+                log.exception("%s: handling %s failed", self.name, type(self._events[0]).__name__)
+            self._events.popleft()
 
     def _carry_out(self, event: Event) -> None:
         version = self.lanes.version
@@ -522,8 +509,16 @@ class Worker:
                     self._spawn(self._ask_plan(step), name=f"plan-{step.request.job}")
                 case Planned():
                     self._planned[step.job_id] = step
+                case Watch():
+                    for peer in self.gossip.watch(step.peers):
+                        self.apply(WatchFailed(self.clock(), peer))
+                case StopTask():
+                    self.runner.stop(step.entries)
+                case Chunk():
+                    if (sink := self._streams.get(step.job_id)) is not None:
+                        sink(step.task, step.seq, step.value)
                 case Fault():
-                    self.stats.internal_errors += 1
+                    self.run_stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
                               exc_info=step.error)  # fmt: skip
                 case _:
@@ -644,8 +639,7 @@ class Worker:
             if self.tracer.jobs:
                 self._finish_trace(answer)
 
-    def _finish_trace(self, answer: Answer) -> None:
-        """A job this ingress answered: its trace, if it was traced, is kept and exported."""
+    def _finish_trace(self, answer: Answer) -> None:  # a traced job's: kept and exported
         record = answer.record
         workflow = self.app.workflows.get(str(record.get("workflow")))
         error = "" if answer.error is None else type(answer.error).__name__
@@ -657,8 +651,7 @@ class Worker:
             self.otel.job(trace, answered.tracing)
 
     def _note_plan(self, job_id: str) -> None:
-        """A traced job was planned here: its tracing keeps the plan as made."""
-        job = self.core.jobs.get(job_id)
+        job = self.core.jobs.get(job_id)  # a traced job planned here: its plan is kept
         if job is not None:
             self.tracer.planned(job_id, job.attempt, job.plan, time.time())
 
@@ -666,9 +659,8 @@ class Worker:
         return self.supervisor.spawn(coro, f"{self.name}-{name}")
 
     async def _ask_plan(self, step: AskPlan) -> None:
-        """The ``central`` policy plans at one worker: ask it; no answer means plan here, and
-        so does a failure on this side nobody foresaw (a bug: logged and counted), so that no
-        job waits for a plan that never comes."""
+        """The ``central`` policy plans at one worker: ask it; no answer, or a bug here (logged,
+        counted), means plan here: no job waits for a plan that never comes."""
         assert self.membership is not None
         job = step.request.job
         plan = None
@@ -679,7 +671,7 @@ class Worker:
         except CompassError as exc:
             log.warning("%s: %s could not plan job %s: %s", self.name, step.peer, job, exc)
         except Exception:
-            self.stats.internal_errors += 1
+            self.run_stats.internal_errors += 1
             log.exception("%s: asking %s to plan job %s failed; planning it here", self.name,
                           step.peer, job)  # fmt: skip
         self.apply(PlanReady(self.clock(), job, plan))
@@ -708,18 +700,21 @@ class Worker:
         *,
         trace: bool = False,
         traceparent: str | None = None,
+        chunks: Callable[[str, int, Any], None] | None = None,
     ) -> tuple[str, Any]:
         """:meth:`submit`, answering the job's id with its answer (an error names it too).
-        ``trace``: trace the job whatever the sampling (its trace is then kept here:
-        ``self.tracer.trace(job_id)``); ``traceparent``: the caller's W3C trace context."""
+        ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context;
+        ``chunks(task, seq, value)``: the job streams its sinks' partial outputs there."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
                 f"worker {self.name} is {state}: it takes no new jobs; submit to another worker"
             )
-        job_id = self.core.new_job_id()
+        job_id = self._job_ids()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job_id] = future
+        if chunks is not None:
+            self._streams[job_id] = chunks
         tracing = self.tracer.start(
             job_id, forced=trace, traceparent=traceparent, received=time.time(),
             follow_caller=self.otel is not None,
@@ -727,7 +722,8 @@ class Worker:
         try:
             now, wall = self.clock(), time.time()
             size = payload_bytes(inputs)
-            self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective))
+            self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective,
+                              stream=chunks is not None))  # fmt: skip
             if tracing is not None:
                 self._note_plan(job_id)
             return job_id, await future
@@ -736,19 +732,23 @@ class Worker:
             raise
         finally:
             self._answers.pop(job_id, None)
+            self._streams.pop(job_id, None)
             if not future.done() or future.cancelled():  # the client stopped waiting
                 self.apply(Cancel(self.clock(), job_id))
             if tracing is not None:
                 self.tracer.forget(job_id)  # answered (kept already), or never accepted
             del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
+    @property
+    def stats(self) -> WorkerStats:
+        """Every counter, the core's and the adapter's summed (a new count at each read)."""
+        return self.core.stats.plus(self.run_stats)
+
     def status(self) -> dict[str, Any]:
-        """What ``compass status`` shows."""
-        return describe(self)
+        return describe(self)  # what compass status shows
 
     def table_sizes(self) -> dict[str, float]:
-        """Entries in each of this worker's tables keyed by jobs, peers or time
-        (:func:`compass.observe.usage.table_sizes`)."""
+        """Entries in each table keyed by jobs, peers or time (compass.worker.tables)."""
         return table_sizes(self)
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]:
@@ -768,7 +768,7 @@ class Worker:
         return self.app.get_workflow(workflow).tasks[task]
 
     def _task_finished(self, outcome: TaskOutcome) -> None:
-        self.stats.record(outcome)
+        self.run_stats.record(outcome)
         self.metrics.task_finished(outcome)
         entry = outcome.entry
         if self.tracer.jobs and entry.job_id in self.tracer.jobs:

@@ -7,6 +7,7 @@ upward ranks are computed on first use and cached per bandwidth.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import inspect
 import itertools
@@ -18,7 +19,15 @@ from typing import Any
 
 from compass.errors import InvalidInputs, ModelTooLarge, WorkflowError
 
-__all__ = ["Task", "TaskProfile", "Workflow", "batch_limit", "batch_scale", "linear_scale"]
+__all__ = [
+    "Task",
+    "TaskProfile",
+    "Workflow",
+    "batch_limit",
+    "batch_scale",
+    "is_stepwise",
+    "linear_scale",
+]
 
 
 def _is_number(value: object) -> bool:
@@ -72,12 +81,15 @@ class TaskProfile:
     ``batch_scale``: what a batch of ``b`` items costs, as a multiple of one run, for ``b`` =
     1, 2, ... (so it starts at 1.0 and never falls); a batch larger than the table adds its last
     step per item. Empty: no gain, a batch of ``b`` costs ``b`` runs.
+    ``steps``: how many steps a step-wise task is expected to take (1: a plain task, one step);
+    ``exec_ms`` counts all of them, so one takes ``step_ms`` on average.
     """
 
     exec_ms: float
     output_bytes: int
     input_bytes: int = 0
     batch_scale: tuple[float, ...] = ()
+    steps: int = 1
 
     def __post_init__(self) -> None:
         if not _is_number(self.exec_ms) or not self.exec_ms >= 0:
@@ -102,6 +114,13 @@ class TaskProfile:
                 f"of 1, 2, ... items as a multiple of one run), got {list(scale)!r}"
             )
         object.__setattr__(self, "batch_scale", scale)
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise WorkflowError(f"TaskProfile.steps must be an integer >= 1, got {self.steps!r}")
+
+    @property
+    def step_ms(self) -> float:
+        """Expected milliseconds of one step (all of a plain task's one)."""
+        return self.exec_ms / self.steps
 
     def batch_ms(self, size: int) -> float:
         """Expected milliseconds of a batch of ``size`` items (:func:`batch_scale`)."""
@@ -111,6 +130,15 @@ class TaskProfile:
     def exec_s(self) -> float:
         """Expected execution time in seconds."""
         return self.exec_ms / 1000.0
+
+
+def is_stepwise(fn: Callable[..., Any] | None) -> bool:
+    """Whether ``fn`` runs in steps: a generator function, sync or async (a
+    ``functools.partial`` of one too). Its final output is what it returns; one that returns
+    nothing (None) has its last item as its final output."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn is not None and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +171,10 @@ class Task:
     #: the most items one run takes (1: no batching). A batched task's function gets a list
     #: per keyword (one item per job) and returns a list of outputs, one per item
     batch: int = 1
+    #: its function is a generator (sync or async): it runs in steps, each ``yield`` ending one
+    #: with a partial output, and can be stopped between two (:func:`is_stepwise`; set from
+    #: ``fn``, not passed)
+    stepwise: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -177,6 +209,17 @@ class Task:
         if self.batch > 1 and self.model is None:
             raise WorkflowError(
                 f"task {self.name!r}: only a task with a model batches (batch={self.batch})"
+            )
+        object.__setattr__(self, "stepwise", is_stepwise(self.fn))
+        if (self.stepwise or self.profile.steps > 1) and self.batch > 1:
+            raise WorkflowError(
+                f"task {self.name!r}: a step-wise task (a generator) does not batch its calls "
+                f"(batch={self.batch}); its steps will batch at step boundaries"
+            )
+        if self.profile.steps > 1 and self.fn is not None and not self.stepwise:
+            raise WorkflowError(
+                f"task {self.name!r} expects {self.profile.steps} steps, but its function is "
+                "not a generator: a plain function is one step (yield to end a step)"
             )
         self._check_sources()
 

@@ -14,6 +14,10 @@ A task with a model may batch: ``batch`` is the most items one run takes; its co
 milliseconds of a batch of 1, 2, ... items; its first entry is the task's ``exec_ms`` when that
 is not given). With ``batch`` alone a batch costs as many runs as it has items.
 
+A task may run in ``steps`` (an integer, default 1: a generating task, each step a token or a
+chunk): ``exec_ms`` is all of them, or ``step_ms`` each (``exec_ms`` is then ``steps *
+step_ms``). A job's first output comes at the end of its sink's first step.
+
 :func:`workload_to_dict` (and :func:`write_workload`) write a parsed workload back in this
 format, exactly: :func:`parse_workload` of what they write equals the workload field for field,
 batch curves included, so a transformed workload (``compass.workflow.batching``) can be handed
@@ -58,7 +62,7 @@ _GB = 1_000_000_000
 _TASK_KEYS = frozenset(
     {
         "model", "exec_ms", "input_kb", "output_kb", "after", "timeout_ms", "batch",
-        "batch_item", "batch_ms", "about", "note",
+        "batch_item", "batch_ms", "steps", "step_ms", "about", "note",
     }
 )  # fmt: skip
 
@@ -310,12 +314,16 @@ def _parse_task(
     if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
         raise reader.error(f"{path}.after", f"expected a list of task names, got {_kind(after)}")
     try:
+        steps = reader.integer(entry, "steps", path, minimum=1) if "steps" in entry else 1
+        if "step_ms" in entry and "exec_ms" not in entry and "batch_ms" not in entry:
+            entry = {**entry, "exec_ms": reader.number(entry, "step_ms", path) * steps}
         exec_ms, batch, scale = _parse_batch(reader, entry, path)
         profile = TaskProfile(
             exec_ms=exec_ms,
             output_bytes=round(reader.number(entry, "output_kb", path) * _KB),
             input_bytes=round(reader.number(entry, "input_kb", path, default=0.0) * _KB),
             batch_scale=scale,
+            steps=steps,
         )
         timeout_ms = entry.get("timeout_ms")
         if timeout_ms is not None:
@@ -461,6 +469,8 @@ def _task_to_dict(workflow: str, task: Task) -> dict[str, Any]:
         out["input_kb"] = _size(profile.input_bytes, _KB)
     if task.timeout_ms is not None:
         out["timeout_ms"] = task.timeout_ms
+    if profile.steps > 1:
+        out["steps"] = profile.steps
     return {**out, **_batch_to_dict(profile, task.batch)}
 
 

@@ -17,6 +17,7 @@ from compass.errors import ConfigError
 from compass.sim.arrivals import Arrival
 from compass.sim.engine import simulate
 from compass.sim.goodput import priorities
+from compass.sim.settings import SimSettings
 from compass.workflow.spec import load_workload
 
 from .conftest import PAPER, compass_argv
@@ -68,7 +69,7 @@ async def test_simulator_and_real_cluster_place_spaced_jobs_alike(
     )
     real_plans = await e2e.run_policy(config, workload, policy, arrivals, keep_plans=True)
     simulated = simulate(
-        workload, workers=3, policy=policy, arrivals=arrivals, warm=False, host_lanes=host_lanes
+        workload, SimSettings(workers=3, policy=policy, warm=False, host_lanes=host_lanes), arrivals
     )
     sim_plans = [dict(job.plan) for job in sorted(simulated.jobs, key=lambda j: j.arrival)]
     assert real_plans["plans"] == sim_plans
@@ -98,7 +99,7 @@ async def test_any_workload_in_the_spec_format_runs(tmp_path) -> None:
     workload = load_workload(path)
     arrivals = e2e.arrivals_for(config, workload)
     real = await e2e.run_policy(config, workload, "compass", arrivals)
-    simulated = simulate(workload, workers=2, policy="compass", arrivals=arrivals).summary()
+    simulated = simulate(workload, SimSettings(workers=2, policy="compass"), arrivals).summary()
     for summary in (real, simulated):
         assert summary["completed"] == 12
         assert summary["failed"] == 0

@@ -28,6 +28,10 @@ SANS_IO = [
     "compass.sched.view",
     "compass.cache.policy",
     "compass.core.state",
+    "compass.front.tensors",
+    "compass.front.openai",
+    "compass.front.errors",
+    "compass.front.declare",
 ]
 
 

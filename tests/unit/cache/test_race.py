@@ -20,7 +20,7 @@ from torch import nn
 import compass
 from compass.cache.backend import StrictBackend
 from compass.cache.models import ModelCache
-from compass.config import CacheConfig
+from compass.config import CacheConfig, WorkerConfig
 from compass.core.lanes import Lanes, LoadModel, RunTask, Step
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError
@@ -65,8 +65,7 @@ class Worker:
             lookup=lambda wf, task: app.get_workflow(wf).tasks[task],
             module_of=cache.module,
             compute=cache.compute if fenced else None,
-            emulate=False,
-            time_scale=1.0,
+            config=WorkerConfig(),  # real tasks, at their own speed
             on_outcome=self._outcome,
             on_returned=lambda entry: None,
         )

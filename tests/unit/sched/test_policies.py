@@ -11,6 +11,7 @@ from compass.errors import ConfigError, WorkerUnavailable
 from compass.sched import POLICY_NAMES, Heartbeat, JobInfo, ViewSnapshot, make_policy
 from compass.sched.policies import hash_worker, worker_seed
 from compass.sim import job_arrivals, simulate
+from compass.sim.settings import SimSettings
 from compass.workflow import Profiles, Task, TaskProfile, Workflow, load_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -312,7 +313,7 @@ def test_jit_and_jsq_finish_every_paper_job_in_the_simulator() -> None:
         seed=0,
     )
     results = {
-        name: simulate(WORKLOAD, workers=5, policy=name, arrivals=arrivals, seed=0)
+        name: simulate(WORKLOAD, SimSettings(workers=5, policy=name, seed=0), arrivals)
         for name in ("jsq", "jit")
     }
     for result in results.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from compass.errors import ConfigError, ProtocolError
 from compass.sched import ClusterView, Heartbeat, ViewSnapshot
-from compass.sched.heartbeat import NO_BATCHES
+from compass.sched.heartbeat import NO_BATCHES, CacheHeld, LaneLoad
 from compass.sched.view import BatchCurve, Placement
 from compass.workflow.dag import linear_scale
 
@@ -185,15 +186,21 @@ def test_own_state_is_the_checked_state() -> None:
         "loading": frozenset({"b"}), "h2d_bytes_per_s": 1e9, "incarnation": 3,
         "lifted_s": (0.25, 0.5),
     }  # fmt: skip
+    held = CacheHeld(frozenset({"a"}), frozenset({"b"}), GB, 2 * GB, 1e9)
+
+    def own_state(batches: Mapping[str, tuple[int, float]]) -> Heartbeat:
+        load = LaneLoad(0.5, (0.25, 0.5), 2, 1, batches)
+        return Heartbeat.own("me", 7, 3, load, held)
+
     for batches in ({}, {"a": (2, 0.25)}):
-        own = Heartbeat.own(**values, batches=batches)
+        own = own_state(batches)
         checked = Heartbeat(**values, batches=batches)
         assert own == checked
         assert type(own.batches) is type(checked.batches)
         assert [getattr(own, f.name) for f in fields(Heartbeat)] == [
             getattr(checked, f.name) for f in fields(Heartbeat)
         ]
-    assert Heartbeat.own(**values, batches={}).batches is NO_BATCHES
+    assert own_state({}).batches is NO_BATCHES
 
 
 def test_placement_on_unknown_worker_is_ignored() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from compass.sim import Arrival, simulate
+from compass.sim.settings import SimSettings
 from compass.workflow import Workload, parse_workload
 from compass.workflow.batching import apply_batching
 
@@ -42,7 +43,7 @@ ARRIVALS = [
 
 
 def latencies(workload: Workload, policy: str = "compass") -> list[float]:
-    result = simulate(workload, workers=1, policy=policy, arrivals=ARRIVALS, slab_bytes=MB)
+    result = simulate(workload, SimSettings(workers=1, policy=policy, slab_bytes=MB), ARRIVALS)
     return [j.latency_s or -1.0 for j in sorted(result.jobs, key=lambda j: j.arrival)]
 
 
@@ -51,7 +52,7 @@ def test_queued_tasks_of_one_model_run_as_one_batch_under_every_policy(policy: s
     workload = one_task({"batch": 4, "batch_item": 0.5})
     # the three queued jobs run together from 110 ms for 100 * (1 + 0.5 * 2) ms
     assert latencies(workload, policy) == pytest.approx([0.110, 0.290, 0.280, 0.270])
-    result = simulate(workload, workers=1, policy=policy, arrivals=ARRIVALS, slab_bytes=MB)
+    result = simulate(workload, SimSettings(workers=1, policy=policy, slab_bytes=MB), ARRIVALS)
     assert sorted(t.batch for t in result.tasks) == [1, 3, 3, 3]
 
 

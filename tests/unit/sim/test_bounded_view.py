@@ -15,6 +15,7 @@ from compass.sched.view import Placement, ViewSnapshot
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
 from compass.sim.compare import SimConfig
 from compass.sim.engine import DEFAULT_CANDIDATES, DEFAULT_HOLDERS
+from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.workflow import Workload, load_workload
 
@@ -105,19 +106,20 @@ def same_run(a: SimResult, b: SimResult) -> bool:
 
 def test_the_mesh_is_the_default_and_takes_no_candidates(paper: Workload) -> None:
     jobs = arrivals(paper, 150, load=2.0)
-    default = simulate(paper, workers=5, policy="compass", arrivals=jobs)
-    mesh = simulate(paper, workers=5, policy="compass", arrivals=jobs, view="mesh")
+    default = simulate(paper, SimSettings(workers=5, policy="compass"), jobs)
+    mesh = simulate(paper, SimSettings(workers=5, policy="compass", view="mesh"), jobs)
     assert same_run(default, mesh)
     assert mesh.scoped_views == mesh.scoped_workers == 0
 
 
 def test_a_bounded_view_that_samples_everyone_sees_everyone_as_heard(paper: Workload) -> None:
     jobs = arrivals(paper, 200, load=2.0)
-    mesh = simulate(paper, workers=5, policy="compass", arrivals=jobs)
+    mesh = simulate(paper, SimSettings(workers=5, policy="compass"), jobs)
     every = simulate(
-        paper, workers=5, policy="compass", arrivals=jobs, view="bounded", candidates=4,
-        holders=None,
-    )  # fmt: skip
+        paper,
+        SimSettings(workers=5, policy="compass", view="bounded", candidates=4, holders=None),
+        jobs,
+    )
     # every worker in view, but as heard (compass.sim.heard), not as the mesh's ticks show
     assert not same_run(mesh, every)
     assert all(j.latency_s is not None for j in every.jobs)
@@ -131,9 +133,12 @@ def test_a_bounded_view_shows_few_workers_and_is_deterministic(paper: Workload) 
 
     def once(seed: int) -> SimResult:
         return simulate(
-            paper, workers=16, policy="compass", arrivals=jobs, seed=seed, view="bounded",
-            candidates=2, holders=1,
-        )  # fmt: skip
+            paper,
+            SimSettings(
+                workers=16, policy="compass", seed=seed, view="bounded", candidates=2, holders=1
+            ),
+            jobs,
+        )
 
     a, b = once(0), once(0)
     assert same_run(a, b)
@@ -146,11 +151,13 @@ def test_a_bounded_view_shows_few_workers_and_is_deterministic(paper: Workload) 
 def test_bounded_views_are_checked(paper: Workload) -> None:
     jobs = arrivals(paper, 5, load=1.0)
     with pytest.raises(ConfigError, match="unknown view"):
-        simulate(paper, workers=3, policy="compass", arrivals=jobs, view="partial")
+        simulate(paper, SimSettings(workers=3, policy="compass", view="partial"), jobs)
     with pytest.raises(ConfigError, match="k must be"):
-        simulate(paper, workers=3, policy="compass", arrivals=jobs, view="bounded", candidates=-1)
+        simulate(
+            paper, SimSettings(workers=3, policy="compass", view="bounded", candidates=-1), jobs
+        )
     with pytest.raises(ConfigError, match="one worker"):
-        simulate(paper, workers=3, policy="central", arrivals=jobs, view="bounded")
+        simulate(paper, SimSettings(workers=3, policy="central", view="bounded"), jobs)
 
 
 def test_a_mesh_config_records_nothing_new() -> None:

@@ -12,6 +12,7 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
 from compass.sim.engine import SPREAD_FROM
+from compass.sim.settings import SimSettings
 from compass.workflow import Workload, load_workload, parse_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -51,7 +52,7 @@ def run(workload: Workload, arrivals: list[Arrival], **kwargs: Any) -> SimResult
     kwargs.setdefault("slab_bytes", MB)
     kwargs.setdefault("workers", 2)
     kwargs.setdefault("policy", "compass")
-    return simulate(workload, arrivals=arrivals, **kwargs)
+    return simulate(workload, SimSettings(**kwargs), arrivals)
 
 
 def tasks_of(result: SimResult, job_id: str) -> dict[str, Any]:
@@ -266,7 +267,7 @@ def paper_arrivals(paper: Workload, jobs: int, load: float = 1.0, seed: int = 0)
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_every_policy_completes_every_job(paper: Workload, policy: str) -> None:
-    result = simulate(paper, workers=5, policy=policy, arrivals=paper_arrivals(paper, 200))
+    result = simulate(paper, SimSettings(workers=5, policy=policy), paper_arrivals(paper, 200))
     summary = result.summary()
     assert summary["completed"] == 200
     assert summary["failed"] == 0
@@ -282,7 +283,7 @@ def test_every_policy_completes_every_job(paper: Workload, policy: str) -> None:
 
 def test_summary_has_the_benchmark_keys(paper: Workload) -> None:
     summary = simulate(
-        paper, workers=5, policy="compass", arrivals=paper_arrivals(paper, 50)
+        paper, SimSettings(workers=5, policy="compass"), paper_arrivals(paper, 50)
     ).summary()
     assert set(summary) == {
         "completed",
@@ -290,6 +291,8 @@ def test_summary_has_the_benchmark_keys(paper: Workload) -> None:
         "p50_ms",
         "p95_ms",
         "p99_ms",
+        "ttfo_p50_ms",
+        "ttfo_p99_ms",
         "median_slowdown",
         "mean_slowdown",
         "cache_hit_rate",
@@ -307,7 +310,7 @@ def test_summary_has_the_benchmark_keys(paper: Workload) -> None:
 def test_same_seed_same_result(paper: Workload, policy: str) -> None:
     def once() -> SimResult:
         return simulate(
-            paper, workers=5, policy=policy, arrivals=paper_arrivals(paper, 300, seed=3), seed=3
+            paper, SimSettings(workers=5, policy=policy, seed=3), paper_arrivals(paper, 300, seed=3)
         )
 
     a, b = once(), once()
@@ -318,8 +321,8 @@ def test_same_seed_same_result(paper: Workload, policy: str) -> None:
 
 def test_compass_beats_hash_at_the_papers_rate(paper: Workload) -> None:
     arrivals = paper_arrivals(paper, paper.arrivals.jobs)
-    compass = simulate(paper, workers=5, policy="compass", arrivals=arrivals).summary()
-    hashed = simulate(paper, workers=5, policy="hash", arrivals=arrivals).summary()
+    compass = simulate(paper, SimSettings(workers=5, policy="compass"), arrivals).summary()
+    hashed = simulate(paper, SimSettings(workers=5, policy="hash"), arrivals).summary()
     assert compass["median_slowdown"] < hashed["median_slowdown"]
     assert compass["cache_hit_rate"] > hashed["cache_hit_rate"]
 
@@ -328,7 +331,7 @@ def test_staler_views_do_not_break_anything(paper: Workload) -> None:
     arrivals = paper_arrivals(paper, 200, load=1.5)
     for staleness in (0.0, 0.5):
         summary = simulate(
-            paper, workers=5, policy="compass", arrivals=arrivals, staleness_s=staleness
+            paper, SimSettings(workers=5, policy="compass", staleness_s=staleness), arrivals
         ).summary()
         assert summary["completed"] == 200
 
@@ -401,9 +404,9 @@ def test_the_paper_s_prefetch_rule_only_fills_free_slabs() -> None:
     arrivals = job_arrivals(
         list(workload.workflows), 300, process="poisson", mean_interval_s=0.5, seed=0
     )
-    evicting = simulate(workload, workers=5, policy="jsq", arrivals=arrivals)
+    evicting = simulate(workload, SimSettings(workers=5, policy="jsq"), arrivals)
     free_only = simulate(
-        workload, workers=5, policy="jsq", arrivals=arrivals, prefetch_evicts=False
+        workload, SimSettings(workers=5, policy="jsq", prefetch_evicts=False), arrivals
     )
     # jsq's caches are full: a prefetch that may not evict rarely finds room
     assert free_only.prefetches < evicting.prefetches / 2
@@ -451,9 +454,11 @@ def test_jobs_enter_at_their_clients_worker_or_are_dealt_over_every_worker(
     paper: Workload,
 ) -> None:
     arrivals = [Arrival(0.01 * k, "question_answer", 0) for k in range(6)]  # one client
-    by_client = simulate(paper, workers=3, policy="compass", arrivals=arrivals, ingress="client")
-    spread = simulate(paper, workers=3, policy="compass", arrivals=arrivals, ingress="spread")
-    auto = simulate(paper, workers=3, policy="compass", arrivals=arrivals)
+    by_client = simulate(
+        paper, SimSettings(workers=3, policy="compass", ingress="client"), arrivals
+    )
+    spread = simulate(paper, SimSettings(workers=3, policy="compass", ingress="spread"), arrivals)
+    auto = simulate(paper, SimSettings(workers=3, policy="compass"), arrivals)
 
     def ingresses(result: SimResult) -> list[str]:
         return [j.id.split("-")[0] for j in sorted(result.jobs, key=lambda j: j.arrival)]
@@ -461,7 +466,7 @@ def test_jobs_enter_at_their_clients_worker_or_are_dealt_over_every_worker(
     assert ingresses(by_client) == ["w0"] * 6
     assert ingresses(spread) == ["w0", "w1", "w2"] * 2  # as a load balancer deals them
     assert ingresses(auto) == ingresses(by_client)  # a small cluster: each client its worker
-    large = simulate(paper, workers=SPREAD_FROM, policy="compass", arrivals=arrivals)
+    large = simulate(paper, SimSettings(workers=SPREAD_FROM, policy="compass"), arrivals)
     assert ingresses(large) == [f"w{k}" for k in range(6)]  # a large one: dealt
     with pytest.raises(ConfigError, match="unknown ingress mode 'nearest'"):
-        simulate(paper, workers=3, policy="compass", arrivals=arrivals, ingress="nearest")
+        simulate(paper, SimSettings(workers=3, policy="compass", ingress="nearest"), arrivals)

@@ -116,6 +116,7 @@ def test_a_job_s_deadline_reaches_its_later_tasks_in_the_simulator() -> None:
     from compass.objective import Objective
     from compass.sim.arrivals import Arrival
     from compass.sim.engine import simulate
+    from compass.sim.settings import SimSettings
 
     step: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0}
     spec = {
@@ -134,8 +135,9 @@ def test_a_job_s_deadline_reaches_its_later_tasks_in_the_simulator() -> None:
         Arrival(0.0, "chain", 0, Objective(deadline_s=0.25)),
         Arrival(0.05, "chain", 0, Objective(priority=1)),
     ]
-    result = simulate(parse_workload(spec, source="chain"), workers=1, policy="compass",
-                      arrivals=arrivals)  # fmt: skip
+    result = simulate(
+        parse_workload(spec, source="chain"), SimSettings(workers=1, policy="compass"), arrivals
+    )
     first, second = sorted(result.jobs, key=lambda j: j.arrival)
     assert first.outcome == "dropped" and first.priority == 0 and first.deadline_s == 0.25
     # job 1 waits for job 0's a (to 100 ms), then runs a and b: 250 ms after it came
@@ -149,6 +151,7 @@ def test_the_simulator_delivers_a_task_s_objective_across_workers(
     from compass.objective import Objective
     from compass.sim import engine
     from compass.sim.arrivals import Arrival
+    from compass.sim.settings import SimSettings
 
     step: dict[str, Any] = {"model": None, "exec_ms": 100, "output_kb": 0, "input_kb": 0}
     spec = {
@@ -170,8 +173,11 @@ def test_the_simulator_delivers_a_task_s_objective_across_workers(
 
     monkeypatch.setattr(engine._Simulation, "_deliver", record)
     arrival = Arrival(0.0, "chain", 0, Objective(deadline_s=5.0, priority=2))
-    engine.simulate(parse_workload(spec, source="chain"), workers=2, policy="round_robin",
-                    arrivals=[arrival])  # fmt: skip
+    engine.simulate(
+        parse_workload(spec, source="chain"),
+        SimSettings(workers=2, policy="round_robin"),
+        [arrival],
+    )
     hops = [m for m in delivered if m.source == "a"]  # a's output, sent to the other worker
     assert hops, "round robin puts b on the other worker"
     assert all(m.priority == 2 and m.budget_s is not None and m.budget_s < 5.0 for m in hops)

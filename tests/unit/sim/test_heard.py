@@ -14,6 +14,7 @@ import pytest
 from compass.cache.policy import CacheCore
 from compass.sim import SimResult, engine, job_arrivals, simulate
 from compass.sim.heard import _FEW, LINK_S, Heard, Told, rumor_delays
+from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.traffic import CacheKey, ViewTraffic
 from compass.workflow import load_workload
@@ -203,8 +204,9 @@ def run(seed: int) -> SimResult:
     arrivals = job_arrivals(
         list(paper.workflows), 150, process="poisson", mean_interval_s=2.0, load=5.0, seed=1
     )
-    return simulate(paper, workers=12, policy="compass", arrivals=arrivals, seed=seed,
-                    view="bounded")  # fmt: skip
+    return simulate(
+        paper, SimSettings(workers=12, policy="compass", seed=seed, view="bounded"), arrivals
+    )
 
 
 def test_a_modelled_bounded_run_is_deterministic_for_a_seed(

@@ -13,6 +13,7 @@ import pytest
 from compass.cache.policy import CacheCore
 from compass.sim import Arrival, SimResult, engine, job_arrivals, simulate
 from compass.sim.compare import SimConfig, compare_policies
+from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.traffic import CacheKey, ViewTraffic
 from compass.workflow import load_workload
@@ -160,7 +161,7 @@ def test_counting_changes_no_outcome(seed: int, monkeypatch: pytest.MonkeyPatch)
     )
 
     def once() -> SimResult:
-        return simulate(paper, workers=10, policy="compass", arrivals=arrivals, view="bounded")
+        return simulate(paper, SimSettings(workers=10, policy="compass", view="bounded"), arrivals)
 
     modelled = once()
     monkeypatch.setattr(engine, "_traffic", counting_only)

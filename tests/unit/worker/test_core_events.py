@@ -24,8 +24,8 @@ from compass.core.events import (
 from compass.core.lanes import LoadModel, RunTask
 from compass.core.messages import JOB_INPUTS, PlanRequest
 from compass.errors import RemoteError, UnknownWorkflow
+from compass.gossip.port import GossipPort
 from compass.sched.heartbeat import Heartbeat
-from compass.worker.gossip import Gossip
 
 from .test_state import GB, core, of, one, received, run_locally, task_msg
 
@@ -199,17 +199,16 @@ def test_a_plan_asked_by_another_ingress_counts_its_placements_here() -> None:
 
 
 @pytest.fixture
-def gossip() -> Gossip:
+def gossip() -> GossipPort:
     from compass.workflow import Profiles
 
     profiles = Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, net_fixed_s=0.0,
                         model_sizes={}, workflows=(), staged=False)  # fmt: skip
-    return Gossip("w0", WorkerConfig(name="w0"), profiles=profiles, clock=lambda: 0.0,
-                  tick=lambda: None)  # fmt: skip
+    return GossipPort("w0", WorkerConfig(name="w0"), profiles=profiles)
 
 
 def test_a_draining_peer_that_reconnects_still_drains_and_its_restart_does_not(
-    gossip: Gossip,
+    gossip: GossipPort,
 ) -> None:
     beat = Heartbeat("w1", 0.0, frozenset(), GB, GB, seq=1)
     gossip.joined("w1", "i1")

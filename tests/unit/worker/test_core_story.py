@@ -7,14 +7,14 @@ from compass.core.events import Answer, Heard, Received, RunTask, Send, Submit, 
 from compass.core.messages import ResultMsg
 from compass.sched import Heartbeat
 
-from .test_state import GB, core, of, run_locally
+from .test_state import GB, core, new_job_id, of, run_locally
 
 
 def test_the_story_of_a_job_is_every_event_that_touched_it_with_what_it_decided() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)  # a's queue is long: the job's tasks go to b
-    job = c.new_job_id()
-    other = c.new_job_id()
+    job = new_job_id(c)
+    other = new_job_id(c)
     sent = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0, cause="client-7"))
     c.handle(Submit(0.5, other, "chain", {"x": 2}, 8, 0.5))
     (send,) = of(Send, sent)
@@ -40,7 +40,7 @@ def test_the_log_is_bounded_and_skips_heartbeats_and_ticks_that_decided_nothing(
         c.handle(Heard(float(i), Heartbeat("b", 0.0, frozenset(), 10 * GB, 10 * GB)))
         c.handle(Tick(float(i)))
     assert len(c.log) == 0  # nothing decided, nothing about any job
-    jobs = [c.new_job_id() for _ in range(3)]
+    jobs = [new_job_id(c) for _ in range(3)]
     for i, job in enumerate(jobs):
         run_locally(c, c.handle(Submit(10.0 + i, job, "chain", {"x": i}, 8, 10.0 + i)), 11.0)
     # each job: its submit, then two tasks done: 9 events, of which the last 4 are kept
@@ -54,7 +54,7 @@ def test_the_log_is_bounded_and_skips_heartbeats_and_ticks_that_decided_nothing(
 
 def test_a_fault_is_in_the_story_of_the_event_that_raised() -> None:
     c, _ = core("a", ("a",))
-    job = c.new_job_id()
+    job = new_job_id(c)
     (run,) = of(RunTask, c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0)))
 
     def broken(*_: object) -> None:
@@ -69,7 +69,7 @@ def test_a_fault_is_in_the_story_of_the_event_that_raised() -> None:
 def test_a_core_that_keeps_no_log_decides_the_same() -> None:
     def replay(keep: int) -> list[str]:
         c, _ = core("a", ("a",), keep_stimuli=keep)
-        steps = c.handle(Submit(0.0, c.new_job_id(), "diamond", {"x": 1}, 8, 0.0))
+        steps = c.handle(Submit(0.0, new_job_id(c), "diamond", {"x": 1}, 8, 0.0))
         return [repr(s) for s in run_locally(c, steps, 1.0)]
 
     assert replay(0) == replay(2)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from compass.config import WorkerConfig
+from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import DeadlineExceeded, InvalidInputs
 from compass.observe import dashboard
 from compass.observe.timeline import JOB_FIELDS, SPAN_FIELDS
-from compass.worker.executor import TaskOutcome
 from compass.worker.process import build_worker
 from compass.worker.requests import describe
 from compass.worker.server import Worker

@@ -125,3 +125,24 @@ def test_a_job_is_looked_for_only_where_it_has_entries() -> None:
         for j in jobs:
             assert (j in inbox._jobs) == any(key[0] == j for key in inbox._entries)
             assert inbox._jobs.get(j, 0) == sum(1 for key in inbox._entries if key[0] == j)
+
+
+def test_entries_waiting_past_their_keep_expire_oldest_first_and_only_those() -> None:
+    inbox = Inbox(keep_s=10.0)
+    wf = diamond()
+    for n, now in enumerate((0.0, 4.0, 9.0)):
+        msg = TaskMsg(f"j{n}", 0, "diamond", "d", "b", n, {"d": "w0"}, "w0")
+        assert inbox.add(msg, wf, transfer_s=0.0, now=now) is None
+    assert inbox.expire(9.5) == []
+    expired = inbox.expire(14.5)  # j0 and j1 waited over 10 s; j2 not yet
+    assert [key for key, _ in expired] == [("j0", 0, "d"), ("j1", 0, "d")]
+    assert [entry.first_at for _, entry in expired] == [0.0, 4.0]
+    assert len(inbox) == 1 and inbox.drop_job("j0") == 0  # gone, job index too
+    assert [key for key, _ in inbox.expire(100.0)] == [("j2", 0, "d")]
+    assert len(inbox) == 0
+
+
+def test_an_inbox_keeps_its_entries_forever_by_default() -> None:
+    inbox = Inbox()
+    add(inbox, "d", "b", 1)
+    assert inbox.expire(1e12) == [] and len(inbox) == 1

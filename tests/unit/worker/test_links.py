@@ -26,7 +26,7 @@ from compass.core.messages import LINK_LOST, DoneMsg, FailedMsg, ResultMsg, Task
 from compass.core.state import MAX_ATTEMPTS, WorkerCore
 from compass.errors import JobFailed, WorkersLost, WorkerUnavailable
 
-from .test_state import _job_on_peer, core, of, one, received, submit, task_msg
+from .test_state import _job_on_peer, core, new_job_id, of, one, received, submit, task_msg
 
 #: job w9-1's plan: its root a runs here (b), its sink b on c; w9 is its ingress
 PLAN = {"a": "b", "b": "c"}
@@ -76,7 +76,7 @@ def test_a_push_lost_between_two_workers_is_planned_again_by_the_ingress_that_lo
     cores = {name: core(name, names)[0] for name in names}
     for c in cores.values():  # a busy ingress, and b: the root goes to b, its successor to c
         c.view.waits.update(w9=100.0, b=0.0, c=0.5)  # type: ignore[attr-defined]
-    job = cores["w9"].new_job_id()
+    job = new_job_id(cores["w9"])
     (root,) = of(Send, cores["w9"].handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0)))
     assert root.peer == "b"
     cores["b"].view.waits.update(b=100.0, c=0.0)  # type: ignore[attr-defined]

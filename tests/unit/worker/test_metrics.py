@@ -15,10 +15,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from compass.config import WorkerConfig
+from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import JobFailed, WorkerUnavailable
 from compass.observe.metrics import JsonLogFormatter
-from compass.worker.executor import TaskOutcome
 from compass.worker.process import build_worker
 from compass.worker.requests import describe
 from compass.worker.server import Worker

@@ -20,14 +20,14 @@ from compass.errors import (
 )
 from compass.objective import NO_OBJECTIVE, Objective, check_objective
 
-from .test_state import core, of, one, received, task_msg
+from .test_state import core, new_job_id, of, one, received, task_msg
 
 # a chain of two 100 ms tasks: at least 0.2 s from submission to answer
 CHAIN_S = 0.2
 
 
 def submit_with(c: Any, objective: Objective, now: float = 0.0) -> tuple[str, list[Any]]:
-    job = c.new_job_id()
+    job = new_job_id(c)
     return job, c.handle(Submit(now, job, "chain", {"x": 1}, 8, now, None, objective))
 
 
@@ -166,10 +166,10 @@ def test_a_workflow_s_objective_is_the_deadline_of_a_job_without_one() -> None:
     test_state.WORKFLOWS["timed"] = timed
     try:
         c, _ = core("a", ("a",))
-        job = c.new_job_id()
+        job = new_job_id(c)
         c.handle(Submit(1.0, job, "timed", {"x": 1}, 8, 1.0))
         assert c.jobs[job].deadline == pytest.approx(1.0 + 3 * 0.1)  # 3x its best time
-        own = c.new_job_id()
+        own = new_job_id(c)
         c.handle(Submit(1.0, own, "timed", {"x": 1}, 8, 1.0, None, Objective(deadline_s=2.0)))
         assert c.jobs[own].deadline == pytest.approx(3.0)  # the job's own wins
     finally:

@@ -5,6 +5,7 @@ Each test names the rule it guards and would fail if that rule were broken.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,8 +32,10 @@ from compass.core.events import (
     Submit,
     TaskDone,
     TaskFailed,
+    Tick,
     Undeliverable,
 )
+from compass.core.jobs import JobIds
 from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
@@ -140,6 +143,23 @@ class FakeView:
     def joined(self, worker: str, instance: str) -> None:
         pass
 
+    def take_wanted(self) -> tuple[str, ...]:
+        return ()
+
+    def watch_failed(self, peer: str) -> None:
+        pass
+
+
+_JOB_IDS: weakref.WeakKeyDictionary[WorkerCore, JobIds] = weakref.WeakKeyDictionary()
+
+
+def new_job_id(core: WorkerCore) -> str:
+    """A new job id at ``core``'s worker, named as its ingress names one (:class:`JobIds`)."""
+    ids = _JOB_IDS.get(core)
+    if ids is None:
+        ids = _JOB_IDS[core] = JobIds(core.name, core.instance)
+    return ids()
+
 
 def resident_cache(*models: str) -> CacheCore:
     """A cache of 10 GB holding ``models`` (1 GB each), loaded already."""
@@ -191,7 +211,7 @@ def one(kind: type, steps: Sequence[Instruction]) -> Any:
 
 
 def submit(c: WorkerCore, workflow: str = "chain", now: float = 0.0, **inputs: Any) -> str:
-    job_id = c.new_job_id()
+    job_id = new_job_id(c)
     c.handle(Submit(now, job_id, workflow, inputs or {"x": 1}, 8, t0=now))
     return job_id
 
@@ -235,7 +255,7 @@ def run_locally(c: WorkerCore, steps: list[Instruction], now: float) -> list[Ins
 def test_the_same_events_give_the_same_instructions() -> None:
     def replay() -> list[Instruction]:
         c, _ = core("a", ("a",))
-        job = c.new_job_id()
+        job = new_job_id(c)
         events: list[Event] = [Submit(0.0, job, "diamond", {"x": 1}, 8, 0.0)]
         out: list[Instruction] = []
         for event in events:
@@ -253,7 +273,7 @@ def test_the_same_events_give_the_same_instructions() -> None:
 
 def test_a_job_runs_through_one_worker_and_is_answered_once() -> None:
     c, _ = core("a", ("a",))
-    job = c.new_job_id()
+    job = new_job_id(c)
     steps = run_locally(c, c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0)), 1.0)
     answers = of(Answer, steps)
     assert len(answers) == 1 and answers[0].value == "out-b" and answers[0].error is None
@@ -266,7 +286,7 @@ def test_a_job_runs_through_one_worker_and_is_answered_once() -> None:
 def test_a_job_with_two_sinks_is_answered_when_both_have_reported() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    job = c.new_job_id()
+    job = new_job_id(c)
     c.handle(Submit(0.0, job, "fork", {"x": 1}, 8, 0.0))
     assert of(Answer, c.handle(received(ResultMsg(job, 0, "b", "B"), 1.0, "b"))) == []
     (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "c", "C"), 2.0, "b")))
@@ -276,7 +296,7 @@ def test_a_job_with_two_sinks_is_answered_when_both_have_reported() -> None:
 def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> None:
     c, _ = core("a", ("a",), max_jobs=1)
     first = submit(c)
-    refused = c.new_job_id()
+    refused = new_job_id(c)
     (answer,) = c.handle(Submit(0.0, refused, "chain", {"x": 1}, 8, 0.0))
     assert isinstance(answer, Answer) and isinstance(answer.error, Overloaded)
     assert c.stats.jobs_refused == 1 and refused not in c.jobs
@@ -288,12 +308,12 @@ def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> 
 
 def test_admission_bounds_the_bytes_of_held_inputs() -> None:
     c, _ = core("a", ("a",), max_job_bytes=100)
-    held = c.new_job_id()
+    held = new_job_id(c)
     c.handle(Submit(0.0, held, "chain", {"x": 1}, 80, 0.0))
     assert c.held_bytes == 80
-    answer = one(Answer, c.handle(Submit(0.0, c.new_job_id(), "chain", {"x": 1}, 30, 0.0)))
+    answer = one(Answer, c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 30, 0.0)))
     assert isinstance(answer.error, Overloaded) and answer.error.detail["held_bytes"] == 80
-    c.handle(Submit(0.0, c.new_job_id(), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
+    c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
     c.handle(Cancel(1.0, held))
     assert c.held_bytes == 20
 
@@ -306,7 +326,7 @@ def test_a_bad_submit_is_answered_with_a_typed_error(
     workflow: str, inputs: Any, error: type
 ) -> None:
     c, _ = core("a", ("a",))
-    (answer,) = c.handle(Submit(0.0, c.new_job_id(), workflow, inputs, 8, 0.0))
+    (answer,) = c.handle(Submit(0.0, new_job_id(c), workflow, inputs, 8, 0.0))
     assert isinstance(answer, Answer) and isinstance(answer.error, error)
     assert c.jobs == {}
 
@@ -324,14 +344,14 @@ def test_placements_on_peers_are_counted_in_the_view_but_not_on_itself() -> None
 
 def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> None:
     c, _ = core("b", ("a", "b"), policy="central")  # central plans at the first worker, "a"
-    job = c.new_job_id()
+    job = new_job_id(c)
     (ask,) = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     assert isinstance(ask, AskPlan) and ask.peer == "a" and ask.request.job == job
     steps = c.handle(PlanReady(0.1, job, {"a": "a", "b": "a"}))
     (send,) = of(Send, steps)
     assert send.peer == "a" and isinstance(send.msg, TaskMsg) and send.msg.task == "a"
     # no answer: it plans the job itself
-    job2 = c.new_job_id()
+    job2 = new_job_id(c)
     c.handle(Submit(0.2, job2, "chain", {"x": 1}, 8, 0.2))
     steps = c.handle(PlanReady(0.3, job2, None))
     assert of(Send, steps) or of(RunTask, steps)
@@ -345,7 +365,7 @@ def _job_on_peer(c: WorkerCore, view: FakeView, peer: str = "b") -> tuple[str, T
     """Submit a chain job at ``c`` whose root is planned on ``peer``."""
     for other in view.waits:
         view.waits[other] = 0.0 if other == peer else 100.0
-    job = c.new_job_id()
+    job = new_job_id(c)
     steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     (send,) = of(Send, steps)
     assert send.peer == peer
@@ -554,7 +574,7 @@ def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said(
         raise IndexError("planner bug")
 
     c.policy.plan = broken  # type: ignore[method-assign,assignment]
-    job = c.new_job_id()
+    job = new_job_id(c)
     steps = c.handle(Submit(0.0, job, "chain", {"x": 1}, 8, 0.0))
     answer, fault = steps
     assert isinstance(answer, Answer) and answer.job_id == job
@@ -569,15 +589,15 @@ def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said(
 def test_a_resubmitted_key_attaches_to_its_running_job() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    first = c.new_job_id()
+    first = new_job_id(c)
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k1"))
-    again = c.new_job_id()
+    again = new_job_id(c)
     assert c.handle(Submit(0.5, again, "chain", {"x": 1}, 8, 0.5, key="k1")) == []
     assert len(c.jobs) == 1  # not run twice
     answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
     assert sorted((a.job_id, a.value) for a in answers) == [(first, "B"), (again, "B")]
     # answered: the same key now gets the kept answer at once
-    late = c.new_job_id()
+    late = new_job_id(c)
     (answer,) = c.handle(Submit(2.0, late, "chain", {"x": 1}, 8, 2.0, key="k1"))
     assert isinstance(answer, Answer) and (answer.job_id, answer.value) == (late, "B")
     assert c.stats.jobs_submitted == 1
@@ -589,16 +609,16 @@ def test_a_key_whose_answer_was_shed_is_not_run_again() -> None:
     c, view = core("a", ("a", "b"), keep_answer_bytes=1 << 20)
     view.waits.update(a=100.0)
     for n, key in enumerate(("k1", "k2")):
-        job = c.new_job_id()
+        job = new_job_id(c)
         c.handle(Submit(float(n), job, "chain", {"x": 1}, 8, float(n), key=key))
         big = np.zeros(1 << 20, dtype=np.uint8)
         (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "b", big), n + 0.5, "b")))
         assert answer.value is big
     assert c.answered.bytes == 1 << 20  # k1's value was shed for k2's
-    late = c.new_job_id()
+    late = new_job_id(c)
     shed = one(Answer, c.handle(Submit(3.0, late, "chain", {"x": 1}, 8, 3.0, key="k1")))
     assert isinstance(shed.error, AnswerNotKept) and shed.job_id == late
-    kept = one(Answer, c.handle(Submit(3.0, c.new_job_id(), "chain", {"x": 1}, 8, 3.0, key="k2")))
+    kept = one(Answer, c.handle(Submit(3.0, new_job_id(c), "chain", {"x": 1}, 8, 3.0, key="k2")))
     assert kept.error is None and kept.value.nbytes == 1 << 20
     assert c.stats.jobs_submitted == 2
 
@@ -608,7 +628,7 @@ def test_every_waiter_on_a_key_gets_an_error_of_its_own() -> None:
     along: requesters of one key never share one."""
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    first, again = c.new_job_id(), c.new_job_id()
+    first, again = new_job_id(c), new_job_id(c)
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k"))
     c.handle(Submit(0.1, again, "chain", {"x": 1}, 8, 0.1, key="k"))
     failed = FailedMsg(first, 0, "b", "b", "ValueError: no", "tb", JobFailed.code)
@@ -621,14 +641,14 @@ def test_every_waiter_on_a_key_gets_an_error_of_its_own() -> None:
 def test_a_job_runs_on_while_a_resubmission_of_its_key_waits() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=100.0)
-    first, again = c.new_job_id(), c.new_job_id()
+    first, again = new_job_id(c), new_job_id(c)
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k"))
     c.handle(Submit(0.1, again, "chain", {"x": 1}, 8, 0.1, key="k"))
     assert c.handle(Cancel(0.2, first)) == []  # the first caller gave up; the second waits
     answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
     assert {(a.job_id, a.value) for a in answers} == {(first, "B"), (again, "B")}
     # when every requester gives up, the job is dropped
-    third, fourth = c.new_job_id(), c.new_job_id()
+    third, fourth = new_job_id(c), new_job_id(c)
     c.handle(Submit(2.0, third, "chain", {"x": 1}, 8, 2.0, key="k2"))
     c.handle(Submit(2.1, fourth, "chain", {"x": 1}, 8, 2.1, key="k2"))
     c.handle(Cancel(2.2, fourth))
@@ -699,8 +719,8 @@ def test_a_replanned_job_with_two_sinks_is_answered_from_one_attempt_only() -> N
 def test_job_ids_carry_the_instance_so_a_restart_under_the_same_name_never_reuses_one() -> None:
     before, _ = core("a", ("a",), instance="0f0f0f")
     after, _ = core("a", ("a",), instance="a1a1a1")  # the same name, restarted
-    first = [before.new_job_id() for _ in range(3)]
-    again = [after.new_job_id() for _ in range(3)]
+    first = [new_job_id(before) for _ in range(3)]
+    again = [new_job_id(after) for _ in range(3)]
     assert first == ["a-0f0f0f-1", "a-0f0f0f-2", "a-0f0f0f-3"]
     assert not set(first) & set(again)
     # a peer that finished the first instance's jobs still runs the second one's
@@ -714,7 +734,7 @@ def test_job_ids_carry_the_instance_so_a_restart_under_the_same_name_never_reuse
 
 def test_one_job_over_the_byte_limit_is_too_large_not_overloaded() -> None:
     c, _ = core("a", ("a",), max_job_bytes=100)
-    job = c.new_job_id()
+    job = new_job_id(c)
     answer = one(Answer, c.handle(Submit(0.0, job, "chain", {"x": 1}, 101, 0.0)))
     assert isinstance(answer.error, JobTooLarge) and not isinstance(answer.error, Overloaded)
     assert answer.error.job_id == job and answer.error.detail["max_job_bytes"] == 100
@@ -742,3 +762,32 @@ def test_a_root_the_ingress_could_not_send_to_a_worker_not_met_yet_is_planned_ag
     assert of(Answer, steps) == [] and c.jobs[job].attempt == 1
     # a message the wire could not encode still fails nothing but its own job's pushes
     assert of(Answer, c.handle(Undeliverable(2.0, "b", root, "cannot encode"))) == []
+
+
+def test_a_join_input_that_waits_past_the_keep_fails_its_job_at_the_ingress() -> None:
+    # d (a join of b and c) got b's output; c's never comes (its worker lost it, or the
+    # job's end never reached this worker): at a tick past the keep, the ingress is told
+    c, _ = core("a", inbox_keep_s=30.0)
+    msg = task_msg(job="w9-7", task="d", source="b", value=1, workflow="diamond")
+    assert not of(RunTask, c.handle(received(msg, now=1.0)))
+    assert len(c.inbox) == 1
+    assert not of(Send, c.handle(Tick(30.5)))  # waited 29.5 s: kept
+    (sent,) = of(Send, c.handle(Tick(31.5)))
+    assert sent.peer == "w9" and isinstance(sent.msg, FailedMsg)
+    assert (sent.msg.job, sent.msg.task, sent.msg.code) == ("w9-7", "d", CompassTimeout.code)
+    assert "waited 30 s" in sent.msg.message
+    assert len(c.inbox) == 0
+
+
+def test_an_ingress_answers_its_own_job_whose_join_input_never_came() -> None:
+    c, _ = core("a", names=("a",), inbox_keep_s=30.0)
+    job = new_job_id(c)
+    steps = c.handle(Submit(0.0, job, "diamond", {"x": 1}, 8, t0=0.0))
+    assert of(RunTask, steps)
+    # b's output reaches d; c's is lost (not delivered): d waits
+    late = task_msg(job=job, task="d", source="b", value=1, workflow="diamond", ingress="a",
+                    plan=dict.fromkeys("abcd", "a"))  # fmt: skip
+    c.handle(received(late, sender="a"))
+    answers = of(Answer, c.handle(Tick(40.0)))
+    assert len(answers) == 1 and isinstance(answers[0].error, CompassTimeout)
+    assert job not in c.jobs and len(c.inbox) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
 from compass.observe.timeline import (
@@ -16,7 +17,6 @@ from compass.observe.timeline import (
     Timeline,
     rows,
 )
-from compass.worker.executor import TaskOutcome
 
 
 class Clocks:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from compass.core.messages import JOB_INPUTS, DoneMsg, ResultMsg, TaskMsg
+from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.observe.tracing import TRACE_FIELD, Tracer, critical_path, task_span
 from compass.trace import JobTrace, parse_traceparent
-from compass.worker.executor import TaskOutcome
 from compass.workflow import Task, TaskProfile, Workflow
 
 CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

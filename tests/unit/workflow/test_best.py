@@ -13,6 +13,7 @@ import pytest
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim import Arrival, job_arrivals, simulate
+from compass.sim.settings import SimSettings
 from compass.workflow import Profiles, Workflow, Workload, load_workload, parse_workload
 from compass.workflow.best import (
     ROUNDING_SLACK,
@@ -250,7 +251,7 @@ def test_one_worker_with_warm_caches_meets_the_bound_exactly(name: str) -> None:
     sum of its tasks' times: what the bound gives for one worker."""
     arrivals = [Arrival(0.0, name, 0), Arrival(10.0, name, 0)]
     result = simulate(
-        HAND, workers=1, policy="compass", arrivals=arrivals, slab_bytes=MB, warm=True
+        HAND, SimSettings(workers=1, policy="compass", slab_bytes=MB, warm=True), arrivals
     )
     first, second = result.jobs
     assert first.latency_s is not None and second.latency_s is not None
@@ -278,7 +279,7 @@ def test_no_policy_beats_the_bound_on_the_paper_workload(policy: str) -> None:
     arrivals = job_arrivals(
         list(paper.workflows), 120, process="poisson", mean_interval_s=2.0, seed=3
     )
-    result = simulate(paper, workers=5, policy=policy, arrivals=arrivals)
+    result = simulate(paper, SimSettings(workers=5, policy=policy), arrivals)
     slowdowns = _latencies_respect_the_bound(paper, result)
     if policy == "compass":
         assert min(slowdowns) < 1.01  # and the bound is reached, not only respected
@@ -290,5 +291,7 @@ def test_more_lanes_and_host_lanes_need_their_own_bound() -> None:
         list(paper.workflows), 120, process="poisson", mean_interval_s=2.0, seed=4
     )
     for policy in ("compass", "hash", "random"):
-        result = simulate(paper, workers=3, policy=policy, arrivals=arrivals, lanes=2, host_lanes=1)
+        result = simulate(
+            paper, SimSettings(workers=3, policy=policy, lanes=2, host_lanes=1), arrivals
+        )
         _latencies_respect_the_bound(paper, result, lanes=2, host_lanes=1)

@@ -15,6 +15,7 @@ import pytest
 
 from compass.errors import ConfigError, WorkflowError
 from compass.sim import job_arrivals, simulate
+from compass.sim.settings import SimSettings
 from compass.workflow import Workflow, Workload, parse_workload
 from compass.workflow.generate import (
     SHAPES,
@@ -179,7 +180,7 @@ def test_a_generated_workload_simulates_with_every_job_finishing(seed: int) -> N
         weights=w.weight_list(),
         seed=seed,
     )
-    result = simulate(w, workers=w.cluster.workers, policy="compass", arrivals=arrivals)
+    result = simulate(w, SimSettings(workers=w.cluster.workers, policy="compass"), arrivals)
     assert len(result.jobs) == 30
     assert all(j.latency_s is not None and not j.error for j in result.jobs)
     assert len(result.tasks) == sum(len(w.workflows[j.workflow]) for j in result.jobs)

@@ -1,0 +1,426 @@
+"""The front door's asyncio adapter: aiohttp's low-level server on the worker's event loop.
+
+Why aiohttp's low-level server (``aiohttp.web.Server``), not a framework or h11: its HTTP
+parser is llhttp in C (the one Node.js uses), it streams responses (``StreamResponse``, what
+server-sent events need) and request bodies, it keeps connections alive, and it adds no
+routing or middleware layer per request: the routes here are a few string matches. It runs
+on the loop the worker already runs, so a request is a coroutine that calls
+:meth:`~compass.worker.server.Worker.submit_job`, the call the native ``submit`` makes: the
+job is planned by this worker as its ingress, under the same admission, deadlines,
+priorities, traces and metrics.
+
+Bounds: a body past ``max_body_bytes`` (the worker's ``--max-job-mb``) is refused with 413
+before it is read; a connection that sends no complete request head within ``idle_s``
+(aiohttp's keep-alive timer starts when it connects and is only cleared by a whole request)
+is closed, which bounds idle and slow-loris connections; a body must arrive within
+``read_s``, else 408 and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+import compass
+from compass.errors import CompassError, ConfigError, UnknownWorkflow
+from compass.front import openai, tensors
+from compass.front.errors import RETRY_AFTER_S, HttpError, openai_body, status_of, v2_body
+from compass.objective import Objective
+
+if TYPE_CHECKING:
+    from compass.config import WorkerConfig
+    from compass.worker.server import Worker
+
+__all__ = ["FrontDoor", "FrontOptions", "front_options"]
+
+log = logging.getLogger("compass.front")
+
+#: seconds a connection may stay without a whole request head (idle, or a slow client)
+IDLE_S = 15.0
+#: seconds a request's body may take to arrive
+READ_S = 30.0
+#: bytes of a request head's line and of one header at most
+MAX_LINE = 16 * 1024
+#: seconds a connection answered before its body was read (413, 408) still reads what the
+#: client sends, so that it sees the answer rather than a reset (aiohttp's default: 10 s)
+LINGER_S = 1.0
+#: bytes a connection buffers before aiohttp pauses reading it (its default, 64 KiB, pauses
+#: and resumes a 3 MB tensor's body dozens of times)
+READ_BUFFER = 1024 * 1024
+_JSON = "application/json"
+_HEALTH = ("/v2/health/live", "/v2/health/ready")
+#: statuses after which the connection is closed: what is left of the body is not read
+_CLOSE = (408, 413)
+
+
+@dataclass(frozen=True, slots=True)
+class FrontOptions:
+    """Where and how the front door serves. ``token``: the bearer token every route but the
+    health routes needs (None: none); ``private_health``: the health routes need it too."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    private_health: bool = False
+    max_body_bytes: int = 64 * 1024 * 1024
+    idle_s: float = IDLE_S
+    read_s: float = READ_S
+    #: connections open at most; past it a new one is closed at once
+    max_connections: int = 4096
+    ssl: ssl.SSLContext | None = None
+
+
+def front_options(config: WorkerConfig) -> FrontOptions:
+    """The front door of the worker ``config`` describes (``config.http_port`` is set)."""
+    assert config.http_port is not None
+    return FrontOptions(
+        host=config.host,
+        port=config.http_port,
+        token=config.token,
+        private_health=config.http_private_health,
+        max_body_bytes=config.max_job_bytes,
+        idle_s=config.http_idle_s,
+        read_s=2 * config.http_idle_s,  # a body may take twice what a request head may
+        max_connections=config.limits.max_connections,
+        ssl=config.tls.server_context() if config.tls is not None else None,
+    )
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        status=status,
+        content_type=_JSON,
+        headers=headers,
+    )
+
+
+Handler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection, counted against the server's cap, answering what its parser
+    refuses (not HTTP, a head too long) in one JSON line, logged at debug level: a stranger's
+    junk must not fill the worker's log."""
+
+    counted: _Server | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._manager
+        assert isinstance(server, _Server)
+        if server.open >= server.max_connections:
+            log.debug("front door: %d connections open, closing a new one", server.open)
+            self._manager = None  # never started: its connection_lost has nothing to undo
+            transport.close()
+            return
+        server.open += 1
+        self.counted = server
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.counted is not None:
+            self.counted.open -= 1
+            self.counted = None
+        super().connection_lost(exc)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        log.debug("front door: refused a request from %s: %s", request.remote, exc or message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response is sent already; the connection is closed")
+        lines = [line.strip() for line in str(message or exc or "").splitlines() if line.strip()]
+        text = lines[0].rstrip(":") if lines else "malformed request"
+        response = _json({"error": f"malformed HTTP request: {text}"}, status)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    """aiohttp's server, making :class:`_Connection` s and holding at most ``max_connections``
+    open (past it a new one is closed at once, as the wire's server does)."""
+
+    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.open = 0
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
+
+
+async def _read_exactly(request: web.BaseRequest, length: int) -> bytearray:
+    """The body's ``length`` bytes, copied once from the chunks as they arrive (a tensor's
+    array is then a view of it)."""
+    body = bytearray(length)
+    view = memoryview(body)
+    filled = 0
+    while filled < length:
+        chunk = await request.content.readany()
+        if not chunk:
+            raise HttpError(400, f"the body ended after {filled} of its {length} bytes")
+        end = min(filled + len(chunk), length)
+        view[filled:end] = chunk[: end - filled]
+        filled = end
+    return body
+
+
+class FrontDoor:
+    """``async with FrontDoor(worker, options) as door:`` serves until closed."""
+
+    def __init__(self, worker: Worker, options: FrontOptions) -> None:
+        self.worker = worker
+        self.options = options
+        self.address = ""
+        self._server: web.Server | None = None
+        self._listener: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FrontDoor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        opts = self.options
+        self._server = _Server(
+            self._handle,
+            max_connections=opts.max_connections,
+            handler_cancellation=True,  # a client gone cancels its job
+            access_log=None,
+            keepalive_timeout=opts.idle_s,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            read_bufsize=READ_BUFFER,
+            lingering_time=LINGER_S,
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            self._listener = await loop.create_server(
+                self._server, opts.host, opts.port, ssl=opts.ssl, reuse_address=True
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve HTTP on {opts.host}:{opts.port} (--http-port): {exc.strerror or exc}"
+            ) from exc
+        host, port = self._listener.sockets[0].getsockname()[:2]
+        scheme = "https" if opts.ssl is not None else "http"
+        self.address = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+        log.info("front door listening on %s", self.address)
+
+    async def aclose(self) -> None:
+        """Stop listening, then close the connections (in-flight requests are cancelled)."""
+        if self._listener is not None:
+            self._listener.close()
+        if self._server is not None:
+            await self._server.shutdown(1.0)
+            self._server = None
+        if self._listener is not None:
+            await self._listener.wait_closed()
+            self._listener = None
+
+    # -- the door ------------------------------------------------------------------------------
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        v1 = path.startswith("/v1/")
+        try:
+            if self.options.token is not None and (
+                self.options.private_health or path not in _HEALTH
+            ):
+                self._authenticate(request)
+            handler, arg = self._route(request.method, path)
+            return await handler(request, arg)
+        except CompassError as exc:
+            return self._error(exc, v1)
+        except Exception as exc:  # a bug here must not take the worker down: log it, 500
+            log.exception("front door: %s %s failed", request.method, path)
+            return self._error(CompassError(f"internal error: {type(exc).__name__}"), v1)
+
+    def _error(self, exc: CompassError, v1: bool) -> web.Response:
+        status, retry = status_of(exc)
+        headers = {} if retry is None else {"Retry-After": str(retry)}
+        if status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        if exc.job_id is not None:
+            headers["X-Compass-Job"] = exc.job_id
+        body = openai_body(exc, status) if v1 else v2_body(exc, status)
+        response = _json(body, status, headers)
+        if status in _CLOSE:
+            response.force_close()  # the body was not read (all of it): end the connection
+        return response
+
+    def _authenticate(self, request: web.BaseRequest) -> None:
+        token = self.options.token
+        assert token is not None
+        given = request.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), token.encode()
+        ):
+            raise HttpError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+
+    def _route(self, method: str, path: str) -> tuple[Handler, str]:
+        gets: dict[str, Handler] = {
+            "/v2/health/live": self._live,
+            "/v2/health/ready": self._ready,
+            "/v2": self._server_metadata,
+            "/v1/models": self._openai_models,
+        }
+        if path in gets:
+            return self._only("GET", method, gets[path]), path
+        if path in openai.ENDPOINT_KIND:
+            return self._only("POST", method, self._openai), path
+        if path.startswith("/v2/models/"):
+            rest = path[len("/v2/models/") :]
+            name, _, tail = rest.partition("/")
+            if "/versions/" in f"/{tail}":  # /v2/models/{m}/versions/{v}[/...]: one version
+                _, _, after = tail.partition("versions/")
+                tail = after.partition("/")[2]
+            if tail == "":
+                return self._only("GET", method, self._model_metadata), name
+            if tail == "ready":
+                return self._only("GET", method, self._model_ready), name
+            if tail == "infer":
+                return self._only("POST", method, self._infer), name
+        raise HttpError(404, f"no route {path} (see /v2 and /v1/models)")
+
+    @staticmethod
+    def _only(allowed: str, method: str, handler: Handler) -> Handler:
+        if method != allowed:
+            raise HttpError(405, f"{method} is not allowed here; use {allowed}")
+        return handler
+
+    async def _body(self, request: web.BaseRequest) -> bytes | bytearray:
+        limit = self.options.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise HttpError(413, f"the request body is {length} bytes, over the limit of {limit}")
+        content = request.content
+        if content.is_eof():  # the whole body came with the head (most requests): no timer
+            body = content.read_nowait()
+            if length is not None and len(body) != length:
+                raise HttpError(400, f"the body ended after {len(body)} of its {length} bytes")
+            if len(body) > limit:
+                raise HttpError(413, f"the request body is over the limit of {limit}")
+            return body
+        try:
+            async with asyncio.timeout(self.options.read_s):
+                if length is not None:
+                    return await _read_exactly(request, length)
+                chunks: list[bytes] = []
+                size = 0
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        raise HttpError(413, f"the request body is over the limit of {limit}")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except TimeoutError:
+            raise HttpError(408, f"the request body took over {self.options.read_s} s") from None
+
+    async def _submit(self, workflow: str, inputs: Any, fields: dict[str, Any],
+                      request: web.BaseRequest) -> tuple[str, Any]:  # fmt: skip
+        worker = self.worker
+        objective = Objective.from_wire(fields, worker.config.time_scale)
+        return await worker.submit_job(
+            workflow, inputs, None, objective, traceparent=request.headers.get("traceparent")
+        )
+
+    # -- the Open Inference Protocol -----------------------------------------------------------
+    async def _live(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def _ready(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
+        """200 while the worker takes work, as the metrics port's ``/ready``; else 503 with
+        why (starting, draining, stopping, degraded, split off)."""
+        ready, why = self.worker.metrics.is_ready()
+        if ready and not self.worker.draining:
+            return web.Response(status=200)
+        body = {"error": f"not ready: {why if not ready else 'draining'}"}
+        return _json(body, 503, {"Retry-After": str(RETRY_AFTER_S)})
+
+    async def _server_metadata(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
+        extensions = ["binary_tensor_data", "openai"]
+        return _json({"name": "compass", "version": compass.__version__, "extensions": extensions})
+
+    def _known(self, name: str) -> None:
+        self.worker.app.get_workflow(name)  # UnknownWorkflow: 404
+
+    async def _model_metadata(self, request: web.BaseRequest, name: str) -> web.StreamResponse:
+        workflow = self.worker.app.get_workflow(name)
+        ins, outs = self.worker.app.front.tensors.get(name, ((), ()))
+        declared = {t.name: t.to_json() for t in ins}
+        inputs = [declared.get(n, {"name": n, "datatype": "BYTES", "shape": [-1]})
+                  for n in workflow.inputs]  # fmt: skip
+        inputs += [t for n, t in declared.items() if n not in workflow.inputs]
+        outputs = [t.to_json() for t in outs] or [
+            {"name": "output", "datatype": "BYTES", "shape": [-1]}
+        ]
+        return _json({"name": name, "versions": ["1"], "platform": "compass",
+                      "inputs": inputs, "outputs": outputs})  # fmt: skip
+
+    async def _model_ready(self, request: web.BaseRequest, name: str) -> web.StreamResponse:
+        self._known(name)
+        return await self._ready(request, name)
+
+    async def _infer(self, request: web.BaseRequest, name: str) -> web.StreamResponse:
+        self._known(name)  # 404 before reading a body for nothing
+        header = request.headers.get("Inference-Header-Content-Length")
+        header_length: int | None = None
+        if header is not None:
+            if not header.isdigit():
+                raise HttpError(400, f"Inference-Header-Content-Length {header!r} is not a size")
+            header_length = int(header)
+        parsed = tensors.parse_infer(await self._body(request), header_length)
+        fields = tensors.objective_fields(parsed.parameters)
+        job_id, value = await self._submit(name, parsed.inputs, fields, request)
+        _, outs = self.worker.app.front.tensors.get(name, ((), ()))
+        default = outs[0].name if len(outs) == 1 else "output"
+        body, length = tensors.encode_answer(name, job_id, value, parsed, default)
+        headers = {"X-Compass-Job": job_id}
+        if length is None:
+            return web.Response(body=body, content_type=_JSON, headers=headers)
+        headers["Inference-Header-Content-Length"] = str(length)
+        return web.Response(body=body, content_type="application/octet-stream", headers=headers)
+
+    # -- OpenAI --------------------------------------------------------------------------------
+    async def _openai_models(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
+        return _json(openai.models_body(list(self.worker.app.front.openai.values())))
+
+    async def _openai(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        raw = await self._body(request)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            where = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise HttpError(400, f"malformed JSON{where}: the body must be a JSON object") from None
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            raise HttpError(400, "the body must be a JSON object with a model name")
+        declared = self.worker.app.front.openai.get(body["model"])
+        if declared is None:
+            known = ", ".join(sorted(self.worker.app.front.openai)) or "none"
+            raise UnknownWorkflow(f"unknown model {body['model']!r} (known: {known})")
+        kind = openai.ENDPOINT_KIND[path]
+        if declared.kind != kind:
+            raise HttpError(400, f"model {declared.model!r} serves {declared.kind}, not {kind}")
+        workflow = self.worker.app.get_workflow(declared.workflow)
+        inputs = openai.job_inputs(kind, body, workflow.inputs)
+        job_id, value = await self._submit(
+            declared.workflow, inputs, openai.objective_fields(body), request
+        )
+        answer = openai.answer_body(declared, job_id, value, body)
+        return _json(answer, headers={"X-Compass-Job": job_id})

@@ -1,0 +1,161 @@
+"""What observability reads of a worker, as protocols: who it is (:class:`Identity`), what it
+holds (:class:`Holdings`), what it records (:class:`Records`), the peers it can reach
+(:class:`Peers`) and the view it holds of them (:class:`ViewHeld`). The worker
+(:class:`compass.worker.server.Worker`) is each of them; the dashboard, the metrics and
+``compass status`` read it through these, so nothing here imports the adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from compass.cache.models import ModelCache
+    from compass.config import WorkerConfig
+    from compass.core.lanes import Lanes
+    from compass.core.stats import WorkerStats
+    from compass.observe.timeline import Timeline
+    from compass.observe.tracing import Tracer
+    from compass.sched import Policy
+    from compass.sched.view import ClusterView
+    from compass.wire.transport import Channel
+
+__all__ = [
+    "Holdings",
+    "Identity",
+    "Measured",
+    "Peer",
+    "Peers",
+    "Records",
+    "ViewHeld",
+    "queue_status",
+]
+
+
+class Identity(Protocol):
+    """Who a worker is and how it runs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when it was made."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def config(self) -> WorkerConfig: ...
+
+
+class Holdings(Protocol):
+    """What a worker holds now: its queues and lanes, its cache and its jobs; and its clock,
+    which ages them."""
+
+    @property
+    def lanes(self) -> Lanes: ...
+
+    @property
+    def cache(self) -> ModelCache: ...
+
+    @property
+    def jobs_in_flight(self) -> int: ...
+
+    @property
+    def tasks_waiting_inputs(self) -> int: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    def clock(self) -> float: ...
+
+
+class Records(Protocol):
+    """What a worker counts and keeps of what it did: counters, traces, metrics."""
+
+    @property
+    def stats(self) -> WorkerStats: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
+
+    @property
+    def metrics(self) -> Measured: ...
+
+
+class Measured(Protocol):
+    """What is read of a worker's metrics (:class:`compass.observe.metrics.WorkerMetrics`)."""
+
+    @property
+    def timeline(self) -> Timeline: ...
+
+    @property
+    def address(self) -> str: ...
+
+    def is_ready(self) -> tuple[bool, str]: ...
+
+    def slo_summary(self) -> dict[str, dict[str, dict[str, float]]]: ...
+
+    def batch_sizes(self) -> dict[str, dict[str, int]]: ...
+
+
+class Peer(Protocol):
+    """A live peer as observability names it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+
+class Peers(Protocol):
+    """The peers a worker reaches (its membership service), and those it lost."""
+
+    @property
+    def peers(self) -> Mapping[str, Peer]: ...
+
+    async def open_channel(self, name: str) -> Channel | None: ...
+
+    def describe_lost(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def seeds(self) -> Sequence[str]:
+        """The addresses it was told to join (``--join``)."""
+
+
+class ViewHeld(Protocol):
+    """The view a worker holds of its peers: ``rule`` is None for the mesh (every worker,
+    heartbeated every few ms), a candidate rule for the bounded view."""
+
+    @property
+    def rule(self) -> object | None: ...
+
+    @property
+    def view(self) -> ClusterView: ...
+
+
+def queue_status(worker: Holdings) -> dict[str, Any]:
+    """The worker's queues and lanes as ``compass status`` and the dashboard show them."""
+    lanes = worker.lanes
+    return {
+        "ready": len(lanes.queue),
+        "waiting_inputs": worker.tasks_waiting_inputs,
+        "running": lanes.busy,
+        "lanes": lanes.lanes,
+        "wait_ms": round(lanes.wait_s(worker.clock()) * 1000, 3),
+        "host_ready": len(lanes.host_queue),
+        "host_running": lanes.host_busy,
+        "host_lanes": lanes.host_lanes,
+        "stuck": lanes.stuck,
+        "max_stuck": lanes.max_stuck,
+        "degraded": lanes.degraded,
+    }

@@ -1,0 +1,84 @@
+"""What one simulation runs (:class:`SimSettings`), and how each simulated worker is configured.
+
+A simulated worker is configured as ``compass worker start`` configures a real one: the
+simulator makes a :class:`~compass.config.WorkerConfig` of its settings
+(:meth:`SimSettings.worker_config`), and its core's options of that with
+:func:`~compass.core.options.core_options`, the function the asyncio worker uses. The defaults
+are a worker's, but where :data:`compass.config.SIM_WORKER` differs on purpose, in that one
+place, each difference with why (``tests/unit/test_config_sources.py`` fails on any other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from compass.config import SIM_WORKER, WorkerConfig
+
+if TYPE_CHECKING:
+    from compass.workflow.spec import Workload
+
+__all__ = ["SimSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    """One simulation: ``workers`` simulated workers (``w0`` .. ``w{n-1}``, as a LocalCluster
+    names them) under ``policy``; see :func:`~compass.sim.engine.simulate`.
+
+    ``heartbeat_s``: how often peers' state reaches a mesh view; ``staleness_s`` (default
+    ``heartbeat_s``) how old the peers' state in a view is at least; ``cache_bytes`` (default
+    the spec's GPU memory) is each worker's cache, in slabs of ``slab_bytes``; ``seed`` seeds
+    the ``random`` policy and a bounded view's sampling. ``prefetch=False`` turns off every
+    speculative load; ``warm=False`` only the warming of idle caches. ``host_lanes`` > 0 runs
+    model-less tasks on that many host lanes per worker, off the GPU lanes (``compass worker
+    start --host-lanes``). ``prefetch_evicts=False`` prefetches into free slabs only (the
+    paper's rule); ``policy_options`` changes compass's settings
+    (:func:`~compass.sched.make_policy`'s ``options``). ``warm_start``: the first job arrives
+    once the idle workers' warming has settled (as ``compass bench e2e`` waits for it on a
+    real cluster), not at time 0 of a cold cluster.
+
+    ``ingress`` says which worker a job enters at: ``"client"``, client ``i`` submits to
+    ``w{i % workers}``; ``"spread"``, the ``k``-th job enters at ``w{k % workers}``, as a load
+    balancer would deal them; ``"auto"``, spread from
+    :data:`~compass.sim.engine.SPREAD_FROM` workers on. ``view`` says what a planner sees:
+    ``"mesh"``, every worker; ``"bounded"``, for each job, its candidates: ``candidates``
+    sampled workers and at most ``holders`` holders per model the job needs (None: all).
+    """
+
+    workers: int
+    policy: str
+    heartbeat_s: float = SIM_WORKER.sched.heartbeat_ms / 1000.0
+    staleness_s: float | None = None
+    lanes: int = SIM_WORKER.lanes
+    host_lanes: int = SIM_WORKER.host_lanes
+    prefetch: bool = True
+    prefetch_evicts: bool = SIM_WORKER.cache.prefetch_evicts
+    warm: bool = SIM_WORKER.sched.warm
+    cache_bytes: int | None = SIM_WORKER.cache.capacity_bytes
+    slab_bytes: int = SIM_WORKER.cache.slab_bytes
+    seed: int = 0
+    policy_options: Mapping[str, Any] | None = None
+    warm_start: bool = False
+    ingress: str = "auto"
+    view: str = SIM_WORKER.sched.view
+    candidates: int = SIM_WORKER.sched.candidates
+    holders: int | None = SIM_WORKER.sched.holders
+
+    def worker_config(self, workload: Workload) -> WorkerConfig:
+        """Each simulated worker's configuration: :data:`SIM_WORKER` with these settings (a
+        ConfigError for what a worker would refuse, e.g. a cache smaller than a slab)."""
+        capacity = workload.cluster.gpu_memory_bytes if self.cache_bytes is None else None
+        cache = replace(
+            SIM_WORKER.cache,
+            capacity_bytes=capacity if capacity is not None else self.cache_bytes,
+            slab_bytes=self.slab_bytes,
+            prefetch_depth=SIM_WORKER.cache.prefetch_depth if self.prefetch else 0,
+            prefetch_evicts=self.prefetch_evicts,
+        )
+        # warming is a speculative load: no prefetching, no warming
+        sched = replace(SIM_WORKER.sched, warm=self.warm and self.prefetch)
+        return replace(
+            SIM_WORKER, lanes=self.lanes, host_lanes=self.host_lanes, cache=cache, sched=sched
+        )

@@ -1,0 +1,95 @@
+"""A generating model on compass: a tiny byte-level transformer writes, a translator and a
+speaker follow. Everything is made on this machine; nothing is downloaded::
+
+    OMP_NUM_THREADS=1 compass worker start --app examples.tinylm.app
+    compass submit tell -i 'prompt=The ship' -i max_new_tokens=60
+
+The models: ``tinylm`` (:class:`~examples.tinylm.model.TinyLM`, about 130 thousand parameters)
+gets its weights from :func:`~examples.tinylm.train.ensure_weights`: trained on first use on the
+corpus shipped beside this file, with fixed seeds, and cached under the system's temporary
+folder (:func:`~examples.tinylm.train.default_weights`); a worker that finds the file loads it.
+``speaker`` (:class:`~examples.tinylm.speech.Speaker`) is built from a seed. One intra-op thread
+suits models this small (``OMP_NUM_THREADS=1``): on a busy machine a thread pool's hand-offs
+cost far more than the arithmetic.
+
+Workflows (``prompt``: a non-empty string; ``max_new_tokens``: how many bytes to write; the
+prompt and the new bytes together fit the model's 256-byte context):
+
+- ``tell``: task ``generate``: the generated text, greedy (the same prompt gives the same text
+  on every worker and in :func:`~examples.tinylm.model.generate` run directly).
+- ``speak``: ``generate`` -> ``translate`` (pig latin) -> ``synthesize``:
+  ``{"sentences": [str], "audio": [tensor]}``, one waveform-like tensor per translated sentence.
+
+Both run on today's compass: each task returns its whole output (``write`` collects what
+:func:`~examples.tinylm.model.generate` yields). The step-wise versions of the same three
+tasks (generators, one ``yield`` per step, for issue 34's step-wise tasks and streamed edges,
+not in the core yet) are in :mod:`examples.tinylm.steps`, with :func:`~.steps.declare_steps`
+to declare them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+from torch import nn
+
+import compass
+
+from .model import TinyConfig, TinyLM, generate
+from .speech import build_speaker, pig_latin, speak, split_sentences
+from .train import Training, default_weights, ensure_weights, full_state
+
+__all__ = ["app", "build_app", "synthesize", "translate", "write"]
+
+
+def write(model: nn.Module, prompt: str, max_new_tokens: int) -> str:
+    """``generate`` collected: the whole continuation of ``prompt`` (greedy)."""
+    assert isinstance(model, TinyLM)
+    return "".join(generate(model, prompt, max_new_tokens))
+
+
+def translate(model: None, text: str) -> str:
+    return pig_latin(text)
+
+
+def synthesize(model: nn.Module, text: str) -> dict[str, Any]:
+    sentences = split_sentences(text)
+    return {"sentences": sentences, "audio": [speak(model, s) for s in sentences]}
+
+
+class WeightsLoader:
+    """The ``tinylm`` model's loader: the cached weights, trained first if missing."""
+
+    def __init__(self, training: Training | None) -> None:
+        self.training = training
+
+    def __call__(self, path: Path) -> dict[str, Any]:
+        return full_state(load_file(str(ensure_weights(path, training=self.training))))
+
+
+def build_app(weights: str | Path | None = None, training: Training | None = None) -> compass.App:
+    """The app, its weights cached at ``weights`` (default: :func:`default_weights`) and made
+    with ``training`` (default :class:`Training`) when the file is missing."""
+    app = compass.App("tinylm")
+    path = Path(weights) if weights is not None else default_weights(TinyConfig(), training)
+    app.model("tinylm", TinyLM, weights=path, loader=WeightsLoader(training))
+    app.model("speaker", build_speaker)
+    # expected times are for a CPU and about a hundred bytes; measurements take over at run time
+    tell = app.workflow("tell", inputs=["prompt", "max_new_tokens"])
+    tell.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
+    spoken = app.workflow("speak", inputs=["prompt", "max_new_tokens"])
+    spoken.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
+    spoken.task(translate, after={"generate": "text"}, expected_ms=0.1, output_bytes=384)
+    spoken.task(
+        synthesize,
+        model="speaker",
+        after={"translate": "text"},
+        expected_ms=2.0,
+        output_bytes=384 * 32 * 4,
+    )
+    return app
+
+
+app = build_app()

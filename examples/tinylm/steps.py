@@ -1,0 +1,138 @@
+"""The app's tasks as step-wise tasks: generators that give partial outputs as they go.
+
+**Written for compass's step-wise tasks and streamed edges (issue 34), which the core does not
+run yet.** Today a task's output is whatever its function returns, so a generator function
+would hand the worker a generator object; :mod:`examples.tinylm.app` therefore declares the
+collecting versions (``write``, ``translate``, ``synthesize``), which run on today's compass.
+:func:`declare_steps` declares these ones; compass accepts the declaration today (the tests
+check it), and the workflow runs once the core runs generator tasks.
+
+The rule these follow (issue 34, item 1): each ``yield`` ends a step and gives a partial
+output; the function's ``return`` value is its final output, what a successor on a plain edge
+and the caller's final result get. A successor on a streamed edge gets an iterator of its
+predecessor's partial outputs instead; :func:`translate_steps` and :func:`synthesize_steps`
+take any iterable of text pieces, so they work on both kinds of edge (a whole string is an
+iterable of one-character pieces).
+
+Once streamed edges exist, the edges of :func:`declare_steps` become streamed (the marker's
+name is the core's to choose), e.g. ``after={"generate": Stream("text")}``: the translator then
+starts on the first word written and the speaker on the first sentence translated.
+:func:`stream_locally` chains the three generators in this process that way, so the
+pipeline's streamed behaviour is tested now.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any, TypeVar
+
+from torch import nn
+
+import compass
+
+from .model import TinyLM, generate
+from .speech import PigLatin, Sentences, speak
+
+__all__ = ["declare_steps", "stream_locally", "synthesize_steps", "translate_steps", "write_steps"]
+
+T = TypeVar("T")
+
+
+def write_steps(model: nn.Module, prompt: str, max_new_tokens: int) -> Generator[str, None, str]:
+    """One step per generated token: yields each new piece, returns the whole text."""
+    assert isinstance(model, TinyLM)
+    pieces: list[str] = []
+    for piece in generate(model, prompt, max_new_tokens):
+        pieces.append(piece)
+        yield piece
+    return "".join(pieces)
+
+
+def translate_steps(model: None, text: Iterable[str]) -> Generator[str, None, str]:
+    """One step per piece that completes something: yields the translation of each finished
+    word (and what follows it), returns the whole translation."""
+    translator = PigLatin()
+    done: list[str] = []
+    for piece in text:
+        out = translator.feed(piece)
+        if out:
+            done.append(out)
+            yield out
+    last = translator.flush()
+    if last:
+        done.append(last)
+        yield last
+    return "".join(done)
+
+
+def synthesize_steps(
+    model: nn.Module, text: Iterable[str]
+) -> Generator[dict[str, Any], None, dict[str, Any]]:
+    """One step per sentence: yields ``{"sentence", "audio"}`` as each sentence ends, returns
+    ``{"sentences", "audio"}`` (what the collecting ``synthesize`` returns)."""
+    cutter = Sentences()
+    sentences: list[str] = []
+    audio: list[Any] = []
+
+    def spoken(sentence: str) -> dict[str, Any]:
+        sentences.append(sentence)
+        audio.append(speak(model, sentence))
+        return {"sentence": sentence, "audio": audio[-1]}
+
+    for piece in text:
+        for sentence in cutter.feed(piece):
+            yield spoken(sentence)
+    for sentence in cutter.flush():
+        yield spoken(sentence)
+    return {"sentences": sentences, "audio": audio}
+
+
+def declare_steps(app: compass.App, name: str = "speak_steps") -> None:
+    """Declare the step-wise pipeline as workflow ``name`` (inputs ``prompt`` and
+    ``max_new_tokens``), with plain edges until streamed ones exist (see the module docstring).
+    Not runnable before the core runs generator tasks."""
+    flow = app.workflow(name, inputs=["prompt", "max_new_tokens"])
+    flow.task(write_steps, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
+    flow.task(
+        translate_steps, name="translate", after={"generate": "text"}, expected_ms=0.1,
+        output_bytes=384,
+    )  # fmt: skip
+    flow.task(
+        synthesize_steps, name="synthesize", model="speaker", after={"translate": "text"},
+        expected_ms=2.0, output_bytes=384 * 32 * 4,
+    )  # fmt: skip
+
+
+def _relay(
+    task: str, steps: Generator[T, None, Any], made: deque[tuple[str, Any]], finals: dict[str, Any]
+) -> Iterator[T]:
+    """``steps``'s partial outputs, each also noted in ``made`` under ``task``; its return
+    value goes to ``finals[task]``."""
+    while True:
+        try:
+            part = next(steps)
+        except StopIteration as stop:
+            finals[task] = stop.value
+            return
+        made.append((task, part))
+        yield part
+
+
+def stream_locally(
+    tinylm: nn.Module, speaker: nn.Module, prompt: str, max_new_tokens: int
+) -> Generator[tuple[str, Any], None, dict[str, Any]]:
+    """The pipeline with streamed edges, in this process: yields ``(task, partial output)`` in
+    the order they are made (each sentence's audio right after the sentence is translated, not
+    after the whole text is written); returns the speaker's final output."""
+    made: deque[tuple[str, Any]] = deque()
+    finals: dict[str, Any] = {}
+    written = _relay("generate", write_steps(tinylm, prompt, max_new_tokens), made, finals)
+    translated = _relay("translate", translate_steps(None, written), made, finals)
+    for _ in _relay("synthesize", synthesize_steps(speaker, translated), made, finals):
+        while made:
+            yield made.popleft()
+    while made:
+        yield made.popleft()
+    result: dict[str, Any] = finals["synthesize"]
+    return result
