@@ -16,7 +16,8 @@ from compass.errors import CompassError, ConfigError
 from .checks import check_output, fail, tls_config
 from .format import result_text, status_lines
 from .options import TlsCa, TlsCert, TlsKey, Token
-from .running import kept_trace, run_job, worker_status
+from .running import kept_trace, run_job, worker_status, worker_story
+from .story import story_lines
 from .traces import trace_lines
 
 #: the commands of this module, all at the top level
@@ -48,16 +49,33 @@ def status(
             show_default=False,
         ),
     ] = None,
+    story: Annotated[
+        str | None,
+        typer.Option(
+            "--story",
+            metavar="JOB",
+            help="Print what this worker's core and member table logged lately of JOB (a job "
+            "id; a peer's name or a cause id work too): each event, its cause, what it decided.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Print one worker's status, or with --trace a job's trace."""
+    """Print one worker's status, or with --trace a job's trace, or with --story its story."""
     tls = tls_config(tls_cert, tls_key, tls_ca)
+    if story is not None and trace is not None:
+        fail("--trace and --story each print a page of their own: give one of them", 2)
     try:
-        if trace is not None:
+        if story is not None:
+            told = worker_story(address, story, token=token, tls=tls, timeout=timeout)
+        elif trace is not None:
             job_trace = kept_trace(address, trace, token=token, tls=tls, timeout=timeout)
         else:
             info = worker_status(address, token=token, tls=tls, timeout=timeout)
     except CompassError as exc:
         fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
+    if story is not None:
+        typer.echo(json.dumps(told, indent=2) if as_json else "\n".join(story_lines(told)))
+        return
     if trace is not None:
         if as_json:
             typer.echo(json.dumps(job_trace.to_json(), indent=2))

@@ -76,6 +76,14 @@ def kept_trace(
     return _ask(address, lambda client: client.trace(job), token=token, tls=tls, timeouts=timeouts)
 
 
+def worker_story(
+    address: str, key: str, *, token: str | None, tls: TLSConfig | None, timeout: float
+) -> dict[str, Any]:
+    """What the worker at ``address`` logged about ``key``; ``timeout`` seconds for each step."""
+    timeouts = Timeouts(connect=timeout, handshake=timeout, request=timeout)
+    return _ask(address, lambda client: client.story(key), token=token, tls=tls, timeouts=timeouts)
+
+
 def run_job(
     address: str,
     workflow: str,

@@ -456,6 +456,16 @@ class Client:
             raise ProtocolError(f"{self.address} answered traces with a {type(answer).__name__}")
         return [JobTrace.from_json(trace) for trace in answer]
 
+    async def story(self, key: str, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> dict[str, Any]:
+        """What the connected worker's cores logged lately about ``key`` (a job id, a peer's
+        name, a model or a cause id), oldest first: ``{"worker", "key", "core", "members"}``,
+        the last two lists of entries ``{cause, now, event, did, about}`` of its worker core
+        and its member table (``now`` on the worker's clock)."""
+        answer = await self._request("story", {"key": key}, timeout)
+        if not isinstance(answer, dict):
+            raise ProtocolError(f"{self.address} answered story with a {type(answer).__name__}")
+        return answer
+
     async def _submit(
         self, workflow: str, inputs: dict[str, Any], wait: TimeoutArg, extra: dict[str, Any]
     ) -> tuple[Any, int]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from compass.config import WorkerConfig
 from compass.core.answers import KEEP_ANSWER_S
+from compass.stimuli import KEEP_STIMULI
 
 __all__ = ["FORGET_AFTER", "CoreOptions", "core_options"]
 
@@ -37,7 +38,8 @@ class CoreOptions:
     loads update the profiles (real mode; an emulated worker and the simulator keep the
     spec's); ``instance``: this worker process's id, in every job id; ``inbox_keep_s`` (on the
     core's clock): how long a task's inputs wait for the rest before its job's ingress is told
-    it failed (:meth:`~compass.core.jobs.Inbox.expire`; the simulator keeps them forever).
+    it failed (:meth:`~compass.core.jobs.Inbox.expire`; the simulator keeps them forever);
+    ``keep_stimuli``: the events its stimulus log keeps (0: none, as in the simulator).
     """
 
     lanes: int = _WORKER.lanes
@@ -54,6 +56,7 @@ class CoreOptions:
     learn: bool = not _WORKER.emulate
     instance: str = ""
     inbox_keep_s: float = math.inf
+    keep_stimuli: int = KEEP_STIMULI
 
 
 def core_options(

@@ -72,6 +72,7 @@ from compass.core.messages import (
 from compass.core.options import CoreOptions
 from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats
+from compass.core.story import CoreLog, Stimulus
 from compass.errors import (
     CompassError,
     CompassTimeout,
@@ -141,6 +142,7 @@ class WorkerCore:
         self._handled = 0
         self._out: list[Instruction] = NOT_HANDLING
         self._cause: Cause = ""
+        self.log = CoreLog(options.keep_stimuli)
         #: what broken links may have lost: sent to a peer, or dropped for a lost ingress
         self.links = Links(name, KEEP_ANSWERS)
         #: job key -> the unanswered job it names; -> the answer of an answered one (bounded in
@@ -156,13 +158,11 @@ class WorkerCore:
     # -- the one entry point ------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Instruction]:
-        """Apply ``event``; return what the adapter must do, in order.
-
-        Every instruction carries the event's id (``cause``; an event without one is named
-        ``kind:subject#n``, the same for the same events, when the name is read:
-        :mod:`compass.core.causes`). Nothing else changes the core's state. If handling
-        raises (a bug), the instructions decided before the failure are still returned, as
-        the state changed with them, followed by a :class:`Fault`."""
+        """Apply ``event``; return what the adapter must do, in order. Every instruction carries the
+        event's id (``cause``; an anonymous event is named ``kind:subject#n`` when read, see
+        :mod:`compass.core.causes`). If handling raises (a bug), the instructions decided before
+        are returned, as the state changed with them, then a :class:`Fault`. The event and what
+        it decided go into :attr:`log`."""
         self._handled = n = self._handled + 1
         out: list[Instruction] = []
         self._out = out
@@ -225,7 +225,12 @@ class WorkerCore:
             out.append(Fault(exc, cause))
         finally:
             self._out, self._cause = NOT_HANDLING, ""
+        self.log.record(event, n, cause, out)
         return out
+
+    def story(self, key: str) -> list[Stimulus]:
+        """What :attr:`log` kept about ``key`` (a job id, a peer, a model, a cause id)."""
+        return self.log.story(key)
 
     def _take(self, steps: list[Step], now: float) -> None:
         """Carry the lanes' decisions on: runs and loads go out, a task that cannot run is

@@ -1,23 +1,24 @@
 """The failure detector's rules, sans-IO: SWIM's probes with Lifeguard's refinements, as the
 member table (:class:`~compass.membership.table.MemberTable`) applies them.
 
-:class:`FailureDetector` is the table's base: it keeps what the detector keeps (the probes
-under way, the suspicions, the local health, the next probe of the round and the updates to
-piggyback) and the rules that change it; the table's :meth:`~compass.membership.table.
-MemberTable.handle` calls them, and they read the table's members and live peers and declare a
-peer dead through it (:meth:`FailureDetector._remove`). The knobs and the parts they use (the
-probe order, the broadcasts) are in :mod:`~compass.membership.swim`; the rules themselves are
-described in :mod:`~compass.membership.table`'s docstring. Like the table, nothing here reads a
-clock or does I/O: every time comes with an event, every random draw from the table's ``rng``.
+:class:`FailureDetector` is a part of the table (its :attr:`~compass.membership.table.
+MemberTable.detector`): it keeps what the detector keeps (the probes under way, the
+suspicions, the local health, the next probe of the round and the updates to piggyback) and
+the rules that change it; the table's :meth:`~compass.membership.table.MemberTable.handle`
+calls them. It reads the table's members and live peers (the same dicts, given when it is
+made) and declares a peer dead through the ``remove`` it was given (the table's rule). It
+imports nothing of the table. The knobs and the parts they use (the probe order, the
+broadcasts) are in :mod:`~compass.membership.swim`; the rules themselves are described in
+:mod:`~compass.membership.table`'s docstring. Like the table, nothing here reads a clock or
+does I/O: every time comes with an event, every random draw from the table's ``rng``.
 """
 
 from __future__ import annotations
 
-import abc
 import math
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from compass.membership.events import (
     Acked,
@@ -34,10 +35,8 @@ from compass.membership.events import (
     Unsuspected,
     Update,
 )
+from compass.membership.member import Member
 from compass.membership.swim import Broadcasts, ProbeOrder, Probing
-
-if TYPE_CHECKING:
-    from compass.membership.table import Member
 
 __all__ = ["LATE_ACKS", "FailureDetector"]
 
@@ -79,22 +78,35 @@ class _Suspicion:
     stalled: float = 0.0
 
 
-class FailureDetector(abc.ABC):
-    """The failure detector of one worker's member table (its base class): probes, suspicions
-    and local health; see the module docstring.
+#: how the table declares a peer dead: ``remove(now, name, why, out)``
+Remove = Callable[[float, str, str, list[Decision]], None]
 
-    ``probing`` times it; ``rng`` draws the probe order, the first seq and the peers asked to
-    probe indirectly. The table it is part of provides :attr:`name`, :attr:`members`,
-    :attr:`live` and :meth:`_remove`.
+
+class FailureDetector:
+    """The failure detector of one worker's member table: probes, suspicions and local
+    health; see the module docstring.
+
+    ``name`` is this worker's; ``members`` and ``live`` are the table's dicts of every worker
+    it saw and of its live peers (read here, written by the table); ``remove`` is the table's
+    rule that declares a peer dead. ``probing`` times it; ``rng`` (the table's) draws the
+    probe order, the first seq and the peers asked to probe indirectly.
     """
 
-    #: the table's: this worker's name, every worker it saw, the live ones, its randomness
-    name: str
-    members: dict[str, Member]
-    live: dict[str, Member]
-    rng: random.Random
-
-    def __init__(self, rng: random.Random, probing: Probing) -> None:
+    def __init__(
+        self,
+        name: str,
+        members: dict[str, Member],
+        live: dict[str, Member],
+        rng: random.Random,
+        probing: Probing,
+        *,
+        remove: Remove,
+    ) -> None:
+        self.name = name
+        self.members = members
+        self.live = live
+        self.rng = rng
+        self._remove = remove
         self.probing = probing
         #: Lifeguard's local health multiplier: this worker's period and timeouts are
         #: (1 + health) times the configured ones
@@ -117,11 +129,40 @@ class FailureDetector(abc.ABC):
         #: own probes given up on, by seq: target and when sent (the last LATE_ACKS)
         self._given_up: dict[int, tuple[str, float]] = {}
 
-    @abc.abstractmethod
-    def _remove(self, now: float, name: str, why: str, out: list[Decision]) -> None:
-        """Declare peer ``name`` dead at its current incarnation (the table's rule)."""
+    # -- what the table tells it ---------------------------------------------------------------
+    def joined(self, now: float, name: str) -> None:
+        """``name`` became a live peer (it was none): probe it in its turn; the first peer
+        starts the probing, at a random phase."""
+        self._order.add(name)
+        if math.isinf(self.probe_at):
+            self.probe_at = now + self.rng.random() * self.probing.period_s
 
-    def _detect(self, now: float, out: list[Decision]) -> None:
+    def dropped(self, name: str) -> None:
+        """Live peer ``name`` was removed (the table's ``live`` no longer has it)."""
+        self.suspicions.pop(name, None)
+        self.slowness.pop(name, None)
+        if not self.live:  # nobody left to tell: what was to be told is stale by the next peer
+            self.broadcasts.clear()
+            self.probe_at = math.inf  # nobody to probe either, until the next peer
+
+    def clear(self) -> None:
+        """The table closes: no probe, suspicion or update is under way any more."""
+        self._probes.clear()
+        self._given_up.clear()
+        self.suspicions.clear()
+        self.slowness.clear()
+        self.broadcasts.clear()
+        self.probe_at = math.inf
+
+    def due(self) -> Iterator[float]:
+        """When something of the detector is due: the next probe, probe timeouts, the ends
+        of suspicions."""
+        yield self.probe_at
+        yield from (p.due() for p in self._probes.values())
+        yield from (s.deadline for s in self.suspicions.values())
+
+    # -- its rules ------------------------------------------------------------------------------
+    def detect(self, now: float, out: list[Decision]) -> None:
         """What is due of the failure detector at ``now``: late acks, failed probes,
         suspicions timed out, the next probe of the round."""
         for seq, probe in list(self._probes.items()):
@@ -147,9 +188,9 @@ class FailureDetector(abc.ABC):
             busy = {p.target for p in self._probes.values() if p.relay is None}
             target = self._order.next(self.live, busy)
             if target is not None:
-                self._probe(now, target, self.live[target].address, None, out)
+                self.probe(now, target, self.live[target].address, None, out)
 
-    def _probe(
+    def probe(
         self,
         now: float,
         target: str,
@@ -162,9 +203,9 @@ class FailureDetector(abc.ABC):
         if relay is not None:
             timeout_s *= 0.8  # the asker hears the nack before its own window closes
         self._probes[self._seq] = _Probe(target, address, now + timeout_s, relay, now)
-        out.append(SendProbe(target, address, self._seq, self._piggyback(target)))
+        out.append(SendProbe(target, address, self._seq, self.piggyback(target)))
 
-    def _channel_lost(self, ev: ChannelLost, out: list[Decision]) -> None:
+    def channel_lost(self, ev: ChannelLost, out: list[Decision]) -> None:
         """Probe the peer now, through a new channel; a direct probe of it still waiting for
         its ack went out on the broken one: its answer will not come back, it is replaced."""
         peer = self.live.get(ev.name)
@@ -175,9 +216,9 @@ class FailureDetector(abc.ABC):
                 if probe.indirect_by is not None:
                     return  # others are probing it already
                 del self._probes[seq]
-        self._probe(ev.now, peer.name, peer.address, None, out)
+        self.probe(ev.now, peer.name, peer.address, None, out)
 
-    def _stalled(self, ev: Stalled) -> None:
+    def stalled(self, ev: Stalled) -> None:
         """This worker's loop stalled ``ev.late_s``: silence is measured in the time it was
         listening, so every deadline of its own probes and suspicions moves by the stall (an
         ack may be waiting unread, a refutation could not be asked for). A stall of half a
@@ -193,7 +234,7 @@ class FailureDetector(abc.ABC):
             suspicion.stalled += late
             suspicion.deadline += late
         if late >= self.probing.timeout_s / 2:
-            self._health(+1)
+            self.adjust_health(+1)
 
     def _indirect(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
         """Probe ``seq``'s ack is late: ask others to probe its target."""
@@ -204,7 +245,7 @@ class FailureDetector(abc.ABC):
             return
         probe.indirect_by = now + self.probing.timeout_s * (1 + self.health)
         probe.asked = len(via)
-        updates = self._piggyback(None, times=len(via))
+        updates = self.piggyback(None, times=len(via))
         out.append(AskIndirect(tuple(via), probe.target, probe.address, seq, updates))
 
     def _failed(self, now: float, seq: int, probe: _Probe, out: list[Decision]) -> None:
@@ -214,18 +255,19 @@ class FailureDetector(abc.ABC):
         if len(self._given_up) > LATE_ACKS:
             del self._given_up[next(iter(self._given_up))]
         if probe.nacks < probe.asked:
-            self._health(+1)  # a peer asked did not even nack: this worker may be the slow one
+            # a peer asked did not even nack: this worker may be the slow one
+            self.adjust_health(+1)
         known = self.live.get(probe.target)
         if known is not None:
-            self._suspect(now, probe.target, known.incarnation, self.name, out)
+            self.suspect(now, probe.target, known.incarnation, self.name, out)
 
     def _nack(self, seq: int, probe: _Probe, out: list[Decision]) -> None:
         del self._probes[seq]
         assert probe.relay is not None
         asker, their_seq = probe.relay
-        out.append(SendNack(asker, their_seq, self._piggyback(asker)))
+        out.append(SendNack(asker, their_seq, self.piggyback(asker)))
 
-    def _acked(self, ev: Acked, out: list[Decision]) -> None:
+    def acked(self, ev: Acked, out: list[Decision]) -> None:
         probe = self._probes.pop(ev.seq, None)
         if probe is None:
             late = self._given_up.pop(ev.seq, None)
@@ -234,9 +276,9 @@ class FailureDetector(abc.ABC):
             return
         if probe.relay is not None:
             asker, their_seq = probe.relay
-            out.append(SendAck(asker, their_seq, self._piggyback(asker)))
+            out.append(SendAck(asker, their_seq, self.piggyback(asker)))
         else:
-            self._health(-1)
+            self.adjust_health(-1)
             self._slow(ev.now, probe.target, ev.now - probe.sent)
 
     def _slow(self, now: float, name: str, rtt_s: float) -> None:
@@ -252,7 +294,7 @@ class FailureDetector(abc.ABC):
                 suspicion.deadline, suspicion.since + suspicion.stalled + timeout_s
             )
 
-    def _nacked(self, ev: Nacked, out: list[Decision]) -> None:
+    def nacked(self, ev: Nacked, out: list[Decision]) -> None:
         probe = self._probes.get(ev.seq)
         if probe is None or probe.relay is not None or probe.indirect_by is None:
             return
@@ -260,7 +302,7 @@ class FailureDetector(abc.ABC):
         if probe.nacks >= probe.asked:  # every peer asked failed too: no ack is coming
             self._failed(ev.now, ev.seq, probe, out)
 
-    def _unsent(self, ev: ProbeUnsent, out: list[Decision]) -> None:
+    def unsent(self, ev: ProbeUnsent, out: list[Decision]) -> None:
         probe = self._probes.get(ev.seq)
         if probe is None:
             return
@@ -269,7 +311,7 @@ class FailureDetector(abc.ABC):
         elif probe.indirect_by is None and probe.target in self.live:
             self._indirect(ev.now, ev.seq, probe, out)
 
-    def _suspect(
+    def suspect(
         self, now: float, name: str, incarnation: int, by: str, out: list[Decision]
     ) -> None:
         """``by`` suspects live peer ``name`` at ``incarnation``: a new suspicion, or a
@@ -296,7 +338,7 @@ class FailureDetector(abc.ABC):
             # tell it now, not on the next probe of it a round later: the probe carries its
             # suspicion first (see _piggyback), and a live peer refutes in its ack (the
             # first to suspect it tells it; those that only hear of it do not, at any n)
-            self._probe(now, name, known.address, None, out)
+            self.probe(now, name, known.address, None, out)
 
     def _suspicion_timeout_s(self, members: int, confirmations: int, name: str) -> float:
         """How long a suspicion of ``name`` lasts here: Lifeguard's, stretched by this
@@ -308,7 +350,7 @@ class FailureDetector(abc.ABC):
         _, longest = self.probing.suspicion_bounds_s(members)
         return min(base + 2 * self.slowness.get(name, 0.0), longest)
 
-    def _unsuspect(self, name: str, out: list[Decision]) -> None:
+    def unsuspect(self, name: str, out: list[Decision]) -> None:
         """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""
         suspicion = self.suspicions.get(name)
         incarnation = self.members[name].incarnation
@@ -335,10 +377,10 @@ class FailureDetector(abc.ABC):
         if self.live:
             self.broadcasts.add(Update("dead", name, known.incarnation, known.address, self.name))
 
-    def _health(self, change: int) -> None:
+    def adjust_health(self, change: int) -> None:
         self.health = min(max(self.health + change, 0), self.probing.max_health)
 
-    def _piggyback(self, to: str | None, times: int = 1) -> tuple[Update, ...]:
+    def piggyback(self, to: str | None, times: int = 1) -> tuple[Update, ...]:
         """The updates for one message to ``to`` (sent ``times`` times): a suspect is told
         first that it is suspected, so that it can refute (Lifeguard's buddy system)."""
         most, limit = self.probing.max_piggyback, self.probing.retransmits(len(self.live) + 1)

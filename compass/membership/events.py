@@ -23,7 +23,7 @@ read.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from compass.errors import CompassError, ProtocolError
@@ -33,12 +33,15 @@ __all__ = [
     "PROBE_OPS",
     "Acked",
     "AskIndirect",
+    "Caused",
     "ChannelLost",
     "Close",
     "Decision",
     "Dial",
     "Duplicate",
     "Event",
+    "Fault",
+    "ForgetAfter",
     "Forgot",
     "Fresh",
     "Gossiped",
@@ -49,6 +52,7 @@ __all__ = [
     "JoinSeeds",
     "Leave",
     "Left",
+    "Listens",
     "Moved",
     "Nacked",
     "Named",
@@ -268,7 +272,18 @@ def _wire(updates: tuple[Update, ...]) -> list[list[Any]]:
 
 # -- events ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class JoinAsked:
+class Caused:
+    """What every event and decision shares: ``cause``, the id of what caused it (dask's
+    stimulus ids). An event's own id, or empty: the table names it ``kind:subject#n``, the
+    ``n``-th event it handled; a decision's is the id of the event it was decided on (set by
+    :meth:`~compass.membership.table.MemberTable.handle`). Keyword-only, and left out of
+    comparisons: it says where a thing came from, not what it is."""
+
+    cause: str = field(default="", kw_only=True, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAsked(Caused):
     """A worker that dialed this one asks to join with ``hello``; ``wants_list``: it wants
     the member list back (a joiner does; a redial of a known peer need not)."""
 
@@ -278,7 +293,7 @@ class JoinAsked:
 
 
 @dataclass(frozen=True, slots=True)
-class Named:
+class Named(Caused):
     """Worker ``by`` named ``members`` (``(name, address, incarnation)``) in the welcome it
     answered this worker's join with: taken as live without dialing them."""
 
@@ -288,7 +303,7 @@ class Named:
 
 
 @dataclass(frozen=True, slots=True)
-class JoinAnswered:
+class JoinAnswered(Caused):
     """The worker this one dialed at ``address`` (expected to be ``expect``, if known) answered
     its join with ``hello``."""
 
@@ -299,7 +314,7 @@ class JoinAnswered:
 
 
 @dataclass(frozen=True, slots=True)
-class HeardFrom:
+class HeardFrom(Caused):
     """A heartbeat of ``name`` arrived (of ``incarnation``, if it says)."""
 
     now: float
@@ -308,7 +323,7 @@ class HeardFrom:
 
 
 @dataclass(frozen=True, slots=True)
-class Remove:
+class Remove(Caused):
     """Declare peer ``name`` dead at once (not through a suspicion): ``why`` says why."""
 
     now: float
@@ -317,7 +332,7 @@ class Remove:
 
 
 @dataclass(frozen=True, slots=True)
-class Left:
+class Left(Caused):
     """Peer ``name`` said it leaves on purpose."""
 
     now: float
@@ -326,7 +341,7 @@ class Left:
 
 
 @dataclass(frozen=True, slots=True)
-class NotReached:
+class NotReached(Caused):
     """Member ``name`` at ``address``, named by a seed, could not be reached while joining."""
 
     now: float
@@ -335,7 +350,7 @@ class NotReached:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryFailed:
+class RetryFailed(Caused):
     """A try to reach lost ``name`` failed."""
 
     now: float
@@ -343,7 +358,7 @@ class RetryFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class Tick:
+class Tick(Caused):
     """Look at the schedule: probe the next peer when the period is up, go indirect or
     suspect when an ack is late, declare dead a suspect whose time is up, forget whom to
     forget, dial whom to dial. ``busy``: lost members whose retry is under way;
@@ -355,7 +370,7 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
-class Seeds:
+class Seeds(Caused):
     """This worker joins through ``addresses`` (itself possibly among them)."""
 
     now: float
@@ -363,7 +378,7 @@ class Seeds:
 
 
 @dataclass(frozen=True, slots=True)
-class NotASeed:
+class NotASeed(Caused):
     """Seed ``address`` turned out to be this worker (by its instance): drop it."""
 
     now: float
@@ -371,28 +386,28 @@ class NotASeed:
 
 
 @dataclass(frozen=True, slots=True)
-class SeedsFailed:
+class SeedsFailed(Caused):
     """This worker, with no peer, tried its seeds again and none took it: back off."""
 
     now: float
 
 
 @dataclass(frozen=True, slots=True)
-class SeedsAnswered:
+class SeedsAnswered(Caused):
     """This worker, with no peer, joined through its seeds again."""
 
     now: float
 
 
 @dataclass(frozen=True, slots=True)
-class Leave:
+class Leave(Caused):
     """This worker leaves the cluster: it takes nobody in from now on."""
 
     now: float
 
 
 @dataclass(frozen=True, slots=True)
-class Close:
+class Close(Caused):
     """This worker closes: its channels close, it has no peer any more (none is declared dead,
     none is retried)."""
 
@@ -400,7 +415,7 @@ class Close:
 
 
 @dataclass(frozen=True, slots=True)
-class Pinged:
+class Pinged(Caused):
     """Peer ``sender`` probes this worker (probe ``seq``, meant for ``to``) with ``updates``."""
 
     now: float
@@ -411,7 +426,7 @@ class Pinged:
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeAsked:
+class ProbeAsked(Caused):
     """Peer ``sender`` asks this worker to probe ``target`` (at ``address``) for it: its
     probe ``seq`` timed out."""
 
@@ -424,7 +439,7 @@ class ProbeAsked:
 
 
 @dataclass(frozen=True, slots=True)
-class Acked:
+class Acked(Caused):
     """Peer ``sender`` answered probe ``seq``: its target is alive (``sender`` is the target,
     or a peer that probed it for this worker)."""
 
@@ -435,7 +450,7 @@ class Acked:
 
 
 @dataclass(frozen=True, slots=True)
-class Nacked:
+class Nacked(Caused):
     """Peer ``sender``, asked to probe for this worker (its probe ``seq``), got no answer."""
 
     now: float
@@ -445,7 +460,7 @@ class Nacked:
 
 
 @dataclass(frozen=True, slots=True)
-class ProbeUnsent:
+class ProbeUnsent(Caused):
     """Probe ``seq`` could not be sent (no channel to its target, and dialing it failed)."""
 
     now: float
@@ -453,7 +468,7 @@ class ProbeUnsent:
 
 
 @dataclass(frozen=True, slots=True)
-class ChannelLost:
+class ChannelLost(Caused):
     """The channel to live peer ``name`` broke: probe it now (it is dialed again for that)."""
 
     now: float
@@ -461,7 +476,7 @@ class ChannelLost:
 
 
 @dataclass(frozen=True, slots=True)
-class Stalled:
+class Stalled(Caused):
     """This worker's own event loop ran ``late_s`` seconds late (a timer due ``late_s`` ago
     fired only now): its peers' silence meanwhile is no sign against them."""
 
@@ -470,12 +485,30 @@ class Stalled:
 
 
 @dataclass(frozen=True, slots=True)
-class Gossiped:
+class Gossiped(Caused):
     """``updates`` arrived from ``sender`` other than on a probe."""
 
     now: float
     sender: str
     updates: tuple[Update, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Listens(Caused):
+    """This worker listens at ``address`` now (its server bound): what it tells its peers in
+    the join handshake from now on."""
+
+    now: float
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetAfter(Caused):
+    """A member lost ``seconds`` is forgotten from now on (:attr:`~compass.membership.table.
+    MemberTable.forget_after_s`)."""
+
+    now: float
+    seconds: float
 
 
 Event: TypeAlias = (
@@ -502,12 +535,14 @@ Event: TypeAlias = (
     | ChannelLost
     | Stalled
     | Gossiped
+    | Listens
+    | ForgetAfter
 )
 
 
 # -- decisions -------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class PeerUp:
+class PeerUp(Caused):
     """``name`` is a live peer on the channel its join came on. ``replaces``: it was one
     already (a newer channel replaces the older); ``back_after_s``: how long it was lost, or
     None if it was not."""
@@ -520,7 +555,7 @@ class PeerUp:
 
 
 @dataclass(frozen=True, slots=True)
-class PeerDown:
+class PeerDown(Caused):
     """``name`` is no peer any more (declared dead, or it left): close its channel."""
 
     name: str
@@ -529,7 +564,7 @@ class PeerDown:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryAt:
+class RetryAt(Caused):
     """Lost ``name`` is next tried at ``at``, after ``failures`` failed tries."""
 
     name: str
@@ -539,7 +574,7 @@ class RetryAt:
 
 
 @dataclass(frozen=True, slots=True)
-class Refuse:
+class Refuse(Caused):
     """Refuse the join (nothing changed for it): raise :meth:`error`."""
 
     kind: type[CompassError]
@@ -552,14 +587,14 @@ class Refuse:
 
 
 @dataclass(frozen=True, slots=True)
-class Welcome:
+class Welcome(Caused):
     """Answer the join with ``reply``."""
 
     reply: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
-class Duplicate:
+class Duplicate(Caused):
     """The worker dialed at ``address`` has the name of live peer ``name`` (at
     ``live_address``) and is another process: ignore it (close its channel)."""
 
@@ -569,7 +604,7 @@ class Duplicate:
 
 
 @dataclass(frozen=True, slots=True)
-class Moved:
+class Moved(Caused):
     """Lost ``expected``'s address now answers as ``name``: ``expected`` is forgotten."""
 
     expected: str
@@ -578,7 +613,7 @@ class Moved:
 
 
 @dataclass(frozen=True, slots=True)
-class Refuted:
+class Refuted(Caused):
     """``by`` had declared this worker dead at incarnation ``declared``: it is ``incarnation``
     now."""
 
@@ -588,7 +623,7 @@ class Refuted:
 
 
 @dataclass(frozen=True, slots=True)
-class Forgot:
+class Forgot(Caused):
     """``name``, lost for ``lost_s``, is forgotten."""
 
     name: str
@@ -596,7 +631,7 @@ class Forgot:
 
 
 @dataclass(frozen=True, slots=True)
-class Dial:
+class Dial(Caused):
     """Try to reach lost ``name`` at ``address`` (answer with :class:`RetryFailed` if it fails)."""
 
     name: str
@@ -604,7 +639,7 @@ class Dial:
 
 
 @dataclass(frozen=True, slots=True)
-class JoinSeeds:
+class JoinSeeds(Caused):
     """This worker has no peer: join through ``seeds`` again (then :class:`SeedsAnswered` or
     :class:`SeedsFailed`)."""
 
@@ -612,14 +647,14 @@ class JoinSeeds:
 
 
 @dataclass(frozen=True, slots=True)
-class Fresh:
+class Fresh(Caused):
     """A heartbeat of ``name`` counts: it is alive."""
 
     name: str
 
 
 @dataclass(frozen=True, slots=True)
-class Stale:
+class Stale(Caused):
     """A heartbeat of ``name`` was of ``incarnation``, older than the ``recorded`` one: it was
     sent before the peer was declared dead and came back; ignore it."""
 
@@ -629,7 +664,7 @@ class Stale:
 
 
 @dataclass(frozen=True, slots=True)
-class SendProbe:
+class SendProbe(Caused):
     """Probe ``target`` at ``address`` (``seq``, piggybacking ``updates``); with no channel to
     it, dial it first (and answer :class:`ProbeUnsent` if that fails)."""
 
@@ -643,7 +678,7 @@ class SendProbe:
 
 
 @dataclass(frozen=True, slots=True)
-class AskIndirect:
+class AskIndirect(Caused):
     """Ask each of ``via`` to probe ``target`` at ``address`` for this worker's probe
     ``seq`` (``probe-req``)."""
 
@@ -659,7 +694,7 @@ class AskIndirect:
 
 
 @dataclass(frozen=True, slots=True)
-class SendAck:
+class SendAck(Caused):
     """Answer probe ``seq`` of ``to``: alive (on the channel the probe came on, if it did)."""
 
     to: str
@@ -671,7 +706,7 @@ class SendAck:
 
 
 @dataclass(frozen=True, slots=True)
-class SendNack:
+class SendNack(Caused):
     """Tell ``to`` that the peer it asked this worker to probe (its probe ``seq``) did not
     answer in time."""
 
@@ -684,7 +719,7 @@ class SendNack:
 
 
 @dataclass(frozen=True, slots=True)
-class Suspect:
+class Suspect(Caused):
     """Peer ``name`` (at ``incarnation``) is suspected (first by ``by``): it is declared dead
     in ``timeout_s`` unless it refutes, sooner as others confirm."""
 
@@ -695,11 +730,20 @@ class Suspect:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsuspected:
+class Unsuspected(Caused):
     """Suspected peer ``name`` refuted it: it is alive at ``incarnation``."""
 
     name: str
     incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fault(Caused):
+    """Handling the event ``cause`` raised ``error``, a bug: the decisions before this one were
+    made, and must be carried out, as the table changed with them; what the event would have
+    decided after is lost. The adapter logs it."""
+
+    error: Exception
 
 
 Decision: TypeAlias = (
@@ -722,4 +766,5 @@ Decision: TypeAlias = (
     | SendNack
     | Suspect
     | Unsuspected
+    | Fault
 )

@@ -11,7 +11,7 @@ carries out the decisions (install or close a channel, dial an address, log).
 
 The rules (after SWIM, as memberlist and Serf apply them):
 
-- Failure detection is SWIM's, with Lifeguard's refinements (its rules are the table's base,
+- Failure detection is SWIM's, with Lifeguard's refinements (its rules are the table's part,
   :class:`~compass.membership.detector.FailureDetector`; its knobs and helpers are in
   :mod:`~compass.membership.swim`). Every period (:class:`Tick`) this worker probes one peer
   (:class:`SendProbe`), in a shuffled round-robin order; with no :class:`Acked` within the
@@ -81,6 +81,8 @@ from compass.membership.events import (
     Dial,
     Duplicate,
     Event,
+    Fault,
+    ForgetAfter,
     Forgot,
     Fresh,
     Gossiped,
@@ -91,6 +93,7 @@ from compass.membership.events import (
     JoinSeeds,
     Leave,
     Left,
+    Listens,
     Moved,
     Nacked,
     Named,
@@ -116,7 +119,10 @@ from compass.membership.events import (
     Update,
     Welcome,
 )
+from compass.membership.member import Member
+from compass.membership.story import stimulus, stimulus_id, worth_keeping
 from compass.membership.swim import Probing
+from compass.stimuli import KEEP_STIMULI, Stimulus, StimulusLog
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -171,47 +177,16 @@ class Backoff:
 LEFT_BACKOFF = Backoff(initial_s=0.1, max_s=1.0)
 
 
-# -- who is there --------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Member:
-    """What this worker remembers of a worker it has seen, live or lost. Only the table
-    changes it; read it, do not write it."""
-
-    name: str
-    address: str
-    #: its incarnation as this worker last heard it
-    incarnation: int = 0
-    #: its process's random id: another one under the same live name is a duplicate name
-    instance: str = ""
-    #: when it was last removed (this worker's clock); None while it is a peer
-    lost_at: float | None = None
-    #: the incarnation it was last declared dead at; it must come back with a higher one
-    dead_incarnation: int | None = None
-    #: failed reconnections since it was lost
-    failures: int = 0
-    #: when to try it next (lost members only)
-    retry_at: float = math.inf
-    #: it said it left (a planned stop): retried often, forgotten sooner
-    left: bool = False
-    #: when it last became a peer, and when it was last heard from (this worker's clock)
-    joined_at: float = 0.0
-    last_seen: float = 0.0
-
-    @property
-    def declared_dead(self) -> bool:
-        """This worker declared it dead and has not heard of a newer incarnation since."""
-        return self.dead_incarnation is not None and self.incarnation <= self.dead_incarnation
-
-
 # -- the table -------------------------------------------------------------------------------------
-class MemberTable(FailureDetector):
+class MemberTable:
     """Whom one worker knows; see the module docstring. Its failure detector (probes,
-    suspicions, local health) is its base, :class:`~compass.membership.detector.
-    FailureDetector`.
+    suspicions, local health) is a part of it, :attr:`detector` (a :class:`~compass.
+    membership.detector.FailureDetector` reading :attr:`members` and :attr:`live`).
 
     ``name``, ``address`` and ``instance`` are this worker's; ``backoff`` spaces the retries
     of a lost member and of the seeds; ``probing`` times the failure detector; ``rng`` draws
-    the jitter, the probe order and the peers asked to probe indirectly.
+    the jitter, the probe order and the peers asked to probe indirectly; ``keep_stimuli``: the
+    events its stimulus log keeps (0: none).
     """
 
     def __init__(
@@ -224,6 +199,7 @@ class MemberTable(FailureDetector):
         backoff: Backoff = Backoff(),
         forget_after_s: float = FORGET_AFTER_S,
         probing: Probing = Probing(),
+        keep_stimuli: int = KEEP_STIMULI,
     ) -> None:
         self.name = name
         #: where peers reach this worker (what it tells them in the handshake)
@@ -250,13 +226,42 @@ class MemberTable(FailureDetector):
         self.seed_retry_at = 0.0
         #: the lost members (being retried), by name
         self._retrying: dict[str, Member] = {}
-        super().__init__(rng, probing)
+        #: the last events handled, their causes and what they decided (:meth:`story`)
+        self.log = StimulusLog(keep_stimuli)
+        self._handled = 0  # events handled so far (the anonymous ones are named by their number)
+        #: SWIM's probes and suspicions, Lifeguard's local health, the updates to piggyback
+        self.detector = FailureDetector(name, self.members, self.live, rng, probing,
+                                        remove=self._remove)  # fmt: skip
 
     # -- the one entry point ------------------------------------------------------------------
     def handle(self, event: Event) -> list[Decision]:
         """Apply ``event``; return what the adapter must do, in order. An event the table
-        refuses (:class:`Refuse`) changes nothing."""
+        refuses (:class:`Refuse`) changes nothing. Every decision carries the event's id
+        (``cause``; an anonymous event is named ``kind:subject#n``, see :func:`~compass.
+        membership.story.stimulus_id`). If a rule raises (a bug), the decisions made before
+        are still returned, as the table changed with them, then a :class:`Fault`. The event
+        and what it decided go into :attr:`log` (:meth:`story`)."""
+        self._handled = n = self._handled + 1
         out: list[Decision] = []
+        try:
+            self._apply(event, out)
+        except Exception as exc:
+            out.append(Fault(exc))
+        keep = self.log.keep and worth_keeping(event, out)
+        if out or keep:  # an event that decided nothing and is not kept is not named
+            cause = event.cause or stimulus_id(event, n)
+            for decision in out:  # made just now and seen by nobody yet: its cause set in place
+                object.__setattr__(decision, "cause", cause)
+            if keep:
+                self.log.add(stimulus(event, n, cause, out))
+        return out
+
+    def story(self, key: str) -> list[Stimulus]:
+        """What :attr:`log` kept about ``key`` (a peer, an address, a cause id), oldest first."""
+        return self.log.story(key)
+
+    def _apply(self, event: Event, out: list[Decision]) -> None:
+        """The rules: what ``event`` changes, and the decisions it makes, into ``out``."""
         match event:
             case HeardFrom():
                 self._heard(event, out)
@@ -292,47 +297,49 @@ class MemberTable(FailureDetector):
                 self.seed_failures = 0
             case Leave():
                 self.leaving = True
-                self.broadcasts.add(
+                self.detector.broadcasts.add(
                     Update("left", self.name, self.incarnation, self.address, self.name)
                 )
             case Close():
                 self.live.clear()
-                self._probes.clear()
-                self._given_up.clear()
-                self.suspicions.clear()
-                self.slowness.clear()
-                self.broadcasts.clear()
-                self.probe_at = math.inf
+                self.detector.clear()
             case Pinged():
                 if event.to == self.name:  # else a probe for whoever listened here before
                     self._learn(event.now, event.sender, event.updates, out)
-                    out.append(SendAck(event.sender, event.seq, self._piggyback(event.sender)))
+                    out.append(
+                        SendAck(event.sender, event.seq, self.detector.piggyback(event.sender))
+                    )
             case ProbeAsked():
                 self._learn(event.now, event.sender, event.updates, out)
                 if event.target == self.name:
-                    out.append(SendAck(event.sender, event.seq, self._piggyback(event.sender)))
+                    out.append(
+                        SendAck(event.sender, event.seq, self.detector.piggyback(event.sender))
+                    )
                 else:  # at the address this worker knows it by, if it does
                     known = self.members.get(event.target)
                     address = event.address if known is None else known.address
                     relay = (event.sender, event.seq)
-                    self._probe(event.now, event.target, address, relay, out)
+                    self.detector.probe(event.now, event.target, address, relay, out)
             case Acked():
                 self._learn(event.now, event.sender, event.updates, out)
-                self._acked(event, out)
+                self.detector.acked(event, out)
             case Nacked():
                 self._learn(event.now, event.sender, event.updates, out)
-                self._nacked(event, out)
+                self.detector.nacked(event, out)
             case ProbeUnsent():
-                self._unsent(event, out)
+                self.detector.unsent(event, out)
             case ChannelLost():
-                self._channel_lost(event, out)
+                self.detector.channel_lost(event, out)
             case Stalled():
-                self._stalled(event)
+                self.detector.stalled(event)
             case Gossiped():
                 self._learn(event.now, event.sender, event.updates, out)
+            case Listens():
+                self.address = event.address
+            case ForgetAfter():
+                self.forget_after_s = event.seconds
             case _:
                 assert_never(event)
-        return out
 
     # -- queries ------------------------------------------------------------------------------
     def hello(self, dead: int | None = None) -> Hello:
@@ -360,9 +367,7 @@ class MemberTable(FailureDetector):
         waiting = [m.retry_at for m in self._retrying.values() if m.name not in busy]
         if self._alone() and not seeds_busy:
             waiting.append(self.seed_retry_at)
-        waiting.append(self.probe_at)
-        waiting.extend(p.due() for p in self._probes.values())
-        waiting.extend(s.deadline for s in self.suspicions.values())
+        waiting.extend(self.detector.due())
         return min(waiting, default=math.inf)
 
     def describe(self, now: float) -> list[dict[str, Any]]:
@@ -374,7 +379,7 @@ class MemberTable(FailureDetector):
                 "address": p.address,
                 "age_ms": round((now - p.last_seen) * 1000, 1),
                 "incarnation": self.members[p.name].incarnation,
-                "suspect": p.name in self.suspicions,
+                "suspect": p.name in self.detector.suspicions,
             }
             for p in sorted(self.live.values(), key=lambda p: p.name)
         ]
@@ -434,7 +439,9 @@ class MemberTable(FailureDetector):
             incarnation = told + 1
         up = self._register(ev.now, name, hello.address, incarnation, hello.instance, out)
         if up is not None and not up.replaces:  # first hand: it came to this worker
-            self.broadcasts.add(Update("alive", name, up.incarnation, up.address, self.name))
+            self.detector.broadcasts.add(
+                Update("alive", name, up.incarnation, up.address, self.name)
+            )
         reply = self.hello(told).to_wire()
         if ev.wants_list:
             others = [p for p in self.live.values() if p.name != name]
@@ -529,10 +536,10 @@ class MemberTable(FailureDetector):
         take a newer one, and tell everyone."""
         if dead is not None and dead >= self.incarnation:
             self.incarnation = dead + 1
-            self.broadcasts.add(
+            self.detector.broadcasts.add(
                 Update("alive", self.name, self.incarnation, self.address, self.name)
             )
-            self._health(+1)
+            self.detector.adjust_health(+1)
             out.append(Refuted(by, dead, self.incarnation))
 
     def _remember(self, name: str, address: str) -> Member:
@@ -575,12 +582,10 @@ class MemberTable(FailureDetector):
         self.live[name] = known
         up = PeerUp(name, address, known.incarnation, back_after, replaces)
         out.append(up)
-        if self.suspicions:
-            self._unsuspect(name, out)
+        if self.detector.suspicions:
+            self.detector.unsuspect(name, out)
         if not replaces:
-            self._order.add(name)
-            if math.isinf(self.probe_at):  # the first peer: start probing, at a random phase
-                self.probe_at = now + self.rng.random() * self.probing.period_s
+            self.detector.joined(now, name)
         return up
 
     # -- losing -------------------------------------------------------------------------------
@@ -590,11 +595,7 @@ class MemberTable(FailureDetector):
         if peer is None:
             return
         out.append(PeerDown(name, peer.address, why))
-        self.suspicions.pop(name, None)
-        self.slowness.pop(name, None)
-        if not self.live:  # nobody left to tell: what was to be told is stale by the next peer
-            self.broadcasts.clear()
-            self.probe_at = math.inf  # nobody to probe either, until the next peer
+        self.detector.dropped(name)
         known = self._remember(name, peer.address)
         known.dead_incarnation = known.incarnation
         self._lost(known, now, out)
@@ -605,7 +606,9 @@ class MemberTable(FailureDetector):
             known.left = True
             known.failures = 0
             if name in self.live and len(self.live) > 1:
-                self.broadcasts.add(Update("left", name, known.incarnation, known.address, name))
+                self.detector.broadcasts.add(
+                    Update("left", name, known.incarnation, known.address, name)
+                )
         self._remove(now, name, why, out)
 
     def _lost(
@@ -634,7 +637,7 @@ class MemberTable(FailureDetector):
             known.incarnation = ev.incarnation
         peer.last_seen = ev.now
         out.append(Fresh(ev.name))
-        self._unsuspect(ev.name, out)
+        self.detector.unsuspect(ev.name, out)
 
     # -- taking lost peers back ---------------------------------------------------------------
     def _alone(self) -> bool:
@@ -642,7 +645,7 @@ class MemberTable(FailureDetector):
 
     def _tick(self, ev: Tick, out: list[Decision]) -> None:
         now = ev.now
-        self._detect(now, out)
+        self.detector.detect(now, out)
         for name in [
             m.name
             for m in self._retrying.values()
@@ -676,20 +679,20 @@ class MemberTable(FailureDetector):
                 if self.incarnation > before and peer is not None:
                     # the refutation goes first: to the one that suspects it, now, on a probe
                     # (its updates, the newest first), not when the round reaches it
-                    self._probe(now, by, peer.address, None, out)
+                    self.detector.probe(now, by, peer.address, None, out)
             return
         known = self.members.get(u.name)
         if known is None:  # a member this worker never saw: a live peer, not dialed
             if u.status == "alive" and u.address and not self.leaving:
                 self._meet(now, u.name, u.address, u.incarnation, out)
-                self.broadcasts.add(u)
+                self.detector.broadcasts.add(u)
             return
         if u.name not in self.live:  # lost here: alive at a newer incarnation, it is back
             if u.status == "alive" and u.incarnation > known.incarnation:
                 known.incarnation = u.incarnation
                 if known.retry_at > now:
                     self._lost(known, now, out, delay_s=0.0)
-                self.broadcasts.add(u)
+                self.detector.broadcasts.add(u)
             return
         if u.incarnation < known.incarnation:
             return  # old news
@@ -697,15 +700,15 @@ class MemberTable(FailureDetector):
             case "alive":
                 if u.incarnation > known.incarnation:
                     known.incarnation = u.incarnation
-                    self._unsuspect(u.name, out)
-                    self.broadcasts.add(u)
+                    self.detector.unsuspect(u.name, out)
+                    self.detector.broadcasts.add(u)
             case "suspect":
-                self._suspect(now, u.name, u.incarnation, by, out)
+                self.detector.suspect(now, u.name, u.incarnation, by, out)
             case "dead":
                 known.incarnation = u.incarnation
                 self._remove(now, u.name, f"declared dead by {by}", out)
                 if self.live:
-                    self.broadcasts.add(u)
+                    self.detector.broadcasts.add(u)
             case "left":
                 known.incarnation = u.incarnation
                 self._left(now, u.name, f"it left the cluster (heard from {sender})", out)

@@ -276,7 +276,9 @@ class _Simulation:
             settle_s=2.0 * (heartbeat_s if rule is None else mesh_gap_s),
         )
         self.positions = self.state.positions
-        options = core_options(config)  # as a worker makes its core's
+        # as a worker makes its core's, but keeping no stimulus log: millions of events, and
+        # nobody to read a story
+        options = replace(core_options(config), keep_stimuli=0)
         self.core_options = options  # a restarted worker's core (compass.elastic) reuses them
         self.slab_bytes = slab_bytes
         #: the messages a bounded view's real workers would send (none counted for the mesh)

@@ -54,6 +54,8 @@ from compass.membership.events import (
     Dial,
     Duplicate,
     Event,
+    Fault,
+    ForgetAfter,
     Forgot,
     Fresh,
     HeardFrom,
@@ -62,6 +64,7 @@ from compass.membership.events import (
     JoinSeeds,
     Leave,
     Left,
+    Listens,
     Moved,
     Nacked,
     Named,
@@ -271,7 +274,7 @@ class Membership(PeerChannels):
 
     @address.setter
     def address(self, value: str) -> None:
-        self.table.address = value
+        self._apply(Listens(self._clock(), value))
 
     @property
     def instance(self) -> str:
@@ -304,7 +307,7 @@ class Membership(PeerChannels):
 
     @forget_after_s.setter
     def forget_after_s(self, value: float) -> None:
-        self.table.forget_after_s = value
+        self._apply(ForgetAfter(self._clock(), value))
 
     @property
     def seeds(self) -> list[str]:
@@ -373,6 +376,9 @@ class Membership(PeerChannels):
                     log.error("%s: %s at %s has the name of live peer %s at %s; ignoring it",
                               self.name, decision.name, decision.address, decision.name,
                               decision.live_address)  # fmt: skip
+                case Fault():  # a bug: what was decided before it is carried out, above
+                    log.error("%s: the member table failed on %s", self.name, decision.cause,
+                              exc_info=decision.error)  # fmt: skip
                 case Welcome() | Dial() | JoinSeeds() | Fresh() | Stale():
                     pass  # answers, read by the caller
                 case _:

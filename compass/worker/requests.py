@@ -1,8 +1,9 @@
 """The worker's request table: what clients and peers may ask of a worker, checked at the door.
 
 Clients may ``ping``, ask for ``status``, ``trace`` (the records of answered jobs),
-``traces`` (the traces of traced jobs) and ``timeline`` (task spans and model loads, for a
-benchmark's timeline), and ``submit`` jobs. Peers (channels
+``traces`` (the traces of traced jobs), ``timeline`` (task spans and model loads, for a
+benchmark's timeline) and ``story`` (what the worker's cores logged of a job, a peer or a
+cause id), and ``submit`` jobs. Peers (channels
 that authenticated as workers) may also ``join``, ask for a ``plan``, and send one-way
 heartbeats, ``leave`` notices and the typed peer messages of :mod:`compass.core.messages`. A
 peer-only request from a client is refused with a :class:`~compass.errors.ProtocolError`; a
@@ -44,6 +45,7 @@ from compass.worker.streaming import stream_job
 
 if TYPE_CHECKING:
     from compass.app import App
+    from compass.core.state import WorkerCore
     from compass.core.stats import WorkerStats
     from compass.elastic.rule import Decision
     from compass.worker.gossip import Gossip
@@ -66,6 +68,9 @@ PeerHandler = Callable[[Channel, Any], None]
 
 #: the longest job key a client may give
 MAX_KEY_CHARS = 128
+
+#: the longest key a ``story`` request may name
+MAX_STORY_KEY_CHARS = 256
 
 #: traces one ``traces`` answer holds at most, and task spans one ``timeline`` answer
 MAX_TRACES = 100
@@ -97,7 +102,12 @@ class Described(Identity, Holdings, Records, Protocol):
 
 
 class Served(Described, Protocol):
-    """What the request handlers read (``status``) and what they ask the worker to do."""
+    """What the request handlers read (``status``, ``story``) and what they ask the worker to
+    do."""
+
+    @property
+    def core(self) -> WorkerCore:
+        """Its rules (their stimulus log answers ``story``)."""
 
     @property
     def trace(self) -> deque[dict[str, Any]]:
@@ -143,6 +153,7 @@ def make_router(worker: Served) -> Router:
     router.inline("trace")(requests.trace)
     router.inline("traces")(requests.traces)
     router.inline("timeline")(requests.timeline)
+    router.inline("story")(requests.story)
     router.request("submit")(requests.submit)
     router.stream("stream")(requests.stream)
     router.request("join")(requests.join)
@@ -326,6 +337,26 @@ class _Requests:
                 yield StreamResult(out.value)
             else:
                 yield {"task": out.task, "seq": out.seq, "value": out.value}
+
+    def story(self, channel: Channel, body: Any) -> dict[str, Any]:
+        """``{"key": k}``: what this worker's core and member table logged lately about ``k`` (a
+        job id, a peer's name, a model, a cause id), oldest first: their stimulus logs'
+        entries (:meth:`~compass.stimuli.StimulusLog.story`)."""
+        key = body.get("key") if isinstance(body, dict) else None
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_STORY_KEY_CHARS:
+            raise InvalidInputs(
+                "a story request is {key: a job id, a peer's name or a cause id} (a non-empty "
+                f"string of at most {MAX_STORY_KEY_CHARS} characters), got {key!r:.80}"
+            )
+        worker = self.worker
+        membership = worker.membership
+        members = [] if membership is None else membership.table.story(key)
+        return {
+            "worker": worker.name,
+            "key": key,
+            "core": [s.to_wire() for s in worker.core.story(key)],
+            "members": [s.to_wire() for s in members],
+        }
 
     # -- peers ---------------------------------------------------------------------------------
     async def join(self, channel: Channel, body: Any) -> dict[str, Any]:

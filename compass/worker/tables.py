@@ -85,6 +85,7 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
         "links_sent": len(links),
         "links_jobs": len(links._peers),
         "links_orphans": links.orphaned,
+        "stimuli": len(core.log),  # its stimulus log: a ring, at most keep_stimuli
         # the adapter
         "answers": len(worker._answers),
         "tasks": len(worker.supervisor),  # its background tasks, the loops among them
@@ -115,7 +116,8 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
             members=len(table.members),
             peers=len(membership.peers),
             lost=len(table._retrying),
-            suspicions=len(table.suspicions),
+            suspicions=len(table.detector.suspicions),
+            member_stimuli=len(table.log),
             peer_channels=len(membership._open),
             queued_notifies=_total(membership._queued.values()),
             retries=len(membership._retries),

@@ -27,20 +27,20 @@ from .test_swim import PEERS, PROBING, T0, mesh_table, only, probe_of
 
 def test_a_stall_of_its_own_moves_every_deadline_of_its_own_and_counts_against_its_health() -> None:
     t = mesh_table("a", PEERS)
-    now = t.probe_at
+    now = t.detector.probe_at
     probe = probe_of(t.handle(Tick(now)))
     # a peer asks it to probe another for it: that nack is owed within the asker's window
     (relay,) = t.handle(ProbeAsked(now, "b", 77, "c", "c.lan:7341"))
     assert isinstance(relay, SendProbe)
     t.handle(Gossiped(now, "d", (Update("suspect", "e", 0, "e.lan:7341", "d"),)))
-    suspicion = t.suspicions["e"]
+    suspicion = t.detector.suspicions["e"]
     deadline = suspicion.deadline
     # the loop stalled 40 ms: under half a probe timeout, no sign against its health
     assert t.handle(Stalled(now + 0.05, 0.04)) == []
-    assert t.health == 0 and suspicion.deadline == pytest.approx(deadline + 0.04)
+    assert t.detector.health == 0 and suspicion.deadline == pytest.approx(deadline + 0.04)
     # 300 ms more: the peers' silence meanwhile is not counted
     t.handle(Stalled(now + 0.35, 0.3))
-    assert t.health == 1 and suspicion.stalled == pytest.approx(0.34)
+    assert t.detector.health == 1 and suspicion.stalled == pytest.approx(0.34)
     assert suspicion.deadline == pytest.approx(deadline + 0.34)
     decisions = t.handle(Tick(now + 0.36))
     # the relay's nack goes (its asker's window closed); its own probe still waits for an ack
@@ -59,45 +59,45 @@ def test_a_peer_that_acked_late_gets_that_much_longer_to_refute_within_the_longe
     members = len(PEERS) + 1
     _, longest = PROBING.suspicion_bounds_s(members)
     quick = PROBING.suspicion_timeout_s(members, 1)
-    now = t.probe_at
+    now = t.detector.probe_at
     probe = probe_of(t.handle(Tick(now)))
     target = probe.target
     t.handle(Acked(now + 0.25, target, probe.seq))  # a quarter of a second late
-    assert t.slowness[target] == pytest.approx(0.25)
+    assert t.detector.slowness[target] == pytest.approx(0.25)
     # suspected by one, confirmed by another: it lasts the confirmed time, plus twice that
     t.handle(Gossiped(now + 1, "x", (Update("suspect", target, 0, "", "x"),)))
     t.handle(Gossiped(now + 1, "y", (Update("suspect", target, 0, "", "y"),)))
-    suspicion = t.suspicions[target]
+    suspicion = t.detector.suspicions[target]
     assert suspicion.deadline == pytest.approx(now + 1 + quick + 0.5)
     # slowness halves at each ack, and its slowest counts
     t2 = mesh_table("a", PEERS)
     for rtt in (0.4, 0.01, 0.01):
-        p = probe_of(t2.handle(Tick(t2.probe_at)))
+        p = probe_of(t2.handle(Tick(t2.detector.probe_at)))
         while p.target != target:
-            t2.handle(Acked(t2.probe_at, p.target, p.seq))
-            p = probe_of(t2.handle(Tick(t2.probe_at)))
-        sent = t2.probe_at - PROBING.period_s
+            t2.handle(Acked(t2.detector.probe_at, p.target, p.seq))
+            p = probe_of(t2.handle(Tick(t2.detector.probe_at)))
+        sent = t2.detector.probe_at - PROBING.period_s
         t2.handle(Acked(sent + rtt, target, p.seq))
-    assert t2.slowness[target] == pytest.approx(0.1)
+    assert t2.detector.slowness[target] == pytest.approx(0.1)
     # never past the longest, however slow
-    t.slowness[target] = 60.0
+    t.detector.slowness[target] = 60.0
     t.handle(Gossiped(now + 1, "z", (Update("suspect", target, 0, "", "z"),)))
     assert suspicion.deadline == pytest.approx(now + 1 + longest)
 
 
 def test_an_ack_after_its_probe_failed_still_tells_how_slow_the_peer_is() -> None:
     t = mesh_table("a", PEERS)
-    now = t.probe_at
+    now = t.detector.probe_at
     probe = probe_of(t.handle(Tick(now)))
     (ask,) = t.handle(Tick(now + 0.1))
     assert isinstance(ask, AskIndirect)
     for via in ask.via:
         t.handle(Nacked(now + 0.15, via, probe.seq))
-    suspicion = t.suspicions[probe.target]
+    suspicion = t.detector.suspicions[probe.target]
     first_deadline = suspicion.deadline
     # it answers, 700 ms after the probe: busy, not gone; its suspicion takes that in
     assert t.handle(Acked(now + 0.7, probe.target, probe.seq)) == []
-    assert t.slowness[probe.target] == pytest.approx(0.7)
+    assert t.detector.slowness[probe.target] == pytest.approx(0.7)
     assert suspicion.deadline >= first_deadline
     # the probes given up on are remembered, a bounded number: none answers any more
     failed = 0
@@ -114,7 +114,7 @@ def test_an_ack_after_its_probe_failed_still_tells_how_slow_the_peer_is() -> Non
                 t.handle(Gossiped(clock, known.name, (alive,)))
         clock += 0.05
         assert clock < now + 1000, "no probe fails"
-    assert len(t._given_up) == LATE_ACKS and len(t.live) == len(PEERS)
+    assert len(t.detector._given_up) == LATE_ACKS and len(t.live) == len(PEERS)
 
 
 def test_local_health_stretches_a_confirmed_suspicion_up_to_the_longest() -> None:
@@ -123,7 +123,7 @@ def test_local_health_stretches_a_confirmed_suspicion_up_to_the_longest() -> Non
     quick = PROBING.suspicion_timeout_s(members, 1)
     for health, expected in ((0, quick), (1, 2 * quick), (8, longest)):
         t = mesh_table("a", PEERS)
-        t.health = health
+        t.detector.health = health
         t.handle(Gossiped(T0, "x", (Update("suspect", "c", 0, "", "x"),)))
         t.handle(Gossiped(T0, "y", (Update("suspect", "c", 0, "", "y"),)))
-        assert t.suspicions["c"].deadline == pytest.approx(T0 + min(expected, longest))
+        assert t.detector.suspicions["c"].deadline == pytest.approx(T0 + min(expected, longest))

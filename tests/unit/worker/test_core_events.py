@@ -61,8 +61,9 @@ def test_anonymous_events_are_named_the_same_way_every_time() -> None:
 def test_an_anonymous_event_is_named_only_when_a_cause_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Naming every event cost a chain task more than the rest of the bookkeeping: the core
-    keeps the event and its number, and the name is made when read, the same each time."""
+    """Naming every event cost a chain task more than the rest of the bookkeeping: a core that
+    keeps no stimulus log (the simulator's) keeps the event and its number, and the name is
+    made when read, the same each time. (One that keeps a log names each event it logs.)"""
     named: list[int] = []
     namer = events._NAMERS[TaskDone]
 
@@ -71,7 +72,7 @@ def test_an_anonymous_event_is_named_only_when_a_cause_is_read(
         return namer(event, n)
 
     monkeypatch.setitem(events._NAMERS, TaskDone, counted)
-    c, _ = core("a", ("a",))
+    c, _ = core("a", ("a",), keep_stimuli=0)
     (run,) = of(RunTask, c.handle(Submit(0.0, "a-1", "chain", {"x": 1}, 8, 0.0)))
     (second,) = of(RunTask, c.handle(TaskDone(1.0, run.entry, "out-a")))
     (answer,) = of(Answer, c.handle(TaskDone(2.0, second.entry, "out-b")))
@@ -139,6 +140,9 @@ def test_an_event_the_core_does_not_know_is_a_fault() -> None:
     c, _ = core("a", ("a",))
     (fault,) = c.handle(_Stray())  # type: ignore[arg-type]
     assert isinstance(fault, Fault) and isinstance(fault.error, AssertionError)
+    # its log keeps it too, under the name of its type
+    (logged,) = c.story("_Stray#1")
+    assert len(logged.did) == 1 and logged.did[0].startswith("fault: AssertionError: ")
 
 
 # -- learning comes in as events ---------------------------------------------------------------

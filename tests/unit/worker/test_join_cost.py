@@ -75,7 +75,7 @@ def test_a_member_heard_of_in_an_update_is_live_and_not_dialed() -> None:
     decisions = t.handle(Gossiped(T0, "b", (Update("alive", "n", 2, "n.lan:7341", "b"),)))
     assert decisions == [PeerUp("n", "n.lan:7341", 2, back_after_s=None, replaces=False)]
     assert "n" in t.live and t.members["n"].instance == ""
-    assert t.broadcasts.get("n") == Update("alive", "n", 2, "n.lan:7341", "b")  # passed on
+    assert t.detector.broadcasts.get("n") == Update("alive", "n", 2, "n.lan:7341", "b")  # passed on
     assert [d for d in t.handle(Tick(T0 + 5)) if type(d) is Dial] == []
 
 

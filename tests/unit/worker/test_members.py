@@ -100,8 +100,12 @@ def joined(t: MemberTable, *names: str, now: float = T0) -> None:
 
 
 def state(t: MemberTable) -> Any:
-    """Everything the table keeps, to compare before and after an event."""
-    return copy.deepcopy({k: v for k, v in vars(t).items() if k != "rng"})
+    """Everything the table keeps (its detector's too), to compare before and after an event."""
+    kept = {k: v for k, v in vars(t).items() if k not in ("rng", "detector", "log", "_handled")}
+    # the detector shares the table's dicts and randomness, and calls back into the table
+    detector = {k: v for k, v in vars(t.detector).items()
+                if k not in ("rng", "members", "live", "_remove")}  # fmt: skip
+    return copy.deepcopy({**kept, "detector": detector})
 
 
 def kinds(decisions: list[Decision]) -> list[str]:
@@ -364,7 +368,7 @@ def test_a_worker_alone_joins_through_its_seeds_again_on_the_backoff() -> None:
     assert t.seed_failures == 0
     joined(t, "s1")  # not alone any more: the seeds rest (s1 is probed)
     assert kinds(t.handle(Tick(now + 100))) == ["SendProbe"]
-    assert t.next_due() == min(t.probe_at, *(p.due() for p in t._probes.values()))
+    assert t.next_due() == min(t.detector.probe_at, *(p.due() for p in t.detector._probes.values()))
 
 
 def test_a_first_worker_whose_only_seed_is_itself_never_retries_it() -> None:

@@ -208,7 +208,7 @@ async def test_a_peer_that_answers_no_probe_is_suspected_then_declared_dead_by_t
         assert a.peers["b"].last_seen == a.peers["b"].joined_at == 1000.0
         assert b.peers["a"].last_seen == 5.0  # each side reads its own clock
 
-        clock_a.now = a.table.probe_at  # within a period of the join
+        clock_a.now = a.table.detector.probe_at  # within a period of the join
         a.due(clock_a.now)  # probes b
         clock_a.now += 0.02  # no ack within the timeout, and no other peer to ask: suspected
         a.due(clock_a.now)
@@ -239,18 +239,18 @@ async def test_an_answered_probe_keeps_a_peer_and_a_broken_channel_is_redialed()
     b, router_b = membership("b", clock_b, [])
     async with listening(a, router_a), listening(b, router_b):
         await a.join([b.address])
-        clock_a.now = a.table.probe_at
+        clock_a.now = a.table.detector.probe_at
         a.due(clock_a.now)
-        await until(lambda: not a.table._probes, "b's ack reaches a")
+        await until(lambda: not a.table.detector._probes, "b's ack reaches a")
         clock_a.now += 0.01
         a.due(clock_a.now)
-        assert a.describe()[0]["suspect"] is False and a.table.health == 0
+        assert a.describe()[0]["suspect"] is False and a.table.detector.health == 0
         # the channel breaks with both alive: no verdict; a probes b through a new channel
         channel = a.channel("b")
         assert channel is not None
         await channel.aclose()
         await until(lambda: a.channel("b") not in (None, channel), "a redials b")
-        await until(lambda: not a.table._probes, "b acks the probe on the new channel")
+        await until(lambda: not a.table.detector._probes, "b acks the probe on the new channel")
         assert left_a == [] and joined_a == ["b", "b"]  # reconnected: held messages go out
 
 

@@ -123,7 +123,9 @@ async def test_idle_channels_close_with_no_verdict_and_a_send_dials_again() -> N
         channel = a.membership.channel("b") or await a.membership.open_channel("b")
         assert channel is not None
         channel.abort()
-        await until(lambda: a.membership.table._probes != {} or a.dials > dials + 2, "probed")
+        await until(
+            lambda: a.membership.table.detector._probes != {} or a.dials > dials + 2, "probed"
+        )
     finally:
         for node in nodes:
             await node.aclose()

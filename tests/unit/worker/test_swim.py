@@ -96,15 +96,15 @@ def test_the_probe_order_covers_every_peer_each_round_in_a_new_order() -> None:
     t = mesh_table("a", PEERS)
     targets = []
     for _ in range(4 * len(PEERS)):
-        now = t.probe_at
+        now = t.detector.probe_at
         probe = probe_of(t.handle(Tick(now)))
         targets.append(probe.target)
         t.handle(Acked(now + 0.001, probe.target, probe.seq))
-        assert t.probe_at == pytest.approx(now + PROBING.period_s)  # one probe a period
+        assert t.detector.probe_at == pytest.approx(now + PROBING.period_s)  # one probe a period
     rounds = [targets[i : i + len(PEERS)] for i in range(0, len(targets), len(PEERS))]
     assert all(sorted(r) == PEERS for r in rounds)  # every peer once a round
     assert len({tuple(r) for r in rounds}) > 1  # shuffled again between rounds
-    assert t.suspicions == {} and t.health == 0
+    assert t.detector.suspicions == {} and t.detector.health == 0
 
 
 def test_a_probe_order_skips_whom_it_must_and_takes_newcomers() -> None:
@@ -120,7 +120,7 @@ def test_a_probe_order_skips_whom_it_must_and_takes_newcomers() -> None:
 
 def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     t = mesh_table("a", PEERS)
-    sent_at = t.probe_at
+    sent_at = t.detector.probe_at
     probe = probe_of(t.handle(Tick(sent_at)))
     target = probe.target
     assert t.handle(Tick(sent_at + 0.099)) == []  # the ack still has time
@@ -131,7 +131,7 @@ def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     decisions = t.handle(Tick(sent_at + 0.2))
     (suspect,) = only(decisions, Suspect)
     members = len(PEERS) + 1
-    assert t.health == 1  # no peer asked even nacked: this worker may be the slow one
+    assert t.detector.health == 1  # no peer asked even nacked: this worker may be the slow one
     # a slow worker is slow to hear refutations too: the suspicion lasts (1 + health) times,
     # but no more than the longest (unconfirmed, it is that already)
     longest = PROBING.suspicion_timeout_s(members, 0)
@@ -140,7 +140,9 @@ def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     # and the suspect is told at once, on a probe that carries its suspicion first
     (told,) = [p for p in decisions if isinstance(p, SendProbe) and p.target == target]
     assert told.updates[0] == Update("suspect", target, 0, f"{target}.lan:7341", "a")
-    assert t.broadcasts.get(target) == Update("suspect", target, 0, f"{target}.lan:7341", "a")
+    assert t.detector.broadcasts.get(target) == Update(
+        "suspect", target, 0, f"{target}.lan:7341", "a"
+    )
     # not yet: then dead, told to all, and retried
     assert not only(t.handle(Tick(sent_at + 0.2 + longest - 0.001)), PeerDown)
     decisions = t.handle(Tick(sent_at + 0.2 + longest))
@@ -148,22 +150,23 @@ def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     assert isinstance(down, PeerDown) and down.name == target
     assert "without refuting it" in down.why and "confirmed by 0 other workers" in down.why
     assert only(decisions, RetryAt) and target not in t.live
-    assert t.broadcasts.get(target) == Update("dead", target, 0, f"{target}.lan:7341", "a")
+    assert t.detector.broadcasts.get(target) == Update("dead", target, 0, f"{target}.lan:7341", "a")
     assert t.members[target].declared_dead
 
 
 def test_an_ack_through_a_peer_or_a_late_direct_one_ends_the_probe() -> None:
     for answer in ("via", "direct"):
         t = mesh_table("a", PEERS)
-        t.health = 2
-        now = t.probe_at
+        t.detector.health = 2
+        now = t.detector.probe_at
         probe = probe_of(t.handle(Tick(now)))
         (ask,) = t.handle(Tick(now + 0.3))  # the timeout is stretched by the health: 3 x 0.1
         assert isinstance(ask, AskIndirect)
         sender = ask.via[0] if answer == "via" else probe.target
         assert t.handle(Acked(now + 0.35, sender, probe.seq)) == []
         assert t.handle(Tick(now + 10 * PROBING.period_s)) != []  # probes go on...
-        assert t.suspicions == {} and t.health == 1  # ...with no suspicion; health recovers
+        # ...with no suspicion; health recovers
+        assert t.detector.suspicions == {} and t.detector.health == 1
 
 
 def test_a_peer_asked_probes_for_the_asker_and_forwards_the_ack_or_a_nack() -> None:
@@ -190,7 +193,7 @@ def test_a_peer_asked_probes_for_the_asker_and_forwards_the_ack_or_a_nack() -> N
 
 def test_nacks_from_every_peer_asked_suspect_at_once_and_keep_the_health() -> None:
     t = mesh_table("a", PEERS)
-    now = t.probe_at
+    now = t.detector.probe_at
     probe = probe_of(t.handle(Tick(now)))
     (ask,) = t.handle(Tick(now + 0.1))
     assert isinstance(ask, AskIndirect)
@@ -199,7 +202,7 @@ def test_nacks_from_every_peer_asked_suspect_at_once_and_keep_the_health() -> No
     suspect, told = t.handle(Nacked(now + 0.11, ask.via[-1], probe.seq))
     assert isinstance(suspect, Suspect) and suspect.name == probe.target
     assert isinstance(told, SendProbe) and told.target == probe.target
-    assert t.health == 0  # every peer asked answered: the target is the silent one
+    assert t.detector.health == 0  # every peer asked answered: the target is the silent one
 
 
 def test_a_broken_channel_probes_at_once_and_an_unsent_probe_goes_indirect_at_once() -> None:
@@ -219,17 +222,17 @@ def test_a_broken_channel_probes_at_once_and_an_unsent_probe_goes_indirect_at_on
 
 def test_the_local_health_stretches_the_period_and_the_timeouts() -> None:
     t = mesh_table("a", PEERS)
-    t.health = 3
-    now = t.probe_at
+    t.detector.health = 3
+    now = t.detector.probe_at
     probe = probe_of(t.handle(Tick(now)))
-    assert t.probe_at == pytest.approx(now + 4 * PROBING.period_s)
+    assert t.detector.probe_at == pytest.approx(now + 4 * PROBING.period_s)
     assert t.handle(Tick(now + 0.399)) == []
     assert only(t.handle(Tick(now + 0.4)), AskIndirect)
     t.handle(Acked(now + 0.41, probe.target, probe.seq))
-    assert t.health == 2
+    assert t.detector.health == 2
     for _ in range(20):
-        t._health(+1)
-    assert t.health == PROBING.max_health
+        t.detector.adjust_health(+1)
+    assert t.detector.health == PROBING.max_health
 
 
 # -- suspicion ----------------------------------------------------------------------------------
@@ -253,7 +256,7 @@ def test_a_suspicion_lasts_less_the_more_workers_confirm_it() -> None:
 def test_a_confirmation_from_another_worker_shortens_the_suspicion() -> None:
     t = mesh_table("a", PEERS)
     t.handle(Gossiped(T0, "b", (Update("suspect", "c", 0, "c.lan:7341", "b"),)))
-    (suspicion,) = t.suspicions.values()
+    (suspicion,) = t.detector.suspicions.values()
     assert suspicion.deadline == pytest.approx(T0 + PROBING.suspicion_timeout_s(6, 0))
     t.handle(Gossiped(T0 + 0.1, "b", (Update("suspect", "c", 0, "c.lan:7341", "b"),)))
     assert len(suspicion.by) == 1  # the same worker again confirms nothing
@@ -268,7 +271,7 @@ def test_a_suspected_worker_refutes_with_a_higher_incarnation_and_the_suspicion_
     a = mesh_table("a", PEERS)
     decisions = a.handle(Gossiped(T0, "b", (Update("suspect", "a", 0, "", "b"),)))
     refuted, told = decisions
-    assert refuted == Refuted("b", 0, 1) and a.incarnation == 1 and a.health == 1
+    assert refuted == Refuted("b", 0, 1) and a.incarnation == 1 and a.detector.health == 1
     # the one that suspects it hears the refutation at once, on a probe
     assert isinstance(told, SendProbe) and told.target == "b"
     assert told.updates[0] == Update("alive", "a", 1, "a.lan:7341", "a")
@@ -276,14 +279,14 @@ def test_a_suspected_worker_refutes_with_a_higher_incarnation_and_the_suspicion_
     assert a.handle(Gossiped(T0, "b", (Update("suspect", "a", 0, "", "c"),))) == []
     refute = Update("alive", "a", 1, "a.lan:7341", "a")
     # the refutation goes out first on the next message
-    probe = probe_of(a.handle(Tick(a.probe_at)))
+    probe = probe_of(a.handle(Tick(a.detector.probe_at)))
     assert probe.updates[0] == refute
     # a worker that suspected it takes it back
     b = mesh_table("b", ["a", *PEERS])
     b.handle(Gossiped(T0, "c", (Update("suspect", "a", 0, "a.lan:7341", "c"),)))
-    assert "a" in b.suspicions
+    assert "a" in b.detector.suspicions
     assert b.handle(Acked(T0 + 0.1, "a", 12345, (refute,))) == [Unsuspected("a", 1)]
-    assert b.suspicions == {} and b.members["a"].incarnation == 1
+    assert b.detector.suspicions == {} and b.members["a"].incarnation == 1
     assert not only(b.handle(Tick(T0 + 60)), PeerDown)
 
 
@@ -292,9 +295,9 @@ def test_a_suspect_is_told_first_when_it_is_probed_or_answered() -> None:
     t.handle(Gossiped(T0, "b", (Update("suspect", "c", 0, "c.lan:7341", "b"),)))
     for _ in range(PROBING.retransmits(6)):  # the suspicion is told as often as it is told
         t.handle(Pinged(T0, "d", 1, "a"))
-    assert "c" not in t.broadcasts
+    assert "c" not in t.detector.broadcasts
     for k in range(30):  # then other news
-        t.broadcasts.add(Update("alive", f"x{k}", 0, "x", "b"))
+        t.detector.broadcasts.add(Update("alive", f"x{k}", 0, "x", "b"))
     (ack,) = t.handle(Pinged(T0 + 0.01, "c", 2, "a"))
     assert isinstance(ack, SendAck)
     assert ack.updates[0] == Update("suspect", "c", 0, "c.lan:7341", "b")
@@ -309,7 +312,7 @@ def test_dead_gossip_removes_a_live_peer_and_alive_gossip_brings_a_lost_one_back
     down, retry = t.handle(Gossiped(T0, "b", (Update("dead", "c", 2, "", "d"),)))
     assert down == PeerDown("c", "c.lan:7341", "declared dead by d")
     assert isinstance(retry, RetryAt) and t.members["c"].dead_incarnation == 2
-    assert t.broadcasts.get("c") == Update("dead", "c", 2, "", "d")  # passed on
+    assert t.detector.broadcasts.get("c") == Update("dead", "c", 2, "", "d")  # passed on
     # alive at the same incarnation: still dead here; at a newer one, dialed at once
     now = T0 + 0.05  # its first retry is at T0 + 0.1
     assert t.handle(Gossiped(now, "b", (Update("alive", "c", 2, "c.lan:7341", "c"),))) == []
@@ -331,14 +334,14 @@ def test_dead_gossip_removes_a_live_peer_and_alive_gossip_brings_a_lost_one_back
 def test_a_worker_that_leaves_is_told_about_and_retried_soon() -> None:
     t = mesh_table("a", PEERS)
     t.handle(Left(T0, "b", "it left the cluster"))
-    assert t.broadcasts.get("b") == Update("left", "b", 0, "b.lan:7341", "b")
+    assert t.detector.broadcasts.get("b") == Update("left", "b", 0, "b.lan:7341", "b")
     u = mesh_table("u", ["a", *PEERS])
     down, retry = u.handle(Gossiped(T0, "a", (Update("left", "b", 0, "b.lan:7341", "b"),)))
     assert isinstance(down, PeerDown) and down.why == "it left the cluster (heard from a)"
     assert isinstance(retry, RetryAt) and retry.at - T0 <= LEFT_BACKOFF.initial_s
     # the one that leaves says so itself, and refutes nothing while it goes
     t.handle(Leave(T0))
-    assert t.broadcasts.get("a") == Update("left", "a", 0, "a.lan:7341", "a")
+    assert t.detector.broadcasts.get("a") == Update("left", "a", 0, "a.lan:7341", "a")
     assert t.handle(Gossiped(T0, "c", (Update("dead", "a", 0, "", "c"),))) == []
 
 
@@ -545,7 +548,7 @@ def _spread_in(n: int, seed: int) -> tuple[float, float, float, int]:
     periods = (sim.now - start) / PROBING.period_s
     per_period = [sim.sent[name] / periods for name in sim.names]
     most_told = max(c for (_, u), c in sim.told.items() if u.name == "m0")
-    assert all(t.suspicions == {} and len(t.live) == n - 1 for t in sim.tables.values())
+    assert all(t.detector.suspicions == {} and len(t.live) == n - 1 for t in sim.tables.values())
     return periods, statistics.mean(per_period), max(per_period), most_told
 
 
