@@ -4,19 +4,23 @@ job's trace it kept), ``compass submit`` (run one job), and ``compass token`` (a
 from __future__ import annotations
 
 import json
+import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from compass.config import DEFAULT_PORT
+from compass.config import DEFAULT_PORT, TLSConfig
 from compass.errors import CompassError, ConfigError
+
+if TYPE_CHECKING:
+    from compass.streamed import Output
 
 from .checks import check_output, fail, tls_config
 from .format import result_text, status_lines
 from .options import TlsCa, TlsCert, TlsKey, Token
-from .running import kept_trace, run_job, worker_status, worker_story
+from .running import kept_trace, run_job, stream_job, worker_status, worker_story
 from .story import story_lines
 from .traces import trace_lines
 
@@ -136,6 +140,14 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Print the partial outputs of the job's step-wise sinks as they are made (text "
+            "as it comes, anything else a line each), then the result on a line of its own.",
+        ),
+    ] = False,
 ) -> None:
     """Run one job and print its result."""
     tls = tls_config(tls_cert, tls_key, tls_ca)
@@ -155,6 +167,11 @@ def submit(
 
     traced = trace or trace_json is not None
     check_output(trace_json, "--trace-json")
+    if stream:
+        if traced or deadline_ms is not None or priority:
+            fail("--stream takes no --trace, --deadline-ms or --priority yet", 2)
+        streamed(address, workflow, kwargs, token=token, tls=tls, timeout=timeout)
+        return
 
     try:
         result = run_job(
@@ -174,6 +191,41 @@ def submit(
         Path(trace_json).write_text(json.dumps(job_trace.to_json(), indent=2) + "\n")
     if trace:  # on stderr: stdout stays the result alone, for scripts
         typer.echo("\n".join(trace_lines(job_trace)), err=True)
+
+
+def streamed(
+    address: str,
+    workflow: str,
+    inputs: dict[str, Any],
+    *,
+    token: str | None,
+    tls: TLSConfig | None,
+    timeout: float,
+) -> None:
+    """``compass submit --stream``: each partial output as it comes, then the result."""
+    open_line = [False]  # text written without its newline yet
+
+    def show(out: Output) -> None:
+        if out.final:
+            if open_line[0]:
+                typer.echo()
+            return
+        if isinstance(out.value, str):
+            typer.echo(out.value, nl=False)
+            sys.stdout.flush()
+            open_line[0] = True
+        else:
+            typer.echo(("\n" if open_line[0] else "") + result_text(out.value))
+            open_line[0] = False
+
+    try:
+        value = stream_job(address, workflow, inputs, show, token=token, tls=tls, timeout=timeout)
+    except (CompassError, TimeoutError) as exc:
+        fail(
+            f"{address}: {exc or 'no result within --timeout'}",
+            2 if isinstance(exc, ConfigError) else 1,
+        )
+    typer.echo(result_text(value))
 
 
 @commands.command("token")

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from compass.cluster import LocalCluster
     from compass.objective import OnMiss
     from compass.reports import WorkerStatus
+    from compass.streamed import Output
     from compass.trace import JobTrace
 
 T = TypeVar("T")
@@ -106,6 +107,30 @@ def run_job(
         )  # fmt: skip
 
     return _ask(address, submit, token=token, tls=tls)
+
+
+def stream_job(
+    address: str,
+    workflow: str,
+    inputs: dict[str, Any],
+    show: Callable[[Output], None],
+    *,
+    token: str | None,
+    tls: TLSConfig | None,
+    timeout: float,
+) -> Any:
+    """One job of ``workflow`` streamed from the worker at ``address``: ``show`` each of its
+    outputs as it comes; its final output (within ``timeout`` seconds in all)."""
+
+    async def read(client: Client) -> Any:
+        async with asyncio.timeout(timeout):
+            async for out in client.stream(workflow, inputs):
+                show(out)
+                if out.final:
+                    return out.value
+        return None
+
+    return _ask(address, read, token=token, tls=tls)
 
 
 def hold_cluster(
