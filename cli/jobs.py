@@ -168,9 +168,12 @@ def submit(
     traced = trace or trace_json is not None
     check_output(trace_json, "--trace-json")
     if stream:
-        if traced or deadline_ms is not None or priority:
-            fail("--stream takes no --trace, --deadline-ms or --priority yet", 2)
-        streamed(address, workflow, kwargs, token=token, tls=tls, timeout=timeout)
+        if traced:
+            fail("--stream takes no --trace yet: trace the job without it", 2)
+        objective = {"deadline_ms": deadline_ms, "priority": priority,
+                     "on_miss": "finish" if on_miss is OnMiss.finish else "drop"}  # fmt: skip
+        streamed(address, workflow, kwargs, token=token, tls=tls, timeout=timeout,
+                 objective=objective)  # fmt: skip
         return
 
     try:
@@ -201,6 +204,7 @@ def streamed(
     token: str | None,
     tls: TLSConfig | None,
     timeout: float,
+    objective: dict[str, Any],
 ) -> None:
     """``compass submit --stream``: each partial output as it comes, then the result."""
     open_line = [False]  # text written without its newline yet
@@ -219,7 +223,8 @@ def streamed(
             open_line[0] = False
 
     try:
-        value = stream_job(address, workflow, inputs, show, token=token, tls=tls, timeout=timeout)
+        value = stream_job(address, workflow, inputs, show, token=token, tls=tls,
+                           timeout=timeout, objective=objective)  # fmt: skip
     except (CompassError, TimeoutError) as exc:
         fail(
             f"{address}: {exc or 'no result within --timeout'}",

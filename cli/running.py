@@ -118,13 +118,15 @@ def stream_job(
     token: str | None,
     tls: TLSConfig | None,
     timeout: float,
+    objective: dict[str, Any],
 ) -> Any:
     """One job of ``workflow`` streamed from the worker at ``address``: ``show`` each of its
-    outputs as it comes; its final output (within ``timeout`` seconds in all)."""
+    outputs as it comes; its final output (within ``timeout`` seconds in all). ``objective``:
+    its ``deadline_ms``, ``priority`` and ``on_miss``."""
 
     async def read(client: Client) -> Any:
         async with asyncio.timeout(timeout):
-            async for out in client.stream(workflow, inputs):
+            async for out in client.stream(workflow, inputs, **objective):
                 show(out)
                 if out.final:
                     return out.value

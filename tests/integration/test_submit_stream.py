@@ -67,7 +67,9 @@ async def test_submit_stream_prints_partial_outputs_then_the_result(
         assert numbers.stdout.splitlines() == ["0", "1", "2", "2"]  # each, then the result
         plain = await cli("tell", "-i", "n=2")  # the same job unstreamed: its result alone
         assert plain.stdout == '"w0 w1"\n'
-        refused = await cli("tell", "-i", "n=2", "--stream", "--priority", "3")
-        assert refused.returncode == 2 and "--stream takes no" in refused.stderr
+        urgent = await cli("tell", "-i", "n=2", "--stream", "--priority", "3")
+        assert urgent.returncode == 0 and urgent.stdout.endswith('"w0 w1"\n')
+        refused = await cli("tell", "-i", "n=2", "--stream", "--trace")
+        assert refused.returncode == 2 and "--stream takes no --trace" in refused.stderr
         unknown = await cli("nope", "--stream")
         assert unknown.returncode == 1 and "nope" in unknown.stderr
