@@ -30,11 +30,21 @@ anything else compass raises               502
 A caller that hangs up before its answer is ready gets its job cancelled: the request races the
 job against the ASGI ``http.disconnect`` message, and cancelling the submission tells the ingress
 worker to drop the job.
+
+``POST /streams/{workflow}`` runs the job streaming and answers server-sent events as they are
+made: ``event: output`` for each partial output of its step-wise sinks (``{"task", "seq",
+"value"}``), then ``event: result`` (``{"workflow", "result"}``), or ``event: error`` when it
+fails on the way (an error before its first output is the status above). A browser's
+``EventSource`` or ``curl -N`` reads it; a caller that hangs up cancels the job, whose step-wise
+tasks stop at their next step::
+
+    curl -N -X POST localhost:8000/streams/tell -H 'content-type: application/json' -d '{"n": 5}'
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -43,7 +53,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from compass import Client, Timeouts
 from compass.errors import (
@@ -151,6 +161,43 @@ async def submit_job(
     except CompassError as exc:
         return _error_response(exc)
     return {"workflow": workflow, "result": _jsonable(result)}
+
+
+@app.post("/streams/{workflow}", response_model=None)
+async def stream_job(
+    workflow: str,
+    request: Request,
+    inputs: Annotated[dict[str, Any], Body(description="The job's inputs by name.")],
+) -> Response:
+    """Run one job of ``workflow`` streaming: server-sent events (see the module docstring)."""
+    items = _client(request).stream(workflow, inputs)
+    try:
+        first = await items.__anext__()  # an error before any output is a status
+    except CompassError as exc:
+        return _error_response(exc)
+
+    async def events() -> AsyncIterator[str]:
+        out = first
+        try:
+            while True:
+                if out.final:
+                    yield _event("result", {"workflow": workflow, "result": _jsonable(out.value)})
+                    return
+                yield _event(
+                    "output", {"task": out.task, "seq": out.seq, "value": _jsonable(out.value)}
+                )
+                out = await items.__anext__()
+        except CompassError as exc:
+            yield _event("error", {"error": exc.code, "message": exc.message})
+        finally:
+            await items.aclose()  # type: ignore[attr-defined]  # a caller gone: the job too
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def _event(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
 async def _disconnected(request: Request) -> None:

@@ -22,7 +22,7 @@ import pytest
 from compass.cluster import LocalCluster
 from compass.reports import WorkerStatus
 
-from .conftest import ROOT, one_worker_workload, status_when
+from .conftest import ROOT, app_environment, one_worker_workload, status_when
 
 httpx = pytest.importorskip("httpx", reason="the examples extra: pip install -e '.[examples]'")
 pytest.importorskip("fastapi", reason="the examples extra: pip install -e '.[examples]'")
@@ -202,3 +202,39 @@ async def test_timeouts_refusals_hangups_and_a_lost_worker(
         gone = await http.post("/jobs/quick", json=data)
         assert gone.status_code == 503 and gone.headers["Retry-After"] == "1"
         assert gone.json()["error"] in {"lost", "connect"}
+
+
+STREAM_APP = """
+import compass
+
+app = compass.App("words")
+tell = app.workflow("tell", inputs=["n"])
+
+@tell.task(steps=4, step_ms=1.0)
+def words(model, n):
+    for i in range(n):
+        yield f"w{i}"
+    return " ".join(f"w{i}" for i in range(n))
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_streamed_job_comes_as_server_sent_events(tmp_path: Path) -> None:
+    env = app_environment(tmp_path, "sse_app", STREAM_APP)
+    async with (
+        LocalCluster(1, args=["--app", "sse_app"], env=env) as cluster,
+        webapp(cluster, env) as base,
+        httpx.AsyncClient(base_url=base, timeout=WAIT) as http,
+    ):
+        async with http.stream("POST", "/streams/tell", json={"n": 3}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            text = "".join([chunk async for chunk in response.aiter_text()])
+        events = [block.split("\n", 1) for block in text.strip().split("\n\n")]
+        kinds = [kind.removeprefix("event: ") for kind, _ in events]
+        data = [json.loads(body.removeprefix("data: ")) for _, body in events]
+        assert kinds == ["output", "output", "output", "result"]
+        assert [d["value"] for d in data[:3]] == ["w0", "w1", "w2"]
+        assert data[3] == {"workflow": "tell", "result": "w0 w1 w2"}
+        unknown = await http.post("/streams/nope", json={})
+        assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_workflow"
