@@ -114,6 +114,24 @@ def bench_plan(quick: Quick = False, json_path: JsonPath = None) -> None:
     plan.run(quick=quick, json_path=json_path)
 
 
+@bench_app.command("stream")
+def bench_stream(
+    jobs: Annotated[int, typer.Option(min=2, help="Jobs a side at each load.")] = 100,
+    step_ms: Annotated[float, typer.Option(min=0.1, help="Milliseconds a step takes.")] = 10.0,
+    steps: Annotated[int, typer.Option(min=1, help="Steps of each job.")] = 20,
+    hold_s: Annotated[
+        float, typer.Option(min=0.1, help="Seconds the slow reader reads nothing.")
+    ] = 10.0,
+    json_path: JsonPath = None,
+) -> None:
+    """Streamed jobs on a real worker: time to first output against the answer at load 1 and
+    2, throughput streamed and not, and what a slow reader costs the worker."""
+    from compass._bench import stream
+
+    check_output(json_path, "--json")
+    stream.run(jobs=jobs, step_ms=step_ms, steps=steps, hold_s=hold_s, json_path=json_path)
+
+
 @bench_app.command("job")
 def bench_job(
     jobs: Annotated[int, typer.Option(min=1, help="Jobs to time.")] = 2000,

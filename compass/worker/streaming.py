@@ -28,7 +28,7 @@ from compass.streamed import Output
 __all__ = ["MAX_BEHIND", "Output", "Streamer", "stream_job"]
 
 #: partial outputs the ingress holds for one slow reader, at most
-MAX_BEHIND = 1024
+MAX_BEHIND = 256
 
 Chunks = Callable[[str, int, Any], None]
 

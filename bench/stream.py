@@ -1,0 +1,197 @@
+"""``compass bench stream``: what streaming a job's partial outputs gives and costs, on a real
+local cluster (one worker process, the bench app's ``generation`` workflow: a step-wise task
+of ``steps`` steps of ``step_ms`` each, each yielding ``chunk`` bytes).
+
+- **Time to first output**, streamed (``Client.stream``: the first partial output) against the
+  same job unstreamed (``Client.submit``: its answer), at load 1 (one job at a time) and load 2
+  (two at once on the worker's one lane), p50 and p99; ``ttfo_over_first_step``: the streamed
+  p50 at load 1 over the first step's own time plus one hop (half a ping's round trip).
+- **Throughput**: jobs per second with 8 in flight, streamed and not
+  (``streamed_over_plain_throughput``).
+- **A slow reader**: a long job streamed and not read for ``hold_s`` seconds; the worker's
+  RSS before and after (``slow_reader_rss_growth_mb``). What it may hold for such a reader is
+  bounded: the stream's window on the wire, and :data:`~compass.worker.streaming.MAX_BEHIND`
+  partial outputs at the ingress, then the job is cancelled (``StreamOverrun``).
+
+Streamed edges between tasks (a successor fed as its predecessor steps) are not built yet, so
+a pipeline's time to first output is its last stage's first step after the stages before it
+ended; this bench measures one generating stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from compass.client import Client
+from compass.cluster import LocalCluster
+from compass.errors import StreamOverrun
+from compass.wire.transport import new_event_loop
+from compass.worker.streaming import MAX_BEHIND
+
+from .report import machine, print_table, write_json
+
+__all__ = ["run"]
+
+APP = ["--app", "compass._bench.apps", "--lanes", "1", "--host-lanes", "0"]
+#: in flight for the throughput sides
+IN_FLIGHT = 8
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(values) * 1e3, q)), 3)
+
+
+async def _first_output_s(client: Client, inputs: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    first = None
+    async for _out in client.stream("generation", inputs):
+        if first is None:
+            first = time.perf_counter() - t0
+    assert first is not None
+    return first
+
+
+async def _answer_s(client: Client, inputs: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    await client.submit("generation", inputs)
+    return time.perf_counter() - t0
+
+
+async def _at_load(client: Client, load: int, jobs: int, inputs: dict[str, Any]) -> dict[str, Any]:
+    """``jobs`` jobs each side, ``load`` at once: their times to first output (streamed) and
+    to the answer (not)."""
+    sides: dict[str, list[float]] = {"streamed": [], "plain": []}
+    for _ in range(jobs // load):
+        got = await asyncio.gather(*(_first_output_s(client, inputs) for _ in range(load)))
+        sides["streamed"].extend(got)
+        got = await asyncio.gather(*(_answer_s(client, inputs) for _ in range(load)))
+        sides["plain"].extend(got)
+    return {
+        side: {"p50_ms": _ms(values, 50), "p99_ms": _ms(values, 99)}
+        for side, values in sides.items()
+    }
+
+
+async def _throughput(client: Client, jobs: int, inputs: dict[str, Any]) -> dict[str, float]:
+    async def streamed() -> None:
+        async for _ in client.stream("generation", inputs):
+            pass
+
+    async def plain() -> None:
+        await client.submit("generation", inputs)
+
+    rates = {}
+    for side, one in (("streamed", streamed), ("plain", plain)):
+        limit = asyncio.Semaphore(IN_FLIGHT)
+
+        async def bounded(one: Any = one, limit: asyncio.Semaphore = limit) -> None:
+            async with limit:
+                await one()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(bounded() for _ in range(jobs)))
+        rates[side] = round(jobs / (time.perf_counter() - t0), 2)
+    return rates
+
+
+async def _slow_reader(client: Client, hold_s: float, chunk: int) -> dict[str, Any]:
+    """A long job streamed and not read for ``hold_s``: the worker's RSS before and after."""
+    before = float((await client.status()).process["rss_mb"])
+    inputs = {"steps": 100_000, "step_ms": 0.5, "chunk": chunk}
+    items = client.stream("generation", inputs, window=16)
+    first = await items.__anext__()  # the job runs; then nobody reads
+    assert not first.final
+    await asyncio.sleep(hold_s)
+    held = float((await client.status()).process["rss_mb"])
+    overrun = False
+    try:
+        async for _ in items:
+            pass
+    except StreamOverrun:
+        overrun = True
+    finally:
+        await items.aclose()  # type: ignore[attr-defined]
+    after = float((await client.status()).process["rss_mb"])
+    return {
+        "rss_before_mb": before,
+        "rss_held_mb": held,
+        "rss_after_mb": after,
+        "slow_reader_rss_growth_mb": round(held - before, 2),
+        "overrun": overrun,
+        "bound_mb": round((MAX_BEHIND + 16) * chunk / 1e6, 2),
+    }
+
+
+async def _measure(jobs: int, step_ms: float, steps: int, hold_s: float) -> dict[str, Any]:
+    inputs = {"steps": steps, "step_ms": step_ms, "chunk": 64}
+    async with LocalCluster(1, args=APP) as cluster, cluster.client() as client:
+        for _ in range(10):  # warm up: imports, threads, the stream's path
+            await _first_output_s(client, inputs)
+            await client.ping()
+        pings = [await client.ping() for _ in range(200)]
+        hop_s = float(np.median(pings)) / 2
+        loads = {load: await _at_load(client, load, jobs, inputs) for load in (1, 2)}
+        rates = await _throughput(client, jobs, inputs)
+        slow = await _slow_reader(client, hold_s, chunk=64 * 1024)
+    first_step_ms = step_ms
+    return {
+        "machine": machine(),
+        "jobs": jobs,
+        "steps": steps,
+        "step_ms": step_ms,
+        "hop_ms": round(hop_s * 1e3, 3),
+        "load": {str(k): v for k, v in loads.items()},
+        "ttfo_over_first_step": round(
+            loads[1]["streamed"]["p50_ms"] / (first_step_ms + hop_s * 1e3), 3
+        ),
+        "throughput_jobs_per_s": rates,
+        "streamed_over_plain_throughput": round(rates["streamed"] / rates["plain"], 3),
+        "slow_reader": slow,
+        "slow_reader_rss_growth_mb": slow["slow_reader_rss_growth_mb"],
+    }
+
+
+def run(
+    jobs: int = 100,
+    step_ms: float = 10.0,
+    steps: int = 20,
+    hold_s: float = 10.0,
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    loop = new_event_loop()
+    try:
+        result = loop.run_until_complete(_measure(jobs, step_ms, steps, hold_s))
+    finally:
+        loop.close()
+    rows = []
+    for load, sides in result["load"].items():
+        for side, figures in sides.items():
+            what = "first output (stream)" if side == "streamed" else "answer (submit)"
+            rows.append([load, what, figures["p50_ms"], figures["p99_ms"]])
+    print_table(
+        f"a generating task of {steps} steps of {step_ms:g} ms, one worker, one lane; "
+        f"{jobs} jobs a side at each load; one hop {result['hop_ms']} ms",
+        ["load", "time to", "p50 ms", "p99 ms"],
+        rows,
+    )
+    slow = result["slow_reader"]
+    print_table(
+        "streaming's cost and its bound",
+        ["what", "value"],
+        [
+            ["ttfo_over_first_step (p50, load 1)", result["ttfo_over_first_step"]],
+            ["jobs/s streamed", result["throughput_jobs_per_s"]["streamed"]],
+            ["jobs/s plain", result["throughput_jobs_per_s"]["plain"]],
+            ["streamed_over_plain_throughput", result["streamed_over_plain_throughput"]],
+            [f"slow reader: RSS growth over {hold_s:g} s (MB)", slow["slow_reader_rss_growth_mb"]],
+            ["  bound: window + MAX_BEHIND outputs (MB)", slow["bound_mb"]],
+            ["  the job cancelled (StreamOverrun)", slow["overrun"]],
+        ],
+    )
+    if json_path:
+        write_json(json_path, result)
+    return result
