@@ -7,7 +7,7 @@ Start a worker with it and the front door on::
 - ``scale`` (Open Inference Protocol): ``x`` (FP32, any shape) times ``factor`` (FP32 scalar),
   with its tensors declared for ``GET /v2/models/scale``;
 - ``chat`` (OpenAI model ``tiny-chat``): answers the last message back, reversed, with a
-  token count (words) as usage;
+  token count (words) as usage, a word at a time (``stream: true`` sends each as it comes);
 - ``embed`` (OpenAI model ``tiny-embed``): one 8-dimensional unit vector per input string,
   the same for the same string (a hash of its words, no model).
 
@@ -17,6 +17,7 @@ No torch and no weights: it starts at once, and its answers are known exactly.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -45,10 +46,15 @@ app.tensors(
 chat = app.workflow("chat", inputs=["messages", "options"])
 
 
-@chat.task(expected_ms=0.1)
-def reply(model: None, messages: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+@chat.task(expected_ms=0.1, steps=8, step_ms=0.01)
+def reply(
+    model: None, messages: list[dict[str, Any]], options: dict[str, Any]
+) -> Generator[str, None, dict[str, Any]]:
+    """A word at a time (what ``stream: true`` sends as it comes), then the whole answer."""
     said = str(messages[-1].get("content", ""))
     words = said.split()[::-1][: int(options.get("max_tokens") or 1000)]
+    for i, word in enumerate(words):
+        yield word if i == 0 else f" {word}"
     prompt = sum(len(str(m.get("content", "")).split()) for m in messages)
     return {
         "text": " ".join(words),

@@ -18,7 +18,9 @@ endpoint                    job inputs
 one vector per input (a 2-D array, a tensor, or a list of lists).
 
 ``deadline_ms``, ``priority`` and ``on_miss`` may be given in the body (the SDKs'
-``extra_body``). ``stream: true`` is refused until step-wise tasks exist.
+``extra_body``). ``stream: true`` (chat and completions) answers server-sent events: one chunk
+(:func:`chunk_body`) per partial output of the workflow's step-wise sink (a piece of text),
+then one with the ``finish_reason``, then ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ import numpy as np
 from compass.front.declare import OpenAIKind, OpenAIModel
 from compass.front.errors import HttpError
 
-__all__ = ["ENDPOINT_KIND", "answer_body", "job_inputs", "models_body", "objective_fields"]
+__all__ = [
+    "ENDPOINT_KIND",
+    "answer_body",
+    "chunk_body",
+    "job_inputs",
+    "models_body",
+    "objective_fields",
+]
 
 #: path -> the kind of model it serves
 ENDPOINT_KIND: dict[str, OpenAIKind] = {
@@ -80,8 +89,8 @@ def _input(value: Any) -> list[str]:
 def job_inputs(kind: OpenAIKind, body: dict[str, Any], declared: Sequence[str]) -> dict[str, Any]:
     """The job's inputs for a request ``body`` to a model of ``kind`` whose workflow declares
     the inputs ``declared`` (none: every input)."""
-    if body.get("stream") is True:
-        raise _bad("stream: true is not served yet (it needs step-wise tasks); leave it out")
+    if body.get("stream") is True and kind == "embedding":
+        raise _bad("stream: true is for chat and completions, not embeddings")
     n = body.get("n", 1)
     if n != 1:
         raise _bad(f"n must be 1 (one choice per request), got {n!r}")
@@ -185,6 +194,34 @@ def answer_body(
         "model": declared.model,
         "choices": [choice],
         "usage": usage_,
+    }
+
+
+def chunk_body(
+    declared: OpenAIModel, job_id: str, piece: Any, finish: Any = None
+) -> dict[str, Any]:
+    """One server-sent chunk of a streamed answer: ``piece`` of its text (a partial output;
+    anything not a string is shown as text), or, last, the final output's ``finish_reason``
+    (``finish``: the job's final output)."""
+    created = int(time.time())
+    reason = None
+    text = piece if isinstance(piece, str) else ("" if piece is None else str(piece))
+    if finish is not None:
+        _, reason, _ = _text(finish)
+        text = ""
+    if declared.kind == "chat":
+        delta = {"content": text} if text or reason is None else {}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+        kind, prefix = "chat.completion.chunk", "chatcmpl"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        kind, prefix = "text_completion", "cmpl"
+    return {
+        "id": f"{prefix}-{job_id}",
+        "object": kind,
+        "created": created,
+        "model": declared.model,
+        "choices": [choice],
     }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import json
 import logging
 import ssl
@@ -33,8 +34,10 @@ from aiohttp.web_protocol import RequestHandler
 import compass
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
 from compass.front import openai, tensors
+from compass.front.declare import OpenAIModel
 from compass.front.errors import RETRY_AFTER_S, HttpError, openai_body, status_of, v2_body
 from compass.objective import Objective
+from compass.worker.streaming import stream_job
 
 if TYPE_CHECKING:
     from compass.config import WorkerConfig
@@ -187,6 +190,7 @@ class FrontDoor:
         self.address = ""
         self._server: web.Server | None = None
         self._listener: asyncio.Server | None = None
+        self._streams = itertools.count(1)  # the ids of streamed answers
 
     async def __aenter__(self) -> FrontDoor:
         await self.start()
@@ -398,6 +402,37 @@ class FrontDoor:
         return web.Response(body=body, content_type="application/octet-stream", headers=headers)
 
     # -- OpenAI --------------------------------------------------------------------------------
+    async def _openai_stream(
+        self, declared: OpenAIModel, inputs: Any, fields: dict[str, Any], request: web.BaseRequest
+    ) -> web.StreamResponse:
+        """``stream: true``: server-sent chunks as the job's partial outputs are made; an error
+        before the first is the request's status, one on the way an error event. A caller that
+        hangs up cancels the job (its handler is cancelled, and with it the stream)."""
+        objective = Objective.from_wire(fields, self.worker.config.time_scale)
+        outputs = stream_job(self.worker, declared.workflow, inputs, objective)
+        first = await outputs.__anext__()  # an error before any output: the status
+        name = f"{self.worker.name}-s{next(self._streams)}"
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})  # fmt: skip
+        await response.prepare(request)
+        out = first
+        try:
+            while True:
+                finish = out.value if out.final else None
+                chunk = openai.chunk_body(declared, name, None if out.final else out.value, finish)
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if out.final:
+                    break
+                out = await outputs.__anext__()
+        except CompassError as exc:
+            error = {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
+            await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]  # the job, if it runs on
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
     async def _openai_models(self, request: web.BaseRequest, _: str) -> web.StreamResponse:
         return _json(openai.models_body(list(self.worker.app.front.openai.values())))
 
@@ -419,6 +454,10 @@ class FrontDoor:
             raise HttpError(400, f"model {declared.model!r} serves {declared.kind}, not {kind}")
         workflow = self.worker.app.get_workflow(declared.workflow)
         inputs = openai.job_inputs(kind, body, workflow.inputs)
+        if body.get("stream") is True:
+            return await self._openai_stream(
+                declared, inputs, openai.objective_fields(body), request
+            )
         job_id, value = await self._submit(
             declared.workflow, inputs, openai.objective_fields(body), request
         )

@@ -79,10 +79,13 @@ def wait(model, x):
 
 chat = app.workflow("chat", inputs=["messages", "options"])
 
-@chat.task(expected_ms=1)
+@chat.task(expected_ms=1, steps=3)
 def reply(model, messages, options):
     last = messages[-1]["content"]
-    return {"text": f"you said: {last} (max_tokens {options.get('max_tokens')})",
+    text = f"you said: {last} (max_tokens {options.get('max_tokens')})"
+    for i, word in enumerate(text.split(" ")):  # a word a step: what stream: true sends
+        yield word if i == 0 else " " + word
+    return {"text": text,
             "usage": {"prompt_tokens": len(last.split()), "completion_tokens": 5}}
 
 complete = app.workflow("complete", inputs=["prompt"])
@@ -263,10 +266,18 @@ def test_openai_sdk_chat_completion_embeddings_and_models(door: Door) -> None:
             client.chat.completions.create(
                 model="gpt-9", messages=[{"role": "user", "content": "x"}]
             )
-        with pytest.raises(openai.BadRequestError, match="stream: true is not served yet"):
+        # streamed: the words as the task makes them, then the finish reason
+        chunks = list(
             client.chat.completions.create(
-                model="tiny-chat", messages=[{"role": "user", "content": "x"}], stream=True
+                model="tiny-chat", messages=[{"role": "user", "content": "hi"}], stream=True
             )
+        )
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+        assert "".join(pieces) == "you said: hi (max_tokens None)" and len(pieces) == 5
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert all(c.object == "chat.completion.chunk" for c in chunks)
+        with pytest.raises(openai.BadRequestError, match="stream: true is for chat"):
+            client.embeddings.create(model="tiny-embed", input="x", extra_body={"stream": True})
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(
                 base_url=f"http://127.0.0.1:{door.port}/v1", api_key="wrong"
@@ -301,7 +312,7 @@ def test_an_overloaded_worker_answers_503_with_retry_after(door: Door) -> None:
     try:
         with SyncClient(door.cluster.addresses[0], token=door.token) as native:
             for _ in range(200):  # until both are in flight (bounded)
-                if native.status()["jobs_in_flight"] >= 2:
+                if native.status().jobs_in_flight >= 2:
                     break
                 time.sleep(0.01)
         echo = {"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}]}
@@ -462,7 +473,7 @@ def test_over_mutual_tls_with_private_health_a_draining_worker_answers_503(
         try:
             with SyncClient(cluster.addresses[0], token=door.token, tls=client_tls) as native:
                 for _ in range(200):  # until the slow job is in flight (bounded)
-                    if native.status()["jobs_in_flight"] >= 1:
+                    if native.status().jobs_in_flight >= 1:
                         break
                     time.sleep(0.01)
             cluster.workers[0].process.send_signal(signal.SIGTERM)

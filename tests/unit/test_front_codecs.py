@@ -114,8 +114,11 @@ def test_openai_requests_become_the_declared_inputs_and_answers_their_shapes() -
     assert openai.job_inputs("chat", body, ("messages",)) == {"messages": body["messages"]}
     assert openai.job_inputs("chat", body, ())["options"] == {"temperature": 0.5}
     assert openai.objective_fields(body) == {"deadline_ms": 50}
-    with pytest.raises(HttpError, match="stream: true is not served yet"):
-        openai.job_inputs("chat", {**body, "stream": True}, ())
+    assert openai.job_inputs("chat", {**body, "stream": True}, ()) == openai.job_inputs(
+        "chat", body, ()
+    )  # stream is how the answer comes, not an input
+    with pytest.raises(HttpError, match="stream: true is for chat and completions"):
+        openai.job_inputs("embedding", {"model": "e", "input": "x", "stream": True}, ())
     with pytest.raises(HttpError, match="input must be a string"):
         openai.job_inputs("embedding", {"model": "e", "input": [1, 2]}, ())
     chat = openai.answer_body(OpenAIModel("m", "wf"), "j", "hello", body)
