@@ -96,6 +96,9 @@ class WorkerStatus:
     #: what the process holds (``rss_mb``, ``open_fds``, ...) and its tables' sizes
     process: Mapping[str, Any]
     tables: Mapping[str, Any]
+    #: the cluster's desired size as this worker sees it (``desired``, ``reason``,
+    #: ``pressure``: compass.elastic); empty from a worker that does not say
+    desired_workers: Mapping[str, Any] = field(default_factory=dict)
     _wire: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -147,6 +150,7 @@ class WorkerStatus:
             traces=mapping("traces"),
             process=mapping("process"),
             tables=mapping("tables"),
+            desired_workers=mapping("desired_workers"),
             _wire=w,
         )
 

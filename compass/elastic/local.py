@@ -59,7 +59,7 @@ class LocalAutoscaler:
         live = self.live()
         async with Client(live[0].address, token=self.cluster.token, tls=self.cluster.tls) as c:
             status = await c.status()
-        wanted = int(status["desired_workers"]["desired"])
+        wanted = int(status.desired_workers["desired"])
         return min(max(wanted, self.minimum), self.maximum)
 
     async def step(self) -> int:

@@ -33,8 +33,8 @@ async def test_grows_to_min_drains_past_max_and_survives_a_failed_start(
         await cluster.wait_joined()
         async with cluster.client() as client:
             status = await client.status()
-            assert len(status["peers"]) == 1
-            assert status["desired_workers"]["desired"] >= 1
+            assert len(status.peers) == 1
+            assert status.desired_workers["desired"] >= 1
 
             # MAX 1 drains the newest worker while jobs run: every job is answered
             names = ["translation", "question_answer", "img_to_sound", "object_detection"]

@@ -151,7 +151,7 @@ async def test_metrics_count_jobs_tasks_and_the_cache_over_http(
         assert value(samples, "compass_peers") == 0
         # one idle worker: the rule wants the minimum, and status says the same
         assert value(samples, "compass_desired_workers") == 1
-        assert status["desired_workers"]["desired"] == 1
+        assert status.desired_workers["desired"] == 1
         assert value(samples, "compass_ready") == 1
         assert value(samples, "compass_worker_info", worker="w0", version=status.version,
                      policy="compass") == 1  # fmt: skip
