@@ -48,7 +48,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from compass.cache.weights import KeyMap, Model
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
@@ -56,7 +56,7 @@ from compass.front.declare import Declarations, OpenAIKind, OpenAIModel
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload
 
-__all__ = ["App", "Resource", "WorkflowBuilder", "load_app"]
+__all__ = ["App", "Resource", "TaskOptions", "WorkflowBuilder", "load_app"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -184,6 +184,26 @@ def _batch_profile(
     return exec_ms, 1 if batch is None else batch, ()
 
 
+class TaskOptions(TypedDict, total=False):
+    """What a task is declared with (:meth:`WorkflowBuilder.task`, which says what each does):
+    every option is a keyword, and none is required."""
+
+    name: str | None
+    model: str | None
+    after: Iterable[str] | Mapping[str, str]
+    inputs: Iterable[str] | Mapping[str, str] | None
+    resources: Iterable[str]
+    expected_ms: float | None
+    output_bytes: int
+    input_bytes: int
+    timeout_ms: float | None
+    batch: int | None
+    batch_item: float | None
+    batch_ms: Sequence[float] | None
+    steps: int | None
+    step_ms: float | None
+
+
 class WorkflowBuilder:
     """Collects tasks declared with :meth:`task`; the :class:`App` builds and validates them."""
 
@@ -206,70 +226,16 @@ class WorkflowBuilder:
     # typed for both uses: ``@wf.task`` (or ``wf.task(fn, ...)``) gives the function back,
     # ``@wf.task(...)`` a decorator that does
     @overload
-    def task(
-        self,
-        fn: F,
-        /,
-        *,
-        name: str | None = None,
-        model: str | None = None,
-        after: Iterable[str] | Mapping[str, str] = (),
-        inputs: Iterable[str] | Mapping[str, str] | None = None,
-        resources: Iterable[str] = (),
-        expected_ms: float | None = None,
-        output_bytes: int = 0,
-        input_bytes: int = 0,
-        timeout_ms: float | None = None,
-        batch: int | None = None,
-        batch_item: float | None = None,
-        batch_ms: Sequence[float] | None = None,
-        steps: int | None = None,
-        step_ms: float | None = None,
-    ) -> F: ...
+    def task(self, fn: F, /, **options: Unpack[TaskOptions]) -> F: ...
 
     @overload
-    def task(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        model: str | None = None,
-        after: Iterable[str] | Mapping[str, str] = (),
-        inputs: Iterable[str] | Mapping[str, str] | None = None,
-        resources: Iterable[str] = (),
-        expected_ms: float | None = None,
-        output_bytes: int = 0,
-        input_bytes: int = 0,
-        timeout_ms: float | None = None,
-        batch: int | None = None,
-        batch_item: float | None = None,
-        batch_ms: Sequence[float] | None = None,
-        steps: int | None = None,
-        step_ms: float | None = None,
-    ) -> Callable[[F], F]: ...
+    def task(self, fn: None = None, /, **options: Unpack[TaskOptions]) -> Callable[[F], F]: ...
 
-    def task(
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        model: str | None = None,
-        after: Iterable[str] | Mapping[str, str] = (),
-        inputs: Iterable[str] | Mapping[str, str] | None = None,
-        resources: Iterable[str] = (),
-        expected_ms: float | None = None,
-        output_bytes: int = 0,
-        input_bytes: int = 0,
-        timeout_ms: float | None = None,
-        batch: int | None = None,
-        batch_item: float | None = None,
-        batch_ms: Sequence[float] | None = None,
-        steps: int | None = None,
-        step_ms: float | None = None,
-    ) -> F | Callable[[F], F]:
-        """Declare a task: ``fn(model_module_or_None, **keywords) -> output``.
+    def task(self, fn: F | None = None, /, **options: Unpack[TaskOptions]) -> F | Callable[[F], F]:
+        """Declare a task: ``fn(model_module_or_None, **keywords) -> output``. Its options
+        (:class:`TaskOptions`, all keywords): ``name``, ``model``, ``after``, ``inputs``,
+        ``resources``, ``expected_ms``, ``output_bytes``, ``input_bytes``, ``timeout_ms``,
+        ``batch``, ``batch_item``, ``batch_ms``, ``steps``, ``step_ms``.
 
         Usable bare (``@wf.task``) or with arguments, and stackable: the same function under
         several names is several tasks. A root task takes the job inputs listed in
@@ -297,6 +263,23 @@ class WorkflowBuilder:
         1) and ``step_ms`` seed its profile: ``expected_ms`` defaults to ``steps * step_ms``.
         A plain function is one step.
         """
+        unknown = sorted(set(options) - set(TaskOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"task() got an unexpected keyword argument {unknown[0]!r}")
+        name, model = options.get("name"), options.get("model")
+        after, inputs = options.get("after", ()), options.get("inputs")
+        resources, timeout_ms = options.get("resources", ()), options.get("timeout_ms")
+        expected_ms, steps, step_ms = (
+            options.get("expected_ms"),
+            options.get("steps"),
+            options.get("step_ms"),
+        )
+        output_bytes, input_bytes = options.get("output_bytes", 0), options.get("input_bytes", 0)
+        batch, batch_item, batch_ms = (
+            options.get("batch"),
+            options.get("batch_item"),
+            options.get("batch_ms"),
+        )
         preds, renames = _sources("after", after)
         taken: tuple[str, ...] | None = None
         if inputs is not None:
