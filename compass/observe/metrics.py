@@ -171,6 +171,7 @@ class WorkerMetrics:
             self.queue_wait,
             self.fetch_wait,
             self.first_output,
+            self.steps,  # a counter, served with them (the collector has the rest)
         )
         #: the histograms of each (workflow, task), found once: ``labels`` costs a lock and a
         #: lookup per call, four times per task
@@ -435,9 +436,10 @@ class WorkerMetrics:
 
 
 class _Snapshot:
-    """What one scrape exposes: the collector's families, already read, and the histograms."""
+    """What one scrape exposes: the collector's families, already read, and the histograms
+    (and the steps' counter) the worker observes as it goes."""
 
-    def __init__(self, families: list[Metric], histograms: tuple[Histogram, ...]) -> None:
+    def __init__(self, families: list[Metric], histograms: tuple[Histogram | Counter, ...]) -> None:
         self._families = families
         self._histograms = histograms
 

@@ -152,6 +152,7 @@ class TaskRunner:
         #: or their run's start and step time (emulated)
         self._stops: dict[QueuedTask, threading.Event] = {}
         self._emulated_steps: dict[QueuedTask, tuple[list[TaskOutcome], Task, float, float]] = {}
+        self._steps_told: dict[QueuedTask, int] = {}  # emulated: partial outputs told so far
 
     def start(self, run: RunTask) -> None:
         """Run ``run``'s entries (one task, or a batch) now (needs a running event loop)."""
@@ -185,6 +186,8 @@ class TaskRunner:
             if task.profile.steps > 1:
                 step_s = delay / task.profile.steps
                 self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
+                if run.entry.stream and self._on_step is not None:  # each step's output
+                    loop.call_later(step_s, self._emulated_step, run.entry, 0)
             return
         model = run.entry.model
         payload: Any = run.entry.inputs
@@ -228,6 +231,7 @@ class TaskRunner:
                 )
 
     def _emulated_stopped(self, outcomes: list[TaskOutcome], steps: int) -> None:
+        self._steps_told.pop(outcomes[0].entry, None)
         del self._timers[outcomes[0].entry]
         outcomes[0].error = TaskStopped(f"task {outcomes[0].entry.task!r} stopped")
         outcomes[0].steps, outcomes[0].stopped = steps, True
@@ -247,11 +251,31 @@ class TaskRunner:
         if self._watchdog is not None:
             self._watchdog.cancel()
 
+    def _emulated_step(self, entry: QueuedTask, seq: int) -> None:
+        """Step ``seq`` of an emulated step-wise task of a streaming job ended: its partial
+        output (a payload of its share of the declared output), then the next step's timer;
+        none once the task ended or was stopped."""
+        running = self._emulated_steps.get(entry)
+        if running is None or self._on_step is None:
+            return
+        _, task, _, step_s = running
+        steps = task.profile.steps
+        if seq + 1 < steps:  # the last step's ends with the task (_emulated_done)
+            self._on_step(entry, seq, emulated_output(task.profile.output_bytes // steps))
+            self._steps_told[entry] = seq + 1
+            asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
+
     def _emulated_done(
         self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool
     ) -> None:
-        del self._timers[outcomes[0].entry]
-        self._emulated_steps.pop(outcomes[0].entry, None)
+        entry = outcomes[0].entry
+        del self._timers[entry]
+        if self._emulated_steps.pop(entry, None) is not None and not late:
+            steps = outcomes[0].steps = task.profile.steps
+            told = self._steps_told.pop(entry, 0)
+            if entry.stream and self._on_step is not None:  # the steps' outputs not told yet
+                for seq in range(told, steps):
+                    self._on_step(entry, seq, emulated_output(task.profile.output_bytes // steps))
         exec_s = self._clock() - t0
         for outcome in outcomes:
             entry = outcome.entry

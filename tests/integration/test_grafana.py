@@ -197,7 +197,10 @@ def exported(text: str) -> tuple[dict[str, dict[str, set[str]]], dict[str, str]]
 async def test_every_metric_the_dashboard_and_alerts_name_is_exported(
     worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    spec = one_worker_workload(tmp_path, quick=("m", 5), plain=(None, 5))
+    spec = one_worker_workload(tmp_path, quick=("m", 5), plain=(None, 5), words=(None, 4))
+    steps = json.loads(Path(spec).read_text())  # noqa: ASYNC240 (before anything runs)
+    steps["workflows"]["words"]["tasks"]["t"]["steps"] = 4  # a step-wise task, streamed below
+    Path(spec).write_text(json.dumps(steps))  # noqa: ASYNC240
     args = ["--workload", spec, "--metrics-port", "0", "--drain-timeout", "0"]
     async with LocalCluster(2, args=args, env=worker_env) as cluster, cluster.client() as client:
         address = (await client.status()).metrics
@@ -207,9 +210,18 @@ async def test_every_metric_the_dashboard_and_alerts_name_is_exported(
             *(client.submit("quick", x=i, deadline_ms=10_000, timeout=30) for i in range(4)),
             *(client.submit("plain", x=i, timeout=30) for i in range(2)),
         )
+        streamed = [out async for out in client.stream("words", x=0)]  # steps, first output
+        assert [out.seq for out in streamed] == [0, 1, 2, 3, -1] and streamed[-1].final
         status, text = await asyncio.to_thread(http_get, f"http://{address}/metrics")
+        async with cluster.client(1) as other:  # the step-wise task may have run there
+            elsewhere = (await other.status()).metrics
+        assert elsewhere is not None
+        _, more = await asyncio.to_thread(http_get, f"http://{elsewhere}/metrics")
     assert status == 200
     metrics, family_of = exported(text)
+    for name, labels in exported(more)[0].items():  # what only the other worker had
+        metrics.setdefault(name, labels)
+    family_of.update(exported(more)[1])
 
     named: dict[str, list[str]] = defaultdict(list)
     for source, queries in (

@@ -25,6 +25,7 @@ from compass.config import CacheConfig, WorkerConfig
 from compass.core.events import (
     Answer,
     AskPlan,
+    Chunk,
     Event,
     Fault,
     Heard,
@@ -32,9 +33,11 @@ from compass.core.events import (
     Planned,
     Received,
     Send,
+    StopTask,
     TaskDone,
     TaskFailed,
     TaskReturned,
+    Watch,
 )
 from compass.core.lanes import LoadModel, RunTask
 from compass.core.queue import QueuedTask
@@ -118,6 +121,12 @@ def shape(step: Instruction) -> tuple[Any, ...]:
             return ("ask", step.peer, step.request.job, step.cause)
         case Planned():
             return ("planned", step.peer, step.job_id, step.plan, step.cause)
+        case Watch():
+            return ("watch", step.peers, step.cause)
+        case StopTask():
+            return ("stop", tuple((e.job_id, e.task) for e in step.entries), step.cause)
+        case Chunk():
+            return ("chunk", step.job_id, step.task, step.seq, step.cause)
         case Fault():
             return ("fault", repr(step.error), step.cause)
     raise AssertionError(f"not an instruction: {step!r}")
