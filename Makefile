@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch is installed first, from local disk where it lies there, so that the
 # project's `torch` requirement is met and pip never pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# `make test` runs the suite on this many processes (pytest-xdist); tests/conftest.py keeps
+# together the tests that must share one. TEST_JOBS=0 runs it in this process alone.
+TEST_JOBS ?= 2
 
 .PHONY: install test lint demo bench clean
 
@@ -18,7 +21,7 @@ $(STAMP): pyproject.toml setup.cfg
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
 
 lint: install
 	$(VENV)/bin/ruff check .

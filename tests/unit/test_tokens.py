@@ -42,13 +42,14 @@ def test_token_bits(token: str, bits: float) -> None:
 @pytest.mark.parametrize(
     ("token", "strong"),
     [
-        (secrets.token_hex(16), True),  # the README's: exactly 128 bits
-        (secrets.token_hex(15), False),
+        # random ones named by how they are made: the same test ids in every process of `-n`
+        pytest.param(secrets.token_hex(16), True, id="token_hex(16)"),  # the README's: 128 bits
+        pytest.param(secrets.token_hex(15), False, id="token_hex(15)"),
         # token_urlsafe(16), fixed: a random one lacks digits, '-' and '_' about 1 time in 100
         # (22 characters of 52 classes: 125 bits by the estimate), which made this flaky
         ("Qx3-kL9_pZr2TbW7yNc0aE", True),
         ("tcabSfjMYCLURmlDCMfapw", False),
-        (secrets.token_urlsafe(8), False),
+        pytest.param(secrets.token_urlsafe(8), False, id="token_urlsafe(8)"),
         (HOOK_TOKEN, True),
         ("right-token", False),
         ("cluster-secret", False),
