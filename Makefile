@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 # project's `torch` requirement is met and pip never pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 # `make test` runs the suite on this many processes (pytest-xdist); tests/conftest.py keeps
-# together the tests that must share one. TEST_JOBS=0 runs it in this process alone.
+# together the tests that must share one. TEST_JOBS=0 runs it in this process alone. The tests
+# marked solo (how a worker copes with a burst, its CPU) run after, alone.
 TEST_JOBS ?= 2
 
 .PHONY: install test lint demo bench clean
@@ -21,7 +22,8 @@ $(STAMP): pyproject.toml setup.cfg
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not solo"
+	$(PY) -m pytest -m solo
 
 lint: install
 	$(VENV)/bin/ruff check .

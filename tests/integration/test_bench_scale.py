@@ -39,6 +39,7 @@ def _in_session(session: int) -> list[int]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.solo  # it compares an idle worker's CPU with a loaded one's
 def test_bench_scale_measures_tiny_clusters_and_ends_its_workers(
     tmp_path: Path, worker_env: dict[str, str]
 ) -> None:

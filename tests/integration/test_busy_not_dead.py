@@ -83,6 +83,7 @@ def _false_deaths(statuses: list[WorkerStatus]) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(400)
+@pytest.mark.solo  # a burst the worker must carry: not beside other tests' clusters
 async def test_a_burst_of_2000_jobs_at_once_declares_nobody_dead(
     worker_env: dict[str, str],
 ) -> None:
