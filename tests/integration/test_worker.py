@@ -249,7 +249,7 @@ async def test_a_worker_whose_heartbeat_loop_dies_stops_instead_of_lingering() -
         def broken(now: float) -> object:
             raise RuntimeError("injected: state unavailable")
 
-        worker.gossip.own_state = broken  # type: ignore[method-assign,assignment]
+        worker.gossip.port.own_state = broken  # type: ignore[method-assign,assignment]
         worker.gossip.changed()  # the next heartbeat builds the state, and fails
         await asyncio.wait_for(worker.wait(), timeout=10)
         assert isinstance(worker.failure, RuntimeError)
