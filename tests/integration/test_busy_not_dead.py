@@ -26,6 +26,10 @@ from compass.reports import WorkerStatus
 
 from .conftest import PAPER
 
+#: how a worker copes with bursts and stalls: not beside other tests' clusters (make test runs
+#: these alone, after the rest)
+pytestmark = pytest.mark.solo
+
 #: a worker getting busier: stalls of 300, then 600, then 900 ms, 500 ms apart. Before the
 #: fix, stalls of 300 ms alone were survived (the suspicions they caused were refuted in time);
 #: the 900 ms ones were not (3 false deaths at each peer in 14 stalls)
@@ -83,7 +87,6 @@ def _false_deaths(statuses: list[WorkerStatus]) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(400)
-@pytest.mark.solo  # a burst the worker must carry: not beside other tests' clusters
 async def test_a_burst_of_2000_jobs_at_once_declares_nobody_dead(
     worker_env: dict[str, str],
 ) -> None:
