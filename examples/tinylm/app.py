@@ -20,11 +20,14 @@ prompt and the new bytes together fit the model's 256-byte context):
 - ``speak``: ``generate`` -> ``translate`` (pig latin) -> ``synthesize``:
   ``{"sentences": [str], "audio": [tensor]}``, one waveform-like tensor per translated sentence.
 
-Both run on today's compass: each task returns its whole output (``write`` collects what
-:func:`~examples.tinylm.model.generate` yields). The step-wise versions of the same three
-tasks (generators, one ``yield`` per step, for issue 34's step-wise tasks and streamed edges,
-not in the core yet) are in :mod:`examples.tinylm.steps`, with :func:`~.steps.declare_steps`
-to declare them.
+Each task there returns its whole output (``write`` collects what
+:func:`~examples.tinylm.model.generate` yields).
+
+- ``tell_steps``: the same generation a token a step (:func:`~.steps.write_steps`, a
+  generator): ``Client.stream`` (or ``compass submit --stream``) gets each token as it is made,
+  then the whole text. The step-wise versions of all three tasks are in
+  :mod:`examples.tinylm.steps`, with :func:`~.steps.declare_steps` to declare them (with plain
+  edges until streamed edges exist).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import compass
 
 from .model import TinyConfig, TinyLM, generate
 from .speech import build_speaker, pig_latin, speak, split_sentences
+from .steps import write_steps
 from .train import Training, default_weights, ensure_weights, full_state
 
 __all__ = ["app", "build_app", "synthesize", "translate", "write"]
@@ -79,6 +83,11 @@ def build_app(weights: str | Path | None = None, training: Training | None = Non
     # expected times are for a CPU and about a hundred bytes; measurements take over at run time
     tell = app.workflow("tell", inputs=["prompt", "max_new_tokens"])
     tell.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
+    # the same generation a token a step: Client.stream and `compass submit --stream` get each
+    # token as it is made (examples/tinylm/steps.py)
+    steps = app.workflow("tell_steps", inputs=["prompt", "max_new_tokens"])
+    steps.task(write_steps, name="generate", model="tinylm", steps=60, step_ms=2.0,
+               output_bytes=256)  # fmt: skip
     spoken = app.workflow("speak", inputs=["prompt", "max_new_tokens"])
     spoken.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
     spoken.task(translate, after={"generate": "text"}, expected_ms=0.1, output_bytes=384)

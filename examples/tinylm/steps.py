@@ -1,11 +1,9 @@
 """The app's tasks as step-wise tasks: generators that give partial outputs as they go.
 
-**Written for compass's step-wise tasks and streamed edges (issue 34), which the core does not
-run yet.** Today a task's output is whatever its function returns, so a generator function
-would hand the worker a generator object; :mod:`examples.tinylm.app` therefore declares the
-collecting versions (``write``, ``translate``, ``synthesize``), which run on today's compass.
-:func:`declare_steps` declares these ones; compass accepts the declaration today (the tests
-check it), and the workflow runs once the core runs generator tasks.
+compass runs generator tasks now (issue 34): :mod:`examples.tinylm.app` declares ``tell_steps``
+with :func:`write_steps`, whose tokens a caller reads as they are made (``Client.stream``).
+Streamed edges between tasks are not built yet, so :func:`declare_steps`'s pipeline runs with
+plain edges: each stage starts when the one before it ended.
 
 The rule these follow (issue 34, item 1): each ``yield`` ends a step and gives a partial
 output; the function's ``return`` value is its final output, what a successor on a plain edge
@@ -90,8 +88,7 @@ def synthesize_steps(
 
 def declare_steps(app: compass.App, name: str = "speak_steps") -> None:
     """Declare the step-wise pipeline as workflow ``name`` (inputs ``prompt`` and
-    ``max_new_tokens``), with plain edges until streamed ones exist (see the module docstring).
-    Not runnable before the core runs generator tasks."""
+    ``max_new_tokens``), with plain edges until streamed ones exist (see the module docstring)."""
     flow = app.workflow(name, inputs=["prompt", "max_new_tokens"])
     flow.task(write_steps, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
     flow.task(

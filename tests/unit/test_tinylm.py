@@ -259,7 +259,7 @@ def test_the_app_caches_its_weights_outside_the_repository() -> None:
     path = app.models["tinylm"].weights
     assert path is not None and path.is_relative_to(tempfile.gettempdir())
     assert not path.resolve().is_relative_to(ROOT)
-    assert set(app.workflows) == {"tell", "speak"}
+    assert set(app.workflows) == {"tell", "tell_steps", "speak"}
 
 
 def test_the_step_wise_workflow_is_a_valid_declaration_today(weights: Path) -> None:
@@ -304,6 +304,12 @@ async def test_the_workflows_on_a_worker_process_answer_what_this_process_comput
         with pytest.raises(JobFailed, match=r"max_new_tokens must be in \[0, 240\]"):
             await client.submit("tell", prompt=prompt, max_new_tokens=1000, timeout=60)
         again = await client.submit("tell", prompt="A good", max_new_tokens=20, timeout=60)
+        streamed = [
+            out async for out in client.stream("tell_steps", prompt=prompt, max_new_tokens=60)
+        ]
+    # the stream is the same generation, a token at a time, then the whole text
+    assert [out.seq for out in streamed[:-1]] == list(range(60)) and streamed[-1].final
+    assert "".join(out.value for out in streamed[:-1]) == streamed[-1].value == told
     assert told == write(model, prompt, 60)
     assert len(set(told)) >= 3, told
     expected = synthesize(speaker, translate(None, told))
