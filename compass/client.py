@@ -466,14 +466,18 @@ class Client:
             raise ProtocolError(f"{self.address} answered story with a {type(answer).__name__}")
         return answer
 
+    def _is_bulk(self, inputs: dict[str, Any]) -> bool:
+        """Whether inputs this large travel on the bulk connection."""
+        threshold = self.bulk_threshold
+        return threshold is not None and payload_bytes(inputs) > threshold
+
     async def _submit(
         self, workflow: str, inputs: dict[str, Any], wait: TimeoutArg, extra: dict[str, Any]
     ) -> tuple[Any, int]:
         """Submit, failing over as the class says; the answer, and how many times the job
         was submitted again to another worker."""
         timeout = resolve_timeout(wait, self.timeouts.request)
-        threshold = self.bulk_threshold
-        bulk = threshold is not None and payload_bytes(inputs) > threshold
+        bulk = self._is_bulk(inputs)
         key = f"{self._key_prefix}{next(self._keys)}"
         body = {"workflow": workflow, "inputs": inputs, "key": key, **extra}
         if "tp" not in body:
@@ -525,7 +529,7 @@ class Client:
             **objective_fields(deadline_ms, priority, on_miss),
         }
         return read_stream(
-            lambda: self._channel_for(payload_bytes(job) > (self.bulk_threshold or 1 << 62)),
+            lambda: self._channel_for(self._is_bulk(job)),
             body,
             window,
         )

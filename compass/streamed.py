@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from compass.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from compass.wire.channel import Channel
 
 __all__ = ["Output", "read_stream"]
 
@@ -31,27 +34,12 @@ class Output:
     final: bool = False
 
 
-class _Items(Protocol):
-    result: Any
-
-    async def __aenter__(self) -> _Items: ...
-
-    async def __aexit__(self, *exc: object) -> None: ...
-
-    def __aiter__(self) -> AsyncIterator[Any]: ...
-
-
-class _Streams(Protocol):
-    def stream(self, op: str, body: Any = None, *, window: int = 16) -> Any: ...
-
-
 async def read_stream(
-    channel: Callable[[], Awaitable[_Streams]], body: dict[str, Any], window: int
+    channel: Callable[[], Awaitable[Channel]], body: dict[str, Any], window: int
 ) -> AsyncIterator[Output]:
     """Open the ``stream`` of job ``body`` on the channel ``channel()`` gives; its partial
     outputs, then its final output."""
     opened = await channel()
-    items: _Items
     async with opened.stream("stream", body, window=window) as items:
         async for item in items:
             if not (isinstance(item, dict) and isinstance(item.get("task"), str)):

@@ -157,7 +157,6 @@ def answer_body(
     declared: OpenAIModel, job_id: str, value: Any, request: dict[str, Any]
 ) -> dict[str, Any]:
     """The response body for the job's answer ``value`` to ``request``."""
-    created = int(time.time())
     if declared.kind == "embedding":
         encoding = request.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
@@ -187,13 +186,19 @@ def answer_body(
     else:
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
         kind, prefix = "text_completion", "cmpl"
+    return {**_envelope(kind, f"{prefix}-{job_id}", declared, choice), "usage": usage_}
+
+
+def _envelope(
+    kind: str, answer_id: str, declared: OpenAIModel, choice: dict[str, Any]
+) -> dict[str, Any]:
+    """What every text answer and chunk says around its one choice."""
     return {
-        "id": f"{prefix}-{job_id}",
+        "id": answer_id,
         "object": kind,
-        "created": created,
+        "created": int(time.time()),
         "model": declared.model,
         "choices": [choice],
-        "usage": usage_,
     }
 
 
@@ -203,7 +208,6 @@ def chunk_body(
     """One server-sent chunk of a streamed answer: ``piece`` of its text (a partial output;
     anything not a string is shown as text), or, last, the final output's ``finish_reason``
     (``finish``: the job's final output)."""
-    created = int(time.time())
     reason = None
     text = piece if isinstance(piece, str) else ("" if piece is None else str(piece))
     if finish is not None:
@@ -216,13 +220,7 @@ def chunk_body(
     else:
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
         kind, prefix = "text_completion", "cmpl"
-    return {
-        "id": f"{prefix}-{job_id}",
-        "object": kind,
-        "created": created,
-        "model": declared.model,
-        "choices": [choice],
-    }
+    return _envelope(kind, f"{prefix}-{job_id}", declared, choice)
 
 
 def models_body(models: Sequence[OpenAIModel]) -> dict[str, Any]:

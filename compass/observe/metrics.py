@@ -164,14 +164,15 @@ class WorkerMetrics:
         self.batches: dict[str, dict[int, int]] = {}
         self._collector = WorkerCollector(worker, self)
         self.registry.register(self._collector)
-        self._histograms = (
+        #: what a scrape serves beside the collector: what the worker observes as it goes
+        self._observed = (
             self.job_latency,
             self.task_latency,
             self.task_exec,
             self.queue_wait,
             self.fetch_wait,
             self.first_output,
-            self.steps,  # a counter, served with them (the collector has the rest)
+            self.steps,
         )
         #: the histograms of each (workflow, task), found once: ``labels`` costs a lock and a
         #: lookup per call, four times per task
@@ -402,7 +403,7 @@ class WorkerMetrics:
             # the worker's state is read here, on its loop, where it is consistent; the text
             # (about 20 us a line, 15 ms for the paper's workload) is written in a thread, so a
             # scrape does not stall the loop (the histograms lock themselves)
-            snapshot = _Snapshot(list(self._collector.collect()), self._histograms)
+            snapshot = _Snapshot(list(self._collector.collect()), self._observed)
             body = await asyncio.to_thread(generate_latest, snapshot)
             await _reply(writer, 200, body, CONTENT_TYPE_LATEST, head_only=head_only)
         elif target in (b"/ready", b"/readyz"):
@@ -436,17 +437,17 @@ class WorkerMetrics:
 
 
 class _Snapshot:
-    """What one scrape exposes: the collector's families, already read, and the histograms
-    (and the steps' counter) the worker observes as it goes."""
+    """What one scrape exposes: the collector's families, already read, and the metrics the
+    worker observes as it goes (its histograms, the steps' counter)."""
 
-    def __init__(self, families: list[Metric], histograms: tuple[Histogram | Counter, ...]) -> None:
+    def __init__(self, families: list[Metric], observed: tuple[Histogram | Counter, ...]) -> None:
         self._families = families
-        self._histograms = histograms
+        self._observed = observed
 
     def collect(self) -> Iterator[Metric]:
         yield from self._families
-        for histogram in self._histograms:
-            yield from histogram.collect()
+        for metric in self._observed:
+            yield from metric.collect()
 
 
 _REASONS = {

@@ -261,7 +261,7 @@ class TaskRunner:
         _, task, _, step_s = running
         steps = task.profile.steps
         if seq + 1 < steps:  # the last step's ends with the task (_emulated_done)
-            self._on_step(entry, seq, emulated_output(task.profile.output_bytes // steps))
+            self._on_step(entry, seq, _step_output(task))
             self._steps_told[entry] = seq + 1
             asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
 
@@ -275,7 +275,7 @@ class TaskRunner:
             told = self._steps_told.pop(entry, 0)
             if entry.stream and self._on_step is not None:  # the steps' outputs not told yet
                 for seq in range(told, steps):
-                    self._on_step(entry, seq, emulated_output(task.profile.output_bytes // steps))
+                    self._on_step(entry, seq, _step_output(task))
         exec_s = self._clock() - t0
         for outcome in outcomes:
             entry = outcome.entry
@@ -486,6 +486,11 @@ def _async_items(agen: Any) -> Generator[Any, None, None]:
     finally:
         loop.run_until_complete(agen.aclose())
         loop.close()
+
+
+def _step_output(task: Task) -> np.ndarray:
+    """An emulated step's partial output: its share of the task's declared output."""
+    return emulated_output(task.profile.output_bytes // task.profile.steps)
 
 
 def _reporter(

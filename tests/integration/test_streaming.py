@@ -163,12 +163,6 @@ async def test_a_reader_too_slow_gets_stream_overrun_and_the_job_is_cancelled(
         await w0.aclose()
 
 
-def test_outputs_say_what_they_are() -> None:
-    part, final = Output("w0", "words", 0), Output("text", final=True)
-    assert not part.final and part.task == "words" and part.seq == 0
-    assert final.final and final.task is None and final.value == "text"
-
-
 @pytest.mark.asyncio
 async def test_a_remote_caller_reads_a_streamed_job_over_the_wire() -> None:
     w0, w1 = await two_workers()
