@@ -307,7 +307,7 @@ class _Elastic(_Simulation):
             or len(lanes.queue)
             or len(lanes.host_queue)
             or len(rules.inbox)
-            or rules.jobs
+            or rules.ingress.jobs
         )
 
     def close_books(self) -> None:

@@ -213,7 +213,7 @@ class Worker:
     @property
     def jobs_in_flight(self) -> int:
         """Jobs accepted at this ingress and not answered yet."""
-        return len(self.core.jobs)
+        return len(self.core.ingress.jobs)
 
     @property
     def tasks_waiting_inputs(self) -> int:
@@ -366,7 +366,7 @@ class Worker:
     def _check_drained(self) -> None:
         lanes = self.lanes
         if (
-            not self.core.jobs
+            not self.core.ingress.jobs
             and not self._tasks_held()
             and lanes.busy == 0
             and lanes.host_busy == 0
@@ -651,7 +651,7 @@ class Worker:
             self.otel.job(trace, answered.tracing)
 
     def _note_plan(self, job_id: str) -> None:
-        job = self.core.jobs.get(job_id)  # a traced job planned here: its plan is kept
+        job = self.core.ingress.jobs.get(job_id)  # a traced job planned here: its plan is kept
         if job is not None:
             self.tracer.planned(job_id, job.attempt, job.plan, time.time())
 

@@ -74,14 +74,14 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
     timeline = worker.metrics.timeline
     sizes = {
         # the core: jobs and what it remembers of answered ones
-        "jobs": len(core.jobs),
+        "jobs": len(core.ingress.jobs),
         "inbox": len(core.inbox),
         "finished": len(core._finished),
-        "keys": len(core._keys),
-        "answered_keys": len(core.answered),
-        "answered_values": core.answered.values,
-        "answered_mb": round(core.answered.bytes / (1 << 20), 3),
-        "attached": len(core._attached),
+        "keys": len(core.ingress.keys),
+        "answered_keys": len(core.ingress.answered),
+        "answered_values": core.ingress.answered.values,
+        "answered_mb": round(core.ingress.answered.bytes / (1 << 20), 3),
+        "attached": len(core.ingress.attached),
         "links_sent": len(links),
         "links_jobs": len(links._peers),
         "links_orphans": links.orphaned,

@@ -117,7 +117,7 @@ async def test_a_reader_that_leaves_early_cancels_the_job_at_its_next_step() -> 
             items = stream_job(w0, "tell", {"n": job})
             first = await asyncio.wait_for(items.__anext__(), 30)
             assert (first.task, first.seq, first.value) == ("words", 0, "w0")
-            (job_id,) = w0.core.jobs
+            (job_id,) = w0.core.ingress.jobs
             await items.aclose()  # type: ignore[attr-defined]  # the reader leaves
             async with asyncio.timeout(30):  # both workers dropped the job: its task stops
                 while not all(w.core.is_done(job_id, 0) for w in (w0, w1)):  # noqa: ASYNC110
@@ -204,7 +204,7 @@ async def test_the_clients_stream_a_job_and_leaving_the_loop_cancels_it() -> Non
         async for out in items:
             assert out.seq == 0
             break
-        (job_id,) = w0.core.jobs
+        (job_id,) = w0.core.ingress.jobs
         await items.aclose()  # type: ignore[attr-defined]
         async with asyncio.timeout(30):  # both workers dropped the job: its task stops
             while not all(w.core.is_done(job_id, 0) for w in (w0, w1)):  # noqa: ASYNC110

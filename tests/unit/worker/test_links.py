@@ -21,9 +21,10 @@ from compass.core.events import (
     TaskFailed,
     Undeliverable,
 )
+from compass.core.ingress import MAX_ATTEMPTS
 from compass.core.links import Links
 from compass.core.messages import LINK_LOST, DoneMsg, FailedMsg, ResultMsg, TaskMsg
-from compass.core.state import MAX_ATTEMPTS, WorkerCore
+from compass.core.state import WorkerCore
 from compass.errors import JobFailed, WorkersLost, WorkerUnavailable
 
 from .test_state import _job_on_peer, core, new_job_id, of, one, received, submit, task_msg
@@ -85,7 +86,9 @@ def test_a_push_lost_between_two_workers_is_planned_again_by_the_ingress_that_lo
     assert _carry(cores, "c", cores["c"].handle(PeerLost(0.2, "b")), 0.2) == []
     done = cores["b"].handle(TaskDone(0.3, run.entry, "out-a"))
     assert _carry(cores, "b", done, 0.3, lost=cut) == []
-    assert job in cores["w9"].jobs and cores["w9"].jobs[job].plan == PLAN  # waiting on c
+    assert (
+        job in cores["w9"].ingress.jobs and cores["w9"].ingress.jobs[job].plan == PLAN
+    )  # waiting on c
     # b is back at c: b tells w9, which plans the job again, and it is answered, once
     joined = cores["b"].handle(PeerJoined(1.0, "c", "same-process"))
     assert [(s.peer, s.msg.code) for s in of(Send, joined)] == [("w9", LINK_LOST)]
@@ -123,7 +126,7 @@ def test_a_root_an_ingress_sent_on_a_link_that_broke_is_planned_again() -> None:
     view.waits["a"] = 100.0  # busy: the root goes to b
     job = submit(c)
     steps = c.handle(PeerJoined(2.0, "b", "same-process"))
-    assert c.jobs[job].attempt == 1
+    assert c.ingress.jobs[job].attempt == 1
     roots = [s.msg for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
     assert [(m.job, m.attempt, m.task) for m in roots] == [(job, 1, "a")]
 
@@ -162,8 +165,8 @@ def test_broken_links_use_up_no_attempts_and_refusals_end_in_workers_lost() -> N
     for attempt in range(2 * MAX_ATTEMPTS):  # a flapping link: planned again every time
         lost = FailedMsg(job, attempt, "a", "b", "the link broke", "", LINK_LOST)
         steps = c.handle(received(lost, 1.0 + attempt, "b"))
-        assert of(Answer, steps) == [] and c.jobs[job].attempt == attempt + 1
-    first = c.jobs[job].attempt
+        assert of(Answer, steps) == [] and c.ingress.jobs[job].attempt == attempt + 1
+    first = c.ingress.jobs[job].attempt
     for attempt in range(first, first + MAX_ATTEMPTS - 1):  # refusals: a bounded number
         refused = FailedMsg(job, attempt, "a", "b", "no connection to c", "", "unavailable")
         assert of(Answer, c.handle(received(refused, 20.0 + attempt, "b"))) == []
@@ -231,7 +234,7 @@ def test_a_worker_lost_by_the_ingress_hears_its_attempt_is_stale_when_it_is_back
     assert len(b.lanes.queue) == 1  # a's root waits there
     view.waits.update(a=100.0, b=100.0, c=0.0)
     steps = a.handle(PeerLost(1.0, "b"))  # b's job is planned again on c; b hears nothing
-    assert a.jobs[job].attempt == 1
+    assert a.ingress.jobs[job].attempt == 1
     assert all(s.peer != "b" for s in of(Send, steps))
     back = of(Send, a.handle(PeerJoined(2.0, "b", "i2")))
     assert [(s.peer, s.msg) for s in back] == [("b", DoneMsg(job, 1))]

@@ -41,7 +41,7 @@ def test_a_job_no_plan_can_finish_in_time_is_refused_at_once_with_the_estimate()
     assert answer.error.detail["estimate_ms"] >= 5000 + CHAIN_S * 1000 - 1e-6
     assert "5" in answer.error.message and "1000.0 ms" in answer.error.message
     assert of(Send, steps) == [] and of(RunTask, steps) == []  # nothing of it ran
-    assert not c.jobs and c.stats.jobs_unreachable == 1
+    assert not c.ingress.jobs and c.stats.jobs_unreachable == 1
 
 
 def test_a_generous_deadline_runs_the_job_exactly_as_without_one() -> None:
@@ -58,7 +58,7 @@ def test_finish_on_miss_skips_the_refusal() -> None:
     c, view = core("a", ("a", "b"))
     view.waits.update(a=5.0, b=5.0)
     _, steps = submit_with(c, Objective(deadline_s=1.0, finish=True))
-    assert of(Answer, steps) == [] and c.jobs
+    assert of(Answer, steps) == [] and c.ingress.jobs
 
 
 def _task_with_budget(budget_s: float | None, finish: bool = False, priority: int = 0) -> Any:
@@ -107,7 +107,7 @@ def test_the_ingress_answers_a_dropped_job_once_and_tells_every_worker() -> None
     assert answer.error.message.startswith("job x: task 'b'")
     dones = [s for s in of(Send, steps) if isinstance(s.msg, DoneMsg)]
     assert [s.peer for s in dones] == ["b"] and dones[0].msg.below is None
-    assert c.stats.jobs_dropped == 1 and not c.jobs
+    assert c.stats.jobs_dropped == 1 and not c.ingress.jobs
 
 
 def test_the_objective_travels_only_when_there_is_one_and_is_checked() -> None:
@@ -168,10 +168,10 @@ def test_a_workflow_s_objective_is_the_deadline_of_a_job_without_one() -> None:
         c, _ = core("a", ("a",))
         job = new_job_id(c)
         c.handle(Submit(1.0, job, "timed", {"x": 1}, 8, 1.0))
-        assert c.jobs[job].deadline == pytest.approx(1.0 + 3 * 0.1)  # 3x its best time
+        assert c.ingress.jobs[job].deadline == pytest.approx(1.0 + 3 * 0.1)  # 3x its best time
         own = new_job_id(c)
         c.handle(Submit(1.0, own, "timed", {"x": 1}, 8, 1.0, None, Objective(deadline_s=2.0)))
-        assert c.jobs[own].deadline == pytest.approx(3.0)  # the job's own wins
+        assert c.ingress.jobs[own].deadline == pytest.approx(3.0)  # the job's own wins
     finally:
         del test_state.WORKFLOWS["timed"]
 
@@ -181,7 +181,7 @@ def test_a_higher_priority_job_is_admitted_by_the_waits_of_its_own_level() -> No
     view.waits.update(a=5.0, b=5.0)  # 5 s queued on each worker...
     view.lifted.update(a=(0.1,), b=(0.1,))  # ...but only 0.1 s runs before a level-1 task
     job, steps = submit_with(c, Objective(deadline_s=1.0, priority=1))
-    assert of(Answer, steps) == [] and job in c.jobs  # admitted: it overtakes those queues
+    assert of(Answer, steps) == [] and job in c.ingress.jobs  # admitted: it overtakes those queues
     assert view.priorities[-1] == 1  # planned and admitted on its level's waits
     (run,) = of(RunTask, steps)
     assert run.entry.level == 1

@@ -35,6 +35,7 @@ from compass.core.events import (
     Tick,
     Undeliverable,
 )
+from compass.core.ingress import MAX_ATTEMPTS
 from compass.core.jobs import JobIds
 from compass.core.messages import (
     JOB_INPUTS,
@@ -45,7 +46,7 @@ from compass.core.messages import (
     ResultMsg,
     TaskMsg,
 )
-from compass.core.state import MAX_ATTEMPTS, WorkerCore
+from compass.core.state import WorkerCore
 from compass.errors import (
     AnswerNotKept,
     CompassTimeout,
@@ -278,7 +279,7 @@ def test_a_job_runs_through_one_worker_and_is_answered_once() -> None:
     answers = of(Answer, steps)
     assert len(answers) == 1 and answers[0].value == "out-b" and answers[0].error is None
     assert answers[0].record["attempts"] == 1 and answers[0].record["ok"] is True
-    assert job not in c.jobs
+    assert job not in c.ingress.jobs
     # the job is dropped here once answered: a late input of it is ignored
     assert c.handle(received(task_msg(job=job, task="b", source="a", value=1, ingress="a"))) == []
 
@@ -299,23 +300,23 @@ def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> 
     refused = new_job_id(c)
     (answer,) = c.handle(Submit(0.0, refused, "chain", {"x": 1}, 8, 0.0))
     assert isinstance(answer, Answer) and isinstance(answer.error, Overloaded)
-    assert c.stats.jobs_refused == 1 and refused not in c.jobs
+    assert c.stats.jobs_refused == 1 and refused not in c.ingress.jobs
     c.handle(Cancel(1.0, first))
-    assert first not in c.jobs
+    assert first not in c.ingress.jobs
     submit(c)
-    assert len(c.jobs) == 1
+    assert len(c.ingress.jobs) == 1
 
 
 def test_admission_bounds_the_bytes_of_held_inputs() -> None:
     c, _ = core("a", ("a",), max_job_bytes=100)
     held = new_job_id(c)
     c.handle(Submit(0.0, held, "chain", {"x": 1}, 80, 0.0))
-    assert c.held_bytes == 80
+    assert c.ingress.held_bytes == 80
     answer = one(Answer, c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 30, 0.0)))
     assert isinstance(answer.error, Overloaded) and answer.error.detail["held_bytes"] == 80
     c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
     c.handle(Cancel(1.0, held))
-    assert c.held_bytes == 20
+    assert c.ingress.held_bytes == 20
 
 
 @pytest.mark.parametrize(
@@ -328,7 +329,7 @@ def test_a_bad_submit_is_answered_with_a_typed_error(
     c, _ = core("a", ("a",))
     (answer,) = c.handle(Submit(0.0, new_job_id(c), workflow, inputs, 8, 0.0))
     assert isinstance(answer, Answer) and isinstance(answer.error, error)
-    assert c.jobs == {}
+    assert c.ingress.jobs == {}
 
 
 def test_placements_on_peers_are_counted_in_the_view_but_not_on_itself() -> None:
@@ -339,7 +340,7 @@ def test_placements_on_peers_are_counted_in_the_view_but_not_on_itself() -> None
     assert "a" not in placed_on  # its own state is exact: counting it would count it twice
     assert placed_on == {"b"}
     # each placement names its job, so that the job's own re-planning can leave it out
-    assert set(view.jobs) == set(c.jobs) and len(c.jobs) == 2
+    assert set(view.jobs) == set(c.ingress.jobs) and len(c.ingress.jobs) == 2
 
 
 def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> None:
@@ -355,7 +356,7 @@ def test_central_planning_asks_the_planner_then_sends_roots_where_it_says() -> N
     c.handle(Submit(0.2, job2, "chain", {"x": 1}, 8, 0.2))
     steps = c.handle(PlanReady(0.3, job2, None))
     assert of(Send, steps) or of(RunTask, steps)
-    assert c.jobs[job2].plan.keys() == {"a", "b"}
+    assert c.ingress.jobs[job2].plan.keys() == {"a", "b"}
 
 
 # -- attempts and exactly once ----------------------------------------------------------------
@@ -379,7 +380,7 @@ def test_results_of_a_superseded_attempt_are_dropped() -> None:
     view.waits.update(a=100.0, c=0.0)
     steps = c.handle(PeerLost(1.0, "b"))  # re-planned: attempt 1
     assert view.removed == ["b"]
-    assert c.jobs[job].attempt == 1 and c.stats.replans == 1
+    assert c.ingress.jobs[job].attempt == 1 and c.stats.replans == 1
     (resend,) = [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]
     assert resend.peer == "c" and resend.msg.attempt == 1
     # b's result for attempt 0 arrives late: not the answer
@@ -395,15 +396,15 @@ def test_a_lost_peer_replans_exactly_the_jobs_it_touched() -> None:
     on_b, _ = _job_on_peer(c, view, "b")
     on_c, _ = _job_on_peer(c, view, "c")
     c.handle(PeerLost(1.0, "b"))
-    assert c.jobs[on_b].attempt == 1
-    assert c.jobs[on_c].attempt == 0  # never involved b: untouched
+    assert c.ingress.jobs[on_b].attempt == 1
+    assert c.ingress.jobs[on_c].attempt == 0  # never involved b: untouched
 
 
 def test_a_replanned_job_tells_the_old_workers_to_drop_the_older_attempt() -> None:
     c, view = core("a", ("a", "b", "c"))
     job, _ = _job_on_peer(c, view, "c")
     c.handle(received(PlacedMsg(job, 0, "b", "b"), 0.5, "c"))  # c moved b to peer b
-    assert c.jobs[job].plan == {"a": "c", "b": "b"}
+    assert c.ingress.jobs[job].plan == {"a": "c", "b": "b"}
     steps = c.handle(PeerLost(1.0, "b"))
     dones = [s for s in of(Send, steps) if isinstance(s.msg, DoneMsg)]
     assert {s.peer for s in dones} == {"c"}  # b is gone; c held attempt 0
@@ -434,7 +435,7 @@ def test_cancel_drops_the_job_at_its_workers() -> None:
     c, view = core("a", ("a", "b"))
     job, _ = _job_on_peer(c, view, "b")
     steps = c.handle(Cancel(1.0, job))
-    assert job not in c.jobs
+    assert job not in c.ingress.jobs
     dones = [s for s in of(Send, steps) if isinstance(s.msg, DoneMsg)]
     assert [(s.peer, s.msg.below) for s in dones] == [("b", None)]
     # its result arriving after the cancel answers nothing
@@ -580,7 +581,7 @@ def test_a_job_whose_planning_fails_unexpectedly_is_answered_and_the_fault_said(
     assert isinstance(answer, Answer) and answer.job_id == job
     assert isinstance(answer.error, RemoteError) and "IndexError: planner bug" in str(answer.error)
     assert isinstance(fault, Fault) and isinstance(fault.error, IndexError)
-    assert job not in c.jobs and c.held_bytes == 0
+    assert job not in c.ingress.jobs and c.ingress.held_bytes == 0
 
 
 # -- job keys: one answer per key -------------------------------------------------------------
@@ -593,7 +594,7 @@ def test_a_resubmitted_key_attaches_to_its_running_job() -> None:
     c.handle(Submit(0.0, first, "chain", {"x": 1}, 8, 0.0, key="k1"))
     again = new_job_id(c)
     assert c.handle(Submit(0.5, again, "chain", {"x": 1}, 8, 0.5, key="k1")) == []
-    assert len(c.jobs) == 1  # not run twice
+    assert len(c.ingress.jobs) == 1  # not run twice
     answers = of(Answer, c.handle(received(ResultMsg(first, 0, "b", "B"), 1.0, "b")))
     assert sorted((a.job_id, a.value) for a in answers) == [(first, "B"), (again, "B")]
     # answered: the same key now gets the kept answer at once
@@ -614,7 +615,7 @@ def test_a_key_whose_answer_was_shed_is_not_run_again() -> None:
         big = np.zeros(1 << 20, dtype=np.uint8)
         (answer,) = of(Answer, c.handle(received(ResultMsg(job, 0, "b", big), n + 0.5, "b")))
         assert answer.value is big
-    assert c.answered.bytes == 1 << 20  # k1's value was shed for k2's
+    assert c.ingress.answered.bytes == 1 << 20  # k1's value was shed for k2's
     late = new_job_id(c)
     shed = one(Answer, c.handle(Submit(3.0, late, "chain", {"x": 1}, 8, 3.0, key="k1")))
     assert isinstance(shed.error, AnswerNotKept) and shed.job_id == late
@@ -652,9 +653,9 @@ def test_a_job_runs_on_while_a_resubmission_of_its_key_waits() -> None:
     c.handle(Submit(2.0, third, "chain", {"x": 1}, 8, 2.0, key="k2"))
     c.handle(Submit(2.1, fourth, "chain", {"x": 1}, 8, 2.1, key="k2"))
     c.handle(Cancel(2.2, fourth))
-    assert third in c.jobs
+    assert third in c.ingress.jobs
     steps = c.handle(Cancel(2.3, third))
-    assert third not in c.jobs
+    assert third not in c.ingress.jobs
     assert [s.msg for s in of(Send, steps)] == [DoneMsg(third, None)]
 
 
@@ -709,7 +710,7 @@ def test_a_replanned_job_with_two_sinks_is_answered_from_one_attempt_only() -> N
     c.handle(received(ResultMsg(job, 0, "b", "b-of-attempt-0"), 0.5, "b"))  # one sink reported
     view.waits.update(c=0.0)
     c.handle(PeerLost(1.0, "b"))  # re-planned: attempt 1
-    assert c.jobs[job].attempt == 1
+    assert c.ingress.jobs[job].attempt == 1
     # attempt 1's c reports first: with attempt 0's b kept, this would answer a mix
     assert of(Answer, c.handle(received(ResultMsg(job, 1, "c", "c-of-attempt-1"), 2.0, "c"))) == []
     (answer,) = of(Answer, c.handle(received(ResultMsg(job, 1, "b", "b-of-attempt-1"), 3.0, "c")))
@@ -738,7 +739,7 @@ def test_one_job_over_the_byte_limit_is_too_large_not_overloaded() -> None:
     answer = one(Answer, c.handle(Submit(0.0, job, "chain", {"x": 1}, 101, 0.0)))
     assert isinstance(answer.error, JobTooLarge) and not isinstance(answer.error, Overloaded)
     assert answer.error.job_id == job and answer.error.detail["max_job_bytes"] == 100
-    assert job in answer.error.message and not c.jobs and c.stats.jobs_refused == 1
+    assert job in answer.error.message and not c.ingress.jobs and c.stats.jobs_refused == 1
 
 
 def test_a_task_a_worker_could_not_pass_on_is_planned_again_a_bounded_number_of_times() -> None:
@@ -748,7 +749,7 @@ def test_a_task_a_worker_could_not_pass_on_is_planned_again_a_bounded_number_of_
     for attempt in range(MAX_ATTEMPTS - 1):
         failed = FailedMsg(job, attempt, "a", "b", "no connection to c", "", "unavailable")
         steps = c.handle(received(failed, 1.0 + attempt, "b"))
-        assert of(Answer, steps) == [] and c.jobs[job].attempt == attempt + 1
+        assert of(Answer, steps) == [] and c.ingress.jobs[job].attempt == attempt + 1
         assert [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)]  # sent again
     last = FailedMsg(job, MAX_ATTEMPTS - 1, "a", "b", "no connection to c", "", "unavailable")
     (answer,) = of(Answer, c.handle(received(last, 9.0, "b")))
@@ -759,7 +760,7 @@ def test_a_root_the_ingress_could_not_send_to_a_worker_not_met_yet_is_planned_ag
     c, view = core("a", ("a", "b", "c"))
     job, root = _job_on_peer(c, view, "b")
     steps = c.handle(Undeliverable(1.0, "b", root, "no connection to b", unreachable=True))
-    assert of(Answer, steps) == [] and c.jobs[job].attempt == 1
+    assert of(Answer, steps) == [] and c.ingress.jobs[job].attempt == 1
     # a message the wire could not encode still fails nothing but its own job's pushes
     assert of(Answer, c.handle(Undeliverable(2.0, "b", root, "cannot encode"))) == []
 
@@ -790,4 +791,4 @@ def test_an_ingress_answers_its_own_job_whose_join_input_never_came() -> None:
     c.handle(received(late, sender="a"))
     answers = of(Answer, c.handle(Tick(40.0)))
     assert len(answers) == 1 and isinstance(answers[0].error, CompassTimeout)
-    assert job not in c.jobs and len(c.inbox) == 0
+    assert job not in c.ingress.jobs and len(c.inbox) == 0

@@ -56,7 +56,7 @@ def test_status_gives_the_size_of_each_table(worker: Worker) -> None:
         assert tables[name] == 0, name  # nothing happened yet
     assert "members" not in tables  # not started: no membership yet
     worker.trace.append({"job": "w0-1"})
-    worker.core.answered.put("k", b"v" * (1 << 20), None, now=0.0)
+    worker.core.ingress.answered.put("k", b"v" * (1 << 20), None, now=0.0)
     tables = describe(worker)["tables"]
     assert (tables["trace"], tables["answered_keys"], tables["answered_values"]) == (1, 1, 1)
     assert tables["answered_mb"] == 1.0
