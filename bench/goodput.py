@@ -13,6 +13,7 @@ from rich.table import Table
 
 from compass.config import SIM_WORKER
 from compass.errors import ConfigError
+from compass.sim.capacity import physical_bound
 from compass.sim.goodput import goodput_for_workload, simulator_goodput_run
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import load_workload
@@ -43,6 +44,8 @@ class GoodputConfig:
     host_lanes: int = SIM_WORKER.host_lanes
     batching: bool = True
     batch_gain: str | None = None
+    #: scheduling at step boundaries, for every policy not named "NAME (no preemption)"
+    preempt: bool = False
 
 
 def run_cli(config: GoodputConfig, json_path: str | None, plot_path: str | None) -> dict[str, Any]:
@@ -54,13 +57,15 @@ def run_cli(config: GoodputConfig, json_path: str | None, plot_path: str | None)
     run = simulator_goodput_run(
         workload, workers=config.workers, jobs=config.jobs, deadline_x=config.deadline_x,
         priority_mix=config.priority_mix, arrival=config.arrival, cv=config.cv,
-        host_lanes=config.host_lanes,
+        sim={"host_lanes": config.host_lanes, "preempt": config.preempt},
     )  # fmt: skip
     grid = ("policies", "loads", "seeds", "shed")
     out = goodput_for_workload(
         run, policies=config.policies, loads=config.loads, seeds=config.seeds, shed=config.shed,
         config={k: v for k, v in asdict(config).items() if k not in grid},
     )  # fmt: skip
+    # the most goodput any policy could give: every lane busy all the time on useful work
+    out["bound"] = physical_bound(workload, config.workers, host_lanes=config.host_lanes)
     print_goodput(out, console, title=f"{workload.name} on {config.workers} simulated workers")
     write_json(json_path, out)
     if plot_path:
@@ -89,7 +94,13 @@ def print_goodput(out: Mapping[str, Any], console: Console, *, title: str) -> No
             cells.append(f"{g['mean']:.2f} [{g['min']:.2f}-{g['max']:.2f}] {a:.0%}")
         table.add_row(policy, *cells)
     console.print(table)
-    counts = Table(title="jobs refused / dropped (mean per run); attainment by priority")
+    bound = out.get("bound")
+    if bound:
+        console.print(f"physical bound: goodput {bound:.2f}x the workload's rate at most")
+    counts = Table(
+        title="jobs refused / dropped (mean per run; the share of lane time spent on dropped "
+        "jobs); attainment by priority"
+    )
     counts.add_column("policy")
     for load in loads:
         counts.add_column(f"load {load}", justify="right")
@@ -99,7 +110,8 @@ def print_goodput(out: Mapping[str, Any], console: Console, *, title: str) -> No
             levels = out["attainment_by_priority"][policy][load]
             by_level = " ".join(f"p{p} {v:.0%}" for p, v in levels.items())
             refused, dropped = out["refused"][policy][load], out["dropped"][policy][load]
-            cells.append(f"{refused:.0f} / {dropped:.0f}; {by_level}")
+            wasted = out["wasted_share"][policy][load]
+            cells.append(f"{refused:.0f} / {dropped:.0f} ({wasted:.0%} of lane time); {by_level}")
         counts.add_row(policy, *cells)
     console.print(counts)
 

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from compass.config import SIM_WORKER
+from compass.errors import ConfigError
+from compass.sim.settings import with_preemption
 
 from .checks import (
     batching_keywords,
@@ -55,6 +57,10 @@ class Shed(StrEnum):
     on = "on"
     off = "off"
     both = "both"
+
+
+#: ``--preempt``: the same three choices as ``--shed``
+Preempt = Shed
 
 
 @commands.command()
@@ -147,6 +153,14 @@ def sim(
     shed: Annotated[
         Shed, typer.Option(help="--goodput: refuse and drop jobs that would miss (on), or not.")
     ] = Shed.both,
+    preempt: Annotated[
+        Preempt,
+        typer.Option(
+            help="Scheduling at step boundaries (a queued task of a higher priority, or one "
+            "whose deadline waiting would miss, takes a step-wise task's lane between steps): "
+            "on, off, or both (each policy also as 'NAME (no preemption)')."
+        ),
+    ] = Preempt.off,
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -187,6 +201,10 @@ def sim(
         fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
     evicts = prefetch == "evict"
     batch = batching_keywords(batching, batch_gain)
+    runs_of, preempting = with_preemption(tuple(names), preempt.value)
+    names = list(runs_of)
+    if preempting and (compare_real or traffic is not None):
+        fail("--preempt is for the plain simulation, --capacity and --goodput", 2)
     if view == View.auto:
         from compass.sim.engine import auto_view
 
@@ -233,6 +251,7 @@ def sim(
             cv=cv,
             host_lanes=host_lanes,
             **batch,
+            preempt=preempting,
         )
         goodput_bench.run_cli(grid, json_path, plot)
         return
@@ -256,6 +275,7 @@ def sim(
                 prefetch_evicts=evicts,
                 **seen,
                 **batch,
+                preempt=preempting,
             ),
             CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
             json_path,
@@ -298,6 +318,7 @@ def sim(
         ingress=ingress,
         **seen,
         **batch,
+        preempt=preempting,
     )
     sim_report.run_cli(config, json_path, plot)
 
@@ -340,13 +361,23 @@ def workload_generate(
     json_path: Annotated[
         str | None, typer.Option("--json", help="Write the spec here (default: stdout).")
     ] = None,
+    stepwise: Annotated[
+        float,
+        typer.Option(
+            help="Chance that a model task of 100 ms or more runs in steps (a generation); "
+            "the rest of the workload is the one drawn without."
+        ),
+    ] = 0.0,
 ) -> None:
     """Draw a realistic workload spec (compass.workflow.generate) and print a summary line."""
     from compass.workflow.generate import generate_spec, summary_line
     from compass.workflow.spec import parse_workload
 
     check_output(json_path, "--json")
-    spec = generate_spec(seed)
+    try:
+        spec = generate_spec(seed, stepwise=stepwise)
+    except ConfigError as exc:
+        fail(str(exc), 2)
     line = summary_line(parse_workload(spec, source=f"generated-{seed}"))
     text = json.dumps(spec, indent=2) + "\n"
     if json_path is None:

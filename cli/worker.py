@@ -252,6 +252,16 @@ def worker_start(
         bool,
         typer.Option(envvar=env("warm"), help="Idle workers load models the cluster is short of."),
     ] = WORKER.sched.warm,
+    preempt: Annotated[
+        bool,
+        typer.Option(
+            envvar=env("preempt"),
+            help="Scheduling at step boundaries: a queued task of a higher priority, or a short "
+            "job that waiting would slow down more, takes a step-wise task's lane between two "
+            "of its steps (the task resumes after it); a step-wise task whose job is past its "
+            "deadline stops at its next step.",
+        ),
+    ] = WORKER.sched.preempt,
     view: Annotated[
         str,
         typer.Option(
@@ -456,6 +466,7 @@ def worker_start(
             peer_timeout_ms=peer_timeout_ms,
             adjust_threshold=adjust_threshold,
             warm=warm,
+            preempt=preempt,
             view=check_view(view),
             candidates=candidates,
             holders=holders,

@@ -244,6 +244,10 @@ class SchedConfig:
     adjust_threshold: float = 0.1
     #: idle workers fill free cache space with models the cluster is short of (if the policy does)
     warm: bool = True
+    #: scheduling at step boundaries: a queued task of a higher priority, or one whose deadline
+    #: waiting would miss, takes a running step-wise task's lane between two of its steps, and
+    #: a step-wise task whose job is past saving stops there (compass/core/preempt.py)
+    preempt: bool = False
     #: what a planner sees: "bounded" (a job's candidates; load from the workers it watches,
     #: residency from rumors, compass/gossip/spread.py) or "mesh" (every worker, each
     #: heartbeating every peer every heartbeat_ms)

@@ -125,6 +125,8 @@ class CacheCore:
         self._stats = CacheStats()
         #: (resident, loading) until the next change of either (:meth:`residency`)
         self._residency: tuple[frozenset[str], frozenset[str]] | None = None
+        #: slabs held for suspended tasks' states (:meth:`hold_state`), by generation
+        self._states: dict[int, SlabHandle] = {}
         for name, model in (models or {}).items():
             self.add_model(name, model)
 
@@ -526,12 +528,34 @@ class CacheCore:
 
     # -- checking ---------------------------------------------------------------------------
 
+    # -- suspended tasks' states ---------------------------------------------------------------
+
+    def hold_state(self, nbytes: int) -> SlabHandle | None:
+        """Take free slabs for ``nbytes`` of a suspended task's state (a KV cache), as a model's
+        weights take theirs, but never evicted: None (and nothing taken) when they are not free.
+        Loads and prefetches see them taken until :meth:`release_state`."""
+        slab = self._pool.slab_bytes
+        handle = self._pool.alloc(-(-nbytes // slab))
+        if handle is not None:
+            self._states[handle.generation] = handle
+        return handle
+
+    def release_state(self, handle: SlabHandle) -> None:
+        """The task resumed or ended: its state's slabs are free again."""
+        del self._states[handle.generation]
+        self._pool.free(handle)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes held for suspended tasks' states."""
+        return sum(h.num_slabs for h in self._states.values()) * self._pool.slab_bytes
+
     def validate(self) -> None:
         """Check the pool's invariants and that residency, pins and slabs agree."""
         self._pool.validate()
         state = self._state
         live = {handle.generation for handle in self._pool.allocations()}
-        mine = {entry.handle.generation for entry in state.entries.values()}
+        mine = {entry.handle.generation for entry in state.entries.values()} | set(self._states)
         if live != mine:
             raise AssertionError(f"pool allocations {live} do not match cached models {mine}")
         resident = {name for name, entry in state.entries.items() if not entry.loading}

@@ -52,6 +52,7 @@ def build_core(
         max_stuck=options.max_stuck,
         wanted=wanted,
     )
+    lanes.preempt = options.preempt
 
     def workflow(wanted_name: str) -> Workflow:
         try:

@@ -193,8 +193,11 @@ class Estimates:
             level=msg.priority,
             # the budget left when it was sent, on this worker's clock, less the transfer
             deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
+            best_s=self.best_s(workflow),
             finish=msg.finish,
             stream=msg.stream,
             remaining_s=self.remaining(workflow)[task.name],
             fetch_s=0.0 if task.model is None else self.fetch_s(task.model),
+            steps=task.profile.steps,
+            state_bytes=task.profile.state_bytes,
         )

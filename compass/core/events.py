@@ -55,6 +55,7 @@ __all__ = [
     "Send",
     "StopTask",
     "Submit",
+    "SuspendTask",
     "TaskDone",
     "TaskFailed",
     "TaskReturned",
@@ -458,6 +459,19 @@ class StopTask(Caused):
 
 
 @dataclass(frozen=True, slots=True)
+class SuspendTask(Caused):
+    """Step-wise ``entry``, running here, gives its lane up at the step boundary just reported
+    (:class:`TaskStep`): a queued task runs first (:mod:`compass.core.preempt`). It keeps its
+    state and resumes where it stopped when a lane takes it again (a :class:`RunTask` of an
+    entry whose ``done_steps`` is above 0); it never runs twice, and its outcome comes once,
+    when it ends."""
+
+    entry: QueuedTask
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Watch(Caused):
     """Ask ``peers`` to send this worker their state for a lease: its plans are placing work
     there (a bounded view's candidates; answered with heartbeats, or :class:`WatchFailed`)."""
@@ -517,7 +531,17 @@ class Fault(Caused):
 
 
 Instruction: TypeAlias = (
-    Send | RunTask | LoadModel | AskPlan | Answer | Planned | Watch | StopTask | Chunk | Fault
+    Send
+    | RunTask
+    | LoadModel
+    | AskPlan
+    | Answer
+    | Planned
+    | Watch
+    | StopTask
+    | SuspendTask
+    | Chunk
+    | Fault
 )
 
 

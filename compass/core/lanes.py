@@ -30,6 +30,11 @@ The rules:
 - **Warming.** An idle worker (no task queued or running, no speculative load) whose policy
   warms caches loads, into free slabs only, the model the cluster holds least for its demand.
   It checks when it falls idle, when a speculative load ends, and on :meth:`Lanes.tick`.
+- **Step boundaries.** With ``preempt`` on, a running step-wise task reports each step's end
+  (:meth:`Lanes.stepped`): a queued task that the rule of :mod:`compass.core.preempt` lets
+  run first takes its lane (the task is suspended: :class:`SuspendTask`, back in the queue with
+  the steps it has left, its state held in the cache), and a task whose job is past saving is
+  stopped (:class:`StopTask`) and its job answered. Plain tasks, and batches, run to their end.
 - **Stuck tasks.** A task that ran past its timeout frees its lane but keeps its model pinned
   until its thread returns. Past ``max_stuck`` such tasks (host lanes' and GPU lanes' alike: each
   holds a thread) the worker is *degraded*: every task it would start fails at once
@@ -44,13 +49,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
+from compass.cache.slab import SlabHandle
 from compass.core.causes import Cause
-from compass.core.events import LoadModel, RunTask  # instructions: the core's union
+from compass.core.events import LoadModel, RunTask, StopTask, SuspendTask  # the core's union
 from compass.core.options import CoreOptions
+from compass.core.preempt import left_s, past_saving, preempts
 from compass.core.queue import QueuedTask, TaskQueue
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 
-__all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step"]
+__all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step", "SuspendTask"]
 
 #: a core's defaults (host lanes aside: lanes made alone share the GPU lanes, the paper's model)
 _DEFAULT = CoreOptions()
@@ -67,7 +74,7 @@ class CannotRun:
 
 
 #: what a call of the lanes decides
-Step: TypeAlias = RunTask | LoadModel | CannotRun
+Step: TypeAlias = RunTask | LoadModel | CannotRun | SuspendTask | StopTask
 
 
 class LanesFault(Exception):
@@ -138,6 +145,14 @@ class Lanes:
         #: models worth warming: those with demand the cache knows
         self.demand = {m: s for m, s in (demand or {}).items() if m in known}
         self.max_stuck = max_stuck
+        #: scheduling at step boundaries (:meth:`stepped`): preemption, step-level shedding
+        #: (off unless the core's options turn it on: ``build_core``)
+        self.preempt = _DEFAULT.preempt
+        #: suspended step-wise tasks -> the cache's slabs their states hold (None: no state)
+        self.suspended: dict[QueuedTask, SlabHandle | None] = {}
+        #: suspensions so far, and preemptions refused for want of room for the state
+        self.suspensions = 0
+        self.refused_for_state = 0
         #: tasks abandoned past their timeout whose threads still run
         self.stuck = 0
         #: tasks dropped because their job could no longer make its deadline
@@ -239,6 +254,105 @@ class Lanes:
             e for e in self._runs if e.job_id == job_id and (below is None or e.attempt < below)
         )
 
+    def stepped(self, entry: QueuedTask, done: int, now: float, cause: Cause = "") -> list[Step]:
+        """Step-wise ``entry`` ended ``done`` steps of its run: the rules of
+        :mod:`compass.core.preempt` decide whether it goes on (nothing decided), is stopped
+        (its job past saving: :class:`StopTask` and its job answered, :class:`CannotRun`), or
+        gives its lane to the queue's head (:class:`SuspendTask`, then the head's steps)."""
+        run = self._runs.get(entry)
+        if not self.preempt or run is None or run.host or run.pending > 1 or run.stuck:
+            return []  # not a lone GPU run: a batch, a host task or an abandoned one goes on
+        left = left_s(entry, done)
+        if left <= 0.0:
+            return []  # its last step: it ends now anyway
+        if past_saving(entry, left, now):
+            self.shed += 1
+            assert entry.deadline is not None
+            late_s = now + left - entry.deadline
+            return [StopTask((entry,), cause), CannotRun(entry, DeadlineExceeded(
+                f"job {entry.job_id}: task {entry.task!r} stopped after step {done}: the "
+                f"{left * 1000:.1f} ms of steps it has left end {late_s * 1000:.1f} ms past the "
+                "job's deadline; dropped",
+                detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
+            ))]  # fmt: skip
+        head = self.queue.peek()
+        if head is None or len(self.suspended) >= self.lanes:
+            return []  # one suspended task a lane at most: it resumes before anything else
+        cache = self.cache
+        loads = head.model is not None and not (
+            cache.is_resident(head.model) or cache.is_loading(head.model)
+        )
+        if not preempts(entry, left, head, now, switch_s=head.fetch_s if loads else 0.0):
+            return []
+        return self._decide(cause, self._suspend, run, done, left, head, loads, now)
+
+    def _suspend(
+        self, run: _Run, done: int, left: float, head: QueuedTask, loads: bool, now: float
+    ) -> None:
+        """``run`` gives its lane up: back in the queue with the steps it has left, its state
+        held in the cache and its model kept pinned (its code holds the model's weights), so
+        the queue's head (``loads``: when its model must be loaded first) must fit beside
+        them; otherwise it runs on. The lane takes the next task."""
+        entry = run.entry
+        state: SlabHandle | None = None
+        steps = entry.done_steps + done
+        if entry.state_bytes:
+            state = self.cache.hold_state(entry.state_bytes * steps)
+            if state is None:
+                self.refused_for_state += 1
+                return  # no room for its state: it runs on
+        if loads and not self._fits(head):
+            if state is not None:
+                self.cache.release_state(state)
+            self.refused_for_state += 1
+            return
+        self.suspensions += 1
+        self.version += 1
+        del self._runs[entry]
+        self._idle.append(run.lane)
+        self.queue.finish(entry)
+        entry.remaining_s -= entry.expected_s - left
+        entry.expected_s = left
+        entry.done_steps = steps
+        entry.enqueued_at = now
+        self.suspended[entry] = state
+        self._steps.append(SuspendTask(entry, self._cause))
+        self.queue.push(entry)
+        self._fill(now, first=head)
+
+    def _fits(self, head: QueuedTask) -> bool:
+        """Whether ``head``'s model can be loaded now (evicting what is not pinned)."""
+        assert head.model is not None
+        try:
+            return self.cache.plan_load(head.model, self.queue.upcoming_models()) is not None
+        except CompassError:  # it can never fit here: its own run fails, not this choice
+            return False
+
+    def _resumed(self, entry: QueuedTask) -> None:
+        """A suspended task left the queue (to run again, or dropped): its state's slabs
+        are free."""
+        state = self.suspended.pop(entry, None)
+        if state is not None:
+            self.cache.release_state(state)
+
+    def _abandon(self, entry: QueuedTask, now: float) -> None:
+        """Suspended ``entry`` leaves the queue without running again (its job is dropped or
+        ended): its state and its model's pin are released, its suspended code stops."""
+        self._resumed(entry)
+        self._steps.append(StopTask((entry,), self._cause))
+        if entry.model is not None:
+            self._unpin(entry.model, now)
+
+    def release(self, entries: Sequence[QueuedTask], now: float, cause: Cause = "") -> list[Step]:
+        """Suspended ``entries`` were dropped from the queue (:meth:`drop`): see
+        :meth:`_abandon`; a lane may take what their models' slabs held up."""
+        return self._decide(cause, self._release, entries, now)
+
+    def _release(self, entries: Sequence[QueuedTask], now: float) -> None:
+        for entry in entries:
+            self._abandon(entry, now)
+        self._fill(now)
+
     def ended(
         self, entry: QueuedTask, now: float, *, still_running: bool = False, cause: Cause = ""
     ) -> list[Step]:
@@ -308,15 +422,26 @@ class Lanes:
             self._steps = _NOT_DECIDING
         return steps
 
-    def _fill(self, now: float) -> None:
+    def _fill(self, now: float, first: QueuedTask | None = None) -> None:
+        """Idle lanes take queued tasks: ``first`` (the task a suspension made way for), then a
+        suspended task (it waited for one task, the one that took its lane: its model and its
+        state are kept for it meanwhile), then the queue's order."""
         self._shed_queued(now)
         while self._idle:
-            entry = self.queue.pop(now)
+            if first is not None:
+                entry: QueuedTask | None = self.queue.pop_entry(first, now)
+                first = None
+            elif self.suspended:
+                entry = self.queue.pop_entry(next(iter(self.suspended)), now)
+            else:
+                entry = self.queue.pop(now)
             if entry is None:
                 if not self.busy:
                     self._warm(now)
                 break
             if self._too_late(self.queue, entry, now):
+                if entry.done_steps:  # suspended: its kept state ends too
+                    self._abandon(entry, now)
                 continue
             lane = self._idle.pop()
             self.version += 1
@@ -324,7 +449,12 @@ class Lanes:
             self._runs[entry] = run
             model = entry.model
             if self.degraded:
+                if entry.done_steps:
+                    self._abandon(entry, now)
                 self._fail(run, self._degraded_error(), now)
+            elif entry.done_steps:  # resumed: its model stayed pinned and resident
+                self._resumed(entry)
+                self._start(run, now)
             elif model is None:
                 self._start(run, now)
             else:
@@ -366,6 +496,8 @@ class Lanes:
         self.version += 1
         for entry, wait_s in late:
             self.shed += 1
+            if entry.done_steps:  # suspended: its kept state ends too
+                self._abandon(entry, now)
             assert entry.deadline is not None
             late_s = now + wait_s + entry.remaining_s - entry.deadline
             self._steps.append(CannotRun(entry, DeadlineExceeded(
@@ -431,7 +563,9 @@ class Lanes:
     def _start(self, run: _Run, now: float) -> None:
         entry = run.entry
         fetch_s = now - run.asked_at if entry.model is not None else 0.0
-        mates = self.queue.take(entry, now) if entry.group is not None else []
+        mates = (
+            self.queue.take(entry, now) if entry.group is not None and not entry.done_steps else []
+        )
         for mate in mates:
             self._runs[mate] = run
         run.pending = 1 + len(mates)

@@ -32,7 +32,8 @@ class CoreOptions:
     look-ahead loads models (0: no speculative loads); ``prefetch_evicts=False`` prefetches
     into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
     cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
-    make the worker degraded; ``max_jobs`` and ``max_job_bytes`` bound what an ingress
+    make the worker degraded; ``preempt``: scheduling at step boundaries
+    (:mod:`compass.core.preempt`); ``max_jobs`` and ``max_job_bytes`` bound what an ingress
     holds; ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it
     keeps for resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
     loads update the profiles (real mode; an emulated worker and the simulator keep the
@@ -48,6 +49,7 @@ class CoreOptions:
     prefetch_evicts: bool = _WORKER.cache.prefetch_evicts
     warm: bool = _WORKER.sched.warm
     max_stuck: int = _WORKER.max_stuck_tasks
+    preempt: bool = _WORKER.sched.preempt
     max_jobs: int = _WORKER.max_jobs
     max_job_bytes: int = _WORKER.max_job_bytes
     forget_after: int = FORGET_AFTER
@@ -74,6 +76,7 @@ def core_options(
         prefetch_evicts=config.cache.prefetch_evicts,
         warm=config.sched.warm,
         max_stuck=config.max_stuck_tasks,
+        preempt=config.sched.preempt,
         max_jobs=config.max_jobs,
         max_job_bytes=config.max_job_bytes,
         keep_answer_bytes=config.keep_answer_bytes,

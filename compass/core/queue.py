@@ -95,6 +95,14 @@ class QueuedTask:
     #: expected seconds of the run it is part of (a batch's, on its first entry; 0 on the
     #: others), set when the run starts
     run_s: float = 0.0
+    #: steps it is expected to take (1: a plain task) and the bytes its state grows by per step
+    steps: int = 1
+    state_bytes: int = 0
+    #: steps it ran before it was suspended (0: never run); ``expected_s`` is then the rest's
+    done_steps: int = 0
+    #: its job's best time (its workflow's), the yardstick of its slowdown (preemption at step
+    #: boundaries weighs the slowdowns of the jobs it would delay: :mod:`compass.core.preempt`)
+    best_s: float = 0.0
 
 
 #: :meth:`TaskQueue.lifted_s` of a queue with nothing running and nothing above level 0
@@ -231,6 +239,16 @@ class TaskQueue:
         self._running[entry] = None
         return entry
 
+    def pop_entry(self, entry: QueuedTask, now: float) -> QueuedTask:
+        """:meth:`pop` ``entry`` itself (queued), wherever it ranks."""
+        self._ready = [item for item in self._ready if item[3] is not entry]
+        heapq.heapify(self._ready)
+        self._count_out(entry)
+        entry.started_at = now
+        entry.run_s = entry.expected_s
+        self._running[entry] = None
+        return entry
+
     def take(self, lead: QueuedTask, now: float) -> list[QueuedTask]:
         """Batch ``lead`` (just popped) with the queued tasks of its group, in queue order, up
         to its ``max_batch`` and as long as an extra item costs less than a run of its own
@@ -272,6 +290,10 @@ class TaskQueue:
             lead.scale, 1 + len(mates)
         )
         return mates
+
+    def peek(self) -> QueuedTask | None:
+        """The task :meth:`pop` would return, left in the queue."""
+        return self._ready[0][3] if self._ready else None
 
     def finish(self, entry: QueuedTask) -> None:
         """``entry``'s run stopped (done or failed): a batch by its first task."""

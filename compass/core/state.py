@@ -296,7 +296,10 @@ class WorkerCore:
         # attempts forgotten here if it comes back (a false suspicion): it plans them again
         lost = ev.name
         dropped = self.inbox.drop_ingress(lost)
-        for entry in [*self.lanes.drop(lambda e: e.ingress == lost), *self.lanes.running()]:
+        queued = self.lanes.drop(lambda e: e.ingress == lost)
+        if suspended := [e for e in queued if e.done_steps]:  # their kept states end
+            self._take(self.lanes.release(suspended, ev.now, self._cause), ev.now)
+        for entry in [*queued, *self.lanes.running()]:
             if entry.ingress == lost:
                 mark = (entry.attempt, entry.task)
                 dropped[entry.job_id] = max(dropped.get(entry.job_id, mark), mark)
@@ -344,7 +347,7 @@ class WorkerCore:
         elif isinstance(msg, ChunkMsg):
             self.ingress.chunk(msg)
         else:
-            self._drop_job(msg.job, msg.below)
+            self._drop_job(msg.job, msg.below, now)
 
     def _task_input(
         self, msg: TaskMsg, now: float, transfer_s: float, job_arrival: float | None
@@ -396,9 +399,17 @@ class WorkerCore:
             )  # fmt: skip
 
     def _step(self, ev: TaskStep) -> None:
+        """A step of a running step-wise task ended: a streaming job's sink's partial output
+        goes to its ingress; the lanes decide whether the task goes on (preemption)."""
         e = ev.entry
-        if e.task in self.workflow(e.workflow).sinks:
+        if e.stream and e.task in self.workflow(e.workflow).sinks:
             self.send(e.ingress, ChunkMsg(e.job_id, e.attempt, e.task, ev.seq, ev.value), ev.now)
+        if self.lanes.preempt and not self.is_done(e.job_id, e.attempt):
+            done = ev.seq + 1 - e.done_steps  # steps of this run (a resumed one's count on)
+            steps = self.lanes.stepped(e, done, ev.now, self._cause)
+            self._take(steps, ev.now)
+            if any(isinstance(s, StopTask) for s in steps):  # past saving: its job is answered
+                self._forget(e.job_id, e.attempt + 1)  # nothing of it goes on from here
 
     def _report_failure(
         self,
@@ -536,10 +547,11 @@ class WorkerCore:
         for worker in sorted(workers):
             self.send(worker, DoneMsg(job_id, below), now)
 
-    def _drop_job(self, job_id: str, below: int | None) -> None:
+    def _drop_job(self, job_id: str, below: int | None, now: float) -> None:
         self._forget(job_id, below)
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
-        self.lanes.drop_job(job_id, below)
+        if suspended := [e for e in self.lanes.drop_job(job_id, below) if e.done_steps]:
+            self._take(self.lanes.release(suspended, now, self._cause), now)  # they stop now
         if running := self.lanes.running_of(job_id, below):  # a step-wise one stops at a step
             self._out.append(StopTask(running, self._cause))

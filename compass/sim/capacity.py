@@ -36,7 +36,7 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
-from compass.sim.settings import SimSettings
+from compass.sim.settings import SimSettings, base_policy
 from compass.workflow.spec import Workload
 
 __all__ = [
@@ -451,7 +451,7 @@ def capacity_for_workload(
 ) -> dict[str, Any]:
     """The simulated capacity of every policy on ``workload``: :func:`search_capacity`'s
     result plus ``config`` (with ``physical_bound``)."""
-    unknown = [p for p in policies if p not in POLICY_NAMES]
+    unknown = [p for p in policies if base_policy(p) not in POLICY_NAMES]
     if unknown:
         raise ConfigError(
             f"unknown policy {unknown[0]!r}; valid policies: {', '.join(POLICY_NAMES)}"

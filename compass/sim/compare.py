@@ -29,7 +29,7 @@ from compass.sim.engine import (
     view_rule,
 )
 from compass.sim.result import SimResult
-from compass.sim.settings import SimSettings
+from compass.sim.settings import SimSettings, base_policy
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import Workload, load_workload
 
@@ -87,11 +87,13 @@ class SimConfig:
     view: str = SIM_WORKER.sched.view
     candidates: int = DEFAULT_CANDIDATES
     holders: int | None = DEFAULT_HOLDERS
+    #: scheduling at step boundaries, for every policy not named "NAME (no preemption)"
+    preempt: bool = False
 
     def __post_init__(self) -> None:
         if not self.policies:
             raise ConfigError("compass sim needs at least one policy")
-        unknown = [p for p in self.policies if p not in POLICY_NAMES]
+        unknown = [p for p in self.policies if base_policy(p) not in POLICY_NAMES]
         if unknown:
             raise ConfigError(
                 f"unknown policy {unknown[0]!r}; valid policies: {', '.join(POLICY_NAMES)}"
@@ -125,7 +127,11 @@ class SimConfig:
             heartbeat_ms=self.heartbeat_ms,
             staleness_ms=self.staleness_ms,
             host_lanes=self.host_lanes,
-            options={"prefetch_evicts": self.prefetch_evicts, **self.view_options()},
+            options={
+                "prefetch_evicts": self.prefetch_evicts,
+                **self.view_options(),
+                **({"preempt": True} if self.preempt else {}),
+            },
         )
 
 
@@ -173,6 +179,7 @@ def compare_policies(
                 host_lanes=config.host_lanes,
                 prefetch_evicts=config.prefetch_evicts,
                 ingress=config.ingress,
+                preempt=config.preempt,
                 **config.view_options(),
             ),
             arrivals,

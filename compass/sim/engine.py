@@ -57,7 +57,9 @@ from compass.core.events import (
     Send,
     StopTask,
     Submit,
+    SuspendTask,
     TaskDone,
+    TaskStep,
     Tick,
     Watch,
 )
@@ -301,7 +303,7 @@ class _Simulation:
         #: step-wise tasks running: where, their run, when they began, their step time; and
         #: when each ends (sooner if stopped at a step boundary)
         self._stepping: dict[QueuedTask, tuple[_Worker, RunTask, float, float]] = {}
-        self._ends: dict[QueuedTask, float] = {}
+        self._ends: dict[QueuedTask, _End] = {}
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -467,6 +469,8 @@ class _Simulation:
                     pass  # watches are modelled by what each planner has heard (heard.py)
                 case StopTask():
                     self._stop(step.entries)
+                case SuspendTask():
+                    self._suspend(worker, step.entry)
                 case Chunk():
                     pass  # a first output is timed at the step that makes it (_steps_begun)
                 case Fault():
@@ -590,42 +594,82 @@ class _Simulation:
             profile, [workflows[e.workflow].tasks[e.task].profile for e in run.entries]
         )
         if profile.steps > 1:  # a step-wise task: its first output, and it can be stopped
+            entry = run.entry
+            if entry.done_steps:  # resumed: the steps it has left
+                exec_s *= (profile.steps - entry.done_steps) / profile.steps
             self._steps_begun(worker, run, exec_s, profile)
-        self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
+            return
+        self._at(self.now + exec_s, self._task_end, (worker, run, exec_s, None))
 
     def _steps_begun(
         self, worker: _Worker, run: RunTask, exec_s: float, profile: TaskProfile
     ) -> None:
-        entry, step_s = run.entry, exec_s / profile.steps
+        entry = run.entry
+        steps = profile.steps - entry.done_steps
+        step_s = exec_s / steps
         self._stepping[entry] = (worker, run, self.now, step_s)
-        self._ends[entry] = self.now + exec_s
+        self._end_at(worker, run, self.now + exec_s, exec_s)
+        if worker.lanes.preempt and steps > 1:  # the core hears each step's end
+            self._at(self.now + step_s, self._boundary, (worker, run, 1))
         job = self._jobs.get(entry.job_id)
-        if job is not None and entry.task in job.workflow.sinks:
+        if entry.done_steps == 0 and job is not None and entry.task in job.workflow.sinks:
             hop = self.profiles.transfer_s(worker.name, entry.ingress,
                                            profile.output_bytes // profile.steps)  # fmt: skip
             first = self.now + step_s + hop
             if job.first_output is None or first < job.first_output:
                 job.first_output = first
 
+    def _boundary(self, arg: tuple[_Worker, RunTask, int]) -> None:
+        """Step ``done`` of ``run`` (its run's count) ended: the worker's core hears it (a
+        step-wise task of a core that preempts), and the next one is timed."""
+        worker, run, done = arg
+        entry = run.entry
+        began = self._stepping.get(entry)
+        if began is None or began[1] is not run:
+            return  # stopped or suspended since
+        steps = self.workload.workflows[entry.workflow].tasks[entry.task].profile.steps
+        self._apply(worker, TaskStep(self.now, entry, entry.done_steps + done - 1, None))
+        if self._stepping.get(entry) is began and done + 1 < steps - entry.done_steps:
+            self._at(self.now + began[3], self._boundary, (worker, run, done + 1))
+
+    def _suspend(self, worker: _Worker, entry: QueuedTask) -> None:
+        """``entry`` gave its lane up at this step boundary: its scheduled end is stale (it
+        ends after it resumes), its lane time so far counts, as a task record of its own."""
+        began = self._stepping.pop(entry, None)
+        self._ends.pop(entry).live = False
+        ran = self.now - entry.started_at
+        worker.busy_s += ran
+        fetch_s = 0.0 if began is None else began[1].fetch_s
+        self.task_records.append(
+            TaskRecord(entry.job_id, entry.task, worker.name, entry.started_at - entry.enqueued_at,
+                       fetch_s, entry.transfer_s, ran, None if entry.model is None else True)
+        )  # fmt: skip
+
     def _stop(self, entries: tuple[QueuedTask, ...]) -> None:
         """The job of ``entries`` ended: a step-wise one ends with its step under way (the
         end it had scheduled is then stale: :meth:`_task_end`); a plain one runs on."""
         for entry in entries:
             began = self._stepping.pop(entry, None)
-            if began is None:
+            if began is None:  # a plain task runs on; a suspended one never resumes
                 continue
             worker, run, start, step_s = began
             steps = max(1, math.ceil((self.now - start) / step_s - 1e-9))
             end = start + steps * step_s
-            if end < self._ends[entry]:
-                self._ends[entry] = end
-                self._at(end, self._task_end, (worker, run, end - start))
+            if end < self._ends[entry].at:
+                self._end_at(worker, run, end, end - start)
 
-    def _task_end(self, arg: tuple[_Worker, RunTask, float]) -> None:
-        worker, run, exec_s = arg
-        end = self._ends.get(run.entry)
-        if end is not None:  # step-wise: the end that counts is the last one set (_stop)
-            if end != self.now:
+    def _end_at(self, worker: _Worker, run: RunTask, at: float, exec_s: float) -> None:
+        """Step-wise ``run`` ends at ``at``: the end scheduled before, if any, is stale."""
+        entry = run.entry
+        if (before := self._ends.get(entry)) is not None:
+            before.live = False
+        end = self._ends[entry] = _End(at)
+        self._at(at, self._task_end, (worker, run, exec_s, end))
+
+    def _task_end(self, arg: tuple[_Worker, RunTask, float, _End | None]) -> None:
+        worker, run, exec_s, end = arg
+        if end is not None:  # step-wise: the end that counts is the last one set
+            if not end.live:
                 return
             del self._ends[run.entry]
             self._stepping.pop(run.entry, None)
@@ -662,6 +706,15 @@ class _Simulation:
 
     def _tick(self, worker: _Worker) -> None:
         self._apply(worker, Tick(self.now))
+
+
+@dataclass(slots=True, eq=False)
+class _End:
+    """When a step-wise task's run is to end; no longer ``live`` once stopped sooner,
+    suspended, or ended (its scheduled event is then stale)."""
+
+    at: float
+    live: bool = True
 
 
 def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:

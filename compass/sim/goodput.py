@@ -16,16 +16,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.objective import Objective
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
-from compass.sim.result import JobRecord
+from compass.sim.result import JobRecord, TaskRecord
 from compass.sim.settings import SimSettings
 from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
@@ -33,8 +33,9 @@ from compass.workflow.spec import Workload
 
 __all__ = ["GoodputRun", "goodput_for_workload", "priorities", "run_summary"]
 
-#: (policy, shed, seed, load) -> the run's jobs, for tests and callers that reuse runs
-GoodputRun = Callable[[str, bool, int, float], Sequence[JobRecord]]
+#: (policy, shed, seed, load) -> the run's jobs and task runs, for tests and callers that
+#: reuse runs
+GoodputRun = Callable[[str, bool, int, float], tuple[Sequence[JobRecord], Sequence[TaskRecord]]]
 
 
 def priorities(jobs: int, mix: float, seed: int) -> list[int]:
@@ -46,10 +47,17 @@ def priorities(jobs: int, mix: float, seed: int) -> list[int]:
     return [1 if draw.random() < mix else 0 for _ in range(jobs)]
 
 
-def run_summary(jobs: Sequence[JobRecord], load: float) -> dict[str, Any]:
+def run_summary(
+    jobs: Sequence[JobRecord], load: float, tasks: Sequence[TaskRecord] = ()
+) -> dict[str, Any]:
     """One run's goodput (multiples of the workload's rate), attainment (overall and per
-    priority), and counts of jobs refused and dropped."""
+    priority), counts of jobs refused and dropped, and ``wasted_share``: of the lane time its
+    ``tasks`` took (their model's fetch and their run), the share spent on jobs admitted and
+    then dropped (their deadline missed on the way)."""
     n = len(jobs)
+    dropped = {j.id for j in jobs if j.outcome == "dropped"}
+    lane_s = sum(t.fetch_s + t.exec_s for t in tasks)
+    wasted_s = sum(t.fetch_s + t.exec_s for t in tasks if t.job_id in dropped)
     met = sum(1 for j in jobs if j.met)
     by_priority: dict[str, float] = {}
     for level in sorted({j.priority for j in jobs}):
@@ -60,7 +68,8 @@ def run_summary(jobs: Sequence[JobRecord], load: float) -> dict[str, Any]:
         "attainment": met / n if n else 0.0,
         "attainment_by_priority": by_priority,
         "refused": sum(1 for j in jobs if j.outcome == "unreachable"),
-        "dropped": sum(1 for j in jobs if j.outcome == "dropped"),
+        "dropped": len(dropped),
+        "wasted_share": wasted_s / lane_s if lane_s > 0 else 0.0,
     }
 
 
@@ -73,10 +82,11 @@ def simulator_goodput_run(
     priority_mix: float = 0.0,
     arrival: str = "poisson",
     cv: float = 1.0,
-    host_lanes: int = SIM_WORKER.host_lanes,
+    sim: Mapping[str, Any] = MappingProxyType({}),
 ) -> GoodputRun:
     """A :data:`GoodputRun` that simulates ``jobs`` arrivals of ``workload`` on ``workers``,
-    each with its deadline and priority; deterministic in its seed."""
+    each with its deadline and priority; deterministic in its seed. ``sim``: fields of every
+    run's :class:`~compass.sim.settings.SimSettings` (``host_lanes``, ``preempt``...)."""
     if not deadline_x >= 1:
         raise ConfigError(
             f"--deadline-x must be >= 1 (no job beats its best time), got {deadline_x!r}"
@@ -88,7 +98,9 @@ def simulator_goodput_run(
     profiles = Profiles.from_workload(workload)
     best = {name: best_time_s(wf, profiles) for name, wf in workload.workflows.items()}
 
-    def run(policy: str, shed: bool, seed: int, load: float) -> Sequence[JobRecord]:
+    def run(
+        policy: str, shed: bool, seed: int, load: float
+    ) -> tuple[Sequence[JobRecord], Sequence[TaskRecord]]:
         arrivals = workload_arrivals(workload, jobs, process=arrival, load=load, cv=cv, seed=seed)
         levels = priorities(len(arrivals), priority_mix, seed)
         objective = [
@@ -98,10 +110,10 @@ def simulator_goodput_run(
         arrivals = [replace(a, objective=o) for a, o in zip(arrivals, objective, strict=True)]
         result = simulate(
             workload,
-            SimSettings(workers=workers, policy=policy, seed=seed, host_lanes=host_lanes),
+            SimSettings(workers=workers, policy=policy, seed=seed, **sim),
             arrivals,
         )
-        return result.jobs
+        return result.jobs, result.tasks
 
     return run
 
@@ -134,16 +146,19 @@ def goodput_for_workload(
         "attainment_by_priority": {},
         "refused": {},
         "dropped": {},
+        "wasted_share": {},
     }
     for policy in policies:
         for shedding in shed:
             name = policy if shedding or len(shed) == 1 else f"{policy} (no shedding)"
-            for key in ("goodput", "attainment", "attainment_by_priority", "refused", "dropped"):
+            for key in ("goodput", "attainment", "attainment_by_priority", "refused", "dropped",
+                        "wasted_share"):  # fmt: skip
                 out[key][name] = {}
             for load in loads:
                 runs = []
                 for seed in seeds:
-                    runs.append(run_summary(run(policy, shedding, seed, load), load))
+                    jobs, tasks = run(policy, shedding, seed, load)
+                    runs.append(run_summary(jobs, load, tasks))
                     if progress is not None:
                         progress(name, seed, load)
                 at = format(load, "g")
@@ -157,6 +172,6 @@ def goodput_for_workload(
                     p: float(np.mean([r["attainment_by_priority"].get(p, 0.0) for r in runs]))
                     for p in levels
                 }
-                for key in ("refused", "dropped"):
+                for key in ("refused", "dropped", "wasted_share"):
                     out[key][name][at] = float(np.mean([r[key] for r in runs]))
     return out

@@ -19,7 +19,25 @@ from compass.config import SIM_WORKER, WorkerConfig
 if TYPE_CHECKING:
     from compass.workflow.spec import Workload
 
-__all__ = ["SimSettings"]
+__all__ = ["NO_PREEMPTION", "SimSettings", "base_policy", "with_preemption"]
+
+#: a policy's name with this suffix runs without preemption where the others have it on
+#: (``--preempt both``: "compass" and "compass (no preemption)" side by side)
+NO_PREEMPTION = " (no preemption)"
+
+
+def base_policy(name: str) -> str:
+    """The policy a (possibly suffixed) name runs: ``"jsq (no preemption)"`` is ``"jsq"``."""
+    return name.removesuffix(NO_PREEMPTION)
+
+
+def with_preemption(policies: tuple[str, ...], mode: str) -> tuple[tuple[str, ...], bool]:
+    """``--preempt on|off|both``: the policies to run and whether preemption is on for the
+    names without :data:`NO_PREEMPTION` (with ``both`` each policy also runs as
+    ``"NAME (no preemption)"``)."""
+    if mode == "both":
+        return (*policies, *(p + NO_PREEMPTION for p in policies)), True
+    return policies, mode == "on"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +63,7 @@ class SimSettings:
     :data:`~compass.sim.engine.SPREAD_FROM` workers on. ``view`` says what a planner sees:
     ``"mesh"``, every worker; ``"bounded"``, for each job, its candidates: ``candidates``
     sampled workers and at most ``holders`` holders per model the job needs (None: all).
+    ``preempt``: scheduling at step boundaries (:mod:`compass.core.preempt`).
     """
 
     workers: int
@@ -65,6 +84,12 @@ class SimSettings:
     view: str = SIM_WORKER.sched.view
     candidates: int = SIM_WORKER.sched.candidates
     holders: int | None = SIM_WORKER.sched.holders
+    preempt: bool = SIM_WORKER.sched.preempt
+
+    def __post_init__(self) -> None:
+        if self.policy.endswith(NO_PREEMPTION):  # that policy, preemption off
+            object.__setattr__(self, "policy", base_policy(self.policy))
+            object.__setattr__(self, "preempt", False)
 
     def worker_config(self, workload: Workload) -> WorkerConfig:
         """Each simulated worker's configuration: :data:`SIM_WORKER` with these settings (a
@@ -78,7 +103,7 @@ class SimSettings:
             prefetch_evicts=self.prefetch_evicts,
         )
         # warming is a speculative load: no prefetching, no warming
-        sched = replace(SIM_WORKER.sched, warm=self.warm and self.prefetch)
+        sched = replace(SIM_WORKER.sched, warm=self.warm and self.prefetch, preempt=self.preempt)
         return replace(
             SIM_WORKER, lanes=self.lanes, host_lanes=self.host_lanes, cache=cache, sched=sched
         )

@@ -62,10 +62,12 @@ from typing import Any
 import numpy as np
 
 from compass.config import WorkerConfig
+from compass.core.events import StopTask, SuspendTask
 from compass.core.lanes import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
+from compass.worker.stepgate import StepGate
 from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = [
@@ -153,10 +155,18 @@ class TaskRunner:
         self._stops: dict[QueuedTask, threading.Event] = {}
         self._emulated_steps: dict[QueuedTask, tuple[list[TaskOutcome], Task, float, float]] = {}
         self._steps_told: dict[QueuedTask, int] = {}  # emulated: partial outputs told so far
+        #: preemption (``--preempt``): every step of a step-wise task is told to the core, which
+        #: may suspend it there; the gates of real ones (:mod:`compass.worker.stepgate`), and
+        #: the suspended emulated ones: their outcomes, task, start and step time, and when
+        self._preempt = config.sched.preempt
+        self._gates: dict[QueuedTask, StepGate] = {}
+        self._parked: dict[QueuedTask, tuple[list[TaskOutcome], Task, float, float, float]] = {}
 
     def start(self, run: RunTask) -> None:
         """Run ``run``'s entries (one task, or a batch) now (needs a running event loop)."""
         loop = asyncio.get_running_loop()
+        if run.entry.done_steps and self._resume(run, loop):
+            return
         entries = run.entries
         task = self._lookup(run.entry.workflow, run.entry.task)
         outcomes = [
@@ -186,8 +196,8 @@ class TaskRunner:
             if task.profile.steps > 1:
                 step_s = delay / task.profile.steps
                 self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
-                if run.entry.stream and self._on_step is not None:  # each step's output
-                    loop.call_later(step_s, self._emulated_step, run.entry, 0)
+                if (run.entry.stream or self._preempt) and self._on_step is not None:
+                    loop.call_later(step_s, self._emulated_step, run.entry, 0)  # each step
             return
         model = run.entry.model
         payload: Any = run.entry.inputs
@@ -198,7 +208,10 @@ class TaskRunner:
         elif task.stepwise:
             stop = self._stops[run.entry] = threading.Event()
             report = None
-            if run.entry.stream and self._on_step is not None:
+            if self._preempt and self._on_step is not None:  # the core's word at each step
+                gate = self._gates[run.entry] = StepGate()
+                report = self._gated(loop, run.entry, gate)
+            elif run.entry.stream and self._on_step is not None:
                 report = _reporter(loop, self._on_step, run.entry)
             method = functools.partial(_run_steps, task, stop, outcomes[0], report)
         # taken last: from here the model's slabs count as read until the thread's fence
@@ -219,6 +232,14 @@ class TaskRunner:
             flag = self._stops.get(entry)
             if flag is not None:
                 flag.set()
+            if (gate := self._gates.get(entry)) is not None:
+                gate.stop()  # a suspended one wakes to stop
+            if (parked := self._parked.pop(entry, None)) is not None:  # suspended, emulated
+                outcomes, _, _, _, _ = parked
+                self._timers[entry] = asyncio.get_running_loop().call_later(
+                    0.0, self._emulated_stopped, outcomes, entry.done_steps
+                )
+                continue
             emulated = self._emulated_steps.pop(entry, None)
             timer = self._timers.get(entry)
             if emulated is not None and timer is not None:
@@ -242,6 +263,8 @@ class TaskRunner:
         self._closed = True
         for flag in self._stops.values():
             flag.set()
+        for gate in self._gates.values():
+            gate.stop()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -261,9 +284,90 @@ class TaskRunner:
         _, task, _, step_s = running
         steps = task.profile.steps
         if seq + 1 < steps:  # the last step's ends with the task (_emulated_done)
-            self._on_step(entry, seq, _step_output(task))
+            self._on_step(entry, seq, _step_output(task) if entry.stream else None)
             self._steps_told[entry] = seq + 1
-            asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
+            if self._emulated_steps.get(entry) is running:  # not suspended nor stopped there
+                asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
+
+    def between_steps(self, order: StopTask | SuspendTask) -> None:
+        """Carry out what the core decided of running step-wise tasks (:meth:`stop`,
+        :meth:`suspend`)."""
+        if isinstance(order, StopTask):
+            self.stop(order.entries)
+        else:
+            self.suspend(order.entry)
+
+    def suspend(self, entry: QueuedTask) -> None:
+        """Step-wise ``entry`` gives its lane up at the boundary it just reported
+        (:class:`~compass.core.events.SuspendTask`): a real one's thread waits at its gate, an
+        emulated one's timers stop; :meth:`start` of its :class:`RunTask` resumes it."""
+        if (gate := self._gates.get(entry)) is not None:
+            gate.suspend()
+            for work, (_, of) in self._deadlines.items():  # no timeout while it waits
+                if of is entry:
+                    self._deadlines[work] = (math.inf, entry)
+                    break
+            return
+        running = self._emulated_steps.pop(entry, None)
+        timer = self._timers.pop(entry, None)
+        if running is None or timer is None:
+            return
+        timer.cancel()
+        outcomes, task, began, step_s = running
+        self._parked[entry] = (outcomes, task, began, step_s, asyncio.get_running_loop().time())
+
+    def _resume(self, run: RunTask, loop: asyncio.AbstractEventLoop) -> bool:
+        """Resume suspended ``run.entry`` on ``run.lane`` (False: nothing of it is here)."""
+        entry = run.entry
+        if (gate := self._gates.get(entry)) is not None and gate.suspended:
+            for work, (_, of) in self._deadlines.items():
+                if of is entry:  # its timeout starts again
+                    task = self._lookup(entry.workflow, entry.task)
+                    limit = (task.timeout_ms / 1000.0 if task.timeout_ms is not None
+                             else self._task_timeout_s) * self._time_scale  # fmt: skip
+                    self._deadlines[work] = (loop.time() + limit, entry)
+                    self._arm(min(d for d, _ in self._deadlines.values()))
+                    break
+            gate.resume()
+            return True
+        parked = self._parked.pop(entry, None)
+        if parked is None:
+            return False
+        outcomes, task, began, step_s, since = parked
+        for outcome in outcomes:
+            outcome.lane = run.lane
+        ran_s = since - began  # its steps so far: the time it waited is not its run's
+        left_s = max(0.0, task.profile.steps * step_s - ran_s)
+        t0 = self._clock() - ran_s
+        self._timers[entry] = loop.call_later(
+            left_s, self._emulated_done, outcomes, task, t0, False
+        )
+        self._emulated_steps[entry] = (outcomes, task, loop.time() - ran_s, step_s)
+        if self._on_step is not None and entry.done_steps < task.profile.steps - 1:
+            loop.call_later(step_s, self._emulated_step, entry, entry.done_steps)
+        return True
+
+    def _gated(
+        self, loop: asyncio.AbstractEventLoop, entry: QueuedTask, gate: StepGate
+    ) -> Callable[[int, Any], None]:
+        """The step report of a real step-wise task when the core decides at each boundary:
+        the thread reports the step (its output only for a job that streams) and waits at
+        ``gate`` until the core has handled it (:mod:`compass.worker.stepgate`)."""
+        on_step = self._on_step
+        assert on_step is not None
+
+        def told(seq: int, value: Any) -> None:  # on the loop
+            try:
+                on_step(entry, seq, value if entry.stream else None)
+            finally:
+                gate.go()  # unless it was suspended or stopped there
+
+        def report(seq: int, value: Any) -> None:  # in the task's thread
+            gate.ask()
+            loop.call_soon_threadsafe(told, seq, value)
+            gate.wait()
+
+        return report
 
     def _emulated_done(
         self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool
@@ -291,6 +395,7 @@ class TaskRunner:
         self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
     ) -> None:
         self._stops.pop(outcomes[0].entry, None)
+        self._gates.pop(outcomes[0].entry, None)
         if self._deadlines.pop(work, None) is None or work.cancelled():
             return  # the worker is stopping
         error = work.exception()

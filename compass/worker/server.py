@@ -45,6 +45,7 @@ from compass.core.events import (
     Send,
     StopTask,
     Submit,
+    SuspendTask,
     TaskReturned,
     TaskStep,
     Tick,
@@ -117,8 +118,7 @@ class Worker:
             seed=worker_seed(0, config.name or f"pid{os.getpid()}"),
         )
         self.name = config.name
-        #: this process's id: peers tell a restart under the same name by it, and it is in every
-        #: job id, so that no id repeats across restarts
+        #: this process's id, in every job id: peers tell a restart under the same name by it
         self.instance = secrets.token_hex(6)
         self.address = ""
         #: the adapter's own counters (the core keeps its own: :attr:`stats` is their sum)
@@ -512,8 +512,8 @@ class Worker:
                 case Watch():
                     for peer in self.gossip.watch(step.peers):
                         self.apply(WatchFailed(self.clock(), peer))
-                case StopTask():
-                    self.runner.stop(step.entries)
+                case StopTask() | SuspendTask():  # a step-wise task stops, or yields its lane
+                    self.runner.between_steps(step)
                 case Chunk():
                     if (sink := self._streams.get(step.job_id)) is not None:
                         sink(step.task, step.seq, step.value)

@@ -38,7 +38,8 @@ MAX_BATCH = 8
 def apply_batching(workload: Workload, *, batching: bool, gain: str | None = None) -> Workload:
     """``workload`` with batching off (every task runs one item at a time), or on with the
     named ``gain`` curve (:data:`BATCH_GAINS`) for model tasks that declare no curve (None:
-    only tasks that declare one batch)."""
+    only tasks that declare one batch). A step-wise task never batches its calls: it is left
+    as it is."""
     if gain is not None and gain not in BATCH_GAINS:
         raise ConfigError(f"unknown batch gain {gain!r} (one of: {', '.join(BATCH_GAINS)})")
     workflows = {
@@ -51,7 +52,7 @@ def apply_batching(workload: Workload, *, batching: bool, gain: str | None = Non
 def _batched(task: Task, batching: bool, gain: str | None) -> Task:
     if not batching:
         return task if task.batch == 1 else dataclasses.replace(task, batch=1)
-    if task.model is None or task.profile.batch_scale or gain is None:
+    if task.model is None or task.profile.batch_scale or gain is None or task.profile.steps > 1:
         return task
     size = task.batch if task.batch > 1 else MAX_BATCH
     profile = dataclasses.replace(

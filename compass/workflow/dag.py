@@ -82,7 +82,10 @@ class TaskProfile:
     1, 2, ... (so it starts at 1.0 and never falls); a batch larger than the table adds its last
     step per item. Empty: no gain, a batch of ``b`` costs ``b`` runs.
     ``steps``: how many steps a step-wise task is expected to take (1: a plain task, one step);
-    ``exec_ms`` counts all of them, so one takes ``step_ms`` on average.
+    ``exec_ms`` counts all of them, so one takes ``step_ms`` on average. ``state_bytes``: what
+    a step-wise task's state grows by per step (for a generator over an LLM, its KV cache): a
+    task suspended at a step boundary holds that many bytes per step done in its worker's cache
+    until it resumes (:mod:`compass.core.preempt`).
     """
 
     exec_ms: float
@@ -90,11 +93,12 @@ class TaskProfile:
     input_bytes: int = 0
     batch_scale: tuple[float, ...] = ()
     steps: int = 1
+    state_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not _is_number(self.exec_ms) or not self.exec_ms >= 0:
             raise WorkflowError(f"TaskProfile.exec_ms must be a number >= 0, got {self.exec_ms!r}")
-        for field_name in ("output_bytes", "input_bytes"):
+        for field_name in ("output_bytes", "input_bytes", "state_bytes"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise WorkflowError(

@@ -30,7 +30,17 @@ parameter              default            meaning
 ``jobs``, ``gamma_cv`` 1000, 10           the ``arrivals`` object (all three processes)
 ``cache_headroom_mb``  128                the cache holds the largest model plus this much,
                                           so it fits whole 64 MiB slabs
+``stepwise``           0                  chance that a model task of ``step_min_ms`` or more
+                                          runs in steps (a generation: tokens)
+``step_ms``            10..60             a step-wise task's time per step, log-uniform
+``step_min_ms``        100                the shortest task drawn to run in steps
+``state_kb``           10..400            a step-wise task's state per step, log-uniform, kB
 =====================  =================  =====================================================
+
+Step-wise tasks are drawn after everything else, from a generator of their own seeded by the
+same seed: a workload drawn with ``stepwise=0`` (the default) is the one earlier releases drew,
+and one drawn with steps is that same workload with some of its tasks run in steps
+(``compass workload generate --stepwise 0.5``).
 
 Shapes: ``chain`` (a line), ``fan`` (one task fans out to ``fan_width`` tasks that one join
 gathers), ``diamond`` (a split, two branches of ``branch_length`` tasks, a join) and ``mix``
@@ -102,6 +112,10 @@ class GeneratorParams:
     jobs: int = 1000
     gamma_cv: float = 10.0
     cache_headroom_mb: float = 128.0
+    stepwise: float = 0.0
+    step_ms: _Range = (10.0, 60.0)
+    step_min_ms: float = 100.0
+    state_kb: _Range = (10.0, 400.0)
 
     def __post_init__(self) -> None:
         for name in ("workflows", "chain_length", "fan_width", "branch_length", "workers"):
@@ -109,7 +123,8 @@ class GeneratorParams:
         _int_range("chain_length", self.chain_length, 2)
         _int_range("fan_width", self.fan_width, 2)
         _int_range("models", self.models, 1)
-        for name in ("model_gb", "exec_ms", "host_exec_ms", "output_kb", "input_kb"):
+        for name in ("model_gb", "exec_ms", "host_exec_ms", "output_kb", "input_kb", "step_ms",
+                     "state_kb"):  # fmt: skip
             _range(name, getattr(self, name), positive=True)
         _range("cache_ratio", self.cache_ratio, positive=True)
         if self.cache_ratio[0] < 1.0:
@@ -122,11 +137,11 @@ class GeneratorParams:
             raise ConfigError(
                 f"GeneratorParams.utilization must stay <= 1, got {self.utilization!r}"
             )
-        for name in ("join_no_model", "task_no_model"):
+        for name in ("join_no_model", "task_no_model", "stepwise"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"GeneratorParams.{name} must be in [0, 1], got {value!r}")
-        for name in ("zipf_s", "net_fixed_us", "cache_headroom_mb"):
+        for name in ("zipf_s", "net_fixed_us", "cache_headroom_mb", "step_min_ms"):
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 <= value < math.inf:
                 raise ConfigError(f"GeneratorParams.{name} must be a number >= 0, got {value!r}")
@@ -249,6 +264,9 @@ class _Task:
     exec_ms: float = 0.0
     output_kb: float = 0.0
     input_kb: float = 0.0
+    #: a step-wise task's steps (1: a plain one) and state per step
+    steps: int = 1
+    state_kb: float = 0.0
 
 
 class _Generator:
@@ -294,6 +312,8 @@ class _Generator:
             t.output_kb = self.log_uniform(p.output_kb, 1)
             if not t.after:
                 t.input_kb = self.log_uniform(p.input_kb, 1)
+        if p.stepwise > 0:
+            self.steps(tasks, random.Random(f"steps-{seed}"))
         weights = [round(1.0 / (k + 1) ** p.zipf_s, 4) for k in range(n_workflows)]
         workers = rng.randint(*p.workers)
         target = rng.uniform(*p.utilization)
@@ -336,6 +356,18 @@ class _Generator:
                 "gamma_cv": p.gamma_cv,
             },
         }
+
+    def steps(self, tasks: list[_Task], rng: random.Random) -> None:
+        """Draw which long model tasks run in steps, their step time and state (from ``rng``,
+        a generator of their own: the rest of the spec is drawn as without steps)."""
+        p = self.p
+        for t in tasks:
+            chosen = rng.random() < p.stepwise
+            step_ms = math.exp(rng.uniform(*map(math.log, p.step_ms)))
+            state_kb = math.exp(rng.uniform(*map(math.log, p.state_kb)))
+            if chosen and t.model is not None and t.exec_ms >= p.step_min_ms:
+                t.steps = max(2, round(t.exec_ms / step_ms))
+                t.state_kb = round(state_kb, 1)
 
     def shape(self, shape: str) -> list[_Task]:
         p, rng = self.p, self.rng
@@ -394,6 +426,8 @@ class _Generator:
 
 def _task_json(t: _Task) -> dict[str, Any]:
     entry: dict[str, Any] = {"model": t.model, "exec_ms": t.exec_ms}
+    if t.steps > 1:
+        entry.update(steps=t.steps, state_kb=t.state_kb)
     if not t.after:
         entry["input_kb"] = t.input_kb
     entry["output_kb"] = t.output_kb

@@ -16,7 +16,8 @@ is not given). With ``batch`` alone a batch costs as many runs as it has items.
 
 A task may run in ``steps`` (an integer, default 1: a generating task, each step a token or a
 chunk): ``exec_ms`` is all of them, or ``step_ms`` each (``exec_ms`` is then ``steps *
-step_ms``). A job's first output comes at the end of its sink's first step.
+step_ms``). A job's first output comes at the end of its sink's first step. ``state_kb``: what its
+state grows by per step (a KV cache), held in the cache while the task is suspended.
 
 :func:`workload_to_dict` (and :func:`write_workload`) write a parsed workload back in this
 format, exactly: :func:`parse_workload` of what they write equals the workload field for field,
@@ -62,7 +63,7 @@ _GB = 1_000_000_000
 _TASK_KEYS = frozenset(
     {
         "model", "exec_ms", "input_kb", "output_kb", "after", "timeout_ms", "batch",
-        "batch_item", "batch_ms", "steps", "step_ms", "about", "note",
+        "batch_item", "batch_ms", "steps", "step_ms", "state_kb", "about", "note",
     }
 )  # fmt: skip
 
@@ -324,6 +325,7 @@ def _parse_task(
             input_bytes=round(reader.number(entry, "input_kb", path, default=0.0) * _KB),
             batch_scale=scale,
             steps=steps,
+            state_bytes=round(reader.number(entry, "state_kb", path, default=0.0) * _KB),
         )
         timeout_ms = entry.get("timeout_ms")
         if timeout_ms is not None:
@@ -471,6 +473,8 @@ def _task_to_dict(workflow: str, task: Task) -> dict[str, Any]:
         out["timeout_ms"] = task.timeout_ms
     if profile.steps > 1:
         out["steps"] = profile.steps
+    if profile.state_bytes:
+        out["state_kb"] = profile.state_bytes / _KB
     return {**out, **_batch_to_dict(profile, task.batch)}
 
 

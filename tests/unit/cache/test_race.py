@@ -21,7 +21,7 @@ import compass
 from compass.cache.backend import StrictBackend
 from compass.cache.models import ModelCache
 from compass.config import CacheConfig, WorkerConfig
-from compass.core.lanes import Lanes, LoadModel, RunTask, Step
+from compass.core.lanes import CannotRun, Lanes, LoadModel, RunTask, Step
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError
 from compass.worker.executor import TaskOutcome, TaskRunner
@@ -84,7 +84,7 @@ class Worker:
                 self.runner.start(step)
             elif isinstance(step, LoadModel):
                 self.cache.fetch(step.model, step.evict, self._fetched)
-            else:
+            elif isinstance(step, CannotRun):  # no step-wise tasks here: nothing else comes
                 self.errors[step.entry.task] = step.error
                 self.done.set()
 

@@ -1,0 +1,94 @@
+"""Scheduling at step boundaries, sans-IO: the one rule that decides whether a queued task runs
+before the rest of a running step-wise one, and when a step-wise task is past saving.
+
+A step-wise task (a generator: each ``yield`` ends a step) gives its lane a chance between two
+steps; a plain task never does, so it is never preempted. When a step ends, the lanes
+(:meth:`Lanes.stepped <compass.core.lanes.Lanes.stepped>`) ask :func:`preempts` whether the
+queue's head should run first; if so the task is suspended (its state and its model kept on the
+worker, back in the queue with the steps it has left), the head takes the lane, and the task
+resumes on the first lane that frees after it, before anything else queued. The rule is the
+same for every policy (it is the core's) and looks only at what the worker itself knows: the
+two tasks, the time, and what switching costs.
+
+The rule, in order:
+
+1. **Priority.** A head of a higher priority level preempts, whatever else (a level is what
+   the caller asked for); one of a lower level never does.
+2. **A deadline.** A head whose job has a deadline (and does not finish past it) preempts
+   when it would miss it by waiting for the running task's remaining steps and would make it
+   by starting now (after the switch: its model's load, when it is not resident).
+3. **Slowdown.** Otherwise the head preempts when its job's slowdown (time from its arrival
+   to its end, over its best time) would be higher if it waited for the running task than the
+   running job's would be if it waited for the head: the larger of the two slowdowns is the
+   smaller. A short job stuck behind a long generation is the case; a long job preempted
+   gains weight as it waits, so it is not starved.
+
+In 2 and 3 the running task's own job must still make its deadline, where it has one, after
+the head's run. A worker holds at most one suspended task per lane, so preemptions do not nest.
+A suspended task's state costs memory (a KV cache for an LLM): its step profile declares the
+bytes per step (``state_bytes``); the lanes take them from the cache's free slabs
+(:meth:`CacheCore.hold_state <compass.cache.policy.CacheCore.hold_state>`), and refuse the
+preemption when they, or the head's model beside the task's own, do not fit.
+
+:func:`past_saving` is the step-level shedding rule: a running step-wise task whose job can no
+longer make its deadline, even if every step left and its successors ran at once, is stopped at
+this boundary rather than run to its end (its job is answered ``DeadlineExceeded``): its lane
+goes to work that can still make it.
+
+Measured in docs/RESULTS.md ("Preemption at step boundaries"), against the same core without
+it, on the paper's workload with steps and on generated ones.
+"""
+
+from __future__ import annotations
+
+from compass.core.queue import QueuedTask
+
+__all__ = ["after_s", "left_s", "past_saving", "preempts"]
+
+
+def left_s(entry: QueuedTask, done: int) -> float:
+    """Expected seconds of the steps ``entry`` has left after ``done`` of its run's steps:
+    its run's share of its expected steps (a resumed run's steps are the rest of the task's)."""
+    steps = max(1, entry.steps - entry.done_steps)
+    return entry.run_s * max(0, steps - done) / steps
+
+
+def after_s(entry: QueuedTask) -> float:
+    """Expected seconds of its job's critical path after ``entry`` (its successors')."""
+    return max(0.0, entry.remaining_s - entry.expected_s)
+
+
+def preempts(
+    running: QueuedTask, left: float, head: QueuedTask, now: float, *, switch_s: float = 0.0
+) -> bool:
+    """Whether ``head`` (the queue's next task) runs before the rest of ``running``, which has
+    ``left`` expected seconds of steps to go at this boundary (``now``); ``switch_s``: what
+    starting ``head`` costs first (its model's load). See the module docstring."""
+    if head.level != running.level:
+        return head.level > running.level
+    start = now + switch_s
+    # when each job would end: the head after the running task's steps, or right away; the
+    # running task's after the head's run
+    head_waits = now + left + head.remaining_s
+    head_now = start + head.remaining_s
+    running_waits = start + head.expected_s + left + after_s(running)
+    mine = running.deadline
+    if mine is not None and not running.finish and running_waits > mine:
+        return False  # the running task's own deadline comes first
+    deadline = head.deadline
+    if deadline is not None and not head.finish:
+        return head_waits > deadline >= head_now
+    if head.best_s <= 0.0 or running.best_s <= 0.0:
+        return False  # no yardstick (no profile yet): no switch
+    head_slowdown = (head_waits - head.arrival) / head.best_s
+    running_slowdown = (running_waits - running.arrival) / running.best_s
+    return head_slowdown > running_slowdown
+
+
+def past_saving(running: QueuedTask, left: float, now: float) -> bool:
+    """Whether ``running``'s job misses its deadline even if its ``left`` seconds of steps and
+    its successors ran from ``now`` without a wait (a job that finishes anyway never is)."""
+    deadline = running.deadline
+    if deadline is None or running.finish:
+        return False
+    return now + left + after_s(running) > deadline

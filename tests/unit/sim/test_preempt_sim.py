@@ -1,0 +1,81 @@
+"""Preemption at step boundaries in the simulator, which runs the same core: worked by hand on
+one worker, one model, a 10-step generation (100 ms a step) and a 50 ms task of another job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from compass.objective import Objective
+from compass.sim.arrivals import Arrival
+from compass.sim.engine import simulate
+from compass.sim.result import SimResult
+from compass.sim.settings import SimSettings
+from compass.workflow.spec import parse_workload
+
+
+def workload(steps: int = 10) -> Any:
+    gen: dict[str, Any] = {"model": "a", "exec_ms": 1000, "output_kb": 0, "input_kb": 0,
+                           "after": [], "steps": steps, "state_kb": 100}  # fmt: skip
+    det: dict[str, Any] = {"model": "a", "exec_ms": 50, "output_kb": 0, "input_kb": 0,
+                           "after": []}  # fmt: skip
+    spec = {
+        "name": "steps",
+        "cluster": {
+            "workers": 1,
+            "gpu_memory_mb": 2000,
+            "h2d_gbps": 10,
+            "d2h_gbps": 10,
+            "net_gbps": 10,
+            "net_fixed_us": 0,
+        },
+        "models": {"a": {"size_mb": 500}},
+        "workflows": {"gen": {"tasks": {"g": gen}}, "det": {"tasks": {"d": det}}},
+        "arrivals": {"mean_interval_ms_per_client": 1000, "jobs": 2},
+    }
+    return parse_workload(spec, source="steps")
+
+
+def run(arrivals: list[Arrival], *, preempt: bool, steps: int = 10) -> SimResult:
+    settings = SimSettings(workers=1, policy="compass", warm_start=True, preempt=preempt)
+    return simulate(workload(steps), settings, arrivals)
+
+
+def latencies(result: SimResult) -> dict[str, float]:
+    return {j.workflow: j.latency_s or -1.0 for j in result.jobs}
+
+
+def test_a_short_job_takes_the_lane_at_the_next_step_and_the_generation_resumes() -> None:
+    arrivals = [Arrival(0.0, "gen", 0), Arrival(0.15, "det", 1)]
+    off, on = run(arrivals, preempt=False), run(arrivals, preempt=True)
+    # without: det waits for the whole generation (to 1.0 s), then runs 50 ms
+    assert latencies(off)["det"] == pytest.approx(1.05 - 0.15, abs=1e-3)
+    # with: det runs at the boundary of step 2 (0.2 s), the generation resumes after it and
+    # ends 50 ms later than it would have; its steps ran once: two task records, 0.2 + 0.8 s
+    assert latencies(on)["det"] == pytest.approx(0.25 - 0.15, abs=1e-3)
+    assert latencies(on)["gen"] == pytest.approx(1.05, abs=1e-3)
+    runs = sorted(t.exec_s for t in on.tasks if t.task == "g")
+    assert runs == pytest.approx([0.2, 0.8], abs=1e-3)
+
+
+def test_a_plain_workload_runs_exactly_as_without_preemption() -> None:
+    arrivals = [Arrival(0.0, "gen", 0), Arrival(0.15, "det", 1)]
+    off, on = run(arrivals, preempt=False, steps=1), run(arrivals, preempt=True, steps=1)
+    assert latencies(on) == latencies(off) and on.events == off.events
+
+
+def test_a_generation_delayed_past_saving_stops_instead_of_running_on() -> None:
+    # the generation (deadline 1.12 s after it came) is preempted by three priority-1 jobs of
+    # 50 ms, one a step (a higher priority preempts whatever else); suspended the third time,
+    # 0.7 s of steps left behind 50 ms of work would end 0.03 s past its deadline: it is
+    # dropped from the queue there, its kept state stopped, never resumed to miss anyway
+    urgent = Objective(priority=1)
+    arrivals = [Arrival(0.0, "gen", 0, Objective(deadline_s=1.12)),
+                *(Arrival(t, "det", 1, urgent) for t in (0.05, 0.2, 0.35))]  # fmt: skip
+    on = run(arrivals, preempt=True)
+    gen = next(j for j in on.jobs if j.workflow == "gen")
+    assert gen.outcome == "dropped" and gen.latency_s is None
+    assert all(j.outcome == "ok" for j in on.jobs if j.workflow == "det")
+    # its lane time: three steps of 0.1 s, not the ten it would have run to miss anyway
+    assert sum(t.exec_s for t in on.tasks if t.task == "g") == pytest.approx(0.3, abs=1e-3)
