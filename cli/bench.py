@@ -472,6 +472,39 @@ def bench_generalize(
     )
 
 
+@bench_app.command("preempt")
+def bench_preempt(
+    generated: Annotated[
+        int, typer.Option(min=0, help="Generated workloads with steps: seeds 0..N-1.")
+    ] = 4,
+    stepwise: Annotated[
+        float, typer.Option(help="Their long model tasks' chance to run in steps.")
+    ] = 0.5,
+    policies: Annotated[str, typer.Option(help="Comma-separated, compass first.")] = (
+        "compass,jsq,jit"
+    ),
+    seeds: Annotated[str, typer.Option(help="Arrival seeds, 0-2 or 0,1,2.")] = "0",
+    jobs: Jobs = 500,
+    max_load: MaxLoad = 6.0,
+    json_path: JsonPath = None,
+) -> None:
+    """Preemption at step boundaries: capacity with and without it, on workloads with steps
+    (simulated)."""
+    from compass._bench import preempt
+    from compass.sim.capacity import parse_seeds
+
+    names = comma_list(policies)
+    check_policies(names)
+    if names[0] != "compass" or len(names) < 2:
+        fail("--policies: compass first, then at least one baseline", 2)
+    check_output(json_path, "--json")
+    bench = preempt.PreemptBench(
+        generated=generated, stepwise=stepwise, policies=tuple(names),
+        seeds=tuple(parse_seeds(seeds)), jobs=jobs, max_load=max_load,
+    )  # fmt: skip
+    preempt.run(bench, json_path)
+
+
 @bench_app.command("elastic")
 def bench_elastic(
     seeds: Annotated[str, typer.Option(help="Curve and arrival seeds, 0-2 or 0,1,2.")] = "0-2",
