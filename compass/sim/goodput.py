@@ -60,9 +60,12 @@ def run_summary(
     wasted_s = sum(t.fetch_s + t.exec_s for t in tasks if t.job_id in dropped)
     met = sum(1 for j in jobs if j.met)
     by_priority: dict[str, float] = {}
+    ttfo_p99: dict[str, float | None] = {}
     for level in sorted({j.priority for j in jobs}):
         mine = [j for j in jobs if j.priority == level]
         by_priority[str(level)] = sum(1 for j in mine if j.met) / len(mine)
+        firsts = [j.ttfo_s for j in mine if j.ttfo_s is not None]
+        ttfo_p99[str(level)] = float(np.percentile(firsts, 99)) if firsts else None
     return {
         "goodput": load * met / n if n else 0.0,
         "attainment": met / n if n else 0.0,
@@ -70,6 +73,9 @@ def run_summary(
         "refused": sum(1 for j in jobs if j.outcome == "unreachable"),
         "dropped": len(dropped),
         "wasted_share": wasted_s / lane_s if lane_s > 0 else 0.0,
+        # of the jobs answered, by priority: arrival to their first output (their answer for
+        # a job of plain sinks), 99th percentile in seconds
+        "ttfo_p99_by_priority": ttfo_p99,
     }
 
 
@@ -147,12 +153,13 @@ def goodput_for_workload(
         "refused": {},
         "dropped": {},
         "wasted_share": {},
+        "ttfo_p99_by_priority": {},
     }
     for policy in policies:
         for shedding in shed:
             name = policy if shedding or len(shed) == 1 else f"{policy} (no shedding)"
             for key in ("goodput", "attainment", "attainment_by_priority", "refused", "dropped",
-                        "wasted_share"):  # fmt: skip
+                        "wasted_share", "ttfo_p99_by_priority"):  # fmt: skip
                 out[key][name] = {}
             for load in loads:
                 runs = []
@@ -172,6 +179,15 @@ def goodput_for_workload(
                     p: float(np.mean([r["attainment_by_priority"].get(p, 0.0) for r in runs]))
                     for p in levels
                 }
+                out["ttfo_p99_by_priority"][name][at] = {
+                    p: _mean([r["ttfo_p99_by_priority"].get(p) for r in runs]) for p in levels
+                }
                 for key in ("refused", "dropped", "wasted_share"):
                     out[key][name][at] = float(np.mean([r[key] for r in runs]))
     return out
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the known ``values`` (None: none known)."""
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None

@@ -99,7 +99,8 @@ def test_compass_sim_goodput_writes_the_documented_layout_and_a_plot(
     assert done.value.code in (0, None)
     data = json.loads(out.read_text())
     assert set(data) == {"config", "goodput", "attainment", "attainment_by_priority",
-                         "refused", "dropped", "wasted_share", "bound"}  # fmt: skip
+                         "refused", "dropped", "wasted_share", "bound",
+                         "ttfo_p99_by_priority"}  # fmt: skip
     # one 100 ms task a job, a job every 100 ms at load 1: the lane is full at load 1
     assert data["bound"] == pytest.approx(1.0)
     assert data["wasted_share"]["compass"]["2"] == 0.0  # shed at the door: nothing dropped
@@ -108,6 +109,8 @@ def test_compass_sim_goodput_writes_the_documented_layout_and_a_plot(
     assert data["goodput"]["compass"]["2"]["mean"] == pytest.approx(1.1)
     assert set(data["goodput"]["compass"]["1"]) == {"mean", "min", "max"}
     assert set(data["attainment_by_priority"]["hash"]["1"]) == {"0", "1"}
+    # a job of plain tasks has its first output with its answer: at load 1, alone, 100 ms
+    assert data["ttfo_p99_by_priority"]["compass"]["1"]["1"] == pytest.approx(0.1)
     assert data["config"]["deadline_x"] == 1.6 and plot.stat().st_size > 0
     assert "goodput" in capsys.readouterr().out
     with pytest.raises(SystemExit) as bad:
