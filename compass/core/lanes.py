@@ -147,7 +147,7 @@ class Lanes:
         self.max_stuck = max_stuck
         #: scheduling at step boundaries (:meth:`stepped`): preemption, step-level shedding
         #: (off unless the core's options turn it on: ``build_core``)
-        self.preempt = _DEFAULT.preempt
+        self._preempt = _DEFAULT.preempt
         #: suspended step-wise tasks -> the cache's slabs their states hold (None: no state)
         self.suspended: dict[QueuedTask, SlabHandle | None] = {}
         #: suspensions so far, and preemptions refused for want of room for the state
@@ -176,6 +176,16 @@ class Lanes:
         #: the steps of the call under way, and the id of the event it is for (:meth:`_decide`)
         self._steps: list[Step] = _NOT_DECIDING
         self._cause: Cause = ""
+
+    @property
+    def preempt(self) -> bool:
+        """Scheduling at step boundaries is on (:meth:`stepped`)."""
+        return self._preempt
+
+    @preempt.setter
+    def preempt(self, on: bool) -> None:
+        # the queue's waits for a higher priority count a step-wise run's step under way only
+        self._preempt = self.queue.preempt = on
 
     # -- what the view and status read ---------------------------------------------------------
 

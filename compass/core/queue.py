@@ -152,6 +152,9 @@ class TaskQueue:
         #: job id -> how many of its tasks are queued (jobs with none are removed), so that a
         #: job's end looks through the queue only when some task of it waits there
         self._jobs: dict[str, int] = {}
+        #: the worker preempts at step boundaries: a higher level waits for a step-wise run's
+        #: step under way only (:meth:`wait_s`, :meth:`lifted_s`)
+        self.preempt = False
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -337,10 +340,23 @@ class TaskQueue:
         """Expected seconds before a task queued at ``now`` could start on a single lane (one
         that ranks behind every queued task of its ``level`` and above, as a new job's does:
         the running work, then those tasks)."""
-        remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
         if level <= 0:
+            remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
             return self.queued_s + remaining
+        remaining = self._running_s(now, level)
         return remaining + sum(s for lv, s in self._raised.items() if lv >= level)
+
+    def _running_s(self, now: float, level: int) -> float:
+        """Expected seconds of the runs under way that a task of ``level`` waits for: all of
+        each, but, where the worker preempts at step boundaries (:attr:`preempt`), only the
+        step under way of a step-wise run of a lower level (the task takes its lane there)."""
+        total = 0.0
+        for e in self._running:
+            left = max(0.0, e.started_at + e.run_s - now)
+            if self.preempt and e.steps > 1 and e.level < level:
+                left = min(left, e.run_s / max(1, e.steps - e.done_steps))
+            total += left
+        return total
 
     def late(self, now: float, lanes: int = 1) -> list[tuple[QueuedTask, float]]:
         """The queued tasks whose jobs can no longer finish by their deadlines: in the order
@@ -389,11 +405,10 @@ class TaskQueue:
         if not self._raised and not self._running:
             return _IDLE_LIFTED  # what the loop below gives for an idle queue, the usual case
         top = max(self._raised, default=1)
-        remaining = sum(max(0.0, e.started_at + e.run_s - now) for e in self._running)
         waits: list[float] = []
         above = sum(self._raised.values())
         for level in range(1, top + 1):
-            waits.append(remaining + max(0.0, above))
+            waits.append(self._running_s(now, level) + max(0.0, above))
             above -= self._raised.get(level, 0.0)
         return tuple(waits)
 

@@ -231,3 +231,14 @@ def test_a_generation_past_saving_is_stopped_at_its_step_and_its_job_told() -> N
     ((name, error),) = h.failed
     assert name == "gen" and isinstance(error, DeadlineExceeded)
     assert h.steps(h.lanes.stepped(generation(deadline=2.0), 1, 0.1)) == []
+
+
+def test_a_higher_priority_waits_for_the_step_under_way_only_where_the_worker_preempts() -> None:
+    for preempt, lifted in ((True, 0.1), (False, 1.0)):
+        h = Harness(preempt=preempt)
+        h.load("a")
+        h.start(generation(), 0.0)  # 1 s of 10 steps, running
+        queue = h.lanes.queue
+        assert queue.wait_s(0.0) == pytest.approx(1.0)  # its own level waits for all of it
+        assert queue.wait_s(0.0, level=1) == pytest.approx(lifted)
+        assert queue.lifted_s(0.0) == pytest.approx((lifted,))
