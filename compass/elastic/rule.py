@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from compass.errors import ConfigError
 
@@ -130,6 +131,10 @@ class Decision:
     desired: int
     reason: str
     pressure: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``compass status`` and the dashboard show it."""
+        return {"desired": self.desired, "reason": self.reason, "pressure": self.pressure}
 
 
 class ScaleRule:
