@@ -15,8 +15,11 @@ worker cores), over a pool of ``maximum`` workers of which only some serve. A wo
 
 A worker costs GPU time from the moment it is asked to start until it is off. A controller
 decides the size at every ``control_s``: ``autoscale`` (:class:`~compass.elastic.rule.
-ScaleRule`), ``ray-serve`` (:class:`~compass.elastic.rule.RayServeRule`) or ``fixed``
-(the initial size throughout).
+ScaleRule`), ``live`` (what ``compass up --autoscale`` follows: the real worker's
+:class:`~compass.elastic.live.LiveDesired`, from the serving workers' waits and busy lanes,
+deciding nothing while a worker starts, as the local autoscaler waits for its spawns),
+``ray-serve`` (:class:`~compass.elastic.rule.RayServeRule`) or ``fixed`` (the initial size
+throughout).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ import numpy as np
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.core.assemble import build_core
+from compass.core.events import Tick
+from compass.elastic.live import LiveDesired, Seen
+from compass.elastic.replicate import Holding, ReplicaConfig, replicas_wanted
 from compass.elastic.rule import (
     RayServeConfig,
     RayServeRule,
@@ -51,7 +57,7 @@ from compass.workflow.spec import Workload
 __all__ = ["CONTROLLERS", "ElasticOptions", "ElasticResult", "lane_s_per_job", "simulate_elastic"]
 
 #: the controllers :func:`simulate_elastic` knows
-CONTROLLERS = ("autoscale", "ray-serve", "fixed")
+CONTROLLERS = ("autoscale", "live", "ray-serve", "fixed")
 #: the wait a planner sees on a worker that does not serve: it places nothing there
 _CLOSED_S = 1e6
 
@@ -73,6 +79,8 @@ class ElasticOptions:
     quantile: float = 0.95
     rule: ScaleConfig | None = None
     ray: RayServeConfig | None = None
+    #: hot models replicated ahead of need (:mod:`compass.elastic.replicate`); None: off
+    replicate: ReplicaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.controller not in CONTROLLERS:
@@ -102,6 +110,8 @@ class ElasticResult:
     drains: int = 0
     #: drains a hot model's only copy prevented
     holds: int = 0
+    #: copies of hot models warmed ahead of need
+    replicas: int = 0
     horizon_s: float = 0.0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -163,8 +173,10 @@ def simulate_elastic(
         starts=sim.starts,
         drains=sim.drains,
         holds=sim.holds,
+        replicas=sim.replicas,
         horizon_s=result.horizon_s,
         wall_s=result.wall_s,
+        extra={"loads": result.loads},
     )
 
 
@@ -180,7 +192,7 @@ class _Elastic(_Simulation):
         self.on_since: list[float | None] = [None] * n
         self.worker_s = 0.0
         self.sizes: list[tuple[float, int, int]] = []
-        self.starts = self.drains = self.holds = 0
+        self.starts = self.drains = self.holds = self.replicas = 0
         self._turn = 0
         self._recent: deque[tuple[float, str]] = deque()  # arrivals: time, workflow
         self._done: deque[tuple[float, bool]] = deque()  # finishes: time, within objective
@@ -195,6 +207,7 @@ class _Elastic(_Simulation):
         )
         ray = options.ray or RayServeConfig(minimum=options.minimum, maximum=options.maximum)
         self.ray = RayServeRule(ray, start=options.initial)
+        self.live = LiveDesired(options.rule)
         for i in range(options.initial):
             self._serve(i)
 
@@ -359,6 +372,14 @@ class _Elastic(_Simulation):
                 quantile=o.quantile,
             )
             desired = self.rule.decide(signals).desired
+        elif o.controller == "live":
+            seen = [
+                Seen(self.workers[i].lanes.wait_s(now), self.workers[i].lanes.lanes,
+                     self.workers[i].lanes.busy)
+                for i in serving
+            ]  # fmt: skip
+            wanted = self.live.update(now, seen).desired if not starting else current
+            desired = min(max(wanted, o.minimum), o.maximum)
         elif o.controller == "ray-serve":
             ongoing = sum(
                 len(self.workers[i].lanes.queue) + self.workers[i].lanes.busy for i in serving
@@ -371,6 +392,8 @@ class _Elastic(_Simulation):
             self._grow(desired - current)
         elif desired < current:
             self._shrink(current - desired, serving, starting, o.controller == "autoscale")
+        if o.replicate is not None:
+            self._replicate(o.replicate)
         self.sizes.append(
             (
                 now,
@@ -382,6 +405,21 @@ class _Elastic(_Simulation):
         active = self._jobs or any(p == "draining" for p in self.phase)
         if now < self._last_arrival or (active and now < self._last_arrival + 3600.0):
             self._at(now + o.control_s, self._control, None)
+
+    def _replicate(self, config: ReplicaConfig) -> None:
+        """Warm hot models on serving workers with headroom (:func:`replicas_wanted`)."""
+        now = self.now
+        holdings = []
+        for i, p in enumerate(self.phase):
+            if p == "serving":
+                lanes = self.workers[i].lanes
+                resident, loading = lanes.cache.residency()
+                holdings.append(Holding(self.workers[i].name, lanes.wait_s(now),
+                                        resident | loading, bool(loading)))  # fmt: skip
+        for name, model in replicas_wanted(holdings, self._hot_models(), self.slack_s, config):
+            worker = self.workers[self.positions[name]]
+            self._apply(worker, Tick(now, hot=model))
+            self.replicas += worker.lanes.cache.is_loading(model)
 
     def _grow(self, count: int) -> None:
         # a draining worker is still warm: it serves again at once
