@@ -21,7 +21,7 @@ from compass.elastic.curve import workload_rate
 from compass.elastic.replicate import ReplicaConfig
 from compass.elastic.rule import workers_for
 from compass.elastic.sim import ElasticOptions, lane_s_per_job, simulate_elastic
-from compass.elastic.waves import wave_arrivals
+from compass.elastic.waves import Waves, wave_arrivals
 from compass.workflow.generate import generate_workload
 from compass.workflow.spec import Workload, load_workload
 
@@ -45,7 +45,8 @@ class ReplicasConfig:
 
 def _side(workload: Workload, config: ReplicasConfig, seed: int, size: int, on: bool) -> Any:
     replicate = ReplicaConfig(config.warm_fraction, config.headroom_fraction) if on else None
-    arrivals = wave_arrivals(workload, factor=config.factor, minute_s=config.minute_s, seed=seed)
+    waves = Waves(factor=config.factor)
+    arrivals = wave_arrivals(workload, waves, minute_s=config.minute_s, seed=seed)
     opts = ElasticOptions(controller="fixed", initial=size, maximum=size,
                           max_slowdown=config.max_slowdown, replicate=replicate)  # fmt: skip
     result = simulate_elastic(workload, arrivals, opts, seed=seed)

@@ -17,7 +17,7 @@ from compass.elastic.curve import (
 from compass.elastic.replicate import ReplicaConfig
 from compass.elastic.rule import ScaleConfig
 from compass.elastic.sim import ElasticOptions, simulate_elastic
-from compass.elastic.waves import wave_arrivals
+from compass.elastic.waves import Waves, wave_arrivals
 from compass.errors import ConfigError
 from compass.sim.arrivals import Arrival
 from compass.workflow.spec import Workload, load_workload
@@ -111,7 +111,7 @@ def test_a_wave_on_one_model_warms_copies_ahead_of_need(paper: Workload) -> None
     """Waves of one workflow's popularity on a fixed cluster: the replication rule warms
     copies of the pressed models on workers with headroom (none without it), and no job is
     lost to the loads it adds."""
-    arrivals = wave_arrivals(paper, waves=2, factor=6.0, minute_s=10.0, seed=0)
+    arrivals = wave_arrivals(paper, Waves(count=2, factor=6.0), minute_s=10.0, seed=0)
     sides = {
         on: simulate_elastic(paper, arrivals, ElasticOptions(
             controller="fixed", initial=7, maximum=7,
@@ -126,9 +126,10 @@ def test_a_wave_on_one_model_warms_copies_ahead_of_need(paper: Workload) -> None
 
 
 def test_wave_traffic_shifts_the_mix_at_a_steady_rate(paper: Workload) -> None:
-    calm = wave_arrivals(paper, waves=1, factor=1.0, ramp=1, hold=2, gap=2, seed=3)
-    wave = wave_arrivals(paper, waves=1, factor=8.0, ramp=1, hold=2, gap=2, seed=3)
-    assert wave == wave_arrivals(paper, waves=1, factor=8.0, ramp=1, hold=2, gap=2, seed=3)
+    calm = wave_arrivals(paper, Waves(count=1, factor=1.0, ramp=1, hold=2, gap=2), seed=3)
+    shape = Waves(count=1, factor=8.0, ramp=1, hold=2, gap=2)
+    wave = wave_arrivals(paper, shape, seed=3)
+    assert wave == wave_arrivals(paper, shape, seed=3)
     assert abs(len(wave) - len(calm)) < 0.3 * len(calm)  # the total rate does not change
 
     def top_share(arrivals: list[Arrival]) -> float:
@@ -137,7 +138,7 @@ def test_wave_traffic_shifts_the_mix_at_a_steady_rate(paper: Workload) -> None:
 
     assert top_share(wave) > 0.55 > top_share(calm)  # one workflow takes over
     with pytest.raises(ConfigError, match="factor"):
-        wave_arrivals(paper, factor=0.5)
+        Waves(factor=0.5)
 
 
 def test_options_refuse_bad_bounds() -> None:
