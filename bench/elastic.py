@@ -7,7 +7,10 @@ controllers: ``autoscale`` (:class:`~compass.elastic.rule.ScaleRule`), ``peak`` 
 (fixed at the size the capacity model gives for the curve's highest minute and for its mean,
 at the rule's target utilization), and ``ray-serve-rule`` (Ray Serve's default policy: 2
 ongoing requests per replica, 30 s up and 600 s down delays; ``ray-serve-rule-target-1``
-with 1, as its guide advises for latency). ``burst_attainment``: a separate
+with 1, as its guide advises for latency; ``ray-serve-rule-target-0.5`` with 0.5, where it
+meets the objective: the equal-attainment point), and ``autoscale-staffed`` (the rule with
+square-root staffing, :func:`~compass.elastic.rule.staffed`, its ``beta`` calibrated at the
+spec's own cluster size and utilization). ``burst_attainment``: a separate
 run in real time (60 s minutes): ``burst_before`` steady minutes, one minute at 3x the rate,
 ``burst_after`` steady minutes; the attainment of the jobs that arrive in the burst minute.
 Attainment is the share of jobs within ``max_slowdown`` (p95x3: 3x their best time).
@@ -27,7 +30,7 @@ from compass.elastic.curve import (
     read_counts,
     workload_rate,
 )
-from compass.elastic.rule import RayServeConfig, ScaleConfig, workers_for
+from compass.elastic.rule import RayServeConfig, ScaleConfig, staffing_beta, workers_for
 from compass.elastic.sim import ElasticOptions, lane_s_per_job, simulate_elastic
 from compass.sim.arrivals import workload_arrivals
 from compass.sim.engine import simulate
@@ -47,6 +50,10 @@ CONTROLLERS = {
     "ray-serve-rule": "ray-serve",
     # Ray Serve's rule tuned for latency (its guide's advice): 1 ongoing request per replica
     "ray-serve-rule-target-1": "ray-serve",
+    # and tuned further, to where it meets the objective: the equal-attainment comparison
+    "ray-serve-rule-target-0.5": "ray-serve",
+    # the rule with square-root staffing calibrated at the spec's own cluster
+    "autoscale-staffed": "autoscale",
 }
 
 
@@ -107,8 +114,9 @@ def _one(
     util: float,
 ) -> dict[str, Any]:
     peak, mean, first = sizes
-    rule = ScaleConfig(maximum=peak, target_util=util, band=min(0.15, util / 4))
-    target = 1.0 if key.endswith("target-1") else 2.0
+    staffing = staffing_beta(workload.cluster.workers, util) if key.endswith("staffed") else None
+    rule = ScaleConfig(maximum=peak, target_util=util, band=min(0.15, util / 4), staffing=staffing)
+    target = float(key.rsplit("-", 1)[1]) if "target-" in key else 2.0
     ray = RayServeConfig(maximum=peak, target_ongoing=target)
     curve = daily_curve(seed, minutes=config.minutes)
     controller = CONTROLLERS[key]
@@ -193,6 +201,14 @@ def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
             "attainment_minus_ray_serve_rule_target_1": auto["attainment"]
             - results["ray-serve-rule-target-1"]["attainment"],
         }
+        for mine in ("autoscale", "autoscale-staffed"):
+            ray_half = results["ray-serve-rule-target-0.5"]
+            ratios[f"{mine}_gpu_hours_vs_ray_serve_rule_target_0.5"] = (
+                results[mine]["gpu_hours"] / ray_half["gpu_hours"]
+            )
+            ratios[f"{mine}_attainment_minus_ray_serve_rule_target_0.5"] = (
+                results[mine]["attainment"] - ray_half["attainment"]
+            )
         workloads[workload.name] = {"results": results, "ratios": ratios, "sizes": sizes}
         for key, r in results.items():
             rows.append(

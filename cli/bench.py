@@ -515,12 +515,25 @@ def bench_elastic(
         float, typer.Option(help="Simulated seconds per trace minute (60: real time).")
     ] = 1.0,
     start_s: Annotated[float, typer.Option(help="Seconds a new worker takes to start.")] = 30.0,
+    real: Annotated[
+        bool,
+        typer.Option(
+            "--real",
+            help="Check the simulator on a real local cluster, a compressed curve (minutes).",
+        ),
+    ] = False,
     json_path: JsonPath = None,
 ) -> None:
     """A simulated day of traffic: autoscaling against peak, mean and Ray Serve's rule."""
     from compass._bench import elastic
     from compass.sim.capacity import parse_seeds
 
+    if real:
+        from compass._bench import elastic_real
+
+        check_output(json_path, "--json")
+        elastic_real.run_real(elastic_real.RealConfig(), json_path=json_path)
+        return
     if not 0 < minute_s < float("inf") or not 0 <= start_s < float("inf"):
         fail(f"--minute-s must be > 0 and --start-s >= 0, got {minute_s:g}, {start_s:g}", 2)
     seed_list = parse_seeds(seeds)
@@ -532,6 +545,25 @@ def bench_elastic(
         start_s=start_s,
     )
     elastic.run(config, json_path=json_path)
+
+
+@bench_app.command("replicas")
+def bench_replicas(
+    seeds: Annotated[str, typer.Option(help="Arrival seeds, 0-2 or 0,1,2.")] = "0-2",
+    generated: Annotated[
+        int, typer.Option(min=0, help="Generated workloads beside the paper's: seeds 1..N.")
+    ] = 2,
+    json_path: JsonPath = None,
+) -> None:
+    """Hot models replicated ahead of need, elasticity off: with against without."""
+    from compass._bench import elastic_replicas
+    from compass.sim.capacity import parse_seeds
+
+    check_output(json_path, "--json")
+    config = elastic_replicas.ReplicasConfig(
+        generated=tuple(range(1, generated + 1)), seeds=parse_seeds(seeds)
+    )
+    elastic_replicas.run(config, json_path=json_path)
 
 
 @bench_app.command("defaults")

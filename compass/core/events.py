@@ -265,6 +265,9 @@ class Tick(Named):
     now: float
     #: its id, carried by every instruction it causes (empty: the core names it)
     cause: str = ""
+    #: a hot model the cluster wants another copy of here, ahead of need (empty: none;
+    #: :mod:`compass.elastic.replicate`)
+    hot: str = ""
 
 
 @dataclass(frozen=True, slots=True)

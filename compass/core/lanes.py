@@ -667,9 +667,32 @@ class Lanes:
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)
 
-    def tick(self, now: float, cause: Cause = "") -> list[Step]:
-        """A periodic check (the real worker's heartbeat): warm the cache if idle."""
+    def tick(self, now: float, cause: Cause = "", hot: str = "") -> list[Step]:
+        """A periodic check (the real worker's heartbeat): warm the cache if idle; ``hot``: a
+        model to load ahead of need (:meth:`_replicate`)."""
+        if hot:
+            return self._decide(cause, self._replicate, hot, now)
         return self._decide(cause, self._warm, now)
+
+    def _replicate(self, model: str, now: float) -> None:
+        """Load ``model``, which the cluster wants another copy of, before a task needs it: a
+        speculative load that evicts by the cache's own order only models the queue does not
+        need (never a pinned or queued one), and nothing while another load is under way.
+        Nothing pins the copy: the cache evicts it like any other once unused."""
+        cache = self.cache
+        if (
+            self._loading
+            or model not in cache.models()
+            or cache.is_resident(model)
+            or cache.is_loading(model)
+        ):
+            return
+        try:
+            plan = cache.plan_load(model, self.queue.upcoming_models(), allow_evict_needed=False)
+        except CompassError:  # ModelTooLarge: it can never fit here
+            return
+        if plan is not None:
+            self._begin_load(model, plan, prefetch=True)
 
     def _warm(self, now: float) -> None:
         """Warm an idle cache with the model the cluster holds least for its demand: only into

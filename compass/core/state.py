@@ -161,7 +161,7 @@ class WorkerCore:
                 case Submit():
                     self.ingress.submit(event)
                 case Tick():
-                    self._take(self.lanes.tick(event.now, cause=cause), event.now)
+                    self._take(self.lanes.tick(event.now, cause=cause, hot=event.hot), event.now)
                     for (job, attempt, task), entry in self.inbox.expire(event.now):
                         waited = f"{task}'s inputs waited {self.inbox.keep_s:g} s for the rest"
                         self._report_failure(job, attempt, task, entry.ingress, event.now,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from compass.errors import ConfigError
 
@@ -47,6 +48,8 @@ __all__ = [
     "WorkerLoad",
     "parse_bounds",
     "pick_drain",
+    "staffed",
+    "staffing_beta",
     "workers_for",
 ]
 
@@ -72,6 +75,22 @@ def workers_for(rate: float, lane_s_per_job: float, lanes: int, util: float) -> 
     return max(1, math.ceil(rate * lane_s_per_job / (lanes * util) - 1e-9))
 
 
+def staffed(load: float, beta: float, margin: float = 1.0) -> int:
+    """Square-root staffing: ``load + beta * sqrt(load)`` workers for ``load`` workers' worth of
+    work (times ``margin``; at least 1). Queueing needs a headroom that grows as the square
+    root of the load, not in proportion to it (the Halfin-Whitt regime): a cluster ten times
+    larger needs about three times the spare workers, so one utilization target calibrated
+    on a small cluster over-provisions a large one."""
+    return max(1, math.ceil(margin * (load + beta * math.sqrt(max(load, 0.0))) - 1e-9))
+
+
+def staffing_beta(workers: int, util: float) -> float:
+    """The ``beta`` of :func:`staffed` that gives ``workers`` at utilization ``util`` (the
+    capacity model's calibration point)."""
+    load = workers * util
+    return (workers - load) / math.sqrt(load)
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleConfig:
     """The rule's settings (see the module docstring); times in seconds."""
@@ -85,6 +104,9 @@ class ScaleConfig:
     in_after_s: float = 30.0
     in_step: int = 1
     in_fraction: float = 0.2
+    #: square-root staffing (None: off): the need is ``R + staffing * sqrt(R)`` workers for
+    #: ``R`` lanes' worth of work, not ``R / target_util`` (:func:`staffed`)
+    staffing: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -100,6 +122,18 @@ class ScaleConfig:
             raise ConfigError("wait_fraction and out_step must be > 0")
         if not self.in_after_s >= 0 or self.in_step < 1 or not 0 <= self.in_fraction < 1:
             raise ConfigError("need in_after_s >= 0, in_step >= 1 and 0 <= in_fraction < 1")
+        if self.staffing is not None and not 0 <= self.staffing < math.inf:
+            raise ConfigError(f"staffing must be a finite number >= 0, got {self.staffing!r}")
+
+    def need(self, rate: float, lane_s_per_job: float, lanes: int, *, low: bool = False) -> int:
+        """Workers for ``rate`` jobs/s (``low``: at the scale-in utilization, ``target_util -
+        band``), within the bounds."""
+        util = self.target_util - self.band if low else self.target_util
+        if self.staffing is None:
+            n = workers_for(rate, lane_s_per_job, lanes, util)
+        else:
+            n = staffed(rate * lane_s_per_job / lanes, self.staffing, self.target_util / util)
+        return min(max(n, self.minimum), self.maximum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +165,10 @@ class Decision:
     reason: str
     pressure: bool = False
 
+    def to_json(self) -> dict[str, Any]:
+        """As ``compass status`` and the dashboard show it."""
+        return {"desired": self.desired, "reason": self.reason, "pressure": self.pressure}
+
 
 class ScaleRule:
     """The desired worker count, step by step (see the module docstring). It keeps only the
@@ -161,7 +199,7 @@ class ScaleRule:
     def decide(self, s: Signals) -> Decision:
         c = self.config
         rate = max(s.rate_short, s.rate_long)
-        need = workers_for(rate, s.lane_s_per_job, s.lanes, c.target_util)
+        need = c.need(rate, s.lane_s_per_job, s.lanes)
         pressed = self.pressure(s)
         current = max(1, s.current)
         if pressed:
@@ -171,8 +209,7 @@ class ScaleRule:
             self._surplus_since = None
             self.desired = need
             return Decision(need, "out" if need > current else "steady", pressed)
-        low_need = workers_for(s.rate_long, s.lane_s_per_job, s.lanes, c.target_util - c.band)
-        low_need = min(max(low_need, c.minimum), c.maximum)
+        low_need = c.need(s.rate_long, s.lane_s_per_job, s.lanes, low=True)
         if pressed or low_need >= current or s.rate_short > s.rate_long * 1.5:
             self._surplus_since = None
             self.desired = current

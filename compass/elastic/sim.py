@@ -1,7 +1,9 @@
 """The simulator with a cluster that changes size: :func:`simulate_elastic`.
 
 The same discrete-event simulation as :func:`compass.sim.simulate` (the real planner and
-worker cores), over a pool of ``maximum`` workers of which only some serve. A worker is
+worker cores), over a pool of ``maximum`` workers of which only some serve; it is the
+engine's :class:`~compass.sim.engine.Simulation` with hooks (:mod:`compass.sim.hooks`), and
+acts through its public methods only. A worker is
 ``off``, ``starting``, ``serving`` or ``draining``:
 
 - **Starting** takes ``start_s`` (process start, runtime init, models into host memory), then
@@ -15,8 +17,11 @@ worker cores), over a pool of ``maximum`` workers of which only some serve. A wo
 
 A worker costs GPU time from the moment it is asked to start until it is off. A controller
 decides the size at every ``control_s``: ``autoscale`` (:class:`~compass.elastic.rule.
-ScaleRule`), ``ray-serve`` (:class:`~compass.elastic.rule.RayServeRule`) or ``fixed``
-(the initial size throughout).
+ScaleRule`), ``live`` (what ``compass up --autoscale`` follows: the real worker's
+:class:`~compass.elastic.live.LiveDesired`, from the serving workers' waits and busy lanes,
+deciding nothing while a worker starts, as the local autoscaler waits for its spawns),
+``ray-serve`` (:class:`~compass.elastic.rule.RayServeRule`) or ``fixed`` (the initial size
+throughout).
 """
 
 from __future__ import annotations
@@ -24,14 +29,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from compass.cache.policy import CacheCore
-from compass.cache.pool import SlabPool
-from compass.core.assemble import build_core
+from compass.core.events import Tick
+from compass.core.lanes import Lanes
+from compass.elastic.live import LiveDesired, Seen
+from compass.elastic.replicate import Holding, ReplicaConfig, replicas_wanted
 from compass.elastic.rule import (
     RayServeConfig,
     RayServeRule,
@@ -43,17 +47,15 @@ from compass.elastic.rule import (
 )
 from compass.errors import ConfigError
 from compass.sim.arrivals import Arrival
-from compass.sim.engine import _Simulation, _Worker, ingress_spread
-from compass.sim.result import JobRecord
+from compass.sim.engine import Simulation, ingress_spread
+from compass.sim.result import JobRecord, SimResult
 from compass.sim.settings import SimSettings
 from compass.workflow.spec import Workload
 
 __all__ = ["CONTROLLERS", "ElasticOptions", "ElasticResult", "lane_s_per_job", "simulate_elastic"]
 
 #: the controllers :func:`simulate_elastic` knows
-CONTROLLERS = ("autoscale", "ray-serve", "fixed")
-#: the wait a planner sees on a worker that does not serve: it places nothing there
-_CLOSED_S = 1e6
+CONTROLLERS = ("autoscale", "live", "ray-serve", "fixed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class ElasticOptions:
     quantile: float = 0.95
     rule: ScaleConfig | None = None
     ray: RayServeConfig | None = None
+    #: hot models replicated ahead of need (:mod:`compass.elastic.replicate`); None: off
+    replicate: ReplicaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.controller not in CONTROLLERS:
@@ -102,6 +106,8 @@ class ElasticResult:
     drains: int = 0
     #: drains a hot model's only copy prevented
     holds: int = 0
+    #: copies of hot models warmed ahead of need
+    replicas: int = 0
     horizon_s: float = 0.0
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -152,9 +158,8 @@ def simulate_elastic(
         prefetch_evicts=True,
         policy_options=None,
     )
-    sim = _Elastic(workload, settings, options, spread=ingress_spread("spread", options.maximum))
+    sim = _Elastic(workload, settings, options)
     result = sim.run(arrivals)
-    sim.close_books()
     return ElasticResult(
         controller=options.controller,
         gpu_hours=sim.worker_s / 3600.0,
@@ -163,24 +168,28 @@ def simulate_elastic(
         starts=sim.starts,
         drains=sim.drains,
         holds=sim.holds,
+        replicas=sim.replicas,
         horizon_s=result.horizon_s,
         wall_s=result.wall_s,
+        extra={"loads": result.loads},
     )
 
 
-class _Elastic(_Simulation):
-    def __init__(
-        self, workload: Workload, settings: SimSettings, options: ElasticOptions, *, spread: bool
-    ) -> None:
-        super().__init__(workload, settings, spread=spread)
+class _Elastic:
+    """The engine's hooks (:class:`~compass.sim.hooks.SimHooks`) for a cluster that changes
+    size: it owns the simulation and acts through its public methods."""
+
+    def __init__(self, workload: Workload, settings: SimSettings, options: ElasticOptions) -> None:
+        spread = ingress_spread("spread", options.maximum)
+        self.sim = sim = Simulation(workload, settings, spread=spread, hooks=self)
+        self.workload = workload
         self.options = options
-        n = len(self.workers)
-        self.state.closed = np.full(n, _CLOSED_S)
+        n = len(sim.workers)
         self.phase = ["off"] * n
         self.on_since: list[float | None] = [None] * n
         self.worker_s = 0.0
         self.sizes: list[tuple[float, int, int]] = []
-        self.starts = self.drains = self.holds = 0
+        self.starts = self.drains = self.holds = self.replicas = 0
         self._turn = 0
         self._recent: deque[tuple[float, str]] = deque()  # arrivals: time, workflow
         self._done: deque[tuple[float, bool]] = deque()  # finishes: time, within objective
@@ -188,44 +197,49 @@ class _Elastic(_Simulation):
         self.lane_s = lane_s_per_job(workload)
         weights = workload.weights
         total = sum(weights.get(w, 1.0) for w in workload.workflows)
-        best = sum(weights.get(w, 1.0) * s for w, s in self._best_s.items()) / total
+        best = sum(weights.get(w, 1.0) * sim.best_s(w) for w in workload.workflows) / total
         self.slack_s = (options.max_slowdown - 1.0) * best
         self.rule = ScaleRule(
             options.rule or ScaleConfig(minimum=options.minimum, maximum=options.maximum)
         )
         ray = options.ray or RayServeConfig(minimum=options.minimum, maximum=options.maximum)
         self.ray = RayServeRule(ray, start=options.initial)
+        self.live = LiveDesired(options.rule)
+        for i in range(n):
+            sim.set_open(i, False)
         for i in range(options.initial):
             self._serve(i)
 
+    def run(self, arrivals: Sequence[Arrival]) -> SimResult:
+        self._last_arrival = max((a.t_s for a in arrivals), default=0.0)
+        result = self.sim.run(arrivals)
+        self._close_books()
+        return result
+
+    @property
+    def now(self) -> float:
+        return self.sim.now
+
+    def _lanes(self, i: int) -> Lanes:
+        return self.sim.workers[i].lanes
+
     # -- the engine's hooks --------------------------------------------------------------------
 
-    def run(self, arrivals: Sequence[Arrival], *, warm_start: bool = False) -> Any:
-        self._last_arrival = max((a.t_s for a in arrivals), default=0.0)
-        self._at(0.0, self._control, None)
-        return super().run(arrivals, warm_start=warm_start)
+    def began(self) -> None:
+        self.sim.schedule(0.0, self._control, None)
 
-    def _entry(self, arrival: Arrival) -> int:
+    def entry(self, arrival: Arrival) -> int:
         serving = [i for i, p in enumerate(self.phase) if p == "serving"]
         self._turn += 1
         self._recent.append((self.now, arrival.workflow))
-        worker = self.workers[serving[self._turn % len(serving)]]
+        worker = self.sim.workers[serving[self._turn % len(serving)]]
         return int(worker.name[1:])
 
-    def _tick(self, worker: _Worker) -> None:
-        if self.phase[worker.index] != "off":  # an off worker holds no GPU: nothing to warm
-            super()._tick(worker)
+    def may_tick(self, index: int) -> bool:
+        return self.phase[index] != "off"  # an off worker holds no GPU: nothing to warm
 
-    def _record_job(
-        self,
-        job: Any,
-        finish: float | None,
-        error: str,
-        outcome: str,
-        deadline_s: float | None = None,
-    ) -> None:
-        super()._record_job(job, finish, error, outcome, deadline_s)
-        slowdown = self.job_records[-1].slowdown
+    def recorded(self, record: JobRecord) -> None:
+        slowdown = record.slowdown
         self._done.append(
             (self.now, slowdown is not None and slowdown <= self.options.max_slowdown)
         )
@@ -242,54 +256,35 @@ class _Elastic(_Simulation):
             self.worker_s += self.now - since
         self.on_since[i] = None
         self.phase[i] = "off"
-        assert self.state.closed is not None
-        self.state.closed[i] = _CLOSED_S
+        self.sim.set_open(i, False)
 
     def _serve(self, i: int) -> None:
         self._on(i)
         self.phase[i] = "serving"
-        assert self.state.closed is not None
-        self.state.closed[i] = 0.0
+        self.sim.set_open(i, True)
 
     def _start(self, i: int) -> None:
         """Worker ``i`` (off) starts cold: a fresh core and an empty cache."""
         self._on(i)
         self.phase[i] = "starting"
         self.starts += 1
-        worker = self.workers[i]
-        capacity = self.state.capacity[i]  # every simulated cache has the same slabs
-        cache = CacheCore(SlabPool(int(capacity), self.slab_bytes), self.workload.models)
-        assert worker.view is not None  # the same view: what it sees of the others
-        worker.rules = build_core(
-            worker.name,
-            workflows=self.workload.workflows,
-            policy=worker.policy,
-            profiles=self.profiles,
-            view=worker.view,
-            cache=cache,
-            # a new process: a new instance in its job ids (the peers remember the old ones)
-            options=replace(self.core_options, instance=f"r{self.starts}"),
-        )
-        worker.version = -1
-        worker.job_ids = None  # its ingress names jobs after the new instance
-        state = self.state
-        state.held[:, i] = False
-        state.free[i] = cache.free_bytes()
-        self._at(self.now + self.options.start_s, self._started, i)
+        # a new process: a new instance in its job ids (the peers remember the old ones)
+        self.sim.restart(i, f"r{self.starts}")
+        self.sim.schedule(self.now + self.options.start_s, self._started, i)
 
     def _started(self, i: int) -> None:
         if self.phase[i] != "starting":
             return
-        worker = self.workers[i]
-        super()._tick(worker)  # warms the cache from host memory: the cluster's hot models
+        self.sim.apply(i, Tick(self.now))  # warms the cache from host memory: the hot models
         hot = self._hot_models()
-        cache = worker.lanes.cache
+        cache = self._lanes(i).cache
         nbytes = 0
         for model in sorted(hot, key=cache.size_bytes):
             size = cache.size_bytes(model)
             if nbytes + size <= cache.capacity_bytes():
                 nbytes += size
-        self._at(self.now + self.profiles.fetch_s(worker.name, nbytes), self._ready, i)
+        name = self.sim.workers[i].name
+        self.sim.schedule(self.now + self.sim.profiles.fetch_s(name, nbytes), self._ready, i)
 
     def _ready(self, i: int) -> None:
         if self.phase[i] == "starting":
@@ -298,7 +293,7 @@ class _Elastic(_Simulation):
     def _idle(self, i: int) -> bool:
         """Nothing to lose: no task queued or running, no partial inputs, no job it is the
         ingress of."""
-        rules = self.workers[i].rules
+        rules = self.sim.workers[i].rules
         assert rules is not None
         lanes = rules.lanes
         return not (
@@ -310,7 +305,7 @@ class _Elastic(_Simulation):
             or rules.ingress.jobs
         )
 
-    def close_books(self) -> None:
+    def _close_books(self) -> None:
         for i, since in enumerate(self.on_since):
             if since is not None:
                 self.worker_s += self.now - since
@@ -353,16 +348,22 @@ class _Elastic(_Simulation):
                 rate_short=self._rate(o.short_s),
                 rate_long=self._rate(o.long_s),
                 lane_s_per_job=self.lane_s,
-                waits={0: [self.workers[i].lanes.wait_s(now) for i in serving]},
+                waits={0: [self._lanes(i).wait_s(now) for i in serving]},
                 slack_s=self.slack_s,
                 attainment=sum(attained) / len(attained) if len(attained) >= 20 else None,
                 quantile=o.quantile,
             )
             desired = self.rule.decide(signals).desired
+        elif o.controller == "live":
+            seen = [
+                Seen(self._lanes(i).wait_s(now), self._lanes(i).lanes,
+                     self._lanes(i).busy)
+                for i in serving
+            ]  # fmt: skip
+            wanted = self.live.update(now, seen).desired if not starting else current
+            desired = min(max(wanted, o.minimum), o.maximum)
         elif o.controller == "ray-serve":
-            ongoing = sum(
-                len(self.workers[i].lanes.queue) + self.workers[i].lanes.busy for i in serving
-            )
+            ongoing = sum(len(self._lanes(i).queue) + self._lanes(i).busy for i in serving)
             self.ray.observe(now, ongoing)
             desired = self.ray.decide(now).desired
         else:
@@ -371,6 +372,8 @@ class _Elastic(_Simulation):
             self._grow(desired - current)
         elif desired < current:
             self._shrink(current - desired, serving, starting, o.controller == "autoscale")
+        if o.replicate is not None:
+            self._replicate(o.replicate)
         self.sizes.append(
             (
                 now,
@@ -379,9 +382,24 @@ class _Elastic(_Simulation):
             )
         )
         # stuck jobs (none expected) end the run an hour after the last arrival
-        active = self._jobs or any(p == "draining" for p in self.phase)
+        active = self.sim.has_jobs or any(p == "draining" for p in self.phase)
         if now < self._last_arrival or (active and now < self._last_arrival + 3600.0):
-            self._at(now + o.control_s, self._control, None)
+            self.sim.schedule(now + o.control_s, self._control, None)
+
+    def _replicate(self, config: ReplicaConfig) -> None:
+        """Warm hot models on serving workers with headroom (:func:`replicas_wanted`)."""
+        now = self.now
+        holdings = []
+        for i, p in enumerate(self.phase):
+            if p == "serving":
+                lanes = self._lanes(i)
+                resident, loading = lanes.cache.residency()
+                holdings.append(Holding(self.sim.workers[i].name, lanes.wait_s(now),
+                                        resident | loading, bool(loading)))  # fmt: skip
+        for name, model in replicas_wanted(holdings, self._hot_models(), self.slack_s, config):
+            i = self.sim.positions[name]
+            self.sim.apply(i, Tick(now, hot=model))
+            self.replicas += self._lanes(i).cache.is_loading(model)
 
     def _grow(self, count: int) -> None:
         # a draining worker is still warm: it serves again at once
@@ -404,17 +422,16 @@ class _Elastic(_Simulation):
         now = self.now
         loads = [
             WorkerLoad(
-                self.workers[i].name,
-                self.workers[i].lanes.wait_s(now),
-                self.workers[i].lanes.cache.residency()[0],
+                self.sim.workers[i].name,
+                self._lanes(i).wait_s(now),
+                self._lanes(i).cache.residency()[0],
             )
             for i in serving
         ]
         chosen, kept = pick_drain(loads, count, self._hot_models() if keep_hot else ())
         self.holds += len(kept) > 0
         for name in chosen:
-            i = self.positions[name]
+            i = self.sim.positions[name]
             self.phase[i] = "draining"
-            assert self.state.closed is not None
-            self.state.closed[i] = _CLOSED_S
+            self.sim.set_open(i, False)
             self.drains += 1

@@ -149,6 +149,8 @@ def local_view(worker: Shown, window_s: float = DEFAULT_WINDOW_S) -> dict[str, A
             "models": models,
         },
         "slo": metrics.slo_summary(),
+        # the cluster's desired worker count as this worker computes it (compass.elastic)
+        "desired_workers": metrics.desired_workers().to_json(),
         "peers": [] if membership is None else sorted(membership.peers),
         "spans": rows(spans),
         "spans_recorded": timeline.recorded,
@@ -190,6 +192,8 @@ async def cluster_view(
         ]
     return {
         "via": worker.name,
+        # the gathering worker's answer: every worker computes the same within a gossip round
+        "desired_workers": next(p["desired_workers"] for p in parts if p["name"] == worker.name),
         "now": time.time(),
         "window_s": window_s,
         "span_fields": list(SPAN_FIELDS),

@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
+import numpy as np
+
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
 from compass.config import SchedConfig
@@ -87,6 +89,7 @@ from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
 from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S, Heard, rumor_delays
+from compass.sim.hooks import SimHooks
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
@@ -97,12 +100,21 @@ from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-__all__ = ["DEFAULT_CANDIDATES", "DEFAULT_HOLDERS", "VIEW_MODES", "auto_view", "simulate"]
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "DEFAULT_HOLDERS",
+    "VIEW_MODES",
+    "Simulation",
+    "auto_view",
+    "simulate",
+]
 
 MiB = 1 << 20
 
 #: bytes of a plan request or reply on the wire (``central``): a few hundred bytes of msgpack
 _RPC_BYTES = 256
+#: the wait a planner sees on a closed worker (:meth:`Simulation.set_open`): it places nothing
+_CLOSED_S = 1e6
 
 Handler = Callable[[Any], None]
 
@@ -133,7 +145,7 @@ def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arriv
     """
     spread = ingress_spread(settings.ingress, settings.workers)
     rule = view_rule(settings.view, settings.candidates, settings.holders)
-    simulation = _Simulation(workload, settings, spread=spread, rule=rule)
+    simulation = Simulation(workload, settings, spread=spread, rule=rule)
     return simulation.run(arrivals, warm_start=settings.warm_start)
 
 
@@ -202,7 +214,10 @@ class _Worker:
         return _rules(self).lanes
 
 
-class _Simulation:
+class Simulation:
+    """One simulated cluster (see the module docstring); ``hooks``: what a simulation built
+    on this one adds (:class:`~compass.sim.hooks.SimHooks`), through the public methods."""
+
     def __init__(
         self,
         workload: Workload,
@@ -210,7 +225,9 @@ class _Simulation:
         *,
         spread: bool = False,
         rule: CandidateRule | None = None,
+        hooks: SimHooks | None = None,
     ) -> None:
+        self.hooks = hooks
         #: deal jobs over every worker (else client i enters at worker i)
         self.spread = spread
         self._arrived = 0  # jobs dealt so far (``spread``)
@@ -281,7 +298,7 @@ class _Simulation:
         # as a worker makes its core's, but keeping no stimulus log: millions of events, and
         # nobody to read a story
         options = replace(core_options(config), keep_stimuli=0)
-        self.core_options = options  # a restarted worker's core (compass.elastic) reuses them
+        self.core_options = options  # a restarted worker's core (:meth:`restart`) reuses them
         self.slab_bytes = slab_bytes
         #: the messages a bounded view's real workers would send (none counted for the mesh)
         self.traffic = None if rule is None else _traffic(self.state, caches, seed)
@@ -333,6 +350,8 @@ class _Simulation:
         self._later.append((handler, arg))
 
     def run(self, arrivals: Sequence[Arrival], *, warm_start: bool = False) -> SimResult:
+        if self.hooks is not None:
+            self.hooks.began()
         with collector_eased():
             return self._simulate(arrivals, warm_start=warm_start)
 
@@ -438,7 +457,9 @@ class _Simulation:
         self._apply(worker, submit)
 
     def _entry(self, arrival: Arrival) -> int:
-        """The number of the worker ``arrival`` enters at (``compass.elastic``: a serving one)."""
+        """The number of the worker ``arrival`` enters at (or the hooks')."""
+        if self.hooks is not None:
+            return self.hooks.entry(arrival)
         n = len(self.names)
         if self.spread:
             self._arrived += 1
@@ -544,6 +565,8 @@ class _Simulation:
                 ttfo_s=None if latency is None else _first_output_s(job, latency),
             )
         )
+        if self.hooks is not None:
+            self.hooks.recorded(self.job_records[-1])
 
     # -- messages between workers -------------------------------------------------------------
 
@@ -705,7 +728,56 @@ class _Simulation:
         self._apply(worker, ModelLoaded(self.now, model, seconds))
 
     def _tick(self, worker: _Worker) -> None:
-        self._apply(worker, Tick(self.now))
+        if self.hooks is None or self.hooks.may_tick(worker.index):
+            self._apply(worker, Tick(self.now))
+
+    # -- what a simulation built on this one does (:class:`~compass.sim.hooks.SimHooks`) ------
+
+    def schedule(self, t: float, handler: Handler, arg: Any) -> None:
+        """Call ``handler(arg)`` at virtual time ``t``."""
+        self._at(t, handler, arg)
+
+    def apply(self, index: int, event: Event) -> None:
+        """Feed ``event`` to worker ``index``'s core, now, and carry out what it decides."""
+        self._apply(self.workers[index], event)
+
+    @property
+    def has_jobs(self) -> bool:
+        """Whether some job is still in flight."""
+        return bool(self._jobs)
+
+    def best_s(self, workflow: str) -> float:
+        """A job of ``workflow``'s best time (its slowdown's unit)."""
+        return self._best_s[workflow]
+
+    def set_open(self, index: int, serving: bool) -> None:
+        """Whether planners may place new work on worker ``index``: a closed one shows them an
+        endless queue, so they place nothing new there (it finishes what it holds)."""
+        state = self.state
+        if state.closed is None:
+            state.closed = np.zeros(len(self.workers))
+        state.closed[index] = 0.0 if serving else _CLOSED_S
+
+    def restart(self, index: int, instance: str) -> None:
+        """Worker ``index`` starts again as a new process (``instance`` in its job ids): a
+        fresh core over an empty cache of the same size; its peers' view of it is emptied."""
+        worker = self.workers[index]
+        capacity = self.state.capacity[index]  # every simulated cache has the same slabs
+        cache = CacheCore(SlabPool(int(capacity), self.slab_bytes), self.workload.models)
+        assert worker.view is not None  # the same view: what it sees of the others
+        worker.rules = build_core(
+            worker.name,
+            workflows=self.workload.workflows,
+            policy=worker.policy,
+            profiles=self.profiles,
+            view=worker.view,
+            cache=cache,
+            options=replace(self.core_options, instance=instance),
+        )
+        worker.version = -1
+        worker.job_ids = None  # its ingress names jobs after the new instance
+        self.state.held[:, index] = False
+        self.state.free[index] = cache.free_bytes()
 
 
 @dataclass(slots=True, eq=False)

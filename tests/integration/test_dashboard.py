@@ -85,6 +85,11 @@ async def test_the_json_gathers_every_worker_and_says_which_did_not_answer(
         assert sorted(parts) == ["w0", "w1", "w2"]
         assert all("error" not in part and part["state"] == "ready" for part in parts.values())
         assert parts["w0"]["peers"] == ["w1", "w2"]
+        # the elastic rule's desired size, as `compass status` says: three idle workers are
+        # not cut before a sustained surplus (nor pressed: no queue waits)
+        assert view["desired_workers"] == parts["w0"]["desired_workers"]
+        assert view["desired_workers"] == {"desired": 3, "reason": "hold", "pressure": False}
+        assert (await client.status()).desired_workers == view["desired_workers"]
         spans = [s for p in parts.values() for s in rows_of(view["span_fields"], p["spans"])]
         assert len(spans) == 9 == sum(p["spans_recorded"] for p in parts.values())
         assert {s["task"] for s in spans} == {"t"} and {s["model"] for s in spans} == {"small"}
@@ -156,6 +161,7 @@ READ_PAGE = """JSON.stringify({
     stats: h.querySelector('.stats').innerText,
   })),
   summary: document.getElementById('summary').innerText,
+  desired: document.getElementById('desired').innerText,
   status: document.getElementById('status').innerText,
 })"""
 
@@ -298,6 +304,10 @@ async def test_the_page_in_a_browser_shows_what_status_shows(
     assert [(h["workflow"], h["slo"]) for h in seen["histograms"]] == [("quick", True)]
     assert seen["histograms"][0]["stats"].startswith("24 jobs")
     assert "3 of 3 workers answering, via w0" in seen["summary"]
+    # a 60 s task queued behind another presses the objective: the rule asks for a fourth
+    # worker, and the page says what `compass status` says
+    assert statuses[0].desired_workers == {"desired": 4, "reason": "out", "pressure": True}
+    assert seen["desired"] == "4 workers wanted (out, objective pressed)"
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     # sixteen workers' worth of the same data is on the page within a second of opening it,
     # in name order, with the peer that did not answer and the lost one

@@ -34,6 +34,7 @@ SANS_IO = [
     "compass.front.declare",
     "compass.elastic.rule",
     "compass.elastic.live",
+    "compass.elastic.replicate",
 ]
 
 

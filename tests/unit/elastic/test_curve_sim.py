@@ -14,9 +14,12 @@ from compass.elastic.curve import (
     read_counts,
     workload_rate,
 )
+from compass.elastic.replicate import ReplicaConfig
 from compass.elastic.rule import ScaleConfig
 from compass.elastic.sim import ElasticOptions, simulate_elastic
+from compass.elastic.waves import Waves, wave_arrivals
 from compass.errors import ConfigError
+from compass.sim.arrivals import Arrival
 from compass.workflow.spec import Workload, load_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -89,6 +92,53 @@ def test_a_burst_scales_out_and_the_surplus_drains_without_losing_a_job(
                                                              maximum=8))  # fmt: skip
     assert auto.gpu_hours < fixed.gpu_hours
     assert len(fixed.jobs) == len(arrivals)
+
+
+def test_the_live_rule_in_the_simulator_scales_out_during_a_burst(paper: Workload) -> None:
+    """The controller ``compass up --autoscale`` follows (the real worker's LiveDesired, from
+    waits and busy lanes), as ``bench elastic --real`` simulates it: out during the burst,
+    never past MAX, every job answered."""
+    curve = np.array([0.5, 0.5, 3.0, 3.0, 0.5])
+    arrivals = curve_arrivals(paper, curve, minute_s=20.0, seed=1)
+    live = simulate_elastic(paper, arrivals, ElasticOptions(controller="live", maximum=6,
+                                                            start_s=2.0))  # fmt: skip
+    sizes = [serving + other for _, serving, other in live.sizes]
+    assert live.starts > 0 and 1 < max(sizes) <= 6
+    assert all(j.finish is not None and not j.error for j in live.jobs)
+
+
+def test_a_wave_on_one_model_warms_copies_ahead_of_need(paper: Workload) -> None:
+    """Waves of one workflow's popularity on a fixed cluster: the replication rule warms
+    copies of the pressed models on workers with headroom (none without it), and no job is
+    lost to the loads it adds."""
+    arrivals = wave_arrivals(paper, Waves(count=2, factor=6.0), minute_s=10.0, seed=0)
+    sides = {
+        on: simulate_elastic(paper, arrivals, ElasticOptions(
+            controller="fixed", initial=7, maximum=7,
+            replicate=ReplicaConfig() if on else None))
+        for on in (False, True)
+    }  # fmt: skip
+    assert sides[False].replicas == 0 and sides[True].replicas > 0
+    assert sides[True].extra["loads"] > sides[False].extra["loads"]
+    for result in sides.values():
+        assert len(result.jobs) == len(arrivals)
+        assert all(j.finish is not None and not j.error for j in result.jobs)
+
+
+def test_wave_traffic_shifts_the_mix_at_a_steady_rate(paper: Workload) -> None:
+    calm = wave_arrivals(paper, Waves(count=1, factor=1.0, ramp=1, hold=2, gap=2), seed=3)
+    shape = Waves(count=1, factor=8.0, ramp=1, hold=2, gap=2)
+    wave = wave_arrivals(paper, shape, seed=3)
+    assert wave == wave_arrivals(paper, shape, seed=3)
+    assert abs(len(wave) - len(calm)) < 0.3 * len(calm)  # the total rate does not change
+
+    def top_share(arrivals: list[Arrival]) -> float:
+        held = [a.workflow for a in arrivals if 20.0 <= a.t_s < 40.0]  # the wave's hold
+        return max(held.count(w) for w in set(held)) / len(held)
+
+    assert top_share(wave) > 0.55 > top_share(calm)  # one workflow takes over
+    with pytest.raises(ConfigError, match="factor"):
+        Waves(factor=0.5)
 
 
 def test_options_refuse_bad_bounds() -> None:

@@ -17,6 +17,8 @@ from compass.elastic.rule import (
     WorkerLoad,
     parse_bounds,
     pick_drain,
+    staffed,
+    staffing_beta,
     workers_for,
 )
 from compass.errors import ConfigError
@@ -33,6 +35,24 @@ def test_workers_for_is_the_capacity_model() -> None:
     assert workers_for(3.0, 1.0, 1, 0.5) == 6
     assert workers_for(0.0, 1.0, 1, 0.5) == 1
     assert workers_for(6.0, 0.5, 2, 0.5) == 3
+
+
+def test_square_root_staffing_spares_fewer_workers_as_the_cluster_grows() -> None:
+    beta = staffing_beta(5, 0.3)  # 5 workers at 30% busy: the calibration point
+    assert staffed(5 * 0.3, beta) == 5
+    # ten times the work: ten times the workers at a fixed utilization, far fewer staffed
+    assert workers_for(15.0, 1.0, 1, 0.3) == 50
+    assert staffed(15.0, beta) == 27  # 15 + 2.86 * sqrt(15) = 26.07
+    # the rule with staffing: out on the staffed need, in only below it at the lower band
+    rule = ScaleRule(ScaleConfig(maximum=64, target_util=0.3, band=0.075, staffing=beta))
+    assert rule.decide(signals(0.0, 5, 15.0)).desired == 27
+    assert (
+        ScaleConfig(target_util=0.3, band=0.075, staffing=beta).need(15.0, 1.0, 1, low=True) == 35
+    )
+    # off by default: the utilization target alone
+    assert ScaleRule(ScaleConfig(target_util=0.3)).decide(signals(0.0, 5, 15.0)).desired == 50
+    with pytest.raises(ConfigError, match="staffing must be"):
+        ScaleConfig(staffing=-1.0)
 
 
 def test_bounds_parse_and_refuse_in_one_line() -> None:

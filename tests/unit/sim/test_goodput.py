@@ -170,14 +170,14 @@ def test_the_simulator_delivers_a_task_s_objective_across_workers(
         "arrivals": {"mean_interval_ms_per_client": 100, "jobs": 1},
     }
     delivered: list[TaskMsg] = []
-    deliver = engine._Simulation._deliver
+    deliver = engine.Simulation._deliver
 
     def record(self: Any, arg: Any) -> None:
         if isinstance(arg[2], TaskMsg):
             delivered.append(arg[2])
         deliver(self, arg)
 
-    monkeypatch.setattr(engine._Simulation, "_deliver", record)
+    monkeypatch.setattr(engine.Simulation, "_deliver", record)
     arrival = Arrival(0.0, "chain", 0, Objective(deadline_s=5.0, priority=2))
     engine.simulate(
         parse_workload(spec, source="chain"),
