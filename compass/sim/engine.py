@@ -61,7 +61,6 @@ from compass.core.events import (
     Submit,
     SuspendTask,
     TaskDone,
-    TaskStep,
     Tick,
     Watch,
 )
@@ -77,7 +76,6 @@ from compass.core.messages import (
     TaskMsg,
 )
 from compass.core.options import core_options
-from compass.core.queue import QueuedTask
 from compass.core.state import WorkerCore
 from compass.errors import ConfigError, UnknownWorkflow
 from compass.gossip.spread import gossip_gap_s, sync_period_s
@@ -93,6 +91,7 @@ from compass.sim.hooks import SimHooks
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
+from compass.sim.stepping import RunEnd, Stepping
 from compass.sim.traffic import ViewTraffic
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
@@ -317,10 +316,8 @@ class Simulation:
         self._seq = itertools.count()
         self._later: deque[tuple[Handler, Any]] = deque()
         self._jobs: dict[str, _Job] = {}
-        #: step-wise tasks running: where, their run, when they began, their step time; and
-        #: when each ends (sooner if stopped at a step boundary)
-        self._stepping: dict[QueuedTask, tuple[_Worker, RunTask, float, float]] = {}
-        self._ends: dict[QueuedTask, _End] = {}
+        #: step-wise runs: their steps and ends (sooner if stopped, later if suspended)
+        self.stepping = Stepping(self, self._apply, self._task_end)
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -489,9 +486,9 @@ class Simulation:
                 case Watch():
                     pass  # watches are modelled by what each planner has heard (heard.py)
                 case StopTask():
-                    self._stop(step.entries)
+                    self.stepping.stop(step.entries)
                 case SuspendTask():
-                    self._suspend(worker, step.entry)
+                    self.stepping.suspend(worker, step.entry)
                 case Chunk():
                     pass  # a first output is timed at the step that makes it (_steps_begun)
                 case Fault():
@@ -628,12 +625,7 @@ class Simulation:
         self, worker: _Worker, run: RunTask, exec_s: float, profile: TaskProfile
     ) -> None:
         entry = run.entry
-        steps = profile.steps - entry.done_steps
-        step_s = exec_s / steps
-        self._stepping[entry] = (worker, run, self.now, step_s)
-        self._end_at(worker, run, self.now + exec_s, exec_s)
-        if worker.lanes.preempt and steps > 1:  # the core hears each step's end
-            self._at(self.now + step_s, self._boundary, (worker, run, 1))
+        step_s = self.stepping.begun(worker, run, exec_s, profile.steps - entry.done_steps)
         job = self._jobs.get(entry.job_id)
         if entry.done_steps == 0 and job is not None and entry.task in job.workflow.sinks:
             hop = self.profiles.transfer_s(worker.name, entry.ingress,
@@ -642,60 +634,10 @@ class Simulation:
             if job.first_output is None or first < job.first_output:
                 job.first_output = first
 
-    def _boundary(self, arg: tuple[_Worker, RunTask, int]) -> None:
-        """Step ``done`` of ``run`` (its run's count) ended: the worker's core hears it (a
-        step-wise task of a core that preempts), and the next one is timed."""
-        worker, run, done = arg
-        entry = run.entry
-        began = self._stepping.get(entry)
-        if began is None or began[1] is not run:
-            return  # stopped or suspended since
-        steps = self.workload.workflows[entry.workflow].tasks[entry.task].profile.steps
-        self._apply(worker, TaskStep(self.now, entry, entry.done_steps + done - 1, None))
-        if self._stepping.get(entry) is began and done + 1 < steps - entry.done_steps:
-            self._at(self.now + began[3], self._boundary, (worker, run, done + 1))
-
-    def _suspend(self, worker: _Worker, entry: QueuedTask) -> None:
-        """``entry`` gave its lane up at this step boundary: its scheduled end is stale (it
-        ends after it resumes), its lane time so far counts, as a task record of its own."""
-        began = self._stepping.pop(entry, None)
-        self._ends.pop(entry).live = False
-        ran = self.now - entry.started_at
-        worker.busy_s += ran
-        fetch_s = 0.0 if began is None else began[1].fetch_s
-        self.task_records.append(
-            TaskRecord(entry.job_id, entry.task, worker.name, entry.started_at - entry.enqueued_at,
-                       fetch_s, entry.transfer_s, ran, None if entry.model is None else True)
-        )  # fmt: skip
-
-    def _stop(self, entries: tuple[QueuedTask, ...]) -> None:
-        """The job of ``entries`` ended: a step-wise one ends with its step under way (the
-        end it had scheduled is then stale: :meth:`_task_end`); a plain one runs on."""
-        for entry in entries:
-            began = self._stepping.pop(entry, None)
-            if began is None:  # a plain task runs on; a suspended one never resumes
-                continue
-            worker, run, start, step_s = began
-            steps = max(1, math.ceil((self.now - start) / step_s - 1e-9))
-            end = start + steps * step_s
-            if end < self._ends[entry].at:
-                self._end_at(worker, run, end, end - start)
-
-    def _end_at(self, worker: _Worker, run: RunTask, at: float, exec_s: float) -> None:
-        """Step-wise ``run`` ends at ``at``: the end scheduled before, if any, is stale."""
-        entry = run.entry
-        if (before := self._ends.get(entry)) is not None:
-            before.live = False
-        end = self._ends[entry] = _End(at)
-        self._at(at, self._task_end, (worker, run, exec_s, end))
-
-    def _task_end(self, arg: tuple[_Worker, RunTask, float, _End | None]) -> None:
+    def _task_end(self, arg: tuple[_Worker, RunTask, float, RunEnd | None]) -> None:
         worker, run, exec_s, end = arg
-        if end is not None:  # step-wise: the end that counts is the last one set
-            if not end.live:
-                return
-            del self._ends[run.entry]
-            self._stepping.pop(run.entry, None)
+        if not self.stepping.counts(run, end):
+            return  # step-wise: the end that counts is the last one set
         if not run.host:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
@@ -778,15 +720,6 @@ class Simulation:
         worker.job_ids = None  # its ingress names jobs after the new instance
         self.state.held[:, index] = False
         self.state.free[index] = cache.free_bytes()
-
-
-@dataclass(slots=True, eq=False)
-class _End:
-    """When a step-wise task's run is to end; no longer ``live`` once stopped sooner,
-    suspended, or ended (its scheduled event is then stale)."""
-
-    at: float
-    live: bool = True
 
 
 def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
