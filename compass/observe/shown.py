@@ -56,6 +56,10 @@ class Identity(Protocol):
     @property
     def config(self) -> WorkerConfig: ...
 
+    @property
+    def http_address(self) -> str:
+        """Where its HTTP front door serves ("" while it serves none)."""
+
 
 class Holdings(Protocol):
     """What a worker holds now: its queues and lanes, its cache and its jobs; and its clock,
