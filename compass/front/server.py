@@ -34,7 +34,7 @@ from aiohttp.web_protocol import RequestHandler
 
 import compass
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
-from compass.front import openai, tensors
+from compass.front import jsonio, openai, tensors
 from compass.front.declare import OpenAIModel
 from compass.front.errors import RETRY_AFTER_S, HttpError, openai_body, status_of, v2_body
 from compass.front.metrics import CLIENT_GONE, NO_ROUTE, HttpMetrics
@@ -62,8 +62,6 @@ LINGER_S = 1.0
 #: and resumes a 3 MB tensor's body dozens of times)
 READ_BUFFER = 1024 * 1024
 _JSON = "application/json"
-#: one encoder for every answer (``json.dumps`` with separators makes one per call)
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _HEALTH = ("/v2/health/live", "/v2/health/ready")
 #: statuses after which the connection is closed: what is left of the body is not read
 _CLOSE = (408, 413)
@@ -103,7 +101,7 @@ def front_options(config: WorkerConfig) -> FrontOptions:
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=_ENCODE(body).encode(), status=status, content_type=_JSON,
+    return web.Response(body=jsonio.dumps(body), status=status, content_type=_JSON,
                         headers=headers)  # fmt: skip
 
 
@@ -198,6 +196,7 @@ class FrontDoor:
         self.options = options
         self.address = ""
         self.metrics = HttpMetrics()
+        self._token = (options.token or "").encode()  # compared with what a request gives
         self._server: web.Server | None = None
         self._listener: asyncio.Server | None = None
         self._streams = itertools.count(1)  # the ids of streamed answers
@@ -316,12 +315,10 @@ class FrontDoor:
         return response
 
     def _authenticate(self, request: web.BaseRequest) -> None:
-        token = self.options.token
-        assert token is not None
         given = request.headers.get("Authorization", "")
         scheme, _, value = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode(), token.encode()
+            value.strip().encode(), self._token
         ):
             raise HttpError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
 
@@ -452,13 +449,13 @@ class FrontDoor:
             while True:
                 finish = out.value if out.final else None
                 chunk = openai.chunk_body(declared, name, None if out.final else out.value, finish)
-                await response.write(b"data: %s\n\n" % _ENCODE(chunk).encode())
+                await response.write(b"data: %s\n\n" % jsonio.dumps(chunk))
                 if out.final:
                     break
                 out = await outputs.__anext__()
         except CompassError as exc:
             error = {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
-            await response.write(b"data: %s\n\n" % _ENCODE(error).encode())
+            await response.write(b"data: %s\n\n" % jsonio.dumps(error))
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]  # the job, if it runs on
         await response.write(b"data: [DONE]\n\n")
@@ -471,7 +468,7 @@ class FrontDoor:
     async def _openai(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         raw = await self._body(request)
         try:
-            body = json.loads(raw)
+            body = jsonio.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             where = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
             raise HttpError(400, f"malformed JSON{where}: the body must be a JSON object") from None

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.front import jsonio
 from compass.front.errors import HttpError
 
 __all__ = ["InferRequest", "encode_answer", "objective_fields", "parse_infer"]
@@ -54,7 +55,7 @@ _INT_RANGE = {
 MAX_ELEMENTS = 1 << 31
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one's __init__ costs a setattr call per field
 class InferRequest:
     """A parsed infer request: the job's inputs and what the answer should look like."""
 
@@ -82,7 +83,7 @@ def _header(body: bytes | bytearray, header_length: int | None) -> tuple[Any, me
             )
         header, rest = body[:header_length], memoryview(body)[header_length:]
     try:
-        doc = json.loads(header)
+        doc = jsonio.loads(header)
     except UnicodeDecodeError:
         raise _bad("malformed JSON: the request header is not UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -381,10 +382,7 @@ def encode_answer(
         else:
             tensor["data"] = array.reshape(-1).tolist()
         tensors.append(tensor)
-    header = json.dumps(
-        {"model_name": model, "id": request.id or job_id, "outputs": tensors},
-        separators=(",", ":"),
-    ).encode()
+    header = jsonio.dumps({"model_name": model, "id": request.id or job_id, "outputs": tensors})
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
