@@ -19,10 +19,10 @@ _DECODE = json.JSONDecoder().decode
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def loads(raw: bytes | bytearray) -> Any:
+def loads(raw: bytes | bytearray | memoryview) -> Any:
     """The JSON document ``raw`` holds; ``UnicodeDecodeError`` where it is not UTF-8,
     ``json.JSONDecodeError`` where it is not JSON."""
-    return _DECODE(raw.decode())
+    return _DECODE(str(raw, "utf-8"))  # decoded from the buffer itself, whatever holds it
 
 
 def dumps(value: Any) -> bytes:

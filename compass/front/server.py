@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
@@ -170,13 +171,16 @@ class _Server(web.Server):
         return _Connection(self, loop=self._loop, **self._kwargs)
 
 
-async def _read_exactly(request: web.BaseRequest, length: int) -> bytearray:
-    """The body's ``length`` bytes, copied once from the chunks as they arrive (a tensor's
-    array is then a view of it). ``readchunk``, not ``readany``: ``readany`` joins the chunks
-    buffered so far into a new bytes first, a second copy (measured: a 3 MB body took 2.3x as
-    long to read)."""
-    body = bytearray(length)
-    view = memoryview(body)
+async def _read_exactly(request: web.BaseRequest, length: int) -> memoryview:
+    """The body's ``length`` bytes, copied once from the chunks as they arrive into one
+    buffer (a tensor's array is then a view of it, writable as a native job's is).
+
+    ``readchunk``, not ``readany``: ``readany`` joins the chunks buffered so far into a new
+    bytes first, a second copy (measured: a 3 MB body took 2.3x as long to read). The buffer
+    is ``numpy.empty``'s, not ``bytearray(length)``, which zeroes every byte before the copy
+    writes it (5 to 15% of reading a 3 MB body here); every byte is written or the request
+    is refused."""
+    view = np.empty(length, dtype=np.uint8).data
     filled = 0
     while filled < length:
         chunk, _ = await request.content.readchunk()
@@ -185,7 +189,7 @@ async def _read_exactly(request: web.BaseRequest, length: int) -> bytearray:
         end = min(filled + len(chunk), length)
         view[filled:end] = chunk[: end - filled]
         filled = end
-    return body
+    return view
 
 
 class FrontDoor:
@@ -337,7 +341,7 @@ class FrontDoor:
             return self._model.get(tail), name
         return None, path
 
-    async def _body(self, request: web.BaseRequest) -> bytes | bytearray:
+    async def _body(self, request: web.BaseRequest) -> bytes | memoryview:
         limit = self.options.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:

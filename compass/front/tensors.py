@@ -72,7 +72,9 @@ def _bad(message: str) -> HttpError:
     return HttpError(400, message)
 
 
-def _header(body: bytes | bytearray, header_length: int | None) -> tuple[Any, memoryview]:
+def _header(
+    body: bytes | bytearray | memoryview, header_length: int | None
+) -> tuple[Any, memoryview]:
     if header_length is None:
         header, rest = body, memoryview(b"")
     else:
@@ -243,7 +245,7 @@ def _requested(doc: dict[str, Any]) -> tuple[tuple[str, ...] | None, frozenset[s
     return tuple(o["name"] for o in outputs), binary
 
 
-def parse_infer(body: bytes | bytearray, header_length: int | None) -> InferRequest:
+def parse_infer(body: bytes | bytearray | memoryview, header_length: int | None) -> InferRequest:
     """An infer request's body (``header_length``: the binary extension's header size)."""
     doc, rest = _header(body, header_length)
     specs = doc.get("inputs")
