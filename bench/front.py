@@ -7,7 +7,8 @@ run in this process on uvloop. The HTTP side is measured as load generators (wrk
 measure a server: with a :class:`LeanClient`, one keep-alive connection per lane whose
 request bytes are made once; aiohttp's client session is measured beside it (the
 ``aiohttp client`` rows), since its own cost is most of what it adds. Each comparison
-alternates its sides in blocks, so both see the same background noise:
+alternates its sides in blocks, and a ratio is the median of the blocks' ratios (:func:`_paired`),
+so both sides see the same background noise:
 
 - **no-op, sequential**: one call at a time; p50 and p99 per side (native; HTTP JSON; HTTP
   binary; both from aiohttp's client), and an HTTP request that is no job
@@ -57,6 +58,7 @@ from compass.cluster import LocalCluster
 from compass.errors import CompassError
 from compass.wire.transport import new_event_loop
 
+from . import http_floor
 from .report import machine, print_table, write_json
 
 __all__ = ["LeanClient", "run"]
@@ -94,6 +96,11 @@ CONCURRENCY = 16
 STREAM_WORDS = 200
 TARGETS = {"http_over_native_p50": 1.5, "binary_over_native_p50": 1.3,
            "native_front_door_on_over_off": 1.1}  # fmt: skip
+
+#: blocks each sequential comparison alternates its sides in; a ratio is the median of the
+#: blocks' (each side's p50 in a block over its base's), so that the load of other processes,
+#: which drifts over seconds on a shared machine, weighs on both sides of each
+BLOCKS = 20
 
 Call = Callable[[], Awaitable[None]]
 
@@ -391,8 +398,8 @@ async def _noop_and_tensor(doors: dict[str, Door], calls: int, tensor_calls: int
         for _ in range(20):
             await call()
     return {
-        "noop": await _latencies(noop, calls, blocks=10),
-        "tensor": await _latencies(tensor, tensor_calls, blocks=10),
+        "noop": await _latencies(noop, calls, BLOCKS),
+        "tensor": await _latencies(tensor, tensor_calls, BLOCKS),
     }
 
 
@@ -430,6 +437,36 @@ async def _streams(door: Door, jobs: int) -> dict[str, float]:
         await call()
     seconds = await _latencies(sides, jobs, blocks=5)
     return {name: STREAM_WORDS / float(np.median(v)) for name, v in seconds.items()}
+
+
+async def _body_floor(calls: int) -> dict[str, list[float]]:
+    """A 3 MB POST's round trip to aiohttp's server alone and to a raw BufferedProtocol
+    (:mod:`bench.http_floor`), alternating: what aiohttp's read path costs."""
+    ports = {"aiohttp": _free_port(), "raw": _free_port()}
+    processes = http_floor.servers(ports)
+    lanes: list[LeanClient] = []
+    try:
+        request = LeanClient.request("/", bytes(http_floor.BODY_BYTES), "-")
+        sides: dict[str, Call] = {}
+        for side, port in ports.items():
+            lane = await LeanClient.open(port)
+            lanes.append(lane)
+
+            async def post(lane: LeanClient = lane) -> None:
+                if await lane.send(request) != b"ok":
+                    raise CompassError("the floor server answered something other than ok")
+
+            sides[side] = post
+        for call in sides.values():
+            for _ in range(10):
+                await call()
+        return await _latencies(sides, calls, BLOCKS)
+    finally:
+        for lane in lanes:
+            await lane.aclose()
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 async def _measure(quick: bool, before: str | None) -> dict[str, Any]:
@@ -479,24 +516,37 @@ async def _measure(quick: bool, before: str | None) -> dict[str, Any]:
             raw["door"] = await _latencies(
                 {"front door on": door.native_noop, "front door off": native_noop_off},
                 calls,
-                blocks=10,
+                BLOCKS,
             )
+    raw["floor"] = await _body_floor(tensor_calls)
     return {**raw, "calls": calls, "tensor_calls": tensor_calls, "rate_calls": rate_calls,
             "stream_jobs": streams}  # fmt: skip
 
 
+def _paired(side: list[float], base: list[float]) -> float:
+    """``side``'s p50 over ``base``'s: the median of the :data:`BLOCKS` blocks' ratios (both
+    measured in the same blocks, in order)."""
+    ratios = [
+        float(np.median(a) / np.median(b))
+        for a, b in zip(np.array_split(side, BLOCKS), np.array_split(base, BLOCKS), strict=True)
+    ]
+    return float(np.median(ratios))
+
+
 def _ratios(noop: dict[str, list[float]], tensor: dict[str, list[float]]) -> dict[str, float]:
-    """Each HTTP side's p50 over the native client's, as the JSON names them."""
-    p50 = {name: _us(v, 50) for name, v in noop.items()}
-    tensor_p50 = {name: _us(v, 50) for name, v in tensor.items()}
+    """Each HTTP side's p50 over the native client's (:func:`_paired`), as the JSON names
+    them."""
     return {
-        "http_over_native_p50": p50["http json"] / p50["native"],
-        "binary_noop_over_native_p50": p50["http binary"] / p50["native"],
-        "aiohttp_over_native_p50": p50["http json, aiohttp client"] / p50["native"],
-        "aiohttp_binary_noop_over_native_p50": p50["http binary, aiohttp client"] / p50["native"],
-        "binary_over_native_p50": tensor_p50["http binary"] / tensor_p50["native"],
-        "aiohttp_binary_over_native_p50": tensor_p50["http binary, aiohttp client"]
-        / tensor_p50["native"],
+        "http_over_native_p50": _paired(noop["http json"], noop["native"]),
+        "binary_noop_over_native_p50": _paired(noop["http binary"], noop["native"]),
+        "aiohttp_over_native_p50": _paired(noop["http json, aiohttp client"], noop["native"]),
+        "aiohttp_binary_noop_over_native_p50": _paired(
+            noop["http binary, aiohttp client"], noop["native"]
+        ),
+        "binary_over_native_p50": _paired(tensor["http binary"], tensor["native"]),
+        "aiohttp_binary_over_native_p50": _paired(
+            tensor["http binary, aiohttp client"], tensor["native"]
+        ),
     }
 
 
@@ -508,11 +558,11 @@ def _rows(raw: dict[str, Any]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for group, sides, base in (("no-op", noop, "native"), ("3 MB tensor", tensors, "native"),
                                ("native no-op", door, "front door off")):  # fmt: skip
-        base_p50 = _us(sides[base], 50)
         for name, values in sides.items():
             label = _NO_JOB.get(name, f"{group}, {name}")
             rate = raw["rates"].get(name) if group == "no-op" else None
-            rows.append([label, _us(values, 50), _us(values, 99), rate, _us(values, 50) / base_p50])
+            ratio = _paired(values, sides[base])
+            rows.append([label, _us(values, 50), _us(values, 99), rate, ratio])
     return rows
 
 
@@ -561,10 +611,21 @@ def run(
         "client": "lean: one keep-alive connection per lane, request bytes made once (as wrk)",
         "targets": TARGETS,
     }
-    result["native_front_door_on_over_off"] = (
-        result["native_p50_us_front_door_on"] / result["native_p50_us"]
-    )
+    result["native_front_door_on_over_off"] = _paired(door["front door on"], door["front door off"])
     result["meets_targets"] = {k: result[k] <= target for k, target in TARGETS.items()}
+    floor = raw["floor"]
+    result["body_floor"] = {
+        "aiohttp_p50_us": _us(floor["aiohttp"], 50),
+        "raw_p50_us": _us(floor["raw"], 50),
+        "aiohttp_over_raw_p50": _paired(floor["aiohttp"], floor["raw"]),
+    }
+    print_table(
+        "what bounds the 3 MB case: a 3 MB POST to aiohttp's server alone (read as the front "
+        "door reads) and to a raw asyncio.BufferedProtocol (the kernel writes into the body's "
+        "buffer, as the native wire's)",
+        ["server", "p50 µs", "p99 µs", "/ raw"],
+        [[side, _us(v, 50), _us(v, 99), _paired(v, floor["raw"])] for side, v in floor.items()],
+    )
     if before is not None:
         compared = {"before": _ratios(noop_before, tensors_before), "after": _ratios(noop, tensors)}
         print_table(
