@@ -185,6 +185,9 @@ class WorkerMetrics:
         #: set once the worker serves (the end of Worker.start)
         self.ready = False
         self.address = ""
+        #: where the worker's HTTP front door serves ("" without one): set by the door's
+        #: opener (compass.worker.process.open_front_door), shown by status and the dashboard
+        self.http_address = ""
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
 

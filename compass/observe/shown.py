@@ -56,10 +56,6 @@ class Identity(Protocol):
     @property
     def config(self) -> WorkerConfig: ...
 
-    @property
-    def http_address(self) -> str:
-        """Where its HTTP front door serves ("" while it serves none)."""
-
 
 class Holdings(Protocol):
     """What a worker holds now: its queues and lanes, its cache and its jobs; and its clock,
@@ -104,6 +100,10 @@ class Measured(Protocol):
 
     @property
     def address(self) -> str: ...
+
+    @property
+    def http_address(self) -> str:
+        """Where the worker's HTTP front door serves ("" where it serves none)."""
 
     def is_ready(self) -> tuple[bool, str]: ...
 

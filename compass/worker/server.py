@@ -106,11 +106,6 @@ log = logging.getLogger("compass.worker")
 class Worker:
     """A compass worker: ``async with Worker(config, app, profiles) as w: await w.wait()``."""
 
-    #: the address its HTTP front door serves on (``--http-port``; "" when it has none), set
-    #: where the door is opened (:func:`compass.worker.process.open_front_door`); ``compass
-    #: status`` and the dashboard show it
-    http_address = ""
-
     def __init__(self, config: WorkerConfig, app: App, profiles: Profiles) -> None:
         self.config = config
         self.app = app

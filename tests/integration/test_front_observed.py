@@ -148,7 +148,7 @@ def test_in_flight_counts_a_request_until_answered_and_a_client_gone_is_499(
     answered: list[int] = []
     slow = threading.Thread(
         target=lambda: answered.append(
-            observed.request("POST", "/v2/models/slow/infer", _infer_doc(1.5))[0]
+            observed.request("POST", "/v2/models/slow/infer", _infer_doc(2.5))[0]
         )
     )
     slow.start()
