@@ -172,13 +172,21 @@ def bench_client(
 
 
 @bench_app.command("http")
-def bench_http(quick: Quick = False, json_path: JsonPath = None) -> None:
-    """The HTTP front door (Open Inference Protocol, JSON and binary) against the native
-    client: no-op p50/p99 and jobs/s, a 3 MB tensor, native with the front door on and off."""
+def bench_http(
+    quick: Quick = False,
+    json_path: JsonPath = None,
+    before: Annotated[
+        str | None,
+        typer.Option(help="Also a front door run from this checkout: a before/after, one run."),
+    ] = None,
+) -> None:
+    """The HTTP front door (Open Inference Protocol, JSON and binary; OpenAI streaming) against
+    the native client: no-op p50/p99 and jobs/s, a 3 MB tensor, streamed chunks per second,
+    native with the front door on and off."""
     from compass._bench import front
 
     check_output(json_path, "--json")
-    front.run(quick=quick, json_path=json_path)
+    front.run(quick=quick, json_path=json_path, before=before)
 
 
 @bench_app.command("restarts")

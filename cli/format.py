@@ -28,6 +28,8 @@ def status_lines(info: dict[str, Any]) -> list[str]:
         f"of {cache.get('capacity_bytes', 0) / 1e9:.2f} GB, "
         f"{cache.get('staged_bytes', 0) / 1e9:.2f} GB of weights staged on the host",
     ]
+    if info.get("http"):
+        lines.insert(1, f"front door: {info['http']} (Open Inference Protocol, OpenAI API)")
     if queue.get("stuck"):
         state = "DEGRADED: takes no work until one returns" if queue.get("degraded") else "ok"
         lines.append(

@@ -99,6 +99,8 @@ class WorkerStatus:
     #: the cluster's desired size as this worker sees it (``desired``, ``reason``,
     #: ``pressure``: compass.elastic); empty from a worker that does not say
     desired_workers: Mapping[str, Any] = field(default_factory=dict)
+    #: the address of its HTTP front door (``--http-port``), if it serves one
+    http: str | None = None
     _wire: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -120,9 +122,10 @@ class WorkerStatus:
         def optional(name: str, kind: type, empty: Any) -> Any:
             return _field(w, name, kind, what) if name in w else empty
 
-        metrics = w.get("metrics")
-        if metrics is not None and not isinstance(metrics, str):
-            raise ProtocolError(f"a worker's status has a {type(metrics).__name__} as 'metrics'")
+        metrics, http = w.get("metrics"), w.get("http")
+        for name, value in (("metrics", metrics), ("http", http)):
+            if value is not None and not isinstance(value, str):
+                raise ProtocolError(f"a worker's status has a {type(value).__name__} as {name!r}")
         return cls(
             name=_field(w, "name", str, what),
             address=_field(w, "address", str, what),
@@ -151,6 +154,7 @@ class WorkerStatus:
             process=mapping("process"),
             tables=mapping("tables"),
             desired_workers=mapping("desired_workers"),
+            http=http,
             _wire=w,
         )
 

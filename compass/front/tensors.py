@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from compass.front import jsonio
 from compass.front.errors import HttpError
 
 __all__ = ["InferRequest", "encode_answer", "objective_fields", "parse_infer"]
@@ -54,7 +55,7 @@ _INT_RANGE = {
 MAX_ELEMENTS = 1 << 31
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one's __init__ costs a setattr call per field
 class InferRequest:
     """A parsed infer request: the job's inputs and what the answer should look like."""
 
@@ -71,7 +72,9 @@ def _bad(message: str) -> HttpError:
     return HttpError(400, message)
 
 
-def _header(body: bytes | bytearray, header_length: int | None) -> tuple[Any, memoryview]:
+def _header(
+    body: bytes | bytearray | memoryview, header_length: int | None
+) -> tuple[Any, memoryview]:
     if header_length is None:
         header, rest = body, memoryview(b"")
     else:
@@ -82,7 +85,7 @@ def _header(body: bytes | bytearray, header_length: int | None) -> tuple[Any, me
             )
         header, rest = body[:header_length], memoryview(body)[header_length:]
     try:
-        doc = json.loads(header)
+        doc = jsonio.loads(header)
     except UnicodeDecodeError:
         raise _bad("malformed JSON: the request header is not UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -242,7 +245,7 @@ def _requested(doc: dict[str, Any]) -> tuple[tuple[str, ...] | None, frozenset[s
     return tuple(o["name"] for o in outputs), binary
 
 
-def parse_infer(body: bytes | bytearray, header_length: int | None) -> InferRequest:
+def parse_infer(body: bytes | bytearray | memoryview, header_length: int | None) -> InferRequest:
     """An infer request's body (``header_length``: the binary extension's header size)."""
     doc, rest = _header(body, header_length)
     specs = doc.get("inputs")
@@ -381,10 +384,7 @@ def encode_answer(
         else:
             tensor["data"] = array.reshape(-1).tolist()
         tensors.append(tensor)
-    header = json.dumps(
-        {"model_name": model, "id": request.id or job_id, "outputs": tensors},
-        separators=(",", ":"),
-    ).encode()
+    header = jsonio.dumps({"model_name": model, "id": request.id or job_id, "outputs": tensors})
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -129,6 +129,7 @@ def local_view(worker: Shown, window_s: float = DEFAULT_WINDOW_S) -> dict[str, A
     return {
         "name": worker.name,
         "address": worker.address,
+        "http": metrics.http_address or None,  # its HTTP front door, if it serves one
         "instance": worker.instance,
         "version": compass.__version__,
         "policy": worker.policy.name,

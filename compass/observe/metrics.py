@@ -162,6 +162,9 @@ class WorkerMetrics:
         self.slo: dict[tuple[str, int], dict[str, int]] = {}
         #: runs of each model's tasks here, by how many tasks each took: model -> size -> runs
         self.batches: dict[str, dict[int, int]] = {}
+        #: what a part of the worker counts itself, read at each scrape beside the worker's
+        #: own (the HTTP front door's requests: :mod:`compass.front.metrics`)
+        self.collectors: list[Collector] = []
         self._collector = WorkerCollector(worker, self)
         self.registry.register(self._collector)
         #: what a scrape serves beside the collector: what the worker observes as it goes
@@ -182,6 +185,9 @@ class WorkerMetrics:
         #: set once the worker serves (the end of Worker.start)
         self.ready = False
         self.address = ""
+        #: where the worker's HTTP front door serves ("" without one): set by the door's
+        #: opener (compass.worker.process.open_front_door), shown by status and the dashboard
+        self.http_address = ""
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
 
@@ -518,6 +524,8 @@ class WorkerCollector(Collector):
         yield from self._queue_metrics()
         yield from self._cache_metrics()
         yield from self._cluster_metrics()
+        for part in self._metrics.collectors:
+            yield from part.collect()
 
     def _worker_metrics(self) -> Iterator[Metric]:
         w, stats = self._worker, self._worker.stats

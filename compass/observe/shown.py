@@ -101,6 +101,10 @@ class Measured(Protocol):
     @property
     def address(self) -> str: ...
 
+    @property
+    def http_address(self) -> str:
+        """Where the worker's HTTP front door serves ("" where it serves none)."""
+
     def is_ready(self) -> tuple[bool, str]: ...
 
     def slo_summary(self) -> dict[str, dict[str, dict[str, float]]]: ...

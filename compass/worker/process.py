@@ -96,6 +96,8 @@ async def open_front_door(worker: Worker) -> FrontDoor | None:
     except BaseException:
         await worker.aclose()
         raise
+    worker.metrics.http_address = door.address  # what compass status and the dashboard show
+    worker.metrics.collectors.append(door.metrics)  # its requests in the worker's scrape
     return door
 
 

@@ -207,6 +207,8 @@ def describe(worker: Described) -> dict[str, Any]:
         # jobs with a deadline: workflow -> priority -> outcome counts and attainment
         "slo": worker.metrics.slo_summary(),
         "metrics": worker.metrics.address or None,
+        # its HTTP front door (--http-port): the Open Inference Protocol and OpenAI's API
+        "http": worker.metrics.http_address or None,
         # the cluster's desired worker count by compass.elastic's rule, and why
         "desired_workers": _desired(worker.metrics.desired_workers()),
         # jobs traced at this ingress: the sampling, and the last few traces in brief

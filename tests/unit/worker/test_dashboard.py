@@ -69,6 +69,7 @@ def test_a_part_shows_what_status_shows_and_what_ran(worker: Worker) -> None:
     assert part["cache"]["capacity_bytes"] == status["cache"]["capacity_bytes"]
     assert part["slo"] == status["slo"]
     assert part["state"] == "not ready"  # never started
+    assert part["http"] is None and status["http"] is None  # no front door (--http-port)
     spans = by_field(SPAN_FIELDS, part["spans"])
     assert [(s["job"], s["cache_hit"], s["error"]) for s in spans] == [
         ("w0:x-1", False, ""),
