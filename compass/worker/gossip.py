@@ -355,6 +355,12 @@ class Gossip:
                     "loading": sorted(state.loading),
                     "free_bytes": state.free_bytes,
                     "h2d_gbps": round(self._profiles.h2d_bytes_per_s(name) / 1e9, 4),
+                    "version": state.version,
+                    # the task times it learned, as this worker plans with them
+                    "learned": [
+                        {"workflow": wf, "task": task, "ms": round(seconds * 1000, 3), "runs": n}
+                        for wf, task, seconds, n in self._profiles.learned_of(name)
+                    ],
                     "age_ms": round(self.view.age_s(name, now) * 1000, 3),
                     "placements_counted": self.view.pending(name),
                     "watched": name in watched or self.rule is None,
@@ -367,6 +373,9 @@ class Gossip:
         now = _now()
         return {
             "kind": "mesh" if self.rule is None else "bounded",
+            # the version of this worker's weights, and the workers of another kept apart
+            "version": self.port.version,
+            "apart": dict(sorted(self.port.apart.items())),
             "watchers": sorted(self.watchers.live(now)),
             "watching": sorted(self.watching.watched(now)),
             "rumors_pending": self.rumors.pending(),
