@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -163,11 +164,30 @@ class ModelCache:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def prepare(self) -> None:
-        """Stage every real model's weights in host memory (in a thread)."""
+    async def prepare(self) -> dict[str, str]:
+        """Stage every real model's weights in host memory (in a thread); returns each model's
+        weights digest (:meth:`digest`), which peers compare to tell versions apart."""
         self._check_open()
         for name in sorted(self._real):
             await asyncio.to_thread(self._staged, name)
+        return {name: await asyncio.to_thread(self.digest, name) for name in sorted(self._models)}
+
+    def digest(self, name: str) -> str:
+        """SHA-256 of model ``name``'s staged weights, tensor by tensor with their keys (the
+        bytes a task runs with, wherever they came from; the padding between tensors is left
+        out), or of its size where no bytes are held (emulated, or a capacity-only backend)."""
+        hasher = hashlib.sha256()
+        if name not in self._real:
+            hasher.update(f"{name}: {self._core.size_bytes(name)} bytes, not held".encode())
+            return hasher.hexdigest()
+        host, layout = self._staged(name), self._core.layout(name)
+        starts = layout.staging()
+        for slot in sorted(layout.slots, key=lambda slot: slot.key):
+            hasher.update(slot.key.encode() + b"\0")
+            if slot.nbytes:
+                at = starts[slot.group][0] + slot.offset
+                hasher.update(host[at : at + slot.nbytes].numpy().data)
+        return hasher.hexdigest()
 
     async def __aenter__(self) -> Self:
         await self.prepare()
