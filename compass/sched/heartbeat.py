@@ -310,18 +310,22 @@ def _learned(entries: object) -> tuple[Learned, ...]:
             f"worker state: field 'p' must be a list of at most {MAX_LEARNED} learned times"
         )
     out: list[Learned] = []
-    for entry in entries:
-        match entry:
-            case [str(workflow), str(task), int() | float() as seconds, int() as samples] if (
-                not isinstance(seconds, bool)
+    for entry in entries:  # plain type checks: a match statement took five times as long
+        if type(entry) is list and len(entry) == 4:
+            workflow, task, seconds, samples = entry
+            kind = type(seconds)
+            if (
+                type(workflow) is str
+                and type(task) is str
+                and (kind is float or kind is int)
                 and 0 <= seconds < math.inf
-                and not isinstance(samples, bool)
+                and type(samples) is int
                 and samples >= 1
             ):
                 out.append((workflow, task, float(seconds), samples))
-            case _:
-                raise ProtocolError(
-                    "worker state: a learned time must be [workflow, task, seconds >= 0, "
-                    f"samples >= 1], got {entry!r}"
-                )
+                continue
+        raise ProtocolError(
+            "worker state: a learned time must be [workflow, task, seconds >= 0, samples >= 1], "
+            f"got {entry!r}"
+        )
     return tuple(out)

@@ -20,7 +20,8 @@ handshake (both ways, joining and redialing):
 
 Why the contents and not a file's size and time: copies of one checkpoint on two hosts have
 different times, and an overwritten file can keep its size; hashing what is staged costs one
-pass over the weights at start (SHA-256, about 1-2 GB/s a core), next to reading them.
+pass over the weights at start (SHA-256: on this project's 2-core VM 0.27 GB/s, under a third
+of the time staging the same weights takes; ``compass bench versions``).
 """
 
 from __future__ import annotations

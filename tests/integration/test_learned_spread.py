@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cli.format import status_lines
 from compass import Client
 from compass.cluster import LocalCluster
 from compass.errors import DeadlineUnreachable
@@ -59,8 +60,11 @@ async def test_a_time_learned_on_one_worker_reaches_every_ingress_and_admission_
             first = clients[0]
             for _ in range(RUNS):  # submitted to w0, planned there: nothing is queued anywhere
                 assert await first.submit("slow", ms=400, timeout=20) == 400
-            mine = learned(await first.status(), "w0")
+            status = await first.status()
+            mine = learned(status, "w0")
             assert mine is not None and mine["runs"] == RUNS and mine["ms"] > 200
+            shown = f"learned slow/nap {mine['ms']:.1f} ms ({RUNS} runs)"
+            assert any(shown in line for line in status_lines(status.to_json()))
             # within a gossip round (a rumor every 100 ms) the others hold what w0 learned
             # (bounded: 200 looks, 10 s at most)
             heard: list[dict[str, Any] | None] = []

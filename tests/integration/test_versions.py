@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from cli.format import status_lines
 from compass import Client
 from compass.cluster import LocalCluster
 from compass.errors import CompassError
@@ -153,9 +154,12 @@ async def test_a_rolling_upgrade_of_weights_serves_both_versions_and_no_job_mixe
             # compass status shows the versions: each worker's own, and those kept apart
             for s in statuses:
                 mine = sides[s.name]
-                assert s.view["version"] == mine
-                assert s.view["apart"] == {n: v for n, v in sides.items() if v != mine}
+                apart = {n: v for n, v in sides.items() if v != mine}
+                assert s.view["version"] == mine and s.view["apart"] == apart
                 assert {row["version"] for row in s.cluster} == {mine}
+                shown = ", ".join(f"{n} ({v})" for n, v in sorted(apart.items())) or "none"
+                line = f"weights version {mine}; kept apart (another version): {shown}"
+                assert line in status_lines(s.to_json())
         upgrading = False
         await jobs
         assert len(answers) > 10

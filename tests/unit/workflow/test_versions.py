@@ -23,7 +23,8 @@ KiB = 1024
 
 
 def chain(*tasks: str, model: str = "m") -> Workflow:
-    made, after = [], ()
+    made: list[Task] = []
+    after: tuple[str, ...] = ()
     for name in tasks:
         made.append(Task(name, model, after, TaskProfile(exec_ms=1, output_bytes=8)))
         after = (name,)
