@@ -174,11 +174,21 @@ class ModelCache:
 
     def digest(self, name: str) -> str:
         """SHA-256 of model ``name``'s staged weights, tensor by tensor with their keys (the
-        bytes a task runs with, wherever they came from; the padding between tensors is left
-        out), or of its size where no bytes are held (emulated, or a capacity-only backend)."""
+        bytes a task runs with, from its weights file or loader; the padding between tensors
+        is left out). A model whose builder makes its weights (no file, no loader) is hashed by
+        its builder and its tensors' keys, shapes and types: a random initialization differs in
+        every process, so workers of one app would never agree (seed it where it matters). One
+        that holds no bytes (emulated, or on a capacity-only backend): by its size."""
         hasher = hashlib.sha256()
+        model = self._models[name]
         if name not in self._real:
             hasher.update(f"{name}: {self._core.size_bytes(name)} bytes, not held".encode())
+            return hasher.hexdigest()
+        if model.weights is None and model.loader is None:
+            build = model.build
+            where = f"{getattr(build, '__module__', '')}.{getattr(build, '__qualname__', '')}"
+            specs = [(s.key, str(s.dtype), s.shape) for s in model.tensor_specs()]
+            hasher.update(f"{name} built by {where}: {specs}".encode())
             return hasher.hexdigest()
         host, layout = self._staged(name), self._core.layout(name)
         starts = layout.staging()

@@ -10,17 +10,18 @@ handshake (both ways, joining and redialing):
   parameters, resources and batch size. Declared times are left out (they are estimates,
   learned over anyway). Workers whose workflows differ are refused: the join fails with one
   line naming the workflows that differ (:meth:`AppStamp.refusal`), and the newcomer exits.
-- **the weights**: one digest per model of the bytes it serves (hashed from the weights staged
-  in host memory, :meth:`ModelCache.prepare <compass.cache.models.ModelCache.prepare>`: what a
-  task really runs, whether it came from a file, a loader or the builder; the size of an
-  emulated model). Workers that differ here join, under another :attr:`AppStamp.version`:
-  heartbeats carry it, and a planner keeps workers of another version out of its view
-  (:class:`~compass.gossip.port.GossipPort`), so a job's tasks run only on workers of the
-  version its ingress planned with, and both versions serve during a rolling upgrade.
+- **the weights**: one digest per model of the bytes it serves (hashed from the weights staged in
+  host memory, :meth:`ModelCache.prepare <compass.cache.models.ModelCache.prepare>`: what a task
+  really runs, whether it came from a file or a loader; a model its builder initializes is hashed
+  by its builder and tensor shapes, since a random initialization differs in every process; the
+  size of an emulated model). Workers that differ here join, under another
+  :attr:`AppStamp.version`: heartbeats carry it, and a planner keeps workers of another version
+  out of its view (:class:`~compass.gossip.port.GossipPort`), so a job's tasks run only on workers
+  of the version its ingress planned with, and both versions serve during a rolling upgrade.
 
 Why the contents and not a file's size and time: copies of one checkpoint on two hosts have
 different times, and an overwritten file can keep its size; hashing what is staged costs one
-pass over the weights at start (SHA-256: on this project's 2-core VM 0.27 GB/s, under a third
+pass over the weights at start (SHA-256: on this project's 2-core VM 0.18-0.27 GB/s, under a third
 of the time staging the same weights takes; ``compass bench versions``).
 """
 

@@ -79,6 +79,8 @@ async def test_a_models_digest_is_of_the_weights_it_serves(tmp_path: Path) -> No
             "lin": Model("lin", lambda: nn.Linear(4, 4, bias=False), weights="lin.safetensors",
                          root=tmp_path),
             "fake": Model.emulated("fake", 1000),
+            # initialized by its builder, at random in every process
+            "random": Model("random", lambda: nn.Linear(4, 4, bias=False)),
         }  # fmt: skip
         async with ModelCache(models, config) as cache:
             return await cache.prepare()
@@ -86,6 +88,8 @@ async def test_a_models_digest_is_of_the_weights_it_serves(tmp_path: Path) -> No
     first, again, other = await digests(1.0), await digests(1.0), await digests(2.0)
     assert first == again  # stable across builds (padding between tensors is left out)
     assert first["lin"] != other["lin"] and first["fake"] == other["fake"]
+    # a builder's random weights are not told apart: every process would have its own version
+    assert first["random"] == other["random"]
 
 
 def test_a_planner_keeps_workers_of_another_version_apart() -> None:
