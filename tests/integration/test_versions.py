@@ -91,6 +91,10 @@ async def test_a_worker_of_another_app_is_refused_at_join_and_the_cluster_serves
         message = str(info.value)
         assert "serves another app" in message and "'chain' differs" in message, message
         assert not cluster.workers[1].running and cluster.workers[1].process.returncode != 0
+        # the seed says whom it refused, and why, in its own log
+        refused = [line for line in cluster.workers[0].log_path.read_text().splitlines()
+                   if "refused a join" in line]  # fmt: skip
+        assert len(refused) == 1 and "'chain' differs" in refused[0], refused
         status = await status_of(cluster, 0)
         assert status.peers == () and [row["name"] for row in status.cluster] == ["w0"]
         assert await submit(cluster, 0) == OLD_W**3  # the seed serves on
