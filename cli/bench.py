@@ -756,3 +756,17 @@ def bench_soak(
         plot_path=plot,
         log_dir=log_dir,
     )
+
+
+@bench_app.command("versions")
+def bench_versions(
+    quick: Quick = False,
+    json_path: JsonPath = None,
+    model_mb: Annotated[int, typer.Option(min=1, help="Size of the model fingerprinted.")] = 256,
+) -> None:
+    """What learned times add to a worker's state, and fingerprinting the weights at start
+    against staging them (issue 39, items 2 and 3)."""
+    from compass._bench import versions
+
+    check_output(json_path, "--json")
+    versions.run(quick=quick, model_mb=model_mb, json_path=json_path)

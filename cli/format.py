@@ -50,7 +50,12 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             lines.append(
                 f"  {row['name']}: wait {row['wait_ms']:.1f} ms, models {row['models']}, "
                 f"age {row['age_ms']:.1f} ms, placements counted {row['placements_counted']}"
+                f"{_version(row.get('version'))}{_learned(row.get('learned'))}"
             )
+    view = info.get("view", {})
+    if view.get("version"):
+        apart = ", ".join(f"{n} ({v})" for n, v in view.get("apart", {}).items()) or "none"
+        lines.append(f"weights version {view['version']}; kept apart (another version): {apart}")
     traces = info.get("traces")
     if traces:
         lines.append(
@@ -64,6 +69,20 @@ def status_lines(info: dict[str, Any]) -> list[str]:
                 f"{brief['tasks']} tasks, {state}"
             )
     return lines
+
+
+def _version(version: str | None) -> str:
+    return f", version {version}" if version else ""
+
+
+def _learned(learned: list[dict[str, Any]] | None) -> str:
+    """The task times a worker learned, as the view holds them: ``wf/task 412.0 ms (5 runs)``."""
+    if not learned:
+        return ""
+    times = ", ".join(
+        f"{e['workflow']}/{e['task']} {e['ms']:.1f} ms ({e['runs']} runs)" for e in learned
+    )
+    return f", learned {times}"
 
 
 def result_text(value: Any) -> str:

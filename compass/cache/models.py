@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -163,11 +164,40 @@ class ModelCache:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def prepare(self) -> None:
-        """Stage every real model's weights in host memory (in a thread)."""
+    async def prepare(self) -> dict[str, str]:
+        """Stage every real model's weights in host memory (in a thread); returns each model's
+        weights digest (:meth:`digest`), which peers compare to tell versions apart."""
         self._check_open()
         for name in sorted(self._real):
             await asyncio.to_thread(self._staged, name)
+        return {name: await asyncio.to_thread(self.digest, name) for name in sorted(self._models)}
+
+    def digest(self, name: str) -> str:
+        """SHA-256 of model ``name``'s staged weights, tensor by tensor with their keys (the
+        bytes a task runs with, from its weights file or loader; the padding between tensors
+        is left out). A model whose builder makes its weights (no file, no loader) is hashed by
+        its builder and its tensors' keys, shapes and types: a random initialization differs in
+        every process, so workers of one app would never agree (seed it where it matters). One
+        that holds no bytes (emulated, or on a capacity-only backend): by its size."""
+        hasher = hashlib.sha256()
+        model = self._models[name]
+        if name not in self._real:
+            hasher.update(f"{name}: {self._core.size_bytes(name)} bytes, not held".encode())
+            return hasher.hexdigest()
+        if model.weights is None and model.loader is None:
+            build = model.build
+            where = f"{getattr(build, '__module__', '')}.{getattr(build, '__qualname__', '')}"
+            specs = [(s.key, str(s.dtype), s.shape) for s in model.tensor_specs()]
+            hasher.update(f"{name} built by {where}: {specs}".encode())
+            return hasher.hexdigest()
+        host, layout = self._staged(name), self._core.layout(name)
+        starts = layout.staging()
+        for slot in sorted(layout.slots, key=lambda slot: slot.key):
+            hasher.update(slot.key.encode() + b"\0")
+            if slot.nbytes:
+                at = starts[slot.group][0] + slot.offset
+                hasher.update(host[at : at + slot.nbytes].numpy().data)
+        return hasher.hexdigest()
 
     async def __aenter__(self) -> Self:
         await self.prepare()

@@ -4,8 +4,8 @@ Expected: a workflow's best time, each task's remaining critical path, a model's
 job's deadline, where a task ranks in the queue, when a plan would finish; and, from these,
 the queue entry of a task whose inputs are all here (cached per profile version: the
 estimates move when the profiles do). Learned (a learning core, in real mode): measured runs,
-output sizes, pushes and loads, and the bandwidths peers measured. Sans-IO; only the core
-calls it, from its events.
+output sizes, pushes and loads, and the task times and bandwidths peers measured. Sans-IO;
+only the core calls it, from its events.
 """
 
 from __future__ import annotations
@@ -24,15 +24,18 @@ from compass.sched.deadline import plan_finish_s, remaining_s
 from compass.sched.heartbeat import Heartbeat
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Task, Workflow, batch_limit
-from compass.workflow.profile import Profiles
+from compass.workflow.profile import Learned, Profiles
 
-__all__ = ["H2D_TOLERANCE", "MEASURED_TRANSFER_BYTES", "Estimates"]
+__all__ = ["ADOPTED_KEPT", "H2D_TOLERANCE", "MEASURED_TRANSFER_BYTES", "Estimates"]
 
 #: a pushed input smaller than this measures the link's latency, not its bandwidth: not learned
 MEASURED_TRANSFER_BYTES = 1 << 20
 
 #: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
 H2D_TOLERANCE = 0.02
+
+#: the peers whose last learned times are remembered, at most (past it, forgotten at once)
+ADOPTED_KEPT = 1024
 
 
 def _batch_group(task: Task) -> str:
@@ -59,6 +62,9 @@ class Estimates:
         self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
         #: cost tables for estimating when a plan finishes (admission by deadline)
         self._costs = CostCache()
+        #: peer -> the learned times last taken from it (a heartbeat that repeats them costs
+        #: one comparison)
+        self._adopted: dict[str, tuple[Learned, ...]] = {}
 
     # -- learning (a learning core's measurements; see WorkerCore) ------------------------------
 
@@ -80,6 +86,18 @@ class Estimates:
     def observe_load(self, nbytes: int, seconds: float) -> None:
         """This worker copied ``nbytes`` of a model into its cache in ``seconds``."""
         self.profiles.observe_h2d(self.name, nbytes, seconds)
+
+    def adopt(self, heartbeat: Heartbeat) -> None:
+        """What a peer measured, from its heartbeat: the task times it learned (a model's load
+        time spreads as its bandwidth), and its host-to-device bandwidth."""
+        learned = heartbeat.learned
+        if learned and self._adopted.get(heartbeat.name) != learned:
+            if len(self._adopted) >= ADOPTED_KEPT:
+                self._adopted.clear()  # peers come and go: only what is unchanged is skipped
+            self._adopted[heartbeat.name] = learned
+            for workflow, task, seconds, samples in learned:
+                self.profiles.adopt_exec(workflow, task, heartbeat.name, seconds, samples)
+        self.adopt_h2d(heartbeat)
 
     def adopt_h2d(self, heartbeat: Heartbeat) -> None:
         """A peer's measured host-to-device bandwidth, adopted when it differs by more than

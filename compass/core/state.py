@@ -252,11 +252,11 @@ class WorkerCore:
         self._out.append(Planned(request.ingress, request.job, plan, error, self._cause))
 
     def _heard(self, ev: Heard) -> None:
-        """A peer's heartbeat: into the view, and a bandwidth it measured into the profiles."""
+        """A peer's heartbeat: into the view, and what it measured into the profiles."""
         heartbeat = ev.heartbeat
         if not self.view.heard(heartbeat, ev.now):
-            return  # stale, of a draining peer, or of this worker's own name
-        self.estimates.adopt_h2d(heartbeat)
+            return  # stale, of a draining peer or of another version, or this worker's name
+        self.estimates.adopt(heartbeat)
 
     def _model_loaded(self, ev: ModelLoaded) -> None:
         if self.learn and ev.seconds > 0 and self.lanes.cache.is_loading(ev.model):

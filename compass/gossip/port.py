@@ -31,7 +31,14 @@ from compass.config import WorkerConfig
 from compass.core.lanes import Lanes
 from compass.gossip.spread import Rumors, Watchers, Watching, gossip_gap_s
 from compass.sched.candidates import CandidateRule, PlanScope, candidates
-from compass.sched.heartbeat import DEGRADED_WAIT_S, NO_BATCHES, CacheHeld, Heartbeat, LaneLoad
+from compass.sched.heartbeat import (
+    DEGRADED_WAIT_S,
+    NO_BATCHES,
+    CacheHeld,
+    Heartbeat,
+    LaneLoad,
+    Serving,
+)
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
@@ -83,6 +90,11 @@ class GossipPort:
         #: peers that said they drain, and the instance that did: out of the view (nothing new
         #: is placed there), their heartbeats still keep them alive
         self.draining: dict[str, str] = {}
+        #: the version of this worker's weights (:mod:`compass.workflow.versions`; "": not
+        #: known, which keeps nobody apart), and the peers heard with another one: kept out of
+        #: the view, so no job planned here runs a task there (a rolling upgrade's two sides)
+        self.version = ""
+        self.apart: dict[str, str] = {}
         #: the peers the core was told of, and their instances (the heartbeat gap, and so the
         #: settle time, grows with them in the mesh; a new instance holds no watch)
         self._peers: dict[str, str] = {}
@@ -138,6 +150,7 @@ class GossipPort:
 
     def remove(self, worker: str) -> None:
         self.draining.pop(worker, None)
+        self.apart.pop(worker, None)
         self._peers.pop(worker, None)
         self.watchers.drop(worker)
         self.watching.drop(worker)
@@ -146,6 +159,13 @@ class GossipPort:
         self.view.remove(worker)
 
     def heard(self, heartbeat: Heartbeat, now: float) -> bool:
+        if heartbeat.version != self.version and heartbeat.version and self.version:
+            if self.apart.get(heartbeat.name) != heartbeat.version:
+                self.apart[heartbeat.name] = heartbeat.version
+                self.view.remove(heartbeat.name)  # what it held under this worker's version
+            return False
+        if self.apart:
+            self.apart.pop(heartbeat.name, None)  # upgraded to this worker's side since
         return heartbeat.name not in self.draining and self.view.apply_heartbeat(heartbeat, now)
 
     def drain(self, worker: str, instance: str) -> None:
@@ -191,6 +211,7 @@ class GossipPort:
             self.incarnation,
             LaneLoad(wait_s, lifted_s, lanes.lanes, lanes.busy, batches),
             CacheHeld(models, loading, cache.free_bytes(), cache.capacity_bytes(), h2d),
+            Serving(self.version, self._profiles.learned_of(self.name)),
         )
 
     def next_state(self, now: float) -> Heartbeat:

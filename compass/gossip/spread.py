@@ -11,7 +11,8 @@ holds a model). The two travel apart:
   (:class:`Watchers`), coalesced, and at once on a new watch. Nobody else hears it: a worker's
   messages grow with the planners that place on it, not with the cluster.
 - **Residency, to all, as rumors.** A worker starts a rumor of its own state when its cache
-  changes (models resident or loading, capacity, lanes, measured bandwidth); each period it
+  changes (models resident or loading, capacity, lanes, measured bandwidth) or what it learned
+  of its tasks' times does (:meth:`~compass.workflow.profile.Profiles.learned_of`); each period it
   sends a few rumors to a few peers picked at random, and a worker that hears a rumor newer
   than any it knew passes it on in turn (:class:`Rumors`: infection-style, each rumor sent
   ``retransmit_mult x ceil(log10(n + 1))`` times, so it reaches all ``n`` workers in O(log n)
@@ -75,7 +76,9 @@ def gossip_gap_s(min_gap_s: float, peers: int, max_rate: float) -> float:
 
 def cache_changed(before: Heartbeat | None, after: Heartbeat) -> bool:
     """Whether ``after`` says something of its worker's cache that ``before`` did not: what a
-    rumor must carry to every planner (a change of load alone goes to the watchers)."""
+    rumor must carry to every planner (a change of load alone goes to the watchers). The task
+    times it learned and its version count too: every planner estimates with the first, and
+    keeps workers of another version apart by the second."""
     return (
         before is None
         or before.incarnation != after.incarnation
@@ -84,6 +87,8 @@ def cache_changed(before: Heartbeat | None, after: Heartbeat) -> bool:
         or before.capacity_bytes != after.capacity_bytes
         or before.lanes != after.lanes
         or before.h2d_bytes_per_s != after.h2d_bytes_per_s
+        or before.learned != after.learned
+        or before.version != after.version
     )
 
 

@@ -17,12 +17,25 @@ from typing import Any
 from compass.errors import ConfigError, ProtocolError
 from compass.objective import MAX_PRIORITY
 from compass.records import record
+from compass.workflow.profile import Learned
 
-__all__ = ["DEGRADED_WAIT_S", "NO_BATCHES", "CacheHeld", "Heartbeat", "LaneLoad"]
+__all__ = [
+    "DEGRADED_WAIT_S",
+    "MAX_LEARNED",
+    "NO_BATCHES",
+    "CacheHeld",
+    "Heartbeat",
+    "LaneLoad",
+    "Serving",
+]
 
 #: what a degraded worker (too many stuck task threads) adds to the wait it reports: no plan's
 #: horizon reaches it, so planners place nothing there, GPU or host lane
 DEGRADED_WAIT_S = 1e6
+
+#: the most learned task times one state may carry (more is a malformed message); a worker
+#: sends at most :data:`~compass.workflow.profile.LEARNED_SPREAD`
+MAX_LEARNED = 64
 
 #: a heartbeat without batches (shared: most heartbeats have none)
 NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})
@@ -52,6 +65,15 @@ class CacheHeld:
     h2d_bytes_per_s: float
 
 
+@record(eq=False)
+class Serving:
+    """What a worker serves with, as its own state reports it (:meth:`Heartbeat.own`): the
+    fields of :class:`Heartbeat` of the same names."""
+
+    version: str
+    learned: tuple[Learned, ...]
+
+
 # made for every job (a worker's own state): a record, frozen by convention
 # (:mod:`compass.records`)
 @record
@@ -71,7 +93,10 @@ class Heartbeat:
     start)``, counted like ``wait_s`` from when the state was taken (empty where the sender
     predates it, or where nothing queued batches). ``lifted_s``: the waits of a task of
     priority 1, 2, ... (:meth:`wait_at`), the last one holding for every level above it (empty
-    where the sender predates it: ``wait_s`` stands in).
+    where the sender predates it: ``wait_s`` stands in). ``version``: the version of its app's
+    weights (:mod:`compass.workflow.versions`; "" where unknown), planners keep workers of
+    another version apart; ``learned``: the task times it learned itself, at most
+    :data:`MAX_LEARNED` (``Profiles.learned_of``), which its peers' planners take in.
     """
 
     name: str
@@ -88,6 +113,8 @@ class Heartbeat:
     #: not hashed (a mapping is not hashable); compared like every other field
     batches: Mapping[str, tuple[int, float]] = field(default_factory=lambda: NO_BATCHES, hash=False)
     lifted_s: tuple[float, ...] = ()
+    version: str = ""
+    learned: tuple[Learned, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -128,12 +155,19 @@ class Heartbeat:
 
     @classmethod
     def own(
-        cls, name: str, seq: int, incarnation: int, load: LaneLoad, held: CacheHeld
+        cls,
+        name: str,
+        seq: int,
+        incarnation: int,
+        load: LaneLoad,
+        held: CacheHeld,
+        serving: Serving,
     ) -> Heartbeat:
-        """A worker's own state, made from its lanes (``load``) and cache (``held``) for every
-        job it plans: the same value as the constructor's, without its checks, which what a
-        worker counts itself always passes (``lifted_s`` are floats >= 0, at most one per
-        priority level; the constructor's checks were 150 of the 220 bytecode instructions).
+        """A worker's own state, made from its lanes (``load``), cache (``held``) and what it
+        serves with (``serving``) for every job it plans: the same value as the constructor's,
+        without its checks, which what a worker counts itself always passes (``lifted_s`` are
+        floats >= 0, at most one per priority level; the constructor's checks were 150 of the
+        220 bytecode instructions).
         ``batches`` is normalised as the constructor does (none: :data:`NO_BATCHES`)."""
         state: Any = object.__new__(cls)
         state.name = name
@@ -150,6 +184,8 @@ class Heartbeat:
         batches = load.batches
         state.batches = state._checked_batches(batches) if batches else NO_BATCHES
         state.lifted_s = load.lifted_s
+        state.version = serving.version
+        state.learned = serving.learned
         made: Heartbeat = state
         return made
 
@@ -208,6 +244,8 @@ class Heartbeat:
             # optional: {model: [count, seconds]}, left out when nothing queued batches
             **({"q": {m: list(v) for m, v in self.batches.items()}} if self.batches else {}),
             **({"wl": list(self.lifted_s)} if self.lifted_s else {}),
+            **({"v": self.version} if self.version else {}),
+            **({"p": [list(e) for e in self.learned]} if self.learned else {}),
         }
 
     @classmethod
@@ -225,6 +263,9 @@ class Heartbeat:
         incarnation = data.get("i", 0)  # likewise
         batches = data.get("q", NO_BATCHES)  # likewise, and left out when empty
         lifted = data.get("wl", ())  # likewise
+        version = data.get("v", "")  # likewise
+        if not isinstance(version, str):
+            raise ProtocolError("worker state: field 'v' must be a version string")
         if not isinstance(lifted, list | tuple):
             raise ProtocolError("worker state: field 'wl' must be a list of waits")
         if not isinstance(batches, Mapping):
@@ -254,6 +295,37 @@ class Heartbeat:
                 incarnation=incarnation,
                 batches=batches,
                 lifted_s=tuple(lifted),
+                version=version,
+                learned=_learned(data.get("p", ())),
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None
+
+
+def _learned(entries: object) -> tuple[Learned, ...]:
+    """A state's learned task times off the wire (field ``p``); :class:`ProtocolError` if
+    they are not at most :data:`MAX_LEARNED` ``[workflow, task, seconds >= 0, samples >= 1]``."""
+    if not isinstance(entries, list | tuple) or len(entries) > MAX_LEARNED:
+        raise ProtocolError(
+            f"worker state: field 'p' must be a list of at most {MAX_LEARNED} learned times"
+        )
+    out: list[Learned] = []
+    for entry in entries:  # plain type checks: a match statement took five times as long
+        if type(entry) is list and len(entry) == 4:
+            workflow, task, seconds, samples = entry
+            kind = type(seconds)
+            if (
+                type(workflow) is str
+                and type(task) is str
+                and (kind is float or kind is int)
+                and 0 <= seconds < math.inf
+                and type(samples) is int
+                and samples >= 1
+            ):
+                out.append((workflow, task, float(seconds), samples))
+                continue
+        raise ProtocolError(
+            "worker state: a learned time must be [workflow, task, seconds >= 0, samples >= 1], "
+            f"got {entry!r}"
+        )
+    return tuple(out)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from time import monotonic as _now
 from typing import Any
 
@@ -53,7 +53,9 @@ from compass.sched.candidates import CandidateRule
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
 from compass.worker.membership import Membership
+from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
+from compass.workflow.versions import AppStamp
 
 __all__ = ["Gossip", "Gossiped"]
 
@@ -135,6 +137,15 @@ class Gossip:
     def attach(self, core: Gossiped) -> None:
         """Gossip ``core``'s state: its lanes, its cache, what it measured."""
         self.port.attach(core)
+
+    def stamp(self, workflows: Mapping[str, Workflow], weights: Mapping[str, str]) -> AppStamp:
+        """The stamp of the app this worker serves (``weights``: each model's digest), which it
+        joins under; its heartbeats say the stamp's version from now on, and its view keeps
+        workers of another version apart (:mod:`compass.workflow.versions`). Once, at start,
+        before any peer is heard."""
+        stamp = AppStamp.of(workflows, weights)
+        self.port.version = stamp.version
+        return stamp
 
     def own_state(self, now: float) -> Heartbeat:
         """This worker's state at ``now``, as its next heartbeat would say it."""
@@ -355,6 +366,12 @@ class Gossip:
                     "loading": sorted(state.loading),
                     "free_bytes": state.free_bytes,
                     "h2d_gbps": round(self._profiles.h2d_bytes_per_s(name) / 1e9, 4),
+                    "version": state.version,
+                    # the task times it learned, as this worker plans with them
+                    "learned": [
+                        {"workflow": wf, "task": task, "ms": round(seconds * 1000, 3), "runs": n}
+                        for wf, task, seconds, n in self._profiles.learned_of(name)
+                    ],
                     "age_ms": round(self.view.age_s(name, now) * 1000, 3),
                     "placements_counted": self.view.pending(name),
                     "watched": name in watched or self.rule is None,
@@ -367,6 +384,9 @@ class Gossip:
         now = _now()
         return {
             "kind": "mesh" if self.rule is None else "bounded",
+            # the version of this worker's weights, and the workers of another kept apart
+            "version": self.port.version,
+            "apart": dict(sorted(self.port.apart.items())),
             "watchers": sorted(self.watchers.live(now)),
             "watching": sorted(self.watching.watched(now)),
             "rumors_pending": self.rumors.pending(),

@@ -120,6 +120,7 @@ from compass.worker.peer_channels import (
     Peer,
     PeerChannels,
 )
+from compass.workflow.versions import AppStamp
 
 __all__ = [
     "FORGET_AFTER_S",
@@ -261,6 +262,7 @@ class Membership(PeerChannels):
         #: join handshakes this worker made: joining (through a seed, asking for the member
         #: list) and redials of known peers (a send, a probe, a retry; no list)
         self.handshakes = {"join": 0, "redial": 0}
+        self.stamp = AppStamp()  # the app served (set at start): another's join is refused
 
     # -- what the table keeps ----------------------------------------------------------------
     @property
@@ -573,10 +575,9 @@ class Membership(PeerChannels):
                 expect = self.table.lost_at_address(address)
             try:
                 hello = self.table.hello(self.table.dead_for(expect)).to_wire()
-                if not want_list:
-                    hello["list"] = False
+                hello.update(self.stamp.to_wire(), **({} if want_list else {"list": False}))
                 reply = await channel.request("join", hello)
-                answer = parse_welcome(reply, address)
+                answer = parse_welcome(self.stamp.checked(reply), address)
                 event = JoinAnswered(self._clock(), address, expect, answer)
                 if not any(type(d) is PeerUp for d in self._apply(event, channel)):
                     await channel.aclose()  # a duplicate, or an answer too old to take
@@ -593,10 +594,11 @@ class Membership(PeerChannels):
 
     def accept_join(self, channel: Channel, body: Any) -> dict[str, Any]:
         """Answer a peer's ``join`` request on an accepted channel; :class:`ConfigError` if its
-        name is this worker's or a live peer's."""
+        name is this worker's or a live peer's, or if it serves another app."""
+        self.stamp.checked(body)  # another app: refused before anything changes
         wants_list = not (isinstance(body, dict) and body.get("list") is False)
         decisions = self._apply(JoinAsked(self._clock(), parse_join(body), wants_list), channel)
-        return next(dict(d.reply) for d in decisions if type(d) is Welcome)
+        return next(dict(d.reply) | self.stamp.to_wire() for d in decisions if type(d) is Welcome)
 
     # -- losing ------------------------------------------------------------------------------
     def remove(self, name: str, why: str) -> None:

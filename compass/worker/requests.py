@@ -31,7 +31,13 @@ from compass.core.messages import (
     TaskMsg,
     decode,
 )
-from compass.errors import CompassError, InvalidInputs, ProtocolError, WorkerUnavailable
+from compass.errors import (
+    CompassError,
+    ConfigError,
+    InvalidInputs,
+    ProtocolError,
+    WorkerUnavailable,
+)
 from compass.gossip.spread import MAX_RUMORS
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.observe.shown import Holdings, Identity, Records, queue_status
@@ -363,7 +369,11 @@ class _Requests:
     # -- peers ---------------------------------------------------------------------------------
     async def join(self, channel: Channel, body: Any) -> dict[str, Any]:
         membership = self._membership(channel, "join")
-        return membership.accept_join(channel, body)
+        try:
+            return membership.accept_join(channel, body)
+        except ConfigError as exc:  # a name taken, another app: the joiner stops with it too
+            log.warning("%s: refused a join: %s", self.worker.name, exc)
+            raise
 
     async def plan(self, channel: Channel, body: Any) -> dict[str, str]:
         """Plan a job for another ingress (the ``central`` policy plans at one worker)."""

@@ -274,7 +274,7 @@ class Worker:
             on_failure=self._task_failed,
         )
         self.membership.route(self.router)  # its probes and acks
-        await self.cache.prepare()
+        self.membership.stamp = self.gossip.stamp(self.app.workflows, await self.cache.prepare())
         self._background = [
             self._spawn(self.gossip.run(self.membership), "heartbeats"),
             # lost peers are retried (from both sides) for as long as the worker runs

@@ -29,7 +29,7 @@ from compass.workflow.dag import Workflow, batch_scale
 if TYPE_CHECKING:
     from compass.workflow.spec import Workload
 
-__all__ = ["Profiles"]
+__all__ = ["LEARNED_SPREAD", "SAMPLES_COUNTED", "Learned", "Profiles"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
@@ -41,6 +41,17 @@ REPLAN_TOLERANCE = 0.02
 #: ...and by more than this much in absolute terms (seconds for times, bytes for sizes): tiny
 #: tasks' times jitter by large fractions of nothing, which no plan depends on
 REPLAN_FLOOR = (0.0005, 4096.0, 0.0005)
+#: the most learned task times a worker spreads of itself (:meth:`Profiles.learned_of`), the
+#: most recently learned first: a bound on what its heartbeats carry, whatever its app's size
+LEARNED_SPREAD = 16
+#: a worker's learned time weighs by its samples in the overall estimate up to this many: an
+#: EMA of alpha 0.2 remembers about ten runs, so a long-running worker does not outvote the
+#: rest by its age alone
+SAMPLES_COUNTED = 10
+
+#: one learned task time as it spreads: ``(workflow, task, seconds, samples)``, the worker's
+#: own estimate of the task's run there and the runs it measured
+Learned = tuple[str, str, float, int]
 
 
 def _check_positive(what: str, value: float) -> float:
@@ -68,9 +79,11 @@ class _WorkflowProfile:
     __slots__ = (
         "exec_by_slot",
         "exec_s",
+        "learned_at",
         "measured_on_workers",
         "output_bytes",
         "published",
+        "samples",
         "version",
         "wf",
     )
@@ -83,6 +96,10 @@ class _WorkflowProfile:
             [t.profile.output_bytes for t in tasks], dtype=np.float64
         )
         self.exec_by_slot: FloatArray = np.full((len(tasks), slots), np.nan)
+        #: per task and worker: runs measured there, and when it was last learned (a tick of
+        #: :attr:`Profiles._ticks`; 0: never), which orders what a worker spreads of itself
+        self.samples: IntArray = np.zeros((len(tasks), slots), dtype=np.intp)
+        self.learned_at: IntArray = np.zeros((len(tasks), slots), dtype=np.intp)
         self.measured_on_workers = False
         self.version = version
         #: the estimates as of the last version bump, what cached cost tables were built from
@@ -116,6 +133,14 @@ class Profiles:
     model of ``n`` bytes onto a worker's GPU costs ``fetch_s(worker, n) = n / h2d(worker)``.
 
     ``alpha`` is the EMA weight of a new measurement.
+
+    Learned times spread (issue 39): each worker measures its own runs (:meth:`observe_exec`)
+    and tells its peers its estimates (:meth:`learned_of`, carried by its heartbeats), which
+    they take in as its (:meth:`adopt_exec`). A task's estimate on a worker is that worker's
+    own learned time; on a worker that never ran it, the overall estimate: the mean of every
+    worker's learned time weighted by its samples (up to :data:`SAMPLES_COUNTED` each), the
+    declared time while none has run it. Every worker that heard the same peers so computes the
+    same estimates, and admission agrees across the cluster.
     """
 
     def __init__(
@@ -159,6 +184,11 @@ class Profiles:
         self._batches: dict[tuple[str, str, str], dict[int, float]] = {}
         #: per (workflow, task, worker, size): the batch cost cached cost tables last saw
         self._batches_published: dict[tuple[str, str, str, int], float] = {}
+        #: orders learned times (``learned_at``), newest last; and, per worker, the entries it
+        #: spreads of itself, kept until a version changes: ``(clock, entries)``
+        self._ticks = itertools.count(1)
+        self._spread_clock = 0
+        self._spread: dict[str, tuple[int, tuple[Learned, ...]]] = {}
         self._perm_names: tuple[str, ...] | None = None
         self._perm: IntArray = np.zeros(0, dtype=np.intp)
         for wf in workflows:
@@ -230,25 +260,75 @@ class Profiles:
         return round(float(prof.output_bytes[self._task(prof, task)]))
 
     def observe_exec(self, workflow: str, task: str, worker: str, seconds: float) -> None:
-        """Fold a measured execution time into the task's estimate, overall and on ``worker``."""
+        """Fold a measured execution time into the task's estimate on ``worker`` (an EMA), and
+        so into the overall one (the learned times' mean, see the class docstring)."""
         seconds = _check_nonnegative("measured execution seconds", seconds)
         prof = self._wf(workflow)
         i = self._task(prof, task)
         slot = self._slot(worker)
-        a = self.alpha
-        overall = float(prof.exec_s[i])
-        # the new estimates as stored (a float64 array holds a float exactly): compared
-        # below without reading them back
-        new = prof.exec_s[i] = overall + a * (seconds - overall)
         # a worker's first measurement blends with the overall estimate so one outlier
-        # cannot set its value alone
+        # cannot set its value alone; the new estimates as stored (a float64 array holds a
+        # float exactly) are compared below without reading them back
         mine = float(prof.exec_by_slot[i, slot])
         if math.isnan(mine):
-            mine = overall
-        new_mine = prof.exec_by_slot[i, slot] = mine + a * (seconds - mine)
+            mine = float(prof.exec_s[i])
+        new_mine = prof.exec_by_slot[i, slot] = mine + self.alpha * (seconds - mine)
+        prof.samples[i, slot] += 1
+        prof.learned_at[i, slot] = next(self._ticks)
         prof.measured_on_workers = True
+        new = prof.exec_s[i] = self._merged(prof, i)
         if prof.drifted(0, i, new) or prof.drifted(2, i, new_mine, slot):
             self._bump(prof)
+
+    def adopt_exec(
+        self, workflow: str, task: str, worker: str, seconds: float, samples: int
+    ) -> bool:
+        """Take ``worker``'s own learned time of ``task`` (``seconds`` over ``samples`` runs
+        there), as its heartbeat spread it: its estimate there, and a part of the overall one.
+        False (nothing changed) for a workflow or task this app does not declare."""
+        prof = self._workflows.get(workflow)
+        i = None if prof is None else prof.wf.index.get(task)
+        if prof is None or i is None:
+            return False
+        seconds = _check_nonnegative("learned execution seconds", seconds)
+        slot = self._slot(worker)
+        prof.exec_by_slot[i, slot] = seconds
+        prof.samples[i, slot] = max(int(samples), 1)
+        prof.learned_at[i, slot] = next(self._ticks)
+        prof.measured_on_workers = True
+        new = prof.exec_s[i] = self._merged(prof, i)
+        if prof.drifted(0, i, new) or prof.drifted(2, i, seconds, slot):
+            self._bump(prof)
+        return True
+
+    def _merged(self, prof: _WorkflowProfile, i: int) -> float:
+        """Task ``i``'s overall estimate: the workers' learned times weighted by their samples
+        (see the class docstring). Called once something was learned of it."""
+        weights = np.minimum(prof.samples[i], SAMPLES_COUNTED)
+        learned = weights > 0
+        return float(np.dot(prof.exec_by_slot[i, learned], weights[learned]) / weights.sum())
+
+    def learned_of(self, worker: str, most: int = LEARNED_SPREAD) -> tuple[Learned, ...]:
+        """What ``worker`` learned of itself (:meth:`observe_exec`, or :meth:`adopt_exec` as
+        it spread it) as it spreads: at most
+        ``most`` task times, the most recently learned first. The same tuple until an estimate
+        moves past the version tolerance, so a heartbeat that carries it changes only then."""
+        clock, entries = self._spread.get(worker, (-1, ()))
+        if clock == self._spread_clock:
+            return entries
+        slot = self._slots.get(worker)
+        found: list[tuple[int, Learned]] = []
+        for name, prof in self._workflows.items() if slot is not None else ():
+            for i in np.flatnonzero(prof.samples[:, slot]):
+                learned = (name, prof.wf.order[i], float(prof.exec_by_slot[i, slot]),
+                           int(prof.samples[i, slot]))  # fmt: skip
+                found.append((int(prof.learned_at[i, slot]), learned))
+        found.sort(key=lambda pair: pair[0], reverse=True)
+        entries = tuple(learned for _, learned in found[:most])
+        if len(self._spread) >= len(self._slots):
+            self._spread.clear()  # a status asked of every worker once: no more kept than slots
+        self._spread[worker] = (self._spread_clock, entries)
+        return entries
 
     def observe_batch(
         self, workflow: str, task: str, worker: str, size: int, seconds: float
@@ -310,6 +390,7 @@ class Profiles:
     def _bump(self, prof: _WorkflowProfile) -> None:
         prof.version = next(self._clock)
         prof.published = prof._copy()
+        self._spread_clock += 1
 
     # -- models -----------------------------------------------------------------------------
 
@@ -353,10 +434,15 @@ class Profiles:
             tail = np.full((*a.shape[:-1], extra), np.nan)
             return np.concatenate([a, tail], axis=-1)
 
+        def zeros(a: IntArray) -> IntArray:
+            return np.concatenate([a, np.zeros((a.shape[0], extra), dtype=np.intp)], axis=-1)
+
         self._h2d = pad(self._h2d)
         self._d2h = pad(self._d2h)
         for prof in self._workflows.values():
             prof.exec_by_slot = pad(prof.exec_by_slot)
+            prof.samples = zeros(prof.samples)
+            prof.learned_at = zeros(prof.learned_at)
         self._capacity = capacity
 
     def h2d_bytes_per_s(self, worker: str) -> float:

@@ -12,7 +12,7 @@ import pytest
 
 from compass.errors import ConfigError, ProtocolError
 from compass.sched import ClusterView, Heartbeat, ViewSnapshot
-from compass.sched.heartbeat import NO_BATCHES, CacheHeld, LaneLoad
+from compass.sched.heartbeat import NO_BATCHES, CacheHeld, LaneLoad, Serving
 from compass.sched.view import BatchCurve, Placement
 from compass.workflow.dag import linear_scale
 
@@ -184,13 +184,14 @@ def test_own_state_is_the_checked_state() -> None:
         "name": "me", "wait_s": 0.5, "models": frozenset({"a"}), "free_bytes": GB,
         "capacity_bytes": 2 * GB, "lanes": 2, "lanes_busy": 1, "seq": 7,
         "loading": frozenset({"b"}), "h2d_bytes_per_s": 1e9, "incarnation": 3,
-        "lifted_s": (0.25, 0.5),
+        "lifted_s": (0.25, 0.5), "version": "v1", "learned": (("w", "t", 0.25, 3),),
     }  # fmt: skip
     held = CacheHeld(frozenset({"a"}), frozenset({"b"}), GB, 2 * GB, 1e9)
+    serving = Serving("v1", (("w", "t", 0.25, 3),))
 
     def own_state(batches: Mapping[str, tuple[int, float]]) -> Heartbeat:
         load = LaneLoad(0.5, (0.25, 0.5), 2, 1, batches)
-        return Heartbeat.own("me", 7, 3, load, held)
+        return Heartbeat.own("me", 7, 3, load, held, serving)
 
     for batches in ({}, {"a": (2, 0.25)}):
         own = own_state(batches)

@@ -57,12 +57,13 @@ def test_exec_moving_average_overall_and_per_worker() -> None:
     assert p.exec_s("w", "a", "x") == pytest.approx(1.5)  # blended from the overall 1.0
     assert p.exec_s("w", "a", "y") == pytest.approx(1.5)  # never measured: the overall
     p.observe_exec("w", "a", "y", 3.0)
-    assert p.exec_s("w", "a") == pytest.approx(2.25)
-    assert p.exec_s("w", "a", "y") == pytest.approx(2.25)
+    assert p.exec_s("w", "a", "y") == pytest.approx(2.25)  # blended from the overall 1.5
     assert p.exec_s("w", "a", "x") == pytest.approx(1.5)
+    # the overall: the workers' learned times, one sample each, weighted alike
+    assert p.exec_s("w", "a") == pytest.approx((1.5 + 2.25) / 2)
     matrix = p.exec_matrix("w", ("x", "y", "z"))
     assert matrix.shape == (2, 3)
-    assert matrix[0].tolist() == pytest.approx([1.5, 2.25, 2.25])
+    assert matrix[0].tolist() == pytest.approx([1.5, 2.25, 1.875])
     assert matrix[1].tolist() == pytest.approx([0.01, 0.01, 0.01])
     with pytest.raises(ConfigError):
         p.observe_exec("w", "a", "x", -1.0)
