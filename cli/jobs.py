@@ -116,14 +116,19 @@ def submit(
         typer.Option(
             min=0.001,
             help="Answer within this many ms, or not at all: refused at once when no plan "
-            "can (DeadlineUnreachable), dropped when it falls too late (DeadlineExceeded).",
+            "can (DeadlineUnreachable), dropped when it falls too late or its result comes "
+            "late (DeadlineExceeded, exit status 1).",
         ),
     ] = None,
     priority: Annotated[
         int, typer.Option(min=0, max=9, help="0-9; a higher priority's tasks run first.")
     ] = 0,
     on_miss: Annotated[
-        OnMiss, typer.Option(help="finish: run the job to the end even past its deadline.")
+        OnMiss,
+        typer.Option(
+            help="finish: run the job to the end even past its deadline, and print "
+            "its result however late."
+        ),
     ] = OnMiss.drop,
     trace: Annotated[
         bool,

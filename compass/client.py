@@ -380,10 +380,11 @@ class Client:
         The job's objective: ``deadline_ms`` (answer within this many milliseconds of
         submission, or not at all: a job no plan can finish in time is refused at once with
         :class:`~compass.errors.DeadlineUnreachable`, one that falls too late on the way is
-        dropped and answered :class:`~compass.errors.DeadlineExceeded`; ``on_miss="finish"``
-        runs it to the end regardless), and ``priority`` (0 to 9, higher first: a worker
-        runs a higher priority's tasks before a lower one's). Without them a job runs as it
-        always has. Their names are not job inputs.
+        dropped and answered :class:`~compass.errors.DeadlineExceeded`, and so is one whose
+        result comes past the deadline all the same; ``on_miss="finish"`` runs it to the end
+        regardless and gives its value however late), and ``priority`` (0 to 9, higher
+        first: a worker runs a higher priority's tasks before a lower one's). Without them a
+        job runs as it always has. Their names are not job inputs.
 
         Raises :class:`~compass.errors.JobFailed` when a task raised (with the task's name and
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or

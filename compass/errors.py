@@ -207,7 +207,9 @@ class DeadlineUnreachable(DeadlineError):
 class DeadlineExceeded(DeadlineError):
     """Dropped on the way: a task of the job would start too late for the job to finish in
     time (now plus its remaining critical path past the deadline), so the job was answered at
-    once and its other tasks dropped everywhere. ``on_miss="finish"`` runs it to the end."""
+    once and its other tasks dropped everywhere; or it finished, but past its deadline
+    (``detail["late_ms"]``: by how much), and a late result is not given.
+    ``on_miss="finish"`` runs it to the end and gives its value however late."""
 
     code = "deadline_exceeded"
 
