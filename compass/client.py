@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from compass.config import Limits, Timeouts, TLSConfig
 from compass.errors import (
+    AuthenticationError,
     CompassError,
     CompassTimeout,
     ConfigError,
@@ -52,6 +53,7 @@ from compass.errors import (
 )
 from compass.payload import payload_bytes
 from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
+from compass.security import client_token
 from compass.streamed import Output, read_stream
 from compass.submission import (
     USE_CLIENT_DEFAULT,
@@ -124,9 +126,12 @@ class Client:
 
     ``tls`` connects with mutual TLS to workers started with ``--tls-cert``: a
     :class:`~compass.config.TLSConfig` (this client's certificate and key, and the cluster CA;
-    files are read here) or a ready ``ssl.SSLContext``. The token's strength is not checked
-    here: workers refuse weak tokens when they start (``compass worker start``), and a client
-    cannot make the cluster's token weaker or stronger.
+    files are read here) or a ready ``ssl.SSLContext``. ``token`` is the cluster's token; left
+    None, the client reads ``COMPASS_TOKEN`` as the CLI and the workers do (``token=""``
+    presents none), and an :class:`~compass.errors.AuthenticationError` says which it used.
+    The token's strength is not checked here: workers refuse weak tokens when they start
+    (``compass worker start``), and a client cannot make the cluster's token weaker or
+    stronger.
     """
 
     def __init__(
@@ -164,7 +169,8 @@ class Client:
         #: the worker this client talks to now (or will try first)
         self.address = addresses[0]
         self.bulk_threshold = bulk_threshold
-        self._token = token
+        # None reads COMPASS_TOKEN, as the CLI and the workers do
+        self._token = client_token(token)
         self._name = name
         # job keys: this client's random part and a count (one uuid4 per job was a tenth of
         # what the client ran per job, and a system call)
@@ -307,7 +313,7 @@ class Client:
                 address,
                 ChannelOptions(
                     name=self._name,
-                    token=self._token,
+                    token=self._token.value,
                     limits=self.limits,
                     timeouts=self.timeouts,
                     ssl=self._ssl,
@@ -316,6 +322,8 @@ class Client:
             )
         except (ConnectFailed, ConnectionLost) as exc:
             raise ConnectFailed(_explain_refusal(address, exc, tls=self._ssl is not None)) from exc
+        except AuthenticationError as exc:
+            raise AuthenticationError(f"{exc} (this client's token: {self._token.source})") from exc
         if self._closed:  # aclose() ran while this connection was being made
             await channel.aclose()
             raise ConnectionClosed(f"client for {self.address} was closed")

@@ -1,0 +1,177 @@
+"""What the docs and flags promise a new user, held on a real worker process (issue 39): a job
+whose result comes past its deadline is no success through any client; ``compass submit``
+sends tensors; the clients read ``COMPASS_TOKEN``; a job too large for one frame is refused
+on the client, naming the flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compass import Client, SyncClient
+from compass.cluster import LocalCluster
+from compass.errors import AuthenticationError, DeadlineExceeded
+from compass.security import new_token
+
+from .conftest import app_environment, cluster_on_its_own_loop, compass_argv
+
+PROMISES_APP = """
+import time
+
+import compass
+
+app = compass.App("promises")
+
+# one workflow per client under test: a worker learns a task's real time from its first run
+# and then refuses the next such job at once (DeadlineUnreachable), which is another promise
+for name in ("late_async", "late_sync", "late_cli", "late_http"):
+    @app.workflow(name, inputs=["ms"]).task(expected_ms=50)
+    def sleep(model, ms):
+        time.sleep(float(ms) / 1000.0)
+        return float(ms)
+"""
+
+#: what the late jobs take and what they are given: far apart, so that the job is admitted and
+#: started in time on a busy machine and still finishes late
+SLEEP_MS, DEADLINE_MS = 1000, 400
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Promised:
+    """The worker under test: its native address, HTTP port, token and environment."""
+
+    def __init__(self, cluster: LocalCluster, port: int, env: dict[str, str]) -> None:
+        assert cluster.token is not None
+        self.cluster = cluster
+        self.address = cluster.addresses[0]
+        self.port = port
+        self.token: str = cluster.token
+        self.env = env
+
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            compass_argv(*args), env={**self.env, "COMPASS_TOKEN": self.token, **(env or {})},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    def infer(self, workflow: str, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            conn.request("POST", f"/v2/models/{workflow}/infer", json.dumps(doc), headers)
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def promised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promised]:
+    folder: Path = tmp_path_factory.mktemp("promises")
+    env = app_environment(folder, "promises_app", PROMISES_APP)
+    port = free_port()
+    args = ["--app", "promises_app", "--http-port", str(port)]
+    with cluster_on_its_own_loop(1, args, env=env, token=new_token()) as cluster:
+        yield Promised(cluster, port, env)
+
+
+# -- item 1: past the deadline, no success ----------------------------------------------------
+def late_detail(error: DeadlineExceeded) -> float:
+    """How late the job finished, as its error says (ms)."""
+    assert isinstance(error.detail, dict), error.detail
+    late_ms = float(error.detail["late_ms"])
+    assert late_ms > 0 and error.job_id is not None
+    return late_ms
+
+
+@pytest.mark.timeout(120)
+def test_a_result_past_its_deadline_is_deadline_exceeded_in_every_client(
+    promised: Promised,
+) -> None:
+    async def natively() -> None:
+        async with Client(promised.address, token=promised.token) as client:
+            with pytest.raises(DeadlineExceeded, match="past its deadline") as late:
+                await client.submit("late_async", ms=SLEEP_MS, deadline_ms=DEADLINE_MS)
+            late_detail(late.value)
+            # on_miss="finish" asks for the value however late: it is given
+            value = await client.submit(
+                "late_async", ms=SLEEP_MS, deadline_ms=DEADLINE_MS, on_miss="finish"
+            )
+            assert value == SLEEP_MS
+
+    asyncio.run(natively())
+
+    with SyncClient(promised.address, token=promised.token) as sync:
+        with pytest.raises(DeadlineExceeded, match="past its deadline") as late:
+            sync.submit("late_sync", ms=SLEEP_MS, deadline_ms=DEADLINE_MS)
+        late_detail(late.value)
+        status = sync.status()
+
+    done = promised.cli(
+        "submit", promised.address, "late_cli", "-i", f"ms={SLEEP_MS}",
+        "--deadline-ms", str(DEADLINE_MS),
+    )  # fmt: skip
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout == ""  # no value printed as if it were an answer
+    assert "past its deadline" in done.stderr and 'on_miss="drop"' in done.stderr
+
+    ms = {"name": "ms", "datatype": "FP32", "shape": [], "data": [float(SLEEP_MS)]}
+    code, body = promised.infer(
+        "late_http", {"inputs": [ms], "parameters": {"deadline_ms": DEADLINE_MS}}
+    )
+    assert code == 429 and "past its deadline" in body["error"], (code, body)
+
+    # the worker still counts each as late (it finished: answered an error, or with
+    # on_miss="finish" its value), not as dropped on the way
+    slo = status.slo
+    assert (slo["late_async"]["0"]["late"], slo["late_async"]["0"]["dropped"]) == (2, 0)
+    assert slo["late_sync"]["0"]["late"] == 1
+
+
+# -- item 5: the clients read COMPASS_TOKEN ---------------------------------------------------
+@pytest.mark.timeout(60)
+def test_the_clients_read_compass_token_and_say_so_when_it_is_missing_or_wrong(
+    promised: Promised, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPASS_TOKEN", promised.token)
+    with SyncClient(promised.address) as sync:  # no token given: the variable's
+        assert sync.status().name
+
+    async def ping() -> float:
+        async with Client(promised.address) as client:  # the async one too
+            return await client.ping()
+
+    assert asyncio.run(ping()) >= 0
+
+    monkeypatch.setenv("COMPASS_TOKEN", new_token())
+    with (
+        pytest.raises(AuthenticationError, match="the COMPASS_TOKEN environment variable"),
+        SyncClient(promised.address, retries=0),  # it connects as the block begins
+    ):
+        pass
+    with SyncClient(promised.address, token=promised.token) as sync:  # a given token wins
+        assert sync.status().name
+
+    monkeypatch.delenv("COMPASS_TOKEN")
+    with (
+        pytest.raises(AuthenticationError, match="no token= given, and COMPASS_TOKEN is not set"),
+        SyncClient(promised.address, retries=0),
+    ):
+        pass
