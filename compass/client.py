@@ -59,6 +59,7 @@ from compass.submission import (
     USE_CLIENT_DEFAULT,
     OnMiss,
     TimeoutArg,
+    check_job_size,
     job_inputs,
     objective_fields,
     resolve_timeout,
@@ -70,7 +71,7 @@ from compass.trace import (
     parse_traceparent,
     seen_by_client,
 )
-from compass.wire.transport import Channel, ChannelOptions, connect
+from compass.wire.transport import Channel, ChannelOptions, connect, send_limits
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult"]
 
@@ -397,7 +398,8 @@ class Client:
         Raises :class:`~compass.errors.JobFailed` when a task raised (with the task's name and
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
         :class:`~compass.errors.InvalidInputs` for a bad request; each names the job
-        (``error.job_id``).
+        (``error.job_id``). :class:`~compass.errors.JobTooLarge`, before anything is sent,
+        when the inputs do not fit the one frame a job travels in (``--max-frame-mb``).
         """
         job = job_inputs("submit", inputs, keywords)
         extra = objective_fields(deadline_ms, priority, on_miss)
@@ -475,10 +477,10 @@ class Client:
             raise ProtocolError(f"{self.address} answered story with a {type(answer).__name__}")
         return answer
 
-    def _is_bulk(self, inputs: dict[str, Any]) -> bool:
+    def _is_bulk(self, input_bytes: int) -> bool:
         """Whether inputs this large travel on the bulk connection."""
         threshold = self.bulk_threshold
-        return threshold is not None and payload_bytes(inputs) > threshold
+        return threshold is not None and input_bytes > threshold
 
     async def _submit(
         self, workflow: str, inputs: dict[str, Any], wait: TimeoutArg, extra: dict[str, Any]
@@ -486,7 +488,8 @@ class Client:
         """Submit, failing over as the class says; the answer, and how many times the job
         was submitted again to another worker."""
         timeout = resolve_timeout(wait, self.timeouts.request)
-        bulk = self._is_bulk(inputs)
+        input_bytes = payload_bytes(inputs)
+        bulk = self._is_bulk(input_bytes)
         key = f"{self._key_prefix}{next(self._keys)}"
         body = {"workflow": workflow, "inputs": inputs, "key": key, **extra}
         if "tp" not in body:
@@ -498,6 +501,7 @@ class Client:
             channel: Channel | None = None
             try:
                 channel = await self._channel_for(bulk)
+                check_job_size(input_bytes, send_limits(channel), self.limits, self.address)
                 return await channel.request("submit", body, timeout=timeout), retry
             except ConnectFailed:
                 if lost is None:
@@ -538,7 +542,7 @@ class Client:
             **objective_fields(deadline_ms, priority, on_miss),
         }
         return read_stream(
-            lambda: self._channel_for(self._is_bulk(job)),
+            lambda: self._channel_for(self._is_bulk(payload_bytes(job))),
             body,
             window,
         )

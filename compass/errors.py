@@ -215,8 +215,10 @@ class DeadlineExceeded(DeadlineError):
 
 
 class JobTooLarge(CompassError):
-    """One job's inputs are larger than the ingress takes (its ``--max-job-mb``). Not worth
-    retrying anywhere with the same inputs: make them smaller, or raise the limit."""
+    """One job's inputs are larger than the ingress takes (its ``--max-job-mb``), or than the
+    one frame a job travels in (the workers' ``--max-frame-mb``: the client refuses such a job
+    before sending it). Not worth retrying anywhere with the same inputs: make them smaller,
+    or raise the limit the message names."""
 
     code = "job_too_large"
 

@@ -1,6 +1,7 @@
 """What a client makes of a submission's arguments before anything is sent: the job's inputs
 (an ``inputs`` mapping and keywords, which cannot be mistaken for the client's options), its
-objective's fields, and the sentinel that means "the client's own timeout".
+objective's fields, whether it fits the one frame it travels in, and the sentinel that means
+"the client's own timeout".
 
 A job's inputs go either in ``inputs={...}`` or as keywords (``submit("wf", image=x)``).
 A keyword is a job input unless it is one of the submission's options; a keyword named like
@@ -14,7 +15,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Final
 
-from compass.errors import InvalidInputs
+from compass.config import Limits
+from compass.errors import InvalidInputs, JobTooLarge
 from compass.objective import OnMiss, check_objective
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "OnMiss",
     "TimeoutArg",
     "UseClientDefault",
+    "check_job_size",
     "job_inputs",
     "objective_fields",
     "resolve_timeout",
@@ -121,3 +124,33 @@ def objective_fields(deadline_ms: float | None, priority: int, on_miss: OnMiss) 
     if on_miss != "drop":
         body["on_miss"] = on_miss
     return body
+
+
+def check_job_size(input_bytes: int, send: Limits, own: Limits, address: str) -> None:
+    """:class:`~compass.errors.JobTooLarge` unless a job whose inputs take ``input_bytes``
+    fits the one frame it travels in to the worker at ``address``: ``send`` are the limits of
+    that connection (the tighter of this client's, ``own``, and the worker's), less room for
+    the message's header. Checked before anything is sent, so that the error names the flag to
+    raise (a frame the wire refuses says only ``max_frame_bytes``), and the connection and the
+    worker are left as they were."""
+    room = send.max_frame_bytes - send.max_header_bytes
+    if input_bytes <= room:
+        return
+    mib = 1 << 20
+    frame = f"{send.max_frame_bytes / mib:g} MiB"
+    if send.max_frame_bytes < own.max_frame_bytes:
+        whose = f"the worker's --max-frame-mb is {frame}"
+    else:  # this client's limit binds, the worker's perhaps too (it announced no smaller one)
+        whose = "the smaller of the worker's --max-frame-mb and this client's "
+        whose += f"Limits.max_frame_bytes is {frame}"
+    raise JobTooLarge(
+        f"the job's inputs take {input_bytes / mib:.1f} MiB, more than the one frame a job "
+        f"travels in to {address} holds: {room / mib:g} MiB ({whose}, less "
+        f"{send.max_header_bytes / mib:g} MiB for its header); send smaller inputs or split the "
+        "job, or raise --max-frame-mb on every worker (and Limits.max_frame_bytes here)",
+        detail={
+            "input_bytes": input_bytes,
+            "max_frame_bytes": send.max_frame_bytes,
+            "max_header_bytes": send.max_header_bytes,
+        },
+    )

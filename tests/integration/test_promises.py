@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from compass import Client, SyncClient
 from compass.cluster import LocalCluster
-from compass.errors import AuthenticationError, DeadlineExceeded
+from compass.config import Limits
+from compass.errors import AuthenticationError, DeadlineExceeded, JobTooLarge
 from compass.security import new_token
 
 from .conftest import app_environment, cluster_on_its_own_loop, compass_argv
@@ -38,11 +40,20 @@ for name in ("late_async", "late_sync", "late_cli", "late_http"):
     def sleep(model, ms):
         time.sleep(float(ms) / 1000.0)
         return float(ms)
+
+@app.workflow("echo", inputs=["x"]).task(expected_ms=1)
+def same(model, x):
+    return x
 """
 
 #: what the late jobs take and what they are given: far apart, so that the job is admitted and
 #: started in time on a busy machine and still finishes late
 SLEEP_MS, DEADLINE_MS = 1000, 400
+
+
+#: the worker's largest frame: small, so that a job too large for it is cheap to make
+MAX_FRAME_MB = 4
+MiB = 1 << 20
 
 
 def free_port() -> int:
@@ -87,7 +98,7 @@ def promised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promised]:
     folder: Path = tmp_path_factory.mktemp("promises")
     env = app_environment(folder, "promises_app", PROMISES_APP)
     port = free_port()
-    args = ["--app", "promises_app", "--http-port", str(port)]
+    args = ["--app", "promises_app", "--http-port", str(port), "--max-frame-mb", str(MAX_FRAME_MB)]
     with cluster_on_its_own_loop(1, args, env=env, token=new_token()) as cluster:
         yield Promised(cluster, port, env)
 
@@ -175,3 +186,23 @@ def test_the_clients_read_compass_token_and_say_so_when_it_is_missing_or_wrong(
         SyncClient(promised.address, retries=0),
     ):
         pass
+
+
+# -- item 6: a job too large for its frame -------------------------------------------------
+@pytest.mark.timeout(60)
+def test_a_job_too_large_for_one_frame_is_refused_on_the_client_naming_the_flag(
+    promised: Promised,
+) -> None:
+    big = np.zeros((MAX_FRAME_MB + 1) * MiB, dtype=np.uint8)
+    with SyncClient(promised.address, token=promised.token) as sync:
+        with pytest.raises(JobTooLarge, match=f"the worker's --max-frame-mb is {MAX_FRAME_MB} MiB"):
+            sync.submit("echo", x=big)
+        # the connection and the worker are as they were: a job that fits is answered
+        fits = np.arange(2 * MiB, dtype=np.uint8)
+        np.testing.assert_array_equal(sync.submit("echo", x=fits), fits)
+    # this client's own limit is the tighter one: it says so
+    small = Limits(max_frame_bytes=2 * MiB)
+    with SyncClient(promised.address, token=promised.token, limits=small) as sync:
+        with pytest.raises(JobTooLarge, match=r"this client's Limits\.max_frame_bytes is 2 MiB"):
+            sync.submit("echo", x=fits)
+        assert sync.submit("echo", x=1) == 1
