@@ -44,6 +44,16 @@ for name in ("late_async", "late_sync", "late_cli", "late_http"):
 @app.workflow("echo", inputs=["x"]).task(expected_ms=1)
 def same(model, x):
     return x
+
+@app.workflow("double", inputs=["x"]).task(expected_ms=1)
+def twice(model, x):
+    return x.float() * 2  # as the README's tasks are written: x is a tensor
+
+@app.workflow("describe", inputs=["x"]).task(expected_ms=1)
+def what(model, x):
+    kind = type(x)
+    return {"type": f"{kind.__module__}.{kind.__name__}", "dtype": str(x.dtype),
+            "shape": list(x.shape), "sum": float(x.sum())}
 """
 
 #: what the late jobs take and what they are given: far apart, so that the job is admitted and
@@ -206,3 +216,46 @@ def test_a_job_too_large_for_one_frame_is_refused_on_the_client_naming_the_flag(
         with pytest.raises(JobTooLarge, match=r"this client's Limits\.max_frame_bytes is 2 MiB"):
             sync.submit("echo", x=fits)
         assert sync.submit("echo", x=1) == 1
+
+
+# -- item 4: compass submit sends tensors --------------------------------------------------
+@pytest.mark.timeout(120)
+def test_compass_submit_sends_tensors_from_files_and_typed_literals(
+    promised: Promised, tmp_path: Path
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    def submit(workflow: str, *inputs: str) -> Any:
+        args = [f"-i{item}" for item in inputs]
+        done = promised.cli("submit", promised.address, workflow, *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    # a literal as a list fails a task written for a tensor; a typed one is a tensor
+    assert submit("double", "x:float32=[[1, 2], [3, 4]]") == [[2.0, 4.0], [6.0, 8.0]]
+    assert submit("describe", "x:numpy.int8=[1, 2, 3]") == {
+        "type": "numpy.ndarray", "dtype": "int8", "shape": [3], "sum": 6.0,
+    }  # fmt: skip
+
+    np.save(tmp_path / "a.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    torch.save(torch.ones(4, dtype=torch.int64), tmp_path / "b.pt")
+    save_file({"x": torch.full((2,), 0.5), "y": torch.zeros(1)}, str(tmp_path / "c.safetensors"))
+    assert submit("describe", f"x=@{tmp_path / 'a.npy'}") == {
+        "type": "numpy.ndarray", "dtype": "float32", "shape": [2, 3], "sum": 15.0,
+    }  # fmt: skip
+    assert submit("describe", f"x=@{tmp_path / 'b.pt'}") == {
+        "type": "torch.Tensor", "dtype": "torch.int64", "shape": [4], "sum": 4.0,
+    }  # fmt: skip
+    # a file of several tensors gives the one named like the input
+    assert submit("describe", f"x=@{tmp_path / 'c.safetensors'}")["sum"] == 1.0
+
+    # a mistake is one line and a usage error (2); nothing reaches the worker
+    for bad, said in (
+        (f"x=@{tmp_path / 'missing.npy'}", "No such file"),
+        (f"z=@{tmp_path / 'c.safetensors'}", "2 tensors and none named 'z': x, y"),
+        ("x:float33=[1]", "unknown dtype 'float33'"),
+    ):
+        done = promised.cli("submit", promised.address, "describe", f"-i{bad}")
+        assert done.returncode == 2, (bad, done.stderr)
+        assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
