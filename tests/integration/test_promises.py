@@ -22,9 +22,10 @@ from compass import Client, SyncClient
 from compass.cluster import LocalCluster
 from compass.config import Limits
 from compass.errors import AuthenticationError, DeadlineExceeded, JobTooLarge
+from compass.reports import WorkerStatus
 from compass.security import new_token
 
-from .conftest import app_environment, cluster_on_its_own_loop, compass_argv
+from .conftest import PAPER, app_environment, cluster_on_its_own_loop, compass_argv
 
 PROMISES_APP = """
 import time
@@ -259,3 +260,56 @@ def test_compass_submit_sends_tensors_from_files_and_typed_literals(
         done = promised.cli("submit", promised.address, "describe", f"-i{bad}")
         assert done.returncode == 2, (bad, done.stderr)
         assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# -- item 8: routine events at INFO -----------------------------------------------------------
+def logged(path: Path, text: str) -> set[str]:
+    """The levels of the lines of the log at ``path`` that say ``text``."""
+    lines = path.read_text(errors="replace").splitlines()
+    return {line.split()[2] for line in lines if text in line}
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_a_drain_and_a_rejoin_are_info_and_a_lost_peer_a_warning(
+    worker_env: dict[str, str],
+) -> None:
+    args = ["--workload", PAPER, "--heartbeat-ms", "20", "--peer-timeout-ms", "500",
+            "--log-level", "info"]  # fmt: skip
+    async with LocalCluster(3, args=args, env=worker_env) as cluster:
+        await cluster.wait_joined()
+        await cluster.restart(2)  # SIGTERM: it drains, says it leaves, and comes back
+        cluster.workers[1].kill()  # no word: lost
+
+        def settled(status: WorkerStatus) -> bool:
+            lost = {m["name"] for m in status.lost}
+            return [p["name"] for p in status.peers] == ["w2"] and lost == {"w1"}
+
+        async with cluster.client(0) as client:
+            for _ in range(1500):  # bounded: 30 s
+                if settled(status := await client.status()):
+                    break
+                await asyncio.sleep(0.02)
+            assert settled(status), status
+        w0, w2 = cluster.log_dir / "w0.log", cluster.log_dir / "w2.log"
+        # what an operator asked for, or what heals by itself, is INFO
+        assert logged(w2, "draining for up to") == {"INFO"}
+        assert logged(w2, "drained: every job") == {"INFO"}
+        assert logged(w0, "peer w2 removed") == {"INFO"}
+        assert logged(w0, "peer w2 gone") == {"INFO"}
+        assert logged(w0, "peer w2 is back after") == {"INFO"}
+        # a peer lost without a word is what an operator must look at
+        assert logged(w0, "peer w1 removed") == {"WARNING"}
+
+
+def test_help_piped_wraps_at_100_columns_or_at_columns(worker_env: dict[str, str]) -> None:
+    def widest(env: dict[str, str]) -> int:
+        done = subprocess.run(
+            compass_argv("submit", "--help"), env=env, capture_output=True, text=True,
+            timeout=60, check=True,
+        )  # fmt: skip
+        return max(map(len, done.stdout.splitlines()))
+
+    env = {k: v for k, v in worker_env.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    assert widest(env) == 100  # piped: 100 columns, not rich's 80
+    assert widest({**env, "COLUMNS": "72"}) == 72  # a width asked for is kept
