@@ -71,6 +71,7 @@ from compass.trace import (
     parse_traceparent,
     seen_by_client,
 )
+from compass.wire.codec import torch_import_s
 from compass.wire.transport import Channel, ChannelOptions, connect, send_limits
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult"]
@@ -440,16 +441,19 @@ class Client:
             extra["tp"] = traceparent
         if trace:
             extra["trace"] = True
-        t0 = time.perf_counter()
+        imported_s, t0 = torch_import_s(), time.perf_counter()
         answer, retries = await self._submit(workflow, job, timeout, extra)
         latency_ms = (time.perf_counter() - t0) * 1000.0
+        # torch imported on the way to rebuild a tensor of the answer: named in the trace
+        import_ms = (torch_import_s() - imported_s) * 1000.0
         if not (isinstance(answer, dict) and isinstance(answer.get("job"), str)):
             raise ProtocolError(
                 f"{self.address} answered a job without its id: the worker predates submit_job"
             )
         job_trace = None
         if trace and answer.get("trace") is not None:
-            job_trace = JobTrace.from_json(seen_by_client(answer["trace"], latency_ms, retries))
+            answered = seen_by_client(answer["trace"], latency_ms, retries, import_ms)
+            job_trace = JobTrace.from_json(answered)
         return JobResult(answer["job"], answer.get("value"), job_trace)
 
     async def trace(self, job_id: str, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> JobTrace:

@@ -50,6 +50,11 @@ def same(model, x):
 def twice(model, x):
     return x.float() * 2  # as the README's tasks are written: x is a tensor
 
+@app.workflow("ones", inputs=["n"]).task(expected_ms=1)
+def ones(model, n):
+    import torch
+    return torch.ones(int(n))
+
 @app.workflow("describe", inputs=["x"]).task(expected_ms=1)
 def what(model, x):
     kind = type(x)
@@ -313,3 +318,26 @@ def test_help_piped_wraps_at_100_columns_or_at_columns(worker_env: dict[str, str
     env = {k: v for k, v in worker_env.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
     assert widest(env) == 100  # piped: 100 columns, not rich's 80
     assert widest({**env, "COLUMNS": "72"}) == 72  # a width asked for is kept
+
+
+# -- item 7: the trace names the client's import of torch ---------------------------------
+@pytest.mark.timeout(120)
+def test_a_traced_tensor_result_names_the_clients_import_of_torch(
+    promised: Promised, tmp_path: Path
+) -> None:
+    def traced(workflow: str, item: str) -> dict[str, float]:
+        path = tmp_path / f"{workflow}.json"
+        done = promised.cli(
+            "submit", promised.address, workflow, "-i", item, "--trace-json", str(path)
+        )
+        assert done.returncode == 0, done.stderr
+        trace = json.loads(path.read_text())
+        parts: dict[str, float] = trace["breakdown_ms"]
+        assert sum(parts.values()) == pytest.approx(trace["latency_ms"])  # they add up
+        return parts
+
+    # the CLI imports torch only to rebuild the tensor it was answered: named, not "client"
+    tensor = traced("ones", "n=4")
+    assert tensor["import"] > 0 and tensor["client"] < tensor["import"], tensor
+    number = traced("echo", "x=4")  # no tensor: nothing imported
+    assert number["import"] == 0.0, number
