@@ -505,7 +505,7 @@ class Client:
             channel: Channel | None = None
             try:
                 channel = await self._channel_for(bulk)
-                check_job_size(input_bytes, send_limits(channel), self.limits, self.address)
+                check_job_size(inputs, input_bytes, send_limits(channel), self.limits, self.address)
                 return await channel.request("submit", body, timeout=timeout), retry
             except ConnectFailed:
                 if lost is None:

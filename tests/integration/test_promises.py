@@ -214,7 +214,7 @@ def test_a_job_too_large_for_one_frame_is_refused_on_the_client_naming_the_flag(
         with pytest.raises(JobTooLarge, match=f"the worker's --max-frame-mb is {MAX_FRAME_MB} MiB"):
             sync.submit("echo", x=big)
         # the connection and the worker are as they were: a job that fits is answered
-        fits = np.arange(2 * MiB, dtype=np.uint8)
+        fits = np.arange(3 * MiB, dtype=np.uint8)
         np.testing.assert_array_equal(sync.submit("echo", x=fits), fits)
     # this client's own limit is the tighter one: it says so
     small = Limits(max_frame_bytes=2 * MiB)
@@ -222,6 +222,10 @@ def test_a_job_too_large_for_one_frame_is_refused_on_the_client_naming_the_flag(
         with pytest.raises(JobTooLarge, match=r"this client's Limits\.max_frame_bytes is 2 MiB"):
             sync.submit("echo", x=fits)
         assert sync.submit("echo", x=1) == 1
+        # a scalar counts 24 bytes in payload_bytes and takes a byte on the wire: a list of
+        # small ints "larger" than the frame by that count, which fits it, is not refused
+        many = [7] * 100_000
+        assert sync.submit("echo", x=many) == many
 
 
 # -- item 4: compass submit sends tensors --------------------------------------------------
