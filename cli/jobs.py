@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 from .checks import check_output, fail, tls_config
 from .format import result_text, status_lines
+from .inputs import parse_input
 from .options import TlsCa, TlsCert, TlsKey, Token
 from .running import kept_trace, run_job, stream_job, worker_status, worker_story
 from .story import story_lines
@@ -104,7 +105,14 @@ def submit(
     ],
     inputs: Annotated[
         list[str] | None,
-        typer.Option("--input", "-i", help="NAME=VALUE (VALUE parsed as JSON if it can be)."),
+        typer.Option(
+            "--input",
+            "-i",
+            help="NAME=VALUE: VALUE as JSON if it parses, else a string. NAME=@FILE: a tensor "
+            "from a file (.npy: a numpy array; .pt or .safetensors: a torch tensor, the "
+            "file's only one or the one named NAME). NAME:DTYPE=VALUE: a JSON number or list "
+            "as a torch tensor of DTYPE (float32, int64, ...; numpy.DTYPE: a numpy array).",
+        ),
     ] = None,
     token: Token = None,
     tls_cert: TlsCert = None,
@@ -116,14 +124,19 @@ def submit(
         typer.Option(
             min=0.001,
             help="Answer within this many ms, or not at all: refused at once when no plan "
-            "can (DeadlineUnreachable), dropped when it falls too late (DeadlineExceeded).",
+            "can (DeadlineUnreachable), dropped when it falls too late or its result comes "
+            "late (DeadlineExceeded, exit status 1).",
         ),
     ] = None,
     priority: Annotated[
         int, typer.Option(min=0, max=9, help="0-9; a higher priority's tasks run first.")
     ] = 0,
     on_miss: Annotated[
-        OnMiss, typer.Option(help="finish: run the job to the end even past its deadline.")
+        OnMiss,
+        typer.Option(
+            help="finish: run the job to the end even past its deadline, and print "
+            "its result however late."
+        ),
     ] = OnMiss.drop,
     trace: Annotated[
         bool,
@@ -157,13 +170,11 @@ def submit(
     address, workflow = (DEFAULT_ADDRESS, target[0]) if len(target) == 1 else target
     kwargs: dict[str, Any] = {}
     for item in inputs or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--input {item!r}: expected NAME=VALUE", 2)
         try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
+            key, value = parse_input(item)
+        except ConfigError as exc:
+            fail(str(exc), 2)
+        kwargs[key] = value
 
     traced = trace or trace_json is not None
     check_output(trace_json, "--trace-json")

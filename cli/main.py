@@ -11,6 +11,7 @@ maps usage errors, :class:`CompassError` and ``OSError`` to that line.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -59,10 +60,26 @@ def _root(
     """Decentralized scheduling of ML workflows across GPU workers."""
 
 
+#: columns ``--help`` wraps at when stdout is no terminal (piped into ``less`` or ``grep``, or
+#: a file): rich would take 80, which wraps an option's help into a column of a few words
+PIPED_HELP_WIDTH = 100
+
+
+def _help_width() -> None:
+    """Wrap ``--help`` at :data:`PIPED_HELP_WIDTH` when piped, unless ``COLUMNS`` or typer's
+    ``TERMINAL_WIDTH`` says otherwise; a terminal's own width is rich's to read. typer's rich
+    help reads no ``context_settings`` width, only this (set from ``TERMINAL_WIDTH``)."""
+    from typer import rich_utils
+
+    if rich_utils.MAX_WIDTH is None and "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``compass`` script: exits with the command's code; a user's mistake is one line on
     stderr (exit 2), never a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _help_width()
     try:
         code = app(args=args, prog_name="compass", standalone_mode=False)
     except typer.TyperException as exc:  # usage: a bad flag, a bad value, a missing argument

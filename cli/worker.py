@@ -285,7 +285,13 @@ def worker_start(
         ),
     ] = WORKER.sched.holders,
     max_frame_mb: Annotated[
-        int, typer.Option(envvar=env("max_frame_mb"), min=1, help="Largest frame accepted, MiB.")
+        int,
+        typer.Option(
+            envvar=env("max_frame_mb"),
+            min=1,
+            help="Largest frame accepted, MiB. A job travels in one frame, so this bounds one "
+            "job's inputs too: a client refuses a larger job before sending it (JobTooLarge).",
+        ),
     ] = WORKER.limits.max_frame_bytes // MiB,
     max_jobs: Annotated[
         int,
@@ -301,7 +307,8 @@ def worker_start(
             envvar=env("max_job_mb"),
             min=0.001,
             help="MiB of job inputs held as ingress: a job over it alone is refused "
-            "(JobTooLarge), more jobs than fit together are refused for now (Overloaded).",
+            "(JobTooLarge; a client's job is bounded by --max-frame-mb too, an HTTP body by "
+            "this alone), more jobs than fit together are refused for now (Overloaded).",
         ),
     ] = WORKER.max_job_bytes / MiB,
     keep_answers_mb: Annotated[

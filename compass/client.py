@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from compass.config import Limits, Timeouts, TLSConfig
 from compass.errors import (
+    AuthenticationError,
     CompassError,
     CompassTimeout,
     ConfigError,
@@ -52,11 +53,13 @@ from compass.errors import (
 )
 from compass.payload import payload_bytes
 from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
+from compass.security import client_token
 from compass.streamed import Output, read_stream
 from compass.submission import (
     USE_CLIENT_DEFAULT,
     OnMiss,
     TimeoutArg,
+    check_job_size,
     job_inputs,
     objective_fields,
     resolve_timeout,
@@ -68,7 +71,8 @@ from compass.trace import (
     parse_traceparent,
     seen_by_client,
 )
-from compass.wire.transport import Channel, ChannelOptions, connect
+from compass.wire.codec import torch_import_s
+from compass.wire.transport import Channel, ChannelOptions, connect, send_limits
 
 __all__ = ["BULK_THRESHOLD", "Client", "JobResult"]
 
@@ -124,9 +128,12 @@ class Client:
 
     ``tls`` connects with mutual TLS to workers started with ``--tls-cert``: a
     :class:`~compass.config.TLSConfig` (this client's certificate and key, and the cluster CA;
-    files are read here) or a ready ``ssl.SSLContext``. The token's strength is not checked
-    here: workers refuse weak tokens when they start (``compass worker start``), and a client
-    cannot make the cluster's token weaker or stronger.
+    files are read here) or a ready ``ssl.SSLContext``. ``token`` is the cluster's token; left
+    None, the client reads ``COMPASS_TOKEN`` as the CLI and the workers do (``token=""``
+    presents none), and an :class:`~compass.errors.AuthenticationError` says which it used.
+    The token's strength is not checked here: workers refuse weak tokens when they start
+    (``compass worker start``), and a client cannot make the cluster's token weaker or
+    stronger.
     """
 
     def __init__(
@@ -164,7 +171,8 @@ class Client:
         #: the worker this client talks to now (or will try first)
         self.address = addresses[0]
         self.bulk_threshold = bulk_threshold
-        self._token = token
+        # None reads COMPASS_TOKEN, as the CLI and the workers do
+        self._token = client_token(token)
         self._name = name
         # job keys: this client's random part and a count (one uuid4 per job was a tenth of
         # what the client ran per job, and a system call)
@@ -307,7 +315,7 @@ class Client:
                 address,
                 ChannelOptions(
                     name=self._name,
-                    token=self._token,
+                    token=self._token.value,
                     limits=self.limits,
                     timeouts=self.timeouts,
                     ssl=self._ssl,
@@ -316,6 +324,8 @@ class Client:
             )
         except (ConnectFailed, ConnectionLost) as exc:
             raise ConnectFailed(_explain_refusal(address, exc, tls=self._ssl is not None)) from exc
+        except AuthenticationError as exc:
+            raise AuthenticationError(f"{exc} (this client's token: {self._token.source})") from exc
         if self._closed:  # aclose() ran while this connection was being made
             await channel.aclose()
             raise ConnectionClosed(f"client for {self.address} was closed")
@@ -380,15 +390,17 @@ class Client:
         The job's objective: ``deadline_ms`` (answer within this many milliseconds of
         submission, or not at all: a job no plan can finish in time is refused at once with
         :class:`~compass.errors.DeadlineUnreachable`, one that falls too late on the way is
-        dropped and answered :class:`~compass.errors.DeadlineExceeded`; ``on_miss="finish"``
-        runs it to the end regardless), and ``priority`` (0 to 9, higher first: a worker
-        runs a higher priority's tasks before a lower one's). Without them a job runs as it
-        always has. Their names are not job inputs.
+        dropped and answered :class:`~compass.errors.DeadlineExceeded`, and so is one whose
+        result comes past the deadline all the same; ``on_miss="finish"`` runs it to the end
+        regardless and gives its value however late), and ``priority`` (0 to 9, higher
+        first: a worker runs a higher priority's tasks before a lower one's). Without them a
+        job runs as it always has. Their names are not job inputs.
 
         Raises :class:`~compass.errors.JobFailed` when a task raised (with the task's name and
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
         :class:`~compass.errors.InvalidInputs` for a bad request; each names the job
-        (``error.job_id``).
+        (``error.job_id``). :class:`~compass.errors.JobTooLarge`, before anything is sent,
+        when the inputs do not fit the one frame a job travels in (``--max-frame-mb``).
         """
         job = job_inputs("submit", inputs, keywords)
         extra = objective_fields(deadline_ms, priority, on_miss)
@@ -429,16 +441,19 @@ class Client:
             extra["tp"] = traceparent
         if trace:
             extra["trace"] = True
-        t0 = time.perf_counter()
+        imported_s, t0 = torch_import_s(), time.perf_counter()
         answer, retries = await self._submit(workflow, job, timeout, extra)
         latency_ms = (time.perf_counter() - t0) * 1000.0
+        # torch imported on the way to rebuild a tensor of the answer: named in the trace
+        import_ms = (torch_import_s() - imported_s) * 1000.0
         if not (isinstance(answer, dict) and isinstance(answer.get("job"), str)):
             raise ProtocolError(
                 f"{self.address} answered a job without its id: the worker predates submit_job"
             )
         job_trace = None
         if trace and answer.get("trace") is not None:
-            job_trace = JobTrace.from_json(seen_by_client(answer["trace"], latency_ms, retries))
+            answered = seen_by_client(answer["trace"], latency_ms, retries, import_ms)
+            job_trace = JobTrace.from_json(answered)
         return JobResult(answer["job"], answer.get("value"), job_trace)
 
     async def trace(self, job_id: str, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> JobTrace:
@@ -466,10 +481,10 @@ class Client:
             raise ProtocolError(f"{self.address} answered story with a {type(answer).__name__}")
         return answer
 
-    def _is_bulk(self, inputs: dict[str, Any]) -> bool:
+    def _is_bulk(self, input_bytes: int) -> bool:
         """Whether inputs this large travel on the bulk connection."""
         threshold = self.bulk_threshold
-        return threshold is not None and payload_bytes(inputs) > threshold
+        return threshold is not None and input_bytes > threshold
 
     async def _submit(
         self, workflow: str, inputs: dict[str, Any], wait: TimeoutArg, extra: dict[str, Any]
@@ -477,7 +492,8 @@ class Client:
         """Submit, failing over as the class says; the answer, and how many times the job
         was submitted again to another worker."""
         timeout = resolve_timeout(wait, self.timeouts.request)
-        bulk = self._is_bulk(inputs)
+        input_bytes = payload_bytes(inputs)
+        bulk = self._is_bulk(input_bytes)
         key = f"{self._key_prefix}{next(self._keys)}"
         body = {"workflow": workflow, "inputs": inputs, "key": key, **extra}
         if "tp" not in body:
@@ -489,6 +505,7 @@ class Client:
             channel: Channel | None = None
             try:
                 channel = await self._channel_for(bulk)
+                check_job_size(inputs, input_bytes, send_limits(channel), self.limits, self.address)
                 return await channel.request("submit", body, timeout=timeout), retry
             except ConnectFailed:
                 if lost is None:
@@ -529,7 +546,7 @@ class Client:
             **objective_fields(deadline_ms, priority, on_miss),
         }
         return read_stream(
-            lambda: self._channel_for(self._is_bulk(job)),
+            lambda: self._channel_for(self._is_bulk(payload_bytes(job))),
             body,
             window,
         )

@@ -207,14 +207,18 @@ class DeadlineUnreachable(DeadlineError):
 class DeadlineExceeded(DeadlineError):
     """Dropped on the way: a task of the job would start too late for the job to finish in
     time (now plus its remaining critical path past the deadline), so the job was answered at
-    once and its other tasks dropped everywhere. ``on_miss="finish"`` runs it to the end."""
+    once and its other tasks dropped everywhere; or it finished, but past its deadline
+    (``detail["late_ms"]``: by how much), and a late result is not given.
+    ``on_miss="finish"`` runs it to the end and gives its value however late."""
 
     code = "deadline_exceeded"
 
 
 class JobTooLarge(CompassError):
-    """One job's inputs are larger than the ingress takes (its ``--max-job-mb``). Not worth
-    retrying anywhere with the same inputs: make them smaller, or raise the limit."""
+    """One job's inputs are larger than the ingress takes (its ``--max-job-mb``), or than the
+    one frame a job travels in (the workers' ``--max-frame-mb``: the client refuses such a job
+    before sending it). Not worth retrying anywhere with the same inputs: make them smaller,
+    or raise the limit the message names."""
 
     code = "job_too_large"
 

@@ -92,12 +92,14 @@ def check_objective(deadline_ms: object, priority: object, on_miss: object) -> N
 
 def outcome_of(error: BaseException | None) -> str:
     """What became of an answered job: ``"ok"``; ``"unreachable"`` (refused at once: no plan
-    met its deadline); ``"dropped"`` (a task would have started too late for it); or
-    ``"failed"`` (any other error)."""
+    met its deadline); ``"late"`` (it finished, past its deadline, and was answered
+    :class:`DeadlineExceeded` with ``detail["late_ms"]``); ``"dropped"`` (a task would have
+    started too late for it); or ``"failed"`` (any other error)."""
     if error is None:
         return "ok"
     if isinstance(error, DeadlineUnreachable):
         return "unreachable"
     if isinstance(error, DeadlineExceeded):
-        return "dropped"
+        late = isinstance(error.detail, dict) and "late_ms" in error.detail
+        return "late" if late else "dropped"
     return "failed"

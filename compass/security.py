@@ -24,17 +24,25 @@ import os
 import secrets
 import ssl
 import string
+from typing import NamedTuple
 
 from compass.errors import ConfigError
 
 __all__ = [
     "MIN_TOKEN_BITS",
+    "TOKEN_ENV",
+    "ClientToken",
     "check_token",
     "client_context",
+    "client_token",
     "new_token",
     "server_context",
     "token_bits",
 ]
+
+#: the environment variable the cluster token is read from when none is given: by the CLI
+#: (``--token``), so by the workers it starts, and by :class:`~compass.Client`
+TOKEN_ENV = "COMPASS_TOKEN"
 
 #: entropy a token needs, in bits, to stand up to offline guessing
 MIN_TOKEN_BITS = 128
@@ -100,6 +108,26 @@ def check_token(token: str, *, allow_weak: bool = False) -> None:
 def new_token() -> str:
     """A fresh random token of 256 bits (64 hex characters)."""
     return secrets.token_hex(32)
+
+
+class ClientToken(NamedTuple):
+    """The token a client presents (None: none), and where it came from, which an
+    authentication error names: a user who set the variable in another shell learns it here."""
+
+    value: str | None
+    source: str
+
+
+def client_token(token: str | None) -> ClientToken:
+    """The token of a client given ``token``: that one (``""``: none, whatever the environment
+    holds), or with None the environment's :data:`TOKEN_ENV`, as the CLI and the workers read
+    it. Read when the client is made, never at import."""
+    if token is not None:
+        return ClientToken(token or None, "its token= argument" if token else 'token=""')
+    found = os.environ.get(TOKEN_ENV)
+    if found:
+        return ClientToken(found, f"the {TOKEN_ENV} environment variable")
+    return ClientToken(None, f"no token= given, and {TOKEN_ENV} is not set")
 
 
 def _read_chain(context: ssl.SSLContext, cert: str, key: str) -> None:

@@ -1,6 +1,7 @@
 """What a client makes of a submission's arguments before anything is sent: the job's inputs
 (an ``inputs`` mapping and keywords, which cannot be mistaken for the client's options), its
-objective's fields, and the sentinel that means "the client's own timeout".
+objective's fields, whether it fits the one frame it travels in, and the sentinel that means
+"the client's own timeout".
 
 A job's inputs go either in ``inputs={...}`` or as keywords (``submit("wf", image=x)``).
 A keyword is a job input unless it is one of the submission's options; a keyword named like
@@ -14,8 +15,10 @@ import enum
 from collections.abc import Mapping
 from typing import Any, Final
 
-from compass.errors import InvalidInputs
+from compass.config import Limits
+from compass.errors import InvalidInputs, JobTooLarge
 from compass.objective import OnMiss, check_objective
+from compass.payload import payload_bytes
 
 __all__ = [
     "OPTION_NAMES",
@@ -23,6 +26,7 @@ __all__ = [
     "OnMiss",
     "TimeoutArg",
     "UseClientDefault",
+    "check_job_size",
     "job_inputs",
     "objective_fields",
     "resolve_timeout",
@@ -121,3 +125,50 @@ def objective_fields(deadline_ms: float | None, priority: int, on_miss: OnMiss) 
     if on_miss != "drop":
         body["on_miss"] = on_miss
     return body
+
+
+def check_job_size(
+    inputs: Mapping[str, Any], input_bytes: int, send: Limits, own: Limits, address: str
+) -> None:
+    """:class:`~compass.errors.JobTooLarge` when a job's ``inputs`` (``input_bytes`` by
+    :func:`~compass.payload.payload_bytes`) cannot fit the one frame they travel in to the
+    worker at ``address``: ``send`` are the limits of that connection (the tighter of this
+    client's, ``own``, and the worker's). Checked before anything is sent, so that the error
+    names the flag to raise (a frame the wire refuses names only ``max_frame_bytes``), and the
+    connection and the worker are left as they were.
+
+    Only what certainly does not fit is refused: the bytes of the inputs' arrays, tensors,
+    bytes and strings, which travel as they are, past the whole frame. ``payload_bytes``
+    counts a scalar as 16 bytes, where msgpack may take one, so it is only the first, cheap
+    test; a job near the limit is left to the wire's own check."""
+    frame_bytes = send.max_frame_bytes
+    if input_bytes <= frame_bytes:
+        return  # payload_bytes is at least the floor below: nothing more to count
+    floor = _bytes_at_least(inputs)
+    if floor <= frame_bytes:
+        return
+    mib = 1 << 20
+    frame = f"{frame_bytes / mib:g} MiB"
+    if frame_bytes < own.max_frame_bytes:
+        whose = f"the worker's --max-frame-mb is {frame}"
+    else:  # this client's limit binds, the worker's perhaps too (it announced no smaller one)
+        whose = "the smaller of the worker's --max-frame-mb and this client's "
+        whose += f"Limits.max_frame_bytes is {frame}"
+    raise JobTooLarge(
+        f"the job's inputs take {floor / mib:.1f} MiB, more than the one frame a job travels "
+        f"in to {address} holds ({whose}); send smaller inputs or split the job, or raise "
+        "--max-frame-mb on every worker (and Limits.max_frame_bytes here)",
+        detail={"input_bytes": floor, "max_frame_bytes": frame_bytes},
+    )
+
+
+def _bytes_at_least(value: Any) -> int:
+    """Bytes ``value`` takes on the wire at least: its arrays', tensors', bytes' and strings'
+    (the bulk of any large job), and nothing for its scalars and containers."""
+    if isinstance(value, Mapping):
+        return sum(map(_bytes_at_least, value.values()))
+    if isinstance(value, (list, tuple)):
+        return sum(map(_bytes_at_least, value))
+    if value is None or isinstance(value, (bool, int, float, complex)):
+        return 0
+    return payload_bytes(value)  # exact for arrays, tensors, bytes; a str's characters

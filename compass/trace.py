@@ -38,11 +38,14 @@ __all__ = [
 ]
 
 #: the parts of a job's latency, in the order they happen: the client's hop to the ingress
-#: and back, planning at the ingress, then along the critical path the tasks' input
-#: transfers, queue waits, model loads and executions, the last task's output to the
-#: ingress and its answer (``result``), and what none of those covers (``other``: the gaps
-#: between them, a task's hand-off to the next)
-BREAKDOWN = ("client", "planning", "transfer", "queue", "load", "exec", "result", "other")
+#: and back, the client's import of torch to rebuild the first tensor it received (``import``:
+#: a second or more, once per process that had not imported it), planning at the ingress,
+#: then along the critical path the tasks' input transfers, queue waits, model loads and
+#: executions, the last task's output to the ingress and its answer (``result``), and what
+#: none of those covers (``other``: the gaps between them, a task's hand-off to the next)
+BREAKDOWN = (
+    "client", "import", "planning", "transfer", "queue", "load", "exec", "result", "other"
+)  # fmt: skip
 
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
@@ -263,15 +266,19 @@ class JobTrace:
         )
 
 
-def seen_by_client(trace: Mapping[str, Any], latency_ms: float, retries: int) -> dict[str, Any]:
+def seen_by_client(
+    trace: Mapping[str, Any], latency_ms: float, retries: int, import_ms: float = 0.0
+) -> dict[str, Any]:
     """The JSON form of a trace as the ingress assembled it, with the latency its client
     measured: the difference from the ingress's own is the client's hop
-    (``breakdown_ms["client"]``)."""
+    (``breakdown_ms["client"]``), less the ``import_ms`` the client spent importing torch to
+    rebuild a tensor of the answer (``breakdown_ms["import"]``: named, since it is no hop)."""
     out = dict(trace)
     breakdown = dict(out.get("breakdown_ms") or {})
     ingress_ms = out.get("latency_ms")
     if _number(ingress_ms):
-        breakdown["client"] = breakdown.get("client", 0.0) + latency_ms - ingress_ms
+        breakdown["client"] = breakdown.get("client", 0.0) + latency_ms - ingress_ms - import_ms
+        breakdown["import"] = breakdown.get("import", 0.0) + import_ms
     out.update(latency_ms=latency_ms, retries=retries, breakdown_ms=breakdown)
     return out
 

@@ -1,5 +1,9 @@
 """A web front end over a compass cluster: FastAPI under uvicorn, one Client for the app's life.
 
+An example to copy, not part of the package: ``examples/`` ships in the repository, not in the
+wheel, so run it from a clone (``pip install -e '.[examples]'``). A pip-installed compass
+serves HTTP itself: the worker's front door (``--http-port``, :mod:`compass.front`).
+
 Run (workers started with ``compass worker start --app examples.vision_app``)::
 
     COMPASS_WORKERS=127.0.0.1:7341,127.0.0.1:7342 COMPASS_TOKEN=... \\

@@ -8,6 +8,16 @@ values kept (``max_bytes``: past it the oldest values are shed, their keys kept)
 runs again). A resubmission of a key whose value was shed is answered with
 :class:`~compass.errors.AnswerNotKept`: the job ran, and it is not run twice.
 
+A job's answer is its sinks' value, unless the last of them reached the ingress after the job's
+deadline (:func:`final_answer`). A deadline promises "answer within this many ms, or not at all"
+(Clockwork's rule: a miss is an error, not a slow success); shedding drops most such jobs on the
+way, but a task that overruns its profile can still finish one late. With ``on_miss="drop"``
+(the default) it is answered :class:`~compass.errors.DeadlineExceeded`, whose
+``detail["late_ms"]`` tells "finished late" from "dropped on the way"
+(:func:`~compass.objective.outcome_of`); with ``on_miss="finish"``, the value, however late.
+Every caller reads this one answer, so the Python clients, ``compass submit`` and the HTTP
+front door agree.
+
 An error is kept as its wire form (code, message, detail) and rebuilt for each answer: an
 exception object raised to a waiter takes a traceback, whose frames hold that waiter's locals
 (the job's inputs among them), and a kept error would keep them alive with it.
@@ -19,10 +29,11 @@ import math
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
+from compass.core.jobs import IngressJob
 from compass.core.stats import payload_bytes
-from compass.errors import AnswerNotKept, CompassError, error_from_wire
+from compass.errors import AnswerNotKept, CompassError, DeadlineExceeded, error_from_wire
 
-__all__ = ["KEEP_ANSWERS", "KEEP_ANSWER_BYTES", "KEEP_ANSWER_S", "KeptAnswers"]
+__all__ = ["KEEP_ANSWERS", "KEEP_ANSWER_BYTES", "KEEP_ANSWER_S", "KeptAnswers", "final_answer"]
 
 #: job keys an ingress remembers at most
 KEEP_ANSWERS = 4096
@@ -33,6 +44,22 @@ KEEP_ANSWER_S = 300.0
 
 #: a value shed for room: the key is known, its answer is not
 _SHED = object()
+
+
+def final_answer(job: IngressJob, now: float) -> tuple[Any, DeadlineExceeded | None]:
+    """``job``'s answer once its sinks' outputs are all in (the last arrived at ``now``): its
+    value, or, past its deadline with ``on_miss="drop"``, :class:`DeadlineExceeded`."""
+    sinks = job.workflow.sinks
+    value = job.outputs[sinks[0]] if len(sinks) == 1 else dict(job.outputs)
+    if job.deadline is None or now <= job.deadline or job.objective.finish:
+        return value, None
+    late_ms = (now - job.deadline) * 1000.0
+    deadline_ms = (job.deadline - job.submitted_at) * 1000.0
+    return None, DeadlineExceeded(
+        f"job {job.job_id} finished {late_ms:.1f} ms past its deadline of {deadline_ms:.1f} ms; "
+        'on_miss="drop" answers no late result (on_miss="finish" would give it)',
+        detail={"job_id": job.job_id, "late_ms": late_ms, "deadline_ms": deadline_ms},
+    )
 
 
 class _Kept(NamedTuple):

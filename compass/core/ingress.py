@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from compass.core.admission import Admission, unreachable
-from compass.core.answers import KeptAnswers
+from compass.core.answers import KeptAnswers, final_answer
 from compass.core.causes import Cause
 from compass.core.estimates import Estimates
 from compass.core.events import (
@@ -287,8 +287,8 @@ class Ingress:
         sinks = job.workflow.sinks
         if all(s in job.outputs for s in sinks):
             self._host.stats.jobs_completed += 1
-            value = job.outputs[sinks[0]] if len(sinks) == 1 else dict(job.outputs)
-            self._answer(job, now, value=value)
+            value, late = final_answer(job, now)  # late: answered as such (core/answers.py)
+            self._answer(job, now, value=value, error=late)
 
     def failed(self, msg: FailedMsg, now: float) -> None:
         job = self.live(msg.job, msg.attempt)

@@ -7,7 +7,8 @@ error                                   status  why
 :class:`~compass.errors.InvalidInputs`   400    the inputs do not fit the workflow
 :class:`~compass.errors.ConfigError`     400    a bad parameter
 :class:`~compass.errors.JobTooLarge`     413    past ``--max-job-mb`` (also a body past it)
-:class:`~compass.errors.DeadlineError`   429    refused or dropped for its deadline: retry
+:class:`~compass.errors.DeadlineError`   429    refused, dropped or finished late for its
+                                                deadline (a late result is not sent): retry
                                                 later or with a longer one (``Retry-After``)
 :class:`~compass.errors.WorkerUnavailable` 503  draining, overloaded, shutting down
                                                 (``Retry-After``)

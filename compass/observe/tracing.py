@@ -422,6 +422,7 @@ def assemble(
     other = latency - (planning + transfer + queue + load + run + result)
     breakdown = {
         "client": 0.0,
+        "import": 0.0,  # the client's, as client (compass.trace.seen_by_client)
         "planning": planning * 1000.0,
         "transfer": transfer * 1000.0,
         "queue": queue * 1000.0,

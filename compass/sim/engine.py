@@ -528,11 +528,14 @@ class Simulation:
         error = answer.error
         # the deadline the ingress gave the job (its own, or its workflow's objective)
         deadline_s = answer.record.get("deadline_s") if answer.record else None
+        outcome = outcome_of(error)
+        # a job answered late finished all the same: its latency counts, as it always did
+        finished = error is None or outcome == "late"
         self._record_job(
             job,
-            self.now if error is None else None,
+            self.now if finished else None,
             "" if error is None else error.message,
-            outcome_of(error),
+            outcome,
             deadline_s,
         )
 

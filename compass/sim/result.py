@@ -38,8 +38,9 @@ class JobRecord:
     #: the job's priority and deadline (seconds from its arrival; None: none)
     priority: int = 0
     deadline_s: float | None = None
-    #: "ok", "failed", or, for a job with a deadline, "unreachable" (refused at its ingress)
-    #: or "dropped" (a task started too late)
+    #: "ok", "failed", or, for a job with a deadline, "unreachable" (refused at its ingress),
+    #: "dropped" (a task started too late) or "late" (finished past it, with
+    #: ``on_miss="drop"``: answered DeadlineExceeded, its latency kept)
     outcome: str = "ok"
     #: arrival to its first output at its ingress: a step-wise sink's first step, one hop
     #: later; the whole job otherwise (None for a failed job)

@@ -28,7 +28,7 @@ from compass.wire.channel import Channel, Handler, NotifyHandler
 from compass.wire.options import ChannelOptions
 from compass.wire.protocol import Connection
 
-__all__ = ["Dialer", "Server", "connect", "finish_handshake", "serve"]
+__all__ = ["Dialer", "Server", "connect", "finish_handshake", "send_limits", "serve"]
 
 log = logging.getLogger("compass.wire")
 
@@ -94,6 +94,13 @@ async def finish_handshake(channel: Channel, where: str, timeouts: Timeouts) -> 
         else:
             channel.abort()
         raise
+
+
+def send_limits(channel: Channel) -> Limits:
+    """What a message on ``channel`` must keep to once its handshake is done: the tighter of
+    this side's limits and those its peer announced, so that a caller can check a large message
+    before building it and say in its own terms what is too large."""
+    return channel._conn.send_limits
 
 
 class Server:

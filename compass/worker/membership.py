@@ -407,16 +407,21 @@ class Membership(PeerChannels):
         self._broken.discard(name)
         if up.back_after_s is None:
             log.info("%s: peer %s joined from %s", self.name, name, up.address)
-        else:
-            log.warning("%s: peer %s is back after %.1f s (incarnation %d)", self.name, name,
-                        up.back_after_s, up.incarnation)  # fmt: skip
+        else:  # routine (a restart, a healed link): its loss was the warning
+            log.info("%s: peer %s is back after %.1f s (incarnation %d)", self.name, name,
+                     up.back_after_s, up.incarnation)  # fmt: skip
         self._on_join(peer)
 
     def _down(self, down: PeerDown) -> None:
         peer = self.peers.pop(down.name, None)
         self._broken.discard(down.name)
         self._queued.pop(down.name, None)
-        log.warning("%s: peer %s removed: %s", self.name, down.name, down.why)
+        member = self.table.members.get(down.name)
+        # a WARNING for a peer lost; one that left on purpose (a drain, a restart) is routine
+        # (the worker's line that re-plans its jobs is INFO either way: this one warns)
+        left = member is not None and member.left
+        log.log(logging.INFO if left else logging.WARNING, "%s: peer %s removed: %s", self.name,
+                down.name, down.why)  # fmt: skip
         if peer is not None and peer.channel is not None:
             self._retire(peer.channel, "now")
         for channel, name in list(self._open.items()):

@@ -340,9 +340,9 @@ class Worker:
             self.metrics.ready = False  # an orchestrator stops routing clients here
             if self.membership is not None:
                 self.gossip.tell_draining(self.membership)
-            log.warning("%s: draining for up to %g s: %d jobs in flight here, %d tasks queued, "
-                        "%d running", self.name, timeout_s, self.jobs_in_flight,
-                        self._tasks_held(), self.lanes.busy + self.lanes.host_busy)  # fmt: skip
+            log.info("%s: draining for up to %g s: %d jobs in flight here, %d tasks queued, "
+                     "%d running", self.name, timeout_s, self.jobs_in_flight,
+                     self._tasks_held(), self.lanes.busy + self.lanes.host_busy)  # fmt: skip
             self._check_drained()
         hurry = asyncio.ensure_future(self._hurry.wait())
         drained = asyncio.ensure_future(self._drained.wait())
@@ -353,7 +353,7 @@ class Worker:
             hurry.cancel()
             drained.cancel()
         if self._drained.is_set():
-            log.warning("%s: drained: every job and task held here is done", self.name)
+            log.info("%s: drained: every job and task held here is done", self.name)
             return True
         log.warning("%s: drain ended with %d jobs in flight here and %d tasks held; they fail "
                     "over", self.name, self.jobs_in_flight, self._tasks_held())  # fmt: skip
@@ -416,7 +416,7 @@ class Worker:
             self.gossip.introduce(peer.name)
 
     def _peer_left(self, name: str, why: str) -> None:
-        log.warning("%s: peer %s lost (%s); re-planning its jobs", self.name, name, why)
+        log.info("%s: peer %s gone (%s); re-planning its jobs", self.name, name, why)
         self.apply(PeerLost(self.clock(), name))
 
     # -- what peers say (checked at the door by requests.py) -----------------------------------

@@ -21,7 +21,7 @@ from compass import Client
 from compass._bench.fuzz import RawPeer, idle_sockets, raise_file_limit, rss_bytes
 from compass.cluster import LocalCluster
 from compass.config import Limits, Timeouts
-from compass.errors import ProtocolError, WorkerUnavailable
+from compass.errors import JobTooLarge, ProtocolError, WorkerUnavailable
 from compass.wire.frames import PREFIX
 from compass.wire.protocol import ErrorResponse, Response
 from compass.wire.rpc import Router
@@ -215,8 +215,9 @@ async def test_an_oversized_request_gets_a_protocol_error_naming_the_limit():
     async with LocalCluster(1, args=[*APP, "--max-frame-mb", "1"]) as cluster:
         big = np.zeros(2 << 20, dtype=np.uint8)
         async with Client(cluster.addresses[0], token=cluster.token) as client:
-            # the client learnt the worker's limit in the handshake: refused before sending
-            with pytest.raises(ProtocolError, match="max_frame_bytes=1048576"):
+            # the client learnt the worker's limit in the handshake: refused before sending,
+            # naming the flag
+            with pytest.raises(JobTooLarge, match="the worker's --max-frame-mb is 1 MiB"):
                 await client.submit("noop", x=big)
             assert await client.submit("noop", x=1) == 1
         # a sender that ignores the limit is told which limit, then disconnected

@@ -224,7 +224,7 @@ def serving(routes: dict[str, tuple[str, bytes]]) -> Iterator[str]:
 def sixteen_workers(view: dict[str, Any]) -> dict[str, Any]:
     """``view`` (a real /api/cluster answer of three workers) grown to sixteen, each with a
     copy of a real worker's part (its spans and jobs renamed, so none is dropped as seen);
-    and a peer that did not answer, and one lost."""
+    and a peer that did not answer, one lost and one that left on purpose."""
     big = copy.deepcopy(view)
     parts = [p for p in view["workers"] if "queue" in p]
     job_at = view["job_fields"].index("job")
@@ -238,7 +238,10 @@ def sixteen_workers(view: dict[str, Any]) -> dict[str, Any]:
         big["workers"].append(part)
     big["workers"].append({"name": "worker-16", "address": "192.0.2.16:7341",
                            "error": "CompassTimeout: no answer within 1 s"})  # fmt: skip
-    big["lost"] = [{"name": "worker-17", "address": "192.0.2.17:7341", "lost_s": 12.0}]
+    big["lost"] = [
+        {"name": "worker-17", "address": "192.0.2.17:7341", "lost_s": 12.0, "left": False},
+        {"name": "worker-18", "address": "192.0.2.18:7341", "lost_s": 3.0, "left": True},
+    ]
     return big
 
 
@@ -310,13 +313,19 @@ async def test_the_page_in_a_browser_shows_what_status_shows(
     assert seen["desired"] == "4 workers wanted (out, objective pressed)"
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     # sixteen workers' worth of the same data is on the page within a second of opening it,
-    # in name order, with the peer that did not answer and the lost one
+    # in name order, with the peer that did not answer, the lost one and the one that left
+    # (a drain or a restart, no failure: not "lost")
     assert [name for name, _ in states] == [f"worker-{i:02d}" for i in range(16)] + [
         "worker-16",
         "worker-17",
+        "worker-18",
     ]
     assert {state for _, state in states[:16]} == {"ready"}
-    assert states[16:] == [["worker-16", "unreachable"], ["worker-17", "lost"]]
+    assert states[16:] == [
+        ["worker-16", "unreachable"],
+        ["worker-17", "lost"],
+        ["worker-18", "left"],
+    ]
     assert three_s < 5.0 and sixteen_s < 1.0, (three_s, sixteen_s)
 
 

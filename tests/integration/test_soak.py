@@ -23,9 +23,11 @@ async def test_a_short_soak_answers_every_job_once(
 ) -> None:
     # drained at the start of the stream: a join's inputs were split between the draining
     # worker and its peer (each moved it on its own), which held a job until the drain gave up
+    # (a drain's end is routine, logged at INFO: the workers log at INFO to show it)
     config = SoakConfig(
-        workers=2, jobs=200, rate=0, sample_s=0.5, worker_args=("--drain-timeout", "30")
-    )
+        workers=2, jobs=200, rate=0, sample_s=0.5,
+        worker_args=("--drain-timeout", "30", "--log-level", "info"),
+    )  # fmt: skip
     out = await soak(config, env=worker_env, log_dir=tmp_path / "logs")
     log = (tmp_path / "logs" / "w1.log").read_text()
     assert "w1: drained: every job and task held here is done" in log

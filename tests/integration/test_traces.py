@@ -133,6 +133,7 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
     assert abs(parts["other"]) <= 0.05 * trace.latency_ms, parts
     named = (
         parts["client"]
+        + parts["import"]
         + parts["planning"]
         + parts["result"]
         + sum(t.transfer_ms + t.queued_ms + t.load_ms + t.exec_ms for t in trace.tasks)

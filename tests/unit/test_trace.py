@@ -105,4 +105,12 @@ def test_the_client_hop_is_the_client_latency_less_the_ingress_latency() -> None
     seen = JobTrace.from_json(seen_by_client(job(), latency_ms=113.5, retries=1))
     assert seen.latency_ms == 113.5 and seen.retries == 1
     assert seen.breakdown_ms["client"] == pytest.approx(1.0 + 3.5)
-    assert sum(seen.breakdown_ms.values()) - 8.0 == pytest.approx(3.5)  # the rest unchanged
+    rest = len(BREAKDOWN) - 1.0  # every part but the client's, 1 ms each
+    assert sum(seen.breakdown_ms.values()) - rest == pytest.approx(4.5)  # the rest unchanged
+
+
+def test_the_clients_import_of_torch_is_named_apart_from_its_hop() -> None:
+    seen = JobTrace.from_json(seen_by_client(job(), latency_ms=1113.5, retries=0, import_ms=1000))
+    assert seen.breakdown_ms["import"] == pytest.approx(1.0 + 1000.0)
+    assert seen.breakdown_ms["client"] == pytest.approx(1.0 + 3.5)  # the hop alone
+    assert sum(seen.breakdown_ms.values()) == pytest.approx(len(BREAKDOWN) + 1003.5)
