@@ -416,10 +416,8 @@ class Membership(PeerChannels):
         peer = self.peers.pop(down.name, None)
         self._broken.discard(down.name)
         self._queued.pop(down.name, None)
-        member = self.table.members.get(down.name)
-        # a WARNING for a peer lost; one that left on purpose (a drain, a restart) is routine
-        # (the worker's line that re-plans its jobs is INFO either way: this one warns)
-        left = member is not None and member.left
+        member = self.table.members.get(down.name)  # one that left on purpose is routine
+        left = member is not None and member.left  # (the worker's re-planning line is INFO)
         log.log(logging.INFO if left else logging.WARNING, "%s: peer %s removed: %s", self.name,
                 down.name, down.why)  # fmt: skip
         if peer is not None and peer.channel is not None:
