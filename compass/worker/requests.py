@@ -41,7 +41,8 @@ from compass.sched.heartbeat import Heartbeat
 from compass.wire.handlers import StreamResult
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
-from compass.worker.streaming import stream_job
+from compass.worker.streaming import Reads, stream_job
+from compass.worker.windows import Chunks
 
 if TYPE_CHECKING:
     from compass.app import App
@@ -126,8 +127,12 @@ class Served(Described, Protocol):
         *,
         trace: bool = False,
         traceparent: str | None = None,
-        chunks: Callable[[str, int, Any], None] | None = None,
+        chunks: Chunks | None = None,
     ) -> tuple[str, Any]: ...
+
+    @property
+    def streamed(self) -> Reads:
+        """The windows of its streamed sinks: what a reader took moves them on."""
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]: ...
 

@@ -7,8 +7,13 @@ the core hands on in order (:class:`~compass.core.events.Chunk`); :func:`stream_
 each as an :class:`Output`, then the job's final output (``final``). A plain sink has no
 partial output: its job streams its answer alone.
 
-What the ingress holds for a reader is bounded: :data:`MAX_BEHIND` partial outputs. A reader
-slower than the job's steps for that long has its job cancelled everywhere and gets
+A slow reader slows the steps that make the job's partial outputs: each one yielded and taken
+(the wire's producer resumes :func:`stream_job` only when its reader has credit for the next)
+is counted as read in its sink's window (:mod:`compass.worker.windows`), so a sink running
+here makes at most ``stream_window`` partial outputs ahead of its reader, then waits; one that
+waits ``stream_stall_s`` for a read fails the job with :class:`~compass.errors.StreamOverrun`.
+A sink on another worker gets no window: what the ingress holds for a reader of its partial
+outputs is bounded by :data:`MAX_BEHIND`, then the job is cancelled everywhere with
 :class:`~compass.errors.StreamOverrun`, never a silent gap. Leaving the iteration early (or
 cancelling the task that reads) cancels the job as a client that stops waiting does: its
 step-wise tasks stop at their next step (:class:`~compass.core.events.StopTask`).
@@ -18,31 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from compass.errors import StreamOverrun
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.streamed import Output
+from compass.worker.windows import Chunks
 
 __all__ = ["MAX_BEHIND", "Output", "Streamer", "stream_job"]
 
-#: partial outputs the ingress holds for one slow reader, at most
+#: partial outputs the ingress holds for one slow reader of a sink without a window, at most
 MAX_BEHIND = 256
-
-Chunks = Callable[[str, int, Any], None]
 
 
 class Measures(Protocol):
     def streamed(self, workflow: str, first_output_s: float) -> None: ...
 
 
+class Reads(Protocol):
+    def read(self, job_id: str, task: str, seq: int) -> None: ...
+
+
 class Streamer(Protocol):
-    """What :func:`stream_job` needs of a worker (the worker is one): it submits, and its
-    metrics time the first output."""
+    """What :func:`stream_job` needs of a worker (the worker is one): it submits, its
+    metrics time the first output, and its sinks' windows hear what the reader took."""
 
     @property
     def metrics(self) -> Measures: ...
+
+    @property
+    def streamed(self) -> Reads: ...
 
     async def submit_job(
         self,
@@ -71,9 +82,10 @@ async def stream_job(
     items: asyncio.Queue[Output] = asyncio.Queue()
     overrun: list[StreamOverrun] = []
     loop = asyncio.get_running_loop()
-    started, first = loop.time(), [True]
+    started, first, job = loop.time(), [True], [""]
 
-    def chunk(task: str, seq: int, value: Any) -> None:
+    def chunk(job_id: str, task: str, seq: int, value: Any) -> None:
+        job[0] = job_id
         if overrun:
             return
         if first[0]:
@@ -95,16 +107,21 @@ async def stream_job(
     )
     try:
         while True:
-            while not items.empty():
-                yield items.get_nowait()
-            if answer.done():
+            if not items.empty():
+                item = items.get_nowait()
+            elif answer.done():
                 break
-            taken = asyncio.ensure_future(items.get())
-            await asyncio.wait((taken, answer), return_when=asyncio.FIRST_COMPLETED)
-            if taken.done():
-                yield taken.result()
             else:
-                taken.cancel()
+                taken = asyncio.ensure_future(items.get())
+                await asyncio.wait((taken, answer), return_when=asyncio.FIRST_COMPLETED)
+                if not taken.done():
+                    taken.cancel()
+                    continue
+                item = taken.result()
+            yield item
+            # resumed: the reader took it (the wire has credit for the next), so its sink's
+            # window moves on
+            worker.streamed.read(job[0], item.task or "", item.seq)
         if overrun:
             raise overrun[0]
         _, value = answer.result()  # the job's error, if it failed
