@@ -95,9 +95,13 @@ async def test_a_reader_that_stops_fails_its_job_within_the_bound_and_costs_its_
             while not [r for r in await client.records() if not r.ok]:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         seen = [first.value["i"]]
-        with pytest.raises(StreamOverrun, match="waited 1 s for the caller to read"):
-            async for out in items:  # what was made before it failed, then why
+
+        async def read_on() -> None:  # what was made before it failed, then why
+            async for out in items:
                 seen.append(out.value["i"])
+
+        with pytest.raises(StreamOverrun, match="waited 1 s for the caller to read"):
+            await read_on()
         assert seen == list(range(len(seen)))  # in order, no gap
         assert len(seen) <= 1 + AHEAD  # the worker made only the windows' worth for it
         # its lane is free: the next job runs whole
