@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from compass.errors import StreamOverrun
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.observe.streams import StreamsInFlight
 from compass.streamed import Output
 from compass.worker.windows import Chunks
 
@@ -38,6 +40,9 @@ MAX_BEHIND = 256
 
 
 class Measures(Protocol):
+    @property
+    def streams(self) -> StreamsInFlight: ...
+
     def streamed(self, workflow: str, first_output_s: float) -> None: ...
 
 
@@ -45,12 +50,20 @@ class Reads(Protocol):
     def read(self, job_id: str, task: str, seq: int) -> None: ...
 
 
+class Traces(Protocol):
+    def first_output(self, job_id: str, wall: float) -> None: ...
+
+
 class Streamer(Protocol):
     """What :func:`stream_job` needs of a worker (the worker is one): it submits, its
-    metrics time the first output, and its sinks' windows hear what the reader took."""
+    metrics and traces time the first output, and its sinks' windows hear what the reader
+    took."""
 
     @property
     def metrics(self) -> Measures: ...
+
+    @property
+    def tracer(self) -> Traces: ...
 
     @property
     def streamed(self) -> Reads: ...
@@ -82,15 +95,18 @@ async def stream_job(
     items: asyncio.Queue[Output] = asyncio.Queue()
     overrun: list[StreamOverrun] = []
     loop = asyncio.get_running_loop()
-    started, first, job = loop.time(), [True], [""]
+    started = loop.time()
+    key, shown = worker.metrics.streams.open(workflow, time.time())  # the dashboard's
 
     def chunk(job_id: str, task: str, seq: int, value: Any) -> None:
-        job[0] = job_id
         if overrun:
             return
-        if first[0]:
-            first[0] = False
-            worker.metrics.streamed(workflow, loop.time() - started)
+        shown.job, shown.made = job_id, shown.made + 1
+        if shown.first_output_ms is None:
+            first_s = loop.time() - started
+            shown.first_output_ms = round(first_s * 1000.0, 3)
+            worker.metrics.streamed(workflow, first_s)
+            worker.tracer.first_output(job_id, time.time())
         if items.qsize() >= MAX_BEHIND:
             overrun.append(
                 StreamOverrun(
@@ -121,12 +137,14 @@ async def stream_job(
             yield item
             # resumed: the reader took it (the wire has credit for the next), so its sink's
             # window moves on
-            worker.streamed.read(job[0], item.task or "", item.seq)
+            shown.read += 1
+            worker.streamed.read(shown.job, item.task or "", item.seq)
         if overrun:
             raise overrun[0]
         _, value = answer.result()  # the job's error, if it failed
         yield Output(value, final=True)
     finally:
+        worker.metrics.streams.close(key)
         if not answer.done():
             answer.cancel()  # left early: the job is cancelled
             with contextlib.suppress(BaseException):
