@@ -236,7 +236,7 @@ class JobTrace:
             "trace_id": self.trace_id,
             "breakdown_ms": dict(self.breakdown_ms),
             "critical_path": list(self.critical_path),
-            "first_output_ms": self.first_output_ms,
+            **({} if self.first_output_ms is None else {"first_output_ms": self.first_output_ms}),
         }
 
     @classmethod

@@ -455,7 +455,7 @@ def assemble(
         "result": result * 1000.0,
         "other": other * 1000.0,
     }
-    return {
+    trace = {
         "job": job_id,
         "workflow": str(record.get("workflow", "")),
         "latency_ms": latency * 1000.0,
@@ -470,10 +470,10 @@ def assemble(
         "trace_id": f"{tracing.parent.trace_id:032x}",
         "breakdown_ms": breakdown,
         "critical_path": path,
-        "first_output_ms": (
-            (tracing.first_output - received) * 1000.0 if tracing.first_output else None
-        ),
     }
+    if tracing.first_output:  # a streamed job's: its time to first output
+        trace["first_output_ms"] = (tracing.first_output - received) * 1000.0
+    return trace
 
 
 def _steps_ms(span: Mapping[str, Any]) -> dict[str, Any]:
