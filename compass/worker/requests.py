@@ -41,8 +41,8 @@ from compass.sched.heartbeat import Heartbeat
 from compass.wire.handlers import StreamResult
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
-from compass.worker.streaming import Reads, stream_job
-from compass.worker.windows import Chunks
+from compass.worker.streaming import stream_job
+from compass.worker.windows import READ_OP, Chunks, StreamedSteps
 
 if TYPE_CHECKING:
     from compass.app import App
@@ -131,7 +131,7 @@ class Served(Described, Protocol):
     ) -> tuple[str, Any]: ...
 
     @property
-    def streamed(self) -> Reads:
+    def streamed(self) -> StreamedSteps:
         """The windows of its streamed sinks: what a reader took moves them on."""
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]: ...
@@ -168,6 +168,7 @@ def make_router(worker: Served) -> Router:
     router.notify("watch")(requests.from_peers("watch", requests.watch))
     router.notify("leave")(requests.from_peers("leave", requests.leave))
     router.notify("drain")(requests.from_peers("drain", requests.drain))
+    router.notify(READ_OP)(requests.from_peers(READ_OP, requests.read))
     for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg):
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
@@ -387,6 +388,19 @@ class _Requests:
             handler(channel, body)
 
         return guarded
+
+    def read(self, channel: Channel, body: Any) -> None:
+        """A job's ingress says its caller read partial output ``seq`` of sink ``task``
+        (:mod:`compass.worker.windows`); a malformed one is dropped like any bad message."""
+        worker = self.worker
+        fields = body if isinstance(body, dict) else {}
+        job, task, seq = fields.get("job"), fields.get("task"), fields.get("seq")
+        if not (isinstance(job, str) and isinstance(task, str) and type(seq) is int):
+            worker.run_stats.messages_dropped += 1
+            log.warning("%s: dropped a malformed read from %s: %r", worker.name,
+                        channel.peer_name, body)  # fmt: skip
+            return
+        worker.streamed.heard_read(job, task, seq)
 
     def heartbeat(self, channel: Channel, body: Any) -> None:
         # a malformed one is dropped like any bad peer message; the worker judges the rest

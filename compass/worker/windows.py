@@ -1,18 +1,20 @@
 """Backpressure from a streamed job's caller to the steps that make its partial outputs.
 
-A step-wise sink of a streamed job that runs on the job's ingress gets a window of
-``stream_window`` partial outputs: it makes that many ahead of what its caller has read, then
-its next step waits, in its task thread, until the caller reads one (the ingress's reader, on
-the event loop, calls :meth:`StreamedSteps.read`). So a slow caller slows the generation instead
+A step-wise sink of a streamed job gets a window of ``stream_window`` partial outputs: it
+makes that many ahead of what its caller has read, then its next step waits, in its task
+thread, until the caller reads one (the ingress's reader, on the event loop, calls
+:meth:`StreamedSteps.read`). So a slow caller slows the generation instead
 of growing a queue: the ingress holds at most the window for it, the wire its own window.
 
 A caller that stops reading for good would hold the task's lane for ever: a step that waits
 longer than ``stream_stall_s`` fails the job with :class:`~compass.errors.StreamOverrun`, which
 says why. A stopped task (its job ended elsewhere) stops waiting at once.
 
-A sink running on another worker than its job's ingress gets no window here: its partial
-outputs travel as peer messages, and the ingress bounds what it holds for the caller by
-:data:`~compass.worker.streaming.MAX_BEHIND` (then the job is cancelled).
+A sink running on another worker than its job's ingress has its window there, and the
+ingress tells it what its caller read: a ``read`` notify (``{job, task, seq}``, from peers
+only) to the worker its plan places the sink on, one per partial output read, each saying all
+read so far (a lost one is made good by the next). It is flow control, as the wire's credit
+frames are, so it goes from adapter to adapter, not through the worker cores.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from compass.errors import StreamOverrun
 
 if TYPE_CHECKING:
     from compass.app import App
+    from compass.core.state import WorkerCore
 
-__all__ = ["Chunks", "StepHost", "StepWindow", "StreamedSteps"]
+__all__ = ["READ_OP", "Chunks", "StepHost", "StepWindow", "StreamedSteps"]
+
+#: the notify an ingress sends the worker running a streamed sink: what its caller read
+READ_OP = "read"
 
 #: where an ingress hands a streamed job's partial outputs: ``chunks(job, task, seq, value)``
 Chunks = Callable[[str, str, int, Any], None]
@@ -97,7 +103,17 @@ class StepHost(Protocol):
     app: App
     clock: Callable[[], float]
 
+    @property
+    def core(self) -> WorkerCore: ...
+
+    @property
+    def membership(self) -> Told | None: ...
+
     def apply(self, event: Event) -> None: ...
+
+
+class Told(Protocol):
+    def send(self, name: str, op: str, body: Any) -> bool: ...
 
 
 class StreamedSteps:
@@ -126,11 +142,8 @@ class StreamedSteps:
 
     def open(self, entry: QueuedTask) -> StepWindow | None:
         """A window for step-wise ``entry`` of a streamed job, starting now, or None when its
-        partial outputs go to no caller here (not a sink, or its ingress is another worker)."""
-        worker = self._worker
-        if entry.ingress != worker.name:
-            return None
-        if entry.task not in worker.app.get_workflow(entry.workflow).sinks:
+        partial outputs go to no caller (it is not a sink of its workflow)."""
+        if entry.task not in self._worker.app.get_workflow(entry.workflow).sinks:
             return None
         window = StepWindow(entry.task, self.size, self.stall_s)
         self._open[entry.job_id, entry.task] = window
@@ -149,7 +162,22 @@ class StreamedSteps:
             window.wake()
 
     def read(self, job_id: str, task: str, seq: int) -> None:
-        """The caller of ``job_id`` read partial output ``seq`` of ``task``."""
+        """The caller of ``job_id``, reading at this ingress, took partial output ``seq`` of
+        sink ``task``: its window moves on, here or where the job's plan runs it."""
+        window = self._open.get((job_id, task))
+        if window is not None:
+            window.read(seq)
+            return
+        worker = self._worker
+        job = worker.core.ingress.jobs.get(job_id)
+        runs_on = None if job is None else job.plan.get(task)
+        membership = worker.membership
+        if runs_on is not None and runs_on != worker.name and membership is not None:
+            membership.send(runs_on, READ_OP, {"job": job_id, "task": task, "seq": seq})
+
+    def heard_read(self, job_id: str, task: str, seq: int) -> None:
+        """A peer, the ingress of ``job_id``, says its caller read partial output ``seq`` of
+        ``task``, which runs here (a read for a task not running here is late: ignored)."""
         window = self._open.get((job_id, task))
         if window is not None:
             window.read(seq)
