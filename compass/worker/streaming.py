@@ -9,12 +9,12 @@ partial output: its job streams its answer alone.
 
 A slow reader slows the steps that make the job's partial outputs: each one yielded and taken
 (the wire's producer resumes :func:`stream_job` only when its reader has credit for the next)
-is counted as read in its sink's window (:mod:`compass.worker.windows`), so a sink running
-here makes at most ``stream_window`` partial outputs ahead of its reader, then waits; one that
-waits ``stream_stall_s`` for a read fails the job with :class:`~compass.errors.StreamOverrun`.
-A sink on another worker gets no window: what the ingress holds for a reader of its partial
-outputs is bounded by :data:`MAX_BEHIND`, then the job is cancelled everywhere with
-:class:`~compass.errors.StreamOverrun`, never a silent gap. Leaving the iteration early (or
+is counted as read in its sink's window (:mod:`compass.worker.windows`; the worker running the
+sink is told, when it is another), so a sink makes at most ``stream_window`` partial outputs
+ahead of its reader, then waits; one that waits ``stream_stall_s`` for a read fails the job
+with :class:`~compass.errors.StreamOverrun`. Whatever happens to the reads, what the ingress
+holds for one reader is bounded by :data:`MAX_BEHIND`: past it the job is cancelled everywhere
+with :class:`~compass.errors.StreamOverrun`, never a silent gap. Leaving the iteration early (or
 cancelling the task that reads) cancels the job as a client that stops waiting does: its
 step-wise tasks stop at their next step (:class:`~compass.core.events.StopTask`).
 """
@@ -35,7 +35,8 @@ from compass.worker.windows import Chunks
 
 __all__ = ["MAX_BEHIND", "Output", "Streamer", "stream_job"]
 
-#: partial outputs the ingress holds for one slow reader of a sink without a window, at most
+#: partial outputs the ingress holds for one slow reader, at most (the sinks' windows keep it
+#: far below this; it bounds what reads gone astray could let pile up)
 MAX_BEHIND = 256
 
 

@@ -3,8 +3,8 @@
 A step-wise sink of a streamed job gets a window of ``stream_window`` partial outputs: it
 makes that many ahead of what its caller has read, then its next step waits, in its task
 thread, until the caller reads one (the ingress's reader, on the event loop, calls
-:meth:`StreamedSteps.read`). So a slow caller slows the generation instead
-of growing a queue: the ingress holds at most the window for it, the wire its own window.
+:meth:`StreamedSteps.read`). So a slow caller slows the generation instead of growing a
+queue: the ingress holds at most the window for it, the wire its own window.
 
 A caller that stops reading for good would hold the task's lane for ever: a step that waits
 longer than ``stream_stall_s`` fails the job with :class:`~compass.errors.StreamOverrun`, which
@@ -55,11 +55,6 @@ class StepWindow:
         self._changed = threading.Condition()
         self._read = 0  # partial outputs the caller has read
         self._ended = False
-
-    @property
-    def read_count(self) -> int:
-        """Partial outputs of this sink its caller has read so far."""
-        return self._read
 
     def before_step(self, made: int) -> float:
         """In the task's thread, before it makes its partial output number ``made`` (from 0):
@@ -118,13 +113,13 @@ class Told(Protocol):
 
 class StreamedSteps:
     """Where the steps of a streamed job's step-wise tasks go, and the windows of the sinks
-    among them whose caller reads here, by (job, task).
+    among them, by (job, task).
 
     Each step's partial output goes to the worker core (:meth:`report`, on the event loop:
-    its :class:`~compass.core.events.TaskStep`); a sink of a job whose ingress is this worker
-    gets a window (:meth:`open`) of the worker's ``stream_window``, waiting at most its
-    ``stream_stall_s`` for a read. One window per running task at most: the table is as big
-    as the lanes.
+    its :class:`~compass.core.events.TaskStep`); a sink of a streamed job gets a window
+    (:meth:`open`) of the worker's ``stream_window``, waiting at most its ``stream_stall_s``
+    for a read. One window per running task at most (it goes when the task ends): the table
+    is as big as the lanes.
     """
 
     def __init__(self, worker: StepHost) -> None:

@@ -132,6 +132,8 @@ async def test_a_reader_that_stops_fails_its_job_within_the_bound_and_costs_its_
         # its lane is free: the next job runs whole
         whole = [out async for out in client.stream("make", {"n": 3}, window=WIRE_WINDOW)]
         assert [o.value["i"] for o in whole[:-1]] == [0, 1, 2] and whole[-1].value == 3
+        tables = (await client.status()).tables
+        assert tables["step_windows"] == 0 and tables["streams"] == 0  # nothing kept of them
 
 
 @pytest.mark.asyncio
