@@ -13,6 +13,7 @@ logged: it never raises inside the worker. What passes becomes an event of the w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -338,11 +339,12 @@ class _Requests:
             raise InvalidInputs("a streamed job takes no key (its partial outputs are not kept)")
         outputs = stream_job(self.worker, body["workflow"], body.get("inputs") or {}, objective,
                              trace=body.get("trace") is True)  # fmt: skip
-        async for out in outputs:
-            if out.final:
-                yield StreamResult(out.value)
-            else:
-                yield {"task": out.task, "seq": out.seq, "value": out.value}
+        async with contextlib.aclosing(outputs):  # closed with this stream, not when collected
+            async for out in outputs:
+                if out.final:
+                    yield StreamResult(out.value)
+                else:
+                    yield {"task": out.task, "seq": out.seq, "value": out.value}
 
     def story(self, channel: Channel, body: Any) -> dict[str, Any]:
         """``{"key": k}``: what this worker's core and member table logged lately about ``k`` (a

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from compass.errors import StreamOverrun
@@ -89,7 +89,7 @@ async def stream_job(
     objective: Objective = NO_OBJECTIVE,
     *,
     trace: bool = False,
-) -> AsyncIterator[Output]:
+) -> AsyncGenerator[Output, None]:
     """Run a job of ``workflow`` with ``worker`` as its ingress; its partial outputs as they
     are made, then its final output (raises the job's error instead). See the module
     docstring."""
@@ -143,6 +143,7 @@ async def stream_job(
         if overrun:
             raise overrun[0]
         _, value = answer.result()  # the job's error, if it failed
+        worker.metrics.streams.close(key)  # answered: no longer in flight, whenever it is closed
         yield Output(value, final=True)
     finally:
         worker.metrics.streams.close(key)
