@@ -89,6 +89,7 @@ async def test_a_slow_reader_gets_every_chunk_in_order_and_the_steps_wait_for_it
 
 
 @pytest.mark.asyncio
+@pytest.mark.timeout(180)  # two worker processes to start, on a busy machine too
 async def test_a_sink_on_another_worker_waits_for_the_reads_its_ingress_tells_it(
     paced_env: dict[str, str],
 ) -> None:
