@@ -388,6 +388,24 @@ def worker_start(
             "(idle keep-alive, or a client too slow to send one) before it is closed.",
         ),
     ] = WORKER.http_idle_s,
+    stream_window: Annotated[
+        int,
+        typer.Option(
+            envvar=env("stream_window"),
+            min=1,
+            help="Partial outputs a streamed job's step-wise sink may make ahead of its "
+            "caller's reading when it runs on the job's ingress; its next step then waits.",
+        ),
+    ] = WORKER.stream_window,
+    stream_stall_s: Annotated[
+        float,
+        typer.Option(
+            envvar=env("stream_stall_s"),
+            min=0.001,
+            help="Seconds a step may wait for a streamed job's caller to read before the job "
+            "fails with StreamOverrun (a caller that stopped reading holds a lane no longer).",
+        ),
+    ] = WORKER.stream_stall_s,
     trace_sample: Annotated[
         float,
         typer.Option(
@@ -450,6 +468,8 @@ def worker_start(
         http_port=http_port,
         http_private_health=http_private_health,
         http_idle_s=http_idle_s,
+        stream_window=stream_window,
+        stream_stall_s=stream_stall_s,
         trace_sample=trace_sample,
         trace_keep=trace_keep,
         otel_endpoint=otel_endpoint,

@@ -433,6 +433,12 @@ class WorkerConfig:
     #: export job and task spans of traced jobs by OTLP/HTTP to this URL (``compass[otel]``);
     #: None: no OpenTelemetry export
     otel_endpoint: str | None = None
+    #: partial outputs a streamed job's step-wise sink may make ahead of its caller's reading
+    #: (a task running on the job's ingress); then its next step waits for the caller
+    stream_window: int = 8
+    #: seconds one step may wait for the caller to read before the job fails (StreamOverrun):
+    #: a caller that stopped reading holds a lane no longer than this
+    stream_stall_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -496,6 +502,12 @@ class WorkerConfig:
             raise ConfigError(f"http port must be in 0..65535, got {self.http_port}")
         if not self.http_idle_s > 0:
             raise ConfigError(f"--http-idle-s must be > 0, got {self.http_idle_s}")
+        if isinstance(self.stream_window, bool) or not (
+            isinstance(self.stream_window, int) and self.stream_window >= 1
+        ):
+            raise ConfigError(f"--stream-window must be an integer >= 1, got {self.stream_window}")
+        if not self.stream_stall_s > 0:
+            raise ConfigError(f"--stream-stall-s must be > 0, got {self.stream_stall_s}")
         for address in self.join:
             parse_address(address)
 

@@ -5,7 +5,9 @@ A traced job (``Client.submit_job(..., trace=True)``, or one its ingress sampled
 the one its plan named, its input transfer, its queue wait, its model load (and whether the
 model was resident), its execution, its batch (size and the jobs batched with it), its attempt,
 and its wall-clock start and end; per job, its latency and that latency split along its
-critical path (:attr:`JobTrace.breakdown_ms`), so the parts add up to the whole.
+critical path (:attr:`JobTrace.breakdown_ms`), so the parts add up to the whole. A step-wise
+task's trace sums up its steps (how many, the first one's time, the time they waited for a
+slow caller), and a streamed job's gives its time to first output.
 
 The trace's JSON form (:meth:`JobTrace.to_json`, what ``compass submit --trace-json`` writes)
 is also its wire form, checked by :meth:`JobTrace.from_json`. Times are real milliseconds, and
@@ -114,8 +116,18 @@ class TaskTrace:
     #: last input arrived; ``done:...``: another task ended and freed the lane; ``loaded:...``:
     #: its model was copied in)
     cause: str = ""
+    #: a step-wise task's steps in summary: how many it took, the first one's time (the basis
+    #: of its job's time to first output) and how long its steps waited for a slow caller to
+    #: read (backpressure); 0, None and 0 for a plain task
+    steps: int = 0
+    first_step_ms: float | None = None
+    waited_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
+        steps = {} if not self.steps else {
+            "steps": self.steps, "first_step_ms": self.first_step_ms,
+            "waited_ms": self.waited_ms,
+        }  # fmt: skip
         return {
             "task": self.task,
             "worker": self.worker,
@@ -134,6 +146,7 @@ class TaskTrace:
             "lane": self.lane,
             "error": self.error,
             "cause": self.cause,
+            **steps,
         }
 
     @classmethod
@@ -147,6 +160,7 @@ class TaskTrace:
         names: tuple[Any, ...] = (get("task"), get("worker"), get("planned_worker"),
                                   get("error", ""), get("cause", ""))  # fmt: skip
         mates, hit, model = get("mates", ()), get("cache_hit"), get("model")
+        steps, first, waited = get("steps", 0), get("first_step_ms"), get("waited_ms", 0.0)
         # the checks are set operations on types, done in C: a trace is read per traced job
         if (
             not set(map(type, numbers)) <= _NUMBER_TYPES
@@ -158,12 +172,17 @@ class TaskTrace:
             or not set(map(type, mates)) <= _STR
             or type(hit) not in _MAYBE_BOOL
             or type(model) not in _MAYBE_STR
+            or type(steps) is not int
+            or steps < 0
+            or not (first is None or _number(first))
+            or not _number(waited)
         ):
             raise ProtocolError(f"a task of a trace is malformed: {dict(body)!r:.300}")
         transfer, queued, load, exec_, start, end = numbers
         return cls(
             names[0], names[1], names[2], transfer, queued, load, hit, exec_, counts[0], start,
-            end, counts[1], model, tuple(mates), counts[2], names[3], names[4],
+            end, counts[1], model, tuple(mates), counts[2], names[3], names[4], steps, first,
+            waited,
         )  # fmt: skip
 
 
@@ -199,6 +218,9 @@ class JobTrace:
     trace_id: str = ""
     breakdown_ms: Mapping[str, float] = field(default_factory=dict)
     critical_path: tuple[str, ...] = ()
+    #: a streamed job's time to first output: its ingress received it, then its first partial
+    #: output went to its caller (None: not streamed, or no partial output)
+    first_output_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The trace as JSON: ``{"job", "workflow", "latency_ms", "tasks": [...], ...}``."""
@@ -217,6 +239,7 @@ class JobTrace:
             "trace_id": self.trace_id,
             "breakdown_ms": dict(self.breakdown_ms),
             "critical_path": list(self.critical_path),
+            **({} if self.first_output_ms is None else {"first_output_ms": self.first_output_ms}),
         }
 
     @classmethod
@@ -246,6 +269,7 @@ class JobTrace:
             or min(counts) < 0
             or set(map(type, names)) != _STR
             or type(get("ok", True)) is not bool
+            or not (get("first_output_ms") is None or _number(get("first_output_ms")))
         ):
             raise ProtocolError(f"a trace is malformed: {dict(body)!r:.300}")
         return cls(
@@ -263,6 +287,7 @@ class JobTrace:
             trace_id=names[4],
             breakdown_ms=dict(breakdown),
             critical_path=tuple(path),
+            first_output_ms=get("first_output_ms"),
         )
 
 

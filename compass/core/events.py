@@ -197,8 +197,9 @@ class Received(Named):
 class TaskDone(Named):
     """``entry`` ran to its end with ``output``. ``exec_s``: how long its run took, measured
     (None: not measured, as in emulation); ``batch``: how many tasks the run took, ``first``:
-    ``entry`` led it (a batch is one measurement, recorded under its lead). A learning core
-    (real mode) folds the measurement and the output's size into its profiles."""
+    ``entry`` led it (a batch is one measurement, recorded under its lead); ``steps``: the
+    steps a step-wise run took (0: a plain task). A learning core (real mode) folds the
+    measurement and the output's size into its profiles."""
 
     now: float
     entry: QueuedTask
@@ -206,6 +207,7 @@ class TaskDone(Named):
     exec_s: float | None = None
     batch: int = 1
     first: bool = True
+    steps: int = 0
     #: its id, carried by every instruction it causes (empty: the core names it)
     cause: str = ""
 

@@ -10,7 +10,7 @@ from typing import Any
 from compass.core.causes import Cause, Caused
 from compass.core.events import TaskDone, TaskFailed
 from compass.core.queue import QueuedTask
-from compass.errors import CompassTimeout, JobFailed, WorkerUnavailable
+from compass.errors import CompassTimeout, JobFailed, StreamOverrun, WorkerUnavailable
 
 __all__ = ["TaskOutcome"]
 
@@ -45,6 +45,9 @@ class TaskOutcome(Caused):
     first_step_s: float | None = None
     #: stopped between two steps because its job ended (its error says so; not a failure)
     stopped: bool = False
+    #: seconds its steps waited for a slow caller to read their partial outputs (backpressure:
+    #: counted in ``exec_s``, left out of what the profiles learn)
+    waited_s: float = 0.0
 
     @property
     def model(self) -> str | None:
@@ -56,11 +59,15 @@ class TaskOutcome(Caused):
 
     def event(self, now: float) -> TaskDone | TaskFailed:
         """The worker core's event for this outcome. compass's own verdicts (a timeout, a
-        degraded worker) keep their type for the client; a task's own error is JobFailed."""
+        degraded worker, a caller too slow to read) keep their type for the client; a task's
+        own error is JobFailed."""
         error = self.error
         if error is None:
-            return TaskDone(now, self.entry, self.output, self.exec_s, self.batch, self.first)
-        code = error.code if isinstance(error, CompassTimeout | WorkerUnavailable) else ""
+            measured = self.exec_s - self.waited_s  # the task's own time, not its caller's
+            return TaskDone(now, self.entry, self.output, measured, self.batch, self.first,
+                            self.steps)  # fmt: skip
+        kept = CompassTimeout | WorkerUnavailable | StreamOverrun
+        code = error.code if isinstance(error, kept) else ""
         text = f"{type(error).__name__}: {error}"
         if self.batch > 1:
             text += f" (in a batch of {self.batch})"

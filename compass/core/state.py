@@ -429,7 +429,7 @@ class WorkerCore:
     def _task_done(self, ev: TaskDone) -> None:
         if self.learn:  # a batch is one measurement, under its lead
             measured = ev.exec_s if ev.first else None
-            self.estimates.observe_run(ev.entry, ev.output, measured, ev.batch)
+            self.estimates.observe_run(ev.entry, ev.output, measured, ev.batch, ev.steps)
         now, cause, lanes = ev.now, self._cause, self.lanes
         steps = lanes.ended(ev.entry, now, cause=cause)
         if steps:

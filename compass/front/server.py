@@ -461,7 +461,7 @@ class FrontDoor:
             error = {"error": {"message": exc.message, "type": exc.code, "code": exc.code}}
             await response.write(b"data: %s\n\n" % jsonio.dumps(error))
         finally:
-            await outputs.aclose()  # type: ignore[attr-defined]  # the job, if it runs on
+            await outputs.aclose()  # the job, if it runs on
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

@@ -69,6 +69,8 @@ MAX_JOBS = 1000
 #: traces one worker sends per answer (its newest), and tasks per trace
 MAX_TRACES = 5
 MAX_TRACE_TASKS = 50
+#: streams in flight one worker sends per answer (its oldest)
+MAX_STREAMS = 50
 #: seconds the gathering worker waits for a peer's part
 PEER_TIMEOUT_S = 1.0
 
@@ -161,6 +163,9 @@ def local_view(worker: Shown, window_s: float = DEFAULT_WINDOW_S) -> dict[str, A
         # the newest traces of jobs this worker was the ingress of (their JSON form)
         "traces": [_page_trace(trace) for trace in worker.tracer.recent(MAX_TRACES)],
         "traces_sample": worker.tracer.sample,
+        # streamed jobs being read here: partial outputs made and read, time to first output
+        "streams_in_flight": len(metrics.streams),
+        "streams": metrics.streams.rows(time.time(), MAX_STREAMS),
     }
 
 

@@ -58,6 +58,7 @@ from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
 from compass.observe.shown import ViewHeld
+from compass.observe.streams import StreamsInFlight
 from compass.observe.timeline import Timeline
 from compass.supervisor import log_failures
 
@@ -106,6 +107,8 @@ class WorkerMetrics:
         #: the recent task spans and answered jobs (the dashboard's task stream and latencies);
         #: the worker's clock is read through it, as it is set after this object is made
         self.timeline = Timeline(clock=lambda: worker.clock(), time_scale=worker.config.time_scale)
+        #: the streamed jobs being read at this ingress (the dashboard's streams in flight)
+        self.streams = StreamsInFlight()
         self.registry = CollectorRegistry()
         self.job_latency = Histogram(
             "compass_job_latency_seconds",
@@ -563,6 +566,8 @@ class WorkerCollector(Collector):
         yield slo
         in_flight = w.jobs_in_flight
         yield _gauge("compass_jobs_in_flight", "Jobs accepted here, not answered yet.", in_flight)
+        streams = len(self._metrics.streams)
+        yield _gauge("compass_streams_in_flight", "Streamed jobs being read here.", streams)
         tasks = CounterMetricFamily(
             "compass_tasks", "Tasks run here, by outcome.", labels=["outcome"]
         )

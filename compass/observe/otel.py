@@ -129,6 +129,11 @@ class OtelExport:
         events = [("lane", span["start"])]
         if span["load_s"] > 0:
             events.append(("model loaded", span["start"] + span["load_s"]))
+        if span.get("steps"):  # a step-wise task: its steps in summary, its first step's end
+            attributes["compass.steps"] = span["steps"]
+            attributes["compass.first_step_ms"] = span["first_s"] * 1000.0
+            attributes["compass.waited_ms"] = span["waited_s"] * 1000.0
+            events.append(("first step", span["end"] - span["exec_s"] + span["first_s"]))
         self._export(
             _Span(
                 f"task {task}",
@@ -158,6 +163,8 @@ class OtelExport:
         }
         for part, ms in trace["breakdown_ms"].items():
             attributes[f"compass.{part}_ms"] = ms
+        if trace.get("first_output_ms") is not None:
+            attributes["compass.first_output_ms"] = trace["first_output_ms"]
         planned = {t["task"]: t["planned_worker"] for t in trace["tasks"]}
         attributes["compass.plan"] = [f"{task}={worker}" for task, worker in planned.items()]
         caller = tracing.caller

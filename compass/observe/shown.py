@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from compass.core.lanes import Lanes
     from compass.core.stats import WorkerStats
     from compass.elastic.rule import Decision
+    from compass.observe.streams import StreamsInFlight
     from compass.observe.timeline import Timeline
     from compass.observe.tracing import Tracer
     from compass.sched import Policy
@@ -97,6 +98,9 @@ class Measured(Protocol):
 
     @property
     def timeline(self) -> Timeline: ...
+
+    @property
+    def streams(self) -> StreamsInFlight: ...
 
     @property
     def address(self) -> str: ...

@@ -79,6 +79,13 @@ _SPAN_TYPES: dict[str, tuple[type, ...]] = {
     "error": (str,),
     "cause": (str,),
 }
+#: what a step-wise task's span adds (absent from a plain task's): its steps, the first one's
+#: seconds, and the seconds its steps waited for the caller to read
+_STEP_TYPES: dict[str, tuple[type, ...]] = {
+    "steps": (int,),
+    "first_s": (float, int),
+    "waited_s": (float, int),
+}
 
 _Key = tuple[str, int]
 
@@ -105,6 +112,8 @@ class JobTracing:
     #: wall clock: the job arrived; its plan was made
     received: float = 0.0
     planned_at: float = 0.0
+    #: wall clock: its first partial output reached its caller's stream (0: none yet)
+    first_output: float = 0.0
 
     @property
     def traceparent(self) -> str:
@@ -118,7 +127,7 @@ def task_span(
     (whose seconds are ``scale`` real ones)."""
     entry = outcome.entry
     error = outcome.error
-    return {
+    span = {
         "task": entry.task,
         "att": entry.attempt,
         "worker": worker,
@@ -136,6 +145,11 @@ def task_span(
         "error": "" if error is None else type(error).__name__,
         "cause": outcome.cause,
     }
+    if outcome.steps:  # a step-wise task: its steps in summary
+        first = outcome.first_step_s
+        span.update(steps=outcome.steps, first_s=0.0 if first is None else first * scale,
+                    waited_s=outcome.waited_s * scale)  # fmt: skip
+    return span
 
 
 class Tracer:
@@ -307,6 +321,12 @@ class Tracer:
             tracing.spans[span["task"], span["att"]] = span
         return True
 
+    def first_output(self, job_id: str, wall: float) -> None:
+        """Traced job ``job_id``'s first partial output reached its caller at ``wall``."""
+        tracing = self.jobs.get(job_id)
+        if tracing is not None and not tracing.first_output:
+            tracing.first_output = wall
+
     def task_ended(self, job_id: str, span: dict[str, Any]) -> JobTracing | None:
         """Keep ``span`` (:func:`task_span`) of a task of ``job_id`` that ended here; the
         job's tracing, None when it is not traced (and nothing is kept)."""
@@ -333,6 +353,10 @@ def _well_formed(span: Any) -> bool:
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             return False
         if isinstance(value, float) and not math.isfinite(value):
+            return False
+    for key, kinds in _STEP_TYPES.items():
+        value = span.get(key, 0)
+        if type(value) not in kinds or not math.isfinite(value) or value < 0:
             return False
     return all(isinstance(mate, str) for mate in span["mates"])
 
@@ -397,6 +421,7 @@ def assemble(
             "lane": s["lane"],
             "error": s["error"],
             "cause": s["cause"],
+            **_steps_ms(s),
         }
         for s in spans
     ]
@@ -431,7 +456,7 @@ def assemble(
         "result": result * 1000.0,
         "other": other * 1000.0,
     }
-    return {
+    trace = {
         "job": job_id,
         "workflow": str(record.get("workflow", "")),
         "latency_ms": latency * 1000.0,
@@ -447,6 +472,18 @@ def assemble(
         "breakdown_ms": breakdown,
         "critical_path": path,
     }
+    if tracing.first_output:  # a streamed job's: its time to first output
+        trace["first_output_ms"] = (tracing.first_output - received) * 1000.0
+    return trace
+
+
+def _steps_ms(span: Mapping[str, Any]) -> dict[str, Any]:
+    """A step-wise task's steps in its trace (nothing for a plain task's span)."""
+    steps = span.get("steps", 0)
+    if not steps:
+        return {}
+    return {"steps": steps, "first_step_ms": span["first_s"] * 1000.0,
+            "waited_ms": span["waited_s"] * 1000.0}  # fmt: skip
 
 
 def critical_path(workflow: Workflow, spans: Mapping[str, Mapping[str, Any]]) -> list[str]:

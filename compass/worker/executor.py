@@ -57,6 +57,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,7 @@ from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
 from compass.worker.stepgate import StepGate
+from compass.worker.windows import StepWindow, StreamedSteps
 from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = [
@@ -127,7 +129,7 @@ class TaskRunner:
         config: WorkerConfig,
         on_outcome: Callable[[TaskOutcome], None],
         on_returned: Callable[[QueuedTask], None],
-        on_step: Callable[[QueuedTask, int, Any], None] | None = None,
+        streamed: StreamedSteps | None = None,
         clock: Callable[[], float] = time.monotonic,
         compute: Callable[[str | None], AbstractContextManager[Any]] | None = None,
     ) -> None:
@@ -139,8 +141,12 @@ class TaskRunner:
         self._time_scale = config.time_scale
         self._on_outcome = on_outcome
         self._on_returned = on_returned
-        #: a step-wise task of a streaming job reports each step's partial output (on the loop)
-        self._on_step = on_step
+        #: a step-wise task of a streaming job reports each step's partial output there (on
+        #: the loop), and a sink whose caller reads here steps within its window
+        self._streamed = streamed
+        #: each step reported to the core (on the loop): a streaming job's partial outputs,
+        #: and every step where the core decides at step boundaries (preemption)
+        self._on_step = None if streamed is None else streamed.report
         self._clock = clock
         self._task_timeout_s = config.task_timeout_s
         self._threads = TaskThreads()
@@ -207,13 +213,16 @@ class TaskRunner:
             method = task.call_batch
         elif task.stepwise:
             stop = self._stops[run.entry] = threading.Event()
-            report = None
+            report, window = None, None
             if self._preempt and self._on_step is not None:  # the core's word at each step
                 gate = self._gates[run.entry] = StepGate()
                 report = self._gated(loop, run.entry, gate)
             elif run.entry.stream and self._on_step is not None:
                 report = _reporter(loop, self._on_step, run.entry)
-            method = functools.partial(_run_steps, task, stop, outcomes[0], report)
+            if run.entry.stream and self._streamed is not None:  # its caller's reads pace it
+                window = self._streamed.open(run.entry)
+            steps = _Steps(stop, outcomes[0], report, window)
+            method = functools.partial(_run_steps, task, steps)
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
@@ -232,6 +241,8 @@ class TaskRunner:
             flag = self._stops.get(entry)
             if flag is not None:
                 flag.set()
+                if self._streamed is not None:  # waiting for its caller's reading: no more
+                    self._streamed.stop(entry)
             if (gate := self._gates.get(entry)) is not None:
                 gate.stop()  # a suspended one wakes to stop
             if (parked := self._parked.pop(entry, None)) is not None:  # suspended, emulated
@@ -261,8 +272,10 @@ class TaskRunner:
     async def aclose(self) -> None:
         """Stop waiting for the tasks under way (their threads are abandoned)."""
         self._closed = True
-        for flag in self._stops.values():
+        for entry, flag in self._stops.items():
             flag.set()
+            if self._streamed is not None:
+                self._streamed.stop(entry)
         for gate in self._gates.values():
             gate.stop()
         for timer in self._timers.values():
@@ -394,7 +407,8 @@ class TaskRunner:
     def _thread_done(
         self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
     ) -> None:
-        self._stops.pop(outcomes[0].entry, None)
+        if self._stops.pop(outcomes[0].entry, None) is not None and self._streamed is not None:
+            self._streamed.close(outcomes[0].entry)
         self._gates.pop(outcomes[0].entry, None)
         if self._deadlines.pop(work, None) is None or work.cancelled():
             return  # the worker is stopping
@@ -544,25 +558,34 @@ def _call(
         raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
 
 
-def _run_steps(
-    task: Task,
-    stop: threading.Event,
-    outcome: TaskOutcome,
-    report: Callable[[int, Any], Any] | None,
-    module: Any,
-    payload: Any,
-) -> Any:
+@dataclass(slots=True)
+class _Steps:
+    """What drives a step-wise task in its thread: the stop flag it looks at between two
+    steps, the outcome it counts them in, where each partial output is reported (None: its job
+    does not stream) and the window its caller's reads open (None: no caller reads here)."""
+
+    stop: threading.Event
+    outcome: TaskOutcome
+    report: Callable[[int, Any], Any] | None
+    window: StepWindow | None
+
+
+def _run_steps(task: Task, steps: _Steps, module: Any, payload: Any) -> Any:
     """Drive step-wise ``task``'s generator (its ``call``), a step at a time: each item ends a
-    step (counted in ``outcome``, the first's time kept; ``report(seq, item)``, the item on
-    the host, for a job that streams); ``stop`` set, the generator is closed between two
-    steps and :class:`TaskStopped` raised. The final output: the value returned, or the last
-    item when it returns nothing (an async generator cannot return one)."""
+    step (counted in the outcome, the first's time kept; reported, on the host, for a job that
+    streams); before each step, the caller's window must have room (the wait is counted as
+    ``waited_s``); the stop flag set, the generator is closed between two steps and
+    :class:`TaskStopped` raised. The final output: the value returned, or the last item when
+    it returns nothing (an async generator cannot return one)."""
+    outcome, stop, report, window = steps.outcome, steps.stop, steps.report, steps.window
     started = time.perf_counter()
     made = task.call(module, payload)
     items = _async_items(made) if inspect.isasyncgen(made) else made
     last: Any = None
     try:
         while True:
+            if window is not None:  # a slow caller holds the next step here
+                outcome.waited_s += window.before_step(outcome.steps)
             if stop.is_set():
                 outcome.stopped = True
                 raise TaskStopped(f"task {task.name!r} stopped after {outcome.steps} steps")

@@ -13,6 +13,7 @@ logged: it never raises inside the worker. What passes becomes an event of the w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -48,6 +49,7 @@ from compass.wire.handlers import StreamResult
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
 from compass.worker.streaming import stream_job
+from compass.worker.windows import READ_OP, Chunks, StreamedSteps
 
 if TYPE_CHECKING:
     from compass.app import App
@@ -132,8 +134,12 @@ class Served(Described, Protocol):
         *,
         trace: bool = False,
         traceparent: str | None = None,
-        chunks: Callable[[str, int, Any], None] | None = None,
+        chunks: Chunks | None = None,
     ) -> tuple[str, Any]: ...
+
+    @property
+    def streamed(self) -> StreamedSteps:
+        """The windows of its streamed sinks: what a reader took moves them on."""
 
     def plan_for(self, request: PlanRequest) -> dict[str, str]: ...
 
@@ -169,6 +175,7 @@ def make_router(worker: Served) -> Router:
     router.notify("watch")(requests.from_peers("watch", requests.watch))
     router.notify("leave")(requests.from_peers("leave", requests.leave))
     router.notify("drain")(requests.from_peers("drain", requests.drain))
+    router.notify(READ_OP)(requests.from_peers(READ_OP, requests.read))
     for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg):
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
@@ -340,11 +347,12 @@ class _Requests:
             raise InvalidInputs("a streamed job takes no key (its partial outputs are not kept)")
         outputs = stream_job(self.worker, body["workflow"], body.get("inputs") or {}, objective,
                              trace=body.get("trace") is True)  # fmt: skip
-        async for out in outputs:
-            if out.final:
-                yield StreamResult(out.value)
-            else:
-                yield {"task": out.task, "seq": out.seq, "value": out.value}
+        async with contextlib.aclosing(outputs):  # closed with this stream, not when collected
+            async for out in outputs:
+                if out.final:
+                    yield StreamResult(out.value)
+                else:
+                    yield {"task": out.task, "seq": out.seq, "value": out.value}
 
     def story(self, channel: Channel, body: Any) -> dict[str, Any]:
         """``{"key": k}``: what this worker's core and member table logged lately about ``k`` (a
@@ -394,6 +402,19 @@ class _Requests:
             handler(channel, body)
 
         return guarded
+
+    def read(self, channel: Channel, body: Any) -> None:
+        """A job's ingress says its caller read partial output ``seq`` of sink ``task``
+        (:mod:`compass.worker.windows`); a malformed one is dropped like any bad message."""
+        worker = self.worker
+        fields = body if isinstance(body, dict) else {}
+        job, task, seq = fields.get("job"), fields.get("task"), fields.get("seq")
+        if not (isinstance(job, str) and isinstance(task, str) and type(seq) is int):
+            worker.run_stats.messages_dropped += 1
+            log.warning("%s: dropped a malformed read from %s: %r", worker.name,
+                        channel.peer_name, body)  # fmt: skip
+            return
+        worker.streamed.heard_read(job, task, seq)
 
     def heartbeat(self, channel: Channel, body: Any) -> None:
         # a malformed one is dropped like any bad peer message; the worker judges the rest

@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, assert_never
 
 from compass.app import App
@@ -47,7 +47,6 @@ from compass.core.events import (
     Submit,
     SuspendTask,
     TaskReturned,
-    TaskStep,
     Tick,
     Undeliverable,
     Watch,
@@ -90,6 +89,7 @@ from compass.worker.membership import (
 )
 from compass.worker.requests import describe, make_router
 from compass.worker.tables import table_sizes
+from compass.worker.windows import Chunks, StreamedSteps
 from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
@@ -135,6 +135,7 @@ class Worker:
             emulated_h2d_bytes_per_s=profiles.default_h2d_bytes_per_s if config.emulate else None,
             time_scale=config.time_scale,
         )
+        self.streamed = StreamedSteps(self)  # streamed tasks' steps: to the core, in windows
         self.runner = TaskRunner(
             lookup=self._task,
             module_of=self.cache.module,
@@ -142,7 +143,7 @@ class Worker:
             config=config,
             on_outcome=self._task_finished,
             on_returned=self._task_returned,
-            on_step=lambda e, seq, value: self.apply(TaskStep(self.clock(), e, seq, value)),
+            streamed=self.streamed,
             clock=self.clock,
         )
         self.router = make_router(self)
@@ -159,13 +160,12 @@ class Worker:
         self._planned: dict[str, Planned] = {}
         #: the client's future of each job this worker is the ingress of
         self._answers: dict[str, asyncio.Future[Any]] = {}
-        self._streams: dict[str, Callable[[str, int, Any], None]] = {}  # job -> its chunks' sink
+        self._streams: dict[str, Chunks] = {}  # job -> its chunks' sink
         #: every background task of this worker: plan requests, dials, the loops
         self.supervisor = Supervisor(self.name or "worker", log, on_failure=self._task_failed)
         #: messages for workers this one has no connection to, by name, and their timers
         self._held: dict[str, list[PeerMessage]] = {}
         self._held_timers: dict[str, asyncio.TimerHandle] = {}
-        #: peers being dialed for what is held for them
         #: the dials of peers that messages wait for (:meth:`_hold`)
         self._dialing: dict[str, asyncio.Task[None]] = {}
         # a worker without --name is named when it binds (start)
@@ -516,7 +516,7 @@ class Worker:
                     self.runner.between_steps(step)
                 case Chunk():
                     if (sink := self._streams.get(step.job_id)) is not None:
-                        sink(step.task, step.seq, step.value)
+                        sink(step.job_id, step.task, step.seq, step.value)
                 case Fault():
                     self.run_stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
@@ -700,11 +700,11 @@ class Worker:
         *,
         trace: bool = False,
         traceparent: str | None = None,
-        chunks: Callable[[str, int, Any], None] | None = None,
+        chunks: Chunks | None = None,
     ) -> tuple[str, Any]:
         """:meth:`submit`, answering the job's id with its answer (an error names it too).
         ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context;
-        ``chunks(task, seq, value)``: the job streams its sinks' partial outputs there."""
+        ``chunks(job, task, seq, value)``: the job streams its sinks' partial outputs there."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(

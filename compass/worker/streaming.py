@@ -7,9 +7,14 @@ the core hands on in order (:class:`~compass.core.events.Chunk`); :func:`stream_
 each as an :class:`Output`, then the job's final output (``final``). A plain sink has no
 partial output: its job streams its answer alone.
 
-What the ingress holds for a reader is bounded: :data:`MAX_BEHIND` partial outputs. A reader
-slower than the job's steps for that long has its job cancelled everywhere and gets
-:class:`~compass.errors.StreamOverrun`, never a silent gap. Leaving the iteration early (or
+A slow reader slows the steps that make the job's partial outputs: each one yielded and taken
+(the wire's producer resumes :func:`stream_job` only when its reader has credit for the next)
+is counted as read in its sink's window (:mod:`compass.worker.windows`; the worker running the
+sink is told, when it is another), so a sink makes at most ``stream_window`` partial outputs
+ahead of its reader, then waits; one that waits ``stream_stall_s`` for a read fails the job
+with :class:`~compass.errors.StreamOverrun`. Whatever happens to the reads, what the ingress
+holds for one reader is bounded by :data:`MAX_BEHIND`: past it the job is cancelled everywhere
+with :class:`~compass.errors.StreamOverrun`, never a silent gap. Leaving the iteration early (or
 cancelling the task that reads) cancels the job as a client that stops waiting does: its
 step-wise tasks stop at their next step (:class:`~compass.core.events.StopTask`).
 """
@@ -18,31 +23,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from compass.errors import StreamOverrun
 from compass.objective import NO_OBJECTIVE, Objective
+from compass.observe.streams import StreamsInFlight
 from compass.streamed import Output
+from compass.worker.windows import Chunks
 
 __all__ = ["MAX_BEHIND", "Output", "Streamer", "stream_job"]
 
-#: partial outputs the ingress holds for one slow reader, at most
+#: partial outputs the ingress holds for one slow reader, at most (the sinks' windows keep it
+#: far below this; it bounds what reads gone astray could let pile up)
 MAX_BEHIND = 256
-
-Chunks = Callable[[str, int, Any], None]
 
 
 class Measures(Protocol):
+    @property
+    def streams(self) -> StreamsInFlight: ...
+
     def streamed(self, workflow: str, first_output_s: float) -> None: ...
 
 
+class Reads(Protocol):
+    def read(self, job_id: str, task: str, seq: int) -> None: ...
+
+
+class Traces(Protocol):
+    def first_output(self, job_id: str, wall: float) -> None: ...
+
+
 class Streamer(Protocol):
-    """What :func:`stream_job` needs of a worker (the worker is one): it submits, and its
-    metrics time the first output."""
+    """What :func:`stream_job` needs of a worker (the worker is one): it submits, its
+    metrics and traces time the first output, and its sinks' windows hear what the reader
+    took."""
 
     @property
     def metrics(self) -> Measures: ...
+
+    @property
+    def tracer(self) -> Traces: ...
+
+    @property
+    def streamed(self) -> Reads: ...
 
     async def submit_job(
         self,
@@ -64,21 +89,25 @@ async def stream_job(
     objective: Objective = NO_OBJECTIVE,
     *,
     trace: bool = False,
-) -> AsyncIterator[Output]:
+) -> AsyncGenerator[Output, None]:
     """Run a job of ``workflow`` with ``worker`` as its ingress; its partial outputs as they
     are made, then its final output (raises the job's error instead). See the module
     docstring."""
     items: asyncio.Queue[Output] = asyncio.Queue()
     overrun: list[StreamOverrun] = []
     loop = asyncio.get_running_loop()
-    started, first = loop.time(), [True]
+    started = loop.time()
+    key, shown = worker.metrics.streams.open(workflow, time.time())  # the dashboard's
 
-    def chunk(task: str, seq: int, value: Any) -> None:
+    def chunk(job_id: str, task: str, seq: int, value: Any) -> None:
         if overrun:
             return
-        if first[0]:
-            first[0] = False
-            worker.metrics.streamed(workflow, loop.time() - started)
+        shown.job, shown.made = job_id, shown.made + 1
+        if shown.first_output_ms is None:
+            first_s = loop.time() - started
+            shown.first_output_ms = round(first_s * 1000.0, 3)
+            worker.metrics.streamed(workflow, first_s)
+            worker.tracer.first_output(job_id, time.time())
         if items.qsize() >= MAX_BEHIND:
             overrun.append(
                 StreamOverrun(
@@ -95,21 +124,29 @@ async def stream_job(
     )
     try:
         while True:
-            while not items.empty():
-                yield items.get_nowait()
-            if answer.done():
+            if not items.empty():
+                item = items.get_nowait()
+            elif answer.done():
                 break
-            taken = asyncio.ensure_future(items.get())
-            await asyncio.wait((taken, answer), return_when=asyncio.FIRST_COMPLETED)
-            if taken.done():
-                yield taken.result()
             else:
-                taken.cancel()
+                taken = asyncio.ensure_future(items.get())
+                await asyncio.wait((taken, answer), return_when=asyncio.FIRST_COMPLETED)
+                if not taken.done():
+                    taken.cancel()
+                    continue
+                item = taken.result()
+            yield item
+            # resumed: the reader took it (the wire has credit for the next), so its sink's
+            # window moves on
+            shown.read += 1
+            worker.streamed.read(shown.job, item.task or "", item.seq)
         if overrun:
             raise overrun[0]
         _, value = answer.result()  # the job's error, if it failed
+        worker.metrics.streams.close(key)  # answered: no longer in flight, whenever it is closed
         yield Output(value, final=True)
     finally:
+        worker.metrics.streams.close(key)
         if not answer.done():
             answer.cancel()  # left early: the job is cancelled
             with contextlib.suppress(BaseException):

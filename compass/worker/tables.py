@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from compass.wire.tcp import Server
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
+    from compass.worker.windows import StreamedSteps
 
 __all__ = ["Tabled", "table_sizes"]
 
@@ -41,6 +42,9 @@ class Tabled(Protocol):
 
     @property
     def tracer(self) -> Tracer: ...
+
+    @property
+    def streamed(self) -> StreamedSteps: ...
 
     @property
     def gossip(self) -> Gossip: ...
@@ -99,6 +103,8 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
         "timeline_jobs": len(timeline.jobs),
         "timeline_loads": len(timeline.loads),
         "slo": len(worker.metrics.slo),
+        "streams": len(worker.metrics.streams),  # streamed jobs being read here
+        "step_windows": len(worker.streamed),  # streamed sinks running here
         # the view of the peers
         "view": len(worker.gossip.view),
         "view_pending": _total(worker.gossip.view._pending.values()),

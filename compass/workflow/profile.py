@@ -84,6 +84,7 @@ class _WorkflowProfile:
         "output_bytes",
         "published",
         "samples",
+        "steps",
         "version",
         "wf",
     )
@@ -100,6 +101,9 @@ class _WorkflowProfile:
         #: :attr:`Profiles._ticks`; 0: never), which orders what a worker spreads of itself
         self.samples: IntArray = np.zeros((len(tasks), slots), dtype=np.intp)
         self.learned_at: IntArray = np.zeros((len(tasks), slots), dtype=np.intp)
+        #: expected steps of each task (1: a plain one), learned apart from the time of one
+        #: step (:meth:`Profiles.observe_steps`)
+        self.steps: FloatArray = np.array([t.profile.steps for t in tasks], dtype=np.float64)
         self.measured_on_workers = False
         self.version = version
         #: the estimates as of the last version bump, what cached cost tables were built from
@@ -329,6 +333,52 @@ class Profiles:
             self._spread.clear()  # a status asked of every worker once: no more kept than slots
         self._spread[worker] = (self._spread_clock, entries)
         return entries
+
+    def steps(self, workflow: str, task: str) -> float:
+        """Expected steps of ``task`` (1 for a plain task), as learned."""
+        prof = self._wf(workflow)
+        return float(prof.steps[self._task(prof, task)])
+
+    def step_s(self, workflow: str, task: str, worker: str | None = None) -> float:
+        """Expected seconds of one step of ``task`` (on ``worker`` when measured there)."""
+        return self.exec_s(workflow, task, worker) / self.steps(workflow, task)
+
+    def observe_steps(
+        self, workflow: str, task: str, worker: str, steps: int, seconds: float
+    ) -> None:
+        """Fold a step-wise run of ``steps`` steps that took ``seconds`` on ``worker``.
+
+        Its two halves are learned apart, because they vary for different reasons: how many
+        steps a run takes depends on the job (a longer answer), one step's time on the worker
+        (its device). The step count is one estimate for the task; the step time is learned
+        overall and per worker like :meth:`observe_exec`'s times; the task's expected time is
+        their product everywhere. So a worker that happened to run short generations is not
+        taken for fast, and a longer expected count lengthens every worker's estimate at once.
+        Memory is that of the task's times: one count per task, no history kept."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"measured steps must be an integer >= 1, got {steps!r}")
+        step = _check_nonnegative("measured execution seconds", seconds) / steps
+        prof = self._wf(workflow)
+        i = self._task(prof, task)
+        slot = self._slot(worker)
+        a = self.alpha
+        old_steps = float(prof.steps[i])
+        new_steps = prof.steps[i] = old_steps + a * (steps - old_steps)
+        overall = float(prof.exec_s[i]) / old_steps
+        row = prof.exec_by_slot[i]
+        row *= new_steps / old_steps  # every worker's step time, at the new count
+        mine = float(row[slot]) / new_steps
+        if math.isnan(mine):  # a worker's first measurement blends with the overall estimate
+            mine = overall
+        row[slot] = new_steps * (mine + a * (step - mine))
+        prof.samples[i, slot] += 1  # learned here: it spreads with the view
+        prof.learned_at[i, slot] = next(self._ticks)
+        prof.measured_on_workers = True
+        new = prof.exec_s[i] = self._merged(prof, i)  # the workers' times, as observe_exec's
+        if prof.drifted(0, i, new) or any(
+            prof.drifted(2, i, float(row[s]), int(s)) for s in np.flatnonzero(~np.isnan(row))
+        ):
+            self._bump(prof)
 
     def observe_batch(
         self, workflow: str, task: str, worker: str, size: int, seconds: float

@@ -118,7 +118,7 @@ async def test_a_reader_that_leaves_early_cancels_the_job_at_its_next_step() -> 
             first = await asyncio.wait_for(items.__anext__(), 30)
             assert (first.task, first.seq, first.value) == ("words", 0, "w0")
             (job_id,) = w0.core.ingress.jobs
-            await items.aclose()  # type: ignore[attr-defined]  # the reader leaves
+            await items.aclose()  # the reader leaves
             async with asyncio.timeout(30):  # both workers dropped the job: its task stops
                 while not all(w.core.is_done(job_id, 0) for w in (w0, w1)):  # noqa: ASYNC110
                     await asyncio.sleep(0.01)

@@ -75,9 +75,29 @@ def test_a_trace_round_trips_through_its_json_form() -> None:
     assert promised <= set(trace.to_json()["tasks"][0])
 
 
+def test_a_step_wise_task_and_a_streamed_job_round_trip_with_their_steps() -> None:
+    steps = task(steps=12, first_step_ms=4.5, waited_ms=20.0)
+    body = job(tasks=[steps], first_output_ms=6.0)
+    trace = JobTrace.from_json(body)
+    (gen,) = trace.tasks
+    assert (gen.steps, gen.first_step_ms, gen.waited_ms) == (12, 4.5, 20.0)
+    assert trace.first_output_ms == 6.0
+    assert trace.to_json() == body
+    plain = JobTrace.from_json(job())  # none of them: a plain task, a job not streamed
+    assert (plain.tasks[0].steps, plain.tasks[0].first_step_ms, plain.first_output_ms) == (
+        0, None, None,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "bad",
     [
+        job(first_output_ms="6"),
+        job(first_output_ms=math.nan),
+        job(tasks=[task(steps=-1)]),
+        job(tasks=[task(steps=2.0)]),
+        job(tasks=[task(steps=2, first_step_ms=math.inf)]),
+        job(tasks=[task(steps=2, waited_ms=None)]),
         job(job=None),
         job(latency_ms=math.nan),
         job(latency_ms=True),

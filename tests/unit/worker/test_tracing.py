@@ -162,6 +162,9 @@ def test_malformed_trace_fields_are_ignored() -> None:
         {**good, "spans": [{"task": "a"}]},
         {**good, "spans": [span("a", "w0", 0.0, 0.0, float("nan"))]},
         {**good, "spans": [span("a", "w0", 0.0, 0.0, 1.0, batch=True)]},
+        {**good, "spans": [span("a", "w0", 0.0, 0.0, 1.0, steps="3")]},
+        {**good, "spans": [span("a", "w0", 0.0, 0.0, 1.0, steps=3, first_s=-1.0)]},
+        {**good, "spans": [span("a", "w0", 0.0, 0.0, 1.0, steps=3, waited_s=float("inf"))]},
         {**good, "pw": {"a": 1}},
         {**good, "pa": "0"},
     ):
@@ -217,3 +220,26 @@ def test_the_trace_field_name_is_short_and_optional() -> None:
     assert TaskMsg.from_wire({**msg("a", JOB_INPUTS).to_wire(), TRACE_FIELD: {}}) == msg(
         "a", JOB_INPUTS
     )
+
+
+def test_a_step_wise_task_span_sums_up_its_steps_and_the_trace_its_first_output() -> None:
+    tracer = Tracer()
+    tracer.start("j", forced=True, traceparent=None, received=100.0)
+    entry = QueuedTask(
+        job_id="j", attempt=0, workflow="diamond", task="a", model="m", expected_s=0.01,
+        inputs={}, plan=PLAN, ingress="w0", enqueued_at=10.0, started_at=10.0,
+    )  # fmt: skip
+    outcome = TaskOutcome(entry, exec_s=0.5, steps=10, first_step_s=0.05, waited_s=0.2)
+    made = task_span(outcome, "w0", wall=100.6, now=10.5, scale=2.0)  # real: twice the clock
+    assert (made["steps"], made["first_s"], made["waited_s"]) == (10, 0.1, 0.4)
+    assert "steps" not in task_span(TaskOutcome(entry, exec_s=0.5), "w0", wall=1, now=1, scale=1)
+    tracer.task_ended("j", made)
+    tracer.first_output("j", 100.3)
+    tracer.first_output("j", 100.5)  # the first one counts
+    record = {"workflow": "diamond", "plan": PLAN, "attempts": 1, "ok": True}
+    tracer.finish("j", record, DIAMOND, ingress="w0", answered=101.0)
+    trace = JobTrace.from_json(tracer.trace("j"))
+    assert trace.first_output_ms == pytest.approx(300.0)
+    (a,) = trace.tasks
+    assert a.steps == 10 and a.first_step_ms == pytest.approx(100.0)
+    assert a.waited_ms == pytest.approx(400.0)
