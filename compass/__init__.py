@@ -54,9 +54,11 @@ if TYPE_CHECKING:
     from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
     from compass.sync_client import SyncClient
     from compass.trace import JobTrace, TaskTrace
+    from compass.workflow.choices import SKIPPED, Decision, choose, fan_out, stop
     from compass.workflow.dag import Task, TaskProfile, Workflow
 
 __all__ = [
+    "SKIPPED",
     "AnswerNotKept",
     "App",
     "AuthenticationError",
@@ -71,6 +73,7 @@ __all__ = [
     "ConnectionClosed",
     "ConnectionLost",
     "DeadlineError",
+    "Decision",
     "DeadlineExceeded",
     "DeadlineUnreachable",
     "InvalidInputs",
@@ -105,7 +108,10 @@ __all__ = [
     "Workflow",
     "WorkflowError",
     "__version__",
+    "choose",
+    "fan_out",
     "load_app",
+    "stop",
 ]
 
 _ERRORS = (
@@ -161,6 +167,9 @@ _LAZY: dict[str, str] = {
     "Task": "compass.workflow.dag",
     "TaskProfile": "compass.workflow.dag",
     "Workflow": "compass.workflow.dag",
+    **dict.fromkeys(
+        ("SKIPPED", "Decision", "choose", "fan_out", "stop"), "compass.workflow.choices"
+    ),
     **dict.fromkeys(_ERRORS, "compass.errors"),
 }
 

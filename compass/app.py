@@ -55,6 +55,7 @@ from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
 from compass.front.declare import Declarations, OpenAIKind, OpenAIModel
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload
+from compass.workflow.unfold import Branch, FanOut, Loop, unfold_workflow
 
 __all__ = ["App", "Resource", "TaskOptions", "WorkflowBuilder", "load_app"]
 
@@ -222,6 +223,7 @@ class WorkflowBuilder:
         self.slo_ms, self.slo_x = slo_ms, slo_x
         self._provider = provider
         self._tasks: list[Task] = []
+        self._choices: dict[str, list[Any]] = {"branches": [], "fanouts": [], "loops": []}
 
     # typed for both uses: ``@wf.task`` (or ``wf.task(fn, ...)``) gives the function back,
     # ``@wf.task(...)`` a decorator that does
@@ -320,10 +322,39 @@ class WorkflowBuilder:
 
         return register(fn) if fn is not None else register
 
+    def branch(self, task: str, to: Mapping[str, float]) -> None:
+        """Task ``task`` runs one of its successors ``to`` (each with its expected frequency),
+        chosen by returning ``compass.choose(value, successor)``: :mod:`compass.workflow.unfold`."""
+        self._choices["branches"].append(Branch(task, to))
+
+    def fan_out(
+        self,
+        task: str,
+        copies: str,
+        join: str,
+        max_width: int,
+        widths: Mapping[int, float] | None = None,
+    ) -> None:
+        """Task ``task`` returns a list of up to ``max_width`` items; ``copies`` runs once per
+        item and ``join`` gets the list of their outputs."""
+        self._choices["fanouts"].append(FanOut(task, copies, join, max_width, widths))
+
+    def loop(
+        self,
+        body: Sequence[str],
+        until: str,
+        max_iter: int,
+        counts: Mapping[int, float] | None = None,
+        carry: str = "carry",
+    ) -> None:
+        """Tasks ``body`` repeat until ``until`` returns ``compass.stop(value)``, at most
+        ``max_iter`` times; the body's entry gets the last iteration's output as ``carry``."""
+        self._choices["loops"].append(Loop(tuple(body), until, max_iter, counts, carry))
+
     def build(self) -> Workflow:
-        return Workflow(
+        return unfold_workflow(
             self.name, self._tasks, inputs=self.inputs, best_ms=self.best_ms,
-            slo_ms=self.slo_ms, slo_x=self.slo_x,
+            slo_ms=self.slo_ms, slo_x=self.slo_x, **self._choices,
         )  # fmt: skip
 
 

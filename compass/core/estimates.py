@@ -22,9 +22,11 @@ from compass.sched import Policy, ViewSnapshot
 from compass.sched.cost import CostCache
 from compass.sched.deadline import plan_finish_s, remaining_s
 from compass.sched.heartbeat import Heartbeat
+from compass.sched.unfold import shortest_remaining_s
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Task, Workflow, batch_limit
 from compass.workflow.profile import Learned, Profiles
+from compass.workflow.unfold import likely_workflow
 
 __all__ = ["ADOPTED_KEPT", "H2D_TOLERANCE", "MEASURED_TRANSFER_BYTES", "Estimates"]
 
@@ -132,7 +134,8 @@ class Estimates:
         version = self.profiles.workflow_version(workflow.name)
         known = self._best.get(workflow.name)
         if known is None or known[0] != version:  # the estimates moved
-            known = self._best[workflow.name] = (version, best_time_s(workflow, self.profiles))
+            typical = likely_workflow(workflow)  # a static one is itself
+            known = self._best[workflow.name] = (version, best_time_s(typical, self.profiles))
         return known[1]
 
     def fetch_s(self, model: str) -> float:
@@ -145,9 +148,10 @@ class Estimates:
         version = self.profiles.workflow_version(workflow.name)
         known = self._remaining.get(workflow.name)
         if known is None or known[0] != version:
+            left = remaining_s if workflow.unfold is None else shortest_remaining_s
             known = self._remaining[workflow.name] = (
                 version,
-                remaining_s(workflow, self.profiles, self.name),
+                left(workflow, self.profiles, self.name),
             )
         return known[1]
 

@@ -42,6 +42,7 @@ from compass.core.messages import (
     TaskMsg,
 )
 from compass.core.stats import WorkerStats
+from compass.core.unfold import ChainedStep, answer_value, forward_step
 from compass.errors import (
     CompassError,
     DeadlineExceeded,
@@ -182,7 +183,8 @@ class Ingress:
         try:
             if plan is None or set(plan) != set(job.workflow.tasks):
                 plan = self._host.plan_here(self._info(job), now, view)
-            if job.deadline is not None and not job.objective.finish:
+            # a job whose choices are yet to be made is dropped when late, not refused
+            if job.deadline is not None and not job.objective.finish and not job.workflow.unfold:
                 self._admit(job, plan, now)
         except CompassError as exc:
             self._answer(job, now, error=exc)
@@ -283,11 +285,16 @@ class Ingress:
         job = self.live(msg.job, msg.attempt)
         if job is None:
             return
+        if isinstance(msg.value, ChainedStep):  # one step of a chained job: the next goes on
+            forward_step(self._host.send, self._host.name, job, msg, now)
+            return
         job.outputs[msg.task] = msg.value
         sinks = job.workflow.sinks
         if all(s in job.outputs for s in sinks):
             self._host.stats.jobs_completed += 1
             value, late = final_answer(job, now)  # late: answered as such (core/answers.py)
+            if late is None and job.workflow.unfold is not None:  # the sinks that ran
+                value = answer_value(job.workflow.sinks, job.outputs)
             self._answer(job, now, value=value, error=late)
 
     def failed(self, msg: FailedMsg, now: float) -> None:

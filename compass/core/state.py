@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import assert_never
 
+from compass.core import unfold
 from compass.core.admission import Admission
 from compass.core.answers import KEEP_ANSWERS, KeptAnswers
 from compass.core.causes import Cause
@@ -366,6 +367,9 @@ class WorkerCore:
         entry = self.inbox.add(msg, workflow, transfer_s=transfer_s, now=now)
         if entry is None:
             return
+        if workflow.unfold is not None and unfold.all_skipped(entry.inputs):
+            unfold.skip_task(self, workflow, msg, entry.plan, now)
+            return
         queued = self.estimates.queued(msg, workflow, entry, now, transfer_s, job_arrival)
         steps = self.lanes.submit(queued, now, self._cause)
         if steps:
@@ -447,6 +451,9 @@ class WorkerCore:
             return
         now = ev.now
         workflow = self.workflow(entry.workflow)
+        if workflow.unfold is not None:  # a run-time choice may skip some successors
+            unfold.pass_on(self, workflow, entry, ev.output, now)
+            return
         succs = workflow.succs(entry.task)
         if not succs:
             result = ResultMsg(entry.job_id, entry.attempt, entry.task, ev.output)

@@ -91,6 +91,9 @@ class CompassOptions:
     moves_joins: bool = True
     batch_aware: bool = True
     deadline_slack: float | None = DEFAULT_DEADLINE_SLACK
+    #: each step of a workflow decided at run time is a job of its own, as a user chaining
+    #: ``submit`` calls runs it (the ``compass-chained`` baseline, :mod:`compass.core.unfold`)
+    chained: bool = False
 
     def __post_init__(self) -> None:
         threshold, slack = self.adjust_threshold, self.deadline_slack

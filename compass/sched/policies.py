@@ -51,6 +51,7 @@ POLICY_NAMES: tuple[str, ...] = (
     "jit",
     "heft",
     "central",
+    "compass-chained",
 )
 
 
@@ -103,6 +104,7 @@ _COMPASS_VARIANTS: Mapping[str, Mapping[str, bool]] = {
     "compass_noload": {"use_load": False},
     "compass_noadjust": {"dynamic": False},
     "central": {"central": True},
+    "compass-chained": {"chained": True},
 }
 
 #: classic HEFT: rank order, idle workers, transfers but no model cost, static (the workers'

@@ -93,6 +93,7 @@ from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.stepping import RunEnd, Stepping
 from compass.sim.traffic import ViewTraffic
+from compass.sim.unfold import RanBest, is_skip_mark
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
@@ -323,6 +324,7 @@ class Simulation:
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
             for name, wf in workload.workflows.items()
         }
+        self._ran_best = RanBest(self.profiles, lanes=lanes, host_lanes=host_lanes)
         self.job_records: list[JobRecord] = []
         self.task_records: list[TaskRecord] = []
         self.moves = 0
@@ -548,6 +550,8 @@ class Simulation:
         deadline_s: float | None = None,
     ) -> None:
         latency = None if finish is None else finish - job.arrival
+        if job.workflow.unfold is not None and job.placed:  # measured against what it ran
+            job.best_s = self._ran_best(job.workflow, job.placed)
         self.job_records.append(
             JobRecord(
                 id=job.id,
@@ -578,12 +582,16 @@ class Simulation:
             tasks = self.workload.workflows[msg.workflow].tasks
             profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
             nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
+            if is_skip_mark(msg.value):
+                nbytes = _RPC_BYTES
             msg = msg.with_plan(dict(msg.plan))  # every field kept: the budget too
         elif isinstance(msg, ResultMsg):
             job = self._jobs.get(msg.job)
             nbytes = (
                 _RPC_BYTES if job is None else job.workflow.tasks[msg.task].profile.output_bytes
             )
+            if is_skip_mark(msg.value):
+                nbytes = _RPC_BYTES
         else:
             target = self.workers[self.positions[dst]]
             if isinstance(msg, DoneMsg | PlacedMsg):

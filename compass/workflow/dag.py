@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from compass.errors import InvalidInputs, ModelTooLarge, WorkflowError
+from compass.workflow.choices import Unfolding
 
 __all__ = [
     "Task",
@@ -394,6 +395,7 @@ class Workflow:
         "slo_ms",
         "slo_x",
         "tasks",
+        "unfold",
     )
 
     name: str
@@ -412,6 +414,9 @@ class Workflow:
     #: many ms, or within this multiple of the workflow's computed best time; None: none
     slo_ms: float | None
     slo_x: float | None
+    #: its run-time choices, when it was unrolled from branches, fan-outs or loops
+    #: (:func:`compass.workflow.unfold.unfold_workflow`); None: a static workflow
+    unfold: Unfolding | None
 
     def __init__(
         self,
@@ -495,6 +500,7 @@ class Workflow:
         self.models = frozenset(t.model for t in declared.values() if t.model is not None)
         self.model_order = tuple(sorted(self.models))
         self._rank_cache: dict[float, Mapping[str, float]] = {}
+        self.unfold = None
 
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, tasks={list(self.order)})"

@@ -43,6 +43,7 @@ from typing import Any
 
 from compass.errors import ModelTooLarge, WorkflowError
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
+from compass.workflow.unfold import parse_choices, unfold_workflow
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -272,8 +273,10 @@ def _parse_workflow(
     tasks: list[Task] = []
     for task_name, task_data in tasks_data.items():
         tasks.append(_parse_task(reader, task_name, task_data, f"{tasks_path}.{task_name}", models))
+    choices = parse_choices(entry, path, reader.error)  # branches, fan-outs and loops
     try:
-        workflow = Workflow(name, tasks, best_ms=best_ms, slo_ms=slo_ms, slo_x=slo_x)
+        workflow = unfold_workflow(name, tasks, best_ms=best_ms, slo_ms=slo_ms, slo_x=slo_x,
+                                   **choices)  # fmt: skip
     except WorkflowError as exc:
         raise reader.error(path, exc.message) from None
     for task_name in workflow.order:

@@ -24,6 +24,7 @@ def test_all_is_pinned() -> None:
         "DeadlineError",
         "DeadlineExceeded",
         "DeadlineUnreachable",
+        "Decision",
         "InvalidInputs",
         "JobFailed",
         "JobRecord",
@@ -37,6 +38,7 @@ def test_all_is_pinned() -> None:
         "Overloaded",
         "ProtocolError",
         "RemoteError",
+        "SKIPPED",
         "SchedConfig",
         "StaleHandle",
         "StreamOverrun",
@@ -56,7 +58,10 @@ def test_all_is_pinned() -> None:
         "Workflow",
         "WorkflowError",
         "__version__",
+        "choose",
+        "fan_out",
         "load_app",
+        "stop",
     ]
     for name in compass.__all__:
         assert hasattr(compass, name), name

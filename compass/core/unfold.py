@@ -1,0 +1,208 @@
+"""Workflows decided at run time, in the worker core (sans-IO): choices made, skips passed on.
+
+A task of an unrolled workflow (:mod:`compass.workflow.unfold`) that finishes sends its output
+along the route its :class:`~compass.workflow.choices.Unfolding` gives: the successors its
+choice runs get the output, the tasks that still wait on a skipped one get a skip mark (a
+:class:`~compass.core.messages.TaskMsg` whose value is :data:`SKIPPED`), and the sinks that
+will never run are reported to the ingress as skipped, so that it answers once every sink ran
+or was skipped. A task all of whose inputs were skipped never queues: its worker passes the
+skip on at once (:func:`skip_task`).
+
+Under the ``compass-chained`` policy each choice ends a job as a user chaining ``submit`` calls
+would see it: the chosen successors' inputs go back to the ingress (:class:`ChainedStep`),
+which sends them on as a new job would: one hop later, and queued as a job that just arrived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from compass.core.jobs import IngressJob
+from compass.core.messages import PeerMessage, ResultMsg, TaskMsg
+from compass.core.queue import QueuedTask
+from compass.errors import CompassError
+from compass.sched import Policy
+from compass.sched.planner import CompassPolicy
+from compass.workflow.choices import SKIPPED, Route, is_skipped
+from compass.workflow.dag import Workflow
+
+__all__ = [
+    "ChainedStep",
+    "all_skipped",
+    "answer_value",
+    "chains_steps",
+    "forward_step",
+    "pass_on",
+    "skip_task",
+]
+
+
+class Send(Protocol):
+    def __call__(
+        self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
+    ) -> None: ...
+
+
+class Core(Protocol):
+    """What these rules use of the worker core."""
+
+    name: str
+    policy: Policy
+
+    def send(
+        self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
+    ) -> None: ...
+
+    def _adjust(self, workflow: Workflow, entry: QueuedTask, now: float) -> dict[str, str]: ...
+
+    def _report_failure(
+        self,
+        job: str,
+        attempt: int,
+        task: str,
+        ingress: str,
+        now: float,
+        message: str,
+        code: str,
+        traceback: str = "",
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChainedStep:
+    """A choice's outcome sent to the ingress (``compass-chained``): each chosen successor with
+    its input, and the plan as adjusted where the choice was made."""
+
+    sends: tuple[tuple[str, Any], ...]
+    plan: dict[str, str]
+
+
+def chains_steps(policy: Policy) -> bool:
+    """Whether ``policy`` runs each step of an unfolding job as a job of its own."""
+    return isinstance(policy, CompassPolicy) and policy.options.chained
+
+
+def draw_key(job_id: str, task: str) -> str:
+    """What an emulated task's choice is drawn from: the same for a job's task on every host,
+    under every policy."""
+    return f"{job_id}|{task}"
+
+
+def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now: float) -> None:
+    """Send the output of ``entry`` (finished, of an unrolled ``workflow``) along its route."""
+    unfolding = workflow.unfold
+    assert unfolding is not None
+    emulated = workflow.tasks[entry.task].fn is None
+    try:
+        route = unfolding.route(
+            entry.task, output, draw_key(entry.job_id, entry.task), emulated=emulated
+        )
+        plan = entry.plan
+        if route.sends and core.policy.dynamic:
+            plan = core._adjust(workflow, entry, now)
+    except CompassError as exc:
+        core._report_failure(
+            entry.job_id, entry.attempt, entry.task, entry.ingress, now,
+            f"{type(exc).__name__}: {exc}", exc.code,
+        )  # fmt: skip
+        return
+    template = TaskMsg(
+        job=entry.job_id,
+        attempt=entry.attempt,
+        workflow=workflow.name,
+        task=entry.task,
+        source=entry.task,
+        value=None,
+        plan=plan,
+        ingress=entry.ingress,
+        t0=entry.t0,
+        priority=entry.level,
+        budget_s=None if entry.deadline is None else entry.deadline - now,
+        finish=entry.finish,
+        stream=entry.stream,
+    )
+    if not workflow.succs(entry.task):
+        core.send(entry.ingress, ResultMsg(entry.job_id, entry.attempt, entry.task, output), now)
+    elif entry.task in unfolding.points and chains_steps(core.policy) and route.sends:
+        step = ChainedStep(route.sends, plan)
+        core.send(entry.ingress, ResultMsg(entry.job_id, entry.attempt, entry.task, step), now)
+        route = Route((), route.skips, route.dead_sinks, route.label)
+    _send_route(core, template, route, now, entry.arrival)
+
+
+def skip_task(
+    core: Core, workflow: Workflow, msg: TaskMsg, plan: dict[str, str], now: float
+) -> None:
+    """Task ``msg.task`` had every input skipped: it is skipped, and so is what only it feeds."""
+    unfolding = workflow.unfold
+    assert unfolding is not None
+    template = TaskMsg(
+        job=msg.job, attempt=msg.attempt, workflow=msg.workflow, task=msg.task,
+        source=msg.task, value=None, plan=plan, ingress=msg.ingress, t0=msg.t0,
+        priority=msg.priority, budget_s=msg.budget_s, finish=msg.finish, stream=msg.stream,
+    )  # fmt: skip
+    _send_route(core, template, unfolding.skip(msg.task), now, None)
+
+
+def _send_route(
+    core: Core, template: TaskMsg, route: Route, now: float, arrival: float | None
+) -> None:
+    """The outputs, skip marks and skipped sinks of ``route``, from the task ``template``
+    names (its job's fields are copied into every message)."""
+    source, plan = template.task, template.plan
+    for succ, value in route.sends:
+        core.send(plan[succ], _to(template, succ, source, value), now, job_arrival=arrival)
+    for task, skipped in route.skips:
+        core.send(plan[task], _to(template, task, skipped, SKIPPED), now, job_arrival=arrival)
+    for sink in route.dead_sinks:
+        result = ResultMsg(template.job, template.attempt, sink, SKIPPED)
+        core.send(template.ingress, result, now)
+
+
+def _to(template: TaskMsg, task: str, source: str, value: Any) -> TaskMsg:
+    return TaskMsg(
+        job=template.job,
+        attempt=template.attempt,
+        workflow=template.workflow,
+        task=task,
+        source=source,
+        value=value,
+        plan=template.plan,
+        ingress=template.ingress,
+        t0=template.t0,
+        priority=template.priority,
+        budget_s=template.budget_s,
+        finish=template.finish,
+        stream=template.stream,
+    )
+
+
+def all_skipped(inputs: Mapping[str, Any]) -> bool:
+    """Whether every input that arrived for a task is a skip mark."""
+    return bool(inputs) and all(is_skipped(v) for v in inputs.values())
+
+
+def answer_value(sinks: tuple[str, ...], outputs: Mapping[str, Any]) -> Any:
+    """What a job of an unrolled workflow answers: the output of the one sink that ran, or a
+    mapping of those that ran (the skipped left out)."""
+    ran = {s: outputs[s] for s in sinks if not is_skipped(outputs[s])}
+    return next(iter(ran.values())) if len(ran) == 1 else ran
+
+
+def forward_step(send: Send, ingress: str, job: IngressJob, msg: ResultMsg, now: float) -> None:
+    """At the ingress (``compass-chained``): send the chosen successors of ``msg``'s step on
+    as a new job of the client's would go: from here, its age starting now."""
+    step = msg.value
+    assert isinstance(step, ChainedStep)
+    job.plan.update(step.plan)
+    template = TaskMsg(
+        job=job.job_id, attempt=job.attempt, workflow=job.workflow.name, task=msg.task,
+        source=msg.task, value=None, plan=dict(job.plan), ingress=ingress,
+        t0=job.t0 + (now - job.submitted_at), priority=job.objective.priority,
+        budget_s=None if job.deadline is None else job.deadline - now,
+        finish=job.objective.finish, stream=job.stream,
+    )  # fmt: skip
+    for succ, value in step.sends:
+        send(job.plan[succ], _to(template, succ, msg.task, value), now, now)

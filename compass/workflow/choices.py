@@ -1,0 +1,230 @@
+"""Run-time choices of an unrolled workflow (:mod:`compass.workflow.unfold`): what a decision
+task returns, the choice points, and where a finished or skipped task's output goes under the
+skip rule. Kept apart from the unrolling so that :class:`~compass.workflow.dag.Workflow` can
+hold an :class:`Unfolding` without importing what builds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from compass.errors import WorkflowError
+
+__all__ = [
+    "SKIPPED",
+    "ChoicePoint",
+    "Decision",
+    "Route",
+    "Unfolding",
+    "choose",
+    "draw",
+    "fan_out",
+    "is_skipped",
+    "stop",
+]
+
+#: what a task receives for an input whose producer was skipped (a reserved string, so that it
+#: crosses the wire as it is)
+SKIPPED: Final = "\x00compass:skipped"
+
+
+def is_skipped(value: object) -> bool:
+    """Whether ``value`` is the mark of a skipped input."""
+    return isinstance(value, str) and value == SKIPPED
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a decision task returns: its output ``value`` and its choice. ``to``: the declared
+    successor a branch runs; ``stop``: a loop's ``until`` task ends the loop; ``items``: a
+    fan-out's list, one item per copy. Made by :func:`choose`, :func:`stop`, :func:`fan_out`."""
+
+    value: Any
+    to: str | None = None
+    stop: bool = False
+    items: tuple[Any, ...] | None = None
+
+
+def choose(value: Any, to: str) -> Decision:
+    """Pass ``value`` on to successor ``to`` only (a :class:`Branch`; in a loop, go on)."""
+    return Decision(value, to=to)
+
+
+def stop(value: Any) -> Decision:
+    """End the loop with ``value``: the tasks after the loop get it."""
+    return Decision(value, stop=True)
+
+
+def fan_out(items: Iterable[Any]) -> Decision:
+    """Run the fan-out's copies once per item, each on its own item."""
+    listed = tuple(items)
+    return Decision(list(listed), items=listed)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoicePoint:
+    """A decision task of the unrolled workflow: the sets of successors it may run
+    (``options``, with ``labels`` for traces and prior ``weights``); successors in none of them
+    always run. ``kind``: "branch", "fanout" or "loop"; ``copies``: a fan-out's copies, in item
+    order; ``stop``: the index of a loop's stop option (-1: none)."""
+
+    kind: str
+    options: tuple[frozenset[str], ...]
+    labels: tuple[str, ...]
+    weights: tuple[float, ...]
+    copies: tuple[str, ...] = ()
+    stop: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a finished (or skipped) task's output goes: ``sends``, each successor that runs
+    with its value; ``skips``, (task, skipped predecessor) marks for tasks that still wait on
+    others; ``dead_sinks``, sinks that will not run (the ingress hears so); ``label``, the
+    choice made ("" for none)."""
+
+    sends: tuple[tuple[str, Any], ...]
+    skips: tuple[tuple[str, str], ...] = ()
+    dead_sinks: tuple[str, ...] = ()
+    label: str = ""
+
+
+def draw(key: str) -> float:
+    """A number in [0, 1) fixed by ``key``: the same on every host and in every run."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+class Unfolding:
+    """The run-time structure of an unrolled workflow: its choice points, each unrolled task's
+    declared ``origin``, and the graph the skip rule walks."""
+
+    def __init__(
+        self,
+        points: Mapping[str, ChoicePoint],
+        origin: Mapping[str, str],
+        preds: Mapping[str, tuple[str, ...]],
+        succs: Mapping[str, tuple[str, ...]],
+    ) -> None:
+        self.points = MappingProxyType(dict(points))
+        self.origin = MappingProxyType(dict(origin))
+        self._preds = preds
+        self._succs = succs
+
+    def route(self, task: str, output: Any, key: str, *, emulated: bool) -> Route:
+        """Where ``task``'s ``output`` goes; a decision task's choice is resolved here (drawn
+        from ``key`` when ``emulated``). Raises :class:`WorkflowError` for a decision that is
+        not one its task may make."""
+        point = self.points.get(task)
+        if point is None:
+            return Route(tuple((s, output) for s in self._succs[task]))
+        if emulated and not isinstance(output, Decision):
+            option, value, items = self._drawn(point, key), output, None
+        else:
+            option, value, items = self._resolved(task, point, output)
+        chosen = point.options[option]
+        others = {s for i, o in enumerate(point.options) if i != option for s in o} - chosen
+        sends = []
+        copy_at = {c: i for i, c in enumerate(point.copies)}
+        for succ in self._succs[task]:
+            if succ in others:
+                continue
+            if items is not None and succ in copy_at:
+                sends.append((succ, items[copy_at[succ]]))
+            else:
+                sends.append((succ, value))
+        skips, dead_sinks = self._skipped({(task, s) for s in others})
+        return Route(tuple(sends), skips, dead_sinks, point.labels[option])
+
+    def skip(self, task: str) -> Route:
+        """Where ``task`` (every input of it skipped) sends its skip marks."""
+        if not self._succs[task]:
+            return Route((), dead_sinks=(task,))
+        skips, dead_sinks = self._skipped({(task, s) for s in self._succs[task]})
+        return Route((), skips, dead_sinks, "skipped")
+
+    def _skipped(
+        self, edges: set[tuple[str, str]]
+    ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+        """Close ``edges`` under the skip rule, as far as they alone decide: a task all of whose
+        input edges are skipped is dead, and so are its output edges. Returns the marks for the
+        live targets of skipped edges and the dead sinks (both in a fixed order)."""
+        skipped = set(edges)
+        dead: set[str] = set()
+        todo = sorted({s for _, s in edges})
+        while todo:
+            target = todo.pop()
+            if target in dead or any((p, target) not in skipped for p in self._preds[target]):
+                continue
+            dead.add(target)
+            for succ in self._succs[target]:
+                skipped.add((target, succ))
+                todo.append(succ)
+        marks = tuple(sorted((s, p) for p, s in skipped if s not in dead))
+        sinks = tuple(sorted(t for t in dead if not self._succs[t]))
+        return marks, sinks
+
+    @staticmethod
+    def _drawn(point: ChoicePoint, key: str) -> int:
+        u = draw(key)
+        total = 0.0
+        for i, weight in enumerate(point.weights):
+            total += weight
+            if u < total:
+                return i
+        return max(range(len(point.weights)), key=point.weights.__getitem__)
+
+    def _resolved(self, task: str, point: ChoicePoint, output: Any) -> tuple[int, Any, Any]:
+        """The option a real function's ``output`` chose, the value it passes on and, for a
+        fan-out, its items."""
+        decision = output if isinstance(output, Decision) else None
+        value = output if decision is None else decision.value
+        if point.kind == "fanout":
+            if decision is not None and decision.items is not None:
+                items = decision.items
+            elif isinstance(value, list | tuple):
+                items = tuple(value)
+            else:
+                raise WorkflowError(
+                    f"fan-out task {task!r} must return a list (or compass.fan_out(items)), "
+                    f"got {type(value).__name__}"
+                )
+            if len(items) > len(point.copies):
+                raise WorkflowError(
+                    f"fan-out task {task!r} returned {len(items)} items; its declared "
+                    f"max_width is {len(point.copies)}"
+                )
+            return len(items), list(items), items
+        if point.stop >= 0 and (len(point.options) == 1 or (decision and decision.stop)):
+            return point.stop, value, None  # told to stop, or at the loop's bound
+        if decision is None or decision.to is None:
+            if point.kind == "loop" and len(point.options) == 2:
+                return 1 - point.stop, value, None  # a plain output goes on
+            raise WorkflowError(
+                f"task {task!r} chooses its successor: return compass.choose(value, to) with "
+                f"to one of {', '.join(sorted(self._declared(point)))}"
+            )
+        for i, label in enumerate(point.labels):
+            if label == decision.to and i != point.stop:
+                return i, value, None
+        raise WorkflowError(
+            f"task {task!r} chose {decision.to!r}, which is not one of its branches "
+            f"({', '.join(sorted(self._declared(point)))})"
+        )
+
+    @staticmethod
+    def _declared(point: ChoicePoint) -> list[str]:
+        return [label for i, label in enumerate(point.labels) if i != point.stop]
+
+    def likely_successors(self, task: str) -> frozenset[str]:
+        """The successors ``task`` runs when its choice takes its most likely option."""
+        point = self.points.get(task)
+        if point is None:
+            return frozenset(self._succs[task])
+        best = max(range(len(point.weights)), key=point.weights.__getitem__)
+        others = {s for i, o in enumerate(point.options) if i != best for s in o}
+        return frozenset(self._succs[task]) - (others - point.options[best])

@@ -1,0 +1,616 @@
+"""Workflows decided at run time: branches, fan-outs and bounded loops, unrolled into a DAG.
+
+Three primitives, declared beside the tasks (in Python on the app's workflow builder, or in a
+workload spec):
+
+- :class:`Branch`: a task chooses which of its declared successors ``to`` run; the others are
+  skipped. Successors it does not name always run.
+- :class:`FanOut`: a task's output is a list; successor ``copies`` runs once per item (up to a
+  declared ``max_width``), and ``join`` receives the list of their outputs, in item order.
+- :class:`Loop`: a sub-workflow ``body`` repeats until its task ``until`` says stop, or
+  ``max_iter`` iterations have run. Tasks outside the body that wait for ``until`` receive
+  the output of its last iteration; the body's entry receives, from the second iteration on,
+  the output of the previous iteration's last task as the keyword ``carry``.
+
+Every bound is declared, so a workflow unrolls into a finite DAG once, at declaration: the
+``i``-th iteration of a body task ``t`` is the task ``t@i``, the ``k``-th copy of a fan-out's
+``copies`` is ``c#k``. The planner, the profiles, the messages and the traces all see the
+unrolled tasks; :attr:`Unfolding.origin` maps each back to the task declared.
+
+**The skip rule** (dead-path elimination, as in BPEL and Airflow's ``none_failed``): an edge
+whose source was not chosen, or was itself skipped, is skipped; a task all of whose inputs are
+skipped is skipped too, and so are its outgoing edges; a task with at least one input that ran
+runs. Skipped inputs are dropped from the lists a fan-out's join and a loop's exit receive; a
+plain input that was skipped arrives as :data:`SKIPPED`. A job answers once every sink ran or
+was skipped, with the outputs of those that ran.
+
+What is decided where: the worker that ran a decision task resolves its choice
+(:meth:`Unfolding.route`): from a :class:`Decision` the function returned, or, for an
+emulated task (no function: the simulator, benchmarks), drawn from the declared
+probabilities with a hash of the job and the task, so that every policy sees the same draws.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from compass.errors import WorkflowError
+from compass.workflow.choices import SKIPPED, ChoicePoint, Unfolding, is_skipped
+from compass.workflow.dag import Task, TaskProfile, Workflow, is_stepwise
+
+__all__ = [
+    "Branch",
+    "FanOut",
+    "Loop",
+    "likely_workflow",
+    "parse_choices",
+    "ran_workflow",
+    "unfold_workflow",
+]
+
+#: the iteration and copy separators of unrolled task names
+_AT, _COPY = "@", "#"
+
+
+def _weights(
+    where: str, given: Mapping[Any, float] | None, keys: Sequence[Any]
+) -> tuple[float, ...]:
+    """``given`` (relative weights by key, default uniform) as probabilities in ``keys``'s order."""
+    if given is None:
+        return tuple(1.0 / len(keys) for _ in keys)
+    unknown = [k for k in given if k not in keys]
+    if unknown:
+        raise WorkflowError(f"{where}: {unknown[0]!r} is not one of {list(keys)!r}")
+    values = [given.get(k, 0.0) for k in keys]
+    if any(isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 for v in values):
+        raise WorkflowError(f"{where}: weights must be numbers >= 0, got {dict(given)!r}")
+    total = math.fsum(values)
+    if not total > 0 or not math.isfinite(total):
+        raise WorkflowError(f"{where}: the weights must add up to a positive number")
+    return tuple(v / total for v in values)
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """Task ``task`` runs one of ``to`` (its declared successors), chosen at run time;
+    ``to`` maps each to its expected frequency (relative weights; the planner's prior and the
+    simulator's draw)."""
+
+    task: str
+    to: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class FanOut:
+    """Task ``task``'s output is a list of up to ``max_width`` items; ``copies`` (whose only
+    predecessor is ``task``) runs once per item; ``join`` gets their outputs as a list.
+    ``widths``: expected frequency of each width 0..``max_width`` (default: uniform over
+    1..``max_width``)."""
+
+    task: str
+    copies: str
+    join: str
+    max_width: int
+    widths: Mapping[int, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """``body`` (a sub-workflow with one entry) repeats until ``until`` (a body task) says
+    stop, at most ``max_iter`` times. ``counts``: expected frequency of each number of
+    iterations 1..``max_iter`` (default uniform). ``carry``: the keyword under which the
+    body's entry gets the previous iteration's last output."""
+
+    body: tuple[str, ...]
+    until: str
+    max_iter: int
+    counts: Mapping[int, float] | None = None
+    carry: str = "carry"
+
+
+def ran_workflow(workflow: Workflow, ran: Iterable[str]) -> Workflow:
+    """The sub-workflow of the tasks in ``ran`` (what one job actually ran), without functions:
+    its best time is that job's own."""
+    kept = set(ran)
+    tasks = [
+        replace(
+            workflow.tasks[t],
+            after=tuple(p for p in workflow.preds(t) if p in kept),
+            fn=None,
+            params={},
+            inputs=None,
+            resources=(),
+        )
+        for t in workflow.order
+        if t in kept
+    ]
+    return Workflow(workflow.name, tasks)
+
+
+def likely_workflow(workflow: Workflow) -> Workflow:
+    """The sub-workflow a job of unrolled ``workflow`` runs when every choice takes its most
+    likely option: the best time of a typical job (queue rank, ``slo_x``)."""
+    unfolding = workflow.unfold
+    if unfolding is None:
+        return workflow
+    ran: set[str] = set()
+    for t in workflow.order:
+        preds = workflow.preds(t)
+        if not preds or any(t in unfolding.likely_successors(p) for p in preds if p in ran):
+            ran.add(t)
+    return ran_workflow(workflow, ran)
+
+
+# -- unrolling -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Node:
+    """An unrolled task being built: its declared task and its sources, each (instance,
+    parameter, mode): "one" passed as is, "any" the first that ran of its group, "list" all
+    that ran."""
+
+    origin: Task
+    sources: list[tuple[str, str, str]] = field(default_factory=list)
+    root: bool = False
+
+
+def unfold_workflow(
+    name: str,
+    tasks: Iterable[Task],
+    *,
+    branches: Sequence[Branch] = (),
+    fanouts: Sequence[FanOut] = (),
+    loops: Sequence[Loop] = (),
+    **options: Any,
+) -> Workflow:
+    """A :class:`~compass.workflow.dag.Workflow` of ``tasks`` with run-time ``branches``,
+    ``fanouts`` and ``loops``, unrolled to their bounds (the module docstring); ``options``
+    are the Workflow's own (``inputs``, ``best_ms``, ``slo_ms``, ``slo_x``). With none of the
+    three it is the plain Workflow. Raises :class:`WorkflowError` naming what is wrong."""
+    declared = Workflow(name, tasks, **options)  # the declared DAG must be valid by itself
+    if not (branches or fanouts or loops):
+        return declared
+    return _Unroller(declared, branches, fanouts, loops).build(options)
+
+
+class _Unroller:
+    def __init__(
+        self,
+        wf: Workflow,
+        branches: Sequence[Branch],
+        fanouts: Sequence[FanOut],
+        loops: Sequence[Loop],
+    ) -> None:
+        self.wf = wf
+        self.name = wf.name
+        for t in wf.order:
+            if _AT in t or _COPY in t:
+                raise WorkflowError(
+                    f"workflow {wf.name!r}: task {t!r}: names of a workflow with branches, "
+                    f"fan-outs or loops may not hold {_AT!r} or {_COPY!r}"
+                )
+        self.branches = {b.task: self._check_branch(b) for b in branches}
+        self.fanouts = {f.task: self._check_fanout(f) for f in fanouts}
+        self.loops = [self._check_loop(loop) for loop in loops]
+        self.loop_of: dict[str, Loop] = {}
+        for loop in self.loops:
+            for t in loop.body:
+                if t in self.loop_of:
+                    raise WorkflowError(f"workflow {wf.name!r}: task {t!r} is in two loops")
+                self.loop_of[t] = loop
+        twice = set(self.branches) & set(self.fanouts)
+        if twice:
+            raise WorkflowError(
+                f"workflow {wf.name!r}: task {sorted(twice)[0]!r} both branches and fans out"
+            )
+        for fan in self.fanouts.values():
+            loops_of = {self.loop_of.get(t) for t in (fan.task, fan.copies, fan.join)}
+            if len(loops_of) != 1:
+                raise WorkflowError(
+                    f"workflow {wf.name!r}: fan-out of {fan.task!r}: {fan.task!r}, "
+                    f"{fan.copies!r} and {fan.join!r} must be in the same loop body, or none"
+                )
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _known(self, what: str, task: str) -> str:
+        if task not in self.wf.tasks:
+            raise WorkflowError(f"workflow {self.name!r}: {what} names unknown task {task!r}")
+        return task
+
+    def _check_branch(self, b: Branch) -> Branch:
+        self._known("a branch", b.task)
+        succs = self.wf.succs(b.task)
+        if not isinstance(b.to, Mapping) or len(b.to) < 2:
+            raise WorkflowError(
+                f"workflow {self.name!r}: branch of {b.task!r}: 'to' must map two or more of "
+                f"its successors to their frequency, got {b.to!r}"
+            )
+        for s in b.to:
+            if s not in succs:
+                raise WorkflowError(
+                    f"workflow {self.name!r}: branch of {b.task!r} names {s!r}, which is not "
+                    f"one of its successors ({', '.join(map(repr, succs)) or 'none'})"
+                )
+        _weights(f"workflow {self.name!r}: branch of {b.task!r}", b.to, list(b.to))
+        return b
+
+    def _check_fanout(self, f: FanOut) -> FanOut:
+        where = f"workflow {self.name!r}: fan-out of {f.task!r}"
+        for t in (f.task, f.copies, f.join):
+            self._known("a fan-out", t)
+        if self.wf.preds(f.copies) != (f.task,) or self.wf.succs(f.copies) != (f.join,):
+            raise WorkflowError(
+                f"{where}: {f.copies!r} must wait for {f.task!r} alone and be waited for by "
+                f"{f.join!r} alone"
+            )
+        bound = f.max_width
+        if isinstance(bound, bool) or not isinstance(bound, int) or not 1 <= bound <= 1024:
+            raise WorkflowError(f"{where}: max_width must be an integer in 1..1024, got {bound!r}")
+        _weights(where, self._widths(f), list(range(bound + 1)))
+        return f
+
+    @staticmethod
+    def _widths(f: FanOut) -> Mapping[int, float]:
+        return f.widths if f.widths is not None else dict.fromkeys(range(1, f.max_width + 1), 1.0)
+
+    def _check_loop(self, loop: Loop) -> Loop:
+        body = tuple(loop.body)
+        where = f"workflow {self.name!r}: loop of {loop.until!r}"
+        if not body:
+            raise WorkflowError(f"{where}: its body is empty")
+        for t in body:
+            self._known("a loop", t)
+        if loop.until not in body:
+            raise WorkflowError(f"{where}: 'until' must be a task of its body {list(body)}")
+        bound = loop.max_iter
+        if isinstance(bound, bool) or not isinstance(bound, int) or not 1 <= bound <= 256:
+            raise WorkflowError(
+                f"{where}: a loop needs a bound: max_iter must be an integer in 1..256, "
+                f"got {bound!r}"
+            )
+        if not isinstance(loop.carry, str) or not loop.carry.isidentifier():
+            raise WorkflowError(f"{where}: carry must be a parameter name, got {loop.carry!r}")
+        inside = set(body)
+        entries = [t for t in body if not any(p in inside for p in self.wf.preds(t))]
+        if len(entries) != 1:
+            raise WorkflowError(
+                f"{where}: its body must have one entry (a task waiting for none of the body), "
+                f"has {entries}"
+            )
+        for t in body:
+            outside = [s for s in self.wf.succs(t) if s not in inside]
+            if outside and t != loop.until:
+                raise WorkflowError(
+                    f"{where}: {outside[0]!r} waits for body task {t!r}; tasks after a loop "
+                    f"may wait only for its 'until' task"
+                )
+        counts = loop.counts
+        _weights(where, counts, list(range(1, bound + 1)))
+        return replace(loop, body=body)
+
+    def _body_sinks(self, loop: Loop) -> list[str]:
+        """The body tasks no body task waits for: the next iteration's entry waits for them."""
+        return [b for b in loop.body if not any(s in loop.body for s in self.wf.succs(b))]
+
+    # -- building -------------------------------------------------------------------------------
+
+    def build(self, options: Mapping[str, Any]) -> Workflow:
+        nodes: dict[str, _Node] = {}
+        instance: dict[tuple[str, int], str] = {}  # (declared task, iteration) -> name
+        for t in self.wf.order:
+            loop = self.loop_of.get(t)
+            for i in range(loop.max_iter if loop else 1):
+                instance[(t, i)] = f"{t}{_AT}{i}" if loop else t
+
+        def at(t: str, i: int) -> str:
+            return instance[(t, i if t in self.loop_of else 0)]
+
+        for t in self.wf.order:
+            task = self.wf.tasks[t]
+            loop = self.loop_of.get(t)
+            for i in range(loop.max_iter if loop else 1):
+                node = nodes[at(t, i)] = _Node(task, root=not task.after)
+                entry = loop is not None and not any(p in loop.body for p in task.after)
+                if entry and i > 0:
+                    assert loop is not None
+                    sinks = self._body_sinks(loop)
+                    mode = "one" if len(sinks) == 1 else "any"
+                    node.sources = [(at(b, i - 1), loop.carry, mode) for b in sinks]
+                    node.root = False
+                    continue
+                for p in task.after:
+                    param = task.params.get(p, p)
+                    ploop = self.loop_of.get(p)
+                    if ploop is not None and ploop is not loop:  # after a loop: its last output
+                        node.sources += [(at(p, j), param, "any") for j in range(ploop.max_iter)]
+                    else:
+                        node.sources.append((at(p, i), param, "one"))
+        copies_of: dict[str, tuple[str, ...]] = {}
+        for fan in self.fanouts.values():
+            loop = self.loop_of.get(fan.task)
+            for i in range(loop.max_iter if loop else 1):
+                template = nodes.pop(at(fan.copies, i))
+                names = tuple(f"{at(fan.copies, i)}{_COPY}{k}" for k in range(fan.max_width))
+                copies_of[at(fan.task, i)] = names
+                for name in names:
+                    nodes[name] = _Node(template.origin, list(template.sources))
+                join = nodes[at(fan.join, i)]
+                old = at(fan.copies, i)
+                kept = [s for s in join.sources if s[0] != old]
+                param = next(s[1] for s in join.sources if s[0] == old)
+                join.sources = kept + [(n, param, "list") for n in names]
+        succs: dict[str, list[str]] = {n: [] for n in nodes}
+        for n, node in nodes.items():
+            for source, _, _ in node.sources:
+                succs[source].append(n)
+        points = self._points(nodes, succs, at, copies_of)
+        built = [self._task(n, node) for n, node in nodes.items()]
+        workflow = Workflow(self.name, built, **options)
+        origin = {n: node.origin.name for n, node in nodes.items()}
+        preds = {t: workflow.preds(t) for t in workflow.order}
+        succ_map = {t: workflow.succs(t) for t in workflow.order}
+        workflow.unfold = Unfolding(points, origin, preds, succ_map)
+        return workflow
+
+    def _points(
+        self,
+        nodes: Mapping[str, _Node],
+        succs: Mapping[str, list[str]],
+        at: Callable[[str, int], str],
+        copies_of: Mapping[str, tuple[str, ...]],
+    ) -> dict[str, ChoicePoint]:
+        points: dict[str, ChoicePoint] = {}
+        for fan in self.fanouts.values():
+            widths = _weights("", self._widths(fan), list(range(fan.max_width + 1)))
+            for n, names in copies_of.items():
+                if nodes[n].origin.name != fan.task:
+                    continue
+                options = tuple(frozenset(names[:k]) for k in range(fan.max_width + 1))
+                labels = tuple(str(k) for k in range(fan.max_width + 1))
+                points[n] = ChoicePoint("fanout", options, labels, widths, names)
+        for b in self.branches.values():
+            if b.task in self.loop_of and self.loop_of[b.task].until == b.task:
+                continue  # the loop's point holds its branches
+            weights = _weights("", b.to, list(b.to))
+            loop = self.loop_of.get(b.task)
+            for i in range(loop.max_iter if loop else 1):
+                options = tuple(frozenset({at(s, i)}) for s in b.to)
+                points[at(b.task, i)] = ChoicePoint("branch", options, tuple(b.to), weights)
+        for loop in self.loops:
+            points.update(self._loop_points(loop, succs, at))
+        return points
+
+    def _loop_points(
+        self, loop: Loop, succs: Mapping[str, list[str]], at: Callable[[str, int], str]
+    ) -> dict[str, ChoicePoint]:
+        """The until task of each iteration: go on (through its branch, if it has one) or
+        stop; at the last iteration, stop only. The chance to stop after iteration ``i`` is
+        ``P(N = i+1) / P(N > i)`` for the declared counts ``N``, so the draws give them."""
+        counts = _weights("", loop.counts, list(range(1, loop.max_iter + 1)))
+        branch = self.branches.get(loop.until)
+        points: dict[str, ChoicePoint] = {}
+        left = 1.0
+        for i in range(loop.max_iter):
+            name = at(loop.until, i)
+            exits = frozenset(s for s in succs[name] if self.loop_of.get(_origin(s)) is not loop)
+            stop_p = 1.0 if i == loop.max_iter - 1 or left <= 0 else min(1.0, counts[i] / left)
+            left -= counts[i]
+            if stop_p >= 1.0:
+                points[name] = ChoicePoint("loop", (exits,), ("stop",), (1.0,), stop=0)
+                continue
+            onward = [s for s in succs[name] if s not in exits]
+            if branch is None:
+                options, labels, weights = [frozenset(onward)], ["again"], [1.0 - stop_p]
+            else:
+                chosen = {at(s, i) for s in branch.to}
+                always = frozenset(s for s in onward if s not in chosen)
+                share = _weights("", branch.to, list(branch.to))
+                options = [always | {at(s, i)} for s in branch.to]
+                labels = list(branch.to)
+                weights = [(1.0 - stop_p) * p for p in share]
+            points[name] = ChoicePoint(
+                "loop", (*options, exits), (*labels, "stop"), (*weights, stop_p), stop=len(options)
+            )
+        return points
+
+    def _task(self, name: str, node: _Node) -> Task:
+        """The unrolled task: the declared one renamed, with its sources; a function that
+        gathers groups of them (a join's list, a loop's last output) is wrapped to do so."""
+        task = node.origin
+        after = tuple(s for s, _, _ in node.sources)
+        groups = [s for s in node.sources if s[2] != "one"]
+        profile = task.profile
+        if not node.root and not task.after and profile.input_bytes:  # a loop's entry, again
+            profile = TaskProfile(profile.exec_ms, profile.output_bytes, 0,
+                                  profile.batch_scale, profile.steps)  # fmt: skip
+        fn = task.fn
+        params: dict[str, str] = {}
+        if fn is not None and groups:
+            wrapped = _Gathered(name, fn, node.sources)
+            fn = wrapped.generator if is_stepwise(task.fn) else wrapped
+            params = dict(wrapped.params)
+        elif fn is not None and node.sources:
+            params = {s: p for s, p, _ in node.sources if s != p}
+        elif node.root:
+            params = dict(task.params)
+        return replace(
+            task,
+            name=name,
+            after=after,
+            profile=profile,
+            fn=fn,
+            inputs=task.inputs if node.root else None,
+            params=params,
+        )
+
+
+def _origin(name: str) -> str:
+    return name.split(_COPY, 1)[0].split(_AT, 1)[0]
+
+
+class _Gathered:
+    """A task function whose inputs come in groups: each source is passed to it under a
+    private keyword; a group becomes the one keyword the function declares (a list of what
+    ran, or the first that ran), and skipped inputs are dropped from groups."""
+
+    def __init__(self, task: str, fn: Callable[..., Any], sources: list[tuple[str, str, str]]):
+        if inspect.isasyncgenfunction(fn):
+            raise WorkflowError(
+                f"task {task!r}: an async generator cannot gather a fan-out or loop's outputs"
+            )
+        self.fn = fn
+        self.params = {s: f"in_{k}" for k, (s, _, _) in enumerate(sources)}
+        self.groups: dict[str, tuple[str, list[str]]] = {}
+        for source, param, mode in sources:
+            self.groups.setdefault(param, (mode, []))[1].append(self.params[source])
+        try:
+            inspect.signature(fn).bind(None, **dict.fromkeys(self.groups))
+        except TypeError as exc:
+            raise WorkflowError(
+                f"task {task!r}: {getattr(fn, '__qualname__', fn)} cannot be called with "
+                f"({', '.join(['module', *self.groups])}): {exc}"
+            ) from None
+        except ValueError:  # no signature to check
+            pass
+
+    def _kwargs(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for param, (mode, keys) in self.groups.items():
+            values = [given[k] for k in keys]
+            ran = [v for v in values if not is_skipped(v)]
+            if mode == "list":
+                out[param] = ran
+            elif mode == "any":
+                out[param] = ran[0] if ran else SKIPPED
+            else:
+                out[param] = values[0]
+        return out
+
+    def __call__(self, module: Any, **given: Any) -> Any:
+        return self.fn(module, **self._kwargs(given))
+
+    def generator(self, module: Any, **given: Any) -> Any:
+        return (yield from self.fn(module, **self._kwargs(given)))
+
+
+# -- the workload spec's form ---------------------------------------------------------------------
+
+
+def parse_choices(
+    entry: Mapping[str, Any], path: str, error: Callable[[str, str], WorkflowError]
+) -> dict[str, Any]:
+    """The ``branches``, ``fanouts`` and ``loops`` of a workflow in a workload spec, as
+    :func:`unfold_workflow` takes them; ``error(key path, problem)`` makes the error to raise.
+
+    ``"branches": {task: {successor: weight, ...}}``; ``"fanouts": {task: {"copies": c,
+    "join": j, "max_width": n, "widths": {width: weight} or [low, high]}}``; ``"loops":
+    {name: {"body": [...], "until": t, "max_iter": n, "counts": {iterations: weight} or [low,
+    high], "carry": keyword}}``. A range ``[low, high]`` is uniform over low..high."""
+    found: dict[str, Any] = {}
+    branches = _object(entry, "branches", path, error)
+    if branches:
+        found["branches"] = [
+            Branch(task, _numbers(to, f"{path}.branches.{task}", error))
+            for task, to in branches.items()
+        ]
+    fanouts = _object(entry, "fanouts", path, error)
+    if fanouts:
+        found["fanouts"] = []
+        for task, spec in fanouts.items():
+            where = f"{path}.fanouts.{task}"
+            spec = _object({"": spec}, "", where, error)
+            width = _integer(spec, "max_width", where, error)
+            found["fanouts"].append(
+                FanOut(
+                    task,
+                    _string(spec, "copies", where, error),
+                    _string(spec, "join", where, error),
+                    width,
+                    _spread(spec.get("widths"), f"{where}.widths", error),
+                )
+            )
+    loops = _object(entry, "loops", path, error)
+    if loops:
+        found["loops"] = []
+        for name, spec in loops.items():
+            where = f"{path}.loops.{name}"
+            spec = _object({"": spec}, "", where, error)
+            body = spec.get("body")
+            if not isinstance(body, list) or not all(isinstance(b, str) for b in body):
+                raise error(f"{where}.body", "expected a list of task names")
+            found["loops"].append(
+                Loop(
+                    tuple(body),
+                    _string(spec, "until", where, error),
+                    _integer(spec, "max_iter", where, error),
+                    _spread(spec.get("counts"), f"{where}.counts", error),
+                    spec.get("carry", "carry"),
+                )
+            )
+    return found
+
+
+def _object(
+    entry: Mapping[str, Any], key: str, path: str, error: Callable[[str, str], WorkflowError]
+) -> Mapping[str, Any]:
+    value = entry.get(key, {})
+    if not isinstance(value, Mapping):
+        raise error(f"{path}.{key}" if key else path, "expected an object")
+    return value
+
+
+def _string(
+    spec: Mapping[str, Any], key: str, path: str, error: Callable[[str, str], WorkflowError]
+) -> str:
+    value = spec.get(key)
+    if not isinstance(value, str) or not value:
+        raise error(f"{path}.{key}", "expected a task name")
+    return value
+
+
+def _integer(
+    spec: Mapping[str, Any], key: str, path: str, error: Callable[[str, str], WorkflowError]
+) -> int:
+    value = spec.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{path}.{key}", "expected an integer (the declared bound)")
+    return value
+
+
+def _numbers(
+    value: object, path: str, error: Callable[[str, str], WorkflowError]
+) -> dict[str, float]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
+    ):
+        raise error(path, "expected an object of names to weights")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def _spread(
+    value: object, path: str, error: Callable[[str, str], WorkflowError]
+) -> dict[int, float] | None:
+    """Weights by count: an object ``{"3": weight}``, a uniform range ``[low, high]``, or
+    absent (None: uniform over the whole range)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        if len(value) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise error(path, "expected [low, high], two integers")
+        low, high = value
+        if low > high:
+            raise error(path, f"the range [{low}, {high}] is empty")
+        return dict.fromkeys(range(low, high + 1), 1.0)
+    weights = _numbers(value, path, error)
+    try:
+        return {int(k): v for k, v in weights.items()}
+    except ValueError:
+        raise error(path, f"keys must be integers, got {sorted(weights)}") from None

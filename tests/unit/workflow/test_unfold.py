@@ -1,0 +1,190 @@
+"""Branches, fan-outs and bounded loops: declared, validated, unrolled, and routed by the skip
+rule (compass.workflow.unfold and compass.workflow.choices)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compass.errors import WorkflowError
+from compass.sched.unfold import shortest_remaining_s
+from compass.workflow.choices import SKIPPED, choose, fan_out, stop
+from compass.workflow.dag import Task, TaskProfile
+from compass.workflow.profile import Profiles
+from compass.workflow.spec import load_workload, parse_workload
+from compass.workflow.unfold import (
+    Branch,
+    FanOut,
+    Loop,
+    likely_workflow,
+    unfold_workflow,
+)
+
+AGENT_LOOP = Path(__file__).parents[3] / "bench" / "workloads" / "agent-loop.json"
+
+
+def t(name: str, *after: str, ms: float = 10.0, model: str | None = None, fn: Any = None) -> Task:
+    return Task(name, model, after, TaskProfile(exec_ms=ms, output_bytes=100), fn=fn)
+
+
+def agent(max_iter: int = 3) -> Any:
+    tasks = [t("llm", ms=100), t("a", "llm"), t("b", "llm"), t("answer", "llm", ms=1)]
+    return unfold_workflow(
+        "agent",
+        tasks,
+        branches=[Branch("llm", {"a": 3, "b": 1})],
+        loops=[Loop(("llm", "a", "b"), "llm", max_iter)],
+    )
+
+
+# -- declaration -------------------------------------------------------------------------------
+
+
+def test_a_workflow_without_choices_stays_the_static_workflow() -> None:
+    wf = unfold_workflow("plain", [t("x"), t("y", "x")])
+    assert wf.unfold is None and wf.order == ("x", "y")
+
+
+def test_a_loop_unrolls_to_its_bound_and_its_exit_waits_for_every_iteration() -> None:
+    wf = agent(3)
+    assert wf.order == (
+        "llm@0", "a@0", "b@0", "llm@1", "a@1", "b@1", "llm@2", "a@2", "b@2", "answer",
+    )  # fmt: skip
+    assert wf.preds("llm@1") == ("a@0", "b@0")  # the next iteration starts from the body's end
+    assert wf.preds("answer") == ("llm@0", "llm@1", "llm@2")
+    assert wf.unfold is not None and wf.unfold.origin["a@2"] == "a"
+    last = wf.unfold.points["llm@2"]
+    assert last.labels == ("stop",)  # the bound: the last iteration can only stop
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"branches": [Branch("x", {"y": 1, "nope": 1})]}, "'nope', which is not one of its"),
+        ({"branches": [Branch("x", {"y": 1})]}, "two or more"),
+        ({"loops": [Loop(("y",), "y", 0)]}, "a loop needs a bound"),
+        ({"loops": [Loop(("y",), "z", 3)]}, "'until' must be a task of its body"),
+        ({"loops": [Loop(("x", "y"), "x", 3)]}, "'z' waits for body task 'y'"),
+        ({"fanouts": [FanOut("x", "y", "z", 0)]}, "max_width must be an integer"),
+        ({"fanouts": [FanOut("x", "z", "y", 4)]}, "must wait for 'x' alone"),
+        ({"branches": [Branch("x", {"y": -1, "w": 1})]}, "weights must be numbers >= 0"),
+    ],
+)
+def test_bad_declarations_are_refused_with_what_is_wrong(
+    kwargs: dict[str, Any], problem: str
+) -> None:
+    tasks = [t("x"), t("y", "x"), t("w", "x"), t("z", "y", "w")]
+    with pytest.raises(WorkflowError, match=problem):
+        unfold_workflow("bad", tasks, **kwargs)
+
+
+def test_a_function_that_cannot_take_what_a_join_gathers_is_refused_at_declaration() -> None:
+    def join(module: Any, wrong: list[Any]) -> Any:
+        return wrong
+
+    with pytest.raises(WorkflowError, match="cannot be called"):
+        tasks = [t("x"), t("c", "x", fn=lambda m, x: x), t("j", "c", fn=join)]
+        unfold_workflow("fan", tasks, fanouts=[FanOut("x", "c", "j", 3)])
+
+
+# -- routes and the skip rule ------------------------------------------------------------------
+
+
+def test_a_loop_that_stops_skips_every_later_iteration_in_one_step() -> None:
+    wf = agent(3)
+    route = wf.unfold.route("llm@0", stop("done"), "k", emulated=False)
+    assert route.sends == (("answer", "done"),)
+    # the tools of this iteration and everything after are dead: the exit hears of the
+    # iterations that will not come, the tools of the last one are sinks never to run
+    assert route.skips == (("answer", "llm@1"), ("answer", "llm@2"))
+    assert set(route.dead_sinks) == {"a@2", "b@2"}
+
+
+def test_a_branch_sends_to_its_choice_and_marks_the_others_skipped() -> None:
+    wf = agent(3)
+    route = wf.unfold.route("llm@0", choose("q", "b"), "k", emulated=False)
+    assert route.sends == (("b@0", "q"),) and route.label == "b"
+    # going on, not stopping: the exit hears this iteration will not be the last; a@0 is
+    # dead, and llm@1, which still waits for b@0, hears that a@0 will not come
+    assert route.skips == (("answer", "llm@0"), ("llm@1", "a@0")) and route.dead_sinks == ()
+
+
+def test_a_plain_output_of_a_branch_is_refused_naming_the_choices() -> None:
+    wf = agent(3)
+    with pytest.raises(WorkflowError, match="return compass.choose"):
+        wf.unfold.route("llm@0", "just text", "k", emulated=False)
+    with pytest.raises(WorkflowError, match="'c', which is not one of its branches"):
+        wf.unfold.route("llm@0", choose("x", "c"), "k", emulated=False)
+
+
+def test_a_fan_out_gives_each_copy_its_item_and_skips_the_rest() -> None:
+    tasks = [t("x"), t("c", "x"), t("j", "c")]
+    wf = unfold_workflow("fan", tasks, fanouts=[FanOut("x", "c", "j", 4)])
+    route = wf.unfold.route("x", fan_out(["p", "q"]), "k", emulated=False)
+    assert route.sends == (("c#0", "p"), ("c#1", "q"))
+    assert route.skips == (("j", "c#2"), ("j", "c#3"))
+    with pytest.raises(WorkflowError, match="max_width is 4"):
+        wf.unfold.route("x", list(range(5)), "k", emulated=False)
+
+
+def test_draws_follow_the_declared_counts() -> None:
+    """A loop's stop chance per iteration is set so that the number of iterations drawn has
+    the declared distribution (here: 2 three times as often as 3, never 1)."""
+    tasks = [t("step"), t("out", "step")]
+    wf = unfold_workflow("l", tasks, loops=[Loop(("step",), "step", 3, counts={2: 3, 3: 1})])
+    iterations = Counter()
+    for job in range(4000):
+        i = 0
+        while wf.unfold.route(f"step@{i}", None, f"{job}|step@{i}", emulated=True).label != "stop":
+            i += 1
+        iterations[i + 1] += 1
+    assert iterations[1] == 0
+    assert 2.6 < iterations[2] / iterations[3] < 3.4
+
+
+def test_the_likely_workflow_takes_each_most_likely_choice() -> None:
+    wf = agent(3)
+    # the loop goes on at first (it stops after 1, 2 or 3 iterations alike), through 'a'
+    assert likely_workflow(wf).order == ("llm@0", "a@0", "llm@1", "answer")
+
+
+def test_the_shortest_remaining_path_stops_the_loop_now() -> None:
+    wf = agent(3)
+    profiles = Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, workflows=[wf])
+    left = shortest_remaining_s(wf, profiles, "w0")
+    # a job at any LLM step can still stop there: its least work left is that step and the answer
+    assert left["llm@0"] == pytest.approx(0.101) == left["llm@1"]
+    assert left["a@0"] == pytest.approx(0.010 + 0.101)
+
+
+# -- the spec ----------------------------------------------------------------------------------
+
+
+def test_the_agent_loop_workload_parses_into_unrolled_workflows() -> None:
+    workload = load_workload(AGENT_LOOP)
+    agent_wf = workload.workflows["agent"]
+    assert agent_wf.unfold is not None
+    assert len([n for n in agent_wf.order if n.startswith("llm@")]) == 7
+    fan = workload.workflows["retrieval"]
+    assert len(fan.preds("generate")) == 20
+    assert fan.unfold is not None and fan.unfold.points["retrieve"].weights[1] == 0.0
+    assert workload.workflows["router"].unfold.points["route"].labels[0] == "expert_a"
+
+
+def test_a_spec_loop_without_a_bound_names_its_key() -> None:
+    data = {
+        "cluster": {"workers": 1, "gpu_memory_mb": 1000, "h2d_gbps": 1, "d2h_gbps": 1,
+                    "net_gbps": 1},
+        "models": {},
+        "workflows": {"w": {"tasks": {"x": {"exec_ms": 1, "output_kb": 1}},
+                            "loops": {"l": {"body": ["x"], "until": "x"}}}},
+    }  # fmt: skip
+    with pytest.raises(WorkflowError, match=r"workflows\.w\.loops\.l\.max_iter: expected an"):
+        parse_workload(data, source="s.json")
+
+
+def test_a_skip_mark_is_a_plain_string_that_crosses_the_wire() -> None:
+    assert isinstance(SKIPPED, str)
