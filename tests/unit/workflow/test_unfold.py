@@ -11,8 +11,8 @@ import pytest
 
 from compass.errors import WorkflowError
 from compass.sched.unfold import shortest_remaining_s
-from compass.workflow.choices import SKIPPED, choose, fan_out, stop
-from compass.workflow.dag import Task, TaskProfile
+from compass.workflow.choices import SKIPPED, Unfolding, choose, fan_out, stop
+from compass.workflow.dag import Task, TaskProfile, Workflow
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import load_workload, parse_workload
 from compass.workflow.unfold import (
@@ -30,7 +30,12 @@ def t(name: str, *after: str, ms: float = 10.0, model: str | None = None, fn: An
     return Task(name, model, after, TaskProfile(exec_ms=ms, output_bytes=100), fn=fn)
 
 
-def agent(max_iter: int = 3) -> Any:
+def unfolding(wf: Workflow) -> Unfolding:
+    assert wf.unfold is not None
+    return wf.unfold
+
+
+def agent(max_iter: int = 3) -> Workflow:
     tasks = [t("llm", ms=100), t("a", "llm"), t("b", "llm"), t("answer", "llm", ms=1)]
     return unfold_workflow(
         "agent",
@@ -56,7 +61,7 @@ def test_a_loop_unrolls_to_its_bound_and_its_exit_waits_for_every_iteration() ->
     assert wf.preds("llm@1") == ("a@0", "b@0")  # the next iteration starts from the body's end
     assert wf.preds("answer") == ("llm@0", "llm@1", "llm@2")
     assert wf.unfold is not None and wf.unfold.origin["a@2"] == "a"
-    last = wf.unfold.points["llm@2"]
+    last = unfolding(wf).points["llm@2"]
     assert last.labels == ("stop",)  # the bound: the last iteration can only stop
 
 
@@ -81,13 +86,15 @@ def test_bad_declarations_are_refused_with_what_is_wrong(
         unfold_workflow("bad", tasks, **kwargs)
 
 
-def test_a_function_that_cannot_take_what_a_join_gathers_is_refused_at_declaration() -> None:
-    def join(module: Any, wrong: list[Any]) -> Any:
-        return wrong
+def test_a_loop_entry_that_cannot_take_the_carried_output_is_refused_at_declaration() -> None:
+    def llm(module: Any, prompt: Any = None) -> Any:  # no 'carry': iteration 2 could not run
+        return prompt
 
-    with pytest.raises(WorkflowError, match="cannot be called"):
-        tasks = [t("x"), t("c", "x", fn=lambda m, x: x), t("j", "c", fn=join)]
-        unfold_workflow("fan", tasks, fanouts=[FanOut("x", "c", "j", 3)])
+    tasks = [t("llm", fn=llm), t("a", "llm", fn=lambda m, llm: llm),
+             t("b", "llm", fn=lambda m, llm: llm)]  # fmt: skip
+    loop = Loop(("llm", "a", "b"), "llm", 3)
+    with pytest.raises(WorkflowError, match=r"cannot be called with \(module, carry\)"):
+        unfold_workflow("agent", tasks, loops=[loop])
 
 
 # -- routes and the skip rule ------------------------------------------------------------------
@@ -95,7 +102,7 @@ def test_a_function_that_cannot_take_what_a_join_gathers_is_refused_at_declarati
 
 def test_a_loop_that_stops_skips_every_later_iteration_in_one_step() -> None:
     wf = agent(3)
-    route = wf.unfold.route("llm@0", stop("done"), "k", emulated=False)
+    route = unfolding(wf).route("llm@0", stop("done"), "k", emulated=False)
     assert route.sends == (("answer", "done"),)
     # the tools of this iteration and everything after are dead: the exit hears of the
     # iterations that will not come, the tools of the last one are sinks never to run
@@ -105,7 +112,7 @@ def test_a_loop_that_stops_skips_every_later_iteration_in_one_step() -> None:
 
 def test_a_branch_sends_to_its_choice_and_marks_the_others_skipped() -> None:
     wf = agent(3)
-    route = wf.unfold.route("llm@0", choose("q", "b"), "k", emulated=False)
+    route = unfolding(wf).route("llm@0", choose("q", "b"), "k", emulated=False)
     assert route.sends == (("b@0", "q"),) and route.label == "b"
     # going on, not stopping: the exit hears this iteration will not be the last; a@0 is
     # dead, and llm@1, which still waits for b@0, hears that a@0 will not come
@@ -114,20 +121,20 @@ def test_a_branch_sends_to_its_choice_and_marks_the_others_skipped() -> None:
 
 def test_a_plain_output_of_a_branch_is_refused_naming_the_choices() -> None:
     wf = agent(3)
-    with pytest.raises(WorkflowError, match="return compass.choose"):
-        wf.unfold.route("llm@0", "just text", "k", emulated=False)
+    with pytest.raises(WorkflowError, match=r"return compass\.choose"):
+        unfolding(wf).route("llm@0", "just text", "k", emulated=False)
     with pytest.raises(WorkflowError, match="'c', which is not one of its branches"):
-        wf.unfold.route("llm@0", choose("x", "c"), "k", emulated=False)
+        unfolding(wf).route("llm@0", choose("x", "c"), "k", emulated=False)
 
 
 def test_a_fan_out_gives_each_copy_its_item_and_skips_the_rest() -> None:
     tasks = [t("x"), t("c", "x"), t("j", "c")]
     wf = unfold_workflow("fan", tasks, fanouts=[FanOut("x", "c", "j", 4)])
-    route = wf.unfold.route("x", fan_out(["p", "q"]), "k", emulated=False)
+    route = unfolding(wf).route("x", fan_out(["p", "q"]), "k", emulated=False)
     assert route.sends == (("c#0", "p"), ("c#1", "q"))
     assert route.skips == (("j", "c#2"), ("j", "c#3"))
     with pytest.raises(WorkflowError, match="max_width is 4"):
-        wf.unfold.route("x", list(range(5)), "k", emulated=False)
+        unfolding(wf).route("x", list(range(5)), "k", emulated=False)
 
 
 def test_draws_follow_the_declared_counts() -> None:
@@ -135,10 +142,11 @@ def test_draws_follow_the_declared_counts() -> None:
     the declared distribution (here: 2 three times as often as 3, never 1)."""
     tasks = [t("step"), t("out", "step")]
     wf = unfold_workflow("l", tasks, loops=[Loop(("step",), "step", 3, counts={2: 3, 3: 1})])
-    iterations = Counter()
+    iterations: Counter[int] = Counter()
+    rules = unfolding(wf)
     for job in range(4000):
         i = 0
-        while wf.unfold.route(f"step@{i}", None, f"{job}|step@{i}", emulated=True).label != "stop":
+        while rules.route(f"step@{i}", None, f"{job}|step@{i}", emulated=True).label != "stop":
             i += 1
         iterations[i + 1] += 1
     assert iterations[1] == 0
@@ -171,7 +179,7 @@ def test_the_agent_loop_workload_parses_into_unrolled_workflows() -> None:
     fan = workload.workflows["retrieval"]
     assert len(fan.preds("generate")) == 20
     assert fan.unfold is not None and fan.unfold.points["retrieve"].weights[1] == 0.0
-    assert workload.workflows["router"].unfold.points["route"].labels[0] == "expert_a"
+    assert unfolding(workload.workflows["router"]).points["route"].labels[0] == "expert_a"
 
 
 def test_a_spec_loop_without_a_bound_names_its_key() -> None:

@@ -1,0 +1,251 @@
+"""The worker core runs workflows decided at run time (compass.core.unfold): real task
+functions choose, several cores pass outputs and skip marks to each other, and the ingress
+answers once every sink ran or was skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from compass.core.assemble import CoreOptions, build_core
+from compass.core.events import Answer, Instruction, Received, Send, Submit, TaskDone
+from compass.core.lanes import RunTask
+from compass.core.messages import ResultMsg, TaskMsg
+from compass.core.state import WorkerCore
+from compass.core.unfold import ChainedStep
+from compass.errors import WorkflowError
+from compass.sched import make_policy
+from compass.workflow import Profiles, Task, TaskProfile
+from compass.workflow.choices import SKIPPED, choose, fan_out, is_skipped, stop
+from compass.workflow.unfold import Branch, FanOut, Loop, unfold_workflow
+
+from .test_state import GB, FakeView, resident_cache
+
+# -- workflows with real functions -------------------------------------------------------------
+
+
+def _t(name: str, fn: Any, *after: str, model: str | None = "m") -> Task:
+    return Task(name, model, after, TaskProfile(exec_ms=10, output_bytes=100), fn=fn)
+
+
+def _route(module: Any, x: int) -> Any:
+    return choose(x, "double" if x % 2 == 0 else "negate")
+
+
+ROUTER = unfold_workflow(
+    "router",
+    [
+        _t("route", _route),
+        _t("double", lambda m, route: 2 * route, "route"),
+        _t("negate", lambda m, route: -route, "route"),
+        _t("report", lambda m, double, negate: (double, negate), "double", "negate", model=None),
+    ],
+    branches=[Branch("route", {"double": 1, "negate": 1})],
+)
+
+#: a fork to two sinks, one of which the branch skips
+SPLIT = unfold_workflow(
+    "split",
+    [
+        _t("route", _route),
+        _t("double", lambda m, route: 2 * route, "route"),
+        _t("negate", lambda m, route: -route, "route"),
+    ],
+    branches=[Branch("route", {"double": 1, "negate": 1})],
+)
+
+FAN = unfold_workflow(
+    "fan",
+    [
+        _t("split", lambda m, x: fan_out(range(x))),
+        _t("square", lambda m, split: split * split, "split"),
+        _t("total", lambda m, square: ("sum", square), "square", model=None),
+    ],
+    fanouts=[FanOut("split", "square", "total", max_width=5)],
+)
+
+
+def _think(module: Any, x: Any = None, carry: Any = None) -> Any:
+    """An agent's model: it counts its steps and stops on its own output at 3."""
+    steps = 1 if carry is None else carry + 1
+    if steps >= 3:
+        return stop(steps)
+    return choose(steps, "look" if steps % 2 else "act")
+
+
+AGENT = unfold_workflow(
+    "agent",
+    [
+        _t("think", _think),
+        _t("look", lambda m, think: think, "think"),
+        _t("act", lambda m, think: think, "think"),
+        _t("answer", lambda m, think: f"answered after {think}", "think", model=None),
+    ],
+    branches=[Branch("think", {"look": 1, "act": 1})],
+    loops=[Loop(("think", "look", "act"), "think", max_iter=5)],
+)
+
+#: emulated: its choices are drawn
+EMULATED = unfold_workflow(
+    "emulated",
+    [Task("route", "m", (), TaskProfile(10, 100))]
+    + [Task(name, "m", ("route",), TaskProfile(10, 100)) for name in ("p", "q", "r")],
+    branches=[Branch("route", {"p": 1, "q": 1, "r": 1})],
+)
+
+WORKFLOWS = {wf.name: wf for wf in (ROUTER, SPLIT, FAN, AGENT, EMULATED)}
+
+
+class Cluster:
+    """Cores of ``names`` passing messages to each other in order; a task runs its function
+    (an emulated one outputs None). Records every task run and every message sent."""
+
+    def __init__(self, names: Sequence[str] = ("a", "b", "c"), policy: str = "compass") -> None:
+        self.views = {n: FakeView(names) for n in names}
+        profiles = Profiles(
+            h2d_bytes_per_s=1e9,
+            net_bytes_per_s=1e9,
+            net_fixed_s=1e-4,
+            model_sizes={"m": GB},
+            workflows=WORKFLOWS.values(),
+            staged=False,
+        )
+        self.cores: dict[str, WorkerCore] = {
+            n: build_core(
+                n,
+                workflows=WORKFLOWS,
+                policy=make_policy(policy),
+                profiles=profiles,
+                view=self.views[n],
+                cache=resident_cache("m"),
+                options=CoreOptions(lanes=8, warm=False),
+            )
+            for n in names
+        }
+        self.ran: list[tuple[str, str, str]] = []  # (job, task, worker)
+        self.sent: list[Send] = []
+        self.answers: dict[str, Answer] = {}
+
+    def submit(self, job: str, workflow: str, at: str = "a", **inputs: Any) -> Answer:
+        self._drain(at, self.cores[at].handle(Submit(0.0, job, workflow, inputs, 8, 0.0)))
+        return self.answers[job]
+
+    def _drain(self, first: str, steps: list[Instruction]) -> None:
+        pending = [(first, s) for s in steps]
+        while pending:
+            where, step = pending.pop(0)
+            core = self.cores[where]
+            if isinstance(step, RunTask):
+                entry = step.entry
+                self.ran.append((entry.job_id, entry.task, where))
+                task = core.workflow(entry.workflow).tasks[entry.task]
+                output = None if task.fn is None else task.call(None, entry.inputs)
+                pending += [(where, s) for s in core.handle(TaskDone(1.0, entry, output))]
+            elif isinstance(step, Send):
+                self.sent.append(step)
+                event = Received(1.0, where, step.msg)
+                pending += [(step.peer, s) for s in self.cores[step.peer].handle(event)]
+            elif isinstance(step, Answer):
+                self.answers[step.job_id] = step
+
+    def tasks_run(self, job: str) -> list[str]:
+        return [task for j, task, _ in self.ran if j == job]
+
+
+def spread(cluster: Cluster) -> None:
+    """Make every worker look busy but the next one: plans spread over the cluster."""
+    for n, view in cluster.views.items():
+        for m in view.waits:
+            view.waits[m] = 0.0 if m != n else 5.0
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+
+def test_a_branch_runs_its_choice_and_the_join_gets_a_skipped_mark_for_the_other() -> None:
+    cluster = Cluster()
+    spread(cluster)
+    answer = cluster.submit("a-1", "router", x=4)
+    assert answer.error is None and answer.value == (8, SKIPPED)
+    assert sorted(cluster.tasks_run("a-1")) == ["double", "report", "route"]
+    odd = cluster.submit("a-2", "router", x=3)
+    assert odd.value == (SKIPPED, -3)
+    assert "double" not in cluster.tasks_run("a-2")
+
+
+def test_a_skipped_sink_is_reported_and_the_job_answers_with_the_sink_that_ran() -> None:
+    cluster = Cluster(("a",))
+    answer = cluster.submit("a-1", "split", x=5)
+    # one sink ran: the answer is its output, as a static workflow of one sink answers
+    assert answer.error is None and answer.value == -5
+    assert sorted(cluster.tasks_run("a-1")) == ["negate", "route"]
+    both = Cluster(("a",))
+    # the ingress waited for the skipped sink's report: it answers once, with the output
+    assert both.submit("a-2", "split", x=2).value == 4 and len(both.answers) == 1
+
+
+def test_a_fan_out_runs_one_copy_per_item_and_the_join_gets_their_list_in_order() -> None:
+    cluster = Cluster()
+    spread(cluster)
+    answer = cluster.submit("a-1", "fan", x=3)
+    assert answer.error is None and answer.value == ("sum", [0, 1, 4])
+    assert sorted(cluster.tasks_run("a-1")) == ["split", "square#0", "square#1", "square#2",
+                                                "total"]  # fmt: skip
+    # copies 3 and 4 never run: their worker hears nothing of them, the join hears of them
+    marks = [s.msg for s in cluster.sent if isinstance(s.msg, TaskMsg) and is_skipped(s.msg.value)]
+    assert {m.source for m in marks if m.task == "total"} <= {"square#3", "square#4"}
+
+
+def test_a_loop_stops_on_the_model_s_own_output() -> None:
+    cluster = Cluster()
+    spread(cluster)
+    answer = cluster.submit("a-1", "agent", x=0)
+    assert answer.error is None and answer.value == "answered after 3"
+    assert cluster.tasks_run("a-1") == ["think@0", "look@0", "think@1", "act@1", "think@2",
+                                        "answer"]  # fmt: skip
+
+
+def test_a_bad_choice_fails_its_job_naming_the_task_and_the_worker_serves_on() -> None:
+    def bad(module: Any, x: int) -> Any:
+        return x  # a branch that does not say which way
+
+    wrong = unfold_workflow(
+        "wrong",
+        [_t("route", bad), _t("p", lambda m, route: route, "route"),
+         _t("q", lambda m, route: route, "route")],
+        branches=[Branch("route", {"p": 1, "q": 1})],
+    )  # fmt: skip
+    WORKFLOWS["wrong"] = wrong
+    try:
+        cluster = Cluster(("a",))
+        answer = cluster.submit("a-1", "wrong", x=1)
+        assert isinstance(answer.error, WorkflowError)
+        assert "'route'" in str(answer.error) and "compass.choose" in str(answer.error)
+        assert cluster.submit("a-2", "router", x=2).value == (4, SKIPPED)
+    finally:
+        del WORKFLOWS["wrong"]
+
+
+def test_emulated_choices_are_drawn_the_same_on_every_policy() -> None:
+    runs = {}
+    for policy in ("compass", "compass-chained", "jsq"):
+        cluster = Cluster(policy=policy)
+        for k in range(12):
+            assert cluster.submit(f"a-{k}", "emulated").error is None
+        runs[policy] = [tuple(sorted(cluster.tasks_run(f"a-{k}"))) for k in range(12)]
+    assert runs["compass"] == runs["compass-chained"] == runs["jsq"]
+    chosen = {tasks[1] if tasks[0] == "route" else tasks[0] for tasks in runs["compass"]}
+    assert len(chosen) > 1  # not one fixed way
+
+
+def test_chained_steps_go_through_the_ingress_as_new_jobs() -> None:
+    cluster = Cluster(policy="compass-chained")
+    for view in cluster.views.values():  # the ingress is busy: every task runs on a peer
+        view.waits["a"] = 5.0
+    assert cluster.submit("a-1", "agent", x=0).value == "answered after 3"
+    steps = [s for s in cluster.sent if isinstance(s.msg, ResultMsg)
+             and isinstance(s.msg.value, ChainedStep)]  # fmt: skip
+    assert steps and all(s.peer == "a" for s in steps)  # each choice back to the ingress
+    # what the ingress sends on is aged from its own send, not from the job's submission
+    onward = [s.msg for s in cluster.sent if isinstance(s.msg, TaskMsg)]
+    assert [(m.source, m.t0) for m in onward if m.task == "look@0"] == [("think@0", 1.0)]
