@@ -15,7 +15,7 @@ Messages to this worker itself never leave it: the core handles them at once, in
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import assert_never
 
 from compass.core import unfold
@@ -278,7 +278,7 @@ class WorkerCore:
             scope = PlanScope(info.workflow, (self.name, info.ingress))
             view = self.view.snapshot(now, without=info.job_id, priority=info.priority, scope=scope)
         plan = self.policy.plan(info, view, self.profiles, now)
-        self._note_placements(info, plan, now)
+        self._note_placements(info, unfold.counted(info.workflow, plan), now)
         return plan
 
     def _note_placements(self, info: JobInfo, placed: Mapping[str, str], now: float) -> None:
@@ -487,9 +487,12 @@ class WorkerCore:
             )
             self.send(plan[succ], msg, now, job_arrival=entry.arrival)
 
-    def _adjust(self, workflow: Workflow, entry: QueuedTask, now: float) -> dict[str, str]:
+    def _adjust(
+        self, workflow: Workflow, entry: QueuedTask, now: float, live: Collection[str] = ()
+    ) -> dict[str, str]:
         """Re-place the successors of ``entry`` (the paper's dynamic adjustment); the
-        ingress hears of every move."""
+        ingress hears of every move. With ``live`` (a run-time choice was made) only those
+        successors count in their workers' waits: the others will not run."""
         plan = entry.plan
         info = JobInfo(entry.job_id, workflow, entry.ingress, 0, entry.level)
         # the workers of the plan hold (or will) the successors' other inputs, and the
@@ -503,6 +506,8 @@ class WorkerCore:
         self.stats.moves += len(moved)
         for task, worker in moved.items():
             self.send(entry.ingress, PlacedMsg(entry.job_id, entry.attempt, task, worker), now)
+        if live:
+            moved = {t: w for t, w in moved.items() if t in live}
         self._note_placements(info, moved, now)
         return adjusted
 

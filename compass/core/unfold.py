@@ -15,7 +15,7 @@ which sends them on as a new job would: one hop later, and queued as a job that 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ __all__ = [
     "all_skipped",
     "answer_value",
     "chains_steps",
+    "counted",
     "forward_step",
     "pass_on",
     "skip_task",
@@ -55,7 +56,9 @@ class Core(Protocol):
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
     ) -> None: ...
 
-    def _adjust(self, workflow: Workflow, entry: QueuedTask, now: float) -> dict[str, str]: ...
+    def _adjust(
+        self, workflow: Workflow, entry: QueuedTask, now: float, live: Collection[str] = ()
+    ) -> dict[str, str]: ...
 
     def _report_failure(
         self,
@@ -101,7 +104,7 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
         )
         plan = entry.plan
         if route.sends and core.policy.dynamic:
-            plan = core._adjust(workflow, entry, now)
+            plan = core._adjust(workflow, entry, now, live=[s for s, _ in route.sends])
     except CompassError as exc:
         core._report_failure(
             entry.job_id, entry.attempt, entry.task, entry.ingress, now,
@@ -177,6 +180,17 @@ def _to(template: TaskMsg, task: str, source: str, value: Any) -> TaskMsg:
         finish=template.finish,
         stream=template.stream,
     )
+
+
+def counted(workflow: Workflow, plan: dict[str, str]) -> dict[str, str]:
+    """What of a fresh ``plan`` counts as load on its workers: every task of a static workflow,
+    the likely ones of an unrolled one (:attr:`~compass.workflow.choices.Unfolding.likely`):
+    the branches, copies and iterations a job will not take would count as work that never
+    comes until the next heartbeats."""
+    if workflow.unfold is None:
+        return plan
+    likely = workflow.unfold.likely
+    return {t: w for t, w in plan.items() if t in likely}
 
 
 def all_skipped(inputs: Mapping[str, Any]) -> bool:

@@ -114,6 +114,18 @@ class Unfolding:
         self.origin = MappingProxyType(dict(origin))
         self._preds = preds
         self._succs = succs
+        #: the tasks a job runs when every choice takes its most likely option (``preds`` is
+        #: in topological order): what planning counts as load before the choices are made
+        self.likely = frozenset(self._likely())
+
+    def _likely(self) -> list[str]:
+        ran: list[str] = []
+        taken: set[str] = set()
+        for t, preds in self._preds.items():
+            if not preds or t in taken:
+                ran.append(t)
+                taken |= self.likely_successors(t)
+        return ran
 
     def route(self, task: str, output: Any, key: str, *, emulated: bool) -> Route:
         """Where ``task``'s ``output`` goes; a decision task's choice is resolved here (drawn

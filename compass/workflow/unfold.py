@@ -133,16 +133,11 @@ def ran_workflow(workflow: Workflow, ran: Iterable[str]) -> Workflow:
 
 def likely_workflow(workflow: Workflow) -> Workflow:
     """The sub-workflow a job of unrolled ``workflow`` runs when every choice takes its most
-    likely option: the best time of a typical job (queue rank, ``slo_x``)."""
-    unfolding = workflow.unfold
-    if unfolding is None:
+    likely option (:attr:`Unfolding.likely`): the best time of a typical job (queue rank,
+    ``slo_x``); a static workflow is itself."""
+    if workflow.unfold is None:
         return workflow
-    ran: set[str] = set()
-    for t in workflow.order:
-        preds = workflow.preds(t)
-        if not preds or any(t in unfolding.likely_successors(p) for p in preds if p in ran):
-            ran.add(t)
-    return ran_workflow(workflow, ran)
+    return ran_workflow(workflow, workflow.unfold.likely)
 
 
 # -- unrolling -----------------------------------------------------------------------------------
