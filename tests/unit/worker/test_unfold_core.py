@@ -249,3 +249,20 @@ def test_chained_steps_go_through_the_ingress_as_new_jobs() -> None:
     # what the ingress sends on is aged from its own send, not from the job's submission
     onward = [s.msg for s in cluster.sent if isinstance(s.msg, TaskMsg)]
     assert [(m.source, m.t0) for m in onward if m.task == "look@0"] == [("think@0", 1.0)]
+
+
+def test_a_plan_counts_as_load_only_the_tasks_the_job_will_likely_run() -> None:
+    """The unrolled agent holds five iterations of both tools; counting them all in the
+    peers' waits would make them look busy with work that never comes."""
+    cluster = Cluster()
+    view = cluster.views["a"]
+    view.waits["a"] = 5.0  # busy: the job's tasks are placed on its peers, and counted there
+    cluster.cores["a"].handle(Submit(0.0, "a-1", "agent", {"x": 0}, 8, 0.0))
+    assert AGENT.unfold is not None
+    likely = AGENT.unfold.likely
+    # iterations 1-5 alike: it likely goes on until the stop is the likeliest option, at the
+    # fourth step (a tie between the tools goes to the first declared)
+    assert likely == {"think@0", "look@0", "think@1", "look@1", "think@2", "look@2", "think@3",
+                      "answer"}  # fmt: skip
+    # the model-less answer is counted too; nothing of the later iterations is
+    assert 0 < len(view.placed) <= len(likely) < len(AGENT.order)
