@@ -25,6 +25,7 @@ from collections.abc import Callable
 from compass.errors import ConfigError
 from compass.workflow.dag import Task, Workflow, linear_scale
 from compass.workflow.spec import Workload
+from compass.workflow.unfold import Declared
 
 __all__ = ["BATCH_GAINS", "MAX_BATCH", "apply_batching"]
 
@@ -63,4 +64,7 @@ def _batched(task: Task, batching: bool, gain: str | None) -> Task:
 
 def _rebuild(wf: Workflow, change: Callable[[Task], Task]) -> Workflow:
     tasks = [change(wf.tasks[name]) for name in wf.order]
+    declared = None if wf.unfold is None else wf.unfold.declared
+    if isinstance(declared, Declared):  # unrolled again from its changed declaration
+        return declared.unfold(wf, change)
     return Workflow(wf.name, tasks, inputs=wf.inputs, best_ms=wf.best_ms)

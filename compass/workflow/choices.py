@@ -109,8 +109,12 @@ class Unfolding:
         origin: Mapping[str, str],
         preds: Mapping[str, tuple[str, ...]],
         succs: Mapping[str, tuple[str, ...]],
+        declared: object = None,
     ) -> None:
         self.points = MappingProxyType(dict(points))
+        #: what it was unrolled from (a :class:`compass.workflow.unfold.Declared`), for
+        #: writing the workflow back in its spec form
+        self.declared = declared
         self.origin = MappingProxyType(dict(origin))
         self._preds = preds
         self._succs = succs

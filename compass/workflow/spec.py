@@ -43,7 +43,7 @@ from typing import Any
 
 from compass.errors import ModelTooLarge, WorkflowError
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
-from compass.workflow.unfold import parse_choices, unfold_workflow
+from compass.workflow.unfold import Declared, parse_choices, unfold_workflow
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -421,10 +421,14 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
     cluster = workload.cluster
     workflows: dict[str, Any] = {}
     for name, wf in workload.workflows.items():
+        declared = None if wf.unfold is None else wf.unfold.declared
+        tasks = declared.tasks if isinstance(declared, Declared) else wf.tasks.values()
         entry: dict[str, Any] = {
             "weight": workload.weights.get(name, 1.0),
-            "tasks": {t: _task_to_dict(name, wf.tasks[t]) for t in wf.order},
+            "tasks": {task.name: _task_to_dict(name, task) for task in tasks},
         }
+        if isinstance(declared, Declared):  # declared with choices: written as declared
+            entry.update(declared.choices_to_dict())
         if wf.inputs:
             raise WorkflowError(f"workflow {name!r}: named job inputs have no spec form")
         if wf.best_ms is not None:

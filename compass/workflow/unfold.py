@@ -44,6 +44,7 @@ from compass.workflow.dag import Task, TaskProfile, Workflow, is_stepwise
 
 __all__ = [
     "Branch",
+    "Declared",
     "FanOut",
     "Loop",
     "likely_workflow",
@@ -138,6 +139,46 @@ def likely_workflow(workflow: Workflow) -> Workflow:
     if workflow.unfold is None:
         return workflow
     return ran_workflow(workflow, workflow.unfold.likely)
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What an unrolled workflow was declared as: its tasks and its choices."""
+
+    tasks: tuple[Task, ...]
+    branches: tuple[Branch, ...]
+    fanouts: tuple[FanOut, ...]
+    loops: tuple[Loop, ...]
+
+    def unfold(self, wf: Workflow, change: Callable[[Task], Task]) -> Workflow:
+        """``wf`` (unrolled from this) again, each declared task changed by ``change``."""
+        return unfold_workflow(
+            wf.name, [change(t) for t in self.tasks], branches=self.branches,
+            fanouts=self.fanouts, loops=self.loops, inputs=wf.inputs, best_ms=wf.best_ms,
+            slo_ms=wf.slo_ms, slo_x=wf.slo_x,
+        )  # fmt: skip
+
+    def choices_to_dict(self) -> dict[str, Any]:
+        """The choices in a workload spec's form (:func:`parse_choices` reads it back)."""
+        out: dict[str, Any] = {}
+        if self.branches:
+            out["branches"] = {b.task: dict(b.to) for b in self.branches}
+        if self.fanouts:
+            out["fanouts"] = {}
+            for f in self.fanouts:
+                fan = {"copies": f.copies, "join": f.join, "max_width": f.max_width}
+                out["fanouts"][f.task] = fan | _spread_to_dict("widths", f.widths)
+        if self.loops:
+            out["loops"] = {}
+            for i, loop in enumerate(self.loops):
+                body = {"body": list(loop.body), "until": loop.until, "max_iter": loop.max_iter}
+                body["carry"] = loop.carry
+                out["loops"][f"loop{i}"] = body | _spread_to_dict("counts", loop.counts)
+        return out
+
+
+def _spread_to_dict(key: str, spread: Mapping[int, float] | None) -> dict[str, Any]:
+    return {} if spread is None else {key: {str(k): v for k, v in spread.items()}}
 
 
 # -- unrolling -----------------------------------------------------------------------------------
@@ -350,7 +391,13 @@ class _Unroller:
         origin = {n: node.origin.name for n, node in nodes.items()}
         preds = {t: workflow.preds(t) for t in workflow.order}
         succ_map = {t: workflow.succs(t) for t in workflow.order}
-        workflow.unfold = Unfolding(points, origin, preds, succ_map)
+        declared = Declared(
+            tuple(self.wf.tasks[t] for t in self.wf.order),
+            tuple(self.branches.values()),
+            tuple(self.fanouts.values()),
+            tuple(self.loops),
+        )
+        workflow.unfold = Unfolding(points, origin, preds, succ_map, declared)
         return workflow
 
     def _points(

@@ -3,6 +3,7 @@ rule (compass.workflow.unfold and compass.workflow.choices)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,11 @@ import pytest
 
 from compass.errors import WorkflowError
 from compass.sched.unfold import shortest_remaining_s
+from compass.workflow.batching import apply_batching
 from compass.workflow.choices import SKIPPED, Unfolding, choose, fan_out, stop
 from compass.workflow.dag import Task, TaskProfile, Workflow
 from compass.workflow.profile import Profiles
-from compass.workflow.spec import load_workload, parse_workload
+from compass.workflow.spec import load_workload, parse_workload, workload_to_dict
 from compass.workflow.unfold import (
     Branch,
     FanOut,
@@ -180,6 +182,19 @@ def test_the_agent_loop_workload_parses_into_unrolled_workflows() -> None:
     assert len(fan.preds("generate")) == 20
     assert fan.unfold is not None and fan.unfold.points["retrieve"].weights[1] == 0.0
     assert unfolding(workload.workflows["router"]).points["route"].labels[0] == "expert_a"
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_choices_survive_a_batching_transform_and_the_spec_writer(batching: bool) -> None:
+    """Worker processes get a transformed workload as a file: its choices must come back."""
+    workload = apply_batching(load_workload(AGENT_LOOP), batching=batching, gain="mild")
+    back = parse_workload(json.loads(json.dumps(workload_to_dict(workload))), source="w")
+    for name, wf in workload.workflows.items():
+        assert unfolding(wf).points == unfolding(load_workload(AGENT_LOOP).workflows[name]).points
+        again = back.workflows[name]
+        assert again.order == wf.order and dict(again.tasks) == dict(wf.tasks)
+        assert unfolding(again).points == unfolding(wf).points
+    assert workload.workflows["agent"].tasks["llm@3"].batch == (8 if batching else 1)
 
 
 def test_a_spec_loop_without_a_bound_names_its_key() -> None:
