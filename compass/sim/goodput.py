@@ -1,10 +1,11 @@
 """Goodput past capacity: jobs answered within their deadline, at offered loads beyond what a
 cluster carries, with and without shedding.
 
-Every job of a run gets a deadline of ``deadline_x`` times its workflow's computed best time,
-and a fraction ``priority_mix`` of them (drawn per job from the run's seed) priority 1. With
-shedding on, the ingress refuses a job its plan cannot finish in time and a lane drops a task
-whose job can no longer make it (:mod:`compass.sched.deadline`, the same for every policy);
+Every job of a run gets a deadline of ``deadline_x`` times its workflow's computed best time
+(of a workflow with choices, its likely path's: the choices are made later), and a fraction
+``priority_mix`` of them (drawn per job from the run's seed) priority 1. With shedding on, the
+ingress refuses a job its plan cannot finish in time and a lane drops a task whose job can no
+longer make it (:mod:`compass.sched.deadline`, the same for every policy);
 off, every job runs to the end (``on_miss="finish"``). Goodput is the rate of jobs answered
 within their deadline, in multiples of the workload's rate (offered load times attainment);
 attainment, the fraction of submitted jobs so answered. Sans-IO, like the rest of the
@@ -30,6 +31,7 @@ from compass.sim.settings import SimSettings
 from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
+from compass.workflow.unfold import likely_workflow
 
 __all__ = ["GoodputRun", "goodput_for_workload", "priorities", "run_summary"]
 
@@ -102,7 +104,8 @@ def simulator_goodput_run(
     if arrival not in PROCESSES:
         raise ConfigError(f"unknown arrival process {arrival!r}; known: {', '.join(PROCESSES)}")
     profiles = Profiles.from_workload(workload)
-    best = {name: best_time_s(wf, profiles) for name, wf in workload.workflows.items()}
+    # a workflow with choices: its typical job's best time (the choices are not yet made)
+    best = {n: best_time_s(likely_workflow(wf), profiles) for n, wf in workload.workflows.items()}
 
     def run(
         policy: str, shed: bool, seed: int, load: float
