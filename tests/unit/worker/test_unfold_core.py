@@ -13,7 +13,8 @@ from compass.core.lanes import RunTask
 from compass.core.messages import ResultMsg, TaskMsg
 from compass.core.state import WorkerCore
 from compass.core.unfold import ChainedStep
-from compass.errors import WorkflowError
+from compass.errors import DeadlineExceeded, WorkflowError
+from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import make_policy
 from compass.workflow import Profiles, Task, TaskProfile
 from compass.workflow.choices import SKIPPED, choose, fan_out, is_skipped, stop
@@ -122,12 +123,21 @@ class Cluster:
             )
             for n in names
         }
+        self.now = 0.0  # each task run takes 0.1 s of it
         self.ran: list[tuple[str, str, str]] = []  # (job, task, worker)
         self.sent: list[Send] = []
         self.answers: dict[str, Answer] = {}
 
-    def submit(self, job: str, workflow: str, at: str = "a", **inputs: Any) -> Answer:
-        self._drain(at, self.cores[at].handle(Submit(0.0, job, workflow, inputs, 8, 0.0)))
+    def submit(
+        self,
+        job: str,
+        workflow: str,
+        at: str = "a",
+        objective: Objective = NO_OBJECTIVE,
+        **inputs: Any,
+    ) -> Answer:
+        submit = Submit(self.now, job, workflow, inputs, 8, self.now, objective=objective)
+        self._drain(at, self.cores[at].handle(submit))
         return self.answers[job]
 
     def _drain(self, first: str, steps: list[Instruction]) -> None:
@@ -140,10 +150,11 @@ class Cluster:
                 self.ran.append((entry.job_id, entry.task, where))
                 task = core.workflow(entry.workflow).tasks[entry.task]
                 output = None if task.fn is None else task.call(None, entry.inputs)
-                pending += [(where, s) for s in core.handle(TaskDone(1.0, entry, output))]
+                self.now += 0.1
+                pending += [(where, s) for s in core.handle(TaskDone(self.now, entry, output))]
             elif isinstance(step, Send):
                 self.sent.append(step)
-                event = Received(1.0, where, step.msg)
+                event = Received(self.now, where, step.msg)
                 pending += [(step.peer, s) for s in self.cores[step.peer].handle(event)]
             elif isinstance(step, Answer):
                 self.answers[step.job_id] = step
@@ -248,7 +259,7 @@ def test_chained_steps_go_through_the_ingress_as_new_jobs() -> None:
     assert steps and all(s.peer == "a" for s in steps)  # each choice back to the ingress
     # what the ingress sends on is aged from its own send, not from the job's submission
     onward = [s.msg for s in cluster.sent if isinstance(s.msg, TaskMsg)]
-    assert [(m.source, m.t0) for m in onward if m.task == "look@0"] == [("think@0", 1.0)]
+    assert [(m.source, m.t0) for m in onward if m.task == "look@0"] == [("think@0", 0.1)]
 
 
 def test_a_plan_counts_as_load_only_the_tasks_the_job_will_likely_run() -> None:
@@ -266,3 +277,15 @@ def test_a_plan_counts_as_load_only_the_tasks_the_job_will_likely_run() -> None:
                       "answer"}  # fmt: skip
     # the model-less answer is counted too; nothing of the later iterations is
     assert 0 < len(view.placed) <= len(likely) < len(AGENT.order)
+
+
+def test_a_loop_that_can_no_longer_make_its_deadline_is_dropped_at_its_next_step() -> None:
+    """Each step takes 0.1 s here. The least work left at any step is to stop: the job is
+    not dropped at its start for the iterations it might run, but at the first step that
+    starts past what even stopping there could make."""
+    cluster = Cluster(("a",))
+    answer = cluster.submit("a-1", "agent", objective=Objective(deadline_s=0.25), x=0)
+    assert isinstance(answer.error, DeadlineExceeded)
+    assert cluster.tasks_run("a-1") == ["think@0", "look@0", "think@1"]
+    # with time for its three steps and the answer, it finishes
+    assert cluster.submit("a-2", "agent", objective=Objective(deadline_s=2.0), x=0).error is None
