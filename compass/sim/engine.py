@@ -93,9 +93,10 @@ from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.stepping import RunEnd, Stepping
 from compass.sim.traffic import ViewTraffic
-from compass.sim.unfold import RanBest, is_skip_mark
+from compass.sim.unfold import RanBest
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
+from compass.workflow.choices import is_skipped
 from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
@@ -582,7 +583,7 @@ class Simulation:
             tasks = self.workload.workflows[msg.workflow].tasks
             profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
             nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
-            if is_skip_mark(msg.value):
+            if is_skipped(msg.value):  # a skip mark weighs a control message
                 nbytes = _RPC_BYTES
             msg = msg.with_plan(dict(msg.plan))  # every field kept: the budget too
         elif isinstance(msg, ResultMsg):
@@ -590,7 +591,7 @@ class Simulation:
             nbytes = (
                 _RPC_BYTES if job is None else job.workflow.tasks[msg.task].profile.output_bytes
             )
-            if is_skip_mark(msg.value):
+            if is_skipped(msg.value):  # a skip mark weighs a control message
                 nbytes = _RPC_BYTES
         else:
             target = self.workers[self.positions[dst]]

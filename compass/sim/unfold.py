@@ -1,6 +1,6 @@
 """The simulator's share of workflows decided at run time: a job's best time is that of the
 tasks it actually ran (a job that looped twice is not measured against one that looped six
-times), and a skip mark weighs what a control message does."""
+times)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,11 @@ import math
 from collections.abc import Iterable
 
 from compass.workflow.best import best_time_s
-from compass.workflow.choices import is_skipped
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
 from compass.workflow.unfold import ran_workflow
 
-__all__ = ["RanBest", "is_skip_mark"]
-
-
-def is_skip_mark(value: object) -> bool:
-    """Whether a message carries a skip mark rather than an output."""
-    return is_skipped(value)
+__all__ = ["RanBest"]
 
 
 class RanBest:

@@ -215,7 +215,9 @@ class Unfolding:
                     f"max_width is {len(point.copies)}"
                 )
             return len(items), list(items), items
-        if point.stop >= 0 and (len(point.options) == 1 or (decision and decision.stop)):
+        if point.stop >= 0 and (
+            len(point.options) == 1 or (decision is not None and decision.stop)
+        ):
             return point.stop, value, None  # told to stop, or at the loop's bound
         if decision is None or decision.to is None:
             if point.kind == "loop" and len(point.options) == 2:

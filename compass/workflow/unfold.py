@@ -90,7 +90,7 @@ class FanOut:
     """Task ``task``'s output is a list of up to ``max_width`` items; ``copies`` (whose only
     predecessor is ``task``) runs once per item; ``join`` gets their outputs as a list.
     ``widths``: expected frequency of each width 0..``max_width`` (default: uniform over
-    1..``max_width``)."""
+    1..``max_width``). A width of 0 skips the join too (the skip rule: none of its inputs ran)."""
 
     task: str
     copies: str
