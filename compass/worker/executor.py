@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -70,6 +71,7 @@ from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
 from compass.worker.stepgate import StepGate
 from compass.worker.windows import StepWindow, StreamedSteps
+from compass.workflow.choices import Decision
 from compass.workflow.dag import Task, emulated_run_s
 
 __all__ = [
@@ -662,4 +664,7 @@ def _moved(value: Any, device: Any) -> Any:
         return [_moved(item, device) for item in value]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):  # not a namedtuple
         return tuple(_moved(item, device) for item in value)
+    if isinstance(value, Decision):  # a run-time choice: its output and items move
+        items = None if value.items is None else _moved(value.items, device)
+        return dataclasses.replace(value, value=_moved(value.value, device), items=items)
     return value
