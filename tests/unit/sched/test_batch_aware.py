@@ -137,7 +137,7 @@ def test_not_when_turned_off_nor_for_the_baselines() -> None:
     assert plan(crafted(), one(), batch_aware=False) == "b"
     wf = one()
     view = crafted()
-    on = {"compass", "compass_nocache", "compass_noadjust", "central"}
+    on = {"compass", "compass_nocache", "compass_noadjust", "central", "compass-chained"}
     for name in POLICY_NAMES:
         policy = make_policy(name)
         assert policy.batch_aware == (name in on), name

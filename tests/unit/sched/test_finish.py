@@ -370,7 +370,7 @@ def test_every_policy_answers_what_adjustment_needs(name: str) -> None:
     policy = make_policy(name, host_lanes=True)
     assert isinstance(policy.host_lanes, bool)
     joins = policy.joins_fed_by(FAN, "r")
-    moves_joins = name in ("compass", "compass_nocache", "central")
+    moves_joins = name in ("compass", "compass_nocache", "central", "compass-chained")
     assert joins == (("join",) if moves_joins else ())
     assert policy.joins_fed_by(FAN, "short") == ()
     plan = dict.fromkeys(FAN.order, "a")

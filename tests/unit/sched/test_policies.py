@@ -64,7 +64,9 @@ def test_unknown_policy_names_the_valid_ones() -> None:
 
 def test_dynamic_flags() -> None:
     dynamic = {n for n in POLICY_NAMES if make_policy(n).dynamic}
-    assert dynamic == {"compass", "compass_nocache", "compass_noload", "central", "jsq", "jit"}
+    assert dynamic == {
+        "compass", "compass_nocache", "compass_noload", "central", "jsq", "jit", "compass-chained"
+    }  # fmt: skip
 
 
 def test_an_empty_view_is_a_clear_error() -> None:
