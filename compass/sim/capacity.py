@@ -38,6 +38,7 @@ from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
 from compass.sim.settings import SimSettings, base_policy
 from compass.workflow.spec import Workload
+from compass.workflow.unfold import run_chances
 
 __all__ = [
     "BUILTIN_SLOS",
@@ -358,14 +359,18 @@ def physical_bound(
 ) -> float | None:
     """The load at which the workers' GPU lanes would be busy all the time: lane-seconds per
     second over the GPU seconds demanded per second at load 1 (each workflow's declared
-    execution times; one client per workflow, ``weight`` jobs per mean interval). Model loads and
+    execution times, each task's as often as it runs in a workflow with choices; one client
+    per workflow, ``weight`` jobs per mean interval). Model loads and
     transfers are left out, so no policy can sustain more. With ``host_lanes`` > 0 the
     model-less tasks run off the GPU lanes and do not count. None when nothing needs a lane."""
     interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
     demand = 0.0
     for name, wf in workload.workflows.items():
+        chance = run_chances(wf)
         gpu_s = sum(
-            t.profile.exec_s for t in wf.tasks.values() if host_lanes == 0 or t.model is not None
+            chance[t.name] * t.profile.exec_s
+            for t in wf.tasks.values()
+            if host_lanes == 0 or t.model is not None
         )
         demand += workload.weights.get(name, 1.0) * gpu_s / interval_s
     if demand <= 0:

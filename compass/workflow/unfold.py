@@ -50,6 +50,7 @@ __all__ = [
     "likely_workflow",
     "parse_choices",
     "ran_workflow",
+    "run_chances",
     "unfold_workflow",
 ]
 
@@ -130,6 +131,26 @@ def ran_workflow(workflow: Workflow, ran: Iterable[str]) -> Workflow:
         if t in kept
     ]
     return Workflow(workflow.name, tasks)
+
+
+def run_chances(workflow: Workflow, samples: int = 1000) -> dict[str, float]:
+    """How often each task of ``workflow`` runs, by drawing ``samples`` jobs' choices as the
+    simulator draws them (fixed draws: the same figures every time); 1.0 for every task of a
+    static workflow. What a job costs on average: ``sum(chance * exec)``."""
+    unfolding = workflow.unfold
+    if unfolding is None:
+        return dict.fromkeys(workflow.order, 1.0)
+    runs = dict.fromkeys(workflow.order, 0)
+    for n in range(samples):
+        live: set[str] = set()
+        for t in workflow.order:
+            if workflow.preds(t) and t not in live:
+                continue
+            runs[t] += 1
+            live.update(
+                s for s, _ in unfolding.route(t, None, f"chance{n}|{t}", emulated=True).sends
+            )
+    return {t: count / samples for t, count in runs.items()}
 
 
 def likely_workflow(workflow: Workflow) -> Workflow:

@@ -22,6 +22,7 @@ from compass.workflow.unfold import (
     FanOut,
     Loop,
     likely_workflow,
+    run_chances,
     unfold_workflow,
 )
 
@@ -153,6 +154,16 @@ def test_draws_follow_the_declared_counts() -> None:
         iterations[i + 1] += 1
     assert iterations[1] == 0
     assert 2.6 < iterations[2] / iterations[3] < 3.4
+
+
+def test_run_chances_give_how_often_each_task_runs() -> None:
+    """What the physical bound counts: a later iteration runs only as often as jobs get there."""
+    chances = run_chances(agent(3))  # 1, 2 or 3 iterations alike; tool a three times b's
+    assert chances["llm@0"] == 1.0 == chances["answer"]
+    assert chances["llm@1"] == pytest.approx(2 / 3, abs=0.05)
+    assert chances["llm@2"] == pytest.approx(1 / 3, abs=0.05)
+    assert chances["a@0"] == pytest.approx(0.75 * 2 / 3, abs=0.05)
+    assert set(run_chances(unfold_workflow("s", [t("x")])).values()) == {1.0}
 
 
 def test_the_likely_workflow_takes_each_most_likely_choice() -> None:
