@@ -47,6 +47,7 @@ from compass.core.events import (
     Chunk,
     Event,
     Fault,
+    Feed,
     LoadModel,
     ModelLoaded,
     PlanAsked,
@@ -58,6 +59,7 @@ from compass.core.events import (
     StopTask,
     Submit,
     TaskDone,
+    TaskStep,
     Tick,
     Watch,
 )
@@ -88,6 +90,7 @@ from compass.sim.heard import LINK_S, Heard, rumor_delays
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
+from compass.sim.streams import SimStreams, stream_bytes
 from compass.sim.traffic import ViewTraffic
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
@@ -302,6 +305,7 @@ class _Simulation:
         #: when each ends (sooner if stopped at a step boundary)
         self._stepping: dict[QueuedTask, tuple[_Worker, RunTask, float, float]] = {}
         self._ends: dict[QueuedTask, float] = {}
+        self._streams = SimStreams()  # streamed edges' steps, ends and order on a link
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -469,6 +473,8 @@ class _Simulation:
                     self._stop(step.entries)
                 case Chunk():
                     pass  # a first output is timed at the step that makes it (_steps_begun)
+                case Feed():
+                    self._streams.feed(step)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"
@@ -547,7 +553,13 @@ class _Simulation:
         """Deliver ``msg`` after its transfer time: a task input of its declared size, a sink's
         output likewise, control messages as a few hundred bytes. A task input carries its own
         copy of the plan, as on the wire."""
-        if isinstance(msg, TaskMsg):
+        job = self._jobs.get(msg.job)
+        step_bytes = None if job is None else stream_bytes(job.workflow, msg)
+        if step_bytes is not None:  # a step of a streamed edge
+            nbytes = step_bytes
+            if isinstance(msg, TaskMsg):
+                msg = msg.with_plan(dict(msg.plan))
+        elif isinstance(msg, TaskMsg):
             tasks = self.workload.workflows[msg.workflow].tasks
             profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
             nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
@@ -567,7 +579,10 @@ class _Simulation:
             nbytes = _RPC_BYTES
         seconds = self.profiles.transfer_s(src.name, dst, nbytes)
         target = self.workers[self.positions[dst]]
-        self._at(self.now + seconds, self._deliver, (target, src.name, msg, seconds))
+        at = self.now + seconds
+        if job is not None and (step_bytes is not None or _ends_stream(job.workflow, msg)):
+            at = self._streams.arrival(src.name, dst, at, streamed=True)
+        self._at(at, self._deliver, (target, src.name, msg, seconds))
 
     def _deliver(self, arg: tuple[_Worker, str, PeerMessage, float]) -> None:
         worker, sender, msg, seconds = arg
@@ -591,7 +606,23 @@ class _Simulation:
         )
         if profile.steps > 1:  # a step-wise task: its first output, and it can be stopped
             self._steps_begun(worker, run, exec_s, profile)
+            if workflows[run.entry.workflow].streamed_succs(run.entry.task):  # it feeds some
+                self._at(self.now + exec_s / profile.steps, self._stepped, (worker, run, 0))
         self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
+
+    def _stepped(self, arg: tuple[_Worker, RunTask, int]) -> None:
+        """Step ``seq`` of a step-wise task that feeds a streamed edge ended (unless it was
+        stopped before): the core hears it, and the next step is due."""
+        worker, run, seq = arg
+        entry = run.entry
+        began = self._stepping.get(entry)
+        if began is None or began[1] is not run or self.now > self._ends[entry]:
+            return
+        self._apply(worker, TaskStep(self.now, entry, seq, None))
+        steps = self.workload.workflows[entry.workflow].tasks[entry.task].profile.steps
+        if seq + 2 < steps:  # the last is told with the task's end (_task_end)
+            start, step_s = began[2], began[3]
+            self._at(start + (seq + 2) * step_s, self._stepped, (worker, run, seq + 1))
 
     def _steps_begun(
         self, worker: _Worker, run: RunTask, exec_s: float, profile: TaskProfile
@@ -624,11 +655,18 @@ class _Simulation:
     def _task_end(self, arg: tuple[_Worker, RunTask, float]) -> None:
         worker, run, exec_s = arg
         end = self._ends.get(run.entry)
-        if end is not None:  # step-wise: the end that counts is the last one set (_stop)
-            if end != self.now:
-                return
+        if end is not None and end != self.now:  # step-wise: the last end set counts (_stop)
+            return
+        task = self.workload.workflows[run.entry.workflow].tasks[run.entry.task]
+        if task.streamed and self._streams.wait(run.entry, task, lambda: self._fed(worker, run)):
+            return  # fed by streams: it ends one of its steps after they do
+        if end is not None:
             del self._ends[run.entry]
-            self._stepping.pop(run.entry, None)
+            ran = self._stepping.pop(run.entry, None)
+            if ran is not None and self.workload.workflows[run.entry.workflow].streamed_succs(
+                run.entry.task
+            ):  # not stopped: its last step, then its end
+                self._apply(worker, TaskStep(self.now, run.entry, task.profile.steps - 1, None))
         if not run.host:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
@@ -648,6 +686,14 @@ class _Simulation:
             )
         for entry in run.entries:
             self._apply(worker, TaskDone(self.now, entry, None))
+
+    def _fed(self, worker: _Worker, run: RunTask) -> None:
+        """The streams into ``run``'s task ended: it ends one of its steps later."""
+        profile = self.workload.workflows[run.entry.workflow].tasks[run.entry.task].profile
+        end = self.now + profile.exec_s / profile.steps
+        if run.entry in self._ends:
+            self._ends[run.entry] = end
+        self._at(end, self._task_end, (worker, run, end - run.entry.started_at))
 
     def _load(self, worker: _Worker, load: LoadModel) -> None:
         """A model load takes its bytes over the host-to-device bandwidth."""
@@ -696,6 +742,15 @@ def _central(policy: Policy) -> bool:
 def _rules(worker: _Worker) -> WorkerCore:
     assert worker.rules is not None
     return worker.rules
+
+
+def _ends_stream(workflow: Workflow, msg: PeerMessage) -> bool:
+    """Whether ``msg`` is the end of a streamed edge (the final output it streamed)."""
+    return (
+        isinstance(msg, TaskMsg)
+        and msg.source != JOB_INPUTS
+        and msg.source in workflow.tasks[msg.task].streamed
+    )
 
 
 def _first_output_s(job: _Job, latency_s: float) -> float:

@@ -32,6 +32,12 @@ final output is what it returns, or its last item if it returns nothing; an asyn
 on an event loop of its thread's own. An emulated step-wise task sleeps its profile and, stopped,
 ends at its next step boundary.
 
+**Streamed inputs.** A task fed by a streamed edge gets, for each such input, the
+:class:`~compass.worker.feeds.FeedReader` the core's :class:`~compass.core.events.Feed`
+instructions fill (:attr:`TaskRunner.feeds`): it reads the predecessor's partial outputs as
+they come. An emulated one ends no sooner than one of its steps after its streams end. A task
+that feeds a streamed edge reports its steps for any job, as a streaming job's sinks do.
+
 Nothing a task does stops the worker: an exception, ``sys.exit()`` or any other
 ``BaseException`` from user code becomes the task's error. A task past its timeout (its
 ``timeout_ms``, else the worker's ``task_timeout_s``) fails with
@@ -66,7 +72,8 @@ from compass.core.lanes import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
-from compass.workflow.dag import Task, emulated_run_s
+from compass.worker.feeds import Feeds
+from compass.workflow.dag import Task, Workflow, emulated_run_s
 
 __all__ = [
     "TaskAborted",
@@ -139,6 +146,11 @@ class TaskRunner:
         self._on_returned = on_returned
         #: a step-wise task of a streaming job reports each step's partial output (on the loop)
         self._on_step = on_step
+        #: the workflows by name, which say whether a task feeds a streamed edge (its steps
+        #: are reported for any job then); the worker sets it (None: none does)
+        self.workflows: Callable[[str], Workflow] | None = None
+        #: the streams tasks here read (streamed edges), as the core feeds them
+        self.feeds = Feeds()
         self._clock = clock
         self._task_timeout_s = config.task_timeout_s
         self._threads = TaskThreads()
@@ -177,6 +189,7 @@ class TaskRunner:
             task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
         ) * self._time_scale
         t0 = self._clock()
+        tells = self._tells_steps(run.entry)
         if self._emulate or task.fn is None:
             members = [self._lookup(e.workflow, e.task).profile for e in entries]
             delay = emulated_run_s(task.profile, members) * self._time_scale
@@ -186,11 +199,13 @@ class TaskRunner:
             if task.profile.steps > 1:
                 step_s = delay / task.profile.steps
                 self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
-                if run.entry.stream and self._on_step is not None:  # each step's output
+                if tells:  # each step's output
                     loop.call_later(step_s, self._emulated_step, run.entry, 0)
             return
         model = run.entry.model
         payload: Any = run.entry.inputs
+        if task.streamed:  # a streamed input is read as it comes
+            payload = {**payload, **self.feeds.readers(run.entry, task.streamed)}
         method: Callable[[Any, Any], Any] = task.call
         if task.batch > 1:  # a batchable function takes lists, even for one item
             payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
@@ -198,7 +213,8 @@ class TaskRunner:
         elif task.stepwise:
             stop = self._stops[run.entry] = threading.Event()
             report = None
-            if run.entry.stream and self._on_step is not None:
+            if tells:
+                assert self._on_step is not None
                 report = _reporter(loop, self._on_step, run.entry)
             method = functools.partial(_run_steps, task, stop, outcomes[0], report)
         # taken last: from here the model's slabs count as read until the thread's fence
@@ -260,22 +276,25 @@ class TaskRunner:
             return
         _, task, _, step_s = running
         steps = task.profile.steps
-        if seq + 1 < steps:  # the last step's ends with the task (_emulated_done)
+        if seq + 1 < steps and self._on_step is not None:  # the last ends with the task
             self._on_step(entry, seq, _step_output(task))
             self._steps_told[entry] = seq + 1
             asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
 
     def _emulated_done(
-        self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool
+        self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool, fed: bool = False
     ) -> None:
         entry = outcomes[0].entry
         del self._timers[entry]
+        if not late and not fed and task.streamed and self._fed_later(outcomes, task, t0):
+            return
         if self._emulated_steps.pop(entry, None) is not None and not late:
             steps = outcomes[0].steps = task.profile.steps
             told = self._steps_told.pop(entry, 0)
-            if entry.stream and self._on_step is not None:  # the steps' outputs not told yet
+            on_step = self._on_step
+            if on_step is not None and self._tells_steps(entry):  # outputs not told yet
                 for seq in range(told, steps):
-                    self._on_step(entry, seq, _step_output(task))
+                    on_step(entry, seq, _step_output(task))
         exec_s = self._clock() - t0
         for outcome in outcomes:
             entry = outcome.entry
@@ -286,6 +305,30 @@ class TaskRunner:
                 outcome.output = emulated_output(size)
                 outcome.exec_s = exec_s
         self._report(outcomes)
+
+    def _tells_steps(self, entry: QueuedTask) -> bool:
+        """Whether ``entry``'s steps are reported: its job streams, or it feeds a stream."""
+        if self._on_step is None:
+            return False
+        workflows = self.workflows
+        return entry.stream or (
+            workflows is not None and bool(workflows(entry.workflow).streamed_succs(entry.task))
+        )
+
+    def _fed_later(self, outcomes: list[TaskOutcome], task: Task, t0: float) -> bool:
+        """An emulated task fed by streams ends no sooner than one of its steps after they
+        end: whether it waits for them (then it ends later, by the same way)."""
+        entry = outcomes[0].entry
+        step_s = task.profile.exec_s / task.profile.steps * self._time_scale
+        loop = asyncio.get_running_loop()
+
+        def ended() -> None:  # (a job that ended breaks its streams: this comes then too)
+            if not self._closed:
+                self._timers[entry] = loop.call_later(
+                    step_s, self._emulated_done, outcomes, task, t0, False, True
+                )
+
+        return self.feeds.when_ended(entry, ended)
 
     def _thread_done(
         self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
@@ -321,6 +364,7 @@ class TaskRunner:
 
     def _report(self, outcomes: list[TaskOutcome]) -> None:
         for outcome in outcomes:
+            self.feeds.discard(outcome.entry)
             try:
                 self._on_outcome(outcome)
             except Exception:  # a bug in reporting one task must not go unseen

@@ -39,6 +39,7 @@ def test_all_is_pinned() -> None:
         "RemoteError",
         "SchedConfig",
         "StaleHandle",
+        "Stream",
         "StreamOverrun",
         "SyncClient",
         "Task",
