@@ -30,7 +30,7 @@ def pipeline(streamed: bool, steps: int = 10, step_ms: float = 10.0) -> dict[str
     return {"speak": {"tasks": tasks}}
 
 
-MODELS = {"g": 100, "t": 100, "s": 100}
+MODELS: dict[str, float] = {"g": 100, "t": 100, "s": 100}
 
 
 def test_a_spec_declares_streamed_predecessors_and_writes_them_back() -> None:
