@@ -28,6 +28,7 @@ that change no simulated outcome run after the current event, in order.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -306,6 +307,10 @@ class _Simulation:
         self._stepping: dict[QueuedTask, tuple[_Worker, RunTask, float, float]] = {}
         self._ends: dict[QueuedTask, float] = {}
         self._streams = SimStreams()  # streamed edges' steps, ends and order on a link
+        #: some workflow streams an edge (else none of their rules is looked at)
+        self._streamed = any(
+            task.streamed for wf in workload.workflows.values() for task in wf.tasks.values()
+        )
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -553,7 +558,7 @@ class _Simulation:
         """Deliver ``msg`` after its transfer time: a task input of its declared size, a sink's
         output likewise, control messages as a few hundred bytes. A task input carries its own
         copy of the plan, as on the wire."""
-        job = self._jobs.get(msg.job)
+        job = self._jobs.get(msg.job) if self._streamed else None
         step_bytes = None if job is None else stream_bytes(job.workflow, msg)
         if step_bytes is not None:  # a step of a streamed edge
             nbytes = step_bytes
@@ -657,16 +662,16 @@ class _Simulation:
         end = self._ends.get(run.entry)
         if end is not None and end != self.now:  # step-wise: the last end set counts (_stop)
             return
-        task = self.workload.workflows[run.entry.workflow].tasks[run.entry.task]
-        if task.streamed and self._streams.wait(run.entry, task, lambda: self._fed(worker, run)):
-            return  # fed by streams: it ends one of its steps after they do
+        if self._streamed:
+            task = self.workload.workflows[run.entry.workflow].tasks[run.entry.task]
+            fed = functools.partial(self._fed, worker, run)
+            if task.streamed and self._streams.wait(run.entry, task, fed):
+                return  # fed by streams: it ends one of its steps after they do
         if end is not None:
             del self._ends[run.entry]
             ran = self._stepping.pop(run.entry, None)
-            if ran is not None and self.workload.workflows[run.entry.workflow].streamed_succs(
-                run.entry.task
-            ):  # not stopped: its last step, then its end
-                self._apply(worker, TaskStep(self.now, run.entry, task.profile.steps - 1, None))
+            if ran is not None and self._streamed:  # not stopped: its last step, then its end
+                self._last_step(worker, run.entry)
         if not run.host:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
@@ -686,6 +691,13 @@ class _Simulation:
             )
         for entry in run.entries:
             self._apply(worker, TaskDone(self.now, entry, None))
+
+    def _last_step(self, worker: _Worker, entry: QueuedTask) -> None:
+        """A step-wise task that feeds a streamed edge ends: its last step is told first."""
+        workflow = self.workload.workflows[entry.workflow]
+        if workflow.streamed_succs(entry.task):
+            steps = workflow.tasks[entry.task].profile.steps
+            self._apply(worker, TaskStep(self.now, entry, steps - 1, None))
 
     def _fed(self, worker: _Worker, run: RunTask) -> None:
         """The streams into ``run``'s task ended: it ends one of its steps later."""

@@ -83,6 +83,7 @@ def test_a_streamed_pipeline_outputs_first_at_the_first_steps_and_ends_after_the
         assert 0.03 <= job.ttfo_s < 0.06
         # ...and each stage ends one of its steps after the one it reads: 100 + 10 + 10 ms
         assert 0.12 <= job.latency_s < 0.15
+        assert job.slowdown is not None and job.slowdown >= 1.0  # its best time knows it
     for record in streamed.tasks:  # each stage ran on a worker of its own, all at once
         assert record.worker in ("w0", "w1", "w2")
     by_job: dict[str, set[str]] = {}
