@@ -611,7 +611,7 @@ class _Simulation:
         )
         if profile.steps > 1:  # a step-wise task: its first output, and it can be stopped
             self._steps_begun(worker, run, exec_s, profile)
-            if workflows[run.entry.workflow].streamed_succs(run.entry.task):  # it feeds some
+            if self._streamed and workflows[run.entry.workflow].streamed_succs(run.entry.task):
                 self._at(self.now + exec_s / profile.steps, self._stepped, (worker, run, 0))
         self._at(self.now + exec_s, self._task_end, (worker, run, exec_s))
 

@@ -12,12 +12,15 @@ import pytest
 
 import compass
 from compass import Stream
+from compass.config import WorkerConfig
 from compass.core.edges import StreamedEdges, keep_fed
 from compass.core.events import Feed, Send, StopTask, TaskStep
+from compass.core.lanes import RunTask
 from compass.core.messages import ChunkMsg, DoneMsg, FailedMsg, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.errors import JobFailed, WorkflowError
 from compass.sched import ViewSnapshot, make_policy
+from compass.worker.executor import TaskOutcome, TaskRunner
 from compass.worker.feeds import Feeds
 from compass.workflow import Task, TaskProfile, Workflow
 
@@ -240,3 +243,35 @@ def test_an_emulated_reader_waits_for_its_streams_to_end() -> None:
     feeds.apply(feed("j", -1, "all", last=True))
     assert ended == [True]
     assert not feeds.when_ended(entry, lambda: ended.append(False))  # ended already
+
+
+@pytest.mark.asyncio
+async def test_an_emulated_fed_task_ends_after_its_stream_and_its_producer_tells_steps() -> None:
+    app = compass.App("emulated")
+    flow = app.workflow("flow", inputs=["x"])
+    flow.task(name="g", steps=4, step_ms=5.0)(gen)
+    flow.task(name="r", after={"g": Stream("items")}, expected_ms=1.0)(reads)
+    outcomes: asyncio.Queue[TaskOutcome] = asyncio.Queue()
+    told: list[tuple[str, int]] = []
+    runner = TaskRunner(
+        lookup=lambda wf, task: app.get_workflow(wf).tasks[task],
+        module_of=lambda model: None,
+        config=WorkerConfig(name="w", emulate=True),
+        on_outcome=outcomes.put_nowait,
+        on_returned=lambda entry: None,
+        on_step=lambda entry, seq, value: told.append((entry.task, seq)),
+    )
+    runner.workflows = app.get_workflow
+    plan = {"g": "w", "r": "w"}
+    producer = QueuedTask("j", 0, "flow", "g", None, 0.02, {"x": 1}, plan, "w", 0.0)
+    fed = QueuedTask("j", 0, "flow", "r", None, 0.001, {"g": None}, plan, "w", 0.0)
+    runner.start(RunTask(producer, 0, True, 0.0, None))
+    runner.feeds.apply(Feed("j", 0, "r", "g", 0, "c0"))
+    runner.start(RunTask(fed, 1, True, 0.0, None))
+    first = await asyncio.wait_for(outcomes.get(), 30)
+    assert first.entry is producer, "the 1 ms task waited for its stream's end"
+    assert told == [("g", 0), ("g", 1), ("g", 2), ("g", 3)]  # a job that does not stream
+    runner.feeds.apply(Feed("j", 0, "r", "g", -1, "all", True))
+    second = await asyncio.wait_for(outcomes.get(), 30)
+    assert second.entry is fed and second.error is None
+    assert len(runner.feeds) == 0
