@@ -4,7 +4,7 @@ task that runs in steps."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import compass
@@ -50,3 +50,44 @@ def generate(model: None, steps: int, step_ms: float, chunk: int) -> Iterator[by
     for _ in range(steps):
         time.sleep(step_ms / 1000.0)
         yield piece
+
+
+# a three-stage pipeline (generate -> translate -> synthesize), each stage ``steps`` steps of
+# ``step_ms``, each item a ``chunk`` of bytes: ``speak_streamed`` streams both edges (each stage
+# reads the one before as it comes), ``speak_plain`` is the same code with plain edges (each
+# stage gets the whole list the one before returned). What ``compass bench stream`` compares.
+Item = dict[str, Any]
+
+
+def _speak_generate(
+    model: None, steps: int, step_ms: float, chunk: int
+) -> Generator[Item, None, list[Item]]:
+    made = []
+    for _ in range(steps):
+        time.sleep(step_ms / 1000.0)
+        made.append({"ms": step_ms, "data": bytes(chunk)})
+        yield made[-1]
+    return made
+
+
+def _speak_stage(model: None, items: Any) -> Generator[Item, None, list[Item]]:
+    """A stage after the first: one step per item it reads (a stream, or the whole list)."""
+    made = []
+    for item in items:
+        time.sleep(item["ms"] / 1000.0)
+        made.append(item)
+        yield item
+    return made
+
+
+PIPELINE_STEPS, PIPELINE_STEP_MS = 10, 10.0
+for _streamed in (True, False):
+    _speak = app.workflow(
+        f"speak_{'streamed' if _streamed else 'plain'}", inputs=["steps", "step_ms", "chunk"]
+    )
+    _profile: dict[str, Any] = {"steps": PIPELINE_STEPS, "step_ms": PIPELINE_STEP_MS}
+    _speak.task(_speak_generate, name="generate", output_bytes=640, **_profile)
+    for _stage, _before in (("translate", "generate"), ("synthesize", "translate")):
+        _edge: Any = compass.Stream("items") if _streamed else "items"
+        _speak.task(_speak_stage, name=_stage, after={_before: _edge}, output_bytes=640,
+                    **_profile)  # fmt: skip

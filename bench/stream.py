@@ -14,9 +14,12 @@ of ``steps`` steps of ``step_ms`` each, each yielding ``chunk`` bytes).
   outputs ahead of the reader (compass/worker/windows.py), and the wire holds the stream's own
   window; past ``--stream-stall-s`` (longer than the hold) the job would fail.
 
-Streamed edges between tasks (a successor fed as its predecessor steps) are not built yet, so
-a pipeline's time to first output is its last stage's first step after the stages before it
-ended; this bench measures one generating stage.
+- **A three-stage pipeline** (generate -> translate -> synthesize, each ``steps`` steps of
+  ``step_ms``) on three workers of one lane each: with streamed edges (each stage reads the one
+  before as it comes: ``speak_streamed``) against the same code with plain edges
+  (``speak_plain``), both read with ``Client.stream``, at load 1 and 2, p50 and p99 of the time
+  to first output (the last stage's first item) and to the answer, in the same run; the
+  ratios streamed over plain (``pipeline_ttfo_ratio``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from compass.cluster import LocalCluster
 from compass.config import WorkerConfig
 from compass.wire.transport import new_event_loop
 
+from .apps import PIPELINE_STEP_MS, PIPELINE_STEPS
 from .report import machine, print_table, write_json
 
 __all__ = ["run"]
@@ -39,6 +43,8 @@ __all__ = ["run"]
 APP = ["--app", "compass._bench.apps", "--lanes", "1", "--host-lanes", "0"]
 #: the slow reader's window on the wire
 WIRE_WINDOW = 16
+#: workers of the pipeline's cluster: one per stage
+PIPELINE_WORKERS = 3
 #: in flight for the throughput sides
 IN_FLIGHT = 8
 
@@ -47,14 +53,23 @@ def _ms(values: list[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(values) * 1e3, q)), 3)
 
 
-async def _first_output_s(client: Client, inputs: dict[str, Any]) -> float:
+async def _first_output_s(
+    client: Client, inputs: dict[str, Any], workflow: str = "generation"
+) -> float:
+    return (await _stream_times(client, inputs, workflow))[0]
+
+
+async def _stream_times(
+    client: Client, inputs: dict[str, Any], workflow: str
+) -> tuple[float, float]:
+    """Seconds to a streamed job's first partial output, and to its answer."""
     t0 = time.perf_counter()
     first = None
-    async for _out in client.stream("generation", inputs):
+    async for _out in client.stream(workflow, inputs):
         if first is None:
             first = time.perf_counter() - t0
     assert first is not None
-    return first
+    return first, time.perf_counter() - t0
 
 
 async def _answer_s(client: Client, inputs: dict[str, Any]) -> float:
@@ -151,6 +166,43 @@ async def _measure(jobs: int, step_ms: float, steps: int, hold_s: float) -> dict
     }
 
 
+async def _pipeline(jobs: int, step_ms: float, steps: int) -> dict[str, Any]:
+    """The three-stage pipeline, streamed edges against plain, at load 1 and 2."""
+    inputs = {"steps": steps, "step_ms": step_ms, "chunk": 64}
+    flows = {"streamed": "speak_streamed", "plain": "speak_plain"}
+    async with (
+        LocalCluster(PIPELINE_WORKERS, args=APP) as cluster,
+        cluster.client() as client,
+    ):
+        for _ in range(3):  # warm up: imports, threads, every worker's path
+            for workflow in flows.values():
+                await _stream_times(client, inputs, workflow)
+        out: dict[str, Any] = {}
+        for load in (1, 2):
+            times: dict[str, list[tuple[float, float]]] = {side: [] for side in flows}
+            for _ in range(jobs // load):
+                for side, workflow in flows.items():
+                    got = await asyncio.gather(
+                        *(_stream_times(client, inputs, workflow) for _ in range(load))
+                    )
+                    times[side].extend(got)
+            sides = {
+                side: {
+                    "ttfo_p50_ms": _ms([t[0] for t in got], 50),
+                    "ttfo_p99_ms": _ms([t[0] for t in got], 99),
+                    "answer_p50_ms": _ms([t[1] for t in got], 50),
+                    "answer_p99_ms": _ms([t[1] for t in got], 99),
+                }
+                for side, got in times.items()
+            }
+            streamed, plain = sides["streamed"], sides["plain"]
+            sides["ratio"] = {
+                key: round(streamed[key] / plain[key], 3) for key in streamed if plain[key]
+            }
+            out[str(load)] = sides
+    return out
+
+
 def run(
     jobs: int = 100,
     step_ms: float = 10.0,
@@ -161,6 +213,17 @@ def run(
     loop = new_event_loop()
     try:
         result = loop.run_until_complete(_measure(jobs, step_ms, steps, hold_s))
+        pipeline_jobs = max(2, jobs // 5)
+        result["pipeline"] = {
+            "jobs": pipeline_jobs,
+            "workers": PIPELINE_WORKERS,
+            "steps": PIPELINE_STEPS,
+            "step_ms": PIPELINE_STEP_MS,
+            "load": loop.run_until_complete(
+                _pipeline(pipeline_jobs, PIPELINE_STEP_MS, PIPELINE_STEPS)
+            ),
+        }
+        result["pipeline_ttfo_ratio"] = result["pipeline"]["load"]["1"]["ratio"]["ttfo_p50_ms"]
     finally:
         loop.close()
     rows = []
@@ -172,6 +235,20 @@ def run(
         f"a generating task of {steps} steps of {step_ms:g} ms, one worker, one lane; "
         f"{jobs} jobs a side at each load; one hop {result['hop_ms']} ms",
         ["load", "time to", "p50 ms", "p99 ms"],
+        rows,
+    )
+    rows = []
+    for load, sides in result["pipeline"]["load"].items():
+        for side in ("streamed", "plain", "ratio"):
+            figures = sides[side]
+            rows.append([load, side if side != "ratio" else "streamed / plain",
+                         figures["ttfo_p50_ms"], figures["ttfo_p99_ms"],
+                         figures["answer_p50_ms"], figures["answer_p99_ms"]])  # fmt: skip
+    print_table(
+        f"generate -> translate -> synthesize, {PIPELINE_STEPS} steps of "
+        f"{PIPELINE_STEP_MS:g} ms each, {PIPELINE_WORKERS} workers of one lane; "
+        f"{result['pipeline']['jobs']} jobs a side at each load",
+        ["load", "edges", "first p50 ms", "first p99 ms", "answer p50 ms", "answer p99 ms"],
         rows,
     )
     slow = result["slow_reader"]

@@ -206,7 +206,7 @@ def sim(
     if preempting and (compare_real or traffic is not None):
         fail("--preempt is for the plain simulation, --capacity and --goodput", 2)
     if view == View.auto:
-        from compass.sim.engine import auto_view
+        from compass.sim.modes import auto_view
 
         view = View.mesh if goodput or compare_real else View(auto_view(workers))
     if view == View.mesh and (candidates is not None or holders is not None):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from compass.app import App, load_app
+    from compass.app import App, Stream, load_app
     from compass.cache.weights import Model
     from compass.client import Client, JobResult
     from compass.cluster import LocalCluster
@@ -91,6 +91,7 @@ __all__ = [
     "RemoteError",
     "SchedConfig",
     "StaleHandle",
+    "Stream",
     "StreamOverrun",
     "SyncClient",
     "Task",
@@ -149,6 +150,7 @@ _ERRORS = (
 _LAZY: dict[str, str] = {
     "App": "compass.app",
     "load_app": "compass.app",
+    "Stream": "compass.app",
     "Model": "compass.cache.weights",
     "Client": "compass.client",
     "JobResult": "compass.client",

@@ -47,6 +47,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack, overload
 
@@ -57,7 +58,7 @@ from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
 from compass.workflow.spec import Workload
 from compass.workflow.unfold import Branch, FanOut, Loop, unfold_workflow
 
-__all__ = ["App", "Resource", "TaskOptions", "WorkflowBuilder", "load_app"]
+__all__ = ["App", "Resource", "Stream", "TaskOptions", "WorkflowBuilder", "load_app"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -102,15 +103,39 @@ class Resource:
         return f"Resource({self.name!r}, {'built' if self.built else 'not built'})"
 
 
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """An edge that streams: in ``after={"generate": Stream("text")}`` the task takes
+    ``generate``'s partial outputs as they come, as an iterator passed as ``text`` (its own
+    name, ``generate``, when ``param`` is None), and starts at ``generate``'s first step instead
+    of its end. The iterator is sync and async alike (``for`` or ``async for``): it yields the
+    predecessor's items in order and ends when the predecessor ends (its final output is not
+    among them); a job that fails or ends meanwhile makes it raise
+    :class:`~compass.errors.JobFailed`. The predecessor must run in steps (a generator)."""
+
+    param: str | None = None
+
+
 def _sources(
-    what: str, value: Iterable[str] | Mapping[str, str]
-) -> tuple[tuple[str, ...], dict[str, str]]:
-    """A list of names (each passed under its own name) or a dict ``{source: parameter}``."""
+    what: str, value: Iterable[str] | Mapping[str, str | Stream]
+) -> tuple[tuple[str, ...], dict[str, str], frozenset[str]]:
+    """A list of names (each passed under its own name) or a dict ``{source: parameter}``
+    (a :class:`Stream` for a streamed source of ``after``); and the streamed sources."""
     if isinstance(value, Mapping):
-        return tuple(value), {k: v for k, v in value.items() if k != v}
+        renames: dict[str, str] = {}
+        streamed = set()
+        for source, param in value.items():
+            if isinstance(param, Stream):
+                if what != "after":
+                    raise WorkflowError(f"only 'after' streams; {what!r} maps {source!r} to one")
+                streamed.add(source)
+                param = source if param.param is None else param.param
+            if param != source:
+                renames[source] = param
+        return tuple(value), renames, frozenset(streamed)
     if isinstance(value, str):
         raise WorkflowError(f"{what!r} must be a list of names or a dict, not the string {value!r}")
-    return tuple(value), {}
+    return tuple(value), {}, frozenset()
 
 
 #: the largest batch a ``batch_item`` curve gets when ``batch`` is not given (as in specs)
@@ -191,7 +216,7 @@ class TaskOptions(TypedDict, total=False):
 
     name: str | None
     model: str | None
-    after: Iterable[str] | Mapping[str, str]
+    after: Iterable[str] | Mapping[str, str | Stream]
     inputs: Iterable[str] | Mapping[str, str] | None
     resources: Iterable[str]
     expected_ms: float | None
@@ -264,6 +289,10 @@ class WorkflowBuilder:
         is what it returns, or its last item if it returns nothing. ``steps`` (expected; default
         1) and ``step_ms`` seed its profile: ``expected_ms`` defaults to ``steps * step_ms``.
         A plain function is one step.
+
+        Streamed edges: ``after={"generate": Stream("text")}`` (:class:`Stream`) passes
+        ``generate``'s partial outputs as they come, an iterator, and the task starts at
+        ``generate``'s first step, not its end.
         """
         unknown = sorted(set(options) - set(TaskOptions.__annotations__))
         if unknown:
@@ -282,10 +311,10 @@ class WorkflowBuilder:
             options.get("batch_item"),
             options.get("batch_ms"),
         )
-        preds, renames = _sources("after", after)
+        preds, renames, streamed = _sources("after", after)
         taken: tuple[str, ...] | None = None
         if inputs is not None:
-            taken, input_renames = _sources("inputs", inputs)
+            taken, input_renames, _ = _sources("inputs", inputs)
             renames = {**renames, **input_renames}
 
         def register(func: F) -> F:
@@ -316,6 +345,7 @@ class WorkflowBuilder:
                     resources=tuple(resources),
                     provider=self._provider,
                     batch=size,
+                    streamed=streamed,
                 )
             )
             return func

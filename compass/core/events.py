@@ -38,6 +38,7 @@ __all__ = [
     "Chunk",
     "Event",
     "Fault",
+    "Feed",
     "Heard",
     "Instruction",
     "LoadFailed",
@@ -453,6 +454,26 @@ class Chunk(Caused):
 
 
 @dataclass(frozen=True, slots=True)
+class Feed(Caused):
+    """Of a streamed edge into task ``task`` of ``job_id``'s ``attempt``, here: step ``seq``
+    of predecessor ``source`` gave partial output ``value``, in order (``last`` false); or
+    ``source`` ended (``last``: ``value`` is its final output, which the stream does not
+    yield); or the stream breaks (``error``: its job ended or failed), so a task reading it
+    stops waiting. The first of a stream comes before the task can run."""
+
+    job_id: str
+    attempt: int
+    task: str
+    source: str
+    seq: int
+    value: Any
+    last: bool = False
+    error: CompassError | None = None
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StopTask(Caused):
     """``entries`` run here for a job that ended (answered, cancelled, failed or dropped
     elsewhere): a step-wise task stops at its next step boundary, which frees its lane (its
@@ -546,6 +567,7 @@ Instruction: TypeAlias = (
     | StopTask
     | SuspendTask
     | Chunk
+    | Feed
     | Fault
 )
 

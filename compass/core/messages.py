@@ -118,6 +118,10 @@ class TaskMsg:
     #: the job streams its sinks' partial outputs to its caller (a step-wise sink sends each
     #: step's to the ingress: :class:`ChunkMsg`)
     stream: bool = False
+    #: ``value`` is the first partial output of ``source``, which ``task`` takes as a stream
+    #: (a streamed edge): the task may start now; the rest come as :class:`ChunkMsg` to it,
+    #: and its end as a message like this one without the flag, carrying the final output
+    opens: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -141,6 +145,8 @@ class TaskMsg:
             body["fin"] = True
         if self.stream:
             body["st"] = True
+        if self.opens:
+            body["os"] = True
         return body
 
     def with_plan(self, plan: dict[str, str]) -> TaskMsg:
@@ -150,7 +156,7 @@ class TaskMsg:
         return TaskMsg(
             self.job, self.attempt, self.workflow, self.task, self.source, self.value, plan,
             self.ingress, self.sent, self.t0, self.priority, self.budget_s, self.finish,
-            self.stream,
+            self.stream, self.opens,
         )  # fmt: skip
 
     @classmethod
@@ -173,6 +179,7 @@ class TaskMsg:
             budget_s=_budget(body, op),
             finish=_field(body, "fin", bool, op) if "fin" in body else False,
             stream=_field(body, "st", bool, op) if "st" in body else False,
+            opens=_field(body, "os", bool, op) if "os" in body else False,
         )
 
 
@@ -204,8 +211,10 @@ class ResultMsg:
 
 @dataclass(frozen=True, slots=True)
 class ChunkMsg:
-    """Step ``seq`` (from 0) of step-wise sink ``task`` ended with partial output ``value``,
-    for the ingress of a job that streams to its caller."""
+    """Step ``seq`` (from 0) of step-wise ``task`` ended with partial output ``value``: for
+    the ingress of a job that streams to its caller (``task`` a sink, ``to`` empty), or for
+    successor ``to``, which takes ``task``'s partial outputs as they come (a streamed edge;
+    its step 0 came in the :class:`TaskMsg` that opened the stream)."""
 
     op: ClassVar[str] = "chunk"
     job: str
@@ -213,15 +222,19 @@ class ChunkMsg:
     task: str
     seq: int
     value: Any
+    to: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        body = {
             "job": self.job,
             "att": self.attempt,
             "task": self.task,
             "seq": self.seq,
             "value": self.value,
         }
+        if self.to:
+            body["to"] = self.to
+        return body
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> ChunkMsg:
@@ -234,6 +247,7 @@ class ChunkMsg:
             task=_field(body, "task", str, op),
             seq=_field(body, "seq", int, op),
             value=body["value"],
+            to=_field(body, "to", str, op) if "to" in body else "",
         )
 
 

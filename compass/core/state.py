@@ -22,6 +22,7 @@ from compass.core import unfold
 from compass.core.admission import Admission
 from compass.core.answers import KEEP_ANSWERS, KeptAnswers
 from compass.core.causes import Cause
+from compass.core.edges import FeedGap, StreamedEdges, keep_fed, step_messages
 from compass.core.estimates import Estimates
 from compass.core.events import (
     NOT_HANDLING,
@@ -119,6 +120,8 @@ class WorkerCore:
         self._workflow = workflow
         self._forget_after = options.forget_after
         self.inbox = Inbox(options.inbox_keep_s)
+        #: the streams into tasks here (streamed edges: :mod:`compass.core.edges`)
+        self.edges = StreamedEdges()
         #: job id -> the highest attempt known done here (late messages of those are dropped)
         self._finished: OrderedDict[str, int] = OrderedDict()
         #: events handled so far (anonymous ones are named by their number), the instructions
@@ -345,6 +348,8 @@ class WorkerCore:
             self.ingress.failed(msg, now)
         elif isinstance(msg, PlacedMsg):
             self.ingress.placed(msg)
+        elif isinstance(msg, ChunkMsg) and msg.to:
+            self._fed(msg, now)
         elif isinstance(msg, ChunkMsg):
             self.ingress.chunk(msg)
         else:
@@ -364,6 +369,11 @@ class WorkerCore:
                 msg.job, msg.attempt, msg.task, msg.ingress, now, str(exc), exc.code
             )
             return
+        if self.edges.takes(workflow, msg):  # a streamed edge: its task starts at its opening
+            present, feeds = self.edges.input(msg, self._cause)
+            self._out.extend(feeds)
+            if not present:
+                return
         entry = self.inbox.add(msg, workflow, transfer_s=transfer_s, now=now)
         if entry is None:
             return
@@ -377,6 +387,7 @@ class WorkerCore:
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
+        self.edges.task_ended(entry)
         self._take(
             self.lanes.ended(entry, ev.now, still_running=ev.still_running, cause=self._cause),
             ev.now,
@@ -406,14 +417,34 @@ class WorkerCore:
         """A step of a running step-wise task ended: a streaming job's sink's partial output
         goes to its ingress; the lanes decide whether the task goes on (preemption)."""
         e = ev.entry
-        if e.stream and e.task in self.workflow(e.workflow).sinks:
-            self.send(e.ingress, ChunkMsg(e.job_id, e.attempt, e.task, ev.seq, ev.value), ev.now)
+        workflow = self.workflow(e.workflow)
+        if e.task in workflow.sinks:
+            if e.stream:
+                self.send(
+                    e.ingress, ChunkMsg(e.job_id, e.attempt, e.task, ev.seq, ev.value), ev.now
+                )
+        elif not self.is_done(e.job_id, e.attempt):  # to the successors it streams into
+            for peer, msg in step_messages(workflow, e, ev.seq, ev.value, ev.now):
+                self.send(peer, msg, ev.now, job_arrival=e.arrival)
         if self.lanes.preempt and not self.is_done(e.job_id, e.attempt):
             done = ev.seq + 1 - e.done_steps  # steps of this run (a resumed one's count on)
             steps = self.lanes.stepped(e, done, ev.now, self._cause)
             self._take(steps, ev.now)
             if any(isinstance(s, StopTask) for s in steps):  # past saving: its job is answered
                 self._forget(e.job_id, e.attempt + 1)  # nothing of it goes on from here
+
+    def _fed(self, msg: ChunkMsg, now: float) -> None:
+        """A chunk of a stream into a task here; a gap in the stream fails its job."""
+        if self.is_done(msg.job, msg.attempt):
+            return
+        try:
+            feed = self.edges.chunk(msg, self._cause)
+        except FeedGap as gap:
+            self._report_failure(msg.job, msg.attempt, msg.to, gap.ingress, now, str(gap),
+                                 gap.code)  # fmt: skip
+            return
+        if feed is not None:
+            self._out.append(feed)
 
     def _report_failure(
         self,
@@ -435,6 +466,7 @@ class WorkerCore:
             measured = ev.exec_s if ev.first else None
             self.estimates.observe_run(ev.entry, ev.output, measured, ev.batch, ev.steps)
         now, cause, lanes = ev.now, self._cause, self.lanes
+        self.edges.task_ended(ev.entry)
         steps = lanes.ended(ev.entry, now, cause=cause)
         if steps:
             self._take(steps, now)
@@ -500,6 +532,7 @@ class WorkerCore:
         scope = PlanScope(workflow, (*plan.values(), self.name))
         view = self.view.snapshot(now, without=entry.job_id, priority=entry.level, scope=scope)
         adjusted = adjust_successors(self.policy, info, entry.task, plan, view, self.profiles, now)
+        keep_fed(workflow, plan, adjusted)
         moved = {t: adjusted[t] for t in workflow.order if adjusted[t] != plan[t]}
         if not moved:
             return plan
@@ -542,6 +575,7 @@ class WorkerCore:
         self._finished.move_to_end(job_id)
         while len(self._finished) > self._forget_after:
             self._finished.popitem(last=False)
+        self._out.extend(self.edges.drop(job_id, below, self._cause))  # open streams break
 
     # -- messages and bookkeeping -------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from compass.core.events import (
     Chunk,
     Event,
     Fault,
+    Feed,
     Heard,
     Instruction,
     LoadFailed,
@@ -158,6 +159,10 @@ def _did(step: Instruction, about: list[str]) -> str:
     if isinstance(step, Chunk):
         about.append(step.job_id)
         return f"chunk {step.seq} of {step.job_id}/{step.task}"
+    if isinstance(step, Feed):
+        about.append(step.job_id)
+        what = "breaks" if step.error else ("ends" if step.last else f"chunk {step.seq}")
+        return f"feed {step.job_id}/{step.source}->{step.task}: {what}"
     if isinstance(step, StopTask):
         about += [entry.job_id for entry in step.entries]
         return "stop " + ", ".join(f"{e.job_id}/{e.task}" for e in step.entries)

@@ -47,7 +47,8 @@ from compass.elastic.rule import (
 )
 from compass.errors import ConfigError
 from compass.sim.arrivals import Arrival
-from compass.sim.engine import Simulation, ingress_spread
+from compass.sim.engine import Simulation
+from compass.sim.modes import ingress_spread
 from compass.sim.result import JobRecord, SimResult
 from compass.sim.settings import SimSettings
 from compass.workflow.spec import Workload

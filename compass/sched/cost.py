@@ -17,14 +17,14 @@ its marginal cost instead of the whole queue's wait.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from compass.sched.snapshot import ViewSnapshot
-from compass.workflow.dag import Workflow, batch_limit, batch_scale
+from compass.workflow.dag import Task, Workflow, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
 __all__ = [
@@ -194,6 +194,7 @@ class WorkflowCosts:
         "batch_limits",
         "batch_scales",
         "batch_shared",
+        "edge_bytes",
         "exec_rows",
         "fetch2_rows",
         "fetch_rows",
@@ -209,6 +210,8 @@ class WorkflowCosts:
         "profiles",
         "rank",
         "rank_order",
+        "step_frac",
+        "streamed",
         "transfer",
         "wf_version",
         "workflow",
@@ -237,6 +240,7 @@ class WorkflowCosts:
         self.out_bytes: tuple[float, ...] = tuple(
             float(b) for b in profiles.output_vector(workflow.name)
         )
+        self._edges(tasks, index)
         exec_matrix = profiles.exec_matrix(workflow.name, names)
         self.exec_rows: tuple[FloatArray, ...] = tuple(exec_matrix)
         inv_h2d = profiles.h2d_inverse(names)
@@ -282,6 +286,25 @@ class WorkflowCosts:
             lim is not None and batchable.count(m) > 1
             for m, lim in zip(self.models, limits, strict=True)
         )
+
+    def _edges(self, tasks: Sequence[Task], index: Mapping[str, int]) -> None:
+        """What each edge carries: ``edge_bytes[t][k]``, the bytes from the ``k``-th
+        predecessor of ``t`` (its output; one step's share of it on a streamed edge, whose
+        cost counts per chunk); ``streamed[t]``, the ``k`` of its streamed predecessors;
+        ``step_frac[t]``, one step's share of ``t``'s time (1 for a plain task)."""
+        self.step_frac: tuple[float, ...] = tuple(1.0 / task.profile.steps for task in tasks)
+        self.streamed: tuple[tuple[int, ...], ...] = tuple(
+            tuple(k for k, p in enumerate(task.after) if p in task.streamed) for task in tasks
+        )
+        out = self.out_bytes
+        self.edge_bytes: tuple[tuple[float, ...], ...] = tuple(
+            tuple(
+                out[index[p]] / tasks[index[p]].profile.steps if p in task.streamed
+                else out[index[p]]
+                for p in task.after
+            )
+            for task in tasks
+        )  # fmt: skip
 
     def take(self, index: IntpArray, names: tuple[str, ...]) -> WorkflowCosts:
         """This table over the workers at positions ``index`` of its own (``names``), without
@@ -381,20 +404,21 @@ def finish_row(
     ``sources[k]`` and ``ready[k]`` are the worker index (-1: outside the view) holding the
     output of the ``k``-th predecessor (``costs.preds[t]`` order) and the time it is there; a
     root has one input instead, the job's ``input_bytes`` held at ``sources[0]`` (the ingress)
-    from ``ready[0]``. ``avail``: when each worker's lane frees (None: the task does not queue,
-    or load is ignored). ``fetch``: :func:`fetch_row`'s ``(have, free, capacity,
-    min_capacity)``, where the task's model is, or is coming (no fetch there), and the caches
-    that price the fetch elsewhere (None: no fetch term, for a model-less task or a planner
-    blind to the cache). ``batches``: the queued batches of the task's model (None:
-    batch-blind, or none queued).
+    from ``ready[0]``. On a streamed edge ``out_p`` is one step's share and ``ready(p)`` when
+    its first step is (:mod:`compass.sched.streamed` bounds the end). ``avail``: when each
+    worker's lane frees (None: the task does not queue, or load is ignored). ``fetch``:
+    :func:`fetch_row`'s ``(have, free, capacity, min_capacity)``, where the task's model is,
+    or is coming (no fetch there), and the caches that price the fetch elsewhere (None: no
+    fetch term, for a model-less task or a planner blind to the cache). ``batches``: the
+    queued batches of the task's model (None: batch-blind, or none queued).
     """
     row = costs.transfer.row
     preds = costs.preds[t]
     if preds:
-        out_bytes = costs.out_bytes
-        arrive = row(sources[0], out_bytes[preds[0]], ready[0])
+        edge_bytes = costs.edge_bytes[t]  # a predecessor's output, or a streamed step's
+        arrive = row(sources[0], edge_bytes[0], ready[0])
         for k in range(1, len(preds)):
-            np.maximum(arrive, row(sources[k], out_bytes[preds[k]], ready[k]), out=arrive)
+            np.maximum(arrive, row(sources[k], edge_bytes[k], ready[k]), out=arrive)
     else:
         arrive = row(sources[0], input_bytes, ready[0])
     joined = None

@@ -52,6 +52,7 @@ from compass.sched.cost import BatchRows, WorkflowCosts, finish_row
 from compass.sched.heartbeat import DEGRADED_WAIT_S
 from compass.sched.policy import LARGE_CLUSTER, TIE_S, JobInfo
 from compass.sched.snapshot import ViewSnapshot
+from compass.sched.streamed import bound_end, first_step, stream_ready
 
 __all__ = ["FinishTerms", "fewest_bytes", "finish_now", "plan_eft", "view_batches"]
 
@@ -106,11 +107,17 @@ def plan_eft(
     #: when each worker can start a task off its lanes (None: now, everywhere)
     off_lane = off_lane_avail(view, now) if host_lanes and use_load else None
 
+    #: each task's first step's end, where a streamed edge starts its successor
+    first = [0.0] * n_tasks if any(costs.streamed) else None
     for t in costs.rank_order:
         preds = preds_of[t]
+        streamed = first is not None and costs.streamed[t]
         if preds:
             sources: Sequence[int] = [placed[p] for p in preds]
             ready: Sequence[float] = [finish[p] for p in preds]
+            if streamed:
+                assert first is not None
+                ready = stream_ready(costs, t, finish, first)
             root_bytes = 0
         else:
             sources, ready = from_ingress, at_now
@@ -128,6 +135,8 @@ def plan_eft(
         fetch = None if have is None else (have, free, capacity, min_capacity)
         starts = avail if on_lane else off_lane
         eft, joined = finish_row(costs, t, sources, ready, starts, fetch, root_bytes, rows)
+        if streamed:
+            bound_end(costs, t, sources, finish, eft)
         j = int(eft.argmin())
         best = float(eft[j])
         if best == math.inf:
@@ -144,6 +153,8 @@ def plan_eft(
             best = float(eft[j])
         placed[t] = j
         finish[t] = best
+        if first is not None:
+            first[t] = first_step(costs, t, j, best)
         joins = joined is not None and float(joined[j]) <= finish[t]
         if joins:
             # the batch runs longer by this item: so does everything queued behind it

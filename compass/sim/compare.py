@@ -21,13 +21,8 @@ from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.capacity import SimRuns
-from compass.sim.engine import (
-    DEFAULT_CANDIDATES,
-    DEFAULT_HOLDERS,
-    ingress_spread,
-    simulate,
-    view_rule,
-)
+from compass.sim.engine import simulate
+from compass.sim.modes import DEFAULT_CANDIDATES, DEFAULT_HOLDERS, ingress_spread, view_rule
 from compass.sim.result import SimResult
 from compass.sim.settings import SimSettings, base_policy
 from compass.workflow.batching import apply_batching

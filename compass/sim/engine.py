@@ -28,6 +28,7 @@ that change no simulated outcome run after the current event, in order.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -41,7 +42,6 @@ import numpy as np
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.config import SchedConfig
 from compass.core.assemble import build_core
 from compass.core.events import (
     Answer,
@@ -49,6 +49,7 @@ from compass.core.events import (
     Chunk,
     Event,
     Fault,
+    Feed,
     LoadModel,
     ModelLoaded,
     PlanAsked,
@@ -61,6 +62,7 @@ from compass.core.events import (
     Submit,
     SuspendTask,
     TaskDone,
+    TaskStep,
     Tick,
     Watch,
 )
@@ -76,23 +78,25 @@ from compass.core.messages import (
     TaskMsg,
 )
 from compass.core.options import core_options
+from compass.core.queue import QueuedTask
 from compass.core.state import WorkerCore
 from compass.errors import ConfigError, UnknownWorkflow
-from compass.gossip.spread import gossip_gap_s, sync_period_s
+from compass.gossip.spread import gossip_gap_s
 from compass.objective import NO_OBJECTIVE, Objective, outcome_of
 from compass.sched import CompassPolicy, Policy, make_policy
 from compass.sched.candidates import CandidateRule
 from compass.sched.policies import worker_seed
-from compass.sched.policy import LARGE_CLUSTER
 from compass.sim.arrivals import Arrival
 from compass.sim.collector import collector_eased
-from compass.sim.heard import LINK_S, Heard, rumor_delays
+from compass.sim.heard import LINK_S
 from compass.sim.hooks import SimHooks
+from compass.sim.modes import ingress_spread, view_rule
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.stepping import RunEnd, Stepping
-from compass.sim.traffic import ViewTraffic
+from compass.sim.streams import SimStreams, stream_bytes
+from compass.sim.traffic import view_traffic
 from compass.sim.unfold import RanBest
 from compass.sim.view import SimView
 from compass.workflow.best import best_time_s
@@ -101,14 +105,7 @@ from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-__all__ = [
-    "DEFAULT_CANDIDATES",
-    "DEFAULT_HOLDERS",
-    "VIEW_MODES",
-    "Simulation",
-    "auto_view",
-    "simulate",
-]
+__all__ = ["Simulation", "simulate"]
 
 MiB = 1 << 20
 
@@ -118,15 +115,6 @@ _RPC_BYTES = 256
 _CLOSED_S = 1e6
 
 Handler = Callable[[Any], None]
-
-#: what a planner sees (:func:`simulate`'s ``view``)
-VIEW_MODES = ("mesh", "bounded")
-#: ``compass sim --view bounded``'s workers sampled per job beyond the holders, and holders
-#: kept per model the job needs, the real worker's (measured: docs/RESULTS.md, "Bounded view:
-#: planning over candidates": every holder is nearly every worker once caches are warm, and
-#: "What each planner knows, and when")
-DEFAULT_CANDIDATES = SchedConfig().candidates
-DEFAULT_HOLDERS = SchedConfig().holders
 
 
 def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arrival]) -> SimResult:
@@ -148,36 +136,6 @@ def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arriv
     rule = view_rule(settings.view, settings.candidates, settings.holders)
     simulation = Simulation(workload, settings, spread=spread, rule=rule)
     return simulation.run(arrivals, warm_start=settings.warm_start)
-
-
-#: from this many workers on, ``ingress="auto"`` deals jobs over every worker, and
-#: ``compass sim --view auto`` (its default) models the bounded view
-SPREAD_FROM = LARGE_CLUSTER
-INGRESS_MODES = ("auto", "client", "spread")
-
-
-def auto_view(workers: int) -> str:
-    """``compass sim``'s view when none is asked for: the real worker's bounded view from
-    :data:`SPREAD_FROM` workers on (a mesh of hundreds of workers is not what compass runs),
-    the mesh below, where every figure was measured with it."""
-    return "bounded" if workers >= SPREAD_FROM else "mesh"
-
-
-def view_rule(view: str, candidates: int, holders: int | None) -> CandidateRule | None:
-    """The candidate rule of a bounded view (None: the mesh, every worker in view)."""
-    if view not in VIEW_MODES:
-        raise ConfigError(f"unknown view {view!r}; expected one of {', '.join(VIEW_MODES)}")
-    explore = SchedConfig().explore  # the sampled drawn from the watched first, as the worker
-    return CandidateRule(candidates, holders, explore) if view == "bounded" else None
-
-
-def ingress_spread(mode: str, workers: int) -> bool:
-    """Whether jobs are dealt over every worker (see :func:`simulate`'s ``ingress``)."""
-    if mode not in INGRESS_MODES:
-        raise ConfigError(
-            f"unknown ingress mode {mode!r}; expected one of {', '.join(INGRESS_MODES)}"
-        )
-    return mode == "spread" or (mode == "auto" and workers >= SPREAD_FROM)
 
 
 @dataclass(slots=True, eq=False)
@@ -302,7 +260,7 @@ class Simulation:
         self.core_options = options  # a restarted worker's core (:meth:`restart`) reuses them
         self.slab_bytes = slab_bytes
         #: the messages a bounded view's real workers would send (none counted for the mesh)
-        self.traffic = None if rule is None else _traffic(self.state, caches, seed)
+        self.traffic = None if rule is None else view_traffic(self.state, caches, seed)
         for worker, cache in zip(self.workers, caches, strict=True):
             worker.view = SimView(self.state, worker, rule, seed, self.traffic)
             worker.rules = build_core(
@@ -320,6 +278,11 @@ class Simulation:
         self._jobs: dict[str, _Job] = {}
         #: step-wise runs: their steps and ends (sooner if stopped, later if suspended)
         self.stepping = Stepping(self, self._apply, self._task_end)
+        self._streams = SimStreams()  # streamed edges' steps, ends and order on a link
+        #: some workflow streams an edge (else none of their rules is looked at)
+        self._streamed = any(
+            task.streamed for wf in workload.workflows.values() for task in wf.tasks.values()
+        )
         # computed, never trusted from the spec: no job can beat it (slowdown >= 1)
         self._best_s = {
             name: best_time_s(wf, self.profiles, lanes=lanes, host_lanes=host_lanes) or math.inf
@@ -494,6 +457,8 @@ class Simulation:
                     self.stepping.suspend(worker, step.entry)
                 case Chunk():
                     pass  # a first output is timed at the step that makes it (_steps_begun)
+                case Feed():
+                    self._streams.feed(step)
                 case Fault():
                     raise RuntimeError(
                         f"{worker.name} failed handling {step.cause}"
@@ -579,7 +544,13 @@ class Simulation:
         """Deliver ``msg`` after its transfer time: a task input of its declared size, a sink's
         output likewise, control messages as a few hundred bytes. A task input carries its own
         copy of the plan, as on the wire."""
-        if isinstance(msg, TaskMsg):
+        job = self._jobs.get(msg.job) if self._streamed else None
+        step_bytes = None if job is None else stream_bytes(job.workflow, msg)
+        if step_bytes is not None:  # a step of a streamed edge
+            nbytes = step_bytes
+            if isinstance(msg, TaskMsg):
+                msg = msg.with_plan(dict(msg.plan))
+        elif isinstance(msg, TaskMsg):
             tasks = self.workload.workflows[msg.workflow].tasks
             profile = tasks[msg.task if msg.source == JOB_INPUTS else msg.source].profile
             nbytes = profile.input_bytes if msg.source == JOB_INPUTS else profile.output_bytes
@@ -603,7 +574,10 @@ class Simulation:
             nbytes = _RPC_BYTES
         seconds = self.profiles.transfer_s(src.name, dst, nbytes)
         target = self.workers[self.positions[dst]]
-        self._at(self.now + seconds, self._deliver, (target, src.name, msg, seconds))
+        at = self.now + seconds
+        if job is not None and (step_bytes is not None or _ends_stream(job.workflow, msg)):
+            at = self._streams.arrival(src.name, dst, at, streamed=True)
+        self._at(at, self._deliver, (target, src.name, msg, seconds))
 
     def _deliver(self, arg: tuple[_Worker, str, PeerMessage, float]) -> None:
         worker, sender, msg, seconds = arg
@@ -637,8 +611,12 @@ class Simulation:
         self, worker: _Worker, run: RunTask, exec_s: float, profile: TaskProfile
     ) -> None:
         entry = run.entry
-        step_s = self.stepping.begun(worker, run, exec_s, profile.steps - entry.done_steps)
         job = self._jobs.get(entry.job_id)
+        # its steps are told where the core preempts, or where it feeds a streamed edge
+        feeds = self._streamed and job is not None and bool(job.workflow.streamed_succs(entry.task))
+        step_s = self.stepping.begun(
+            worker, run, exec_s, profile.steps - entry.done_steps, tell=feeds
+        )
         if entry.done_steps == 0 and job is not None and entry.task in job.workflow.sinks:
             hop = self.profiles.transfer_s(worker.name, entry.ingress,
                                            profile.output_bytes // profile.steps)  # fmt: skip
@@ -648,8 +626,15 @@ class Simulation:
 
     def _task_end(self, arg: tuple[_Worker, RunTask, float, RunEnd | None]) -> None:
         worker, run, exec_s, end = arg
-        if not self.stepping.counts(run, end):
+        if end is not None and not end.live:
             return  # step-wise: the end that counts is the last one set
+        if self._streamed:
+            task = self.workload.workflows[run.entry.workflow].tasks[run.entry.task]
+            fed = functools.partial(self._fed, worker, run)
+            if task.streamed and self._streams.wait(run.entry, task, fed):
+                return  # fed by streams: it ends one of its steps after they do
+        if end is not None and self.stepping.finish(run) and self._streamed:
+            self._last_step(worker, run.entry)  # not stopped: its last step, then its end
         if not run.host:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
@@ -669,6 +654,22 @@ class Simulation:
             )
         for entry in run.entries:
             self._apply(worker, TaskDone(self.now, entry, None))
+
+    def _last_step(self, worker: _Worker, entry: QueuedTask) -> None:
+        """A step-wise task that feeds a streamed edge ends: its last step is told first."""
+        workflow = self.workload.workflows[entry.workflow]
+        if workflow.streamed_succs(entry.task):
+            steps = workflow.tasks[entry.task].profile.steps
+            self._apply(worker, TaskStep(self.now, entry, steps - 1, None))
+
+    def _fed(self, worker: _Worker, run: RunTask) -> None:
+        """The streams into ``run``'s task ended: it ends one of its steps later."""
+        profile = self.workload.workflows[run.entry.workflow].tasks[run.entry.task].profile
+        end = self.now + profile.exec_s / profile.steps
+        if profile.steps > 1:  # a step-wise run's end: the one set last counts
+            self.stepping.end_at(worker, run, end, end - run.entry.started_at)
+        else:
+            self._at(end, self._task_end, (worker, run, end - run.entry.started_at, None))
 
     def _load(self, worker: _Worker, load: LoadModel) -> None:
         """A model load takes its bytes over the host-to-device bandwidth."""
@@ -734,31 +735,6 @@ class Simulation:
         self.state.free[index] = cache.free_bytes()
 
 
-def _traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
-    """A bounded view's messages, with a real worker's default leases, spacing and rumors,
-    and what they tell each planner (:class:`Heard`, which the cluster state then shows)."""
-    sched = SchedConfig()
-    n = len(state.names)
-    lease_s = sched.watch_ms / 1000.0
-    sync_s = sync_period_s(sched.sync_ms, n)
-    delays = rumor_delays(
-        n, period_s=sched.rumor_ms / 1000.0, fanout=sched.rumor_fanout, sync_s=sync_s
-    )
-    initial = [state.told(i) for i in range(n)]
-    heard = Heard(
-        state.models, state.held, initial, state.told, lease_s=lease_s, delays=delays, seed=seed
-    )
-    state.heard = heard
-    return ViewTraffic(
-        state.names,
-        [cache.residency() for cache in caches],
-        lease_s=lease_s,
-        min_gap_s=sched.heartbeat_min_ms / 1000.0,
-        max_rate=sched.heartbeat_max_rate,
-        heard=heard,
-    )
-
-
 def _central(policy: Policy) -> bool:
     return isinstance(policy, CompassPolicy) and policy.options.central
 
@@ -766,6 +742,15 @@ def _central(policy: Policy) -> bool:
 def _rules(worker: _Worker) -> WorkerCore:
     assert worker.rules is not None
     return worker.rules
+
+
+def _ends_stream(workflow: Workflow, msg: PeerMessage) -> bool:
+    """Whether ``msg`` is the end of a streamed edge (the final output it streamed)."""
+    return (
+        isinstance(msg, TaskMsg)
+        and msg.source != JOB_INPUTS
+        and msg.source in workflow.tasks[msg.task].streamed
+    )
 
 
 def _first_output_s(job: _Job, latency_s: float) -> float:

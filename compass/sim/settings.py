@@ -60,7 +60,7 @@ class SimSettings:
     ``ingress`` says which worker a job enters at: ``"client"``, client ``i`` submits to
     ``w{i % workers}``; ``"spread"``, the ``k``-th job enters at ``w{k % workers}``, as a load
     balancer would deal them; ``"auto"``, spread from
-    :data:`~compass.sim.engine.SPREAD_FROM` workers on. ``view`` says what a planner sees:
+    :data:`~compass.sim.modes.SPREAD_FROM` workers on. ``view`` says what a planner sees:
     ``"mesh"``, every worker; ``"bounded"``, for each job, its candidates: ``candidates``
     sampled workers and at most ``holders`` holders per model the job needs (None: all).
     ``preempt``: scheduling at step boundaries (:mod:`compass.core.preempt`).

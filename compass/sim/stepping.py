@@ -72,14 +72,17 @@ class Stepping:
         self._running: dict[QueuedTask, tuple[Any, RunTask, float, float]] = {}
         self._ends: dict[QueuedTask, RunEnd] = {}
 
-    def begun(self, worker: SteppingWorker, run: RunTask, exec_s: float, steps: int) -> float:
+    def begun(
+        self, worker: SteppingWorker, run: RunTask, exec_s: float, steps: int, *, tell: bool
+    ) -> float:
         """``run`` began, ``exec_s`` of ``steps`` steps: its end is scheduled, and each step's
-        where the core preempts. Its step time."""
+        but the last where the core preempts or the run must ``tell`` them (it feeds a
+        streamed edge; its last step is told with its end). Its step time."""
         now = self._host.now
         step_s = exec_s / steps
         self._running[run.entry] = (worker, run, now, step_s)
-        self._end_at(worker, run, now + exec_s, exec_s)
-        if worker.lanes.preempt and steps > 1:  # the core hears each step's end
+        self.end_at(worker, run, now + exec_s, exec_s)
+        if (tell or worker.lanes.preempt) and steps > 1:  # the core hears each step's end
             self._host.schedule(now + step_s, self._boundary, (worker, run, 1))
         return step_s
 
@@ -121,19 +124,15 @@ class Stepping:
             steps = max(1, math.ceil((self._host.now - start) / step_s - 1e-9))
             end = start + steps * step_s
             if end < self._ends[entry].at:
-                self._end_at(worker, run, end, end - start)
+                self.end_at(worker, run, end, end - start)
 
-    def counts(self, run: RunTask, end: RunEnd | None) -> bool:
-        """Whether the scheduled end ``end`` of ``run`` is its end (None: a plain run's)."""
-        if end is None:
-            return True
-        if not end.live:
-            return False
-        del self._ends[run.entry]
-        self._running.pop(run.entry, None)
-        return True
+    def finish(self, run: RunTask) -> bool:
+        """``run`` ended at its live end: forget it. Whether it ran all its steps (not
+        stopped sooner)."""
+        self._ends.pop(run.entry, None)
+        return self._running.pop(run.entry, None) is not None
 
-    def _end_at(self, worker: SteppingWorker, run: RunTask, at: float, exec_s: float) -> None:
+    def end_at(self, worker: SteppingWorker, run: RunTask, at: float, exec_s: float) -> None:
         """``run`` ends at ``at``: the end scheduled before, if any, is stale."""
         entry = run.entry
         if (before := self._ends.get(entry)) is not None:

@@ -33,10 +33,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from compass.gossip.spread import Watchers, Watching, gossip_gap_s
-from compass.sim.heard import Heard
+from compass.cache.policy import CacheCore
+from compass.config import SchedConfig
+from compass.gossip.spread import Watchers, Watching, gossip_gap_s, sync_period_s
+from compass.sim.heard import Heard, rumor_delays
+from compass.sim.state import ClusterState
 
-__all__ = ["CacheKey", "ViewTraffic"]
+__all__ = ["CacheKey", "ViewTraffic", "view_traffic"]
 
 #: what a rumor says of a worker's cache, as the simulator changes it: resident, loading
 CacheKey = tuple[frozenset[str], frozenset[str]]
@@ -137,3 +140,28 @@ class ViewTraffic:
         sender.sent_at = at
         sender.gap_s = gossip_gap_s(self._min_gap_s, live, self._max_rate)
         sender.pending = None
+
+
+def view_traffic(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
+    """A bounded view's messages, with a real worker's default leases, spacing and rumors,
+    and what they tell each planner (:class:`Heard`, which the cluster state then shows)."""
+    sched = SchedConfig()
+    n = len(state.names)
+    lease_s = sched.watch_ms / 1000.0
+    sync_s = sync_period_s(sched.sync_ms, n)
+    delays = rumor_delays(
+        n, period_s=sched.rumor_ms / 1000.0, fanout=sched.rumor_fanout, sync_s=sync_s
+    )
+    initial = [state.told(i) for i in range(n)]
+    heard = Heard(
+        state.models, state.held, initial, state.told, lease_s=lease_s, delays=delays, seed=seed
+    )
+    state.heard = heard
+    return ViewTraffic(
+        state.names,
+        [cache.residency() for cache in caches],
+        lease_s=lease_s,
+        min_gap_s=sched.heartbeat_min_ms / 1000.0,
+        max_rate=sched.heartbeat_max_rate,
+        heard=heard,
+    )

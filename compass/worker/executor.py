@@ -32,6 +32,12 @@ final output is what it returns, or its last item if it returns nothing; an asyn
 on an event loop of its thread's own. An emulated step-wise task sleeps its profile and, stopped,
 ends at its next step boundary.
 
+**Streamed inputs.** A task fed by a streamed edge gets, for each such input, the
+:class:`~compass.worker.feeds.FeedReader` the core's :class:`~compass.core.events.Feed`
+instructions fill (:attr:`TaskRunner.feeds`): it reads the predecessor's partial outputs as
+they come. An emulated one ends no sooner than one of its steps after its streams end. A task
+that feeds a streamed edge reports its steps for any job, as a streaming job's sinks do.
+
 Nothing a task does stops the worker: an exception, ``sys.exit()`` or any other
 ``BaseException`` from user code becomes the task's error. A task past its timeout (its
 ``timeout_ms``, else the worker's ``task_timeout_s``) fails with
@@ -69,10 +75,11 @@ from compass.core.lanes import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
+from compass.worker.feeds import Feeds
 from compass.worker.stepgate import StepGate
 from compass.worker.windows import StepWindow, StreamedSteps
 from compass.workflow.choices import Decision
-from compass.workflow.dag import Task, emulated_run_s
+from compass.workflow.dag import Task, Workflow, emulated_run_s
 
 __all__ = [
     "TaskAborted",
@@ -147,8 +154,14 @@ class TaskRunner:
         #: the loop), and a sink whose caller reads here steps within its window
         self._streamed = streamed
         #: each step reported to the core (on the loop): a streaming job's partial outputs,
-        #: and every step where the core decides at step boundaries (preemption)
+        #: a task's that feeds a streamed edge, and every step where the core decides at step
+        #: boundaries (preemption)
         self._on_step = None if streamed is None else streamed.report
+        #: the workflows by name, which say whether a task feeds a streamed edge (its steps
+        #: are reported for any job then); the worker sets it (None: none does)
+        self.workflows: Callable[[str], Workflow] | None = None
+        #: the streams tasks here read (streamed edges), as the core feeds them
+        self.feeds = Feeds()
         self._clock = clock
         self._task_timeout_s = config.task_timeout_s
         self._threads = TaskThreads()
@@ -195,6 +208,7 @@ class TaskRunner:
             task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
         ) * self._time_scale
         t0 = self._clock()
+        tells = self._tells_steps(run.entry)
         if self._emulate or task.fn is None:
             members = [self._lookup(e.workflow, e.task).profile for e in entries]
             delay = emulated_run_s(task.profile, members) * self._time_scale
@@ -204,11 +218,13 @@ class TaskRunner:
             if task.profile.steps > 1:
                 step_s = delay / task.profile.steps
                 self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
-                if (run.entry.stream or self._preempt) and self._on_step is not None:
+                if (tells or self._preempt) and self._on_step is not None:
                     loop.call_later(step_s, self._emulated_step, run.entry, 0)  # each step
             return
         model = run.entry.model
         payload: Any = run.entry.inputs
+        if task.streamed:  # a streamed input is read as it comes
+            payload = {**payload, **self.feeds.readers(run.entry, task.streamed)}
         method: Callable[[Any, Any], Any] = task.call
         if task.batch > 1:  # a batchable function takes lists, even for one item
             payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
@@ -218,8 +234,9 @@ class TaskRunner:
             report, window = None, None
             if self._preempt and self._on_step is not None:  # the core's word at each step
                 gate = self._gates[run.entry] = StepGate()
-                report = self._gated(loop, run.entry, gate)
-            elif run.entry.stream and self._on_step is not None:
+                report = self._gated(loop, run.entry, gate, tells)
+            elif tells:
+                assert self._on_step is not None
                 report = _reporter(loop, self._on_step, run.entry)
             if run.entry.stream and self._streamed is not None:  # its caller's reads pace it
                 window = self._streamed.open(run.entry)
@@ -299,7 +316,7 @@ class TaskRunner:
         _, task, _, step_s = running
         steps = task.profile.steps
         if seq + 1 < steps:  # the last step's ends with the task (_emulated_done)
-            self._on_step(entry, seq, _step_output(task) if entry.stream else None)
+            self._on_step(entry, seq, _step_output(task) if self._tells_steps(entry) else None)
             self._steps_told[entry] = seq + 1
             if self._emulated_steps.get(entry) is running:  # not suspended nor stopped there
                 asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
@@ -363,17 +380,18 @@ class TaskRunner:
         return True
 
     def _gated(
-        self, loop: asyncio.AbstractEventLoop, entry: QueuedTask, gate: StepGate
+        self, loop: asyncio.AbstractEventLoop, entry: QueuedTask, gate: StepGate, tells: bool
     ) -> Callable[[int, Any], None]:
         """The step report of a real step-wise task when the core decides at each boundary:
-        the thread reports the step (its output only for a job that streams) and waits at
-        ``gate`` until the core has handled it (:mod:`compass.worker.stepgate`)."""
+        the thread reports the step (its output only where it ``tells`` its steps: its job
+        streams, or it feeds a stream) and waits at ``gate`` until the core has handled it
+        (:mod:`compass.worker.stepgate`)."""
         on_step = self._on_step
         assert on_step is not None
 
         def told(seq: int, value: Any) -> None:  # on the loop
             try:
-                on_step(entry, seq, value if entry.stream else None)
+                on_step(entry, seq, value if tells else None)
             finally:
                 gate.go()  # unless it was suspended or stopped there
 
@@ -385,16 +403,19 @@ class TaskRunner:
         return report
 
     def _emulated_done(
-        self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool
+        self, outcomes: list[TaskOutcome], task: Task, t0: float, late: bool, fed: bool = False
     ) -> None:
         entry = outcomes[0].entry
         del self._timers[entry]
+        if not late and not fed and task.streamed and self._fed_later(outcomes, task, t0):
+            return
         if self._emulated_steps.pop(entry, None) is not None and not late:
             steps = outcomes[0].steps = task.profile.steps
             told = self._steps_told.pop(entry, 0)
-            if entry.stream and self._on_step is not None:  # the steps' outputs not told yet
+            on_step = self._on_step
+            if on_step is not None and self._tells_steps(entry):  # outputs not told yet
                 for seq in range(told, steps):
-                    self._on_step(entry, seq, _step_output(task))
+                    on_step(entry, seq, _step_output(task))
         exec_s = self._clock() - t0
         for outcome in outcomes:
             entry = outcome.entry
@@ -405,6 +426,30 @@ class TaskRunner:
                 outcome.output = emulated_output(size)
                 outcome.exec_s = exec_s
         self._report(outcomes)
+
+    def _tells_steps(self, entry: QueuedTask) -> bool:
+        """Whether ``entry``'s steps are reported: its job streams, or it feeds a stream."""
+        if self._on_step is None:
+            return False
+        workflows = self.workflows
+        return entry.stream or (
+            workflows is not None and bool(workflows(entry.workflow).streamed_succs(entry.task))
+        )
+
+    def _fed_later(self, outcomes: list[TaskOutcome], task: Task, t0: float) -> bool:
+        """An emulated task fed by streams ends no sooner than one of its steps after they
+        end: whether it waits for them (then it ends later, by the same way)."""
+        entry = outcomes[0].entry
+        step_s = task.profile.exec_s / task.profile.steps * self._time_scale
+        loop = asyncio.get_running_loop()
+
+        def ended() -> None:  # (a job that ended breaks its streams: this comes then too)
+            if not self._closed:
+                self._timers[entry] = loop.call_later(
+                    step_s, self._emulated_done, outcomes, task, t0, False, True
+                )
+
+        return self.feeds.when_ended(entry, ended)
 
     def _thread_done(
         self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
@@ -442,6 +487,7 @@ class TaskRunner:
 
     def _report(self, outcomes: list[TaskOutcome]) -> None:
         for outcome in outcomes:
+            self.feeds.discard(outcome.entry)
             try:
                 self._on_outcome(outcome)
             except Exception:  # a bug in reporting one task must not go unseen

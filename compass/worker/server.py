@@ -30,6 +30,7 @@ from compass.core.events import (
     Chunk,
     Event,
     Fault,
+    Feed,
     Heard,
     LoadFailed,
     LoadModel,
@@ -90,7 +91,6 @@ from compass.worker.membership import (
 from compass.worker.requests import describe, make_router
 from compass.worker.tables import table_sizes
 from compass.worker.windows import Chunks, StreamedSteps
-from compass.workflow.dag import Task
 from compass.workflow.profile import Profiles
 
 __all__ = ["HOLD_S", "Worker"]
@@ -137,7 +137,7 @@ class Worker:
         )
         self.streamed = StreamedSteps(self)  # streamed tasks' steps: to the core, in windows
         self.runner = TaskRunner(
-            lookup=self._task,
+            lookup=lambda workflow, task: self.app.get_workflow(workflow).tasks[task],
             module_of=self.cache.module,
             compute=self.cache.compute,  # the compute fence before a model is unpinned
             config=config,
@@ -146,6 +146,7 @@ class Worker:
             streamed=self.streamed,
             clock=self.clock,
         )
+        self.runner.workflows = app.get_workflow  # which tasks feed streamed edges
         self.router = make_router(self)
         dashboard.add_request(self.router, self)  # a peer's dashboard asks for this one's part
         #: the last answered jobs of this ingress, for benchmarks and `compass status`
@@ -517,6 +518,8 @@ class Worker:
                 case Chunk():
                     if (sink := self._streams.get(step.job_id)) is not None:
                         sink(step.job_id, step.task, step.seq, step.value)
+                case Feed():
+                    self.runner.feeds.apply(step)
                 case Fault():
                     self.run_stats.internal_errors += 1
                     log.error("%s: handling %s failed", self.name, step.cause,
@@ -764,9 +767,6 @@ class Worker:
         return planned.plan
 
     # -- carrying out tasks --------------------------------------------------------------------
-    def _task(self, workflow: str, task: str) -> Task:
-        return self.app.get_workflow(workflow).tasks[task]
-
     def _task_finished(self, outcome: TaskOutcome) -> None:
         self.run_stats.record(outcome)
         self.metrics.task_finished(outcome)

@@ -25,6 +25,9 @@ lower bound; ``ES``/``EF`` are a task's earliest start and finish:
   earlier than ``max_j (r_j + sum_{i: r_i >= r_j} p_i / L)`` nor ``max_i (r_i + p_i)`` (for
   ``L = 1`` this is the exact optimum, Jackson's rule). With ``host_lanes > 0`` model-less
   tasks run on their own host lanes and do not share the GPU lanes.
+- **Streamed edges**: a task fed by a stream starts no sooner than the streamed
+  predecessor's first step (``ES(p) + exec(p) / steps(p)``) and ends no sooner than one of its
+  own steps after that predecessor ends (transfers and lanes left out).
 - **Workers**: with a finite cluster, the job's tasks need their execution seconds of lane time,
   so the job takes at least ``sum(exec) / (workers * lanes)`` (per kind of lane). On one worker
   every predecessor of a join and every sink is on that worker; one worker with one lane is
@@ -44,7 +47,7 @@ more than a tolerance away from the computed one is reported by
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from compass.errors import ConfigError
 from compass.workflow.dag import Workflow
@@ -115,6 +118,9 @@ def best_time_s(
 
     for t in wf.order:
         preds = wf.preds(t)
+        if wf.tasks[t].streamed:
+            start[t], finish[t] = _fed(wf, t, start, finish)
+            continue
         if not preds:
             start[t] = 0.0
         elif len(preds) == 1:
@@ -130,6 +136,21 @@ def best_time_s(
         if host_lanes:
             best = max(best, host / (workers * host_lanes))
     return best * (1.0 - ROUNDING_SLACK)
+
+
+def _fed(
+    wf: Workflow, t: str, start: Mapping[str, float], finish: Mapping[str, float]
+) -> tuple[float, float]:
+    """``ES`` and ``EF`` of task ``t``, fed by streamed edges: it starts no sooner than each
+    streamed predecessor's first step (each other one's end) and ends no sooner than one of its
+    own steps after each streamed predecessor ends (no transfer, no lanes: a lower bound)."""
+    task = wf.tasks[t]
+    first = {
+        p: start[p] + wf.tasks[p].profile.exec_s / wf.tasks[p].profile.steps for p in task.streamed
+    }
+    es = max(first[p] if p in first else finish[p] for p in task.after)
+    step = task.profile.exec_s / task.profile.steps
+    return es, max(es + task.profile.exec_s, *(finish[p] + step for p in task.streamed))
 
 
 def _meet(

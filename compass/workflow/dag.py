@@ -180,6 +180,9 @@ class Task:
     #: with a partial output, and can be stopped between two (:func:`is_stepwise`; set from
     #: ``fn``, not passed)
     stepwise: bool = field(default=False, init=False)
+    #: the predecessors (of ``after``) whose partial outputs it takes as they come, each as an
+    #: iterator argument: it starts at their first step, not at their end (a streamed edge)
+    streamed: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -227,6 +230,26 @@ class Task:
                 "not a generator: a plain function is one step (yield to end a step)"
             )
         self._check_sources()
+        self._check_streamed()
+
+    def _check_streamed(self) -> None:
+        streamed = self.streamed
+        if isinstance(streamed, str) or not isinstance(streamed, Iterable):
+            raise WorkflowError(
+                f"task {self.name!r}: 'streamed' must be a set of task names, got {streamed!r}"
+            )
+        streamed = frozenset(streamed)
+        unknown = sorted(s for s in streamed if s not in self.after)
+        if unknown:
+            raise WorkflowError(
+                f"task {self.name!r} takes {', '.join(map(repr, unknown))} as a stream, which "
+                f"is not in its 'after' ({', '.join(map(repr, self.after)) or 'none'})"
+            )
+        if streamed and self.batch > 1:
+            raise WorkflowError(
+                f"task {self.name!r}: a task fed by a stream does not batch (batch={self.batch})"
+            )
+        object.__setattr__(self, "streamed", streamed)
 
     def _names(self, what: str, value: object, kind: str, noun: str) -> tuple[str, ...]:
         if isinstance(value, str) or not isinstance(value, Iterable):
@@ -382,6 +405,7 @@ class Workflow:
     __slots__ = (
         "_preds",
         "_rank_cache",
+        "_streamed_succs",
         "_succs",
         "best_ms",
         "index",
@@ -495,6 +519,10 @@ class Workflow:
                 succs[dep].append(t)
         self._preds = {t: declared[t].after for t in order}
         self._succs = {t: tuple(s) for t, s in succs.items()}
+        self._streamed_succs = {
+            t: tuple(s for s in ss if t in declared[s].streamed) for t, ss in self._succs.items()
+        }
+        _check_streams(name, declared)
         self.roots = tuple(t for t in order if not declared[t].after)
         self.sinks = tuple(t for t in order if not succs[t])
         self.models = frozenset(t.model for t in declared.values() if t.model is not None)
@@ -520,6 +548,11 @@ class Workflow:
     def succs(self, task: str) -> tuple[str, ...]:
         """The tasks that wait for ``task``, in topological order."""
         return self._succs[self._known(task)]
+
+    def streamed_succs(self, task: str) -> tuple[str, ...]:
+        """The successors that take ``task``'s partial outputs as they come (streamed edges),
+        in topological order."""
+        return self._streamed_succs[self._known(task)]
 
     def is_join(self, task: str) -> bool:
         """Whether ``task`` waits for two or more tasks (its inputs must meet on one worker)."""
@@ -592,6 +625,20 @@ class Workflow:
             f"(expected {', '.join(repr(n) for n in self.inputs)})",
             detail={"missing": missing, "unexpected": unexpected},
         )
+
+
+def _check_streams(workflow: str, tasks: Mapping[str, Task]) -> None:
+    """A streamed edge needs a predecessor that runs in steps: a plain one has no partial
+    outputs to give before its end."""
+    for task in tasks.values():
+        for source in sorted(task.streamed):
+            pred = tasks[source]
+            if not (pred.stepwise or (pred.fn is None and pred.profile.steps > 1)):
+                raise WorkflowError(
+                    f"workflow {workflow!r}: task {task.name!r} takes {source!r} as a stream, "
+                    f"but {source!r} does not run in steps (make it a generator, or give an "
+                    "emulated task steps > 1)"
+                )
 
 
 def _topological_order(workflow: str, tasks: Mapping[str, Task]) -> tuple[str, ...]:

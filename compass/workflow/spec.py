@@ -16,8 +16,11 @@ is not given). With ``batch`` alone a batch costs as many runs as it has items.
 
 A task may run in ``steps`` (an integer, default 1: a generating task, each step a token or a
 chunk): ``exec_ms`` is all of them, or ``step_ms`` each (``exec_ms`` is then ``steps *
-step_ms``). A job's first output comes at the end of its sink's first step. ``state_kb``: what its
-state grows by per step (a KV cache), held in the cache while the task is suspended.
+step_ms``). A job's first output comes at the end of its sink's first step. ``state_kb``:
+what its state grows by per step (a KV cache), held in the cache while the task is suspended.
+A task's ``streamed`` (a list of names of its ``after``, default none) are the predecessors it
+takes a step at a time: it starts at their first step, not at their end (a streamed edge; each
+such predecessor must have ``steps`` > 1).
 
 :func:`workload_to_dict` (and :func:`write_workload`) write a parsed workload back in this
 format, exactly: :func:`parse_workload` of what they write equals the workload field for field,
@@ -64,7 +67,8 @@ _GB = 1_000_000_000
 _TASK_KEYS = frozenset(
     {
         "model", "exec_ms", "input_kb", "output_kb", "after", "timeout_ms", "batch",
-        "batch_item", "batch_ms", "steps", "step_ms", "state_kb", "about", "note",
+        "batch_item", "batch_ms", "steps", "step_ms", "state_kb", "streamed", "about",
+        "note",
     }
 )  # fmt: skip
 
@@ -317,6 +321,11 @@ def _parse_task(
     after = entry.get("after", [])
     if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
         raise reader.error(f"{path}.after", f"expected a list of task names, got {_kind(after)}")
+    streamed = entry.get("streamed", [])
+    if not isinstance(streamed, list) or not all(isinstance(a, str) for a in streamed):
+        raise reader.error(
+            f"{path}.streamed", f"expected a list of task names, got {_kind(streamed)}"
+        )
     try:
         steps = reader.integer(entry, "steps", path, minimum=1) if "steps" in entry else 1
         if "step_ms" in entry and "exec_ms" not in entry and "batch_ms" not in entry:
@@ -340,6 +349,7 @@ def _parse_task(
             profile=profile,
             timeout_ms=timeout_ms,
             batch=batch,
+            streamed=frozenset(streamed),
         )
     except WorkflowError as exc:
         if exc.detail is not None:  # already names its key path
@@ -482,6 +492,8 @@ def _task_to_dict(workflow: str, task: Task) -> dict[str, Any]:
         out["steps"] = profile.steps
     if profile.state_bytes:
         out["state_kb"] = profile.state_bytes / _KB
+    if task.streamed:
+        out["streamed"] = sorted(task.streamed)
     return {**out, **_batch_to_dict(profile, task.batch)}
 
 

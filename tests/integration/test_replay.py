@@ -28,6 +28,7 @@ from compass.core.events import (
     Chunk,
     Event,
     Fault,
+    Feed,
     Heard,
     Instruction,
     Planned,
@@ -127,6 +128,9 @@ def shape(step: Instruction) -> tuple[Any, ...]:
             return ("stop", tuple((e.job_id, e.task) for e in step.entries), step.cause)
         case Chunk():
             return ("chunk", step.job_id, step.task, step.seq, step.cause)
+        case Feed():
+            error = None if step.error is None else type(step.error).__name__
+            return ("feed", step.job_id, step.task, step.source, step.seq, error, step.cause)
         case Fault():
             return ("fault", repr(step.error), step.cause)
     raise AssertionError(f"not an instruction: {step!r}")

@@ -41,6 +41,7 @@ def test_all_is_pinned() -> None:
         "SKIPPED",
         "SchedConfig",
         "StaleHandle",
+        "Stream",
         "StreamOverrun",
         "SyncClient",
         "Task",

@@ -14,7 +14,7 @@ from compass.errors import ConfigError
 from compass.sched.view import Placement, ViewSnapshot
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
 from compass.sim.compare import SimConfig
-from compass.sim.engine import DEFAULT_CANDIDATES, DEFAULT_HOLDERS
+from compass.sim.modes import DEFAULT_CANDIDATES, DEFAULT_HOLDERS
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.workflow import Workload, load_workload

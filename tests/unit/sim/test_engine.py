@@ -11,7 +11,7 @@ import pytest
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim import Arrival, SimResult, job_arrivals, simulate
-from compass.sim.engine import SPREAD_FROM
+from compass.sim.modes import SPREAD_FROM
 from compass.sim.settings import SimSettings
 from compass.workflow import Workload, load_workload, parse_workload
 

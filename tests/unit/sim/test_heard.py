@@ -16,7 +16,7 @@ from compass.sim import SimResult, engine, job_arrivals, simulate
 from compass.sim.heard import _FEW, LINK_S, Heard, Told, rumor_delays
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
-from compass.sim.traffic import CacheKey, ViewTraffic
+from compass.sim.traffic import CacheKey, ViewTraffic, view_traffic
 from compass.workflow import load_workload
 
 PAPER = Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json"
@@ -217,12 +217,12 @@ def test_a_modelled_bounded_run_is_deterministic_for_a_seed(
     assert a.jobs != run(1).jobs
     assert all(j.latency_s is not None for j in a.jobs)
     # and it is the modelled view that plans: without what is heard, other plans
-    real = engine._traffic
+    real = view_traffic
 
     def counted(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
         traffic = real(state, caches, seed)
         state.heard = traffic.heard = None
         return traffic
 
-    monkeypatch.setattr(engine, "_traffic", counted)
+    monkeypatch.setattr(engine, "view_traffic", counted)
     assert run(0).jobs != a.jobs

@@ -15,7 +15,7 @@ from compass.sim import Arrival, SimResult, engine, job_arrivals, simulate
 from compass.sim.compare import SimConfig, compare_policies
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
-from compass.sim.traffic import CacheKey, ViewTraffic
+from compass.sim.traffic import CacheKey, ViewTraffic, view_traffic
 from compass.workflow import load_workload
 
 from .test_engine import hand_workload, run
@@ -143,7 +143,7 @@ def test_compass_sim_reports_the_counts_for_a_bounded_view_only() -> None:
         assert isinstance(value, int) and value > 0, (key, value)
 
 
-REAL_TRAFFIC = engine._traffic
+REAL_TRAFFIC = view_traffic
 
 
 def counting_only(state: ClusterState, caches: Sequence[CacheCore], seed: int) -> ViewTraffic:
@@ -164,10 +164,10 @@ def test_counting_changes_no_outcome(seed: int, monkeypatch: pytest.MonkeyPatch)
         return simulate(paper, SimSettings(workers=10, policy="compass", view="bounded"), arrivals)
 
     modelled = once()
-    monkeypatch.setattr(engine, "_traffic", counting_only)
+    monkeypatch.setattr(engine, "view_traffic", counting_only)
     counted = once()
     assert counted.view_asks > 0
-    monkeypatch.setattr(engine, "_traffic", lambda state, caches, seed: None)
+    monkeypatch.setattr(engine, "view_traffic", lambda state, caches, seed: None)
     plain = once()
     assert (plain.view_asks, plain.view_pushes, plain.cache_changes) == (0, 0, 0)
     assert plain.jobs == counted.jobs and plain.tasks == counted.tasks
