@@ -65,11 +65,12 @@ async def test_a_time_learned_on_one_worker_reaches_every_ingress_and_admission_
             assert mine is not None and mine["runs"] == RUNS and mine["ms"] > 200
             shown = f"learned slow/nap {mine['ms']:.1f} ms ({RUNS} runs)"
             assert any(shown in line for line in status_lines(status.to_json()))
-            # within a gossip round (a rumor every 100 ms) the others hold what w0 learned
-            # (bounded: 200 looks, 10 s at most)
+            # within a gossip round (a rumor every 100 ms) the others hold what w0 learned; a
+            # worker that missed the rumor (a busy machine) has it from the anti-entropy sync,
+            # every 5 s to one peer (bounded: 600 looks, 30 s at most)
             heard: list[dict[str, Any] | None] = []
-            give_up = time.monotonic() + 10
-            for _ in range(200):
+            give_up = time.monotonic() + 30
+            for _ in range(600):
                 heard = [learned(await c.status(), "w0") for c in clients[1:]]
                 if all(h == mine for h in heard) or time.monotonic() > give_up:
                     break
