@@ -25,9 +25,10 @@ Each task there returns its whole output (``write`` collects what
 
 - ``tell_steps``: the same generation a token a step (:func:`~.steps.write_steps`, a
   generator): ``Client.stream`` (or ``compass submit --stream``) gets each token as it is made,
-  then the whole text. The step-wise versions of all three tasks are in
-  :mod:`examples.tinylm.steps`, with :func:`~.steps.declare_steps` to declare them (with plain
-  edges until streamed edges exist).
+  then the whole text.
+- ``speak_steps``: ``speak`` with the step-wise versions of its three tasks
+  (:mod:`examples.tinylm.steps`), each reading the one before through a streamed edge: the
+  speaker says the first sentence while the rest is written. Its answer is ``speak``'s.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import compass
 
 from .model import TinyConfig, TinyLM, generate
 from .speech import build_speaker, pig_latin, speak, split_sentences
-from .steps import write_steps
+from .steps import declare_steps, write_steps
 from .train import Training, default_weights, ensure_weights, full_state
 
 __all__ = ["app", "build_app", "synthesize", "translate", "write"]
@@ -88,6 +89,8 @@ def build_app(weights: str | Path | None = None, training: Training | None = Non
     steps = app.workflow("tell_steps", inputs=["prompt", "max_new_tokens"])
     steps.task(write_steps, name="generate", model="tinylm", steps=60, step_ms=2.0,
                output_bytes=256)  # fmt: skip
+    # the same pipeline, each stage reading the one before as it comes (streamed edges)
+    declare_steps(app)
     spoken = app.workflow("speak", inputs=["prompt", "max_new_tokens"])
     spoken.task(write, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
     spoken.task(translate, after={"generate": "text"}, expected_ms=0.1, output_bytes=384)

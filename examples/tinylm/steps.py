@@ -1,9 +1,9 @@
 """The app's tasks as step-wise tasks: generators that give partial outputs as they go.
 
-compass runs generator tasks now (issue 34): :mod:`examples.tinylm.app` declares ``tell_steps``
-with :func:`write_steps`, whose tokens a caller reads as they are made (``Client.stream``).
-Streamed edges between tasks are not built yet, so :func:`declare_steps`'s pipeline runs with
-plain edges: each stage starts when the one before it ended.
+compass runs generator tasks (issue 34): :mod:`examples.tinylm.app` declares ``tell_steps``
+with :func:`write_steps`, whose tokens a caller reads as they are made (``Client.stream``), and
+``speak_steps`` with :func:`declare_steps`: three stages joined by streamed edges, so the
+translator starts on the first word written and the speaker on the first sentence translated.
 
 The rule these follow (issue 34, item 1): each ``yield`` ends a step and gives a partial
 output; the function's ``return`` value is its final output, what a successor on a plain edge
@@ -12,11 +12,9 @@ predecessor's partial outputs instead; :func:`translate_steps` and :func:`synthe
 take any iterable of text pieces, so they work on both kinds of edge (a whole string is an
 iterable of one-character pieces).
 
-Once streamed edges exist, the edges of :func:`declare_steps` become streamed (the marker's
-name is the core's to choose), e.g. ``after={"generate": Stream("text")}``: the translator then
-starts on the first word written and the speaker on the first sentence translated.
-:func:`stream_locally` chains the three generators in this process that way, so the
-pipeline's streamed behaviour is tested now.
+The edges of :func:`declare_steps` are streamed (``after={"generate": Stream("text")}``);
+:func:`stream_locally` chains the three generators in this process the same way, the reference
+a cluster's answer is checked against.
 """
 
 from __future__ import annotations
@@ -88,16 +86,18 @@ def synthesize_steps(
 
 def declare_steps(app: compass.App, name: str = "speak_steps") -> None:
     """Declare the step-wise pipeline as workflow ``name`` (inputs ``prompt`` and
-    ``max_new_tokens``), with plain edges until streamed ones exist (see the module docstring)."""
+    ``max_new_tokens``): each stage reads the one before through a streamed edge."""
     flow = app.workflow(name, inputs=["prompt", "max_new_tokens"])
-    flow.task(write_steps, name="generate", model="tinylm", expected_ms=100.0, output_bytes=256)
+    flow.task(write_steps, name="generate", model="tinylm", steps=60, step_ms=2.0,
+              output_bytes=256)  # fmt: skip
     flow.task(
-        translate_steps, name="translate", after={"generate": "text"}, expected_ms=0.1,
-        output_bytes=384,
+        translate_steps, name="translate", after={"generate": compass.Stream("text")},
+        steps=12, step_ms=0.01, output_bytes=384,
     )  # fmt: skip
     flow.task(
-        synthesize_steps, name="synthesize", model="speaker", after={"translate": "text"},
-        expected_ms=2.0, output_bytes=384 * 32 * 4,
+        synthesize_steps, name="synthesize", model="speaker",
+        after={"translate": compass.Stream("text")}, steps=3, step_ms=1.0,
+        output_bytes=384 * 32 * 4,
     )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch.nn import functional
 
+import compass
 from compass.cluster import LocalCluster
 from compass.errors import JobFailed
 from examples.tinylm import speech
@@ -259,15 +260,18 @@ def test_the_app_caches_its_weights_outside_the_repository() -> None:
     path = app.models["tinylm"].weights
     assert path is not None and path.is_relative_to(tempfile.gettempdir())
     assert not path.resolve().is_relative_to(ROOT)
-    assert set(app.workflows) == {"tell", "tell_steps", "speak"}
+    assert set(app.workflows) == {"tell", "tell_steps", "speak", "speak_steps"}
 
 
-def test_the_step_wise_workflow_is_a_valid_declaration_today(weights: Path) -> None:
+def test_the_step_wise_pipeline_streams_each_stage_into_the_next(weights: Path) -> None:
     app = build_app(weights, SHORT)
-    declare_steps(app)
     app.validate()
     flow = app.get_workflow("speak_steps")
     assert set(flow.tasks) == {"generate", "translate", "synthesize"}
+    assert flow.streamed_succs("generate") and flow.streamed_succs("translate")
+    other = compass.App("again")
+    declare_steps(other, name="mine")  # declarable in any app, under any name
+    assert other.get_workflow("mine").streamed_succs("generate")
 
 
 APP_MODULE = """\
@@ -304,6 +308,8 @@ async def test_the_workflows_on_a_worker_process_answer_what_this_process_comput
         with pytest.raises(JobFailed, match=r"max_new_tokens must be in \[0, 240\]"):
             await client.submit("tell", prompt=prompt, max_new_tokens=1000, timeout=60)
         again = await client.submit("tell", prompt="A good", max_new_tokens=20, timeout=60)
+        # the streamed pipeline: its three stages overlap, and its answer is speak's
+        piped = await client.submit("speak_steps", prompt=prompt, max_new_tokens=60, timeout=60)
         streamed = [
             out async for out in client.stream("tell_steps", prompt=prompt, max_new_tokens=60)
         ]
@@ -318,3 +324,14 @@ async def test_the_workflows_on_a_worker_process_answer_what_this_process_comput
     for got, want in zip(spoken["audio"], expected["audio"], strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-6)
     assert again == write(model, "A good", 20)  # the worker kept serving after the bad job
+    # into a second model as it is written: the same sentences and audio as run here
+    locally = stream_locally(model, speaker, prompt, 60)
+    while True:
+        try:
+            next(locally)
+        except StopIteration as stop:
+            reference = stop.value
+            break
+    assert piped["sentences"] == reference["sentences"] == expected["sentences"]
+    for got, want in zip(piped["audio"], reference["audio"], strict=True):
+        assert torch.allclose(got, want, rtol=0, atol=1e-6)
