@@ -14,7 +14,11 @@ sink is told, when it is another), so a sink makes at most ``stream_window`` par
 ahead of its reader, then waits; one that waits ``stream_stall_s`` for a read fails the job
 with :class:`~compass.errors.StreamOverrun`. Whatever happens to the reads, what the ingress
 holds for one reader is bounded by :data:`MAX_BEHIND`: past it the job is cancelled everywhere
-with :class:`~compass.errors.StreamOverrun`, never a silent gap. Leaving the iteration early (or
+with :class:`~compass.errors.StreamOverrun`, never a silent gap. A sink whose worker was lost
+mid-stream starts again from its first step when the job is planned again: the reader would
+get partial outputs twice, so the job is cancelled and the reader gets
+:class:`~compass.errors.WorkersLost` saying so (its partial outputs are never repeated, nor
+is one skipped). Leaving the iteration early (or
 cancelling the task that reads) cancels the job as a client that stops waiting does: its
 step-wise tasks stop at their next step (:class:`~compass.core.events.StopTask`).
 """
@@ -27,7 +31,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
-from compass.errors import StreamOverrun
+from compass.errors import CompassError, StreamOverrun, WorkersLost
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.observe.streams import StreamsInFlight
 from compass.streamed import Output
@@ -94,7 +98,9 @@ async def stream_job(
     are made, then its final output (raises the job's error instead). See the module
     docstring."""
     items: asyncio.Queue[Output] = asyncio.Queue()
-    overrun: list[StreamOverrun] = []
+    overrun: list[CompassError] = []
+    #: per sink, the step whose partial output comes next
+    expected: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     started = loop.time()
     key, shown = worker.metrics.streams.open(workflow, time.time())  # the dashboard's
@@ -102,6 +108,16 @@ async def stream_job(
     def chunk(job_id: str, task: str, seq: int, value: Any) -> None:
         if overrun:
             return
+        if seq != expected.get(task, 0):  # a sink that started again: the job was re-planned
+            overrun.append(WorkersLost(
+                f"sink {task!r} of job {job_id} ({workflow}) started again at step {seq} after "
+                f"step {expected.get(task, 0) - 1}: a worker was lost mid-stream and the job "
+                "planned again; it was cancelled rather than repeat partial outputs",
+                detail={"job_id": job_id, "task": task, "seq": seq},
+            ))  # fmt: skip
+            answer.cancel()
+            return
+        expected[task] = seq + 1
         shown.job, shown.made = job_id, shown.made + 1
         if shown.first_output_ms is None:
             first_s = loop.time() - started

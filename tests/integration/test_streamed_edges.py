@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from compass.cluster import LocalCluster
-from compass.errors import CompassError, JobFailed
+from compass.errors import CompassError, JobFailed, WorkersLost
 
 from .conftest import app_environment
 
@@ -225,3 +225,38 @@ async def test_a_worker_lost_mid_stream_gives_the_whole_result_or_a_typed_error(
             assert type(result) is not CompassError
         else:
             assert result == (await locally(text))[1]
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(240)
+async def test_a_caller_whose_stream_would_restart_after_a_lost_worker_gets_workers_lost(
+    edges_env: dict[str, str],
+) -> None:
+    """The caller has read two partial outputs of the sink when a worker of the job is killed:
+    the job is planned again and its sink starts again from its first step, which the caller
+    would get twice; it gets WorkersLost instead, after what it read, each once."""
+    text = "one two HOLD three"
+    async with LocalCluster(3, args=ARGS, env=edges_env) as cluster, cluster.client() as client:
+        got: list[Any] = []
+        stream = client.stream("speak", {"text": text})
+        error: BaseException | None = None
+        try:
+            async with asyncio.timeout(120):
+                async for out in stream:
+                    got.append(out)
+                    if len(got) == 2:  # <ENO>, <OWT>: the generator waits at HOLD
+                        (line,) = [ln for ln in log_lines(edges_env)
+                                   if ln.startswith("translate pid")]  # fmt: skip
+                        pid = int(line.split()[-1])
+                        (victim,) = [w for w in cluster.workers if w.process.pid == pid]
+                        assert victim is not cluster.workers[0], "the ingress stays"
+                        os.kill(pid, signal.SIGKILL)
+                        note(edges_env, "go on")
+        except CompassError as exc:
+            error = exc
+    # what was read is the sink's steps in order, each once (the old attempt's last ones may
+    # have come before the new attempt's first), then the typed error
+    assert [o.seq for o in got] == list(range(len(got))) and len(got) >= 2, got
+    assert [o.value for o in got[:2]] == ["<ENO>", "<OWT>"], got
+    assert isinstance(error, WorkersLost), error
+    assert "started again" in str(error)
