@@ -179,6 +179,8 @@ async def run_policy(
         summary["goodput"] = config.load * met / len(arrivals)  # x the workload's rate
         summary["refused"] = shed["unreachable"]
         summary["dropped"] = shed["dropped"]
+        # finished past the deadline: answered DeadlineExceeded (on_miss="drop")
+        summary["late"] = shed["late"]
         by_level: dict[str, list[bool]] = {}
         for level, sd in zip(levels, summary["slowdowns"], strict=True):
             by_level.setdefault(str(level), []).append(sd is not None and sd <= x)
@@ -457,7 +459,7 @@ def run(
                 )
                 print(f"  {policy}: goodput {summary['goodput']:.2f}x the rate, attainment "
                       f"{summary['attainment']:.0%} ({levels}), refused {summary['refused']}, "
-                      f"dropped {summary['dropped']}")  # fmt: skip
+                      f"dropped {summary['dropped']}, late {summary['late']}")  # fmt: skip
         report.print_results(
             results,
             name=f"{workload.name} on {config.workers} worker processes",
