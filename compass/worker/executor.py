@@ -335,10 +335,8 @@ class TaskRunner:
         emulated one's timers stop; :meth:`start` of its :class:`RunTask` resumes it."""
         if (gate := self._gates.get(entry)) is not None:
             gate.suspend()
-            for work, (_, of) in self._deadlines.items():  # no timeout while it waits
-                if of is entry:
-                    self._deadlines[work] = (math.inf, entry)
-                    break
+            if (work := self._work_of(entry)) is not None:  # no timeout while it waits
+                self._deadlines[work] = (math.inf, entry)
             return
         running = self._emulated_steps.pop(entry, None)
         timer = self._timers.pop(entry, None)
@@ -348,18 +346,20 @@ class TaskRunner:
         outcomes, task, began, step_s = running
         self._parked[entry] = (outcomes, task, began, step_s, asyncio.get_running_loop().time())
 
+    def _work_of(self, entry: QueuedTask) -> asyncio.Future[Any] | None:
+        """The thread's future of real task ``entry`` (None: none under way)."""
+        return next((work for work, (_, of) in self._deadlines.items() if of is entry), None)
+
     def _resume(self, run: RunTask, loop: asyncio.AbstractEventLoop) -> bool:
         """Resume suspended ``run.entry`` on ``run.lane`` (False: nothing of it is here)."""
         entry = run.entry
         if (gate := self._gates.get(entry)) is not None and gate.suspended:
-            for work, (_, of) in self._deadlines.items():
-                if of is entry:  # its timeout starts again
-                    task = self._lookup(entry.workflow, entry.task)
-                    limit = (task.timeout_ms / 1000.0 if task.timeout_ms is not None
-                             else self._task_timeout_s) * self._time_scale  # fmt: skip
-                    self._deadlines[work] = (loop.time() + limit, entry)
-                    self._arm(min(d for d, _ in self._deadlines.values()))
-                    break
+            if (work := self._work_of(entry)) is not None:  # its timeout starts again
+                task = self._lookup(entry.workflow, entry.task)
+                limit = (task.timeout_ms / 1000.0 if task.timeout_ms is not None
+                         else self._task_timeout_s) * self._time_scale  # fmt: skip
+                self._deadlines[work] = (loop.time() + limit, entry)
+                self._arm(min(d for d, _ in self._deadlines.values()))
             gate.resume()
             return True
         parked = self._parked.pop(entry, None)
