@@ -12,7 +12,7 @@ import typer
 
 from compass.config import SIM_WORKER
 from compass.errors import ConfigError
-from compass.sim.settings import with_preemption
+from compass.sim.settings import with_preemption, with_step_batching
 
 from .checks import (
     batching_keywords,
@@ -161,6 +161,14 @@ def sim(
             "on, off, or both (each policy also as 'NAME (no preemption)')."
         ),
     ] = Preempt.off,
+    step_batch: Annotated[
+        Preempt,
+        typer.Option(
+            help="Step batching (step-wise tasks that declare a batch run their steps as one "
+            "batch that tasks join and leave at step boundaries): on, off, or both (each "
+            "policy also as 'NAME (no step batching)')."
+        ),
+    ] = Preempt.on,
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -202,9 +210,11 @@ def sim(
     evicts = prefetch == "evict"
     batch = batching_keywords(batching, batch_gain)
     runs_of, preempting = with_preemption(tuple(names), preempt.value)
-    names = list(runs_of)
+    names = list(with_step_batching(runs_of, step_batch.value))
     if preempting and (compare_real or traffic is not None):
         fail("--preempt is for the plain simulation, --capacity and --goodput", 2)
+    if step_batch != Preempt.on and (compare_real or traffic is not None):
+        fail("--step-batch is for the plain simulation, --capacity and --goodput", 2)
     if view == View.auto:
         from compass.sim.modes import auto_view
 

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from compass.trace import JobTrace, TaskTrace
     from compass.workflow.choices import SKIPPED, Decision, choose, fan_out, stop
     from compass.workflow.dag import Task, TaskProfile, Workflow
+    from compass.workflow.seats import Done, Seat, step_batch
 
 __all__ = [
     "SKIPPED",
@@ -76,6 +77,7 @@ __all__ = [
     "DeadlineExceeded",
     "DeadlineUnreachable",
     "Decision",
+    "Done",
     "InvalidInputs",
     "JobFailed",
     "JobRecord",
@@ -90,6 +92,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "SchedConfig",
+    "Seat",
     "StaleHandle",
     "Stream",
     "StreamOverrun",
@@ -112,6 +115,7 @@ __all__ = [
     "choose",
     "fan_out",
     "load_app",
+    "step_batch",
     "stop",
 ]
 
@@ -172,6 +176,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("SKIPPED", "Decision", "choose", "fan_out", "stop"), "compass.workflow.choices"
     ),
+    **dict.fromkeys(("Done", "Seat", "step_batch"), "compass.workflow.seats"),
     **dict.fromkeys(_ERRORS, "compass.errors"),
 }
 

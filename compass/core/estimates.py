@@ -43,9 +43,10 @@ ADOPTED_KEPT = 1024
 def _batch_group(task: Task) -> str:
     """The batch group of a batchable task: tasks of one function and model, whatever their
     workflow. An emulated task has no function: it stands for its model's forward pass, so
-    emulated tasks of one model batch together."""
+    emulated tasks of one model batch together; step-wise ones apart from plain ones (their
+    steps batch, not their calls)."""
     if task.fn is None:
-        return f"{task.model}"
+        return f"{task.model}/steps" if task.profile.steps > 1 else f"{task.model}"
     fn = task.fn
     return f"{task.model}/{fn.__module__}.{getattr(fn, '__qualname__', '')}#{id(fn)}"
 

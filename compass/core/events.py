@@ -41,6 +41,7 @@ __all__ = [
     "Feed",
     "Heard",
     "Instruction",
+    "JoinRun",
     "LoadFailed",
     "LoadModel",
     "ModelLoaded",
@@ -485,6 +486,20 @@ class StopTask(Caused):
 
 
 @dataclass(frozen=True, slots=True)
+class JoinRun(Caused):
+    """Step-wise ``entries`` join the step batch that ``lead``'s run is on ``lane``
+    (continuous batching: a task of the batch's group takes a seat at its next step boundary
+    and leaves when its own steps end). Each ends with an event of its own; the lane is free
+    when every member has ended."""
+
+    lead: QueuedTask
+    entries: tuple[QueuedTask, ...]
+    lane: int
+    #: the event that caused it (:attr:`cause` names it; see :meth:`WorkerCore.handle`)
+    stimulus: Cause = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SuspendTask(Caused):
     """Step-wise ``entry``, running here, gives its lane up at the step boundary just reported
     (:class:`TaskStep`): a queued task runs first (:mod:`compass.core.preempt`). It keeps its
@@ -566,6 +581,7 @@ Instruction: TypeAlias = (
     | Watch
     | StopTask
     | SuspendTask
+    | JoinRun
     | Chunk
     | Feed
     | Fault

@@ -22,6 +22,8 @@ The rules:
   of its group come along, up to its ``max_batch``, in queue order: one :class:`RunTask` with
   several entries, one lane, one pin of the model. The lane is free when every entry has
   ended. The lanes never hold a lane idle waiting for a batch to fill.
+- **Step batches.** Step-wise tasks of a batch group share a lane, joining at step boundaries
+  (:class:`JoinRun`) and leaving when their own steps end (:mod:`compass.core.stepbatch`).
 - **Prefetch.** When every lane is busy and a task is queued, and when a task starts, the
   first model of the queue's look-ahead that is neither resident nor loading is loaded if it
   fits without evicting anything needed sooner (or, the paper's rule, in free slabs only);
@@ -51,13 +53,23 @@ from typing import Any, TypeAlias
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.cache.slab import SlabHandle
 from compass.core.causes import Cause
-from compass.core.events import LoadModel, RunTask, StopTask, SuspendTask  # the core's union
+from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTask  # its union
 from compass.core.options import CoreOptions
 from compass.core.preempt import left_s, past_saving, preempts
 from compass.core.queue import QueuedTask, TaskQueue
+from compass.core.stepbatch import StepBatch, with_open
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 
-__all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step", "SuspendTask"]
+__all__ = [
+    "CannotRun",
+    "JoinRun",
+    "Lanes",
+    "LanesFault",
+    "LoadModel",
+    "RunTask",
+    "Step",
+    "SuspendTask",
+]
 
 #: a core's defaults (host lanes aside: lanes made alone share the GPU lanes, the paper's model)
 _DEFAULT = CoreOptions()
@@ -74,7 +86,7 @@ class CannotRun:
 
 
 #: what a call of the lanes decides
-Step: TypeAlias = RunTask | LoadModel | CannotRun | SuspendTask | StopTask
+Step: TypeAlias = RunTask | LoadModel | CannotRun | SuspendTask | StopTask | JoinRun
 
 
 class LanesFault(Exception):
@@ -107,6 +119,8 @@ class _Run:
     pending: int = 1
     #: abandoned past its timeout: its model stays pinned until its thread returns
     stuck: bool = False
+    #: a step batch's members (None: not a step batch)
+    batch: StepBatch | None = None
 
 
 class Lanes:
@@ -163,6 +177,8 @@ class Lanes:
         self._idle = list(range(lanes - 1, -1, -1))  # popped from the end: lane 0 first
         self._host_idle = list(range(lanes + host_lanes - 1, lanes - 1, -1))
         self._runs: dict[QueuedTask, _Run] = {}
+        #: batch group -> the step batch of that group running here (tasks join it)
+        self._open: dict[str, _Run] = {}
         #: model -> the runs waiting for its load
         self._loading: dict[str, list[_Run]] = {}
         #: the model of the speculative load under way (prefetch or warm), if any
@@ -204,6 +220,11 @@ class Lanes:
         """Too many stuck tasks: no more work here (each would take another thread)."""
         return self.stuck >= self.max_stuck
 
+    def batchable(self, now: float) -> dict[str, tuple[int, float]]:
+        """What heartbeats report of batches: the queue's, and the step batches running."""
+        found = self.queue.batchable(now, self.lanes)
+        return with_open(found, (r.batch for r in self._open.values() if r.batch is not None))
+
     def wait_s(self, now: float, level: int = 0) -> float:
         """The GPU queue's expected wait for a task of priority ``level`` (what heartbeats
         report)."""
@@ -228,6 +249,8 @@ class Lanes:
                 self.queue.push(entry)
                 if self._idle:
                     self._fill(now)
+                elif self._open and entry.group in self._open:
+                    self._join(self._open[entry.group], now)
                 elif self.prefetch_depth:
                     # every lane is busy: use the time to bring in what the queue needs next
                     self._prefetch()
@@ -270,9 +293,12 @@ class Lanes:
         (its job past saving: :class:`StopTask` and its job answered, :class:`CannotRun`), or
         gives its lane to the queue's head (:class:`SuspendTask`, then the head's steps)."""
         run = self._runs.get(entry)
-        if not self.preempt or run is None or run.host or run.pending > 1 or run.stuck:
-            return []  # not a lone GPU run: a batch, a host task or an abandoned one goes on
-        left = left_s(entry, done)
+        if not self.preempt or run is None or run.host or run.stuck:
+            return []  # a host task or an abandoned one goes on
+        batch = run.batch
+        if batch is None and run.pending > 1:
+            return []  # a batch of plain calls runs to its end
+        left = left_s(entry, done) if batch is None else batch.left_s(entry, done)
         if left <= 0.0:
             return []  # its last step: it ends now anyway
         if past_saving(entry, left, now):
@@ -285,6 +311,8 @@ class Lanes:
                 "job's deadline; dropped",
                 detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
             ))]  # fmt: skip
+        if batch is not None or entry.max_batch > 1:
+            return []  # a task that batches its steps is never suspended: its group joins
         head = self.queue.peek()
         if head is None or len(self.suspended) >= self.lanes:
             return []  # one suspended task a lane at most: it resumes before anything else
@@ -380,6 +408,8 @@ class Lanes:
             self.stuck += 1
             self.version += 1
         run.pending -= 1
+        if run.batch is not None:
+            return self._left_batch(run, entry, now, cause)
         if run.pending:
             return []  # the rest of its batch is still to report
         lead = run.entry
@@ -393,6 +423,36 @@ class Lanes:
         if lead.model is not None and not run.stuck:
             return self._decide(cause, self._unpin, lead.model, now)
         return []
+
+    def _left_batch(self, run: _Run, entry: QueuedTask, now: float, cause: Cause) -> list[Step]:
+        """Member ``entry`` of step batch ``run`` ended: its seat goes to a queued task of the
+        batch's group; once the last member ends, the lane is free (the caller fills it)."""
+        assert run.batch is not None
+        run.batch.left(entry, now)
+        lead = run.entry
+        if run.pending:
+            return [] if run.stuck else self._decide(cause, self._join, run, now)
+        if lead.group is not None and self._open.get(lead.group) is run:
+            del self._open[lead.group]
+        self.version += 1
+        self._idle.append(run.lane)
+        self.queue.finish(lead)
+        if lead.model is not None and not run.stuck:
+            return self._decide(cause, self._unpin, lead.model, now)
+        return []
+
+    def _join(self, run: _Run, now: float) -> None:
+        """Queued tasks of step batch ``run``'s group take its free seats, at its next step
+        boundary (:meth:`TaskQueue.take_steps`: never making a member miss its deadline)."""
+        assert run.batch is not None
+        joined = run.batch.take(self.queue, now)
+        if not joined:
+            return
+        self.version += 1
+        for entry in joined:
+            self._runs[entry] = run
+        run.pending += len(joined)
+        self._steps.append(JoinRun(run.entry, tuple(joined), run.lane, self._cause))
 
     def returned(self, entry: QueuedTask, now: float, cause: Cause = "") -> list[Step]:
         """The thread of an abandoned task returned: its model is unpinned."""
@@ -573,9 +633,14 @@ class Lanes:
     def _start(self, run: _Run, now: float) -> None:
         entry = run.entry
         fetch_s = now - run.asked_at if entry.model is not None else 0.0
-        mates = (
-            self.queue.take(entry, now) if entry.group is not None and not entry.done_steps else []
-        )
+        group = entry.group
+        mates: list[QueuedTask] = []
+        if group is not None and entry.steps > 1:  # a step batch: tasks join at its steps
+            run.batch = StepBatch(entry, now)
+            mates = run.batch.take(self.queue, now)
+            self._open[group] = run
+        elif group is not None and not entry.done_steps:
+            mates = self.queue.take(entry, now)
         for mate in mates:
             self._runs[mate] = run
         run.pending = 1 + len(mates)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from compass.workflow.dag import batch_limit, batch_scale
+from compass.workflow.dag import batch_key, batch_limit, batch_scale
 
 #: a heap item: (minus the level, the rank within it, arrival order, the task)
 _Item = tuple[int, float, int, "QueuedTask"]
@@ -294,6 +294,49 @@ class TaskQueue:
         )
         return mates
 
+    def take_steps(
+        self, group: str, room: int, ends: dict[QueuedTask, float], now: float
+    ) -> list[QueuedTask]:
+        """Step batching: up to ``room`` queued step-wise tasks of ``group``, in queue order,
+        that join a running batch at its next step boundary (started at ``now``). ``ends``:
+        the members' expected ends at the batch's size now. Each extra member makes every
+        step of the batch longer (the curve :func:`batch_scale` gives), so a task is skipped
+        when it would make a member, or itself, miss its job's deadline. ``ends`` is updated
+        for the batch's new size, the joiners' included."""
+        if room <= 0 or group not in self._groups:
+            return []
+        chosen: list[_Item] = []
+        size = len(ends)
+        for item in sorted([i for i in self._ready if i[3].group == group]):
+            entry = item[3]
+            grown = batch_scale(entry.scale, size + 1) / batch_scale(entry.scale, max(1, size))
+            trial = {m: now + max(0.0, end - now) * grown for m, end in ends.items()}
+            trial[entry] = now + entry.expected_s * batch_scale(entry.scale, size + 1)
+            # a member that misses its deadline anyway does not hold the others' seats
+            if not all(_in_time([m], end) or not _in_time([m], ends.get(m, now)) for m, end
+                       in trial.items()):  # fmt: skip
+                continue
+            chosen.append(item)
+            ends.clear()
+            ends.update(trial)
+            size += 1
+            if len(chosen) == room:
+                break
+        if not chosen:
+            return []
+        taken = {id(item[3]) for item in chosen}
+        self._ready = [item for item in self._ready if id(item[3]) not in taken]
+        heapq.heapify(self._ready)
+        joined = [item[3] for item in chosen]
+        for entry in joined:
+            self._count_out(entry)
+            entry.started_at = now
+            entry.run_s = ends[entry] - now
+        if not self._ready:
+            self._queued_s = 0.0
+            self._raised.clear()
+        return joined
+
     def peek(self) -> QueuedTask | None:
         """The task :meth:`pop` would return, left in the queue."""
         return self._ready[0][3] if self._ready else None
@@ -413,10 +456,10 @@ class TaskQueue:
         return tuple(waits)
 
     def batchable(self, now: float, lanes: int = 1) -> dict[str, tuple[int, float]]:
-        """Per model, the queued tasks that may batch: how many, and the expected seconds
-        before the first of them starts (the work ahead of it, spread over ``lanes``). A
-        task of that model arriving in time joins their batch instead of queueing behind
-        everything (the planner's batch-aware rule reads this)."""
+        """Per model (per :func:`batch_key`), the queued tasks that may batch: how many, and
+        the expected seconds before the first of them starts (the work ahead of it, spread
+        over ``lanes``). A task of that model arriving in time joins their batch instead of
+        queueing behind everything (the planner's batch-aware rule reads this)."""
         if not self._groups:
             return {}
         found: dict[str, tuple[int, float]] = {}
@@ -428,8 +471,9 @@ class TaskQueue:
                 ahead += entry.expected_s
                 continue
             assert entry.model is not None  # only model tasks batch
-            count, first = found.get(entry.model, (0, ahead / lanes))
-            found[entry.model] = (count + 1, first)
+            key = batch_key(entry.model, entry.steps)
+            count, first = found.get(key, (0, ahead / lanes))
+            found[key] = (count + 1, first)
             if group not in started:
                 # the group's first task leads its batches: they run from here on
                 started.add(group)

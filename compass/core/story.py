@@ -25,6 +25,7 @@ from compass.core.events import (
     Feed,
     Heard,
     Instruction,
+    JoinRun,
     LoadFailed,
     LoadModel,
     ModelLoaded,
@@ -166,6 +167,10 @@ def _did(step: Instruction, about: list[str]) -> str:
     if isinstance(step, StopTask):
         about += [entry.job_id for entry in step.entries]
         return "stop " + ", ".join(f"{e.job_id}/{e.task}" for e in step.entries)
+    if isinstance(step, JoinRun):
+        about += [entry.job_id for entry in step.entries]
+        joined = ", ".join(f"{e.job_id}/{e.task}" for e in step.entries)
+        return f"join {joined} to the step batch of {step.lead.job_id} on lane {step.lane}"
     if isinstance(step, Watch):
         about += step.peers
         return f"watch {', '.join(step.peers)}"

@@ -202,7 +202,7 @@ class GossipPort:
             batches: Mapping[str, tuple[int, float]] = NO_BATCHES
         else:
             wait_s += 0.0  # a float, as the heartbeat's checks made it
-            batches = lanes.queue.batchable(now, lanes.lanes)
+            batches = lanes.batchable(now)
         # built once per change of the cache, not per job (a walk of every cached model)
         models, loading = cache.residency()
         return Heartbeat.own(

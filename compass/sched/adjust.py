@@ -25,7 +25,7 @@ from compass.sched.cost import BatchRows
 from compass.sched.placement import BatchCurve, Placement
 from compass.sched.policy import JobInfo, Policy
 from compass.sched.snapshot import ViewSnapshot
-from compass.workflow.dag import Workflow, batch_limit
+from compass.workflow.dag import Workflow, batch_key, batch_limit
 from compass.workflow.profile import Profiles
 
 __all__ = ["PlacementCounter", "adjust_successors", "batch_curve", "record_plan"]
@@ -187,7 +187,10 @@ def batch_curve(wf: Workflow, task: str, worker: str, profiles: Profiles) -> Bat
         return None
     scale = profiles.batch_scale(wf.name, task, worker)
     limit = batch_limit(scale, declared.batch)
-    return BatchCurve(scale, limit) if limit > 1 else None
+    if limit <= 1:
+        return None
+    assert declared.model is not None  # only a task with a model batches
+    return BatchCurve(scale, limit, batch_key(declared.model, declared.profile.steps))
 
 
 class PlacementCounter(Protocol):

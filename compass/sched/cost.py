@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from compass.sched.snapshot import ViewSnapshot
-from compass.workflow.dag import Task, Workflow, batch_limit, batch_scale
+from compass.workflow.dag import Task, Workflow, batch_key, batch_limit, batch_scale
 from compass.workflow.profile import Profiles
 
 __all__ = [
@@ -191,6 +191,7 @@ class WorkflowCosts:
     """
 
     __slots__ = (
+        "batch_keys",
         "batch_limits",
         "batch_scales",
         "batch_shared",
@@ -281,10 +282,15 @@ class WorkflowCosts:
             scales.append(table)
         self.batch_limits: tuple[IntArray | None, ...] = tuple(limits)
         self.batch_scales: tuple[FloatArray | None, ...] = tuple(scales)
-        batchable = [m for m, lim in zip(self.models, limits, strict=True) if lim is not None]
+        #: what each batchable task's batches are counted under (its model, or its model's
+        #: step batches: :func:`batch_key`); None where it never batches
+        self.batch_keys: tuple[str | None, ...] = tuple(
+            None if lim is None or task.model is None else batch_key(task.model, task.profile.steps)
+            for task, lim in zip(tasks, limits, strict=True)
+        )
+        keys = [k for k in self.batch_keys if k is not None]
         self.batch_shared: tuple[bool, ...] = tuple(
-            lim is not None and batchable.count(m) > 1
-            for m, lim in zip(self.models, limits, strict=True)
+            k is not None and keys.count(k) > 1 for k in self.batch_keys
         )
 
     def _edges(self, tasks: Sequence[Task], index: Mapping[str, int]) -> None:
@@ -439,24 +445,32 @@ def join_row(
     costs: WorkflowCosts, t: int, arrive: FloatArray, batches: BatchRows
 ) -> FloatArray | None:
     """When task ``t`` would finish on each worker by joining the batch of its model queued
-    there (infinite where it cannot), or None where it can join none.
+    there, or the step batch running there for a step-wise ``t`` (infinite where it cannot),
+    or None where it can join none.
 
     ``batches`` is ``(counts, start)``: ``counts[w]`` tasks of the model wait on ``w`` to
     batch, the first expected to start at ``start[w]``. The task joins when its input arrives
     (``arrive``) by then and the batch has room (fewer than ``costs.batch_limits[t]``); then
     it finishes with it, at ``start + exec * scale(count + 1)``, with no model fetch (the
-    queued batch brings the model). The row ranks the join by that finish plus what it costs
-    the batch's other members, ``count * exec * (scale(count + 1) - scale(count))``: each of
-    them now ends that much later, so a join is chosen only where it saves more than it costs
-    (at low load an idle worker usually beats a join that delays a whole batch)."""
+    queued batch brings the model). A step batch takes the task whenever its input arrives
+    while it has room: it finishes at ``max(arrive, start) + exec * scale(count + 1)``. The
+    row ranks the join by that finish plus what it costs the batch's other members,
+    ``count * exec * (scale(count + 1) - scale(count))``: each of them now ends that much
+    later, so a join is chosen only where it saves more than it costs (at low load an idle
+    worker usually beats a join that delays a whole batch)."""
     limits = costs.batch_limits[t]
     table = costs.batch_scales[t]
     if limits is None or table is None:
         return None
     counts, start = batches
-    ok = (counts > 0) & (counts < limits) & (arrive <= start)
+    steps = costs.step_frac[t] < 1.0
+    ok = (counts > 0) & (counts < limits)
+    if not steps:
+        ok &= arrive <= start
     if not ok.any():
         return None
+    if steps:
+        start = np.maximum(start, arrive)
     rows = np.arange(len(counts))
     size = np.minimum(counts + 1, table.shape[1] - 1)
     scale: FloatArray = table[rows, size]

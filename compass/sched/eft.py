@@ -130,8 +130,9 @@ def plan_eft(
             if have is None:
                 have = view.holds(model)
         rows = None
-        if batches is not None and model is not None and costs.batch_limits[t] is not None:
-            rows = batches.rows(model)
+        key = costs.batch_keys[t]
+        if batches is not None and key is not None:
+            rows = batches.rows(key)
         fetch = None if have is None else (have, free, capacity, min_capacity)
         starts = avail if on_lane else off_lane
         eft, joined = finish_row(costs, t, sources, ready, starts, fetch, root_bytes, rows)
@@ -158,22 +159,22 @@ def plan_eft(
         joins = joined is not None and float(joined[j]) <= finish[t]
         if joins:
             # the batch runs longer by this item: so does everything queued behind it
-            assert rows is not None and model is not None and batches is not None
+            assert rows is not None and key is not None and batches is not None
             scale = costs.batch_scales[t]
             assert scale is not None
             c = int(rows[0][j])
             extra = float(costs.exec_rows[t][j]) * float(scale[j, c + 1] - scale[j, c])
             avail[j] = max(float(avail[j]) + extra, finish[t])
             if costs.batch_shared[t]:
-                batches.joined(model, j)
+                batches.joined(key, j)
         else:
             if on_lane:
                 avail[j] = finish[t]
             if batches is not None and costs.batch_shared[t]:
-                assert model is not None
+                assert key is not None
                 limits = costs.batch_limits[t]
                 assert limits is not None
-                batches.opened(model, j, finish[t] - float(costs.exec_rows[t][j]), int(limits[j]))
+                batches.opened(key, j, finish[t] - float(costs.exec_rows[t][j]), int(limits[j]))
         if have is not None and not have[j]:
             assert model is not None
             mine = have.copy()
@@ -293,10 +294,8 @@ def off_lane_avail(view: ViewSnapshot, now: float) -> FloatArray | None:
 def view_batches(costs: WorkflowCosts, t: int, view: ViewSnapshot, now: float) -> BatchRows | None:
     """The batches of task ``t``'s model in ``view``, starts made absolute (None: ``t`` does
     not batch, or no worker has any)."""
-    model = costs.models[t]
-    if model is None or costs.batch_limits[t] is None:
-        return None
-    return _absolute(view, model, now)
+    key = costs.batch_keys[t]
+    return None if key is None else _absolute(view, key, now)
 
 
 def _absolute(view: ViewSnapshot, model: str, now: float) -> BatchRows | None:

@@ -32,6 +32,9 @@ class BatchCurve:
 
     scale: tuple[float, ...]
     limit: int
+    #: what its batches are counted under (:func:`~compass.workflow.dag.batch_key`; "": the
+    #: task's model)
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,7 @@ class PlacedCounts:
         are a higher priority's, which the task does not hold up; only its model counts."""
         model, seconds = placed.model, placed.seconds
         if model is not None and placed.curve is not None:
-            seconds = self._batch(i, seconds, model, placed.curve)
+            seconds = self._batch(i, seconds, placed.curve.key or model, placed.curve)
         if waits:
             self.wait[i] += seconds
         if model is None:

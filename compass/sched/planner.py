@@ -204,10 +204,10 @@ class CompassPolicy:
         (infinite when it would not join one)."""
         costs = self._costs.for_view(job.workflow, profiles, view)
         t = job.workflow.index[task]
-        model = costs.models[t]
-        if model is None or costs.batch_limits[t] is None:
+        key = costs.batch_keys[t]
+        if key is None:
             return math.inf
-        rows = view.batched(model)
+        rows = view.batched(key)
         if rows is None or not rows[0][i]:
             return math.inf
         eft = self._finish_now(costs, job, t, plan, view, now)[0]

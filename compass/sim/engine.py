@@ -50,6 +50,7 @@ from compass.core.events import (
     Event,
     Fault,
     Feed,
+    JoinRun,
     LoadModel,
     ModelLoaded,
     PlanAsked,
@@ -87,6 +88,7 @@ from compass.sched import CompassPolicy, Policy, make_policy
 from compass.sched.candidates import CandidateRule
 from compass.sched.policies import worker_seed
 from compass.sim.arrivals import Arrival
+from compass.sim.batching import StepBatches
 from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S
 from compass.sim.hooks import SimHooks
@@ -99,9 +101,10 @@ from compass.sim.streams import SimStreams, stream_bytes
 from compass.sim.traffic import view_traffic
 from compass.sim.unfold import RanBest
 from compass.sim.view import SimView
+from compass.workflow.batching import without_step_batches
 from compass.workflow.best import best_time_s
 from compass.workflow.choices import is_skipped
-from compass.workflow.dag import TaskProfile, Workflow, emulated_run_s
+from compass.workflow.dag import TaskProfile, Workflow, batch_scale, emulated_run_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
@@ -132,6 +135,8 @@ def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arriv
     for finding the holders and for warming, as rumors spread it); ``heartbeat_s`` and
     ``staleness_s`` are the mesh's only.
     """
+    if not settings.step_batch:
+        workload = without_step_batches(workload)
     spread = ingress_spread(settings.ingress, settings.workers)
     rule = view_rule(settings.view, settings.candidates, settings.holders)
     simulation = Simulation(workload, settings, spread=spread, rule=rule)
@@ -278,6 +283,9 @@ class Simulation:
         self._jobs: dict[str, _Job] = {}
         #: step-wise runs: their steps and ends (sooner if stopped, later if suspended)
         self.stepping = Stepping(self, self._apply, self._task_end)
+        self.batching = StepBatches(
+            self, self._apply, self._tells, lambda name: self.workload.workflows[name]
+        )
         self._streams = SimStreams()  # streamed edges' steps, ends and order on a link
         #: some workflow streams an edge (else none of their rules is looked at)
         self._streamed = any(
@@ -453,6 +461,10 @@ class Simulation:
                     pass  # watches are modelled by what each planner has heard (heard.py)
                 case StopTask():
                     self.stepping.stop(step.entries)
+                    self.batching.stop(step.entries)
+                case JoinRun():
+                    self.batching.join(step)
+                    self._first_outputs(worker, step.entries, len(step.entries))
                 case SuspendTask():
                     self.stepping.suspend(worker, step.entry)
                 case Chunk():
@@ -474,7 +486,7 @@ class Simulation:
                 worker.index,
                 lanes.queue.queued_s,
                 lanes.queue.run_ends(),
-                lanes.queue.batchable(self.now, lanes.lanes),
+                lanes.batchable(self.now),
                 lanes.queue.raised_s(),
             )
             if self.traffic is not None:  # the real worker sends its state to its watchers
@@ -596,6 +608,10 @@ class Simulation:
             if job is not None:
                 job.placed[entry.task] = worker.name
         profile = workflows[run.entry.workflow].tasks[run.entry.task].profile
+        if self.batching.is_batch(run):  # a step batch: its members come and go at steps
+            self.batching.begin(worker, run)
+            self._first_outputs(worker, run.entries, len(run.entries))
+            return
         exec_s = emulated_run_s(
             profile, [workflows[e.workflow].tasks[e.task].profile for e in run.entries]
         )
@@ -618,6 +634,29 @@ class Simulation:
             worker, run, exec_s, profile.steps - entry.done_steps, tell=feeds
         )
         if entry.done_steps == 0 and job is not None and entry.task in job.workflow.sinks:
+            hop = self.profiles.transfer_s(worker.name, entry.ingress,
+                                           profile.output_bytes // profile.steps)  # fmt: skip
+            first = self.now + step_s + hop
+            if job.first_output is None or first < job.first_output:
+                job.first_output = first
+
+    def _tells(self, worker: _Worker, entry: QueuedTask) -> bool:
+        """Whether ``worker``'s core hears each step of ``entry``: where it preempts, or where
+        the task feeds a streamed edge."""
+        if worker.lanes.preempt:
+            return True
+        job = self._jobs.get(entry.job_id) if self._streamed else None
+        return job is not None and bool(job.workflow.streamed_succs(entry.task))
+
+    def _first_outputs(self, worker: _Worker, entries: tuple[QueuedTask, ...], size: int) -> None:
+        """Step-wise ``entries`` took seats in a step batch of at least ``size``: the first
+        output of a job whose sink one is comes after its first step and a hop."""
+        for entry in entries:
+            job = self._jobs.get(entry.job_id)
+            if job is None or entry.task not in job.workflow.sinks:
+                continue
+            profile = job.workflow.tasks[entry.task].profile
+            step_s = profile.exec_s / profile.steps * batch_scale(profile.batch_scale, size)
             hop = self.profiles.transfer_s(worker.name, entry.ingress,
                                            profile.output_bytes // profile.steps)  # fmt: skip
             first = self.now + step_s + hop

@@ -19,16 +19,26 @@ from compass.config import SIM_WORKER, WorkerConfig
 if TYPE_CHECKING:
     from compass.workflow.spec import Workload
 
-__all__ = ["NO_PREEMPTION", "SimSettings", "base_policy", "with_preemption"]
+__all__ = [
+    "NO_PREEMPTION",
+    "NO_STEP_BATCHING",
+    "SimSettings",
+    "base_policy",
+    "with_preemption",
+    "with_step_batching",
+]
 
 #: a policy's name with this suffix runs without preemption where the others have it on
 #: (``--preempt both``: "compass" and "compass (no preemption)" side by side)
 NO_PREEMPTION = " (no preemption)"
+#: a policy's name with this suffix runs without step batching: the workload's step-wise tasks
+#: run one job each (``--step-batch both``)
+NO_STEP_BATCHING = " (no step batching)"
 
 
 def base_policy(name: str) -> str:
     """The policy a (possibly suffixed) name runs: ``"jsq (no preemption)"`` is ``"jsq"``."""
-    return name.removesuffix(NO_PREEMPTION)
+    return name.removesuffix(NO_STEP_BATCHING).removesuffix(NO_PREEMPTION)
 
 
 def with_preemption(policies: tuple[str, ...], mode: str) -> tuple[tuple[str, ...], bool]:
@@ -38,6 +48,15 @@ def with_preemption(policies: tuple[str, ...], mode: str) -> tuple[tuple[str, ..
     if mode == "both":
         return (*policies, *(p + NO_PREEMPTION for p in policies)), True
     return policies, mode == "on"
+
+
+def with_step_batching(policies: tuple[str, ...], mode: str) -> tuple[str, ...]:
+    """``--step-batch on|off|both``: the policies to run, those without step batching named
+    ``"NAME (no step batching)"`` (with ``both``, each policy runs both ways)."""
+    if mode == "on":
+        return policies
+    off = tuple(p + NO_STEP_BATCHING for p in policies)
+    return (*policies, *off) if mode == "both" else off
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +83,8 @@ class SimSettings:
     ``"mesh"``, every worker; ``"bounded"``, for each job, its candidates: ``candidates``
     sampled workers and at most ``holders`` holders per model the job needs (None: all).
     ``preempt``: scheduling at step boundaries (:mod:`compass.core.preempt`).
+    ``step_batch``: step-wise tasks that declare a batch batch their steps (continuous
+    batching, :mod:`compass.core.lanes`); off, each runs one job.
     """
 
     workers: int
@@ -85,11 +106,17 @@ class SimSettings:
     candidates: int = SIM_WORKER.sched.candidates
     holders: int | None = SIM_WORKER.sched.holders
     preempt: bool = SIM_WORKER.sched.preempt
+    step_batch: bool = True
 
     def __post_init__(self) -> None:
-        if self.policy.endswith(NO_PREEMPTION):  # that policy, preemption off
-            object.__setattr__(self, "policy", base_policy(self.policy))
+        policy = self.policy
+        if policy.endswith(NO_STEP_BATCHING):  # that policy, step batching off
+            policy = policy.removesuffix(NO_STEP_BATCHING)
+            object.__setattr__(self, "step_batch", False)
+        if policy.endswith(NO_PREEMPTION):  # that policy, preemption off
+            policy = policy.removesuffix(NO_PREEMPTION)
             object.__setattr__(self, "preempt", False)
+        object.__setattr__(self, "policy", policy)
 
     def worker_config(self, workload: Workload) -> WorkerConfig:
         """Each simulated worker's configuration: :data:`SIM_WORKER` with these settings (a

@@ -78,7 +78,7 @@ class SimView:
             if self._traffic is not None:  # the planner watches its candidates' load
                 self._traffic.planned(worker.index, among.tolist(), now)
         return self._state.snapshot(
-            worker.index, now, lanes.wait_s(now, priority), lanes.queue.batchable(now, lanes.lanes),
+            worker.index, now, lanes.wait_s(now, priority), lanes.batchable(now),
             without, priority, among,
         )  # fmt: skip
 

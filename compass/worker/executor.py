@@ -51,18 +51,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import inspect
-import itertools
 import logging
 import math
 import queue
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -70,15 +67,16 @@ from typing import Any
 import numpy as np
 
 from compass.config import WorkerConfig
-from compass.core.events import StopTask, SuspendTask
+from compass.core.events import JoinRun, StopTask, SuspendTask
 from compass.core.lanes import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
+from compass.worker.batchsteps import StepBatches
+from compass.worker.devices import device_of, moved, to_host
 from compass.worker.feeds import Feeds
 from compass.worker.stepgate import StepGate
 from compass.worker.windows import StepWindow, StreamedSteps
-from compass.workflow.choices import Decision
 from compass.workflow.dag import Task, Workflow, emulated_run_s
 
 __all__ = [
@@ -182,6 +180,8 @@ class TaskRunner:
         self._preempt = config.sched.preempt
         self._gates: dict[QueuedTask, StepGate] = {}
         self._parked: dict[QueuedTask, tuple[list[TaskOutcome], Task, float, float, float]] = {}
+        #: step batches (continuous batching of step-wise tasks)
+        self.batches = StepBatches(self, emulate=self._emulate, time_scale=self._time_scale)
 
     def start(self, run: RunTask) -> None:
         """Run ``run``'s entries (one task, or a batch) now (needs a running event loop)."""
@@ -190,20 +190,10 @@ class TaskRunner:
             return
         entries = run.entries
         task = self._lookup(run.entry.workflow, run.entry.task)
-        outcomes = [
-            TaskOutcome(
-                entry,
-                queue_s=entry.started_at - entry.enqueued_at,
-                fetch_s=run.fetch_s,
-                cache_hit=run.hit is not False,
-                batch=len(entries),
-                first=entry is run.entry,
-                lane=run.lane,
-                run=entries,
-                stimulus=run.stimulus,
-            )
-            for entry in entries
-        ]
+        outcomes = _outcomes(run)
+        if self.batches.handles(run):  # a step batch: its members come and go at its steps
+            self.batches.start(run, outcomes)
+            return
         timeout_s = (
             task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
         ) * self._time_scale
@@ -297,6 +287,7 @@ class TaskRunner:
                 self._streamed.stop(entry)
         for gate in self._gates.values():
             gate.stop()
+        self.batches.close()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -321,13 +312,59 @@ class TaskRunner:
             if self._emulated_steps.get(entry) is running:  # not suspended nor stopped there
                 asyncio.get_running_loop().call_later(step_s, self._emulated_step, entry, seq + 1)
 
-    def between_steps(self, order: StopTask | SuspendTask) -> None:
+    def between_steps(self, order: StopTask | SuspendTask | JoinRun) -> None:
         """Carry out what the core decided of running step-wise tasks (:meth:`stop`,
-        :meth:`suspend`)."""
+        :meth:`suspend`, a step batch's new members)."""
         if isinstance(order, StopTask):
-            self.stop(order.entries)
+            if not self.batches.stop(order.entries):
+                self.stop(order.entries)
+        elif isinstance(order, JoinRun):
+            self.batches.join(
+                order,
+                _outcomes(
+                    RunTask(
+                        order.entries[0],
+                        order.lane,
+                        False,
+                        0.0,
+                        None,
+                        order.entries[1:],
+                        order.stimulus,
+                    )
+                ),
+            )
         else:
             self.suspend(order.entry)
+
+    # -- what the step batches use (:class:`~compass.worker.batchsteps.Running`) ---------------
+
+    def lookup(self, workflow: str, task: str) -> Task:
+        return self._lookup(workflow, task)
+
+    def tells_steps(self, entry: QueuedTask) -> bool:
+        return self._tells_steps(entry)
+
+    def step(self, entry: QueuedTask, seq: int, value: Any) -> None:
+        if self._on_step is not None:
+            self._on_step(entry, seq, to_host(value))
+
+    def report(self, outcomes: list[TaskOutcome]) -> None:
+        for outcome in outcomes:
+            outcome.output = to_host(outcome.output)
+        self._report(outcomes)
+
+    def emulated(self, entry: QueuedTask, task: Task, *, partial: bool) -> Any:
+        return _step_output(task) if partial else emulated_output(task.profile.output_bytes)
+
+    def stopped_error(self, entry: QueuedTask, steps: int) -> Exception:
+        return TaskStopped(f"task {entry.task!r} stopped after {steps} steps")
+
+    def call(self, model: str | None, fn: Callable[[Any], Any]) -> asyncio.Future[Any]:
+        """``fn(module)`` in a task thread, in the model's compute scope, under inference
+        mode (a step batch's thread)."""
+        module = None if model is None else self._module_of(model)
+        scope = nullcontext() if self._compute is None else self._compute(model)
+        return self._threads.run(asyncio.get_running_loop(), _scoped, fn, module, scope)
 
     def suspend(self, entry: QueuedTask) -> None:
         """Step-wise ``entry`` gives its lane up at the boundary it just reported
@@ -596,14 +633,41 @@ def _call(
     assert task.fn is not None
     try:
         with scope, torch.inference_mode():
-            device = _device_of(module)
+            device = device_of(module)
             if device is None or device.type == "cpu":
                 return method(module, payload)
-            return _moved(method(module, _moved(payload, device)), torch.device("cpu"))
+            return moved(method(module, moved(payload, device)), torch.device("cpu"))
     except Exception:
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
         raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _outcomes(run: RunTask) -> list[TaskOutcome]:
+    """The outcomes of ``run``'s entries, to be filled as they end."""
+    entries = run.entries
+    return [
+        TaskOutcome(
+            entry,
+            queue_s=entry.started_at - entry.enqueued_at,
+            fetch_s=run.fetch_s,
+            cache_hit=run.hit is not False,
+            batch=len(entries),
+            first=entry is run.entry,
+            lane=run.lane,
+            run=entries,
+            stimulus=run.stimulus,
+        )
+        for entry in entries
+    ]
+
+
+def _scoped(fn: Callable[[Any], Any], module: Any, scope: AbstractContextManager[Any]) -> Any:
+    """``fn(module)`` under inference mode inside ``scope`` (a step batch's thread)."""
+    import torch
+
+    with scope, torch.inference_mode():
+        return fn(module)
 
 
 @dataclass(slots=True)
@@ -642,7 +706,7 @@ def _run_steps(task: Task, steps: _Steps, module: Any, payload: Any) -> Any:
             except StopIteration as end:
                 return last if end.value is None else end.value
             if report is not None:
-                report(outcome.steps, _to_host(last))
+                report(outcome.steps, to_host(last))
             outcome.steps += 1
             if outcome.steps == 1:
                 outcome.first_step_s = time.perf_counter() - started
@@ -680,37 +744,3 @@ def _reporter(
         loop.call_soon_threadsafe(on_step, entry, seq, value)
 
     return report
-
-
-def _to_host(value: Any) -> Any:
-    """``value`` with every torch tensor in it on the CPU (nothing to do without torch)."""
-    torch = sys.modules.get("torch")
-    return value if torch is None else _moved(value, torch.device("cpu"))
-
-
-def _device_of(module: Any) -> Any:
-    """The device of a torch module's first parameter or buffer (None: no module, no tensors)."""
-    from torch import nn
-
-    if not isinstance(module, nn.Module):
-        return None
-    first = next(itertools.chain(module.parameters(), module.buffers()), None)
-    return None if first is None else first.device
-
-
-def _moved(value: Any, device: Any) -> Any:
-    """``value`` with every torch tensor in it (in dicts, lists and tuples too) on ``device``."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, Mapping):
-        return {key: _moved(item, device) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_moved(item, device) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # not a namedtuple
-        return tuple(_moved(item, device) for item in value)
-    if isinstance(value, Decision):  # a run-time choice: its output and items move
-        items = None if value.items is None else _moved(value.items, device)
-        return dataclasses.replace(value, value=_moved(value.value, device), items=items)
-    return value

@@ -1,10 +1,9 @@
 """The worker process: the asyncio adapter around the worker core.
 
 The rules live in the sans-IO :class:`~compass.core.state.WorkerCore`; this module owns the
-sockets, the threads and the timers. It turns what arrives (a submit, a peer's message, a
-task's outcome, a model loaded, a lost peer) into the core's events and carries out the
-instructions the core returns. What clients and peers may ask is checked at the door by
-:mod:`compass.worker.requests`; a job's way through is in docs/ARCHITECTURE.md.
+sockets, threads and timers: it turns what arrives (a submit, a peer's message, a task's
+outcome, a model loaded, a lost peer) into the core's events and carries out its instructions.
+Requests are checked at the door by :mod:`compass.worker.requests`; see docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from compass.core.events import (
     Fault,
     Feed,
     Heard,
+    JoinRun,
     LoadFailed,
     LoadModel,
     ModelLoaded,
@@ -513,7 +513,7 @@ class Worker:
                 case Watch():
                     for peer in self.gossip.watch(step.peers):
                         self.apply(WatchFailed(self.clock(), peer))
-                case StopTask() | SuspendTask():  # a step-wise task stops, or yields its lane
+                case StopTask() | SuspendTask() | JoinRun():  # what happens at a step's end
                     self.runner.between_steps(step)
                 case Chunk():
                     if (sink := self._streams.get(step.job_id)) is not None:

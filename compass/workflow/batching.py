@@ -27,7 +27,7 @@ from compass.workflow.dag import Task, Workflow, linear_scale
 from compass.workflow.spec import Workload
 from compass.workflow.unfold import Declared
 
-__all__ = ["BATCH_GAINS", "MAX_BATCH", "apply_batching"]
+__all__ = ["BATCH_GAINS", "MAX_BATCH", "apply_batching", "without_step_batches"]
 
 #: the per-item cost of each named curve, as a fraction of one run
 BATCH_GAINS = {"none": 1.0, "mild": 0.15, "strong": 0.05}
@@ -47,6 +47,19 @@ def apply_batching(workload: Workload, *, batching: bool, gain: str | None = Non
         name: _rebuild(wf, lambda task: _batched(task, batching, gain))
         for name, wf in workload.workflows.items()
     }
+    return dataclasses.replace(workload, workflows=workflows)
+
+
+def without_step_batches(workload: Workload) -> Workload:
+    """``workload`` with its step-wise tasks' batches off: each runs one job at a time (what
+    ``--step-batch off`` compares continuous batching with)."""
+
+    def alone(task: Task) -> Task:
+        if task.profile.steps > 1 and task.batch > 1:
+            return dataclasses.replace(task, batch=1)
+        return task
+
+    workflows = {name: _rebuild(wf, alone) for name, wf in workload.workflows.items()}
     return dataclasses.replace(workload, workflows=workflows)
 
 

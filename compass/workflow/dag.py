@@ -19,6 +19,7 @@ from typing import Any
 
 from compass.errors import InvalidInputs, ModelTooLarge, WorkflowError
 from compass.workflow.choices import Unfolding
+from compass.workflow.seats import Seat, is_step_batch
 
 __all__ = [
     "Task",
@@ -63,6 +64,13 @@ def emulated_run_s(lead: TaskProfile, members: Sequence[TaskProfile]) -> float:
     takes: its longest member's expected time times ``lead``'s batch curve at the run's size.
     The worker's executor and the simulator both time emulated runs by it."""
     return max(m.exec_s for m in members) * batch_scale(lead.batch_scale, len(members))
+
+
+def batch_key(model: str, steps: int) -> str:
+    """What the batches of a model's tasks are counted under, in queues and in views: the model
+    for tasks whose calls batch, ``MODEL/steps`` for step-wise tasks, whose steps batch (a
+    running step batch takes a task at its next step, a queued batch only before it starts)."""
+    return f"{model}/steps" if steps > 1 else model
 
 
 def batch_limit(scale: Sequence[float], size: int) -> int:
@@ -177,8 +185,9 @@ class Task:
     #: per keyword (one item per job) and returns a list of outputs, one per item
     batch: int = 1
     #: its function is a generator (sync or async): it runs in steps, each ``yield`` ending one
-    #: with a partial output, and can be stopped between two (:func:`is_stepwise`; set from
-    #: ``fn``, not passed)
+    #: with a partial output, and can be stopped between two (:func:`is_stepwise`); or a step
+    #: function over a batch's seats (:func:`~compass.workflow.seats.step_batch`). Set from
+    #: ``fn``, not passed
     stepwise: bool = field(default=False, init=False)
     #: the predecessors (of ``after``) whose partial outputs it takes as they come, each as an
     #: iterator argument: it starts at their first step, not at their end (a streamed edge)
@@ -218,11 +227,12 @@ class Task:
             raise WorkflowError(
                 f"task {self.name!r}: only a task with a model batches (batch={self.batch})"
             )
-        object.__setattr__(self, "stepwise", is_stepwise(self.fn))
-        if (self.stepwise or self.profile.steps > 1) and self.batch > 1:
+        object.__setattr__(self, "stepwise", is_stepwise(self.fn) or is_step_batch(self.fn))
+        if self.batch > 1 and is_stepwise(self.fn):
             raise WorkflowError(
-                f"task {self.name!r}: a step-wise task (a generator) does not batch its calls "
-                f"(batch={self.batch}); its steps will batch at step boundaries"
+                f"task {self.name!r}: a generator runs one job (batch={self.batch}); to batch "
+                "its steps across jobs, write a step function over a batch's seats "
+                "(@compass.step_batch)"
             )
         if self.profile.steps > 1 and self.fn is not None and not self.stepwise:
             raise WorkflowError(
@@ -359,6 +369,29 @@ class Task:
             for name in self.resources:
                 kwargs[name] = self.provider(name)
         return self.fn(module, **kwargs)
+
+    def call_steps(self, module: Any, seats: Sequence[Seat]) -> list[Any]:
+        """One step of a step function (:func:`~compass.workflow.seats.step_batch`) over a
+        batch's ``seats``, resources as keywords; one item per seat."""
+        if self.fn is None:
+            raise WorkflowError(f"task {self.name!r} is emulated and has no function to call")
+        kwargs: dict[str, Any] = {}
+        if self.resources:
+            assert self.provider is not None
+            for name in self.resources:
+                kwargs[name] = self.provider(name)
+        items = self.fn(module, list(seats), **kwargs)
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+            raise WorkflowError(
+                f"step function {self.name!r} must return one item per seat (a list), got "
+                f"{type(items).__name__}"
+            )
+        items = list(items)
+        if len(items) != len(seats):
+            raise WorkflowError(
+                f"step function {self.name!r} returned {len(items)} items for {len(seats)} seats"
+            )
+        return items
 
     def call_batch(self, module: Any, arguments: Sequence[Mapping[str, Any]]) -> list[Any]:
         """Run ``fn`` once on several jobs' arguments (each item's :meth:`arguments`): each

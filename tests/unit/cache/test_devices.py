@@ -8,7 +8,8 @@ from collections import namedtuple
 import torch
 from torch import nn
 
-from compass.worker.executor import _device_of, _moved
+from compass.worker.devices import device_of as _device_of
+from compass.worker.devices import moved as _moved
 
 
 def test_every_tensor_in_nested_inputs_moves_and_nothing_else_changes():

@@ -62,7 +62,7 @@ def test_a_generator_function_is_step_wise_and_a_plain_one_one_step() -> None:
 def test_steps_on_a_plain_function_and_a_batched_generator_are_refused() -> None:
     with pytest.raises(WorkflowError, match="not a generator"):
         Task("t", None, (), TaskProfile(exec_ms=10, output_bytes=0, steps=4), fn=plain)
-    with pytest.raises(WorkflowError, match="does not batch"):
+    with pytest.raises(WorkflowError, match="a generator runs one job"):
         Task("t", "m", (), TaskProfile(exec_ms=10, output_bytes=0), fn=counts, batch=4)
     with pytest.raises(WorkflowError, match="steps must be an integer >= 1"):
         TaskProfile(exec_ms=10, output_bytes=0, steps=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from compass.worker.executor import _moved
+from compass.worker.devices import moved as _moved
 from compass.workflow.choices import choose, fan_out
 
 

@@ -1,0 +1,71 @@
+"""Step batches (continuous batching) in the lanes: their members and when each should end.
+
+Step-wise tasks of a batch group run as one batch whose members come and go at step
+boundaries. The run starts with the queued tasks of its group; while it runs, a task of the
+group that would otherwise wait for a lane takes a free seat
+(:class:`~compass.core.events.JoinRun`: the adapter seats it at the batch's next step). Each
+member leaves when its own steps end, and its seat goes to the queue; the lane is free when the
+last one leaves. A join never makes a member miss its deadline (each member makes every step
+longer, by the group's batch curve). A task that batches its steps is never suspended.
+
+Part of the worker core (:mod:`compass.core.lanes` drives it). Sans-IO: every call passes the
+current time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from compass.core.queue import QueuedTask, TaskQueue
+from compass.workflow.dag import batch_key, batch_limit
+
+__all__ = ["StepBatch", "with_open"]
+
+
+class StepBatch:
+    """The members of the step batch ``lead`` started, and their expected ends at its size
+    now. ``lead.run_s`` is kept at the batch's span (what the queue's waits count of it)."""
+
+    __slots__ = ("ends", "lead")
+
+    def __init__(self, lead: QueuedTask, now: float) -> None:
+        self.lead = lead
+        self.ends = {lead: now + lead.expected_s}
+
+    def take(self, queue: TaskQueue, now: float) -> list[QueuedTask]:
+        """Queued tasks of the batch's group take its free seats (:meth:`TaskQueue.take_steps`:
+        never making a member miss its deadline); they are returned."""
+        lead = self.lead
+        assert lead.group is not None
+        room = batch_limit(lead.scale, lead.max_batch) - len(self.ends)
+        joined = queue.take_steps(lead.group, room, self.ends, now)
+        self._span(now)
+        return joined
+
+    def left(self, entry: QueuedTask, now: float) -> None:
+        """Member ``entry`` ended."""
+        self.ends.pop(entry, None)
+        self._span(now)
+
+    def left_s(self, entry: QueuedTask, done: int) -> float:
+        """Expected seconds of member ``entry``'s steps after ``done``, at the batch's size."""
+        per_step = (self.ends[entry] - entry.started_at) / entry.steps
+        return per_step * max(0, entry.steps - done)
+
+    def _span(self, now: float) -> None:
+        lead = self.lead
+        lead.run_s = max(self.ends.values(), default=now) - lead.started_at
+
+
+def with_open(
+    found: dict[str, tuple[int, float]], batches: Iterable[StepBatch]
+) -> dict[str, tuple[int, float]]:
+    """``found`` (:meth:`TaskQueue.batchable`) with each running step batch: its members and
+    the tasks queued for its seats, starting now (a task of its group takes a seat at its next
+    step)."""
+    for batch in batches:
+        model = batch.lead.model
+        assert model is not None
+        key = batch_key(model, batch.lead.steps)
+        found[key] = (len(batch.ends) + found.get(key, (0, 0.0))[0], 0.0)
+    return found

@@ -1,0 +1,328 @@
+"""Running step batches: continuous batching of step-wise tasks, as the worker core decides it.
+
+The core starts a step batch with a :class:`~compass.core.events.RunTask` of a step-wise task
+that batches (its entries the first members) and adds members with
+:class:`~compass.core.events.JoinRun`; each member ends with an outcome of its own, and the
+core frees the lane when the last has ended (:mod:`compass.core.lanes`). Here:
+
+- **Emulated** (a task without a function, or ``--emulate``): a timer a step. A step of ``b``
+  members lasts the slowest member's step time times the batch curve at ``b``; at its end,
+  every member has a step fewer to go, a member whose steps are done (or whose job ended:
+  :meth:`StepBatches.stop`) leaves with its outcome, and the members added since take their
+  seats.
+- **Real** (a step function, :func:`~compass.workflow.seats.step_batch`): one thread a batch
+  calls the function once a step on the seats taken now, under inference mode in the model
+  cache's compute scope, as a task thread does. What each seat's item says (a partial output,
+  :class:`~compass.workflow.seats.Done`, an exception) decides whether it stays; members
+  added meanwhile are seated before the next call; a member whose job ended leaves with
+  :class:`~compass.worker.executor.TaskStopped`. A raise fails the members seated then.
+
+A member's partial outputs are reported like a generator's steps where they are wanted (its
+job streams, or it feeds a streamed edge). A member's measured time teaches its task's profile
+only when it ran alone throughout (a batch's time is not one job's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from compass.core.events import JoinRun, RunTask
+from compass.core.outcome import TaskOutcome
+from compass.core.queue import QueuedTask
+from compass.worker.devices import device_of, moved, to_host
+from compass.workflow.dag import Task, batch_scale
+from compass.workflow.seats import Done, Seat, is_step_batch
+
+__all__ = ["StepBatches"]
+
+
+class Running(Protocol):
+    """What the step batches use of the worker's task runner."""
+
+    def lookup(self, workflow: str, task: str) -> Task: ...
+    def tells_steps(self, entry: QueuedTask) -> bool: ...
+    def step(self, entry: QueuedTask, seq: int, value: Any) -> None: ...
+    def report(self, outcomes: list[TaskOutcome]) -> None: ...
+    def emulated(self, entry: QueuedTask, task: Task, *, partial: bool) -> Any: ...
+    def stopped_error(self, entry: QueuedTask, steps: int) -> Exception: ...
+    def call(self, model: str | None, fn: Callable[[Any], Any]) -> asyncio.Future[Any]: ...
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    outcome: TaskOutcome
+    task: Task
+    #: emulated: steps to go; real: its seat
+    left: int = 0
+    seat: Seat | None = None
+    began: float = field(default_factory=time.monotonic)
+    alone: bool = True
+    stopped: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    run: RunTask
+    members: list[_Member] = field(default_factory=list)
+    joining: list[_Member] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+    #: real: the lock the thread and the loop share over ``joining`` and stops, and whether
+    #: the thread is gone (a join then starts another)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+class StepBatches:
+    """The step batches of one worker (see the module docstring)."""
+
+    def __init__(self, runner: Running, *, emulate: bool, time_scale: float) -> None:
+        self._runner = runner
+        self._emulate = emulate
+        self._time_scale = time_scale
+        #: batches under way by the core's first entry, and each member's batch
+        self._batches: dict[QueuedTask, _Batch] = {}
+        self._of: dict[QueuedTask, _Batch] = {}
+
+    def handles(self, run: RunTask) -> bool:
+        """Whether ``run`` is a step batch: a step-wise task that batches (or a step function,
+        which is always called with seats)."""
+        task = self._runner.lookup(run.entry.workflow, run.entry.task)
+        if task.fn is not None and not self._emulate:
+            return is_step_batch(task.fn)
+        return run.entry.group is not None and run.entry.steps > 1
+
+    def start(self, run: RunTask, outcomes: Sequence[TaskOutcome]) -> None:
+        """Step batch ``run`` starts with its entries seated (their outcomes given)."""
+        batch = _Batch(run)
+        self._batches[run.entry] = batch
+        members = [self._member(batch, o) for o in outcomes]
+        if self._is_real(members[0].task):
+            batch.joining = members
+            self._thread(batch)
+        else:
+            batch.members = members
+            self._next(batch)
+
+    def join(self, order: JoinRun, outcomes: Sequence[TaskOutcome]) -> None:
+        """The core added ``order.entries`` to the batch of ``order.lead``: they take their
+        seats at its next step (a batch whose last member just left starts again)."""
+        batch = self._batches.get(order.lead)
+        if batch is None:  # it emptied while the core added these: they run as a batch anew
+            self.start(RunTask(order.entries[0], order.lane, False, 0.0, None,
+                               order.entries[1:], order.stimulus), outcomes)  # fmt: skip
+            self._batches[order.lead] = self._batches.pop(order.entries[0])
+            return
+        members = [self._member(batch, o) for o in outcomes]
+        with batch.lock:
+            restart = batch.closed
+            batch.joining.extend(members)
+            batch.closed = False
+        if restart:
+            self._thread(batch)
+
+    def stop(self, entries: tuple[QueuedTask, ...]) -> bool:
+        """The jobs of ``entries`` ended: the members among them leave at the next step.
+        Whether any was a member here."""
+        found = False
+        for entry in entries:
+            batch = self._of.get(entry)
+            if batch is None:
+                continue
+            found = True
+            with batch.lock:
+                for member in (*batch.members, *batch.joining):
+                    if member.outcome.entry is entry:
+                        member.stopped = True
+        return found
+
+    def close(self) -> None:
+        """The worker stops: no more steps (real batches' threads end at their next step)."""
+        for batch in self._batches.values():
+            if batch.timer is not None:
+                batch.timer.cancel()
+            with batch.lock:
+                for member in (*batch.members, *batch.joining):
+                    member.stopped = True
+        self._batches.clear()
+        self._of.clear()
+
+    def _member(self, batch: _Batch, outcome: TaskOutcome) -> _Member:
+        entry = outcome.entry
+        self._of[entry] = batch
+        task = self._runner.lookup(entry.workflow, entry.task)
+        member = _Member(outcome, task, left=task.profile.steps)
+        if self._is_real(task):
+            member.seat = Seat(dict(task.arguments(entry.inputs)), entry.job_id)
+        return member
+
+    def _is_real(self, task: Task) -> bool:
+        return task.fn is not None and not self._emulate
+
+    # -- emulated: a timer a step ----------------------------------------------------------
+
+    def _next(self, batch: _Batch) -> None:
+        members = batch.members
+        scale = members[0].task.profile.batch_scale
+        step_s = max(m.task.profile.exec_s / m.task.profile.steps for m in members)
+        delay = step_s * batch_scale(scale, len(members)) * self._time_scale
+        if len(members) > 1:
+            for member in members:
+                member.alone = False
+        batch.timer = asyncio.get_running_loop().call_later(delay, self._boundary, batch)
+
+    def _boundary(self, batch: _Batch) -> None:
+        runner = self._runner
+        staying: list[_Member] = []
+        leaving: list[_Member] = []
+        for member in batch.members:
+            outcome, entry = member.outcome, member.outcome.entry
+            member.left -= 1
+            outcome.steps += 1
+            if outcome.steps == 1:
+                outcome.first_step_s = time.monotonic() - member.began
+            if member.stopped:
+                outcome.error = runner.stopped_error(entry, outcome.steps)
+                outcome.stopped = True
+            elif runner.tells_steps(entry):
+                runner.step(entry, outcome.steps - 1, runner.emulated(entry, member.task,
+                                                                      partial=True))  # fmt: skip
+            if member.left <= 0 and not member.stopped:
+                outcome.output = runner.emulated(entry, member.task, partial=False)
+            (leaving if member.left <= 0 or member.stopped else staying).append(member)
+        batch.members = staying
+        self._leave(batch, leaving)
+        batch.members += [m for m in batch.joining if not m.stopped]
+        self._leave(batch, [m for m in batch.joining if m.stopped], seated=False)
+        batch.joining = []
+        if batch.members:
+            self._next(batch)
+        else:
+            batch.timer = None
+            self._batches.pop(batch.run.entry, None)
+
+    def _leave(self, batch: _Batch, members: list[_Member], *, seated: bool = True) -> None:
+        """``members`` leave the batch: each one's outcome is reported."""
+        if not members:
+            return
+        for member in members:
+            outcome = member.outcome
+            self._of.pop(outcome.entry, None)
+            outcome.exec_s = time.monotonic() - member.began
+            outcome.first = member.alone  # a batch's time is not one job's to learn from
+            if not seated and outcome.error is None:
+                outcome.error = self._runner.stopped_error(outcome.entry, 0)
+                outcome.stopped = True
+        self._runner.report([m.outcome for m in members])
+
+    # -- real: a thread a batch --------------------------------------------------------------
+
+    def _thread(self, batch: _Batch) -> None:
+        loop = asyncio.get_running_loop()
+        lead = batch.run.entry
+        task = self._runner.lookup(lead.workflow, lead.task)
+
+        def body(module: Any) -> None:  # in the batch's thread, in the compute scope
+            self._drive(batch, task, module, loop)
+
+        def ended(work: asyncio.Future[Any]) -> None:  # on the loop
+            if not work.cancelled() and (error := work.exception()) is not None:
+                self._fail_all(batch, error)
+            with batch.lock:
+                over = batch.closed and not batch.joining
+            if over and self._batches.get(batch.run.entry) is batch:
+                del self._batches[batch.run.entry]
+
+        work = self._runner.call(lead.model, body)
+        work.add_done_callback(ended)
+
+    def _drive(
+        self, batch: _Batch, task: Task, module: Any, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Call the step function once a step on the seats taken now, until none is left."""
+        runner = self._runner
+        device = device_of(module)
+        members: list[_Member] = []
+        while True:
+            with batch.lock:
+                stopped = [m for m in members if m.stopped]
+                members = [m for m in members if not m.stopped]
+                seated = batch.joining
+                members += seated
+                batch.members, batch.joining = members, []
+                if not members and not stopped:
+                    batch.closed = True
+                    return
+            if device is not None and device.type != "cpu":
+                for member in seated:  # its inputs on the model's device
+                    assert member.seat is not None
+                    member.seat.inputs = moved(member.seat.inputs, device)
+            leaving: list[_Member] = []
+            for member in stopped:
+                member.outcome.error = runner.stopped_error(member.outcome.entry,
+                                                            member.outcome.steps)  # fmt: skip
+                member.outcome.stopped = True
+                leaving.append(member)
+            if members:
+                if len(members) > 1:
+                    for member in members:
+                        member.alone = False
+                seats = [m.seat for m in members]
+                assert all(seat is not None for seat in seats)
+                try:
+                    items = task.call_steps(module, seats)  # type: ignore[arg-type]
+                except Exception as exc:
+                    text = "".join(traceback.format_exception(exc))
+                    for member in members:
+                        member.outcome.error, member.outcome.error_text = exc, text
+                    leaving += members
+                    members = []
+                else:
+                    members = self._stepped(members, items, leaving, loop)
+            if leaving:
+                loop.call_soon_threadsafe(self._leave, batch, leaving)
+
+    def _stepped(
+        self,
+        members: list[_Member],
+        items: list[Any],
+        leaving: list[_Member],
+        loop: asyncio.AbstractEventLoop,
+    ) -> list[_Member]:
+        """What each seat's item says: the members that stay (the others join ``leaving``)."""
+        runner = self._runner
+        staying = []
+        for member, item in zip(members, items, strict=True):
+            seat, outcome = member.seat, member.outcome
+            assert seat is not None
+            seat.step += 1
+            outcome.steps += 1
+            if outcome.steps == 1:
+                outcome.first_step_s = time.monotonic() - member.began
+            if isinstance(item, Done):
+                outcome.output = to_host(item.value)
+                leaving.append(member)
+            elif isinstance(item, Exception):
+                outcome.error = item
+                outcome.error_text = "".join(traceback.format_exception(item))
+                leaving.append(member)
+            else:
+                if runner.tells_steps(outcome.entry):
+                    value = to_host(item)
+                    loop.call_soon_threadsafe(runner.step, outcome.entry, outcome.steps - 1, value)
+                staying.append(member)
+        return staying
+
+    def _fail_all(self, batch: _Batch, error: BaseException) -> None:
+        """The batch's thread failed outside the step function: every member fails."""
+        with batch.lock:
+            members = [*batch.members, *batch.joining]
+            batch.members, batch.joining, batch.closed = [], [], True
+        for member in members:
+            member.outcome.error = error
+        self._leave(batch, members)
