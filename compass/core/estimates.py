@@ -77,9 +77,11 @@ class Estimates:
         """``entry`` ran and gave ``output``: its run's measured ``exec_s`` (None: not a
         measurement, as for a batch's other entries: a batch is one, of its size, under its
         lead) updates its task's profile, its output's size the task's output estimate. A
-        step-wise run (``steps`` > 0) teaches its step count and step time apart."""
+        step-wise run (``steps`` > 0) teaches its step count and step time apart, unless it
+        shared its steps in a step batch (a batch's step is not one job's)."""
         if exec_s is not None and steps > 0:
-            self.profiles.observe_steps(entry.workflow, entry.task, self.name, steps, exec_s)
+            if batch <= 1:
+                self.profiles.observe_steps(entry.workflow, entry.task, self.name, steps, exec_s)
         elif exec_s is not None:
             self.profiles.observe_batch(entry.workflow, entry.task, self.name, batch, exec_s)
         self.profiles.observe_output(entry.workflow, entry.task, payload_bytes(output))

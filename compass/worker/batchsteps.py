@@ -19,7 +19,7 @@ core frees the lane when the last has ended (:mod:`compass.core.lanes`). Here:
 
 A member's partial outputs are reported like a generator's steps where they are wanted (its
 job streams, or it feeds a streamed edge). A member's measured time teaches its task's profile
-only when it ran alone throughout (a batch's time is not one job's).
+only when it ran alone throughout (a batch's step is not one job's).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class _Member:
     left: int = 0
     seat: Seat | None = None
     began: float = field(default_factory=time.monotonic)
-    alone: bool = True
+    #: the most members it shared a step with (itself included)
+    size: int = 1
     stopped: bool = False
 
 
@@ -171,9 +172,8 @@ class StepBatches:
         scale = members[0].task.profile.batch_scale
         step_s = max(m.task.profile.exec_s / m.task.profile.steps for m in members)
         delay = step_s * batch_scale(scale, len(members)) * self._time_scale
-        if len(members) > 1:
-            for member in members:
-                member.alone = False
+        for member in members:
+            member.size = max(member.size, len(members))
         batch.timer = asyncio.get_running_loop().call_later(delay, self._boundary, batch)
 
     def _boundary(self, batch: _Batch) -> None:
@@ -214,7 +214,10 @@ class StepBatches:
             outcome = member.outcome
             self._of.pop(outcome.entry, None)
             outcome.exec_s = time.monotonic() - member.began
-            outcome.first = member.alone  # a batch's time is not one job's to learn from
+            # the batch is one run of its size, counted under its lead; a shared step's time is
+            # not one job's to learn from (:meth:`Estimates.observe_run`)
+            outcome.batch = member.size
+            outcome.first = outcome.entry is batch.run.entry
             if not seated and outcome.error is None:
                 outcome.error = self._runner.stopped_error(outcome.entry, 0)
                 outcome.stopped = True
@@ -269,9 +272,8 @@ class StepBatches:
                 member.outcome.stopped = True
                 leaving.append(member)
             if members:
-                if len(members) > 1:
-                    for member in members:
-                        member.alone = False
+                for member in members:
+                    member.size = max(member.size, len(members))
                 seats = [m.seat for m in members]
                 assert all(seat is not None for seat in seats)
                 try:

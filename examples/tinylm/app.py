@@ -43,7 +43,7 @@ import compass
 
 from .model import TinyConfig, TinyLM, generate
 from .speech import build_speaker, pig_latin, speak, split_sentences
-from .steps import declare_steps, write_steps
+from .steps import declare_steps, write_batched, write_steps
 from .train import Training, default_weights, ensure_weights, full_state
 
 __all__ = ["app", "build_app", "synthesize", "translate", "write"]
@@ -89,6 +89,11 @@ def build_app(weights: str | Path | None = None, training: Training | None = Non
     steps = app.workflow("tell_steps", inputs=["prompt", "max_new_tokens"])
     steps.task(write_steps, name="generate", model="tinylm", steps=60, step_ms=2.0,
                output_bytes=256)  # fmt: skip
+    # the same generation as one step function over every job seated: jobs that come while it
+    # runs join it at its next token (continuous batching)
+    batched = app.workflow("tell_batched", inputs=["prompt", "max_new_tokens"])
+    batched.task(write_batched, name="generate", model="tinylm", steps=60, step_ms=2.0,
+                 batch=8, batch_item=0.1, output_bytes=256)  # fmt: skip
     # the same pipeline, each stage reading the one before as it comes (streamed edges)
     declare_steps(app)
     spoken = app.workflow("speak", inputs=["prompt", "max_new_tokens"])

@@ -12,6 +12,11 @@ predecessor's partial outputs instead; :func:`translate_steps` and :func:`synthe
 take any iterable of text pieces, so they work on both kinds of edge (a whole string is an
 iterable of one-character pieces).
 
+:func:`write_batched` is the same generation as a step function over a batch's seats
+(``@compass.step_batch``): one model call a step for every job seated then, jobs joining and
+leaving between two calls (continuous batching, issue 35). Each job's text is
+:func:`~examples.tinylm.model.generate`'s for its prompt, whatever it shared its steps with.
+
 The edges of :func:`declare_steps` are streamed (``after={"generate": Stream("text")}``);
 :func:`stream_locally` chains the three generators in this process the same way, the reference
 a cluster's answer is checked against.
@@ -19,18 +24,28 @@ a cluster's answer is checked against.
 
 from __future__ import annotations
 
+import codecs
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
 from torch import nn
 
 import compass
 
-from .model import TinyLM, generate
+from .model import TinyLM, encode, generate
 from .speech import PigLatin, Sentences, speak
 
-__all__ = ["declare_steps", "stream_locally", "synthesize_steps", "translate_steps", "write_steps"]
+__all__ = [
+    "declare_steps",
+    "stream_locally",
+    "synthesize_steps",
+    "translate_steps",
+    "write_batched",
+    "write_steps",
+]
 
 T = TypeVar("T")
 
@@ -43,6 +58,75 @@ def write_steps(model: nn.Module, prompt: str, max_new_tokens: int) -> Generator
         pieces.append(piece)
         yield piece
     return "".join(pieces)
+
+
+@dataclass(slots=True)
+class _Writing:
+    """One seat's generation: its byte ids so far, how many it still makes, its text."""
+
+    ids: list[int]
+    left: int
+    decoder: codecs.IncrementalDecoder
+    pieces: list[str] = field(default_factory=list)
+
+
+@compass.step_batch
+def write_batched(model: nn.Module, seats: list[compass.Seat]) -> list[Any]:
+    """One token for every seated job (greedy): their byte ids right-padded into one batch of
+    one model call, each job's next byte read at its own last position (a causal model's
+    padding after a sequence never changes what it computes before). A seat's item is its
+    new piece of text, or ``Done(text)`` once it made ``max_new_tokens`` bytes; a bad prompt
+    fails its job alone."""
+    assert isinstance(model, TinyLM)
+    items: list[Any] = [None] * len(seats)
+    live: list[tuple[int, _Writing]] = []
+    for i, seat in enumerate(seats):
+        if seat.state is None:
+            try:
+                seat.state = _start(model, seat.inputs["prompt"], seat.inputs["max_new_tokens"])
+            except ValueError as exc:
+                items[i] = exc
+                continue
+        writing: _Writing = seat.state
+        if writing.left == 0:
+            items[i] = compass.Done(_text(writing))
+        else:
+            live.append((i, writing))
+    if live:
+        width = max(len(w.ids) for _, w in live)
+        device = model.embed.weight.device
+        batch = torch.zeros((len(live), width), dtype=torch.long, device=device)
+        for row, (_, writing) in enumerate(live):
+            batch[row, : len(writing.ids)] = torch.tensor(writing.ids, device=device)
+        logits = model(batch)
+        for row, (i, writing) in enumerate(live):
+            token = int(logits[row, len(writing.ids) - 1].argmax())
+            writing.ids.append(token)
+            writing.left -= 1
+            piece = writing.decoder.decode(bytes([token]))
+            writing.pieces.append(piece)
+            items[i] = compass.Done(_text(writing)) if writing.left == 0 else piece
+    return items
+
+
+def _start(model: TinyLM, prompt: Any, max_new_tokens: Any) -> _Writing:
+    """A seat's generation, its inputs checked as :func:`generate` checks them."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    ids = encode(prompt)
+    room = model.config.context - len(ids)
+    if not 0 <= max_new_tokens <= room:
+        raise ValueError(
+            f"max_new_tokens must be in [0, {room}]: the {len(ids)}-byte prompt leaves that "
+            f"much of the model's {model.config.context}-byte context, got {max_new_tokens}"
+        )
+    return _Writing(ids, max_new_tokens, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+
+def _text(writing: _Writing) -> str:
+    return "".join(writing.pieces) + writing.decoder.decode(b"", final=True)
 
 
 def translate_steps(model: None, text: Iterable[str]) -> Generator[str, None, str]:

@@ -308,6 +308,13 @@ async def test_the_workflows_on_a_worker_process_answer_what_this_process_comput
         with pytest.raises(JobFailed, match=r"max_new_tokens must be in \[0, 240\]"):
             await client.submit("tell", prompt=prompt, max_new_tokens=1000, timeout=60)
         again = await client.submit("tell", prompt="A good", max_new_tokens=20, timeout=60)
+        # four jobs at once on one lane: they share the steps of one batch, each its own text
+        lengths = (60, 25, 40, 5)
+        batched = await asyncio.gather(*(
+            client.submit("tell_batched", prompt=p, max_new_tokens=n, timeout=60)
+            for p, n in zip([*PROMPTS, prompt], lengths, strict=True)
+        ))  # fmt: skip
+        sizes = (await client.status()).batches.get("tinylm", {})
         # the streamed pipeline: its three stages overlap, and its answer is speak's
         piped = await client.submit("speak_steps", prompt=prompt, max_new_tokens=60, timeout=60)
         streamed = [
@@ -324,6 +331,9 @@ async def test_the_workflows_on_a_worker_process_answer_what_this_process_comput
     for got, want in zip(spoken["audio"], expected["audio"], strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-6)
     assert again == write(model, "A good", 20)  # the worker kept serving after the bad job
+    for p, n, text in zip([*PROMPTS, prompt], lengths, batched, strict=True):
+        assert text == write(model, p, n)
+    assert max(int(size) for size in sizes) > 1, sizes  # steps were shared
     # into a second model as it is written: the same sentences and audio as run here
     locally = stream_locally(model, speaker, prompt, 60)
     while True:

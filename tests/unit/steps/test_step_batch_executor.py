@@ -85,8 +85,9 @@ async def test_a_job_joins_a_running_step_batch_between_two_calls_and_each_leave
     assert done["j2"].error is None and done["j2"].output == 5 and done["j2"].steps == 5
     # j1's first step alone, two with j2, then j2's last three alone: one call a step
     assert counter.calls == [1, 2, 2, 1, 1, 1]
-    # a member that shared a step teaches no single job's time
-    assert not done["j2"].first and not done["j1"].first
+    # one run of two, counted under its first member
+    assert (done["j1"].batch, done["j2"].batch) == (2, 2)
+    assert done["j1"].first and not done["j2"].first
 
 
 @pytest.mark.asyncio
