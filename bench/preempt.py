@@ -9,6 +9,10 @@ workload and objective, the capacity with it over the capacity without (``on_ove
 each policy, the tail capacities over the median's for compass with and without it
 (``tail_over_median``), and compass's capacity over the best baseline's, both with preemption
 (``compass_over_best``). The JSON keeps every capacity, and the medians over workloads.
+
+``compass bench preempt --switch step-batch`` is the same benchmark for step batching:
+each policy with step batching on and off (``compass sim --step-batch both``), preemption on
+for both.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from compass.sim import capacity as cap
-from compass.sim.settings import NO_PREEMPTION, with_preemption
+from compass.sim.settings import (
+    NO_PREEMPTION,
+    NO_STEP_BATCHING,
+    with_preemption,
+    with_step_batching,
+)
 from compass.workflow.spec import Workload, load_workload
 
 from .report import machine, print_table, write_json
@@ -37,7 +46,8 @@ OBJECTIVES = ("median2", "p95x3", "p99x5")
 class PreemptBench:
     """``generated`` workloads (seeds 0..N-1, ``stepwise`` of their long model tasks in
     steps) besides the paper's with steps; ``policies`` (compass first), arrival ``seeds``,
-    ``jobs`` a run, loads up to ``max_load``."""
+    ``jobs`` a run, loads up to ``max_load``; ``switch``: what is on and off, ``preempt`` or
+    ``step-batch`` (then preemption is on for both)."""
 
     generated: int = 4
     stepwise: float = 0.5
@@ -45,11 +55,21 @@ class PreemptBench:
     seeds: tuple[int, ...] = (0,)
     jobs: int = 500
     max_load: float = 6.0
+    switch: str = "preempt"
+
+    @property
+    def off(self) -> str:
+        """The suffix of a policy's name with the switch off."""
+        return NO_PREEMPTION if self.switch == "preempt" else NO_STEP_BATCHING
 
 
 def workload_row(workload: Workload, bench: PreemptBench) -> dict[str, Any]:
-    """Every policy's capacity with and without preemption on ``workload``, and the ratios."""
-    names, _ = with_preemption(bench.policies, "both")
+    """Every policy's capacity with and without the switch on ``workload``, and the ratios."""
+    if bench.switch == "preempt":
+        names, _ = with_preemption(bench.policies, "both")
+    else:
+        names = with_step_batching(bench.policies, "both")
+    off = bench.off
     started = time.perf_counter()
     found = cap.capacity_for_workload(
         workload,
@@ -62,14 +82,14 @@ def workload_row(workload: Workload, bench: PreemptBench) -> dict[str, Any]:
         for slo, by_policy in found["capacity"].items()
     }
     on_over_off = {
-        slo: {p: _ratio(capacity[slo][p], capacity[slo][p + NO_PREEMPTION]) for p in bench.policies}
+        slo: {p: _ratio(capacity[slo][p], capacity[slo][p + off]) for p in bench.policies}
         for slo in OBJECTIVES
     }
     tail = {
         side: {
             slo: _ratio(capacity[slo][name], capacity["median2"][name]) for slo in OBJECTIVES[1:]
         }
-        for side, name in (("on", "compass"), ("off", "compass" + NO_PREEMPTION))
+        for side, name in (("on", "compass"), ("off", "compass" + off))
     }
     best = {
         slo: _ratio(capacity[slo]["compass"],
@@ -107,9 +127,10 @@ def run(bench: PreemptBench, json_path: str | None = None) -> dict[str, Any]:
                           _cell(row["tail_over_median"]["on"].get(slo)),
                           _cell(row["tail_over_median"]["off"].get(slo)),
                           _cell(row["compass_over_best"][slo])])  # fmt: skip
+    what = "preemption at step boundaries" if bench.switch == "preempt" else "step batching"
     print_table(
-        "preemption at step boundaries: capacity with it over without, per policy; compass's "
-        "tail capacity over its median's with and without it; compass over the best baseline",
+        f"{what}: capacity with it over without, per policy; compass's tail capacity over its "
+        "median's with and without it; compass over the best baseline (both with it)",
         [
             "workload",
             "objective",

@@ -495,9 +495,12 @@ def bench_preempt(
     jobs: Jobs = 500,
     max_load: MaxLoad = 6.0,
     json_path: JsonPath = None,
+    switch: Annotated[
+        str, typer.Option(help="What is on and off: preempt, or step-batch (preemption on).")
+    ] = "preempt",
 ) -> None:
-    """Preemption at step boundaries: capacity with and without it, on workloads with steps
-    (simulated)."""
+    """Preemption at step boundaries (or step batching): capacity with and without it, on
+    workloads with steps (simulated)."""
     from compass._bench import preempt
     from compass.sim.capacity import parse_seeds
 
@@ -506,9 +509,11 @@ def bench_preempt(
     if names[0] != "compass" or len(names) < 2:
         fail("--policies: compass first, then at least one baseline", 2)
     check_output(json_path, "--json")
+    if switch not in ("preempt", "step-batch"):
+        fail(f"--switch must be preempt or step-batch, got {switch!r}", 2)
     bench = preempt.PreemptBench(
         generated=generated, stepwise=stepwise, policies=tuple(names),
-        seeds=tuple(parse_seeds(seeds)), jobs=jobs, max_load=max_load,
+        seeds=tuple(parse_seeds(seeds)), jobs=jobs, max_load=max_load, switch=switch,
     )  # fmt: skip
     preempt.run(bench, json_path)
 

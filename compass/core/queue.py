@@ -297,18 +297,22 @@ class TaskQueue:
     def take_steps(
         self, group: str, room: int, ends: dict[QueuedTask, float], now: float
     ) -> list[QueuedTask]:
-        """Step batching: up to ``room`` queued step-wise tasks of ``group``, in queue order,
-        that join a running batch at its next step boundary (started at ``now``). ``ends``:
-        the members' expected ends at the batch's size now. Each extra member makes every
-        step of the batch longer (the curve :func:`batch_scale` gives), so a task is skipped
-        when it would make a member, or itself, miss its job's deadline. ``ends`` is updated
-        for the batch's new size, the joiners' included."""
+        """Step batching: up to ``room`` queued step-wise tasks of ``group`` that join a
+        running batch at its next step boundary (started at ``now``): those at the head of the
+        queue, before any task of another group (a batch that kept taking its group's tasks
+        would hold its lane from the rest for good). ``ends``: the members' expected ends at
+        the batch's size now. Each extra member makes every step of the batch longer (the
+        curve :func:`batch_scale` gives), so a task is skipped when it would make a member, or
+        itself, miss its job's deadline. ``ends`` is updated for the batch's new size, the
+        joiners' included."""
         if room <= 0 or group not in self._groups:
             return []
         chosen: list[_Item] = []
         size = len(ends)
-        for item in sorted([i for i in self._ready if i[3].group == group]):
+        for item in sorted(self._ready):
             entry = item[3]
+            if entry.group != group:
+                break  # the rest of the queue waits for this one: the batch takes no more
             grown = batch_scale(entry.scale, size + 1) / batch_scale(entry.scale, max(1, size))
             trial = {m: now + max(0.0, end - now) * grown for m, end in ends.items()}
             trial[entry] = now + entry.expected_s * batch_scale(entry.scale, size + 1)

@@ -35,12 +35,16 @@ parameter              default            meaning
 ``step_ms``            10..60             a step-wise task's time per step, log-uniform
 ``step_min_ms``        100                the shortest task drawn to run in steps
 ``state_kb``           10..400            a step-wise task's state per step, log-uniform, kB
+``step_batch``         8                  the most jobs a step-wise task's steps batch (1: no
+                                          step batching)
+``step_item``          0.03..0.2          each extra job's share of a batched step, log-uniform
 =====================  =================  =====================================================
 
 Step-wise tasks are drawn after everything else, from a generator of their own seeded by the
 same seed: a workload drawn with ``stepwise=0`` (the default) is the one earlier releases drew,
 and one drawn with steps is that same workload with some of its tasks run in steps
-(``compass workload generate --stepwise 0.5``).
+(``compass workload generate --stepwise 0.5``). Their step batch curves come from a third
+generator, so ``compass sim --step-batch off`` runs the steps as drawn before step batching.
 
 Shapes: ``chain`` (a line), ``fan`` (one task fans out to ``fan_width`` tasks that one join
 gathers), ``diamond`` (a split, two branches of ``branch_length`` tasks, a join) and ``mix``
@@ -116,6 +120,8 @@ class GeneratorParams:
     step_ms: _Range = (10.0, 60.0)
     step_min_ms: float = 100.0
     state_kb: _Range = (10.0, 400.0)
+    step_batch: int = 8
+    step_item: _Range = (0.03, 0.2)
 
     def __post_init__(self) -> None:
         for name in ("workflows", "chain_length", "fan_width", "branch_length", "workers"):
@@ -124,7 +130,7 @@ class GeneratorParams:
         _int_range("fan_width", self.fan_width, 2)
         _int_range("models", self.models, 1)
         for name in ("model_gb", "exec_ms", "host_exec_ms", "output_kb", "input_kb", "step_ms",
-                     "state_kb"):  # fmt: skip
+                     "state_kb", "step_item"):  # fmt: skip
             _range(name, getattr(self, name), positive=True)
         _range("cache_ratio", self.cache_ratio, positive=True)
         if self.cache_ratio[0] < 1.0:
@@ -149,6 +155,14 @@ class GeneratorParams:
             value = getattr(self, name)
             if not _is_number(value) or not 0.0 < value < math.inf:
                 raise ConfigError(f"GeneratorParams.{name} must be a number > 0, got {value!r}")
+        if (
+            not isinstance(self.step_batch, int)
+            or isinstance(self.step_batch, bool)
+            or (self.step_batch < 1)
+        ):
+            raise ConfigError(
+                f"GeneratorParams.step_batch must be an integer >= 1, got {self.step_batch!r}"
+            )
         if not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs < 1:
             raise ConfigError(f"GeneratorParams.jobs must be an integer >= 1, got {self.jobs!r}")
         unknown = [s for s in self.shapes if s not in SHAPES]
@@ -267,6 +281,9 @@ class _Task:
     #: a step-wise task's steps (1: a plain one) and state per step
     steps: int = 1
     state_kb: float = 0.0
+    #: a step-wise task's step batch: the most jobs, and each extra one's share of a step
+    batch: int = 1
+    batch_item: float = 0.0
 
 
 class _Generator:
@@ -314,6 +331,7 @@ class _Generator:
                 t.input_kb = self.log_uniform(p.input_kb, 1)
         if p.stepwise > 0:
             self.steps(tasks, random.Random(f"steps-{seed}"))
+            self.step_batches(tasks, random.Random(f"step-batches-{seed}"))
         weights = [round(1.0 / (k + 1) ** p.zipf_s, 4) for k in range(n_workflows)]
         workers = rng.randint(*p.workers)
         target = rng.uniform(*p.utilization)
@@ -368,6 +386,14 @@ class _Generator:
             if chosen and t.model is not None and t.exec_ms >= p.step_min_ms:
                 t.steps = max(2, round(t.exec_ms / step_ms))
                 t.state_kb = round(state_kb, 1)
+
+    def step_batches(self, tasks: list[_Task], rng: random.Random) -> None:
+        """Draw each step-wise task's step batch curve (from ``rng``, a generator of its own)."""
+        p = self.p
+        for t in tasks:
+            item = math.exp(rng.uniform(*map(math.log, p.step_item)))
+            if t.steps > 1 and p.step_batch > 1:
+                t.batch, t.batch_item = p.step_batch, round(item, 3)
 
     def shape(self, shape: str) -> list[_Task]:
         p, rng = self.p, self.rng
@@ -428,6 +454,8 @@ def _task_json(t: _Task) -> dict[str, Any]:
     entry: dict[str, Any] = {"model": t.model, "exec_ms": t.exec_ms}
     if t.steps > 1:
         entry.update(steps=t.steps, state_kb=t.state_kb)
+    if t.batch > 1:
+        entry.update(batch=t.batch, batch_item=t.batch_item)
     if not t.after:
         entry["input_kb"] = t.input_kb
     entry["output_kb"] = t.output_kb
