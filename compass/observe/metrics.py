@@ -57,7 +57,7 @@ from compass.elastic.rule import Decision
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
-from compass.observe.shown import ViewHeld
+from compass.observe.shown import Gossiping
 from compass.observe.streams import StreamsInFlight
 from compass.observe.timeline import Timeline
 from compass.supervisor import log_failures
@@ -93,7 +93,7 @@ class Scraped(dashboard.Shown, Protocol):
     it holds of its peers."""
 
     @property
-    def gossip(self) -> ViewHeld: ...
+    def gossip(self) -> Gossiping: ...
 
 
 class WorkerMetrics:
@@ -198,7 +198,7 @@ class WorkerMetrics:
         """The rule's decision (:mod:`compass.elastic.live`) from this worker's state and its
         view's last heartbeat of each peer, sampled now."""
         w = self._worker
-        now, lanes, view = w.clock(), w.lanes, w.gossip.view
+        now, lanes, view = w.clock(), w.lanes, w.gossip.port.view
         seen = [Seen(lanes.wait_s(now), lanes.lanes, lanes.busy)]
         for peer in view.names():
             beat = view.get(peer) if peer != w.name else None
@@ -656,8 +656,8 @@ class WorkerCollector(Collector):
             "mesh view only: a bounded view hears a peer when it changes, so ages grow idle).",
             labels=["peer"],
         )
-        if w.gossip.rule is None:  # the mesh: heartbeats every few ms, so age is silence
-            view, now = w.gossip.view, w.clock()
+        if w.gossip.port.rule is None:  # the mesh: heartbeats every few ms, so age is silence
+            view, now = w.gossip.port.view, w.clock()
             for peer in view.names():
                 if peer != w.name:
                     ages.add_metric([peer], view.age_s(peer, now))

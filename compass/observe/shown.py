@@ -1,6 +1,7 @@
 """What observability reads of a worker, as protocols: who it is (:class:`Identity`), what it
 holds (:class:`Holdings`), what it records (:class:`Records`), the peers it can reach
-(:class:`Peers`) and the view it holds of them (:class:`ViewHeld`). The worker
+(:class:`Peers`) and the view it holds of them (:class:`ViewHeld`, its gossip's
+:class:`Gossiping` port). The worker
 (:class:`compass.worker.server.Worker`) is each of them; the dashboard, the metrics and
 ``compass status`` read it through these, so nothing here imports the adapter.
 """
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from compass.wire.transport import Channel
 
 __all__ = [
+    "Gossiping",
     "Holdings",
     "Identity",
     "Measured",
@@ -155,6 +157,13 @@ class ViewHeld(Protocol):
 
     @property
     def view(self) -> ClusterView: ...
+
+
+class Gossiping(Protocol):
+    """A worker's gossip, whose port is the view it holds."""
+
+    @property
+    def port(self) -> ViewHeld: ...
 
 
 def queue_status(worker: Holdings) -> dict[str, Any]:

@@ -42,16 +42,11 @@ from compass.config import WorkerConfig
 from compass.gossip.port import Gossiped, GossipPort
 from compass.gossip.spread import (
     MAX_RUMORS,
-    Rumors,
-    Watchers,
-    Watching,
     cache_changed,
     gossip_gap_s,
     sync_period_s,
 )
-from compass.sched.candidates import CandidateRule
 from compass.sched.heartbeat import Heartbeat
-from compass.sched.view import ClusterView
 from compass.worker.membership import Membership
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
@@ -100,39 +95,6 @@ class Gossip:
         #: wake-up (a change, or its timer)
         self._dirty = True
         self._wake = asyncio.Event()
-
-    # what the rest of the worker reads of the port
-    @property
-    def view(self) -> ClusterView:
-        return self.port.view
-
-    @property
-    def rule(self) -> CandidateRule | None:
-        return self.port.rule
-
-    @property
-    def draining(self) -> dict[str, str]:
-        return self.port.draining
-
-    @property
-    def watchers(self) -> Watchers[str]:
-        return self.port.watchers
-
-    @property
-    def watching(self) -> Watching[str]:
-        return self.port.watching
-
-    @property
-    def rumors(self) -> Rumors:
-        return self.port.rumors
-
-    @property
-    def incarnation(self) -> int:
-        return self.port.incarnation
-
-    @incarnation.setter
-    def incarnation(self, value: int) -> None:
-        self.port.incarnation = value
 
     def attach(self, core: Gossiped) -> None:
         """Gossip ``core``'s state: its lanes, its cache, what it measured."""
@@ -197,12 +159,12 @@ class Gossip:
         cost a thousand dials. A planner it does not reach may still place a task here
         before it asks: a draining worker runs it."""
         body = {"name": self.name}
-        if self.rule is None:
+        if self.port.rule is None:
             membership.broadcast("drain", body)
             return
         self._drains = True
         membership.tell_connected("drain", body)
-        for peer in self.watchers.live(_now()):
+        for peer in self.port.watchers.live(_now()):
             if membership.channel(peer) is None:
                 membership.send(peer, "drain", body)
 
@@ -210,12 +172,12 @@ class Gossip:
         """``peer`` watches this worker's load for ``for_ms``: it gets this worker's state now,
         and each change until then (a draining worker tells it that instead)."""
         membership = self._membership
-        if membership is None or peer not in membership.peers or self.rule is None:
+        if membership is None or peer not in membership.peers or self.port.rule is None:
             return
         if self._drains:
             membership.send(peer, "drain", {"name": self.name})
             return
-        self.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
+        self.port.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
         membership.send(peer, "heartbeat", self._next_state().to_wire())
 
     def introduce(self, peer: str) -> None:
@@ -223,7 +185,7 @@ class Gossip:
         nothing else until it watches this worker; rumors bring the rest). A worker that has
         heard of no peer yet (it is joining) asks the first for every state it holds."""
         membership = self._membership
-        if membership is None or self.rule is None:
+        if membership is None or self.port.rule is None:
             return
         if self._caught_up:
             membership.send(peer, "heartbeat", self._next_state().to_wire())
@@ -234,14 +196,14 @@ class Gossip:
     def sync_asked(self, peer: str) -> None:
         """``peer`` joined and asks for every state this worker holds."""
         membership = self._membership
-        if membership is not None and self.rule is not None and peer in membership.peers:
+        if membership is not None and self.port.rule is not None and peer in membership.peers:
             self._sync(peer, membership)
 
     def rumor_heard(self, state: Heartbeat) -> None:
         """``state`` came as a rumor and the core took it as news of a live peer: pass it on."""
         membership = self._membership
         members = 1 if membership is None else len(membership.peers) + 1
-        self.rumors.heard(state, members)
+        self.port.rumors.heard(state, members)
 
     # -- sending -------------------------------------------------------------------------------
     async def run(self, membership: Membership) -> None:
@@ -249,7 +211,7 @@ class Gossip:
         as rumors) and run the core's periodic check. Runs until cancelled."""
         self._membership = membership
         try:
-            if self.rule is None:
+            if self.port.rule is None:
                 await self._run_mesh(membership)
             else:
                 await asyncio.gather(self._run_bounded(membership), self._run_rumors(membership))
@@ -261,7 +223,7 @@ class Gossip:
         sched = self._config.sched
         while True:
             self._dirty = False
-            self.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
+            self.port.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
             state = self._next_state()
             self._tick()  # an idle worker warms its cache (the core decides)
             peers = len(membership.peers)
@@ -279,11 +241,11 @@ class Gossip:
         changed = True
         while True:
             self._tick()  # an idle worker warms its cache (the core decides)
-            watchers = self.watchers.live(_now())
+            watchers = self.port.watchers.live(_now())
             gap = gossip_gap_s(sched.heartbeat_min_ms / 1000.0, len(watchers),
                                sched.heartbeat_max_rate)  # fmt: skip
-            if changed or self.incarnation != membership.incarnation:
-                self.incarnation = membership.incarnation  # raised when it rejoins
+            if changed or self.port.incarnation != membership.incarnation:
+                self.port.incarnation = membership.incarnation  # raised when it rejoins
                 state = self._next_state()
                 if watchers:
                     body = state.to_wire()
@@ -296,7 +258,7 @@ class Gossip:
 
     def _start_rumor(self, state: Heartbeat, membership: Membership) -> None:
         self._rumored = state
-        self.rumors.heard(state, len(membership.peers) + 1)
+        self.port.rumors.heard(state, len(membership.peers) + 1)
 
     async def _run_rumors(self, membership: Membership) -> None:
         """Every ``rumor_ms`` (jittered), rumors to ``rumor_fanout`` peers picked at random;
@@ -314,10 +276,10 @@ class Gossip:
             if _now() >= next_sync:
                 self._sync(self._rng.choice(peers), membership)
                 next_sync = _now() + sync_period_s(sched.sync_ms, len(peers) + 1)
-            if not self.rumors.pending():
+            if not self.port.rumors.pending():
                 continue
             for peer in self._rng.sample(peers, min(sched.rumor_fanout, len(peers))):
-                states = self.rumors.take()
+                states = self.port.rumors.take()
                 if not states:
                     break
                 membership.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
@@ -326,8 +288,9 @@ class Gossip:
         """Every state this worker's view holds (its own fresh), to ``peer``: it takes what is
         newer than what it holds, and passes none of it on; with ``ask``, it answers with
         every state it holds."""
+        view = self.port.view
         states = [self._next_state()]
-        states += [s for n in self.view.names() if n != self.name and (s := self.view.get(n))]
+        states += [s for n in view.names() if n != self.name and (s := view.get(n))]
         for i in range(0, len(states), MAX_RUMORS):
             chunk = [s.to_wire() for s in states[i : i + MAX_RUMORS]]
             body: dict[str, Any] = {"s": chunk, "sync": True}
@@ -353,10 +316,10 @@ class Gossip:
         """Each worker's state as this worker's view holds it; ages and waits are in this
         worker's clock (workload time for an emulated worker)."""
         now = self._clock()
-        watched = set(self.watching.watched(_now()))
+        watched = set(self.port.watching.watched(_now()))
         rows = []
-        for name in self.view.names():
-            state = self.view.get(name)
+        for name in self.port.view.names():
+            state = self.port.view.get(name)
             assert state is not None
             rows.append(
                 {
@@ -372,9 +335,9 @@ class Gossip:
                         {"workflow": wf, "task": task, "ms": round(seconds * 1000, 3), "runs": n}
                         for wf, task, seconds, n in self._profiles.learned_of(name)
                     ],
-                    "age_ms": round(self.view.age_s(name, now) * 1000, 3),
-                    "placements_counted": self.view.pending(name),
-                    "watched": name in watched or self.rule is None,
+                    "age_ms": round(self.port.view.age_s(name, now) * 1000, 3),
+                    "placements_counted": self.port.view.pending(name),
+                    "watched": name in watched or self.port.rule is None,
                 }
             )
         return rows
@@ -383,11 +346,11 @@ class Gossip:
         """The view's kind and what a bounded one spreads: ``compass status``'s ``view``."""
         now = _now()
         return {
-            "kind": "mesh" if self.rule is None else "bounded",
+            "kind": "mesh" if self.port.rule is None else "bounded",
             # the version of this worker's weights, and the workers of another kept apart
             "version": self.port.version,
             "apart": dict(sorted(self.port.apart.items())),
-            "watchers": sorted(self.watchers.live(now)),
-            "watching": sorted(self.watching.watched(now)),
-            "rumors_pending": self.rumors.pending(),
+            "watchers": sorted(self.port.watchers.live(now)),
+            "watching": sorted(self.port.watching.watched(now)),
+            "rumors_pending": self.port.rumors.pending(),
         }

@@ -106,10 +106,10 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
         "streams": len(worker.metrics.streams),  # streamed jobs being read here
         "step_windows": len(worker.streamed),  # streamed sinks running here
         # the view of the peers
-        "view": len(worker.gossip.view),
-        "view_pending": _total(worker.gossip.view._pending.values()),
+        "view": len(worker.gossip.port.view),
+        "view_pending": _total(worker.gossip.port.view._pending.values()),
         "early_states": len(worker.gossip._early),
-        "watchers": len(worker.gossip.watchers),
+        "watchers": len(worker.gossip.port.watchers),
     }
     channels: list[Channel] = []
     if worker._server is not None:

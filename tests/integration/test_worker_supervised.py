@@ -51,7 +51,7 @@ async def two_workers(tmp_path: Path, policy: str = "compass") -> AsyncIterator[
         w1 = build_worker(WorkerConfig(workload=spec, name="w1", sched=sched, join=(w0.address,)))
         async with w1:
             await until(
-                lambda: bool(w0.gossip.view.get("w1") and w1.gossip.view.get("w0")),
+                lambda: bool(w0.gossip.port.view.get("w1") and w1.gossip.port.view.get("w0")),
                 "each worker has the other in its view",
             )
             yield [w0, w1]
