@@ -371,7 +371,12 @@ class WorkerMetrics:
             return False, "starting, draining or stopping"
         membership = self._worker.membership
         # configured with --join, it has no peer, and its seeds are other workers: split off
-        if self._worker.config.join and membership and not membership.peers and membership.seeds:
+        if (
+            self._worker.config.join
+            and membership
+            and not membership.channels.peers
+            and membership.table.seeds
+        ):
             return False, "no peer: configured with --join, it is not in a cluster"
         if self._worker.lanes.degraded:
             return False, "degraded: too many stuck tasks"
@@ -642,7 +647,7 @@ class WorkerCollector(Collector):
 
     def _cluster_metrics(self) -> Iterator[Metric]:
         w = self._worker
-        peers = 0 if w.membership is None else len(w.membership.peers)
+        peers = 0 if w.membership is None else len(w.membership.channels.peers)
         yield _gauge("compass_peers", "Peers connected.", peers)
         yield _gauge(
             "compass_desired_workers",

@@ -30,8 +30,10 @@ __all__ = [
     "Identity",
     "Measured",
     "Peer",
+    "PeerLinks",
     "Peers",
     "Records",
+    "Seeded",
     "ViewHeld",
     "queue_status",
 ]
@@ -133,19 +135,34 @@ class Peer(Protocol):
     def address(self) -> str: ...
 
 
-class Peers(Protocol):
-    """The peers a worker reaches (its membership service), and those it lost."""
+class PeerLinks(Protocol):
+    """The live peers a worker reaches, and a channel to each on demand."""
 
     @property
     def peers(self) -> Mapping[str, Peer]: ...
 
     async def open_channel(self, name: str) -> Channel | None: ...
 
-    def describe_lost(self) -> list[dict[str, Any]]: ...
+
+class Seeded(Protocol):
+    """What a worker's member table says of how it joined."""
 
     @property
     def seeds(self) -> Sequence[str]:
         """The addresses it was told to join (``--join``)."""
+
+
+class Peers(Protocol):
+    """A worker's membership service: the peers it reaches (:attr:`channels`), its table,
+    and those it lost."""
+
+    @property
+    def channels(self) -> PeerLinks: ...
+
+    @property
+    def table(self) -> Seeded: ...
+
+    def describe_lost(self) -> list[dict[str, Any]]: ...
 
 
 class ViewHeld(Protocol):

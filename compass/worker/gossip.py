@@ -131,14 +131,14 @@ class Gossip:
         if membership is None:
             return []
         body = {"name": self.name, "for_ms": self.port.watching.lease_s * 1000.0}
-        return [peer for peer in peers if not membership.send(peer, "watch", body)]
+        return [peer for peer in peers if not membership.channels.send(peer, "watch", body)]
 
     def keep_early(self, state: Heartbeat, membership: Membership) -> None:
         """``state`` is of no peer yet: keep the newest of each worker until it joins. A
         worker a peer took in sends it its state as it answers the join, and in a bounded
         view nothing more until it changes: heard before the answer, it was lost, and the
         peer planned without it until a sync (seconds) brought it."""
-        if state.name in membership.peers:
+        if state.name in membership.channels.peers:
             return  # of an older incarnation of a live peer: stale
         old = self._early.get(state.name)
         if old is not None and (old.incarnation, old.seq) >= (state.incarnation, state.seq):
@@ -160,25 +160,25 @@ class Gossip:
         before it asks: a draining worker runs it."""
         body = {"name": self.name}
         if self.port.rule is None:
-            membership.broadcast("drain", body)
+            membership.channels.broadcast("drain", body)
             return
         self._drains = True
-        membership.tell_connected("drain", body)
+        membership.channels.tell_connected("drain", body)
         for peer in self.port.watchers.live(_now()):
-            if membership.channel(peer) is None:
-                membership.send(peer, "drain", body)
+            if membership.channels.channel(peer) is None:
+                membership.channels.send(peer, "drain", body)
 
     def watched_by(self, peer: str, for_ms: float) -> None:
         """``peer`` watches this worker's load for ``for_ms``: it gets this worker's state now,
         and each change until then (a draining worker tells it that instead)."""
         membership = self._membership
-        if membership is None or peer not in membership.peers or self.port.rule is None:
+        if membership is None or peer not in membership.channels.peers or self.port.rule is None:
             return
         if self._drains:
-            membership.send(peer, "drain", {"name": self.name})
+            membership.channels.send(peer, "drain", {"name": self.name})
             return
         self.port.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
-        membership.send(peer, "heartbeat", self._next_state().to_wire())
+        membership.channels.send(peer, "heartbeat", self._next_state().to_wire())
 
     def introduce(self, peer: str) -> None:
         """A peer joined: it gets this worker's state at once (a bounded view sends it
@@ -188,7 +188,7 @@ class Gossip:
         if membership is None or self.port.rule is None:
             return
         if self._caught_up:
-            membership.send(peer, "heartbeat", self._next_state().to_wire())
+            membership.channels.send(peer, "heartbeat", self._next_state().to_wire())
         else:
             self._caught_up = True
             self._sync(peer, membership, ask=True)
@@ -196,13 +196,15 @@ class Gossip:
     def sync_asked(self, peer: str) -> None:
         """``peer`` joined and asks for every state this worker holds."""
         membership = self._membership
-        if membership is not None and self.port.rule is not None and peer in membership.peers:
+        if membership is None or self.port.rule is None:
+            return
+        if peer in membership.channels.peers:
             self._sync(peer, membership)
 
     def rumor_heard(self, state: Heartbeat) -> None:
         """``state`` came as a rumor and the core took it as news of a live peer: pass it on."""
         membership = self._membership
-        members = 1 if membership is None else len(membership.peers) + 1
+        members = 1 if membership is None else len(membership.channels.peers) + 1
         self.port.rumors.heard(state, members)
 
     # -- sending -------------------------------------------------------------------------------
@@ -223,12 +225,13 @@ class Gossip:
         sched = self._config.sched
         while True:
             self._dirty = False
-            self.port.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
+            # raised when it rejoins (membership.py)
+            self.port.incarnation = membership.table.incarnation
             state = self._next_state()
             self._tick()  # an idle worker warms its cache (the core decides)
-            peers = len(membership.peers)
+            peers = len(membership.channels.peers)
             if peers:
-                membership.broadcast("heartbeat", state.to_wire())
+                membership.channels.broadcast("heartbeat", state.to_wire())
             min_gap = self.port.gap_s(peers)
             await asyncio.sleep(min_gap)
             await self._changed_or(max(sched.heartbeat_ms / 1000.0, min_gap) - min_gap)
@@ -244,13 +247,13 @@ class Gossip:
             watchers = self.port.watchers.live(_now())
             gap = gossip_gap_s(sched.heartbeat_min_ms / 1000.0, len(watchers),
                                sched.heartbeat_max_rate)  # fmt: skip
-            if changed or self.port.incarnation != membership.incarnation:
-                self.port.incarnation = membership.incarnation  # raised when it rejoins
+            if changed or self.port.incarnation != membership.table.incarnation:
+                self.port.incarnation = membership.table.incarnation  # raised when it rejoins
                 state = self._next_state()
                 if watchers:
                     body = state.to_wire()
                     for peer in watchers:
-                        membership.send(peer, "heartbeat", body)
+                        membership.channels.send(peer, "heartbeat", body)
                 if cache_changed(self._rumored, state):
                     self._start_rumor(state, membership)
                 await asyncio.sleep(gap)
@@ -258,7 +261,7 @@ class Gossip:
 
     def _start_rumor(self, state: Heartbeat, membership: Membership) -> None:
         self._rumored = state
-        self.port.rumors.heard(state, len(membership.peers) + 1)
+        self.port.rumors.heard(state, len(membership.channels.peers) + 1)
 
     async def _run_rumors(self, membership: Membership) -> None:
         """Every ``rumor_ms`` (jittered), rumors to ``rumor_fanout`` peers picked at random;
@@ -270,7 +273,7 @@ class Gossip:
         next_sync = _now() + sched.sync_ms / 1000.0
         while True:
             await asyncio.sleep(period_s * (0.5 + self._rng.random()))  # no lockstep
-            peers = list(membership.peers)
+            peers = list(membership.channels.peers)
             if not peers:
                 continue
             if _now() >= next_sync:
@@ -282,7 +285,7 @@ class Gossip:
                 states = self.port.rumors.take()
                 if not states:
                     break
-                membership.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
+                membership.channels.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
 
     def _sync(self, peer: str, membership: Membership, *, ask: bool = False) -> None:
         """Every state this worker's view holds (its own fresh), to ``peer``: it takes what is
@@ -296,7 +299,7 @@ class Gossip:
             body: dict[str, Any] = {"s": chunk, "sync": True}
             if ask and i == 0:
                 body["ask"] = True
-            membership.send(peer, "rumors", body)
+            membership.channels.send(peer, "rumors", body)
 
     async def _changed_or(self, timeout_s: float) -> bool:
         """Wait until the state changes or ``timeout_s`` passes; whether it changed since the

@@ -223,7 +223,7 @@ def test_a_worker_with_other_seeds_and_no_peer_is_not_ready_and_a_first_worker_i
             handler=router.handle_request, notify_handler=router.handle_notify,
             on_join=lambda peer: None, on_leave=lambda name, why: None,
         )  # fmt: skip
-        split.membership.seeds = seeds
+        split.membership.use_seeds(seeds)
         split.metrics.ready = True
         return split
 
