@@ -178,7 +178,7 @@ class _Cores:
             for peer in self.workers:
                 if peer != name:
                     state = self._state(worker.gossip)
-                    worker.gossip.view.apply_heartbeat(replace(state, name=peer, seq=1), 0.0)
+                    worker.gossip.port.view.apply_heartbeat(replace(state, name=peer, seq=1), 0.0)
         self.now = 0.0
         self.jobs = 0
         self.threshold = getattr(

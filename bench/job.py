@@ -9,7 +9,7 @@ jobs dealt to the sides in turn (so the machine's drift meets every side alike):
 - ``traced``: a worker tracing every job (``--trace-sample 1``: spans kept, the trace
   assembled and kept at the ingress);
 - ``returned``: every job traced and its trace answered with it
-  (``Client.submit_job(trace=True)``, to a worker sampling nothing).
+  (``Client.submit_job(options=JobOptions(trace=True))``, to a worker sampling nothing).
 
 Every side has a worker process of its own and gets one job in turn: a process that served
 more of the jobs would stay warmer in the CPU's caches and scheduler, and look faster.
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from compass.client import Client
+from compass.client import Client, JobOptions
 from compass.cluster import LocalCluster
 from compass.config import VIEWS
 from compass.errors import ConfigError
@@ -85,7 +85,7 @@ def _submitter(client: Client, returned: bool) -> Callable[[int], Awaitable[Any]
         return lambda i: client.submit("noop", x=i)
 
     async def traced(i: int) -> Any:
-        result = await client.submit_job("noop", x=i, trace=True)
+        result = await client.submit_job("noop", x=i, options=JobOptions(trace=True))
         assert result.trace is not None and len(result.trace.tasks) == 1
         return result.value
 

@@ -13,6 +13,7 @@ import typer
 
 from compass.config import DEFAULT_PORT, TLSConfig
 from compass.errors import CompassError, ConfigError
+from compass.submission import JobOptions
 
 if TYPE_CHECKING:
     from compass.streamed import Output
@@ -178,21 +179,23 @@ def submit(
 
     traced = trace or trace_json is not None
     check_output(trace_json, "--trace-json")
+    options = JobOptions(
+        deadline_ms=deadline_ms,
+        priority=priority,
+        on_miss="finish" if on_miss is OnMiss.finish else "drop",
+        trace=traced,
+    )
     if stream:
         if traced:
             fail("--stream takes no --trace yet: trace the job without it", 2)
-        objective = {"deadline_ms": deadline_ms, "priority": priority,
-                     "on_miss": "finish" if on_miss is OnMiss.finish else "drop"}  # fmt: skip
         streamed(address, workflow, kwargs, token=token, tls=tls, timeout=timeout,
-                 objective=objective)  # fmt: skip
+                 options=options)  # fmt: skip
         return
 
     try:
         result = run_job(
-            address, workflow, kwargs, token=token, tls=tls, timeout=timeout,
-            deadline_ms=deadline_ms, priority=priority, trace=traced,
-            on_miss="finish" if on_miss is OnMiss.finish else "drop",
-        )  # fmt: skip
+            address, workflow, kwargs, token=token, tls=tls, timeout=timeout, options=options
+        )
     except CompassError as exc:
         fail(f"{address}: {exc}", 2 if isinstance(exc, ConfigError) else 1)
     typer.echo(result_text(result.value))
@@ -215,7 +218,7 @@ def streamed(
     token: str | None,
     tls: TLSConfig | None,
     timeout: float,
-    objective: dict[str, Any],
+    options: JobOptions,
 ) -> None:
     """``compass submit --stream``: each partial output as it comes, then the result."""
     open_line = [False]  # text written without its newline yet
@@ -235,7 +238,7 @@ def streamed(
 
     try:
         value = stream_job(address, workflow, inputs, show, token=token, tls=tls,
-                           timeout=timeout, objective=objective)  # fmt: skip
+                           timeout=timeout, options=options)  # fmt: skip
     except (CompassError, TimeoutError) as exc:
         fail(
             f"{address}: {exc or 'no result within --timeout'}",

@@ -18,9 +18,9 @@ from compass.config import Timeouts, TLSConfig
 if TYPE_CHECKING:
     from compass.client import Client, JobResult
     from compass.cluster import LocalCluster
-    from compass.objective import OnMiss
     from compass.reports import WorkerStatus
     from compass.streamed import Output
+    from compass.submission import JobOptions
     from compass.trace import JobTrace
 
 T = TypeVar("T")
@@ -93,18 +93,13 @@ def run_job(
     token: str | None,
     tls: TLSConfig | None,
     timeout: float,
-    deadline_ms: float | None,
-    priority: int,
-    on_miss: OnMiss,
-    trace: bool,
+    options: JobOptions,
 ) -> JobResult:
-    """One job of ``workflow`` submitted to the worker at ``address``, and its result."""
+    """One job of ``workflow`` submitted to the worker at ``address`` with ``options``, and
+    its result."""
 
     async def submit(client: Client) -> JobResult:
-        return await client.submit_job(
-            workflow, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, trace=trace, inputs=inputs,
-        )  # fmt: skip
+        return await client.submit_job(workflow, inputs, timeout=timeout, options=options)
 
     return _ask(address, submit, token=token, tls=tls)
 
@@ -118,15 +113,22 @@ def stream_job(
     token: str | None,
     tls: TLSConfig | None,
     timeout: float,
-    objective: dict[str, Any],
+    options: JobOptions,
 ) -> Any:
     """One job of ``workflow`` streamed from the worker at ``address``: ``show`` each of its
-    outputs as it comes; its final output (within ``timeout`` seconds in all). ``objective``:
-    its ``deadline_ms``, ``priority`` and ``on_miss``."""
+    outputs as it comes; its final output (within ``timeout`` seconds in all). ``options``:
+    its ``deadline_ms``, ``priority`` and ``on_miss`` (a streamed job is not traced)."""
 
     async def read(client: Client) -> Any:
+        stream = client.stream(
+            workflow,
+            inputs,
+            deadline_ms=options.deadline_ms,
+            priority=options.priority,
+            on_miss=options.on_miss,
+        )
         async with asyncio.timeout(timeout):
-            async for out in client.stream(workflow, inputs, **objective):
+            async for out in stream:
                 show(out)
                 if out.final:
                     return out.value

@@ -3,16 +3,20 @@ goodput searches, a comparison with a real cluster) and ``compass workload gener
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from compass.config import SIM_WORKER
 from compass.errors import ConfigError
 from compass.sim.settings import with_preemption, with_step_batching
+
+if TYPE_CHECKING:
+    from compass._bench.elastic import TrafficConfig
 
 from .checks import (
     batching_keywords,
@@ -232,8 +236,18 @@ def sim(
         if capacity or goodput or compare_real or sweep:
             fail("--traffic does not combine with --capacity, --goodput, --compare-real or "
                  "--servers-sweep", 2)  # fmt: skip
-        _traffic(spec, traffic, names[0], seed, rate_scale, minute_s, autoscale, start_s,
-                 json_path)  # fmt: skip
+        from compass._bench import elastic
+
+        curve = elastic.TrafficConfig(
+            workload=spec,
+            traffic=traffic,
+            seed=seed,
+            minute_s=minute_s,
+            rate_scale=rate_scale,
+            start_s=start_s,
+            policy=names[0],
+        )
+        _traffic(curve, autoscale, json_path)
         return
     if goodput:
         from compass._bench import goodput as goodput_bench
@@ -333,35 +347,19 @@ def sim(
     sim_report.run_cli(config, json_path, plot)
 
 
-def _traffic(
-    spec: str,
-    traffic: str,
-    policy: str,
-    seed: int,
-    rate_scale: float,
-    minute_s: float,
-    autoscale: str | None,
-    start_s: float,
-    json_path: str | None,
-) -> None:
+def _traffic(config: TrafficConfig, autoscale: str | None, json_path: str | None) -> None:
+    """``compass sim --traffic``: ``config``'s flags checked, ``--autoscale``'s bounds
+    parsed into it, then the run."""
     from compass._bench import elastic
     from compass.elastic.rule import parse_bounds
 
+    rate_scale, minute_s, start_s = config.rate_scale, config.minute_s, config.start_s
     if not 0 < rate_scale < float("inf"):
         fail(f"--rate-scale must be a number > 0, got {rate_scale:g}", 2)
     if not 0 < minute_s < float("inf") or not 0 <= start_s < float("inf"):
         fail(f"--minute-s must be > 0 and --start-s >= 0, got {minute_s:g}, {start_s:g}", 2)
-    bounds = None if autoscale is None else parse_bounds(autoscale)
-    config = elastic.TrafficConfig(
-        workload=spec,
-        traffic=traffic,
-        seed=seed,
-        minute_s=minute_s,
-        rate_scale=rate_scale,
-        bounds=bounds,
-        start_s=start_s,
-        policy=policy,
-    )
+    if autoscale is not None:
+        config = dataclasses.replace(config, bounds=parse_bounds(autoscale))
     elastic.run_traffic(config, json_path)
 
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         WorkflowError,
     )
     from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
+    from compass.submission import JobOptions
     from compass.sync_client import SyncClient
     from compass.trace import JobTrace, TaskTrace
     from compass.workflow.choices import SKIPPED, Decision, choose, fan_out, stop
@@ -80,6 +81,7 @@ __all__ = [
     "Done",
     "InvalidInputs",
     "JobFailed",
+    "JobOptions",
     "JobRecord",
     "JobResult",
     "JobTooLarge",
@@ -158,6 +160,7 @@ _LAZY: dict[str, str] = {
     "Model": "compass.cache.weights",
     "Client": "compass.client",
     "JobResult": "compass.client",
+    "JobOptions": "compass.submission",
     "SyncClient": "compass.sync_client",
     "LocalCluster": "compass.cluster",
     "CacheConfig": "compass.config",

@@ -12,10 +12,11 @@ A job's inputs are keywords, an ``inputs`` mapping or both; an input named like 
 goes in the mapping (``client.submit("rank", {"priority": p}, priority=3)``,
 :mod:`compass.submission`). A job's trace (where each task ran and where its time went,
 :class:`~compass.trace.JobTrace`) comes with its answer from :meth:`Client.submit_job` with
-``trace=True``; the traces an ingress sampled are read with :meth:`Client.trace` and
-:meth:`Client.traces`. What a worker reports comes typed (:mod:`compass.reports`):
-:meth:`Client.status`, :meth:`Client.records` (the jobs it answered) and
-:meth:`Client.timeline` (its task spans and model loads). The connections are private.
+``options=JobOptions(trace=True)``; the traces an ingress sampled are read with
+:meth:`Client.trace` and :meth:`Client.traces`. What a worker reports comes typed
+(:mod:`compass.reports`): :meth:`Client.status`, :meth:`Client.records` (the jobs it
+answered) and :meth:`Client.timeline` (its task spans and model loads). The connections are
+private.
 
 A submission made inside an OpenTelemetry span carries that span's context (W3C
 ``traceparent``), so the job's spans, exported by workers started with ``--otel-endpoint``,
@@ -57,10 +58,12 @@ from compass.security import client_token
 from compass.streamed import Output, read_stream
 from compass.submission import (
     USE_CLIENT_DEFAULT,
+    JobOptions,
     OnMiss,
     TimeoutArg,
     check_job_size,
     job_inputs,
+    job_options,
     objective_fields,
     resolve_timeout,
 )
@@ -74,7 +77,7 @@ from compass.trace import (
 from compass.wire.codec import torch_import_s
 from compass.wire.transport import Channel, ChannelOptions, connect, send_limits
 
-__all__ = ["BULK_THRESHOLD", "Client", "JobResult"]
+__all__ = ["BULK_THRESHOLD", "Client", "JobOptions", "JobResult"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,8 @@ BULK_THRESHOLD = 1 << 20
 @dataclass(frozen=True, slots=True)
 class JobResult:
     """A job's answer with its id (:meth:`Client.submit_job`): the id the workers' logs and
-    traces name the job by; with ``trace=True``, its :class:`~compass.trace.JobTrace`."""
+    traces name the job by; with ``JobOptions(trace=True)``, its
+    :class:`~compass.trace.JobTrace`."""
 
     job_id: str
     value: Any
@@ -413,25 +417,28 @@ class Client:
         inputs: Mapping[str, Any] | None = None,
         *,
         timeout: TimeoutArg = USE_CLIENT_DEFAULT,
-        deadline_ms: float | None = None,
-        priority: int = 0,
-        on_miss: OnMiss = "drop",
-        trace: bool = False,
-        traceparent: str | None = None,
+        options: JobOptions | None = None,
         **keywords: Any,
     ) -> JobResult:
         """:meth:`submit`, answering the job's id with its output (:class:`JobResult`).
 
-        ``trace=True`` traces the job whatever the workers' sampling and answers its trace
-        with it (:attr:`JobResult.trace`; None when the worker keeps none, as for a job whose
-        key a retry resubmitted after it had run): where each task ran, its queue wait, input
-        transfer, model load, execution and batch, and the job's latency split along its
-        critical path. A job that fails raises as :meth:`submit` does; its trace is then
-        read with :meth:`trace` (``error.job_id``). ``traceparent``: the W3C trace context of
-        the caller's span (by default the current OpenTelemetry span's, when there is one):
-        the job's spans are its children. Neither is a job input."""
+        ``options`` (a :class:`~compass.submission.JobOptions`): the job's objective
+        (``deadline_ms``, ``priority``, ``on_miss``, as :meth:`submit` takes them), ``trace``
+        and ``traceparent``. ``trace=True`` traces the job whatever the workers' sampling and
+        answers its trace with it (:attr:`JobResult.trace`; None when the worker keeps none,
+        as for a job whose key a retry resubmitted after it had run): where each task ran,
+        its queue wait, input transfer, model load, execution and batch, and the job's
+        latency split along its critical path. A job that fails raises as :meth:`submit`
+        does; its trace is then read with :meth:`trace` (``error.job_id``).
+        ``traceparent``: the W3C trace context of the caller's span (by default the current
+        OpenTelemetry span's, when there is one): the job's spans are its children. The
+        options given as keywords, as this method took them before, still work, with a
+        :class:`DeprecationWarning`; none of them is a job input."""
+        options = job_options("submit_job", options, keywords)
         job = job_inputs("submit_job", inputs, keywords)
-        extra: dict[str, Any] = {"reply": "job", **objective_fields(deadline_ms, priority, on_miss)}
+        objective = objective_fields(options.deadline_ms, options.priority, options.on_miss)
+        extra: dict[str, Any] = {"reply": "job", **objective}
+        traceparent, trace = options.traceparent, options.trace
         if traceparent is not None:
             if parse_traceparent(traceparent) is None:
                 raise ConfigError(

@@ -4,6 +4,9 @@ objective's fields, whether it fits the one frame it travels in, and the sentine
 "the client's own timeout".
 
 A job's inputs go either in ``inputs={...}`` or as keywords (``submit("wf", image=x)``).
+:meth:`~compass.client.Client.submit_job` takes its options as one :class:`JobOptions`
+(``submit_job("wf", options=JobOptions(trace=True), image=x)``); its old keyword spellings
+still work, with a :class:`DeprecationWarning`.
 A keyword is a job input unless it is one of the submission's options; a keyword named like
 an option of another submission method (``trace`` given to ``submit``) is refused with a
 :class:`TypeError` that says to pass it in ``inputs=``, where any name is an input. Sans-IO.
@@ -12,7 +15,9 @@ an option of another submission method (``trace`` given to ``submit``) is refuse
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from compass.config import Limits
@@ -23,11 +28,13 @@ from compass.payload import payload_bytes
 __all__ = [
     "OPTION_NAMES",
     "USE_CLIENT_DEFAULT",
+    "JobOptions",
     "OnMiss",
     "TimeoutArg",
     "UseClientDefault",
     "check_job_size",
     "job_inputs",
+    "job_options",
     "objective_fields",
     "resolve_timeout",
 ]
@@ -50,11 +57,50 @@ USE_CLIENT_DEFAULT: Final = UseClientDefault.USE_CLIENT_DEFAULT
 TimeoutArg = float | None | UseClientDefault
 
 #: the options of the submission methods (``submit``, ``submit_job``, ``submit_many``), which
-#: a keyword can never be a job input of; ``inputs`` is the mapping itself
+#: a keyword can never be a job input of; ``inputs`` is the mapping itself, ``options``
+#: ``submit_job``'s :class:`JobOptions`
 OPTION_NAMES: Final = frozenset(
     {"timeout", "deadline_ms", "priority", "on_miss", "trace", "traceparent", "concurrency",
-     "inputs"}
+     "inputs", "options"}
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """The options of one job of :meth:`~compass.client.Client.submit_job`: its objective,
+    ``deadline_ms``, ``priority`` and ``on_miss`` (as :meth:`~compass.client.Client.submit`
+    takes them, checked when the job is submitted), ``trace`` (trace the job whatever the
+    workers' sampling and answer its trace with it) and ``traceparent`` (the W3C trace
+    context of the caller's span; by default the current OpenTelemetry span's)."""
+
+    deadline_ms: float | None = None
+    priority: int = 0
+    on_miss: OnMiss = "drop"
+    trace: bool = False
+    traceparent: str | None = None
+
+
+#: :class:`JobOptions`' fields, which ``submit_job`` took as keywords before (deprecated)
+_JOB_OPTIONS: Final = ("deadline_ms", "priority", "on_miss", "trace", "traceparent")
+
+
+def job_options(method: str, options: JobOptions | None, keywords: dict[str, Any]) -> JobOptions:
+    """``options``, or the default ones; a :class:`JobOptions` field given as a keyword is
+    taken out of ``keywords`` into them, with a :class:`DeprecationWarning` (the spelling
+    ``method`` took before), or a :class:`TypeError` beside ``options``."""
+    old = {name: keywords.pop(name) for name in _JOB_OPTIONS if name in keywords}
+    if not old:
+        return JobOptions() if options is None else options
+    said = ", ".join(f"{name}=" for name in old)
+    if options is not None:
+        raise TypeError(f"{method}() got options= and {said} too; put them all in options=")
+    warnings.warn(
+        f"{method}({said}...) is deprecated: pass options=JobOptions({said}...); to send a "
+        f"job input of such a name, pass it in inputs=",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return JobOptions(**old)
 
 
 def resolve_timeout(timeout: TimeoutArg, default: float | None) -> float | None:

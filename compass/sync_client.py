@@ -18,7 +18,7 @@ from compass.errors import ConnectionClosed
 from compass.loop_thread import LoopThread
 from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
 from compass.streamed import Output
-from compass.submission import USE_CLIENT_DEFAULT, OnMiss, TimeoutArg
+from compass.submission import USE_CLIENT_DEFAULT, JobOptions, OnMiss, TimeoutArg, job_options
 from compass.trace import JobTrace
 
 __all__ = ["SyncClient"]
@@ -166,18 +166,14 @@ class SyncClient:
         inputs: Mapping[str, Any] | None = None,
         *,
         timeout: TimeoutArg = USE_CLIENT_DEFAULT,
-        deadline_ms: float | None = None,
-        priority: int = 0,
-        on_miss: OnMiss = "drop",
-        trace: bool = False,
-        traceparent: str | None = None,
+        options: JobOptions | None = None,
         **keywords: Any,
     ) -> JobResult:
-        """Run one job and return its id with its output, and with ``trace=True`` its trace
-        (see :meth:`Client.submit_job`)."""
+        """Run one job and return its id with its output, and with
+        ``options=JobOptions(trace=True)`` its trace (see :meth:`Client.submit_job`)."""
+        options = job_options("submit_job", options, keywords)
         return self._run(self._client.submit_job(
-            workflow, inputs, timeout=timeout, deadline_ms=deadline_ms, priority=priority,
-            on_miss=on_miss, trace=trace, traceparent=traceparent, **keywords,
+            workflow, inputs, timeout=timeout, options=options, **keywords
         ))  # fmt: skip
 
     def trace(self, job_id: str, *, timeout: TimeoutArg = USE_CLIENT_DEFAULT) -> JobTrace:

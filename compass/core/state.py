@@ -168,8 +168,8 @@ class WorkerCore:
                     self._take(self.lanes.tick(event.now, cause=cause, hot=event.hot), event.now)
                     for (job, attempt, task), entry in self.inbox.expire(event.now):
                         waited = f"{task}'s inputs waited {self.inbox.keep_s:g} s for the rest"
-                        self._report_failure(job, attempt, task, entry.ingress, event.now,
-                                             waited, CompassTimeout.code)  # fmt: skip
+                        self.report_failure(job, attempt, task, entry.ingress, event.now,
+                                            waited, CompassTimeout.code)  # fmt: skip
                 case ModelLoaded():
                     self._model_loaded(event)
                 case TaskFailed():
@@ -365,7 +365,7 @@ class WorkerCore:
             check_task(workflow, msg)
         except CompassError as exc:
             self.stats.messages_dropped += 1
-            self._report_failure(
+            self.report_failure(
                 msg.job, msg.attempt, msg.task, msg.ingress, now, str(exc), exc.code
             )
             return
@@ -393,7 +393,7 @@ class WorkerCore:
             ev.now,
         )
         if not self.is_done(entry.job_id, entry.attempt):
-            self._report_failure(
+            self.report_failure(
                 entry.job_id, entry.attempt, entry.task, entry.ingress, ev.now, ev.error,
                 ev.code, ev.traceback,
             )  # fmt: skip
@@ -408,7 +408,7 @@ class WorkerCore:
         else:
             self.stats.tasks_failed += 1
         if not self.is_done(entry.job_id, entry.attempt):
-            self._report_failure(
+            self.report_failure(
                 entry.job_id, entry.attempt, entry.task, entry.ingress, now,
                 f"{type(error).__name__}: {error.message}", error.code,
             )  # fmt: skip
@@ -440,13 +440,13 @@ class WorkerCore:
         try:
             feed = self.edges.chunk(msg, self._cause)
         except FeedGap as gap:
-            self._report_failure(msg.job, msg.attempt, msg.to, gap.ingress, now, str(gap),
-                                 gap.code)  # fmt: skip
+            self.report_failure(msg.job, msg.attempt, msg.to, gap.ingress, now, str(gap),
+                                gap.code)  # fmt: skip
             return
         if feed is not None:
             self._out.append(feed)
 
-    def _report_failure(
+    def report_failure(
         self,
         job: str,
         attempt: int,
@@ -494,9 +494,9 @@ class WorkerCore:
         plan = entry.plan
         if self.policy.dynamic:
             try:
-                plan = self._adjust(workflow, entry, now)
+                plan = self.adjust_plan(workflow, entry, now)
             except CompassError as exc:
-                self._report_failure(
+                self.report_failure(
                     entry.job_id, entry.attempt, entry.task, entry.ingress, now,
                     f"{type(exc).__name__}: {exc}", exc.code,
                 )  # fmt: skip
@@ -519,7 +519,7 @@ class WorkerCore:
             )
             self.send(plan[succ], msg, now, job_arrival=entry.arrival)
 
-    def _adjust(
+    def adjust_plan(
         self, workflow: Workflow, entry: QueuedTask, now: float, live: Collection[str] = ()
     ) -> dict[str, str]:
         """Re-place the successors of ``entry`` (the paper's dynamic adjustment); the
@@ -566,7 +566,7 @@ class WorkerCore:
             return
         text = f"its output could not be sent to {ev.peer}: {ev.error}"
         code = WorkerUnavailable.code if ev.unreachable else ProtocolError.code
-        self._report_failure(msg.job, msg.attempt, task, ingress, ev.now, text, code)
+        self.report_failure(msg.job, msg.attempt, task, ingress, ev.now, text, code)
 
     def _forget(self, job_id: str, below: int | None) -> None:
         """Messages of ``job_id`` (of attempts below ``below``; all when None) are stale now."""

@@ -56,11 +56,11 @@ class Core(Protocol):
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
     ) -> None: ...
 
-    def _adjust(
+    def adjust_plan(
         self, workflow: Workflow, entry: QueuedTask, now: float, live: Collection[str] = ()
     ) -> dict[str, str]: ...
 
-    def _report_failure(
+    def report_failure(
         self,
         job: str,
         attempt: int,
@@ -104,9 +104,9 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
         )
         plan = entry.plan
         if route.sends and core.policy.dynamic:
-            plan = core._adjust(workflow, entry, now, live=[s for s, _ in route.sends])
+            plan = core.adjust_plan(workflow, entry, now, live=[s for s, _ in route.sends])
     except CompassError as exc:
-        core._report_failure(
+        core.report_failure(
             entry.job_id, entry.attempt, entry.task, entry.ingress, now,
             f"{type(exc).__name__}: {exc}", exc.code,
         )  # fmt: skip

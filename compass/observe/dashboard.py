@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
 from compass.errors import CompassError, InvalidInputs, UnknownOperation
-from compass.observe.shown import Holdings, Identity, Peers, Records, queue_status
+from compass.observe.shown import Holdings, Identity, PeerLinks, Peers, Records, queue_status
 from compass.observe.timeline import JOB_FIELDS, SPAN_FIELDS, rows
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def local_view(worker: Shown, window_s: float = DEFAULT_WINDOW_S) -> dict[str, A
         "slo": metrics.slo_summary(),
         # the cluster's desired worker count as this worker computes it (compass.elastic)
         "desired_workers": metrics.desired_workers().to_json(),
-        "peers": [] if membership is None else sorted(membership.peers),
+        "peers": [] if membership is None else sorted(membership.channels.peers),
         "spans": rows(spans),
         "spans_recorded": timeline.recorded,
         "spans_truncated": spans_cut,
@@ -184,9 +184,12 @@ async def cluster_view(
     membership = worker.membership
     answers = []
     if membership is not None:
-        peers = sorted(membership.peers.values(), key=lambda p: p.name)
+        peers = sorted(membership.channels.peers.values(), key=lambda p: p.name)
         answers = await asyncio.gather(
-            *(_peer_part(p.name, p.address, membership, window_s, timeout_s) for p in peers)
+            *(
+                _peer_part(p.name, p.address, membership.channels, window_s, timeout_s)
+                for p in peers
+            )
         )
     parts = sorted([local_view(worker, window_s), *answers], key=lambda part: str(part["name"]))
     lost = []
@@ -194,7 +197,7 @@ async def cluster_view(
         lost = [
             {"name": m["name"], "address": m["address"], "lost_s": m["lost_s"]}
             for m in membership.describe_lost()
-            if m["name"] not in membership.peers
+            if m["name"] not in membership.channels.peers
         ]
     return {
         "via": worker.name,
@@ -210,12 +213,12 @@ async def cluster_view(
 
 
 async def _peer_part(
-    name: str, address: str, membership: Peers, window_s: float, timeout_s: float
+    name: str, address: str, channels: PeerLinks, window_s: float, timeout_s: float
 ) -> dict[str, Any]:
     channel = None
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
-            channel = await membership.open_channel(name)  # channels are opened on demand
+            channel = await channels.open_channel(name)  # channels are opened on demand
     if channel is None:
         return {"name": name, "address": address, "error": "not reachable now"}
     try:

@@ -57,7 +57,7 @@ from compass.elastic.rule import Decision
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
-from compass.observe.shown import ViewHeld
+from compass.observe.shown import Gossiping
 from compass.observe.streams import StreamsInFlight
 from compass.observe.timeline import Timeline
 from compass.supervisor import log_failures
@@ -93,7 +93,7 @@ class Scraped(dashboard.Shown, Protocol):
     it holds of its peers."""
 
     @property
-    def gossip(self) -> ViewHeld: ...
+    def gossip(self) -> Gossiping: ...
 
 
 class WorkerMetrics:
@@ -198,7 +198,7 @@ class WorkerMetrics:
         """The rule's decision (:mod:`compass.elastic.live`) from this worker's state and its
         view's last heartbeat of each peer, sampled now."""
         w = self._worker
-        now, lanes, view = w.clock(), w.lanes, w.gossip.view
+        now, lanes, view = w.clock(), w.lanes, w.gossip.port.view
         seen = [Seen(lanes.wait_s(now), lanes.lanes, lanes.busy)]
         for peer in view.names():
             beat = view.get(peer) if peer != w.name else None
@@ -371,7 +371,12 @@ class WorkerMetrics:
             return False, "starting, draining or stopping"
         membership = self._worker.membership
         # configured with --join, it has no peer, and its seeds are other workers: split off
-        if self._worker.config.join and membership and not membership.peers and membership.seeds:
+        if (
+            self._worker.config.join
+            and membership
+            and not membership.channels.peers
+            and membership.table.seeds
+        ):
             return False, "no peer: configured with --join, it is not in a cluster"
         if self._worker.lanes.degraded:
             return False, "degraded: too many stuck tasks"
@@ -642,7 +647,7 @@ class WorkerCollector(Collector):
 
     def _cluster_metrics(self) -> Iterator[Metric]:
         w = self._worker
-        peers = 0 if w.membership is None else len(w.membership.peers)
+        peers = 0 if w.membership is None else len(w.membership.channels.peers)
         yield _gauge("compass_peers", "Peers connected.", peers)
         yield _gauge(
             "compass_desired_workers",
@@ -656,8 +661,8 @@ class WorkerCollector(Collector):
             "mesh view only: a bounded view hears a peer when it changes, so ages grow idle).",
             labels=["peer"],
         )
-        if w.gossip.rule is None:  # the mesh: heartbeats every few ms, so age is silence
-            view, now = w.gossip.view, w.clock()
+        if w.gossip.port.rule is None:  # the mesh: heartbeats every few ms, so age is silence
+            view, now = w.gossip.port.view, w.clock()
             for peer in view.names():
                 if peer != w.name:
                     ages.add_metric([peer], view.age_s(peer, now))

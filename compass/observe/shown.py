@@ -1,6 +1,7 @@
 """What observability reads of a worker, as protocols: who it is (:class:`Identity`), what it
 holds (:class:`Holdings`), what it records (:class:`Records`), the peers it can reach
-(:class:`Peers`) and the view it holds of them (:class:`ViewHeld`). The worker
+(:class:`Peers`) and the view it holds of them (:class:`ViewHeld`, its gossip's
+:class:`Gossiping` port). The worker
 (:class:`compass.worker.server.Worker`) is each of them; the dashboard, the metrics and
 ``compass status`` read it through these, so nothing here imports the adapter.
 """
@@ -24,12 +25,15 @@ if TYPE_CHECKING:
     from compass.wire.transport import Channel
 
 __all__ = [
+    "Gossiping",
     "Holdings",
     "Identity",
     "Measured",
     "Peer",
+    "PeerLinks",
     "Peers",
     "Records",
+    "Seeded",
     "ViewHeld",
     "queue_status",
 ]
@@ -131,19 +135,34 @@ class Peer(Protocol):
     def address(self) -> str: ...
 
 
-class Peers(Protocol):
-    """The peers a worker reaches (its membership service), and those it lost."""
+class PeerLinks(Protocol):
+    """The live peers a worker reaches, and a channel to each on demand."""
 
     @property
     def peers(self) -> Mapping[str, Peer]: ...
 
     async def open_channel(self, name: str) -> Channel | None: ...
 
-    def describe_lost(self) -> list[dict[str, Any]]: ...
+
+class Seeded(Protocol):
+    """What a worker's member table says of how it joined."""
 
     @property
     def seeds(self) -> Sequence[str]:
         """The addresses it was told to join (``--join``)."""
+
+
+class Peers(Protocol):
+    """A worker's membership service: the peers it reaches (:attr:`channels`), its table,
+    and those it lost."""
+
+    @property
+    def channels(self) -> PeerLinks: ...
+
+    @property
+    def table(self) -> Seeded: ...
+
+    def describe_lost(self) -> list[dict[str, Any]]: ...
 
 
 class ViewHeld(Protocol):
@@ -155,6 +174,13 @@ class ViewHeld(Protocol):
 
     @property
     def view(self) -> ClusterView: ...
+
+
+class Gossiping(Protocol):
+    """A worker's gossip, whose port is the view it holds."""
+
+    @property
+    def port(self) -> ViewHeld: ...
 
 
 def queue_status(worker: Holdings) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""A worker: its core and the asyncio adapter around it.
+"""A worker's asyncio adapter, around the sans-IO worker core (:mod:`compass.core`).
 
-The sans-IO core (:mod:`.state`, the worker's rules: events in, instructions out; :mod:`.lanes`,
-its queues, lanes and model residency; :mod:`.queue`, :mod:`.jobs`, :mod:`.messages`,
-:mod:`.members`) imports no event loop, and the simulator drives it unchanged. The adapter
-(:mod:`.server`, with :mod:`.executor`, :mod:`.gossip`, :mod:`.membership`, :mod:`.requests`,
-:mod:`.metrics`, :mod:`.process`) carries its instructions out with sockets, threads and
-timers. Nothing is imported here: import the module you need.
+:mod:`.server` (the :class:`~compass.worker.server.Worker`) carries the core's instructions out
+with sockets, threads and timers, with :mod:`.executor` (tasks' code), :mod:`.gossip` (the
+loops that send states), :mod:`.outbox` (messages to peers), :mod:`.membership` (the
+membership service: its member table and :mod:`.peer_channels`), :mod:`.requests` (what
+clients and peers may ask) and :mod:`.process`. Nothing is imported here: import the module
+you need.
 """

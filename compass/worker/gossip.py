@@ -42,16 +42,11 @@ from compass.config import WorkerConfig
 from compass.gossip.port import Gossiped, GossipPort
 from compass.gossip.spread import (
     MAX_RUMORS,
-    Rumors,
-    Watchers,
-    Watching,
     cache_changed,
     gossip_gap_s,
     sync_period_s,
 )
-from compass.sched.candidates import CandidateRule
 from compass.sched.heartbeat import Heartbeat
-from compass.sched.view import ClusterView
 from compass.worker.membership import Membership
 from compass.workflow.dag import Workflow
 from compass.workflow.profile import Profiles
@@ -101,39 +96,6 @@ class Gossip:
         self._dirty = True
         self._wake = asyncio.Event()
 
-    # what the rest of the worker reads of the port
-    @property
-    def view(self) -> ClusterView:
-        return self.port.view
-
-    @property
-    def rule(self) -> CandidateRule | None:
-        return self.port.rule
-
-    @property
-    def draining(self) -> dict[str, str]:
-        return self.port.draining
-
-    @property
-    def watchers(self) -> Watchers[str]:
-        return self.port.watchers
-
-    @property
-    def watching(self) -> Watching[str]:
-        return self.port.watching
-
-    @property
-    def rumors(self) -> Rumors:
-        return self.port.rumors
-
-    @property
-    def incarnation(self) -> int:
-        return self.port.incarnation
-
-    @incarnation.setter
-    def incarnation(self, value: int) -> None:
-        self.port.incarnation = value
-
     def attach(self, core: Gossiped) -> None:
         """Gossip ``core``'s state: its lanes, its cache, what it measured."""
         self.port.attach(core)
@@ -169,14 +131,14 @@ class Gossip:
         if membership is None:
             return []
         body = {"name": self.name, "for_ms": self.port.watching.lease_s * 1000.0}
-        return [peer for peer in peers if not membership.send(peer, "watch", body)]
+        return [peer for peer in peers if not membership.channels.send(peer, "watch", body)]
 
     def keep_early(self, state: Heartbeat, membership: Membership) -> None:
         """``state`` is of no peer yet: keep the newest of each worker until it joins. A
         worker a peer took in sends it its state as it answers the join, and in a bounded
         view nothing more until it changes: heard before the answer, it was lost, and the
         peer planned without it until a sync (seconds) brought it."""
-        if state.name in membership.peers:
+        if state.name in membership.channels.peers:
             return  # of an older incarnation of a live peer: stale
         old = self._early.get(state.name)
         if old is not None and (old.incarnation, old.seq) >= (state.incarnation, state.seq):
@@ -197,36 +159,36 @@ class Gossip:
         cost a thousand dials. A planner it does not reach may still place a task here
         before it asks: a draining worker runs it."""
         body = {"name": self.name}
-        if self.rule is None:
-            membership.broadcast("drain", body)
+        if self.port.rule is None:
+            membership.channels.broadcast("drain", body)
             return
         self._drains = True
-        membership.tell_connected("drain", body)
-        for peer in self.watchers.live(_now()):
-            if membership.channel(peer) is None:
-                membership.send(peer, "drain", body)
+        membership.channels.tell_connected("drain", body)
+        for peer in self.port.watchers.live(_now()):
+            if membership.channels.channel(peer) is None:
+                membership.channels.send(peer, "drain", body)
 
     def watched_by(self, peer: str, for_ms: float) -> None:
         """``peer`` watches this worker's load for ``for_ms``: it gets this worker's state now,
         and each change until then (a draining worker tells it that instead)."""
         membership = self._membership
-        if membership is None or peer not in membership.peers or self.rule is None:
+        if membership is None or peer not in membership.channels.peers or self.port.rule is None:
             return
         if self._drains:
-            membership.send(peer, "drain", {"name": self.name})
+            membership.channels.send(peer, "drain", {"name": self.name})
             return
-        self.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
-        membership.send(peer, "heartbeat", self._next_state().to_wire())
+        self.port.watchers.watch(peer, _now() + min(for_ms, 60_000.0) / 1000.0)
+        membership.channels.send(peer, "heartbeat", self._next_state().to_wire())
 
     def introduce(self, peer: str) -> None:
         """A peer joined: it gets this worker's state at once (a bounded view sends it
         nothing else until it watches this worker; rumors bring the rest). A worker that has
         heard of no peer yet (it is joining) asks the first for every state it holds."""
         membership = self._membership
-        if membership is None or self.rule is None:
+        if membership is None or self.port.rule is None:
             return
         if self._caught_up:
-            membership.send(peer, "heartbeat", self._next_state().to_wire())
+            membership.channels.send(peer, "heartbeat", self._next_state().to_wire())
         else:
             self._caught_up = True
             self._sync(peer, membership, ask=True)
@@ -234,14 +196,16 @@ class Gossip:
     def sync_asked(self, peer: str) -> None:
         """``peer`` joined and asks for every state this worker holds."""
         membership = self._membership
-        if membership is not None and self.rule is not None and peer in membership.peers:
+        if membership is None or self.port.rule is None:
+            return
+        if peer in membership.channels.peers:
             self._sync(peer, membership)
 
     def rumor_heard(self, state: Heartbeat) -> None:
         """``state`` came as a rumor and the core took it as news of a live peer: pass it on."""
         membership = self._membership
-        members = 1 if membership is None else len(membership.peers) + 1
-        self.rumors.heard(state, members)
+        members = 1 if membership is None else len(membership.channels.peers) + 1
+        self.port.rumors.heard(state, members)
 
     # -- sending -------------------------------------------------------------------------------
     async def run(self, membership: Membership) -> None:
@@ -249,7 +213,7 @@ class Gossip:
         as rumors) and run the core's periodic check. Runs until cancelled."""
         self._membership = membership
         try:
-            if self.rule is None:
+            if self.port.rule is None:
                 await self._run_mesh(membership)
             else:
                 await asyncio.gather(self._run_bounded(membership), self._run_rumors(membership))
@@ -261,12 +225,13 @@ class Gossip:
         sched = self._config.sched
         while True:
             self._dirty = False
-            self.incarnation = membership.incarnation  # raised when it rejoins (membership.py)
+            # raised when it rejoins (membership.py)
+            self.port.incarnation = membership.table.incarnation
             state = self._next_state()
             self._tick()  # an idle worker warms its cache (the core decides)
-            peers = len(membership.peers)
+            peers = len(membership.channels.peers)
             if peers:
-                membership.broadcast("heartbeat", state.to_wire())
+                membership.channels.broadcast("heartbeat", state.to_wire())
             min_gap = self.port.gap_s(peers)
             await asyncio.sleep(min_gap)
             await self._changed_or(max(sched.heartbeat_ms / 1000.0, min_gap) - min_gap)
@@ -279,16 +244,16 @@ class Gossip:
         changed = True
         while True:
             self._tick()  # an idle worker warms its cache (the core decides)
-            watchers = self.watchers.live(_now())
+            watchers = self.port.watchers.live(_now())
             gap = gossip_gap_s(sched.heartbeat_min_ms / 1000.0, len(watchers),
                                sched.heartbeat_max_rate)  # fmt: skip
-            if changed or self.incarnation != membership.incarnation:
-                self.incarnation = membership.incarnation  # raised when it rejoins
+            if changed or self.port.incarnation != membership.table.incarnation:
+                self.port.incarnation = membership.table.incarnation  # raised when it rejoins
                 state = self._next_state()
                 if watchers:
                     body = state.to_wire()
                     for peer in watchers:
-                        membership.send(peer, "heartbeat", body)
+                        membership.channels.send(peer, "heartbeat", body)
                 if cache_changed(self._rumored, state):
                     self._start_rumor(state, membership)
                 await asyncio.sleep(gap)
@@ -296,7 +261,7 @@ class Gossip:
 
     def _start_rumor(self, state: Heartbeat, membership: Membership) -> None:
         self._rumored = state
-        self.rumors.heard(state, len(membership.peers) + 1)
+        self.port.rumors.heard(state, len(membership.channels.peers) + 1)
 
     async def _run_rumors(self, membership: Membership) -> None:
         """Every ``rumor_ms`` (jittered), rumors to ``rumor_fanout`` peers picked at random;
@@ -308,32 +273,33 @@ class Gossip:
         next_sync = _now() + sched.sync_ms / 1000.0
         while True:
             await asyncio.sleep(period_s * (0.5 + self._rng.random()))  # no lockstep
-            peers = list(membership.peers)
+            peers = list(membership.channels.peers)
             if not peers:
                 continue
             if _now() >= next_sync:
                 self._sync(self._rng.choice(peers), membership)
                 next_sync = _now() + sync_period_s(sched.sync_ms, len(peers) + 1)
-            if not self.rumors.pending():
+            if not self.port.rumors.pending():
                 continue
             for peer in self._rng.sample(peers, min(sched.rumor_fanout, len(peers))):
-                states = self.rumors.take()
+                states = self.port.rumors.take()
                 if not states:
                     break
-                membership.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
+                membership.channels.send(peer, "rumors", {"s": [s.to_wire() for s in states]})
 
     def _sync(self, peer: str, membership: Membership, *, ask: bool = False) -> None:
         """Every state this worker's view holds (its own fresh), to ``peer``: it takes what is
         newer than what it holds, and passes none of it on; with ``ask``, it answers with
         every state it holds."""
+        view = self.port.view
         states = [self._next_state()]
-        states += [s for n in self.view.names() if n != self.name and (s := self.view.get(n))]
+        states += [s for n in view.names() if n != self.name and (s := view.get(n))]
         for i in range(0, len(states), MAX_RUMORS):
             chunk = [s.to_wire() for s in states[i : i + MAX_RUMORS]]
             body: dict[str, Any] = {"s": chunk, "sync": True}
             if ask and i == 0:
                 body["ask"] = True
-            membership.send(peer, "rumors", body)
+            membership.channels.send(peer, "rumors", body)
 
     async def _changed_or(self, timeout_s: float) -> bool:
         """Wait until the state changes or ``timeout_s`` passes; whether it changed since the
@@ -353,10 +319,10 @@ class Gossip:
         """Each worker's state as this worker's view holds it; ages and waits are in this
         worker's clock (workload time for an emulated worker)."""
         now = self._clock()
-        watched = set(self.watching.watched(_now()))
+        watched = set(self.port.watching.watched(_now()))
         rows = []
-        for name in self.view.names():
-            state = self.view.get(name)
+        for name in self.port.view.names():
+            state = self.port.view.get(name)
             assert state is not None
             rows.append(
                 {
@@ -372,9 +338,9 @@ class Gossip:
                         {"workflow": wf, "task": task, "ms": round(seconds * 1000, 3), "runs": n}
                         for wf, task, seconds, n in self._profiles.learned_of(name)
                     ],
-                    "age_ms": round(self.view.age_s(name, now) * 1000, 3),
-                    "placements_counted": self.view.pending(name),
-                    "watched": name in watched or self.rule is None,
+                    "age_ms": round(self.port.view.age_s(name, now) * 1000, 3),
+                    "placements_counted": self.port.view.pending(name),
+                    "watched": name in watched or self.port.rule is None,
                 }
             )
         return rows
@@ -383,11 +349,11 @@ class Gossip:
         """The view's kind and what a bounded one spreads: ``compass status``'s ``view``."""
         now = _now()
         return {
-            "kind": "mesh" if self.rule is None else "bounded",
+            "kind": "mesh" if self.port.rule is None else "bounded",
             # the version of this worker's weights, and the workers of another kept apart
             "version": self.port.version,
             "apart": dict(sorted(self.port.apart.items())),
-            "watchers": sorted(self.watchers.live(now)),
-            "watching": sorted(self.watching.watched(now)),
-            "rumors_pending": self.rumors.pending(),
+            "watchers": sorted(self.port.watchers.live(now)),
+            "watching": sorted(self.port.watching.watched(now)),
+            "rumors_pending": self.port.rumors.pending(),
         }

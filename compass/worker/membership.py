@@ -8,7 +8,9 @@ on the wire and in time into its events, and carries out its decisions: it dials
 worker is reached is :mod:`~compass.worker.addresses`'s.
 
 A peer is live per the table whether or not a channel to it is open: channels are opened on
-demand, closed when idle and capped (:mod:`~compass.worker.peer_channels`, this class's base).
+demand, closed when idle and capped by its :attr:`Membership.channels`
+(:class:`~compass.worker.peer_channels.PeerChannels`). What the table keeps (this worker's
+name, address and incarnation, the members, the seeds) is read on :attr:`Membership.table`.
 A peer is known by its name; two workers that connect to each other at once end up with two
 channels, and the newer one is used.
 
@@ -32,9 +34,7 @@ import logging
 import math
 import random
 import secrets
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from compass.errors import (
@@ -49,6 +49,7 @@ from compass.membership.events import (
     PROBE_OPS,
     Acked,
     AskIndirect,
+    ChannelLost,
     Close,
     Decision,
     Dial,
@@ -109,17 +110,11 @@ from compass.membership.table import (
 )
 from compass.supervisor import OnFailure, Supervisor, log_failures
 from compass.wire.rpc import Router
-from compass.wire.tcp import Dialer
-from compass.wire.transport import Channel, ChannelOptions, Handler, NotifyHandler, connect
+from compass.wire.transport import Channel, Handler, NotifyHandler
 from compass.worker.addresses import advertised_address, default_worker_name, primary_address
-from compass.worker.peer_channels import (
-    BYE_OP,
-    MAX_PEER_CHANNELS,
-    MAX_QUEUED,
-    PEER_IDLE_S,
-    Peer,
-    PeerChannels,
-)
+from compass.worker.member_options import MembershipOptions
+from compass.worker.peer_channels import BYE_OP, Peer, PeerChannels
+from compass.worker.stalls import StallCheck
 from compass.workflow.versions import AppStamp
 
 __all__ = [
@@ -140,62 +135,17 @@ __all__ = [
 
 log = logging.getLogger("compass.worker")
 
-#: how often this worker checks its own loop for stalls: a timer this often, and how late it
-#: fires is how long the loop was stuck (its peers' silence meanwhile does not count)
-STALL_CHECK_S = 0.05
-#: lateness below this is a loop's ordinary jitter, not a stall
-STALL_SLACK_S = 0.01
 
-
-@dataclass(frozen=True, slots=True)
-class MembershipOptions:
-    """How one worker's :class:`Membership` reaches its peers and decides about them.
-
-    ``channels``: what it dials its peers with: its name (this worker's), the cluster's token,
-    limits, timeouts, and TLS to peers when the cluster uses it. ``instance``: this process's
-    id (None: a random one). ``backoff`` spaces the retries of a lost peer;
-    ``forget_after_s``: one lost this long is forgotten; ``probing`` times the failure
-    detector. ``dial`` opens the channels (:func:`compass.wire.tcp.connect`, or an in-memory
-    network's ``connect``). ``clock`` is read for every time the table keeps (join, last
-    heartbeat, ages, probes, suspicions, retries): seconds that only move forward,
-    :func:`time.monotonic` by default. ``rng`` draws the retries' jitter and the probe order
-    (None: a fresh ``random.Random``).
-
-    Channels to peers are opened on demand: ``idle_s`` closes one that carried nothing either
-    way that long (0: never), ``max_channels`` caps those open at once (the least recently
-    used idle one is closed first; 0: no cap), ``max_queued`` bounds the notifies waiting for
-    one peer while it is dialed.
-    """
-
-    channels: ChannelOptions
-    instance: str | None = None
-    backoff: Backoff = field(default_factory=Backoff)
-    forget_after_s: float = FORGET_AFTER_S
-    probing: Probing = field(default_factory=Probing)
-    dial: Dialer = connect
-    clock: Callable[[], float] = time.monotonic
-    rng: random.Random | None = None
-    idle_s: float = PEER_IDLE_S
-    max_channels: int = MAX_PEER_CHANNELS
-    max_queued: int = MAX_QUEUED
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.idle_s < math.inf:
-            raise ConfigError(
-                f"MembershipOptions.idle_s must be seconds >= 0 (0: never), got {self.idle_s!r}"
-            )
-        for what, value in (("max_channels", self.max_channels), ("max_queued", self.max_queued)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"MembershipOptions.{what} must be an integer >= 0, got "
-                                  f"{value!r}")  # fmt: skip
-
-
-class Membership(PeerChannels):
+class Membership:
     """Who is in the cluster, as seen from one worker.
 
-    ``address`` is where peers reach this worker (set it once its server listens);
-    ``options`` (:class:`MembershipOptions`) its name, how it dials and its timings. Its
-    channels answer requests with ``handler`` and notifies with ``notify_handler``;
+    ``address`` is where peers reach this worker (:meth:`listen_at` changes it);
+    ``options`` (:class:`MembershipOptions`) its name, how it dials and its timings. It
+    composes the rules and what they keep, :attr:`table` (a
+    :class:`~compass.membership.table.MemberTable`), and the channels to the live peers,
+    :attr:`channels` (a :class:`~compass.worker.peer_channels.PeerChannels`): what is sent to
+    a peer goes through the latter. Its channels answer requests with ``handler`` and
+    notifies with ``notify_handler``;
     ``on_join`` is called with each peer that joins (or comes back), ``on_leave`` with the
     name of each one removed and why; ``on_failure`` with each of its background tasks (a
     retry, a dial, a probe, the idle-channel sweeper) that fails in a way nobody foresaw,
@@ -223,6 +173,8 @@ class Membership(PeerChannels):
             forget_after_s=options.forget_after_s,
             probing=options.probing,
         )
+        #: this worker's name (the table's, which never changes): in every log line
+        self.name = options.channels.name
         self._channels = options.channels  # TLS among them: mutual TLS to peers, if any
         self._handler = handler
         self._notify_handler = notify_handler
@@ -230,95 +182,46 @@ class Membership(PeerChannels):
         self._on_leave = on_leave
         self._clock = options.clock
         self._dial = options.dial
-        #: the live peers and their channels, in the table's order
-        self.peers: dict[str, Peer] = {}
         self._connecting: set[str] = set()
         #: its background tasks: retries, dials, probes, closing channels, the sweeper
         self._tasks = Supervisor(options.channels.name, log, on_failure=on_failure)
+        #: the live peers and the channels to them, opened on demand
+        self.channels = PeerChannels(
+            options.channels.name,
+            options.channels.timeouts,
+            self._tasks,
+            reach=self._reach,
+            lost=self._channel_lost,
+            idle_s=options.idle_s,
+            max_channels=options.max_channels,
+            max_queued=options.max_queued,
+        )
         self._retries: dict[str, asyncio.Task[None]] = {}  # reconnections in flight, by name
         self._wake = asyncio.Event()  # a peer was lost or a retry ended: look at the schedule
         self._closed = False
         self._seed_retry: asyncio.Task[None] | None = None
         #: joins under way (the first one, from start): the seeds are being tried already
         self._joining = 0
-        #: dials of live peers (one per peer at a time), and the probes waiting
-        self._reaching: dict[str, asyncio.Task[Channel]] = {}
-        #: every open channel to a peer, dialed or accepted (a peer may have two), by channel
-        self._open: dict[Channel, str] = {}
-        #: channels this side closes by choice (idle, over the cap, of a removed peer) or the
-        #: peer said it closes (``bye``): their end is no failure
-        self._retired: set[Channel] = set()
-        #: peers whose channel broke (not closed by choice): a new one is a reconnection
-        self._broken: set[str] = set()
-        #: notifies waiting for a peer being dialed, by name
-        self._queued: dict[str, list[tuple[str, Any]]] = {}
-        self._idle_s = options.idle_s
-        self._max_channels = options.max_channels
-        self._max_queued = options.max_queued
         self._sweeper: asyncio.Task[None] | None = None
-        #: the stall check's timer, and when it is due (the loop's clock)
-        self._stall_timer: asyncio.TimerHandle | None = None
-        self._stall_due = math.inf
+        #: this worker's own loop stalls, told the table (armed by :meth:`run`)
+        self._stalls = StallCheck(self._stalled)
         #: join handshakes this worker made: joining (through a seed, asking for the member
         #: list) and redials of known peers (a send, a probe, a retry; no list)
         self.handshakes = {"join": 0, "redial": 0}
         self.stamp = AppStamp()  # the app served (set at start): another's join is refused
 
-    # -- what the table keeps ----------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self.table.name
+    # -- what the table keeps, told as events -------------------------------------------------
+    def listen_at(self, address: str) -> None:
+        """Peers reach this worker at ``address`` from now on (told them in the handshake)."""
+        self._apply(Listens(self._clock(), address))
 
-    @property
-    def address(self) -> str:
-        """Where peers reach this worker (told them in the handshake)."""
-        return self.table.address
+    def forget_after(self, seconds: float) -> None:
+        """A member lost ``seconds`` without answering is forgotten from now on."""
+        self._apply(ForgetAfter(self._clock(), seconds))
 
-    @address.setter
-    def address(self, value: str) -> None:
-        self._apply(Listens(self._clock(), value))
-
-    @property
-    def instance(self) -> str:
-        """This process's id, to tell a duplicate name from a rejoin."""
-        return self.table.instance
-
-    @property
-    def incarnation(self) -> int:
-        """This worker's incarnation; raised when a peer says it declared it dead."""
-        return self.table.incarnation
-
-    @property
-    def members(self) -> dict[str, Member]:
-        """Every worker seen, live or lost, by name (read only)."""
-        return self.table.members
-
-    @property
-    def stale_heartbeats(self) -> int:
-        """Heartbeats ignored for carrying an older incarnation than the one recorded."""
-        return self.table.stale_heartbeats
-
-    @property
-    def backoff(self) -> Backoff:
-        return self.table.backoff
-
-    @property
-    def forget_after_s(self) -> float:
-        """A member lost this long without answering is forgotten."""
-        return self.table.forget_after_s
-
-    @forget_after_s.setter
-    def forget_after_s(self, value: float) -> None:
-        self._apply(ForgetAfter(self._clock(), value))
-
-    @property
-    def seeds(self) -> list[str]:
-        """The addresses this worker joined through (itself left out): tried again, with
-        :attr:`backoff`, whenever it has no peer at all."""
-        return self.table.seeds
-
-    @seeds.setter
-    def seeds(self, addresses: Iterable[str]) -> None:
+    def use_seeds(self, addresses: Iterable[str]) -> None:
+        """The addresses this worker joins through (itself left out): tried again, with the
+        table's backoff, whenever it has no peer at all."""
         self._apply(Seeds(self._clock(), tuple(addresses)))
 
     # -- carrying out the table's decisions --------------------------------------------------
@@ -336,7 +239,7 @@ class Membership(PeerChannels):
                 case AskIndirect():
                     body = decision.to_wire(self.name)
                     for name in decision.via:
-                        self.send(name, "probe-req", body)
+                        self.channels.send(name, "probe-req", body)
                 case SendAck() | SendNack():
                     op = "ack" if type(decision) is SendAck else "nack"
                     # an answer to the message just read goes back the way that came
@@ -344,8 +247,8 @@ class Membership(PeerChannels):
                     if isinstance(event, (Pinged, ProbeAsked, Acked, Nacked)):
                         back = channel if event.sender == decision.to else None
                     wire = decision.to_wire(self.name)
-                    if not self._send(back, op, wire):
-                        self.send(decision.to, op, wire)
+                    if not self.channels.send_on(back, op, wire):
+                        self.channels.send(decision.to, op, wire)
                 case Suspect():
                     log.warning("%s: suspects %s (incarnation %d, first by %s): declared dead "
                                 "in %.0f ms unless it refutes", self.name, decision.name,
@@ -391,20 +294,13 @@ class Membership(PeerChannels):
         """``up.name`` is a live peer; ``channel``: the one its join came on (None: it was
         named by another worker, and is dialed when there is something to send)."""
         name = up.name
-        before = self.peers.get(name)
-        if channel is None:
-            channel = None if before is None else before.channel
-        else:
-            self._adopt(name, channel)
-        peer = Peer(self.table.live[name], channel)
-        self.peers[name] = peer
+        live = self.table.live[name]
+        peer, reconnected = self.channels.up(live, channel, replaces=up.replaces)
         if up.replaces:
-            if name in self._broken and channel is not None:  # reconnected: as good as joined
-                self._broken.discard(name)
+            if reconnected:  # as good as joined
                 log.info("%s: reconnected to peer %s", self.name, name)
                 self._on_join(peer)
             return
-        self._broken.discard(name)
         if up.back_after_s is None:
             log.info("%s: peer %s joined from %s", self.name, name, up.address)
         else:  # routine (a restart, a healed link): its loss was the warning
@@ -413,19 +309,16 @@ class Membership(PeerChannels):
         self._on_join(peer)
 
     def _down(self, down: PeerDown) -> None:
-        peer = self.peers.pop(down.name, None)
-        self._broken.discard(down.name)
-        self._queued.pop(down.name, None)
         member = self.table.members.get(down.name)  # one that left on purpose is routine
         left = member is not None and member.left  # (the worker's re-planning line is INFO)
         log.log(logging.INFO if left else logging.WARNING, "%s: peer %s removed: %s", self.name,
                 down.name, down.why)  # fmt: skip
-        if peer is not None and peer.channel is not None:
-            self._retire(peer.channel, "now")
-        for channel, name in list(self._open.items()):
-            if name == down.name:
-                self._retire(channel, "now")
+        self.channels.down(down.name)
         self._on_leave(down.name, down.why)
+
+    def _channel_lost(self, name: str) -> None:
+        """The channel to peer ``name`` broke, and no other is open: the table probes it."""
+        self._apply(ChannelLost(self._clock(), name))
 
     # -- probing -----------------------------------------------------------------------------
     def route(self, router: Router) -> None:
@@ -433,7 +326,7 @@ class Membership(PeerChannels):
         ``router``: from workers only."""
         for op in PROBE_OPS:
             router.add_notify(op, functools.partial(self._on_probe_message, op))
-        router.add_notify(BYE_OP, self._on_bye)
+        router.add_notify(BYE_OP, self.channels.on_bye)
 
     def _on_probe_message(self, op: str, channel: Channel, body: Any) -> None:
         if channel.peer_role != "worker":
@@ -444,7 +337,8 @@ class Membership(PeerChannels):
 
     def _send_probe(self, probe: SendProbe) -> None:
         body = probe.to_wire(self.name)
-        if self._send(self.channel(probe.target), "probe", body):
+        channels = self.channels
+        if channels.send_on(channels.channel(probe.target), "probe", body):
             return
         self._tasks.spawn(
             self._probe_through_dial(probe, body), name=f"{self.name}-probe-{probe.target}"
@@ -454,8 +348,8 @@ class Membership(PeerChannels):
         """No channel to the probe's target: dial it (one dial per peer at a time), then send
         it; if that fails, the table hears it could not be sent."""
         try:
-            channel = await asyncio.shield(self._reach_task(probe.target, probe.address))
-            if self._send(channel, "probe", body):
+            channel = await asyncio.shield(self.channels.reach(probe.target, probe.address))
+            if self.channels.send_on(channel, "probe", body):
                 return
         except (CompassError, OSError) as exc:
             log.debug("%s: could not reach %s to probe it: %s", self.name, probe.target, exc)
@@ -467,10 +361,10 @@ class Membership(PeerChannels):
             if attempt:
                 await asyncio.sleep(0.05 * attempt)
             await self.connect_peer(address, expect=name, want_list=False)
-            channel = self.channel(name)
+            channel = self.channels.channel(name)
             if channel is not None:
                 return channel
-            if name not in self.peers:
+            if name not in self.channels.peers:
                 break
         raise ConnectFailed(f"{name} at {address} did not take this worker's join")
 
@@ -481,7 +375,7 @@ class Membership(PeerChannels):
         when there is something to send them (a worker that predates names in the welcome
         names addresses only: those are dialed).
 
-        While no seed answers, the seeds are tried again with :attr:`backoff` until one does or
+        While no seed answers, the seeds are tried again with the table's backoff until one does or
         ``timeout_s`` passes (then :class:`ConnectFailed`); ``None`` tries each seed once. A
         refusal (the name is taken, a wrong token or version) is raised at once. A member that
         cannot be reached after the seed answered is left to :meth:`run` to retry. A seed that
@@ -503,7 +397,7 @@ class Membership(PeerChannels):
         tried = set(seeds)
         while pending:
             name, address = pending.pop()
-            if name == self.name or name in self.peers or address in tried:
+            if name == self.name or name in self.channels.peers or address in tried:
                 continue
             tried.add(address)
             try:
@@ -540,7 +434,7 @@ class Membership(PeerChannels):
                     if deadline is None:
                         assert last is not None
                         raise last
-                    delay = min(self.backoff.delay_s(failures, self.table.rng.random()),
+                    delay = min(self.table.backoff.delay_s(failures, self.table.rng.random()),
                                 max(deadline - self._clock(), 0.0))  # fmt: skip
                     failures += 1
                     log.info("%s: could not join %s (%s); retrying in %.2f s", self.name,
@@ -625,32 +519,19 @@ class Membership(PeerChannels):
         decisions = self._apply(HeardFrom(self._clock(), name, incarnation))
         return bool(decisions) and type(decisions[0]) is Fresh
 
-    # -- this worker's own stalls ------------------------------------------------------------
-    def _check_stall(self) -> None:
-        """Tell the table how late the stall check ran, if late past :data:`STALL_SLACK_S`,
-        and arm it again. Run by its timer, and before each :class:`Tick` whose turn came
-        first after a stall: a late probe timeout is judged with the stall known."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        late = now - self._stall_due
-        if late > STALL_SLACK_S and not self._closed:
-            self._apply(Stalled(self._clock(), late))
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-        self._stall_due = now + STALL_CHECK_S
-        self._stall_timer = (
-            None if self._closed else loop.call_at(self._stall_due, self._check_stall)
-        )
+    def _stalled(self, late_s: float) -> None:
+        """This worker's loop was stuck ``late_s`` (:class:`~compass.worker.stalls.StallCheck`)."""
+        self._apply(Stalled(self._clock(), late_s))
 
     # -- taking lost peers back --------------------------------------------------------------
     def _tick(self, now: float) -> list[Decision]:
-        if asyncio.get_running_loop().time() > self._stall_due + STALL_SLACK_S:
-            self._check_stall()
+        if self._stalls.overdue():
+            self._stalls.check()
         return self._apply(Tick(now, frozenset(self._retries), self._seeding))
 
     def due(self, now: float) -> list[str]:
         """Lost members whose next try is due at ``now`` and not already under way (forgetting
-        those lost longer than :attr:`forget_after_s`)."""
+        those lost longer than the table's ``forget_after_s``)."""
         return [d.name for d in self._tick(now) if type(d) is Dial]
 
     def failed(self, name: str, error: BaseException) -> None:
@@ -666,13 +547,14 @@ class Membership(PeerChannels):
     async def run(self) -> None:
         """Retry lost peers, each on its own backoff, and the seeds while this worker has no
         peer at all, until cancelled."""
-        if self._stall_timer is None:
-            self._check_stall()
+        if not self._stalls.armed:
+            self._stalls.check()
         while not self._closed:
             self._wake.clear()
-            if self._idle_s > 0 and (self._sweeper is None or self._sweeper.done()):
+            if self.channels.idle_s > 0 and (self._sweeper is None or self._sweeper.done()):
                 # started here, and started again if it failed (the supervisor logged why)
-                self._sweeper = self._tasks.spawn(self._sweep(), f"{self.name}-idle-channels")
+                sweep = self.channels.sweep()
+                self._sweeper = self._tasks.spawn(sweep, f"{self.name}-idle-channels")
                 self._sweeper.add_done_callback(lambda _: self._wake.set())
             now = self._clock()
             for decision in self._tick(now):
@@ -711,7 +593,7 @@ class Membership(PeerChannels):
                 log.exception("%s: reconnecting to %s failed", self.name, name)
                 self.failed(name, exc)
             else:
-                if name not in self.peers:  # already connecting, or it answered as another
+                if name not in self.channels.peers:  # already connecting, or it answered as another
                     self.failed(name, ConnectFailed("no connection"))
         finally:
             self._retries.pop(name, None)
@@ -740,7 +622,7 @@ class Membership(PeerChannels):
     async def _retry_seeds(self) -> None:
         """Join through the seeds again (this worker has no peer): once each, then back off."""
         try:
-            await self.join(self.seeds, timeout_s=None)
+            await self.join(self.table.seeds, timeout_s=None)
         except ConfigError as exc:  # refused: the name clash needs a person
             log.warning("%s: a seed refused this worker: %s", self.name, exc)
             self._apply(SeedsFailed(self._clock()))
@@ -779,7 +661,7 @@ class Membership(PeerChannels):
         cancelled unfinished). A peer the word does not reach in time finds it gone by
         probing it."""
         self._apply(Leave(self._clock()))
-        self.tell_connected("leave", {"name": self.name})
+        self.channels.tell_connected("leave", {"name": self.name})
 
     async def aclose(self) -> None:
         """Cancel the retries, dials, probes and the sweeper, close every channel to a peer,
@@ -787,13 +669,9 @@ class Membership(PeerChannels):
         logged, not dropped."""
         self._closed = True
         self._wake.set()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
+        self._stalls.close()
         self._tasks.cancel()
-        channels = {*self._open, *(p.channel for p in self.peers.values() if p.channel)}
-        self.peers.clear()
-        self._open.clear()
-        self._queued.clear()
+        channels = self.channels.close()
         self._apply(Close(self._clock()))
         closing = [self._tasks.aclose(), *(c.aclose() for c in channels)]
         results = await asyncio.gather(*closing, return_exceptions=True)

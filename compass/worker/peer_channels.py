@@ -1,6 +1,6 @@
-"""A worker's channels to its peers, opened on demand: the part of
-:class:`~compass.worker.membership.Membership` that dials, queues, closes idle channels and caps
-them.
+"""A worker's channels to its peers, opened on demand (:class:`PeerChannels`, which its
+membership service :class:`~compass.worker.membership.Membership` composes): it dials, queues,
+closes idle channels and caps them.
 
 A peer is live per the member table whether or not a channel to it is open: a send to one with
 none dials it (one dial per peer at a time, what is sent meanwhile queued), a channel idle for
@@ -8,7 +8,8 @@ none dials it (one dial per peer at a time, what is sent meanwhile queued), a ch
 ``max_channels`` are open (the least recently used with no request under way is closed first).
 Closing by choice is no failure: the closer says ``bye`` and sends nothing more on it, the peer
 closes it once its requests are answered. A channel that breaks is no verdict either: the
-member table probes the peer (:class:`~compass.membership.events.ChannelLost`).
+member table probes the peer (the membership turns it into a
+:class:`~compass.membership.events.ChannelLost`).
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from compass.config import Timeouts
 from compass.errors import CompassError
-from compass.membership.events import ChannelLost, Decision, Event
 from compass.membership.table import Member
 from compass.supervisor import Supervisor
-from compass.wire.transport import Channel, ChannelOptions
+from compass.wire.transport import Channel
 
 __all__ = ["BYE_OP", "MAX_PEER_CHANNELS", "MAX_QUEUED", "PEER_IDLE_S", "Peer", "PeerChannels"]
 
@@ -48,7 +49,7 @@ BYE_OP = "bye"
 class Peer:
     """A live peer: what the member table knows of it, and the open channel to it, if any
     (channels are opened when there is something to send and closed when idle, see
-    :class:`Membership`)."""
+    :class:`PeerChannels`)."""
 
     member: Member
     channel: Channel | None
@@ -72,45 +73,111 @@ class Peer:
 
 
 class PeerChannels:
-    """The channels half of :class:`~compass.worker.membership.Membership` (its base): what
-    is open to whom, dialing on demand, closing by choice. The membership sets the attributes
-    below and provides ``name``, ``_apply`` (the member table's events) and ``_reach`` (a
-    dial and join handshake)."""
+    """The channels of worker ``name`` to its live peers (:attr:`peers`), which its
+    membership service (:class:`~compass.worker.membership.Membership`) composes: what is
+    open to whom, dialing on demand, closing by choice.
 
-    peers: dict[str, Peer]
-    _channels: ChannelOptions
-    _clock: Callable[[], float]
-    _closed: bool
-    #: its background tasks (dials, channels closing), supervised: a failure is logged
-    _tasks: Supervisor
-    _reaching: dict[str, asyncio.Task[Channel]]
-    #: every open channel to a peer, dialed or accepted (a peer may have two), by channel
-    _open: dict[Channel, str]
-    #: channels this side closes by choice (idle, over the cap, of a removed peer) or the
-    #: peer said it closes (``bye``): their end is no failure
-    _retired: set[Channel]
-    #: peers whose channel broke (not closed by choice): a new one is a reconnection
-    _broken: set[str]
-    #: notifies waiting for a peer being dialed, by name
-    _queued: dict[str, list[tuple[str, Any]]]
-    _idle_s: float
-    _max_channels: int
-    _max_queued: int
+    The membership says who is live (:meth:`up`, :meth:`down`); ``reach(name, address)``
+    dials a peer and joins it (a new channel, which the membership installs with :meth:`up`),
+    ``lost(name)`` hears of a peer whose channel broke with no other open (the member table
+    probes it). ``tasks`` runs the dials and the closing channels (the membership's
+    supervisor); ``timeouts`` bound a closing channel. ``idle_s``, ``max_channels`` and
+    ``max_queued`` are :class:`~compass.worker.membership.MembershipOptions`'.
+    """
 
-    @property
-    def name(self) -> str:
-        raise NotImplementedError
-
-    def _apply(self, event: Event, channel: Channel | None = None) -> list[Decision]:
-        raise NotImplementedError
-
-    async def _reach(self, name: str, address: str) -> Channel:
-        raise NotImplementedError
+    def __init__(
+        self,
+        name: str,
+        timeouts: Timeouts,
+        tasks: Supervisor,
+        *,
+        reach: Callable[[str, str], Coroutine[Any, Any, Channel]],
+        lost: Callable[[str], None],
+        idle_s: float = PEER_IDLE_S,
+        max_channels: int = MAX_PEER_CHANNELS,
+        max_queued: int = MAX_QUEUED,
+    ) -> None:
+        self.name = name
+        self._timeouts = timeouts
+        self._tasks = tasks
+        self._reach = reach
+        self._lost = lost
+        self.idle_s = idle_s
+        self._max_channels = max_channels
+        self._max_queued = max_queued
+        #: the live peers and their channels, in the member table's order
+        self.peers: dict[str, Peer] = {}
+        #: closed (:meth:`close`): nothing is sent or dialed any more
+        self.closed = False
+        #: dials of live peers (one per peer at a time), and the probes waiting
+        self._reaching: dict[str, asyncio.Task[Channel]] = {}
+        #: every open channel to a peer, dialed or accepted (a peer may have two), by channel
+        self._open: dict[Channel, str] = {}
+        #: channels this side closes by choice (idle, over the cap, of a removed peer) or the
+        #: peer said it closes (``bye``): their end is no failure
+        self._retired: set[Channel] = set()
+        #: peers whose channel broke (not closed by choice): a new one is a reconnection
+        self._broken: set[str] = set()
+        #: notifies waiting for a peer being dialed, by name
+        self._queued: dict[str, list[tuple[str, Any]]] = {}
 
     @property
     def open_channels(self) -> int:
         """Channels to peers open now (dialed or accepted; closing ones not counted)."""
         return len(self._open)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries in its tables keyed by peers (for ``compass status`` and the soak)."""
+        return {
+            "peers": len(self.peers),
+            "peer_channels": len(self._open),
+            "queued_notifies": sum(len(queued) for queued in self._queued.values()),
+        }
+
+    def open_list(self) -> list[Channel]:
+        """The channels to peers open now (for the sizes of their own tables)."""
+        return list(self._open)
+
+    # -- who is live ---------------------------------------------------------------------------
+    def up(self, member: Member, channel: Channel | None, *, replaces: bool) -> tuple[Peer, bool]:
+        """``member`` is a live peer; ``channel``: the one its join came on (None: it was
+        named by another worker, and keeps the channel it has, if any, or is dialed when there
+        is something to send). ``replaces``: it was live already. The peer, and whether this
+        is a new channel to one whose channel had broken (a reconnection)."""
+        name = member.name
+        if channel is None:
+            before = self.peers.get(name)
+            channel = None if before is None else before.channel
+        else:
+            self._adopt(name, channel)
+        peer = Peer(member, channel)
+        self.peers[name] = peer
+        reconnected = name in self._broken and channel is not None
+        if reconnected or not replaces:
+            self._broken.discard(name)
+        return peer, reconnected
+
+    def down(self, name: str) -> None:
+        """Peer ``name`` was removed: its channels are closed at once, what waits for it
+        dropped."""
+        peer = self.peers.pop(name, None)
+        self._broken.discard(name)
+        self._queued.pop(name, None)
+        if peer is not None and peer.channel is not None:
+            self._retire(peer.channel, "now")
+        for channel, owner in list(self._open.items()):
+            if owner == name:
+                self._retire(channel, "now")
+
+    def close(self) -> set[Channel]:
+        """Forget every peer and channel, and take nothing more to send; the channels that
+        were open, for the caller to close."""
+        self.closed = True
+        channels = {*self._open, *(p.channel for p in self.peers.values() if p.channel)}
+        self.peers.clear()
+        self._open.clear()
+        self._queued.clear()
+        return channels
 
     def _adopt(self, name: str, channel: Channel) -> None:
         """``channel`` (dialed, or accepted from ``name``) carries a join: count it, and close
@@ -161,7 +228,7 @@ class PeerChannels:
         self._tasks.spawn(self._close(channel, how), f"{self.name}-close-{peer}", finish=True)
 
     async def _close(self, channel: Channel, how: str) -> None:
-        timeouts = self._channels.timeouts
+        timeouts = self._timeouts
         if how == "bye":  # the peer closes it; past the close timeout, this side does
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeouts.close):
@@ -181,7 +248,7 @@ class PeerChannels:
             other = next((c for c, n in self._open.items() if n == name and not c.closed), None)
             self.peers[name] = Peer(peer.member, other)
 
-    def _on_bye(self, channel: Channel, body: Any) -> None:
+    def on_bye(self, channel: Channel, body: Any) -> None:
         """The peer closes ``channel`` by choice (it was idle there): close it too, no failure."""
         if channel.peer_role != "worker":
             return
@@ -202,7 +269,7 @@ class PeerChannels:
             self._retired.discard(channel)
             return
         peer = self.peers.get(name)
-        if peer is None or peer.channel is not channel or self._closed:
+        if peer is None or peer.channel is not channel or self.closed:
             return
         self._detach(name, channel)
         if self.peers[name].channel is not None:
@@ -210,16 +277,16 @@ class PeerChannels:
         self._broken.add(name)
         log.info("%s: connection to %s closed (%s); probing it", self.name, name,
                  exc or "by peer")  # fmt: skip
-        self._apply(ChannelLost(self._clock(), name))
+        self._lost(name)
 
-    async def _sweep(self) -> None:
+    async def sweep(self) -> None:
         """Close the channels idle for :attr:`MembershipOptions.idle_s` (none with a request
         under way), and those over the cap, until cancelled."""
         loop = asyncio.get_running_loop()
-        every = min(max(self._idle_s / 4, 0.01), 1.0)
+        every = min(max(self.idle_s / 4, 0.01), 1.0)
         while True:
             await asyncio.sleep(every)
-            quiet_since = loop.time() - self._idle_s
+            quiet_since = loop.time() - self.idle_s
             for channel in [c for c in self._open if c.last_active <= quiet_since]:
                 if channel.in_flight == 0:
                     log.debug("%s: closing the idle channel to %s", self.name,
@@ -227,7 +294,7 @@ class PeerChannels:
                     self._retire(channel)
             self._trim()
 
-    def _reach_task(self, name: str, address: str) -> asyncio.Task[Channel]:
+    def reach(self, name: str, address: str) -> asyncio.Task[Channel]:
         """The dial of live peer ``name`` (one per peer at a time); what was queued for it is
         sent once it is done, or dropped if it failed."""
         reaching = self._reaching.get(name)
@@ -253,11 +320,11 @@ class PeerChannels:
             return
         channel = task.result()
         for i, (op, body) in enumerate(queued):
-            if not self._send(channel, op, body):  # closed meanwhile: dial it again
+            if not self.send_on(channel, op, body):  # closed meanwhile: dial it again
                 peer = self.peers.get(name)
-                if peer is not None and not self._closed:
+                if peer is not None and not self.closed:
                     self._queued.setdefault(name, [])[:0] = queued[i:]
-                    self._reach_task(name, peer.address)
+                    self.reach(name, peer.address)
                 break
 
     async def open_channel(self, name: str) -> Channel | None:
@@ -269,12 +336,14 @@ class PeerChannels:
         if peer.channel is not None and not peer.channel.closed:
             return peer.channel
         try:
-            return await asyncio.shield(self._reach_task(name, peer.address))
+            return await asyncio.shield(self.reach(name, peer.address))
         except (CompassError, OSError) as exc:
             log.debug("%s: could not reach %s: %s", self.name, name, exc)
             return None
 
-    def _send(self, channel: Channel | None, op: str, body: Any) -> bool:
+    def send_on(self, channel: Channel | None, op: str, body: Any) -> bool:
+        """Notify ``op`` on ``channel`` (one to a peer, or None): False where there is none,
+        it is closed or closing by choice, or it broke just now."""
         if channel is None or channel.closed or channel in self._retired:
             return False  # a channel closing by choice carries nothing more
         try:
@@ -291,7 +360,7 @@ class PeerChannels:
     def tell_connected(self, op: str, body: Any) -> int:
         """Notify every live peer a channel is open to now of ``op``, dialing nobody; how
         many were told."""
-        return sum(self._send(peer.channel, op, body) for peer in list(self.peers.values()))
+        return sum(self.send_on(peer.channel, op, body) for peer in list(self.peers.values()))
 
     def send(self, name: str, op: str, body: Any) -> bool:
         """Notify live peer ``name`` of ``op``: at once on its open channel, else once it is
@@ -301,15 +370,15 @@ class PeerChannels:
         peer = self.peers.get(name)
         if peer is None:
             return False
-        if self._send(peer.channel, op, body):
+        if self.send_on(peer.channel, op, body):
             return True
-        if self._closed:
+        if self.closed:
             return False
         queued = self._queued.setdefault(name, [])
         if len(queued) >= self._max_queued:
             return False
         queued.append((op, body))
-        self._reach_task(name, peer.address)
+        self.reach(name, peer.address)
         return True
 
     def channel(self, name: str) -> Channel | None:

@@ -198,10 +198,10 @@ def describe(worker: Described) -> dict[str, Any]:
         "emulate": worker.config.emulate,
         "instance": worker.instance,
         "draining": worker.draining,
-        "advertised": "" if membership is None else membership.address,
+        "advertised": "" if membership is None else membership.table.address,
         "peers": [] if membership is None else membership.describe(),
         # channels to peers open now (opened on demand, closed when idle)
-        "peer_channels": 0 if membership is None else membership.open_channels,
+        "peer_channels": 0 if membership is None else membership.channels.open_channels,
         # join handshakes this worker made: joining through a seed, and redials of known peers
         "peer_handshakes": {} if membership is None else dict(membership.handshakes),
         # peers lost and being retried (with backoff) until they answer again

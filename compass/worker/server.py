@@ -49,7 +49,6 @@ from compass.core.events import (
     SuspendTask,
     TaskReturned,
     Tick,
-    Undeliverable,
     Watch,
     WatchFailed,
 )
@@ -72,7 +71,7 @@ from compass.objective import NO_OBJECTIVE, Objective
 from compass.observe import dashboard
 from compass.observe.metrics import WorkerMetrics
 from compass.observe.otel import OtelExport
-from compass.observe.tracing import TRACE_FIELD, Tracer, task_span
+from compass.observe.tracing import Tracer, task_span
 from compass.sched import Policy, make_policy
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.policies import worker_seed
@@ -84,22 +83,16 @@ from compass.worker.membership import (
     Membership,
     MembershipOptions,
     Peer,
-    Probing,
     advertised_address,
     default_worker_name,
 )
+from compass.worker.outbox import Outbox
 from compass.worker.requests import describe, make_router
 from compass.worker.tables import table_sizes
 from compass.worker.windows import Chunks, StreamedSteps
 from compass.workflow.profile import Profiles
 
-__all__ = ["HOLD_S", "Worker"]
-
-#: seconds a message for a worker this one has no connection to waits for one (a restarted
-#: worker meets every member within moments of joining, and they take it back as soon)
-HOLD_S = 2.0
-#: messages held for workers not connected, at most (past it their jobs are planned again)
-MAX_HELD = 10_000
+__all__ = ["Worker"]
 
 log = logging.getLogger("compass.worker")
 
@@ -164,15 +157,13 @@ class Worker:
         self._streams: dict[str, Chunks] = {}  # job -> its chunks' sink
         #: every background task of this worker: plan requests, dials, the loops
         self.supervisor = Supervisor(self.name or "worker", log, on_failure=self._task_failed)
-        #: messages for workers this one has no connection to, by name, and their timers
-        self._held: dict[str, list[PeerMessage]] = {}
-        self._held_timers: dict[str, asyncio.TimerHandle] = {}
-        #: the dials of peers that messages wait for (:meth:`_hold`)
-        self._dialing: dict[str, asyncio.Task[None]] = {}
         # a worker without --name is named when it binds (start)
         self._bind_name(self.name or "(unbound)")
         self._server: Server | None = None
         self.membership: Membership | None = None
+        #: the core's messages to peers, sent or held a moment (made again at start, with
+        #: the membership's channels)
+        self.outbox = self._outbox()
         self._background: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         #: set while the worker drains (see :meth:`drain`)
@@ -249,31 +240,14 @@ class Worker:
         self.membership = Membership(
             # what peers are told: never a wildcard bind (0.0.0.0 advertises the host's address)
             advertised_address(host, port, cfg.advertise_address),
-            MembershipOptions(
-                ChannelOptions(
-                    name=self.name,
-                    token=cfg.token,
-                    limits=cfg.limits,
-                    timeouts=cfg.timeouts,
-                    ssl=peer_tls,
-                ),
-                instance=self.instance,
-                probing=Probing(
-                    period_s=cfg.swim.probe_period_ms / 1000.0,
-                    timeout_s=cfg.swim.probe_timeout_ms / 1000.0,
-                    indirect=cfg.swim.indirect_probes,
-                    suspicion_mult=cfg.swim.suspicion_mult,
-                    suspicion_max_s=cfg.sched.peer_timeout_ms / 1000.0,
-                ),
-                idle_s=cfg.peer_idle_s,
-                max_channels=cfg.max_peer_channels,
-            ),
+            MembershipOptions.of_worker(cfg, self.name, self.instance, peer_tls),
             handler=self.router.handle_request,
             notify_handler=self.router.handle_notify,
             on_join=self._peer_joined,
             on_leave=self._peer_left,
             on_failure=self._task_failed,
         )
+        self.outbox = self._outbox()
         self.membership.route(self.router)  # its probes and acks
         self.membership.stamp = self.gossip.stamp(self.app.workflows, await self.cache.prepare())
         self._background = [
@@ -307,7 +281,7 @@ class Worker:
                 )
         await self.metrics.aclose()  # before the wire: probes fail while the rest closes
         if self.membership is not None:
-            await self._send_held(self.config.timeouts.close)
+            await self.outbox.send_held(self.config.timeouts.close)
             # peers re-plan its jobs at once instead of waiting for the connection to drop, and
             # retry it soon: it is most often restarting
             self.membership.leave()
@@ -315,8 +289,7 @@ class Worker:
             await self._server.aclose()
         if self.membership is not None:
             await self.membership.aclose()
-        for timer in self._held_timers.values():
-            timer.cancel()
+        self.outbox.close()
         await self.supervisor.aclose()  # what failed is logged, not dropped
         await self.runner.aclose()
         await self.cache.aclose()
@@ -410,8 +383,8 @@ class Worker:
         early = self.gossip.take_early(peer.name)
         if early is not None:  # its state came first: heard now, if of this incarnation
             self.heard_rumors([early], pass_on=False)
-        if peer.name in self._held:
-            asyncio.get_running_loop().call_soon(self._flush_held, peer.name)
+        if peer.name in self.outbox.held:
+            asyncio.get_running_loop().call_soon(self.outbox.flush, peer.name)
         self.gossip.changed()  # the newcomer needs this worker's state now, not at the next tick
         if peer.channel is not None:  # met (a handshake); one only named is not dialed for it
             self.gossip.introduce(peer.name)
@@ -452,8 +425,9 @@ class Worker:
     def peer_draining(self, name: str) -> None:
         """Peer ``name`` drains before it stops: nothing new is planned there."""
         membership = self.membership
-        if membership is not None and name in membership.peers:
-            instance = membership.peers[name].member.instance
+        peer = None if membership is None else membership.channels.peers.get(name)
+        if peer is not None:
+            instance = peer.member.instance
             self.apply(PeerDraining(self.clock(), name, instance))
 
     def receive(self, sender: str, msg: PeerMessage, spans: Any = None) -> None:
@@ -498,7 +472,7 @@ class Worker:
         for step in self.core.handle(event):
             match step:
                 case Send():
-                    self._send(step.peer, step.msg)
+                    self.outbox.send(step.peer, step.msg)
                 case RunTask():
                     self.runner.start(step)
                 case LoadModel():
@@ -541,94 +515,6 @@ class Worker:
         else:
             self.apply(ModelLoaded(self.clock(), model, result))
 
-    def _send(self, worker: str, msg: PeerMessage) -> None:
-        membership = self.membership
-        channel = None if membership is None else membership.channel(worker)
-        if membership is not None and (worker in self._held or channel is None or channel.closed):
-            # not connected (yet, or any more): wait a moment for it. A live peer with no open
-            # channel (channels are opened on demand) is dialed; a worker this one lost may be
-            # back already for the job's ingress, whose plan names it; one that is gone for
-            # good has its jobs planned again by their ingresses (PeerLost) meanwhile
-            self._hold(worker, msg)
-            if channel is None and worker not in self._dialing and worker in membership.peers:
-                self._dialing[worker] = self._spawn(self._dial_held(worker), f"dial-{worker}")
-            return
-        assert channel is not None
-        body = msg.to_wire()
-        if isinstance(msg, TaskMsg):
-            body["sent"] = time.time()  # the receiver derives the push's transfer time
-        if self.tracer.jobs:  # some job is traced: its messages carry its spans
-            traced = self.tracer.outgoing(msg, worker)
-            if traced is not None:
-                body[TRACE_FIELD] = traced
-        try:
-            channel.notify(msg.op, body)
-        except Exception as exc:  # an output the wire cannot encode, or a channel just closed
-            why = f"{type(exc).__name__}: {exc}"
-            log.warning("%s: could not send %r to %s: %s", self.name, msg.op, worker, why)
-            self.apply(Undeliverable(self.clock(), worker, msg, why))
-
-    def _hold(self, worker: str, msg: PeerMessage) -> None:
-        """No connection to ``worker``: this worker restarted, or the peer did, and they are
-        still connecting, or this worker lost it while the job's ingress has it back. ``msg``
-        waits for it, behind what waits already, up to :data:`HOLD_S`; then its job is
-        planned again by its ingress."""
-        if sum(map(len, self._held.values())) >= MAX_HELD:
-            why = f"no connection to {worker}, and {MAX_HELD} messages wait already"
-            self.apply(Undeliverable(self.clock(), worker, msg, why, unreachable=True))
-            return
-        if worker not in self._held:
-            self._held[worker] = []
-            self._held_timers[worker] = asyncio.get_running_loop().call_later(
-                HOLD_S, self._give_up_held, worker
-            )
-        self._held[worker].append(msg)
-
-    async def _dial_held(self, worker: str) -> None:
-        """Open a channel to live peer ``worker`` for what waits for it; if that fails (a bug
-        too: the supervisor logs it), it waits on (:data:`HOLD_S`, then its jobs are planned
-        again)."""
-        assert self.membership is not None
-        try:
-            channel = await self.membership.open_channel(worker)
-        finally:
-            self._dialing.pop(worker, None)
-        if channel is not None and worker in self._held:
-            self._flush_held(worker)
-
-    async def _send_held(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the messages held for peers being dialed to go out:
-        a worker about to leave sends what it owes first (a result for a peer whose channel
-        closed idle), as a leaving worker dials nobody."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while dials := [task for peer, task in self._dialing.items() if peer in self._held]:
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            await asyncio.wait(dials, timeout=left)
-
-    def _flush_held(self, worker: str) -> None:
-        """Peer ``worker`` is connected: send what waited for it, in order."""
-        timer = self._held_timers.pop(worker, None)
-        if timer is not None:
-            timer.cancel()
-        for msg in self._held.pop(worker, []):
-            self._send(worker, msg)
-
-    def _give_up_held(self, worker: str) -> None:
-        """No connection to ``worker`` within :data:`HOLD_S`: each job of what waited is
-        planned again by its ingress."""
-        self._held_timers.pop(worker, None)
-        why = f"no connection to {worker} within {HOLD_S:g} s"
-        held = self._held.pop(worker, [])
-        jobs = sorted({msg.job for msg in held if hasattr(msg, "job")})
-        named = ", ".join(jobs[:5]) + (" ..." if len(jobs) > 5 else "")
-        log.warning("%s: could not send %d messages to %s (jobs %s): %s", self.name, len(held),
-                    worker, named, why)  # fmt: skip
-        for msg in held:
-            self.apply(Undeliverable(self.clock(), worker, msg, why, unreachable=True))
-
     def _deliver(self, answer: Answer) -> None:
         future = self._answers.get(answer.job_id)
         if future is not None and not future.done():
@@ -661,6 +547,12 @@ class Worker:
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         return self.supervisor.spawn(coro, f"{self.name}-{name}")
 
+    def _outbox(self) -> Outbox:
+        channels = None if self.membership is None else self.membership.channels
+        return Outbox(
+            self.name, channels, self.tracer, apply=self.apply, clock=self.clock, spawn=self._spawn
+        )
+
     async def _ask_plan(self, step: AskPlan) -> None:
         """The ``central`` policy plans at one worker: ask it; no answer, or a bug here (logged,
         counted), means plan here: no job waits for a plan that never comes."""
@@ -668,7 +560,7 @@ class Worker:
         job = step.request.job
         plan = None
         try:
-            channel = await self.membership.open_channel(step.peer)
+            channel = await self.membership.channels.open_channel(step.peer)
             if channel is not None:
                 plan = PlanReply.from_wire(await channel.request("plan", step.request.to_wire()))
         except CompassError as exc:

@@ -7,7 +7,7 @@ its entries (docs/RESULTS.md, "Soak"). Reading them changes nothing. The process
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sized
+from collections.abc import Iterable, Sized
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from compass.wire.tcp import Server
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
+    from compass.worker.outbox import Outbox
     from compass.worker.windows import StreamedSteps
 
 __all__ = ["Tabled", "table_sizes"]
@@ -53,13 +54,10 @@ class Tabled(Protocol):
     def membership(self) -> Membership | None: ...
 
     @property
+    def outbox(self) -> Outbox: ...
+
+    @property
     def _answers(self) -> Sized: ...
-
-    @property
-    def _held(self) -> Mapping[str, Sized]: ...
-
-    @property
-    def _dialing(self) -> Sized: ...
 
     @property
     def _planned(self) -> Sized: ...
@@ -93,8 +91,8 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
         # the adapter
         "answers": len(worker._answers),
         "tasks": len(worker.supervisor),  # its background tasks, the loops among them
-        "held": _total(worker._held.values()),
-        "dialing": len(worker._dialing),
+        "held": _total(worker.outbox.held.values()),
+        "dialing": len(worker.outbox.dialing),
         "planned": len(worker._planned),
         "trace": len(worker.trace),
         "tracer_jobs": len(worker.tracer.jobs),
@@ -106,10 +104,10 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
         "streams": len(worker.metrics.streams),  # streamed jobs being read here
         "step_windows": len(worker.streamed),  # streamed sinks running here
         # the view of the peers
-        "view": len(worker.gossip.view),
-        "view_pending": _total(worker.gossip.view._pending.values()),
+        "view": len(worker.gossip.port.view),
+        "view_pending": _total(worker.gossip.port.view._pending.values()),
         "early_states": len(worker.gossip._early),
-        "watchers": len(worker.gossip.watchers),
+        "watchers": len(worker.gossip.port.watchers),
     }
     channels: list[Channel] = []
     if worker._server is not None:
@@ -117,18 +115,18 @@ def table_sizes(worker: Tabled) -> dict[str, float]:
         channels += worker._server.channels
     membership = worker.membership
     if membership is not None:
-        table = membership.table
+        table, held = membership.table, membership.channels.sizes()
         sizes.update(
             members=len(table.members),
-            peers=len(membership.peers),
+            peers=held["peers"],
             lost=len(table._retrying),
             suspicions=len(table.detector.suspicions),
             member_stimuli=len(table.log),
-            peer_channels=len(membership._open),
-            queued_notifies=_total(membership._queued.values()),
+            peer_channels=held["peer_channels"],
+            queued_notifies=held["queued_notifies"],
             retries=len(membership._retries),
         )
-        channels += membership._open
+        channels += membership.channels.open_list()
     sizes["handler_tasks"] = sum(len(c._handler_tasks) for c in channels)
     sizes["request_waiters"] = sum(len(c._waiters) for c in channels)
     return sizes

@@ -108,6 +108,13 @@ class StepHost(Protocol):
 
 
 class Told(Protocol):
+    """A worker's membership, whose channels tell peers."""
+
+    @property
+    def channels(self) -> Sends: ...
+
+
+class Sends(Protocol):
     def send(self, name: str, op: str, body: Any) -> bool: ...
 
 
@@ -168,7 +175,7 @@ class StreamedSteps:
         runs_on = None if job is None else job.plan.get(task)
         membership = worker.membership
         if runs_on is not None and runs_on != worker.name and membership is not None:
-            membership.send(runs_on, READ_OP, {"job": job_id, "task": task, "seq": seq})
+            membership.channels.send(runs_on, READ_OP, {"job": job_id, "task": task, "seq": seq})
 
     def heard_read(self, job_id: str, task: str, seq: int) -> None:
         """A peer, the ingress of ``job_id``, says its caller read partial output ``seq`` of

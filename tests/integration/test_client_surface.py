@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from compass import JobRecord, SyncClient, WorkerStatus
+from compass import JobOptions, JobRecord, SyncClient, WorkerStatus
 from compass.cluster import LocalCluster
 
 from .conftest import app_environment, cluster_on_its_own_loop
@@ -46,7 +46,9 @@ async def test_inputs_named_like_options_reach_the_task_and_the_options_the_work
         # a mapping and keywords together: the keyword is an input too
         rest = {k: v for k, v in INPUTS.items() if k != "x"}
         assert await client.submit("echo", rest, x=5, deadline_ms=60000) == {**INPUTS, "x": 5}
-        job = await client.submit_job("echo", inputs=INPUTS, priority=1, trace=True)
+        job = await client.submit_job(
+            "echo", inputs=INPUTS, options=JobOptions(priority=1, trace=True)
+        )
         assert job.value == INPUTS and job.trace is not None  # the option, and the input
         many = await client.submit_many("echo", [INPUTS, {**INPUTS, "x": 2}], priority=2)
         assert many == [INPUTS, {**INPUTS, "x": 2}]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from compass.client import JobOptions
 from compass.cluster import LocalCluster
 from compass.reports import WorkerStatus
 
@@ -87,9 +88,10 @@ async def test_a_stopping_worker_sends_the_result_it_owes_over_a_channel_closed_
     async with LocalCluster(2, args=args, env=worker_env) as cluster:
         await cluster.wait_joined()
         async with cluster.client(0) as c0:
+            traced = JobOptions(trace=True)
             # two at once: w0 runs one and plans the other on idle w1
             jobs = [
-                asyncio.ensure_future(c0.submit_job("slow", x=i, trace=True, timeout=60))
+                asyncio.ensure_future(c0.submit_job("slow", x=i, options=traced, timeout=60))
                 for i in range(2)
             ]
             await status_when(c0, lambda s: len(s.view["watching"]) == 1)

@@ -176,7 +176,7 @@ async def test_a_real_workers_events_replayed_give_the_same_instructions() -> No
         journals.append(journaled(w1))
         async with w1:
             async with asyncio.timeout(30):
-                while not (w0.gossip.view.get("w1") and w1.gossip.view.get("w0")):  # noqa: ASYNC110
+                while not (w0.gossip.port.view.get("w1") and w1.gossip.port.view.get("w0")):  # noqa: ASYNC110
                     await asyncio.sleep(0.01)  # each in the other's view: heartbeats flow
                 inputs = [{"x": torch.full((4, 16), float(i))} for i in range(JOBS)]
                 answers = await asyncio.gather(

@@ -72,7 +72,7 @@ async def two_workers() -> tuple[Worker, Worker]:
     w1 = build_worker(config("w1", join=(w0.address,)))
     await w1.start()
     async with asyncio.timeout(30):
-        while not all(w.membership and w.membership.peers for w in (w0, w1)):  # noqa: ASYNC110
+        while not all(w.membership and w.membership.channels.peers for w in (w0, w1)):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     return w0, w1
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compass import Client, JobTrace, SyncClient
+from compass import Client, JobOptions, JobTrace, SyncClient
 from compass.cluster import LocalCluster
 from compass.config import WorkerConfig
 from compass.errors import InvalidInputs
@@ -60,6 +60,7 @@ def args(spec: str, *more: str) -> list[str]:
 
 
 DATA = np.zeros(100_000, dtype=np.uint8)
+TRACED = JobOptions(trace=True)
 
 
 @pytest.mark.asyncio
@@ -72,10 +73,10 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
         LocalCluster(2, args=args(spec, "--metrics-port", "0"), env=worker_env) as cluster,
         cluster.client() as client,
     ):
-        first = await client.submit_job("pair", data=DATA, trace=True, timeout=30)
+        first = await client.submit_job("pair", data=DATA, options=TRACED, timeout=30)
         # four at once: the first runs alone, the three queued behind it batch on its lane
         many = await asyncio.gather(
-            *(client.submit_job("pair", data=DATA, trace=True, timeout=30) for _ in range(4))
+            *(client.submit_job("pair", data=DATA, options=TRACED, timeout=30) for _ in range(4))
         )
         untraced = await client.submit_job("pair", data=DATA, timeout=30)
         status = await client.status()
@@ -90,7 +91,7 @@ async def test_a_trace_shows_the_plan_a_cache_miss_and_a_batch(
         def synchronously() -> tuple[JobTrace, JobTrace | None]:
             with SyncClient(cluster.addresses[0], token=cluster.token) as sync:
                 return sync.trace(first.job_id), sync.submit_job(
-                    "pair", data=DATA, trace=True
+                    "pair", data=DATA, options=TRACED
                 ).trace
 
         by_sync, sync_trace = await asyncio.to_thread(synchronously)
@@ -200,7 +201,7 @@ async def test_the_dashboard_page_lists_the_recent_traces(
         cluster = LocalCluster(1, args=args(spec, "--metrics-port", "0"), env=worker_env)
         await stack.enter_async_context(cluster)
         client = await stack.enter_async_context(cluster.client())
-        results = [await client.submit_job("pair", data=DATA, trace=True) for _ in range(2)]
+        results = [await client.submit_job("pair", data=DATA, options=TRACED) for _ in range(2)]
         address = (await client.status()).metrics
         assert address is not None  # the worker serves metrics
         page = await asyncio.to_thread(Chromium, tmp_path / "chromium")
@@ -249,7 +250,7 @@ async def test_a_callers_span_is_the_parent_of_the_job_span_and_it_of_the_task_s
         with tracer.start_as_current_span("POST /describe") as request:
             answered = await client.submit_job("pair", data=DATA)  # no trace asked for
         untraced = await client.submit_job("pair", data=DATA)  # no caller span, no sampling
-        forced = await client.submit_job("pair", data=DATA, trace=True)
+        forced = await client.submit_job("pair", data=DATA, options=TRACED)
     provider.shutdown()
     spans = exporter.get_finished_spans()
     by_job: dict[str, list[Any]] = {}
@@ -363,7 +364,9 @@ async def test_worker_processes_export_spans_by_otlp_http(
     async with OtlpReceiver().running() as receiver:
         cluster = LocalCluster(2, args=args(spec, "--otel-endpoint", receiver.url), env=worker_env)
         async with cluster, cluster.client() as client:
-            answered = await client.submit_job("pair", data=DATA, traceparent=CALLER)
+            answered = await client.submit_job(
+                "pair", data=DATA, options=JobOptions(traceparent=CALLER)
+            )
             instances = {}
             for i, address in enumerate(cluster.addresses):
                 async with Client(address, token=cluster.token) as each:

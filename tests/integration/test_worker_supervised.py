@@ -19,7 +19,7 @@ import pytest
 from compass.cluster import LISTENING, WorkerProcess
 from compass.config import SchedConfig, WorkerConfig
 from compass.core.messages import DoneMsg
-from compass.worker import server
+from compass.worker import outbox
 from compass.worker.process import build_worker
 from compass.worker.server import Worker
 
@@ -51,7 +51,7 @@ async def two_workers(tmp_path: Path, policy: str = "compass") -> AsyncIterator[
         w1 = build_worker(WorkerConfig(workload=spec, name="w1", sched=sched, join=(w0.address,)))
         async with w1:
             await until(
-                lambda: bool(w0.gossip.view.get("w1") and w1.gossip.view.get("w0")),
+                lambda: bool(w0.gossip.port.view.get("w1") and w1.gossip.port.view.get("w0")),
                 "each worker has the other in its view",
             )
             yield [w0, w1]
@@ -66,7 +66,8 @@ async def test_a_plan_request_that_fails_unexpectedly_is_logged_and_the_job_plan
         async def broken(name: str) -> Any:
             raise RuntimeError("injected: no channel for the plan request")
 
-        monkeypatch.setattr(w1.membership, "open_channel", broken)
+        assert w1.membership is not None
+        monkeypatch.setattr(w1.membership.channels, "open_channel", broken)
         async with asyncio.timeout(10):  # answered, not left to the client's timeout
             await w1.submit("quick", {"x": 1})
         (record,) = failures(caplog, "asking w0 to plan job")
@@ -79,25 +80,25 @@ async def test_a_plan_request_that_fails_unexpectedly_is_logged_and_the_job_plan
 async def test_a_dial_for_held_messages_that_fails_is_logged_and_what_waits_given_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "HOLD_S", 0.2)
+    monkeypatch.setattr(outbox, "HOLD_S", 0.2)
     async with two_workers(tmp_path) as (w0, _):
         assert w0.membership is not None
         # no channel open to w1 (closed idle, say): a message for it waits while it is dialed
-        monkeypatch.setattr(w0.membership, "channel", lambda name: None)
+        monkeypatch.setattr(w0.membership.channels, "channel", lambda name: None)
 
         async def broken(name: str) -> Any:
             raise RuntimeError("injected: dialing failed")
 
-        monkeypatch.setattr(w0.membership, "open_channel", broken)
+        monkeypatch.setattr(w0.membership.channels, "open_channel", broken)
         dropped = w0.stats.messages_dropped
-        w0._send("w1", DoneMsg("w1-job-1"))
-        assert "w1" in w0._held
-        await until(lambda: "w1" not in w0._held, "what waited for w1 is given up")
+        w0.outbox.send("w1", DoneMsg("w1-job-1"))
+        assert "w1" in w0.outbox.held
+        await until(lambda: "w1" not in w0.outbox.held, "what waited for w1 is given up")
         (record,) = failures(caplog, "w0-dial-w1 failed")
         assert record.exc_info is not None and "injected" in str(record.exc_info[1])
         assert w0.stats.internal_errors == 1
         assert w0.stats.messages_dropped == dropped + 1  # given up: its job is the core's
-        assert not w0._dialing
+        assert not w0.outbox.dialing
 
 
 @pytest.mark.asyncio

@@ -27,6 +27,7 @@ def test_all_is_pinned() -> None:
         "Decision",
         "InvalidInputs",
         "JobFailed",
+        "JobOptions",
         "JobRecord",
         "JobResult",
         "JobTooLarge",

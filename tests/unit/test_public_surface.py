@@ -14,13 +14,15 @@ import compass
 from compass import errors
 from compass.app import App
 from compass.client import Client
-from compass.errors import ConnectionClosed, InvalidInputs, ProtocolError
+from compass.errors import ConfigError, ConnectionClosed, InvalidInputs, ProtocolError
 from compass.observe.timeline import LOAD_FIELDS, SPAN_FIELDS
 from compass.reports import JobRecord, WorkerStatus, WorkerTimeline
 from compass.submission import (
     OPTION_NAMES,
     USE_CLIENT_DEFAULT,
+    JobOptions,
     job_inputs,
+    job_options,
     objective_fields,
     resolve_timeout,
 )
@@ -203,6 +205,34 @@ async def test_a_colliding_keyword_fails_before_the_client_connects() -> None:
         await client.submit_job("wf", concurrency=2)
     with pytest.raises(TypeError, match="mapping of input names"):
         await client.submit_many("wf", [{"x": 1}, ["x"]])  # type: ignore[list-item]
+    assert client._channel is None  # nothing was dialed
+    await client.aclose()
+
+
+def test_submit_jobs_old_option_keywords_warn_and_become_its_options() -> None:
+    keywords: dict[str, Any] = {"trace": True, "priority": 2, "x": 1}
+    with pytest.warns(DeprecationWarning, match=r"options=JobOptions\(priority=, trace="):
+        options = job_options("submit_job", None, keywords)
+    assert options == JobOptions(priority=2, trace=True) and keywords == {"x": 1}
+    assert job_options("submit_job", None, {}) == JobOptions()
+    with pytest.raises(TypeError, match="options= and trace="):
+        job_options("submit_job", JobOptions(), {"trace": True})
+
+
+@pytest.mark.asyncio
+async def test_submit_job_takes_its_options_as_one_object_or_warns() -> None:
+    client = Client("127.0.0.1:9")  # nothing listens there: nothing may be dialed
+    bad = JobOptions(traceparent="not a context")
+    with pytest.raises(ConfigError, match="not a W3C trace context"):
+        await client.submit_job("wf", options=bad)
+    # the old keyword is the option still (checked as one), not a job input
+    with (
+        pytest.warns(DeprecationWarning, match="submit_job"),
+        pytest.raises(ConfigError, match="not a W3C trace context"),
+    ):
+        await client.submit_job("wf", traceparent="not a context")
+    with pytest.raises(TypeError, match=r"inputs=\{'options'"):
+        await client.submit("wf", options=JobOptions())
     assert client._channel is None  # nothing was dialed
     await client.aclose()
 

@@ -149,24 +149,24 @@ async def test_in_memory_workers_joining_one_seed_dial_it_only() -> None:
     seed, *others = nodes
     try:
         for node in others:
-            await node.membership.join([seed.membership.address])
+            await node.membership.join([seed.membership.table.address])
         last = others[-1].membership
-        assert set(last.peers) == {n.membership.name for n in nodes} - {last.name}
+        assert set(last.channels.peers) == {n.membership.name for n in nodes} - {last.name}
         assert [n.dials for n in others] == [1] * len(others)  # its seed, and nobody else
         assert seed.dials == 0
-        assert last.open_channels == 1
+        assert last.channels.open_channels == 1
         # the seed passes each newcomer on in its updates: the others take it as live, undialed
         tasks = [asyncio.ensure_future(n.membership.run()) for n in nodes]
         try:
             await until(
-                lambda: all(len(n.membership.peers) == len(nodes) - 1 for n in nodes),
+                lambda: all(len(n.membership.channels.peers) == len(nodes) - 1 for n in nodes),
                 "every worker knows every other",
             )
             # a send to a named peer dials it on demand; its instance is learnt then
             first = others[0]
-            assert first.membership.members[last.name].instance in ("", last.instance)
-            assert await first.membership.open_channel(last.name) is not None
-            assert first.membership.members[last.name].instance == last.instance
+            assert first.membership.table.members[last.name].instance in ("", last.table.instance)
+            assert await first.membership.channels.open_channel(last.name) is not None
+            assert first.membership.table.members[last.name].instance == last.table.instance
         finally:
             for task in tasks:
                 task.cancel()

@@ -514,7 +514,7 @@ class Node:
             notify_handler=self.notified,
         )  # fmt: skip
         host, bound = self.server.address
-        m.address = f"{host}:{bound}"
+        m.listen_at(f"{host}:{bound}")
         return self
 
     async def aclose(self) -> None:
@@ -537,25 +537,27 @@ async def test_in_memory_workers_join_refuse_a_duplicate_and_take_a_restart_back
     a, b, c = [await Node(network, name).listen() for name in ("a", "b", "c")]
     twin = await Node(network, "b").listen()
     try:
-        await b.membership.join([a.membership.address])
-        await c.membership.join([a.membership.address])  # b, which a names: live, not dialed
-        assert set(a.membership.peers) == {"b", "c"} and set(c.membership.peers) == {"a", "b"}
+        await b.membership.join([a.membership.table.address])
+        await c.membership.join([a.membership.table.address])  # b, which a names: live, not dialed
+        assert set(a.membership.channels.peers) == {"b", "c"} and set(
+            c.membership.channels.peers
+        ) == {"a", "b"}
         with pytest.raises(ConfigError, match="'b' is taken"):
-            await twin.membership.join([a.membership.address])
-        assert twin.membership.peers == {}
+            await twin.membership.join([a.membership.table.address])
+        assert twin.membership.channels.peers == {}
 
         # b crashes; a and c lose it and retry it; it comes back at its address
-        port = int(b.membership.address.rsplit(":", 1)[1])
+        port = int(b.membership.table.address.rsplit(":", 1)[1])
         retrying = [asyncio.ensure_future(n.membership.run()) for n in (a, c)]
         await b.aclose()
-        await until(lambda: "b" not in a.membership.peers, "a has lost b")
+        await until(lambda: "b" not in a.membership.channels.peers, "a has lost b")
         restarted = await Node(network, "b").listen(port)
         await until(
-            lambda: "b" in a.membership.peers and "b" in c.membership.peers,
+            lambda: "b" in a.membership.channels.peers and "b" in c.membership.channels.peers,
             "a and c have b back",
         )
-        assert a.membership.members["b"].instance == restarted.membership.instance
-        assert restarted.membership.incarnation == 1  # it was declared dead at 0
+        assert a.membership.table.members["b"].instance == restarted.membership.table.instance
+        assert restarted.membership.table.incarnation == 1  # it was declared dead at 0
         assert [name for name, _ in a.left] == ["b"]
         for task in retrying:
             task.cancel()
@@ -571,9 +573,9 @@ async def test_an_in_memory_worker_that_leaves_is_retried_soon_and_often() -> No
     network = MemoryNetwork()
     a, b = [await Node(network, name).listen() for name in ("a", "b")]
     try:
-        await a.membership.join([b.membership.address])
+        await a.membership.join([b.membership.table.address])
         b.membership.leave()
-        await until(lambda: "b" not in a.membership.peers, "a hears b leave")
+        await until(lambda: "b" not in a.membership.channels.peers, "a hears b leave")
         (lost,) = a.membership.describe_lost()
         assert lost["left"] is True and lost["retry_in_s"] <= LEFT_BACKOFF.initial_s
         assert a.left == [("b", "it left the cluster")]
@@ -587,13 +589,13 @@ async def test_a_leaving_worker_dials_nobody_so_its_peers_do_not_take_it_back() 
     network = MemoryNetwork()
     a, b = [await Node(network, name).listen() for name in ("a", "b")]
     try:
-        await a.membership.join([b.membership.address])
+        await a.membership.join([b.membership.table.address])
         b.membership.leave()
-        await until(lambda: "b" not in a.membership.peers, "a hears b leave")
+        await until(lambda: "b" not in a.membership.channels.peers, "a hears b leave")
         # a retry of b's (or its seed loop) firing now must not rejoin it to a
-        assert await b.membership.connect_peer(a.membership.address, "a") == []
+        assert await b.membership.connect_peer(a.membership.table.address, "a") == []
         await asyncio.sleep(0.05)
-        assert "b" not in a.membership.peers
+        assert "b" not in a.membership.channels.peers
         assert a.membership.describe_lost()[0]["left"] is True
     finally:
         await a.aclose()
@@ -608,11 +610,11 @@ async def test_in_memory_a_silent_worker_is_suspected_declared_dead_then_refutes
     nodes = [await Node(network, name).listen() for name in ("a", "b", "c", "d")]
     a, b, c, d = nodes
     for node in (b, c, d):
-        await node.membership.join([a.membership.address])
+        await node.membership.join([a.membership.table.address])
     runs = {n.membership.name: asyncio.ensure_future(n.membership.run()) for n in nodes}
     others = (a, b, c)
     try:
-        await until(lambda: all(len(n.membership.peers) == 3 for n in nodes), "all joined")
+        await until(lambda: all(len(n.membership.channels.peers) == 3 for n in nodes), "all joined")
         await asyncio.sleep(0.3)  # probing, all answered
         assert all(not n.left for n in nodes)
         paused_at = time.monotonic()
@@ -621,27 +623,29 @@ async def test_in_memory_a_silent_worker_is_suspected_declared_dead_then_refutes
         await until(
             lambda: (
                 all(any(p["suspect"] for p in n.membership.describe()) for n in others)
-                or all("d" not in n.membership.peers for n in others)
+                or all("d" not in n.membership.channels.peers for n in others)
             ),
             "the others suspect d",
         )
-        await until(lambda: all("d" not in n.membership.peers for n in others), "d declared dead")
+        await until(
+            lambda: all("d" not in n.membership.channels.peers for n in others), "d declared dead"
+        )
         dropped_s = time.monotonic() - paused_at
         for node in others:
             ((name, why),) = node.left
             assert name == "d" and ("without refuting it" in why or "declared dead by" in why)
-            assert set(node.membership.peers) == {"a", "b", "c"} - {node.membership.name}
+            assert set(node.membership.channels.peers) == {"a", "b", "c"} - {node.membership.name}
         # it wakes: its channels were closed, it probes through new ones, is told it was
         # declared dead, refutes, and is back everywhere one incarnation later
         d.running.set()
         runs["d"] = asyncio.ensure_future(d.membership.run())
-        await until(lambda: all("d" in n.membership.peers for n in others), "d is back")
-        assert d.membership.incarnation >= 1
-        assert all(n.membership.members["d"].incarnation >= 1 for n in others)
-        await until(lambda: len(d.membership.peers) == 3, "d has every peer again")
+        await until(lambda: all("d" in n.membership.channels.peers for n in others), "d is back")
+        assert d.membership.table.incarnation >= 1
+        assert all(n.membership.table.members["d"].incarnation >= 1 for n in others)
+        await until(lambda: len(d.membership.channels.peers) == 3, "d has every peer again")
         await asyncio.sleep(0.3)  # and it stays: nobody suspects anybody any more
         assert all(not any(p["suspect"] for p in n.membership.describe()) for n in nodes)
-        assert all(len(n.membership.peers) == 3 for n in nodes)
+        assert all(len(n.membership.channels.peers) == 3 for n in nodes)
         # a 50 ms period, a 20 ms timeout, suspicions of 0.15 s confirmed
         assert dropped_s < 2.0, dropped_s
     finally:
@@ -681,7 +685,7 @@ async def test_a_join_that_keeps_failing_fails_and_is_never_raced_by_a_seed_retr
     try:
         with pytest.raises(ConnectFailed, match="could not join the cluster"):
             await node.membership.join(["seed:1"], timeout_s=1.5)
-        assert most == 1 and not node.membership.peers
+        assert most == 1 and not node.membership.channels.peers
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)

@@ -173,7 +173,7 @@ async def _serve(member: Membership, router: Router, port: int = 0) -> Server:
         notify_handler=router.handle_notify,
     )
     host, bound = server.address[:2]
-    member.address = f"{host}:{bound}"
+    member.listen_at(f"{host}:{bound}")
     return server
 
 
@@ -203,10 +203,10 @@ async def test_a_peer_that_answers_no_probe_is_suspected_then_declared_dead_by_t
     a, router_a = membership("a", clock_a, left_a)
     b, router_b = membership("b", clock_b, [], probes=False)  # alive, but deaf to probes
     async with listening(a, router_a), listening(b, router_b):
-        await a.join([b.address])  # over a real loopback channel
-        assert set(a.peers) == {"b"}
-        assert a.peers["b"].last_seen == a.peers["b"].joined_at == 1000.0
-        assert b.peers["a"].last_seen == 5.0  # each side reads its own clock
+        await a.join([b.table.address])  # over a real loopback channel
+        assert set(a.channels.peers) == {"b"}
+        assert a.channels.peers["b"].last_seen == a.channels.peers["b"].joined_at == 1000.0
+        assert b.channels.peers["a"].last_seen == 5.0  # each side reads its own clock
 
         clock_a.now = a.table.detector.probe_at  # within a period of the join
         a.due(clock_a.now)  # probes b
@@ -218,12 +218,12 @@ async def test_a_peer_that_answers_no_probe_is_suspected_then_declared_dead_by_t
         # two workers: nobody can confirm it, so it lasts the longest (6 x 3 periods)
         clock_a.now = suspected_at + 0.9 - 1e-6
         a.due(clock_a.now)
-        assert "b" in a.peers
+        assert "b" in a.channels.peers
         # b's clock never moved: it suspects nobody, whatever the wall clock did
         assert b.due(clock_b.now) == [] and b.describe()[0]["suspect"] is False
         clock_a.now = suspected_at + 0.9
         a.due(clock_a.now)
-        assert "b" not in a.peers
+        assert "b" not in a.channels.peers
         assert left_a == [("b", "suspected for 900 ms without refuting it (first by a, "
                                 "confirmed by 0 other workers)")]  # fmt: skip
         a.due(clock_a.now + 0.1)
@@ -238,7 +238,7 @@ async def test_an_answered_probe_keeps_a_peer_and_a_broken_channel_is_redialed()
     a, router_a = membership("a", clock_a, left_a, joined=joined_a)
     b, router_b = membership("b", clock_b, [])
     async with listening(a, router_a), listening(b, router_b):
-        await a.join([b.address])
+        await a.join([b.table.address])
         clock_a.now = a.table.detector.probe_at
         a.due(clock_a.now)
         await until(lambda: not a.table.detector._probes, "b's ack reaches a")
@@ -246,10 +246,10 @@ async def test_an_answered_probe_keeps_a_peer_and_a_broken_channel_is_redialed()
         a.due(clock_a.now)
         assert a.describe()[0]["suspect"] is False and a.table.detector.health == 0
         # the channel breaks with both alive: no verdict; a probes b through a new channel
-        channel = a.channel("b")
+        channel = a.channels.channel("b")
         assert channel is not None
         await channel.aclose()
-        await until(lambda: a.channel("b") not in (None, channel), "a redials b")
+        await until(lambda: a.channels.channel("b") not in (None, channel), "a redials b")
         await until(lambda: not a.table.detector._probes, "b acks the probe on the new channel")
         assert left_a == [] and joined_a == ["b", "b"]  # reconnected: held messages go out
 
@@ -263,31 +263,31 @@ async def test_a_removed_peer_is_retried_on_the_backoff_schedule() -> None:
     async with listening(a, router_a):
         server_b = await _serve(b, router_b)
         async with server_b:
-            await a.join([b.address])
+            await a.join([b.table.address])
         await b.aclose()  # b is gone; its address is remembered
         a.remove("b", "test")
         lost = {"lost_s": 0.0, "failures": 0, "retry_in_s": 0.1, "left": False}
-        assert a.describe_lost() == [{"name": "b", "address": b.address, **lost}]
+        assert a.describe_lost() == [{"name": "b", "address": b.table.address, **lost}]
         assert a.due(1000.0999) == []
         assert a.due(1000.1) == ["b"]
         # a probe of b may still be dialing its address (b closed its channel): let it fail
         for _ in range(500):
-            if b.address not in a._connecting:
+            if b.table.address not in a._connecting:
                 break
             await asyncio.sleep(0.01)
         retry_at = []
         for _ in range(5):  # nothing listens at b's address: each try fails, the wait doubles
             with pytest.raises(ConnectFailed):
-                await a.connect_peer(b.address, expect="b")
+                await a.connect_peer(b.table.address, expect="b")
             a.failed("b", ConnectFailed("refused"))
-            retry_at.append(round(a.members["b"].retry_at - clock.now, 6))
+            retry_at.append(round(a.table.members["b"].retry_at - clock.now, 6))
         assert retry_at == [0.2, 0.4, 0.4, 0.4, 0.4]  # capped
-        assert a.members["b"].failures == 5
+        assert a.table.members["b"].failures == 5
 
         # a peer lost for longer than forget_after_s is forgotten
-        clock.now += a.forget_after_s + 1
+        clock.now += a.table.forget_after_s + 1
         assert a.due(clock.now) == []
-        assert "b" not in a.members
+        assert "b" not in a.table.members
 
 
 @pytest.mark.asyncio
@@ -299,19 +299,19 @@ async def test_a_peer_declared_dead_rejoins_with_a_newer_incarnation() -> None:
     a, router_a = membership("a", clock_a, left_a, joined=joined_a)
     b, router_b = membership("b", clock_b, left_b)
     async with listening(a, router_a), listening(b, router_b):
-        await a.join([b.address])
-        assert (a.incarnation, b.incarnation) == (0, 0)
+        await a.join([b.table.address])
+        assert (a.table.incarnation, b.table.incarnation) == (0, 0)
         clock_a.now += 3.0
         a.remove("b", "declared dead")  # at incarnation 0; a closes the channel
-        assert "b" not in a.peers
+        assert "b" not in a.channels.peers
         assert a.seen("b", 0) is False  # not a peer any more: its heartbeats do not count
 
         # b sees its channel to a close and probes a through a new one: a tells b it was
         # declared dead at 0, and b takes incarnation 1
-        await until(lambda: "b" in a.peers, "b has dialed a back")
-        assert set(a.peers) == {"b"} and set(b.peers) == {"a"}
-        assert (a.incarnation, b.incarnation) == (0, 1)
-        assert a.members["b"].incarnation == 1
+        await until(lambda: "b" in a.channels.peers, "b has dialed a back")
+        assert set(a.channels.peers) == {"b"} and set(b.channels.peers) == {"a"}
+        assert (a.table.incarnation, b.table.incarnation) == (0, 1)
+        assert a.table.members["b"].incarnation == 1
         assert a.describe()[0]["incarnation"] == 1
         assert joined_a == ["b", "b"]  # joined, then joined again
         assert left_b == []  # b never lost a: a broken channel is no verdict
@@ -319,20 +319,20 @@ async def test_a_peer_declared_dead_rejoins_with_a_newer_incarnation() -> None:
         # a heartbeat sent before the rejoin (incarnation 0) is stale; a newer one is adopted
         clock_a.now += 1.0
         assert a.seen("b", 0) is False
-        assert a.stale_heartbeats == 1
+        assert a.table.stale_heartbeats == 1
         assert a.describe()[0]["age_ms"] == 1000.0  # the stale one did not refresh it
         assert a.seen("b", 1) is True
         assert a.describe()[0]["age_ms"] == 0.0
-        assert a.seen("b", 2) is True and a.members["b"].incarnation == 2
+        assert a.seen("b", 2) is True and a.table.members["b"].incarnation == 2
 
         # dead again, at incarnation 2: it comes back as 3, not 2
         clock_a.now += 1.0
         a.remove("b", "declared dead")
-        await until(lambda: b.incarnation == 3 and "b" in a.peers, "b is back at 3")
-        assert a.members["b"].incarnation == 3
+        await until(lambda: b.table.incarnation == 3 and "b" in a.channels.peers, "b is back at 3")
+        assert a.table.members["b"].incarnation == 3
         # and when a dials b, b is told too
-        await a.connect_peer(b.address, expect="b")
-        assert b.incarnation == 3
+        await a.connect_peer(b.table.address, expect="b")
+        assert b.table.incarnation == 3
 
 
 @pytest.mark.asyncio
@@ -343,26 +343,27 @@ async def test_a_duplicate_name_is_refused_and_the_cluster_not_split() -> None:
     twin, router_twin = membership("b", clock, [])  # another process, same name
     same_as_a, router_same = membership("a", clock, [])
     async with listening(a, router_a), listening(b, router_b), listening(twin, router_twin):
-        await b.join([a.address])
+        await b.join([a.table.address])
         with pytest.raises(ConfigError, match=r"'b' is taken: the worker at \S+ has it") as info:
-            await twin.join([a.address])
-        assert info.value.detail == {"name": "b", "address": b.address}
+            await twin.join([a.table.address])
+        assert info.value.detail == {"name": "b", "address": b.table.address}
         assert "--name" in info.value.message
         async with listening(same_as_a, router_same):
             with pytest.raises(
-                ConfigError, match=re.escape(f"'a' is taken: the worker at {a.address} has it")
+                ConfigError,
+                match=re.escape(f"'a' is taken: the worker at {a.table.address} has it"),
             ):
-                await same_as_a.join([a.address])
-        assert set(a.peers) == {"b"} and a.members["b"].instance == b.instance
-        assert twin.peers == {}
+                await same_as_a.join([a.table.address])
+        assert set(a.channels.peers) == {"b"} and a.table.members["b"].instance == b.table.instance
+        assert twin.channels.peers == {}
 
         # once b is lost, a new process under its name is a restart, not a duplicate
         a.remove("b", "test")
-        await twin.join([a.address])
-        assert set(a.peers) == {"b"}
-        assert a.peers["b"].address == twin.address
-        assert a.members["b"].instance == twin.instance
-        assert twin.incarnation == 1  # the name was declared dead at 0
+        await twin.join([a.table.address])
+        assert set(a.channels.peers) == {"b"}
+        assert a.channels.peers["b"].address == twin.table.address
+        assert a.table.members["b"].instance == twin.table.instance
+        assert twin.table.incarnation == 1  # the name was declared dead at 0
 
 
 @pytest.mark.asyncio
@@ -371,11 +372,11 @@ async def test_a_seed_that_is_this_worker_by_another_address_is_skipped() -> Non
     a, router_a = membership("a", time.monotonic, [])
     b, router_b = membership("b", time.monotonic, [])
     async with listening(a, router_a), listening(b, router_b):
-        port = a.address.rsplit(":", 1)[1]
+        port = a.table.address.rsplit(":", 1)[1]
         await a.join([f"localhost:{port}"], timeout_s=5.0)  # a itself: alone, no error
-        assert a.peers == {}
-        await a.join([f"localhost:{port}", b.address], timeout_s=5.0)
-        assert set(a.peers) == {"b"}
+        assert a.channels.peers == {}
+        await a.join([f"localhost:{port}", b.table.address], timeout_s=5.0)
+        assert set(a.channels.peers) == {"b"}
 
 
 @pytest.mark.asyncio
@@ -392,7 +393,7 @@ async def test_join_keeps_trying_until_a_worker_listens_there() -> None:
         server_b = await _serve(b, router_b, port)
         async with server_b:
             await asyncio.wait_for(joining, 30.0)
-            assert set(a.peers) == {"b"}
+            assert set(a.channels.peers) == {"b"}
             await b.aclose()
 
 
@@ -418,20 +419,20 @@ async def test_both_sides_retry_until_a_lost_peer_is_back() -> None:
     b, router_b = membership("b", time.monotonic, [], backoff)
     async with listening(a, router_a):
         server_b = await _serve(b, router_b)
-        port = int(b.address.rsplit(":", 1)[1])
+        port = int(b.table.address.rsplit(":", 1)[1])
         retrying = asyncio.ensure_future(a.run())
         try:
             async with server_b:
-                await a.join([b.address])
+                await a.join([b.table.address])
             await b.aclose()  # b crashes: a loses it and keeps trying its address
-            await until(lambda: a.members["b"].failures >= 3, "a has retried b a few times")
+            await until(lambda: a.table.members["b"].failures >= 3, "a has retried b a few times")
             assert [name for name, _ in left] == ["b"]
             restarted, router_r = membership("b", time.monotonic, [], backoff)
             server_r = await _serve(restarted, router_r, port)  # back at the same address
             async with server_r:
-                await until(lambda: "b" in a.peers, "a has b back")
-                assert a.members["b"].instance == restarted.instance
-                assert restarted.incarnation == 1 and a.members["b"].incarnation == 1
+                await until(lambda: "b" in a.channels.peers, "a has b back")
+                assert a.table.members["b"].instance == restarted.table.instance
+                assert restarted.table.incarnation == 1 and a.table.members["b"].incarnation == 1
                 assert a.describe_lost() == []
                 await restarted.aclose()
         finally:
@@ -447,14 +448,14 @@ async def test_a_new_instance_where_a_live_peer_listens_is_a_restart_not_a_dupli
     b, router_b = membership("b", FakeClock(), [])
     restarted, router_r = membership("b", FakeClock(), [])
     async with listening(a, router_a), listening(b, router_b), listening(restarted, router_r):
-        await b.join([a.address])
-        old_instance = b.instance
-        restarted.address = b.address  # the new process listens where the old one did
-        await restarted.join([a.address])
+        await b.join([a.table.address])
+        old_instance = b.table.instance
+        restarted.listen_at(b.table.address)  # the new process listens where the old one did
+        await restarted.join([a.table.address])
         assert [name for name, _ in left] == ["b"]  # the old instance's jobs are re-planned
-        assert a.peers["b"].address == b.address
-        assert a.members["b"].instance == restarted.instance != old_instance
-        assert restarted.incarnation == 1  # the old instance was declared dead at 0
+        assert a.channels.peers["b"].address == b.table.address
+        assert a.table.members["b"].instance == restarted.table.instance != old_instance
+        assert restarted.table.incarnation == 1  # the old instance was declared dead at 0
 
 
 @pytest.mark.asyncio
@@ -463,18 +464,18 @@ async def test_a_peer_that_left_is_retried_soon_and_often_then_forgotten_after_a
     a, router_a = membership("a", clock, [], Backoff(initial_s=1.0, max_s=60.0, jitter=0.0))
     b, router_b = membership("b", FakeClock(), [])
     async with listening(a, router_a), listening(b, router_b):
-        await a.join([b.address])
+        await a.join([b.table.address])
         a.left("b", "it left the cluster")
         (lost,) = a.describe_lost()
         assert lost["left"] is True and lost["retry_in_s"] <= LEFT_BACKOFF.initial_s
         for _ in range(6):  # each failed try backs off, up to a second, not the minute
             a.failed("b", ConnectFailed("refused"))
-        assert a.members["b"].retry_at - clock.now <= LEFT_BACKOFF.max_s
+        assert a.table.members["b"].retry_at - clock.now <= LEFT_BACKOFF.max_s
         clock.now += FORGET_LEFT_AFTER_S - 1
-        assert a.due(clock.now) and "b" in a.members
+        assert a.due(clock.now) and "b" in a.table.members
         clock.now += 2
         a.due(clock.now)
-        assert "b" not in a.members
+        assert "b" not in a.table.members
 
 
 @pytest.mark.asyncio
@@ -484,18 +485,18 @@ async def test_a_worker_with_no_peer_joins_through_its_seeds_again() -> None:
     b, router_b = membership("b", time.monotonic, [], backoff)
     async with listening(a, router_a):
         server_b = await _serve(b, router_b)
-        port = int(b.address.rsplit(":", 1)[1])
-        a.forget_after_s = 0.0  # b is forgotten at once: only the seed list can find it again
+        port = int(b.table.address.rsplit(":", 1)[1])
+        a.forget_after(0.0)  # b is forgotten at once: only the seed list can find it again
         retrying = asyncio.ensure_future(a.run())
         try:
             async with server_b:
-                await a.join([b.address])
-            assert a.seeds == [b.address]
+                await a.join([b.table.address])
+            assert a.table.seeds == [b.table.address]
             await b.aclose()
-            await until(lambda: not a.members, "a has forgotten b")
+            await until(lambda: not a.table.members, "a has forgotten b")
             restarted, router_r = membership("b", time.monotonic, [], backoff)
             async with await _serve(restarted, router_r, port):
-                await until(lambda: "b" in a.peers, "a has joined its seed again")
+                await until(lambda: "b" in a.channels.peers, "a has joined its seed again")
                 await restarted.aclose()
         finally:
             retrying.cancel()
@@ -509,8 +510,8 @@ async def test_a_leaving_worker_takes_nobody_in() -> None:
     async with listening(a, router_a), listening(b, router_b):
         a.leave()
         with pytest.raises(WorkerUnavailable, match="leaving"):
-            await b.join([a.address])
-        assert a.peers == {}
+            await b.join([a.table.address])
+        assert a.channels.peers == {}
 
 
 # -- the address a worker advertises -----------------------------------------------------------

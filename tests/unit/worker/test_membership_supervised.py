@@ -42,7 +42,7 @@ async def test_a_sweeper_that_fails_is_logged_and_started_again(
         if len(rounds) == 1:
             raise RuntimeError("injected: trimming failed")
 
-    monkeypatch.setattr(node.membership, "_trim", trim)
+    monkeypatch.setattr(node.membership.channels, "_trim", trim)
     try:
         await until(lambda: len(rounds) >= 3, "the sweeper sweeps again after failing")
         assert len(failures(caplog, "a-idle-channels")) == 1
@@ -60,7 +60,7 @@ async def test_a_retry_that_fails_is_logged_and_the_peer_retried_on(
     async with listening(a, router_a):
         server_b = await _serve(b, router_b)
         async with server_b:
-            await a.join([b.address])
+            await a.join([b.table.address])
         real = a.table.lost
         tries: list[str] = []
 
@@ -76,7 +76,7 @@ async def test_a_retry_that_fails_is_logged_and_the_peer_retried_on(
             await b.aclose()  # b crashes: a loses it and retries it
             await until(lambda: len(tries) >= 3, "a tries b again after the failed try")
             assert len(failures(caplog, "a-rejoin-b")) == 1
-            assert a.members["b"].failures >= 2  # the failed try counted: it backs off
+            assert a.table.members["b"].failures >= 2  # the failed try counted: it backs off
         finally:
             retrying.cancel()
             await asyncio.gather(retrying, return_exceptions=True)
@@ -89,20 +89,21 @@ async def test_a_dial_that_fails_unexpectedly_is_logged_and_what_waited_dropped(
     network = MemoryNetwork()
     a, b = [await Node(network, name, idle_s=0).start() for name in "ab"]
     try:
-        await b.membership.join([a.membership.address])
-        await until(lambda: "b" in a.membership.peers, "a knows b")
-        channel = a.membership.channel("b")
+        await b.membership.join([a.membership.table.address])
+        await until(lambda: "b" in a.membership.channels.peers, "a knows b")
+        channel = a.membership.channels.channel("b")
         assert channel is not None
-        a.membership._retire(channel, "now")  # closed by choice: a dials b for the next note
-        await until(lambda: a.membership.channel("b") is None, "a has no channel to b")
+        # closed by choice: a dials b for the next note
+        a.membership.channels._retire(channel, "now")
+        await until(lambda: a.membership.channels.channel("b") is None, "a has no channel to b")
 
         async def reach(name: str, address: str) -> Any:
             raise RuntimeError("injected: dialing failed")
 
-        monkeypatch.setattr(a.membership, "_reach", reach)
-        assert a.membership.send("b", "note", "lost")
+        monkeypatch.setattr(a.membership.channels, "_reach", reach)
+        assert a.membership.channels.send("b", "note", "lost")
         await until(lambda: bool(failures(caplog, "a-reach-b")), "the failed dial is logged")
-        assert not a.membership._queued.get("b") and b.notes == []
+        assert not a.membership.channels._queued.get("b") and b.notes == []
     finally:
         for node in (a, b):
             await node.aclose()
@@ -116,10 +117,10 @@ async def test_a_channel_whose_close_fails_is_logged_when_retired_and_at_close(
     a, b, c = [await Node(network, name, idle_s=0).start() for name in "abc"]
     try:
         for node in (b, c):
-            await node.membership.join([a.membership.address])
-        await until(lambda: len(a.membership.peers) == 2, "a knows b and c")
+            await node.membership.join([a.membership.table.address])
+        await until(lambda: len(a.membership.channels.peers) == 2, "a knows b and c")
         for name in "bc":
-            channel = a.membership.channel(name)
+            channel = a.membership.channels.channel(name)
             assert channel is not None
             real = channel.aclose
 
@@ -128,9 +129,9 @@ async def test_a_channel_whose_close_fails_is_logged_when_retired_and_at_close(
                 raise RuntimeError(f"injected: closing the channel to {name} failed")
 
             monkeypatch.setattr(channel, "aclose", aclose)
-        channel_b = a.membership.channel("b")
+        channel_b = a.membership.channels.channel("b")
         assert channel_b is not None
-        a.membership._retire(channel_b, "now")  # closed by choice, in the background
+        a.membership.channels._retire(channel_b, "now")  # closed by choice, in the background
         await until(lambda: bool(failures(caplog, "a-close-b")), "the failed close is logged")
         await a.membership.aclose()  # the channel to c is closed with the membership
         closing = [r for r in caplog.records if r.levelno == logging.ERROR

@@ -163,7 +163,7 @@ def test_view_ages_are_exported_by_the_mesh_only(view: View) -> None:
         dataclasses.replace(config, sched=dataclasses.replace(config.sched, view=view))
     )
     peer = worker.gossip.own_state(0.0)
-    worker.gossip.view.apply_heartbeat(dataclasses.replace(peer, name="w1", seq=1), now=0.0)
+    worker.gossip.port.view.apply_heartbeat(dataclasses.replace(peer, name="w1", seq=1), now=0.0)
     ages = {k: v for k, v in samples(worker).items() if k[0] == "compass_view_age_seconds"}
     assert list(ages) == ([("compass_view_age_seconds", frozenset({("peer", "w1")}))]
                           if view == "mesh" else [])  # fmt: skip
@@ -223,7 +223,7 @@ def test_a_worker_with_other_seeds_and_no_peer_is_not_ready_and_a_first_worker_i
             handler=router.handle_request, notify_handler=router.handle_notify,
             on_join=lambda peer: None, on_leave=lambda name, why: None,
         )  # fmt: skip
-        split.membership.seeds = seeds
+        split.membership.use_seeds(seeds)
         split.metrics.ready = True
         return split
 

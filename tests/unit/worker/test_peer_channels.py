@@ -65,7 +65,7 @@ class Node:
             notify_handler=self.router.handle_notify,
         )  # fmt: skip
         host, port = self.server.address
-        self.membership.address = f"{host}:{port}"
+        self.membership.listen_at(f"{host}:{port}")
         self.run = asyncio.ensure_future(self.membership.run())
         return self
 
@@ -93,34 +93,41 @@ async def test_idle_channels_close_with_no_verdict_and_a_send_dials_again() -> N
     a, b, c = nodes
     try:
         for node in (b, c):
-            await node.membership.join([a.membership.address])
+            await node.membership.join([a.membership.table.address])
         # c knows b from a's welcome; b hears of c from c's first dial (else from gossip, on
         # the first of probes 5 s apart)
-        assert c.membership.send("b", "note", "hello")
-        await until(lambda: all(len(n.membership.peers) == 2 for n in nodes), "all joined")
+        assert c.membership.channels.send("b", "note", "hello")
+        await until(lambda: all(len(n.membership.channels.peers) == 2 for n in nodes), "all joined")
         # idle: every channel is closed, by choice, and nobody lost anybody
-        await until(lambda: all(n.membership.open_channels == 0 for n in nodes), "all idle")
+        await until(
+            lambda: all(n.membership.channels.open_channels == 0 for n in nodes), "all idle"
+        )
         await asyncio.sleep(0.3)
         for node in nodes:
-            assert len(node.membership.peers) == 2 and node.left == []
-            assert all(p.channel is None for p in node.membership.peers.values())
+            assert len(node.membership.channels.peers) == 2 and node.left == []
+            assert all(p.channel is None for p in node.membership.channels.peers.values())
             assert node.membership.describe_lost() == []
             assert not any(p["suspect"] for p in node.membership.describe())
         # a send to a live peer with no channel dials it once, whatever is sent meanwhile
         dials = a.dials
-        assert all(a.membership.send("c", "note", {"n": n}) for n in range(5))
+        assert all(a.membership.channels.send("c", "note", {"n": n}) for n in range(5))
         await until(lambda: len(c.notes) == 5, "c has every note")
         assert c.notes == [{"n": n} for n in range(5)] and a.dials == dials + 1
-        assert a.membership.channel("c") is not None and c.membership.channel("a") is not None
+        assert (
+            a.membership.channels.channel("c") is not None
+            and c.membership.channels.channel("a") is not None
+        )
         # an accepted channel counts: c answers a on the channel a opened, dialing nobody
         c_dials = c.dials
-        assert c.membership.send("a", "note", "back")
+        assert c.membership.channels.send("a", "note", "back")
         await until(lambda: a.notes == ["back"], "a has c's note")
         assert c.dials == c_dials
-        await until(lambda: a.membership.open_channels == 0, "idle again")
+        await until(lambda: a.membership.channels.open_channels == 0, "idle again")
         assert a.left == c.left == []
         # a channel that breaks (not closed by choice) is a failure to look at: probed
-        channel = a.membership.channel("b") or await a.membership.open_channel("b")
+        channel = a.membership.channels.channel("b") or await a.membership.channels.open_channel(
+            "b"
+        )
         assert channel is not None
         channel.abort()
         await until(
@@ -138,26 +145,28 @@ async def test_a_capped_worker_never_holds_more_channels_than_its_cap() -> None:
     spokes = [await Node(network, f"s{i}", idle_s=0).start() for i in range(5)]
     try:
         for spoke in spokes:
-            await spoke.membership.join([hub.membership.address])
-            assert hub.membership.open_channels <= 2
-        await until(lambda: len(hub.membership.peers) == 5, "all joined the hub")
+            await spoke.membership.join([hub.membership.table.address])
+            assert hub.membership.channels.open_channels <= 2
+        await until(lambda: len(hub.membership.channels.peers) == 5, "all joined the hub")
         for _ in range(3):
             for spoke in spokes:
-                assert hub.membership.send(spoke.membership.name, "note", hub.membership.name)
+                assert hub.membership.channels.send(
+                    spoke.membership.name, "note", hub.membership.name
+                )
 
                 def arrived(node: Node = spoke) -> bool:
                     return bool(node.notes)
 
                 await until(arrived, "the note arrives")
                 spoke.notes.clear()
-                assert hub.membership.open_channels <= 2
+                assert hub.membership.channels.open_channels <= 2
         # the spokes dialing the hub: accepted channels count against its cap too
         for spoke in spokes:
-            assert spoke.membership.send("hub", "note", spoke.membership.name)
+            assert spoke.membership.channels.send("hub", "note", spoke.membership.name)
         await until(lambda: len(hub.notes) == 5, "the hub has every note")
-        assert hub.membership.open_channels <= 2
+        assert hub.membership.channels.open_channels <= 2
         assert hub.left == [] and all(s.left == [] for s in spokes)
-        assert len(hub.membership.peers) == 5
+        assert len(hub.membership.channels.peers) == 5
     finally:
         for node in [hub, *spokes]:
             await node.aclose()
@@ -176,21 +185,22 @@ async def test_a_worker_that_leaves_tells_its_open_channels_and_they_pass_it_on(
     nodes = [a, b, *others]
     try:
         for node in nodes[1:]:
-            await node.membership.join([a.membership.address])
-        await until(lambda: all(len(n.membership.peers) == 3 for n in nodes), "all joined")
-        await until(lambda: a.membership.open_channels == 0, "a's channels idle")
-        assert a.membership.send("b", "note", "hello")
+            await node.membership.join([a.membership.table.address])
+        await until(lambda: all(len(n.membership.channels.peers) == 3 for n in nodes), "all joined")
+        await until(lambda: a.membership.channels.open_channels == 0, "a's channels idle")
+        assert a.membership.channels.send("b", "note", "hello")
         await until(lambda: b.notes == ["hello"], "a has a channel to b")
         dials = a.dials
         a.membership.leave()
-        assert not a.membership._reaching  # no dial even begun (a leaving worker makes none)
+        # no dial even begun (a leaving worker makes none)
+        assert not a.membership.channels._reaching
         await asyncio.sleep(0.2)
         assert a.dials == dials
-        await until(lambda: "a" not in b.membership.peers, "b hears it at once")
+        await until(lambda: "a" not in b.membership.channels.peers, "b hears it at once")
         for node in others:
 
             def heard(node: Node = node) -> bool:
-                return "a" not in node.membership.peers
+                return "a" not in node.membership.channels.peers
 
             await until(heard, f"{node.membership.name} hears it from b")
         for node in nodes[1:]:
@@ -213,12 +223,12 @@ async def test_a_channel_both_sides_retire_at_once_closes_without_the_close_time
         node.options = ChannelOptions(name=node.membership.name, token=TOKEN, timeouts=slow_close)
         node.membership._channels = node.options
     try:
-        await b.membership.join([a.membership.address])
-        await until(lambda: all(len(n.membership.peers) == 1 for n in (a, b)), "joined")
-        ours, theirs = a.membership.channel("b"), b.membership.channel("a")
+        await b.membership.join([a.membership.table.address])
+        await until(lambda: all(len(n.membership.channels.peers) == 1 for n in (a, b)), "joined")
+        ours, theirs = a.membership.channels.channel("b"), b.membership.channels.channel("a")
         assert ours is not None and theirs is not None
-        a.membership._retire(ours)
-        b.membership._retire(theirs)
+        a.membership.channels._retire(ours)
+        b.membership.channels._retire(theirs)
         await until(lambda: ours.closed and theirs.closed, "both ends closed", limit_s=5.0)
         assert a.left == b.left == []
     finally:
