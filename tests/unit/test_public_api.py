@@ -25,6 +25,7 @@ def test_all_is_pinned() -> None:
         "DeadlineExceeded",
         "DeadlineUnreachable",
         "Decision",
+        "Done",
         "InvalidInputs",
         "JobFailed",
         "JobOptions",
@@ -41,6 +42,7 @@ def test_all_is_pinned() -> None:
         "RemoteError",
         "SKIPPED",
         "SchedConfig",
+        "Seat",
         "StaleHandle",
         "Stream",
         "StreamOverrun",
@@ -63,6 +65,7 @@ def test_all_is_pinned() -> None:
         "choose",
         "fan_out",
         "load_app",
+        "step_batch",
         "stop",
     ]
     for name in compass.__all__:

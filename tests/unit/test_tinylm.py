@@ -260,7 +260,7 @@ def test_the_app_caches_its_weights_outside_the_repository() -> None:
     path = app.models["tinylm"].weights
     assert path is not None and path.is_relative_to(tempfile.gettempdir())
     assert not path.resolve().is_relative_to(ROOT)
-    assert set(app.workflows) == {"tell", "tell_steps", "speak", "speak_steps"}
+    assert set(app.workflows) == {"tell", "tell_steps", "tell_batched", "speak", "speak_steps"}
 
 
 def test_the_step_wise_pipeline_streams_each_stage_into_the_next(weights: Path) -> None:
