@@ -137,7 +137,7 @@ class WorkerCore:
         #: the jobs it accepted, until each is answered; their keys' kept answers
         self.ingress = Ingress(
             self,
-            Admission(name, options.max_jobs, options.max_job_bytes),
+            Admission(name, options.max_jobs, options.max_job_bytes, options.max_held_bytes),
             KeptAnswers(max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s),
         )
 
