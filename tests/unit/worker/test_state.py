@@ -150,6 +150,13 @@ class FakeView:
     def watch_failed(self, peer: str) -> None:
         pass
 
+    #: this worker's weights version as task messages carry it (0: not known)
+    version_id = 0
+
+    def other_version(self, worker: str) -> None:
+        self.removed.append(worker)
+        self.waits.pop(worker, None)
+
 
 _JOB_IDS: weakref.WeakKeyDictionary[WorkerCore, JobIds] = weakref.WeakKeyDictionary()
 
