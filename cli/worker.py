@@ -15,6 +15,7 @@ from compass.config import (
     DEFAULT_PORT,
     GPU_CACHE_FRACTION,
     HOST_CACHE_FRACTION,
+    JOB_ENVELOPE_BYTES,
     CacheConfig,
     Limits,
     SchedConfig,
@@ -290,7 +291,8 @@ def worker_start(
             envvar=env("max_frame_mb"),
             min=1,
             help="Largest frame accepted, MiB. A job travels in one frame, so this bounds one "
-            "job's inputs too: a client refuses a larger job before sending it (JobTooLarge).",
+            "job's inputs too (--max-job-mb): a client refuses a job larger than a frame "
+            "before sending it (JobTooLarge).",
         ),
     ] = WORKER.limits.max_frame_bytes // MiB,
     max_jobs: Annotated[
@@ -302,15 +304,26 @@ def worker_start(
         ),
     ] = WORKER.max_jobs,
     max_job_mb: Annotated[
-        float,
+        float | None,
         typer.Option(
             envvar=env("max_job_mb"),
             min=0.001,
-            help="MiB of job inputs held as ingress: a job over it alone is refused "
-            "(JobTooLarge; a client's job is bounded by --max-frame-mb too, an HTTP body by "
-            "this alone), more jobs than fit together are refused for now (Overloaded).",
+            show_default=f"{WORKER.job_bytes // MiB}: what one frame carries, --max-frame-mb "
+            f"less {JOB_ENVELOPE_BYTES // MiB}",
+            help="MiB of one job's inputs taken as ingress; a job past it is refused "
+            "(JobTooLarge), an HTTP body past it too (413). More than one frame carries, or "
+            "than --max-held-mb, is refused at start.",
         ),
-    ] = WORKER.max_job_bytes / MiB,
+    ] = None,
+    max_held_mb: Annotated[
+        float,
+        typer.Option(
+            envvar=env("max_held_mb"),
+            min=0.001,
+            help="MiB of job inputs held as ingress, all jobs' together; a job past it is "
+            "refused for now (Overloaded).",
+        ),
+    ] = WORKER.max_held_bytes / MiB,
     keep_answers_mb: Annotated[
         float,
         typer.Option(
@@ -479,7 +492,8 @@ def worker_start(
         host_lanes=host_lanes,
         time_scale=time_scale,
         max_jobs=max_jobs,
-        max_job_bytes=int(max_job_mb * MiB),
+        max_job_bytes=None if max_job_mb is None else int(max_job_mb * MiB),
+        max_held_bytes=int(max_held_mb * MiB),
         keep_answer_bytes=int(keep_answers_mb * MiB),
         task_timeout_s=task_timeout,
         max_stuck_tasks=max_stuck_tasks,

@@ -404,7 +404,9 @@ class Client:
         remote traceback), :class:`~compass.errors.UnknownWorkflow` or
         :class:`~compass.errors.InvalidInputs` for a bad request; each names the job
         (``error.job_id``). :class:`~compass.errors.JobTooLarge`, before anything is sent,
-        when the inputs do not fit the one frame a job travels in (``--max-frame-mb``).
+        when the inputs do not fit the one frame a job travels in (``--max-frame-mb``), and
+        from the worker when they are past its ``--max-job-mb`` (by default, the frame less
+        1 MiB for the message around them).
         """
         job = job_inputs("submit", inputs, keywords)
         extra = objective_fields(deadline_ms, priority, on_miss)
@@ -545,18 +547,24 @@ class Client:
         """Run one job of ``workflow`` as :meth:`submit` does, streaming: its step-wise sinks'
         partial outputs as they are made, each an :class:`~compass.streamed.Output` tagged
         with its task, then the final output (``final``); ``window`` of them at most on the
-        way. Leaving the loop early cancels the job (see :mod:`compass.streamed`)."""
+        way. Leaving the loop early cancels the job (see :mod:`compass.streamed`). As
+        :meth:`submit`, :class:`~compass.errors.JobTooLarge` (at the first item, before
+        anything is sent) when the inputs do not fit the one frame a job travels in."""
         job = job_inputs("stream", inputs, keywords)
         body = {
             "workflow": workflow,
             "inputs": job,
             **objective_fields(deadline_ms, priority, on_miss),
         }
-        return read_stream(
-            lambda: self._channel_for(self._is_bulk(payload_bytes(job))),
-            body,
-            window,
-        )
+        input_bytes = payload_bytes(job)
+
+        async def channel() -> Channel:
+            # as submit does: a job larger than its frame is refused before it is sent
+            opened = await self._channel_for(self._is_bulk(input_bytes))
+            check_job_size(job, input_bytes, send_limits(opened), self.limits, self.address)
+            return opened
+
+        return read_stream(channel, body, window)
 
     async def submit_many(
         self,

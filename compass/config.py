@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_PORT",
     "GPU_CACHE_FRACTION",
     "HOST_CACHE_FRACTION",
+    "JOB_ENVELOPE_BYTES",
     "PROTOCOL_VERSION",
     "SIM_DIFFERS",
     "SIM_WORKER",
@@ -33,6 +34,7 @@ __all__ = [
     "View",
     "WorkerConfig",
     "check_view",
+    "frame_carries",
     "parse_address",
 ]
 
@@ -52,6 +54,19 @@ GPU_CACHE_FRACTION = 0.8
 GPU_HEADROOM_BYTES = 1 << 30
 #: share of the machine's memory a host-backend cache takes by default
 HOST_CACHE_FRACTION = 0.25
+#: bytes a frame keeps beside one job's inputs, for the message around them (ids, the job's
+#: plan, its objective): a job travels in one frame, so one job's inputs are at most the frame
+#: less this (:func:`frame_carries`)
+JOB_ENVELOPE_BYTES = 1 * MiB
+
+
+def frame_carries(frame_bytes: int) -> int:
+    """Bytes of one job's inputs a frame of ``frame_bytes`` carries: the frame less
+    :data:`JOB_ENVELOPE_BYTES`, or half of it where it is under twice that (a frame of 1 MiB,
+    the least ``--max-frame-mb``, or a client's own small ``Limits``). The one rule of both
+    sides: a worker takes no more of one job (:attr:`WorkerConfig.job_bytes`), and a client
+    sends no more (:func:`compass.submission.check_job_size`)."""
+    return frame_bytes - min(JOB_ENVELOPE_BYTES, frame_bytes // 2)
 
 
 def _positive(owner: object, **values: float | int | None) -> None:
@@ -380,8 +395,14 @@ class WorkerConfig:
     #: jobs in flight this worker accepts as their ingress; more are refused with Overloaded
     #: (each holds its inputs until it is answered, so this bounds the ingress's memory)
     max_jobs: int = 10000
-    #: bytes of job inputs this worker holds as ingress at most; more jobs are refused
-    max_job_bytes: int = 4 * GiB
+    #: bytes of one job's inputs this worker takes as ingress; a job past them is refused with
+    #: JobTooLarge (an HTTP body past them with 413). None: what one frame carries (see
+    #: :attr:`job_bytes`); more cannot be given, as a job travels in one frame (a client's
+    #: submit, the ingress's task to a root)
+    max_job_bytes: int | None = None
+    #: bytes of job inputs this worker holds as ingress, all its jobs' together (each job's
+    #: until it is answered); a job past them is refused for now with Overloaded
+    max_held_bytes: int = 4 * GiB
     #: bytes of answers this worker keeps as ingress for resubmissions of a job's key (a
     #: client's retry); past it the oldest are shed, and a resubmission of theirs gets
     #: AnswerNotKept (the job is not run twice)
@@ -449,10 +470,12 @@ class WorkerConfig:
             time_scale=self.time_scale,
             max_jobs=self.max_jobs,
             max_job_bytes=self.max_job_bytes,
+            max_held_bytes=self.max_held_bytes,
             task_timeout_s=self.task_timeout_s,
             max_stuck_tasks=self.max_stuck_tasks,
             join_timeout_s=self.join_timeout_s,
         )
+        self._check_job_bytes()
         if self.keep_answer_bytes < 0:
             raise ConfigError(f"keep_answer_bytes must be >= 0, got {self.keep_answer_bytes}")
         if self.advertise_address:
@@ -511,6 +534,37 @@ class WorkerConfig:
         for address in self.join:
             parse_address(address)
 
+    @property
+    def job_bytes(self) -> int:
+        """Bytes of one job's inputs this worker takes as ingress: ``max_job_bytes``, or where
+        it is None what one frame carries (:func:`frame_carries`: ``limits.max_frame_bytes``
+        less :data:`JOB_ENVELOPE_BYTES`), within ``max_held_bytes``."""
+        if self.max_job_bytes is not None:
+            return self.max_job_bytes
+        return min(frame_carries(self.limits.max_frame_bytes), self.max_held_bytes)
+
+    def _check_job_bytes(self) -> None:
+        """One job's inputs fit the frame they travel in, and what the ingress holds of all
+        jobs' together: a limit past either could never be reached, the job refused by the
+        other (the wire's frame limit names no flag), so it is refused here, in one line."""
+        frame, one, held = self.limits.max_frame_bytes, self.max_job_bytes, self.max_held_bytes
+        if one is None:
+            return
+        carried = frame_carries(frame)
+        if one > carried:
+            raise ConfigError(
+                f"--max-job-mb {one / MiB:g} is more than one frame carries: a job travels in "
+                f"one frame, --max-frame-mb {frame / MiB:g}, which keeps "
+                f"{(frame - carried) / MiB:g} MiB for the message around its inputs; give "
+                f"--max-job-mb {carried / MiB:g} at most, or raise --max-frame-mb"
+            )
+        if one > held:
+            raise ConfigError(
+                f"--max-job-mb {one / MiB:g} is more than --max-held-mb {held / MiB:g}, what "
+                "an ingress holds of all its jobs' inputs together: such a job could never be "
+                "taken; give --max-job-mb at most --max-held-mb"
+            )
+
 
 def parse_address(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
     """``"host:port"``, ``"[::1]:port"`` or ``"host"`` -> ``(host, port)``, or a clear error."""
@@ -550,7 +604,7 @@ SIM_DIFFERS = {
     "(compass sim --host-lanes 1 models a worker's default)",
     "emulate": "a simulated worker is emulated: its timings are the spec's, never learned",
     "max_jobs": "no admission limit is modelled: every job of the arrivals is planned",
-    "max_job_bytes": "no admission limit is modelled: every job of the arrivals is planned",
+    "max_held_bytes": "no admission limit is modelled: every job of the arrivals is planned",
     "cache.backend": "the cache accounts slabs and holds no bytes",
     "sched.view": "the figures were measured with the mesh; compass sim --view auto models "
     "the bounded view from 64 workers on",
@@ -565,7 +619,7 @@ SIM_WORKER = replace(
     host_lanes=0,
     emulate=True,
     max_jobs=1 << 62,
-    max_job_bytes=1 << 62,
+    max_held_bytes=1 << 62,
     cache=replace(_WORKER.cache, backend="capacity"),
     sched=replace(_WORKER.sched, view="mesh"),
 )

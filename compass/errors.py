@@ -215,10 +215,10 @@ class DeadlineExceeded(DeadlineError):
 
 
 class JobTooLarge(CompassError):
-    """One job's inputs are larger than the ingress takes (its ``--max-job-mb``), or than the
-    one frame a job travels in (the workers' ``--max-frame-mb``: the client refuses such a job
-    before sending it). Not worth retrying anywhere with the same inputs: make them smaller,
-    or raise the limit the message names."""
+    """One job's inputs are larger than the ingress takes for one job (its ``--max-job-mb``,
+    by default what one frame carries), or than the one frame a job travels in (the workers'
+    ``--max-frame-mb``: the client refuses such a job before sending it). Not worth retrying
+    anywhere with the same inputs: make them smaller, or raise the limit the message names."""
 
     code = "job_too_large"
 
@@ -248,8 +248,9 @@ class WorkerUnavailable(CompassError):
 
 
 class Overloaded(WorkerUnavailable):
-    """The ingress already holds its limit of jobs in flight (``--max-jobs``): retry later or
-    submit to another worker. Nothing of the refused job was started."""
+    """The ingress already holds its limit of jobs in flight (``--max-jobs``), or of their
+    inputs (``--max-held-mb``): retry later or submit to another worker. Nothing of the
+    refused job was started."""
 
     code = "overloaded"
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from compass.config import Limits
+from compass.config import Limits, frame_carries
 from compass.errors import InvalidInputs, JobTooLarge
 from compass.objective import OnMiss, check_objective
 from compass.payload import payload_bytes
@@ -177,21 +177,26 @@ def check_job_size(
     inputs: Mapping[str, Any], input_bytes: int, send: Limits, own: Limits, address: str
 ) -> None:
     """:class:`~compass.errors.JobTooLarge` when a job's ``inputs`` (``input_bytes`` by
-    :func:`~compass.payload.payload_bytes`) cannot fit the one frame they travel in to the
-    worker at ``address``: ``send`` are the limits of that connection (the tighter of this
-    client's, ``own``, and the worker's). Checked before anything is sent, so that the error
-    names the flag to raise (a frame the wire refuses names only ``max_frame_bytes``), and the
-    connection and the worker are left as they were.
+    :func:`~compass.payload.payload_bytes`) are more than the one frame they travel in to the
+    worker at ``address`` carries (:func:`~compass.config.frame_carries`: the frame less the
+    message around them, the rule the worker's ``--max-job-mb`` follows too): ``send`` are
+    the limits of that connection (the tighter of this client's, ``own``, and the worker's).
+    Checked before anything is sent (by :meth:`Client.submit <compass.Client.submit>` and
+    :meth:`Client.stream <compass.Client.stream>`), so that the error names the flag to raise
+    (a frame the wire refuses names only ``max_frame_bytes``), and the connection and the
+    worker are left as they were. A job within the frame may still be past a ``--max-job-mb``
+    given lower (the handshake does not announce it): the worker refuses it, with the same
+    error naming that flag.
 
     Only what certainly does not fit is refused: the bytes of the inputs' arrays, tensors,
-    bytes and strings, which travel as they are, past the whole frame. ``payload_bytes``
-    counts a scalar as 16 bytes, where msgpack may take one, so it is only the first, cheap
-    test; a job near the limit is left to the wire's own check."""
+    bytes and strings, which travel as they are. ``payload_bytes`` counts a scalar as 16
+    bytes, where msgpack may take one, so it is only the first, cheap test."""
     frame_bytes = send.max_frame_bytes
-    if input_bytes <= frame_bytes:
+    carried = frame_carries(frame_bytes)
+    if input_bytes <= carried:
         return  # payload_bytes is at least the floor below: nothing more to count
     floor = _bytes_at_least(inputs)
-    if floor <= frame_bytes:
+    if floor <= carried:
         return
     mib = 1 << 20
     frame = f"{frame_bytes / mib:g} MiB"
@@ -202,9 +207,11 @@ def check_job_size(
         whose += f"Limits.max_frame_bytes is {frame}"
     raise JobTooLarge(
         f"the job's inputs take {floor / mib:.1f} MiB, more than the one frame a job travels "
-        f"in to {address} holds ({whose}); send smaller inputs or split the job, or raise "
-        "--max-frame-mb on every worker (and Limits.max_frame_bytes here)",
-        detail={"input_bytes": floor, "max_frame_bytes": frame_bytes},
+        f"in to {address} carries ({whose}, less {(frame_bytes - carried) / mib:g} MiB for "
+        "the message around the inputs); send smaller inputs or split the job, or raise "
+        "--max-frame-mb on every worker (their --max-job-mb follows it unless given) and "
+        "Limits.max_frame_bytes here",
+        detail={"input_bytes": floor, "max_frame_bytes": frame_bytes, "carried": carried},
     )
 
 

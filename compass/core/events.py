@@ -116,6 +116,18 @@ class ViewPort(Protocol):
         """A watch could not be asked of ``peer``: want it again at the next plan."""
         ...
 
+    @property
+    def version_id(self) -> int:
+        """The weights version this worker serves, as task messages carry it
+        (:func:`~compass.workflow.versions.version_id`; 0: not known, which checks nothing)."""
+        ...
+
+    def other_version(self, worker: str) -> None:
+        """Peer ``worker`` refused a task of this worker's version: it serves another (it
+        restarted with other weights, its first heartbeat not here yet). Out of the view until
+        a heartbeat of it says its version (which keeps it apart, or brings it back)."""
+        ...
+
 
 # -- events ----------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from compass.core.links import Links
 from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
+    OTHER_VERSION,
     ChunkMsg,
     FailedMsg,
     PeerMessage,
@@ -309,11 +310,14 @@ class Ingress:
             # done to every worker: the job's other tasks and inputs are dropped everywhere
             self._answer(job, now, error=DeadlineExceeded(why, detail=where))
             return
-        refused = msg.code == WorkerUnavailable.code
+        refused = msg.code == WorkerUnavailable.code or msg.code == OTHER_VERSION
         if msg.code == LINK_LOST or (refused and job.refused < MAX_ATTEMPTS - 1):
             # a link of the job broke (as a lost peer, any number of times), or a worker could
             # not take or pass on a task (it had no connection to the next one yet, or it
-            # refuses GPU work): plan the job again, from the inputs kept here
+            # refuses GPU work, or it serves another version of the weights: out of the view
+            # until it says which): plan the job again, from the inputs kept here
+            if msg.code == OTHER_VERSION:
+                self._host.view.other_version(msg.worker)
             job.refused += refused
             stats.replans += 1
             self._new_attempt(job, "", now)

@@ -25,6 +25,7 @@ from compass.records import record
 __all__ = [
     "JOB_INPUTS",
     "LINK_LOST",
+    "OTHER_VERSION",
     "ChunkMsg",
     "DoneMsg",
     "FailedMsg",
@@ -45,6 +46,12 @@ JOB_INPUTS = ""
 #: ``"unavailable"`` (a worker could not take or pass on a task) it never uses up the job's
 #: attempts: each comes of one event of membership, as a lost peer's re-plan does
 LINK_LOST = "link_lost"
+
+#: the ``code`` of a :class:`FailedMsg` that says a worker refused a task of another version of
+#: the weights than it serves (:attr:`TaskMsg.version`): the job's ingress plans it again
+#: without that worker, as for a worker that could not take a task (``"unavailable"``), and
+#: counts it alike
+OTHER_VERSION = "other_version"
 
 
 def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], op: str) -> Any:
@@ -122,6 +129,11 @@ class TaskMsg:
     #: (a streamed edge): the task may start now; the rest come as :class:`ChunkMsg` to it,
     #: and its end as a message like this one without the flag, carrying the final output
     opens: bool = False
+    #: the weights version of the sender (:func:`~compass.workflow.versions.version_id`; 0:
+    #: not known, which checks nothing), set where the message leaves it (:meth:`stamp`). A
+    #: worker takes tasks of its own version only and plans on workers of its own, so it is
+    #: the version the job's ingress planned with; a receiver of another refuses the task
+    version: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -147,7 +159,15 @@ class TaskMsg:
             body["st"] = True
         if self.opens:
             body["os"] = True
+        if self.version:
+            body["v"] = self.version
         return body
+
+    def stamp(self, version: int) -> None:
+        """Say the sender's weights version: where the message leaves its sender, which made
+        it for this one send (frozen to the type checker, a record takes a store at run time:
+        :mod:`compass.records`; a copy of 16 fields per task would cost more)."""
+        object.__setattr__(self, "version", version)
 
     def with_plan(self, plan: dict[str, str]) -> TaskMsg:
         """The same message carrying ``plan`` (every other field kept): what a copy on the
@@ -156,7 +176,7 @@ class TaskMsg:
         return TaskMsg(
             self.job, self.attempt, self.workflow, self.task, self.source, self.value, plan,
             self.ingress, self.sent, self.t0, self.priority, self.budget_s, self.finish,
-            self.stream, self.opens,
+            self.stream, self.opens, self.version,
         )  # fmt: skip
 
     @classmethod
@@ -180,6 +200,7 @@ class TaskMsg:
             finish=_field(body, "fin", bool, op) if "fin" in body else False,
             stream=_field(body, "st", bool, op) if "st" in body else False,
             opens=_field(body, "os", bool, op) if "os" in body else False,
+            version=_field(body, "v", int, op) if "v" in body else 0,
         )
 
 

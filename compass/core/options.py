@@ -33,9 +33,10 @@ class CoreOptions:
     into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
     cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
     make the worker degraded; ``preempt``: scheduling at step boundaries
-    (:mod:`compass.core.preempt`); ``max_jobs`` and ``max_job_bytes`` bound what an ingress
-    holds; ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it
-    keeps for resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
+    (:mod:`compass.core.preempt`); ``max_jobs``, ``max_job_bytes`` (one job's inputs) and
+    ``max_held_bytes`` (all its jobs' inputs) bound what an ingress holds;
+    ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it keeps for
+    resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
     loads update the profiles (real mode; an emulated worker and the simulator keep the
     spec's); ``instance``: this worker process's id, in every job id; ``inbox_keep_s`` (on the
     core's clock): how long a task's inputs wait for the rest before its job's ingress is told
@@ -51,7 +52,8 @@ class CoreOptions:
     max_stuck: int = _WORKER.max_stuck_tasks
     preempt: bool = _WORKER.sched.preempt
     max_jobs: int = _WORKER.max_jobs
-    max_job_bytes: int = _WORKER.max_job_bytes
+    max_job_bytes: int = _WORKER.job_bytes
+    max_held_bytes: int = _WORKER.max_held_bytes
     forget_after: int = FORGET_AFTER
     keep_answer_bytes: int = _WORKER.keep_answer_bytes
     keep_answer_s: float = KEEP_ANSWER_S / _WORKER.time_scale
@@ -78,7 +80,8 @@ def core_options(
         max_stuck=config.max_stuck_tasks,
         preempt=config.sched.preempt,
         max_jobs=config.max_jobs,
-        max_job_bytes=config.max_job_bytes,
+        max_job_bytes=config.job_bytes,
+        max_held_bytes=config.max_held_bytes,
         keep_answer_bytes=config.keep_answer_bytes,
         keep_answer_s=KEEP_ANSWER_S / config.time_scale,
         learn=not config.emulate,

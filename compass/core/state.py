@@ -59,6 +59,7 @@ from compass.core.lanes import CannotRun, Lanes, LanesFault, Step
 from compass.core.links import Links, Sent
 from compass.core.messages import (
     JOB_INPUTS,
+    OTHER_VERSION,
     ChunkMsg,
     DoneMsg,
     FailedMsg,
@@ -137,7 +138,7 @@ class WorkerCore:
         #: the jobs it accepted, until each is answered; their keys' kept answers
         self.ingress = Ingress(
             self,
-            Admission(name, options.max_jobs, options.max_job_bytes),
+            Admission(name, options.max_jobs, options.max_job_bytes, options.max_held_bytes),
             KeptAnswers(max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s),
         )
 
@@ -360,6 +361,9 @@ class WorkerCore:
     ) -> None:
         if self.is_done(msg.job, msg.attempt):
             return  # a late message of a job already done or re-planned
+        if msg.version and msg.version != self.view.version_id and self.view.version_id:
+            self._other_version(msg, now)
+            return
         try:
             workflow = self.workflow(msg.workflow)
             check_task(workflow, msg)
@@ -384,6 +388,18 @@ class WorkerCore:
         steps = self.lanes.submit(queued, now, self._cause)
         if steps:
             self._take(steps, now)
+
+    def _other_version(self, msg: TaskMsg, now: float) -> None:
+        """A task planned on another version of the weights than this worker serves (its
+        planner had not heard this worker's yet: it restarted with other weights) is refused,
+        never run: its job's ingress plans it again without this worker."""
+        self.stats.messages_dropped += 1
+        why = (
+            f"worker {self.name} serves another version of the weights than job {msg.job} was "
+            f"planned with (version id {self.view.version_id}, not {msg.version}); planning "
+            "the job again without it"
+        )
+        self._report_failure(msg.job, msg.attempt, msg.task, msg.ingress, now, why, OTHER_VERSION)
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
@@ -586,6 +602,8 @@ class WorkerCore:
             # as a Received from itself, which would learn nothing (no time on the wire)
             self._here(msg, now, 0.0, job_arrival)
         else:
+            if type(msg) is TaskMsg:
+                msg.stamp(self.view.version_id)  # the version the job was planned with
             self._out.append(Send(peer, msg, self._cause))
             self.links.note(peer, msg)
 

@@ -93,7 +93,7 @@ def front_options(config: WorkerConfig) -> FrontOptions:
         port=config.http_port,
         token=config.token,
         private_health=config.http_private_health,
-        max_body_bytes=config.max_job_bytes,
+        max_body_bytes=config.job_bytes,
         idle_s=config.http_idle_s,
         read_s=2 * config.http_idle_s,  # a body may take twice what a request head may
         max_connections=config.limits.max_connections,

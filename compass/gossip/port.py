@@ -42,6 +42,7 @@ from compass.sched.heartbeat import (
 from compass.sched.placement import Placement
 from compass.sched.snapshot import ViewSnapshot
 from compass.sched.view import ClusterView
+from compass.workflow import versions
 from compass.workflow.profile import Profiles
 
 __all__ = ["GossipPort", "Gossiped"]
@@ -144,6 +145,15 @@ class GossipPort:
         """A watch could not be asked of ``peer`` (no channel now): ask again at the next plan
         that samples it."""
         self.watching.drop(peer)
+
+    @property
+    def version_id(self) -> int:
+        return versions.version_id(self.version)
+
+    def other_version(self, worker: str) -> None:
+        # what the view holds of it was heard under this worker's version (its instance before
+        # a restart); its next heartbeat says which it serves now (:meth:`heard`)
+        self.view.remove(worker)
 
     def note_placement(self, worker: str, placed: Placement, now: float) -> None:
         self.view.note_placement(worker, placed, now)

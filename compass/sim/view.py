@@ -112,3 +112,9 @@ class SimView:
 
     def watch_failed(self, peer: str) -> None:
         pass
+
+    #: simulated workers all serve one version: no task message carries one
+    version_id = 0
+
+    def other_version(self, worker: str) -> None:
+        pass  # never refused: see version_id

@@ -18,6 +18,12 @@ handshake (both ways, joining and redialing):
   :attr:`AppStamp.version`: heartbeats carry it, and a planner keeps workers of another version
   out of its view (:class:`~compass.gossip.port.GossipPort`), so a job's tasks run only on workers
   of the version its ingress planned with, and both versions serve during a rolling upgrade.
+  Every task message carries its sender's version too (:func:`version_id`; a worker takes a
+  task only of its own version, so that is the version the job was planned with), and a
+  worker refuses one of another version (:data:`~compass.core.messages.OTHER_VERSION`): the
+  job's ingress plans it again without that worker. That covers a planner that has not heard
+  a worker's version yet: one killed and restarted at once with other weights, before its
+  first heartbeat reaches every planner.
 
 Why the contents and not a file's size and time: copies of one checkpoint on two hosts have
 different times, and an overwritten file can keep its size; hashing what is staged costs one
@@ -27,6 +33,7 @@ of the time staging the same weights takes; ``compass bench versions``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -36,11 +43,21 @@ from typing import Any
 from compass.errors import ConfigError, ProtocolError
 from compass.workflow.dag import Workflow
 
-__all__ = ["VERSION_CHARS", "AppStamp", "workflow_digest"]
+__all__ = ["VERSION_CHARS", "AppStamp", "version_id", "workflow_digest"]
 
 #: hex characters of a weights version as shown and gossiped (48 bits: no two versions of one
 #: cluster's weights collide by chance)
 VERSION_CHARS = 12
+
+
+@functools.lru_cache(maxsize=16)
+def version_id(version: str) -> int:
+    """``version`` as every task message carries it: its first 32 bits, an int (a few bytes
+    on the wire, not a string per task; two versions of one cluster's weights collide once in
+    four billion); 0 for "" (not known, which checks nothing)."""
+    if not version:
+        return 0
+    return int(version[:8], 16) or 1
 
 
 def _sha256(text: str) -> str:

@@ -1,7 +1,8 @@
 """What the docs and flags promise a new user, held on a real worker process (issue 39): a job
 whose result comes past its deadline is no success through any client; ``compass submit``
 sends tensors; the clients read ``COMPASS_TOKEN``; a job too large for one frame is refused
-on the client, naming the flag.
+on the client (submitted or streamed), and one past ``--max-job-mb`` by the worker, each
+naming its flag.
 """
 
 from __future__ import annotations
@@ -213,11 +214,29 @@ def test_a_job_too_large_for_one_frame_is_refused_on_the_client_naming_the_flag(
     with SyncClient(promised.address, token=promised.token) as sync:
         with pytest.raises(JobTooLarge, match=f"the worker's --max-frame-mb is {MAX_FRAME_MB} MiB"):
             sync.submit("echo", x=big)
+        # a streamed job is checked alike, before anything is sent (item 6's edge)
+        with pytest.raises(JobTooLarge, match=f"the worker's --max-frame-mb is {MAX_FRAME_MB} MiB"):
+            next(iter(sync.stream("echo", x=big)))
+        # the frame keeps 1 MiB for the message around the inputs: a job of the whole frame,
+        # which the wire refused naming no flag before, is refused here naming it
+        whole = np.zeros(MAX_FRAME_MB * MiB - 1024, dtype=np.uint8)
+        with pytest.raises(JobTooLarge, match="less 1 MiB for the message around the inputs"):
+            sync.submit("echo", x=whole)
         # the connection and the worker are as they were: a job that fits is answered
-        fits = np.arange(3 * MiB, dtype=np.uint8)
+        fits = np.arange(2 * MiB, dtype=np.uint8)
+        np.testing.assert_array_equal(sync.submit("echo", x=fits), fits)
+        # --max-job-mb follows --max-frame-mb (less 1 MiB): a job the frame carries, whose
+        # scalars take it past that, is refused by the worker, naming that flag
+        edge = {"x": np.zeros((MAX_FRAME_MB - 1) * MiB, dtype=np.uint8), "tag": 1}
+        job_mb = f"--max-job-mb is {MAX_FRAME_MB - 1} MiB"
+        with pytest.raises(JobTooLarge, match=job_mb) as refused:
+            sync.submit("echo", inputs=edge)
+        assert refused.value.job_id is not None  # the worker's answer, about its job
+        with pytest.raises(JobTooLarge, match=job_mb):
+            next(iter(sync.stream("echo", inputs=edge)))
         np.testing.assert_array_equal(sync.submit("echo", x=fits), fits)
     # this client's own limit is the tighter one: it says so
-    small = Limits(max_frame_bytes=2 * MiB)
+    small = Limits(max_frame_bytes=2 * MiB)  # carries 1 MiB of a job's inputs
     with SyncClient(promised.address, token=promised.token, limits=small) as sync:
         with pytest.raises(JobTooLarge, match=r"this client's Limits\.max_frame_bytes is 2 MiB"):
             sync.submit("echo", x=fits)

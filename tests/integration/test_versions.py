@@ -16,8 +16,11 @@ from safetensors.torch import save_file
 
 from cli.format import status_lines
 from compass import Client
+from compass._bench.fuzz import RawPeer
 from compass.cluster import LocalCluster
+from compass.core.messages import JOB_INPUTS, TaskMsg
 from compass.errors import CompassError
+from compass.workflow.versions import version_id
 
 from .conftest import app_environment
 
@@ -173,3 +176,45 @@ async def test_a_rolling_upgrade_of_weights_serves_both_versions_and_no_job_mixe
         status = await status_of(cluster, 2)
         assert status.view["version"] == new and status.view["apart"] == {}
         assert {row["version"] for row in status.cluster} == {new}
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_a_worker_restarted_with_other_weights_refuses_tasks_planned_on_its_old_version(
+    tmp_path: Path,
+) -> None:
+    """A worker killed and restarted at once on its port with other weights: the jobs
+    submitted at once are answered on one version each; and a task planned on its old
+    version by a planner that has not heard the restart yet (in the cluster, the window
+    between the restart and the planner's first word of it; here a peer connection that sends
+    one such task) is refused, never run: task messages carry the version they were planned
+    with. Without the check, the restarted worker runs it with its new weights."""
+    env = app_environment(tmp_path, "reg_app", REG_APP)
+    write_weights(tmp_path, OLD_W)
+    async with LocalCluster(2, args=[*ARGS, "--app", "reg_app"], env=env) as cluster:
+        old = (await status_of(cluster, 1)).view["version"]
+        assert await submit(cluster, 0) == OLD_W**3
+        write_weights(tmp_path, NEW_W)
+        await cluster.restart(1, kill=True)
+        # at once: jobs at both workers, each answered on its ingress's version alone
+        answers = await asyncio.gather(*(submit(cluster, i % 2) for i in range(8)))
+        assert answers == [OLD_W**3, NEW_W**3] * 4, answers
+        restarted = await status_of(cluster, 1)
+        assert restarted.view["version"] not in ("", old)
+        # a root task of a job w0 planned on w1's old version, as a peer sends it
+        job = "w0-stale0planner-1"
+        plan = dict.fromkeys(("one", "two", "three"), "w1")
+        stale = TaskMsg(job, 0, "chain", "one", JOB_INPUTS, {"x": 1.0}, plan, "w0",
+                        version=version_id(old))  # fmt: skip
+        with RawPeer(cluster.addresses[1], cluster.token, role="worker", name="planner") as peer:
+            peer.handshake()
+            peer.notify("task", stale.to_wire())
+            async with cluster.client(1) as client:
+                for _ in range(100):  # the story of the job at w1 once it handled the task
+                    told = await client.story(job)
+                    if told["core"]:
+                        break
+                    await asyncio.sleep(0.05)
+        did = [d for entry in told["core"] for d in entry["did"]]
+        assert did == [f"send failed {job}/one to w0"], did  # refused to w0, not run
+        assert await submit(cluster, 1) == NEW_W**3  # and it serves on

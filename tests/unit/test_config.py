@@ -7,6 +7,7 @@ import pytest
 from compass.cache.backend import host_memory_bytes, probe_memory, resolve_cache
 from compass.config import (
     DEFAULT_CACHE_BYTES,
+    JOB_ENVELOPE_BYTES,
     CacheConfig,
     DeviceMemory,
     Limits,
@@ -14,6 +15,7 @@ from compass.config import (
     SwimConfig,
     Timeouts,
     WorkerConfig,
+    frame_carries,
     parse_address,
 )
 from compass.errors import ConfigError
@@ -175,3 +177,29 @@ def test_peer_channel_options_are_checked_with_one_line(
     with pytest.raises(ConfigError) as caught:
         WorkerConfig(**kwargs)  # type: ignore[arg-type]
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_one_job_s_inputs_are_bounded_by_the_frame_they_travel_in() -> None:
+    """Issue 39, item 6: with the defaults a job past the frame met the wire's limit, not the
+    job limit. One job's limit is within the frame (less the message around the inputs) and
+    within what an ingress holds of all its jobs; the two meanings have two names."""
+    default = WorkerConfig()
+    assert default.limits.max_frame_bytes == GiB and default.max_held_bytes == 4 * GiB
+    assert default.max_job_bytes is None
+    assert default.job_bytes == GiB - JOB_ENVELOPE_BYTES < default.limits.max_frame_bytes
+    # a smaller frame alone lowers the job limit with it; a smaller total too
+    assert WorkerConfig(limits=Limits(max_frame_bytes=64 * MiB)).job_bytes == 63 * MiB
+    assert WorkerConfig(max_held_bytes=10 * MiB).job_bytes == 10 * MiB
+    assert WorkerConfig(max_job_bytes=5 * MiB).job_bytes == 5 * MiB
+    # one that could never be reached is refused, naming the flags and what to give
+    with pytest.raises(ConfigError, match=r"--max-job-mb 4096 is more than one frame carries"):
+        WorkerConfig(max_job_bytes=4 * GiB)
+    with pytest.raises(ConfigError, match=r"give --max-job-mb 1023 at most, or raise"):
+        WorkerConfig(max_job_bytes=GiB)
+    with pytest.raises(ConfigError, match=r"--max-job-mb 20 is more than --max-held-mb 10"):
+        WorkerConfig(max_job_bytes=20 * MiB, max_held_bytes=10 * MiB)
+    # the least frame a worker takes (--max-frame-mb 1) keeps half of it for the message
+    assert WorkerConfig(limits=Limits(max_frame_bytes=MiB)).job_bytes == MiB // 2
+    assert frame_carries(2 * MiB) == MiB and frame_carries(64 * 1024) == 32 * 1024
+    with pytest.raises(ConfigError, match="max_held_bytes must be > 0"):
+        WorkerConfig(max_held_bytes=0)

@@ -150,6 +150,13 @@ class FakeView:
     def watch_failed(self, peer: str) -> None:
         pass
 
+    #: this worker's weights version as task messages carry it (0: not known)
+    version_id = 0
+
+    def other_version(self, worker: str) -> None:
+        self.removed.append(worker)
+        self.waits.pop(worker, None)
+
 
 _JOB_IDS: weakref.WeakKeyDictionary[WorkerCore, JobIds] = weakref.WeakKeyDictionary()
 
@@ -308,12 +315,13 @@ def test_admission_refuses_past_max_jobs_and_accepts_again_when_one_leaves() -> 
 
 
 def test_admission_bounds_the_bytes_of_held_inputs() -> None:
-    c, _ = core("a", ("a",), max_job_bytes=100)
+    c, _ = core("a", ("a",), max_held_bytes=100)
     held = new_job_id(c)
     c.handle(Submit(0.0, held, "chain", {"x": 1}, 80, 0.0))
     assert c.ingress.held_bytes == 80
     answer = one(Answer, c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 30, 0.0)))
     assert isinstance(answer.error, Overloaded) and answer.error.detail["held_bytes"] == 80
+    assert "--max-held-mb" in answer.error.message
     c.handle(Submit(0.0, new_job_id(c), "chain", {"x": 1}, 20, 0.0))  # fits: 100 in all
     c.handle(Cancel(1.0, held))
     assert c.ingress.held_bytes == 20
