@@ -399,7 +399,7 @@ class WorkerCore:
             f"planned with (version id {self.view.version_id}, not {msg.version}); planning "
             "the job again without it"
         )
-        self._report_failure(msg.job, msg.attempt, msg.task, msg.ingress, now, why, OTHER_VERSION)
+        self.report_failure(msg.job, msg.attempt, msg.task, msg.ingress, now, why, OTHER_VERSION)
 
     def _task_failed(self, ev: TaskFailed) -> None:
         entry = ev.entry
