@@ -80,6 +80,7 @@ def test_a_task_message_with_another_plan_keeps_every_other_field() -> None:
         "job": "j1", "attempt": 2, "workflow": "wf", "task": "b", "source": "a",
         "value": b"out", "plan": {"a": "w1", "b": "w2"}, "ingress": "w0", "sent": 1.5,
         "t0": 0.5, "priority": 3, "budget_s": 2.25, "finish": True, "stream": True, "opens": True,
+        "version": 7,
     }  # fmt: skip
     assert set(values) == {f.name for f in fields(TaskMsg)}
     msg = TaskMsg(**values)
