@@ -60,16 +60,7 @@ from compass.core.queue import QueuedTask, TaskQueue
 from compass.core.stepbatch import StepBatch, with_open
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 
-__all__ = [
-    "CannotRun",
-    "JoinRun",
-    "Lanes",
-    "LanesFault",
-    "LoadModel",
-    "RunTask",
-    "Step",
-    "SuspendTask",
-]
+__all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step", "SuspendTask"]
 
 #: a core's defaults (host lanes aside: lanes made alone share the GPU lanes, the paper's model)
 _DEFAULT = CoreOptions()
@@ -311,27 +302,36 @@ class Lanes:
                 "job's deadline; dropped",
                 detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
             ))]  # fmt: skip
-        if batch is not None or entry.max_batch > 1:
-            return []  # a task that batches its steps is never suspended: its group joins
+        if batch is not None and run.pending > 1:
+            return []  # a step batch is suspended only when one member is left
         head = self.queue.peek()
         if head is None or len(self.suspended) >= self.lanes:
             return []  # one suspended task a lane at most: it resumes before anything else
+        if batch is not None and head.group == entry.group:
+            return []  # a task of its group takes a seat instead
         cache = self.cache
         loads = head.model is not None and not (
             cache.is_resident(head.model) or cache.is_loading(head.model)
         )
         if not preempts(entry, left, head, now, switch_s=head.fetch_s if loads else 0.0):
             return []
-        return self._decide(cause, self._suspend, run, done, left, head, loads, now)
+        return self._decide(cause, self._suspend, run, entry, (done, left), head, loads, now)
 
     def _suspend(
-        self, run: _Run, done: int, left: float, head: QueuedTask, loads: bool, now: float
+        self,
+        run: _Run,
+        entry: QueuedTask,
+        progress: tuple[int, float],
+        head: QueuedTask,
+        loads: bool,
+        now: float,
     ) -> None:
-        """``run`` gives its lane up: back in the queue with the steps it has left, its state
-        held in the cache and its model kept pinned (its code holds the model's weights), so
-        the queue's head (``loads``: when its model must be loaded first) must fit beside
-        them; otherwise it runs on. The lane takes the next task."""
-        entry = run.entry
+        """``entry`` gives ``run``'s lane up (its lone member, for a step batch): back in the
+        queue with the steps it has left (``progress``: its run's steps done and the seconds
+        left), its state held in the cache and its model kept pinned (its code holds the
+        model's weights), so the queue's head (``loads``: when its model must be loaded first)
+        must fit beside them; otherwise it runs on. The lane takes the next task."""
+        done, left = progress
         state: SlabHandle | None = None
         steps = entry.done_steps + done
         if entry.state_bytes:
@@ -348,7 +348,9 @@ class Lanes:
         self.version += 1
         del self._runs[entry]
         self._idle.append(run.lane)
-        self.queue.finish(entry)
+        self.queue.finish(run.entry)
+        if run.batch is not None and self._open.get(entry.group or "") is run:
+            del self._open[entry.group or ""]
         entry.remaining_s -= entry.expected_s - left
         entry.expected_s = left
         entry.done_steps = steps

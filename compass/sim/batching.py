@@ -58,6 +58,9 @@ class _Member:
     done: int = 0
     #: its job ended: it leaves at the next boundary
     stopped: bool = False
+    #: its worker's core suspended it at this boundary (a batch's lone member): it leaves,
+    #: and comes back as a batch of its own when the core resumes it
+    suspended: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +115,16 @@ class StepBatches:
         batch = self._batches[step.lead]
         batch.joining.extend(self._member(batch, e) for e in step.entries)
 
+    def holds(self, entry: QueuedTask) -> bool:
+        """Whether ``entry`` is a member of a step batch here."""
+        return entry in self._of
+
+    def suspend(self, entry: QueuedTask) -> None:
+        """The core suspended member ``entry`` at the boundary it just reported."""
+        for member in self._of[entry].members:
+            if member.entry is entry:
+                member.suspended = True
+
     def stop(self, entries: tuple[QueuedTask, ...]) -> None:
         """The jobs of ``entries`` ended: the members among them leave at the next boundary."""
         for entry in entries:
@@ -125,7 +138,7 @@ class StepBatches:
     def _member(self, batch: _Batch, entry: QueuedTask) -> _Member:
         self._of[entry] = batch
         profile = self._profile(entry)
-        return _Member(entry, profile.exec_s / profile.steps, profile.steps)
+        return _Member(entry, profile.exec_s / profile.steps, profile.steps - entry.done_steps)
 
     def _profile(self, entry: QueuedTask) -> Any:
         return self._workflow(entry.workflow).tasks[entry.task].profile
@@ -147,12 +160,15 @@ class StepBatches:
             member.lane_s += share
             member.left -= 1
             member.done += 1
-            if member.left > 0 and not member.stopped and self._tells(worker, member.entry):
-                self._feed(worker, TaskStep(host.now, member.entry, member.done - 1, None))
-            (leaving if member.left <= 0 or member.stopped else staying).append(member)
-        # a member the core stopped while hearing its step leaves now too
-        batch.members = [m for m in staying if not m.stopped]
-        leaving += [m for m in staying if m.stopped]
+            entry = member.entry
+            if member.left > 0 and not member.stopped and self._tells(worker, entry):
+                seq = entry.done_steps + member.done - 1
+                self._feed(worker, TaskStep(host.now, entry, seq, None))  # it may stop here
+            if member.suspended:
+                self._parked(batch, member)
+            else:
+                (leaving if member.left <= 0 or member.stopped else staying).append(member)
+        batch.members = staying
         for member in leaving:
             self._left(batch, member)
         batch.members.extend(m for m in batch.joining if not m.stopped)
@@ -165,6 +181,17 @@ class StepBatches:
             self._next(batch)
         else:
             del self._batches[batch.run.entry]
+
+    def _parked(self, batch: _Batch, member: _Member) -> None:
+        """Suspended ``member`` leaves the batch until the core resumes it: its lane time so
+        far is a task record of its own (as a suspended run's is)."""
+        entry = member.entry
+        del self._of[entry]
+        self._host.task_records.append(
+            TaskRecord(entry.job_id, entry.task, batch.worker.name,
+                       entry.started_at - entry.enqueued_at, 0.0, entry.transfer_s,
+                       member.lane_s, batch.run.hit, batch.size)
+        )  # fmt: skip
 
     def _left(self, batch: _Batch, member: _Member) -> None:
         """``member`` leaves the batch: its record, and its worker's core hears its end."""
@@ -185,5 +212,6 @@ class StepBatches:
             )
         )
         if member.left <= 0 and self._tells(batch.worker, entry):
-            self._feed(batch.worker, TaskStep(host.now, entry, member.done - 1, None))
+            seq = entry.done_steps + member.done - 1
+            self._feed(batch.worker, TaskStep(host.now, entry, seq, None))
         self._feed(batch.worker, TaskDone(host.now, entry, None))

@@ -8,13 +8,11 @@ for every decision:
   the placements on peers, and pushes each root task to its worker (``central``: the plan is
   asked of one worker, a round trip away);
 - every simulated worker runs the real worker's core (:class:`~compass.core.state.WorkerCore`
-  and its :class:`~compass.core.lanes.Lanes`): the inbox, the queues, which task a lane takes,
-  model residency, prefetch, warming, adjustment and the one answer per job are its rules; the
-  simulator carries out its instructions in virtual time: a :class:`RunTask` ends after the
-  task's profiled execution time, a :class:`LoadModel` after the model's load time, a message
-  arrives after its transfer time. Idle workers warm their caches when their policy does: each
-  checks at time 0, when it falls idle and when a speculative load ends (a real worker also
-  checks at every heartbeat).
+  and its :class:`~compass.core.lanes.Lanes`), whose rules decide everything; the simulator
+  carries out its instructions in virtual time: a :class:`RunTask` ends after the task's
+  profiled time (step-wise runs: :mod:`compass.sim.stepping`, step batches:
+  :mod:`compass.sim.batching`), a :class:`LoadModel` after the model's load time, a message
+  after its transfer time. Idle workers warm their caches when their policy does.
 
 Time costs: a model load takes ``Profiles.fetch_s`` at the spec's host-to-device bandwidth,
 a push between two workers ``Profiles.transfer_s`` of the output's declared size, a task its
@@ -465,6 +463,8 @@ class Simulation:
                 case JoinRun():
                     self.batching.join(step)
                     self._first_outputs(worker, step.entries, len(step.entries))
+                case SuspendTask() if self.batching.holds(step.entry):
+                    self.batching.suspend(step.entry)
                 case SuspendTask():
                     self.stepping.suspend(worker, step.entry)
                 case Chunk():

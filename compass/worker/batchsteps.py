@@ -65,6 +65,9 @@ class _Member:
     #: the most members it shared a step with (itself included)
     size: int = 1
     stopped: bool = False
+    #: suspended by the core (a batch's lone member): it leaves at this step (an emulated
+    #: one) or the next (a real one, whose thread has gone on), parked until resumed
+    suspended: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -82,10 +85,16 @@ class _Batch:
 class StepBatches:
     """The step batches of one worker (see the module docstring)."""
 
-    def __init__(self, runner: Running, *, emulate: bool, time_scale: float) -> None:
+    def __init__(
+        self, runner: Running, *, emulate: bool, time_scale: float, preempt: bool = False
+    ) -> None:
         self._runner = runner
         self._emulate = emulate
         self._time_scale = time_scale
+        #: the core decides at every step (preemption): each step is reported
+        self._preempt = preempt
+        #: suspended members, until their run resumes them
+        self._parked: dict[QueuedTask, _Member] = {}
         #: batches under way by the core's first entry, and each member's batch
         self._batches: dict[QueuedTask, _Batch] = {}
         self._of: dict[QueuedTask, _Batch] = {}
@@ -100,9 +109,18 @@ class StepBatches:
 
     def start(self, run: RunTask, outcomes: Sequence[TaskOutcome]) -> None:
         """Step batch ``run`` starts with its entries seated (their outcomes given)."""
+        outcomes = [o for o in outcomes if not self._unsuspended(o.entry)]
+        if not outcomes:
+            return
         batch = _Batch(run)
         self._batches[run.entry] = batch
         members = [self._member(batch, o) for o in outcomes]
+        for i, member in enumerate(members):  # a resumed one comes back as it was parked
+            parked = self._parked.pop(member.outcome.entry, None)
+            if parked is not None:
+                parked.suspended = False
+                parked.outcome.lane = run.lane
+                members[i] = parked
         if self._is_real(members[0].task):
             batch.joining = members
             self._thread(batch)
@@ -127,11 +145,41 @@ class StepBatches:
         if restart:
             self._thread(batch)
 
+    def _unsuspended(self, entry: QueuedTask) -> bool:
+        """Resumed ``entry`` is still seated (a real batch's thread had not reached the step
+        where it would have parked it): it stays where it is. Whether it was."""
+        batch = self._of.get(entry)
+        if batch is None:
+            return False
+        with batch.lock:
+            for member in batch.members:
+                if member.outcome.entry is entry:
+                    member.suspended = False
+        return True
+
+    def suspend(self, entry: QueuedTask) -> bool:
+        """The core suspended member ``entry`` (the lone one of its batch). Whether it is a
+        member here."""
+        batch = self._of.get(entry)
+        if batch is None:
+            return False
+        with batch.lock:
+            for member in batch.members:
+                if member.outcome.entry is entry:
+                    member.suspended = True
+        return True
+
     def stop(self, entries: tuple[QueuedTask, ...]) -> bool:
-        """The jobs of ``entries`` ended: the members among them leave at the next step.
-        Whether any was a member here."""
+        """The jobs of ``entries`` ended: the members among them leave at the next step (a
+        parked one at once). Whether any was a member here."""
         found = False
         for entry in entries:
+            if (parked := self._parked.pop(entry, None)) is not None:
+                found = True
+                parked.outcome.error = self._runner.stopped_error(entry, parked.outcome.steps)
+                parked.outcome.stopped = True
+                self._runner.report([parked.outcome])
+                continue
             batch = self._of.get(entry)
             if batch is None:
                 continue
@@ -186,15 +234,21 @@ class StepBatches:
             outcome.steps += 1
             if outcome.steps == 1:
                 outcome.first_step_s = time.monotonic() - member.began
-            if member.stopped:
+            tells = runner.tells_steps(entry)
+            if not member.stopped and (tells or (self._preempt and member.left > 0)):
+                value = runner.emulated(entry, member.task, partial=True) if tells else None
+                runner.step(entry, outcome.steps - 1, value)  # the core may stop it here
+            if member.suspended:
+                self._park(member)
+            elif member.stopped:
                 outcome.error = runner.stopped_error(entry, outcome.steps)
                 outcome.stopped = True
-            elif runner.tells_steps(entry):
-                runner.step(entry, outcome.steps - 1, runner.emulated(entry, member.task,
-                                                                      partial=True))  # fmt: skip
-            if member.left <= 0 and not member.stopped:
+                leaving.append(member)
+            elif member.left <= 0:
                 outcome.output = runner.emulated(entry, member.task, partial=False)
-            (leaving if member.left <= 0 or member.stopped else staying).append(member)
+                leaving.append(member)
+            else:
+                staying.append(member)
         batch.members = staying
         self._leave(batch, leaving)
         batch.members += [m for m in batch.joining if not m.stopped]
@@ -205,6 +259,11 @@ class StepBatches:
         else:
             batch.timer = None
             self._batches.pop(batch.run.entry, None)
+
+    def _park(self, member: _Member) -> None:
+        """Suspended ``member`` waits, outside any batch, for the core to resume it."""
+        self._of.pop(member.outcome.entry, None)
+        self._parked[member.outcome.entry] = member
 
     def _leave(self, batch: _Batch, members: list[_Member], *, seated: bool = True) -> None:
         """``members`` leave the batch: each one's outcome is reported."""
@@ -253,6 +312,10 @@ class StepBatches:
         members: list[_Member] = []
         while True:
             with batch.lock:
+                for member in members:
+                    if member.suspended:  # its seat, state and all, waits to be resumed
+                        loop.call_soon_threadsafe(self._park, member)
+                members = [m for m in members if not m.suspended]
                 stopped = [m for m in members if m.stopped]
                 members = [m for m in members if not m.stopped]
                 seated = batch.joining
@@ -314,8 +377,9 @@ class StepBatches:
                 outcome.error_text = "".join(traceback.format_exception(item))
                 leaving.append(member)
             else:
-                if runner.tells_steps(outcome.entry):
-                    value = to_host(item)
+                tells = runner.tells_steps(outcome.entry)
+                if tells or self._preempt:
+                    value = to_host(item) if tells else None
                     loop.call_soon_threadsafe(runner.step, outcome.entry, outcome.steps - 1, value)
                 staying.append(member)
         return staying

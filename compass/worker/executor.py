@@ -181,7 +181,9 @@ class TaskRunner:
         self._gates: dict[QueuedTask, StepGate] = {}
         self._parked: dict[QueuedTask, tuple[list[TaskOutcome], Task, float, float, float]] = {}
         #: step batches (continuous batching of step-wise tasks)
-        self.batches = StepBatches(self, emulate=self._emulate, time_scale=self._time_scale)
+        self.batches = StepBatches(
+            self, emulate=self._emulate, time_scale=self._time_scale, preempt=self._preempt
+        )
 
     def start(self, run: RunTask) -> None:
         """Run ``run``'s entries (one task, or a batch) now (needs a running event loop)."""
@@ -318,6 +320,8 @@ class TaskRunner:
         if isinstance(order, StopTask):
             if not self.batches.stop(order.entries):
                 self.stop(order.entries)
+        elif isinstance(order, SuspendTask) and self.batches.suspend(order.entry):
+            return
         elif isinstance(order, JoinRun):
             self.batches.join(
                 order,

@@ -180,3 +180,33 @@ def test_no_step_batching_is_a_policy_suffix_and_a_workload_transform() -> None:
     assert (settings.policy, settings.preempt, settings.step_batch) == ("jit", False, False)
     task = without_step_batches(parse_workload(SPEC)).workflows["talk"].tasks["gen"]
     assert task.batch == 1
+
+
+def test_a_lone_member_is_suspended_for_another_group_and_resumes_as_a_batch() -> None:
+    h = Harness()
+    h.lanes.preempt = True
+    gen_ = gen("long", expected_s=1.0)
+    h.steps(h.lanes.submit(gen_, 0.0))
+    other = gen("short", group=None, expected_s=0.05, arrival=0.1)
+    other.steps, other.best_s = 1, 0.05
+    h.steps(h.lanes.submit(other, 0.1))
+    decided = h.steps(h.lanes.stepped(gen_, 1, 0.1))
+    assert [type(s).__name__ for s in decided] == ["SuspendTask", "RunTask"]
+    assert decided[1].entry is other and gen_.done_steps == 1
+    resumed = h.steps(h.lanes.ended(other, 0.15)) + h.steps(h.lanes.fill(0.15))
+    (run,) = [s for s in resumed if isinstance(s, RunTask)]
+    assert run.entry is gen_ and run.entry.done_steps == 1
+    # a second member of its group makes it a batch again: a task of the group then joins
+    assert len(h.steps(h.lanes.submit(gen("j2", arrival=0.2), 0.2))) == 1
+
+
+def test_a_batch_of_two_is_never_suspended() -> None:
+    h = Harness()
+    h.lanes.preempt = True
+    a, b = gen("a"), gen("b")
+    h.steps(h.lanes.submit(a, 0.0))
+    h.steps(h.lanes.submit(b, 0.0))
+    short = gen("short", group=None, expected_s=0.05, arrival=0.1)
+    short.steps = 1
+    h.steps(h.lanes.submit(short, 0.1))
+    assert h.steps(h.lanes.stepped(a, 1, 0.1)) == []

@@ -13,7 +13,7 @@ import pytest
 
 import compass
 from compass.config import WorkerConfig
-from compass.core.events import JoinRun, RunTask, StopTask
+from compass.core.events import JoinRun, RunTask, StopTask, SuspendTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import WorkflowError
@@ -140,3 +140,21 @@ async def test_an_emulated_step_batch_runs_its_steps_on_timers_and_seats_joiners
     done = {(o := await run.outcome()).entry.job_id: o for _ in range(2)}
     assert all(o.error is None and o.steps == 4 for o in done.values())
     assert len(done["j1"].output) == 8  # the declared output size
+
+
+@pytest.mark.asyncio
+async def test_a_suspended_member_is_parked_and_resumes_where_it_stopped() -> None:
+    counter = Counter()
+    run = Runner(make_task(counter))
+    entry = run.entry("j1", 6)
+    run.runner.start(RunTask(entry, 0, False, 0.0, True))
+    assert await asyncio.to_thread(counter.first.wait, 10)
+    run.runner.between_steps(SuspendTask(entry))  # during its first step
+    counter.gate.set()
+    await asyncio.sleep(0.2)
+    assert run.outcomes.empty() and counter.calls == [1]  # parked after that step
+    entry.done_steps = 1
+    run.runner.start(RunTask(entry, 1, False, 0.0, True))  # resumed, on another lane
+    outcome = await run.outcome()
+    assert outcome.error is None and outcome.output == 6  # its state was kept
+    assert len(counter.calls) == 6 and outcome.lane == 1
