@@ -48,9 +48,10 @@ class StepBatch:
         self._span(now)
 
     def left_s(self, entry: QueuedTask, done: int) -> float:
-        """Expected seconds of member ``entry``'s steps after ``done``, at the batch's size."""
-        per_step = (self.ends[entry] - entry.started_at) / entry.steps
-        return per_step * max(0, entry.steps - done)
+        """Expected seconds of member ``entry``'s steps after ``done`` of its run's (a resumed
+        one's are the rest of its steps), at the batch's size."""
+        steps = max(1, entry.steps - entry.done_steps)
+        return (self.ends[entry] - entry.started_at) / steps * max(0, steps - done)
 
     def _span(self, now: float) -> None:
         lead = self.lead

@@ -210,3 +210,14 @@ def test_a_batch_of_two_is_never_suspended() -> None:
     short.steps = 1
     h.steps(h.lanes.submit(short, 0.1))
     assert h.steps(h.lanes.stepped(a, 1, 0.1)) == []
+
+
+def test_a_resumed_members_last_step_is_its_last() -> None:
+    h = Harness()
+    h.lanes.preempt = True
+    entry = gen("resumed")
+    entry.done_steps, entry.expected_s = 8, 0.2  # two steps left
+    h.steps(h.lanes.submit(entry, 0.0))
+    h.steps(h.lanes.submit(gen("short", group=None, expected_s=0.01, arrival=0.0), 0.0))
+    # after its second step of this run nothing is left: it ends, it is not suspended
+    assert h.steps(h.lanes.stepped(entry, 2, 0.2)) == []
