@@ -127,10 +127,12 @@ async def test_a_rolling_upgrade_of_weights_serves_both_versions_and_no_job_mixe
 ) -> None:
     env = app_environment(tmp_path, "reg_app", REG_APP)
     write_weights(tmp_path, OLD_W)
-    async with LocalCluster(3, args=[*ARGS, "--app", "reg_app"], env=env) as cluster:
+    # two workers are enough for both versions side by side, then one (each restart costs
+    # seconds of a model load)
+    async with LocalCluster(2, args=[*ARGS, "--app", "reg_app"], env=env) as cluster:
         names = [w.name for w in cluster.workers]
         old = (await status_of(cluster, 0)).view["version"]
-        assert old and [(await status_of(cluster, i)).view["version"] for i in (1, 2)] == [old] * 2
+        assert old and (await status_of(cluster, 1)).view["version"] == old
         answers: list[tuple[int, Any]] = []  # (ingress, answer) of every job of the stream
         upgrading = True
 
@@ -139,21 +141,21 @@ async def test_a_rolling_upgrade_of_weights_serves_both_versions_and_no_job_mixe
             for n in range(2000):
                 if not upgrading:
                     return
-                index = n % 3
+                index = n % 2
                 with contextlib.suppress(CompassError):  # restarting: not answered, not retried
                     answers.append((index, await submit(cluster, index)))
 
         jobs = asyncio.create_task(stream())
         write_weights(tmp_path, NEW_W)  # the checkpoint is replaced; workers restart in turn
         sides = dict.fromkeys(names, old)
-        for index in range(3):
+        for index in range(2):
             await cluster.restart(index)
             new = (await status_of(cluster, index)).view["version"]
             assert new and new != old
             sides[names[index]] = new
             statuses = await peers_settled(cluster)
             # both versions serve side by side, each job on its ingress's version alone
-            for i in range(3):
+            for i in range(2):
                 for _ in range(3):
                     answer = await submit(cluster, i)
                     expected = NEW_W**3 if sides[names[i]] == new else OLD_W**3
@@ -173,7 +175,7 @@ async def test_a_rolling_upgrade_of_weights_serves_both_versions_and_no_job_mixe
         mixed = [(names[i], a) for i, a in answers if a not in ANSWERS]
         assert mixed == [], mixed
         # compass status shows the versions: one now, nobody kept apart
-        status = await status_of(cluster, 2)
+        status = await status_of(cluster, 1)
         assert status.view["version"] == new and status.view["apart"] == {}
         assert {row["version"] for row in status.cluster} == {new}
 
