@@ -497,8 +497,10 @@ class Lanes:
     def _fill(self, now: float, first: QueuedTask | None = None) -> None:
         """Idle lanes take queued tasks: ``first`` (the task a suspension made way for), then a
         suspended task (it waited for one task, the one that took its lane: its model and its
-        state are kept for it meanwhile), then the queue's order."""
-        self._shed_queued(now)
+        state are kept for it meanwhile), then the queue's order. The queue is shed first,
+        but not for ``first``: the suspended task now ranks ahead of it, which it overtook."""
+        if first is None:
+            self._shed_queued(now)
         while self._idle:
             if first is not None:
                 entry: QueuedTask | None = self.queue.pop_entry(first, now)

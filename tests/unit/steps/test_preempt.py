@@ -242,3 +242,18 @@ def test_a_higher_priority_waits_for_the_step_under_way_only_where_the_worker_pr
         assert queue.wait_s(0.0) == pytest.approx(1.0)  # its own level waits for all of it
         assert queue.wait_s(0.0, level=1) == pytest.approx(lifted)
         assert queue.lifted_s(0.0) == pytest.approx((lifted,))
+
+
+def test_a_deadline_that_preempts_is_not_shed_behind_the_task_it_suspended() -> None:
+    """The suspended generation goes back to the queue ahead of the head that preempted it (it
+    arrived first): shedding the queue then would find the head late behind it, drop it, and
+    leave its lane to nobody (a KeyError once, in a goodput run with shedding on)."""
+    h = Harness()
+    h.load("a")
+    gen = generation(arrival=0.0)  # no deadline: it ranks by its enqueue time, ahead of 0.5
+    h.start(gen, 0.0)
+    head = short(arrival=0.1, deadline=0.5)  # waiting for the 0.9 s left misses it
+    h.steps(h.lanes.submit(head, 0.1))
+    decided = h.steps(h.lanes.stepped(gen, 1, 0.1))
+    assert [type(s).__name__ for s in decided] == ["SuspendTask", "RunTask"]
+    assert decided[1].entry is head and not h.failed
