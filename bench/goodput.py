@@ -66,6 +66,10 @@ def run_cli(config: GoodputConfig, json_path: str | None, plot_path: str | None)
     )  # fmt: skip
     # the most goodput any policy could give: every lane busy all the time on useful work
     out["bound"] = physical_bound(workload, config.workers, host_lanes=config.host_lanes)
+    # where tasks batch, the bound full batches could reach
+    out["bound_batched"] = physical_bound(
+        workload, config.workers, host_lanes=config.host_lanes, batched=True
+    )
     print_goodput(out, console, title=f"{workload.name} on {config.workers} simulated workers")
     write_json(json_path, out)
     if plot_path:

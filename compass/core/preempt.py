@@ -24,7 +24,9 @@ The rule, in order:
    gains weight as it waits, so it is not starved.
 
 In 2 and 3 the running task's own job must still make its deadline, where it has one, after
-the head's run. A worker holds at most one suspended task per lane, so preemptions do not nest.
+the head's run. In all three, a head whose job cannot make its deadline even starting now never
+preempts: it is shed, and the task it would have suspended would resume at once. A worker holds
+at most one suspended task per lane, so preemptions do not nest.
 A suspended task's state costs memory (a KV cache for an LLM): its step profile declares the
 bytes per step (``state_bytes``); the lanes take them from the cache's free slabs
 (:meth:`CacheCore.hold_state <compass.cache.policy.CacheCore.hold_state>`), and refuse the
@@ -64,9 +66,12 @@ def preempts(
     """Whether ``head`` (the queue's next task) runs before the rest of ``running``, which has
     ``left`` expected seconds of steps to go at this boundary (``now``); ``switch_s``: what
     starting ``head`` costs first (its model's load). See the module docstring."""
+    start = now + switch_s
+    deadline = head.deadline
+    if deadline is not None and not head.finish and start + head.remaining_s > deadline:
+        return False  # past saving itself: shed, not run
     if head.level != running.level:
         return head.level > running.level
-    start = now + switch_s
     # when each job would end: the head after the running task's steps, or right away; the
     # running task's after the head's run
     head_waits = now + left + head.remaining_s
@@ -75,7 +80,6 @@ def preempts(
     mine = running.deadline
     if mine is not None and not running.finish and running_waits > mine:
         return False  # the running task's own deadline comes first
-    deadline = head.deadline
     if deadline is not None and not head.finish:
         return head_waits > deadline >= head_now
     if head.best_s <= 0.0 or running.best_s <= 0.0:

@@ -186,7 +186,8 @@ class StepBatches:
         """Suspended ``member`` leaves the batch until the core resumes it: its lane time so
         far is a task record of its own (as a suspended run's is)."""
         entry = member.entry
-        del self._of[entry]
+        if self._of.get(entry) is batch:  # (not resumed at once into a batch of its own)
+            del self._of[entry]
         self._host.task_records.append(
             TaskRecord(entry.job_id, entry.task, batch.worker.name,
                        entry.started_at - entry.enqueued_at, 0.0, entry.transfer_s,

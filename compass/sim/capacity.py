@@ -37,6 +37,7 @@ from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
 from compass.sim.engine import simulate
 from compass.sim.settings import SimSettings, base_policy
+from compass.workflow.dag import Task, batch_limit, batch_scale
 from compass.workflow.spec import Workload
 from compass.workflow.unfold import run_chances
 
@@ -355,20 +356,27 @@ def _key(load: float) -> str:
 
 
 def physical_bound(
-    workload: Workload, workers: int, *, lanes: int = 1, host_lanes: int = 0
+    workload: Workload,
+    workers: int,
+    *,
+    lanes: int = 1,
+    host_lanes: int = 0,
+    batched: bool = False,
 ) -> float | None:
     """The load at which the workers' GPU lanes would be busy all the time: lane-seconds per
     second over the GPU seconds demanded per second at load 1 (each workflow's declared
     execution times, each task's as often as it runs in a workflow with choices; one client
     per workflow, ``weight`` jobs per mean interval). Model loads and
     transfers are left out, so no policy can sustain more. With ``host_lanes`` > 0 the
-    model-less tasks run off the GPU lanes and do not count. None when nothing needs a lane."""
+    model-less tasks run off the GPU lanes and do not count. ``batched``: every task that
+    batches runs in full batches (its time times its curve at its largest batch, over that
+    size), the bound where batching can reach it. None when nothing needs a lane."""
     interval_s = workload.arrivals.mean_interval_ms_per_client / 1000.0
     demand = 0.0
     for name, wf in workload.workflows.items():
         chance = run_chances(wf)
         gpu_s = sum(
-            chance[t.name] * t.profile.exec_s
+            chance[t.name] * t.profile.exec_s * (_full_batch(t) if batched else 1.0)
             for t in wf.tasks.values()
             if host_lanes == 0 or t.model is not None
         )
@@ -376,6 +384,12 @@ def physical_bound(
     if demand <= 0:
         return None
     return workers * lanes / demand
+
+
+def _full_batch(task: Task) -> float:
+    """A task's share of one run in a full batch (1: it never batches)."""
+    size = batch_limit(task.profile.batch_scale, task.batch)
+    return batch_scale(task.profile.batch_scale, size) / size
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,13 @@ def test_a_deadline_preempts_only_when_waiting_misses_it_and_starting_now_makes_
     assert not preempts(running, 0.9, short(deadline=0.5), 0.1, switch_s=0.5)
 
 
+def test_a_head_past_saving_never_preempts_whatever_its_priority() -> None:
+    running = generation()
+    assert preempts(running, 0.9, short(level=1, deadline=1.0), 0.1)
+    # it could not make its deadline even starting now (0.1 + 0.1 > 0.15): shed, not run
+    assert not preempts(running, 0.9, short(level=1, deadline=0.15), 0.1)
+
+
 def test_the_running_jobs_own_deadline_is_kept() -> None:
     head = short(arrival=0.1)
     assert not preempts(generation(deadline=1.05), 0.9, head, 0.1)  # 0.1 s later misses it
