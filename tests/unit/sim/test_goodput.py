@@ -99,10 +99,11 @@ def test_compass_sim_goodput_writes_the_documented_layout_and_a_plot(
     assert done.value.code in (0, None)
     data = json.loads(out.read_text())
     assert set(data) == {"config", "goodput", "attainment", "attainment_by_priority",
-                         "refused", "dropped", "wasted_share", "bound",
+                         "refused", "dropped", "wasted_share", "bound", "bound_batched",
                          "ttfo_p99_by_priority"}  # fmt: skip
-    # one 100 ms task a job, a job every 100 ms at load 1: the lane is full at load 1
-    assert data["bound"] == pytest.approx(1.0)
+    # one 100 ms task a job, a job every 100 ms at load 1: the lane is full at load 1 (nothing
+    # batches, so full batches reach no further)
+    assert data["bound"] == pytest.approx(1.0) == data["bound_batched"]
     assert data["wasted_share"]["compass"]["2"] == 0.0  # shed at the door: nothing dropped
     assert set(data["goodput"]) == {"compass", "compass (no shedding)", "hash",
                                     "hash (no shedding)"}  # fmt: skip
