@@ -66,6 +66,10 @@ LINGER_S = 1.0
 #: megabytes before its handler ran)
 READ_BUFFER = 64 * 1024
 _JSON = "application/json"
+_OCTETS = "application/octet-stream"
+#: bytes of a binary answer from which its parts (head, JSON, each tensor's memory) are written
+#: one by one, not joined into one bytes first (aiohttp joins a Response's head and body)
+STREAM_OUT = 64 * 1024
 _HEALTH = ("/v2/health/live", "/v2/health/ready")
 #: statuses after which the connection is closed: what is left of the body is not read
 _CLOSE = (408, 413)
@@ -409,12 +413,23 @@ class FrontDoor:
         job_id, value = await self._submit(name, parsed.inputs, fields, request)
         _, outs = self.worker.app.front.tensors.get(name, ((), ()))
         default = outs[0].name if len(outs) == 1 else "output"
-        body, length = tensors.encode_answer(name, job_id, value, parsed, default)
+        doc, blobs = tensors.encode_answer(name, job_id, value, parsed, default)
         headers = {"X-Compass-Job": job_id}
-        if length is None:
-            return web.Response(body=body, content_type=_JSON, headers=headers)
-        headers["Inference-Header-Content-Length"] = str(length)
-        return web.Response(body=body, content_type="application/octet-stream", headers=headers)
+        if not blobs:
+            return web.Response(body=doc, content_type=_JSON, headers=headers)
+        headers["Inference-Header-Content-Length"] = str(len(doc))
+        parts = [doc, *blobs]
+        size = sum(map(len, parts))
+        if size < STREAM_OUT:
+            return web.Response(body=b"".join(parts), content_type=_OCTETS, headers=headers)
+        # large: each part written as it is (aiohttp's Response would join head and body)
+        response = web.StreamResponse(headers={**headers, "Content-Type": _OCTETS})
+        response.content_length = size
+        await response.prepare(request)
+        for part in parts:
+            await response.write(part)
+        await response.write_eof()
+        return response
 
     # -- OpenAI --------------------------------------------------------------------------------
     async def _openai_stream(
