@@ -425,6 +425,24 @@ def test_a_large_body_is_read_whole_in_pieces_chunked_and_with_the_next_request_
         assert status == 200 and answer.endswith(x.tobytes()), answer[:200]
 
 
+def test_a_body_held_back_for_100_continue_is_asked_for(door: Door) -> None:
+    # what curl does with a body past 1 KB: the head, then the body once told to go on (or
+    # after a second); a body over the limit is refused at once instead
+    head, body = binary_echo(door.token, np.arange(4, dtype=np.float32))
+    head = head.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", door.port), timeout=IDLE_S) as sock:
+        sock.sendall(head)
+        answers = sock.makefile("rb")
+        assert read_answer(answers) == (100, b"")  # before the idle time: not a 408
+        sock.sendall(body)
+        status, answer = read_answer(answers)
+        assert status == 200 and answer.endswith(np.arange(4, dtype=np.float32).tobytes())
+    over = b"Content-Length: %d" % (MAX_JOB_MB * 1024 * 1024 + 1)
+    with socket.create_connection(("127.0.0.1", door.port), timeout=IDLE_S) as sock:
+        sock.sendall(head.replace(b"Content-Length: %d" % len(body), over))
+        assert read_answer(sock.makefile("rb"))[0] == 413
+
+
 def test_a_large_body_shorter_than_declared_is_400_and_bytes_past_one_are_the_next_request(
     door: Door,
 ) -> None:
