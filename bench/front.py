@@ -480,8 +480,12 @@ async def _measure(quick: bool, before: str | None) -> dict[str, Any]:
         env.pop("COMPASS_TOKEN", None)
 
         def pythonpath(tree: Path) -> dict[str, str]:
+            """A worker's environment: ``tree``'s compass. PYTHONSAFEPATH, else ``python -m``
+            puts the working directory first on sys.path, and a bench run from a checkout's
+            root ran that checkout's compass in the ``--before`` worker too."""
             path = [folder, str(tree), env.get("PYTHONPATH", "")]
-            return {**env, "PYTHONPATH": os.pathsep.join(path).rstrip(os.pathsep)}
+            joined = os.pathsep.join(path).rstrip(os.pathsep)
+            return {**env, "PYTHONPATH": joined, "PYTHONSAFEPATH": "1"}
 
         app = ["--app", "bench_http_app"]
         port = _free_port()
