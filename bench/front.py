@@ -440,9 +440,10 @@ async def _streams(door: Door, jobs: int) -> dict[str, float]:
 
 
 async def _body_floor(calls: int) -> dict[str, list[float]]:
-    """A 3 MB POST's round trip to aiohttp's server alone and to a raw BufferedProtocol
-    (:mod:`bench.http_floor`), alternating: what aiohttp's read path costs."""
-    ports = {"aiohttp": _free_port(), "raw": _free_port()}
+    """A 3 MB POST's round trip to aiohttp's server alone (read as the front door reads, and
+    through aiohttp's reader) and to a raw BufferedProtocol (:mod:`bench.http_floor`),
+    alternating: what aiohttp's read path costs."""
+    ports = {"aiohttp": _free_port(), "chunks": _free_port(), "raw": _free_port()}
     processes = http_floor.servers(ports)
     lanes: list[LeanClient] = []
     try:
@@ -479,8 +480,12 @@ async def _measure(quick: bool, before: str | None) -> dict[str, Any]:
         env.pop("COMPASS_TOKEN", None)
 
         def pythonpath(tree: Path) -> dict[str, str]:
+            """A worker's environment: ``tree``'s compass. PYTHONSAFEPATH, else ``python -m``
+            puts the working directory first on sys.path, and a bench run from a checkout's
+            root ran that checkout's compass in the ``--before`` worker too."""
             path = [folder, str(tree), env.get("PYTHONPATH", "")]
-            return {**env, "PYTHONPATH": os.pathsep.join(path).rstrip(os.pathsep)}
+            joined = os.pathsep.join(path).rstrip(os.pathsep)
+            return {**env, "PYTHONPATH": joined, "PYTHONSAFEPATH": "1"}
 
         app = ["--app", "bench_http_app"]
         port = _free_port()
@@ -618,11 +623,14 @@ def run(
         "aiohttp_p50_us": _us(floor["aiohttp"], 50),
         "raw_p50_us": _us(floor["raw"], 50),
         "aiohttp_over_raw_p50": _paired(floor["aiohttp"], floor["raw"]),
+        "chunks_p50_us": _us(floor["chunks"], 50),
+        "chunks_over_raw_p50": _paired(floor["chunks"], floor["raw"]),
     }
     print_table(
-        "what bounds the 3 MB case: a 3 MB POST to aiohttp's server alone (read as the front "
-        "door reads) and to a raw asyncio.BufferedProtocol (the kernel writes into the body's "
-        "buffer, as the native wire's)",
+        "what bounds the 3 MB case: a 3 MB POST to aiohttp's server alone (aiohttp: read as "
+        "the front door reads; chunks: through aiohttp's reader) and to a raw "
+        "asyncio.BufferedProtocol (the kernel writes into the body's buffer, as the native "
+        "wire's)",
         ["server", "p50 µs", "p99 µs", "/ raw"],
         [[side, _us(v, 50), _us(v, 99), _paired(v, floor["raw"])] for side, v in floor.items()],
     )

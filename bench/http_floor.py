@@ -1,15 +1,17 @@
 """What receiving a large body costs over HTTP, apart from compass: the floor under
 ``binary_over_native_p50`` in ``compass bench http``.
 
-Two servers, each a process of its own, answer a POST of ``BODY_BYTES`` once the whole body is
-in one buffer: aiohttp's low-level server, reading the body as the front door does
-(``readchunk`` into ``numpy.empty``'s buffer), and a raw :class:`asyncio.BufferedProtocol`
-into which the kernel writes the body directly, as the native wire receives a frame. Both run
-on uvloop with aiohttp's ``read_bufsize`` of the front door; one lean client
+Three servers, each a process of its own, answer a POST of ``BODY_BYTES`` once the whole body
+is in one buffer: aiohttp's low-level server reading the body as the front door does
+(:func:`compass.front.body.read_body`: past what came with its head, the body is received
+straight into its buffer); the same server reading it through aiohttp's reader (``readchunk``
+into ``numpy.empty``'s buffer, the reader holding up to 2 MiB: how the front door read before);
+and a raw :class:`asyncio.BufferedProtocol` into which the kernel writes the body directly, as
+the native wire receives a frame. All run on uvloop; one lean client
 (:class:`bench.front.LeanClient`) alternates between them.
 
 Run by ``compass bench http`` (its ``body_floor`` figures); ``python -m compass._bench.http_floor
-aiohttp|raw PORT`` serves one side until killed.
+aiohttp|chunks|raw PORT`` serves one side until killed.
 """
 
 from __future__ import annotations
@@ -67,7 +69,16 @@ class _Raw(asyncio.BufferedProtocol):
             self.transport.write(_ANSWER)
 
 
-async def _aiohttp_handler(request: Any) -> Any:
+async def _front_door_handler(request: Any) -> Any:
+    from aiohttp import web
+
+    from compass.front.body import read_body
+
+    await read_body(request, request.content_length)
+    return web.Response(body=b"ok")
+
+
+async def _chunks_handler(request: Any) -> Any:
     from aiohttp import web
 
     view = np.empty(request.content_length, dtype=np.uint8).data
@@ -80,18 +91,23 @@ async def _aiohttp_handler(request: Any) -> Any:
 
 
 async def serve(side: str, port: int) -> None:
-    """Serve ``side`` (``aiohttp`` or ``raw``) on ``port`` until cancelled."""
+    """Serve ``side`` (``aiohttp``, ``chunks`` or ``raw``) on ``port`` until cancelled."""
     loop = asyncio.get_running_loop()
-    if side == "aiohttp":
+    factory: Callable[[], asyncio.BaseProtocol] = _Raw
+    if side != "raw":
         from aiohttp import web
 
+        from compass.front.body import BodyConnection
         from compass.front.server import READ_BUFFER
 
-        factory: Callable[[], asyncio.BaseProtocol] = web.Server(
-            _aiohttp_handler, read_bufsize=READ_BUFFER, access_log=None
-        )
-    else:
-        factory = _Raw
+        class _Server(web.Server):
+            def __call__(self) -> BodyConnection:
+                return BodyConnection(self, loop=self._loop, **self._kwargs)
+
+        if side == "aiohttp":
+            factory = _Server(_front_door_handler, read_bufsize=READ_BUFFER, access_log=None)
+        else:  # as the front door read before: aiohttp pausing at 2 MiB, not 128 KiB
+            factory = _Server(_chunks_handler, read_bufsize=1024 * 1024, access_log=None)
     server = await loop.create_server(factory, "127.0.0.1", port)
     print("serving", flush=True)
     async with server:

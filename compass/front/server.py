@@ -13,7 +13,8 @@ Bounds: a body past ``max_body_bytes`` (the worker's ``--max-job-mb``) is refuse
 before it is read; a connection that sends no complete request head within ``idle_s``
 (aiohttp's keep-alive timer starts when it connects and is only cleared by a whole request)
 is closed, which bounds idle and slow-loris connections; a body must arrive within
-``read_s``, else 408 and the connection is closed.
+``read_s``, else 408 and the connection is closed. A body is read into one buffer by
+:func:`compass.front.body.read_body` (a large one's bytes past aiohttp's reader).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 import compass
 from compass.errors import CompassError, ConfigError, UnknownWorkflow
 from compass.front import jsonio, openai, tensors
+from compass.front.body import BodyConnection, read_body
 from compass.front.declare import OpenAIModel
 from compass.front.errors import RETRY_AFTER_S, HttpError, openai_body, status_of, v2_body
 from compass.front.metrics import CLIENT_GONE, NO_ROUTE, HttpMetrics
@@ -59,10 +60,16 @@ MAX_LINE = 16 * 1024
 #: seconds a connection answered before its body was read (413, 408) still reads what the
 #: client sends, so that it sees the answer rather than a reset (aiohttp's default: 10 s)
 LINGER_S = 1.0
-#: bytes a connection buffers before aiohttp pauses reading it (its default, 64 KiB, pauses
-#: and resumes a 3 MB tensor's body dozens of times)
-READ_BUFFER = 1024 * 1024
+#: bytes a connection buffers before aiohttp pauses reading it: its default, so that little of
+#: a large body goes through aiohttp's copies before the rest is received straight into its
+#: buffer (:mod:`compass.front.body`; with 1 MiB, aiohttp had read two of a 3 MB body's
+#: megabytes before its handler ran)
+READ_BUFFER = 64 * 1024
 _JSON = "application/json"
+_OCTETS = "application/octet-stream"
+#: bytes of a binary answer from which its parts (head, JSON, each tensor's memory) are written
+#: one by one, not joined into one bytes first (aiohttp joins a Response's head and body)
+STREAM_OUT = 64 * 1024
 _HEALTH = ("/v2/health/live", "/v2/health/ready")
 #: statuses after which the connection is closed: what is left of the body is not read
 _CLOSE = (408, 413)
@@ -111,7 +118,7 @@ Handler = Callable[[web.BaseRequest, str], Awaitable[web.StreamResponse]]
 Route = tuple[str, str, Handler]
 
 
-class _Connection(RequestHandler):
+class _Connection(BodyConnection):
     """aiohttp's connection, counted against the server's cap, answering what its parser
     refuses (not HTTP, a head too long) in one JSON line, logged at debug level: a stranger's
     junk must not fill the worker's log."""
@@ -169,27 +176,6 @@ class _Server(web.Server):
 
     def __call__(self) -> RequestHandler:
         return _Connection(self, loop=self._loop, **self._kwargs)
-
-
-async def _read_exactly(request: web.BaseRequest, length: int) -> memoryview:
-    """The body's ``length`` bytes, copied once from the chunks as they arrive into one
-    buffer (a tensor's array is then a view of it, writable as a native job's is).
-
-    ``readchunk``, not ``readany``: ``readany`` joins the chunks buffered so far into a new
-    bytes first, a second copy (measured: a 3 MB body took 2.3x as long to read). The buffer
-    is ``numpy.empty``'s, not ``bytearray(length)``, which zeroes every byte before the copy
-    writes it (5 to 15% of reading a 3 MB body here); every byte is written or the request
-    is refused."""
-    view = np.empty(length, dtype=np.uint8).data
-    filled = 0
-    while filled < length:
-        chunk, _ = await request.content.readchunk()
-        if not chunk:
-            raise HttpError(400, f"the body ended after {filled} of its {length} bytes")
-        end = min(filled + len(chunk), length)
-        view[filled:end] = chunk[: end - filled]
-        filled = end
-    return view
 
 
 class FrontDoor:
@@ -354,10 +340,14 @@ class FrontDoor:
             if len(body) > limit:
                 raise HttpError(413, f"the request body is over the limit of {limit}")
             return body
+        if request.headers.get("Expect", "").lower() == "100-continue":
+            # the client (curl past 1 KB) holds the body back until told, else for a second
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer itself is still to come
         try:
             async with asyncio.timeout(self.options.read_s):
                 if length is not None:
-                    return await _read_exactly(request, length)
+                    return await read_body(request, length)
                 chunks: list[bytes] = []
                 size = 0
                 while chunk := (await request.content.readchunk())[0]:
@@ -427,12 +417,23 @@ class FrontDoor:
         job_id, value = await self._submit(name, parsed.inputs, fields, request)
         _, outs = self.worker.app.front.tensors.get(name, ((), ()))
         default = outs[0].name if len(outs) == 1 else "output"
-        body, length = tensors.encode_answer(name, job_id, value, parsed, default)
+        doc, blobs = tensors.encode_answer(name, job_id, value, parsed, default)
         headers = {"X-Compass-Job": job_id}
-        if length is None:
-            return web.Response(body=body, content_type=_JSON, headers=headers)
-        headers["Inference-Header-Content-Length"] = str(length)
-        return web.Response(body=body, content_type="application/octet-stream", headers=headers)
+        if not blobs:
+            return web.Response(body=doc, content_type=_JSON, headers=headers)
+        headers["Inference-Header-Content-Length"] = str(len(doc))
+        parts = [doc, *blobs]
+        size = sum(map(len, parts))
+        if size < STREAM_OUT:
+            return web.Response(body=b"".join(parts), content_type=_OCTETS, headers=headers)
+        # large: each part written as it is (aiohttp's Response would join head and body)
+        response = web.StreamResponse(headers={**headers, "Content-Type": _OCTETS})
+        response.content_length = size
+        await response.prepare(request)
+        for part in parts:
+            await response.write(part)
+        await response.write_eof()
+        return response
 
     # -- OpenAI --------------------------------------------------------------------------------
     async def _openai_stream(

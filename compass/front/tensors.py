@@ -353,13 +353,15 @@ def _outputs(value: Any, default_name: str) -> dict[str, Any]:
 
 def encode_answer(
     model: str, job_id: str, value: Any, request: InferRequest, default_name: str = "output"
-) -> tuple[bytes, int | None]:
-    """The infer response for ``value``: its body and, when some output is binary, the JSON
-    header's length (the ``Inference-Header-Content-Length`` to send)."""
+) -> tuple[bytes, list[bytes | memoryview]]:
+    """The infer response for ``value``, in parts sent one after another: its JSON (with
+    binary outputs, the header whose length is the ``Inference-Header-Content-Length`` to
+    send), then each binary output's bytes (none: a JSON answer), a numeric one a view of its
+    array's memory where the array is contiguous and of its datatype already, not a copy."""
     outputs = _outputs(value, default_name)
     names = tuple(outputs) if request.outputs is None else request.outputs
     tensors: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     for name in names:
         if name not in outputs:
             raise _bad(f"no output {name!r} (the job gave {', '.join(map(repr, outputs))})")
@@ -371,10 +373,12 @@ def encode_answer(
         datatype = _datatype(name, array)
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if request.binary_all or name in request.binary:
+            raw: bytes | memoryview
             if datatype == "BYTES":
                 raw = b"".join(struct.pack("<I", len(b)) + b for b in _encode_bytes(array))
-            else:
-                raw = np.ascontiguousarray(array, dtype=_NUMERIC[datatype]).tobytes()
+            else:  # the array's bytes as they are (a copy only where it is not contiguous)
+                contiguous = np.ascontiguousarray(array, dtype=_NUMERIC[datatype])
+                raw = contiguous.reshape(-1).view(np.uint8).data
             tensor["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         elif datatype == "BYTES":
@@ -385,6 +389,4 @@ def encode_answer(
             tensor["data"] = array.reshape(-1).tolist()
         tensors.append(tensor)
     header = jsonio.dumps({"model_name": model, "id": request.id or job_id, "outputs": tensors})
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
+    return header, blobs

@@ -26,13 +26,15 @@ import openai
 import pytest
 import tritonclient.http as triton
 import trustme
+from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
 from compass import SyncClient
 from compass.cluster import LocalCluster
 from compass.config import TLSConfig
 from compass.errors import InvalidInputs
-from compass.front.server import FrontDoor, FrontOptions
+from compass.front.body import DIRECT_MIN, BodyConnection, read_body
+from compass.front.server import READ_BUFFER, FrontDoor, FrontOptions
 from compass.security import client_context, new_token
 
 if TYPE_CHECKING:
@@ -354,15 +356,111 @@ def test_idle_and_slow_loris_connections_are_closed(door: Door) -> None:
 
 
 def test_a_body_slower_than_twice_the_idle_time_is_408(door: Door) -> None:
+    # a large body: past its first bytes it is being received straight into its buffer
+    head, body = binary_echo(door.token, np.ones(256 * 1024, dtype=np.float32))
     with socket.create_connection(("127.0.0.1", door.port), timeout=IDLE_S * 20) as sock:
-        head = (
-            f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-            f"{door.token}\r\nContent-Length: 100\r\n\r\n"
-        )
-        sock.sendall(head.encode() + b'{"inputs": [')  # and the rest never comes
+        sock.sendall(head + body[: len(body) // 2])  # and the rest never comes
         answer = recv_all(sock)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"the request body took over 2.0 s" in answer
+
+
+def binary_tensor(x: np.ndarray[Any, Any]) -> tuple[int, bytes]:
+    """An FP32 tensor's binary infer body, answered binary: its JSON header's length and it."""
+    header = json.dumps({
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape),
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    return len(header), header + x.tobytes()
+
+
+def binary_echo(token: str, x: np.ndarray[Any, Any], chunked: bool = False) -> tuple[bytes, bytes]:
+    """A binary infer request of ``x`` to echo: its head and its body."""
+    header_length, body = binary_tensor(x)
+    length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+    head = (
+        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"Inference-Header-Content-Length: {header_length}\r\n{length}\r\n\r\n"
+    )
+    return head.encode(), body
+
+
+def read_answer(answers: Any) -> tuple[int, bytes]:
+    """One answer's status and body, from a connection's file (answers one after another)."""
+    status = int(answers.readline().split()[1])
+    length = 0
+    while (line := answers.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return status, answers.read(length)
+
+
+def test_a_large_body_is_read_whole_in_pieces_chunked_and_with_the_next_request_after_it(
+    door: Door,
+) -> None:
+    x = np.arange(256 * 1024, dtype=np.float32)  # 1 MiB: most of it received past aiohttp
+    head, body = binary_echo(door.token, x)
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", door.port), timeout=30) as sock:
+        answers = sock.makefile("rb")
+        pieces = [head + body[:1000], body[1000:300_000], body[300_000:700_000]]
+        for piece in pieces:  # in pieces, as a slow client sends it
+            sock.sendall(piece)
+            time.sleep(0.02)
+        sock.sendall(body[700_000:] + live)  # the next request right after the body
+        status, answer = read_answer(answers)
+        assert status == 200 and answer.endswith(x.tobytes()), answer[:200]
+        assert read_answer(answers) == (200, b"")  # parsed as a request of its own
+        # and the same connection serves a large body again
+        sock.sendall(head + body)
+        status, answer = read_answer(answers)
+        assert status == 200 and answer.endswith(x.tobytes()), answer[:200]
+    head, body = binary_echo(door.token, x, chunked=True)
+    with socket.create_connection(("127.0.0.1", door.port), timeout=30) as sock:
+        chunks = [body[:5000], body[5000:600_000], body[600_000:]]
+        sock.sendall(head + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+        status, answer = read_answer(sock.makefile("rb"))
+        assert status == 200 and answer.endswith(x.tobytes()), answer[:200]
+
+
+def test_a_body_held_back_for_100_continue_is_asked_for(door: Door) -> None:
+    # what curl does with a body past 1 KB: the head, then the body once told to go on (or
+    # after a second); a body over the limit is refused at once instead
+    head, body = binary_echo(door.token, np.arange(4, dtype=np.float32))
+    head = head.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", door.port), timeout=IDLE_S) as sock:
+        sock.sendall(head)
+        answers = sock.makefile("rb")
+        assert read_answer(answers) == (100, b"")  # before the idle time: not a 408
+        sock.sendall(body)
+        status, answer = read_answer(answers)
+        assert status == 200 and answer.endswith(np.arange(4, dtype=np.float32).tobytes())
+    over = b"Content-Length: %d" % (MAX_JOB_MB * 1024 * 1024 + 1)
+    with socket.create_connection(("127.0.0.1", door.port), timeout=IDLE_S) as sock:
+        sock.sendall(head.replace(b"Content-Length: %d" % len(body), over))
+        assert read_answer(sock.makefile("rb"))[0] == 413
+
+
+def test_a_large_body_shorter_than_declared_is_400_and_bytes_past_one_are_the_next_request(
+    door: Door,
+) -> None:
+    x = np.ones(256 * 1024, dtype=np.float32)
+    head, body = binary_echo(door.token, x)
+    with socket.create_connection(("127.0.0.1", door.port), timeout=30) as sock:
+        sock.sendall(head + body[:600_000])
+        sock.shutdown(socket.SHUT_WR)  # the client sends no more
+        answer = recv_all(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"the body ended after 600000 of its %d bytes" % len(body) in answer
+    with socket.create_connection(("127.0.0.1", door.port), timeout=30) as sock:
+        sock.sendall(head + body + b"NOT HTTP\r\n\r\n")  # bytes past the declared length
+        answers = sock.makefile("rb")
+        status, answer = read_answer(answers)
+        assert status == 200 and answer.endswith(x.tobytes())
+        status, answer = read_answer(answers)  # what came after: a request, a malformed one
+        assert status == 400 and b"malformed HTTP request" in answer, answer
 
 
 MALFORMED: list[tuple[bytes, dict[str, str]]] = [
@@ -466,6 +564,12 @@ def test_over_mutual_tls_with_private_health_a_draining_worker_answers_503(
         stranger = client_context(stranger_tls.cert, stranger_tls.key, client_tls.ca)
         with pytest.raises((ssl.SSLError, ConnectionError)):
             Door(cluster, port, tls=stranger).request("GET", "/v2/health/live")
+        # a large binary tensor over TLS: most of it received past aiohttp's reader
+        x = np.arange(256 * 1024, dtype=np.float32)
+        header_length, body = binary_tensor(x)
+        extension = {"Inference-Header-Content-Length": str(header_length)}
+        status, _, answer = door.request("POST", "/v2/models/echo/infer", body, extension)
+        assert status == 200 and answer.endswith(x.tobytes()), answer[:200]
         answers: list[tuple[int, dict[str, str], Any]] = []
         slow = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [], "data": [1.0]}]}
         held = threading.Thread(target=lambda: answers.append(door.infer("slow", slow)))
@@ -573,3 +677,39 @@ async def test_connections_past_the_cap_are_closed_and_the_door_serves_again_bel
             await asyncio.sleep(0.01)
         assert answer == b"HTTP/1.1 200"
         held[1][1].close()
+
+
+@pytest.mark.asyncio
+async def test_a_large_body_past_its_first_bytes_is_received_straight_into_its_buffer() -> None:
+    # aiohttp's server with the front door's connection and reading, on a real socket: aiohttp's
+    # reader saw (total_bytes) less than the body, and every byte of it is right
+    seen: list[tuple[bool, int]] = []
+    expected = np.random.default_rng(36).bytes(1_000_000)
+
+    async def handler(request: web.BaseRequest) -> web.Response:
+        view = await read_body(request, request.content_length or 0)
+        seen.append((bytes(view) == expected, request.content.total_bytes))
+        return web.Response(body=b"ok")
+
+    class Server(web.Server):
+        def __call__(self) -> BodyConnection:
+            return BodyConnection(self, loop=self._loop, **self._kwargs)
+
+    server = Server(handler, read_bufsize=READ_BUFFER)
+    listener = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
+    try:
+        port = listener.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(expected)
+        for _ in range(2):  # the second on the same connection: read by the parser made anew
+            writer.write(head + expected)
+            answer = await asyncio.wait_for(reader.readuntil(b"ok"), 10)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        listener.close()
+        await server.shutdown(1.0)
+        await listener.wait_closed()
+    assert [same for same, _ in seen] == [True, True]
+    assert all(through <= len(expected) - DIRECT_MIN for _, through in seen), seen

@@ -90,9 +90,9 @@ def test_bad_requests_are_refused_with_one_line_naming_the_fault(
 
 def test_answers_encode_as_json_or_binary_tensors() -> None:
     request = infer({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1]}]})
-    body, length = tensors.encode_answer("wf", "job-1", {"a": np.ones((2, 2)), "t": "hi"}, request)
-    assert length is None
-    doc = json.loads(body)
+    header, blobs = tensors.encode_answer("wf", "job-1", {"a": np.ones((2, 2)), "t": "hi"}, request)
+    assert blobs == []
+    doc = json.loads(header)
     assert doc["id"] == "job-1"
     assert doc["outputs"] == [
         {"name": "a", "datatype": "FP64", "shape": [2, 2], "data": [1.0, 1.0, 1.0, 1.0]},
@@ -100,10 +100,14 @@ def test_answers_encode_as_json_or_binary_tensors() -> None:
     ]
     binary = infer({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1]}],
                     "parameters": {"binary_data_output": True}})  # fmt: skip
-    body, length = tensors.encode_answer("wf", "job-2", 3, binary)
-    assert length is not None
-    assert json.loads(body[:length])["outputs"][0]["parameters"] == {"binary_data_size": 8}
-    assert np.frombuffer(body[length:], "<i8").tolist() == [3]
+    header, blobs = tensors.encode_answer("wf", "job-2", 3, binary)
+    assert json.loads(header)["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    assert np.frombuffer(b"".join(blobs), "<i8").tolist() == [3]
+    # a contiguous array of its datatype is sent from its own memory; any other, as its bytes
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    _, blobs = tensors.encode_answer("wf", "job-4", {"a": array, "t": array.T}, binary)
+    assert np.shares_memory(np.frombuffer(blobs[0], np.float32), array)
+    assert bytes(blobs[0]) == array.tobytes() and bytes(blobs[1]) == array.T.copy().tobytes()
     with pytest.raises(HttpError, match="not a tensor"):
         tensors.encode_answer("wf", "job-3", {"a": object()}, request)
 
