@@ -66,6 +66,8 @@ class E2EConfig:
     #: and as the simulator it is compared with runs them)
     host_lanes: int = SIM_WORKER.host_lanes
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    #: the workers schedule at step boundaries (``--preempt``)
+    preempt: bool = False
     #: off: every task runs one item at a time; on: tasks batch as the workload declares, and
     #: model tasks that declare no curve take ``batch_gain``'s (None: they do not batch)
     batching: bool = True
@@ -260,6 +262,7 @@ async def _cluster(
             "--heartbeat-min-ms", str(config.heartbeat_min_ms),
             "--host-lanes", str(config.host_lanes),
             *config.extra_args,
+            *(["--preempt"] if config.preempt else []),
         ]  # fmt: skip
         async with LocalCluster(workers, args=args) as cluster:
             yield cluster

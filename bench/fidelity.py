@@ -38,6 +38,7 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
                     heartbeat_s=heartbeat_s,
                     host_lanes=config.host_lanes,
                     warm_start=True,
+                    preempt=config.preempt,
                 ),
                 arrivals,
             ).summary()

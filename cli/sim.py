@@ -215,8 +215,9 @@ def sim(
     batch = batching_keywords(batching, batch_gain)
     runs_of, preempting = with_preemption(tuple(names), preempt.value)
     names = list(with_step_batching(runs_of, step_batch.value))
-    if preempting and (compare_real or traffic is not None):
-        fail("--preempt is for the plain simulation, --capacity and --goodput", 2)
+    if (preempting and traffic is not None) or (preempt == Preempt.both and compare_real):
+        fail("--preempt is for the plain simulation, --capacity, --goodput and (on, not both) "
+             "--compare-real", 2)  # fmt: skip
     if step_batch != Preempt.on and (compare_real or traffic is not None):
         fail("--step-batch is for the plain simulation, --capacity and --goodput", 2)
     if view == View.auto:
@@ -320,6 +321,7 @@ def sim(
             seed=seed,
             time_scale=time_scale_for(time_scale, spec),
             host_lanes=host_lanes,
+            preempt=preempting,
             **batch,
         )
         fidelity.run(real, json_path)

@@ -414,11 +414,15 @@ class Lanes:
             return self._left_batch(run, entry, now, cause)
         if run.pending:
             return []  # the rest of its batch is still to report
-        lead = run.entry
         if run.host:
             self._host_idle.append(run.lane)
-            self.host_queue.finish(lead)
+            self.host_queue.finish(run.entry)
             return []
+        return self._free(run, now, cause)
+
+    def _free(self, run: _Run, now: float, cause: Cause) -> list[Step]:
+        """``run``'s last entry ended: its GPU lane is free, its model unpinned."""
+        lead = run.entry
         self.version += 1
         self._idle.append(run.lane)
         self.queue.finish(lead)
@@ -436,12 +440,7 @@ class Lanes:
             return [] if run.stuck else self._decide(cause, self._join, run, now)
         if lead.group is not None and self._open.get(lead.group) is run:
             del self._open[lead.group]
-        self.version += 1
-        self._idle.append(run.lane)
-        self.queue.finish(lead)
-        if lead.model is not None and not run.stuck:
-            return self._decide(cause, self._unpin, lead.model, now)
-        return []
+        return self._free(run, now, cause)
 
     def _join(self, run: _Run, now: float) -> None:
         """Queued tasks of step batch ``run``'s group take its free seats, at its next step

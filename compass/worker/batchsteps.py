@@ -148,25 +148,22 @@ class StepBatches:
     def _unsuspended(self, entry: QueuedTask) -> bool:
         """Resumed ``entry`` is still seated (a real batch's thread had not reached the step
         where it would have parked it): it stays where it is. Whether it was."""
-        batch = self._of.get(entry)
-        if batch is None:
-            return False
-        with batch.lock:
-            for member in batch.members:
-                if member.outcome.entry is entry:
-                    member.suspended = False
-        return True
+        return self._mark(entry, suspended=False)
 
     def suspend(self, entry: QueuedTask) -> bool:
         """The core suspended member ``entry`` (the lone one of its batch). Whether it is a
         member here."""
+        return self._mark(entry, suspended=True)
+
+    def _mark(self, entry: QueuedTask, *, suspended: bool) -> bool:
+        """Mark seated member ``entry`` suspended or not; whether it is seated here."""
         batch = self._of.get(entry)
         if batch is None:
             return False
         with batch.lock:
             for member in batch.members:
                 if member.outcome.entry is entry:
-                    member.suspended = True
+                    member.suspended = suspended
         return True
 
     def stop(self, entries: tuple[QueuedTask, ...]) -> bool:

@@ -17,12 +17,13 @@ import codecs
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional
 
-__all__ = ["KVCache", "TinyConfig", "TinyLM", "generate"]
+__all__ = ["KVCache", "TinyConfig", "TinyLM", "generate", "prompt_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,23 @@ def _choose(logits: torch.Tensor, temperature: float, rng: torch.Generator) -> i
     return int(torch.multinomial(probs, 1, generator=rng))
 
 
+def prompt_ids(model: TinyLM, prompt: Any, max_new_tokens: Any) -> list[int]:
+    """The byte ids of ``prompt``, checked with ``max_new_tokens`` against the model's context
+    (a ValueError that says what is wrong otherwise)."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    ids = encode(prompt)
+    room = model.config.context - len(ids)
+    if not 0 <= max_new_tokens <= room:
+        raise ValueError(
+            f"max_new_tokens must be in [0, {room}]: the {len(ids)}-byte prompt leaves that "
+            f"much of the model's {model.config.context}-byte context, got {max_new_tokens}"
+        )
+    return ids
+
+
 def generate(
     model: TinyLM,
     prompt: str,
@@ -202,19 +220,9 @@ def generate(
     A piece is one byte's worth of text; a byte that only starts a multi-byte character yields
     nothing until the character is whole, so the pieces joined are always valid text.
     """
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    ids = encode(prompt)
-    room = model.config.context - len(ids)
-    if not 0 <= max_new_tokens <= room:
-        raise ValueError(
-            f"max_new_tokens must be in [0, {room}]: the {len(ids)}-byte prompt leaves that "
-            f"much of the model's {model.config.context}-byte context, got {max_new_tokens}"
-        )
+    ids = prompt_ids(model, prompt, max_new_tokens)
     rng = torch.Generator().manual_seed(seed)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     kv = None

@@ -35,7 +35,7 @@ from torch import nn
 
 import compass
 
-from .model import TinyLM, encode, generate
+from .model import TinyLM, generate, prompt_ids
 from .speech import PigLatin, Sentences, speak
 
 __all__ = [
@@ -111,17 +111,7 @@ def write_batched(model: nn.Module, seats: list[compass.Seat]) -> list[Any]:
 
 def _start(model: TinyLM, prompt: Any, max_new_tokens: Any) -> _Writing:
     """A seat's generation, its inputs checked as :func:`generate` checks them."""
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise ValueError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    ids = encode(prompt)
-    room = model.config.context - len(ids)
-    if not 0 <= max_new_tokens <= room:
-        raise ValueError(
-            f"max_new_tokens must be in [0, {room}]: the {len(ids)}-byte prompt leaves that "
-            f"much of the model's {model.config.context}-byte context, got {max_new_tokens}"
-        )
+    ids = prompt_ids(model, prompt, max_new_tokens)
     return _Writing(ids, max_new_tokens, codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
 

@@ -109,13 +109,16 @@ async def test_any_workload_in_the_spec_format_runs(tmp_path) -> None:
 
 
 def test_compare_real_reports_the_relative_difference_of_both_runs(tmp_path) -> None:
+    """On the paper's workload with steps, whose generations batch their steps, on workers
+    that preempt at step boundaries (``--preempt``), as the simulator does."""
     import json
 
     from compass._bench import fidelity
 
     config = e2e.E2EConfig(
-        workload=PAPER, workers=2, jobs=12, time_scale=0.05, policies=("compass", "hash")
-    )
+        workload=str(Path(PAPER).with_name("paper-steps.json")), workers=2, jobs=12,
+        time_scale=0.05, policies=("compass", "hash"), preempt=True,
+    )  # fmt: skip
     out = fidelity.run(config, str(tmp_path / "fidelity.json"))
     assert json.loads((tmp_path / "fidelity.json").read_text())["results"].keys() == {
         "compass",
