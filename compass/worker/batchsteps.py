@@ -51,7 +51,12 @@ class Running(Protocol):
     def report(self, outcomes: list[TaskOutcome]) -> None: ...
     def emulated(self, entry: QueuedTask, task: Task, *, partial: bool) -> Any: ...
     def stopped_error(self, entry: QueuedTask, steps: int) -> Exception: ...
-    def call(self, model: str | None, fn: Callable[[Any], Any]) -> asyncio.Future[Any]: ...
+    def call(
+        self, model: str | None, fn: Callable[[Any], Any], entry: QueuedTask
+    ) -> asyncio.Future[Any]: ...
+    def refresh(self, entry: QueuedTask) -> None: ...
+    def unwatch(self, work: asyncio.Future[Any]) -> None: ...
+    def timeout_error(self, entry: QueuedTask) -> Exception: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +85,9 @@ class _Batch:
     #: the thread is gone (a join then starts another)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    #: real: a step ran past the task's timeout and its members failed; the thread, when it
+    #: returns, reports nothing more
+    dead: bool = False
 
 
 class StepBatches:
@@ -290,14 +298,18 @@ class StepBatches:
             self._drive(batch, task, module, loop)
 
         def ended(work: asyncio.Future[Any]) -> None:  # on the loop
+            self._runner.unwatch(work)
             if not work.cancelled() and (error := work.exception()) is not None:
-                self._fail_all(batch, error)
+                if isinstance(error, TimeoutError):  # a step past the timeout: abandoned
+                    self._fail_all(batch, self._runner.timeout_error(lead), stuck=True)
+                else:
+                    self._fail_all(batch, error)
             with batch.lock:
                 over = batch.closed and not batch.joining
             if over and self._batches.get(batch.run.entry) is batch:
                 del self._batches[batch.run.entry]
 
-        work = self._runner.call(lead.model, body)
+        work = self._runner.call(lead.model, body, lead)
         work.add_done_callback(ended)
 
     def _drive(
@@ -336,6 +348,7 @@ class StepBatches:
                     member.size = max(member.size, len(members))
                 seats = [m.seat for m in members]
                 assert all(seat is not None for seat in seats)
+                loop.call_soon_threadsafe(runner.refresh, batch.run.entry)  # its timeout
                 try:
                     items = task.call_steps(module, seats)  # type: ignore[arg-type]
                 except Exception as exc:
@@ -346,6 +359,9 @@ class StepBatches:
                     members = []
                 else:
                     members = self._stepped(members, items, leaving, loop)
+            with batch.lock:
+                if batch.dead:  # its step ran past the timeout: its members failed then
+                    return
             if leaving:
                 loop.call_soon_threadsafe(self._leave, batch, leaving)
 
@@ -381,11 +397,16 @@ class StepBatches:
                 staying.append(member)
         return staying
 
-    def _fail_all(self, batch: _Batch, error: BaseException) -> None:
-        """The batch's thread failed outside the step function: every member fails."""
+    def _fail_all(self, batch: _Batch, error: BaseException, *, stuck: bool = False) -> None:
+        """The batch's thread failed outside the step function, or (``stuck``) a step ran
+        past the task's timeout: every member fails. A stuck thread runs on, its model pinned
+        until it returns (one member says so: the lane's run is stuck)."""
         with batch.lock:
             members = [*batch.members, *batch.joining]
             batch.members, batch.joining, batch.closed = [], [], True
+            batch.dead = stuck
         for member in members:
             member.outcome.error = error
+        if stuck and members:
+            members[0].outcome.still_running = True
         self._leave(batch, members)

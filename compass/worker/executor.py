@@ -196,9 +196,7 @@ class TaskRunner:
         if self.batches.handles(run):  # a step batch: its members come and go at its steps
             self.batches.start(run, outcomes)
             return
-        timeout_s = (
-            task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
-        ) * self._time_scale
+        timeout_s = self._limit_s(task)
         t0 = self._clock()
         tells = self._tells_steps(run.entry)
         if self._emulate or task.fn is None:
@@ -363,12 +361,40 @@ class TaskRunner:
     def stopped_error(self, entry: QueuedTask, steps: int) -> Exception:
         return TaskStopped(f"task {entry.task!r} stopped after {steps} steps")
 
-    def call(self, model: str | None, fn: Callable[[Any], Any]) -> asyncio.Future[Any]:
+    def call(
+        self, model: str | None, fn: Callable[[Any], Any], entry: QueuedTask
+    ) -> asyncio.Future[Any]:
         """``fn(module)`` in a task thread, in the model's compute scope, under inference
-        mode (a step batch's thread)."""
+        mode (the thread of ``entry``'s step batch), under ``entry``'s task timeout, which
+        :meth:`refresh` starts again at each step."""
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
-        return self._threads.run(asyncio.get_running_loop(), _scoped, fn, module, scope)
+        work = self._threads.run(asyncio.get_running_loop(), _scoped, fn, module, scope)
+        self.refresh(entry, work)
+        return work
+
+    def refresh(self, entry: QueuedTask, work: asyncio.Future[Any] | None = None) -> None:
+        """A step of ``entry``'s step batch begins: its timeout counts from now."""
+        work = self._work_of(entry) if work is None else work
+        if work is None or work.done():
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limit_s(self._lookup(entry.workflow, entry.task))
+        self._deadlines[work] = (deadline, entry)
+        if self._watchdog is None or deadline < self._watchdog.when():
+            self._arm(deadline)
+
+    def unwatch(self, work: asyncio.Future[Any]) -> None:
+        """A step batch's thread is done: no timeout to watch."""
+        self._deadlines.pop(work, None)
+
+    def timeout_error(self, entry: QueuedTask) -> CompassTimeout:
+        return self._timeout_error(self._lookup(entry.workflow, entry.task))
+
+    def _limit_s(self, task: Task) -> float:
+        """Seconds ``task`` may run (its ``timeout_ms``, else the worker's), time-scaled."""
+        limit = task.timeout_ms / 1000.0 if task.timeout_ms is not None else self._task_timeout_s
+        return limit * self._time_scale
 
     def suspend(self, entry: QueuedTask) -> None:
         """Step-wise ``entry`` gives its lane up at the boundary it just reported
@@ -396,9 +422,7 @@ class TaskRunner:
         entry = run.entry
         if (gate := self._gates.get(entry)) is not None and gate.suspended:
             if (work := self._work_of(entry)) is not None:  # its timeout starts again
-                task = self._lookup(entry.workflow, entry.task)
-                limit = (task.timeout_ms / 1000.0 if task.timeout_ms is not None
-                         else self._task_timeout_s) * self._time_scale  # fmt: skip
+                limit = self._limit_s(self._lookup(entry.workflow, entry.task))
                 self._deadlines[work] = (loop.time() + limit, entry)
                 self._arm(min(d for d, _ in self._deadlines.values()))
             gate.resume()

@@ -158,3 +158,30 @@ async def test_a_suspended_member_is_parked_and_resumes_where_it_stopped() -> No
     outcome = await run.outcome()
     assert outcome.error is None and outcome.output == 6  # its state was kept
     assert len(counter.calls) == 6 and outcome.lane == 1
+
+
+@pytest.mark.asyncio
+async def test_a_step_past_the_timeout_fails_the_seated_jobs_once_and_keeps_the_model() -> None:
+    release = threading.Event()
+    calls: list[int] = []
+
+    def stuck(model: Any, seats: list[compass.Seat]) -> list[Any]:
+        calls.append(len(seats))
+        if len(calls) == 2:
+            release.wait(10)  # the second step hangs
+        return [0] * len(seats)
+
+    task = make_task(stuck)
+    task = Task("t", "m", (), task.profile, fn=task.fn, batch=4, timeout_ms=300)
+    run = Runner(task)
+    returned: list[QueuedTask] = []
+    run.runner._on_returned = returned.append
+    a, b = run.entry("a", 9), run.entry("b", 9)
+    run.runner.start(RunTask(a, 0, False, 0.0, True, (b,)))
+    done = [await run.outcome() for _ in range(2)]
+    assert all("past its timeout" in str(o.error) for o in done)
+    assert [o.still_running for o in done].count(True) == 1  # one stuck thread, its model kept
+    release.set()
+    await asyncio.sleep(0.2)
+    assert run.outcomes.empty()  # the thread returned: nothing reported twice
+    assert returned == [a]  # and the worker heard it, so the model is unpinned
