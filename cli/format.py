@@ -11,7 +11,7 @@ __all__ = ["result_text", "status_lines"]
 
 def status_lines(info: dict[str, Any]) -> list[str]:
     """A worker's status (``Client.status()``): who it is, its peers, queue and cache, the view
-    it plans on, and the traces it keeps."""
+    it plans on, the traces it keeps, and the choices its last jobs decided at run time made."""
     peers = ", ".join(f"{p['name']}@{p['address']}" for p in info["peers"]) or "none"
     queue = info.get("queue", {})
     cache = info.get("cache", {})
@@ -67,6 +67,14 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             lines.append(
                 f"  {brief['job']} ({brief['workflow']}): {brief['latency_ms']:.1f} ms, "
                 f"{brief['tasks']} tasks, {state}"
+            )
+    taken = info.get("taken")
+    if taken:
+        lines.append("choices of the last jobs with run-time choices answered here:")
+        for job in taken:
+            lines.append(
+                f"  {job['job']} ({job['workflow']}, {job['outcome']}): {job['taken']}; "
+                f"{job['skipped']} tasks skipped"
             )
     return lines
 

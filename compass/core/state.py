@@ -60,6 +60,7 @@ from compass.core.links import Links, Sent
 from compass.core.messages import (
     JOB_INPUTS,
     OTHER_VERSION,
+    ChoseMsg,
     ChunkMsg,
     DoneMsg,
     FailedMsg,
@@ -349,6 +350,8 @@ class WorkerCore:
             self.ingress.failed(msg, now)
         elif isinstance(msg, PlacedMsg):
             self.ingress.placed(msg)
+        elif isinstance(msg, ChoseMsg):
+            self.ingress.chose(msg)
         elif isinstance(msg, ChunkMsg) and msg.to:
             self._fed(msg, now)
         elif isinstance(msg, ChunkMsg):

@@ -93,6 +93,14 @@ class Route:
     label: str = ""
 
 
+def _option(point: ChoicePoint, label: str | None) -> int | None:
+    """The index of ``point``'s option labelled ``label`` (None: none is)."""
+    try:
+        return None if label is None else point.labels.index(label)
+    except ValueError:
+        return None
+
+
 def draw(key: str) -> float:
     """A number in [0, 1) fixed by ``key``: the same on every host and in every run."""
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
@@ -237,6 +245,53 @@ class Unfolding:
     @staticmethod
     def _declared(point: ChoicePoint) -> list[str]:
         return [label for i, label in enumerate(point.labels) if i != point.stop]
+
+    def skipped_by(self, choices: Mapping[str, str]) -> tuple[str, ...]:
+        """The tasks a job skipped, from the ``choices`` its decision tasks made (task ->
+        label, as :class:`Route` names them), by the skip rule, in topological order. What
+        follows a decision task that ran but whose choice is not in ``choices`` is unknown:
+        not counted as skipped."""
+        ran, dead, unknown = 1, 0, -1
+        edge: dict[tuple[str, str], int] = {}
+        skipped = []
+        for task, preds in self._preds.items():  # topological order
+            ins = [edge[(p, task)] for p in preds]
+            state = ran if not ins or ran in ins else (dead if unknown not in ins else unknown)
+            if state == dead:
+                skipped.append(task)
+            point = self.points.get(task)
+            chosen = None if point is None else _option(point, choices.get(task))
+            for succ in self._succs[task]:
+                out = state
+                if state == ran and point is not None:
+                    optional = any(succ in option for option in point.options)
+                    if chosen is None:
+                        out = unknown if optional else ran
+                    elif optional and succ not in point.options[chosen]:
+                        out = dead
+                edge[(task, succ)] = out
+        return tuple(skipped)
+
+    def summary(self, choices: Mapping[str, str]) -> str:
+        """The ``choices`` a job's decision tasks made, by declared task, in words:
+        ``route: expert_a; llm: 3 iterations (search, code); retrieve: width 5``."""
+        made: dict[str, tuple[str, list[str]]] = {}
+        for task in self._preds:  # topological order: a loop's iterations in turn
+            label = choices.get(task)
+            point = self.points.get(task)
+            if label is not None and point is not None:
+                made.setdefault(self.origin.get(task, task), (point.kind, []))[1].append(label)
+        parts = []
+        for origin, (kind, labels) in made.items():
+            if kind == "loop":
+                extra = [label for label in labels if label not in ("again", "stop")]
+                n = len(labels)
+                text = f"{n} iteration{'' if n == 1 else 's'}"
+                parts.append(f"{origin}: {text}" + (f" ({', '.join(extra)})" if extra else ""))
+            else:
+                width = "width " if kind == "fanout" else ""
+                parts.append(f"{origin}: {width}{', '.join(labels)}")
+        return "; ".join(parts)
 
     def likely_successors(self, task: str) -> frozenset[str]:
         """The successors ``task`` runs when its choice takes its most likely option."""
