@@ -328,11 +328,13 @@ class Ingress:
         self._answer(job, now, error=failure_of(job, msg, refused=refused))
 
     def chose(self, msg: ChoseMsg) -> None:
-        """A decision task of the job chose: kept for the job's record."""
+        """A decision task of the job chose: kept for the job's record, and learned from
+        (:class:`~compass.workflow.frequencies.ChoiceFrequencies`)."""
         job = self.live(msg.job, msg.attempt)
         unfolding = None if job is None else job.workflow.unfold
         if job is not None and unfolding is not None and msg.task in unfolding.points:
             job.choices[msg.task] = msg.label
+            self._host.estimates.choices.observe(job.workflow, msg.task, msg.label)
 
     def placed(self, msg: PlacedMsg) -> None:
         job = self.live(msg.job, msg.attempt)

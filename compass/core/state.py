@@ -283,7 +283,9 @@ class WorkerCore:
             scope = PlanScope(info.workflow, (self.name, info.ingress))
             view = self.view.snapshot(now, without=info.job_id, priority=info.priority, scope=scope)
         plan = self.policy.plan(info, view, self.profiles, now)
-        self._note_placements(info, unfold.counted(info.workflow, plan), now)
+        workflow = info.workflow
+        likely = None if workflow.unfold is None else self.estimates.choices.likely(workflow)
+        self._note_placements(info, unfold.counted(workflow, plan, likely), now)
         return plan
 
     def _note_placements(self, info: JobInfo, placed: Mapping[str, str], now: float) -> None:

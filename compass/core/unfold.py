@@ -186,14 +186,18 @@ def _to(template: TaskMsg, task: str, source: str, value: Any) -> TaskMsg:
     )
 
 
-def counted(workflow: Workflow, plan: dict[str, str]) -> dict[str, str]:
+def counted(
+    workflow: Workflow, plan: dict[str, str], likely: Collection[str] | None = None
+) -> dict[str, str]:
     """What of a fresh ``plan`` counts as load on its workers: every task of a static workflow,
-    the likely ones of an unrolled one (:attr:`~compass.workflow.choices.Unfolding.likely`):
-    the branches, copies and iterations a job will not take would count as work that never
-    comes until the next heartbeats."""
+    the likely ones of an unrolled one (``likely``, as the ingress learned them; default
+    :attr:`~compass.workflow.choices.Unfolding.likely`, by the declared weights): the
+    branches, copies and iterations a job will not take would count as work that never comes
+    until the next heartbeats."""
     if workflow.unfold is None:
         return plan
-    likely = workflow.unfold.likely
+    if likely is None:
+        likely = workflow.unfold.likely
     return {t: w for t, w in plan.items() if t in likely}
 
 

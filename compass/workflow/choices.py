@@ -7,7 +7,7 @@ hold an :class:`Unfolding` without importing what builds it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -78,6 +78,14 @@ class ChoicePoint:
     weights: tuple[float, ...]
     copies: tuple[str, ...] = ()
     stop: int = -1
+    #: the weights planning starts from where they are not ``weights`` (a workload spec's
+    #: ``prior``: a deliberately wrong declaration, to test learning); None: ``weights``
+    prior: tuple[float, ...] | None = None
+
+    @property
+    def expected(self) -> tuple[float, ...]:
+        """The weights planning starts from (before anything is learned)."""
+        return self.weights if self.prior is None else self.prior
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,18 +134,27 @@ class Unfolding:
         self.origin = MappingProxyType(dict(origin))
         self._preds = preds
         self._succs = succs
-        #: the tasks a job runs when every choice takes its most likely option (``preds`` is
-        #: in topological order): what planning counts as load before the choices are made
-        self.likely = frozenset(self._likely())
+        #: the tasks a job runs when every choice takes its most likely option by the
+        #: declared weights: what planning counts as load before the choices are made (until
+        #: the ingress learned otherwise: :meth:`likely_under`)
+        self.likely = self.likely_under({})
 
-    def _likely(self) -> list[str]:
+    def with_points(self, points: Mapping[str, ChoicePoint], declared: object) -> Unfolding:
+        """The same unrolled graph with ``points`` (the same options, other weights) and
+        ``declared``."""
+        return Unfolding(points, self.origin, self._preds, self._succs, declared)
+
+    def likely_under(self, weights: Mapping[str, Sequence[float]]) -> frozenset[str]:
+        """The tasks a job runs when every choice takes its most likely option, decision task
+        ``t``'s options weighing ``weights[t]`` (learned), or as declared where ``t`` is not
+        in ``weights``."""
         ran: list[str] = []
         taken: set[str] = set()
-        for t, preds in self._preds.items():
+        for t, preds in self._preds.items():  # topological order
             if not preds or t in taken:
                 ran.append(t)
-                taken |= self.likely_successors(t)
-        return ran
+                taken |= self.likely_successors(t, weights.get(t))
+        return frozenset(ran)
 
     def route(self, task: str, output: Any, key: str, *, emulated: bool) -> Route:
         """Where ``task``'s ``output`` goes; a decision task's choice is resolved here (drawn
@@ -293,11 +310,15 @@ class Unfolding:
                 parts.append(f"{origin}: {width}{', '.join(labels)}")
         return "; ".join(parts)
 
-    def likely_successors(self, task: str) -> frozenset[str]:
-        """The successors ``task`` runs when its choice takes its most likely option."""
+    def likely_successors(
+        self, task: str, weights: Sequence[float] | None = None
+    ) -> frozenset[str]:
+        """The successors ``task`` runs when its choice takes its most likely option (by
+        ``weights``, else as declared)."""
         point = self.points.get(task)
         if point is None:
             return frozenset(self._succs[task])
-        best = max(range(len(point.weights)), key=point.weights.__getitem__)
+        expected = point.expected if weights is None else weights
+        best = max(range(len(expected)), key=expected.__getitem__)
         others = {s for i, o in enumerate(point.options) if i != best for s in o}
         return frozenset(self._succs[task]) - (others - point.options[best])

@@ -309,3 +309,36 @@ def test_the_ingress_records_the_choices_a_job_made_and_the_tasks_it_skipped() -
     # not skipped
     assert AGENT.unfold is not None
     assert AGENT.unfold.skipped_by({"think@0": "look"}) == ("act@0",)
+
+
+def test_the_ingress_learns_the_likely_path_from_the_choices_it_hears() -> None:
+    """Declared, the agent likely loops four times with its first tool; its jobs here all
+    stop at the third step after a look and an act. The ingress learns that path from the
+    choices reported to it, and plans and ranks with it (its best time moves too)."""
+    cluster = Cluster()
+    spread(cluster)
+    core = cluster.cores["a"]
+    assert AGENT.unfold is not None
+    declared = AGENT.unfold.likely
+    best_before = core.estimates.best_s(AGENT)
+    counted_before = _counted(cluster, "before")
+    for k in range(40):
+        cluster.submit(f"a-{k}", "agent", x=0)
+    ran = set(cluster.tasks_run("a-0"))
+    assert core.estimates.choices.likely(AGENT) == ran != declared
+    assert core.estimates.best_s(AGENT) < best_before  # three steps, not four
+    # a fresh plan counts as load what the job will now likely run: two tasks fewer
+    assert _counted(cluster, "after") == counted_before - 2
+    # and tells its peers the decision tasks whose likely option moved
+    assert ("agent", "think@2", 2) in core.estimates.choices.spread()
+
+
+def _counted(cluster: Cluster, job: str) -> int:
+    """How many tasks a fresh plan of an agent job at busy worker a counts on its peers."""
+    view = cluster.views["a"]
+    view.placed.clear()
+    waits = dict(view.waits)
+    view.waits["a"] = 5.0
+    cluster.cores["a"].handle(Submit(cluster.now, job, "agent", {"x": 0}, 8, cluster.now))
+    view.waits.update(waits)
+    return len(view.placed)
