@@ -9,12 +9,18 @@ from typing import Any
 
 import pytest
 
+from compass.config import WorkerConfig
+from compass.core.assemble import CoreOptions, build_core
+from compass.core.events import Heard
 from compass.errors import ProtocolError, WorkflowError
+from compass.gossip.port import GossipPort
+from compass.sched import make_policy
 from compass.sched.heartbeat import Heartbeat
 from compass.workflow import Profiles, Task, TaskProfile
 from compass.workflow.spec import parse_workload, workload_to_dict
 from compass.workflow.unfold import Branch, unfold_workflow
 
+from ..worker.test_state import GB, resident_cache
 from .test_spec import small
 
 
@@ -26,7 +32,9 @@ def router(to: dict[str, float] | None = None) -> Any:
 
 
 def profiles(*workflows: Any) -> Profiles:
-    return Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, workflows=workflows)
+    return Profiles(
+        h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, workflows=workflows, model_sizes={"m": GB}
+    )
 
 
 def test_the_likely_path_follows_the_choices_heard_from_the_declared_prior() -> None:
@@ -103,3 +111,26 @@ def test_a_spec_prior_plans_from_other_weights_than_the_draws_follow() -> None:
     spec["workflows"]["wf"]["prior"] = {"branches": {"route": {"p": 1}}}
     with pytest.raises(WorkflowError):
         parse_workload(spec)
+
+
+def test_a_worker_s_heartbeat_carries_what_it_learned_to_a_peer_s_core() -> None:
+    """Through the real pieces: a core whose ingress learned (its gossip port's own state
+    carries it) and a peer core that hears that state and ranks with the learned path."""
+    wf = router()
+    cores, ports = {}, {}
+    for name in ("a", "b"):
+        prof = profiles(wf)
+        ports[name] = GossipPort(name, WorkerConfig(name=name), profiles=prof)
+        cores[name] = build_core(
+            name, workflows={"router": wf}, policy=make_policy("compass"), profiles=prof,
+            view=ports[name], cache=resident_cache("m"), options=CoreOptions(warm=False),
+        )  # fmt: skip
+        ports[name].attach(cores[name])
+    best_declared = cores["b"].estimates.best_s(wf)
+    for _ in range(40):
+        cores["a"].estimates.choices.observe(wf, "route", "q")
+    state = ports["a"].own_state(0.0)
+    assert state.choices == (("router", "route", 1),)
+    cores["b"].handle(Heard(0.0, Heartbeat.from_wire(state.to_wire())))
+    assert cores["b"].estimates.choices.likely(wf) == {"route", "q"}
+    assert cores["b"].estimates.best_s(wf) < best_declared  # q (20 ms), not p (50 ms)
