@@ -51,6 +51,7 @@ def status_lines(info: dict[str, Any]) -> list[str]:
                 f"  {row['name']}: wait {row['wait_ms']:.1f} ms, models {row['models']}, "
                 f"age {row['age_ms']:.1f} ms, placements counted {row['placements_counted']}"
                 f"{_version(row.get('version'))}{_learned(row.get('learned'))}"
+                f"{_choices(row.get('choices'))}"
             )
     view = info.get("view", {})
     if view.get("version"):
@@ -91,6 +92,15 @@ def _learned(learned: list[dict[str, Any]] | None) -> str:
         f"{e['workflow']}/{e['task']} {e['ms']:.1f} ms ({e['runs']} runs)" for e in learned
     )
     return f", learned {times}"
+
+
+def _choices(learned: list[dict[str, Any]] | None) -> str:
+    """The choices a worker learned that moved a likely path: ``agent/llm@0 search``."""
+    if not learned:
+        return ""
+    return ", learned choices " + ", ".join(
+        f"{e['workflow']}/{e['task']} {e['likely']}" for e in learned
+    )
 
 
 def result_text(value: Any) -> str:

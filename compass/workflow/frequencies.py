@@ -187,6 +187,15 @@ class ChoiceFrequencies:
                 learned.adopted = adopted
                 learned.relikely()
 
+    def label(self, workflow: str, task: str, option: int) -> str:
+        """The label of decision task ``task``'s option ``option`` (its index, as spread), or
+        the index as text where this worker does not know it."""
+        wf = self._workflow(workflow)
+        point = None if wf is None or wf.unfold is None else wf.unfold.points.get(task)
+        if point is None or not 0 <= option < len(point.labels):
+            return str(option)
+        return point.labels[option]
+
     def describe(self, workflow: Workflow) -> dict[str, dict[str, float]]:
         """The weights ``workflow``'s decision tasks learned here, by label (only those that
         heard a choice)."""

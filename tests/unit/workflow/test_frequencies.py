@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cli.format import status_lines
 from compass.config import WorkerConfig
 from compass.core.assemble import CoreOptions, build_core
 from compass.core.events import Heard
@@ -134,3 +135,15 @@ def test_a_worker_s_heartbeat_carries_what_it_learned_to_a_peer_s_core() -> None
     cores["b"].handle(Heard(0.0, Heartbeat.from_wire(state.to_wire())))
     assert cores["b"].estimates.choices.likely(wf) == {"route", "q"}
     assert cores["b"].estimates.best_s(wf) < best_declared  # q (20 ms), not p (50 ms)
+
+
+def test_compass_status_names_the_choices_a_worker_spread() -> None:
+    wf = router()
+    learned = profiles(wf).choices
+    assert learned.label("router", "route", 1) == "q"
+    assert learned.label("router", "route", 9) == "9" and learned.label("x", "y", 0) == "0"
+    row = {"name": "a", "wait_ms": 0.0, "models": [], "age_ms": 1.0, "placements_counted": 0,
+           "choices": [{"workflow": "router", "task": "route", "likely": "q"}]}  # fmt: skip
+    info = {"name": "a", "address": "x:1", "version": "0", "uptime_s": 1.0, "peers": [],
+            "cluster": [row]}  # fmt: skip
+    assert any("learned choices router/route q" in line for line in status_lines(info))
