@@ -11,7 +11,7 @@ __all__ = ["result_text", "status_lines"]
 
 def status_lines(info: dict[str, Any]) -> list[str]:
     """A worker's status (``Client.status()``): who it is, its peers, queue and cache, the view
-    it plans on, and the traces it keeps."""
+    it plans on, the traces it keeps, and the choices its last jobs decided at run time made."""
     peers = ", ".join(f"{p['name']}@{p['address']}" for p in info["peers"]) or "none"
     queue = info.get("queue", {})
     cache = info.get("cache", {})
@@ -51,6 +51,7 @@ def status_lines(info: dict[str, Any]) -> list[str]:
                 f"  {row['name']}: wait {row['wait_ms']:.1f} ms, models {row['models']}, "
                 f"age {row['age_ms']:.1f} ms, placements counted {row['placements_counted']}"
                 f"{_version(row.get('version'))}{_learned(row.get('learned'))}"
+                f"{_choices(row.get('choices'))}"
             )
     view = info.get("view", {})
     if view.get("version"):
@@ -68,6 +69,14 @@ def status_lines(info: dict[str, Any]) -> list[str]:
                 f"  {brief['job']} ({brief['workflow']}): {brief['latency_ms']:.1f} ms, "
                 f"{brief['tasks']} tasks, {state}"
             )
+    taken = info.get("taken")
+    if taken:
+        lines.append("choices of the last jobs with run-time choices answered here:")
+        for job in taken:
+            lines.append(
+                f"  {job['job']} ({job['workflow']}, {job['outcome']}): {job['taken']}; "
+                f"{job['skipped']} tasks skipped"
+            )
     return lines
 
 
@@ -83,6 +92,15 @@ def _learned(learned: list[dict[str, Any]] | None) -> str:
         f"{e['workflow']}/{e['task']} {e['ms']:.1f} ms ({e['runs']} runs)" for e in learned
     )
     return f", learned {times}"
+
+
+def _choices(learned: list[dict[str, Any]] | None) -> str:
+    """The choices a worker learned that moved a likely path: ``agent/llm@0 search``."""
+    if not learned:
+        return ""
+    return ", learned choices " + ", ".join(
+        f"{e['workflow']}/{e['task']} {e['likely']}" for e in learned
+    )
 
 
 def result_text(value: Any) -> str:

@@ -384,7 +384,8 @@ class WorkflowBuilder:
     def build(self) -> Workflow:
         return unfold_workflow(
             self.name, self._tasks, inputs=self.inputs, best_ms=self.best_ms,
-            slo_ms=self.slo_ms, slo_x=self.slo_x, **self._choices,
+            slo_ms=self.slo_ms, slo_x=self.slo_x, branches=self._choices["branches"],
+            fanouts=self._choices["fanouts"], loops=self._choices["loops"],
         )  # fmt: skip
 
 

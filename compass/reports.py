@@ -200,6 +200,13 @@ class JobRecord:
     #: seconds from its submission to its answer, in the ingress's clock (workload time
     #: on an emulated worker)
     latency_s: float
+    #: of a workflow decided at run time (else empty): each decision task that ran -> its
+    #: choice (a branch's successor, a fan-out's width, a loop's "again" or "stop"), the same
+    #: in words by declared task (``route: expert_a; refine: 3 iterations``), and the tasks
+    #: of the unrolled workflow the job skipped
+    choices: Mapping[str, str] = field(default_factory=dict)
+    taken: str = ""
+    skipped: tuple[str, ...] = ()
 
     @classmethod
     def from_wire(cls, wire: Any) -> JobRecord:
@@ -222,15 +229,38 @@ class JobRecord:
             deadline_s=None if deadline is None else float(deadline),
             ok=_field(w, "ok", bool, what),
             latency_s=float(_field(w, "latency_s", (int, float), what)),
+            **_taken(w),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The record as the worker sent it (a map of its fields)."""
-        return {
+        out = {
             "job": self.job, "workflow": self.workflow, "plan": dict(self.plan),
             "attempts": self.attempts, "key": self.key, "priority": self.priority,
             "deadline_s": self.deadline_s, "ok": self.ok, "latency_s": self.latency_s,
         }  # fmt: skip
+        if self.choices or self.taken or self.skipped:
+            out |= {"choices": dict(self.choices), "taken": self.taken}
+            out["skipped"] = list(self.skipped)
+        return out
+
+
+def _taken(w: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's choices, their words and its skipped tasks (absent: a static workflow's
+    record, or an older worker's)."""
+    choices = w.get("choices", {})
+    skipped = w.get("skipped", [])
+    if (
+        not isinstance(choices, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in choices.items())
+        or not isinstance(skipped, list)
+        or not all(isinstance(t, str) for t in skipped)
+    ):
+        raise ProtocolError("a worker's job record has choices or skipped tasks not of names")
+    taken = w.get("taken", "")
+    if not isinstance(taken, str):
+        raise ProtocolError("a worker's job record has a 'taken' that is not a string")
+    return {"choices": dict(choices), "taken": taken, "skipped": tuple(skipped)}
 
 
 def _named_rows(kind: type[_T], fields: Any, rows: Any, what: str) -> list[_T]:

@@ -4,8 +4,9 @@ Expected: a workflow's best time, each task's remaining critical path, a model's
 job's deadline, where a task ranks in the queue, when a plan would finish; and, from these,
 the queue entry of a task whose inputs are all here (cached per profile version: the
 estimates move when the profiles do). Learned (a learning core, in real mode): measured runs,
-output sizes, pushes and loads, and the task times and bandwidths peers measured. Sans-IO;
-only the core calls it, from its events.
+output sizes, pushes and loads, and the task times and bandwidths peers measured; and, by
+every core, the choice frequencies of the jobs it is the ingress of
+(:attr:`Estimates.choices`). Sans-IO; only the core calls it, from its events.
 """
 
 from __future__ import annotations
@@ -59,8 +60,12 @@ class Estimates:
         self.policy = policy
         self.profiles = profiles
         self.host_lanes = host_lanes
-        #: workflow -> (its profile version, its best time in seconds), for deadline order
-        self._best: dict[str, tuple[int, float]] = {}
+        #: the choice frequencies of workflows decided at run time: learned by the ingress,
+        #: spread with the heartbeats (the profiles' own)
+        self.choices = profiles.choices
+        #: workflow -> (its profile and choice versions, its best time in seconds), for
+        #: deadline order
+        self._best: dict[str, tuple[tuple[int, int], float]] = {}
         #: workflow -> (its profile version, each task's remaining critical path), for shedding
         self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
         #: cost tables for estimating when a plan finishes (admission by deadline)
@@ -99,7 +104,8 @@ class Estimates:
 
     def adopt(self, heartbeat: Heartbeat) -> None:
         """What a peer measured, from its heartbeat: the task times it learned (a model's load
-        time spreads as its bandwidth), and its host-to-device bandwidth."""
+        time spreads as its bandwidth), the choices it learned, and its host-to-device
+        bandwidth."""
         learned = heartbeat.learned
         if learned and self._adopted.get(heartbeat.name) != learned:
             if len(self._adopted) >= ADOPTED_KEPT:
@@ -107,6 +113,7 @@ class Estimates:
             self._adopted[heartbeat.name] = learned
             for workflow, task, seconds, samples in learned:
                 self.profiles.adopt_exec(workflow, task, heartbeat.name, seconds, samples)
+        self.choices.adopt(heartbeat.name, heartbeat.choices)
         self.adopt_h2d(heartbeat)
 
     def adopt_h2d(self, heartbeat: Heartbeat) -> None:
@@ -133,12 +140,17 @@ class Estimates:
         return None
 
     def best_s(self, workflow: Workflow) -> float:
-        """``workflow``'s computed best time, kept per profile version."""
-        version = self.profiles.workflow_version(workflow.name)
-        known = self._best.get(workflow.name)
+        """``workflow``'s computed best time (of a workflow decided at run time: of its likely
+        path, as learned), kept per profile and choice version."""
+        name = workflow.name
+        version = (self.profiles.workflow_version(name), self.choices.version(name))
+        known = self._best.get(name)
         if known is None or known[0] != version:  # the estimates moved
-            typical = likely_workflow(workflow)  # a static one is itself
-            known = self._best[workflow.name] = (version, best_time_s(typical, self.profiles))
+            if workflow.unfold is None:
+                typical = workflow
+            else:  # a typical job: the likely path, as learned
+                typical = likely_workflow(workflow, self.choices.likely(workflow))
+            known = self._best[name] = (version, best_time_s(typical, self.profiles))
         return known[1]
 
     def fetch_s(self, model: str) -> float:

@@ -34,6 +34,7 @@ from compass.core.messages import (
     JOB_INPUTS,
     LINK_LOST,
     OTHER_VERSION,
+    ChoseMsg,
     ChunkMsg,
     FailedMsg,
     PeerMessage,
@@ -220,6 +221,7 @@ class Ingress:
         job.attempt += 1
         host.links.forget(job.job_id, job.attempt)
         job.outputs.clear()
+        job.choices.clear()
         if lost in old_workers:
             old_workers.discard(lost)
             host.links.owe_done(lost, job.job_id, job.attempt)
@@ -324,6 +326,15 @@ class Ingress:
             return
         stats.jobs_failed += 1
         self._answer(job, now, error=failure_of(job, msg, refused=refused))
+
+    def chose(self, msg: ChoseMsg) -> None:
+        """A decision task of the job chose: kept for the job's record, and learned from
+        (:class:`~compass.workflow.frequencies.ChoiceFrequencies`)."""
+        job = self.live(msg.job, msg.attempt)
+        unfolding = None if job is None else job.workflow.unfold
+        if job is not None and unfolding is not None and msg.task in unfolding.points:
+            job.choices[msg.task] = msg.label
+            self._host.estimates.choices.observe(job.workflow, msg.task, msg.label)
 
     def placed(self, msg: PlacedMsg) -> None:
         job = self.live(msg.job, msg.attempt)

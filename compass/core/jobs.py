@@ -73,6 +73,8 @@ class IngressJob:
     deadline: float | None = None
     #: its caller reads its sinks' partial outputs as they are made
     stream: bool = False
+    #: decision task -> the choice it made (a workflow decided at run time), as reported
+    choices: dict[str, str] = field(default_factory=dict)
 
     def involves(self, worker: str) -> bool:
         return worker in self.plan.values()
@@ -81,8 +83,11 @@ class IngressJob:
         return set(self.plan.values())
 
     def record(self, now: float, *, ok: bool) -> dict[str, Any]:
-        """What the ingress keeps of the job answered at ``now`` (its answer record)."""
-        return {
+        """What the ingress keeps of the job answered at ``now`` (its answer record); of a
+        workflow decided at run time, also the choices its decision tasks made (``choices``:
+        task -> label; ``taken``: the same in words, :meth:`Unfolding.summary
+        <compass.workflow.choices.Unfolding.summary>`) and the tasks it skipped."""
+        record: dict[str, Any] = {
             "job": self.job_id,
             "workflow": self.workflow.name,
             "plan": dict(self.plan),
@@ -94,6 +99,12 @@ class IngressJob:
             "ok": ok,
             "latency_s": now - self.submitted_at,
         }
+        unfolding = self.workflow.unfold
+        if unfolding is not None:  # a workflow decided at run time: what this job took
+            record["choices"] = dict(self.choices)
+            record["taken"] = unfolding.summary(self.choices)
+            record["skipped"] = list(unfolding.skipped_by(self.choices))
+        return record
 
 
 @dataclass(slots=True)

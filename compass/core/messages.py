@@ -26,6 +26,8 @@ __all__ = [
     "JOB_INPUTS",
     "LINK_LOST",
     "OTHER_VERSION",
+    "PEER_MESSAGES",
+    "ChoseMsg",
     "ChunkMsg",
     "DoneMsg",
     "FailedMsg",
@@ -337,6 +339,32 @@ class PlacedMsg:
 
 
 @dataclass(frozen=True, slots=True)
+class ChoseMsg:
+    """Decision task ``task`` of a workflow decided at run time chose ``label`` (a branch's
+    successor, a fan-out's width, a loop's "again" or "stop"): for the job's ingress, which
+    records it with the job and learns the workflow's choice frequencies from it."""
+
+    op: ClassVar[str] = "chose"
+    job: str
+    attempt: int
+    task: str
+    label: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"job": self.job, "att": self.attempt, "task": self.task, "label": self.label}
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> ChoseMsg:
+        op = cls.op
+        return cls(
+            job=_field(body, "job", str, op),
+            attempt=_field(body, "att", int, op),
+            task=_field(body, "task", str, op),
+            label=_field(body, "label", str, op),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class DoneMsg:
     """Drop what is held of the job: every attempt (``below`` None: it was answered or
     abandoned), or the attempts below ``below`` (it was re-planned)."""
@@ -399,11 +427,14 @@ class PlanReply:
         return body
 
 
-PeerMessage: TypeAlias = TaskMsg | ResultMsg | FailedMsg | PlacedMsg | DoneMsg | ChunkMsg
+PeerMessage: TypeAlias = TaskMsg | ResultMsg | FailedMsg | PlacedMsg | DoneMsg | ChunkMsg | ChoseMsg
 
-_BY_OP: dict[str, type[PeerMessage]] = {
-    cls.op: cls for cls in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg)
-}
+#: every peer message type, by its ``op``
+PEER_MESSAGES: tuple[type[PeerMessage], ...] = (
+    TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg, ChoseMsg,
+)  # fmt: skip
+
+_BY_OP: dict[str, type[PeerMessage]] = {cls.op: cls for cls in PEER_MESSAGES}
 
 
 def decode(op: str, body: Any) -> PeerMessage:

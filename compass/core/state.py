@@ -60,6 +60,7 @@ from compass.core.links import Links, Sent
 from compass.core.messages import (
     JOB_INPUTS,
     OTHER_VERSION,
+    ChoseMsg,
     ChunkMsg,
     DoneMsg,
     FailedMsg,
@@ -282,7 +283,9 @@ class WorkerCore:
             scope = PlanScope(info.workflow, (self.name, info.ingress))
             view = self.view.snapshot(now, without=info.job_id, priority=info.priority, scope=scope)
         plan = self.policy.plan(info, view, self.profiles, now)
-        self._note_placements(info, unfold.counted(info.workflow, plan), now)
+        workflow = info.workflow
+        likely = None if workflow.unfold is None else self.estimates.choices.likely(workflow)
+        self._note_placements(info, unfold.counted(workflow, plan, likely), now)
         return plan
 
     def _note_placements(self, info: JobInfo, placed: Mapping[str, str], now: float) -> None:
@@ -349,6 +352,8 @@ class WorkerCore:
             self.ingress.failed(msg, now)
         elif isinstance(msg, PlacedMsg):
             self.ingress.placed(msg)
+        elif isinstance(msg, ChoseMsg):
+            self.ingress.chose(msg)
         elif isinstance(msg, ChunkMsg) and msg.to:
             self._fed(msg, now)
         elif isinstance(msg, ChunkMsg):

@@ -50,7 +50,9 @@ from compass.core.events import (
     WatchFailed,
     stimulus_id,
 )
+from compass.core.messages import ChoseMsg, TaskMsg
 from compass.stimuli import Stimulus, StimulusLog
+from compass.workflow.choices import is_skipped
 
 __all__ = ["CoreLog", "Stimulus", "stimulus", "worth_keeping"]
 
@@ -136,7 +138,12 @@ def _did(step: Instruction, about: list[str]) -> str:
         msg = step.msg
         about += (step.peer, msg.job)
         task = getattr(msg, "task", None)
-        return f"send {msg.op} {msg.job}{'' if task is None else '/' + task} to {step.peer}"
+        what = f"{msg.job}{'' if task is None else '/' + task}"
+        if isinstance(msg, ChoseMsg):  # a run-time choice, for the job's ingress
+            return f"send chose {what}: {msg.label} to {step.peer}"
+        if isinstance(msg, TaskMsg) and is_skipped(msg.value):
+            return f"send skip {what} (from {msg.source}) to {step.peer}"
+        return f"send {msg.op} {what} to {step.peer}"
     if isinstance(step, RunTask):
         entry = step.entry
         about.append(entry.job_id)

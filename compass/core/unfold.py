@@ -1,7 +1,8 @@
 """Workflows decided at run time, in the worker core (sans-IO): choices made, skips passed on.
 
 A task of an unrolled workflow (:mod:`compass.workflow.unfold`) that finishes sends its output
-along the route its :class:`~compass.workflow.choices.Unfolding` gives: the successors its
+along the route its :class:`~compass.workflow.choices.Unfolding` gives (a decision task first
+tells the job's ingress its choice, a :class:`~compass.core.messages.ChoseMsg`): the successors its
 choice runs get the output, the tasks that still wait on a skipped one get a skip mark (a
 :class:`~compass.core.messages.TaskMsg` whose value is :data:`SKIPPED`), and the sinks that
 will never run are reported to the ingress as skipped, so that it answers once every sink ran
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from compass.core.jobs import IngressJob
-from compass.core.messages import PeerMessage, ResultMsg, TaskMsg
+from compass.core.messages import ChoseMsg, PeerMessage, ResultMsg, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError
 from compass.sched import Policy
@@ -126,6 +127,9 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
         finish=entry.finish,
         stream=entry.stream,
     )
+    if entry.task in unfolding.points:  # the choice, for the job's record (sent first)
+        choice = ChoseMsg(entry.job_id, entry.attempt, entry.task, route.label)
+        core.send(entry.ingress, choice, now)
     if not workflow.succs(entry.task):
         core.send(entry.ingress, ResultMsg(entry.job_id, entry.attempt, entry.task, output), now)
     elif entry.task in unfolding.points and chains_steps(core.policy) and route.sends:
@@ -182,14 +186,18 @@ def _to(template: TaskMsg, task: str, source: str, value: Any) -> TaskMsg:
     )
 
 
-def counted(workflow: Workflow, plan: dict[str, str]) -> dict[str, str]:
+def counted(
+    workflow: Workflow, plan: dict[str, str], likely: Collection[str] | None = None
+) -> dict[str, str]:
     """What of a fresh ``plan`` counts as load on its workers: every task of a static workflow,
-    the likely ones of an unrolled one (:attr:`~compass.workflow.choices.Unfolding.likely`):
-    the branches, copies and iterations a job will not take would count as work that never
-    comes until the next heartbeats."""
+    the likely ones of an unrolled one (``likely``, as the ingress learned them; default
+    :attr:`~compass.workflow.choices.Unfolding.likely`, by the declared weights): the
+    branches, copies and iterations a job will not take would count as work that never comes
+    until the next heartbeats."""
     if workflow.unfold is None:
         return plan
-    likely = workflow.unfold.likely
+    if likely is None:
+        likely = workflow.unfold.likely
     return {t: w for t, w in plan.items() if t in likely}
 
 

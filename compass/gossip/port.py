@@ -221,7 +221,9 @@ class GossipPort:
             self.incarnation,
             LaneLoad(wait_s, lifted_s, lanes.lanes, lanes.busy, batches),
             CacheHeld(models, loading, cache.free_bytes(), cache.capacity_bytes(), h2d),
-            Serving(self.version, self._profiles.learned_of(self.name)),
+            Serving(
+                self.version, self._profiles.learned_of(self.name), self._profiles.choices.spread()
+            ),
         )
 
     def next_state(self, now: float) -> Heartbeat:

@@ -227,7 +227,8 @@ class WorkerMetrics:
             deadline_s = float(deadline_s)
             kept = self._slo_answered(record, error, deadline_s, latency)
         priority = int(record.get("priority", 0))
-        self.timeline.job_answered(job, workflow, latency, deadline_s, kept, priority)
+        taken = (str(record.get("taken", "")), len(record.get("skipped", ())))
+        self.timeline.job_answered(job, workflow, latency, deadline_s, kept, priority, taken)
         if self.enabled:
             self.job_latency.labels(workflow, outcome).observe(latency)
         if outcome == "ok" and not log.isEnabledFor(logging.DEBUG):

@@ -113,6 +113,10 @@ class JobEnd(NamedTuple):
     #: ``failed``, ``cancelled`` (the rest: ``failed`` too for a deadline job that failed)
     outcome: str
     priority: int
+    #: of a workflow decided at run time: the choices it made, in words (``route: expert_a;
+    #: refine: 3 iterations``), and how many tasks of its unrolled workflow it skipped
+    taken: str = ""
+    skipped: int = 0
 
 
 #: the wire and JSON form of a span or a job: a list of its fields in this order (a map per
@@ -192,10 +196,12 @@ class Timeline:
         deadline_s: float | None,
         outcome: str,
         priority: int = 0,
+        taken: tuple[str, int] = ("", 0),
     ) -> None:
-        """Record a job answered now at this ingress."""
+        """Record a job answered now at this ingress (``taken``: its choices in words and the
+        tasks it skipped, of a workflow decided at run time)."""
         self.jobs.append(
-            JobEnd(job, workflow, self._wall(), latency_s, deadline_s, outcome, priority)
+            JobEnd(job, workflow, self._wall(), latency_s, deadline_s, outcome, priority, *taken)
         )
 
     def export(self, after: int, limit: int) -> dict[str, Any]:
@@ -219,6 +225,16 @@ class Timeline:
         """The spans that ended in the last ``window_s`` seconds, oldest first, at most the
         newest ``limit``; and whether ``limit`` cut some off."""
         return _recent(self.spans, self._wall() - window_s, limit)
+
+    def recent_taken(self, limit: int) -> list[JobEnd]:
+        """The last ``limit`` jobs of workflows decided at run time, oldest first."""
+        out: list[JobEnd] = []
+        for row in reversed(self.jobs):
+            if len(out) == limit:
+                break
+            if row.taken:
+                out.append(row)
+        return out[::-1]
 
     def recent_jobs(self, window_s: float, limit: int) -> tuple[list[JobEnd], bool]:
         """The jobs answered in the last ``window_s`` seconds, likewise."""

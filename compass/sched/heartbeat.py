@@ -17,6 +17,7 @@ from typing import Any
 from compass.errors import ConfigError, ProtocolError
 from compass.objective import MAX_PRIORITY
 from compass.records import record
+from compass.workflow.frequencies import Likely
 from compass.workflow.profile import Learned
 
 __all__ = [
@@ -72,6 +73,7 @@ class Serving:
 
     version: str
     learned: tuple[Learned, ...]
+    choices: tuple[Likely, ...] = ()
 
 
 # made for every job (a worker's own state): a record, frozen by convention
@@ -115,6 +117,9 @@ class Heartbeat:
     lifted_s: tuple[float, ...] = ()
     version: str = ""
     learned: tuple[Learned, ...] = ()
+    #: the choices it learned as an ingress that move a workflow's likely path
+    #: (:meth:`ChoiceFrequencies.spread <compass.workflow.frequencies.ChoiceFrequencies.spread>`)
+    choices: tuple[Likely, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -186,6 +191,7 @@ class Heartbeat:
         state.lifted_s = load.lifted_s
         state.version = serving.version
         state.learned = serving.learned
+        state.choices = serving.choices
         made: Heartbeat = state
         return made
 
@@ -246,6 +252,7 @@ class Heartbeat:
             **({"wl": list(self.lifted_s)} if self.lifted_s else {}),
             **({"v": self.version} if self.version else {}),
             **({"p": [list(e) for e in self.learned]} if self.learned else {}),
+            **({"lc": [list(e) for e in self.choices]} if self.choices else {}),
         }
 
     @classmethod
@@ -297,9 +304,30 @@ class Heartbeat:
                 lifted_s=tuple(lifted),
                 version=version,
                 learned=_learned(data.get("p", ())),
+                choices=_choices(data.get("lc", ())),
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None
+
+
+def _choices(entries: object) -> tuple[Likely, ...]:
+    """A state's learned choices off the wire (field ``lc``); :class:`ProtocolError` unless
+    they are at most :data:`MAX_LEARNED` ``[workflow, task, option >= 0]``."""
+    if not isinstance(entries, list | tuple) or len(entries) > MAX_LEARNED:
+        raise ProtocolError(
+            f"worker state: field 'lc' must be a list of at most {MAX_LEARNED} learned choices"
+        )
+    out: list[Likely] = []
+    for entry in entries:
+        if type(entry) is list and len(entry) == 3:
+            workflow, task, option = entry
+            if type(workflow) is str and type(task) is str and type(option) is int and option >= 0:
+                out.append((workflow, task, option))
+                continue
+        raise ProtocolError(
+            f"worker state: a learned choice must be [workflow, task, option >= 0], got {entry!r}"
+        )
+    return tuple(out)
 
 
 def _learned(entries: object) -> tuple[Learned, ...]:

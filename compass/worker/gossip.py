@@ -338,12 +338,20 @@ class Gossip:
                         {"workflow": wf, "task": task, "ms": round(seconds * 1000, 3), "runs": n}
                         for wf, task, seconds, n in self._profiles.learned_of(name)
                     ],
+                    # the choices it learned that moved a likely path (as its heartbeat said)
+                    "choices": [
+                        self._choice(wf, task, option) for wf, task, option in state.choices
+                    ],
                     "age_ms": round(self.port.view.age_s(name, now) * 1000, 3),
                     "placements_counted": self.port.view.pending(name),
                     "watched": name in watched or self.port.rule is None,
                 }
             )
         return rows
+
+    def _choice(self, workflow: str, task: str, option: int) -> dict[str, str]:
+        label = self._profiles.choices.label(workflow, task, option)
+        return {"workflow": workflow, "task": task, "likely": label}
 
     def summary(self) -> dict[str, Any]:
         """The view's kind and what a bounded one spreads: ``compass status``'s ``view``."""

@@ -21,17 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
-from compass.core.messages import (
-    ChunkMsg,
-    DoneMsg,
-    FailedMsg,
-    PeerMessage,
-    PlacedMsg,
-    PlanRequest,
-    ResultMsg,
-    TaskMsg,
-    decode,
-)
+from compass.core.messages import PEER_MESSAGES, PeerMessage, PlanRequest, decode
 from compass.errors import (
     CompassError,
     ConfigError,
@@ -42,6 +32,7 @@ from compass.errors import (
 from compass.gossip.spread import MAX_RUMORS
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.observe.shown import Holdings, Identity, Records, queue_status
+from compass.observe.timeline import JobEnd
 from compass.observe.tracing import TRACE_FIELD
 from compass.observe.usage import process_usage
 from compass.sched.heartbeat import Heartbeat
@@ -176,7 +167,7 @@ def make_router(worker: Served) -> Router:
     router.notify("leave")(requests.from_peers("leave", requests.leave))
     router.notify("drain")(requests.from_peers("drain", requests.drain))
     router.notify(READ_OP)(requests.from_peers(READ_OP, requests.read))
-    for message in (TaskMsg, ResultMsg, FailedMsg, PlacedMsg, DoneMsg, ChunkMsg):
+    for message in PEER_MESSAGES:
         handler = requests.peer_message(message.op)
         router.notify(message.op)(requests.from_peers(message.op, handler))
     return router
@@ -231,11 +222,21 @@ def describe(worker: Described) -> dict[str, Any]:
             "kept": len(worker.tracer.kept),
             "recent": [_brief(t) for t in worker.tracer.recent(STATUS_TRACES)],
         },
+        # the last jobs of workflows decided at run time answered here: the choices they made
+        "taken": [_taken(j) for j in worker.metrics.timeline.recent_taken(STATUS_TRACES)],
         # what the process holds (rss_mb, open_fds, asyncio_tasks, threads), and the entries
         # of each table keyed by jobs, peers or time: a soak watches both stay flat
         "process": process_usage(),
         "tables": worker.table_sizes(),
     }
+
+
+def _taken(job: JobEnd) -> dict[str, Any]:
+    """A job of a workflow decided at run time, as ``compass status`` lists it."""
+    return {
+        "job": job.job, "workflow": job.workflow, "outcome": job.outcome, "taken": job.taken,
+        "skipped": job.skipped,
+    }  # fmt: skip
 
 
 def _brief(trace: dict[str, Any]) -> dict[str, Any]:

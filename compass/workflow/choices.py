@@ -7,7 +7,7 @@ hold an :class:`Unfolding` without importing what builds it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -78,6 +78,14 @@ class ChoicePoint:
     weights: tuple[float, ...]
     copies: tuple[str, ...] = ()
     stop: int = -1
+    #: the weights planning starts from where they are not ``weights`` (a workload spec's
+    #: ``prior``: a deliberately wrong declaration, to test learning); None: ``weights``
+    prior: tuple[float, ...] | None = None
+
+    @property
+    def expected(self) -> tuple[float, ...]:
+        """The weights planning starts from (before anything is learned)."""
+        return self.weights if self.prior is None else self.prior
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,14 @@ class Route:
     skips: tuple[tuple[str, str], ...] = ()
     dead_sinks: tuple[str, ...] = ()
     label: str = ""
+
+
+def _option(point: ChoicePoint, label: str | None) -> int | None:
+    """The index of ``point``'s option labelled ``label`` (None: none is)."""
+    try:
+        return None if label is None else point.labels.index(label)
+    except ValueError:
+        return None
 
 
 def draw(key: str) -> float:
@@ -118,18 +134,27 @@ class Unfolding:
         self.origin = MappingProxyType(dict(origin))
         self._preds = preds
         self._succs = succs
-        #: the tasks a job runs when every choice takes its most likely option (``preds`` is
-        #: in topological order): what planning counts as load before the choices are made
-        self.likely = frozenset(self._likely())
+        #: the tasks a job runs when every choice takes its most likely option by the
+        #: declared weights: what planning counts as load before the choices are made (until
+        #: the ingress learned otherwise: :meth:`likely_under`)
+        self.likely = self.likely_under({})
 
-    def _likely(self) -> list[str]:
+    def with_points(self, points: Mapping[str, ChoicePoint], declared: object) -> Unfolding:
+        """The same unrolled graph with ``points`` (the same options, other weights) and
+        ``declared``."""
+        return Unfolding(points, self.origin, self._preds, self._succs, declared)
+
+    def likely_under(self, weights: Mapping[str, Sequence[float]]) -> frozenset[str]:
+        """The tasks a job runs when every choice takes its most likely option, decision task
+        ``t``'s options weighing ``weights[t]`` (learned), or as declared where ``t`` is not
+        in ``weights``."""
         ran: list[str] = []
         taken: set[str] = set()
-        for t, preds in self._preds.items():
+        for t, preds in self._preds.items():  # topological order
             if not preds or t in taken:
                 ran.append(t)
-                taken |= self.likely_successors(t)
-        return ran
+                taken |= self.likely_successors(t, weights.get(t))
+        return frozenset(ran)
 
     def route(self, task: str, output: Any, key: str, *, emulated: bool) -> Route:
         """Where ``task``'s ``output`` goes; a decision task's choice is resolved here (drawn
@@ -238,11 +263,62 @@ class Unfolding:
     def _declared(point: ChoicePoint) -> list[str]:
         return [label for i, label in enumerate(point.labels) if i != point.stop]
 
-    def likely_successors(self, task: str) -> frozenset[str]:
-        """The successors ``task`` runs when its choice takes its most likely option."""
+    def skipped_by(self, choices: Mapping[str, str]) -> tuple[str, ...]:
+        """The tasks a job skipped, from the ``choices`` its decision tasks made (task ->
+        label, as :class:`Route` names them), by the skip rule, in topological order. What
+        follows a decision task that ran but whose choice is not in ``choices`` is unknown:
+        not counted as skipped."""
+        ran, dead, unknown = 1, 0, -1
+        edge: dict[tuple[str, str], int] = {}
+        skipped = []
+        for task, preds in self._preds.items():  # topological order
+            ins = [edge[(p, task)] for p in preds]
+            state = ran if not ins or ran in ins else (dead if unknown not in ins else unknown)
+            if state == dead:
+                skipped.append(task)
+            point = self.points.get(task)
+            chosen = None if point is None else _option(point, choices.get(task))
+            for succ in self._succs[task]:
+                out = state
+                if state == ran and point is not None:
+                    optional = any(succ in option for option in point.options)
+                    if chosen is None:
+                        out = unknown if optional else ran
+                    elif optional and succ not in point.options[chosen]:
+                        out = dead
+                edge[(task, succ)] = out
+        return tuple(skipped)
+
+    def summary(self, choices: Mapping[str, str]) -> str:
+        """The ``choices`` a job's decision tasks made, by declared task, in words:
+        ``route: expert_a; llm: 3 iterations (search, code); retrieve: width 5``."""
+        made: dict[str, tuple[str, list[str]]] = {}
+        for task in self._preds:  # topological order: a loop's iterations in turn
+            label = choices.get(task)
+            point = self.points.get(task)
+            if label is not None and point is not None:
+                made.setdefault(self.origin.get(task, task), (point.kind, []))[1].append(label)
+        parts = []
+        for origin, (kind, labels) in made.items():
+            if kind == "loop":
+                extra = [label for label in labels if label not in ("again", "stop")]
+                n = len(labels)
+                text = f"{n} iteration{'' if n == 1 else 's'}"
+                parts.append(f"{origin}: {text}" + (f" ({', '.join(extra)})" if extra else ""))
+            else:
+                width = "width " if kind == "fanout" else ""
+                parts.append(f"{origin}: {width}{', '.join(labels)}")
+        return "; ".join(parts)
+
+    def likely_successors(
+        self, task: str, weights: Sequence[float] | None = None
+    ) -> frozenset[str]:
+        """The successors ``task`` runs when its choice takes its most likely option (by
+        ``weights``, else as declared)."""
         point = self.points.get(task)
         if point is None:
             return frozenset(self._succs[task])
-        best = max(range(len(point.weights)), key=point.weights.__getitem__)
+        expected = point.expected if weights is None else weights
+        best = max(range(len(expected)), key=expected.__getitem__)
         others = {s for i, o in enumerate(point.options) if i != best for s in o}
         return frozenset(self._succs[task]) - (others - point.options[best])

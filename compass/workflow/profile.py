@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from compass.errors import ConfigError, UnknownWorkflow, WorkflowError
 from compass.workflow.dag import Workflow, batch_scale
+from compass.workflow.frequencies import ChoiceFrequencies
 
 if TYPE_CHECKING:
     from compass.workflow.spec import Workload
@@ -195,6 +196,8 @@ class Profiles:
         self._spread: dict[str, tuple[int, tuple[Learned, ...]]] = {}
         self._perm_names: tuple[str, ...] | None = None
         self._perm: IntArray = np.zeros(0, dtype=np.intp)
+        #: the choice frequencies of workflows decided at run time, learned and spread
+        self.choices = ChoiceFrequencies(self._workflow_named)
         for wf in workflows:
             self.add_workflow(wf)
 
@@ -225,6 +228,10 @@ class Profiles:
             known.wf = wf
             return
         self._workflows[wf.name] = _WorkflowProfile(wf, self._capacity, next(self._clock))
+
+    def _workflow_named(self, name: str) -> Workflow | None:
+        known = self._workflows.get(name)
+        return None if known is None else known.wf
 
     def _wf(self, workflow: str) -> _WorkflowProfile:
         prof = self._workflows.get(workflow)

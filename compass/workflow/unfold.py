@@ -153,13 +153,14 @@ def run_chances(workflow: Workflow, samples: int = 1000) -> dict[str, float]:
     return {t: count / samples for t, count in runs.items()}
 
 
-def likely_workflow(workflow: Workflow) -> Workflow:
+def likely_workflow(workflow: Workflow, likely: Iterable[str] | None = None) -> Workflow:
     """The sub-workflow a job of unrolled ``workflow`` runs when every choice takes its most
-    likely option (:attr:`Unfolding.likely`): the best time of a typical job (queue rank,
-    ``slo_x``); a static workflow is itself."""
+    likely option (``likely``: those tasks as learned; default :attr:`Unfolding.likely`, by
+    the declared weights): the best time of a typical job (queue rank, ``slo_x``); a static
+    workflow is itself."""
     if workflow.unfold is None:
         return workflow
-    return ran_workflow(workflow, workflow.unfold.likely)
+    return ran_workflow(workflow, workflow.unfold.likely if likely is None else likely)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,17 +171,31 @@ class Declared:
     branches: tuple[Branch, ...]
     fanouts: tuple[FanOut, ...]
     loops: tuple[Loop, ...]
+    #: the same choices with the weights planning starts from, where a spec's ``prior`` gave
+    #: them apart from the weights emulated choices are drawn from
+    prior: Declared | None = None
 
     def unfold(self, wf: Workflow, change: Callable[[Task], Task]) -> Workflow:
         """``wf`` (unrolled from this) again, each declared task changed by ``change``."""
+        prior = None if self.prior is None else self.prior.choices()
         return unfold_workflow(
             wf.name, [change(t) for t in self.tasks], branches=self.branches,
             fanouts=self.fanouts, loops=self.loops, inputs=wf.inputs, best_ms=wf.best_ms,
-            slo_ms=wf.slo_ms, slo_x=wf.slo_x,
+            slo_ms=wf.slo_ms, slo_x=wf.slo_x, prior=prior,
         )  # fmt: skip
+
+    def choices(self) -> dict[str, Any]:
+        """The choices as :func:`unfold_workflow` takes them."""
+        return {"branches": self.branches, "fanouts": self.fanouts, "loops": self.loops}
 
     def choices_to_dict(self) -> dict[str, Any]:
         """The choices in a workload spec's form (:func:`parse_choices` reads it back)."""
+        out = self._choices_to_dict()
+        if self.prior is not None:
+            out["prior"] = self.prior._choices_to_dict()
+        return out
+
+    def _choices_to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.branches:
             out["branches"] = {b.task: dict(b.to) for b in self.branches}
@@ -223,16 +238,50 @@ def unfold_workflow(
     branches: Sequence[Branch] = (),
     fanouts: Sequence[FanOut] = (),
     loops: Sequence[Loop] = (),
+    prior: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Workflow:
     """A :class:`~compass.workflow.dag.Workflow` of ``tasks`` with run-time ``branches``,
     ``fanouts`` and ``loops``, unrolled to their bounds (the module docstring); ``options``
     are the Workflow's own (``inputs``, ``best_ms``, ``slo_ms``, ``slo_x``). With none of the
-    three it is the plain Workflow. Raises :class:`WorkflowError` naming what is wrong."""
+    three it is the plain Workflow. ``prior``: the same choices (``branches``, ``fanouts``,
+    ``loops``: the same tasks and bounds) with the weights planning starts from, where they
+    differ from those emulated choices are drawn from (a spec's ``prior``: to test planning
+    that starts from a wrong declaration). Raises :class:`WorkflowError` naming what is wrong."""
     declared = Workflow(name, tasks, **options)  # the declared DAG must be valid by itself
     if not (branches or fanouts or loops):
+        if prior:
+            raise WorkflowError(f"workflow {name!r}: a prior needs branches, fan-outs or loops")
         return declared
-    return _Unroller(declared, branches, fanouts, loops).build(options)
+    workflow = _Unroller(declared, branches, fanouts, loops).build(options)
+    if prior is not None:
+        _with_prior(workflow, _Unroller(declared, **prior).build(options))
+    return workflow
+
+
+def _with_prior(workflow: Workflow, prior: Workflow) -> None:
+    """Give ``workflow``'s choice points ``prior``'s weights as the ones planning starts from;
+    :class:`WorkflowError` unless both have the same choices, options and labels."""
+    unfolding, other = workflow.unfold, prior.unfold
+    assert unfolding is not None and other is not None
+    points = dict(unfolding.points)
+
+    def shape(point: ChoicePoint) -> tuple[str, dict[str, frozenset[str]]]:
+        return point.kind, dict(zip(point.labels, point.options, strict=True))
+
+    if set(points) != set(other.points) or any(
+        shape(points[t]) != shape(other.points[t]) for t in points
+    ):
+        raise WorkflowError(
+            f"workflow {workflow.name!r}: its prior must declare the same branches, fan-outs "
+            "and loops (the same tasks, options and bounds), only other weights"
+        )
+    for task, point in points.items():
+        weight = dict(zip(other.points[task].labels, other.points[task].weights, strict=True))
+        points[task] = replace(point, prior=tuple(weight[label] for label in point.labels))
+    assert isinstance(unfolding.declared, Declared) and isinstance(other.declared, Declared)
+    declared = replace(unfolding.declared, prior=other.declared)
+    workflow.unfold = unfolding.with_points(points, declared)
 
 
 class _Unroller:
@@ -574,8 +623,16 @@ def parse_choices(
     ``"branches": {task: {successor: weight, ...}}``; ``"fanouts": {task: {"copies": c,
     "join": j, "max_width": n, "widths": {width: weight} or [low, high]}}``; ``"loops":
     {name: {"body": [...], "until": t, "max_iter": n, "counts": {iterations: weight} or [low,
-    high], "carry": keyword}}``. A range ``[low, high]`` is uniform over low..high."""
+    high], "carry": keyword}}``. A range ``[low, high]`` is uniform over low..high. ``"prior":
+    {"branches": ..., "fanouts": ..., "loops": ...}``: the same choices with the weights
+    planning starts from (see :func:`unfold_workflow`)."""
     found: dict[str, Any] = {}
+    prior = _object(entry, "prior", path, error)
+    if prior:
+        found["prior"] = parse_choices(prior, f"{path}.prior", error)
+        found["prior"].pop("prior", None)
+        for kind in ("branches", "fanouts", "loops"):
+            found["prior"].setdefault(kind, [])
     branches = _object(entry, "branches", path, error)
     if branches:
         found["branches"] = [

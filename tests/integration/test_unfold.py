@@ -10,8 +10,9 @@ import asyncio
 import pytest
 import torch
 
+from cli.format import status_lines
 from compass.cluster import LocalCluster
-from examples.router_app import reference
+from examples.router_app import MAX_STEPS, reference
 
 from .conftest import ROOT
 
@@ -35,6 +36,21 @@ async def test_the_router_app_answers_as_its_functions_do_locally(
         answers = await asyncio.gather(
             *((c0 if i % 2 else c1).submit("route", x=x, timeout=60) for i, x in enumerate(inputs))
         )
+        records = [*(await c0.records()), *(await c1.records())]
+        statuses = [(await c.status()).to_json() for c in (c0, c1)]
+    # each ingress recorded the choices its jobs made (reported by the workers that made
+    # them) and the tasks they skipped; `compass status` lists them
+    ran = sorted((a["expert"], a["steps"]) for a in answers)
+    assert sorted(_taken(r.taken) for r in records if r.workflow == "route") == ran
+    for r in records:
+        expert, steps = _taken(r.taken)
+        other = "expert_b" if expert == "expert_a" else "expert_a"
+        assert set(r.skipped) == {other} | {f"refine@{i}" for i in range(steps, MAX_STEPS)}
+        assert r.choices["route"] == expert and r.choices[f"refine@{steps - 1}"] == "stop"
+    shown = "\n".join(line for status in statuses for line in status_lines(status))
+    assert all(
+        f"{r.job} (route, ok): {r.taken}; {len(r.skipped)} tasks skipped" in shown for r in records
+    )
     expected = [reference(x) for x in inputs]
     for got, want in zip(answers, expected, strict=True):
         assert (got["expert"], got["steps"]) == (want["expert"], want["steps"])
@@ -42,6 +58,12 @@ async def test_the_router_app_answers_as_its_functions_do_locally(
     # the inputs took both experts and loops of more than one length: both branches ran
     assert {a["expert"] for a in answers} == {"expert_a", "expert_b"}
     assert len({a["steps"] for a in answers}) > 1
+
+
+def _taken(words: str) -> tuple[str, int]:
+    """``route: expert_a; refine: 3 iterations`` as (expert, iterations)."""
+    route, refine = words.split("; ")
+    return route.removeprefix("route: "), int(refine.removeprefix("refine: ").split()[0])
 
 
 @pytest.mark.asyncio

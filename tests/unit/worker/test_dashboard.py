@@ -58,6 +58,8 @@ def test_a_part_shows_what_status_shows_and_what_ran(worker: Worker) -> None:
     dropped = {**answered, "job": "w0:x-3", "deadline_s": 1.0, "ok": False}
     metrics.job_answered(dropped, DeadlineExceeded("late"), waited=True)
     metrics.job_answered({**answered, "job": "w0:x-4"}, None, waited=True)
+    chose = {"taken": "route: expert_b; refine: 2 iterations", "skipped": ["expert_a", "refine@2"]}
+    metrics.job_answered({**answered, "job": "w0:x-5", **chose}, None, waited=True)
 
     part = dashboard.local_view(worker, 60.0)
     status = describe(worker)
@@ -82,8 +84,12 @@ def test_a_part_shows_what_status_shows_and_what_ran(worker: Worker) -> None:
         ("w0:x-2", "late", 2),
         ("w0:x-3", "dropped", 2),
         ("w0:x-4", "ok", 2),
+        ("w0:x-5", "ok", 2),
     ]
     assert jobs[3]["deadline_s"] is None
+    # the choices a job of a workflow decided at run time made, here and in `compass status`
+    assert [(j["taken"], j["skipped"]) for j in jobs[3:]] == [("", 0), (chose["taken"], 2)]
+    assert [j["taken"] for j in status["taken"]] == [chose["taken"]]
     json.loads(dashboard.to_json(part))  # JSON as it is
 
 

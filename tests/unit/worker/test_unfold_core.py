@@ -289,3 +289,56 @@ def test_a_loop_that_can_no_longer_make_its_deadline_is_dropped_at_its_next_step
     assert cluster.tasks_run("a-1") == ["think@0", "look@0", "think@1"]
     # with time for its three steps and the answer, it finishes
     assert cluster.submit("a-2", "agent", objective=Objective(deadline_s=2.0), x=0).error is None
+
+
+def test_the_ingress_records_the_choices_a_job_made_and_the_tasks_it_skipped() -> None:
+    """Each decision task tells the ingress its choice (a ChoseMsg): the job's record holds
+    them, in words by declared task, and the unrolled tasks it skipped (what `compass status`
+    and the dashboard show)."""
+    cluster = Cluster()
+    spread(cluster)
+    agent = cluster.submit("a-1", "agent", x=0)
+    ran = cluster.tasks_run("a-1")
+    assert agent.record["choices"] == {"think@0": "look", "think@1": "act", "think@2": "stop"}
+    assert agent.record["taken"] == "think: 3 iterations (look, act)"
+    assert agent.record["skipped"] == [t for t in AGENT.order if t not in ran]
+    fan = cluster.submit("a-2", "fan", x=3).record
+    assert (fan["taken"], fan["skipped"]) == ("split: width 3", ["square#3", "square#4"])
+    assert cluster.submit("a-3", "router", x=3).record["skipped"] == ["double"]
+    # a choice the ingress has not heard (it crossed another link): what follows is unknown,
+    # not skipped
+    assert AGENT.unfold is not None
+    assert AGENT.unfold.skipped_by({"think@0": "look"}) == ("act@0",)
+
+
+def test_the_ingress_learns_the_likely_path_from_the_choices_it_hears() -> None:
+    """Declared, the agent likely loops four times with its first tool; its jobs here all
+    stop at the third step after a look and an act. The ingress learns that path from the
+    choices reported to it, and plans and ranks with it (its best time moves too)."""
+    cluster = Cluster()
+    spread(cluster)
+    core = cluster.cores["a"]
+    assert AGENT.unfold is not None
+    declared = AGENT.unfold.likely
+    best_before = core.estimates.best_s(AGENT)
+    counted_before = _counted(cluster, "before")
+    for k in range(40):
+        cluster.submit(f"a-{k}", "agent", x=0)
+    ran = set(cluster.tasks_run("a-0"))
+    assert core.estimates.choices.likely(AGENT) == ran != declared
+    assert core.estimates.best_s(AGENT) < best_before  # three steps, not four
+    # a fresh plan counts as load what the job will now likely run: two tasks fewer
+    assert _counted(cluster, "after") == counted_before - 2
+    # and tells its peers the decision tasks whose likely option moved
+    assert ("agent", "think@2", 2) in core.estimates.choices.spread()
+
+
+def _counted(cluster: Cluster, job: str) -> int:
+    """How many tasks a fresh plan of an agent job at busy worker a counts on its peers."""
+    view = cluster.views["a"]
+    view.placed.clear()
+    waits = dict(view.waits)
+    view.waits["a"] = 5.0
+    cluster.cores["a"].handle(Submit(cluster.now, job, "agent", {"x": 0}, 8, cluster.now))
+    view.waits.update(waits)
+    return len(view.placed)
