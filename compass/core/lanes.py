@@ -57,7 +57,7 @@ from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTa
 from compass.core.options import CoreOptions
 from compass.core.preempt import left_s, past_saving, preempts
 from compass.core.queue import QueuedTask, TaskQueue
-from compass.core.stepbatch import StepBatch, with_open
+from compass.core.stepbatch import StepBatch, closed, with_open
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step", "SuspendTask"]
@@ -169,7 +169,7 @@ class Lanes:
         self._host_idle = list(range(lanes + host_lanes - 1, lanes - 1, -1))
         self._runs: dict[QueuedTask, _Run] = {}
         #: batch group -> the step batch of that group running here (tasks join it)
-        self._open: dict[str, _Run] = {}
+        self._open: dict[str, list[_Run]] = {}
         #: model -> the runs waiting for its load
         self._loading: dict[str, list[_Run]] = {}
         #: the model of the speculative load under way (prefetch or warm), if any
@@ -214,7 +214,8 @@ class Lanes:
     def batchable(self, now: float) -> dict[str, tuple[int, float]]:
         """What heartbeats report of batches: the queue's, and the step batches running."""
         found = self.queue.batchable(now, self.lanes)
-        return with_open(found, (r.batch for r in self._open.values() if r.batch is not None))
+        runs = (r.batch for rs in self._open.values() for r in rs if r.batch is not None)
+        return with_open(found, runs)
 
     def wait_s(self, now: float, level: int = 0) -> float:
         """The GPU queue's expected wait for a task of priority ``level`` (what heartbeats
@@ -241,7 +242,8 @@ class Lanes:
                 if self._idle:
                     self._fill(now)
                 elif self._open and entry.group in self._open:
-                    self._join(self._open[entry.group], now)
+                    for run in self._open[entry.group]:  # the first with room takes it
+                        self._join(run, now)
                 elif self.prefetch_depth:
                     # every lane is busy: use the time to bring in what the queue needs next
                     self._prefetch()
@@ -349,8 +351,8 @@ class Lanes:
         del self._runs[entry]
         self._idle.append(run.lane)
         self.queue.finish(run.entry)
-        if run.batch is not None and self._open.get(entry.group or "") is run:
-            del self._open[entry.group or ""]
+        if run.batch is not None:
+            closed(self._open, entry.group, run)
         entry.remaining_s -= entry.expected_s - left
         entry.expected_s = left
         entry.done_steps = steps
@@ -438,8 +440,7 @@ class Lanes:
         lead = run.entry
         if run.pending:
             return [] if run.stuck else self._decide(cause, self._join, run, now)
-        if lead.group is not None and self._open.get(lead.group) is run:
-            del self._open[lead.group]
+        closed(self._open, lead.group, run)
         return self._free(run, now, cause)
 
     def _join(self, run: _Run, now: float) -> None:
@@ -641,7 +642,7 @@ class Lanes:
         if group is not None and entry.steps > 1:  # a step batch: tasks join at its steps
             run.batch = StepBatch(entry, now)
             mates = run.batch.take(self.queue, now)
-            self._open[group] = run
+            self._open.setdefault(group, []).append(run)
         elif group is not None and not entry.done_steps:
             mates = self.queue.take(entry, now)
         for mate in mates:

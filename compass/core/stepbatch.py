@@ -15,11 +15,12 @@ current time.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from compass.core.queue import QueuedTask, TaskQueue
 from compass.workflow.dag import batch_key, batch_limit
 
-__all__ = ["StepBatch", "with_open"]
+__all__ = ["StepBatch", "closed", "with_open"]
 
 
 class StepBatch:
@@ -56,6 +57,18 @@ class StepBatch:
     def _span(self, now: float) -> None:
         lead = self.lead
         lead.run_s = max(self.ends.values(), default=now) - lead.started_at
+
+
+def closed(runs: dict[str, list[Any]], group: str | None, run: Any) -> None:
+    """``run``, a step batch of ``group`` among the ``runs`` open on a worker's lanes, is
+    over (its last member ended) or suspended: no task joins it any more."""
+    if group is None or group not in runs:
+        return
+    mine = runs[group]
+    if run in mine:
+        mine.remove(run)
+    if not mine:
+        del runs[group]
 
 
 def with_open(

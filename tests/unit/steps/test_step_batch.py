@@ -221,3 +221,18 @@ def test_a_resumed_members_last_step_is_its_last() -> None:
     h.steps(h.lanes.submit(gen("short", group=None, expected_s=0.01, arrival=0.0), 0.0))
     # after its second step of this run nothing is left: it ends, it is not suspended
     assert h.steps(h.lanes.stepped(entry, 2, 0.2)) == []
+
+
+def test_with_two_lanes_tasks_join_whichever_batch_of_their_group_is_still_running() -> None:
+    h = Harness()
+    h.lanes = Lanes(lanes=2, cache=h.cache)
+    a, b = gen("a"), gen("b")
+    h.steps(h.lanes.submit(a, 0.0))
+    h.steps(h.lanes.submit(b, 0.0))  # the second lane is idle: a batch of its own
+    assert h.lanes.busy == 2
+    (join,) = h.steps(h.lanes.submit(gen("c", arrival=0.1), 0.1))
+    assert isinstance(join, JoinRun) and join.lead is a  # the first with room
+    h.steps(h.lanes.ended(b, 0.5))  # the second batch is over; the first still runs
+    h.steps(h.lanes.submit(gen("p", group=None, arrival=0.5), 0.5))  # on the lane it freed
+    (join,) = h.steps(h.lanes.submit(gen("d", arrival=0.6), 0.6))
+    assert isinstance(join, JoinRun) and join.lead is a
