@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["machine", "print_table", "write_json"]
+__all__ = ["best_cpu_us", "machine", "print_table", "write_json"]
 
 
 def machine() -> dict[str, Any]:
@@ -54,3 +55,15 @@ def write_json(path: str | None, data: Mapping[str, Any], *, announce: bool = Tr
         json.dump(data, f, indent=2, sort_keys=True)
     if announce:
         print(f"wrote {path}")
+
+
+def best_cpu_us(fn: Callable[[int], Any], count: int, rounds: int) -> float:
+    """CPU microseconds per call of ``fn(k)``, the best of ``rounds`` rounds of ``count``."""
+    best, k = float("inf"), 0
+    for _ in range(rounds):
+        start = time.process_time()
+        for _ in range(count):
+            fn(k)
+            k += 1
+        best = min(best, time.process_time() - start)
+    return best / count * 1e6

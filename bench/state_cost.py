@@ -19,7 +19,6 @@ Run: ``python -m compass._bench.state_cost [--view 1000] [--json out.json]``.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 from compass.config import Limits
@@ -27,7 +26,7 @@ from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
 from compass.wire.protocol import Connection, Notify
 
-from .report import machine, print_table, write_json
+from .report import best_cpu_us, machine, print_table, write_json
 
 __all__ = ["run"]
 
@@ -69,19 +68,6 @@ def _pair() -> tuple[Connection, Connection]:
     return a, b
 
 
-def _time(fn: Any, count: int, rounds: int) -> float:
-    """CPU microseconds per call of ``fn(k)``, the best of ``rounds`` rounds of ``count``."""
-    best = float("inf")
-    k = 0
-    for _ in range(rounds):
-        start = time.process_time()
-        for _ in range(count):
-            fn(k)
-            k += 1
-        best = min(best, time.process_time() - start)
-    return best / count * 1e6
-
-
 def _measure(
     shape: str, states: int, view: ClusterView, count: int, rounds: int
 ) -> dict[str, float]:
@@ -114,9 +100,9 @@ def _measure(
         for data in [body] if event.op == "heartbeat" else body["s"]:
             applied += view.apply_heartbeat(Heartbeat.from_wire(data), 1.0)
 
-    build_us = _time(message, count, rounds)
-    encode_us = _time(encode, count, rounds)
-    decode_us = _time(decode, count, rounds)
+    build_us = best_cpu_us(message, count, rounds)
+    encode_us = best_cpu_us(encode, count, rounds)
+    decode_us = best_cpu_us(decode, count, rounds)
     assert applied == count * rounds * states, "every state received must be applied"
     return {
         "states": states,

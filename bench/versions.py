@@ -18,7 +18,6 @@ Ratios compare the two sides of one run on this machine.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -30,23 +29,11 @@ from compass.sched.heartbeat import Heartbeat
 from compass.workflow import Profiles, Task, TaskProfile, Workflow
 from compass.workflow.profile import LEARNED_SPREAD
 
-from .report import machine, print_table, write_json
+from .report import best_cpu_us, machine, print_table, write_json
 
 __all__ = ["run"]
 
 MB = 1 << 20
-
-
-def _best_us(fn: Callable[[int], Any], count: int, rounds: int) -> float:
-    """CPU microseconds per call of ``fn(k)``, the best of ``rounds`` rounds of ``count``."""
-    best, k = float("inf"), 0
-    for _ in range(rounds):
-        start = time.process_time()
-        for _ in range(count):
-            fn(k)
-            k += 1
-        best = min(best, time.process_time() - start)
-    return best / count * 1e6
 
 
 def _workflow() -> Workflow:
@@ -73,8 +60,8 @@ def _heartbeats(count: int, rounds: int) -> list[dict[str, Any]]:
             Heartbeat.from_wire(msgpack.unpackb(packed))
 
         rows.append({"learned": label, "bytes": len(packed),
-                     "encode_us": _best_us(encode, count, rounds),
-                     "decode_us": _best_us(decode, count, rounds)})  # fmt: skip
+                     "encode_us": best_cpu_us(encode, count, rounds),
+                     "decode_us": best_cpu_us(decode, count, rounds)})  # fmt: skip
     profiles = Profiles(h2d_bytes_per_s=1e9, net_bytes_per_s=1e9, workflows=[_workflow()])
     estimates = Estimates("w0", make_policy("compass"), profiles, host_lanes=True)
     beats = [
@@ -82,11 +69,11 @@ def _heartbeats(count: int, rounds: int) -> list[dict[str, Any]]:
             (wf, task, seconds * (1 + (k % 7) / 10), n) for wf, task, seconds, n in learned))
         for k in range(64)
     ]  # fmt: skip
-    fresh = _best_us(lambda k: estimates.adopt(beats[k % 64]), count // 10, rounds)
+    fresh = best_cpu_us(lambda k: estimates.adopt(beats[k % 64]), count // 10, rounds)
     estimates.adopt(beats[0])
     # the same times again, as a peer's next heartbeat decodes them: equal, not the same objects
     again = [Heartbeat.from_wire(beats[0].to_wire()) for _ in range(2)]
-    same = _best_us(lambda k: estimates.adopt(again[k % 2]), count, rounds)
+    same = best_cpu_us(lambda k: estimates.adopt(again[k % 2]), count, rounds)
     rows.append({"learned": "adopt new times", "adopt_us": fresh})
     rows.append({"learned": "adopt the same again", "adopt_us": same})
     return rows

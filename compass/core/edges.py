@@ -53,21 +53,8 @@ def step_messages(
     out: list[tuple[str, PeerMessage]] = []
     for succ in workflow.streamed_succs(entry.task):
         if seq == 0:
-            msg: PeerMessage = TaskMsg(
-                job=entry.job_id,
-                attempt=entry.attempt,
-                workflow=workflow.name,
-                task=succ,
-                source=entry.task,
-                value=value,
-                plan=entry.plan,
-                ingress=entry.ingress,
-                t0=entry.t0,
-                priority=entry.level,
-                budget_s=None if entry.deadline is None else entry.deadline - now,
-                finish=entry.finish,
-                stream=entry.stream,
-                opens=True,
+            msg: PeerMessage = TaskMsg.onward(
+                entry, workflow.name, succ, value, entry.plan, now, opens=True
             )
         else:
             msg = ChunkMsg(entry.job_id, entry.attempt, entry.task, seq, value, to=succ)

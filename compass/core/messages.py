@@ -17,10 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from compass.errors import ProtocolError
 from compass.records import record
+
+if TYPE_CHECKING:
+    from compass.core.queue import QueuedTask
 
 __all__ = [
     "JOB_INPUTS",
@@ -170,6 +173,35 @@ class TaskMsg:
         it for this one send (frozen to the type checker, a record takes a store at run time:
         :mod:`compass.records`; a copy of 16 fields per task would cost more)."""
         object.__setattr__(self, "version", version)
+
+    @classmethod
+    def onward(
+        cls,
+        entry: QueuedTask,
+        workflow: str,
+        task: str,
+        value: Any,
+        plan: dict[str, str],
+        now: float,
+        *,
+        opens: bool = False,
+    ) -> TaskMsg:
+        """What ``entry``'s task, run here, sends ``task`` of its job: ``value`` under
+        ``plan``, with the job's fields and its deadline as the budget left at ``now``."""
+        budget_s = None if entry.deadline is None else entry.deadline - now
+        return cls(
+            entry.job_id, entry.attempt, workflow, task, entry.task, value, plan,
+            entry.ingress, 0.0, entry.t0, entry.level, budget_s, entry.finish, entry.stream,
+            opens,
+        )  # fmt: skip
+
+    def to(self, task: str, source: str, value: Any) -> TaskMsg:
+        """The same job's message for ``task``, from ``source``, carrying ``value``: its plan
+        and objective kept, field by field (see :meth:`with_plan`); not sent yet."""
+        return TaskMsg(
+            self.job, self.attempt, self.workflow, task, source, value, self.plan,
+            self.ingress, 0.0, self.t0, self.priority, self.budget_s, self.finish, self.stream,
+        )  # fmt: skip
 
     def with_plan(self, plan: dict[str, str]) -> TaskMsg:
         """The same message carrying ``plan`` (every other field kept): what a copy on the

@@ -523,21 +523,7 @@ class WorkerCore:
                 )  # fmt: skip
                 return
         for succ in succs:
-            msg = TaskMsg(
-                job=entry.job_id,
-                attempt=entry.attempt,
-                workflow=workflow.name,
-                task=succ,
-                source=entry.task,
-                value=ev.output,
-                plan=plan,
-                ingress=entry.ingress,
-                t0=entry.t0,
-                priority=entry.level,
-                budget_s=None if entry.deadline is None else entry.deadline - now,
-                finish=entry.finish,
-                stream=entry.stream,
-            )
+            msg = TaskMsg.onward(entry, workflow.name, succ, ev.output, plan, now)
             self.send(plan[succ], msg, now, job_arrival=entry.arrival)
 
     def adjust_plan(

@@ -112,21 +112,7 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
             f"{type(exc).__name__}: {exc}", exc.code,
         )  # fmt: skip
         return
-    template = TaskMsg(
-        job=entry.job_id,
-        attempt=entry.attempt,
-        workflow=workflow.name,
-        task=entry.task,
-        source=entry.task,
-        value=None,
-        plan=plan,
-        ingress=entry.ingress,
-        t0=entry.t0,
-        priority=entry.level,
-        budget_s=None if entry.deadline is None else entry.deadline - now,
-        finish=entry.finish,
-        stream=entry.stream,
-    )
+    template = TaskMsg.onward(entry, workflow.name, entry.task, None, plan, now)
     if entry.task in unfolding.points:  # the choice, for the job's record (sent first)
         choice = ChoseMsg(entry.job_id, entry.attempt, entry.task, route.label)
         core.send(entry.ingress, choice, now)
@@ -145,11 +131,7 @@ def skip_task(
     """Task ``msg.task`` had every input skipped: it is skipped, and so is what only it feeds."""
     unfolding = workflow.unfold
     assert unfolding is not None
-    template = TaskMsg(
-        job=msg.job, attempt=msg.attempt, workflow=msg.workflow, task=msg.task,
-        source=msg.task, value=None, plan=plan, ingress=msg.ingress, t0=msg.t0,
-        priority=msg.priority, budget_s=msg.budget_s, finish=msg.finish, stream=msg.stream,
-    )  # fmt: skip
+    template = msg.with_plan(plan).to(msg.task, msg.task, None)
     _send_route(core, template, unfolding.skip(msg.task), now, None)
 
 
@@ -160,30 +142,12 @@ def _send_route(
     names (its job's fields are copied into every message)."""
     source, plan = template.task, template.plan
     for succ, value in route.sends:
-        core.send(plan[succ], _to(template, succ, source, value), now, job_arrival=arrival)
+        core.send(plan[succ], template.to(succ, source, value), now, job_arrival=arrival)
     for task, skipped in route.skips:
-        core.send(plan[task], _to(template, task, skipped, SKIPPED), now, job_arrival=arrival)
+        core.send(plan[task], template.to(task, skipped, SKIPPED), now, job_arrival=arrival)
     for sink in route.dead_sinks:
         result = ResultMsg(template.job, template.attempt, sink, SKIPPED)
         core.send(template.ingress, result, now)
-
-
-def _to(template: TaskMsg, task: str, source: str, value: Any) -> TaskMsg:
-    return TaskMsg(
-        job=template.job,
-        attempt=template.attempt,
-        workflow=template.workflow,
-        task=task,
-        source=source,
-        value=value,
-        plan=template.plan,
-        ingress=template.ingress,
-        t0=template.t0,
-        priority=template.priority,
-        budget_s=template.budget_s,
-        finish=template.finish,
-        stream=template.stream,
-    )
 
 
 def counted(
@@ -227,4 +191,4 @@ def forward_step(send: Send, ingress: str, job: IngressJob, msg: ResultMsg, now:
         finish=job.objective.finish, stream=job.stream,
     )  # fmt: skip
     for succ, value in step.sends:
-        send(job.plan[succ], _to(template, succ, msg.task, value), now, now)
+        send(job.plan[succ], template.to(succ, msg.task, value), now, now)

@@ -78,6 +78,9 @@ class _Member:
 @dataclass(slots=True, eq=False)
 class _Batch:
     run: RunTask
+    #: what the core knows it by: its first task (that of the :class:`JoinRun` that started
+    #: it again, for a batch started anew by a join)
+    key: QueuedTask
     members: list[_Member] = field(default_factory=list)
     joining: list[_Member] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
@@ -115,13 +118,16 @@ class StepBatches:
             return is_step_batch(task.fn)
         return run.entry.group is not None and run.entry.steps > 1
 
-    def start(self, run: RunTask, outcomes: Sequence[TaskOutcome]) -> None:
-        """Step batch ``run`` starts with its entries seated (their outcomes given)."""
+    def start(
+        self, run: RunTask, outcomes: Sequence[TaskOutcome], key: QueuedTask | None = None
+    ) -> None:
+        """Step batch ``run`` starts with its entries seated (their outcomes given); ``key``:
+        the first task the core knows it by (default: ``run``'s)."""
         outcomes = [o for o in outcomes if not self._unsuspended(o.entry)]
         if not outcomes:
             return
-        batch = _Batch(run)
-        self._batches[run.entry] = batch
+        batch = _Batch(run, run.entry if key is None else key)
+        self._batches[batch.key] = batch
         members = [self._member(batch, o) for o in outcomes]
         for i, member in enumerate(members):  # a resumed one comes back as it was parked
             parked = self._parked.pop(member.outcome.entry, None)
@@ -141,9 +147,9 @@ class StepBatches:
         seats at its next step (a batch whose last member just left starts again)."""
         batch = self._batches.get(order.lead)
         if batch is None:  # it emptied while the core added these: they run as a batch anew
-            self.start(RunTask(order.entries[0], order.lane, False, 0.0, None,
-                               order.entries[1:], order.stimulus), outcomes)  # fmt: skip
-            self._batches[order.lead] = self._batches.pop(order.entries[0])
+            anew = RunTask(order.entries[0], order.lane, False, 0.0, None, order.entries[1:],
+                           order.stimulus)  # fmt: skip
+            self.start(anew, outcomes, key=order.lead)
             return
         members = [self._member(batch, o) for o in outcomes]
         with batch.lock:
@@ -174,13 +180,11 @@ class StepBatches:
                     member.suspended = suspended
         return True
 
-    def stop(self, entries: tuple[QueuedTask, ...]) -> bool:
+    def stop(self, entries: tuple[QueuedTask, ...]) -> None:
         """The jobs of ``entries`` ended: the members among them leave at the next step (a
-        parked one at once). Whether any was a member here."""
-        found = False
+        parked one at once); the others are not this module's."""
         for entry in entries:
             if (parked := self._parked.pop(entry, None)) is not None:
-                found = True
                 parked.outcome.error = self._runner.stopped_error(entry, parked.outcome.steps)
                 parked.outcome.stopped = True
                 self._runner.report([parked.outcome])
@@ -188,12 +192,10 @@ class StepBatches:
             batch = self._of.get(entry)
             if batch is None:
                 continue
-            found = True
             with batch.lock:
                 for member in (*batch.members, *batch.joining):
                     if member.outcome.entry is entry:
                         member.stopped = True
-        return found
 
     def close(self) -> None:
         """The worker stops: no more steps (real batches' threads end at their next step)."""
@@ -263,7 +265,7 @@ class StepBatches:
             self._next(batch)
         else:
             batch.timer = None
-            self._batches.pop(batch.run.entry, None)
+            self._batches.pop(batch.key, None)
 
     def _park(self, member: _Member) -> None:
         """Suspended ``member`` waits, outside any batch, for the core to resume it."""
@@ -306,8 +308,8 @@ class StepBatches:
                     self._fail_all(batch, error)
             with batch.lock:
                 over = batch.closed and not batch.joining
-            if over and self._batches.get(batch.run.entry) is batch:
-                del self._batches[batch.run.entry]
+            if over and self._batches.get(batch.key) is batch:
+                del self._batches[batch.key]
 
         work = self._runner.call(lead.model, body, lead)
         work.add_done_callback(ended)

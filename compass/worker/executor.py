@@ -315,9 +315,9 @@ class TaskRunner:
     def between_steps(self, order: StopTask | SuspendTask | JoinRun) -> None:
         """Carry out what the core decided of running step-wise tasks (:meth:`stop`,
         :meth:`suspend`, a step batch's new members)."""
-        if isinstance(order, StopTask):
-            if not self.batches.stop(order.entries):
-                self.stop(order.entries)
+        if isinstance(order, StopTask):  # a job's entries: step batch members and the rest
+            self.batches.stop(order.entries)
+            self.stop(order.entries)
         elif isinstance(order, SuspendTask) and self.batches.suspend(order.entry):
             return
         elif isinstance(order, JoinRun):

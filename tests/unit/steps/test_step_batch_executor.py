@@ -185,3 +185,51 @@ async def test_a_step_past_the_timeout_fails_the_seated_jobs_once_and_keeps_the_
     await asyncio.sleep(0.2)
     assert run.outcomes.empty()  # the thread returned: nothing reported twice
     assert returned == [a]  # and the worker heard it, so the model is unpinned
+
+
+@pytest.mark.asyncio
+async def test_a_join_after_the_batch_emptied_starts_it_anew_under_the_same_first_task() -> None:
+    counter = Counter()
+    counter.gate.set()
+    run = Runner(make_task(counter))
+    first = run.entry("a", 1)
+    run.runner.start(RunTask(first, 0, False, 0.0, True))
+    assert (await run.outcome()).output == 1
+    await asyncio.sleep(0.05)  # its thread closed the batch
+    assert not run.runner.batches._batches
+    # the core still counted the batch when it added these (their JoinRuns were under way)
+    second, third = run.entry("b", 3), run.entry("c", 3)
+    run.runner.between_steps(JoinRun(first, (second,), 0))
+    run.runner.between_steps(JoinRun(first, (third,), 0))  # the same batch, started anew
+    done = {(o := await run.outcome()).entry.job_id: o.output for _ in range(2)}
+    assert done == {"b": 3, "c": 3}
+    await asyncio.sleep(0.05)
+    assert not run.runner.batches._batches  # nothing kept once it ended
+
+
+@pytest.mark.asyncio
+async def test_a_stop_for_a_job_stops_its_step_batch_member_and_its_generator_alike() -> None:
+    def endless(model: Any, x: int) -> Any:
+        while True:
+            yield 0
+
+    def forever(model: Any, seats: list[compass.Seat]) -> list[Any]:
+        return [0] * len(seats)
+
+    profile = TaskProfile(exec_ms=40, output_bytes=8, steps=4)
+    tasks = {"t": make_task(forever), "g": Task("g", None, (), profile, fn=endless)}
+    outcomes: asyncio.Queue[TaskOutcome] = asyncio.Queue()
+    runner = TaskRunner(
+        lookup=lambda wf, name: tasks[name], module_of=lambda model: None,
+        config=WorkerConfig(name="w"), on_outcome=outcomes.put_nowait,
+        on_returned=lambda entry: None,
+    )  # fmt: skip
+    member = Runner(tasks["t"]).entry("j", 5)
+    generator = QueuedTask("j", 0, "flow", "g", None, 0.04, {"x": 1}, {"g": "w"}, "w", 0.0)
+    runner.start(RunTask(member, 0, False, 0.0, True))
+    runner.start(RunTask(generator, 1, False, 0.0, None))
+    await asyncio.sleep(0.05)
+    runner.between_steps(StopTask((member, generator)))
+    done = [await asyncio.wait_for(outcomes.get(), 30) for _ in range(2)]
+    assert {o.entry.task for o in done} == {"t", "g"}
+    assert all(isinstance(o.error, TaskStopped) for o in done)
