@@ -49,7 +49,7 @@ class Running(Protocol):
     def tells_steps(self, entry: QueuedTask) -> bool: ...
     def step(self, entry: QueuedTask, seq: int, value: Any) -> None: ...
     def report(self, outcomes: list[TaskOutcome]) -> None: ...
-    def emulated(self, entry: QueuedTask, task: Task, *, partial: bool) -> Any: ...
+    def emulated(self, task: Task, *, partial: bool) -> Any: ...
     def stopped_error(self, entry: QueuedTask, steps: int) -> Exception: ...
     def call(
         self, model: str | None, fn: Callable[[Any], Any], entry: QueuedTask
@@ -243,7 +243,7 @@ class StepBatches:
                 outcome.first_step_s = time.monotonic() - member.began
             tells = runner.tells_steps(entry)
             if not member.stopped and (tells or (self._preempt and member.left > 0)):
-                value = runner.emulated(entry, member.task, partial=True) if tells else None
+                value = runner.emulated(member.task, partial=True) if tells else None
                 runner.step(entry, outcome.steps - 1, value)  # the core may stop it here
             if member.suspended:
                 self._park(member)
@@ -252,7 +252,7 @@ class StepBatches:
                 outcome.stopped = True
                 leaving.append(member)
             elif member.left <= 0:
-                outcome.output = runner.emulated(entry, member.task, partial=False)
+                outcome.output = runner.emulated(member.task, partial=False)
                 leaving.append(member)
             else:
                 staying.append(member)

@@ -355,7 +355,7 @@ class TaskRunner:
             outcome.output = to_host(outcome.output)
         self._report(outcomes)
 
-    def emulated(self, entry: QueuedTask, task: Task, *, partial: bool) -> Any:
+    def emulated(self, task: Task, *, partial: bool) -> Any:
         return _step_output(task) if partial else emulated_output(task.profile.output_bytes)
 
     def stopped_error(self, entry: QueuedTask, steps: int) -> Exception:
