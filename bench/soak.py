@@ -33,9 +33,14 @@ What it judges (the JSON's ``checks``):
 - RSS flat: ``rss_growth_mb_second_half``, per worker, is the least-squares slope of its RSS
   against time over the second half of the run (the samples of its last process), times the
   second half's length; under ``RSS_LIMIT_MB``. ``rss_last_minus_middle_mb`` is given beside;
-- no ``false_deaths``: a worker's log line "peer X lost (...)" counts as one unless X, or
+- no ``false_deaths``: a worker's warning "peer X removed: ..." counts as one unless X, or
   the worker that wrote it, was being restarted then (from the SIGTERM until every view was
-  whole again, plus ``GRACE_S``);
+  whole again, plus ``GRACE_S``); so does (as ``declared_dead``) a worker's notice that a peer
+  had declared it dead, by the same rule. A suspicion the worker refuted in time is no death
+  (nothing is re-planned for it): ``suspicions_refuted`` counts them, per worker, from their
+  status;
+- ``nothing_replanned``, in a run without a restart: no worker re-planned a job
+  (``replans``, per worker, from their status): none was taken for gone;
 - ``restarted``: the restarted worker was back and every view whole within ``VIEW_LIMIT_S``.
 
 ``worker_pythonpath`` runs the workers from another checkout (a before/after with the same
@@ -441,8 +446,23 @@ def _worker_sample(t: float, status: dict[str, Any], pid: int) -> dict[str, Any]
         "peers": len(status.get("peers", ())),
         "lost": len(status.get("lost", ())),
         "peers_lost": status.get("stats", {}).get("peers_lost"),
+        "replans": status.get("stats", {}).get("replans"),
+        "suspicions_refuted": status.get("stats", {}).get("suspicions_refuted"),
         "tables": status.get("tables", {}),
     }
+
+
+def _counted(samples: list[dict[str, Any]], counter: str) -> int:
+    """What a worker's ``counter`` counted over its samples, its processes' counts summed (a
+    restarted worker counts from 0 again)."""
+    total, last = 0, 0
+    for sample in samples:
+        value = sample.get(counter)
+        if value is None:
+            continue
+        total += value - last if value >= last else value
+        last = value
+    return total
 
 
 def _proc_usage(pid: int) -> dict[str, Any]:
@@ -497,9 +517,11 @@ def _last_minus_middle(series: Sequence[dict[str, Any]], end_s: float) -> float 
     return round(float(last["rss_mb"]) - float(second[0]["rss_mb"]), 1)
 
 
+#: a peer removed for any reason but leaving on purpose (a WARNING; a leave is INFO). Earlier
+#: workers wrote "peer X lost (why); re-planning its jobs", which counts too.
 _LOST = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ compass\.worker: (\S+): peer (\S+) lost "
-    r"\((.*)\); re-planning"
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING compass\.worker: (\S+): peer (\S+) "
+    r"(?:removed: (.*)|lost \((.*)\); re-planning)"
 )
 _DECLARED_DEAD = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ compass\.worker: (\S+): (\S+) had "
@@ -530,7 +552,7 @@ def false_deaths(
     for path in logs:
         with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as log:
             for line in log:
-                if "lost (" in line:
+                if "removed: " in line or "lost (" in line:
                     match = _LOST.match(line)
                     if match is None:
                         continue
@@ -541,7 +563,7 @@ def false_deaths(
                     if len(events) < 20:
                         events.append(
                             {"t": round(at - since, 2), "worker": match[2], "peer": match[3],
-                             "why": match[4]}
+                             "why": match[4] or match[5]}
                         )  # fmt: skip
                 elif "had declared this worker dead" in line:
                     found = _DECLARED_DEAD.match(line)
@@ -586,10 +608,14 @@ async def soak(
         "none_twice": counts.twice == 0,
         "errors_typed": counts.untyped == 0,
         "rss_flat": all(g is not None and g < RSS_LIMIT_MB for g in growth.values()),
-        "no_false_deaths": lost == 0,
+        "no_false_deaths": lost == 0 and declared == 0,
     }
     if run.restart is not None:  # back, and every view whole again
         checks["restarted"] = run.restart.view_s is not None
+    else:  # no worker left: a busy one was never taken for gone
+        checks["nothing_replanned"] = (
+            sum(_counted(run.samples.get(n, []), "replans") for n in names) == 0
+        )
     return {
         "config": {
             **asdict(config),
@@ -612,6 +638,10 @@ async def soak(
         "false_deaths": lost,
         "false_death_events": events,
         "declared_dead": declared,
+        "suspicions_refuted": {
+            n: _counted(run.samples.get(n, []), "suspicions_refuted") for n in names
+        },
+        "replans": {n: _counted(run.samples.get(n, []), "replans") for n in names},
         "checks": checks,
         "passed": all(checks.values()),
         "samples": run.samples,
@@ -709,7 +739,10 @@ def print_soak(out: dict[str, Any]) -> None:
             f"{restart['exit_s']} s, back in {restart['back_s']} s, every view whole "
             f"{restart['view_s']} s later"
         )
-    print(f"false deaths: {out['false_deaths']} (declared-dead notices: {out['declared_dead']})")
+    refuted = sum(out["suspicions_refuted"].values())
+    print(f"false deaths: {out['false_deaths']} (declared-dead notices: {out['declared_dead']}); "
+          f"suspicions refuted in time: {refuted}; jobs re-planned: "
+          f"{sum(out['replans'].values())}")  # fmt: skip
     grown = _grown_tables(samples, end_s)
     if grown:
         print("tables that grew over the second half: " + "; ".join(grown))

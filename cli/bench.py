@@ -716,6 +716,14 @@ def bench_soak(
     sample_s: Annotated[
         float, typer.Option("--sample-s", help="Seconds between two reads of each worker.")
     ] = 2.0,
+    job_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--job-timeout-s",
+            help="A job with no answer by then is hung (past the cluster's pace at --in-flight: "
+            "a job waits about in-flight / jobs per second).",
+        ),
+    ] = 30.0,
     worker_pythonpath: Annotated[
         str | None, typer.Option(help="Run the workers from this checkout (a before/after).")
     ] = None,
@@ -752,6 +760,7 @@ def bench_soak(
         restart=restart,
         time_scale=time_scale,
         sample_s=sample_s,
+        job_timeout_s=job_timeout_s,
         seed=seed,
     )
     soak.run(

@@ -68,6 +68,10 @@ class WorkerStats:
     replans: int = 0
     peers_joined: int = 0
     peers_lost: int = 0
+    #: times a peer suspected this worker and it refuted in time (a busy worker, not a dead
+    #: one: nothing is re-planned); and times a peer had declared it dead (it rejoined)
+    suspicions_refuted: int = 0
+    deaths_refuted: int = 0
     messages_dropped: int = 0
     #: events whose handling raised (logged with their traceback); the worker serves on
     internal_errors: int = 0

@@ -342,13 +342,19 @@ class FailureDetector:
 
     def _suspicion_timeout_s(self, members: int, confirmations: int, name: str) -> float:
         """How long a suspicion of ``name`` lasts here: Lifeguard's, stretched by this
-        worker's local health (a slow worker is slow to hear refutations too), plus twice
-        how slow ``name`` has been to ack lately (a busy peer refutes late; one that was
-        quick when it went silent gets no more time); never more than the longest (with
-        ``--peer-timeout-ms``, the bound the operator set)."""
+        worker's local health (a slow worker is slow to hear refutations too), never more
+        than the longest (with ``--peer-timeout-ms``, the bound the operator set); plus
+        twice how slow ``name`` has been to ack lately, up to the longest again
+        (:meth:`~compass.membership.swim.Probing.busy_bound_s`).
+
+        A busy peer refutes late: on a saturated host every worker's loop lags alike, so the
+        others' confirmations are no independent evidence, and a suspicion cut to Lifeguard's
+        shortest, or capped at the longest, dropped workers that were alive and serving
+        (issue 32). One that was quick when it went silent (killed, stopped, cut off) gets
+        no more time than before."""
         base = self.probing.suspicion_timeout_s(members, confirmations) * (1 + self.health)
         _, longest = self.probing.suspicion_bounds_s(members)
-        return min(base + 2 * self.slowness.get(name, 0.0), longest)
+        return min(base, longest) + min(2 * self.slowness.get(name, 0.0), longest)
 
     def unsuspect(self, name: str, out: list[Decision]) -> None:
         """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""

@@ -614,12 +614,14 @@ class Moved(Caused):
 
 @dataclass(frozen=True, slots=True)
 class Refuted(Caused):
-    """``by`` had declared this worker dead at incarnation ``declared``: it is ``incarnation``
-    now."""
+    """``by`` had declared this worker dead at incarnation ``declared`` (``suspected``: only
+    suspected it, which the refutation ends before anyone declares it dead): it is
+    ``incarnation`` now."""
 
     by: str
     declared: int
     incarnation: int
+    suspected: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,11 @@ class Probing:
         longest = min(self.suspicion_max_mult * shortest, self.suspicion_max_s)
         return min(shortest, longest), longest
 
+    def busy_bound_s(self, members: int) -> float:
+        """The longest a suspicion of a peer that was slow to ack lately lasts: twice the
+        longest (a busy peer's slowness extends it by at most the longest again)."""
+        return 2 * self.suspicion_bounds_s(members)[1]
+
     def suspicion_timeout_s(self, members: int, confirmations: int) -> float:
         """How long a suspicion lasts once ``confirmations`` other workers suspect the same
         peer (Lifeguard): the longest at none, falling with the log of the confirmations to

@@ -531,16 +531,18 @@ class MemberTable:
         self._remove(now, name, f"it restarted (a new instance of it answers at {address})", out)
         return True
 
-    def _refute(self, dead: int | None, by: str, out: list[Decision]) -> None:
-        """``by`` says it declared this worker dead (or suspects it) at incarnation ``dead``:
-        take a newer one, and tell everyone."""
+    def _refute(
+        self, dead: int | None, by: str, out: list[Decision], *, suspected: bool = False
+    ) -> None:
+        """``by`` says it declared this worker dead (``suspected``: suspects it) at incarnation
+        ``dead``: take a newer one, and tell everyone."""
         if dead is not None and dead >= self.incarnation:
             self.incarnation = dead + 1
             self.detector.broadcasts.add(
                 Update("alive", self.name, self.incarnation, self.address, self.name)
             )
             self.detector.adjust_health(+1)
-            out.append(Refuted(by, dead, self.incarnation))
+            out.append(Refuted(by, dead, self.incarnation, suspected))
 
     def _remember(self, name: str, address: str) -> Member:
         known = self.members.get(name)
@@ -674,7 +676,7 @@ class MemberTable:
         if u.name == self.name:
             if u.status != "alive" and not self.leaving:
                 before = self.incarnation
-                self._refute(u.incarnation, by, out)
+                self._refute(u.incarnation, by, out, suspected=u.status == "suspect")
                 peer = self.live.get(by)
                 if self.incarnation > before and peer is not None:
                     # the refutation goes first: to the one that suspects it, now, on a probe

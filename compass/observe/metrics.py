@@ -514,6 +514,16 @@ _CACHE_COUNTERS = (
 _WORKER_COUNTERS = (
     ("compass_peers_joined", "peers_joined", "Peers that joined (or came back)."),
     ("compass_peers_lost", "peers_lost", "Peers lost."),
+    (
+        "compass_suspicions_refuted",
+        "suspicions_refuted",
+        "Suspicions of this worker it refuted in time (it was busy, not dead).",
+    ),
+    (
+        "compass_deaths_refuted",
+        "deaths_refuted",
+        "Times a peer had declared this worker dead and it rejoined.",
+    ),
     ("compass_moves", "moves", "Tasks moved by dynamic adjustment."),
     ("compass_replans", "replans", "Jobs planned again after a lost peer."),
     ("compass_messages_dropped", "messages_dropped", "Peer messages dropped (bad or unsendable)."),

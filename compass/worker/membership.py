@@ -183,6 +183,10 @@ class Membership:
         self._clock = options.clock
         self._dial = options.dial
         self._connecting: set[str] = set()
+        #: suspicions of this worker it refuted, and declarations of its death it came back
+        #: from (its status's stats count them)
+        self.suspicions_refuted = 0
+        self.deaths_refuted = 0
         #: its background tasks: retries, dials, probes, closing channels, the sweeper
         self._tasks = Supervisor(options.channels.name, log, on_failure=on_failure)
         #: the live peers and the channels to them, opened on demand
@@ -266,7 +270,13 @@ class Membership:
                     self._wake.set()
                 case Refuse():
                     raise decision.error()
+                case Refuted(suspected=True):
+                    self.suspicions_refuted += 1
+                    log.info("%s: %s suspected this worker (incarnation %d); refuted as "
+                             "incarnation %d", self.name, decision.by, decision.declared,
+                             decision.incarnation)  # fmt: skip
                 case Refuted():
+                    self.deaths_refuted += 1
                     log.warning("%s: %s had declared this worker dead (incarnation %d); rejoined "
                                 "as incarnation %d", self.name, decision.by, decision.declared,
                                 decision.incarnation)  # fmt: skip

@@ -636,8 +636,13 @@ class Worker:
 
     @property
     def stats(self) -> WorkerStats:
-        """Every counter, the core's and the adapter's summed (a new count at each read)."""
-        return self.core.stats.plus(self.run_stats)
+        """Every counter, the core's, the adapter's and the membership's (a new count at each
+        read)."""
+        stats = self.core.stats.plus(self.run_stats)
+        if self.membership is not None:
+            stats.suspicions_refuted = self.membership.suspicions_refuted
+            stats.deaths_refuted = self.membership.deaths_refuted
+        return stats
 
     def status(self) -> dict[str, Any]:
         return describe(self)  # what compass status shows

@@ -140,6 +140,9 @@ async def test_a_worker_stalled_again_and_again_is_not_declared_dead(
         for status in statuses[:2]:
             assert cluster.workers[2].name in {p["name"] for p in status.peers}
         assert not _false_deaths(statuses), _false_deaths(statuses)
+        # suspected while stopped, it refuted each time, and nobody had declared it dead
+        assert statuses[2].stats["suspicions_refuted"] > 0
+        assert [s.stats["deaths_refuted"] for s in statuses] == [0, 0, 0]
 
 
 async def _dropped(clients: list[Client], victim: str, t0: float, limit_s: float) -> float:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from compass._bench.soak import SoakConfig, false_deaths, rss_growth_mb
+from compass._bench.soak import SoakConfig, _counted, false_deaths, rss_growth_mb
 from compass._cli.main import main
 from compass.errors import ConfigError
 
@@ -79,21 +79,36 @@ def test_a_loss_counts_as_false_unless_a_restart_explains_it(tmp_path: Path) -> 
         "w0": [
             (t0 + 10, "w0: peer w2 lost (it left the cluster); re-planning its jobs"),  # restart
             (t0 + 30, "w0: peer w1 lost (no answer to probes); re-planning its jobs"),  # false
+            (t0 + 32, "w0: peer w2 removed: suspected for 2155 ms without refuting it"),  # false
             (t0 - 5, "w0: peer w1 lost (no answer); re-planning its jobs"),  # before the run
         ],
         "w2": [
             (t0 + 11, "w2: peer w0 lost (it closed); re-planning its jobs"),  # while restarting
             (t0 + 40, "w2: w0 had declared this worker dead (incarnation 0); rejoined as 1"),
+            (t0 + 50, "w2: w1 suspected this worker (incarnation 1); refuted as incarnation 2"),
         ],
     }
     for name, entries in lines.items():
         text = "".join(f"{stamp(at)} WARNING compass.worker: {line}\n" for at, line in entries)
         (tmp_path / f"{name}.log").write_text(text)
+    with open(tmp_path / "w0.log", "a") as log:  # a peer that left on purpose: INFO, routine
+        log.write(f"{stamp(t0 + 60)} INFO compass.worker: w0: peer w1 removed: it left\n")
     logs = sorted(tmp_path.glob("*.log"))
     lost, declared, events = false_deaths(logs, [("w2", t0 + 9, t0 + 15)], t0)
-    assert (lost, declared) == (1, 1)
+    assert (lost, declared) == (2, 1)
     assert events == [
         {"t": 30.0, "worker": "w0", "peer": "w1", "why": "no answer to probes"},
+        {"t": 32.0, "worker": "w0", "peer": "w2",
+         "why": "suspected for 2155 ms without refuting it"},
         {"t": 40.0, "worker": "w0", "peer": "w2",
          "why": "declared dead (incarnation 0); rejoined as 1"},
     ]  # fmt: skip
+
+
+def test_a_counter_is_summed_over_a_worker_s_processes() -> None:
+    samples: list[dict[str, Any]] = [
+        {"replans": 0}, {"replans": 2}, {"replans": 5}, {},  # a sample without it
+        {"replans": 1}, {"replans": 3},  # restarted: it counts from 0 again
+    ]  # fmt: skip
+    assert _counted(samples, "replans") == 8
+    assert _counted([], "replans") == 0

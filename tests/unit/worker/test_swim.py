@@ -16,6 +16,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -154,6 +155,41 @@ def test_no_ack_asks_k_others_then_suspects_then_declares_dead() -> None:
     assert t.members[target].declared_dead
 
 
+def test_a_peer_slow_to_ack_lately_is_suspected_longer_than_the_longest_a_quick_one_not() -> None:
+    """A saturated host: every worker's loop lags, so a peer that acked a second late a moment
+    ago refutes late too, and a confirmation from a peer as busy is no evidence. Its suspicion
+    lasts past the longest, by twice its slowness (up to the longest again); a peer that was
+    quick when it went silent is declared dead at the longest, as before."""
+    members = 3
+    for slow_s in (1.5, 0.0):
+        t = mesh_table("a", ["b", "c"], probing=replace(PROBING, suspicion_max_s=2.0))
+        _, longest = t.detector.probing.suspicion_bounds_s(members)
+        now = t.detector.probe_at
+        probe = probe_of(t.handle(Tick(now)))
+        while probe.target != "b":  # probe c, quick, until b's turn
+            t.handle(Acked(now + 0.001, probe.target, probe.seq))
+            now = t.detector.probe_at
+            probe = probe_of(t.handle(Tick(now)))
+        t.handle(Acked(now + max(slow_s, 0.001), "b", probe.seq))  # its ack, late (or not)
+        since = now + 5.0
+        (suspect,) = only(t.handle(Gossiped(since, "c", (Update("suspect", "b", 0, "", "c"),))),
+                          Suspect)  # fmt: skip
+        assert isinstance(suspect, Suspect)
+        slowness = t.detector.slowness.get("b", 0.0)
+        expected = min(PROBING.suspicion_timeout_s(members, 0), longest) + min(
+            2 * slowness, longest
+        )
+        assert suspect.timeout_s == pytest.approx(expected)
+        if slow_s:
+            assert slowness == pytest.approx(slow_s, rel=0.01)
+            assert suspect.timeout_s > longest  # past the longest: it was busy
+            assert suspect.timeout_s <= t.detector.probing.busy_bound_s(members)
+        else:
+            assert suspect.timeout_s == pytest.approx(longest, abs=0.01)
+        assert not only(t.handle(Tick(since + suspect.timeout_s - 0.001)), PeerDown)
+        assert only(t.handle(Tick(since + suspect.timeout_s)), PeerDown)
+
+
 def test_an_ack_through_a_peer_or_a_late_direct_one_ends_the_probe() -> None:
     for answer in ("via", "direct"):
         t = mesh_table("a", PEERS)
@@ -271,7 +307,11 @@ def test_a_suspected_worker_refutes_with_a_higher_incarnation_and_the_suspicion_
     a = mesh_table("a", PEERS)
     decisions = a.handle(Gossiped(T0, "b", (Update("suspect", "a", 0, "", "b"),)))
     refuted, told = decisions
-    assert refuted == Refuted("b", 0, 1) and a.incarnation == 1 and a.detector.health == 1
+    assert (
+        refuted == Refuted("b", 0, 1, suspected=True)
+        and a.incarnation == 1
+        and a.detector.health == 1
+    )
     # the one that suspects it hears the refutation at once, on a probe
     assert isinstance(told, SendProbe) and told.target == "b"
     assert told.updates[0] == Update("alive", "a", 1, "a.lan:7341", "a")
