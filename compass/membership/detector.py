@@ -294,6 +294,18 @@ class FailureDetector:
                 suspicion.deadline, suspicion.since + suspicion.stalled + timeout_s
             )
 
+    def _gone_quiet(self, name: str) -> None:
+        """Nothing listens where ``name`` did (a killed process's port refuses): whatever made
+        it slow, it is not busy now. Its suspicion gets no time for slowness."""
+        if self.slowness.pop(name, None) is None:
+            return
+        suspicion = self.suspicions.get(name)
+        if suspicion is not None and name in self.live:
+            timeout_s = self._suspicion_timeout_s(len(self.live) + 1, len(suspicion.by) - 1, name)
+            suspicion.deadline = min(
+                suspicion.deadline, suspicion.since + suspicion.stalled + timeout_s
+            )
+
     def nacked(self, ev: Nacked, out: list[Decision]) -> None:
         probe = self._probes.get(ev.seq)
         if probe is None or probe.relay is not None or probe.indirect_by is None:
@@ -306,6 +318,8 @@ class FailureDetector:
         probe = self._probes.get(ev.seq)
         if probe is None:
             return
+        if ev.refused and probe.relay is None:
+            self._gone_quiet(probe.target)
         if probe.relay is not None:
             self._nack(ev.seq, probe, out)
         elif probe.indirect_by is None and probe.target in self.live:
@@ -344,17 +358,19 @@ class FailureDetector:
         """How long a suspicion of ``name`` lasts here: Lifeguard's, stretched by this
         worker's local health (a slow worker is slow to hear refutations too), never more
         than the longest (with ``--peer-timeout-ms``, the bound the operator set); plus
-        twice how slow ``name`` has been to ack lately, up to the longest again
-        (:meth:`~compass.membership.swim.Probing.busy_bound_s`).
+        twice how slow ``name`` has been to ack lately, up to three times the longest more
+        (:meth:`~compass.membership.swim.Probing.busy_bound_s`), unless its address refused
+        a connection since (:meth:`_gone_quiet`).
 
         A busy peer refutes late: on a saturated host every worker's loop lags alike, so the
         others' confirmations are no independent evidence, and a suspicion cut to Lifeguard's
         shortest, or capped at the longest, dropped workers that were alive and serving
         (issue 32). One that was quick when it went silent (killed, stopped, cut off) gets
-        no more time than before."""
+        no more time than before, and one whose port refuses gets none."""
         base = self.probing.suspicion_timeout_s(members, confirmations) * (1 + self.health)
         _, longest = self.probing.suspicion_bounds_s(members)
-        return min(base, longest) + min(2 * self.slowness.get(name, 0.0), longest)
+        busy = self.probing.busy_bound_s(members) - longest
+        return min(base, longest) + min(2 * self.slowness.get(name, 0.0), busy)
 
     def unsuspect(self, name: str, out: list[Decision]) -> None:
         """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""

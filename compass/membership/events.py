@@ -461,10 +461,12 @@ class Nacked(Caused):
 
 @dataclass(frozen=True, slots=True)
 class ProbeUnsent(Caused):
-    """Probe ``seq`` could not be sent (no channel to its target, and dialing it failed)."""
+    """Probe ``seq`` could not be sent (no channel to its target, and dialing it failed;
+    ``refused``: its host refused the connection, nothing listens at its address)."""
 
     now: float
     seq: int
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,9 +80,11 @@ class Probing:
         return min(shortest, longest), longest
 
     def busy_bound_s(self, members: int) -> float:
-        """The longest a suspicion of a peer that was slow to ack lately lasts: twice the
-        longest (a busy peer's slowness extends it by at most the longest again)."""
-        return 2 * self.suspicion_bounds_s(members)[1]
+        """The longest a suspicion of a peer that was slow to ack lately lasts: four times the
+        longest (a busy peer's slowness extends it by at most three times the longest; on a
+        saturated host a loop stalls seconds at a time). A peer quick to ack before it went
+        silent, or whose port refuses (killed), gets the longest, as before."""
+        return 4 * self.suspicion_bounds_s(members)[1]
 
     def suspicion_timeout_s(self, members: int, confirmations: int) -> float:
         """How long a suspicion lasts once ``confirmations`` other workers suspect the same

@@ -363,6 +363,9 @@ class Membership:
                 return
         except (CompassError, OSError) as exc:
             log.debug("%s: could not reach %s to probe it: %s", self.name, probe.target, exc)
+            if not self._closed:
+                self._apply(ProbeUnsent(self._clock(), probe.seq, _refused(exc)))
+            return
         if not self._closed:
             self._apply(ProbeUnsent(self._clock(), probe.seq))
 
@@ -686,3 +689,15 @@ class Membership:
         closing = [self._tasks.aclose(), *(c.aclose() for c in channels)]
         results = await asyncio.gather(*closing, return_exceptions=True)
         log_failures(results, log, f"{self.name}: closing the channels to peers")
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was caused by, a refused connection: nothing listens there."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes, never a cycle followed for long
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -176,9 +176,8 @@ def test_a_peer_slow_to_ack_lately_is_suspected_longer_than_the_longest_a_quick_
                           Suspect)  # fmt: skip
         assert isinstance(suspect, Suspect)
         slowness = t.detector.slowness.get("b", 0.0)
-        expected = min(PROBING.suspicion_timeout_s(members, 0), longest) + min(
-            2 * slowness, longest
-        )
+        busy = t.detector.probing.busy_bound_s(members) - longest
+        expected = min(PROBING.suspicion_timeout_s(members, 0), longest) + min(2 * slowness, busy)
         assert suspect.timeout_s == pytest.approx(expected)
         if slow_s:
             assert slowness == pytest.approx(slow_s, rel=0.01)
@@ -188,6 +187,28 @@ def test_a_peer_slow_to_ack_lately_is_suspected_longer_than_the_longest_a_quick_
             assert suspect.timeout_s == pytest.approx(longest, abs=0.01)
         assert not only(t.handle(Tick(since + suspect.timeout_s - 0.001)), PeerDown)
         assert only(t.handle(Tick(since + suspect.timeout_s)), PeerDown)
+
+
+def test_a_slow_peer_whose_port_refuses_is_suspected_no_longer_than_the_longest() -> None:
+    """Killed after a busy spell: its channel breaks, the dial to probe it is refused
+    (nothing listens there), and its slowness no longer stretches its suspicion."""
+    t = mesh_table("a", ["b", "c"], probing=replace(PROBING, suspicion_max_s=2.0))
+    _, longest = t.detector.probing.suspicion_bounds_s(3)
+    t.detector.slowness["b"] = 1.5  # it acked 1.5 s late a moment ago
+    since = T0 + 1
+    (suspect,) = only(t.handle(Gossiped(since, "c", (Update("suspect", "b", 0, "", "c"),))),
+                      Suspect)  # fmt: skip
+    assert isinstance(suspect, Suspect) and suspect.timeout_s > longest
+    (probe,) = [d for d in t.handle(ChannelLost(since + 0.1, "b")) if isinstance(d, SendProbe)]
+    t.handle(ProbeUnsent(since + 0.1, probe.seq, refused=True))
+    assert "b" not in t.detector.slowness
+    assert only(t.handle(Tick(since + longest + 0.001)), PeerDown)
+    # refused without slowness, or not refused: nothing changes
+    t2 = mesh_table("a", ["b", "c"], probing=replace(PROBING, suspicion_max_s=2.0))
+    t2.detector.slowness["b"] = 1.5
+    (probe,) = [d for d in t2.handle(ChannelLost(since, "b")) if isinstance(d, SendProbe)]
+    t2.handle(ProbeUnsent(since, probe.seq))
+    assert t2.detector.slowness["b"] == 1.5
 
 
 def test_an_ack_through_a_peer_or_a_late_direct_one_ends_the_probe() -> None:
