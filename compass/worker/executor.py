@@ -193,12 +193,13 @@ class TaskRunner:
         entries = run.entries
         task = self._lookup(run.entry.workflow, run.entry.task)
         outcomes = _outcomes(run)
-        if self.batches.handles(run):  # a step batch: its members come and go at its steps
+        # a step batch (its members come and go at its steps) is a step-wise task, or an
+        # emulated one of several steps: a plain task is never asked
+        if (task.stepwise or run.entry.steps > 1) and self.batches.handles(run):
             self.batches.start(run, outcomes)
             return
         timeout_s = self._limit_s(task)
         t0 = self._clock()
-        tells = self._tells_steps(run.entry)
         if self._emulate or task.fn is None:
             members = [self._lookup(e.workflow, e.task).profile for e in entries]
             delay = emulated_run_s(task.profile, members) * self._time_scale
@@ -208,6 +209,7 @@ class TaskRunner:
             if task.profile.steps > 1:
                 step_s = delay / task.profile.steps
                 self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
+                tells = self._tells_steps(run.entry)
                 if (tells or self._preempt) and self._on_step is not None:
                     loop.call_later(step_s, self._emulated_step, run.entry, 0)  # each step
             return
@@ -220,6 +222,7 @@ class TaskRunner:
             payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
             method = task.call_batch
         elif task.stepwise:
+            tells = self._tells_steps(run.entry)
             stop = self._stops[run.entry] = threading.Event()
             report, window = None, None
             if self._preempt and self._on_step is not None:  # the core's word at each step
