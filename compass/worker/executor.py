@@ -193,8 +193,7 @@ class TaskRunner:
         entries = run.entries
         task = self._lookup(run.entry.workflow, run.entry.task)
         outcomes = _outcomes(run)
-        # a step batch (its members come and go at its steps) is a step-wise task, or an
-        # emulated one of several steps: a plain task is never asked
+        # a step batch is a step-wise task, or an emulated one of steps: a plain one never is
         if (task.stepwise or run.entry.steps > 1) and self.batches.handles(run):
             self.batches.start(run, outcomes)
             return
@@ -238,7 +237,6 @@ class TaskRunner:
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
-        # the outcome is taken as the thread's result is (no callback a loop turn later)
         then = functools.partial(self._thread_done, outcomes, task, t0)
         work = self._threads.run(loop, _call, task, method, module, payload, scope, then=then)
         deadline = loop.time() + timeout_s
@@ -601,9 +599,8 @@ class TaskThreads:
         self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None]] = {}
 
     def abandon(self, work: asyncio.Future[Any], returned: Callable[[], None]) -> None:
-        """Stop waiting for ``work`` (it fails with TimeoutError now: its ``then`` is called
-        on the loop's next turn); ``returned`` is called on the loop when its thread is done
-        with it."""
+        """Stop waiting for ``work`` (it fails with TimeoutError now, ``then`` on the next turn);
+        ``returned`` is called on the loop when its thread is done with it."""
         self.abandoned[work] = returned
         work.set_exception(TimeoutError())
         work.exception()  # retrieved: its awaiter may be gone
@@ -612,8 +609,7 @@ class TaskThreads:
             work.get_loop().call_soon(then, work)
 
     def cancel(self, work: asyncio.Future[Any]) -> None:
-        """Stop waiting for ``work`` (the worker stops): it is cancelled, and its ``then``
-        called on the loop's next turn, as a done callback would be."""
+        """Stop waiting for ``work`` (the worker stops): cancelled, ``then`` on the next turn."""
         if work.cancel():
             then = self._then.pop(work, None)
             if then is not None:
