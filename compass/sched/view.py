@@ -98,6 +98,9 @@ class ClusterView:
         self._base: ViewSnapshot | None = None
         self._placed: ViewSnapshot | None = None  # the base plus counted placements
         self._next_expiry = math.inf
+        #: whether a peer's wait is not zero, so that aging may change it (None: not known
+        #: since the waits last changed)
+        self._peers_wait: bool | None = None
 
     # -- updates ----------------------------------------------------------------------------
 
@@ -226,6 +229,13 @@ class ClusterView:
                     wait[i] += p.task.seconds
         return snap.with_wait(wait)
 
+    def _aging(self) -> bool:
+        """Whether aging may change a wait: some peer's is not zero."""
+        if self._peers_wait is None:
+            me = self._positions.get(self.self_name, -1)
+            self._peers_wait = any(w != 0.0 for i, w in enumerate(self._wait.tolist()) if i != me)
+        return self._peers_wait
+
     def _age(self, wait: FloatArray, now: float) -> FloatArray:
         """``wait`` less each worker's time since its state was received, at least 0."""
         return np.maximum(wait - np.maximum(now - self._got, 0.0), 0.0)
@@ -233,9 +243,11 @@ class ClusterView:
     def _snapshot(self, now: float, without: str, aged: bool = False) -> ViewSnapshot:
         self._expire(now)
         if aged:
-            # not cached: it changes with now
+            # not cached: it changes with now; unless no peer waits (aging leaves a zero wait
+            # zero, and this worker's own is never aged): the same waits, not copied
             base = self._frozen_base()
-            base = base.with_wait(self._age(base.wait_s, now))
+            if self._aging():
+                base = base.with_wait(self._age(base.wait_s, now))
             return self._with_placements(base, without) if self._pending else base
         base = self._frozen_base()
         if not self._pending:
@@ -307,6 +319,8 @@ class ClusterView:
         self._states[state.name] = state
         self._base = None
         self._placed = None
+        if state.name != self.self_name:
+            self._peers_wait = None
         if old is None:
             self._rebuild()
             return
@@ -364,3 +378,4 @@ class ClusterView:
         self._shared = False
         self._base = None
         self._placed = None
+        self._peers_wait = None

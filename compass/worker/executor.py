@@ -193,12 +193,12 @@ class TaskRunner:
         entries = run.entries
         task = self._lookup(run.entry.workflow, run.entry.task)
         outcomes = _outcomes(run)
-        if self.batches.handles(run):  # a step batch: its members come and go at its steps
+        # a step batch is a step-wise task, or an emulated one of steps: a plain one never is
+        if (task.stepwise or run.entry.steps > 1) and self.batches.handles(run):
             self.batches.start(run, outcomes)
             return
         timeout_s = self._limit_s(task)
         t0 = self._clock()
-        tells = self._tells_steps(run.entry)
         if self._emulate or task.fn is None:
             members = [self._lookup(e.workflow, e.task).profile for e in entries]
             delay = emulated_run_s(task.profile, members) * self._time_scale
@@ -208,6 +208,7 @@ class TaskRunner:
             if task.profile.steps > 1:
                 step_s = delay / task.profile.steps
                 self._emulated_steps[run.entry] = (outcomes, task, loop.time(), step_s)
+                tells = self._tells_steps(run.entry)
                 if (tells or self._preempt) and self._on_step is not None:
                     loop.call_later(step_s, self._emulated_step, run.entry, 0)  # each step
             return
@@ -220,6 +221,7 @@ class TaskRunner:
             payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
             method = task.call_batch
         elif task.stepwise:
+            tells = self._tells_steps(run.entry)
             stop = self._stops[run.entry] = threading.Event()
             report, window = None, None
             if self._preempt and self._on_step is not None:  # the core's word at each step
@@ -235,10 +237,10 @@ class TaskRunner:
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
-        work = self._threads.run(loop, _call, task, method, module, payload, scope)
+        then = functools.partial(self._thread_done, outcomes, task, t0)
+        work = self._threads.run(loop, _call, task, method, module, payload, scope, then=then)
         deadline = loop.time() + timeout_s
         self._deadlines[work] = (deadline, run.entry)
-        work.add_done_callback(functools.partial(self._thread_done, outcomes, task, t0))
         watchdog = self._watchdog
         if watchdog is None or deadline < watchdog.when():
             self._arm(deadline)
@@ -292,7 +294,7 @@ class TaskRunner:
             timer.cancel()
         self._timers.clear()
         for work in list(self._deadlines):
-            work.cancel()
+            self._threads.cancel(work)
         self._deadlines.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -593,20 +595,40 @@ class TaskThreads:
         self._count = 0
         #: work given up on (timed out) -> what to call when its thread returns after all
         self.abandoned: dict[asyncio.Future[Any], Callable[[], None]] = {}
+        #: work under way -> what :meth:`run` was told to call once it settles
+        self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None]] = {}
 
     def abandon(self, work: asyncio.Future[Any], returned: Callable[[], None]) -> None:
-        """Stop waiting for ``work`` (it fails with TimeoutError now); ``returned`` is called
-        on the loop when its thread is done with it."""
+        """Stop waiting for ``work`` (it fails with TimeoutError now, ``then`` on the next turn);
+        ``returned`` is called on the loop when its thread is done with it."""
         self.abandoned[work] = returned
         work.set_exception(TimeoutError())
         work.exception()  # retrieved: its awaiter may be gone
+        then = self._then.pop(work, None)
+        if then is not None:
+            work.get_loop().call_soon(then, work)
+
+    def cancel(self, work: asyncio.Future[Any]) -> None:
+        """Stop waiting for ``work`` (the worker stops): cancelled, ``then`` on the next turn."""
+        if work.cancel():
+            then = self._then.pop(work, None)
+            if then is not None:
+                work.get_loop().call_soon(then, work)
 
     def run(
-        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[..., Any],
+        *args: Any,
+        then: Callable[[asyncio.Future[Any]], None] | None = None,
     ) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` in a task thread; the future settles on ``loop``, the running
-        one (passed in: asking for it is a system call on Python 3.11, getpid)."""
+        one (passed in: asking for it is a system call on Python 3.11, getpid). ``then``:
+        called with the future as soon as it settles (a done callback would wait for the
+        loop's next turn), unless it is cancelled (the worker stops)."""
         future: asyncio.Future[Any] = loop.create_future()
+        if then is not None:
+            self._then[future] = then
         with self._lock:
             if self._idle:
                 self._idle -= 1  # that thread takes this work
@@ -623,6 +645,7 @@ class TaskThreads:
         self, future: asyncio.Future[Any], result: Any, error: BaseException | None
     ) -> None:
         returned = self.abandoned.pop(future, None)
+        then = self._then.pop(future, None)
         if returned is not None:
             returned()
         elif not future.done():  # else cancelled: the worker is stopping
@@ -630,6 +653,8 @@ class TaskThreads:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+            if then is not None:
+                then(future)
 
     def _serve(self) -> None:
         while True:

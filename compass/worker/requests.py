@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import compass
@@ -127,6 +127,18 @@ class Served(Described, Protocol):
         traceparent: str | None = None,
         chunks: Chunks | None = None,
     ) -> tuple[str, Any]: ...
+
+    def start_job(
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
+        *,
+        trace: bool = False,
+        traceparent: str | None = None,
+        chunks: Chunks | None = None,
+    ) -> tuple[str, Awaitable[Any]]: ...
 
     @property
     def streamed(self) -> StreamedSteps:
@@ -325,20 +337,25 @@ class _Requests:
             raise InvalidInputs("a submission's tp must be a W3C traceparent string")
         return key, traceparent, Objective.from_wire(body, self.worker.config.time_scale)
 
-    async def submit(self, channel: Channel, body: Any) -> Any:
+    def submit(self, channel: Channel, body: Any) -> Awaitable[Any]:
+        """Start the job now, in the loop turn that read it (:meth:`Worker.start_job
+        <compass.worker.server.Worker.start_job>`); what the request's task awaits is its
+        answer."""
         key, traceparent, objective = self._submission(body, "submit")
         traced = body.get("trace") is True
-        worker = self.worker
-        job_id, value = await worker.submit_job(
+        job_id, answer = self.worker.start_job(
             body["workflow"], body.get("inputs") or {}, key, objective,
             trace=traced, traceparent=traceparent,
         )  # fmt: skip
         if body.get("reply") == "job":  # Client.submit_job: the job's id with its answer
-            reply = {"job": job_id, "value": value}
-            if traced:  # its trace too (None: a resubmitted key's job, traced or not)
-                reply["trace"] = worker.tracer.trace(job_id)
-            return reply
-        return value
+            return self._replied(job_id, answer, traced)
+        return answer
+
+    async def _replied(self, job_id: str, answer: Awaitable[Any], traced: bool) -> Any:
+        reply = {"job": job_id, "value": await answer}
+        if traced:  # its trace too (None: a resubmitted key's job, traced or not)
+            reply["trace"] = self.worker.tracer.trace(job_id)
+        return reply
 
     async def stream(self, channel: Channel, body: Any) -> AsyncIterator[Any]:
         """``submit``, streaming: each partial output of the job's step-wise sinks as

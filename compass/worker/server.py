@@ -600,6 +600,27 @@ class Worker:
         """:meth:`submit`, answering the job's id with its answer (an error names it too).
         ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context;
         ``chunks(job, task, seq, value)``: the job streams its sinks' partial outputs there."""
+        job_id, answer = self.start_job(
+            workflow, inputs, key, objective, trace=trace, traceparent=traceparent, chunks=chunks
+        )
+        return job_id, await answer
+
+    def start_job(
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
+        *,
+        trace: bool = False,
+        traceparent: str | None = None,
+        chunks: Chunks | None = None,
+    ) -> tuple[str, Coroutine[Any, Any, Any]]:
+        """:meth:`submit_job` up to its wait, now (a request handler starts its job in the
+        loop turn that read it, before its task's first step): the job's id, and what to
+        await for its answer (it raises the job's error, naming the job). Cancelling that
+        wait cancels the job; once answered or cancelled, the worker forgets the job's future
+        (a done callback: so also when the wait never began, its task cancelled first)."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
@@ -614,25 +635,24 @@ class Worker:
             job_id, forced=trace, traceparent=traceparent, received=time.time(),
             follow_caller=self.otel is not None,
         )  # fmt: skip
-        try:
-            now, wall = self.clock(), time.time()
-            size = payload_bytes(inputs)
-            self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective,
-                              stream=chunks is not None))  # fmt: skip
-            if tracing is not None:
-                self._note_plan(job_id)
-            return job_id, await future
-        except CompassError as exc:
-            _name_job(exc, job_id)
-            raise
-        finally:
-            self._answers.pop(job_id, None)
-            self._streams.pop(job_id, None)
-            if not future.done() or future.cancelled():  # the client stopped waiting
-                self.apply(Cancel(self.clock(), job_id))
-            if tracing is not None:
-                self.tracer.forget(job_id)  # answered (kept already), or never accepted
-            del future  # else future, error, its traceback and this frame (inputs too): a cycle
+        future.add_done_callback(functools.partial(self._job_ended, job_id, tracing is not None))
+        now, wall = self.clock(), time.time()
+        size = payload_bytes(inputs)
+        self.apply(Submit(now, job_id, workflow, inputs, size, wall, key, objective,
+                          stream=chunks is not None))  # fmt: skip
+        if tracing is not None:
+            self._note_plan(job_id)
+        return job_id, _answer_of(job_id, future)
+
+    def _job_ended(self, job_id: str, traced: bool, future: asyncio.Future[Any]) -> None:
+        """Job ``job_id``'s future is done: answered, or cancelled (its caller stopped
+        waiting: the job is cancelled)."""
+        self._answers.pop(job_id, None)
+        self._streams.pop(job_id, None)
+        if future.cancelled():
+            self.apply(Cancel(self.clock(), job_id))
+        if traced:
+            self.tracer.forget(job_id)  # answered (kept already), or never accepted
 
     @property
     def stats(self) -> WorkerStats:
@@ -686,6 +706,17 @@ class Worker:
     def _task_returned(self, entry: QueuedTask) -> None:
         """The thread of a task abandoned past its timeout returned: its model is released."""
         self.apply(TaskReturned(self.clock(), entry))
+
+
+async def _answer_of(job_id: str, future: asyncio.Future[Any]) -> Any:
+    """The answer of job ``job_id`` (its ``future``'s); its error names the job."""
+    try:
+        return await future
+    except CompassError as exc:
+        _name_job(exc, job_id)
+        raise
+    finally:
+        del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
 
 def _name_job(error: CompassError, job_id: str) -> None:

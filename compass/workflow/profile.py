@@ -50,6 +50,10 @@ LEARNED_SPREAD = 16
 #: rest by its age alone
 SAMPLES_COUNTED = 10
 
+#: :attr:`_WorkflowProfile.sole` of a task no worker learned, and of one several learned
+_NONE = -1
+_SEVERAL = -2
+
 #: one learned task time as it spreads: ``(workflow, task, seconds, samples)``, the worker's
 #: own estimate of the task's run there and the runs it measured
 Learned = tuple[str, str, float, int]
@@ -85,6 +89,7 @@ class _WorkflowProfile:
         "output_bytes",
         "published",
         "samples",
+        "sole",
         "steps",
         "version",
         "wf",
@@ -102,6 +107,10 @@ class _WorkflowProfile:
         #: :attr:`Profiles._ticks`; 0: never), which orders what a worker spreads of itself
         self.samples: IntArray = np.zeros((len(tasks), slots), dtype=np.intp)
         self.learned_at: IntArray = np.zeros((len(tasks), slots), dtype=np.intp)
+        #: per task, the one worker slot that learned it (:data:`_NONE`: none yet;
+        #: :data:`_SEVERAL`: more than one), so that the overall estimate of a task learned on
+        #: one worker alone needs no arrays (:meth:`Profiles._merged`)
+        self.sole: list[int] = [_NONE] * len(tasks)
         #: expected steps of each task (1: a plain one), learned apart from the time of one
         #: step (:meth:`Profiles.observe_steps`)
         self.steps: FloatArray = np.array([t.profile.steps for t in tasks], dtype=np.float64)
@@ -112,6 +121,12 @@ class _WorkflowProfile:
 
     def _copy(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         return self.exec_s.copy(), self.output_bytes.copy(), self.exec_by_slot.copy()
+
+    def learned(self, i: int, slot: int) -> None:
+        """Task ``i`` was learned on worker ``slot`` (its samples there are counted)."""
+        sole = self.sole[i]
+        if sole != slot and sole != _SEVERAL:
+            self.sole[i] = slot if sole == _NONE else _SEVERAL
 
     def drifted(self, which: int, i: int, value: float, slot: int = -1) -> bool:
         """Whether ``value``, task ``i``'s new estimate in table ``which`` (on worker ``slot``
@@ -285,6 +300,7 @@ class Profiles:
             mine = float(prof.exec_s[i])
         new_mine = prof.exec_by_slot[i, slot] = mine + self.alpha * (seconds - mine)
         prof.samples[i, slot] += 1
+        prof.learned(i, slot)
         prof.learned_at[i, slot] = next(self._ticks)
         prof.measured_on_workers = True
         new = prof.exec_s[i] = self._merged(prof, i)
@@ -305,6 +321,7 @@ class Profiles:
         slot = self._slot(worker)
         prof.exec_by_slot[i, slot] = seconds
         prof.samples[i, slot] = max(int(samples), 1)
+        prof.learned(i, slot)
         prof.learned_at[i, slot] = next(self._ticks)
         prof.measured_on_workers = True
         new = prof.exec_s[i] = self._merged(prof, i)
@@ -314,7 +331,13 @@ class Profiles:
 
     def _merged(self, prof: _WorkflowProfile, i: int) -> float:
         """Task ``i``'s overall estimate: the workers' learned times weighted by their samples
-        (see the class docstring). Called once something was learned of it."""
+        (see the class docstring). Called once something was learned of it. Learned on one
+        worker alone, that worker's time, computed as the arrays would (``x * w / w``, the
+        same float: a dot product of one term is one product) without them."""
+        sole = prof.sole[i]
+        if sole >= 0:
+            weight = min(int(prof.samples[i, sole]), SAMPLES_COUNTED)
+            return float(prof.exec_by_slot[i, sole]) * weight / weight
         weights = np.minimum(prof.samples[i], SAMPLES_COUNTED)
         learned = weights > 0
         return float(np.dot(prof.exec_by_slot[i, learned], weights[learned]) / weights.sum())
@@ -379,6 +402,7 @@ class Profiles:
             mine = overall
         row[slot] = new_steps * (mine + a * (step - mine))
         prof.samples[i, slot] += 1  # learned here: it spreads with the view
+        prof.learned(i, slot)
         prof.learned_at[i, slot] = next(self._ticks)
         prof.measured_on_workers = True
         new = prof.exec_s[i] = self._merged(prof, i)  # the workers' times, as observe_exec's

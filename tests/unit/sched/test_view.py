@@ -488,6 +488,27 @@ def test_an_aged_snapshot_ages_each_peer_from_its_latest_state() -> None:
     assert list(view.snapshot(2.0, aged=True).wait_s) == pytest.approx([3.0, 3.5, 0.9])
 
 
+def test_an_aged_snapshot_of_idle_peers_is_the_heard_one_until_a_peer_waits() -> None:
+    """No peer waits: aging changes nothing, so the aged snapshot is the view's own (no copy);
+    a peer's state with a wait, heard later, or a peer that joins waiting, is aged again."""
+    view = ClusterView("me", heartbeat_s=0.01)
+    view.update_self(Heartbeat("me", 3.0, frozenset(), GB, GB))
+    view.apply_heartbeat(state("p", wait=0.0, seq=1), now=0.0)
+    plain = view.snapshot(2.0)
+    aged = view.snapshot(2.0, aged=True)
+    assert aged is plain and list(aged.wait_s) == [3.0, 0.0]  # me, p
+    view.update_self(Heartbeat("me", 5.0, frozenset(), GB, GB))  # its own is never aged
+    assert list(view.snapshot(2.0, aged=True).wait_s) == [5.0, 0.0]
+    view.apply_heartbeat(state("p", wait=4.0, seq=2), now=1.0)
+    assert list(view.snapshot(2.0, aged=True).wait_s) == [5.0, 3.0]
+    view.apply_heartbeat(state("p", wait=0.0, seq=3), now=1.5)
+    assert view.snapshot(2.0, aged=True) is view.snapshot(2.0)
+    view.apply_heartbeat(state("q", wait=1.0, seq=1), now=1.5)  # joins waiting
+    assert list(view.snapshot(2.0, aged=True).wait_s) == [5.0, 0.0, 0.5]  # me, p, q
+    view.remove("q")
+    assert view.snapshot(2.0, aged=True) is view.snapshot(2.0)
+
+
 def test_a_counted_view_keeps_the_workers_and_freezes_what_it_is_given() -> None:
     base = ViewSnapshot.build([state("b", 0.5, ("m",)), state("a", 0.1), state("c", free=GB)])
     wait = base.wait_s.copy()

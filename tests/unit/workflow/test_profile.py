@@ -192,3 +192,28 @@ def test_the_version_moves_exactly_when_an_estimate_drifts_from_the_published_on
         assert moved == expected
         bumps += moved
     assert 100 < bumps < 2_900, bumps  # both ways, many times
+
+
+def test_the_overall_time_is_the_weighted_mean_to_the_bit_learned_on_one_worker_or_more() -> None:
+    """The overall estimate of a task learned on one worker alone is that worker's time,
+    computed without arrays: the same float as the weighted mean over every worker's (the
+    numpy product of weights and times); once others learn it, their times count too."""
+    rng = random.Random(7)
+    p = profiles(alpha=0.3)
+
+    def weighted_mean() -> float:
+        slots = [p._slots[w] for w in ("x", "y", "z") if w in p._slots]
+        times = np.array([p.exec_s("w", "a", w) for w in ("x", "y", "z") if w in p._slots])
+        prof = p._workflows["w"]
+        weights = np.minimum(prof.samples[0, slots], 10)
+        return float(np.dot(times, weights) / weights.sum())
+
+    for n in range(40):  # one worker, past the samples counted: every estimate to the bit
+        p.observe_exec("w", "a", "x", rng.uniform(1e-6, 3.0) * 10 ** rng.randint(-6, 1))
+        assert p.exec_s("w", "a") == weighted_mean(), n
+    p.adopt_exec("w", "a", "y", 0.125, samples=3)  # another's, from its heartbeat
+    assert p.exec_s("w", "a") == weighted_mean() != p.exec_s("w", "a", "x")
+    for _ in range(5):
+        p.observe_exec("w", "a", "z", rng.uniform(0.0, 2.0))
+        p.observe_exec("w", "a", "x", rng.uniform(0.0, 2.0))
+        assert p.exec_s("w", "a") == weighted_mean()
