@@ -54,7 +54,7 @@ def test_a_stall_of_its_own_moves_every_deadline_of_its_own_and_counts_against_i
     assert isinstance(down, PeerDown) and "340 ms of it this worker's own stalls" in down.why
 
 
-def test_a_peer_that_acked_late_gets_that_much_longer_to_refute_within_the_longest() -> None:
+def test_a_peer_that_acked_late_gets_that_much_longer_to_refute_within_the_busy_bound() -> None:
     t = mesh_table("a", PEERS)
     members = len(PEERS) + 1
     _, longest = PROBING.suspicion_bounds_s(members)
@@ -79,10 +79,13 @@ def test_a_peer_that_acked_late_gets_that_much_longer_to_refute_within_the_longe
         sent = t2.detector.probe_at - PROBING.period_s
         t2.handle(Acked(sent + rtt, target, p.seq))
     assert t2.detector.slowness[target] == pytest.approx(0.1)
-    # never past the longest, however slow
+    # past the longest (a busy peer refutes late), but never past the busy bound, however slow
     t.detector.slowness[target] = 60.0
     t.handle(Gossiped(now + 1, "z", (Update("suspect", target, 0, "", "z"),)))
-    assert suspicion.deadline == pytest.approx(now + 1 + longest)
+    busy = PROBING.busy_bound_s(members) - longest
+    confirmed = min(PROBING.suspicion_timeout_s(members, 2), longest)
+    assert suspicion.deadline == pytest.approx(now + 1 + confirmed + busy)
+    assert suspicion.deadline - (now + 1) <= PROBING.busy_bound_s(members)
 
 
 def test_an_ack_after_its_probe_failed_still_tells_how_slow_the_peer_is() -> None:
