@@ -46,6 +46,8 @@ class GoodputConfig:
     batch_gain: str | None = None
     #: scheduling at step boundaries, for every policy not named "NAME (no preemption)"
     preempt: bool = False
+    #: how ingresses admit, for every policy not named "NAME (plan admission)"
+    admission: str = "plan"
 
 
 def run_cli(config: GoodputConfig, json_path: str | None, plot_path: str | None) -> dict[str, Any]:
@@ -57,7 +59,8 @@ def run_cli(config: GoodputConfig, json_path: str | None, plot_path: str | None)
     run = simulator_goodput_run(
         workload, workers=config.workers, jobs=config.jobs, deadline_x=config.deadline_x,
         priority_mix=config.priority_mix, arrival=config.arrival, cv=config.cv,
-        sim={"host_lanes": config.host_lanes, "preempt": config.preempt},
+        sim={"host_lanes": config.host_lanes, "preempt": config.preempt,
+             "admission": config.admission},
     )  # fmt: skip
     grid = ("policies", "loads", "seeds", "shed")
     out = goodput_for_workload(

@@ -13,7 +13,7 @@ import typer
 
 from compass.config import SIM_WORKER
 from compass.errors import ConfigError
-from compass.sim.settings import with_preemption, with_step_batching
+from compass.sim.settings import with_learned_admission, with_preemption, with_step_batching
 
 if TYPE_CHECKING:
     from compass._bench.elastic import TrafficConfig
@@ -173,6 +173,14 @@ def sim(
             "policy also as 'NAME (no step batching)')."
         ),
     ] = Preempt.on,
+    learned_admission: Annotated[
+        Preempt,
+        typer.Option(
+            help="--goodput: an ingress also admits only as many jobs of a workflow and "
+            "priority as those it admitted were not mostly dropped: on, off, or both (each "
+            "policy also as 'NAME (plan admission)')."
+        ),
+    ] = Preempt.off,
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -215,6 +223,12 @@ def sim(
     batch = batching_keywords(batching, batch_gain)
     runs_of, preempting = with_preemption(tuple(names), preempt.value)
     names = list(with_step_batching(runs_of, step_batch.value))
+    admission = "plan"
+    if learned_admission != Preempt.off:
+        if not goodput:
+            fail("--learned-admission is for --goodput", 2)
+        admitted, admission = with_learned_admission(tuple(names), learned_admission.value)
+        names = list(admitted)
     if (preempting and traffic is not None) or (preempt == Preempt.both and compare_real):
         fail("--preempt is for the plain simulation, --capacity, --goodput and (on, not both) "
              "--compare-real", 2)  # fmt: skip
@@ -277,6 +291,7 @@ def sim(
             host_lanes=host_lanes,
             **batch,
             preempt=preempting,
+            admission=admission,
         )
         goodput_bench.run_cli(grid, json_path, plot)
         return

@@ -263,6 +263,15 @@ def worker_start(
             "deadline stops at its next step.",
         ),
     ] = WORKER.sched.preempt,
+    admission: Annotated[
+        str,
+        typer.Option(
+            envvar=env("admission"),
+            help="How this worker admits a job with a deadline as its ingress: plan (its plan's "
+            "estimate makes the deadline) or learned (besides, only as many jobs of a workflow "
+            "and priority as did not lose more than 10% of their work to drops on the way).",
+        ),
+    ] = WORKER.sched.admission,
     view: Annotated[
         str,
         typer.Option(
@@ -508,6 +517,7 @@ def worker_start(
             adjust_threshold=adjust_threshold,
             warm=warm,
             preempt=preempt,
+            admission=admission,
             view=check_view(view),
             candidates=candidates,
             holders=holders,

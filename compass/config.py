@@ -228,6 +228,9 @@ class CacheConfig:
 View = Literal["bounded", "mesh"]
 VIEWS: tuple[View, ...] = get_args(View)
 
+#: how an ingress admits jobs with deadlines (SchedConfig.admission)
+ADMISSIONS = ("plan", "learned")
+
 
 def check_view(value: str) -> View:
     """``value`` as a :data:`View` (a flag's text); ConfigError naming the choices otherwise."""
@@ -263,6 +266,10 @@ class SchedConfig:
     #: waiting would miss, takes a running step-wise task's lane between two of its steps, and
     #: a step-wise task whose job is past saving stops there (compass/core/preempt.py)
     preempt: bool = False
+    #: how an ingress admits a job with a deadline: "plan", when its plan's estimate makes the
+    #: deadline; "learned", besides, only as many of a kind (workflow and priority) as those it
+    #: admitted were not mostly dropped on the way (compass/core/admission.py, AdmittedShare)
+    admission: str = "plan"
     #: what a planner sees: "bounded" (a job's candidates; load from the workers it watches,
     #: residency from rumors, compass/gossip/spread.py) or "mesh" (every worker, each
     #: heartbeating every peer every heartbeat_ms)
@@ -287,6 +294,10 @@ class SchedConfig:
     def __post_init__(self) -> None:
         if self.view not in VIEWS:
             raise ConfigError(f"--view must be one of {', '.join(VIEWS)}, got {self.view!r}")
+        if self.admission not in ADMISSIONS:
+            raise ConfigError(
+                f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}"
+            )
         for name, value, least in (("candidates", self.candidates, 0),
                                    ("holders", self.holders, 0),
                                    ("explore", self.explore, 0),

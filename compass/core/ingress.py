@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from compass.core.admission import Admission, unreachable
+from compass.core.admission import Admission, AdmittedShare, unreachable, work_before
 from compass.core.answers import KeptAnswers, final_answer
 from compass.core.causes import Cause
 from compass.core.estimates import Estimates
@@ -97,11 +97,20 @@ class Host(Protocol):
 
 class Ingress:
     """The jobs worker ``host.name`` accepted; see the module docstring. ``admission``: its
-    limits; ``answered``: the answers kept for keys."""
+    limits; ``answered``: the answers kept for keys; ``learned``: the share of each kind of
+    job it admits, learned from what became of those it admitted (None: the plan's estimate
+    alone decides)."""
 
-    def __init__(self, host: Host, admission: Admission, answered: KeptAnswers) -> None:
+    def __init__(
+        self,
+        host: Host,
+        admission: Admission,
+        answered: KeptAnswers,
+        learned: AdmittedShare | None = None,
+    ) -> None:
         self._host = host
         self.admission = admission
+        self.learned = learned
         #: unanswered jobs this worker is the ingress of
         self.jobs: dict[str, IngressJob] = {}
         self.held_bytes = 0  # of inputs, held for unanswered jobs (to re-plan them)
@@ -186,7 +195,7 @@ class Ingress:
             if plan is None or set(plan) != set(job.workflow.tasks):
                 plan = self._host.plan_here(self._info(job), now, view)
             # a job whose choices are yet to be made is dropped when late, not refused
-            if job.deadline is not None and not job.objective.finish and not job.workflow.unfold:
+            if _admitted_by_deadline(job):
                 self._admit(job, plan, now)
         except CompassError as exc:
             self._answer(job, now, error=exc)
@@ -209,6 +218,13 @@ class Ingress:
         )
         finish = host.estimates.plan_finish_s(job.workflow, plan, view, now, job.input_bytes)
         error = unreachable(job, finish)
+        learned = self.learned
+        if (
+            error is None
+            and learned is not None
+            and not learned.admits(job.workflow.name, job.objective.priority)
+        ):
+            error = learned.refusal(job)
         if error is not None:
             host.stats.jobs_unreachable += 1
             raise error
@@ -363,6 +379,8 @@ class Ingress:
         host = self._host
         del self.jobs[job.job_id]
         self.held_bytes -= job.input_bytes
+        if self.learned is not None and _admitted_by_deadline(job):
+            self._learn(self.learned, job, error)
         host.links.forget(job.job_id)
         host.send_done(job.job_id, job.workers(), below=None, now=now)
         if job.key is not None:
@@ -376,6 +394,19 @@ class Ingress:
             host.emit(Answer(waiter, value=value, error=own, stimulus=cause))
         record = job.record(now, ok=error is None)
         host.emit(Answer(job.job_id, value=value, error=error, record=record, stimulus=cause))
+
+    def _learn(self, learned: AdmittedShare, job: IngressJob, error: CompassError | None) -> None:
+        """What admitted ``job``'s answer teaches: in time, or dropped on the way or late,
+        with the share of its work that ran (a failure or a cancel teaches nothing)."""
+        if error is not None and type(error) is not DeadlineExceeded:
+            return
+        name, lost = job.workflow.name, 0.0
+        if error is not None:  # the task dropped (none: answered late, all its work ran)
+            profiles, here = self._host.estimates.profiles, self._host.name
+            detail = error.detail
+            task = detail.get("task") if isinstance(detail, dict) else None
+            lost = work_before(job.workflow, task, lambda t: profiles.exec_s(name, t, here))
+        learned.observe(name, job.objective.priority, dropped=error is not None, lost=lost)
 
     def _answer_now(self, job_id: str, error: CompassError) -> None:
         """Refuse a job that was never accepted."""
@@ -399,3 +430,8 @@ class Ingress:
                 job.abandoned = True
                 return
         self._answer(job, ev.now, error=WorkerUnavailable("the client stopped waiting"))
+
+
+def _admitted_by_deadline(job: IngressJob) -> bool:
+    """Whether ``job`` was admitted by its deadline (:meth:`Ingress._admit`)."""
+    return job.deadline is not None and not job.objective.finish and not job.workflow.unfold

@@ -35,8 +35,9 @@ The rules:
 - **Step boundaries.** With ``preempt`` on, a running step-wise task reports each step's end
   (:meth:`Lanes.stepped`): a queued task that the rule of :mod:`compass.core.preempt` lets
   run first takes its lane (the task is suspended: :class:`SuspendTask`, back in the queue with
-  the steps it has left, its state held in the cache), and a task whose job is past saving is
-  stopped (:class:`StopTask`) and its job answered. Plain tasks, and batches, run to their end.
+  the steps it has left, its state held in the cache: :mod:`compass.core.suspend`), and a
+  task whose job is past saving is stopped (:class:`StopTask`) and its job answered. Plain
+  tasks, and batches, run to their end.
 - **Stuck tasks.** A task that ran past its timeout frees its lane but keeps its model pinned
   until its thread returns. Past ``max_stuck`` such tasks (host lanes' and GPU lanes' alike: each
   holds a thread) the worker is *degraded*: every task it would start fails at once
@@ -55,9 +56,10 @@ from compass.cache.slab import SlabHandle
 from compass.core.causes import Cause
 from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTask  # its union
 from compass.core.options import CoreOptions
-from compass.core.preempt import left_s, past_saving, preempts
+from compass.core.preempt import left_s, past_saving
 from compass.core.queue import QueuedTask, TaskQueue
 from compass.core.stepbatch import StepBatch, closed, with_open
+from compass.core.suspend import Suspensions, past_saving_error
 from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step", "SuspendTask"]
@@ -153,11 +155,8 @@ class Lanes:
         #: scheduling at step boundaries (:meth:`stepped`): preemption, step-level shedding
         #: (off unless the core's options turn it on: ``build_core``)
         self._preempt = _DEFAULT.preempt
-        #: suspended step-wise tasks -> the cache's slabs their states hold (None: no state)
-        self.suspended: dict[QueuedTask, SlabHandle | None] = {}
-        #: suspensions so far, and preemptions refused for want of room for the state
-        self.suspensions = 0
-        self.refused_for_state = 0
+        #: the suspended step-wise tasks and the cache's slabs their states hold
+        self.held = Suspensions(cache)
         #: tasks abandoned past their timeout whose threads still run
         self.stuck = 0
         #: tasks dropped because their job could no longer make its deadline
@@ -193,6 +192,21 @@ class Lanes:
     def preempt(self, on: bool) -> None:
         # the queue's waits for a higher priority count a step-wise run's step under way only
         self._preempt = self.queue.preempt = on
+
+    @property
+    def suspended(self) -> dict[QueuedTask, SlabHandle | None]:
+        """The suspended step-wise tasks -> the slabs their states hold (None: no state)."""
+        return self.held.held
+
+    @property
+    def suspensions(self) -> int:
+        """Suspensions so far."""
+        return self.held.count
+
+    @property
+    def refused_for_state(self) -> int:
+        """Preemptions refused for want of room for the state (or the head's model)."""
+        return self.held.refused_for_state
 
     # -- what the view and status read ---------------------------------------------------------
 
@@ -296,28 +310,16 @@ class Lanes:
             return []  # its last step: it ends now anyway
         if past_saving(entry, left, now):
             self.shed += 1
-            assert entry.deadline is not None
-            late_s = now + left - entry.deadline
-            return [StopTask((entry,), cause), CannotRun(entry, DeadlineExceeded(
-                f"job {entry.job_id}: task {entry.task!r} stopped after step {done}: the "
-                f"{left * 1000:.1f} ms of steps it has left end {late_s * 1000:.1f} ms past the "
-                "job's deadline; dropped",
-                detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
-            ))]  # fmt: skip
+            return [StopTask((entry,), cause),
+                    CannotRun(entry, past_saving_error(entry, done, left, now))]  # fmt: skip
         if batch is not None and run.pending > 1:
             return []  # a step batch is suspended only when one member is left
         head = self.queue.peek()
-        if head is None or len(self.suspended) >= self.lanes:
-            return []  # one suspended task a lane at most: it resumes before anything else
-        if batch is not None and head.group == entry.group:
-            return []  # a task of its group takes a seat instead
-        cache = self.cache
-        loads = head.model is not None and not (
-            cache.is_resident(head.model) or cache.is_loading(head.model)
-        )
-        if not preempts(entry, left, head, now, switch_s=head.fetch_s if loads else 0.0):
+        if head is None or not self.held.switches(
+            entry, left, head, now, lanes=self.lanes, batched=batch is not None
+        ):
             return []
-        return self._decide(cause, self._suspend, run, entry, (done, left), head, loads, now)
+        return self._decide(cause, self._suspend, run, entry, (done, left), head, now)
 
     def _suspend(
         self,
@@ -325,28 +327,17 @@ class Lanes:
         entry: QueuedTask,
         progress: tuple[int, float],
         head: QueuedTask,
-        loads: bool,
         now: float,
     ) -> None:
         """``entry`` gives ``run``'s lane up (its lone member, for a step batch): back in the
         queue with the steps it has left (``progress``: its run's steps done and the seconds
         left), its state held in the cache and its model kept pinned (its code holds the
-        model's weights), so the queue's head (``loads``: when its model must be loaded first)
-        must fit beside them; otherwise it runs on. The lane takes the next task."""
+        model's weights), so the queue's head must fit beside them
+        (:meth:`Suspensions.hold`); otherwise it runs on. The lane takes the next task."""
         done, left = progress
-        state: SlabHandle | None = None
         steps = entry.done_steps + done
-        if entry.state_bytes:
-            state = self.cache.hold_state(entry.state_bytes * steps)
-            if state is None:
-                self.refused_for_state += 1
-                return  # no room for its state: it runs on
-        if loads and not self._fits(head):
-            if state is not None:
-                self.cache.release_state(state)
-            self.refused_for_state += 1
+        if not self.held.hold(entry, steps, head, self.queue.upcoming_models):
             return
-        self.suspensions += 1
         self.version += 1
         del self._runs[entry]
         self._idle.append(run.lane)
@@ -357,30 +348,14 @@ class Lanes:
         entry.expected_s = left
         entry.done_steps = steps
         entry.enqueued_at = now
-        self.suspended[entry] = state
         self._steps.append(SuspendTask(entry, self._cause))
         self.queue.push(entry)
         self._fill(now, first=head)
 
-    def _fits(self, head: QueuedTask) -> bool:
-        """Whether ``head``'s model can be loaded now (evicting what is not pinned)."""
-        assert head.model is not None
-        try:
-            return self.cache.plan_load(head.model, self.queue.upcoming_models()) is not None
-        except CompassError:  # it can never fit here: its own run fails, not this choice
-            return False
-
-    def _resumed(self, entry: QueuedTask) -> None:
-        """A suspended task left the queue (to run again, or dropped): its state's slabs
-        are free."""
-        state = self.suspended.pop(entry, None)
-        if state is not None:
-            self.cache.release_state(state)
-
     def _abandon(self, entry: QueuedTask, now: float) -> None:
         """Suspended ``entry`` leaves the queue without running again (its job is dropped or
         ended): its state and its model's pin are released, its suspended code stops."""
-        self._resumed(entry)
+        self.held.release(entry)
         self._steps.append(StopTask((entry,), self._cause))
         if entry.model is not None:
             self._unpin(entry.model, now)
@@ -505,8 +480,8 @@ class Lanes:
             if first is not None:
                 entry: QueuedTask | None = self.queue.pop_entry(first, now)
                 first = None
-            elif self.suspended:
-                entry = self.queue.pop_entry(next(iter(self.suspended)), now)
+            elif self.held:
+                entry = self.queue.pop_entry(next(iter(self.held)), now)
             else:
                 entry = self.queue.pop(now)
             if entry is None:
@@ -527,7 +502,7 @@ class Lanes:
                     self._abandon(entry, now)
                 self._fail(run, self._degraded_error(), now)
             elif entry.done_steps:  # resumed: its model stayed pinned and resident
-                self._resumed(entry)
+                self.held.release(entry)
                 self._start(run, now)
             elif model is None:
                 self._start(run, now)

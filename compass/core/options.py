@@ -33,7 +33,9 @@ class CoreOptions:
     into free slabs only (the paper's rule); ``warm``: idle caches warm with the models the
     cluster holds least, when the policy warms caches; ``max_stuck`` tasks past their timeout
     make the worker degraded; ``preempt``: scheduling at step boundaries
-    (:mod:`compass.core.preempt`); ``max_jobs``, ``max_job_bytes`` (one job's inputs) and
+    (:mod:`compass.core.preempt`); ``admission``: ``"learned"`` admits only as many jobs of a
+    kind as are not mostly dropped on the way (:class:`~compass.core.admission.AdmittedShare`);
+    ``max_jobs``, ``max_job_bytes`` (one job's inputs) and
     ``max_held_bytes`` (all its jobs' inputs) bound what an ingress holds;
     ``keep_answer_bytes`` and ``keep_answer_s`` (on the core's clock) the answers it keeps for
     resubmitted job keys; ``learn``: measured timings, output sizes, transfers and
@@ -51,6 +53,7 @@ class CoreOptions:
     warm: bool = _WORKER.sched.warm
     max_stuck: int = _WORKER.max_stuck_tasks
     preempt: bool = _WORKER.sched.preempt
+    admission: str = _WORKER.sched.admission
     max_jobs: int = _WORKER.max_jobs
     max_job_bytes: int = _WORKER.job_bytes
     max_held_bytes: int = _WORKER.max_held_bytes
@@ -79,6 +82,7 @@ def core_options(
         warm=config.sched.warm,
         max_stuck=config.max_stuck_tasks,
         preempt=config.sched.preempt,
+        admission=config.sched.admission,
         max_jobs=config.max_jobs,
         max_job_bytes=config.job_bytes,
         max_held_bytes=config.max_held_bytes,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import assert_never
 
 from compass.core import unfold
-from compass.core.admission import Admission
+from compass.core.admission import Admission, AdmittedShare
 from compass.core.answers import KEEP_ANSWERS, KeptAnswers
 from compass.core.causes import Cause
 from compass.core.edges import FeedGap, StreamedEdges, keep_fed, step_messages
@@ -141,6 +141,7 @@ class WorkerCore:
             self,
             Admission(name, options.max_jobs, options.max_job_bytes, options.max_held_bytes),
             KeptAnswers(max_bytes=options.keep_answer_bytes, keep_s=options.keep_answer_s),
+            AdmittedShare() if options.admission == "learned" else None,
         )
 
     # -- the one entry point ------------------------------------------------------------------

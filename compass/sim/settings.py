@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 __all__ = [
     "NO_PREEMPTION",
     "NO_STEP_BATCHING",
+    "PLAN_ADMISSION",
     "SimSettings",
     "base_policy",
+    "with_learned_admission",
     "with_preemption",
     "with_step_batching",
 ]
@@ -34,11 +36,16 @@ NO_PREEMPTION = " (no preemption)"
 #: a policy's name with this suffix runs without step batching: the workload's step-wise tasks
 #: run one job each (``--step-batch both``)
 NO_STEP_BATCHING = " (no step batching)"
+#: a policy's name with this suffix admits by its plan's estimate alone where the others learn
+#: what share of each kind of job to admit (``--learned-admission both``)
+PLAN_ADMISSION = " (plan admission)"
 
 
 def base_policy(name: str) -> str:
     """The policy a (possibly suffixed) name runs: ``"jsq (no preemption)"`` is ``"jsq"``."""
-    return name.removesuffix(NO_STEP_BATCHING).removesuffix(NO_PREEMPTION)
+    return (
+        name.removesuffix(PLAN_ADMISSION).removesuffix(NO_STEP_BATCHING).removesuffix(NO_PREEMPTION)
+    )
 
 
 def with_preemption(policies: tuple[str, ...], mode: str) -> tuple[tuple[str, ...], bool]:
@@ -48,6 +55,15 @@ def with_preemption(policies: tuple[str, ...], mode: str) -> tuple[tuple[str, ..
     if mode == "both":
         return (*policies, *(p + NO_PREEMPTION for p in policies)), True
     return policies, mode == "on"
+
+
+def with_learned_admission(policies: tuple[str, ...], mode: str) -> tuple[tuple[str, ...], str]:
+    """``--learned-admission on|off|both``: the policies to run and the admission of the names
+    without :data:`PLAN_ADMISSION` (with ``both`` each policy also runs as
+    ``"NAME (plan admission)"``)."""
+    if mode == "both":
+        return (*policies, *(p + PLAN_ADMISSION for p in policies)), "learned"
+    return policies, "learned" if mode == "on" else "plan"
 
 
 def with_step_batching(policies: tuple[str, ...], mode: str) -> tuple[str, ...]:
@@ -84,7 +100,8 @@ class SimSettings:
     sampled workers and at most ``holders`` holders per model the job needs (None: all).
     ``preempt``: scheduling at step boundaries (:mod:`compass.core.preempt`).
     ``step_batch``: step-wise tasks that declare a batch batch their steps (continuous
-    batching, :mod:`compass.core.lanes`); off, each runs one job.
+    batching, :mod:`compass.core.lanes`); off, each runs one job. ``admission``: how an
+    ingress admits a job with a deadline (:attr:`~compass.config.SchedConfig.admission`).
     """
 
     workers: int
@@ -107,9 +124,13 @@ class SimSettings:
     holders: int | None = SIM_WORKER.sched.holders
     preempt: bool = SIM_WORKER.sched.preempt
     step_batch: bool = True
+    admission: str = SIM_WORKER.sched.admission
 
     def __post_init__(self) -> None:
         policy = self.policy
+        if policy.endswith(PLAN_ADMISSION):  # that policy, admitting by its plan alone
+            policy = policy.removesuffix(PLAN_ADMISSION)
+            object.__setattr__(self, "admission", "plan")
         if policy.endswith(NO_STEP_BATCHING):  # that policy, step batching off
             policy = policy.removesuffix(NO_STEP_BATCHING)
             object.__setattr__(self, "step_batch", False)
@@ -130,7 +151,12 @@ class SimSettings:
             prefetch_evicts=self.prefetch_evicts,
         )
         # warming is a speculative load: no prefetching, no warming
-        sched = replace(SIM_WORKER.sched, warm=self.warm and self.prefetch, preempt=self.preempt)
+        sched = replace(
+            SIM_WORKER.sched,
+            warm=self.warm and self.prefetch,
+            preempt=self.preempt,
+            admission=self.admission,
+        )
         return replace(
             SIM_WORKER, lanes=self.lanes, host_lanes=self.host_lanes, cache=cache, sched=sched
         )

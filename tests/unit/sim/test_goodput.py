@@ -188,3 +188,36 @@ def test_the_simulator_delivers_a_task_s_objective_across_workers(
     hops = [m for m in delivered if m.source == "a"]  # a's output, sent to the other worker
     assert hops, "round robin puts b on the other worker"
     assert all(m.priority == 2 and m.budget_s is not None and m.budget_s < 5.0 for m in hops)
+
+
+def test_learned_admission_both_runs_each_policy_with_the_plan_s_admission_beside(
+    tmp_path: Any,
+) -> None:
+    from compass._cli.main import main
+    from compass.sim.settings import SimSettings, base_policy
+    from compass.workflow.spec import workload_to_dict
+
+    spec = tmp_path / "tiny.json"
+    spec.write_text(json.dumps(workload_to_dict(tiny())))
+    out = tmp_path / "g.json"
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--goodput", "--workload", str(spec), "--policies", "compass",
+              "--loads", "2", "--seeds", "0", "--jobs", "20", "--deadline-x", "1.6",
+              "--shed", "on", "--learned-admission", "both", "--json", str(out)])  # fmt: skip
+    assert done.value.code in (0, None)
+    data = json.loads(out.read_text())
+    assert set(data["goodput"]) == {"compass", "compass (plan admission)"}
+    assert data["config"]["admission"] == "learned"
+    plain = SimSettings(workers=1, policy="jsq (no preemption) (plan admission)", preempt=True,
+                        admission="learned")  # fmt: skip
+    assert (plain.policy, plain.admission, plain.preempt) == ("jsq", "plan", False)
+    assert base_policy("jsq (no preemption) (plan admission)") == "jsq"
+    assert (
+        SimSettings(workers=1, policy="jsq", admission="learned")
+        .worker_config(tiny())
+        .sched.admission
+        == "learned"
+    )
+    with pytest.raises(SystemExit) as bad:  # admission needs deadlines: --goodput only
+        main(["sim", "--workload", str(spec), "--learned-admission", "on"])
+    assert bad.value.code == 2
