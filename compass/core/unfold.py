@@ -37,6 +37,7 @@ __all__ = [
     "counted",
     "forward_step",
     "pass_on",
+    "rank_basis",
     "skip_task",
 ]
 
@@ -81,6 +82,18 @@ class ChainedStep:
 
     sends: tuple[tuple[str, Any], ...]
     plan: dict[str, str]
+
+
+def rank_basis(policy: Policy) -> str | None:
+    """What best time a task of a workflow decided at run time ranks by in the queue under
+    ``policy``: ``"step"``, its step's, as a job of its own (``compass-chained``: a user's
+    client submits each step); ``"progress"``, the expected best time of a job that reached
+    it (:func:`~compass.sched.unfold.expected_best_s`); None, its workflow's likely path's."""
+    if not isinstance(policy, CompassPolicy):
+        return None
+    if policy.options.chained:
+        return "step"
+    return "progress" if policy.options.progress_rank else None
 
 
 def chains_steps(policy: Policy) -> bool:

@@ -132,6 +132,7 @@ VARIANT_OPTIONS = frozenset(
         "moves_joins",
         "batch_aware",
         "deadline_slack",
+        "progress_rank",
     }
 )
 
