@@ -16,7 +16,7 @@ which sends them on as a new job would: one hop later, and queued as a job that 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,10 +24,12 @@ from compass.core.jobs import IngressJob
 from compass.core.messages import ChoseMsg, PeerMessage, ResultMsg, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError
-from compass.sched import Policy
+from compass.sched import JobInfo, Policy
+from compass.sched.adjust import PlacementCounter, record_plan
 from compass.sched.planner import CompassPolicy
 from compass.workflow.choices import SKIPPED, Route, is_skipped
 from compass.workflow.dag import Workflow
+from compass.workflow.profile import Profiles
 
 __all__ = [
     "ChainedStep",
@@ -39,11 +41,33 @@ __all__ = [
     "pass_on",
     "rank_basis",
     "skip_task",
+    "step_of",
 ]
 
 
-class Send(Protocol):
-    def __call__(
+class Profiled(Protocol):
+    """What :func:`forward_step` uses of a core's estimates."""
+
+    @property
+    def profiles(self) -> Profiles: ...
+
+    @property
+    def host_lanes(self) -> bool: ...
+
+
+class ChainHost(Protocol):
+    """What :func:`forward_step` uses of the ingress's worker core."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def view(self) -> PlacementCounter: ...
+
+    @property
+    def estimates(self) -> Profiled: ...
+
+    def send(
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
     ) -> None: ...
 
@@ -164,18 +188,41 @@ def _send_route(
 
 
 def counted(
-    workflow: Workflow, plan: dict[str, str], likely: Collection[str] | None = None
+    workflow: Workflow,
+    plan: dict[str, str],
+    likely: Collection[str] | None = None,
+    policy: Policy | None = None,
 ) -> dict[str, str]:
     """What of a fresh ``plan`` counts as load on its workers: every task of a static workflow,
     the likely ones of an unrolled one (``likely``, as the ingress learned them; default
     :attr:`~compass.workflow.choices.Unfolding.likely`, by the declared weights): the
     branches, copies and iterations a job will not take would count as work that never comes
-    until the next heartbeats."""
+    until the next heartbeats. Under ``compass-chained`` (``policy``) only the first step's:
+    a user's client submits that step alone, knowing nothing of the rest."""
     if workflow.unfold is None:
         return plan
+    if policy is not None and chains_steps(policy):
+        first = step_of(workflow, workflow.roots)
+        return {t: w for t, w in plan.items() if t in first}
     if likely is None:
         likely = workflow.unfold.likely
     return {t: w for t, w in plan.items() if t in likely}
+
+
+def step_of(workflow: Workflow, starts: Iterable[str]) -> frozenset[str]:
+    """The tasks of unrolled ``workflow`` that one chained step starting at ``starts`` runs:
+    what they lead to, up to and including the next decision tasks."""
+    unfolding = workflow.unfold
+    assert unfolding is not None
+    step: set[str] = set()
+    todo = list(starts)
+    while todo:
+        task = todo.pop()
+        if task not in step:
+            step.add(task)
+            if task not in unfolding.points:
+                todo.extend(workflow.succs(task))
+    return frozenset(step)
 
 
 def all_skipped(inputs: Mapping[str, Any]) -> bool:
@@ -190,9 +237,12 @@ def answer_value(sinks: tuple[str, ...], outputs: Mapping[str, Any]) -> Any:
     return next(iter(ran.values())) if len(ran) == 1 else ran
 
 
-def forward_step(send: Send, ingress: str, job: IngressJob, msg: ResultMsg, now: float) -> None:
+def forward_step(
+    host: ChainHost, ingress: str, job: IngressJob, msg: ResultMsg, now: float
+) -> None:
     """At the ingress (``compass-chained``): send the chosen successors of ``msg``'s step on
-    as a new job of the client's would go: from here, its age starting now."""
+    as a new job of the client's would go: from here, its age starting now, the step's tasks
+    counted in their workers' waits as a fresh plan's are (and only they)."""
     step = msg.value
     assert isinstance(step, ChainedStep)
     job.plan.update(step.plan)
@@ -204,4 +254,11 @@ def forward_step(send: Send, ingress: str, job: IngressJob, msg: ResultMsg, now:
         finish=job.objective.finish, stream=job.stream,
     )  # fmt: skip
     for succ, value in step.sends:
-        send(job.plan[succ], template.to(succ, msg.task, value), now, now)
+        host.send(job.plan[succ], template.to(succ, msg.task, value), now, now)
+    tasks = step_of(job.workflow, [succ for succ, _ in step.sends])
+    info = JobInfo(job.job_id, job.workflow, ingress, 0, job.objective.priority)
+    record_plan(
+        host.view, info, {t: job.plan[t] for t in tasks}, host.estimates.profiles, now,
+        host_lanes=host.estimates.host_lanes, planner=ingress,
+        batch_aware=host.policy.batch_aware,
+    )  # fmt: skip

@@ -262,6 +262,25 @@ def test_chained_steps_go_through_the_ingress_as_new_jobs() -> None:
     assert [(m.source, m.t0) for m in onward if m.task == "look@0"] == [("think@0", 0.1)]
 
 
+def test_a_chained_job_counts_as_load_one_step_at_a_time() -> None:
+    """A user's client submits one step at a time, knowing nothing of the rest: at admission
+    only the first step (the first think) counts in its worker's wait, and each later step
+    counts when the ingress sends it on, as a fresh job's plan would."""
+    cluster = Cluster(policy="compass-chained")
+    view = cluster.views["a"]
+    view.waits["a"] = 5.0  # busy: the job's tasks are placed on its peers, and counted there
+    cluster.cores["a"].handle(Submit(0.0, "a-1", "agent", {"x": 0}, 8, 0.0))
+    assert len(view.placed) == 1
+    cluster = Cluster(policy="compass-chained")
+    view = cluster.views["a"]
+    view.waits["a"] = 5.0
+    assert cluster.submit("a-1", "agent", x=0).value == "answered after 3"
+    # the choices are made on the peers, and sent on by the ingress: its view counts the
+    # first think, then each tool with the think it feeds (those placed on peers)
+    assert len(view.placed) >= 1 + 2
+    assert set(view.jobs) == {"a-1"}
+
+
 def test_a_plan_counts_as_load_only_the_tasks_the_job_will_likely_run() -> None:
     """The unrolled agent holds five iterations of both tools; counting them all in the
     peers' waits would make them look busy with work that never comes."""
