@@ -36,8 +36,10 @@ __all__ = [
     "all_skipped",
     "answer_value",
     "chains_steps",
+    "counts_steps",
     "counted",
     "forward_step",
+    "note_step",
     "pass_on",
     "rank_basis",
     "skip_task",
@@ -77,6 +79,12 @@ class Core(Protocol):
 
     name: str
     policy: Policy
+
+    @property
+    def view(self) -> PlacementCounter: ...
+
+    @property
+    def estimates(self) -> Profiled: ...
 
     def send(
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
@@ -120,6 +128,16 @@ def rank_basis(policy: Policy) -> str | None:
     return "progress" if policy.options.progress_rank else None
 
 
+def counts_steps(policy: Policy) -> bool:
+    """Whether ``policy`` counts a job's tasks in their workers' waits one step at a time (a
+    step runs from a choice to the next: :func:`step_of`), rather than its whole likely path
+    at admission: ``compass-chained`` always (a user's client submits one step at a time),
+    compass unless ``count_likely_path``."""
+    return isinstance(policy, CompassPolicy) and (
+        policy.options.chained or not policy.options.count_likely_path
+    )
+
+
 def chains_steps(policy: Policy) -> bool:
     """Whether ``policy`` runs each step of an unfolding job as a job of its own."""
     return isinstance(policy, CompassPolicy) and policy.options.chained
@@ -141,8 +159,14 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
             entry.task, output, draw_key(entry.job_id, entry.task), emulated=emulated
         )
         plan = entry.plan
+        live = [s for s, _ in route.sends]
         if route.sends and core.policy.dynamic:
-            plan = core.adjust_plan(workflow, entry, now, live=[s for s, _ in route.sends])
+            plan = core.adjust_plan(workflow, entry, now, live=live)
+        if live and entry.task in unfolding.points and not chains_steps(core.policy):
+            if counts_steps(core.policy):  # the step this choice starts counts now
+                kept = {t: plan[t] for t in step_of(workflow, live) if t not in live
+                        or plan[t] == entry.plan[t]}  # fmt: skip
+                note_step(core, workflow, entry, kept, now)
     except CompassError as exc:
         core.report_failure(
             entry.job_id, entry.attempt, entry.task, entry.ingress, now,
@@ -160,6 +184,19 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
         core.send(entry.ingress, ResultMsg(entry.job_id, entry.attempt, entry.task, step), now)
         route = Route((), route.skips, route.dead_sinks, route.label)
     _send_route(core, template, route, now, entry.arrival)
+
+
+def note_step(
+    core: Core, workflow: Workflow, entry: QueuedTask, placed: Mapping[str, str], now: float
+) -> None:
+    """Count ``placed`` (tasks of the step a choice of ``entry``'s job starts) in their
+    workers' waits, as a fresh plan's are (those the adjustment moved it counted already)."""
+    info = JobInfo(entry.job_id, workflow, entry.ingress, 0, entry.level)
+    record_plan(
+        core.view, info, placed, core.estimates.profiles, now,
+        host_lanes=core.estimates.host_lanes, planner=core.name,
+        batch_aware=core.policy.batch_aware,
+    )  # fmt: skip
 
 
 def skip_task(
@@ -201,7 +238,7 @@ def counted(
     a user's client submits that step alone, knowing nothing of the rest."""
     if workflow.unfold is None:
         return plan
-    if policy is not None and chains_steps(policy):
+    if policy is not None and counts_steps(policy):
         first = step_of(workflow, workflow.roots)
         return {t: w for t, w in plan.items() if t in first}
     if likely is None:

@@ -133,6 +133,7 @@ VARIANT_OPTIONS = frozenset(
         "batch_aware",
         "deadline_slack",
         "progress_rank",
+        "count_likely_path",
     }
 )
 

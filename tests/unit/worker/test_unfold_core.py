@@ -101,7 +101,12 @@ class Cluster:
     """Cores of ``names`` passing messages to each other in order; a task runs its function
     (an emulated one outputs None). Records every task run and every message sent."""
 
-    def __init__(self, names: Sequence[str] = ("a", "b", "c"), policy: str = "compass") -> None:
+    def __init__(
+        self,
+        names: Sequence[str] = ("a", "b", "c"),
+        policy: str = "compass",
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.views = {n: FakeView(names) for n in names}
         profiles = Profiles(
             h2d_bytes_per_s=1e9,
@@ -115,7 +120,7 @@ class Cluster:
             n: build_core(
                 n,
                 workflows=WORKFLOWS,
-                policy=make_policy(policy),
+                policy=make_policy(policy, options=options),
                 profiles=profiles,
                 view=self.views[n],
                 cache=resident_cache("m"),
@@ -279,6 +284,26 @@ def test_a_chained_job_counts_as_load_one_step_at_a_time() -> None:
     # first think, then each tool with the think it feeds (those placed on peers)
     assert len(view.placed) >= 1 + 2
     assert set(view.jobs) == {"a-1"}
+
+
+def test_compass_counts_as_load_one_step_at_a_time_unless_told_the_likely_path() -> None:
+    """Compass counts a job's first step at admission, and each later step on the worker
+    whose choice starts it (the work of later steps comes later than the next heartbeats);
+    with ``count_likely_path`` the whole likely path at admission, as before."""
+    counts = {}
+    for likely_path in (False, True):
+        cluster = Cluster(options={"count_likely_path": likely_path})
+        spread(cluster)
+        cluster.cores["a"].handle(Submit(0.0, "a-1", "agent", {"x": 0}, 8, 0.0))
+        counts[likely_path] = len(cluster.views["a"].placed)
+    assert counts[False] == 1 < counts[True]
+    cluster = Cluster(options={"count_likely_path": False})
+    spread(cluster)
+    assert cluster.submit("a-1", "agent", x=0).value == "answered after 3"
+    choices = [w for _, task, w in cluster.ran if task.startswith("think")][:-1]
+    # each choice (but the last, a stop to the model-less answer) counted the step it starts
+    # on its own worker's view
+    assert all(cluster.views[w].placed for w in choices)
 
 
 def test_a_plan_counts_as_load_only_the_tasks_the_job_will_likely_run() -> None:
