@@ -36,8 +36,8 @@ __all__ = [
     "all_skipped",
     "answer_value",
     "chains_steps",
-    "counts_steps",
     "counted",
+    "counts_steps",
     "forward_step",
     "note_step",
     "pass_on",
@@ -162,11 +162,13 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
         live = [s for s, _ in route.sends]
         if route.sends and core.policy.dynamic:
             plan = core.adjust_plan(workflow, entry, now, live=live)
-        if live and entry.task in unfolding.points and not chains_steps(core.policy):
-            if counts_steps(core.policy):  # the step this choice starts counts now
-                kept = {t: plan[t] for t in step_of(workflow, live) if t not in live
-                        or plan[t] == entry.plan[t]}  # fmt: skip
-                note_step(core, workflow, entry, kept, now)
+        # the step this choice starts counts now (chained: when the ingress sends it on)
+        policy = core.policy
+        chose = bool(live) and entry.task in unfolding.points
+        if chose and counts_steps(policy) and not chains_steps(policy):
+            kept = {t: plan[t] for t in step_of(workflow, live) if t not in live
+                    or plan[t] == entry.plan[t]}  # fmt: skip
+            note_step(core, workflow, entry, kept, now)
     except CompassError as exc:
         core.report_failure(
             entry.job_id, entry.attempt, entry.task, entry.ingress, now,
