@@ -11,31 +11,42 @@ every core, the choice frequencies of the jobs it is the ingress of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from compass.core.jobs import InboxEntry
 from compass.core.messages import TaskMsg
 from compass.core.queue import QueuedTask
+from compass.core.unfold import rank_basis
 from compass.objective import Objective
 from compass.payload import payload_bytes
 from compass.sched import Policy, ViewSnapshot
 from compass.sched.cost import CostCache
 from compass.sched.deadline import plan_finish_s, remaining_s
 from compass.sched.heartbeat import Heartbeat
-from compass.sched.unfold import shortest_remaining_s
+from compass.sched.unfold import expected_best_s, shortest_remaining_s, step_best_s
 from compass.workflow.best import best_time_s
 from compass.workflow.dag import Task, Workflow, batch_limit
 from compass.workflow.profile import Learned, Profiles
 from compass.workflow.unfold import likely_workflow
 
-__all__ = ["ADOPTED_KEPT", "H2D_TOLERANCE", "MEASURED_TRANSFER_BYTES", "Estimates"]
+__all__ = [
+    "ADOPTED_KEPT",
+    "H2D_TOLERANCE",
+    "MEASURED_TRANSFER_BYTES",
+    "RESAMPLE_CHOICES",
+    "Estimates",
+]
 
 #: a pushed input smaller than this measures the link's latency, not its bandwidth: not learned
 MEASURED_TRANSFER_BYTES = 1 << 20
 
 #: a peer's gossiped host-to-device bandwidth is adopted when it differs by more than this
 H2D_TOLERANCE = 0.02
+
+#: choices heard between two draws of the expected best times a queue ranks by
+RESAMPLE_CHOICES = 500
 
 #: the peers whose last learned times are remembered, at most (past it, forgotten at once)
 ADOPTED_KEPT = 1024
@@ -68,6 +79,9 @@ class Estimates:
         self._best: dict[str, tuple[tuple[int, int], float]] = {}
         #: workflow -> (its profile version, each task's remaining critical path), for shedding
         self._remaining: dict[str, tuple[int, dict[str, float]]] = {}
+        #: workflow decided at run time -> (its profile version and choice epoch, each task's
+        #: best time its queue rank counts: :meth:`rank`)
+        self._ranked: dict[str, tuple[tuple[int, int], dict[str, float]]] = {}
         #: cost tables for estimating when a plan finishes (admission by deadline)
         self._costs = CostCache()
         #: peer -> the learned times last taken from it (a heartbeat that repeats them costs
@@ -170,14 +184,41 @@ class Estimates:
             )
         return known[1]
 
-    def rank(self, workflow: Workflow, arrival: float) -> float | None:
+    def rank(self, workflow: Workflow, arrival: float, task: str | None = None) -> float | None:
         """Where a task ranks in the queue (None: FIFO). Oldest job first ranks it at its
         job's arrival; by deadline, at its arrival plus ``deadline_slack`` times its
-        workflow's best time (a short job's deadline comes sooner)."""
+        workflow's best time (a short job's deadline comes sooner). A task of a workflow
+        decided at run time may rank by a best time of its own (:meth:`_task_best`)."""
         slack = self.policy.deadline_slack
         if slack is not None:
+            if task is not None and workflow.unfold is not None:
+                by_task = self._task_best(workflow)
+                if by_task is not None:
+                    return arrival + slack * by_task[task]
             return arrival + slack * self.best_s(workflow)
         return arrival if self.policy.oldest_job_first else None
+
+    def _task_best(self, workflow: Workflow) -> dict[str, float] | None:
+        """The best time each task of unrolled ``workflow`` ranks by, where the policy gives
+        one (:func:`~compass.core.unfold.rank_basis`): its chained step's, or the expected
+        best time of a job that reached it, drawn again from the choice weights learned here
+        once every :data:`RESAMPLE_CHOICES` choices heard (near-tied options flip the likely
+        path back and forth without moving it); None: the workflow's likely path's."""
+        basis = rank_basis(self.policy)
+        if basis is None:
+            return None
+        name = workflow.name
+        epoch = 0 if basis == "step" else self.choices.heard // RESAMPLE_CHOICES
+        version = (self.profiles.workflow_version(name), epoch)
+        known = self._ranked.get(name)
+        if known is None or known[0] != version:
+            if basis == "step":
+                by_task = step_best_s(workflow, self.profiles, self.name)
+            else:
+                weights = functools.partial(self.choices.weights, workflow)
+                by_task = expected_best_s(workflow, self.profiles, self.name, weights)
+            known = self._ranked[name] = (version, by_task)
+        return known[1]
 
     def plan_finish_s(
         self,
@@ -226,7 +267,7 @@ class Estimates:
             ingress=ready.ingress,
             enqueued_at=now,
             transfer_s=ready.transfer_s,
-            priority=self.rank(workflow, arrival),
+            priority=self.rank(workflow, arrival, task.name),
             t0=msg.t0,
             arrival=arrival,
             group=group,

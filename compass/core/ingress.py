@@ -305,7 +305,7 @@ class Ingress:
         if job is None:
             return
         if isinstance(msg.value, ChainedStep):  # one step of a chained job: the next goes on
-            forward_step(self._host.send, self._host.name, job, msg, now)
+            forward_step(self._host, self._host.name, job, msg, now)
             return
         job.outputs[msg.task] = msg.value
         sinks = job.workflow.sinks

@@ -286,7 +286,7 @@ class WorkerCore:
         plan = self.policy.plan(info, view, self.profiles, now)
         workflow = info.workflow
         likely = None if workflow.unfold is None else self.estimates.choices.likely(workflow)
-        self._note_placements(info, unfold.counted(workflow, plan, likely), now)
+        self._note_placements(info, unfold.counted(workflow, plan, likely, self.policy), now)
         return plan
 
     def _note_placements(self, info: JobInfo, placed: Mapping[str, str], now: float) -> None:

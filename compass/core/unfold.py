@@ -16,7 +16,7 @@ which sends them on as a new job would: one hop later, and queued as a job that 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,10 +24,12 @@ from compass.core.jobs import IngressJob
 from compass.core.messages import ChoseMsg, PeerMessage, ResultMsg, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.errors import CompassError
-from compass.sched import Policy
+from compass.sched import JobInfo, Policy
+from compass.sched.adjust import PlacementCounter, record_plan
 from compass.sched.planner import CompassPolicy
 from compass.workflow.choices import SKIPPED, Route, is_skipped
 from compass.workflow.dag import Workflow
+from compass.workflow.profile import Profiles
 
 __all__ = [
     "ChainedStep",
@@ -35,14 +37,39 @@ __all__ = [
     "answer_value",
     "chains_steps",
     "counted",
+    "counts_steps",
     "forward_step",
+    "note_step",
     "pass_on",
+    "rank_basis",
     "skip_task",
+    "step_of",
 ]
 
 
-class Send(Protocol):
-    def __call__(
+class Profiled(Protocol):
+    """What :func:`forward_step` uses of a core's estimates."""
+
+    @property
+    def profiles(self) -> Profiles: ...
+
+    @property
+    def host_lanes(self) -> bool: ...
+
+
+class ChainHost(Protocol):
+    """What :func:`forward_step` uses of the ingress's worker core."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def view(self) -> PlacementCounter: ...
+
+    @property
+    def estimates(self) -> Profiled: ...
+
+    def send(
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
     ) -> None: ...
 
@@ -52,6 +79,12 @@ class Core(Protocol):
 
     name: str
     policy: Policy
+
+    @property
+    def view(self) -> PlacementCounter: ...
+
+    @property
+    def estimates(self) -> Profiled: ...
 
     def send(
         self, peer: str, msg: PeerMessage, now: float, job_arrival: float | None = None
@@ -83,6 +116,28 @@ class ChainedStep:
     plan: dict[str, str]
 
 
+def rank_basis(policy: Policy) -> str | None:
+    """What best time a task of a workflow decided at run time ranks by in the queue under
+    ``policy``: ``"step"``, its step's, as a job of its own (``compass-chained``: a user's
+    client submits each step); ``"progress"``, the expected best time of a job that reached
+    it (:func:`~compass.sched.unfold.expected_best_s`); None, its workflow's likely path's."""
+    if not isinstance(policy, CompassPolicy):
+        return None
+    if policy.options.chained:
+        return "step"
+    return "progress" if policy.options.progress_rank else None
+
+
+def counts_steps(policy: Policy) -> bool:
+    """Whether ``policy`` counts a job's tasks in their workers' waits one step at a time (a
+    step runs from a choice to the next: :func:`step_of`), rather than its whole likely path
+    at admission: ``compass-chained`` always (a user's client submits one step at a time),
+    compass unless ``count_likely_path``."""
+    return isinstance(policy, CompassPolicy) and (
+        policy.options.chained or not policy.options.count_likely_path
+    )
+
+
 def chains_steps(policy: Policy) -> bool:
     """Whether ``policy`` runs each step of an unfolding job as a job of its own."""
     return isinstance(policy, CompassPolicy) and policy.options.chained
@@ -104,8 +159,16 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
             entry.task, output, draw_key(entry.job_id, entry.task), emulated=emulated
         )
         plan = entry.plan
+        live = [s for s, _ in route.sends]
         if route.sends and core.policy.dynamic:
-            plan = core.adjust_plan(workflow, entry, now, live=[s for s, _ in route.sends])
+            plan = core.adjust_plan(workflow, entry, now, live=live)
+        # the step this choice starts counts now (chained: when the ingress sends it on)
+        policy = core.policy
+        chose = bool(live) and entry.task in unfolding.points
+        if chose and counts_steps(policy) and not chains_steps(policy):
+            kept = {t: plan[t] for t in step_of(workflow, live) if t not in live
+                    or plan[t] == entry.plan[t]}  # fmt: skip
+            note_step(core, workflow, entry, kept, now)
     except CompassError as exc:
         core.report_failure(
             entry.job_id, entry.attempt, entry.task, entry.ingress, now,
@@ -123,6 +186,19 @@ def pass_on(core: Core, workflow: Workflow, entry: QueuedTask, output: Any, now:
         core.send(entry.ingress, ResultMsg(entry.job_id, entry.attempt, entry.task, step), now)
         route = Route((), route.skips, route.dead_sinks, route.label)
     _send_route(core, template, route, now, entry.arrival)
+
+
+def note_step(
+    core: Core, workflow: Workflow, entry: QueuedTask, placed: Mapping[str, str], now: float
+) -> None:
+    """Count ``placed`` (tasks of the step a choice of ``entry``'s job starts) in their
+    workers' waits, as a fresh plan's are (those the adjustment moved it counted already)."""
+    info = JobInfo(entry.job_id, workflow, entry.ingress, 0, entry.level)
+    record_plan(
+        core.view, info, placed, core.estimates.profiles, now,
+        host_lanes=core.estimates.host_lanes, planner=core.name,
+        batch_aware=core.policy.batch_aware,
+    )  # fmt: skip
 
 
 def skip_task(
@@ -151,18 +227,41 @@ def _send_route(
 
 
 def counted(
-    workflow: Workflow, plan: dict[str, str], likely: Collection[str] | None = None
+    workflow: Workflow,
+    plan: dict[str, str],
+    likely: Collection[str] | None = None,
+    policy: Policy | None = None,
 ) -> dict[str, str]:
     """What of a fresh ``plan`` counts as load on its workers: every task of a static workflow,
     the likely ones of an unrolled one (``likely``, as the ingress learned them; default
     :attr:`~compass.workflow.choices.Unfolding.likely`, by the declared weights): the
     branches, copies and iterations a job will not take would count as work that never comes
-    until the next heartbeats."""
+    until the next heartbeats. Under ``compass-chained`` (``policy``) only the first step's:
+    a user's client submits that step alone, knowing nothing of the rest."""
     if workflow.unfold is None:
         return plan
+    if policy is not None and counts_steps(policy):
+        first = step_of(workflow, workflow.roots)
+        return {t: w for t, w in plan.items() if t in first}
     if likely is None:
         likely = workflow.unfold.likely
     return {t: w for t, w in plan.items() if t in likely}
+
+
+def step_of(workflow: Workflow, starts: Iterable[str]) -> frozenset[str]:
+    """The tasks of unrolled ``workflow`` that one chained step starting at ``starts`` runs:
+    what they lead to, up to and including the next decision tasks."""
+    unfolding = workflow.unfold
+    assert unfolding is not None
+    step: set[str] = set()
+    todo = list(starts)
+    while todo:
+        task = todo.pop()
+        if task not in step:
+            step.add(task)
+            if task not in unfolding.points:
+                todo.extend(workflow.succs(task))
+    return frozenset(step)
 
 
 def all_skipped(inputs: Mapping[str, Any]) -> bool:
@@ -177,9 +276,12 @@ def answer_value(sinks: tuple[str, ...], outputs: Mapping[str, Any]) -> Any:
     return next(iter(ran.values())) if len(ran) == 1 else ran
 
 
-def forward_step(send: Send, ingress: str, job: IngressJob, msg: ResultMsg, now: float) -> None:
+def forward_step(
+    host: ChainHost, ingress: str, job: IngressJob, msg: ResultMsg, now: float
+) -> None:
     """At the ingress (``compass-chained``): send the chosen successors of ``msg``'s step on
-    as a new job of the client's would go: from here, its age starting now."""
+    as a new job of the client's would go: from here, its age starting now, the step's tasks
+    counted in their workers' waits as a fresh plan's are (and only they)."""
     step = msg.value
     assert isinstance(step, ChainedStep)
     job.plan.update(step.plan)
@@ -191,4 +293,11 @@ def forward_step(send: Send, ingress: str, job: IngressJob, msg: ResultMsg, now:
         finish=job.objective.finish, stream=job.stream,
     )  # fmt: skip
     for succ, value in step.sends:
-        send(job.plan[succ], template.to(succ, msg.task, value), now, now)
+        host.send(job.plan[succ], template.to(succ, msg.task, value), now, now)
+    tasks = step_of(job.workflow, [succ for succ, _ in step.sends])
+    info = JobInfo(job.job_id, job.workflow, ingress, 0, job.objective.priority)
+    record_plan(
+        host.view, info, {t: job.plan[t] for t in tasks}, host.estimates.profiles, now,
+        host_lanes=host.estimates.host_lanes, planner=ingress,
+        batch_aware=host.policy.batch_aware,
+    )  # fmt: skip

@@ -94,6 +94,13 @@ class CompassOptions:
     #: each step of a workflow decided at run time is a job of its own, as a user chaining
     #: ``submit`` calls runs it (the ``compass-chained`` baseline, :mod:`compass.core.unfold`)
     chained: bool = False
+    #: a task of a workflow decided at run time ranks in the queue by the expected best time
+    #: of a job that reached it, not its workflow's likely path's (:mod:`compass.sched.unfold`)
+    progress_rank: bool = True
+    #: a job of a workflow decided at run time counts its whole likely path in its workers'
+    #: waits at admission (off: one step at a time, each when the choice before it is made;
+    #: :func:`compass.core.unfold.counts_steps`)
+    count_likely_path: bool = True
 
     def __post_init__(self) -> None:
         threshold, slack = self.adjust_threshold, self.deadline_slack

@@ -132,6 +132,8 @@ VARIANT_OPTIONS = frozenset(
         "moves_joins",
         "batch_aware",
         "deadline_slack",
+        "progress_rank",
+        "count_likely_path",
     }
 )
 

@@ -101,7 +101,12 @@ class Cluster:
     """Cores of ``names`` passing messages to each other in order; a task runs its function
     (an emulated one outputs None). Records every task run and every message sent."""
 
-    def __init__(self, names: Sequence[str] = ("a", "b", "c"), policy: str = "compass") -> None:
+    def __init__(
+        self,
+        names: Sequence[str] = ("a", "b", "c"),
+        policy: str = "compass",
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.views = {n: FakeView(names) for n in names}
         profiles = Profiles(
             h2d_bytes_per_s=1e9,
@@ -115,7 +120,7 @@ class Cluster:
             n: build_core(
                 n,
                 workflows=WORKFLOWS,
-                policy=make_policy(policy),
+                policy=make_policy(policy, options=options),
                 profiles=profiles,
                 view=self.views[n],
                 cache=resident_cache("m"),
@@ -260,6 +265,45 @@ def test_chained_steps_go_through_the_ingress_as_new_jobs() -> None:
     # what the ingress sends on is aged from its own send, not from the job's submission
     onward = [s.msg for s in cluster.sent if isinstance(s.msg, TaskMsg)]
     assert [(m.source, m.t0) for m in onward if m.task == "look@0"] == [("think@0", 0.1)]
+
+
+def test_a_chained_job_counts_as_load_one_step_at_a_time() -> None:
+    """A user's client submits one step at a time, knowing nothing of the rest: at admission
+    only the first step (the first think) counts in its worker's wait, and each later step
+    counts when the ingress sends it on, as a fresh job's plan would."""
+    cluster = Cluster(policy="compass-chained")
+    view = cluster.views["a"]
+    view.waits["a"] = 5.0  # busy: the job's tasks are placed on its peers, and counted there
+    cluster.cores["a"].handle(Submit(0.0, "a-1", "agent", {"x": 0}, 8, 0.0))
+    assert len(view.placed) == 1
+    cluster = Cluster(policy="compass-chained")
+    view = cluster.views["a"]
+    view.waits["a"] = 5.0
+    assert cluster.submit("a-1", "agent", x=0).value == "answered after 3"
+    # the choices are made on the peers, and sent on by the ingress: its view counts the
+    # first think, then each tool with the think it feeds (those placed on peers)
+    assert len(view.placed) >= 1 + 2
+    assert set(view.jobs) == {"a-1"}
+
+
+def test_compass_counts_as_load_one_step_at_a_time_unless_told_the_likely_path() -> None:
+    """Compass counts a job's first step at admission, and each later step on the worker
+    whose choice starts it (the work of later steps comes later than the next heartbeats);
+    with ``count_likely_path`` the whole likely path at admission, as before."""
+    counts = {}
+    for likely_path in (False, True):
+        cluster = Cluster(options={"count_likely_path": likely_path})
+        spread(cluster)
+        cluster.cores["a"].handle(Submit(0.0, "a-1", "agent", {"x": 0}, 8, 0.0))
+        counts[likely_path] = len(cluster.views["a"].placed)
+    assert counts[False] == 1 < counts[True]
+    cluster = Cluster(options={"count_likely_path": False})
+    spread(cluster)
+    assert cluster.submit("a-1", "agent", x=0).value == "answered after 3"
+    choices = [w for _, task, w in cluster.ran if task.startswith("think")][:-1]
+    # each choice (but the last, a stop to the model-less answer) counted the step it starts
+    # on its own worker's view
+    assert all(cluster.views[w].placed for w in choices)
 
 
 def test_a_plan_counts_as_load_only_the_tasks_the_job_will_likely_run() -> None:

@@ -1,0 +1,122 @@
+"""``python -m bench.unfold``: what each lever of planning a workflow decided at run time is
+worth, against each step run as a job of its own (issue 38).
+
+For each workload (default: ``bench/workloads/agent-loop.json``, on which the levers were
+built, and ``bench/workloads/triage-rag.json``, never used to tune them), the capacity at
+median2 / p95x3 / p99x5 of each variant is searched in the simulator over the same seeds
+(:func:`compass.sim.capacity.capacity_for_workload`): ``compass`` as it ships, ``compass``
+without its queue rank by progress (``progress_rank``: a task ranks by the expected best
+time of a job that reached it, not by its workflow's likely path's), ``compass`` counting a
+job's load one step at a time rather than its likely path at admission
+(``count_likely_path`` off, as ``compass-chained`` does), ``compass-chained``, and ``jit``.
+The table gives each variant's mean capacity and the mean of the per-seed ratios of
+``compass`` over it; the JSON keeps every seed's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from compass.sim import capacity as cap
+from compass.workflow.spec import load_workload
+
+from .report import machine, print_table, write_json
+
+__all__ = ["VARIANTS", "run"]
+
+WORKLOADS = ("bench/workloads/agent-loop.json", "bench/workloads/triage-rag.json")
+
+#: variant name -> (policy, compass's options changed)
+VARIANTS: Mapping[str, tuple[str, Mapping[str, bool]]] = {
+    "compass": ("compass", {}),
+    "compass, flat rank": ("compass", {"progress_rank": False}),
+    "compass, one step counted": ("compass", {"count_likely_path": False}),
+    "compass-chained": ("compass-chained", {}),
+    "jit": ("jit", {}),
+}
+
+
+def _seeds(found: Mapping[str, Any], policy: str, slo: str) -> list[float | None]:
+    seeds: list[float | None] = found["capacity"][slo][policy]["seeds"]
+    return seeds
+
+
+def run(
+    workloads: Sequence[str],
+    variants: Sequence[str],
+    seeds: Sequence[int],
+    jobs: int,
+    json_path: str | None,
+) -> dict[str, Any]:
+    """Search every variant's capacity on every workload; print and write the results."""
+    out: dict[str, Any] = {"machine": machine(), "seeds": list(seeds), "jobs": jobs}
+    slos = [s.name for s in cap.BUILTIN_SLOS]
+    for path in workloads:
+        workload = load_workload(path)
+        found: dict[str, dict[str, list[float | None]]] = {}
+        for variant in variants:
+            policy, options = VARIANTS[variant]
+            t0 = time.perf_counter()
+            result = cap.capacity_for_workload(
+                workload,
+                [policy],
+                cap.SimRuns(
+                    workers=workload.cluster.workers,
+                    jobs=jobs,
+                    options={"policy_options": dict(options)} if options else {},
+                ),
+                cap.CapacitySearch(seeds=tuple(seeds)),
+            )
+            found[variant] = {slo: _seeds(result, policy, slo) for slo in slos}
+            print(f"  {workload.name} {variant}: {time.perf_counter() - t0:.0f} s", flush=True)
+        rows = []
+        ratios: dict[str, dict[str, float | None]] = {}
+        for variant in variants:
+            row: list[Any] = [variant]
+            for slo in slos:
+                values = [v for v in found[variant][slo] if v is not None]
+                row.append(statistics.fmean(values) if values else None)
+            for slo in slos:
+                per_seed = [
+                    cap.ratio(ours, theirs)
+                    for ours, theirs in zip(found["compass"][slo], found[variant][slo], strict=True)
+                ]
+                kept = [r for r in per_seed if r is not None]
+                ratio = statistics.fmean(kept) if kept else None
+                ratios.setdefault(variant, {})[slo] = ratio
+                row.append(ratio)
+            rows.append(row)
+        print_table(
+            f"{workload.name}: capacity (x the arrival rate), mean over seeds "
+            f"{','.join(map(str, seeds))}, {jobs} jobs; compass over each, mean of per-seed ratios",
+            ["variant", *slos, *(f"compass / it, {s}" for s in slos)],
+            rows,
+        )
+        out[workload.name] = {"capacity_by_seed": found, "compass_over": ratios}
+    write_json(json_path, out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--variants", default=";".join(VARIANTS), help="separated by ';'")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--jobs", type=int, default=600)
+    parser.add_argument("--json", default="results/unfold.json")
+    args = parser.parse_args()
+    run(
+        args.workloads.split(","),
+        args.variants.split(";"),
+        cap.parse_seeds(args.seeds),
+        args.jobs,
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main()
