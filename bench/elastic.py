@@ -27,6 +27,7 @@ that arrive in the burst minute. Attainment is the share of jobs within ``max_sl
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,6 +93,9 @@ class ElasticConfig:
     #: the equal-attainment point
     clusters: tuple[str, ...] = ()
     table_sizes: tuple[int, ...] = TABLE_SIZES
+    #: a JSON an earlier run wrote: the workloads it holds reuse its ``capacity`` (both
+    #: calibrations are deterministic, once per workload), the others are calibrated
+    calibration: str = ""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.clusters) - set(CONTROLLERS))
@@ -262,6 +266,23 @@ def _plan(workload: Workload, config: ElasticConfig, seed: int, util: float, tab
     )
 
 
+def _known_capacity(path: str) -> dict[str, tuple[float, tuple[tuple[int, float], ...]]]:
+    """Each workload's capacity from an earlier run's JSON (``path``; empty: none)."""
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {
+            name: (
+                float(w["capacity"]["target_util"]),
+                tuple((int(n), float(u)) for n, u in w["capacity"]["by_size"]),
+            )
+            for name, w in data["workloads"].items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"cannot reuse the calibration in {path}: {error!r}") from None
+
+
 def _reached(results: dict[str, Any]) -> bool:
     """Whether a Ray target already run reaches ``autoscale``'s attainment."""
     if "autoscale" not in results:
@@ -305,9 +326,13 @@ def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
     workloads: dict[str, Any] = {}
     rows: list[list[Any]] = []
     named = set(config.clusters)
+    known = _known_capacity(config.calibration)
     for workload in _workloads(config):
-        util = calibrate_util(workload, config.max_slowdown)
-        table = calibrate_table(workload, config.max_slowdown, config.table_sizes)
+        if workload.name in known:
+            util, table = known[workload.name]
+        else:
+            util = calibrate_util(workload, config.max_slowdown)
+            table = calibrate_table(workload, config.max_slowdown, config.table_sizes)
         plans = {seed: _plan(workload, config, seed, util, table) for seed in config.seeds}
         results: dict[str, Any] = {}
         for key in CONTROLLERS:

@@ -538,6 +538,12 @@ def bench_elastic(
             "all, Ray's targets up to the first at autoscale's attainment)."
         ),
     ] = "",
+    calibration: Annotated[
+        str,
+        typer.Option(
+            help="Reuse the capacity calibration of an earlier --json run (its workloads)."
+        ),
+    ] = "",
     real: Annotated[
         bool,
         typer.Option(
@@ -568,6 +574,7 @@ def bench_elastic(
         start_s=start_s,
         workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
         clusters=tuple(c.strip() for c in clusters.split(",") if c.strip()),
+        calibration=calibration,
     )
     elastic.run(config, json_path=json_path)
 
