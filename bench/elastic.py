@@ -2,27 +2,38 @@
 
 Per workload (the paper's and generated ones) and seed: a daily curve with bursts
 (:func:`~compass.elastic.curve.daily_curve`, mean rate = the workload's own), compressed so a
-trace minute lasts ``minute_s`` simulated seconds, run on the same planner (compass) by four
-controllers: ``autoscale`` (:class:`~compass.elastic.rule.ScaleRule`), ``peak`` and ``mean``
-(fixed at the size the capacity model gives for the curve's highest minute and for its mean,
-at the rule's target utilization), and ``ray-serve-rule`` (Ray Serve's default policy: 2
-ongoing requests per replica, 30 s up and 600 s down delays; ``ray-serve-rule-target-1``
-with 1, as its guide advises for latency; ``ray-serve-rule-target-0.5`` with 0.5, where it
-meets the objective: the equal-attainment point), and ``autoscale-staffed`` (the rule with
-square-root staffing, :func:`~compass.elastic.rule.staffed`, its ``beta`` calibrated at the
-spec's own cluster size and utilization). ``burst_attainment``: a separate
-run in real time (60 s minutes): ``burst_before`` steady minutes, one minute at 3x the rate,
-``burst_after`` steady minutes; the attainment of the jobs that arrive in the burst minute.
-Attainment is the share of jobs within ``max_slowdown`` (p95x3: 3x their best time).
+trace minute lasts ``minute_s`` simulated seconds, run on the same planner (compass) by:
+
+- ``autoscale``: :class:`~compass.elastic.rule.ScaleRule` sized by the workload's
+  utilization-by-size table (:func:`~compass.elastic.capacity.utilization_by_size`,
+  calibrated once per workload), a start not yet done called off once the rate leaves a
+  surplus, a scale-in band of a tenth;
+- ``autoscale-one-util``: the rule as it was before the table (one utilization, bisected on
+  the spec's own cluster less a tenth, for every size; a band of a quarter; starts never
+  called off): the before side, in the same run;
+- ``peak`` and ``mean``: fixed at the size the table gives for the curve's highest minute
+  and for its mean;
+- ``ray-serve-rule``: Ray Serve's default policy (2 ongoing requests per replica, 30 s up and
+  600 s down delays), then ``ray-serve-rule-target-T`` for T in 1, 0.5, 0.25, run in that
+  order until one reaches ``autoscale``'s mean attainment on the same seeds (the
+  equal-attainment point; the rest are skipped unless named in ``clusters``).
+
+``burst_attainment`` (the four clusters the issue names; None for the others): a separate run
+in real time (60 s minutes): ``burst_before`` steady
+minutes, one minute at 3x the rate, ``burst_after`` steady minutes; the attainment of the jobs
+that arrive in the burst minute. Attainment is the share of jobs within ``max_slowdown``
+(p95x3: 3x their best time).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from compass.elastic.capacity import Calibration, utilization_by_size
 from compass.elastic.curve import (
     burst_curve,
     curve_arrivals,
@@ -30,8 +41,9 @@ from compass.elastic.curve import (
     read_counts,
     workload_rate,
 )
-from compass.elastic.rule import RayServeConfig, ScaleConfig, staffing_beta, workers_for
+from compass.elastic.rule import RayServeConfig, ScaleConfig, workers_at, workers_for
 from compass.elastic.sim import ElasticOptions, lane_s_per_job, simulate_elastic
+from compass.errors import ConfigError
 from compass.sim.arrivals import workload_arrivals
 from compass.sim.engine import simulate
 from compass.sim.settings import SimSettings
@@ -40,21 +52,27 @@ from compass.workflow.spec import Workload, load_workload
 
 from .report import machine, print_table, write_json
 
-__all__ = ["CONTROLLERS", "ElasticConfig", "TrafficConfig", "run", "run_traffic"]
+__all__ = ["CONTROLLERS", "RAY_TARGETS", "ElasticConfig", "TrafficConfig", "run", "run_traffic"]
 
+#: Ray Serve's rule at each target (ongoing requests per replica), in the order swept
+RAY_TARGETS = {
+    "ray-serve-rule": 2.0,
+    "ray-serve-rule-target-1": 1.0,
+    "ray-serve-rule-target-0.5": 0.5,
+    "ray-serve-rule-target-0.25": 0.25,
+}
 #: result keys: the controller each runs
 CONTROLLERS = {
     "autoscale": "autoscale",
+    "autoscale-one-util": "autoscale",
     "peak": "fixed",
     "mean": "fixed",
-    "ray-serve-rule": "ray-serve",
-    # Ray Serve's rule tuned for latency (its guide's advice): 1 ongoing request per replica
-    "ray-serve-rule-target-1": "ray-serve",
-    # and tuned further, to where it meets the objective: the equal-attainment comparison
-    "ray-serve-rule-target-0.5": "ray-serve",
-    # the rule with square-root staffing calibrated at the spec's own cluster
-    "autoscale-staffed": "autoscale",
+    **dict.fromkeys(RAY_TARGETS, "ray-serve"),
 }
+#: the clusters whose burst is run too (the issue's keys; the others' burst_attainment is None)
+BURST_KEYS = ("autoscale", "peak", "mean", "ray-serve-rule")
+#: the sizes the utilization table is calibrated at
+TABLE_SIZES = (3, 6, 12, 24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +87,43 @@ class ElasticConfig:
     max_slowdown: float = 3.0
     burst_before: int = 8
     burst_after: int = 3
+    #: workload names to run (``paper``, ``generated-N``); empty: every one
+    workloads: tuple[str, ...] = ()
+    #: result keys to run (of :data:`CONTROLLERS`); empty: all but the Ray targets past
+    #: the equal-attainment point
+    clusters: tuple[str, ...] = ()
+    table_sizes: tuple[int, ...] = TABLE_SIZES
+    #: a JSON an earlier run wrote: the workloads it holds reuse its ``capacity`` (both
+    #: calibrations are deterministic, once per workload), the others are calibrated
+    calibration: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.clusters) - set(CONTROLLERS))
+        if unknown:
+            raise ConfigError(
+                f"unknown cluster {', '.join(unknown)}; known: {', '.join(CONTROLLERS)}"
+            )
 
 
 def _workloads(config: ElasticConfig) -> list[Workload]:
     loaded = [load_workload(config.paper)] if config.paper else []
-    return loaded + [generate_workload(seed) for seed in config.generated]
+    every = loaded + [generate_workload(seed) for seed in config.generated]
+    if not config.workloads:
+        return every
+    names = {w.name for w in every}
+    unknown = sorted(set(config.workloads) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown workload {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+        )
+    return [w for w in every if w.name in config.workloads]
 
 
 def calibrate_util(workload: Workload, max_slowdown: float, seed: int = 0) -> float:
-    """The planner's capacity model for the rule: the GPU-lane utilization at which the
-    workload's own cluster still gets 99% of its jobs within ``max_slowdown`` (Poisson
-    arrivals, bisected over the load), less a tenth for margin; at most the rule's default."""
+    """One utilization for every size (the capacity model before the table): the GPU-lane
+    utilization at which the workload's own cluster still gets 99% of its jobs within
+    ``max_slowdown`` (Poisson arrivals, bisected over the load), less a tenth for margin; at
+    most the rule's default."""
     workers = workload.cluster.workers
     jobs = 600
 
@@ -99,32 +143,59 @@ def calibrate_util(workload: Workload, max_slowdown: float, seed: int = 0) -> fl
     return min(ScaleConfig().target_util, max(0.1, 0.9 * util))
 
 
+def calibrate_table(
+    workload: Workload, max_slowdown: float, sizes: tuple[int, ...] = TABLE_SIZES
+) -> tuple[tuple[int, float], ...]:
+    """The workload's utilization-by-size table at the objective (99% within
+    ``max_slowdown``), two seeds pooled, no margin (the day's bursts are the rule's to see)."""
+    config = Calibration(margin=1.0, jobs_per_worker=150, max_jobs=6000, seeds=(0, 1), warmup=0.2)
+    return utilization_by_size(workload, sizes, max_slowdown=max_slowdown, config=config)
+
+
 def _sizes(workload: Workload, peak_rel: float, rate_scale: float, util: float) -> tuple[int, int]:
     rate = workload_rate(workload) * rate_scale
     e = lane_s_per_job(workload)
     return workers_for(rate * peak_rel, e, 1, util), workers_for(rate, e, 1, util)
 
 
+def _table_size(workload: Workload, rel: float, rate_scale: float, table: Any) -> int:
+    load = workload_rate(workload) * rate_scale * rel * lane_s_per_job(workload)
+    return workers_at(load, table)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One seed's sizes: the table's (peak, mean, first minute), the one utilization's
+    (peak, first minute), the cap every dynamic cluster shares, and both capacity models."""
+
+    peak: int
+    mean: int
+    first: int
+    old_peak: int
+    old_first: int
+    cap: int
+    util: float
+    table: tuple[tuple[int, float], ...]
+
+
 def _one(
-    workload: Workload,
-    config: ElasticConfig,
-    seed: int,
-    key: str,
-    sizes: tuple[int, int, int],
-    util: float,
+    workload: Workload, config: ElasticConfig, seed: int, key: str, plan: _Plan
 ) -> dict[str, Any]:
-    peak, mean, first = sizes
-    staffing = staffing_beta(workload.cluster.workers, util) if key.endswith("staffed") else None
-    rule = ScaleConfig(maximum=peak, target_util=util, band=min(0.15, util / 4), staffing=staffing)
-    target = float(key.rsplit("-", 1)[1]) if "target-" in key else 2.0
-    ray = RayServeConfig(maximum=peak, target_ongoing=target)
-    curve = daily_curve(seed, minutes=config.minutes)
+    if key == "autoscale-one-util":
+        util = plan.util
+        rule = ScaleConfig(maximum=plan.old_peak, target_util=util, band=min(0.15, util / 4),
+                           call_off=False)  # fmt: skip
+        initial, maximum = plan.old_first, plan.old_peak
+    else:
+        rule = ScaleConfig(maximum=plan.cap, band=0.06, by_size=plan.table)  # a tenth of 0.6
+        initial, maximum = {"peak": plan.peak, "mean": plan.mean}.get(key, plan.first), plan.cap
+    ray = RayServeConfig(maximum=maximum, target_ongoing=RAY_TARGETS.get(key, 2.0))
     controller = CONTROLLERS[key]
-    size = {"peak": peak, "mean": mean}.get(key, first)
+    curve = daily_curve(seed, minutes=config.minutes)
     opts = ElasticOptions(
         controller=controller,
-        initial=size,
-        maximum=max(peak, size),
+        initial=initial,
+        maximum=max(maximum, initial),
         start_s=config.start_s,
         max_slowdown=config.max_slowdown,
         rule=rule,
@@ -137,27 +208,28 @@ def _one(
         opts,
         seed=seed,
     )  # fmt: skip
-    burst = burst_curve(config.burst_before, config.burst_after)
-    burst_opts = ElasticOptions(
-        controller=controller,
-        initial={"peak": peak, "mean": mean}.get(key, mean),
-        maximum=max(peak, mean),
-        start_s=config.start_s,
-        max_slowdown=config.max_slowdown,
-        rule=rule,
-        ray=ray,
-    )
-    spike = simulate_elastic(
-        workload,
-        curve_arrivals(workload, burst, minute_s=60.0, rate_scale=config.rate_scale, seed=seed),
-        burst_opts,
-        seed=seed,
-    )
-    at = config.burst_before * 60.0
+    burst_attainment = None
+    if key in BURST_KEYS:
+        burst = burst_curve(config.burst_before, config.burst_after)
+        burst_first = {"peak": plan.peak}.get(key, plan.mean)
+        burst_opts = ElasticOptions(
+            controller=controller,
+            initial=burst_first,
+            maximum=max(maximum, burst_first),
+            start_s=config.start_s,
+            max_slowdown=config.max_slowdown,
+            rule=rule,
+            ray=ray,
+        )
+        arrivals = curve_arrivals(workload, burst, minute_s=60.0, rate_scale=config.rate_scale,
+                                  seed=seed)  # fmt: skip
+        spike = simulate_elastic(workload, arrivals, burst_opts, seed=seed)
+        at = config.burst_before * 60.0
+        burst_attainment = spike.attainment(config.max_slowdown, at, at + 60.0)
     return {
         "gpu_hours": day.gpu_hours,
         "attainment": day.attainment(config.max_slowdown),
-        "burst_attainment": spike.attainment(config.max_slowdown, at, at + 60.0),
+        "burst_attainment": burst_attainment,
         "jobs": len(day.jobs),
         "starts": day.starts,
         "drains": day.drains,
@@ -167,56 +239,136 @@ def _one(
 
 
 def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("gpu_hours", "attainment", "burst_attainment", "mean_workers")
+    keys = ("gpu_hours", "attainment", "mean_workers")
     out: dict[str, Any] = {k: statistics.fmean(r[k] for r in runs) for k in keys}
     out["min_attainment"] = min(r["attainment"] for r in runs)
-    out["min_burst_attainment"] = min(r["burst_attainment"] for r in runs)
+    bursts = [r["burst_attainment"] for r in runs if r["burst_attainment"] is not None]
+    out["burst_attainment"] = statistics.fmean(bursts) if bursts else None
+    out["min_burst_attainment"] = min(bursts) if bursts else None
     out["seeds"] = runs
     return out
 
 
+def _plan(workload: Workload, config: ElasticConfig, seed: int, util: float, table: Any) -> _Plan:
+    curve = daily_curve(seed, minutes=config.minutes)
+    top, first = float(curve.max()), float(curve[0])
+    old_peak = _sizes(workload, top, config.rate_scale, util)[0]
+    peak = _table_size(workload, top, config.rate_scale, table)
+    return _Plan(
+        peak=peak,
+        mean=_table_size(workload, 1.0, config.rate_scale, table),
+        first=_table_size(workload, first, config.rate_scale, table),
+        old_peak=old_peak,
+        old_first=_sizes(workload, first, config.rate_scale, util)[0],
+        cap=max(peak, old_peak),
+        util=util,
+        table=table,
+    )
+
+
+def _known_capacity(path: str) -> dict[str, tuple[float, tuple[tuple[int, float], ...]]]:
+    """Each workload's capacity from an earlier run's JSON (``path``; empty: none)."""
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {
+            name: (
+                float(w["capacity"]["target_util"]),
+                tuple((int(n), float(u)) for n, u in w["capacity"]["by_size"]),
+            )
+            for name, w in data["workloads"].items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"cannot reuse the calibration in {path}: {error!r}") from None
+
+
+def _reached(results: dict[str, Any]) -> bool:
+    """Whether a Ray target already run reaches ``autoscale``'s attainment."""
+    if "autoscale" not in results:
+        return False
+    ours = results["autoscale"]["attainment"]
+    return any(results[k]["attainment"] >= ours for k in RAY_TARGETS if k in results)
+
+
+def equal_attainment(results: dict[str, Any], mine: str = "autoscale") -> dict[str, Any] | None:
+    """Ray Serve's rule where it first reaches ``mine``'s mean attainment (targets in the
+    order swept) and the ratio of GPU-hours there; beside it, Ray's GPU-hours interpolated
+    (linear in attainment) between the two targets around ``mine``'s attainment. None: no
+    target run reaches it."""
+    ours = results[mine]
+    ran = [k for k in RAY_TARGETS if k in results]
+    for before, key in zip([None, *ran], ran, strict=False):
+        ray = results[key]
+        if ray["attainment"] < ours["attainment"]:
+            continue
+        out: dict[str, Any] = {
+            "ray_key": key,
+            "ray_target": RAY_TARGETS[key],
+            "ray_gpu_hours": ray["gpu_hours"],
+            "ray_attainment": ray["attainment"],
+            "gpu_hours_ratio": ours["gpu_hours"] / ray["gpu_hours"],
+            "attainment_minus_ray": ours["attainment"] - ray["attainment"],
+        }
+        if before is not None:
+            lo = results[before]
+            span = ray["attainment"] - lo["attainment"]
+            share = (ours["attainment"] - lo["attainment"]) / span if span > 0 else 1.0
+            gpu = lo["gpu_hours"] + share * (ray["gpu_hours"] - lo["gpu_hours"])
+            out["ray_gpu_hours_interpolated"] = gpu
+            out["gpu_hours_ratio_interpolated"] = ours["gpu_hours"] / gpu
+        return out
+    return None
+
+
 def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
-    """Every workload, seed and controller; print a table and write JSON (module doc)."""
+    """Every workload, seed and cluster (module doc); print a table and write JSON."""
     workloads: dict[str, Any] = {}
     rows: list[list[Any]] = []
+    named = set(config.clusters)
+    known = _known_capacity(config.calibration)
     for workload in _workloads(config):
-        per_key: dict[str, list[dict[str, Any]]] = {k: [] for k in CONTROLLERS}
-        sizes: dict[str, Any] = {}
-        util = calibrate_util(workload, config.max_slowdown)
-        for seed in config.seeds:
-            curve = daily_curve(seed, minutes=config.minutes)
-            peak, mean = _sizes(workload, float(curve.max()), config.rate_scale, util)
-            first = _sizes(workload, float(curve[0]), config.rate_scale, util)[0]
-            sizes[str(seed)] = {"peak": peak, "mean": mean, "target_util": util}
-            for key in CONTROLLERS:
-                per_key[key].append(_one(workload, config, seed, key, (peak, mean, first), util))
-        results = {k: _mean(v) for k, v in per_key.items()}
-        auto, peak_r, ray = results["autoscale"], results["peak"], results["ray-serve-rule"]
-        ratios = {
-            "gpu_hours_vs_peak": auto["gpu_hours"] / peak_r["gpu_hours"],
-            "gpu_hours_vs_ray_serve_rule": auto["gpu_hours"] / ray["gpu_hours"],
-            "attainment_minus_ray_serve_rule": auto["attainment"] - ray["attainment"],
-            "gpu_hours_vs_ray_serve_rule_target_1": auto["gpu_hours"]
-            / results["ray-serve-rule-target-1"]["gpu_hours"],
-            "attainment_minus_ray_serve_rule_target_1": auto["attainment"]
-            - results["ray-serve-rule-target-1"]["attainment"],
-        }
-        for mine in ("autoscale", "autoscale-staffed"):
-            ray_half = results["ray-serve-rule-target-0.5"]
-            ratios[f"{mine}_gpu_hours_vs_ray_serve_rule_target_0.5"] = (
-                results[mine]["gpu_hours"] / ray_half["gpu_hours"]
-            )
-            ratios[f"{mine}_attainment_minus_ray_serve_rule_target_0.5"] = (
-                results[mine]["attainment"] - ray_half["attainment"]
-            )
-        workloads[workload.name] = {"results": results, "ratios": ratios, "sizes": sizes}
+        if workload.name in known:
+            util, table = known[workload.name]
+        else:
+            util = calibrate_util(workload, config.max_slowdown)
+            table = calibrate_table(workload, config.max_slowdown, config.table_sizes)
+        plans = {seed: _plan(workload, config, seed, util, table) for seed in config.seeds}
+        results: dict[str, Any] = {}
+        for key in CONTROLLERS:
+            if named and key not in named:
+                continue
+            if key in RAY_TARGETS and not named and _reached(results):
+                continue
+            runs = [_one(workload, config, seed, key, plans[seed]) for seed in config.seeds]
+            results[key] = _mean(runs)
+        ratios: dict[str, Any] = {}
+        auto = results.get("autoscale")
+        if auto is not None:
+            for other in ("peak", "autoscale-one-util", *RAY_TARGETS):
+                if other in results:
+                    name = other.replace("-", "_").replace(".", "_")
+                    ratios[f"gpu_hours_vs_{name}"] = auto["gpu_hours"] / results[other]["gpu_hours"]
+                    ratios[f"attainment_minus_{name}"] = (
+                        auto["attainment"] - results[other]["attainment"]
+                    )
+        workloads[workload.name] = {
+            "results": results,
+            "ratios": ratios,
+            "ray_serve_equal_attainment": equal_attainment(results) if auto else None,
+            "capacity": {"target_util": util, "by_size": [list(p) for p in table]},
+            "sizes": {str(s): {"peak": p.peak, "mean": p.mean, "first": p.first,
+                               "one_util_peak": p.old_peak, "cap": p.cap}
+                      for s, p in plans.items()},
+        }  # fmt: skip
+        peak_h = results["peak"]["gpu_hours"] if "peak" in results else None
         for key, r in results.items():
             rows.append(
                 [
                     workload.name,
                     key,
                     r["gpu_hours"],
-                    r["gpu_hours"] / peak_r["gpu_hours"],
+                    r["gpu_hours"] / peak_h if peak_h else None,
                     r["mean_workers"],
                     r["attainment"],
                     r["min_attainment"],

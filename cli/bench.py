@@ -528,6 +528,22 @@ def bench_elastic(
         float, typer.Option(help="Simulated seconds per trace minute (60: real time).")
     ] = 1.0,
     start_s: Annotated[float, typer.Option(help="Seconds a new worker takes to start.")] = 30.0,
+    workloads: Annotated[
+        str, typer.Option(help="Only these workloads, e.g. paper,generated-1 (default: all).")
+    ] = "",
+    clusters: Annotated[
+        str,
+        typer.Option(
+            help="Only these result keys, e.g. autoscale,ray-serve-rule-target-0.5 (default: "
+            "all, Ray's targets up to the first at autoscale's attainment)."
+        ),
+    ] = "",
+    calibration: Annotated[
+        str,
+        typer.Option(
+            help="Reuse the capacity calibration of an earlier --json run (its workloads)."
+        ),
+    ] = "",
     real: Annotated[
         bool,
         typer.Option(
@@ -556,6 +572,9 @@ def bench_elastic(
         seeds=seed_list,
         minute_s=minute_s,
         start_s=start_s,
+        workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()),
+        clusters=tuple(c.strip() for c in clusters.split(",") if c.strip()),
+        calibration=calibration,
     )
     elastic.run(config, json_path=json_path)
 

@@ -31,6 +31,7 @@ autoscaling policy (target ongoing requests per replica, its default delays).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ __all__ = [
     "pick_drain",
     "staffed",
     "staffing_beta",
+    "util_at",
+    "workers_at",
     "workers_for",
 ]
 
@@ -91,6 +94,30 @@ def staffing_beta(workers: int, util: float) -> float:
     return (workers - load) / math.sqrt(load)
 
 
+def util_at(table: Sequence[tuple[int, float]], workers: int) -> float:
+    """The utilization a cluster of ``workers`` can run at within its objective, from a table
+    of ``(workers, utilization)`` points in increasing size (:mod:`compass.elastic.capacity`
+    calibrates one): linear between two points, the nearest end's outside them."""
+    if workers <= table[0][0]:
+        return table[0][1]
+    for (n0, u0), (n1, u1) in itertools.pairwise(table):
+        if workers <= n1:
+            return u0 + (u1 - u0) * (workers - n0) / (n1 - n0)
+    return table[-1][1]
+
+
+def workers_at(
+    load: float, table: Sequence[tuple[int, float]], scale: float = 1.0, most: int = 1 << 16
+) -> int:
+    """The fewest workers (at least 1, at most ``most``) whose utilization at ``load``
+    workers' worth of work is within the table's for their size (times ``scale``): a larger
+    cluster queues less at the same utilization, so each size is held to its own."""
+    for n in range(1, most + 1):
+        if load <= n * scale * util_at(table, n) + 1e-9:
+            return n
+    return most
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleConfig:
     """The rule's settings (see the module docstring); times in seconds."""
@@ -107,6 +134,14 @@ class ScaleConfig:
     #: square-root staffing (None: off): the need is ``R + staffing * sqrt(R)`` workers for
     #: ``R`` lanes' worth of work, not ``R / target_util`` (:func:`staffed`)
     staffing: float | None = None
+    #: utilization by cluster size (``(workers, utilization)``, increasing sizes; empty: off):
+    #: the need is the fewest workers held to their own size's utilization (:func:`workers_at`),
+    #: not one ``target_util`` for every size; the scale-in band is then the same share of it
+    #: as ``band`` is of ``target_util``
+    by_size: tuple[tuple[int, float], ...] = ()
+    #: a start not yet done is called off as soon as the present rate leaves a surplus past
+    #: the band (no ``in_after_s`` wait: it serves no one yet)
+    call_off: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -124,12 +159,21 @@ class ScaleConfig:
             raise ConfigError("need in_after_s >= 0, in_step >= 1 and 0 <= in_fraction < 1")
         if self.staffing is not None and not 0 <= self.staffing < math.inf:
             raise ConfigError(f"staffing must be a finite number >= 0, got {self.staffing!r}")
+        sizes = [n for n, _ in self.by_size]
+        if sizes != sorted(set(sizes)) or any(n < 1 or not 0 < u <= 1 for n, u in self.by_size):
+            raise ConfigError(
+                "by_size needs increasing sizes >= 1, each with a utilization in (0, 1], got "
+                f"{self.by_size!r}"
+            )
 
     def need(self, rate: float, lane_s_per_job: float, lanes: int, *, low: bool = False) -> int:
         """Workers for ``rate`` jobs/s (``low``: at the scale-in utilization, ``target_util -
         band``), within the bounds."""
         util = self.target_util - self.band if low else self.target_util
-        if self.staffing is None:
+        if self.by_size:
+            load = rate * lane_s_per_job / lanes
+            n = workers_at(load, self.by_size, util / self.target_util, self.maximum)
+        elif self.staffing is None:
             n = workers_for(rate, lane_s_per_job, lanes, util)
         else:
             n = staffed(rate * lane_s_per_job / lanes, self.staffing, self.target_util / util)
@@ -155,6 +199,8 @@ class Signals:
     slack_s: float = math.inf
     attainment: float | None = None
     quantile: float = 0.95
+    #: of ``current``, the workers still starting (not yet serving)
+    starting: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +256,14 @@ class ScaleRule:
             self.desired = need
             return Decision(need, "out" if need > current else "steady", pressed)
         low_need = c.need(s.rate_long, s.lane_s_per_job, s.lanes, low=True)
+        # a start not yet done serves no one: once even the present rate leaves a surplus
+        # past the band, it is called off at once (a spike shorter than a start is the
+        # headroom's to absorb, not a reason to pay for workers that come after it)
+        now_need = c.need(rate, s.lane_s_per_job, s.lanes, low=True)
+        if c.call_off and s.starting and not pressed and now_need < current:
+            self._surplus_since = None
+            self.desired = max(now_need, current - s.starting)
+            return Decision(self.desired, "call-off")
         if pressed or low_need >= current or s.rate_short > s.rate_long * 1.5:
             self._surplus_since = None
             self.desired = current

@@ -353,6 +353,7 @@ class _Elastic:
                 slack_s=self.slack_s,
                 attainment=sum(attained) / len(attained) if len(attained) >= 20 else None,
                 quantile=o.quantile,
+                starting=len(starting),
             )
             desired = self.rule.decide(signals).desired
         elif o.controller == "live":

@@ -19,6 +19,8 @@ from compass.elastic.rule import (
     pick_drain,
     staffed,
     staffing_beta,
+    util_at,
+    workers_at,
     workers_for,
 )
 from compass.errors import ConfigError
@@ -53,6 +55,54 @@ def test_square_root_staffing_spares_fewer_workers_as_the_cluster_grows() -> Non
     assert ScaleRule(ScaleConfig(target_util=0.3)).decide(signals(0.0, 5, 15.0)).desired == 50
     with pytest.raises(ConfigError, match="staffing must be"):
         ScaleConfig(staffing=-1.0)
+
+
+TABLE = ((4, 0.2), (8, 0.4), (16, 0.5))
+
+
+def test_utilization_by_size_interpolates_and_holds_past_its_ends() -> None:
+    assert util_at(TABLE, 1) == 0.2 and util_at(TABLE, 4) == 0.2
+    assert util_at(TABLE, 6) == pytest.approx(0.3)
+    assert util_at(TABLE, 12) == pytest.approx(0.45)
+    assert util_at(TABLE, 100) == 0.5
+    # the fewest workers each held to its own size's utilization
+    assert workers_at(0.0, TABLE) == 1
+    assert workers_at(0.8, TABLE) == 4  # 4 at 0.2
+    assert workers_at(3.2, TABLE) == 8  # 8 at 0.4; 7 would be at 0.46 against 0.35
+    assert workers_at(8.0, TABLE) == 16
+    assert workers_at(8.0, TABLE, most=10) == 10
+
+
+def test_a_larger_cluster_is_held_to_its_own_utilization() -> None:
+    """One utilization calibrated at 4 workers (0.2) asks 40 workers for 8 workers' worth of
+    work; the table asks 16, and scales in at the same share below its own utilization."""
+    one = ScaleConfig(maximum=64, target_util=0.2, band=0.02)
+    sized = ScaleConfig(maximum=64, target_util=0.6, band=0.06, by_size=TABLE)
+    assert one.need(8.0, 1.0, 1) == 40
+    assert sized.need(8.0, 1.0, 1) == 16
+    assert sized.need(8.0, 1.0, 1, low=True) == 18  # 8 / (0.9 * 0.5)
+    assert ScaleRule(sized).decide(signals(0.0, 4, 8.0)).desired == 16
+    for bad in (((8, 0.4), (4, 0.2)), ((4, 0.2), (4, 0.3)), ((0, 0.2),), ((4, 0.0),), ((4, 1.5),)):
+        with pytest.raises(ConfigError, match="by_size needs"):
+            ScaleConfig(by_size=bad)
+
+
+def test_a_start_outrun_by_the_rate_is_called_off_at_once() -> None:
+    """A spike asks for workers; it is gone before they are up: the starts are called off at
+    the next step (no sustained surplus needed: they serve no one), serving workers are not."""
+    rule = ScaleRule(ScaleConfig(maximum=20, target_util=0.5, band=0.1, in_after_s=30.0))
+    assert rule.decide(signals(0.0, 4, 2.0)).desired == 4
+    assert rule.decide(signals(2.0, 4, 0.0, rate_short=4.0, rate_long=2.0)).desired == 8
+    after = rule.decide(signals(4.0, 8, 0.0, rate_short=2.0, rate_long=2.0, starting=4))
+    assert (after.desired, after.reason) == (5, "call-off")  # 2 / 0.4 serving workers' worth
+    # only the starts go: with one starting, the serving 7 wait for a sustained surplus
+    rest = rule.decide(signals(6.0, 8, 0.0, rate_short=2.0, rate_long=2.0, starting=1))
+    assert rest.desired == 7
+    # under pressure, or with call_off off, a start stands
+    pressed = rule.decide(signals(8.0, 8, 2.0, starting=4, waits={0: [1.5] * 4}, slack_s=2.0))
+    assert pressed.desired >= 8
+    kept = ScaleRule(ScaleConfig(maximum=20, target_util=0.5, band=0.1, call_off=False))
+    assert kept.decide(signals(4.0, 8, 2.0, starting=4)).desired == 8
 
 
 def test_bounds_parse_and_refuse_in_one_line() -> None:

@@ -1,0 +1,41 @@
+"""``compass bench elastic``'s subset options: refused in one line before any simulation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compass._bench import elastic
+from compass._cli.main import main
+from compass.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--workloads", "generated-9"], "unknown workload generated-9; known: "),
+        (["--clusters", "autoscale,fastest"], "unknown cluster fastest; known: autoscale"),
+    ],
+)
+def test_an_unknown_subset_is_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], error: str
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "elastic", "--generated", "1", *args])
+    assert done.value.code != 0
+    err = capsys.readouterr().err
+    assert error in err and len(err.splitlines()) == 1
+
+
+def test_a_calibration_is_reused_from_an_earlier_run(tmp_path: Path) -> None:
+    earlier = tmp_path / "earlier.json"
+    table = [[3, 0.2], [6, 0.3]]
+    earlier.write_text(json.dumps({"workloads": {"generated-1": {"capacity": {
+        "target_util": 0.25, "by_size": table}}}}))  # fmt: skip
+    known = elastic._known_capacity(str(earlier))
+    assert known == {"generated-1": (0.25, ((3, 0.2), (6, 0.3)))}
+    earlier.write_text("{}")
+    with pytest.raises(ConfigError, match="cannot reuse the calibration"):
+        elastic._known_capacity(str(earlier))
