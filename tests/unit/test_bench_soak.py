@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from compass._bench.soak import SoakConfig, _counted, false_deaths, rss_growth_mb
+from compass._bench.soak import SoakConfig, _counted, rss_growth_mb
+from compass._bench.soak_logs import false_deaths
 from compass._cli.main import main
 from compass.errors import ConfigError
 
