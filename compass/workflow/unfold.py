@@ -596,9 +596,11 @@ class _Unroller:
             exits = frozenset(
                 s for s in succs[name] if not any(x is loop for x in self.loops_of(_origin(s)))
             )
-            if stop_p >= 1.0:
+            if index[-1] == loop.max_iter - 1:  # the bound: stop only
                 points[name] = ChoicePoint("loop", (exits,), ("stop",), (1.0,), stop=0)
                 continue
+            # before the bound, going on stays an option (of weight 0 where the declared
+            # counts end earlier: what is not an option would always run)
             onward = [s for s in succs[name] if s not in exits]
             if branch is None:
                 options, labels, weights = [frozenset(onward)], ["again"], [1.0 - stop_p]
