@@ -7,6 +7,7 @@ hold an :class:`Unfolding` without importing what builds it.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -308,19 +309,27 @@ class Unfolding:
 
     def summary(self, choices: Mapping[str, str]) -> str:
         """The ``choices`` a job's decision tasks made, by declared task, in words:
-        ``route: expert_a; llm: 3 iterations (search, code); retrieve: width 5``."""
-        made: dict[str, tuple[str, list[str]]] = {}
+        ``route: expert_a; llm: 3 iterations (search, code); retrieve: width 5``; a nested
+        loop's iterations are counted per iteration of the loops around it (``check: 1, 3
+        iterations``: once in the first outer iteration, three times in the second)."""
+        made: dict[str, tuple[str, list[str], Counter[str]]] = {}
         for task in self._preds:  # topological order: a loop's iterations in turn
             label = choices.get(task)
             point = self.points.get(task)
             if label is not None and point is not None:
-                made.setdefault(self.origin.get(task, task), (point.kind, []))[1].append(label)
+                kind, labels, per = made.setdefault(
+                    self.origin.get(task, task), (point.kind, [], Counter())
+                )
+                labels.append(label)
+                index = task.partition("@")[2]
+                per[index.rpartition(".")[0]] += 1
         parts = []
-        for origin, (kind, labels) in made.items():
+        for origin, (kind, labels, per) in made.items():
             if kind == "loop":
                 extra = [label for label in labels if label not in ("again", "stop")]
                 n = len(labels)
-                text = f"{n} iteration{'' if n == 1 else 's'}"
+                counts = ", ".join(map(str, per.values())) if len(per) > 1 else str(n)
+                text = f"{counts} iteration{'' if n == 1 else 's'}"
                 parts.append(f"{origin}: {text}" + (f" ({', '.join(extra)})" if extra else ""))
             else:
                 width = "width " if kind == "fanout" else ""

@@ -87,3 +87,9 @@ def test_the_same_job_on_one_core_runs_the_same_tasks() -> None:
     one = Cluster(("a",), workflows={"nested": NESTED})
     answer = one.submit("n-1", "nested", x=0)
     assert answer.value == ("0:1", "1:3") and len(one.tasks_run("n-1")) == 13
+
+
+def test_the_job_s_record_counts_inner_iterations_per_outer_iteration() -> None:
+    cluster = Cluster(("a",), workflows={"nested": NESTED})
+    record = cluster.submit("n-1", "nested", x=0).record
+    assert record["taken"] == "check: 1, 3 iterations; judge: 2 iterations"
