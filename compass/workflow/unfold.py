@@ -10,17 +10,24 @@ workload spec):
 - :class:`Loop`: a sub-workflow ``body`` repeats until its task ``until`` says stop, or
   ``max_iter`` iterations have run. Tasks outside the body that wait for ``until`` receive
   the output of its last iteration; the body's entry receives, from the second iteration on,
-  the output of the previous iteration's last task as the keyword ``carry``.
+  the output of the previous iteration's last task as the keyword ``carry``. A loop whose body
+  is a part of another loop's body is **nested** in it: it runs, and decides, afresh in each
+  outer iteration. Two loops are apart or nested; a nested loop holds neither its outer loop's
+  entry nor its ``until``; the loops a task is in unroll it at most
+  :data:`MAX_NESTED_ITERATIONS` times (the product of their ``max_iter``).
 
 Every bound is declared, so a workflow unrolls into a finite DAG once, at declaration: the
-``i``-th iteration of a body task ``t`` is the task ``t@i``, the ``k``-th copy of a fan-out's
-``copies`` is ``c#k``. The planner, the profiles, the messages and the traces all see the
+``i``-th iteration of a body task ``t`` is the task ``t@i`` (``t@i.j``: iteration ``j`` of a
+nested loop in iteration ``i`` of its outer one), the ``k``-th copy of a fan-out's ``copies`` is
+``c#k``. The planner, the profiles, the messages and the traces all see the
 unrolled tasks; :attr:`Unfolding.origin` maps each back to the task declared.
 
 **The skip rule** (dead-path elimination, as in BPEL and Airflow's ``none_failed``): an edge
 whose source was not chosen, or was itself skipped, is skipped; a task all of whose inputs are
 skipped is skipped too, and so are its outgoing edges; a task with at least one input that ran
-runs. Skipped inputs are dropped from the lists a fan-out's join and a loop's exit receive; a
+runs, except that a loop body task's inputs from outside its innermost loop (its entry's
+aside: *side inputs*) do not keep it alive, so that an iteration that will not come is skipped
+whole. Skipped inputs are dropped from the lists a fan-out's join and a loop's exit receive; a
 plain input that was skipped arrives as :data:`SKIPPED`. A job answers once every sink ran or
 was skipped, with the outputs of those that ran.
 
