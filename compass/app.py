@@ -378,7 +378,9 @@ class WorkflowBuilder:
         carry: str = "carry",
     ) -> None:
         """Tasks ``body`` repeat until ``until`` returns ``compass.stop(value)``, at most
-        ``max_iter`` times; the body's entry gets the last iteration's output as ``carry``."""
+        ``max_iter`` times; the body's entry gets the last iteration's output as ``carry``.
+        A loop whose ``body`` is a part of another loop's runs inside it, afresh in each of its
+        iterations (nested loops: :mod:`compass.workflow.unfold`)."""
         self._choices["loops"].append(Loop(tuple(body), until, max_iter, counts, carry))
 
     def build(self) -> Workflow:

@@ -387,7 +387,7 @@ class WorkerCore:
         entry = self.inbox.add(msg, workflow, transfer_s=transfer_s, now=now)
         if entry is None:
             return
-        if workflow.unfold is not None and unfold.all_skipped(entry.inputs):
+        if workflow.unfold is not None and workflow.unfold.all_skipped(msg.task, entry.inputs):
             unfold.skip_task(self, workflow, msg, entry.plan, now)
             return
         queued = self.estimates.queued(msg, workflow, entry, now, transfer_s, job_arrival)

@@ -33,7 +33,6 @@ from compass.workflow.profile import Profiles
 
 __all__ = [
     "ChainedStep",
-    "all_skipped",
     "answer_value",
     "chains_steps",
     "counted",
@@ -262,11 +261,6 @@ def step_of(workflow: Workflow, starts: Iterable[str]) -> frozenset[str]:
             if task not in unfolding.points:
                 todo.extend(workflow.succs(task))
     return frozenset(step)
-
-
-def all_skipped(inputs: Mapping[str, Any]) -> bool:
-    """Whether every input that arrived for a task is a skip mark."""
-    return bool(inputs) and all(is_skipped(v) for v in inputs.values())
 
 
 def answer_value(sinks: tuple[str, ...], outputs: Mapping[str, Any]) -> Any:

@@ -7,6 +7,7 @@ hold an :class:`Unfolding` without importing what builds it.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -126,8 +127,12 @@ class Unfolding:
         preds: Mapping[str, tuple[str, ...]],
         succs: Mapping[str, tuple[str, ...]],
         declared: object = None,
+        side: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self.points = MappingProxyType(dict(points))
+        #: each loop body task's inputs from outside its loop (its entry's aside): they do not
+        #: keep it alive, so that an iteration that will not come is skipped whole
+        self.side = MappingProxyType(dict(side or {}))
         #: what it was unrolled from (a :class:`compass.workflow.unfold.Declared`), for
         #: writing the workflow back in its spec form
         self.declared = declared
@@ -142,7 +147,7 @@ class Unfolding:
     def with_points(self, points: Mapping[str, ChoicePoint], declared: object) -> Unfolding:
         """The same unrolled graph with ``points`` (the same options, other weights) and
         ``declared``."""
-        return Unfolding(points, self.origin, self._preds, self._succs, declared)
+        return Unfolding(points, self.origin, self._preds, self._succs, declared, self.side)
 
     def likely_under(self, weights: Mapping[str, Sequence[float]]) -> frozenset[str]:
         """The tasks a job runs when every choice takes its most likely option, decision task
@@ -153,8 +158,21 @@ class Unfolding:
         for t, preds in self._preds.items():  # topological order
             if not preds or t in taken:
                 ran.append(t)
-                taken |= self.likely_successors(t, weights.get(t))
+                taken |= {
+                    s for s in self.likely_successors(t, weights.get(t)) if not self.aside(t, s)
+                }
         return frozenset(ran)
+
+    def aside(self, source: str, task: str) -> bool:
+        """Whether ``source`` is a side input of ``task`` (:attr:`side`)."""
+        side = self.side.get(task)
+        return side is not None and source in side
+
+    def all_skipped(self, task: str, inputs: Mapping[str, Any]) -> bool:
+        """Whether ``task`` is skipped, its ``inputs`` (by source) all here: every one that is
+        not a side input is a skip mark."""
+        own = [v for source, v in inputs.items() if not self.aside(source, task)]
+        return bool(own) and all(is_skipped(v) for v in own)
 
     def route(self, task: str, output: Any, key: str, *, emulated: bool) -> Route:
         """Where ``task``'s ``output`` goes; a decision task's choice is resolved here (drawn
@@ -272,7 +290,7 @@ class Unfolding:
         edge: dict[tuple[str, str], int] = {}
         skipped = []
         for task, preds in self._preds.items():  # topological order
-            ins = [edge[(p, task)] for p in preds]
+            ins = [edge[(p, task)] for p in preds if not self.aside(p, task)]
             state = ran if not ins or ran in ins else (dead if unknown not in ins else unknown)
             if state == dead:
                 skipped.append(task)
@@ -291,19 +309,27 @@ class Unfolding:
 
     def summary(self, choices: Mapping[str, str]) -> str:
         """The ``choices`` a job's decision tasks made, by declared task, in words:
-        ``route: expert_a; llm: 3 iterations (search, code); retrieve: width 5``."""
-        made: dict[str, tuple[str, list[str]]] = {}
+        ``route: expert_a; llm: 3 iterations (search, code); retrieve: width 5``; a nested
+        loop's iterations are counted per iteration of the loops around it (``check: 1, 3
+        iterations``: once in the first outer iteration, three times in the second)."""
+        made: dict[str, tuple[str, list[str], Counter[str]]] = {}
         for task in self._preds:  # topological order: a loop's iterations in turn
             label = choices.get(task)
             point = self.points.get(task)
             if label is not None and point is not None:
-                made.setdefault(self.origin.get(task, task), (point.kind, []))[1].append(label)
+                kind, labels, per = made.setdefault(
+                    self.origin.get(task, task), (point.kind, [], Counter())
+                )
+                labels.append(label)
+                index = task.partition("@")[2]
+                per[index.rpartition(".")[0]] += 1
         parts = []
-        for origin, (kind, labels) in made.items():
+        for origin, (kind, labels, per) in made.items():
             if kind == "loop":
                 extra = [label for label in labels if label not in ("again", "stop")]
                 n = len(labels)
-                text = f"{n} iteration{'' if n == 1 else 's'}"
+                counts = ", ".join(map(str, per.values())) if len(per) > 1 else str(n)
+                text = f"{counts} iteration{'' if n == 1 else 's'}"
                 parts.append(f"{origin}: {text}" + (f" ({', '.join(extra)})" if extra else ""))
             else:
                 width = "width " if kind == "fanout" else ""

@@ -46,7 +46,8 @@ from typing import Any
 
 from compass.errors import ModelTooLarge, WorkflowError
 from compass.workflow.dag import Task, TaskProfile, Workflow, linear_scale
-from compass.workflow.unfold import Declared, parse_choices, unfold_workflow
+from compass.workflow.unfold import Declared, unfold_workflow
+from compass.workflow.unfold_spec import parse_choices
 
 __all__ = [
     "ARRIVAL_PROCESSES",

@@ -10,17 +10,24 @@ workload spec):
 - :class:`Loop`: a sub-workflow ``body`` repeats until its task ``until`` says stop, or
   ``max_iter`` iterations have run. Tasks outside the body that wait for ``until`` receive
   the output of its last iteration; the body's entry receives, from the second iteration on,
-  the output of the previous iteration's last task as the keyword ``carry``.
+  the output of the previous iteration's last task as the keyword ``carry``. A loop whose body
+  is a part of another loop's body is **nested** in it: it runs, and decides, afresh in each
+  outer iteration. Two loops are apart or nested; a nested loop holds neither its outer loop's
+  entry nor its ``until``; the loops a task is in unroll it at most
+  :data:`MAX_NESTED_ITERATIONS` times (the product of their ``max_iter``).
 
 Every bound is declared, so a workflow unrolls into a finite DAG once, at declaration: the
-``i``-th iteration of a body task ``t`` is the task ``t@i``, the ``k``-th copy of a fan-out's
-``copies`` is ``c#k``. The planner, the profiles, the messages and the traces all see the
+``i``-th iteration of a body task ``t`` is the task ``t@i`` (``t@i.j``: iteration ``j`` of a
+nested loop in iteration ``i`` of its outer one), the ``k``-th copy of a fan-out's ``copies`` is
+``c#k``. The planner, the profiles, the messages and the traces all see the
 unrolled tasks; :attr:`Unfolding.origin` maps each back to the task declared.
 
 **The skip rule** (dead-path elimination, as in BPEL and Airflow's ``none_failed``): an edge
 whose source was not chosen, or was itself skipped, is skipped; a task all of whose inputs are
 skipped is skipped too, and so are its outgoing edges; a task with at least one input that ran
-runs. Skipped inputs are dropped from the lists a fan-out's join and a loop's exit receive; a
+runs, except that a loop body task's inputs from outside its innermost loop (its entry's
+aside: *side inputs*) do not keep it alive, so that an iteration that will not come is skipped
+whole. Skipped inputs are dropped from the lists a fan-out's join and a loop's exit receive; a
 plain input that was skipped arrives as :data:`SKIPPED`. A job answers once every sink ran or
 was skipped, with the outputs of those that ran.
 
@@ -33,6 +40,7 @@ probabilities with a hash of the job and the task, so that every policy sees the
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,19 +51,24 @@ from compass.workflow.choices import SKIPPED, ChoicePoint, Unfolding, is_skipped
 from compass.workflow.dag import Task, TaskProfile, Workflow, is_stepwise
 
 __all__ = [
+    "MAX_NESTED_ITERATIONS",
     "Branch",
     "Declared",
     "FanOut",
     "Loop",
     "likely_workflow",
-    "parse_choices",
     "ran_workflow",
     "run_chances",
     "unfold_workflow",
 ]
 
-#: the iteration and copy separators of unrolled task names
-_AT, _COPY = "@", "#"
+#: the iteration and copy separators of unrolled task names; a nested loop's iterations are
+#: joined by ``_LEVEL`` (``t@1.2``: iteration 2 of the inner loop in iteration 1 of the outer)
+_AT, _COPY, _LEVEL = "@", "#", "."
+
+#: the most instances one declared task may unroll to: the product of the ``max_iter`` of the
+#: loops it is in (a loop alone has the same bound on its ``max_iter``)
+MAX_NESTED_ITERATIONS = 256
 
 
 def _weights(
@@ -147,9 +160,8 @@ def run_chances(workflow: Workflow, samples: int = 1000) -> dict[str, float]:
             if workflow.preds(t) and t not in live:
                 continue
             runs[t] += 1
-            live.update(
-                s for s, _ in unfolding.route(t, None, f"chance{n}|{t}", emulated=True).sends
-            )
+            route = unfolding.route(t, None, f"chance{n}|{t}", emulated=True)
+            live.update(s for s, _ in route.sends if not unfolding.aside(t, s))
     return {t: count / samples for t, count in runs.items()}
 
 
@@ -189,7 +201,8 @@ class Declared:
         return {"branches": self.branches, "fanouts": self.fanouts, "loops": self.loops}
 
     def choices_to_dict(self) -> dict[str, Any]:
-        """The choices in a workload spec's form (:func:`parse_choices` reads it back)."""
+        """The choices in a workload spec's form (read back by
+        :func:`compass.workflow.unfold_spec.parse_choices`)."""
         out = self._choices_to_dict()
         if self.prior is not None:
             out["prior"] = self.prior._choices_to_dict()
@@ -229,6 +242,8 @@ class _Node:
     origin: Task
     sources: list[tuple[str, str, str]] = field(default_factory=list)
     root: bool = False
+    #: the sources from outside its innermost loop, of a body task other than the entry
+    side: set[str] = field(default_factory=set)
 
 
 def unfold_workflow(
@@ -303,19 +318,16 @@ class _Unroller:
         self.branches = {b.task: self._check_branch(b) for b in branches}
         self.fanouts = {f.task: self._check_fanout(f) for f in fanouts}
         self.loops = [self._check_loop(loop) for loop in loops]
-        self.loop_of: dict[str, Loop] = {}
-        for loop in self.loops:
-            for t in loop.body:
-                if t in self.loop_of:
-                    raise WorkflowError(f"workflow {wf.name!r}: task {t!r} is in two loops")
-                self.loop_of[t] = loop
+        #: each task's loops, outermost first (a loop nests in another when its body is a
+        #: part of the other's)
+        self.chain: dict[str, tuple[Loop, ...]] = self._nest()
         twice = set(self.branches) & set(self.fanouts)
         if twice:
             raise WorkflowError(
                 f"workflow {wf.name!r}: task {sorted(twice)[0]!r} both branches and fans out"
             )
         for fan in self.fanouts.values():
-            loops_of = {self.loop_of.get(t) for t in (fan.task, fan.copies, fan.join)}
+            loops_of = {tuple(map(id, self.loops_of(t))) for t in (fan.task, fan.copies, fan.join)}
             if len(loops_of) != 1:
                 raise WorkflowError(
                     f"workflow {wf.name!r}: fan-out of {fan.task!r}: {fan.task!r}, "
@@ -400,54 +412,128 @@ class _Unroller:
         _weights(where, counts, list(range(1, bound + 1)))
         return replace(loop, body=body)
 
+    def loops_of(self, task: str) -> tuple[Loop, ...]:
+        """The loops ``task`` is in, outermost first (none: outside every loop)."""
+        return self.chain.get(task, ())
+
+    def _nest(self) -> dict[str, tuple[Loop, ...]]:
+        """Each body task's loops, outermost first; :class:`WorkflowError` unless every two
+        loops are apart or one nests inside the other (holding neither its outer loop's entry
+        nor its 'until'), and the iterations of nested loops multiply to at most
+        :data:`MAX_NESTED_ITERATIONS`."""
+        where = f"workflow {self.name!r}"
+        bodies = [set(loop.body) for loop in self.loops]
+        for a, loop in enumerate(self.loops):
+            for b in range(a):
+                other, shared = self.loops[b], bodies[a] & bodies[b]
+                if not shared or bodies[a] < bodies[b] or bodies[b] < bodies[a]:
+                    continue
+                what = "the same body" if bodies[a] == bodies[b] else "overlapping bodies"
+                raise WorkflowError(
+                    f"{where}: the loops of {other.until!r} and {loop.until!r} have {what} "
+                    f"(both hold {sorted(shared)[0]!r}): a loop must be apart from another "
+                    "or nested in its body"
+                )
+        for a, inner in enumerate(self.loops):
+            for b, outer in enumerate(self.loops):
+                if not bodies[a] < bodies[b]:
+                    continue
+                held = [t for t in (self._entry(outer), outer.until) if t in bodies[a]]
+                if held:
+                    role = "'until'" if held[0] == outer.until else "entry"
+                    raise WorkflowError(
+                        f"{where}: the loop of {inner.until!r}, nested in the loop of "
+                        f"{outer.until!r}, holds its {role} {held[0]!r}: a nested loop must "
+                        "sit inside its outer loop's body, after its entry and before its "
+                        "'until'"
+                    )
+        chain: dict[str, tuple[Loop, ...]] = {}
+        for t in self.wf.order:
+            holding = [k for k, body in enumerate(bodies) if t in body]
+            holding.sort(key=lambda k: -len(bodies[k]))
+            loops = tuple(self.loops[k] for k in holding)
+            if not loops:
+                continue
+            chain[t] = loops
+            total = math.prod(loop.max_iter for loop in loops)
+            if total > MAX_NESTED_ITERATIONS:
+                bounds = " x ".join(str(loop.max_iter) for loop in loops)
+                raise WorkflowError(
+                    f"{where}: task {t!r} would unroll to {bounds} = {total} instances, over "
+                    f"the bound of {MAX_NESTED_ITERATIONS} (MAX_NESTED_ITERATIONS): lower "
+                    "the max_iter of its loops"
+                )
+        return chain
+
+    def _entry(self, loop: Loop) -> str:
+        """The body task of ``loop`` that waits for none of its body."""
+        inside = set(loop.body)
+        return next(t for t in loop.body if not any(p in inside for p in self.wf.preds(t)))
+
     def _body_sinks(self, loop: Loop) -> list[str]:
         """The body tasks no body task waits for: the next iteration's entry waits for them."""
         return [b for b in loop.body if not any(s in loop.body for s in self.wf.succs(b))]
 
     # -- building -------------------------------------------------------------------------------
 
+    def _name(self, task: str, index: tuple[int, ...]) -> str:
+        """The instance of ``task`` at iteration ``index`` of its loops (outermost first)."""
+        return f"{task}{_AT}{_LEVEL.join(map(str, index))}" if index else task
+
+    def _indices(self, task: str, prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+        """The iterations of ``task``'s instances that start with ``prefix``, in order."""
+        inner = self.loops_of(task)[len(prefix) :]
+        return [prefix + rest for rest in itertools.product(*(range(x.max_iter) for x in inner))]
+
+    def _shared(self, a: str, b: str) -> int:
+        """How many loops, from the outermost, ``a`` and ``b`` are both in."""
+        k = 0
+        for x, y in zip(self.loops_of(a), self.loops_of(b), strict=False):
+            if x is not y:
+                break
+            k += 1
+        return k
+
     def build(self, options: Mapping[str, Any]) -> Workflow:
         nodes: dict[str, _Node] = {}
-        instance: dict[tuple[str, int], str] = {}  # (declared task, iteration) -> name
-        for t in self.wf.order:
-            loop = self.loop_of.get(t)
-            for i in range(loop.max_iter if loop else 1):
-                instance[(t, i)] = f"{t}{_AT}{i}" if loop else t
-
-        def at(t: str, i: int) -> str:
-            return instance[(t, i if t in self.loop_of else 0)]
-
         for t in self.wf.order:
             task = self.wf.tasks[t]
-            loop = self.loop_of.get(t)
-            for i in range(loop.max_iter if loop else 1):
-                node = nodes[at(t, i)] = _Node(task, root=not task.after)
-                entry = loop is not None and not any(p in loop.body for p in task.after)
-                if entry and i > 0:
+            loops = self.loops_of(t)
+            loop = loops[-1] if loops else None
+            entry = loop is not None and t == self._entry(loop)
+            for index in self._indices(t):
+                node = nodes[self._name(t, index)] = _Node(task, root=not task.after)
+                if entry and index[-1] > 0:  # from the previous iteration's last output
                     assert loop is not None
-                    sinks = self._body_sinks(loop)
+                    before = (*index[:-1], index[-1] - 1)
+                    sinks = [
+                        self._name(b, i)
+                        for b in self._body_sinks(loop)
+                        for i in self._indices(b, before)
+                    ]
                     mode = "one" if len(sinks) == 1 else "any"
-                    node.sources = [(at(b, i - 1), loop.carry, mode) for b in sinks]
+                    node.sources = [(s, loop.carry, mode) for s in sinks]
                     node.root = False
                     continue
                 for p in task.after:
                     param = task.params.get(p, p)
-                    ploop = self.loop_of.get(p)
-                    if ploop is not None and ploop is not loop:  # after a loop: its last output
-                        node.sources += [(at(p, j), param, "any") for j in range(ploop.max_iter)]
-                    else:
-                        node.sources.append((at(p, i), param, "one"))
+                    k = self._shared(p, t)
+                    # a loop p is in and t is not: t gets its last output, of those that ran
+                    mode = "one" if len(self.loops_of(p)) == k else "any"
+                    group = [self._name(p, i) for i in self._indices(p, index[:k])]
+                    node.sources += [(n, param, mode) for n in group]
+                    if loop is not None and not entry and k < len(loops):
+                        node.side.update(group)  # from outside t's innermost loop
         copies_of: dict[str, tuple[str, ...]] = {}
         for fan in self.fanouts.values():
-            loop = self.loop_of.get(fan.task)
-            for i in range(loop.max_iter if loop else 1):
-                template = nodes.pop(at(fan.copies, i))
-                names = tuple(f"{at(fan.copies, i)}{_COPY}{k}" for k in range(fan.max_width))
-                copies_of[at(fan.task, i)] = names
+            for index in self._indices(fan.task):
+                old = self._name(fan.copies, index)
+                template = nodes.pop(old)
+                names = tuple(f"{old}{_COPY}{k}" for k in range(fan.max_width))
+                copies_of[self._name(fan.task, index)] = names
                 for name in names:
                     nodes[name] = _Node(template.origin, list(template.sources))
-                join = nodes[at(fan.join, i)]
-                old = at(fan.copies, i)
+                join = nodes[self._name(fan.join, index)]
                 kept = [s for s in join.sources if s[0] != old]
                 param = next(s[1] for s in join.sources if s[0] == old)
                 join.sources = kept + [(n, param, "list") for n in names]
@@ -455,7 +541,7 @@ class _Unroller:
         for n, node in nodes.items():
             for source, _, _ in node.sources:
                 succs[source].append(n)
-        points = self._points(nodes, succs, at, copies_of)
+        points = self._points(nodes, succs, copies_of)
         built = [self._task(n, node) for n, node in nodes.items()]
         workflow = Workflow(self.name, built, **options)
         origin = {n: node.origin.name for n, node in nodes.items()}
@@ -467,14 +553,14 @@ class _Unroller:
             tuple(self.fanouts.values()),
             tuple(self.loops),
         )
-        workflow.unfold = Unfolding(points, origin, preds, succ_map, declared)
+        side = {n: frozenset(node.side) for n, node in nodes.items() if node.side}
+        workflow.unfold = Unfolding(points, origin, preds, succ_map, declared, side)
         return workflow
 
     def _points(
         self,
         nodes: Mapping[str, _Node],
         succs: Mapping[str, list[str]],
-        at: Callable[[str, int], str],
         copies_of: Mapping[str, tuple[str, ...]],
     ) -> dict[str, ChoicePoint]:
         points: dict[str, ChoicePoint] = {}
@@ -487,43 +573,49 @@ class _Unroller:
                 labels = tuple(str(k) for k in range(fan.max_width + 1))
                 points[n] = ChoicePoint("fanout", options, labels, widths, names)
         for b in self.branches.values():
-            if b.task in self.loop_of and self.loop_of[b.task].until == b.task:
+            loops = self.loops_of(b.task)
+            if loops and loops[-1].until == b.task:
                 continue  # the loop's point holds its branches
             weights = _weights("", b.to, list(b.to))
-            loop = self.loop_of.get(b.task)
-            for i in range(loop.max_iter if loop else 1):
-                options = tuple(frozenset({at(s, i)}) for s in b.to)
-                points[at(b.task, i)] = ChoicePoint("branch", options, tuple(b.to), weights)
+            for index in self._indices(b.task):
+                name = self._name(b.task, index)
+                options = tuple(_instances_of(s, succs[name]) for s in b.to)
+                points[name] = ChoicePoint("branch", options, tuple(b.to), weights)
         for loop in self.loops:
-            points.update(self._loop_points(loop, succs, at))
+            points.update(self._loop_points(loop, succs))
         return points
 
-    def _loop_points(
-        self, loop: Loop, succs: Mapping[str, list[str]], at: Callable[[str, int], str]
-    ) -> dict[str, ChoicePoint]:
-        """The until task of each iteration: go on (through its branch, if it has one) or
-        stop; at the last iteration, stop only. The chance to stop after iteration ``i`` is
-        ``P(N = i+1) / P(N > i)`` for the declared counts ``N``, so the draws give them."""
+    def _loop_points(self, loop: Loop, succs: Mapping[str, list[str]]) -> dict[str, ChoicePoint]:
+        """The until task of each iteration (of each iteration of the loops around): go on
+        (through its branch, if it has one) or stop; at the last iteration, stop only. The
+        chance to stop after iteration ``i`` is ``P(N = i+1) / P(N > i)`` for the declared
+        counts ``N``, so the draws give them, in every iteration of an outer loop afresh."""
         counts = _weights("", loop.counts, list(range(1, loop.max_iter + 1)))
         branch = self.branches.get(loop.until)
         points: dict[str, ChoicePoint] = {}
+        stops: list[float] = []
         left = 1.0
         for i in range(loop.max_iter):
-            name = at(loop.until, i)
-            exits = frozenset(s for s in succs[name] if self.loop_of.get(_origin(s)) is not loop)
-            stop_p = 1.0 if i == loop.max_iter - 1 or left <= 0 else min(1.0, counts[i] / left)
+            stops.append(1.0 if i == loop.max_iter - 1 or left <= 0 else min(1.0, counts[i] / left))
             left -= counts[i]
-            if stop_p >= 1.0:
+        for index in self._indices(loop.until):
+            name, stop_p = self._name(loop.until, index), stops[index[-1]]
+            exits = frozenset(
+                s for s in succs[name] if not any(x is loop for x in self.loops_of(_origin(s)))
+            )
+            if index[-1] == loop.max_iter - 1:  # the bound: stop only
                 points[name] = ChoicePoint("loop", (exits,), ("stop",), (1.0,), stop=0)
                 continue
+            # before the bound, going on stays an option (of weight 0 where the declared
+            # counts end earlier: what is not an option would always run)
             onward = [s for s in succs[name] if s not in exits]
             if branch is None:
                 options, labels, weights = [frozenset(onward)], ["again"], [1.0 - stop_p]
             else:
-                chosen = {at(s, i) for s in branch.to}
-                always = frozenset(s for s in onward if s not in chosen)
+                chosen = {s: _instances_of(s, succs[name]) for s in branch.to}
+                always = frozenset(s for s in onward if not any(s in c for c in chosen.values()))
                 share = _weights("", branch.to, list(branch.to))
-                options = [always | {at(s, i)} for s in branch.to]
+                options = [always | chosen[s] for s in branch.to]
                 labels = list(branch.to)
                 weights = [(1.0 - stop_p) * p for p in share]
             points[name] = ChoicePoint(
@@ -564,6 +656,11 @@ class _Unroller:
 
 def _origin(name: str) -> str:
     return name.split(_COPY, 1)[0].split(_AT, 1)[0]
+
+
+def _instances_of(task: str, names: Iterable[str]) -> frozenset[str]:
+    """Those of ``names`` unrolled from declared ``task``."""
+    return frozenset(n for n in names if _origin(n) == task)
 
 
 class _Gathered:
@@ -609,128 +706,3 @@ class _Gathered:
 
     def generator(self, module: Any, **given: Any) -> Any:
         return (yield from self.fn(module, **self._kwargs(given)))
-
-
-# -- the workload spec's form ---------------------------------------------------------------------
-
-
-def parse_choices(
-    entry: Mapping[str, Any], path: str, error: Callable[[str, str], WorkflowError]
-) -> dict[str, Any]:
-    """The ``branches``, ``fanouts`` and ``loops`` of a workflow in a workload spec, as
-    :func:`unfold_workflow` takes them; ``error(key path, problem)`` makes the error to raise.
-
-    ``"branches": {task: {successor: weight, ...}}``; ``"fanouts": {task: {"copies": c,
-    "join": j, "max_width": n, "widths": {width: weight} or [low, high]}}``; ``"loops":
-    {name: {"body": [...], "until": t, "max_iter": n, "counts": {iterations: weight} or [low,
-    high], "carry": keyword}}``. A range ``[low, high]`` is uniform over low..high. ``"prior":
-    {"branches": ..., "fanouts": ..., "loops": ...}``: the same choices with the weights
-    planning starts from (see :func:`unfold_workflow`)."""
-    found: dict[str, Any] = {}
-    prior = _object(entry, "prior", path, error)
-    if prior:
-        found["prior"] = parse_choices(prior, f"{path}.prior", error)
-        found["prior"].pop("prior", None)
-        for kind in ("branches", "fanouts", "loops"):
-            found["prior"].setdefault(kind, [])
-    branches = _object(entry, "branches", path, error)
-    if branches:
-        found["branches"] = [
-            Branch(task, _numbers(to, f"{path}.branches.{task}", error))
-            for task, to in branches.items()
-        ]
-    fanouts = _object(entry, "fanouts", path, error)
-    if fanouts:
-        found["fanouts"] = []
-        for task, spec in fanouts.items():
-            where = f"{path}.fanouts.{task}"
-            spec = _object({"": spec}, "", where, error)
-            width = _integer(spec, "max_width", where, error)
-            found["fanouts"].append(
-                FanOut(
-                    task,
-                    _string(spec, "copies", where, error),
-                    _string(spec, "join", where, error),
-                    width,
-                    _spread(spec.get("widths"), f"{where}.widths", error),
-                )
-            )
-    loops = _object(entry, "loops", path, error)
-    if loops:
-        found["loops"] = []
-        for name, spec in loops.items():
-            where = f"{path}.loops.{name}"
-            spec = _object({"": spec}, "", where, error)
-            body = spec.get("body")
-            if not isinstance(body, list) or not all(isinstance(b, str) for b in body):
-                raise error(f"{where}.body", "expected a list of task names")
-            found["loops"].append(
-                Loop(
-                    tuple(body),
-                    _string(spec, "until", where, error),
-                    _integer(spec, "max_iter", where, error),
-                    _spread(spec.get("counts"), f"{where}.counts", error),
-                    spec.get("carry", "carry"),
-                )
-            )
-    return found
-
-
-def _object(
-    entry: Mapping[str, Any], key: str, path: str, error: Callable[[str, str], WorkflowError]
-) -> Mapping[str, Any]:
-    value = entry.get(key, {})
-    if not isinstance(value, Mapping):
-        raise error(f"{path}.{key}" if key else path, "expected an object")
-    return value
-
-
-def _string(
-    spec: Mapping[str, Any], key: str, path: str, error: Callable[[str, str], WorkflowError]
-) -> str:
-    value = spec.get(key)
-    if not isinstance(value, str) or not value:
-        raise error(f"{path}.{key}", "expected a task name")
-    return value
-
-
-def _integer(
-    spec: Mapping[str, Any], key: str, path: str, error: Callable[[str, str], WorkflowError]
-) -> int:
-    value = spec.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise error(f"{path}.{key}", "expected an integer (the declared bound)")
-    return value
-
-
-def _numbers(
-    value: object, path: str, error: Callable[[str, str], WorkflowError]
-) -> dict[str, float]:
-    if not isinstance(value, Mapping) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
-    ):
-        raise error(path, "expected an object of names to weights")
-    return {str(k): float(v) for k, v in value.items()}
-
-
-def _spread(
-    value: object, path: str, error: Callable[[str, str], WorkflowError]
-) -> dict[int, float] | None:
-    """Weights by count: an object ``{"3": weight}``, a uniform range ``[low, high]``, or
-    absent (None: uniform over the whole range)."""
-    if value is None:
-        return None
-    if isinstance(value, list):
-        if len(value) != 2 or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise error(path, "expected [low, high], two integers")
-        low, high = value
-        if low > high:
-            raise error(path, f"the range [{low}, {high}] is empty")
-        return dict.fromkeys(range(low, high + 1), 1.0)
-    weights = _numbers(value, path, error)
-    try:
-        return {int(k): v for k, v in weights.items()}
-    except ValueError:
-        raise error(path, f"keys must be integers, got {sorted(weights)}") from None

@@ -4,7 +4,7 @@ answers once every sink ran or was skipped."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from compass.core.assemble import CoreOptions, build_core
@@ -16,7 +16,7 @@ from compass.core.unfold import ChainedStep
 from compass.errors import DeadlineExceeded, WorkflowError
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.sched import make_policy
-from compass.workflow import Profiles, Task, TaskProfile
+from compass.workflow import Profiles, Task, TaskProfile, Workflow
 from compass.workflow.choices import SKIPPED, choose, fan_out, is_skipped, stop
 from compass.workflow.unfold import Branch, FanOut, Loop, unfold_workflow
 
@@ -106,6 +106,7 @@ class Cluster:
         names: Sequence[str] = ("a", "b", "c"),
         policy: str = "compass",
         options: dict[str, Any] | None = None,
+        workflows: Mapping[str, Workflow] = WORKFLOWS,
     ) -> None:
         self.views = {n: FakeView(names) for n in names}
         profiles = Profiles(
@@ -113,13 +114,13 @@ class Cluster:
             net_bytes_per_s=1e9,
             net_fixed_s=1e-4,
             model_sizes={"m": GB},
-            workflows=WORKFLOWS.values(),
+            workflows=workflows.values(),
             staged=False,
         )
         self.cores: dict[str, WorkerCore] = {
             n: build_core(
                 n,
-                workflows=WORKFLOWS,
+                workflows=workflows,
                 policy=make_policy(policy, options=options),
                 profiles=profiles,
                 view=self.views[n],
