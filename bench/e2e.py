@@ -34,6 +34,7 @@ from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.sim.arrivals import Arrival, workload_arrivals
 from compass.sim.goodput import priorities
+from compass.sim.settings import NO_PREEMPTION
 from compass.wire.transport import new_event_loop
 from compass.workflow.batching import BATCH_GAINS, apply_batching
 from compass.workflow.best import best_time_s
@@ -66,7 +67,9 @@ class E2EConfig:
     #: and as the simulator it is compared with runs them)
     host_lanes: int = SIM_WORKER.host_lanes
     extra_args: tuple[str, ...] = field(default_factory=tuple)
-    #: the workers schedule at step boundaries (``--preempt``)
+    #: the workers schedule at step boundaries (``--preempt``), except in the runs of the
+    #: policies named ``"NAME (no preemption)"`` (``--preempt both``, as ``compass sim`` names
+    #: them)
     preempt: bool = False
     #: off: every task runs one item at a time; on: tasks batch as the workload declares, and
     #: model tasks that declare no curve take ``batch_gain``'s (None: they do not batch)
@@ -174,6 +177,8 @@ async def run_policy(
                 await client.aclose()
     summary = summarize(workload, latencies, statuses, elapsed)
     with_latencies(summary, workload, latencies)
+    if any(s["queue"].get("preempt") for s in statuses):  # the workers said they preempt
+        summary["suspensions"] = sum(s["queue"]["suspensions"] for s in statuses)
     if config.deadline_x is not None:
         x = config.deadline_x
         met = sum(1 for sd in summary["slowdowns"] if sd is not None and sd <= x)
@@ -250,7 +255,10 @@ async def _cluster(
 ) -> AsyncIterator[LocalCluster]:
     """A fresh cluster of ``workers`` running ``policy`` on exactly ``workload``: the workers
     read it from a spec file written here, since it may not be ``config.workload`` as the file
-    has it (batching transforms it)."""
+    has it (batching transforms it). They preempt with ``config.preempt``, unless ``policy`` is
+    named ``"NAME (no preemption)"`` (then they run NAME without)."""
+    preempt = config.preempt and not policy.endswith(NO_PREEMPTION)
+    policy = policy.removesuffix(NO_PREEMPTION)
     with tempfile.TemporaryDirectory(prefix="compass-e2e-") as folder:
         spec = Path(folder) / "workload.json"
         write_workload(workload, spec)
@@ -262,7 +270,7 @@ async def _cluster(
             "--heartbeat-min-ms", str(config.heartbeat_min_ms),
             "--host-lanes", str(config.host_lanes),
             *config.extra_args,
-            *(["--preempt"] if config.preempt else []),
+            *(["--preempt"] if preempt else []),
         ]  # fmt: skip
         async with LocalCluster(workers, args=args) as cluster:
             yield cluster
@@ -538,7 +546,7 @@ def run_capacity(
     """``compass bench e2e --capacity``: the simulator's capacity search
     (:func:`compass.sim.capacity.search_capacity`, same JSON) with every point a run of
     :func:`run_policy` on a fresh cluster: a coarse grid up to ``max_load``, then ``steps``
-    bisections."""
+    bisections. With preemption on, ``suspensions`` holds each preempting run's count."""
     from compass.sim import capacity
 
     from . import sim_report
@@ -547,11 +555,17 @@ def run_capacity(
     chosen = list(capacity.BUILTIN_SLOS if slos is None else slos)
     grid = capacity.load_grid(max_load, CAPACITY_LADDER)
     runner = asyncio.Runner(loop_factory=new_event_loop)
+    #: preempting runs: policy -> "seed S load L" -> the suspensions the workers made
+    suspensions: dict[str, dict[str, int]] = {}
 
     def one(policy: str, seed: int, load: float) -> list[float | None]:
         point = replace(config, load=load, seed=seed)
         run = run_policy(point, workload, policy, arrivals_for(point, workload))
-        slowdowns: list[float | None] = runner.run(run)["slowdowns"]
+        summary = runner.run(run)
+        if "suspensions" in summary:
+            point_name = f"seed {seed} load {load:g}"
+            suspensions.setdefault(policy, {})[point_name] = summary["suspensions"]
+        slowdowns: list[float | None] = summary["slowdowns"]
         return slowdowns
 
     def progress(policy: str, seed: int, load: float, seconds: float) -> None:
@@ -583,6 +597,7 @@ def run_capacity(
             "physical_bound": bound,
         },
         **found,
+        **({"suspensions": suspensions} if suspensions else {}),
     }
     sim_report.print_capacity(out, title=f"{workload.name} on {config.workers} worker processes")
     write_json(json_path, out)

@@ -39,6 +39,7 @@ from .options import (
     SloFlag,
     Workers,
 )
+from .sim import Preempt
 
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and writes JSON.", no_args_is_help=True
@@ -264,12 +265,21 @@ def bench_e2e(
             show_default=False,
         ),
     ] = None,
+    preempt: Annotated[
+        Preempt,
+        typer.Option(
+            help="The workers schedule at step boundaries (compass worker start --preempt): "
+            "on, off, or both (each policy also as 'NAME (no preemption)')."
+        ),
+    ] = Preempt.off,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
+    from compass.sim.settings import with_preemption
 
     names = comma_list(policies)
     check_policies(names)
+    runs, preempting = with_preemption(tuple(names), preempt.value)
     if workload is not None:
         check_workload(workload)
     sweep = sweep_range(servers_sweep)
@@ -282,7 +292,7 @@ def bench_e2e(
     config = e2e.E2EConfig(
         workload=workload or e2e.DEFAULT_WORKLOAD,
         workers=workers,
-        policies=tuple(names),
+        policies=runs,
         arrival=arrival,
         cv=cv,
         load=load,
@@ -294,6 +304,7 @@ def bench_e2e(
         host_lanes=host_lanes,
         deadline_x=deadline_x,
         priority_mix=priority_mix,
+        preempt=preempting,
         **batching_keywords(batching, batch_gain),
     )
     if capacity:

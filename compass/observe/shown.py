@@ -198,4 +198,7 @@ def queue_status(worker: Holdings) -> dict[str, Any]:
         "stuck": lanes.stuck,
         "max_stuck": lanes.max_stuck,
         "degraded": lanes.degraded,
+        # scheduling at step boundaries (``--preempt``) and the suspensions it made
+        "preempt": lanes.preempt,
+        "suspensions": lanes.suspensions,
     }
