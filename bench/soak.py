@@ -538,6 +538,7 @@ async def soak(
     names = [w.name for w in cluster.workers]
     growth = {n: rss_growth_mb(run.samples.get(n, []), end_s) for n in names}
     middle = {n: _last_minus_middle(run.samples.get(n, []), end_s) for n in names}
+    replans = {n: _counted(run.samples.get(n, []), "replans") for n in names}
     checks = {
         "every_job_answered_once": counts.submitted == counts.ok + counts.failed + counts.hung,
         "none_hung": counts.hung == 0,
@@ -549,9 +550,7 @@ async def soak(
     if run.restart is not None:  # back, and every view whole again
         checks["restarted"] = run.restart.view_s is not None
     else:  # no worker left: a busy one was never taken for gone
-        checks["nothing_replanned"] = (
-            sum(_counted(run.samples.get(n, []), "replans") for n in names) == 0
-        )
+        checks["nothing_replanned"] = sum(replans.values()) == 0
     return {
         "config": {
             **asdict(config),
@@ -577,7 +576,7 @@ async def soak(
         "suspicions_refuted": {
             n: _counted(run.samples.get(n, []), "suspicions_refuted") for n in names
         },
-        "replans": {n: _counted(run.samples.get(n, []), "replans") for n in names},
+        "replans": replans,
         "checks": checks,
         "passed": all(checks.values()),
         "samples": run.samples,
