@@ -35,10 +35,9 @@ def shortest_remaining_s(workflow: Workflow, profiles: Profiles, worker: str) ->
         if point is None:
             after = max((left[s] for s in succs), default=0.0)
         else:
-            chosen = {s for option in point.options for s in option}
-            always = [left[s] for s in succs if s not in chosen]
             after = min(
-                max([*always, *(left[s] for s in option)], default=0.0) for option in point.options
+                max((left[s] for s in unfolding.runs(name, i)), default=0.0)
+                for i in range(len(point.options))
             )
         left[name] = profiles.exec_s(workflow.name, name, worker) + after
     return left
@@ -69,8 +68,7 @@ def expected_best_s(
     options: dict[str, list[frozenset[str]]] = {}
     cumulative: dict[str, list[float]] = {}
     for t, point in unfolding.points.items():
-        chosen = {s for o in point.options for s in o}
-        options[t] = [succs[t] - (chosen - o) for o in point.options]
+        options[t] = [unfolding.runs(t, i) for i in range(len(point.options))]
         cumulative[t] = list(itertools.accumulate(weights(t)))
     rng = random.Random(0)
     total = dict.fromkeys(workflow.order, 0.0)

@@ -70,8 +70,10 @@ def fan_out(items: Iterable[Any]) -> Decision:
 class ChoicePoint:
     """A decision task of the unrolled workflow: the sets of successors it may run
     (``options``, with ``labels`` for traces and prior ``weights``); successors in none of them
-    always run. ``kind``: "branch", "fanout" or "loop"; ``copies``: a fan-out's copies, in item
-    order; ``stop``: the index of a loop's stop option (-1: none)."""
+    always run, except those in ``never``, which no option runs (a loop's body after its
+    ``until`` at the loop's bound, where the loop cannot go on). ``kind``: "branch", "fanout" or
+    "loop"; ``copies``: a fan-out's copies, in item order; ``stop``: the index of a loop's stop
+    option (-1: none). What runs for an option is :meth:`Unfolding.runs`'s to say."""
 
     kind: str
     options: tuple[frozenset[str], ...]
@@ -82,6 +84,8 @@ class ChoicePoint:
     #: the weights planning starts from where they are not ``weights`` (a workload spec's
     #: ``prior``: a deliberately wrong declaration, to test learning); None: ``weights``
     prior: tuple[float, ...] | None = None
+    #: successors skipped whichever option is taken
+    never: frozenset[str] = frozenset()
 
     @property
     def expected(self) -> tuple[float, ...]:
@@ -185,8 +189,8 @@ class Unfolding:
             option, value, items = self._drawn(point, key), output, None
         else:
             option, value, items = self._resolved(task, point, output)
-        chosen = point.options[option]
-        others = {s for i, o in enumerate(point.options) if i != option for s in o} - chosen
+        runs = self.runs(task, option)
+        others = {s for s in self._succs[task] if s not in runs}
         sends = []
         copy_at = {c: i for i, c in enumerate(point.copies)}
         for succ in self._succs[task]:
@@ -198,6 +202,16 @@ class Unfolding:
                 sends.append((succ, value))
         skips, dead_sinks = self._skipped({(task, s) for s in others})
         return Route(tuple(sends), skips, dead_sinks, point.labels[option])
+
+    def runs(self, task: str, option: int) -> frozenset[str]:
+        """The successors of decision task ``task`` that run when it takes option ``option``:
+        those the option names and those no option names (they always run), but never those
+        in its point's ``never``. The one statement of which successors a choice runs: the
+        route, the likely path, the planner's estimates and a job's record all ask here."""
+        point = self.points[task]
+        optional = {s for o in point.options for s in o} | point.never
+        chosen = point.options[option]
+        return frozenset(s for s in self._succs[task] if s in chosen or s not in optional)
 
     def skip(self, task: str) -> Route:
         """Where ``task`` (every input of it skipped) sends its skip marks."""
@@ -296,14 +310,16 @@ class Unfolding:
                 skipped.append(task)
             point = self.points.get(task)
             chosen = None if point is None else _option(point, choices.get(task))
+            runs = None if point is None or chosen is None else self.runs(task, chosen)
             for succ in self._succs[task]:
                 out = state
                 if state == ran and point is not None:
-                    optional = any(succ in option for option in point.options)
-                    if chosen is None:
-                        out = unknown if optional else ran
-                    elif optional and succ not in point.options[chosen]:
+                    if runs is not None:
+                        out = ran if succ in runs else dead
+                    elif succ in point.never:
                         out = dead
+                    elif any(succ in option for option in point.options):
+                        out = unknown
                 edge[(task, succ)] = out
         return tuple(skipped)
 
@@ -345,6 +361,4 @@ class Unfolding:
         if point is None:
             return frozenset(self._succs[task])
         expected = point.expected if weights is None else weights
-        best = max(range(len(expected)), key=expected.__getitem__)
-        others = {s for i, o in enumerate(point.options) if i != best for s in o}
-        return frozenset(self._succs[task]) - (others - point.options[best])
+        return self.runs(task, max(range(len(expected)), key=expected.__getitem__))

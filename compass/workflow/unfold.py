@@ -8,7 +8,8 @@ workload spec):
 - :class:`FanOut`: a task's output is a list; successor ``copies`` runs once per item (up to a
   declared ``max_width``), and ``join`` receives the list of their outputs, in item order.
 - :class:`Loop`: a sub-workflow ``body`` repeats until its task ``until`` says stop, or
-  ``max_iter`` iterations have run. Tasks outside the body that wait for ``until`` receive
+  ``max_iter`` iterations have run (at that bound the body's tasks after ``until`` are
+  skipped: the loop cannot go on). Tasks outside the body that wait for ``until`` receive
   the output of its last iteration; the body's entry receives, from the second iteration on,
   the output of the previous iteration's last task as the keyword ``carry``. A loop whose body
   is a part of another loop's body is **nested** in it: it runs, and decides, afresh in each
@@ -603,12 +604,15 @@ class _Unroller:
             exits = frozenset(
                 s for s in succs[name] if not any(x is loop for x in self.loops_of(_origin(s)))
             )
-            if index[-1] == loop.max_iter - 1:  # the bound: stop only
-                points[name] = ChoicePoint("loop", (exits,), ("stop",), (1.0,), stop=0)
+            onward = [s for s in succs[name] if s not in exits]
+            if index[-1] == loop.max_iter - 1:  # the bound: stop only, and the body after
+                # 'until' never runs (in no option, it would always run: the skip rule)
+                points[name] = ChoicePoint(
+                    "loop", (exits,), ("stop",), (1.0,), stop=0, never=frozenset(onward)
+                )
                 continue
             # before the bound, going on stays an option (of weight 0 where the declared
             # counts end earlier: what is not an option would always run)
-            onward = [s for s in succs[name] if s not in exits]
             if branch is None:
                 options, labels, weights = [frozenset(onward)], ["again"], [1.0 - stop_p]
             else:

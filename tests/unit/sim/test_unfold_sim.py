@@ -54,3 +54,17 @@ def test_a_job_is_measured_against_the_tasks_it_ran(runs: dict[str, list[JobReco
         if "answer" in j.plan and j.latency_s is not None and j.slowdown is not None
     }
     assert best[min(best)] < 0.8 * best[max(best)]
+
+
+def test_an_agent_at_its_bound_runs_no_tool_after_its_last_step(
+    runs: dict[str, list[JobRecord]],
+) -> None:
+    """Each tool call is followed by an LLM step: an agent runs one tool fewer than LLM
+    steps, those that reached the loop's bound (7 LLM steps) included."""
+    tools = ("search@", "code@", "vision@")
+    for policy, jobs in runs.items():
+        agents = [j.plan for j in jobs if "answer" in j.plan]
+        steps = [sum(t.startswith("llm@") for t in plan) for plan in agents]
+        called = [sum(t.startswith(tools) for t in plan) for plan in agents]
+        assert called == [n - 1 for n in steps], policy
+        assert 7 in steps, policy  # some reached the bound

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
+
 from compass.core.assemble import CoreOptions, build_core
 from compass.core.events import Answer, Instruction, Received, Send, Submit, TaskDone
 from compass.core.lanes import RunTask
@@ -86,6 +88,26 @@ AGENT = unfold_workflow(
     loops=[Loop(("think", "look", "act"), "think", max_iter=5)],
 )
 
+
+def _stubborn(module: Any, x: Any = None, carry: Any = None) -> Any:
+    """An agent's model that always asks for another tool: only the loop's bound ends it."""
+    steps = 1 if carry is None else carry + 1
+    return choose(steps, "look")
+
+
+#: never stops by itself: it reaches its bound of 3 steps
+STUBBORN = unfold_workflow(
+    "stubborn",
+    [
+        _t("think", _stubborn),
+        _t("look", lambda m, think: think, "think"),
+        _t("act", lambda m, think: think, "think"),
+        _t("answer", lambda m, think: f"answered after {think}", "think", model=None),
+    ],
+    branches=[Branch("think", {"look": 1, "act": 1})],
+    loops=[Loop(("think", "look", "act"), "think", max_iter=3)],
+)
+
 #: emulated: its choices are drawn
 EMULATED = unfold_workflow(
     "emulated",
@@ -94,7 +116,7 @@ EMULATED = unfold_workflow(
     branches=[Branch("route", {"p": 1, "q": 1, "r": 1})],
 )
 
-WORKFLOWS = {wf.name: wf for wf in (ROUTER, SPLIT, FAN, AGENT, EMULATED)}
+WORKFLOWS = {wf.name: wf for wf in (ROUTER, SPLIT, FAN, AGENT, STUBBORN, EMULATED)}
 
 
 class Cluster:
@@ -220,6 +242,21 @@ def test_a_loop_stops_on_the_model_s_own_output() -> None:
     assert answer.error is None and answer.value == "answered after 3"
     assert cluster.tasks_run("a-1") == ["think@0", "look@0", "think@1", "act@1", "think@2",
                                         "answer"]  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["compass", "compass-chained", "jsq"])
+def test_a_loop_at_its_bound_answers_without_running_the_tool_its_model_asked_for(
+    policy: str,
+) -> None:
+    cluster = Cluster(policy=policy)
+    spread(cluster)
+    answer = cluster.submit("a-1", "stubborn", x=0)
+    # one answer, the exit's: the last step's tool never ran, so it is no sink that ran
+    assert answer.error is None and answer.value == "answered after 3"
+    assert cluster.tasks_run("a-1") == ["think@0", "look@0", "think@1", "look@1", "think@2",
+                                        "answer"]  # fmt: skip
+    assert answer.record["choices"]["think@2"] == "stop"
+    assert {"look@2", "act@2"} <= set(answer.record["skipped"])
 
 
 def test_a_bad_choice_fails_its_job_naming_the_task_and_the_worker_serves_on() -> None:

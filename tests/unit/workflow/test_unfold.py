@@ -113,6 +113,44 @@ def test_a_loop_that_stops_skips_every_later_iteration_in_one_step() -> None:
     assert set(route.dead_sinks) == {"a@2", "b@2"}
 
 
+@pytest.mark.parametrize("told", [choose("q", "a"), stop("q"), "q"])
+def test_at_the_bound_the_body_after_until_never_runs_whatever_until_says(told: Any) -> None:
+    """The last iteration can only stop: its tools are skipped (sinks that will never run),
+    whether the model asked for one, said stop, or returned a plain output."""
+    wf = agent(3)
+    rules = unfolding(wf)
+    assert rules.points["llm@2"].never == frozenset({"a@2", "b@2"})
+    route = rules.route("llm@2", told, "k", emulated=False)
+    assert route.sends == (("answer", "q"),) and route.label == "stop"
+    assert route.skips == () and set(route.dead_sinks) == {"a@2", "b@2"}
+    assert rules.runs("llm@2", 0) == frozenset({"answer"})
+
+
+def test_an_emulated_job_at_the_bound_draws_no_tool_after_its_last_step() -> None:
+    rules = unfolding(agent(3))
+    for job in range(50):
+        route = rules.route("llm@2", None, f"{job}|llm@2", emulated=True)
+        assert [s for s, _ in route.sends] == ["answer"]
+    assert run_chances(agent(3))["a@2"] == 0.0 == run_chances(agent(3))["b@2"]
+
+
+def test_a_job_record_counts_the_tools_after_the_bound_as_skipped() -> None:
+    rules = unfolding(agent(3))
+    skipped = rules.skipped_by({"llm@0": "a", "llm@1": "b", "llm@2": "stop"})
+    assert set(skipped) == {"b@0", "a@1", "a@2", "b@2"}
+    # before the last choice is heard, what follows it is unknown, except what never runs
+    assert set(rules.skipped_by({"llm@0": "a", "llm@1": "b"})) == {"b@0", "a@1", "a@2", "b@2"}
+
+
+def test_the_likely_path_through_every_iteration_ends_without_a_tool() -> None:
+    tasks = [t("llm", ms=100), t("a", "llm"), t("b", "llm"), t("answer", "llm", ms=1)]
+    wf = unfold_workflow(
+        "long", tasks, branches=[Branch("llm", {"a": 3, "b": 1})],
+        loops=[Loop(("llm", "a", "b"), "llm", 3, counts={3: 1})],
+    )  # fmt: skip
+    assert likely_workflow(wf).order == ("llm@0", "a@0", "llm@1", "a@1", "llm@2", "answer")
+
+
 def test_a_branch_sends_to_its_choice_and_marks_the_others_skipped() -> None:
     wf = agent(3)
     route = unfolding(wf).route("llm@0", choose("q", "b"), "k", emulated=False)
@@ -178,6 +216,7 @@ def test_the_shortest_remaining_path_stops_the_loop_now() -> None:
     left = shortest_remaining_s(wf, profiles, "w0")
     # a job at any LLM step can still stop there: its least work left is that step and the answer
     assert left["llm@0"] == pytest.approx(0.101) == left["llm@1"]
+    assert left["llm@2"] == pytest.approx(0.101)  # at the bound too: no tool runs after it
     assert left["a@0"] == pytest.approx(0.010 + 0.101)
 
 

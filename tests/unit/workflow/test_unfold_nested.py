@@ -112,6 +112,24 @@ def test_an_outer_loop_that_stops_skips_everything_after_inner_loops_included() 
     } | {f"{task}@{i}.{j}" for i in (1, 2) for j in (0, 1) for task in ("draft", "check")}
 
 
+def test_at_an_inner_loop_s_bound_its_body_after_until_never_runs_in_any_round() -> None:
+    """An inner loop whose body goes on after its 'until' (draft, check, then a fix that only
+    going on needs): at its bound, in every outer iteration, the fix is skipped."""
+    tasks = [*TASKS[:4], t("fix", "check"), *TASKS[4:]]
+    loops = [Loop((*OUTER, "fix"), "judge", 2), Loop(("draft", "check", "fix"), "check", 2)]
+    u = unfolding(unfold_workflow("fixes", tasks, loops=loops))
+    for i in range(2):
+        assert u.points[f"check@{i}.1"].never == frozenset({f"fix@{i}.1"})
+        assert u.points[f"check@{i}.0"].never == frozenset()
+        route = u.route(f"check@{i}.1", "go on", "k", emulated=False)
+        assert route.sends == ((f"judge@{i}", "go on"),)
+        # the fix is dead: the next round's plan hears so from here; in the last round it is
+        # a sink, reported as one that will not run
+        dead = {p for _, p in route.skips} | set(route.dead_sinks)
+        assert dead == {f"fix@{i}.1"}
+    assert run_chances(unfold_workflow("fixes", tasks, loops=loops))["fix@0.1"] == 0.0
+
+
 def test_an_input_from_outside_the_loop_does_not_keep_a_later_iteration_alive() -> None:
     """check@0.1 waits for draft@0.1 (skipped when the inner loop stopped) and plan@0 (ran):
     it is skipped, not run on a skip mark."""
