@@ -1,5 +1,5 @@
-"""``python -m bench.unfold``: what each lever of planning a workflow decided at run time is
-worth, against each step run as a job of its own (issue 38).
+"""``compass bench unfold`` (or ``python -m bench.unfold``): what each lever of planning a
+workflow decided at run time is worth, against each step run as a job of its own (issue 38).
 
 For each workload (default: ``bench/workloads/agent-loop.json``, on which the levers were
 built, and ``bench/workloads/triage-rag.json``, never used to tune them), the capacity at
@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from compass.sim import capacity as cap
@@ -28,7 +29,8 @@ from .report import machine, print_table, write_json
 
 __all__ = ["VARIANTS", "run"]
 
-WORKLOADS = ("bench/workloads/agent-loop.json", "bench/workloads/triage-rag.json")
+_HERE = Path(__file__).resolve().parent
+WORKLOADS = tuple(str(_HERE / "workloads" / n) for n in ("agent-loop.json", "triage-rag.json"))
 
 #: variant name -> (policy, compass's options changed)
 VARIANTS: Mapping[str, tuple[str, Mapping[str, bool]]] = {
@@ -40,8 +42,11 @@ VARIANTS: Mapping[str, tuple[str, Mapping[str, bool]]] = {
 }
 
 
-def _seeds(found: Mapping[str, Any], policy: str, slo: str) -> list[float | None]:
-    seeds: list[float | None] = found["capacity"][slo][policy]["seeds"]
+def _seeds(found: Mapping[str, Any], policy: str, slo: str, n: int) -> list[float | None]:
+    """Each of the ``n`` seeds' capacity (None: the SLO met at no load tried, as the whole
+    entry is when no seed met it)."""
+    spread = found["capacity"][slo][policy]
+    seeds: list[float | None] = [None] * n if spread is None else spread["seeds"]
     return seeds
 
 
@@ -71,7 +76,7 @@ def run(
                 ),
                 cap.CapacitySearch(seeds=tuple(seeds)),
             )
-            found[variant] = {slo: _seeds(result, policy, slo) for slo in slos}
+            found[variant] = {slo: _seeds(result, policy, slo, len(seeds)) for slo in slos}
             print(f"  {workload.name} {variant}: {time.perf_counter() - t0:.0f} s", flush=True)
         rows = []
         ratios: dict[str, dict[str, float | None]] = {}

@@ -21,7 +21,7 @@ import typer
 import compass
 from compass.errors import CompassError, ConfigError, WorkflowError
 
-from . import bench, bench_long, demo, jobs, sim, worker  # noqa: F401 - bench_long registers its commands on bench
+from . import bench, bench_long, bench_unfold, demo, jobs, sim, worker  # noqa: F401 - bench_long, bench_unfold register on bench
 from .checks import one_line, usage_error
 
 app = typer.Typer(
