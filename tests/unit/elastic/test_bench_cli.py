@@ -42,3 +42,19 @@ def test_a_calibration_is_reused_from_an_earlier_run(tmp_path: Path) -> None:
     earlier.write_text("{}")
     with pytest.raises(ConfigError, match="cannot reuse the calibration"):
         elastic._known_capacity(str(earlier))
+
+
+def test_a_capacity_table_is_for_traffic_and_must_be_readable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--capacity-table", str(tmp_path / "t.json")])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip() == "compass: --capacity-table is for --traffic"
+    curve = tmp_path / "curve.csv"
+    curve.write_text("minute,jobs\n0,10\n")
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--traffic", str(curve), "--capacity-table", str(tmp_path / "t.json")])
+    assert done.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("compass: cannot read the capacity table")
