@@ -12,6 +12,8 @@ trace minute lasts ``minute_s`` simulated seconds, run on the same planner (comp
   not yet done called off once the rate leaves a surplus, a scale-in band of a tenth;
 - ``autoscale-table``: the same rule with the table as calibrated (margin 1): the rule
   before the margin, in the same run;
+- ``autoscale-no-call-off``: ``autoscale`` with no start called off (run only when named in
+  ``clusters``);
 - ``autoscale-one-util``: the rule as it was before the table (one utilization, bisected on
   the spec's own cluster less a tenth, for every size; a band of a quarter; starts never
   called off): the before side, in the same run;
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,7 @@ RAY_TARGETS = {
 CONTROLLERS = {
     "autoscale": "autoscale",
     "autoscale-table": "autoscale",
+    "autoscale-no-call-off": "autoscale",
     "autoscale-one-util": "autoscale",
     "peak": "fixed",
     "mean": "fixed",
@@ -77,6 +80,8 @@ CONTROLLERS = {
 }
 #: the clusters whose burst is run too (the issue's keys; the others' burst_attainment is None)
 BURST_KEYS = ("autoscale", "peak", "mean", "ray-serve-rule")
+#: the clusters run only when named in ``clusters``
+NAMED_ONLY = ("autoscale-no-call-off",)
 #: the sizes the utilization table is calibrated at
 TABLE_SIZES = (3, 6, 12, 24)
 
@@ -242,6 +247,7 @@ def _one(
         initial, maximum = plan.old_first, plan.old_peak
     else:
         rule = _rule(plan, 1.0 if key == "autoscale-table" else plan.margin, workload, config)
+        rule = replace(rule, call_off=key != "autoscale-no-call-off")
         initial = {"peak": plan.peak, "mean": plan.mean}.get(key, plan.first)
         maximum = rule.maximum if key.startswith("autoscale") else plan.cap
     ray = RayServeConfig(maximum=maximum, target_ongoing=RAY_TARGETS.get(key, 2.0))
@@ -411,6 +417,8 @@ def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
             if named and key not in named:
                 continue
             if key in RAY_TARGETS and not named and _reached(results):
+                continue
+            if key in NAMED_ONLY and not named:
                 continue
             runs = [_one(workload, config, seed, key, plans[seed]) for seed in config.seeds]
             results[key] = _mean(runs)
