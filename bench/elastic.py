@@ -6,13 +6,19 @@ trace minute lasts ``minute_s`` simulated seconds, run on the same planner (comp
 
 - ``autoscale``: :class:`~compass.elastic.rule.ScaleRule` sized by the workload's
   utilization-by-size table (:func:`~compass.elastic.capacity.utilization_by_size`,
-  calibrated once per workload), a start not yet done called off once the rate leaves a
-  surplus, a scale-in band of a tenth;
+  calibrated once per workload) times a margin chosen on one calibration day of the
+  workload (:func:`~compass.elastic.capacity.day_margin`: a curve of seed ``margin_seed``,
+  never a judged seed; the largest margin whose day meets 99% and whose burst 95%), a start
+  not yet done called off once the rate leaves a surplus, a scale-in band of a tenth;
+- ``autoscale-table``: the same rule with the table as calibrated (margin 1): the rule
+  before the margin, in the same run;
+- ``autoscale-no-call-off``: ``autoscale`` with no start called off (run only when named in
+  ``clusters``);
 - ``autoscale-one-util``: the rule as it was before the table (one utilization, bisected on
   the spec's own cluster less a tenth, for every size; a band of a quarter; starts never
   called off): the before side, in the same run;
-- ``peak`` and ``mean``: fixed at the size the table gives for the curve's highest minute
-  and for its mean;
+- ``peak`` and ``mean``: fixed at the size the table (as calibrated, no margin) gives for
+  the curve's highest minute and for its mean;
 - ``ray-serve-rule``: Ray Serve's default policy (2 ongoing requests per replica, 30 s up and
   600 s down delays), then ``ray-serve-rule-target-T`` for T in 1, 0.5, 0.25, run in that
   order until one reaches ``autoscale``'s mean attainment on the same seeds (the
@@ -29,11 +35,11 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from compass.elastic.capacity import Calibration, utilization_by_size
+from compass.elastic.capacity import Calibration, DayCheck, day_margin, utilization_by_size
 from compass.elastic.curve import (
     burst_curve,
     curve_arrivals,
@@ -43,6 +49,7 @@ from compass.elastic.curve import (
 )
 from compass.elastic.rule import RayServeConfig, ScaleConfig, workers_at, workers_for
 from compass.elastic.sim import ElasticOptions, lane_s_per_job, simulate_elastic
+from compass.elastic.table import TABLE_BAND, read_capacity, table_rule
 from compass.errors import ConfigError
 from compass.sim.arrivals import workload_arrivals
 from compass.sim.engine import simulate
@@ -64,6 +71,8 @@ RAY_TARGETS = {
 #: result keys: the controller each runs
 CONTROLLERS = {
     "autoscale": "autoscale",
+    "autoscale-table": "autoscale",
+    "autoscale-no-call-off": "autoscale",
     "autoscale-one-util": "autoscale",
     "peak": "fixed",
     "mean": "fixed",
@@ -71,6 +80,8 @@ CONTROLLERS = {
 }
 #: the clusters whose burst is run too (the issue's keys; the others' burst_attainment is None)
 BURST_KEYS = ("autoscale", "peak", "mean", "ray-serve-rule")
+#: the clusters run only when named in ``clusters``
+NAMED_ONLY = ("autoscale-no-call-off",)
 #: the sizes the utilization table is calibrated at
 TABLE_SIZES = (3, 6, 12, 24)
 
@@ -96,6 +107,10 @@ class ElasticConfig:
     #: a JSON an earlier run wrote: the workloads it holds reuse its ``capacity`` (both
     #: calibrations are deterministic, once per workload), the others are calibrated
     calibration: str = ""
+    #: the calibration day's curve seed (:func:`~compass.elastic.capacity.day_margin`) and
+    #: the margins it tries, largest first
+    margin_seed: int = 100
+    margins: tuple[float, ...] = DayCheck().margins
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.clusters) - set(CONTROLLERS))
@@ -152,21 +167,53 @@ def calibrate_table(
     return utilization_by_size(workload, sizes, max_slowdown=max_slowdown, config=config)
 
 
+def calibrate_margin(
+    workload: Workload, config: ElasticConfig, util: float, table: Any
+) -> tuple[float, list[dict[str, Any]]]:
+    """The margin on ``table`` for this workload (:func:`~compass.elastic.capacity.
+    day_margin`): one calibration day of seed ``config.margin_seed``, the bench's own
+    settings (minute, start, objective, burst), starting at the sizes ``autoscale`` would."""
+    seed = config.margin_seed
+    check = DayCheck(
+        seed=seed,
+        minutes=config.minutes,
+        minute_s=config.minute_s,
+        start_s=config.start_s,
+        max_slowdown=config.max_slowdown,
+        burst_before=config.burst_before,
+        burst_after=config.burst_after,
+        margins=config.margins,
+    )
+
+    def sized(margin: float) -> _Plan:
+        return _plan(workload, config, seed, util, table, margin)
+
+    def starts(margin: float) -> tuple[int, int]:
+        plan = sized(margin)
+        return plan.first, plan.mean
+
+    return day_margin(workload, _rule(sized(1.0), min(config.margins), workload, config),
+                      starts, check)  # fmt: skip
+
+
 def _sizes(workload: Workload, peak_rel: float, rate_scale: float, util: float) -> tuple[int, int]:
     rate = workload_rate(workload) * rate_scale
     e = lane_s_per_job(workload)
     return workers_for(rate * peak_rel, e, 1, util), workers_for(rate, e, 1, util)
 
 
-def _table_size(workload: Workload, rel: float, rate_scale: float, table: Any) -> int:
+def _table_size(
+    workload: Workload, rel: float, rate_scale: float, table: Any, margin: float = 1.0
+) -> int:
     load = workload_rate(workload) * rate_scale * rel * lane_s_per_job(workload)
-    return workers_at(load, table)
+    return workers_at(load, table, margin)
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """One seed's sizes: the table's (peak, mean, first minute), the one utilization's
-    (peak, first minute), the cap every dynamic cluster shares, and both capacity models."""
+    """One seed's sizes: the table's (peak, mean, first minute), the one utilization's (peak,
+    first minute), the cap every dynamic cluster shares (``autoscale``'s: at least the
+    table's peak times its margin), and both capacity models with ``autoscale``'s margin."""
 
     peak: int
     mean: int
@@ -176,6 +223,18 @@ class _Plan:
     cap: int
     util: float
     table: tuple[tuple[int, float], ...]
+    margin: float = 1.0
+    seed: int = 0
+
+
+def _rule(plan: _Plan, margin: float, workload: Workload, config: ElasticConfig) -> ScaleConfig:
+    """``autoscale``'s rule: the table times ``margin``, a band of a tenth (of 0.6), capped
+    at the larger of the shared cap and the table's peak size at that margin."""
+    curve = daily_curve(plan.seed, minutes=config.minutes)
+    top = _table_size(workload, float(curve.max()), config.rate_scale, plan.table, margin)
+    return ScaleConfig(
+        maximum=max(plan.cap, top), band=TABLE_BAND, by_size=plan.table, margin=margin
+    )
 
 
 def _one(
@@ -187,8 +246,10 @@ def _one(
                            call_off=False)  # fmt: skip
         initial, maximum = plan.old_first, plan.old_peak
     else:
-        rule = ScaleConfig(maximum=plan.cap, band=0.06, by_size=plan.table)  # a tenth of 0.6
-        initial, maximum = {"peak": plan.peak, "mean": plan.mean}.get(key, plan.first), plan.cap
+        rule = _rule(plan, 1.0 if key == "autoscale-table" else plan.margin, workload, config)
+        rule = replace(rule, call_off=key != "autoscale-no-call-off")
+        initial = {"peak": plan.peak, "mean": plan.mean}.get(key, plan.first)
+        maximum = rule.maximum if key.startswith("autoscale") else plan.cap
     ray = RayServeConfig(maximum=maximum, target_ongoing=RAY_TARGETS.get(key, 2.0))
     controller = CONTROLLERS[key]
     curve = daily_curve(seed, minutes=config.minutes)
@@ -249,7 +310,14 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _plan(workload: Workload, config: ElasticConfig, seed: int, util: float, table: Any) -> _Plan:
+def _plan(
+    workload: Workload,
+    config: ElasticConfig,
+    seed: int,
+    util: float,
+    table: Any,
+    margin: float = 1.0,
+) -> _Plan:
     curve = daily_curve(seed, minutes=config.minutes)
     top, first = float(curve.max()), float(curve[0])
     old_peak = _sizes(workload, top, config.rate_scale, util)[0]
@@ -263,11 +331,16 @@ def _plan(workload: Workload, config: ElasticConfig, seed: int, util: float, tab
         cap=max(peak, old_peak),
         util=util,
         table=table,
+        margin=margin,
+        seed=seed,
     )
 
 
-def _known_capacity(path: str) -> dict[str, tuple[float, tuple[tuple[int, float], ...]]]:
-    """Each workload's capacity from an earlier run's JSON (``path``; empty: none)."""
+def _known_capacity(
+    path: str,
+) -> dict[str, tuple[float, tuple[tuple[int, float], ...], float | None]]:
+    """Each workload's capacity from an earlier run's JSON (``path``; empty: none): the one
+    utilization, the table, and the day's margin (None where that run chose none)."""
     if not path:
         return {}
     try:
@@ -276,6 +349,7 @@ def _known_capacity(path: str) -> dict[str, tuple[float, tuple[tuple[int, float]
             name: (
                 float(w["capacity"]["target_util"]),
                 tuple((int(n), float(u)) for n, u in w["capacity"]["by_size"]),
+                float(w["capacity"]["margin"]) if "margin" in w["capacity"] else None,
             )
             for name, w in data["workloads"].items()
         }
@@ -328,24 +402,30 @@ def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
     named = set(config.clusters)
     known = _known_capacity(config.calibration)
     for workload in _workloads(config):
+        margin: float | None = None
         if workload.name in known:
-            util, table = known[workload.name]
+            util, table, margin = known[workload.name]
         else:
             util = calibrate_util(workload, config.max_slowdown)
             table = calibrate_table(workload, config.max_slowdown, config.table_sizes)
-        plans = {seed: _plan(workload, config, seed, util, table) for seed in config.seeds}
+        trials: list[dict[str, Any]] = []
+        if margin is None:
+            margin, trials = calibrate_margin(workload, config, util, table)
+        plans = {seed: _plan(workload, config, seed, util, table, margin) for seed in config.seeds}
         results: dict[str, Any] = {}
         for key in CONTROLLERS:
             if named and key not in named:
                 continue
             if key in RAY_TARGETS and not named and _reached(results):
                 continue
+            if key in NAMED_ONLY and not named:
+                continue
             runs = [_one(workload, config, seed, key, plans[seed]) for seed in config.seeds]
             results[key] = _mean(runs)
         ratios: dict[str, Any] = {}
         auto = results.get("autoscale")
         if auto is not None:
-            for other in ("peak", "autoscale-one-util", *RAY_TARGETS):
+            for other in ("peak", "autoscale-table", "autoscale-one-util", *RAY_TARGETS):
                 if other in results:
                     name = other.replace("-", "_").replace(".", "_")
                     ratios[f"gpu_hours_vs_{name}"] = auto["gpu_hours"] / results[other]["gpu_hours"]
@@ -356,7 +436,8 @@ def run(config: ElasticConfig, json_path: str | None = None) -> dict[str, Any]:
             "results": results,
             "ratios": ratios,
             "ray_serve_equal_attainment": equal_attainment(results) if auto else None,
-            "capacity": {"target_util": util, "by_size": [list(p) for p in table]},
+            "capacity": {"target_util": util, "by_size": [list(p) for p in table],
+                         "margin": margin, "margin_trials": trials},
             "sizes": {str(s): {"peak": p.peak, "mean": p.mean, "first": p.first,
                                "one_util_peak": p.old_peak, "cap": p.cap}
                       for s, p in plans.items()},
@@ -401,6 +482,10 @@ class TrafficConfig:
     start_s: float = 30.0
     max_slowdown: float = 3.0
     policy: str = "compass"
+    #: a capacity table file (:func:`~compass.elastic.table.read_capacity`): autoscale sizes
+    #: by it (:func:`~compass.elastic.table.table_rule`), and peak and mean by its table;
+    #: "": one utilization, calibrated here
+    capacity_table: str = ""
 
 
 def _hourly(jobs: list[Any], minute_s: float, max_slowdown: float) -> list[float | None]:
@@ -415,18 +500,34 @@ def _hourly(jobs: list[Any], minute_s: float, max_slowdown: float) -> list[float
 
 
 def run_traffic(config: TrafficConfig, json_path: str | None = None) -> dict[str, Any]:
-    """Autoscaling (within ``bounds``; default 1 to the peak size), peak, mean and Ray
-    Serve's rule on one curve: GPU-hours, attainment, attainment per trace hour, jobs not
-    answered in time or at all. Prints a table and writes JSON."""
+    """Autoscaling (within ``bounds``; default 1 to the peak size, or to the table's peak at
+    its margin), peak, mean and Ray Serve's rule on one curve: GPU-hours, attainment,
+    attainment per trace hour, jobs not answered in time or at all. Prints a table and writes
+    JSON."""
     workload = load_workload(config.workload)
     curve = daily_curve(config.seed) if config.traffic == "daily" else read_counts(config.traffic)
-    util = calibrate_util(workload, config.max_slowdown)
-    peak, mean = _sizes(workload, float(curve.max()), config.rate_scale, util)
-    low, high = config.bounds or (1, peak)
+    capacity = (
+        read_capacity(config.capacity_table, workload.name) if config.capacity_table else None
+    )
+    top, scale = float(curve.max()), config.rate_scale
+    if capacity is None:
+        util = calibrate_util(workload, config.max_slowdown)
+        peak, mean = _sizes(workload, top, scale, util)
+        first = _sizes(workload, float(curve[0]), scale, util)[0]
+        widest = peak
+    else:
+        table = capacity.by_size
+        peak, mean = (
+            _table_size(workload, top, scale, table),
+            _table_size(workload, 1.0, scale, table),
+        )
+        first = _table_size(workload, float(curve[0]), scale, table, capacity.margin)
+        widest = max(peak, _table_size(workload, top, scale, table, capacity.margin))
+    low, high = config.bounds or (1, widest)
     arrivals = curve_arrivals(
         workload, curve, minute_s=config.minute_s, rate_scale=config.rate_scale, seed=config.seed
     )
-    first = min(max(_sizes(workload, float(curve[0]), config.rate_scale, util)[0], low), high)
+    first = min(max(first, low), high)
     runs = {
         "autoscale": ("autoscale", first, low, high),
         "peak": ("fixed", peak, peak, peak),
@@ -443,8 +544,9 @@ def run_traffic(config: TrafficConfig, json_path: str | None = None) -> dict[str
             maximum=maximum,
             start_s=config.start_s,
             max_slowdown=config.max_slowdown,
-            rule=ScaleConfig(minimum=minimum, maximum=maximum, target_util=util,
-                             band=min(0.15, util / 4)),
+            rule=(table_rule(capacity, minimum, maximum) if capacity is not None else
+                  ScaleConfig(minimum=minimum, maximum=maximum, target_util=util,
+                              band=min(0.15, util / 4))),
             ray=RayServeConfig(minimum=minimum, maximum=maximum),
         )  # fmt: skip
         result = simulate_elastic(workload, arrivals, opts, policy=config.policy, seed=config.seed)
@@ -467,6 +569,8 @@ def run_traffic(config: TrafficConfig, json_path: str | None = None) -> dict[str
         rows,
     )
     out = {"config": {**asdict(config), "machine": machine()}, "results": results,
-           "sizes": {"peak": peak, "mean": mean, "target_util": util}}  # fmt: skip
+           "sizes": {"peak": peak, "mean": mean,
+                     **({"target_util": util} if capacity is None else
+                        {"capacity": capacity.to_json()})}}  # fmt: skip
     write_json(json_path, out)
     return out

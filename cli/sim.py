@@ -201,6 +201,13 @@ def sim(
     start_s: Annotated[
         float, typer.Option(help="--traffic: seconds a new worker takes before it can load.")
     ] = 30.0,
+    capacity_table: Annotated[
+        str | None,
+        typer.Option(
+            help="--traffic: size by this utilization-by-size table and margin (a `compass "
+            "bench elastic --json` file, or {by_size, margin}); default: one utilization."
+        ),
+    ] = None,
 ) -> None:
     """Discrete-event simulation of the same planner and cache code in virtual time."""
     from compass._bench import sim_report
@@ -247,6 +254,8 @@ def sim(
         seen["candidates"] = candidates
     if holders is not None:
         seen["holders"] = holders or None  # 0: every holder
+    if capacity_table is not None and traffic is None:
+        fail("--capacity-table is for --traffic", 2)
     if traffic is not None:
         if capacity or goodput or compare_real or sweep:
             fail("--traffic does not combine with --capacity, --goodput, --compare-real or "
@@ -261,6 +270,7 @@ def sim(
             rate_scale=rate_scale,
             start_s=start_s,
             policy=names[0],
+            capacity_table=capacity_table or "",
         )
         _traffic(curve, autoscale, json_path)
         return

@@ -7,7 +7,7 @@ import asyncio
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -35,6 +35,9 @@ from .checks import (
 )
 from .options import TlsCa, TlsCert, TlsKey, Token
 from .running import configure_logging, hold_cluster
+
+if TYPE_CHECKING:
+    from compass.elastic.table import Capacity
 
 worker_app = typer.Typer(help="Run a worker.", no_args_is_help=True)
 #: the commands of this module that sit at the top level: ``compass up``
@@ -451,6 +454,16 @@ def worker_start(
             show_default=False,
         ),
     ] = WORKER.otel_endpoint,
+    capacity_table: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=env("capacity_table"),
+            help="Capacity table the desired worker count sizes with (compass_desired_workers): "
+            'JSON {"by_size": [[workers, utilization], ...], "margin": m}, or a `compass bench '
+            "elastic --json` file (the --workload's table). Default: one utilization.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start a worker; prints 'compass worker listening on HOST:PORT' first.
 
@@ -475,6 +488,7 @@ def worker_start(
         backend=backend,
         device=device,
     )
+    table = None if capacity_table is None else _capacity(capacity_table, workload)
     config = WorkerConfig(
         host=host,
         port=port,
@@ -495,6 +509,8 @@ def worker_start(
         trace_sample=trace_sample,
         trace_keep=trace_keep,
         otel_endpoint=otel_endpoint,
+        capacity=() if table is None else table.by_size,
+        capacity_margin=1.0 if table is None else table.margin,
         app=app_ref,
         workload=workload,
         lanes=lanes,
@@ -629,6 +645,20 @@ def up(
         stopping=lambda: typer.echo("stopping workers..."),
         during=None if bounds is None else follow,
     )
+
+
+def _capacity(path: Path, workload: str | None) -> Capacity:
+    """``--capacity-table``'s table; from a bench JSON of several workloads, the
+    --workload's."""
+    from compass.elastic.table import read_capacity
+    from compass.errors import CompassError
+    from compass.workflow.spec import load_workload
+
+    try:
+        name = None if workload is None else load_workload(workload).name
+        return read_capacity(path, name)
+    except CompassError as error:
+        fail(f"--capacity-table: {error}", 2)
 
 
 def _gpus(text: str, extra: list[str]) -> list[int]:

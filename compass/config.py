@@ -471,6 +471,11 @@ class WorkerConfig:
     #: seconds one step may wait for the caller to read before the job fails (StreamOverrun):
     #: a caller that stopped reading holds a lane no longer than this
     stream_stall_s: float = 30.0
+    #: the utilization-by-size table ``compass_desired_workers`` sizes with
+    #: (:mod:`compass.elastic.table`: ``(workers, utilization)`` points and the share of them
+    #: aimed at); empty: one utilization for every size
+    capacity: tuple[tuple[int, float], ...] = ()
+    capacity_margin: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -487,6 +492,10 @@ class WorkerConfig:
             join_timeout_s=self.join_timeout_s,
         )
         self._check_job_bytes()
+        if self.capacity or self.capacity_margin != 1.0:
+            from compass.elastic.table import Capacity
+
+            Capacity(self.capacity, self.capacity_margin)  # validates them
         if self.keep_answer_bytes < 0:
             raise ConfigError(f"keep_answer_bytes must be >= 0, got {self.keep_answer_bytes}")
         if self.advertise_address:

@@ -139,6 +139,9 @@ class ScaleConfig:
     #: not one ``target_util`` for every size; the scale-in band is then the same share of it
     #: as ``band`` is of ``target_util``
     by_size: tuple[tuple[int, float], ...] = ()
+    #: the share of the table's utilization the rule aims at (1: the table as calibrated);
+    #: :func:`~compass.elastic.capacity.day_margin` chooses it for a day's attainment
+    margin: float = 1.0
     #: a start not yet done is called off as soon as the present rate leaves a surplus past
     #: the band (no ``in_after_s`` wait: it serves no one yet)
     call_off: bool = True
@@ -159,6 +162,8 @@ class ScaleConfig:
             raise ConfigError("need in_after_s >= 0, in_step >= 1 and 0 <= in_fraction < 1")
         if self.staffing is not None and not 0 <= self.staffing < math.inf:
             raise ConfigError(f"staffing must be a finite number >= 0, got {self.staffing!r}")
+        if not 0 < self.margin <= 1:
+            raise ConfigError(f"margin must be in (0, 1], got {self.margin!r}")
         sizes = [n for n, _ in self.by_size]
         if sizes != sorted(set(sizes)) or any(n < 1 or not 0 < u <= 1 for n, u in self.by_size):
             raise ConfigError(
@@ -172,7 +177,8 @@ class ScaleConfig:
         util = self.target_util - self.band if low else self.target_util
         if self.by_size:
             load = rate * lane_s_per_job / lanes
-            n = workers_at(load, self.by_size, util / self.target_util, self.maximum)
+            scale = self.margin * util / self.target_util
+            n = workers_at(load, self.by_size, scale, self.maximum)
         elif self.staffing is None:
             n = workers_for(rate, lane_s_per_job, lanes, util)
         else:

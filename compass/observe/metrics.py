@@ -54,6 +54,7 @@ from prometheus_client.registry import Collector
 import compass
 from compass.elastic.live import LiveDesired, Seen
 from compass.elastic.rule import Decision
+from compass.elastic.table import Capacity, table_rule
 from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.observe import dashboard
@@ -184,7 +185,10 @@ class WorkerMetrics:
         #: lookup per call, four times per task
         self._task_children: dict[tuple[str, str], tuple[Histogram, ...]] = {}
         #: the cluster's desired worker count as this worker computes it (compass.elastic)
-        self.elastic = LiveDesired()
+        held = worker.config
+        self.elastic = LiveDesired(
+            table_rule(Capacity(held.capacity, held.capacity_margin)) if held.capacity else None
+        )
         #: set once the worker serves (the end of Worker.start)
         self.ready = False
         self.address = ""

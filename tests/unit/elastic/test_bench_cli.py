@@ -35,7 +35,26 @@ def test_a_calibration_is_reused_from_an_earlier_run(tmp_path: Path) -> None:
     earlier.write_text(json.dumps({"workloads": {"generated-1": {"capacity": {
         "target_util": 0.25, "by_size": table}}}}))  # fmt: skip
     known = elastic._known_capacity(str(earlier))
-    assert known == {"generated-1": (0.25, ((3, 0.2), (6, 0.3)))}
+    assert known == {"generated-1": (0.25, ((3, 0.2), (6, 0.3)), None)}  # no margin yet
+    earlier.write_text(json.dumps({"workloads": {"paper": {"capacity": {
+        "target_util": 0.25, "by_size": table, "margin": 0.8}}}}))  # fmt: skip
+    assert elastic._known_capacity(str(earlier))["paper"][2] == 0.8
     earlier.write_text("{}")
     with pytest.raises(ConfigError, match="cannot reuse the calibration"):
         elastic._known_capacity(str(earlier))
+
+
+def test_a_capacity_table_is_for_traffic_and_must_be_readable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--capacity-table", str(tmp_path / "t.json")])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip() == "compass: --capacity-table is for --traffic"
+    curve = tmp_path / "curve.csv"
+    curve.write_text("minute,jobs\n0,10\n")
+    with pytest.raises(SystemExit) as done:
+        main(["sim", "--traffic", str(curve), "--capacity-table", str(tmp_path / "t.json")])
+    assert done.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("compass: cannot read the capacity table")
