@@ -69,13 +69,17 @@ class _Probe:
 class _Suspicion:
     """A live peer suspected at ``incarnation`` since ``since``, by the workers in ``by`` (the
     first suspected it, the others confirmed), declared dead at ``deadline``; ``stalled``:
-    how long this worker's own loop stalled since, by which the deadline moved."""
+    how long this worker's own loop stalled since, by which the deadline moved; ``heard``:
+    when the peer was last heard from directly since (its silence counts from then), and
+    ``stalled_heard``: this worker's stalls after that."""
 
     incarnation: int
     since: float
     deadline: float
     by: list[str]
     stalled: float = 0.0
+    heard: float = -math.inf
+    stalled_heard: float = 0.0
 
 
 #: how the table declares a peer dead: ``remove(now, name, why, out)``
@@ -122,10 +126,12 @@ class FailureDetector:
         self._seq = rng.getrandbits(48)
         #: the suspected live peers
         self.suspicions: dict[str, _Suspicion] = {}
-        #: how slow each live peer has been to ack lately (seconds: its slowest ack, halved
-        #: at each ack since): a peer that answered late a moment ago is busy, and its
-        #: suspicion lasts that much longer (see _suspicion_timeout_s)
+        #: how slow each live peer has been to ack lately (seconds: its slowest ack, as of
+        #: ``_slow_at``, halving every longest suspicion since: :meth:`slowness_at`): a peer
+        #: that answered late a moment ago is busy, and its suspicion lasts that much longer
+        #: (see _suspicion_timeout_s)
         self.slowness: dict[str, float] = {}
+        self._slow_at: dict[str, float] = {}
         #: own probes given up on, by seq: target and when sent (the last LATE_ACKS)
         self._given_up: dict[int, tuple[str, float]] = {}
 
@@ -141,6 +147,7 @@ class FailureDetector:
         """Live peer ``name`` was removed (the table's ``live`` no longer has it)."""
         self.suspicions.pop(name, None)
         self.slowness.pop(name, None)
+        self._slow_at.pop(name, None)
         if not self.live:  # nobody left to tell: what was to be told is stale by the next peer
             self.broadcasts.clear()
             self.probe_at = math.inf  # nobody to probe either, until the next peer
@@ -151,6 +158,7 @@ class FailureDetector:
         self._given_up.clear()
         self.suspicions.clear()
         self.slowness.clear()
+        self._slow_at.clear()
         self.broadcasts.clear()
         self.probe_at = math.inf
 
@@ -232,6 +240,7 @@ class FailureDetector:
                     probe.indirect_by += late
         for suspicion in self.suspicions.values():
             suspicion.stalled += late
+            suspicion.stalled_heard += late
             suspicion.deadline += late
         if late >= self.probing.timeout_s / 2:
             self.adjust_health(+1)
@@ -281,30 +290,62 @@ class FailureDetector:
             self.adjust_health(-1)
             self._slow(ev.now, probe.target, ev.now - probe.sent)
 
+    def slowness_at(self, now: float, name: str) -> float:
+        """How slow ``name`` has been to ack lately, at ``now``: its slowest ack, halved for
+        every longest suspicion since. "Lately" is a time, not a count of acks: a peer is
+        acked a few times a second in a small cluster and once in minutes in a large one,
+        and a worker that stalled 900 ms a second ago is as likely to stall again in either."""
+        slowness = self.slowness.get(name, 0.0)
+        if not slowness:
+            return 0.0
+        age = now - self._slow_at.get(name, now)
+        if age <= 0:
+            return slowness
+        half_life = self.probing.suspicion_bounds_s(len(self.live) + 1)[1]
+        return slowness * math.pow(0.5, age / half_life)
+
     def _slow(self, now: float, name: str, rtt_s: float) -> None:
-        """An ack of ``name`` took ``rtt_s``: its slowest lately, halved at each ack. A
+        """An ack of ``name`` took ``rtt_s``: its slowest lately (:meth:`slowness_at`). A
         suspect that acks late was busy, not gone: its suspicion takes the new slowness in."""
         if name not in self.live:
             return
-        self.slowness[name] = max(rtt_s, self.slowness.get(name, 0.0) / 2)
+        self.slowness[name] = max(rtt_s, self.slowness_at(now, name))
+        self._slow_at[name] = now
         suspicion = self.suspicions.get(name)
         if suspicion is not None:
-            timeout_s = self._suspicion_timeout_s(len(self.live) + 1, len(suspicion.by) - 1, name)
-            suspicion.deadline = max(
-                suspicion.deadline, suspicion.since + suspicion.stalled + timeout_s
-            )
+            suspicion.deadline = max(suspicion.deadline, self._deadline(now, name, suspicion))
 
-    def _gone_quiet(self, name: str) -> None:
+    def _gone_quiet(self, now: float, name: str) -> None:
         """Nothing listens where ``name`` did (a killed process's port refuses): whatever made
         it slow, it is not busy now. Its suspicion gets no time for slowness."""
+        self._slow_at.pop(name, None)
         if self.slowness.pop(name, None) is None:
             return
         suspicion = self.suspicions.get(name)
         if suspicion is not None and name in self.live:
-            timeout_s = self._suspicion_timeout_s(len(self.live) + 1, len(suspicion.by) - 1, name)
-            suspicion.deadline = min(
-                suspicion.deadline, suspicion.since + suspicion.stalled + timeout_s
-            )
+            suspicion.deadline = min(suspicion.deadline, self._deadline(now, name, suspicion))
+
+    def heard(self, now: float, name: str) -> None:
+        """Peer ``name`` was heard from directly (a heartbeat it sent itself, on its own
+        channel): it was running a moment ago, whatever anyone suspects. If it is suspected,
+        its silence counts from now: the suspicion ends in its death only once it has been
+        silent for the suspicion's whole time. A busy peer whose refutation is late (it has
+        not heard it is suspected yet, or its answer waits in a lagging loop) but that talks
+        is alive; one stopped, killed or cut off says nothing, and nothing changes for it."""
+        suspicion = self.suspicions.get(name)
+        if suspicion is None:
+            return
+        suspicion.heard, suspicion.stalled_heard = now, 0.0
+        suspicion.deadline = max(suspicion.deadline, self._deadline(now, name, suspicion))
+
+    def _deadline(self, now: float, name: str, suspicion: _Suspicion) -> float:
+        """When ``suspicion`` of ``name`` ends by its rules at ``now``: its time (confirmations,
+        slowness, health) after the later of its start and the last time ``name`` was heard
+        from, plus this worker's own stalls in between."""
+        timeout_s = self._suspicion_timeout_s(len(self.live) + 1, len(suspicion.by) - 1, name, now)
+        if suspicion.heard > suspicion.since:
+            return suspicion.heard + suspicion.stalled_heard + timeout_s
+        return suspicion.since + suspicion.stalled + timeout_s
 
     def nacked(self, ev: Nacked, out: list[Decision]) -> None:
         probe = self._probes.get(ev.seq)
@@ -319,7 +360,7 @@ class FailureDetector:
         if probe is None:
             return
         if ev.refused and probe.relay is None:
-            self._gone_quiet(probe.target)
+            self._gone_quiet(ev.now, probe.target)
         if probe.relay is not None:
             self._nack(ev.seq, probe, out)
         elif probe.indirect_by is None and probe.target in self.live:
@@ -338,13 +379,12 @@ class FailureDetector:
                 return
             suspicion.by.append(by)
             confirmations = len(suspicion.by) - 1
-            timeout_s = self._suspicion_timeout_s(members, confirmations, name)
-            suspicion.deadline = suspicion.since + suspicion.stalled + timeout_s
+            suspicion.deadline = self._deadline(now, name, suspicion)
             if confirmations <= self.probing.suspicion_mult:  # more shorten nothing more
                 self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
             return
         known.incarnation = max(known.incarnation, incarnation)
-        timeout_s = self._suspicion_timeout_s(members, 0, name)
+        timeout_s = self._suspicion_timeout_s(members, 0, name, now)
         self.suspicions[name] = _Suspicion(incarnation, now, now + timeout_s, [by])
         self.broadcasts.add(Update("suspect", name, incarnation, known.address, by))
         out.append(Suspect(name, incarnation, by, timeout_s))
@@ -354,7 +394,9 @@ class FailureDetector:
             # first to suspect it tells it; those that only hear of it do not, at any n)
             self.probe(now, name, known.address, None, out)
 
-    def _suspicion_timeout_s(self, members: int, confirmations: int, name: str) -> float:
+    def _suspicion_timeout_s(
+        self, members: int, confirmations: int, name: str, now: float
+    ) -> float:
         """How long a suspicion of ``name`` lasts here: Lifeguard's, stretched by this
         worker's local health (a slow worker is slow to hear refutations too), never more
         than the longest (with ``--peer-timeout-ms``, the bound the operator set); plus
@@ -370,7 +412,7 @@ class FailureDetector:
         base = self.probing.suspicion_timeout_s(members, confirmations) * (1 + self.health)
         _, longest = self.probing.suspicion_bounds_s(members)
         busy = self.probing.busy_bound_s(members) - longest
-        return min(base, longest) + min(2 * self.slowness.get(name, 0.0), busy)
+        return min(base, longest) + min(2 * self.slowness_at(now, name), busy)
 
     def unsuspect(self, name: str, out: list[Decision]) -> None:
         """Peer ``name``'s incarnation went up: a suspicion of an older one is over."""
@@ -390,10 +432,15 @@ class FailureDetector:
             if suspicion.stalled >= 0.001
             else ""
         )
+        heard = (
+            f", last heard from {(now - suspicion.heard) * 1000:.0f} ms ago"
+            if suspicion.heard > suspicion.since
+            else ""
+        )
         why = (
             f"suspected for {(now - suspicion.since) * 1000:.0f} ms without refuting it "
             f"(first by {suspicion.by[0]}, confirmed by {others} other worker"
-            f"{'' if others == 1 else 's'}{stalled})"
+            f"{'' if others == 1 else 's'}{stalled}{heard})"
         )
         self._remove(now, name, why, out)
         if self.live:

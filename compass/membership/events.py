@@ -315,11 +315,13 @@ class JoinAnswered(Caused):
 
 @dataclass(frozen=True, slots=True)
 class HeardFrom(Caused):
-    """A heartbeat of ``name`` arrived (of ``incarnation``, if it says)."""
+    """A heartbeat of ``name`` arrived (of ``incarnation``, if it says); ``direct``: ``name``
+    sent it itself, on its own channel (not a rumor passed on): it was running a moment ago."""
 
     now: float
     name: str
     incarnation: int | None = None
+    direct: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -640,6 +640,8 @@ class MemberTable:
         peer.last_seen = ev.now
         out.append(Fresh(ev.name))
         self.detector.unsuspect(ev.name, out)
+        if ev.direct:
+            self.detector.heard(ev.now, ev.name)
 
     # -- taking lost peers back ---------------------------------------------------------------
     def _alone(self) -> bool:

@@ -343,6 +343,7 @@ class Membership:
             log.warning("%s: dropped %r from a %s", self.name, op, channel.peer_role or "stranger")
             return
         if not self._closed:  # a malformed one raises ProtocolError: the channel drops it
+            self.spoke(channel.peer_name)
             self._apply(parse_probe(op, body, self._clock()), channel)
 
     def _send_probe(self, probe: SendProbe) -> None:
@@ -531,6 +532,13 @@ class Membership:
         is adopted."""
         decisions = self._apply(HeardFrom(self._clock(), name, incarnation))
         return bool(decisions) and type(decisions[0]) is Fresh
+
+    def spoke(self, name: str) -> None:
+        """Peer ``name`` sent a message on its own channel: it was running a moment ago. Only
+        a suspect's is news to the table (its suspicion counts its silence from now: a busy
+        peer whose refutation is late is alive while it talks); anyone else's costs a lookup."""
+        if name in self.table.detector.suspicions and not self._closed:
+            self._apply(HeardFrom(self._clock(), name, direct=True))
 
     def _stalled(self, late_s: float) -> None:
         """This worker's loop was stuck ``late_s`` (:class:`~compass.worker.stalls.StallCheck`)."""

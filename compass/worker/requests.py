@@ -148,6 +148,8 @@ class Served(Described, Protocol):
 
     def heard(self, heartbeat: Heartbeat) -> None: ...
 
+    def heard_from(self, peer: str) -> None: ...
+
     def heard_rumors(self, states: list[Heartbeat], *, pass_on: bool) -> None: ...
 
     def watched_by(self, peer: str, for_ms: float) -> None: ...
@@ -409,14 +411,17 @@ class _Requests:
         return self.worker.plan_for(PlanRequest.from_wire(body))
 
     def from_peers(self, op: str, handler: PeerHandler) -> PeerHandler:
-        """A one-way handler only workers may trigger: from a client, ``op`` is dropped."""
-        stats, name = self.worker.run_stats, self.worker.name
+        """A one-way handler only workers may trigger: from a client, ``op`` is dropped. A
+        worker's message on its own channel shows it runs (:meth:`Worker.heard_from`)."""
+        worker = self.worker
+        stats, name = worker.run_stats, worker.name
 
         def guarded(channel: Channel, body: Any) -> None:
             if channel.peer_role != "worker":
                 stats.messages_dropped += 1
                 log.warning("%s: dropped %r from a %s", name, op, channel.peer_role)
                 return
+            worker.heard_from(channel.peer_name)
             handler(channel, body)
 
         return guarded

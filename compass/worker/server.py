@@ -394,6 +394,13 @@ class Worker:
         self.apply(PeerLost(self.clock(), name))
 
     # -- what peers say (checked at the door by requests.py) -----------------------------------
+    def heard_from(self, peer: str) -> None:
+        """A message of ``peer`` arrived on its own channel: it runs (a suspicion of it counts
+        its silence from now: :meth:`~compass.worker.membership.Membership.spoke`)."""
+        membership = self.membership
+        if membership is not None:
+            membership.spoke(peer)
+
     def heard(self, heartbeat: Heartbeat) -> None:
         """A peer's heartbeat: heard as one rumor not passed on (:meth:`heard_rumors`)."""
         self.heard_rumors([heartbeat], pass_on=False)

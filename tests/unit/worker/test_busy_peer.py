@@ -12,12 +12,14 @@ from compass.membership.events import (
     Acked,
     AskIndirect,
     Gossiped,
+    HeardFrom,
     Nacked,
     PeerDown,
     ProbeAsked,
     SendNack,
     SendProbe,
     Stalled,
+    Suspect,
     Tick,
     Update,
 )
@@ -68,9 +70,12 @@ def test_a_peer_that_acked_late_gets_that_much_longer_to_refute_within_the_busy_
     t.handle(Gossiped(now + 1, "x", (Update("suspect", target, 0, "", "x"),)))
     t.handle(Gossiped(now + 1, "y", (Update("suspect", target, 0, "", "y"),)))
     suspicion = t.detector.suspicions[target]
-    assert suspicion.deadline == pytest.approx(now + 1 + quick + 0.5)
-    # slowness halves at each ack, and its slowest counts
+    slowness = t.detector.slowness_at(now + 1, target)  # 0.25 s, 0.75 s ago
+    assert slowness == pytest.approx(0.25 * 0.5 ** (0.75 / longest))
+    assert suspicion.deadline == pytest.approx(now + 1 + quick + 2 * slowness)
+    # slowness halves every longest suspicion, however many quick acks come meanwhile
     t2 = mesh_table("a", PEERS)
+    acked = []
     for rtt in (0.4, 0.01, 0.01):
         p = probe_of(t2.handle(Tick(t2.detector.probe_at)))
         while p.target != target:
@@ -78,7 +83,11 @@ def test_a_peer_that_acked_late_gets_that_much_longer_to_refute_within_the_busy_
             p = probe_of(t2.handle(Tick(t2.detector.probe_at)))
         sent = t2.detector.probe_at - PROBING.period_s
         t2.handle(Acked(sent + rtt, target, p.seq))
-    assert t2.detector.slowness[target] == pytest.approx(0.1)
+        acked.append(sent + rtt)
+    elapsed = acked[-1] - acked[0]
+    assert elapsed < longest  # three acks within one half-life: still more than half of it
+    assert t2.detector.slowness[target] == pytest.approx(0.4 * 0.5 ** (elapsed / longest))
+    assert t2.detector.slowness_at(acked[0] + 2 * longest, target) == pytest.approx(0.1)
     # past the longest (a busy peer refutes late), but never past the busy bound, however slow
     t.detector.slowness[target] = 60.0
     t.handle(Gossiped(now + 1, "z", (Update("suspect", target, 0, "", "z"),)))
@@ -130,3 +139,54 @@ def test_local_health_stretches_a_confirmed_suspicion_up_to_the_longest() -> Non
         t.handle(Gossiped(T0, "x", (Update("suspect", "c", 0, "", "x"),)))
         t.handle(Gossiped(T0, "y", (Update("suspect", "c", 0, "", "y"),)))
         assert t.detector.suspicions["c"].deadline == pytest.approx(T0 + min(expected, longest))
+
+
+def test_a_peer_that_stalled_is_still_slow_at_its_next_stall_after_quick_acks() -> None:
+    """A worker that stalls 900 ms, runs 500 ms, and stalls again: its late ack after the
+    first stall still stretches the suspicion of the second, though it acked quickly between
+    (with slowness halved per ack, two quick acks left a quarter of it, too little)."""
+    t = mesh_table("a", ["b", "c"], probing=PROBING)
+    _, longest = t.detector.probing.suspicion_bounds_s(3)
+    now = t.detector.probe_at
+    probe = probe_of(t.handle(Tick(now)))
+    while probe.target != "b":
+        t.handle(Acked(now + 0.001, probe.target, probe.seq))
+        now = t.detector.probe_at
+        probe = probe_of(t.handle(Tick(now)))
+    t.handle(Acked(now + 0.9, "b", probe.seq))  # its ack, after a 900 ms stall
+    resumed = now + 0.9
+    for i in range(4):  # quick acks meanwhile
+        t.detector._slow(resumed + 0.1 * (i + 1), "b", 0.002)
+    since = resumed + 0.5
+    confirmed = PROBING.suspicion_timeout_s(3, 1)
+    t.handle(Gossiped(since, "c", (Update("suspect", "b", 0, "", "c"),)))
+    t.handle(Gossiped(since, "a", (Update("suspect", "b", 0, "", "a"),)))
+    slowness = t.detector.slowness_at(since, "b")
+    assert slowness == pytest.approx(0.9 * 0.5 ** (0.5 / longest))
+    assert t.detector.suspicions["b"].deadline == pytest.approx(since + confirmed + 2 * slowness)
+    assert t.detector.suspicions["b"].deadline - since > 0.9 + 2 * PROBING.period_s
+
+
+def test_a_suspect_heard_from_directly_is_dead_only_after_a_whole_suspicion_of_silence() -> None:
+    """A busy peer's own heartbeat, on its own channel, shows it runs: its suspicion counts
+    its silence from then. A rumor of it passed on by another worker shows nothing (it may
+    be old news), and a peer that says nothing is declared dead when its time is up."""
+    for how in ("direct", "rumor", "silent"):
+        t = mesh_table("a", ["b", "c"], probing=PROBING)
+        since = T0 + 1
+        (suspect,) = only(t.handle(Gossiped(since, "c", (Update("suspect", "b", 0, "", "c"),))),
+                          Suspect)  # fmt: skip
+        assert isinstance(suspect, Suspect)
+        heard_at = since + suspect.timeout_s - 0.1
+        if how != "silent":
+            t.handle(HeardFrom(heard_at, "b", 0, direct=how == "direct"))
+        if how == "direct":
+            assert not only(t.handle(Tick(since + suspect.timeout_s + 0.5)), PeerDown)
+            t.handle(Stalled(heard_at + 0.2, 0.3))  # its own stall after it heard b counts not
+            assert not only(t.handle(Tick(heard_at + suspect.timeout_s + 0.299)), PeerDown)
+            (down,) = only(t.handle(Tick(heard_at + suspect.timeout_s + 0.3)), PeerDown)
+            assert isinstance(down, PeerDown) and "last heard from" in down.why
+        else:
+            (down,) = only(t.handle(Tick(since + suspect.timeout_s)), PeerDown)
+            assert isinstance(down, PeerDown) and "last heard from" not in down.why
+        assert "b" not in t.live

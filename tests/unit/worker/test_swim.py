@@ -171,16 +171,16 @@ def test_a_peer_slow_to_ack_lately_is_suspected_longer_than_the_longest_a_quick_
             now = t.detector.probe_at
             probe = probe_of(t.handle(Tick(now)))
         t.handle(Acked(now + max(slow_s, 0.001), "b", probe.seq))  # its ack, late (or not)
-        since = now + 5.0
+        since = now + max(slow_s, 0.001) + 0.2  # a moment after its ack
         (suspect,) = only(t.handle(Gossiped(since, "c", (Update("suspect", "b", 0, "", "c"),))),
                           Suspect)  # fmt: skip
         assert isinstance(suspect, Suspect)
-        slowness = t.detector.slowness.get("b", 0.0)
+        slowness = t.detector.slowness_at(since, "b")
         busy = t.detector.probing.busy_bound_s(members) - longest
         expected = min(PROBING.suspicion_timeout_s(members, 0), longest) + min(2 * slowness, busy)
         assert suspect.timeout_s == pytest.approx(expected)
         if slow_s:
-            assert slowness == pytest.approx(slow_s, rel=0.01)
+            assert slowness == pytest.approx(slow_s * 0.5 ** (0.2 / longest))
             assert suspect.timeout_s > longest  # past the longest: it was busy
             assert suspect.timeout_s <= t.detector.probing.busy_bound_s(members)
         else:
