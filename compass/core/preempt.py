@@ -26,7 +26,8 @@ The rule, in order:
 In 2 and 3 the running task's own job must still make its deadline, where it has one, after
 the head's run. In all three, a head whose job cannot make its deadline even starting now never
 preempts: it is shed, and the task it would have suspended would resume at once. A worker holds
-at most one suspended task per lane, so preemptions do not nest.
+at most one suspended run per lane, so preemptions do not nest. A step batch is one run:
+:func:`preempts_batch` weighs its members together, and it is suspended whole.
 A suspended task's state costs memory (a KV cache for an LLM): its step profile declares the
 bytes per step (``state_bytes``); the lanes take them from the cache's free slabs
 (:meth:`CacheCore.hold_state <compass.cache.policy.CacheCore.hold_state>`), and refuse the
