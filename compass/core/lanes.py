@@ -295,14 +295,6 @@ class Lanes:
             e for e in self._runs if e.job_id == job_id and (below is None or e.attempt < below)
         )
 
-    def needs_step(self, entry: QueuedTask) -> bool:
-        """Whether a step's end of running ``entry`` can decide anything (:meth:`stepped`): a
-        task is queued (it may run first), or its job has a deadline (it may be past saving).
-        An adapter may leave the others untold (only a batch's estimate of its members' steps
-        is then older)."""
-        due = entry.deadline is not None and not entry.finish
-        return self._preempt and (due or len(self.queue) > 0)
-
     def stepped(self, entry: QueuedTask, done: int, now: float, cause: Cause = "") -> list[Step]:
         """Step-wise ``entry`` ended ``done`` steps of its run: the rules of
         :mod:`compass.core.preempt` decide whether it goes on (nothing decided), is stopped

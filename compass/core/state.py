@@ -435,17 +435,6 @@ class WorkerCore:
                 f"{type(error).__name__}: {error.message}", error.code,
             )  # fmt: skip
 
-    def wants_step(self, entry: QueuedTask) -> bool:
-        """Whether the end of a step of running step-wise ``entry`` matters here: its partial
-        output is read (its job streams its sink, or it feeds a streamed edge), or the lanes may
-        decide at that boundary (:meth:`Lanes.needs_step`). An adapter tells the core the steps
-        this says, and may leave the rest untold: each report costs the worker's loop (docs/
-        RESULTS.md, "What a step's report costs a worker")."""
-        workflow = self.workflow(entry.workflow)
-        if entry.stream if entry.task in workflow.sinks else workflow.streamed_succs(entry.task):
-            return True
-        return self.lanes.needs_step(entry)
-
     def _step(self, ev: TaskStep) -> None:
         """A step of a running step-wise task ended: a streaming job's sink's partial output
         goes to its ingress; the lanes decide whether the task goes on (preemption)."""

@@ -136,11 +136,8 @@ class StreamedSteps:
         self._open: dict[tuple[str, str], StepWindow] = {}
 
     def report(self, entry: QueuedTask, seq: int, value: Any) -> None:
-        """Partial output ``seq`` of ``entry``, made: to the core (on the event loop), where
-        it matters there (:meth:`WorkerCore.wants_step`: a step nobody reads and that
-        decides nothing is left untold)."""
-        if self._worker.core.wants_step(entry):
-            self._worker.apply(TaskStep(self._worker.clock(), entry, seq, value))
+        """Partial output ``seq`` of ``entry``, made: to the core (on the event loop)."""
+        self._worker.apply(TaskStep(self._worker.clock(), entry, seq, value))
 
     def __len__(self) -> int:
         return len(self._open)

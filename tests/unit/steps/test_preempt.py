@@ -264,19 +264,3 @@ def test_a_deadline_that_preempts_is_not_shed_behind_the_task_it_suspended() -> 
     decided = h.steps(h.lanes.stepped(gen, 1, 0.1))
     assert [type(s).__name__ for s in decided] == ["SuspendTask", "RunTask"]
     assert decided[1].entry is head and not h.failed
-
-
-def test_a_steps_end_is_needed_only_where_it_can_decide_something() -> None:
-    h = Harness()
-    h.load("a")
-    gen = generation()
-    h.start(gen, 0.0)
-    assert not h.lanes.needs_step(gen)  # nothing queued, no deadline: it goes on anyway
-    assert h.steps(h.lanes.stepped(gen, 1, 0.1)) == []
-    timed = generation(deadline=5.0)
-    assert h.lanes.needs_step(timed)  # it may be past saving at a step
-    h.steps(h.lanes.submit(short(arrival=0.15), 0.15))
-    assert h.lanes.needs_step(gen)  # a task is queued: it may run first
-    assert [type(s).__name__ for s in h.steps(h.lanes.stepped(gen, 2, 0.2))] == [
-        "SuspendTask", "RunTask"]  # fmt: skip
-    assert not Harness(preempt=False).lanes.needs_step(timed)
