@@ -34,10 +34,10 @@ The rules:
   It checks when it falls idle, when a speculative load ends, and on :meth:`Lanes.tick`.
 - **Step boundaries.** With ``preempt`` on, a running step-wise task reports each step's end
   (:meth:`Lanes.stepped`): a queued task that the rule of :mod:`compass.core.preempt` lets
-  run first takes its lane (the task is suspended: :class:`SuspendTask`, back in the queue with
-  the steps it has left, its state held in the cache: :mod:`compass.core.suspend`), and a
-  task whose job is past saving is stopped (:class:`StopTask`) and its job answered. Plain
-  tasks, and batches, run to their end.
+  run first takes its lane (the task, or a step batch whole, is suspended: :class:`SuspendTask`
+  for each, back in the queue with the steps it has left, its state held in the cache:
+  :mod:`compass.core.suspend`), and a task whose job is past saving is stopped
+  (:class:`StopTask`) and its job answered. Plain tasks, and batches of them, run to their end.
 - **Stuck tasks.** A task that ran past its timeout frees its lane but keeps its model pinned
   until its thread returns. Past ``max_stuck`` such tasks (host lanes' and GPU lanes' alike: each
   holds a thread) the worker is *degraded*: every task it would start fails at once
@@ -58,9 +58,10 @@ from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTa
 from compass.core.options import CoreOptions
 from compass.core.preempt import left_s, past_saving
 from compass.core.queue import QueuedTask, TaskQueue
+from compass.core.shed import queued_too_late, starts_too_late
 from compass.core.stepbatch import StepBatch, closed, with_open
 from compass.core.suspend import Suspensions, past_saving_error
-from compass.errors import CompassError, ConfigError, DeadlineExceeded, WorkerUnavailable
+from compass.errors import CompassError, ConfigError, WorkerUnavailable
 
 __all__ = ["CannotRun", "Lanes", "LanesFault", "LoadModel", "RunTask", "Step", "SuspendTask"]
 
@@ -298,9 +299,12 @@ class Lanes:
         """Step-wise ``entry`` ended ``done`` steps of its run: the rules of
         :mod:`compass.core.preempt` decide whether it goes on (nothing decided), is stopped
         (its job past saving: :class:`StopTask` and its job answered, :class:`CannotRun`), or
-        gives its lane to the queue's head (:class:`SuspendTask`, then the head's steps)."""
+        its run (a step batch's members, all of them) gives its lane to the queue's head
+        (:class:`SuspendTask` for each, then the head's steps)."""
         run = self._runs.get(entry)
         if not self.preempt or run is None or run.host or run.stuck:
+            if run is None and entry in self.held and done > 0:  # its batch was suspended at
+                entry.done_steps += done  # this boundary, before it reported: count its step
             return []  # a host task or an abandoned one goes on
         batch = run.batch
         if batch is None and run.pending > 1:
@@ -312,45 +316,61 @@ class Lanes:
             self.shed += 1
             return [StopTask((entry,), cause),
                     CannotRun(entry, past_saving_error(entry, done, left, now))]  # fmt: skip
-        if batch is not None and run.pending > 1:
-            return []  # a step batch is suspended only when one member is left
+        steps = entry.done_steps + done
+        if batch is not None:
+            batch.seen[entry] = steps
         head = self.queue.peek()
-        if head is None or not self.held.switches(
-            entry, left, head, now, lanes=self.lanes, batched=batch is not None
-        ):
+        if head is None:
             return []
-        return self._decide(cause, self._suspend, run, entry, (done, left), head, now)
+        members = [(entry, left, steps)] if batch is None else batch.progress(entry, left, now)
+        group = None if batch is None else entry.group
+        switches = self.held.switches([(m, s) for m, s, _ in members], head, now,
+                                      lanes=self.lanes, group=group)  # fmt: skip
+        if not switches:
+            return []
+        return self._decide(cause, self._suspend, run, members, head, now)
 
     def _suspend(
         self,
         run: _Run,
-        entry: QueuedTask,
-        progress: tuple[int, float],
+        members: list[tuple[QueuedTask, float, int]],
         head: QueuedTask,
         now: float,
     ) -> None:
-        """``entry`` gives ``run``'s lane up (its lone member, for a step batch): back in the
-        queue with the steps it has left (``progress``: its run's steps done and the seconds
-        left), its state held in the cache and its model kept pinned (its code holds the
-        model's weights), so the queue's head must fit beside them
-        (:meth:`Suspensions.hold`); otherwise it runs on. The lane takes the next task."""
-        done, left = progress
-        steps = entry.done_steps + done
-        if not self.held.hold(entry, steps, head, self.queue.upcoming_models):
+        """``run`` gives its lane up: each of its ``members`` (for a step batch, all of them),
+        back in the queue with the seconds and the steps it has left, its state held in the
+        cache and its model kept pinned (its code holds the model's weights; the run's one pin
+        becomes one a member), so the queue's head must fit beside them
+        (:meth:`Suspensions.hold`); otherwise the run goes on. The lane takes the head."""
+        held = [(m, steps) for m, _, steps in members]
+        if not self.held.hold(held, head, self.queue.upcoming_models):
             return
         self.version += 1
-        del self._runs[entry]
         self._idle.append(run.lane)
         self.queue.finish(run.entry)
         if run.batch is not None:
-            closed(self._open, entry.group, run)
-        entry.remaining_s -= entry.expected_s - left
-        entry.expected_s = left
-        entry.done_steps = steps
-        entry.enqueued_at = now
-        self._steps.append(SuspendTask(entry, self._cause))
-        self.queue.push(entry)
+            closed(self._open, run.entry.group, run)
+        model = run.entry.model
+        for entry, left, steps in members:
+            del self._runs[entry]
+            if model is not None and entry is not members[0][0]:
+                self.cache.pin(model)
+            entry.remaining_s -= entry.expected_s - left
+            entry.expected_s = left
+            entry.done_steps = steps
+            entry.enqueued_at = now
+            self._steps.append(SuspendTask(entry, self._cause))
+            self.queue.push(entry)
         self._fill(now, first=head)
+
+    def _reseated(self, entries: Sequence[QueuedTask], now: float) -> None:
+        """Suspended ``entries`` took seats in a running step batch: their states are free and
+        their pins go (the batch's own pin holds the model)."""
+        for entry in entries:
+            if entry in self.held:
+                self.held.release(entry)
+                if entry.model is not None:
+                    self._unpin(entry.model, now)
 
     def _abandon(self, entry: QueuedTask, now: float) -> None:
         """Suspended ``entry`` leaves the queue without running again (its job is dropped or
@@ -380,8 +400,8 @@ class Lanes:
         # nothing (if it raised, there would be no steps to carry on), so it runs outside
         # :meth:`_decide` and returns a fresh empty list (one per task less to set up)
         run = self._runs.pop(entry, None)
-        if run is None:
-            return []
+        if run is None:  # a member ending where its batch was suspended: out of the queue
+            return self._decide(cause, self._ended_held, entry, now) if entry in self.held else []
         if still_running and not run.stuck:
             run.stuck = True
             self.stuck += 1
@@ -396,6 +416,13 @@ class Lanes:
             self.host_queue.finish(run.entry)
             return []
         return self._free(run, now, cause)
+
+    def _ended_held(self, entry: QueuedTask, now: float) -> None:
+        self.version += 1
+        self.queue.drop(lambda e: e is entry)
+        self.held.release(entry)
+        if entry.model is not None:
+            self._unpin(entry.model, now)
 
     def _free(self, run: _Run, now: float, cause: Cause) -> list[Step]:
         """``run``'s last entry ended: its GPU lane is free, its model unpinned."""
@@ -422,12 +449,13 @@ class Lanes:
         """Queued tasks of step batch ``run``'s group take its free seats, at its next step
         boundary (:meth:`TaskQueue.take_steps`: never making a member miss its deadline)."""
         assert run.batch is not None
-        joined = run.batch.take(self.queue, now)
+        joined = run.batch.take(self.queue, now, self.held)
         if not joined:
             return
         self.version += 1
         for entry in joined:
             self._runs[entry] = run
+        self._reseated(joined, now)
         run.pending += len(joined)
         self._steps.append(JoinRun(run.entry, tuple(joined), run.lane, self._cause))
 
@@ -489,7 +517,7 @@ class Lanes:
                     self._warm(now)
                 break
             if self._too_late(self.queue, entry, now):
-                if entry.done_steps:  # suspended: its kept state ends too
+                if entry in self.held:  # suspended: its kept state ends too
                     self._abandon(entry, now)
                 continue
             lane = self._idle.pop()
@@ -498,10 +526,10 @@ class Lanes:
             self._runs[entry] = run
             model = entry.model
             if self.degraded:
-                if entry.done_steps:
+                if entry in self.held:
                     self._abandon(entry, now)
                 self._fail(run, self._degraded_error(), now)
-            elif entry.done_steps:  # resumed: its model stayed pinned and resident
+            elif entry in self.held:  # resumed: its model stayed pinned and resident
                 self.held.release(entry)
                 self._start(run, now)
             elif model is None:
@@ -545,17 +573,9 @@ class Lanes:
         self.version += 1
         for entry, wait_s in late:
             self.shed += 1
-            if entry.done_steps:  # suspended: its kept state ends too
+            if entry in self.held:  # suspended: its kept state ends too
                 self._abandon(entry, now)
-            assert entry.deadline is not None
-            late_s = now + wait_s + entry.remaining_s - entry.deadline
-            self._steps.append(CannotRun(entry, DeadlineExceeded(
-                f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
-                f"late for the job to finish by its deadline ({wait_s * 1000:.1f} ms of work "
-                f"ahead of it, {entry.remaining_s * 1000:.1f} ms of work left on its critical "
-                "path); dropped",
-                detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
-            )))  # fmt: skip
+            self._steps.append(CannotRun(entry, queued_too_late(entry, wait_s, now)))
 
     def _too_late(self, queue: TaskQueue, entry: QueuedTask, now: float) -> bool:
         """Shed ``entry`` (just popped) if its job can no longer finish by its deadline when
@@ -578,13 +598,7 @@ class Lanes:
         queue.finish(entry)
         self.version += 1
         self.shed += 1
-        late_s = now + left - deadline
-        self._steps.append(CannotRun(entry, DeadlineExceeded(
-            f"job {entry.job_id}: task {entry.task!r} would start {late_s * 1000:.1f} ms too "
-            f"late for the job to finish by its deadline ({entry.remaining_s * 1000:.1f} ms "
-            f"of work left on its critical path{load}); dropped",
-            detail={"job_id": entry.job_id, "task": entry.task, "late_s": late_s},
-        )))  # fmt: skip
+        self._steps.append(CannotRun(entry, starts_too_late(entry, left, load, now)))
         return True
 
     def _ensure(self, run: _Run, now: float) -> None:
@@ -616,12 +630,13 @@ class Lanes:
         mates: list[QueuedTask] = []
         if group is not None and entry.steps > 1:  # a step batch: tasks join at its steps
             run.batch = StepBatch(entry, now)
-            mates = run.batch.take(self.queue, now)
+            mates = run.batch.take(self.queue, now, self.held)
             self._open.setdefault(group, []).append(run)
-        elif group is not None and not entry.done_steps:
+        elif group is not None and entry not in self.held:
             mates = self.queue.take(entry, now)
         for mate in mates:
             self._runs[mate] = run
+        self._reseated(mates, now)
         run.pending = 1 + len(mates)
         self._steps.append(
             RunTask(entry, run.lane, False, fetch_s, run.hit, tuple(mates), self._cause)

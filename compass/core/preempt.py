@@ -26,7 +26,8 @@ The rule, in order:
 In 2 and 3 the running task's own job must still make its deadline, where it has one, after
 the head's run. In all three, a head whose job cannot make its deadline even starting now never
 preempts: it is shed, and the task it would have suspended would resume at once. A worker holds
-at most one suspended task per lane, so preemptions do not nest.
+at most one suspended run per lane, so preemptions do not nest. A step batch is one run:
+:func:`preempts_batch` weighs its members together, and it is suspended whole.
 A suspended task's state costs memory (a KV cache for an LLM): its step profile declares the
 bytes per step (``state_bytes``); the lanes take them from the cache's free slabs
 (:meth:`CacheCore.hold_state <compass.cache.policy.CacheCore.hold_state>`), and refuse the
@@ -43,9 +44,11 @@ it, on the paper's workload with steps and on generated ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from compass.core.queue import QueuedTask
 
-__all__ = ["after_s", "left_s", "past_saving", "preempts"]
+__all__ = ["after_s", "left_s", "past_saving", "preempts", "preempts_batch"]
 
 
 def left_s(entry: QueuedTask, done: int) -> float:
@@ -66,27 +69,45 @@ def preempts(
     """Whether ``head`` (the queue's next task) runs before the rest of ``running``, which has
     ``left`` expected seconds of steps to go at this boundary (``now``); ``switch_s``: what
     starting ``head`` costs first (its model's load). See the module docstring."""
+    return preempts_batch(((running, left),), head, now, switch_s=switch_s)
+
+
+def preempts_batch(
+    members: Sequence[tuple[QueuedTask, float]],
+    head: QueuedTask,
+    now: float,
+    *,
+    switch_s: float = 0.0,
+) -> bool:
+    """Whether ``head`` runs before the rest of a run of ``members`` (a step batch's, each
+    with the expected seconds of steps it has left; a lone task is a run of one): the rule of
+    :func:`preempts` over the run. Its lane frees when the last member ends, so the head
+    would wait for the longest; each member's job would wait for the head's run. Priority is
+    against the highest level among the members; the deadline and slowdown rules weigh the
+    members of the head's level (a lower level gives way to it anyway): each must still make
+    its own deadline, and the head's slowdown waiting is set against the largest of theirs."""
     start = now + switch_s
     deadline = head.deadline
     if deadline is not None and not head.finish and start + head.remaining_s > deadline:
         return False  # past saving itself: shed, not run
-    if head.level != running.level:
-        return head.level > running.level
-    # when each job would end: the head after the running task's steps, or right away; the
-    # running task's after the head's run
-    head_waits = now + left + head.remaining_s
+    top = max(m.level for m, _ in members)
+    if head.level != top:
+        return head.level > top
+    # when each job would end: the head after the run's steps, or right away; each member's
+    # after the head's run
+    head_waits = now + max(left for _, left in members) + head.remaining_s
     head_now = start + head.remaining_s
-    running_waits = start + head.expected_s + left + after_s(running)
-    mine = running.deadline
-    if mine is not None and not running.finish and running_waits > mine:
-        return False  # the running task's own deadline comes first
+    waits = [(m, start + head.expected_s + left + after_s(m)) for m, left in members
+             if m.level == top]  # fmt: skip
+    for m, end in waits:
+        if m.deadline is not None and not m.finish and end > m.deadline:
+            return False  # a member's own deadline comes first
     if deadline is not None and not head.finish:
         return head_waits > deadline >= head_now
-    if head.best_s <= 0.0 or running.best_s <= 0.0:
+    if head.best_s <= 0.0 or any(m.best_s <= 0.0 for m, _ in waits):
         return False  # no yardstick (no profile yet): no switch
     head_slowdown = (head_waits - head.arrival) / head.best_s
-    running_slowdown = (running_waits - running.arrival) / running.best_s
-    return head_slowdown > running_slowdown
+    return head_slowdown > max((end - m.arrival) / m.best_s for m, end in waits)
 
 
 def past_saving(running: QueuedTask, left: float, now: float) -> bool:

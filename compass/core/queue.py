@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,7 +295,12 @@ class TaskQueue:
         return mates
 
     def take_steps(
-        self, group: str, room: int, ends: dict[QueuedTask, float], now: float
+        self,
+        group: str,
+        room: int,
+        ends: dict[QueuedTask, float],
+        now: float,
+        first: Container[QueuedTask] = (),
     ) -> list[QueuedTask]:
         """Step batching: up to ``room`` queued step-wise tasks of ``group`` that join a
         running batch at its next step boundary (started at ``now``): those at the head of the
@@ -304,12 +309,18 @@ class TaskQueue:
         the batch's size now. Each extra member makes every step of the batch longer (the
         curve :func:`batch_scale` gives), so a task is skipped when it would make a member, or
         itself, miss its job's deadline. ``ends`` is updated for the batch's new size, the
-        joiners' included."""
+        joiners' included. Tasks of ``group`` in ``first`` (members of a suspended batch,
+        resuming) are taken before the others wherever they rank, and whatever the deadlines
+        (they ran together before)."""
         if room <= 0 or group not in self._groups:
             return []
         chosen: list[_Item] = []
         size = len(ends)
-        for item in sorted(self._ready):
+        items = sorted(self._ready)
+        if first:
+            ahead = [i for i in items if i[3].group == group and i[3] in first]
+            items = ahead + [i for i in items if not (i[3].group == group and i[3] in first)]
+        for item in items:
             entry = item[3]
             if entry.group != group:
                 break  # the rest of the queue waits for this one: the batch takes no more
@@ -317,8 +328,10 @@ class TaskQueue:
             trial = {m: now + max(0.0, end - now) * grown for m, end in ends.items()}
             trial[entry] = now + entry.expected_s * batch_scale(entry.scale, size + 1)
             # a member that misses its deadline anyway does not hold the others' seats
-            if not all(_in_time([m], end) or not _in_time([m], ends.get(m, now)) for m, end
-                       in trial.items()):  # fmt: skip
+            if entry not in first and not all(
+                _in_time([m], end) or not _in_time([m], ends.get(m, now))
+                for m, end in trial.items()
+            ):
                 continue
             chosen.append(item)
             ends.clear()

@@ -306,7 +306,7 @@ class WorkerCore:
         lost = ev.name
         dropped = self.inbox.drop_ingress(lost)
         queued = self.lanes.drop(lambda e: e.ingress == lost)
-        if suspended := [e for e in queued if e.done_steps]:  # their kept states end
+        if suspended := [e for e in queued if e in self.lanes.held]:  # their kept states end
             self._take(self.lanes.release(suspended, ev.now, self._cause), ev.now)
         for entry in [*queued, *self.lanes.running()]:
             if entry.ingress == lost:
@@ -607,7 +607,7 @@ class WorkerCore:
         self._forget(job_id, below)
         self.links.forget(job_id, below)
         self.inbox.drop_job(job_id, below)
-        if suspended := [e for e in self.lanes.drop_job(job_id, below) if e.done_steps]:
+        if suspended := [e for e in self.lanes.drop_job(job_id, below) if e in self.lanes.held]:
             self._take(self.lanes.release(suspended, now, self._cause), now)  # they stop now
         if running := self.lanes.running_of(job_id, below):  # a step-wise one stops at a step
             self._out.append(StopTask(running, self._cause))

@@ -6,7 +6,9 @@ group that would otherwise wait for a lane takes a free seat
 (:class:`~compass.core.events.JoinRun`: the adapter seats it at the batch's next step). Each
 member leaves when its own steps end, and its seat goes to the queue; the lane is free when the
 last one leaves. A join never makes a member miss its deadline (each member makes every step
-longer, by the group's batch curve). A task that batches its steps is never suspended.
+longer, by the group's batch curve). Where the worker preempts, the batch is suspended whole
+at a step boundary (:mod:`compass.core.suspend`); the member that resumes first takes the
+others back into its batch before any other queued task.
 
 Part of the worker core (:mod:`compass.core.lanes` drives it). Sans-IO: every call passes the
 current time.
@@ -14,7 +16,7 @@ current time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from compass.core.queue import QueuedTask, TaskQueue
@@ -27,26 +29,45 @@ class StepBatch:
     """The members of the step batch ``lead`` started, and their expected ends at its size
     now. ``lead.run_s`` is kept at the batch's span (what the queue's waits count of it)."""
 
-    __slots__ = ("ends", "lead")
+    __slots__ = ("ends", "lead", "seen")
 
     def __init__(self, lead: QueuedTask, now: float) -> None:
         self.lead = lead
         self.ends = {lead: now + lead.expected_s}
+        #: the steps each member had done in all at its last report (where steps are reported)
+        self.seen: dict[QueuedTask, int] = {}
 
-    def take(self, queue: TaskQueue, now: float) -> list[QueuedTask]:
+    def take(
+        self, queue: TaskQueue, now: float, first: Container[QueuedTask] = ()
+    ) -> list[QueuedTask]:
         """Queued tasks of the batch's group take its free seats (:meth:`TaskQueue.take_steps`:
-        never making a member miss its deadline); they are returned."""
+        those in ``first``, suspended members, before the rest; the rest never making a member
+        miss its deadline); they are returned."""
         lead = self.lead
         assert lead.group is not None
         room = batch_limit(lead.scale, lead.max_batch) - len(self.ends)
-        joined = queue.take_steps(lead.group, room, self.ends, now)
+        joined = queue.take_steps(lead.group, room, self.ends, now, first)
         self._span(now)
         return joined
 
     def left(self, entry: QueuedTask, now: float) -> None:
         """Member ``entry`` ended."""
         self.ends.pop(entry, None)
+        self.seen.pop(entry, None)
         self._span(now)
+
+    def progress(
+        self, entry: QueuedTask, left: float, now: float
+    ) -> list[tuple[QueuedTask, float, int]]:
+        """Every member, each with the seconds of steps it has left and the steps it has done,
+        at the boundary ``entry`` just reported (``left`` its own seconds to go): the others'
+        as of their last report (a member after ``entry`` in the batch reports this boundary
+        next) or, never reported, as seated."""
+        seen = self.seen
+        return [
+            (m, left if m is entry else max(0.0, end - now), seen.get(m, m.done_steps))
+            for m, end in self.ends.items()
+        ]
 
     def left_s(self, entry: QueuedTask, done: int) -> float:
         """Expected seconds of member ``entry``'s steps after ``done`` of its run's (a resumed

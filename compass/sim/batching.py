@@ -52,14 +52,14 @@ class _Member:
     entry: QueuedTask
     step_s: float
     left: int
-    #: the member's lane time so far (its share of each step)
+    #: the member's lane time so far in this run (its share of each step)
     lane_s: float = 0.0
-    #: steps done
+    #: steps done in all (a suspended member's count on when it resumes)
     done: int = 0
     #: its job ended: it leaves at the next boundary
     stopped: bool = False
-    #: its worker's core suspended it at this boundary (a batch's lone member): it leaves,
-    #: and comes back as a batch of its own when the core resumes it
+    #: its worker's core suspended it (with its whole batch) at this boundary: it leaves,
+    #: parked with its progress, until the core resumes it in a batch
     suspended: bool = False
 
 
@@ -94,6 +94,8 @@ class StepBatches:
         #: batches under way by their first task, and the batch of each member
         self._batches: dict[QueuedTask, _Batch] = {}
         self._of: dict[QueuedTask, _Batch] = {}
+        #: suspended members, with their progress, until the core resumes them
+        self._parked: dict[QueuedTask, _Member] = {}
 
     def is_batch(self, run: RunTask) -> bool:
         """Whether ``run`` is a step batch (a step-wise task with a batch group)."""
@@ -120,14 +122,18 @@ class StepBatches:
         return entry in self._of
 
     def suspend(self, entry: QueuedTask) -> None:
-        """The core suspended member ``entry`` at the boundary it just reported."""
-        for member in self._of[entry].members:
+        """The core suspended member ``entry`` (its batch, whole) at the boundary just
+        reported: seated, it leaves there; about to take its seat, it never does."""
+        batch = self._of[entry]
+        for member in (*batch.members, *batch.joining):
             if member.entry is entry:
                 member.suspended = True
 
     def stop(self, entries: tuple[QueuedTask, ...]) -> None:
-        """The jobs of ``entries`` ended: the members among them leave at the next boundary."""
+        """The jobs of ``entries`` ended: the members among them leave at the next boundary (a
+        parked one is forgotten: the core already let it go)."""
         for entry in entries:
+            self._parked.pop(entry, None)
             batch = self._of.get(entry)
             if batch is None:
                 continue
@@ -136,9 +142,22 @@ class StepBatches:
                     member.stopped = True
 
     def _member(self, batch: _Batch, entry: QueuedTask) -> _Member:
+        """``entry`` takes a seat in ``batch``: resumed, with the progress it was parked with
+        (or, suspended and resumed within one boundary, moved from its old batch)."""
+        member = self._parked.pop(entry, None)
+        old = self._of.get(entry)
+        if member is None and old is not None:
+            member = next(m for m in (*old.members, *old.joining) if m.entry is entry)
+            for seats in (old.members, old.joining):
+                if member in seats:
+                    seats.remove(member)
+        if member is None:
+            profile = self._profile(entry)
+            step_s = profile.exec_s / profile.steps
+            member = _Member(entry, step_s, profile.steps - entry.done_steps, done=entry.done_steps)
+        member.suspended = False
         self._of[entry] = batch
-        profile = self._profile(entry)
-        return _Member(entry, profile.exec_s / profile.steps, profile.steps - entry.done_steps)
+        return member
 
     def _profile(self, entry: QueuedTask) -> Any:
         return self._workflow(entry.workflow).tasks[entry.task].profile
@@ -154,27 +173,32 @@ class StepBatches:
         host, worker = self._host, batch.worker
         worker.busy_s += step_s
         share = step_s / len(batch.members)
-        leaving: list[_Member] = []
-        staying: list[_Member] = []
-        for member in batch.members:
+        for member in list(batch.members):  # each reports its step first: the core decides
             member.lane_s += share
             member.left -= 1
             member.done += 1
             entry = member.entry
             if member.left > 0 and not member.stopped and self._tells(worker, entry):
-                seq = entry.done_steps + member.done - 1
-                self._feed(worker, TaskStep(host.now, entry, seq, None))  # it may stop here
-            if member.suspended:
-                self._parked(batch, member)
+                self._feed(worker, TaskStep(host.now, entry, member.done - 1, None))
+        leaving: list[_Member] = []
+        staying: list[_Member] = []
+        for member in batch.members:  # then what the core decided there is carried out
+            if member.left <= 0 or member.stopped:
+                leaving.append(member)
+            elif member.suspended:
+                self._parked_at(batch, member)
             else:
-                (leaving if member.left <= 0 or member.stopped else staying).append(member)
+                staying.append(member)
         batch.members = staying
         for member in leaving:
             self._left(batch, member)
-        batch.members.extend(m for m in batch.joining if not m.stopped)
         for member in batch.joining:
             if member.stopped:  # its job ended before it took its seat
                 self._left(batch, member)
+            elif member.suspended:  # its batch was suspended before it took its seat
+                self._parked_at(batch, member)
+            else:
+                batch.members.append(member)
         batch.joining = []
         batch.size = max(batch.size, len(batch.members))
         if batch.members:
@@ -182,17 +206,19 @@ class StepBatches:
         else:
             del self._batches[batch.run.entry]
 
-    def _parked(self, batch: _Batch, member: _Member) -> None:
+    def _parked_at(self, batch: _Batch, member: _Member) -> None:
         """Suspended ``member`` leaves the batch until the core resumes it: its lane time so
         far is a task record of its own (as a suspended run's is)."""
         entry = member.entry
-        if self._of.get(entry) is batch:  # (not resumed at once into a batch of its own)
-            del self._of[entry]
-        self._host.task_records.append(
-            TaskRecord(entry.job_id, entry.task, batch.worker.name,
-                       entry.started_at - entry.enqueued_at, 0.0, entry.transfer_s,
-                       member.lane_s, batch.run.hit, batch.size)
-        )  # fmt: skip
+        del self._of[entry]
+        self._parked[entry] = member
+        if member.lane_s > 0.0:
+            self._host.task_records.append(
+                TaskRecord(entry.job_id, entry.task, batch.worker.name,
+                           entry.started_at - entry.enqueued_at, 0.0, entry.transfer_s,
+                           member.lane_s, batch.run.hit, batch.size)
+            )  # fmt: skip
+        member.lane_s = 0.0
 
     def _left(self, batch: _Batch, member: _Member) -> None:
         """``member`` leaves the batch: its record, and its worker's core hears its end."""
@@ -213,6 +239,5 @@ class StepBatches:
             )
         )
         if member.left <= 0 and self._tells(batch.worker, entry):
-            seq = entry.done_steps + member.done - 1
-            self._feed(batch.worker, TaskStep(host.now, entry, seq, None))
+            self._feed(batch.worker, TaskStep(host.now, entry, member.done - 1, None))
         self._feed(batch.worker, TaskDone(host.now, entry, None))

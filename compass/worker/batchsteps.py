@@ -70,8 +70,9 @@ class _Member:
     #: the most members it shared a step with (itself included)
     size: int = 1
     stopped: bool = False
-    #: suspended by the core (a batch's lone member): it leaves at this step (an emulated
-    #: one) or the next (a real one, whose thread has gone on), parked until resumed
+    #: suspended by the core (with its whole batch): it leaves at this step (an emulated
+    #: one) or the next (a real one, whose thread has gone on), or before it took its seat,
+    #: parked with its progress until resumed
     suspended: bool = False
 
 
@@ -128,13 +129,7 @@ class StepBatches:
             return
         batch = _Batch(run, run.entry if key is None else key)
         self._batches[batch.key] = batch
-        members = [self._member(batch, o) for o in outcomes]
-        for i, member in enumerate(members):  # a resumed one comes back as it was parked
-            parked = self._parked.pop(member.outcome.entry, None)
-            if parked is not None:
-                parked.suspended = False
-                parked.outcome.lane = run.lane
-                members[i] = parked
+        members = [self._member(batch, o, run.lane) for o in outcomes]
         if self._is_real(members[0].task):
             batch.joining = members
             self._thread(batch)
@@ -151,7 +146,7 @@ class StepBatches:
                            order.stimulus)  # fmt: skip
             self.start(anew, outcomes, key=order.lead)
             return
-        members = [self._member(batch, o) for o in outcomes]
+        members = [self._member(batch, o, order.lane) for o in outcomes]
         with batch.lock:
             restart = batch.closed
             batch.joining.extend(members)
@@ -165,17 +160,18 @@ class StepBatches:
         return self._mark(entry, suspended=False)
 
     def suspend(self, entry: QueuedTask) -> bool:
-        """The core suspended member ``entry`` (the lone one of its batch). Whether it is a
-        member here."""
+        """The core suspended member ``entry`` (with its whole batch). Whether it is a member
+        here."""
         return self._mark(entry, suspended=True)
 
     def _mark(self, entry: QueuedTask, *, suspended: bool) -> bool:
-        """Mark seated member ``entry`` suspended or not; whether it is seated here."""
+        """Mark member ``entry`` (seated, or about to be) suspended or not; whether it is a
+        member here."""
         batch = self._of.get(entry)
         if batch is None:
             return False
         with batch.lock:
-            for member in batch.members:
+            for member in (*batch.members, *batch.joining):
                 if member.outcome.entry is entry:
                     member.suspended = suspended
         return True
@@ -208,9 +204,15 @@ class StepBatches:
         self._batches.clear()
         self._of.clear()
 
-    def _member(self, batch: _Batch, outcome: TaskOutcome) -> _Member:
+    def _member(self, batch: _Batch, outcome: TaskOutcome, lane: int) -> _Member:
+        """``outcome``'s task takes a seat in ``batch`` on ``lane``: a resumed one as it was
+        parked (its steps, its seat's state), a new one fresh."""
         entry = outcome.entry
         self._of[entry] = batch
+        if (parked := self._parked.pop(entry, None)) is not None:
+            parked.suspended = False
+            parked.outcome.lane = lane
+            return parked
         task = self._runner.lookup(entry.workflow, entry.task)
         member = _Member(outcome, task, left=task.profile.steps)
         if self._is_real(task):
@@ -233,9 +235,7 @@ class StepBatches:
 
     def _boundary(self, batch: _Batch) -> None:
         runner = self._runner
-        staying: list[_Member] = []
-        leaving: list[_Member] = []
-        for member in batch.members:
+        for member in list(batch.members):  # each reports its step first: the core decides
             outcome, entry = member.outcome, member.outcome.entry
             member.left -= 1
             outcome.steps += 1
@@ -245,21 +245,29 @@ class StepBatches:
             if not member.stopped and (tells or (self._preempt and member.left > 0)):
                 value = runner.emulated(member.task, partial=True) if tells else None
                 runner.step(entry, outcome.steps - 1, value)  # the core may stop it here
-            if member.suspended:
-                self._park(member)
-            elif member.stopped:
-                outcome.error = runner.stopped_error(entry, outcome.steps)
+        staying: list[_Member] = []
+        leaving: list[_Member] = []
+        for member in batch.members:  # then what the core decided there is carried out
+            outcome = member.outcome
+            if member.stopped:
+                outcome.error = runner.stopped_error(outcome.entry, outcome.steps)
                 outcome.stopped = True
                 leaving.append(member)
             elif member.left <= 0:
                 outcome.output = runner.emulated(member.task, partial=False)
                 leaving.append(member)
+            elif member.suspended:
+                self._park(member)
             else:
                 staying.append(member)
         batch.members = staying
         self._leave(batch, leaving)
-        batch.members += [m for m in batch.joining if not m.stopped]
-        self._leave(batch, [m for m in batch.joining if m.stopped], seated=False)
+        for member in batch.joining:  # suspended before it took its seat: parked as it is
+            if member.suspended and not member.stopped:
+                self._park(member)
+        joining = [m for m in batch.joining if not m.suspended or m.stopped]
+        batch.members += [m for m in joining if not m.stopped]
+        self._leave(batch, [m for m in joining if m.stopped], seated=False)
         batch.joining = []
         if batch.members:
             self._next(batch)
@@ -329,7 +337,10 @@ class StepBatches:
                 members = [m for m in members if not m.suspended]
                 stopped = [m for m in members if m.stopped]
                 members = [m for m in members if not m.stopped]
-                seated = batch.joining
+                for member in batch.joining:  # suspended before it took its seat
+                    if member.suspended and not member.stopped:
+                        loop.call_soon_threadsafe(self._park, member)
+                seated = [m for m in batch.joining if not m.suspended or m.stopped]
                 members += seated
                 batch.members, batch.joining = members, []
                 if not members and not stopped:

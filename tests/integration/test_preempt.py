@@ -117,3 +117,32 @@ async def test_an_emulated_generation_is_suspended_and_resumed(
         await long  # and the generation still ends, answered once
         status = await client.status()
         assert status.stats["tasks_run"] == 3
+
+
+def batch_spec(tmp_path: Path) -> str:
+    """:func:`spec`, its generation a step batch: up to 8 jobs a step, each extra one +10%."""
+    workload = json.loads(Path(spec(tmp_path)).read_text())
+    workload["workflows"]["long"]["tasks"]["gen"].update(batch=8, batch_item=0.1)
+    path = tmp_path / "preempt-batch.json"
+    path.write_text(json.dumps(workload))
+    return str(path)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_an_emulated_step_batch_is_suspended_whole_and_each_member_answers_once(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    args = ["--workload", batch_spec(tmp_path), *ARGS, "--preempt"]
+    async with LocalCluster(1, args=args, env=worker_env) as cluster, cluster.client() as client:
+        await client.submit("short")  # the model is resident
+        longs = [asyncio.ensure_future(client.submit("long")) for _ in range(3)]
+        await asyncio.sleep(0.3)  # one batch of three, a few steps in
+        short = asyncio.ensure_future(client.submit("short", priority=1))
+        done, _ = await asyncio.wait({*longs, short}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {short}  # it did not wait for the batch's 1.1 s
+        await asyncio.gather(*longs)  # every member resumed and ended, answered once
+        status = await client.status()
+        assert status.queue["suspensions"] == 1  # the batch, whole, once
+        assert status.stats["tasks_run"] == 5
+        assert status.stats["jobs_completed"] == 5

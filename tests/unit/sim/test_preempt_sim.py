@@ -3,6 +3,7 @@ one worker, one model, a 10-step generation (100 ms a step) and a 50 ms task of 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,9 +16,11 @@ from compass.sim.settings import SimSettings
 from compass.workflow.spec import parse_workload
 
 
-def workload(steps: int = 10) -> Any:
+def workload(steps: int = 10, *, batch: bool = False) -> Any:
     gen: dict[str, Any] = {"model": "a", "exec_ms": 1000, "output_kb": 0, "input_kb": 0,
                            "after": [], "steps": steps, "state_kb": 100}  # fmt: skip
+    if batch:  # up to 8 jobs a step, each extra one 10% more
+        gen.update(batch=8, batch_item=0.1)
     det: dict[str, Any] = {"model": "a", "exec_ms": 50, "output_kb": 0, "input_kb": 0,
                            "after": []}  # fmt: skip
     spec = {
@@ -40,6 +43,10 @@ def workload(steps: int = 10) -> Any:
 def run(arrivals: list[Arrival], *, preempt: bool, steps: int = 10) -> SimResult:
     settings = SimSettings(workers=1, policy="compass", warm_start=True, preempt=preempt)
     return simulate(workload(steps), settings, arrivals)
+
+
+def latencies_of(result: SimResult) -> list[float]:
+    return [j.latency_s or -1.0 for j in sorted(result.jobs, key=lambda j: j.arrival)]
 
 
 def latencies(result: SimResult) -> dict[str, float]:
@@ -79,3 +86,24 @@ def test_a_generation_delayed_past_saving_stops_instead_of_running_on() -> None:
     assert all(j.outcome == "ok" for j in on.jobs if j.workflow == "det")
     # its lane time: three steps of 0.1 s, not the ten it would have run to miss anyway
     assert sum(t.exec_s for t in on.tasks if t.task == "g") == pytest.approx(0.3, abs=1e-3)
+
+
+def test_a_step_batch_is_suspended_whole_and_every_member_runs_each_step_once() -> None:
+    # two generations share their steps (each extra member +10% a step: 0.11 s for two); the
+    # second takes its seat at the first boundary (0.1 s). The short job comes at 0.25 s and
+    # takes the lane at the boundary of 0.32 s (times from the first arrival): the batch is
+    # suspended whole, and resumes as one at 0.37 s (the first with 7 steps left, the second
+    # with 8)
+    arrivals = [Arrival(0.0, "gen", 0), Arrival(0.05, "gen", 1), Arrival(0.25, "det", 2)]
+    settings = SimSettings(workers=1, policy="compass", warm_start=True, preempt=True)
+    result = simulate(workload(batch=True), settings, arrivals)
+    assert all(j.outcome == "ok" for j in result.jobs) and len(result.jobs) == 3
+    # latencies, in arrival order: the first generation ends at 0.37 + 7 x 0.11, the second
+    # one step later; the short job at 0.32 + 0.05
+    assert latencies_of(result) == pytest.approx([1.14, 1.24 - 0.05, 0.12], abs=1e-6)
+    # without preemption the short job waits for both generations (to 1.24 s)
+    off = simulate(workload(batch=True), dataclasses.replace(settings, preempt=False), arrivals)
+    assert latencies_of(off) == pytest.approx([1.09, 1.19 - 0.05, 1.24 - 0.25], abs=1e-6)
+    # the lane's time on the generations: 0.1 alone, two steps of two, seven of two, one alone
+    lane_s = sum(t.exec_s for t in result.tasks if t.task == "g")
+    assert lane_s == pytest.approx(0.1 + 0.22 + 0.77 + 0.1, abs=1e-6)

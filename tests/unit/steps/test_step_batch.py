@@ -10,7 +10,7 @@ import pytest
 
 from compass.cache.policy import CacheCore
 from compass.cache.pool import SlabPool
-from compass.core.events import JoinRun, StopTask
+from compass.core.events import JoinRun, StopTask, SuspendTask
 from compass.core.lanes import CannotRun, Lanes, RunTask, Step
 from compass.core.queue import QueuedTask
 from compass.sim.arrivals import Arrival
@@ -200,16 +200,91 @@ def test_a_lone_member_is_suspended_for_another_group_and_resumes_as_a_batch() -
     assert len(h.steps(h.lanes.submit(gen("j2", arrival=0.2), 0.2))) == 1
 
 
-def test_a_batch_of_two_is_never_suspended() -> None:
-    h = Harness()
+def batch_of_two_and_a_short_job(h: Harness, **short_kw: Any) -> tuple[QueuedTask, ...]:
+    """``a`` and ``b`` run as one step batch (each reported its first step at 0.1 s), then a
+    short plain job of the same model is queued at 0.15 s."""
     h.lanes.preempt = True
     a, b = gen("a"), gen("b")
     h.steps(h.lanes.submit(a, 0.0))
+    h.steps(h.lanes.submit(b, 0.0))  # takes a seat at the next boundary
+    assert h.steps(h.lanes.stepped(a, 1, 0.1)) == []  # nothing queued: it goes on
+    assert h.steps(h.lanes.stepped(b, 1, 0.1)) == []
+    quick = gen("short", group=None, expected_s=0.05, arrival=0.15, **short_kw)
+    quick.steps, quick.best_s = 1, 0.05
+    h.steps(h.lanes.submit(quick, 0.15))
+    return a, b, quick
+
+
+def test_a_batch_is_suspended_whole_and_its_members_resume_together() -> None:
+    h = Harness()
+    a, b, quick = batch_of_two_and_a_short_job(h)
+    decided = h.steps(h.lanes.stepped(a, 2, 0.2))
+    assert [type(s).__name__ for s in decided] == ["SuspendTask", "SuspendTask", "RunTask"]
+    assert [s.entry for s in decided] == [a, b, quick]
+    # b reports the same boundary after a: its step counts, nothing more is decided
+    assert h.steps(h.lanes.stepped(b, 1, 0.2)) == []
+    assert (a.done_steps, b.done_steps) == (2, 2)
+    assert list(h.lanes.suspended) == [a, b] and h.lanes.suspensions == 1
+    assert h.cache.pins("lm") == 3  # one a suspended member, one the short job's run
+    resumed = h.steps(h.lanes.ended(quick, 0.25)) + h.steps(h.lanes.fill(0.25))
+    (run,) = [s for s in resumed if isinstance(s, RunTask)]
+    assert (run.entry, run.mates) == (a, (b,))  # together, one run, one pin
+    assert not h.lanes.suspended and h.cache.pins("lm") == 1
+
+
+def test_a_member_ending_where_its_batch_is_suspended_ends_and_never_resumes() -> None:
+    h = Harness()
+    h.lanes.preempt = True
+    a, last = gen("a"), gen("last")
+    last.done_steps, last.expected_s = 9, 0.1  # resumed earlier: one step left
+    h.steps(h.lanes.submit(a, 0.0))
+    h.steps(h.lanes.submit(last, 0.0))
+    quick = gen("short", group=None, expected_s=0.05, arrival=0.05)
+    quick.steps, quick.best_s = 1, 0.05
+    h.steps(h.lanes.submit(quick, 0.05))
+    decided = h.steps(h.lanes.stepped(a, 1, 0.1))  # both suspended, as far as the core knows
+    assert [s.entry for s in decided if isinstance(s, SuspendTask)] == [a, last]
+    h.steps(h.lanes.ended(last, 0.1))  # but its steps were done at that boundary
+    assert list(h.lanes.suspended) == [a] and last not in list(h.lanes.queue)
+    assert h.cache.pins("lm") == 2  # a's and the short job's
+    resumed = h.steps(h.lanes.ended(quick, 0.15)) + h.steps(h.lanes.fill(0.15))
+    (run,) = [s for s in resumed if isinstance(s, RunTask)]
+    assert (run.entry, run.mates) == (a, ())
+
+
+def test_a_batch_is_not_suspended_when_a_member_would_miss_its_deadline() -> None:
+    h = Harness()
+    h.lanes.preempt = True
+    a, b = gen("a"), gen("b", deadline=1.15)  # b's batch ends about 1.1 s: 0.05 s to spare
+    h.steps(h.lanes.submit(a, 0.0))
     h.steps(h.lanes.submit(b, 0.0))
-    short = gen("short", group=None, expected_s=0.05, arrival=0.1)
-    short.steps = 1
-    h.steps(h.lanes.submit(short, 0.1))
-    assert h.steps(h.lanes.stepped(a, 1, 0.1)) == []
+    quick = gen("short", group=None, expected_s=0.1, arrival=0.15)
+    quick.steps, quick.best_s = 1, 0.1
+    h.steps(h.lanes.submit(quick, 0.15))
+    assert h.steps(h.lanes.stepped(a, 2, 0.2)) == []
+    # without b's deadline the same batch gives way
+    h2 = Harness()
+    h2.lanes.preempt = True
+    a2, b2 = gen("a"), gen("b")
+    h2.steps(h2.lanes.submit(a2, 0.0))
+    h2.steps(h2.lanes.submit(b2, 0.0))
+    quick2 = gen("short", group=None, expected_s=0.1, arrival=0.15)
+    quick2.steps, quick2.best_s = 1, 0.1
+    h2.steps(h2.lanes.submit(quick2, 0.15))
+    assert len(h2.steps(h2.lanes.stepped(a2, 2, 0.2))) == 3
+
+
+def test_a_batch_is_not_suspended_unless_every_members_state_fits() -> None:
+    h = Harness()  # 3 GB free beside the model: 12 slabs of 0.25 GB
+    a, b, _ = batch_of_two_and_a_short_job(h)
+    for member in (a, b):
+        member.state_bytes = 1_200_000_000  # a after 2 steps: 10 slabs; b after 1: 5
+    assert h.steps(h.lanes.stepped(a, 2, 0.2)) == []
+    assert h.lanes.refused_for_state == 1 and h.cache.state_bytes == 0  # nothing kept
+    b.state_bytes = 250_000_000  # now 10 + 2 slabs (b after 2 steps)
+    decided = h.steps(h.lanes.stepped(b, 2, 0.3))
+    assert [type(s).__name__ for s in decided] == ["SuspendTask", "SuspendTask", "RunTask"]
+    assert h.cache.state_bytes == 12 * GB // 4
 
 
 def test_a_resumed_members_last_step_is_its_last() -> None:
