@@ -46,11 +46,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from compass.client import Client
 from compass.config import SchedConfig, WorkerConfig
@@ -58,6 +58,8 @@ from compass.wire.transport import new_event_loop
 from compass.worker.process import build_worker
 
 from .report import machine, print_table, write_json
+
+_T = TypeVar("_T")
 
 __all__ = ["count_instructions", "run"]
 
@@ -274,6 +276,74 @@ def _core_cost(
 # -- a real worker over loopback ---------------------------------------------------------------
 
 
+class WorkerThread:
+    """A real worker (``config``) in a thread of its own, with its own event loop, for the
+    counting tools: its ``address``, its thread's CPU ``clock``, and :meth:`trace`, which
+    turns counting on or off in that thread (``sys.settrace`` is per thread). A context
+    manager: the worker is started on entry, closed and its thread joined on exit."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self._config = config
+        self._ready = threading.Event()
+        self._box: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._serve_thread, name="compass-worker",
+                                        daemon=True)  # fmt: skip
+        self.address = ""
+        self.clock = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _serve(self) -> None:
+        worker = build_worker(self._config)
+        await worker.start()
+        box = self._box
+        box["done"] = done = asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        box["address"] = worker.address
+        self._ready.set()
+        try:
+            await done.wait()
+        finally:
+            await worker.aclose()
+
+    def _serve_thread(self) -> None:
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            self._box["failure"] = exc
+            self._ready.set()
+        finally:
+            sys.settrace(None)
+            loop.close()
+
+    def __enter__(self) -> WorkerThread:
+        self._thread.start()
+        if not self._ready.wait(60) or "failure" in self._box:
+            raise RuntimeError(f"the worker did not start: {self._box.get('failure')}")
+        self._loop = self._box["loop"]
+        self.address = self._box["address"]
+        assert self._thread.ident is not None
+        self.clock = time.pthread_getcpuclockid(self._thread.ident)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._box["done"].set)
+        self._thread.join(30)
+
+    def trace(self, call: Callable[..., Any] | None) -> None:
+        """Count with ``call`` in the worker's thread from its next loop turn (None: stop)."""
+        assert self._loop is not None
+        flipped = threading.Event()
+
+        def flip() -> None:
+            sys.settrace(call)
+            flipped.set()
+
+        self._loop.call_soon_threadsafe(flip)
+        flipped.wait(10)
+
+
 def _job_cost(
     jobs: int, rounds: int, view: str | None, by_function: bool = False
 ) -> dict[str, Any]:
@@ -282,105 +352,78 @@ def _job_cost(
     code objects that executed most in that thread, per job."""
     token = secrets.token_hex(16)
     config = WorkerConfig(name="w0", app=APP, token=token, sched=_sched(view))
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def serve() -> None:
-        worker = build_worker(config)
-        await worker.start()
-        box["done"] = done = asyncio.Event()
-        box["loop"] = asyncio.get_running_loop()
-        box["address"] = worker.address
-        ready.set()
-        try:
-            await done.wait()
-        finally:
-            await worker.aclose()
-
-    def serve_thread() -> None:
-        loop = new_event_loop()
-        try:
-            loop.run_until_complete(serve())
-        except BaseException as exc:
-            box["failure"] = exc
-            ready.set()
-        finally:
-            sys.settrace(None)
-            loop.close()
-
-    thread = threading.Thread(target=serve_thread, name="compass-worker", daemon=True)
-    thread.start()
-    if not ready.wait(60) or "failure" in box:
-        raise RuntimeError(f"the worker did not start: {box.get('failure')}")
-    worker_loop: asyncio.AbstractEventLoop = box["loop"]
-    assert thread.ident is not None
-    clock = time.pthread_getcpuclockid(thread.ident)
     counter = _ByFunction() if by_function else _Counter()
     client_counter = _ByFunction() if by_function else _Counter()
+    with WorkerThread(config) as worker:
+        return _run_client(_job_client(worker, token, counter, client_counter, jobs, rounds))
 
-    def trace(on: bool) -> None:
-        """Turn counting on or off in the worker's thread (settrace is per thread)."""
-        flipped = threading.Event()
 
-        def flip() -> None:
-            sys.settrace(counter.call if on else None)
-            flipped.set()
-
-        worker_loop.call_soon_threadsafe(flip)
-        flipped.wait(10)
-
-    async def client_side() -> dict[str, Any]:
-        async with Client(box["address"], token=token) as client:
-            for i in range(200):  # warm up
-                await client.submit("noop", x=i)
-            best = float("inf")
-            for _ in range(rounds):
-                t0 = time.clock_gettime(clock)
-                for i in range(jobs):
-                    await client.submit("noop", x=i)
-                best = min(best, (time.clock_gettime(clock) - t0) / jobs)
-            counts, client_counts, traced_s = [], [], []
-            for _ in range(3):
-                trace(True)
-                before, t0 = counter.n, time.perf_counter()
-                for i in range(jobs):
-                    await client.submit("noop", x=i)
-                counts.append((counter.n - before) / jobs)
-                traced_s.append((time.perf_counter() - t0) / jobs)
-                trace(False)
-            for _ in range(3):  # the client's side, its thread alone (this one)
-                with count_instructions(client_counter):
-                    before = client_counter.n
-                    for i in range(jobs):
-                        await client.submit("noop", x=i)
-                client_counts.append((client_counter.n - before) / jobs)
-            top = counter.top(3 * jobs) if isinstance(counter, _ByFunction) else None
-            # what the idle worker runs meanwhile (its timers), slowed down as much
-            trace(True)
-            before = counter.n
-            await asyncio.sleep(1.0)
-            idle = counter.n - before
-            trace(False)
-            result: dict[str, Any] = {
-                "instructions": counts,
-                "client_instructions": client_counts,
-                "cpu_us": best * 1e6,
-                "idle_per_s": idle,
-                "traced_s_per_job": min(traced_s),
-            }
-            if top is not None:
-                result["by_function"] = top
-            if isinstance(client_counter, _ByFunction):
-                result["client_by_function"] = client_counter.top(3 * jobs)
-            return result
-
+def _run_client(side: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``side`` (the client's) on a loop of its own in this thread."""
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(client_side())
+        return loop.run_until_complete(side)
     finally:
         loop.close()
-        worker_loop.call_soon_threadsafe(box["done"].set)
-        thread.join(30)
+
+
+async def _job_client(
+    worker: WorkerThread,
+    token: str,
+    counter: _Counter,
+    client_counter: _Counter,
+    jobs: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """The client's side of :func:`_job_cost`."""
+    clock = worker.clock
+
+    def trace(on: bool) -> None:
+        worker.trace(counter.call if on else None)
+
+    async with Client(worker.address, token=token) as client:
+        for i in range(200):  # warm up
+            await client.submit("noop", x=i)
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.clock_gettime(clock)
+            for i in range(jobs):
+                await client.submit("noop", x=i)
+            best = min(best, (time.clock_gettime(clock) - t0) / jobs)
+        counts, client_counts, traced_s = [], [], []
+        for _ in range(3):
+            trace(True)
+            before, t0 = counter.n, time.perf_counter()
+            for i in range(jobs):
+                await client.submit("noop", x=i)
+            counts.append((counter.n - before) / jobs)
+            traced_s.append((time.perf_counter() - t0) / jobs)
+            trace(False)
+        for _ in range(3):  # the client's side, its thread alone (this one)
+            with count_instructions(client_counter):
+                before = client_counter.n
+                for i in range(jobs):
+                    await client.submit("noop", x=i)
+            client_counts.append((client_counter.n - before) / jobs)
+        top = counter.top(3 * jobs) if isinstance(counter, _ByFunction) else None
+        # what the idle worker runs meanwhile (its timers), slowed down as much
+        trace(True)
+        before = counter.n
+        await asyncio.sleep(1.0)
+        idle = counter.n - before
+        trace(False)
+        result: dict[str, Any] = {
+            "instructions": counts,
+            "client_instructions": client_counts,
+            "cpu_us": best * 1e6,
+            "idle_per_s": idle,
+            "traced_s_per_job": min(traced_s),
+        }
+        if top is not None:
+            result["by_function"] = top
+        if isinstance(client_counter, _ByFunction):
+            result["client_by_function"] = client_counter.top(3 * jobs)
+        return result
 
 
 def run(

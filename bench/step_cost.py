@@ -17,19 +17,14 @@ Run: ``python -m compass._bench.step_cost [--steps 24] [--jobs 100] [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import secrets
-import sys
-import threading
 import time
 from typing import Any
 
 from compass.client import Client
 from compass.config import SchedConfig, WorkerConfig
-from compass.wire.transport import new_event_loop
-from compass.worker.process import build_worker
 
-from .core_cost import _Counter
+from .core_cost import WorkerThread, _Counter, _run_client
 from .report import machine, print_table, write_json
 
 __all__ = ["run"]
@@ -43,84 +38,35 @@ def _worker_cost(preempt: bool, steps: int, jobs: int, rounds: int) -> dict[str,
     instructions its thread executed and its CPU microseconds (best of ``rounds``)."""
     token = secrets.token_hex(16)
     config = WorkerConfig(name="w0", app=APP, token=token, sched=SchedConfig(preempt=preempt))
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def serve() -> None:
-        worker = build_worker(config)
-        await worker.start()
-        box["done"] = done = asyncio.Event()
-        box["loop"] = asyncio.get_running_loop()
-        box["address"] = worker.address
-        ready.set()
-        try:
-            await done.wait()
-        finally:
-            await worker.aclose()
-
-    def serve_thread() -> None:
-        loop = new_event_loop()
-        try:
-            loop.run_until_complete(serve())
-        except BaseException as exc:
-            box["failure"] = exc
-            ready.set()
-        finally:
-            sys.settrace(None)
-            loop.close()
-
-    thread = threading.Thread(target=serve_thread, name="compass-worker", daemon=True)
-    thread.start()
-    if not ready.wait(60) or "failure" in box:
-        raise RuntimeError(f"the worker did not start: {box.get('failure')}")
-    worker_loop: asyncio.AbstractEventLoop = box["loop"]
-    assert thread.ident is not None
-    clock = time.pthread_getcpuclockid(thread.ident)
     counter = _Counter()
-
-    def trace(on: bool) -> None:
-        flipped = threading.Event()
-
-        def flip() -> None:
-            sys.settrace(counter.call if on else None)
-            flipped.set()
-
-        worker_loop.call_soon_threadsafe(flip)
-        flipped.wait(10)
-
     kinds: dict[str, tuple[str, dict[str, Any]]] = {
         "noop": ("noop", {"x": 0}),
         "generation": ("generation", {"steps": steps, "step_ms": 0.0, "chunk": 8}),
     }
 
-    async def client_side() -> dict[str, dict[str, float]]:
+    async def client_side(worker: WorkerThread) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        async with Client(box["address"], token=token) as client:
+        async with Client(worker.address, token=token) as client:
             for name, (workflow, inputs) in kinds.items():
                 for _ in range(20):  # warm up
                     await client.submit(workflow, **inputs)
                 best = float("inf")
                 for _ in range(rounds):
-                    t0 = time.clock_gettime(clock)
+                    t0 = time.clock_gettime(worker.clock)
                     for _ in range(jobs):
                         await client.submit(workflow, **inputs)
-                    best = min(best, (time.clock_gettime(clock) - t0) / jobs)
-                trace(True)
+                    best = min(best, (time.clock_gettime(worker.clock) - t0) / jobs)
+                worker.trace(counter.call)
                 before = counter.n
                 for _ in range(jobs):
                     await client.submit(workflow, **inputs)
                 counted = (counter.n - before) / jobs
-                trace(False)
+                worker.trace(None)
                 out[name] = {"instructions": counted, "cpu_us": best * 1e6}
         return out
 
-    loop = new_event_loop()
-    try:
-        return loop.run_until_complete(client_side())
-    finally:
-        loop.close()
-        worker_loop.call_soon_threadsafe(box["done"].set)
-        thread.join(30)
+    with WorkerThread(config) as worker:
+        return _run_client(client_side(worker))
 
 
 def run(
