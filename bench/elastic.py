@@ -273,15 +273,7 @@ def _one(
     if key in BURST_KEYS:
         burst = burst_curve(config.burst_before, config.burst_after)
         burst_first = {"peak": plan.peak}.get(key, plan.mean)
-        burst_opts = ElasticOptions(
-            controller=controller,
-            initial=burst_first,
-            maximum=max(maximum, burst_first),
-            start_s=config.start_s,
-            max_slowdown=config.max_slowdown,
-            rule=rule,
-            ray=ray,
-        )
+        burst_opts = replace(opts, initial=burst_first, maximum=max(maximum, burst_first))
         arrivals = curve_arrivals(workload, burst, minute_s=60.0, rate_scale=config.rate_scale,
                                   seed=seed)  # fmt: skip
         spike = simulate_elastic(workload, arrivals, burst_opts, seed=seed)

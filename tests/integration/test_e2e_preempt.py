@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from compass._bench import e2e
-from compass._cli.main import main
+
+from ..unit.test_batching_cli import compass
 
 
 def step_spec(folder: Path) -> str:
@@ -34,15 +35,6 @@ def step_spec(folder: Path) -> str:
     path = folder / "steps.json"
     path.write_text(json.dumps(spec))
     return str(path)
-
-
-def compass(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``compass ARGS`` in this process: (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    code = done.value.code
-    return (code if isinstance(code, int) else 0), out, err
 
 
 @pytest.mark.timeout(240)
