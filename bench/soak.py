@@ -43,6 +43,11 @@ What it judges (the JSON's ``checks``):
   (``replans``, per worker, from their status): none was taken for gone;
 - ``restarted``: the restarted worker was back and every view whole within ``VIEW_LIMIT_S``.
 
+While it runs, a line every ``PROGRESS_S`` says how far it is (jobs submitted, answered, hung,
+the rate, each worker's RSS), and with a JSON path the results so far are kept beside it
+(``PATH.partial``: ``complete`` false, the counts and the samples, replaced at each sample) until
+the whole JSON is written: an hour-long run that dies near its end still leaves its figures.
+
 ``worker_pythonpath`` runs the workers from another checkout (a before/after with the same
 driver; an old worker without ``process`` in its status is read from ``/proc/<pid>``).
 """
@@ -82,6 +87,8 @@ DEFAULT_DURATION_S = 600.0
 RSS_LIMIT_MB = 20.0
 #: samples kept per series before every other one is dropped
 MAX_SAMPLES = 1500
+#: seconds between two progress lines
+PROGRESS_S = 60.0
 #: after a restart, losses of the restarted worker are expected this much longer
 GRACE_S = 2.0
 #: how long a restarted cluster may take to have every view whole again
@@ -229,9 +236,14 @@ class _Restart:
 class _Soak:
     """One run: the stream, the sampler, the key watcher and the restart, over ``cluster``."""
 
-    def __init__(self, config: SoakConfig, cluster: LocalCluster) -> None:
+    def __init__(
+        self, config: SoakConfig, cluster: LocalCluster, checkpoint: Path | None = None
+    ) -> None:
         self.config = config
         self.cluster = cluster
+        #: where the results so far are kept at each sample (None: nowhere)
+        self.checkpoint = checkpoint
+        self._told = 0.0  # when the last progress line was printed
         self.counts = JobCounts()
         self.keys = _Keys(4 * config.job_timeout_s)
         self.samples: dict[str, list[dict[str, Any]]] = {}
@@ -408,6 +420,32 @@ class _Soak:
             for name, series in self.samples.items():
                 self.samples[name] = series[::2]
             self.sample_s *= 2
+        if t - self._told >= PROGRESS_S:
+            self._told = t
+            print(self.progress_line(t), flush=True)
+        if self.checkpoint is not None:
+            self._keep_so_far(t, self.checkpoint)
+
+    def progress_line(self, t: float) -> str:
+        """How far the run is at ``t`` seconds: jobs, their rate, each worker's last RSS."""
+        c = self.counts
+        rss = ", ".join(
+            f"{name} {series[-1]['rss_mb']:.0f}"
+            for name, series in self.samples.items()
+            if name != "driver" and series
+        )
+        rate = f"{c.submitted / t:,.0f} jobs/s" if t > 0 else "-"
+        return (
+            f"[{t:,.0f} s] submitted {c.submitted:,}, ok {c.ok:,}, failed {c.failed:,}, "
+            f"hung {c.hung:,} ({rate}); RSS MB: {rss or '-'}"
+        )
+
+    def _keep_so_far(self, t: float, path: Path) -> None:
+        """The results so far, at ``path`` (written whole, then renamed over the last)."""
+        so_far = {"complete": False, "t": t, "jobs": asdict(self.counts), "samples": self.samples}
+        part = path.with_name(path.name + ".tmp")
+        part.write_text(json.dumps(so_far), encoding="utf-8")
+        os.replace(part, path)
 
     def _keep(self, name: str, sample: dict[str, Any]) -> None:
         self.samples.setdefault(name, []).append(sample)
@@ -520,12 +558,17 @@ def _last_minus_middle(series: Sequence[dict[str, Any]], end_s: float) -> float 
 
 
 async def soak(
-    config: SoakConfig, *, env: dict[str, str] | None = None, log_dir: Path | None = None
+    config: SoakConfig,
+    *,
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
-    """Run one soak on a fresh local cluster; its results (the JSON, see the module docstring)."""
+    """Run one soak on a fresh local cluster; its results (the JSON, see the module docstring).
+    ``checkpoint``: where the results so far are kept meanwhile."""
     cluster = LocalCluster(config.workers, args=config.args(), env=env, log_dir=log_dir)
     async with cluster:
-        run = _Soak(config, cluster)
+        run = _Soak(config, cluster, checkpoint)
         await run.run()
         restarts = [(r.worker, *r.window) for r in [run.restart] if r is not None]
         lost, declared, events = false_deaths(
@@ -604,11 +647,21 @@ def run(
         env = dict(os.environ)
         env["PYTHONPATH"] = worker_pythonpath
         env["PYTHONSAFEPATH"] = "1"  # `python -m` would put the working directory first
+    checkpoint = Path(f"{json_path}.partial") if json_path else None
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        out = runner.run(soak(config, env=env, log_dir=Path(log_dir) if log_dir else None))
+        out = runner.run(
+            soak(
+                config,
+                env=env,
+                log_dir=Path(log_dir) if log_dir else None,
+                checkpoint=checkpoint,
+            )
+        )
     out["config"]["worker_pythonpath"] = worker_pythonpath
     print_soak(out)
     write_json(json_path, out)
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)  # the whole JSON replaces it
     if plot_path:
         plot_soak(plot_path, out)
         print(f"wrote {plot_path}")

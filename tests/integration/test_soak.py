@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compass._bench import soak as soak_module
 from compass._bench.soak import SoakConfig, plot_soak, print_soak, soak
 from compass.cluster import LocalCluster
 
@@ -19,7 +20,10 @@ from .conftest import PAPER
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_a_short_soak_answers_every_job_once(
-    worker_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    worker_env: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # drained at the start of the stream: a join's inputs were split between the draining
     # worker and its peer (each moved it on its own), which held a job until the drain gave up
@@ -28,7 +32,15 @@ async def test_a_short_soak_answers_every_job_once(
         workers=2, jobs=200, rate=0, sample_s=0.5,
         worker_args=("--drain-timeout", "30", "--log-level", "info"),
     )  # fmt: skip
-    out = await soak(config, env=worker_env, log_dir=tmp_path / "logs")
+    monkeypatch.setattr(soak_module, "PROGRESS_S", 0.0)  # a progress line at every sample
+    so_far = tmp_path / "soak.json.partial"
+    out = await soak(config, env=worker_env, log_dir=tmp_path / "logs", checkpoint=so_far)
+    # the results so far were kept as it ran: the last sample's, not yet the whole JSON
+    kept = json.loads(so_far.read_text())
+    assert kept["complete"] is False and 0 < kept["jobs"]["submitted"] <= 200, kept["jobs"]
+    assert set(kept["samples"]) >= {"w0", "driver"} and kept["t"] > 0
+    progress = [line for line in capsys.readouterr().out.splitlines() if "submitted" in line]
+    assert progress and "jobs/s" in progress[-1] and "RSS MB: w0" in progress[-1], progress
     log = (tmp_path / "logs" / "w1.log").read_text()
     assert "w1: drained: every job and task held here is done" in log
     assert "drain ended with" not in log
