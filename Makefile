@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml setup.cfg
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not solo"
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not solo" --durations=25
 	$(PY) -m pytest -m solo
 
 lint: install

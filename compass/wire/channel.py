@@ -38,6 +38,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Final, cast
 
 from compass.config import Timeouts
@@ -51,7 +52,7 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.supervisor import log_failures
-from compass.wire.handlers import Immediate, exception_to_wire
+from compass.wire.handlers import Immediate, Later, exception_to_wire
 from compass.wire.protocol import (
     Connection,
     ErrorResponse,
@@ -76,8 +77,9 @@ __all__ = [
 log = logging.getLogger("compass.wire")
 
 #: ``handler(channel, op, body)``: an awaitable of the answer (run in a task of its own), or an
-#: :class:`Immediate`; raising before any await answers with that error
-Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate"]
+#: :class:`Immediate`, or a :class:`Later` (a future the answer will be); raising before any
+#: await answers with that error
+Handler = Callable[["Channel", str, Any], "Awaitable[Any] | Immediate | Later"]
 #: ``notify_handler(channel, op, body)``: runs inline, in order of arrival
 NotifyHandler = Callable[["Channel", str, Any], None]
 #: ``callback(channel, None)`` when this side closed the channel, else ``(channel, ConnectionLost)``
@@ -184,7 +186,9 @@ class Channel:
         self._waiters: dict[int, asyncio.Future[Any]] = {}
         # running request handlers by a serial of ours (peer ids may repeat), so a handler can
         # remove itself without looking up its task
-        self._handler_tasks: dict[int, asyncio.Task[None]] = {}
+        #: requests being answered: a handler's task, or the future a :class:`Later` answer
+        #: waits for
+        self._handler_tasks: dict[int, asyncio.Future[Any]] = {}
         self._handler_serial = 0
         self._serial_of: dict[int, int] = {}  # peer's request id -> serial of its handler
         self._peer_cancelled: set[int] = set()  # serials the peer gave up on
@@ -392,12 +396,15 @@ class Channel:
                 task.cancel()
             await self._handlers_ended(tasks)
 
-    async def _handlers_ended(self, tasks: list[asyncio.Task[None]]) -> None:
+    async def _handlers_ended(self, tasks: list[asyncio.Future[Any]]) -> None:
         """Wait for request handler ``tasks`` to end. A handler answers its own errors, so
-        one that ends in an error (not a cancellation) failed answering: it is logged."""
+        one that ends in an error (not a cancellation) failed answering: it is logged. (A
+        :class:`Later` answer's future ends in the request's own error, answered already.)"""
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        log_failures(results, log, f"{self.local_name!r}: a request handler on the channel to "
-                     f"{self._describe()}", [t.get_name() for t in tasks])  # fmt: skip
+        handlers = [(r, t.get_name()) for r, t in zip(results, tasks, strict=True)
+                    if isinstance(t, asyncio.Task)]  # fmt: skip
+        log_failures([r for r, _ in handlers], log, f"{self.local_name!r}: a request handler on "
+                     f"the channel to {self._describe()}", [n for _, n in handlers])  # fmt: skip
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -623,6 +630,12 @@ class Channel:
             self._answer(event.id, event.op, outcome.value)
             return
         serial = self._handler_serial = self._handler_serial + 1
+        if type(outcome) is Later:
+            future = outcome.future
+            self._handler_tasks[serial] = future
+            self._serial_of[event.id] = serial
+            future.add_done_callback(partial(self._answer_later, serial, event.id, event.op))
+            return
         self._handler_tasks[serial] = self._loop.create_task(
             self._run_handler(serial, event.id, event.op, cast(Awaitable[Any], outcome))
         )
@@ -658,6 +671,38 @@ class Channel:
             if self._serial_of.get(request_id) == serial:
                 del self._serial_of[request_id]
             self._peer_cancelled.discard(serial)
+
+    def _answer_later(
+        self, serial: int, request_id: int, op: str, future: asyncio.Future[Any]
+    ) -> None:
+        """A :class:`Later` answer's ``future`` is done: answer it (as :meth:`_run_handler`
+        answers a handler's outcome)."""
+        self._handler_tasks.pop(serial, None)
+        if self._serial_of.get(request_id) == serial:
+            del self._serial_of[request_id]
+        if future.cancelled():
+            if self._failure is None and serial not in self._peer_cancelled:
+                cancelled = WorkerUnavailable(
+                    f"request {op!r} was cancelled: {self.local_name!r} is shutting down"
+                )
+                self._conn.send_error(request_id, *exception_to_wire(cancelled))
+                self._write_out()
+            self._peer_cancelled.discard(serial)
+            return
+        self._peer_cancelled.discard(serial)
+        error = future.exception()
+        if error is not None:
+            if isinstance(error, Exception):
+                self._answer_error(request_id, op, error)
+            else:  # a BaseException set on a future: answered as a bug, never raised here
+                self._answer_error(request_id, op, RuntimeError(repr(error)))
+            return
+        try:
+            self._answer(request_id, op, future.result())
+        except Exception as exc:  # a bug: logged, and the caller told rather than left waiting
+            log.exception("%r: answering %r from %s failed", self.local_name, op,
+                          self._describe())  # fmt: skip
+            self._answer_error(request_id, op, exc)
 
     def _answer(self, request_id: int, op: str, result: Any) -> None:
         if self._failure is not None:

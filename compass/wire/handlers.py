@@ -1,4 +1,5 @@
-"""What a request handler answers: a value ready at once (:class:`Immediate`), a stream of items
+"""What a request handler answers: a value ready at once (:class:`Immediate`), one that a future
+will hold (:class:`Later`), a stream of items
 (:class:`Streamed`, ended early by a :class:`StreamResult`), or an error in wire form
 (:func:`exception_to_wire`, the one place where exceptions become wire errors).
 
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import AsyncIterator, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 from compass.errors import CompassError, RemoteError, UnknownOperation
 
-__all__ = ["Immediate", "StreamResult", "Streamed", "exception_to_wire"]
+__all__ = ["Immediate", "Later", "StreamResult", "Streamed", "exception_to_wire"]
 
 
 class Immediate:
@@ -29,6 +33,21 @@ class Immediate:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+class Later:
+    """A request handler's answer that ``future`` will hold: its result, or its error.
+
+    The channel answers it from the future's done callback, as soon as it is set: no task, no
+    coroutine, no loop turn between the value and its answer (a job's answer: the submit path).
+    Whatever stops the request (its caller gave up, the channel closed, a drain's time ran
+    out) cancels ``future``; its owner hears that as the future's cancellation.
+    """
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
 
 
 class Streamed:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compass.errors import ConfigError, UnknownOperation
-from compass.wire.handlers import Immediate, Streamed, exception_to_wire
+from compass.wire.handlers import Immediate, Later, Streamed, exception_to_wire
 
 if TYPE_CHECKING:
     from compass.wire.channel import Channel
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Immediate",
     "InlineFunc",
+    "Later",
     "NotifyFunc",
     "RequestFunc",
     "Router",
@@ -49,7 +50,7 @@ __all__ = [
 
 log = logging.getLogger("compass.wire")
 
-RequestFunc = Callable[["Channel", Any], Awaitable[Any]]
+RequestFunc = Callable[["Channel", Any], "Awaitable[Any] | Later"]
 InlineFunc = Callable[["Channel", Any], Any]
 NotifyFunc = Callable[["Channel", Any], None]
 StreamFunc = Callable[["Channel", Any], AsyncIterator[Any]]
@@ -78,7 +79,9 @@ class Router:
         return frozenset(self._notifies)
 
     def request(self, op: str) -> Callable[[_R], _R]:
-        """Decorator: ``async def f(channel, body) -> response`` handles requests for ``op``."""
+        """Decorator: ``async def f(channel, body) -> response`` handles requests for ``op``
+        (or a plain function returning an awaitable, or a :class:`Later`: a future the
+        response will be, answered as soon as it is set, with no task)."""
 
         def register(func: _R) -> _R:
             self.add_request(op, func)
@@ -142,7 +145,9 @@ class Router:
             raise ConfigError(f"notify op {op!r} already has a handler")
         self._notifies[op] = func
 
-    def handle_request(self, channel: Channel, op: str, body: Any) -> Awaitable[Any] | Immediate:
+    def handle_request(
+        self, channel: Channel, op: str, body: Any
+    ) -> Awaitable[Any] | Immediate | Later:
         """The handler for ``op``, called; :class:`UnknownOperation` if there is none.
 
         A plain function returning the handler's awaitable (one coroutine frame less per

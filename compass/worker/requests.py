@@ -13,6 +13,7 @@ logged: it never raises inside the worker. What passes becomes an event of the w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -36,7 +37,7 @@ from compass.observe.timeline import JobEnd
 from compass.observe.tracing import TRACE_FIELD
 from compass.observe.usage import process_usage
 from compass.sched.heartbeat import Heartbeat
-from compass.wire.handlers import StreamResult
+from compass.wire.handlers import Later, StreamResult
 from compass.wire.rpc import Router
 from compass.wire.transport import Channel
 from compass.worker.streaming import stream_job
@@ -139,6 +140,17 @@ class Served(Described, Protocol):
         traceparent: str | None = None,
         chunks: Chunks | None = None,
     ) -> tuple[str, Awaitable[Any]]: ...
+
+    def begin_job(
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
+        *,
+        trace: bool = False,
+        traceparent: str | None = None,
+    ) -> tuple[str, asyncio.Future[Any]]: ...
 
     @property
     def streamed(self) -> StreamedSteps:
@@ -339,19 +351,20 @@ class _Requests:
             raise InvalidInputs("a submission's tp must be a W3C traceparent string")
         return key, traceparent, Objective.from_wire(body, self.worker.config.time_scale)
 
-    def submit(self, channel: Channel, body: Any) -> Awaitable[Any]:
-        """Start the job now, in the loop turn that read it (:meth:`Worker.start_job
-        <compass.worker.server.Worker.start_job>`); what the request's task awaits is its
-        answer."""
+    def submit(self, channel: Channel, body: Any) -> Awaitable[Any] | Later:
+        """Start the job now, in the loop turn that read it (:meth:`Worker.begin_job
+        <compass.worker.server.Worker.begin_job>`); its answer is answered as the job's future
+        is set (a :class:`Later`: no task), or with ``reply: job`` by a task that adds the
+        job's id (and trace)."""
         key, traceparent, objective = self._submission(body, "submit")
         traced = body.get("trace") is True
-        job_id, answer = self.worker.start_job(
+        job_id, future = self.worker.begin_job(
             body["workflow"], body.get("inputs") or {}, key, objective,
             trace=traced, traceparent=traceparent,
         )  # fmt: skip
         if body.get("reply") == "job":  # Client.submit_job: the job's id with its answer
-            return self._replied(job_id, answer, traced)
-        return answer
+            return self._replied(job_id, future, traced)
+        return Later(future)
 
     async def _replied(self, job_id: str, answer: Awaitable[Any], traced: bool) -> Any:
         reply = {"job": job_id, "value": await answer}

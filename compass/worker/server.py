@@ -526,6 +526,7 @@ class Worker:
         future = self._answers.get(answer.job_id)
         if future is not None and not future.done():
             if answer.error is not None:
+                _name_job(answer.error, answer.job_id)
                 future.set_exception(answer.error)
             else:
                 future.set_result(answer.value)
@@ -628,6 +629,25 @@ class Worker:
         await for its answer (it raises the job's error, naming the job). Cancelling that
         wait cancels the job; once answered or cancelled, the worker forgets the job's future
         (a done callback: so also when the wait never began, its task cancelled first)."""
+        job_id, future = self.begin_job(
+            workflow, inputs, key, objective, trace=trace, traceparent=traceparent, chunks=chunks
+        )
+        return job_id, _answer_of(future)
+
+    def begin_job(
+        self,
+        workflow: str,
+        inputs: Any,
+        key: str | None = None,
+        objective: Objective = NO_OBJECTIVE,
+        *,
+        trace: bool = False,
+        traceparent: str | None = None,
+        chunks: Chunks | None = None,
+    ) -> tuple[str, asyncio.Future[Any]]:
+        """:meth:`start_job` with the job's future itself for its answer (its error names
+        the job): a wire submit answers from it as it is set, with no task between
+        (:class:`~compass.wire.handlers.Later`). Cancelling the future cancels the job."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
@@ -649,7 +669,7 @@ class Worker:
                           stream=chunks is not None))  # fmt: skip
         if tracing is not None:
             self._note_plan(job_id)
-        return job_id, _answer_of(job_id, future)
+        return job_id, future
 
     def _job_ended(self, job_id: str, traced: bool, future: asyncio.Future[Any]) -> None:
         """Job ``job_id``'s future is done: answered, or cancelled (its caller stopped
@@ -715,13 +735,10 @@ class Worker:
         self.apply(TaskReturned(self.clock(), entry))
 
 
-async def _answer_of(job_id: str, future: asyncio.Future[Any]) -> Any:
-    """The answer of job ``job_id`` (its ``future``'s); its error names the job."""
+async def _answer_of(future: asyncio.Future[Any]) -> Any:
+    """The answer of a job (its ``future``'s; its error names the job already)."""
     try:
         return await future
-    except CompassError as exc:
-        _name_job(exc, job_id)
-        raise
     finally:
         del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
