@@ -129,18 +129,6 @@ class Served(Described, Protocol):
         chunks: Chunks | None = None,
     ) -> tuple[str, Any]: ...
 
-    def start_job(
-        self,
-        workflow: str,
-        inputs: Any,
-        key: str | None = None,
-        objective: Objective = NO_OBJECTIVE,
-        *,
-        trace: bool = False,
-        traceparent: str | None = None,
-        chunks: Chunks | None = None,
-    ) -> tuple[str, Awaitable[Any]]: ...
-
     def begin_job(
         self,
         workflow: str,

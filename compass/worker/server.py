@@ -608,31 +608,13 @@ class Worker:
         """:meth:`submit`, answering the job's id with its answer (an error names it too).
         ``trace``: trace it whatever the sampling; ``traceparent``: the caller's W3C context;
         ``chunks(job, task, seq, value)``: the job streams its sinks' partial outputs there."""
-        job_id, answer = self.start_job(
-            workflow, inputs, key, objective, trace=trace, traceparent=traceparent, chunks=chunks
-        )
-        return job_id, await answer
-
-    def start_job(
-        self,
-        workflow: str,
-        inputs: Any,
-        key: str | None = None,
-        objective: Objective = NO_OBJECTIVE,
-        *,
-        trace: bool = False,
-        traceparent: str | None = None,
-        chunks: Chunks | None = None,
-    ) -> tuple[str, Coroutine[Any, Any, Any]]:
-        """:meth:`submit_job` up to its wait, now (a request handler starts its job in the
-        loop turn that read it, before its task's first step): the job's id, and what to
-        await for its answer (it raises the job's error, naming the job). Cancelling that
-        wait cancels the job; once answered or cancelled, the worker forgets the job's future
-        (a done callback: so also when the wait never began, its task cancelled first)."""
         job_id, future = self.begin_job(
             workflow, inputs, key, objective, trace=trace, traceparent=traceparent, chunks=chunks
         )
-        return job_id, _answer_of(future)
+        try:
+            return job_id, await future
+        finally:
+            del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
     def begin_job(
         self,
@@ -645,9 +627,11 @@ class Worker:
         traceparent: str | None = None,
         chunks: Chunks | None = None,
     ) -> tuple[str, asyncio.Future[Any]]:
-        """:meth:`start_job` with the job's future itself for its answer (its error names
-        the job): a wire submit answers from it as it is set, with no task between
-        (:class:`~compass.wire.handlers.Later`). Cancelling the future cancels the job."""
+        """:meth:`submit_job` up to its wait, now (a request handler starts its job in the
+        loop turn that read it): the job's id, and the future of its answer (its error names
+        the job), which a wire submit answers from as it is set, with no task between
+        (:class:`~compass.wire.handlers.Later`). Cancelling the future cancels the job; once
+        answered or cancelled, the worker forgets it (a done callback)."""
         if self._stopped.is_set():
             state = "draining" if self.draining and not self._closing else "shutting down"
             raise WorkerUnavailable(
@@ -733,14 +717,6 @@ class Worker:
     def _task_returned(self, entry: QueuedTask) -> None:
         """The thread of a task abandoned past its timeout returned: its model is released."""
         self.apply(TaskReturned(self.clock(), entry))
-
-
-async def _answer_of(future: asyncio.Future[Any]) -> Any:
-    """The answer of a job (its ``future``'s; its error names the job already)."""
-    try:
-        return await future
-    finally:
-        del future  # else future, error, its traceback and this frame (inputs too): a cycle
 
 
 def _name_job(error: CompassError, job_id: str) -> None:

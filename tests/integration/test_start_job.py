@@ -1,7 +1,7 @@
-"""A submitted job starts in the loop turn that read it (``Worker.start_job``): its wait is a
-separate awaitable, and the worker forgets the job's future once it is answered or cancelled,
-whether its wait ran, was cancelled (the job is cancelled) or never began (the request's task
-cancelled before its first step)."""
+"""A submitted job starts in the loop turn that read it (``Worker.begin_job``): its answer is a
+future of its own, and the worker forgets it once it is answered or cancelled, whether it was
+awaited, cancelled (the job is cancelled) or never awaited (a wire submit answers from its
+done callback)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ async def _settled(worker: Worker) -> None:
 async def test_a_job_starts_at_once_and_its_future_goes_however_its_wait_ends() -> None:
     worker = build_worker(WorkerConfig(name="w0", app=APP, token=secrets.token_hex(16)))
     async with worker:
-        job_id, answer = worker.start_job("noop", {"x": 7})
+        job_id, answer = worker.begin_job("noop", {"x": 7})
         # planned and its task started before anything awaited
         assert worker.core.ingress.jobs[job_id].plan == {"nothing": "w0"}
         assert [e.job_id for e in worker.core.lanes.running()] == [job_id]
@@ -39,25 +39,24 @@ async def test_a_job_starts_at_once_and_its_future_goes_however_its_wait_ends() 
         await _settled(worker)
         assert worker.table_sizes()["answers"] == 0
 
-        never_awaited, answer = worker.start_job("noop", {"x": 8})
-        answer.close()  # as a request's task cancelled before its first step
+        never_awaited, answer = worker.begin_job("noop", {"x": 8})
+        del answer  # nobody awaits it
         await _settled(worker)  # the job ran on, and was answered to nobody
         assert worker.table_sizes()["answers"] == 0
         assert never_awaited not in worker.core.ingress.jobs
 
         steps = {"steps": 50, "step_ms": 20.0, "chunk": 8}
-        long_job, answer = worker.start_job("generation", steps)
-        waiting = asyncio.ensure_future(answer)
+        long_job, answer = worker.begin_job("generation", steps)
         await asyncio.sleep(0.05)
-        waiting.cancel()  # its caller stops waiting: the job is cancelled
+        answer.cancel()  # its caller stops waiting: the job is cancelled
         with pytest.raises(asyncio.CancelledError):
-            await waiting
+            await answer
         await _settled(worker)
         assert worker.table_sizes()["answers"] == 0
         assert long_job not in worker.core.ingress.jobs
 
         with pytest.raises(CompassError) as failed:
-            await worker.start_job("no-such-workflow", {})[1]
+            await worker.begin_job("no-such-workflow", {})[1]
         assert failed.value.detail is not None and "job_id" in failed.value.detail
 
 
