@@ -352,10 +352,21 @@ class Ingress:
             job.choices[msg.task] = msg.label
             self._host.estimates.choices.observe(job.workflow, msg.task, msg.label)
 
-    def placed(self, msg: PlacedMsg) -> None:
+    def placed(self, msg: PlacedMsg, now: float) -> None:
+        """A worker moved ``msg.task`` (dynamic adjustment): the plan follows, so that the
+        job's end reaches the worker it moved to. A move heard after the job (or that attempt)
+        ended here, as a report on another link can overtake it, is told that end now: what it
+        sent of the job (:class:`~compass.core.links.Links`) would stay noted there for good."""
         job = self.live(msg.job, msg.attempt)
-        if job is not None and msg.task in job.plan:
-            job.plan[msg.task] = msg.worker
+        if job is not None:
+            if msg.task in job.plan:
+                job.plan[msg.task] = msg.worker
+            return
+        if msg.worker == self._host.name:
+            return  # the ingress forgets its own when it answers
+        current = self.jobs.get(msg.job)
+        below = None if current is None else current.attempt
+        self._host.send_done(msg.job, {msg.worker}, below=below, now=now)
 
     def chunk(self, msg: ChunkMsg) -> None:
         """A partial output of a streaming job's sink: on to its caller."""

@@ -352,7 +352,7 @@ class WorkerCore:
         elif isinstance(msg, FailedMsg):
             self.ingress.failed(msg, now)
         elif isinstance(msg, PlacedMsg):
-            self.ingress.placed(msg)
+            self.ingress.placed(msg, now)
         elif isinstance(msg, ChoseMsg):
             self.ingress.chose(msg)
         elif isinstance(msg, ChunkMsg) and msg.to:

@@ -23,7 +23,7 @@ from compass.core.events import (
 )
 from compass.core.ingress import MAX_ATTEMPTS
 from compass.core.links import Links
-from compass.core.messages import LINK_LOST, DoneMsg, FailedMsg, ResultMsg, TaskMsg
+from compass.core.messages import LINK_LOST, DoneMsg, FailedMsg, PlacedMsg, ResultMsg, TaskMsg
 from compass.core.state import WorkerCore
 from compass.errors import JobFailed, WorkersLost, WorkerUnavailable
 
@@ -241,3 +241,40 @@ def test_a_worker_lost_by_the_ingress_hears_its_attempt_is_stale_when_it_is_back
     b.handle(received(back[0].msg, 2.1, "a"))
     assert len(b.lanes.queue) == 0 and b.is_done(job, 0) and not b.is_done(other, 0)
     assert a.handle(PeerJoined(3.0, "b", "i2")) == []  # told once
+
+
+def test_a_move_heard_after_its_job_ended_tells_the_worker_it_moved_to_that_the_job_is_done() -> (
+    None
+):
+    # the soak's slow growth of the links: b ran w9's root and moved its sink from c to d, and
+    # told w9 (PlacedMsg); d ran the sink and sent the result, which reached w9 first (another
+    # link). w9 answered and told the plan it knew, b and c: d, which noted its result for w9,
+    # never heard the job end, and kept that note until its per-peer bound pushed it out
+    names = ("w9", "b", "c", "d")
+    ingress, view = core("w9", names)
+    job, root = _job_on_peer(ingress, view, peer="b")
+    assert root.plan["a"] == "b"
+    ingress.ingress.jobs[job].plan["b"] = "c"  # as planned: the sink on c
+    sink = core("d", names)[0]
+    moved = {**root.plan, "b": "d"}
+    run = one(RunTask, sink.handle(received(task_msg(job, 0, "b", "a", "out-a", moved), 0.1, "b")))
+    (result,) = of(Send, sink.handle(TaskDone(0.2, run.entry, "out-b")))
+    assert result.peer == "w9" and len(sink.links) == 1  # d notes its result for w9
+
+    answered = ingress.handle(received(result.msg, 0.3, sender="d"))
+    told = {s.peer for s in of(Send, answered) if isinstance(s.msg, DoneMsg)}
+    assert one(Answer, answered).value == "out-b" and "d" not in told
+
+    late = ingress.handle(received(PlacedMsg(job, 0, "b", "d"), 0.4, sender="b"))
+    (done,) = of(Send, late)
+    assert done.peer == "d" and done.msg == DoneMsg(job, None)
+    sink.handle(received(done.msg, 0.5, sender="w9"))
+    assert len(sink.links) == 0  # the note is gone with the job
+
+
+def test_a_move_heard_while_its_job_runs_only_moves_the_plan() -> None:
+    names = ("w9", "b", "c", "d")
+    ingress, view = core("w9", names)
+    job, _ = _job_on_peer(ingress, view, peer="b")
+    assert of(Send, ingress.handle(received(PlacedMsg(job, 0, "b", "d"), 0.1, sender="b"))) == []
+    assert ingress.ingress.jobs[job].plan["b"] == "d"
