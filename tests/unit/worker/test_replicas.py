@@ -4,15 +4,24 @@ view feed the rule, and a worker acts only where the rule names it."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from compass.config import WorkerConfig
-from compass.core.events import Tick
+from compass.core.events import Heard, Tick
 from compass.elastic.replicate import Holding, ReplicaConfig
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
-from compass.worker.replicas import MAX_WATCHED, HotReplicas, holdings, warm_here
+from compass.worker.process import build_worker
+from compass.worker.replicas import (
+    MAX_WATCHED,
+    HotReplicas,
+    holdings,
+    objective_slack_s,
+    warm_here,
+)
+from compass.worker.requests import describe
 
 GB = 10**9
 SLACK_S = 1.0  # the rule warms past 0.5 s of holders' mean wait; headroom is under 0.1 s
@@ -179,3 +188,30 @@ async def test_a_failed_round_is_counted_and_the_next_one_runs() -> None:
 
 def test_off_by_default() -> None:
     assert WorkerConfig().replicate is None
+
+
+PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
+
+
+@pytest.mark.asyncio
+async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() -> None:
+    """On a real worker (not serving: no sockets), the peers' heartbeats it heard feed the rule,
+    and the load it starts is its own cache's; status shows it."""
+    worker = build_worker(WorkerConfig(name="w2", workload=PAPER, time_scale=0.01))
+    try:
+        assert describe(worker)["replicas"] == {}  # off: nothing to show
+        replicas = HotReplicas.of_worker(worker, ReplicaConfig())
+        worker.replicas = replicas
+        # the paper's slack: 2x its workflows' best times, on average
+        slack = objective_slack_s(worker.app.workflows.values(), worker.profiles)
+        assert 0.5 < slack < 2.0
+        now = worker.clock()
+        for name, wait in (("w0", slack), ("w1", 0.8 * slack)):
+            worker.apply(Heard(now, state(name, wait, "opt marian")))
+        # both equally pressed: by name, and one model per worker a round
+        assert replicas.step(now) == ["marian"]
+        resident, loading = worker.lanes.cache.residency()
+        assert loading == {"marian"} and not resident
+        assert describe(worker)["replicas"]["models"] == {"marian": 1}
+    finally:
+        await worker.aclose()
