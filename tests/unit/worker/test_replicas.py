@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.format import status_lines
 from compass.config import WorkerConfig
 from compass.core.events import Heard, Tick
 from compass.elastic.replicate import Holding, ReplicaConfig
@@ -212,6 +213,11 @@ async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() 
         assert replicas.step(now) == ["marian"]
         resident, loading = worker.lanes.cache.residency()
         assert loading == {"marian"} and not resident
-        assert describe(worker)["replicas"]["models"] == {"marian": 1}
+        status = describe(worker)
+        assert status["replicas"]["models"] == {"marian": 1}
+        assert status["replicas"]["held"] == ["marian"]
+        assert "hot models warmed here ahead of need: 1 (marian x1); still held: marian" in (
+            status_lines(status)
+        )
     finally:
         await worker.aclose()
