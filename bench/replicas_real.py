@@ -3,8 +3,10 @@ processes, with against without ``--replicate``, on the same arrivals.
 
 A small emulated workload of two one-task workflows, ``hot`` on model ``m`` and ``cool`` on
 model ``n``, each model filling most of a worker's cache (a worker holds one of them), a
-load taking several times a task; ``workers`` worker processes on this host (one lane each,
-idle caches warmed as by default). Traffic: both workflows at ``base_rate`` jobs/s (Poisson,
+load taking many times a task; ``workers`` worker processes on this host (one lane each, no
+idle warming, so that where the models are is the same on both sides: a first ``hot`` job
+through the first worker loads ``m`` there, a first ``cool`` job through the second ``n``;
+the others start empty). Traffic: both workflows at ``base_rate`` jobs/s (Poisson,
 seeded), then a burst of ``hot`` at ``burst_rate`` for ``burst_s``, then quiet again; each job
 submitted at its time to the workers in turn, in real time. The same arrivals run on a
 cluster without ``--replicate`` and on one with it (fresh processes each).
@@ -41,8 +43,8 @@ class ReplicasRealConfig:
     workers: int = 3
     exec_ms: int = 300
     model_mb: int = 800
-    #: GB/s host to device: an 800 MB model loads in 2 s
-    h2d_gbps: float = 0.4
+    #: GB/s host to device: an 800 MB model loads in 4 s
+    h2d_gbps: float = 0.2
     #: jobs/s of each workflow outside the burst
     base_rate: float = 1.0
     #: jobs/s of ``hot`` in the burst
@@ -50,8 +52,6 @@ class ReplicasRealConfig:
     before_s: float = 10.0
     burst_s: float = 20.0
     after_s: float = 10.0
-    #: seconds the idle cluster gets to warm its caches before the first job
-    settle_s: float = 6.0
     seed: int = 0
     max_slowdown: float = 3.0
 
@@ -92,7 +92,7 @@ def arrivals(config: ReplicasRealConfig) -> list[tuple[float, str]]:
 async def _side(
     config: ReplicasRealConfig, spec: Path, jobs: list[tuple[float, str]], replicate: bool
 ) -> dict[str, Any]:
-    args = ["--workload", str(spec), "--lanes", "1", "--host-lanes", "0"]
+    args = ["--workload", str(spec), "--lanes", "1", "--host-lanes", "0", "--no-warm"]
     if replicate:
         args.append("--replicate")
     async with LocalCluster(config.workers, args=args) as cluster:
@@ -100,7 +100,8 @@ async def _side(
         for c in clients:
             await c.connect()
         try:
-            await asyncio.sleep(config.settle_s)
+            for workflow, client in zip(("hot", "cool"), clients, strict=False):
+                await client.submit(workflow, x=1, timeout=120)  # its model loaded there
             before = [sorted((await c.status()).cache["resident"]) for c in clients]
             loop = asyncio.get_running_loop()
             start = loop.time()
