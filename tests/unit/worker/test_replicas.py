@@ -150,12 +150,16 @@ def test_a_bounded_view_watches_the_holders_while_it_has_headroom() -> None:
 
 def test_a_worker_without_headroom_watches_nobody_and_at_most_max_watched() -> None:
     asked: list[list[str]] = []
-    busy, _ = replicas_of(state("w2", 0.5, "n"), [state("w0", 0.9, "m")],
-                          watch=lambda p: asked.append(list(p)) or [])  # fmt: skip
+
+    def watch(peers: list[str]) -> list[str]:
+        asked.append(list(peers))
+        return []
+
+    busy, _ = replicas_of(state("w2", 0.5, "n"), [state("w0", 0.9, "m")], watch=watch)
     busy.step(0.0, real_s=0.0)
     assert asked == []
     many = [state(f"p{i:02}", 0.0, f"m{i}") for i in range(MAX_WATCHED + 4)]
-    free, _ = replicas_of(state("w2", 0.0, "n"), many, watch=lambda p: asked.append(list(p)) or [])
+    free, _ = replicas_of(state("w2", 0.0, "n"), many, watch=watch)
     free.step(0.0, real_s=0.0)
     assert asked == [[f"p{i:02}" for i in range(MAX_WATCHED)]]
 
