@@ -43,6 +43,8 @@ class ReplicasRealConfig:
     workers: int = 3
     exec_ms: int = 300
     model_mb: int = 800
+    #: a worker's cache: 1000 MB holds one of the two models, 2000 MB both
+    gpu_memory_mb: int = 1000
     #: GB/s host to device: an 800 MB model loads in 4 s
     h2d_gbps: float = 0.2
     #: jobs/s of each workflow outside the burst
@@ -60,7 +62,7 @@ def _spec(config: ReplicasRealConfig, folder: Path) -> Path:
     task = {"exec_ms": config.exec_ms, "input_kb": 1, "output_kb": 1, "after": []}
     spec = {
         "name": "replicas-real",
-        "cluster": {"workers": config.workers, "gpu_memory_mb": 1000,
+        "cluster": {"workers": config.workers, "gpu_memory_mb": config.gpu_memory_mb,
                     "h2d_gbps": config.h2d_gbps, "d2h_gbps": config.h2d_gbps, "net_gbps": 10,
                     "net_fixed_us": 2},
         "models": {"m": {"size_mb": config.model_mb}, "n": {"size_mb": config.model_mb}},
