@@ -538,12 +538,25 @@ def bench_replicas(
         int, typer.Option(min=0, help="Generated workloads beside the paper's: seeds 1..N.")
     ] = 2,
     json_path: JsonPath = None,
+    real: Annotated[
+        bool,
+        typer.Option(
+            help="On real worker processes: a burst of one model's jobs on 3 emulated workers, "
+            "with and without --replicate (the first of --seeds)."
+        ),
+    ] = False,
 ) -> None:
     """Hot models replicated ahead of need, elasticity off: with against without."""
     from compass._bench import elastic_replicas
     from compass.sim.capacity import parse_seeds
 
     check_output(json_path, "--json")
+    if real:
+        from compass._bench import replicas_real
+
+        first = parse_seeds(seeds)[0]
+        replicas_real.run_real(replicas_real.ReplicasRealConfig(seed=first), json_path=json_path)
+        return
     config = elastic_replicas.ReplicasConfig(
         generated=tuple(range(1, generated + 1)), seeds=parse_seeds(seeds)
     )

@@ -42,6 +42,13 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             f"desired workers: {desired['desired']} ({desired['reason']}"
             f"{', under pressure' if desired.get('pressure') else ''})"
         )
+    replicas = info.get("replicas")
+    if replicas:
+        held = ", ".join(replicas.get("held", [])) or "none"
+        lines.append(
+            f"hot models warmed here ahead of need: {replicas.get('warmed', 0)} "
+            f"({_counts(replicas.get('models', {}))}); still held: {held}"
+        )
     if cache.get("fallback"):
         lines.append(f"cache fallback: {cache['fallback']}")
     if info.get("cluster"):
@@ -112,3 +119,8 @@ def result_text(value: Any) -> str:
         return json.dumps(value)
     except TypeError:
         return repr(value)
+
+
+def _counts(models: dict[str, int]) -> str:
+    """``{model: n}`` as ``model xn, ...`` (``none`` when empty)."""
+    return ", ".join(f"{model} x{n}" for model, n in models.items()) or "none"

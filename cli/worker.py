@@ -37,6 +37,7 @@ from .options import TlsCa, TlsCert, TlsKey, Token
 from .running import configure_logging, hold_cluster
 
 if TYPE_CHECKING:
+    from compass.elastic.replicate import ReplicaConfig
     from compass.elastic.table import Capacity
 
 worker_app = typer.Typer(help="Run a worker.", no_args_is_help=True)
@@ -464,6 +465,15 @@ def worker_start(
             show_default=False,
         ),
     ] = None,
+    replicate: Annotated[
+        bool,
+        typer.Option(
+            envvar=env("replicate"),
+            help="Warm a hot model here ahead of need when the cluster's rule picks this "
+            "worker: its holders' queue waits rise and this one has headroom "
+            "(compass.elastic.replicate, over this worker's view). Off by default.",
+        ),
+    ] = WORKER.replicate is not None,
 ) -> None:
     """Start a worker; prints 'compass worker listening on HOST:PORT' first.
 
@@ -511,6 +521,7 @@ def worker_start(
         otel_endpoint=otel_endpoint,
         capacity=() if table is None else table.by_size,
         capacity_margin=1.0 if table is None else table.margin,
+        replicate=_replica_config() if replicate else None,
         app=app_ref,
         workload=workload,
         lanes=lanes,
@@ -645,6 +656,13 @@ def up(
         stopping=lambda: typer.echo("stopping workers..."),
         during=None if bounds is None else follow,
     )
+
+
+def _replica_config() -> ReplicaConfig:
+    """``--replicate``'s rule: the thresholds the simulator measured (docs/RESULTS.md)."""
+    from compass.elastic.replicate import ReplicaConfig
+
+    return ReplicaConfig()
 
 
 def _capacity(path: Path, workload: str | None) -> Capacity:

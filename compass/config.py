@@ -14,6 +14,8 @@ from compass.errors import ConfigError
 if TYPE_CHECKING:
     import ssl
 
+    from compass.elastic.replicate import ReplicaConfig
+
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_PORT",
@@ -476,6 +478,9 @@ class WorkerConfig:
     #: aimed at); empty: one utilization for every size
     capacity: tuple[tuple[int, float], ...] = ()
     capacity_margin: float = 1.0
+    #: hot models replicated ahead of need: this worker warms a model when the cluster's rule
+    #: (:mod:`compass.elastic.replicate`, over its view) picks it (``--replicate``); None: off
+    replicate: ReplicaConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from compass.elastic.rule import Decision
     from compass.worker.gossip import Gossip
     from compass.worker.membership import Membership
+    from compass.worker.replicas import HotReplicas
 
 __all__ = [
     "Described",
@@ -96,6 +97,10 @@ class Described(Identity, Holdings, Records, Protocol):
 
     @property
     def app(self) -> App: ...
+
+    @property
+    def replicas(self) -> HotReplicas | None:
+        """Its hot-model replication (``--replicate``), or None."""
 
     def table_sizes(self) -> dict[str, float]:
         """Entries in each of its tables keyed by jobs, peers or time, by name."""
@@ -191,6 +196,13 @@ def _desired(decision: Decision) -> dict[str, Any]:
     return {"desired": decision.desired, "reason": decision.reason, "pressure": decision.pressure}
 
 
+def _replicas(worker: Described) -> dict[str, Any]:
+    if worker.replicas is None:
+        return {}
+    resident, loading = worker.lanes.cache.residency()
+    return worker.replicas.describe(resident | loading)
+
+
 def describe(worker: Described) -> dict[str, Any]:
     """``compass status``: the worker, its peers, its queues, cache and counters."""
     membership = worker.membership
@@ -229,6 +241,8 @@ def describe(worker: Described) -> dict[str, Any]:
         "http": worker.metrics.http_address or None,
         # the cluster's desired worker count by compass.elastic's rule, and why
         "desired_workers": _desired(worker.metrics.desired_workers()),
+        # hot models warmed here ahead of need (--replicate): counts by model, those still held
+        "replicas": _replicas(worker),
         # jobs traced at this ingress: the sampling, and the last few traces in brief
         "traces": {
             "sample": worker.tracer.sample,

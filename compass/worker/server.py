@@ -66,6 +66,7 @@ from compass.core.messages import (
 from compass.core.options import core_options
 from compass.core.queue import QueuedTask
 from compass.core.stats import WorkerStats, payload_bytes
+from compass.elastic.replicate import ReplicaConfig
 from compass.errors import CompassError, WorkerUnavailable
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.observe import dashboard
@@ -87,6 +88,7 @@ from compass.worker.membership import (
     default_worker_name,
 )
 from compass.worker.outbox import Outbox
+from compass.worker.replicas import REPLICATE_EVERY_S, HotReplicas
 from compass.worker.requests import describe, make_router
 from compass.worker.tables import table_sizes
 from compass.worker.windows import Chunks, StreamedSteps
@@ -165,6 +167,8 @@ class Worker:
         #: the membership's channels)
         self.outbox = self._outbox()
         self._background: list[asyncio.Task[None]] = []
+        #: hot models warmed here when the cluster's rule picks this worker (--replicate)
+        self.replicas: HotReplicas | None = None
         self._stopped = asyncio.Event()
         #: set while the worker drains (see :meth:`drain`)
         self.draining = False
@@ -257,6 +261,8 @@ class Worker:
         ]
         for task in self._background:
             task.add_done_callback(self._background_done)
+        if cfg.replicate is not None:
+            self._replicate(cfg.replicate)
         if cfg.join:
             try:
                 await self.membership.join(cfg.join, timeout_s=cfg.join_timeout_s)
@@ -266,6 +272,21 @@ class Worker:
                 await self.aclose()
                 raise
         self.metrics.ready = True
+
+    def _replicate(self, config: ReplicaConfig) -> None:
+        """Run the hot-model rule's rounds (:mod:`compass.worker.replicas`): supervised, a
+        failed round logged and counted; its counter in the scrape."""
+        self.replicas = replicas = HotReplicas.of_worker(self, config)
+        self.metrics.collectors.append(replicas)
+        every_s = REPLICATE_EVERY_S * self.config.time_scale
+        rounds = replicas.run(
+            self.clock, every_s, real=time.monotonic, serving=lambda: not self.draining,
+            failed=self._round_failed,
+        )  # fmt: skip
+        self._spawn(rounds, "replicas")
+
+    def _round_failed(self) -> None:
+        self.run_stats.internal_errors += 1
 
     async def aclose(self) -> None:
         """Stop serving: in-flight requests are answered or failed, connections closed.

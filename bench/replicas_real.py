@@ -1,0 +1,197 @@
+"""``compass bench replicas --real``: hot models replicated ahead of need on real worker
+processes, with against without ``--replicate``, on the same arrivals.
+
+A small emulated workload of two one-task workflows, ``hot`` on model ``m`` and ``cool`` on
+model ``n``, each model filling most of a worker's cache (a worker holds one of them), a
+load taking many times a task; ``workers`` worker processes on this host (one lane each, no
+idle warming, so that where the models are is the same on both sides: a first ``hot`` job
+through the first worker loads ``m`` there, a first ``cool`` job through the second ``n``;
+the others start empty). Traffic: both workflows at ``base_rate`` jobs/s (Poisson,
+seeded), then a burst of ``hot`` at ``burst_rate`` for ``burst_s``, then quiet again; each job
+submitted at its time to the workers in turn, in real time. The same arrivals run on a
+cluster without ``--replicate`` and on one with it (fresh processes each).
+
+Per side: attainment (share of jobs within ``max_slowdown`` of their best time) and the p95
+slowdown, over every job and over the burst's ``hot`` jobs; the copies the rule warmed
+(``compass status``'s ``replicas``). ``ratios``: on over off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compass.client import Client
+from compass.cluster import LocalCluster
+from compass.workflow.best import best_time_s
+from compass.workflow.profile import Profiles
+from compass.workflow.spec import load_workload
+
+from .report import machine, print_table, write_json
+
+__all__ = ["ReplicasRealConfig", "run_real"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicasRealConfig:
+    workers: int = 3
+    exec_ms: int = 300
+    model_mb: int = 800
+    #: a worker's cache: 1000 MB holds one of the two models, 2000 MB both
+    gpu_memory_mb: int = 1000
+    #: GB/s host to device: an 800 MB model loads in 4 s
+    h2d_gbps: float = 0.2
+    #: jobs/s of each workflow outside the burst
+    base_rate: float = 1.0
+    #: jobs/s of ``hot`` in the burst
+    burst_rate: float = 5.0
+    before_s: float = 10.0
+    burst_s: float = 20.0
+    after_s: float = 10.0
+    seed: int = 0
+    max_slowdown: float = 3.0
+
+
+def _spec(config: ReplicasRealConfig, folder: Path) -> Path:
+    task = {"exec_ms": config.exec_ms, "input_kb": 1, "output_kb": 1, "after": []}
+    spec = {
+        "name": "replicas-real",
+        "cluster": {"workers": config.workers, "gpu_memory_mb": config.gpu_memory_mb,
+                    "h2d_gbps": config.h2d_gbps, "d2h_gbps": config.h2d_gbps, "net_gbps": 10,
+                    "net_fixed_us": 2},
+        "models": {"m": {"size_mb": config.model_mb}, "n": {"size_mb": config.model_mb}},
+        "workflows": {"hot": {"tasks": {"t": {"model": "m", **task}}},
+                      "cool": {"tasks": {"t": {"model": "n", **task}}}},
+    }  # fmt: skip
+    path = folder / "replicas-real.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def arrivals(config: ReplicasRealConfig) -> list[tuple[float, str]]:
+    """``(seconds from the start, workflow)``, sorted: Poisson at each workflow's rate."""
+    rng = np.random.default_rng(config.seed)
+    horizon = config.before_s + config.burst_s + config.after_s
+    burst = (config.before_s, config.before_s + config.burst_s)
+    out: list[tuple[float, str]] = []
+    for workflow in ("hot", "cool"):
+        t = 0.0
+        while True:
+            in_burst = workflow == "hot" and burst[0] <= t < burst[1]
+            t += float(rng.exponential(1.0 / (config.burst_rate if in_burst else config.base_rate)))
+            if t >= horizon:
+                break
+            out.append((t, workflow))
+    return sorted(out)
+
+
+async def _side(
+    config: ReplicasRealConfig, spec: Path, jobs: list[tuple[float, str]], replicate: bool
+) -> dict[str, Any]:
+    args = ["--workload", str(spec), "--lanes", "1", "--host-lanes", "0", "--no-warm"]
+    if replicate:
+        args.append("--replicate")
+    async with LocalCluster(config.workers, args=args) as cluster:
+        clients = [cluster.client(i) for i in range(config.workers)]
+        for c in clients:
+            await c.connect()
+        try:
+            for workflow, client in zip(("hot", "cool"), clients, strict=False):
+                await client.submit(workflow, x=1, timeout=120)  # its model loaded there
+            before = [sorted((await c.status()).cache["resident"]) for c in clients]
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            latencies: list[float | None] = [None] * len(jobs)
+
+            async def one(i: int, t: float, workflow: str, client: Client) -> None:
+                await asyncio.sleep(max(0.0, start + t - loop.time()))
+                began = loop.time()
+                try:
+                    await client.submit(workflow, x=1, timeout=120)
+                except Exception:  # a job lost or refused is a miss
+                    return
+                latencies[i] = loop.time() - began
+
+            await asyncio.gather(
+                *(one(i, t, w, clients[i % len(clients)]) for i, (t, w) in enumerate(jobs))
+            )
+            statuses = [await c.status() for c in clients]
+        finally:
+            for c in clients:
+                await c.aclose()
+    return {
+        "latencies": latencies,
+        "resident_before": before,
+        "replicas": {s.name: s.to_json().get("replicas", {}) for s in statuses},
+    }
+
+
+def _summary(
+    config: ReplicasRealConfig, jobs: list[tuple[float, str]], latencies: list[float | None],
+    best_s: dict[str, float],
+) -> dict[str, Any]:  # fmt: skip
+    burst = (config.before_s, config.before_s + config.burst_s)
+
+    def of(chosen: list[int]) -> dict[str, float]:
+        slow = [
+            np.inf if latencies[i] is None else latencies[i] / best_s[jobs[i][1]]  # type: ignore[operator]
+            for i in chosen
+        ]
+        ok = sum(s <= config.max_slowdown for s in slow)
+        return {"jobs": len(chosen), "attainment": ok / max(1, len(chosen)),
+                "p95_slowdown": float(np.percentile(slow, 95)) if slow else 0.0}  # fmt: skip
+
+    every = list(range(len(jobs)))
+    hot = [i for i, (t, w) in enumerate(jobs) if w == "hot" and burst[0] <= t < burst[1]]
+    return {"all": of(every), "burst_hot": of(hot)}
+
+
+def run_real(config: ReplicasRealConfig, json_path: str | None = None) -> dict[str, Any]:
+    """Both sides on the same arrivals; print a table and write JSON."""
+    jobs = arrivals(config)
+    with tempfile.TemporaryDirectory(prefix="compass-replicas-real-") as folder:
+        spec = _spec(config, Path(folder))
+        workload = load_workload(spec)
+        profiles = Profiles.from_workload(workload)
+        best_s = {n: best_time_s(wf, profiles) for n, wf in workload.workflows.items()}
+        sides = {
+            "off": asyncio.run(_side(config, spec, jobs, replicate=False)),
+            "on": asyncio.run(_side(config, spec, jobs, replicate=True)),
+        }
+    results = {
+        k: {**_summary(config, jobs, v["latencies"], best_s),
+            "warmed": sum(r.get("warmed", 0) for r in v["replicas"].values()),
+            "replicas": v["replicas"], "resident_before": v["resident_before"]}
+        for k, v in sides.items()
+    }  # fmt: skip
+    on, off = results["on"], results["off"]
+    ratios = {
+        f"{part}_{key}_on_over_off": on[part][key] / off[part][key]
+        for part in ("all", "burst_hot")
+        for key in ("attainment", "p95_slowdown")
+        if off[part][key]
+    }
+    print_table(
+        f"replicas --real: {len(jobs)} jobs on {config.workers} workers, seed {config.seed}; "
+        f"a burst of hot at {config.burst_rate:g}/s for {config.burst_s:g} s",
+        ["side", "jobs", "attainment", "p95 slowdown", "burst hot jobs", "burst attainment",
+         "burst p95 slowdown", "copies warmed"],
+        [[k, v["all"]["jobs"], v["all"]["attainment"], v["all"]["p95_slowdown"],
+          v["burst_hot"]["jobs"], v["burst_hot"]["attainment"], v["burst_hot"]["p95_slowdown"],
+          v["warmed"]] for k, v in results.items()],
+    )  # fmt: skip
+    print("on/off: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
+    out = {
+        "config": {**asdict(config), "machine": machine()},
+        "best_s": best_s,
+        "results": results,
+        "ratios": ratios,
+    }
+    write_json(json_path, out)
+    return out

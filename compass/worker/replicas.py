@@ -1,0 +1,241 @@
+"""Hot models replicated ahead of need on a running worker (``compass worker start
+--replicate``): the rule of :mod:`compass.elastic.replicate`, fed from this worker's view.
+
+Every :data:`REPLICATE_EVERY_S` of the worker's clock (the simulator's control period) the
+worker builds the rule's :class:`~compass.elastic.replicate.Holding` of every serving worker
+from what its view holds, as the desired worker count does (:mod:`compass.elastic.live`): its
+own state as its next heartbeat would say it, and each peer's last heartbeat (its queue wait,
+the models it holds or loads). It asks :func:`~compass.elastic.replicate.replicas_wanted` which
+``(worker, model)`` pairs to warm, and acts only on those that name itself: it feeds its own
+core ``Tick(now, hot=model)``, a speculative load that evicts nothing its queue needs. Every
+worker runs the same deterministic rule over the same gossiped view, so they agree on who
+warms what without a controller; where two views differ for a round, at worst two workers warm
+the same model, and the copy nobody uses is evicted later by the cache's LRU order.
+
+The hot set is every model some worker holds or loads: no worker knows the cluster's recent
+jobs (the simulator's hot set), and a model is only warmed where its holders' mean wait is
+high, which an unused model's holders show only while another model's work queues there.
+
+In a bounded view (the default) a worker hears a peer's load only if it watches it, and a
+worker with headroom plans nothing the holders run: while it could be picked, it watches the
+holders of the models it does not hold (at most :data:`MAX_WATCHED`, by name, so workers
+watch the same ones), through a lease of its own that the planner's candidate sampling does
+not read. In the mesh every worker hears every load anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from compass.app import App
+from compass.core.events import Event, Tick
+from compass.elastic.replicate import Holding, ReplicaConfig, replicas_wanted
+from compass.gossip.spread import Watching
+from compass.sched.heartbeat import Heartbeat
+from compass.sched.view import ClusterView
+from compass.worker.gossip import Gossip
+from compass.workflow.best import best_time_s
+from compass.workflow.dag import Workflow
+from compass.workflow.profile import Profiles
+
+__all__ = [
+    "MAX_WATCHED",
+    "REPLICATE_EVERY_S",
+    "HotReplicas",
+    "Replicated",
+    "holdings",
+    "objective_slack_s",
+    "warm_here",
+]
+
+log = logging.getLogger("compass.worker")
+
+#: seconds of the worker's clock between two rounds of the rule (the simulator's ``control_s``)
+REPLICATE_EVERY_S = 2.0
+#: peers a worker with headroom watches at most for their load (a bounded view)
+MAX_WATCHED = 8
+#: the objective the slack is counted against: p95 within 3x a job's best time (the elastic
+#: rule's and the benchmarks')
+MAX_SLOWDOWN = 3.0
+
+
+def holdings(own: Heartbeat, peers: Iterable[Heartbeat]) -> list[Holding]:
+    """The rule's workers: this one (``own``, its state now) and each peer by its last
+    heartbeat; a worker holds the models resident or loading there, and is loading while any
+    load is under way."""
+    states = [own, *(p for p in peers if p.name != own.name)]
+    return [Holding(s.name, s.wait_s, s.models | s.loading, bool(s.loading)) for s in states]
+
+
+def warm_here(
+    name: str,
+    workers: Sequence[Holding],
+    slack_s: float,
+    config: ReplicaConfig,
+) -> list[str]:
+    """The models the rule picks worker ``name`` to warm now (at most one), over ``workers``'
+    every held model: the pairs that name another worker are theirs to act on."""
+    hot = {m for w in workers for m in w.models}
+    return [m for w, m in replicas_wanted(workers, hot, slack_s, config) if w == name]
+
+
+def objective_slack_s(workflows: Iterable[Workflow], profiles: Profiles) -> float:
+    """The queueing a job can take within its objective (:data:`MAX_SLOWDOWN` times its best
+    time), averaged over ``workflows`` (as the simulator's, every workflow weighed alike)."""
+    best = [best_time_s(wf, profiles) for wf in workflows]
+    return (MAX_SLOWDOWN - 1.0) * sum(best) / max(1, len(best))
+
+
+class Replicated(Protocol):
+    """What the rule reads of a worker and feeds it: its view and state (its gossip), its app
+    and task times (the objective's slack), its core (``apply``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gossip(self) -> Gossip: ...
+
+    @property
+    def app(self) -> App: ...
+
+    @property
+    def profiles(self) -> Profiles: ...
+
+    def apply(self, event: Event) -> None: ...
+
+
+class HotReplicas(Collector):
+    """One worker's side of the rule (module docstring): :meth:`step` is a round, :meth:`run`
+    the timer. ``own_state(now)``: this worker's state now; ``view``: its view of the peers;
+    ``apply``: feeds its core; ``watch(peers)``: asks peers for their load, answers those it
+    could not ask (None: a mesh, nothing to ask)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ReplicaConfig,
+        *,
+        own_state: Callable[[float], Heartbeat],
+        view: ClusterView,
+        apply: Callable[[Tick], None],
+        slack_s: Callable[[], float],
+        watch: Callable[[list[str]], list[str]] | None = None,
+        lease_s: float = 10.0,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._own_state = own_state
+        self._view = view
+        self._apply = apply
+        self._slack_s = slack_s
+        self._watch = watch
+        self._watching = Watching(lease_s)
+        self._asked: set[str] = set()  # peers with a lease asked, forgotten once gone
+        #: loads this rule started here, by model (bounded by the app's models)
+        self.warmed: dict[str, int] = {}
+        #: rounds that failed (a bug: logged, counted, the next round runs)
+        self.failures = 0
+
+    def step(self, now: float, real_s: float | None = None) -> list[str]:
+        """One round at ``now`` (the worker's clock): the models it started warming here.
+        ``real_s``: real seconds now, the clock of watch leases (default ``now``)."""
+        own = self._own_state(now)
+        view = self._view
+        peers = [s for n in view.names() if n != self.name and (s := view.get(n)) is not None]
+        workers = holdings(own, peers)
+        slack = self._slack_s()
+        if self._watch is not None:
+            self._renew(workers, slack, now if real_s is None else real_s)
+        started = []
+        for model in warm_here(self.name, workers, slack, self.config):
+            self._apply(Tick(now, hot=model))
+            # the core may decline (a load under way, no room without evicting a queued
+            # model): only a load begun counts
+            if model in self._own_state(now).loading:
+                self.warmed[model] = self.warmed.get(model, 0) + 1
+                started.append(model)
+                log.info("%s: warming %s ahead of need (its holders queue)", self.name, model)
+        return started
+
+    def _renew(self, workers: Sequence[Holding], slack_s: float, real_s: float) -> None:
+        """Watch the holders of the models this worker could be picked for, while it could."""
+        me = workers[0]
+        if me.loading or not me.wait_s < self.config.headroom_fraction * slack_s:
+            return
+        for gone in self._asked - {w.name for w in workers}:
+            self._watching.drop(gone)
+            self._asked.discard(gone)
+        holders = sorted({w.name for w in workers[1:] if w.models - me.models})[:MAX_WATCHED]
+        due = self._watching.due(holders, real_s)
+        if due and self._watch is not None:
+            self._asked.update(due)
+            for peer in self._watch(due):
+                self._watching.drop(peer)  # no channel now: asked again next round
+
+    async def run(
+        self,
+        clock: Callable[[], float],
+        every_s: float,
+        *,
+        real: Callable[[], float],
+        serving: Callable[[], bool],
+        failed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """A round every ``every_s`` real seconds while ``serving()`` (not draining); a round
+        that fails is logged, counted here and told to ``failed`` (the worker counts it as an
+        internal error), and the next one runs. Runs until cancelled."""
+        while True:
+            await asyncio.sleep(every_s)
+            if not serving():
+                continue
+            try:
+                self.step(clock(), real())
+            except Exception:
+                self.failures += 1
+                failed()
+                log.exception("%s: a round of hot-model replication failed", self.name)
+
+    def describe(self, held: Iterable[str] = ()) -> dict[str, Any]:
+        """What ``compass status`` shows: the copies warmed here, by model, and those of them
+        still ``held`` (resident or loading)."""
+        kept = set(held)
+        return {
+            "warmed": sum(self.warmed.values()),
+            "models": dict(sorted(self.warmed.items())),
+            "held": sorted(m for m in self.warmed if m in kept),
+            "failures": self.failures,
+        }
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "compass_replicas_warmed",
+            "Copies of hot models this worker warmed ahead of need (--replicate), by model.",
+            labels=["model"],
+        )
+        for model, count in sorted(self.warmed.items()):
+            family.add_metric([model], count)
+        yield family
+
+    @classmethod
+    def of_worker(cls, worker: Replicated, config: ReplicaConfig) -> HotReplicas:
+        """The rule on ``worker``: its view, its core, its app's objective; a bounded view
+        watches through its gossip."""
+        port = worker.gossip.port
+        workflows: Mapping[str, Workflow] = worker.app.workflows
+        return cls(
+            worker.name,
+            config,
+            own_state=port.own_state,
+            view=port.view,
+            apply=worker.apply,
+            slack_s=lambda: objective_slack_s(workflows.values(), worker.profiles),
+            watch=None if port.rule is None else worker.gossip.watch,
+            lease_s=port.watching.lease_s,
+        )

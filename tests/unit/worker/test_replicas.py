@@ -1,0 +1,227 @@
+"""The worker's side of hot-model replication (compass/worker/replicas.py): which fields of the
+view feed the rule, and a worker acts only where the rule names it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cli.format import status_lines
+from compass.config import WorkerConfig
+from compass.core.events import Heard, Tick
+from compass.elastic.replicate import Holding, ReplicaConfig
+from compass.sched.heartbeat import Heartbeat
+from compass.sched.view import ClusterView
+from compass.worker.process import build_worker
+from compass.worker.replicas import (
+    MAX_WATCHED,
+    HotReplicas,
+    holdings,
+    objective_slack_s,
+    warm_here,
+)
+from compass.worker.requests import describe
+
+GB = 10**9
+SLACK_S = 1.0  # the rule warms past 0.5 s of holders' mean wait; headroom is under 0.1 s
+
+
+def state(name: str, wait_s: float, models: str = "", loading: str = "", seq: int = 1) -> Heartbeat:
+    return Heartbeat(
+        name, wait_s, frozenset(models.split()), GB, 2 * GB, seq=seq,
+        loading=frozenset(loading.split()),
+    )  # fmt: skip
+
+
+class Core:
+    """A worker's core as the rule sees it: the Ticks fed, and its state, which shows a hot
+    model loading once fed one (unless it declines)."""
+
+    def __init__(self, own: Heartbeat, *, declines: bool = False) -> None:
+        self.own = own
+        self.declines = declines
+        self.fed: list[Tick] = []
+        self.was_fed = asyncio.Event()
+
+    def apply(self, event: Tick) -> None:
+        self.fed.append(event)
+        self.was_fed.set()
+        if not self.declines:
+            self.own = state(self.own.name, self.own.wait_s, " ".join(self.own.models), event.hot)
+
+    def own_state(self, now: float) -> Heartbeat:
+        return self.own
+
+
+def replicas_of(
+    own: Heartbeat, peers: list[Heartbeat], *, declines: bool = False, watch: object = None
+) -> tuple[HotReplicas, Core]:
+    view = ClusterView(own.name)
+    view.update_self(own)
+    for peer in peers:
+        assert view.apply_heartbeat(peer, 0.0)
+    core = Core(own, declines=declines)
+    replicas = HotReplicas(
+        own.name, ReplicaConfig(), own_state=core.own_state, view=view, apply=core.apply,
+        slack_s=lambda: SLACK_S, watch=watch,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return replicas, core
+
+
+def test_holdings_read_each_workers_wait_and_the_models_it_holds_or_loads() -> None:
+    own = state("w2", 0.0, "n")
+    peers = [state("w0", 0.8, "m", "k"), state("w1", 0.6, "m"), state("w2", 9.0, "x")]
+    got = holdings(own, peers)
+    assert got == [
+        Holding("w2", 0.0, frozenset({"n"}), False),
+        Holding("w0", 0.8, frozenset({"m", "k"}), True),  # loading k: held, and busy loading
+        Holding("w1", 0.6, frozenset({"m"}), False),
+    ]  # a stale state of itself among the peers is not read: its own state is
+
+
+def test_every_worker_computes_the_same_pairs_and_only_the_one_named_acts() -> None:
+    workers = holdings(state("w0", 0.8, "m"), [state("w1", 0.6, "m"), state("w2", 0.0, "n")])
+    assert warm_here("w2", workers, SLACK_S, ReplicaConfig()) == ["m"]
+    assert warm_here("w0", workers, SLACK_S, ReplicaConfig()) == []
+    assert warm_here("w1", workers, SLACK_S, ReplicaConfig()) == []
+    # the holders' mean wait under half the slack: nothing is hot enough
+    calm = holdings(state("w0", 0.5, "m"), [state("w1", 0.4, "m"), state("w2", 0.0, "n")])
+    assert warm_here("w2", calm, SLACK_S, ReplicaConfig()) == []
+
+
+def test_the_worker_picked_feeds_its_own_core_a_hot_tick_and_counts_the_copy() -> None:
+    replicas, core = replicas_of(
+        state("w2", 0.0, "n"), [state("w0", 0.9, "m"), state("w1", 0.7, "m")]
+    )
+    assert replicas.step(12.5) == ["m"]
+    assert core.fed == [Tick(12.5, hot="m")]
+    assert replicas.warmed == {"m": 1}
+    assert replicas.describe({"m", "n"}) == {
+        "warmed": 1, "models": {"m": 1}, "held": ["m"], "failures": 0,
+    }  # fmt: skip
+    assert replicas.describe({"n"})["held"] == []  # evicted since
+    (family,) = replicas.collect()
+    assert family.name == "compass_replicas_warmed"
+    assert [(s.name, s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == [
+        ("compass_replicas_warmed_total", {"model": "m"}, 1.0)
+    ]
+    # loading now: no second load while that one runs
+    assert replicas.step(14.5) == [] and len(core.fed) == 1
+
+
+def test_a_holder_or_a_busy_worker_in_the_same_view_feeds_nothing() -> None:
+    peers = [state("w1", 0.7, "m"), state("w2", 0.0, "n")]
+    holder, core = replicas_of(state("w0", 0.9, "m"), peers)
+    assert holder.step(1.0) == [] and core.fed == []
+    # w2 busy (above a tenth of the slack): no worker has headroom, nobody warms
+    busy, core = replicas_of(state("w2", 0.2, "n"), [state("w0", 0.9, "m"), state("w1", 0.7, "m")])
+    assert busy.step(1.0) == [] and core.fed == []
+
+
+def test_a_load_the_core_declines_is_not_counted() -> None:
+    replicas, core = replicas_of(
+        state("w2", 0.0, "n"), [state("w0", 0.9, "m"), state("w1", 0.7, "m")], declines=True
+    )
+    assert replicas.step(1.0) == []
+    assert core.fed == [Tick(1.0, hot="m")] and replicas.warmed == {}
+
+
+def test_a_bounded_view_watches_the_holders_while_it_has_headroom() -> None:
+    asked: list[list[str]] = []
+    unreachable = {"w1"}
+
+    def watch(peers: list[str]) -> list[str]:
+        asked.append(list(peers))
+        return [p for p in peers if p in unreachable]
+
+    peers = [state("w0", 0.1, "m"), state("w1", 0.1, "m"), state("w3", 0.0, "n")]
+    replicas, _ = replicas_of(state("w2", 0.0, "n"), peers, watch=watch)
+    replicas.step(0.0, real_s=100.0)
+    assert asked == [["w0", "w1"]]  # w3 holds nothing w2 lacks: its load is not needed
+    replicas.step(2.0, real_s=102.0)
+    assert asked[1:] == [["w1"]]  # w0's lease holds; w1 had no channel: asked again
+    unreachable.clear()
+    replicas.step(4.0, real_s=104.0)
+    replicas.step(6.0, real_s=106.0)  # w0's lease (10 s) is renewed past its half
+    assert asked[2:] == [["w1"], ["w0"]]
+
+
+def test_a_worker_without_headroom_watches_nobody_and_at_most_max_watched() -> None:
+    asked: list[list[str]] = []
+
+    def watch(peers: list[str]) -> list[str]:
+        asked.append(list(peers))
+        return []
+
+    busy, _ = replicas_of(state("w2", 0.5, "n"), [state("w0", 0.9, "m")], watch=watch)
+    busy.step(0.0, real_s=0.0)
+    assert asked == []
+    many = [state(f"p{i:02}", 0.0, f"m{i}") for i in range(MAX_WATCHED + 4)]
+    free, _ = replicas_of(state("w2", 0.0, "n"), many, watch=watch)
+    free.step(0.0, real_s=0.0)
+    assert asked == [[f"p{i:02}" for i in range(MAX_WATCHED)]]
+
+
+@pytest.mark.asyncio
+async def test_a_failed_round_is_counted_and_the_next_one_runs() -> None:
+    pressed = [state("w0", 0.9, "m"), state("w1", 0.7, "m")]
+    replicas, core = replicas_of(state("w2", 0.0, "n"), pressed)
+    rounds: list[float] = []
+    failed: list[int] = []
+
+    def clock() -> float:
+        rounds.append(float(len(rounds) + 1))
+        if len(rounds) == 1:
+            raise RuntimeError("a bug")
+        return rounds[-1]
+
+    task = asyncio.ensure_future(
+        replicas.run(
+            clock, 0.001, real=lambda: 0.0, serving=lambda: True,
+            failed=lambda: failed.append(len(rounds)),
+        )
+    )  # fmt: skip
+    await asyncio.wait_for(core.was_fed.wait(), 10.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert failed == [1] and replicas.failures == 1
+    assert core.fed == [Tick(2.0, hot="m")]
+
+
+def test_off_by_default() -> None:
+    assert WorkerConfig().replicate is None
+
+
+PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
+
+
+@pytest.mark.asyncio
+async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() -> None:
+    """On a real worker (not serving: no sockets), the peers' heartbeats it heard feed the rule,
+    and the load it starts is its own cache's; status shows it."""
+    worker = build_worker(WorkerConfig(name="w2", workload=PAPER, time_scale=0.01))
+    try:
+        assert describe(worker)["replicas"] == {}  # off: nothing to show
+        replicas = HotReplicas.of_worker(worker, ReplicaConfig())
+        worker.replicas = replicas
+        # the paper's slack: 2x its workflows' best times, on average
+        slack = objective_slack_s(worker.app.workflows.values(), worker.profiles)
+        assert 0.5 < slack < 2.0
+        now = worker.clock()
+        for name, wait in (("w0", slack), ("w1", 0.8 * slack)):
+            worker.apply(Heard(now, state(name, wait, "opt marian")))
+        # both equally pressed: by name, and one model per worker a round
+        assert replicas.step(now) == ["marian"]
+        resident, loading = worker.lanes.cache.residency()
+        assert loading == {"marian"} and not resident
+        status = describe(worker)
+        assert status["replicas"]["models"] == {"marian": 1}
+        assert status["replicas"]["held"] == ["marian"]
+        assert "hot models warmed here ahead of need: 1 (marian x1); still held: marian" in (
+            status_lines(status)
+        )
+    finally:
+        await worker.aclose()
