@@ -52,6 +52,7 @@ from compass.errors import (
     error_from_wire,
 )
 from compass.supervisor import log_failures
+from compass.wire.adapter import ChannelProtocol
 from compass.wire.handlers import Immediate, Later, exception_to_wire
 from compass.wire.protocol import (
     Connection,
@@ -116,40 +117,6 @@ DEFAULT: Final = _Default()
 def _consume_exception(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-class _ChannelProtocol(asyncio.BufferedProtocol):
-    """Forwards transport callbacks to its :class:`Channel`."""
-
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-        # straight to the framer and the channel: called once per read
-        self.get_buffer = channel._conn.decoder.get_buffer  # type: ignore[method-assign]
-        self.buffer_updated = channel._buffer_updated  # type: ignore[method-assign]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it
-        self.channel._connection_made(cast(asyncio.Transport, transport))
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.channel._conn.decoder.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.channel._buffer_updated(nbytes)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.channel._connection_lost(exc)
-        # the transport may keep its protocol; do not let it keep the channel and its buffers
-        self.__dict__.clear()
-
-    def pause_writing(self) -> None:
-        self.channel._write_paused = True
-
-    def resume_writing(self) -> None:
-        self.channel._resume_writing()
 
 
 class Channel:
@@ -357,7 +324,7 @@ class Channel:
 
     def protocol(self) -> asyncio.BufferedProtocol:
         """A new asyncio protocol feeding this channel (a ``create_connection`` factory)."""
-        return _ChannelProtocol(self)
+        return ChannelProtocol(self)
 
     async def handshake_done(self) -> None:
         """Wait until the handshake has completed; raises why it failed."""
@@ -630,16 +597,14 @@ class Channel:
             self._answer(event.id, event.op, outcome.value)
             return
         serial = self._handler_serial = self._handler_serial + 1
-        if type(outcome) is Later:
-            future = outcome.future
-            self._handler_tasks[serial] = future
-            self._serial_of[event.id] = serial
+        self._serial_of[event.id] = serial
+        if type(outcome) is Later:  # answered from its future's done callback: no task
+            future = self._handler_tasks[serial] = outcome.future
             future.add_done_callback(partial(self._answer_later, serial, event.id, event.op))
             return
         self._handler_tasks[serial] = self._loop.create_task(
             self._run_handler(serial, event.id, event.op, cast(Awaitable[Any], outcome))
         )
-        self._serial_of[event.id] = serial
         self._writes.hold()
 
     async def _run_handler(
@@ -649,56 +614,46 @@ class Channel:
         try:
             result = await outcome
         except asyncio.CancelledError:
-            # cancelled for the peer, which no longer waits: nothing to answer
-            if self._failure is None and serial not in self._peer_cancelled:
-                cancelled = WorkerUnavailable(
-                    f"request {op!r} was cancelled: {self.local_name!r} is shutting down"
-                )
-                self._conn.send_error(request_id, *exception_to_wire(cancelled))
-                self._write_out()
+            self._handler_cancelled(serial, request_id, op)
             raise
         except Exception as exc:
             self._answer_error(request_id, op, exc)
         else:
-            try:
-                self._answer(request_id, op, result)
-            except Exception as exc:  # a bug: logged, and the caller told rather than left waiting
-                log.exception("%r: answering %r from %s failed", self.local_name, op,
-                              self._describe())  # fmt: skip
-                self._answer_error(request_id, op, exc)
+            self._answer_checked(request_id, op, result)
         finally:
-            self._handler_tasks.pop(serial, None)
-            if self._serial_of.get(request_id) == serial:
-                del self._serial_of[request_id]
-            self._peer_cancelled.discard(serial)
+            self._handler_ended(serial, request_id)
 
     def _answer_later(
         self, serial: int, request_id: int, op: str, future: asyncio.Future[Any]
     ) -> None:
-        """A :class:`Later` answer's ``future`` is done: answer it (as :meth:`_run_handler`
-        answers a handler's outcome)."""
+        """A :class:`Later` answer's ``future`` is done: answered as by :meth:`_run_handler`."""
+        if future.cancelled():
+            self._handler_cancelled(serial, request_id, op)
+        elif (error := future.exception()) is not None:
+            bug = error if isinstance(error, Exception) else RuntimeError(repr(error))
+            self._answer_error(request_id, op, bug)
+        else:
+            self._answer_checked(request_id, op, future.result())
+        self._handler_ended(serial, request_id)
+
+    def _handler_cancelled(self, serial: int, request_id: int, op: str) -> None:
+        """Cancelled for the peer (it no longer waits), or as this side shuts down: say so."""
+        if self._failure is None and serial not in self._peer_cancelled:
+            cancelled = WorkerUnavailable(
+                f"request {op!r} was cancelled: {self.local_name!r} is shutting down"
+            )
+            self._conn.send_error(request_id, *exception_to_wire(cancelled))
+            self._write_out()
+
+    def _handler_ended(self, serial: int, request_id: int) -> None:
         self._handler_tasks.pop(serial, None)
         if self._serial_of.get(request_id) == serial:
             del self._serial_of[request_id]
-        if future.cancelled():
-            if self._failure is None and serial not in self._peer_cancelled:
-                cancelled = WorkerUnavailable(
-                    f"request {op!r} was cancelled: {self.local_name!r} is shutting down"
-                )
-                self._conn.send_error(request_id, *exception_to_wire(cancelled))
-                self._write_out()
-            self._peer_cancelled.discard(serial)
-            return
         self._peer_cancelled.discard(serial)
-        error = future.exception()
-        if error is not None:
-            if isinstance(error, Exception):
-                self._answer_error(request_id, op, error)
-            else:  # a BaseException set on a future: answered as a bug, never raised here
-                self._answer_error(request_id, op, RuntimeError(repr(error)))
-            return
+
+    def _answer_checked(self, request_id: int, op: str, result: Any) -> None:
         try:
-            self._answer(request_id, op, future.result())
+            self._answer(request_id, op, result)
         except Exception as exc:  # a bug: logged, and the caller told rather than left waiting
             log.exception("%r: answering %r from %s failed", self.local_name, op,
                           self._describe())  # fmt: skip

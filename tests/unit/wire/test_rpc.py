@@ -15,7 +15,7 @@ from compass.errors import (
     UnknownWorkflow,
     error_from_wire,
 )
-from compass.wire.rpc import Router, exception_to_wire
+from compass.wire.rpc import Later, Router, exception_to_wire
 from compass.wire.transport import Immediate
 
 # the router reads only these two attributes of a channel
@@ -36,7 +36,7 @@ async def test_router_dispatches_requests_and_notifies():
         seen.append((channel.peer_name, body))
 
     outcome = router.handle_request(CHANNEL, "double", 21)
-    assert not isinstance(outcome, Immediate)
+    assert not isinstance(outcome, Immediate | Later)
     assert await outcome == 42
     router.handle_notify(CHANNEL, "note", "x")
     assert seen == [("c1", "x")]
