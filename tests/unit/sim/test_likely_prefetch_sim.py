@@ -38,15 +38,13 @@ def runs() -> dict[str, SimResult]:
     arrivals = job_arrivals(
         list(workload.workflows), 60, process="poisson", mean_interval_s=1.0, load=1.0, seed=3,
     )  # fmt: skip
-    return {
-        side: simulate(
-            workload,
-            SimSettings(workers=1, policy="compass", seed=3,
-                        policy_options={"likely_prefetch": side == "on"}),
-            arrivals,
-        )  # fmt: skip
+    settings = {
+        side: SimSettings(
+            workers=1, policy="compass", seed=3, policy_options={"likely_prefetch": side == "on"}
+        )
         for side in ("on", "off")
     }
+    return {side: simulate(workload, s, arrivals) for side, s in settings.items()}
 
 
 def _tool_fetch_s(result: SimResult, tool: str) -> list[float]:
