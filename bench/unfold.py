@@ -8,7 +8,9 @@ median2 / p95x3 / p99x5 of each variant is searched in the simulator over the sa
 without its queue rank by progress (``progress_rank``: a task ranks by the expected best
 time of a job that reached it, not by its workflow's likely path's), ``compass`` counting a
 job's load one step at a time rather than its likely path at admission
-(``count_likely_path`` off, as ``compass-chained`` does), ``compass-chained``, and ``jit``.
+(``count_likely_path`` off, as ``compass-chained`` does), ``compass`` without prefetch on the
+likely branch (``likely_prefetch``: a decision task's likely successors' models load while it
+runs, :mod:`compass.core.likely`), ``compass-chained``, and ``jit``.
 The table gives each variant's mean capacity and the mean of the per-seed ratios of
 ``compass`` over it; the JSON keeps every seed's.
 """
@@ -37,6 +39,7 @@ VARIANTS: Mapping[str, tuple[str, Mapping[str, bool]]] = {
     "compass": ("compass", {}),
     "compass, flat rank": ("compass", {"progress_rank": False}),
     "compass, one step counted": ("compass", {"count_likely_path": False}),
+    "compass, no likely prefetch": ("compass", {"likely_prefetch": False}),
     "compass-chained": ("compass-chained", {}),
     "jit": ("jit", {}),
 }

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from compass.core.jobs import InboxEntry
+from compass.core.likely import likely_models
 from compass.core.messages import TaskMsg
 from compass.core.queue import QueuedTask
-from compass.core.unfold import rank_basis
+from compass.core.unfold import prefetches_likely, rank_basis
 from compass.objective import Objective
 from compass.payload import payload_bytes
 from compass.sched import Policy, ViewSnapshot
@@ -283,4 +284,12 @@ class Estimates:
             fetch_s=0.0 if task.model is None else self.fetch_s(task.model),
             steps=task.profile.steps,
             state_bytes=task.profile.state_bytes,
+            likely=self._likely(workflow, task.name, ready.plan),
         )
+
+    def _likely(self, workflow: Workflow, task: str, plan: Mapping[str, str]) -> tuple[str, ...]:
+        """The models of decision task ``task``'s likely successors planned here, where the
+        policy prefetches them (:mod:`compass.core.likely`)."""
+        if workflow.unfold is None or not prefetches_likely(self.policy):
+            return ()
+        return likely_models(workflow, task, plan, self.name, self.choices)

@@ -53,6 +53,7 @@ from typing import Any, TypeAlias
 
 from compass.cache.policy import READY, WAIT, CacheCore, LoadPlan
 from compass.cache.slab import SlabHandle
+from compass.core import likely
 from compass.core.causes import Cause
 from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTask  # its union
 from compass.core.options import CoreOptions
@@ -716,12 +717,12 @@ class Lanes:
     def _prefetch(self) -> None:
         """One speculative load at a time, never evicting what is needed sooner, and never
         while another load is under way (they would share the copy bandwidth: the load a
-        task waits for would take longer)."""
+        task waits for would take longer); a running decision task's likely successors'
+        models are in the look-ahead too (:mod:`compass.core.likely`)."""
         if self._loading:
             return
-        upcoming = self.queue.upcoming_models()
-        candidate = self.cache.prefetch_candidate(
-            upcoming, self.prefetch_depth, evict=self.prefetch_evicts
+        candidate = likely.prefetch_candidate(
+            self.cache, self.queue, self.prefetch_depth, evict=self.prefetch_evicts
         )
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)

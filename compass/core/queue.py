@@ -3,7 +3,8 @@
 Sans-IO (every call that depends on time is given ``now``): the lanes
 (:class:`~compass.core.lanes.Lanes`) pop entries, the view reads :meth:`TaskQueue.wait_s` (the
 paper's queue wait: expected seconds of queued plus running work) and the cache decisions read
-:meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch).
+:meth:`TaskQueue.upcoming_models` (the look-ahead input for eviction and prefetch; with the
+models a decision task's likely successors will need, :meth:`TaskQueue.look_ahead`).
 
 Batches: tasks that share a :attr:`QueuedTask.group` (one function and model) may run as one
 batch of up to ``max_batch`` items (:meth:`TaskQueue.take`), of runs within ``SIMILAR_RUNS`` of
@@ -103,6 +104,10 @@ class QueuedTask:
     #: its job's best time (its workflow's), the yardstick of its slowdown (preemption at step
     #: boundaries weighs the slowdowns of the jobs it would delay: :mod:`compass.core.preempt`)
     best_s: float = 0.0
+    #: the models of the successors its most likely choice runs that the plan puts on this
+    #: worker (a decision task of a workflow decided at run time; :mod:`compass.core.likely`):
+    #: the look-ahead may prefetch them while it runs (empty: none)
+    likely: tuple[str, ...] = ()
 
 
 #: :meth:`TaskQueue.lifted_s` of a queue with nothing running and nothing above level 0
@@ -496,6 +501,18 @@ class TaskQueue:
                 started.add(group)
                 ahead += self._groups[group].work_s()
         return found
+
+    def look_ahead(self) -> list[tuple[str, bool]]:
+        """:meth:`upcoming_models` in the same order, each a pair ``(model, False)``, with each
+        task's :attr:`~QueuedTask.likely` models right after its own as ``(model, True)``: the
+        models its likely successors will need once it finishes."""
+        ahead: list[tuple[str, bool]] = []
+        for entries in (self._running, self):
+            for e in entries:
+                if e.model is not None:
+                    ahead.append((e.model, False))
+                ahead.extend((m, True) for m in e.likely)
+        return ahead
 
     def upcoming_models(self) -> list[str]:
         """Models of the running and queued tasks, running first (they are pinned), then in

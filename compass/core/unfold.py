@@ -40,6 +40,7 @@ __all__ = [
     "forward_step",
     "note_step",
     "pass_on",
+    "prefetches_likely",
     "rank_basis",
     "skip_task",
     "step_of",
@@ -134,6 +135,18 @@ def counts_steps(policy: Policy) -> bool:
     compass unless ``count_likely_path``."""
     return isinstance(policy, CompassPolicy) and (
         policy.options.chained or not policy.options.count_likely_path
+    )
+
+
+def prefetches_likely(policy: Policy) -> bool:
+    """Whether a worker prefetches the models of a decision task's likely successors under
+    ``policy`` (:mod:`compass.core.likely`): compass unless ``likely_prefetch`` is off; never
+    ``compass-chained`` (a user's client knows nothing of its program's next step) nor the
+    baselines."""
+    return (
+        isinstance(policy, CompassPolicy)
+        and policy.options.likely_prefetch
+        and not policy.options.chained
     )
 
 

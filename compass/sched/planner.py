@@ -101,6 +101,10 @@ class CompassOptions:
     #: waits at admission (off: one step at a time, each when the choice before it is made;
     #: :func:`compass.core.unfold.counts_steps`)
     count_likely_path: bool = True
+    #: a worker running a decision task of a workflow decided at run time prefetches the
+    #: models of the successors its most likely choice runs, where the plan puts them on it
+    #: (:mod:`compass.core.likely`; off: only the models of queued tasks, as for any workflow)
+    likely_prefetch: bool = True
 
     def __post_init__(self) -> None:
         threshold, slack = self.adjust_threshold, self.deadline_slack

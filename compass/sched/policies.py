@@ -134,6 +134,7 @@ VARIANT_OPTIONS = frozenset(
         "deadline_slack",
         "progress_rank",
         "count_likely_path",
+        "likely_prefetch",
     }
 )
 

@@ -146,6 +146,22 @@ class ChoiceFrequencies:
         assert workflow.unfold is not None
         return workflow.unfold.points[task].expected
 
+    def likely_successors(self, workflow: Workflow, task: str) -> frozenset[str]:
+        """The successors decision task ``task`` of ``workflow`` runs when it takes its most
+        likely option: by the weights learned here, else by what a peer spread, else as
+        declared (the same order as :meth:`likely`'s)."""
+        unfolding = workflow.unfold
+        assert unfolding is not None
+        learned = self._learned.get(workflow.name)
+        weights: list[float] | None = None
+        if learned is not None and _same(learned.wf, workflow):
+            weights = learned.weights.get(task)
+            option = learned.adopted.get(task)
+            if weights is None and option is not None:
+                weights = [0.0] * len(unfolding.points[task].options)
+                weights[option] = 1.0
+        return unfolding.likely_successors(task, weights)
+
     def spread(self) -> tuple[Likely, ...]:
         """What this worker tells its peers: each decision task it learned of whose most
         likely option is not the declared one, at most :data:`MOST_SPREAD`."""

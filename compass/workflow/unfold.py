@@ -14,8 +14,9 @@ workload spec):
   the output of the previous iteration's last task as the keyword ``carry``. A loop whose body
   is a part of another loop's body is **nested** in it: it runs, and decides, afresh in each
   outer iteration. Two loops are apart or nested; a nested loop holds neither its outer loop's
-  entry nor its ``until``; the loops a task is in unroll it at most
-  :data:`MAX_NESTED_ITERATIONS` times (the product of their ``max_iter``).
+  entry nor its ``until`` (so no two loops share an ``until``: a task decides one loop); the
+  loops a task is in unroll it at most :data:`MAX_NESTED_ITERATIONS` times (the product of
+  their ``max_iter``).
 
 Every bound is declared, so a workflow unrolls into a finite DAG once, at declaration: the
 ``i``-th iteration of a body task ``t`` is the task ``t@i`` (``t@i.j``: iteration ``j`` of a
@@ -439,6 +440,12 @@ class _Unroller:
             for b, outer in enumerate(self.loops):
                 if not bodies[a] < bodies[b]:
                     continue
+                if inner.until == outer.until:
+                    raise WorkflowError(
+                        f"{where}: two loops share the 'until' task {inner.until!r} (bodies "
+                        f"{list(outer.body)} and {list(inner.body)}): a task decides one loop; "
+                        "give the nested loop an 'until' of its own, before the outer one's"
+                    )
                 held = [t for t in (self._entry(outer), outer.until) if t in bodies[a]]
                 if held:
                     role = "'until'" if held[0] == outer.until else "entry"

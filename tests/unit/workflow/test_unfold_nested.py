@@ -180,7 +180,10 @@ def test_the_product_of_nested_bounds_is_bounded() -> None:
 @pytest.mark.parametrize(
     ("loops", "problem"),
     [
-        ([Loop(OUTER, "judge", 3), Loop(("check", "judge"), "judge", 2)], "holds its 'until'"),
+        (
+            [Loop(OUTER, "judge", 3), Loop(("check", "judge"), "judge", 2)],
+            "two loops share the 'until' task 'judge'",
+        ),
         (
             [Loop(OUTER, "judge", 3), Loop(("plan", "draft", "check"), "check", 2)],
             "holds its entry 'plan'",
@@ -197,6 +200,27 @@ def test_the_product_of_nested_bounds_is_bounded() -> None:
 def test_bad_nestings_are_refused_with_what_is_wrong(loops: list[Loop], problem: str) -> None:
     with pytest.raises(WorkflowError, match=problem):
         unfold_workflow("bad", TASKS, loops=loops)
+
+
+def test_a_nested_loop_may_not_hold_its_outer_loop_s_until() -> None:
+    """Holding it, even as a task of its own body (not its 'until'), is refused: the outer
+    loop's decision would be made once per inner iteration."""
+    sink = TASKS[:-1]  # judge ends the workflow: nothing after the loop waits for it
+    inner = Loop(("check", "judge"), "check", 2)
+    with pytest.raises(WorkflowError, match="holds its 'until' 'judge'"):
+        unfold_workflow("bad", sink, loops=[Loop(OUTER, "judge", 3), inner])
+
+
+@pytest.mark.parametrize("inner", [["judge"], ["draft", "check", "judge"], ["check", "judge"]])
+def test_loops_that_share_an_until_are_refused_in_a_spec_as_in_python(inner: list[str]) -> None:
+    """A decision task takes one loop's options (again or stop): an inner loop that ended at
+    its outer loop's 'until' would need one decision to say which loop goes on."""
+    data = spec()
+    data["workflows"]["refine"]["loops"]["inner"] = {
+        "body": inner, "until": "judge", "max_iter": 2,
+    }  # fmt: skip
+    with pytest.raises(WorkflowError, match=r"'refine'.*share the 'until' task 'judge'"):
+        parse_workload(data, source="nested.json")
 
 
 # -- the workload spec -------------------------------------------------------------------------
