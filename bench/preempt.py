@@ -47,7 +47,8 @@ class PreemptBench:
     """``generated`` workloads (seeds 0..N-1, ``stepwise`` of their long model tasks in
     steps) besides the paper's with steps; ``policies`` (compass first), arrival ``seeds``,
     ``jobs`` a run, loads up to ``max_load``; ``switch``: what is on and off, ``preempt`` or
-    ``step-batch`` (then preemption is on for both)."""
+    ``step-batch`` (then preemption is on for both); ``paper``: the paper's workload with
+    steps too (first)."""
 
     generated: int = 4
     stepwise: float = 0.5
@@ -56,6 +57,7 @@ class PreemptBench:
     jobs: int = 500
     max_load: float = 6.0
     switch: str = "preempt"
+    paper: bool = True
 
     @property
     def off(self) -> str:
@@ -112,7 +114,7 @@ def run(bench: PreemptBench, json_path: str | None = None) -> dict[str, Any]:
     table, write the JSON."""
     from compass.workflow.generate import generate_workload
 
-    workloads = [load_workload(PAPER_STEPS)]
+    workloads = [load_workload(PAPER_STEPS)] if bench.paper else []
     workloads += [generate_workload(s, stepwise=bench.stepwise) for s in range(bench.generated)]
     rows = []
     for workload in workloads:
@@ -141,7 +143,7 @@ def run(bench: PreemptBench, json_path: str | None = None) -> dict[str, Any]:
         ],
         table,
     )
-    generated = rows[1:]
+    generated = rows[1:] if bench.paper else rows
     out = {
         "machine": machine(),
         "config": asdict(bench),
@@ -156,6 +158,13 @@ def run(bench: PreemptBench, json_path: str | None = None) -> dict[str, Any]:
             },
             "compass_over_best": {
                 slo: _median([r["compass_over_best"][slo] for r in generated]) for slo in OBJECTIVES
+            },
+            "tail_over_median": {
+                side: {
+                    slo: _median([r["tail_over_median"][side][slo] for r in generated])
+                    for slo in OBJECTIVES[1:]
+                }
+                for side in ("on", "off")
             },
         },
     }

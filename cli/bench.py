@@ -450,6 +450,9 @@ def bench_preempt(
     switch: Annotated[
         str, typer.Option(help="What is on and off: preempt, or step-batch (preemption on).")
     ] = "preempt",
+    paper: Annotated[
+        bool, typer.Option(help="The paper's workload with steps too, before the generated.")
+    ] = True,
 ) -> None:
     """Preemption at step boundaries (or step batching): capacity with and without it, on
     workloads with steps (simulated)."""
@@ -466,6 +469,7 @@ def bench_preempt(
     bench = preempt.PreemptBench(
         generated=generated, stepwise=stepwise, policies=tuple(names),
         seeds=tuple(parse_seeds(seeds)), jobs=jobs, max_load=max_load, switch=switch,
+        paper=paper,
     )  # fmt: skip
     preempt.run(bench, json_path)
 

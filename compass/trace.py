@@ -122,12 +122,18 @@ class TaskTrace:
     steps: int = 0
     first_step_ms: float | None = None
     waited_ms: float = 0.0
+    #: how long it waited suspended at step boundaries, between :attr:`start` and :attr:`end`
+    #: (a more urgent task had its lane; in :attr:`JobTrace.breakdown_ms`'s ``queue``); 0
+    #: for a task never suspended
+    suspended_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         steps = {} if not self.steps else {
             "steps": self.steps, "first_step_ms": self.first_step_ms,
             "waited_ms": self.waited_ms,
         }  # fmt: skip
+        if self.suspended_ms:  # only a task that was suspended says so
+            steps["suspended_ms"] = self.suspended_ms
         return {
             "task": self.task,
             "worker": self.worker,
@@ -161,6 +167,7 @@ class TaskTrace:
                                   get("error", ""), get("cause", ""))  # fmt: skip
         mates, hit, model = get("mates", ()), get("cache_hit"), get("model")
         steps, first, waited = get("steps", 0), get("first_step_ms"), get("waited_ms", 0.0)
+        suspended = get("suspended_ms", 0.0)
         # the checks are set operations on types, done in C: a trace is read per traced job
         if (
             not set(map(type, numbers)) <= _NUMBER_TYPES
@@ -176,13 +183,14 @@ class TaskTrace:
             or steps < 0
             or not (first is None or _number(first))
             or not _number(waited)
+            or not _number(suspended)
         ):
             raise ProtocolError(f"a task of a trace is malformed: {dict(body)!r:.300}")
         transfer, queued, load, exec_, start, end = numbers
         return cls(
             names[0], names[1], names[2], transfer, queued, load, hit, exec_, counts[0], start,
             end, counts[1], model, tuple(mates), counts[2], names[3], names[4], steps, first,
-            waited,
+            waited, suspended,
         )  # fmt: skip
 
 

@@ -359,7 +359,7 @@ class Lanes:
             entry.remaining_s -= entry.expected_s - left
             entry.expected_s = left
             entry.done_steps = steps
-            entry.enqueued_at = now
+            entry.suspended_at = now
             self._steps.append(SuspendTask(entry, self._cause))
             self.queue.push(entry)
         self._fill(now, first=head)

@@ -57,6 +57,12 @@ class TaskOutcome(Caused):
     def transfer_s(self) -> float:
         return self.entry.transfer_s
 
+    @property
+    def suspended_s(self) -> float:
+        """Seconds it waited suspended at step boundaries, in all (``queue_s`` is its wait
+        before its first step; ``exec_s`` counts neither)."""
+        return self.entry.suspended_s
+
     def event(self, now: float) -> TaskDone | TaskFailed:
         """The worker core's event for this outcome. compass's own verdicts (a timeout, a
         degraded worker, a caller too slow to read) keep their type for the client; a task's

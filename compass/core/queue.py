@@ -60,6 +60,8 @@ class QueuedTask:
     inputs: dict[str, Any]
     plan: dict[str, str]
     ingress: str
+    #: when it was first queued (never reset: a suspended task's wait counts from
+    #: :attr:`suspended_at` instead)
     enqueued_at: float
     #: seconds its inputs spent on the wire (summed over pushes), for the time breakdown
     transfer_s: float = 0.0
@@ -108,6 +110,39 @@ class QueuedTask:
     #: worker (a decision task of a workflow decided at run time; :mod:`compass.core.likely`):
     #: the look-ahead may prefetch them while it runs (empty: none)
     likely: tuple[str, ...] = ()
+    #: when its run last gave its lane up at a step boundary and it went back to the queue
+    #: (None: never): the queue ranks it there (:meth:`TaskQueue.push`), and its wait to
+    #: resume counts from it
+    suspended_at: float | None = None
+    #: runs begun (:meth:`begin`; above 1: resumed after a suspension)
+    runs: int = 0
+    #: seconds it waited in the queue before its first run, and suspended before its later
+    #: runs (in all, up to the current run's start); and the current run's own wait
+    queued_s: float = 0.0
+    suspended_s: float = 0.0
+    run_wait_s: float = 0.0
+
+    def begin(self, now: float) -> None:
+        """A lane takes it at ``now``: a run begins (its first, or one resuming it)."""
+        self.started_at = now
+        self.runs += 1
+        if self.suspended_at is None:
+            self.run_wait_s = self.queued_s = now - self.enqueued_at
+        else:
+            self.run_wait_s = now - self.suspended_at
+            self.suspended_s += self.run_wait_s
+
+    @property
+    def first_started_at(self) -> float:
+        """When its first run began (:attr:`started_at` is its current run's)."""
+        return self.started_at if self.runs <= 1 else self.enqueued_at + self.queued_s
+
+    def run_waits(self) -> tuple[float, float]:
+        """How long its current run waited before it began: ``(queued, suspended)`` seconds,
+        in the queue before its first run, or suspended before a later one (the other 0)."""
+        if self.runs > 1:
+            return 0.0, self.run_wait_s
+        return self.run_wait_s, 0.0
 
 
 #: :meth:`TaskQueue.lifted_s` of a queue with nothing running and nothing above level 0
@@ -188,8 +223,11 @@ class TaskQueue:
         return [e.started_at + e.run_s for e in self._running]
 
     def push(self, entry: QueuedTask) -> None:
-        """Queue ``entry`` at its priority (its enqueue time when it has none)."""
-        key = entry.enqueued_at if entry.priority is None else entry.priority
+        """Queue ``entry`` at its priority (when it has none: when it was queued, or suspended
+        last)."""
+        key = entry.priority
+        if key is None:
+            key = entry.enqueued_at if entry.suspended_at is None else entry.suspended_at
         if entry.deadline is not None:
             key = entry.deadline  # the job's own deadline, where it has one
         heapq.heappush(self._ready, (-entry.level, key, next(self._order), entry))
@@ -242,7 +280,7 @@ class TaskQueue:
             return None
         entry = heapq.heappop(self._ready)[3]
         self._count_out(entry)
-        entry.started_at = now
+        entry.begin(now)
         entry.run_s = entry.expected_s
         self._running[entry] = None
         return entry
@@ -252,7 +290,7 @@ class TaskQueue:
         self._ready = [item for item in self._ready if item[3] is not entry]
         heapq.heapify(self._ready)
         self._count_out(entry)
-        entry.started_at = now
+        entry.begin(now)
         entry.run_s = entry.expected_s
         self._running[entry] = None
         return entry
@@ -290,7 +328,7 @@ class TaskQueue:
         mates = [item[3] for item in chosen]
         for entry in mates:
             self._count_out(entry)
-            entry.started_at = now
+            entry.begin(now)
         if not self._ready:
             self._queued_s = 0.0
             self._raised.clear()
@@ -352,7 +390,7 @@ class TaskQueue:
         joined = [item[3] for item in chosen]
         for entry in joined:
             self._count_out(entry)
-            entry.started_at = now
+            entry.begin(now)
             entry.run_s = ends[entry] - now
         if not self._ready:
             self._queued_s = 0.0

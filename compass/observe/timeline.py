@@ -170,8 +170,8 @@ class Timeline:
                 entry.workflow,
                 entry.task,
                 entry.model,
-                wall - (now - entry.enqueued_at) * scale,
-                wall - (now - entry.started_at) * scale,
+                wall - (now - entry.enqueued_at) * scale,  # first queued
+                wall - (now - entry.first_started_at) * scale,  # its first run
                 wall,
                 outcome.fetch_s * scale,
                 entry.transfer_s * scale,

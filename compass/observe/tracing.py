@@ -80,11 +80,13 @@ _SPAN_TYPES: dict[str, tuple[type, ...]] = {
     "cause": (str,),
 }
 #: what a step-wise task's span adds (absent from a plain task's): its steps, the first one's
-#: seconds, and the seconds its steps waited for the caller to read
+#: seconds, the seconds its steps waited for the caller to read, and the seconds it waited
+#: suspended at step boundaries (between its ``start`` and its ``end``)
 _STEP_TYPES: dict[str, tuple[type, ...]] = {
     "steps": (int,),
     "first_s": (float, int),
     "waited_s": (float, int),
+    "suspended_s": (float, int),
 }
 
 _Key = tuple[str, int]
@@ -132,8 +134,9 @@ def task_span(
         "att": entry.attempt,
         "worker": worker,
         "model": entry.model,
+        # first queued, first run (a task suspended and resumed: its span covers both runs)
         "queued": wall - (now - entry.enqueued_at) * scale,
-        "start": wall - (now - entry.started_at) * scale,
+        "start": wall - (now - entry.first_started_at) * scale,
         "end": wall,
         "transfer_s": entry.transfer_s * scale,
         "load_s": outcome.fetch_s * scale,
@@ -148,7 +151,8 @@ def task_span(
     if outcome.steps:  # a step-wise task: its steps in summary
         first = outcome.first_step_s
         span.update(steps=outcome.steps, first_s=0.0 if first is None else first * scale,
-                    waited_s=outcome.waited_s * scale)  # fmt: skip
+                    waited_s=outcome.waited_s * scale,
+                    suspended_s=outcome.suspended_s * scale)  # fmt: skip
     return span
 
 
@@ -438,7 +442,7 @@ def assemble(
         s = final[name]
         queued, start, end = s["queued"], s["start"], s["end"]
         transfer += max(0.0, queued - max(queued - s["transfer_s"], since))
-        queue += max(0.0, start - max(queued, since))
+        queue += max(0.0, start - max(queued, since)) + s.get("suspended_s", 0.0)
         load += max(0.0, start + s["load_s"] - max(start, since))
         run += max(0.0, end - max(end - s["exec_s"], since))
     result = answered - final[path[-1]]["end"] if path else 0.0
@@ -482,8 +486,11 @@ def _steps_ms(span: Mapping[str, Any]) -> dict[str, Any]:
     steps = span.get("steps", 0)
     if not steps:
         return {}
-    return {"steps": steps, "first_step_ms": span["first_s"] * 1000.0,
-            "waited_ms": span["waited_s"] * 1000.0}  # fmt: skip
+    out = {"steps": steps, "first_step_ms": span["first_s"] * 1000.0,
+           "waited_ms": span["waited_s"] * 1000.0}  # fmt: skip
+    if suspended := span.get("suspended_s", 0.0):  # only a task that was suspended says so
+        out["suspended_ms"] = suspended * 1000.0
+    return out
 
 
 def critical_path(workflow: Workflow, spans: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -213,10 +213,11 @@ class StepBatches:
         del self._of[entry]
         self._parked[entry] = member
         if member.lane_s > 0.0:
+            queued, suspended = entry.run_waits()
             self._host.task_records.append(
-                TaskRecord(entry.job_id, entry.task, batch.worker.name,
-                           entry.started_at - entry.enqueued_at, 0.0, entry.transfer_s,
-                           member.lane_s, batch.run.hit, batch.size)
+                TaskRecord(entry.job_id, entry.task, batch.worker.name, queued, 0.0,
+                           entry.transfer_s, member.lane_s, batch.run.hit, batch.size,
+                           suspended)
             )  # fmt: skip
         member.lane_s = 0.0
 
@@ -225,17 +226,19 @@ class StepBatches:
         host, entry = self._host, member.entry
         del self._of[entry]
         run = batch.run
+        queued, suspended = entry.run_waits()
         host.task_records.append(
             TaskRecord(
                 job_id=entry.job_id,
                 task=entry.task,
                 worker=batch.worker.name,
-                queue_s=entry.started_at - entry.enqueued_at,
+                queue_s=queued,
                 fetch_s=run.fetch_s if entry is run.entry else 0.0,
                 transfer_s=entry.transfer_s,
                 exec_s=member.lane_s,
                 cache_hit=run.hit,
                 batch=batch.size,
+                suspended_s=suspended,
             )
         )
         if member.left <= 0 and self._tells(batch.worker, entry):

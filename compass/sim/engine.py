@@ -678,19 +678,11 @@ class Simulation:
             worker.busy_s += self.now - run.entry.started_at
         size = len(run.mates) + 1
         for entry in run.entries:
+            queued, suspended = entry.run_waits()  # a resumed run's wait is since its suspension
             self.task_records.append(
-                TaskRecord(
-                    job_id=entry.job_id,
-                    task=entry.task,
-                    worker=worker.name,
-                    queue_s=entry.started_at - entry.enqueued_at,
-                    fetch_s=run.fetch_s,
-                    transfer_s=entry.transfer_s,
-                    exec_s=exec_s,
-                    cache_hit=run.hit,
-                    batch=size,
-                )
-            )
+                TaskRecord(entry.job_id, entry.task, worker.name, queued, run.fetch_s,
+                           entry.transfer_s, exec_s, run.hit, size, suspended)
+            )  # fmt: skip
         for entry in run.entries:
             self._apply(worker, TaskDone(self.now, entry, None))
 

@@ -60,7 +60,11 @@ class TaskRecord:
 
     ``queue_s``: ready to popped by a lane; ``fetch_s``: waiting for its model (0 on a hit);
     ``transfer_s``: the slowest of its inputs on the wire; ``cache_hit``: None for a task
-    without a model; ``batch``: how many tasks its run took (1: it ran alone).
+    without a model; ``batch``: how many tasks its run took (1: it ran alone). A step-wise
+    task suspended at a step boundary has a record for each of its runs: its first's
+    ``queue_s`` is its wait before its first step, a later one's ``suspended_s`` its wait
+    from its suspension to that run (the other 0), so a task's records add up to its whole
+    wait (:meth:`QueuedTask.run_waits <compass.core.queue.QueuedTask.run_waits>`).
     """
 
     job_id: str
@@ -72,6 +76,7 @@ class TaskRecord:
     exec_s: float
     cache_hit: bool | None
     batch: int = 1
+    suspended_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -145,7 +150,10 @@ class SimResult:
             "model_gb_loaded": self.model_bytes_loaded / 1e9,
             "utilization": self.utilization(),
             "breakdown_ms": {
-                "queue": mean_ms([t.queue_s for t in self.tasks]) if n_tasks else None,
+                # waiting for a lane in all: before the first step, and suspended
+                "queue": mean_ms([t.queue_s + t.suspended_s for t in self.tasks])
+                if n_tasks
+                else None,
                 "fetch": mean_ms([t.fetch_s for t in self.tasks]) if n_tasks else None,
                 "transfer": mean_ms([t.transfer_s for t in self.tasks]) if n_tasks else None,
                 "exec": mean_ms([t.exec_s for t in self.tasks]) if n_tasks else None,

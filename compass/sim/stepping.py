@@ -107,9 +107,10 @@ class Stepping:
         ran = host.now - entry.started_at
         worker.busy_s += ran
         fetch_s = 0.0 if began is None else began[1].fetch_s
+        queued, suspended = entry.run_waits()
         host.task_records.append(
-            TaskRecord(entry.job_id, entry.task, worker.name, entry.started_at - entry.enqueued_at,
-                       fetch_s, entry.transfer_s, ran, None if entry.model is None else True)
+            TaskRecord(entry.job_id, entry.task, worker.name, queued, fetch_s, entry.transfer_s,
+                       ran, None if entry.model is None else True, suspended_s=suspended)
         )  # fmt: skip
 
     def stop(self, entries: tuple[QueuedTask, ...]) -> None:

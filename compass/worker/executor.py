@@ -528,7 +528,8 @@ class TaskRunner:
             return  # the worker is stopping
         error = work.exception()
         if error is None:
-            exec_s = self._clock() - t0
+            # a step-wise task suspended at its gate waited there: not its run's time
+            exec_s = self._clock() - t0 - outcomes[0].entry.suspended_s
             result = work.result()
             if task.batch <= 1:
                 outcomes[0].output = result
@@ -702,7 +703,7 @@ def _outcomes(run: RunTask) -> list[TaskOutcome]:
     return [
         TaskOutcome(
             entry,
-            queue_s=entry.started_at - entry.enqueued_at,
+            queue_s=entry.first_started_at - entry.enqueued_at,  # before its first step
             fetch_s=run.fetch_s,
             cache_hit=run.hit is not False,
             batch=len(entries),

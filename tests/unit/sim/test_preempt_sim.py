@@ -66,6 +66,26 @@ def test_a_short_job_takes_the_lane_at_the_next_step_and_the_generation_resumes(
     assert runs == pytest.approx([0.2, 0.8], abs=1e-3)
 
 
+def waits(result: SimResult, task: str, job: str | None = None) -> list[float]:
+    """Queued then suspended seconds of each run of ``task`` (of ``job``: any job), in the
+    order they ended."""
+    runs = [t for t in result.tasks if t.task == task and job in (None, t.job_id)]
+    return [s for t in runs for s in (t.queue_s, t.suspended_s)]
+
+
+def test_a_resumed_tasks_records_say_how_long_it_waited_queued_and_suspended() -> None:
+    # a short job first (0-0.05 s): the generation, come at 0.01 s, waits 0.04 s for its first
+    # step; the short job of 0.2 s takes the lane at its boundary of 0.25 s, and the generation
+    # resumes at 0.3 s: 0.05 s suspended. One record a run, no wait negative or counted twice
+    arrivals = [Arrival(0.0, "det", 0), Arrival(0.01, "gen", 1), Arrival(0.2, "det", 2)]
+    on = run(arrivals, preempt=True)
+    assert waits(on, "g") == pytest.approx([0.04, 0.0, 0.0, 0.05], abs=1e-6)
+    assert all(t.queue_s >= 0.0 and t.suspended_s >= 0.0 for t in on.tasks)
+    # the summary's queue is the mean wait a run (both kinds): 0, 0.04 + 0.05, 0.05 over four
+    queue_ms = on.summary()["breakdown_ms"]["queue"]
+    assert queue_ms == pytest.approx((0.04 + 0.05 + 0.05) / 4 * 1000.0, abs=1e-3)
+
+
 def test_a_plain_workload_runs_exactly_as_without_preemption() -> None:
     arrivals = [Arrival(0.0, "gen", 0), Arrival(0.15, "det", 1)]
     off, on = run(arrivals, preempt=False, steps=1), run(arrivals, preempt=True, steps=1)
@@ -107,3 +127,7 @@ def test_a_step_batch_is_suspended_whole_and_every_member_runs_each_step_once() 
     # the lane's time on the generations: 0.1 alone, two steps of two, seven of two, one alone
     lane_s = sum(t.exec_s for t in result.tasks if t.task == "g")
     assert lane_s == pytest.approx(0.1 + 0.22 + 0.77 + 0.1, abs=1e-6)
+    # their waits, a record a run: neither queued (the second joined the batch as it came),
+    # both waited suspended from 0.32 to 0.37 s (counted on their second runs alone)
+    for job in ("w0-1", "w0-2"):
+        assert waits(result, "g", job) == pytest.approx([0.0, 0.0, 0.0, 0.05], abs=1e-6)

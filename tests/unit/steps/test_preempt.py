@@ -264,3 +264,26 @@ def test_a_deadline_that_preempts_is_not_shed_behind_the_task_it_suspended() -> 
     decided = h.steps(h.lanes.stepped(gen, 1, 0.1))
     assert [type(s).__name__ for s in decided] == ["SuspendTask", "RunTask"]
     assert decided[1].entry is head and not h.failed
+
+
+def test_a_suspended_task_keeps_when_it_was_queued_and_counts_its_waits_apart() -> None:
+    # queued at 0.0 behind a short job, first run 0.1-0.3, suspended at 0.3 for another short
+    # job, resumed at 0.4: 0.1 s in the queue before its first step, 0.1 s suspended
+    h = Harness()
+    h.load("a")
+    first, gen, det = short(), generation(), short(arrival=0.25)
+    h.start(first, 0.0)
+    h.steps(h.lanes.submit(gen, 0.0))
+    assert started(h, h.steps(h.lanes.ended(first, 0.1)) + h.steps(h.lanes.fill(0.1))) == ["gen"]
+    assert gen.run_waits() == pytest.approx((0.1, 0.0))
+    h.steps(h.lanes.stepped(gen, 1, 0.2))
+    h.steps(h.lanes.submit(det, 0.25))
+    assert started(h, h.steps(h.lanes.stepped(gen, 2, 0.3))) == ["det"]
+    # what it waited stays truthful while it is suspended: its first wait from its enqueue
+    # (never reset), its rank and its wait to resume from the suspension
+    assert (gen.enqueued_at, gen.suspended_at) == (0.0, 0.3)
+    assert gen.run_waits() == pytest.approx((0.1, 0.0))  # the run that just gave way
+    assert started(h, h.steps(h.lanes.ended(det, 0.4)) + h.steps(h.lanes.fill(0.4))) == ["gen"]
+    assert gen.run_waits() == pytest.approx((0.0, 0.1))
+    assert (gen.queued_s, gen.suspended_s) == pytest.approx((0.1, 0.1))
+    assert gen.first_started_at == pytest.approx(0.1) and gen.started_at == 0.4

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 import compass
-from compass.config import WorkerConfig
-from compass.core.events import StopTask, Submit
+from compass.config import SchedConfig, WorkerConfig
+from compass.core.events import Event, RunTask, StopTask, Submit, SuspendTask, TaskStep
 from compass.core.messages import DoneMsg
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import WorkflowError
 from compass.worker.executor import TaskRunner, TaskStopped
+from compass.worker.windows import StreamedSteps
 from compass.workflow.dag import Task, TaskProfile, is_stepwise
 
 from ..worker.test_state import core, new_job_id, of, received
@@ -172,3 +173,60 @@ def test_the_core_stops_the_running_tasks_of_a_job_that_ended() -> None:
     assert [s.entries for s in stop] == [running]
     other = new_job_id(c)  # a job with nothing running here: nothing to stop
     assert not of(StopTask, c.handle(received(DoneMsg(other, None), now=0.02, sender="a")))
+
+
+class Clock:
+    """A worker's clock the test moves by hand, and the core's side of a step's report."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.steps: asyncio.Queue[TaskStep] = asyncio.Queue()
+        self.name = "w"
+        self.config = WorkerConfig(name="w", sched=SchedConfig(preempt=True))
+
+    def clock(self) -> float:
+        return self.now
+
+    def apply(self, event: Event) -> None:
+        assert isinstance(event, TaskStep)
+        self.steps.put_nowait(event)
+
+
+@pytest.mark.asyncio
+async def test_a_real_task_suspended_at_its_gate_counts_its_wait_apart_from_its_run() -> None:
+    # queued at 0, first run from 1.0, suspended after its first step at 1.5, resumed at 4.5,
+    # ended at 5.0: 1 s queued, 3 s suspended, 1 s of its own run (what its profile learns)
+    app = app_of(counts)
+    clock = Clock()
+    outcomes: asyncio.Queue[TaskOutcome] = asyncio.Queue()
+    runner = TaskRunner(
+        lookup=lambda wf, task: app.get_workflow(wf).tasks[task],
+        module_of=lambda model: None,
+        config=clock.config,
+        on_outcome=outcomes.put_nowait,
+        on_returned=lambda entry: None,
+        streamed=StreamedSteps(clock),  # type: ignore[arg-type]
+        clock=clock.clock,
+    )
+    runner.workflows = app.get_workflow
+    entry = QueuedTask("j1", 0, "flow", "t", None, 0.003, {"x": 3}, {"t": "w"}, "w", 0.0,
+                       steps=3)  # fmt: skip
+    clock.now = 1.0
+    entry.begin(1.0)
+    runner.start(RunTask(entry, 0, False, 0.0, None))
+    first = await asyncio.wait_for(clock.steps.get(), 50)  # its thread imports torch first
+    assert first.seq == 0
+    clock.now = entry.suspended_at = 1.5  # as the core does
+    runner.between_steps(SuspendTask(entry))
+    await asyncio.sleep(0.05)
+    assert outcomes.empty()  # parked at its gate
+    clock.now = 4.5
+    entry.done_steps = 1
+    entry.begin(4.5)
+    clock.now = 5.0
+    runner.start(RunTask(entry, 0, False, 0.0, None))
+    while (outcome := await asyncio.wait_for(outcomes.get(), 30)) is None:
+        pass
+    assert outcome.error is None and outcome.output == -1 and outcome.steps == 3
+    assert (outcome.queue_s, outcome.suspended_s) == pytest.approx((1.0, 3.0))
+    assert outcome.exec_s == pytest.approx(1.0)

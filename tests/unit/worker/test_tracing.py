@@ -243,3 +243,31 @@ def test_a_step_wise_task_span_sums_up_its_steps_and_the_trace_its_first_output(
     (a,) = trace.tasks
     assert a.steps == 10 and a.first_step_ms == pytest.approx(100.0)
     assert a.waited_ms == pytest.approx(400.0)
+
+
+def test_a_suspended_task_span_runs_from_its_first_start_and_counts_its_suspension() -> None:
+    # queued at 10.0, first run from 10.2, suspended at 10.4 and resumed at 10.5, ended at
+    # 11.0: its span covers both runs, its queue is its first wait, its suspension is apart
+    tracer = Tracer()
+    tracer.start("j", forced=True, traceparent=None, received=100.0)
+    entry = QueuedTask(
+        job_id="j", attempt=0, workflow="diamond", task="a", model="m", expected_s=0.01,
+        inputs={}, plan=PLAN, ingress="w0", enqueued_at=10.0,
+    )  # fmt: skip
+    entry.begin(10.2)
+    entry.suspended_at = 10.4
+    entry.begin(10.5)
+    outcome = TaskOutcome(entry, exec_s=0.4, steps=10, first_step_s=0.05)
+    made = task_span(outcome, "w0", wall=101.0, now=11.0, scale=1.0)
+    assert made["queued"] == pytest.approx(100.0) and made["start"] == pytest.approx(100.2)
+    assert made["suspended_s"] == pytest.approx(0.1)
+    tracer.task_ended("j", made)
+    one = Workflow("one", [Task("a", "m", (), TaskProfile(exec_ms=10, output_bytes=8))])
+    record = {"workflow": "one", "plan": {"a": "w0"}, "attempts": 1, "ok": True}
+    tracer.finish("j", record, one, ingress="w0", answered=101.0)
+    trace = JobTrace.from_json(tracer.trace("j"))
+    (a,) = trace.tasks
+    assert a.queued_ms == pytest.approx(200.0) and a.suspended_ms == pytest.approx(100.0)
+    assert JobTrace.from_json(trace.to_json()).tasks[0].suspended_ms == pytest.approx(100.0)
+    # waiting for a lane in all: 0.2 s before its first step, 0.1 s suspended
+    assert trace.breakdown_ms["queue"] == pytest.approx(300.0)
