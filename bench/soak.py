@@ -45,8 +45,8 @@ What it judges (the JSON's ``checks``):
 
 While it runs, a line every ``PROGRESS_S`` says how far it is (jobs submitted, answered, hung,
 the rate, each worker's RSS), and with a JSON path the results so far are kept beside it
-(``PATH.partial``: ``complete`` false, the counts and the samples, replaced at each sample) until
-the whole JSON is written: an hour-long run that dies near its end still leaves its figures.
+(``PATH.partial``: ``complete`` false, the counts and the samples, replaced with each progress
+line) until the whole JSON is written: an hour-long run that dies near its end leaves its figures.
 
 ``worker_pythonpath`` runs the workers from another checkout (a before/after with the same
 driver; an old worker without ``process`` in its status is read from ``/proc/<pid>``).
@@ -420,11 +420,11 @@ class _Soak:
             for name, series in self.samples.items():
                 self.samples[name] = series[::2]
             self.sample_s *= 2
-        if t - self._told >= PROGRESS_S:
-            self._told = t
+        if t - self._told >= PROGRESS_S:  # and the results so far, as often: not at each
+            self._told = t  # sample (they are every sample kept, megabytes in a long run)
             print(self.progress_line(t), flush=True)
-        if self.checkpoint is not None:
-            self._keep_so_far(t, self.checkpoint)
+            if self.checkpoint is not None:
+                self._keep_so_far(t, self.checkpoint)
 
     def progress_line(self, t: float) -> str:
         """How far the run is at ``t`` seconds: jobs, their rate, each worker's last RSS."""

@@ -71,10 +71,10 @@ def prefetch_candidate(
     takes only free slabs or those of models the queue does not need at all. As in the paper,
     the scan stops at the first missing model the queue needs, whether it fits or not; a likely
     model that does not fit is passed over (it may never be needed)."""
+    if not queue.any_likely():  # nothing likely (every static workflow): the paper's rule
+        return cache.prefetch_candidate(queue.upcoming_models(), depth, evict=evict)
     ahead = queue.look_ahead()
     upcoming = [model for model, likely in ahead if not likely]
-    if len(upcoming) == len(ahead):  # nothing likely: the paper's rule as it was
-        return cache.prefetch_candidate(upcoming, depth, evict=evict)
     position = 0  # where in ``upcoming`` the next model the queue needs is
     for name, likely in ahead[: max(depth, 0)]:
         if cache.handle(name) is not None:  # resident or loading

@@ -540,6 +540,11 @@ class TaskQueue:
                 ahead += self._groups[group].work_s()
         return found
 
+    def any_likely(self) -> bool:
+        """Whether a running or queued task carries :attr:`~QueuedTask.likely` models (no sort,
+        no list: the prefetch asks it each time, and static workflows never have any)."""
+        return any(e.likely for e in self._running) or any(i[3].likely for i in self._ready)
+
     def look_ahead(self) -> list[tuple[str, bool]]:
         """:meth:`upcoming_models` in the same order, each a pair ``(model, False)``, with each
         task's :attr:`~QueuedTask.likely` models right after its own as ``(model, True)``: the
