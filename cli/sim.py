@@ -13,7 +13,6 @@ import typer
 
 from compass.config import SIM_WORKER
 from compass.errors import ConfigError
-from compass.sim.settings import with_learned_admission, with_preemption, with_step_batching
 
 if TYPE_CHECKING:
     from compass._bench.elastic import TrafficConfig
@@ -228,6 +227,9 @@ def sim(
         fail(f"--prefetch must be evict or free, got {prefetch!r}", 2)
     evicts = prefetch == "evict"
     batch = batching_keywords(batching, batch_gain)
+    # the simulator is imported here, not with the CLI: `compass worker start` never needs it
+    from compass.sim.settings import with_learned_admission, with_preemption, with_step_batching
+
     runs_of, preempting = with_preemption(tuple(names), preempt.value)
     names = list(with_step_batching(runs_of, step_batch.value))
     admission = "plan"

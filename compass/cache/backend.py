@@ -31,8 +31,10 @@ pays for it.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -657,12 +659,24 @@ def cuda_available() -> bool:
 
 
 def _torch_sees_cuda() -> bool:
+    """Whether torch sees a CUDA device. Importing torch takes seconds, so a host with no GPU
+    device node (NVIDIA's, or ROCm's) is answered without it: a worker without a GPU starts
+    that much sooner."""
+    if "torch" not in sys.modules and not gpu_device_nodes():
+        return False
     try:
         import torch
 
         return bool(torch.cuda.is_available())
     except Exception:  # a broken torch install is not ours to diagnose here
         return False
+
+
+def gpu_device_nodes() -> list[str]:
+    """The GPU device nodes here: NVIDIA's (``/dev/nvidia0``...), ROCm's (``/dev/kfd``) and
+    WSL's (``/dev/dxg``); torch can see a device only where one exists."""
+    nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    return nodes + [node for node in ("/dev/kfd", "/dev/dxg") if os.path.exists(node)]
 
 
 def resolve_cache(config: CacheConfig) -> CacheConfig:

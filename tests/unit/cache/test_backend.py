@@ -19,6 +19,7 @@ from compass.cache.backend import (
     CupyBackend,
     HostBackend,
     cuda_available,
+    gpu_device_nodes,
     make_backend,
 )
 from compass.config import CacheConfig
@@ -198,3 +199,24 @@ def test_a_gpu_cache_that_does_not_fit_is_one_clear_config_error(monkeypatch):
     assert "--cache-mb" in message
     with pytest.raises(ConfigError, match=r"CUDA device 2 does not exist here \(2 visible"):
         CupyBackend(8 * 2**30, 64 * 2**20, device_id=2)
+
+
+def test_a_worker_without_a_gpu_starts_without_importing_torch_or_the_simulator():
+    # importing torch takes seconds: a worker on a host without a GPU device node, whose app
+    # does not use torch, starts without it (and `compass worker start` without the simulator)
+    if gpu_device_nodes():
+        pytest.skip(f"this host has GPU device nodes ({gpu_device_nodes()}): torch is asked")
+    _run(
+        """
+        import sys
+        import compass._cli.main  # the command line, as `compass worker start` loads it
+        from compass.config import WorkerConfig
+        from compass.worker.process import build_worker
+
+        worker = build_worker(WorkerConfig(app="compass._bench.apps"))
+        assert worker.cache.backend.kind == "host", worker.cache.backend.kind
+        assert worker.cache.backend.fallback is None
+        assert "torch" not in sys.modules, "torch was imported"
+        assert "compass.sim" not in sys.modules, "the simulator was imported"
+        """
+    )
