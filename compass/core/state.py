@@ -593,11 +593,18 @@ class WorkerCore:
         if peer == self.name:
             # as a Received from itself, which would learn nothing (no time on the wire)
             self._here(msg, now, 0.0, job_arrival)
-        else:
-            if type(msg) is TaskMsg:
-                msg.stamp(self.view.version_id)  # the version the job was planned with
-            self._out.append(Send(peer, msg, self._cause))
-            self.links.note(peer, msg)
+            return
+        if isinstance(msg, (TaskMsg, ResultMsg)) and self.is_done(msg.job, msg.attempt):
+            # its job ended meanwhile: a successor delivered here just before failed it (its
+            # deadline, say), and this worker is its ingress. The peer would drop the output,
+            # and the link would keep it for good: no end of the job is coming any more. (A
+            # report of a failure does go: one kept for an ingress that was lost, of a job
+            # dropped here then, is sent when it is back.)
+            return
+        if type(msg) is TaskMsg:
+            msg.stamp(self.view.version_id)  # the version the job was planned with
+        self._out.append(Send(peer, msg, self._cause))
+        self.links.note(peer, msg)
 
     def send_done(self, job_id: str, workers: set[str], *, below: int | None, now: float) -> None:
         for worker in sorted(workers):

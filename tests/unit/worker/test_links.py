@@ -278,3 +278,25 @@ def test_a_move_heard_while_its_job_runs_only_moves_the_plan() -> None:
     job, _ = _job_on_peer(ingress, view, peer="b")
     assert of(Send, ingress.handle(received(PlacedMsg(job, 0, "b", "d"), 0.1, sender="b"))) == []
     assert ingress.ingress.jobs[job].plan["b"] == "d"
+
+
+def test_a_job_ended_by_a_successor_delivered_here_sends_no_more_of_its_outputs() -> None:
+    # the soak's last links entries: an ingress ran a task of its own job and pushed its output
+    # to the successors, the first to itself; that one failed the job at once (in the soak its
+    # deadline, here a plan with no worker for its successor), which answered it and forgot it
+    # here. The push to the next successor, on a peer, went out after that: the peer dropped
+    # it, and the link kept it for good, since no end of that job was coming any more
+    c, _ = core("a", ("a", "b"), policy="hash")  # static: the plan stays as given
+    job = new_job_id(c)
+    steps = c.handle(Submit(0.0, job, "diamond", {"x": 1}, 8, 0.0))
+    root = one(RunTask, steps).entry
+    assert root.plan == dict.fromkeys("abcd", "a")  # hash: all of it here
+    del root.plan["d"]  # b, here, cannot run: its successor has no worker
+    root.plan["c"] = "b"
+
+    steps = c.handle(TaskDone(0.5, root, "out-a"))
+    (answer,) = of(Answer, steps)
+    assert "plan places no worker for d" in str(answer.error)
+    assert c.is_done(job, 0)
+    assert [s for s in of(Send, steps) if isinstance(s.msg, TaskMsg)] == []  # c's input: not sent
+    assert len(c.links) == 0
