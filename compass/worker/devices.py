@@ -4,38 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import sys
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from compass.workflow.choices import Decision
 
-__all__ = ["device_of", "import_torch_soon", "moved", "to_host"]
-
-log = logging.getLogger(__name__)
-
-
-def import_torch_soon() -> threading.Thread | None:
-    """Import torch in a thread of its own, unless it is imported already (None then).
-
-    Importing torch takes seconds. A worker whose app does not import it serves as soon as it
-    listens, and its first task does not pay the import: the task's own ``import torch`` waits
-    for this one to finish rather than starting another."""
-    if "torch" in sys.modules:
-        return None
-    thread = threading.Thread(target=_import_torch, name="compass-import-torch", daemon=True)
-    thread.start()
-    return thread
-
-
-def _import_torch() -> None:
-    try:
-        import torch  # noqa: F401
-    except Exception:  # a broken install: each task that needs torch fails with the cause
-        if not sys.is_finalizing():
-            log.exception("importing torch failed; tasks that use it will fail")
+__all__ = ["device_of", "moved", "to_host"]
 
 
 def to_host(value: Any) -> Any:
@@ -46,6 +21,8 @@ def to_host(value: Any) -> Any:
 
 def device_of(module: Any) -> Any:
     """The device of a torch module's first parameter or buffer (None: no module, no tensors)."""
+    if module is None:  # a model-less task: nothing to ask torch (which it may never import)
+        return None
     from torch import nn
 
     if not isinstance(module, nn.Module):

@@ -56,6 +56,7 @@ import inspect
 import logging
 import math
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -679,18 +680,17 @@ def _call(
     scope: AbstractContextManager[Any],
 ) -> Any:
     """``method(module, payload)`` (the task's ``call`` or ``call_batch``) under inference mode
-    inside ``scope`` (the compute stream and fence): inputs moved to the module's device, the
-    output to the host. A ``BaseException`` from user code becomes the task's error, not the
-    worker's."""
-    import torch
-
+    (where torch is imported: an app that never imports it has no tensors) inside ``scope``
+    (the compute stream and fence): inputs moved to the module's device, the output to the
+    host. A ``BaseException`` from user code becomes the task's error, not the worker's."""
+    torch = sys.modules.get("torch")
     assert task.fn is not None
     try:
-        with scope, torch.inference_mode():
+        with scope, nullcontext() if torch is None else torch.inference_mode():
             device = device_of(module)
             if device is None or device.type == "cpu":
                 return method(module, payload)
-            return moved(method(module, moved(payload, device)), torch.device("cpu"))
+            return to_host(method(module, moved(payload, device)))
     except Exception:
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker

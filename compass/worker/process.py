@@ -14,7 +14,6 @@ from compass.cache.backend import resolve_cache
 from compass.config import WorkerConfig
 from compass.errors import CompassError, ConfigError
 from compass.wire.transport import new_event_loop
-from compass.worker.devices import import_torch_soon
 from compass.worker.server import Worker
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import load_workload
@@ -68,8 +67,6 @@ async def serve_worker(config: WorkerConfig) -> int:
     front = await open_front_door(worker)
     # the first line on stdout is the contract with `compass up` and scripts
     print(f"compass worker listening on {worker.address}", flush=True)
-    if config.app is not None:  # real tasks run under torch's inference mode: import it now
-        import_torch_soon()
     if front is not None:
         print(f"compass front door listening on {front.address}", flush=True)
     log.info("worker %s serving on %s (policy %s)", worker.name, worker.address, worker.policy.name)
