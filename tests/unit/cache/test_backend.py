@@ -202,8 +202,9 @@ def test_a_gpu_cache_that_does_not_fit_is_one_clear_config_error(monkeypatch):
 
 
 def test_a_worker_without_a_gpu_starts_without_importing_torch_or_the_simulator():
-    # importing torch takes seconds: a worker on a host without a GPU device node, whose app
-    # does not use torch, starts without it (and `compass worker start` without the simulator)
+    # importing torch takes seconds and hundreds of MB: a worker on a host without a GPU device
+    # node, whose app does not use torch, starts and runs its tasks without it (and `compass
+    # worker start` without the simulator)
     if gpu_device_nodes():
         pytest.skip(f"this host has GPU device nodes ({gpu_device_nodes()}): torch is asked")
     _run(
@@ -218,5 +219,11 @@ def test_a_worker_without_a_gpu_starts_without_importing_torch_or_the_simulator(
         assert worker.cache.backend.fallback is None
         assert "torch" not in sys.modules, "torch was imported"
         assert "compass.sim" not in sys.modules, "the simulator was imported"
+        from contextlib import nullcontext
+        from compass.worker.executor import _call
+
+        task = worker.app.workflows["noop"].tasks["nothing"]
+        assert _call(task, task.call, None, {"x": 21}, nullcontext()) == 21
+        assert "torch" not in sys.modules, "running a task imported torch"
         """
     )
