@@ -29,7 +29,7 @@ from compass.workflow.spec import load_workload
 
 from .report import machine, print_table, write_json
 
-__all__ = ["PREEMPT", "VARIANTS", "run", "variant"]
+__all__ = ["PREEMPT", "VARIANTS", "base_of", "run", "variant"]
 
 _HERE = Path(__file__).resolve().parent
 WORKLOADS = tuple(str(_HERE / "workloads" / n) for n in ("agent-loop.json", "triage-rag.json"))
@@ -60,6 +60,12 @@ def variant(name: str) -> tuple[str, dict[str, Any]]:
     if preempt:
         settings["preempt"] = True
     return policy, settings
+
+
+def base_of(variants: Sequence[str]) -> str | None:
+    """The variant the others are compared with: the first of ``compass`` and ``compass,
+    preempt`` among ``variants`` (None: neither)."""
+    return next((v for v in variants if v in ("compass", "compass" + PREEMPT)), None)
 
 
 def _seeds(found: Mapping[str, Any], policy: str, slo: str, n: int) -> list[float | None]:
@@ -99,7 +105,7 @@ def run(
             found[name] = {slo: _seeds(result, policy, slo, len(seeds)) for slo in slos}
             print(f"  {workload.name} {name}: {time.perf_counter() - t0:.0f} s", flush=True)
         rows = []
-        base = variants[0]  # the ratios are of it over each
+        base = base_of(variants) or variants[0]  # the ratios are of it over each
         ratios: dict[str, dict[str, float | None]] = {}
         for name in variants:
             row: list[Any] = [name]
