@@ -10,9 +10,13 @@ time of a job that reached it, not by its workflow's likely path's), ``compass``
 job's load one step at a time rather than its likely path at admission
 (``count_likely_path`` off, as ``compass-chained`` does), ``compass`` without prefetch on the
 likely branch (``likely_prefetch``: a decision task's likely successors' models load while it
-runs, :mod:`compass.core.likely`), ``compass-chained``, and ``jit``.
-The table gives each variant's mean capacity and the mean of the per-seed ratios of
-``compass`` over it; the JSON keeps every seed's.
+runs, :mod:`compass.core.likely`), ``compass`` and ``compass-chained`` weighing a task at step
+boundaries against its workflow's likely path (``rank_yardstick`` off: "path yardstick"),
+``compass-chained``, and ``jit``. A variant's name ending in ", preempt" runs it with
+preemption at step boundaries (for the workloads whose tasks declare steps, e.g.
+``agent-loop-steps.json``). The table gives each variant's mean capacity and the mean of the
+per-seed ratios of ``compass`` (or ``compass, preempt`` where it comes first) over it; the
+JSON keeps every seed's.
 """
 
 from __future__ import annotations
