@@ -22,7 +22,10 @@ def bench_unfold(
     ] = "",
     variants: Annotated[
         str,
-        typer.Option(help="Separated by ';' (default: all): compass, compass-chained, jit, ..."),
+        typer.Option(
+            help="Separated by ';' (default: all): compass, compass-chained, jit, ...; a name "
+            "ending in ', preempt' runs with preemption at step boundaries."
+        ),
     ] = "",
     seeds: Annotated[str, typer.Option(help="Arrival seeds, 0-2 or 0,1,2.")] = "0,1,2",
     jobs: Jobs = 600,
@@ -35,12 +38,12 @@ def bench_unfold(
     from compass.sim.capacity import parse_seeds
 
     names = [v.strip() for v in variants.split(";") if v.strip()] or list(unfold.VARIANTS)
-    unknown = [v for v in names if v not in unfold.VARIANTS]
+    unknown = [v for v in names if v.removesuffix(unfold.PREEMPT) not in unfold.VARIANTS]
     if unknown:
         fail(
             f"--variants: unknown {unknown[0]!r}; expected some of: {'; '.join(unfold.VARIANTS)}", 2
         )
-    if "compass" not in names:
+    if unfold.base_of(names) is None:
         fail("--variants: compass among them (the others are compared with it)", 2)
     paths = comma_list(workloads) or list(unfold.WORKLOADS)
     for path in paths:

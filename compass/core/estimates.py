@@ -19,7 +19,7 @@ from compass.core.jobs import InboxEntry
 from compass.core.likely import likely_models
 from compass.core.messages import TaskMsg
 from compass.core.queue import QueuedTask
-from compass.core.unfold import prefetches_likely, rank_basis
+from compass.core.unfold import prefetches_likely, rank_basis, ranks_yardstick
 from compass.objective import Objective
 from compass.payload import payload_bytes
 from compass.sched import Policy, ViewSnapshot
@@ -277,7 +277,7 @@ class Estimates:
             level=msg.priority,
             # the budget left when it was sent, on this worker's clock, less the transfer
             deadline=None if msg.budget_s is None else now + msg.budget_s - transfer_s,
-            best_s=self.best_s(workflow),
+            best_s=self._yardstick(workflow, task.name),
             finish=msg.finish,
             stream=msg.stream,
             remaining_s=self.remaining(workflow)[task.name],
@@ -286,6 +286,16 @@ class Estimates:
             state_bytes=task.profile.state_bytes,
             likely=self._likely(workflow, task.name, ready.plan),
         )
+
+    def _yardstick(self, workflow: Workflow, task: str) -> float:
+        """The best time ``task``'s slowdown is measured against at step boundaries: its
+        workflow's, or where the policy says so (:func:`~compass.core.unfold.ranks_yardstick`)
+        the one a task of a workflow decided at run time ranks by."""
+        if workflow.unfold is not None and ranks_yardstick(self.policy):
+            by_task = self._task_best(workflow)
+            if by_task is not None:
+                return by_task[task]
+        return self.best_s(workflow)
 
     def _likely(self, workflow: Workflow, task: str, plan: Mapping[str, str]) -> tuple[str, ...]:
         """The models of decision task ``task``'s likely successors planned here, where the

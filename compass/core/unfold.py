@@ -128,6 +128,16 @@ def rank_basis(policy: Policy) -> str | None:
     return "progress" if policy.options.progress_rank else None
 
 
+def ranks_yardstick(policy: Policy) -> bool:
+    """Whether the slowdown of a task of a workflow decided at run time is measured, at a step
+    boundary (:mod:`compass.core.preempt`), against the best time it ranks by
+    (:func:`rank_basis`) rather than its workflow's likely path's: compass unless
+    ``rank_yardstick`` is off. A job deep in its loop is then weighed as the long job it is
+    expected to be, so a short job's task takes its lane between two steps; a chained step as
+    the short job its client submitted."""
+    return isinstance(policy, CompassPolicy) and policy.options.rank_yardstick
+
+
 def counts_steps(policy: Policy) -> bool:
     """Whether ``policy`` counts a job's tasks in their workers' waits one step at a time (a
     step runs from a choice to the next: :func:`step_of`), rather than its whole likely path

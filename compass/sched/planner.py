@@ -105,6 +105,12 @@ class CompassOptions:
     #: models of the successors its most likely choice runs, where the plan puts them on it
     #: (:mod:`compass.core.likely`; off: only the models of queued tasks, as for any workflow)
     likely_prefetch: bool = True
+    #: a task of a workflow decided at run time is weighed at step boundaries (the slowdown
+    #: rule of preemption, :mod:`compass.core.preempt`) against the best time it ranks by in
+    #: the queue (:func:`compass.core.unfold.rank_basis`: the expected best time of a job that
+    #: reached it; under ``chained``, its step's, the job a chaining client submitted); off:
+    #: its workflow's likely path's, whatever the task
+    rank_yardstick: bool = True
 
     def __post_init__(self) -> None:
         threshold, slack = self.adjust_threshold, self.deadline_slack

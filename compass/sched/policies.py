@@ -135,6 +135,8 @@ VARIANT_OPTIONS = frozenset(
         "progress_rank",
         "count_likely_path",
         "likely_prefetch",
+        "rank_yardstick",
+        "chained",
     }
 )
 

@@ -70,3 +70,16 @@ def test_a_mistake_is_one_line_before_any_search(
     assert done.value.code != 0
     err = capsys.readouterr().err
     assert problem in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_variant_with_preemption_runs_the_same_policy_with_it_on() -> None:
+    from compass._bench import unfold
+
+    assert unfold.variant("compass") == ("compass", {})
+    assert unfold.variant("compass-chained, preempt") == ("compass-chained", {"preempt": True})
+    policy, settings = unfold.variant("compass, path yardstick, preempt")
+    assert policy == "compass"
+    assert settings == {"policy_options": {"rank_yardstick": False}, "preempt": True}
+    # the others are compared with compass, with preemption where compass itself is not there
+    assert unfold.base_of(["compass-chained", "compass, preempt", "compass"]) == "compass, preempt"
+    assert unfold.base_of(["jit"]) is None
