@@ -59,6 +59,7 @@ from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTa
 from compass.core.options import CoreOptions
 from compass.core.preempt import left_s, past_saving
 from compass.core.queue import QueuedTask, TaskQueue
+from compass.core.replica import COLD_S, replica_plan
 from compass.core.shed import queued_too_late, starts_too_late
 from compass.core.stepbatch import StepBatch, closed, with_open
 from compass.core.suspend import Suspensions, past_saving_error
@@ -178,6 +179,9 @@ class Lanes:
         #: runs waiting for pinned or loading slabs to be released
         self._blocked: list[_Run] = []
         self._sizes = {m: cache.size_bytes(m) for m in self.demand}
+        #: model -> when a task here last began with it or a hot copy was warmed (bounded by
+        #: the cache's models; :mod:`compass.core.replica`)
+        self.used: dict[str, float] = {}
         self._smallest = min(self._sizes.values(), default=0)
         #: models worth warming, most wanted first (a query; none without one)
         self.wanted: Callable[[float], Sequence[str]] = wanted or _nothing_wanted
@@ -537,6 +541,7 @@ class Lanes:
                 self._start(run, now)
             else:
                 run.hit = self.cache.record_request(model)
+                self.used[model] = now
                 run.upcoming = self.queue.upcoming_models()
                 self._ensure(run, now)
         self._fill_host(now)
@@ -727,31 +732,24 @@ class Lanes:
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)
 
-    def tick(self, now: float, cause: Cause = "", hot: str = "") -> list[Step]:
+    def tick(
+        self, now: float, cause: Cause = "", hot: str = "", cold_s: float = COLD_S
+    ) -> list[Step]:
         """A periodic check (the real worker's heartbeat): warm the cache if idle; ``hot``: a
-        model to load ahead of need (:meth:`_replicate`)."""
+        model to load ahead of need, over models unused for ``cold_s`` (:meth:`_replicate`)."""
         if hot:
-            return self._decide(cause, self._replicate, hot, now)
+            return self._decide(cause, self._replicate, hot, now, cold_s)
         return self._decide(cause, self._warm, now)
 
-    def _replicate(self, model: str, now: float) -> None:
-        """Load ``model``, which the cluster wants another copy of, before a task needs it: a
-        speculative load that evicts by the cache's own order only models the queue does not
-        need (never a pinned or queued one), and nothing while another load is under way.
+    def _replicate(self, model: str, now: float, cold_s: float) -> None:
+        """Load ``model``, which the cluster wants another copy of, before a task needs it, never
+        while another load is under way, and only over colder models (:mod:`compass.core.replica`).
         Nothing pins the copy: the cache evicts it like any other once unused."""
-        cache = self.cache
-        if (
-            self._loading
-            or model not in cache.models()
-            or cache.is_resident(model)
-            or cache.is_loading(model)
-        ):
+        if self._loading:
             return
-        try:
-            plan = cache.plan_load(model, self.queue.upcoming_models(), allow_evict_needed=False)
-        except CompassError:  # ModelTooLarge: it can never fit here
-            return
+        plan = replica_plan(self.cache, model, self.queue.upcoming_models(), self.used, now, cold_s)
         if plan is not None:
+            self.used[model] = now
             self._begin_load(model, plan, prefetch=True)
 
     def _warm(self, now: float) -> None:
