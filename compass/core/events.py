@@ -287,6 +287,8 @@ class Tick(Named):
     hot: str = ""
     #: ``hot``'s copy evicts only models unused here for this long (:mod:`compass.core.replica`)
     cold_s: float = COLD_S
+    #: models ``hot``'s copy may evict though used lately (:mod:`compass.core.replica`)
+    spare: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ The rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -733,21 +733,23 @@ class Lanes:
             self._begin_load(*candidate, prefetch=True)
 
     def tick(
-        self, now: float, cause: Cause = "", hot: str = "", cold_s: float = COLD_S
-    ) -> list[Step]:
+        self, now: float, cause: Cause = "", hot: str = "", cold_s: float = COLD_S,
+        spare: Collection[str] = (),
+    ) -> list[Step]:  # fmt: skip
         """A periodic check (the real worker's heartbeat): warm the cache if idle; ``hot``: a
-        model to load ahead of need, over models unused for ``cold_s`` (:meth:`_replicate`)."""
+        model to load ahead of need, over models colder than it (:meth:`_replicate`)."""
         if hot:
-            return self._decide(cause, self._replicate, hot, now, cold_s)
+            return self._decide(cause, self._replicate, hot, now, cold_s, spare)
         return self._decide(cause, self._warm, now)
 
-    def _replicate(self, model: str, now: float, cold_s: float) -> None:
+    def _replicate(self, model: str, now: float, cold_s: float, spare: Collection[str]) -> None:
         """Load ``model``, which the cluster wants another copy of, before a task needs it, never
         while another load is under way, and only over colder models (:mod:`compass.core.replica`).
         Nothing pins the copy: the cache evicts it like any other once unused."""
         if self._loading:
             return
-        plan = replica_plan(self.cache, model, self.queue.upcoming_models(), self.used, now, cold_s)
+        upcoming = self.queue.upcoming_models()
+        plan = replica_plan(self.cache, model, upcoming, self.used, now, cold_s, spare)
         if plan is not None:
             self.used[model] = now
             self._begin_load(model, plan, prefetch=True)

@@ -168,7 +168,7 @@ class WorkerCore:
                 case Submit():
                     self.ingress.submit(event)
                 case Tick():
-                    ticked = self.lanes.tick(event.now, cause, event.hot, event.cold_s)
+                    ticked = self.lanes.tick(event.now, cause, event.hot, event.cold_s, event.spare)
                     self._take(ticked, event.now)
                     for (job, attempt, task), entry in self.inbox.expire(event.now):
                         waited = f"{task}'s inputs waited {self.inbox.keep_s:g} s for the rest"

@@ -19,8 +19,10 @@ every worker's view already holds (each worker's queue wait and the models it ho
 
 The copy is made by the worker's own core (``Tick.hot``, :mod:`compass.core.replica`): a
 speculative load into free slabs, or over models colder than the one warmed, never over one
-its queue needs nor one a task used there within ``cold_s`` (where the copy must evict a model
-still in use, it would only move the queue from one model to the other: refused). Nothing
+its queue needs, nor over one a task used there within ``cold_s`` unless :func:`spare_models`
+names it (another worker holds it too, and its holders queue less than the warmed model's).
+Where the copy must evict the only copy of a model in use, it would only move the queue from
+one model to the other: refused. Nothing
 pins the copy: the planner sees it as any resident model and sends the model's tasks there
 because no load is due, and once the wave passes and the copy goes unused, the cache's
 least-recently-used order evicts it like any other. So the cache policy and the planner agree
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 from compass.core.replica import COLD_S
 from compass.errors import ConfigError
 
-__all__ = ["Holding", "ReplicaConfig", "Replicator", "replicas_wanted"]
+__all__ = ["Holding", "ReplicaConfig", "Replicator", "replicas_wanted", "spare_models"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,28 @@ def replicas_wanted(
             chosen.append((target.name, model))
             free.remove(target)
     return chosen
+
+
+def spare_models(workers: Sequence[Holding], worker: str, model: str) -> frozenset[str]:
+    """The models ``worker`` holds that a copy of ``model`` there may evict though a task used
+    them there lately: those another worker holds too, whose holders' mean queue wait is below
+    ``model``'s holders' (colder by the view: their work has another copy and queues less)."""
+
+    def pressure(name: str) -> float:
+        waits = [w.wait_s for w in workers if name in w.models]
+        return sum(waits) / len(waits) if waits else 0.0
+
+    target = next((w for w in workers if w.name == worker), None)
+    if target is None:
+        return frozenset()
+    hot = pressure(model)
+    return frozenset(
+        m
+        for m in target.models
+        if m != model
+        and any(m in w.models for w in workers if w.name != worker)
+        and pressure(m) < hot
+    )
 
 
 class Replicator:

@@ -35,7 +35,7 @@ from typing import Any
 from compass.core.events import Tick
 from compass.core.lanes import Lanes
 from compass.elastic.live import LiveDesired, Seen
-from compass.elastic.replicate import Holding, ReplicaConfig, Replicator
+from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, spare_models
 from compass.elastic.rule import (
     RayServeConfig,
     RayServeRule,
@@ -402,7 +402,8 @@ class _Elastic:
         rule = self.replicator
         for name, model in rule.step(now, holdings, self._hot_models(), self.slack_s):
             i = self.sim.positions[name]
-            self.sim.apply(i, Tick(now, hot=model, cold_s=rule.config.cold_s))
+            spare = spare_models(holdings, name, model)
+            self.sim.apply(i, Tick(now, hot=model, cold_s=rule.config.cold_s, spare=spare))
             self.replicas += self._lanes(i).cache.is_loading(model)
 
     def _grow(self, count: int) -> None:

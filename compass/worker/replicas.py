@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from compass.app import App
 from compass.core.events import Event, Tick
-from compass.elastic.replicate import Holding, ReplicaConfig, Replicator
+from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, spare_models
 from compass.gossip.spread import Watching
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
@@ -161,7 +161,8 @@ class HotReplicas(Collector):
             self._renew(workers, slack, now if real_s is None else real_s)
         started = []
         for model in warm_here(self.name, workers, slack, self.rule, now):
-            self._apply(Tick(now, hot=model, cold_s=self.config.cold_s))
+            spare = spare_models(workers, self.name, model)
+            self._apply(Tick(now, hot=model, cold_s=self.config.cold_s, spare=spare))
             # the core may decline (a load under way, no room without evicting a model queued
             # or used lately): only a load begun counts, and the rule asks another next round
             if model in self._own_state(now).loading:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from compass.core.lanes import LoadModel
-from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, replicas_wanted
+from compass.elastic.replicate import (
+    Holding,
+    ReplicaConfig,
+    Replicator,
+    replicas_wanted,
+    spare_models,
+)
 from compass.errors import ConfigError
 from tests.unit.worker.test_lanes import Harness, entry, loaded
 
@@ -107,6 +113,21 @@ def test_a_copy_that_would_evict_a_model_used_lately_is_refused() -> None:
     roomy.record(roomy.lanes.submit(task, 0.0))
     roomy.record(roomy.lanes.tick(0.1, hot="c"))
     assert roomy.take()[-1] == LoadModel("c", (), True)  # free room: no eviction at all
+
+
+def test_a_model_used_lately_but_spare_makes_room_and_the_rule_names_the_spare_ones() -> None:
+    busy = Harness(capacity_gb=1)
+    loaded(busy.cache, "a")
+    ran = entry("t1", "a")
+    busy.record(busy.lanes.submit(ran, 0.0))
+    busy.record(busy.lanes.ended(ran, 1.0))
+    busy.take()
+    busy.record(busy.lanes.tick(2.0, hot="c", spare={"a"}))
+    assert busy.take() == [LoadModel("c", ("a",), True)]  # another copy of a takes its work
+    # spare: held by another worker too, whose holders queue less than the hot model's
+    workers = [h("x", 0.8, "m", "k"), h("y", 0.0, "k", "n", "j"), h("z", 1.8, "j")]
+    assert spare_models(workers, "y", "m") == {"k"}  # n: the only copy; j: pressed more
+    assert spare_models(workers, "nobody", "m") == frozenset()
 
 
 def test_a_fresh_copy_is_not_evicted_by_the_next_one() -> None:
