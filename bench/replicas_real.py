@@ -14,14 +14,18 @@ cluster without ``--replicate`` and on one with it (fresh processes each).
 Per side: attainment (share of jobs within ``max_slowdown`` of their best time) and the p95
 slowdown, over every job and over the burst's ``hot`` jobs; the copies the rule warmed
 (``compass status``'s ``replicas``). ``ratios``: on over off.
+
+:func:`run_sweep` runs it for every seed and cache size (``--seeds``, ``--cache-mb``): per
+cache, the on/off ratios of every seed and their geometric mean.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,7 @@ from compass.workflow.spec import load_workload
 
 from .report import machine, print_table, write_json
 
-__all__ = ["ReplicasRealConfig", "run_real"]
+__all__ = ["ReplicasRealConfig", "run_real", "run_sweep"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,5 +197,66 @@ def run_real(config: ReplicasRealConfig, json_path: str | None = None) -> dict[s
         "results": results,
         "ratios": ratios,
     }
+    write_json(json_path, out)
+    return out
+
+
+#: the ratios :func:`run_sweep` sums up, on over off (attainment: higher is better; p95
+#: slowdown: lower is better)
+SWEEP_RATIOS = (
+    "all_attainment_on_over_off",
+    "all_p95_slowdown_on_over_off",
+    "burst_hot_attainment_on_over_off",
+    "burst_hot_p95_slowdown_on_over_off",
+)
+
+
+def run_sweep(
+    config: ReplicasRealConfig,
+    seeds: tuple[int, ...],
+    caches_mb: tuple[int, ...],
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    """:func:`run_real` for every cache size and seed; a table of every run's sides and, per
+    cache, the geometric mean of each on/off ratio over the seeds; JSON."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for mb in caches_mb:
+        for seed in seeds:
+            one = run_real(replace(config, gpu_memory_mb=mb, seed=seed))
+            runs.setdefault(str(mb), []).append(one)
+    rows: list[list[Any]] = []
+    means: dict[str, dict[str, float]] = {}
+    for cache, done in runs.items():
+        for one in done:
+            for side, v in one["results"].items():
+                rows.append([cache, one["config"]["seed"], side, v["all"]["attainment"],
+                             v["all"]["p95_slowdown"], v["burst_hot"]["attainment"],
+                             v["burst_hot"]["p95_slowdown"], v["warmed"]])  # fmt: skip
+        means[cache] = {
+            key: math.exp(sum(math.log(o["ratios"][key]) for o in done) / len(done))
+            for key in SWEEP_RATIOS
+            if all(o["ratios"].get(key, 0) > 0 for o in done)
+        }
+    print_table(
+        f"replicas --real, seeds {', '.join(map(str, seeds))}: every run",
+        ["cache MB", "seed", "side", "attainment", "p95 slowdown", "burst attainment",
+         "burst p95 slowdown", "copies warmed"],
+        rows,
+    )  # fmt: skip
+    print_table(
+        "replicas --real: on over off, per seed (geometric mean last)",
+        ["cache MB", "seed", "attainment", "p95 slowdown", "burst attainment",
+         "burst p95 slowdown"],
+        [[cache, o["config"]["seed"], *(o["ratios"].get(k, math.nan) for k in SWEEP_RATIOS)]
+         for cache, done in runs.items() for o in done]
+        + [[cache, "geo-mean", *(m.get(k, math.nan) for k in SWEEP_RATIOS)]
+           for cache, m in means.items()],
+    )  # fmt: skip
+    out = {
+        "config": {**asdict(config), "seeds": list(seeds), "caches_mb": list(caches_mb),
+                   "machine": machine()},
+        "runs": runs,
+        "geomean_ratios": means,
+    }  # fmt: skip
     write_json(json_path, out)
     return out

@@ -546,9 +546,16 @@ def bench_replicas(
         bool,
         typer.Option(
             help="On real worker processes: a burst of one model's jobs on 3 emulated workers, "
-            "with and without --replicate (the first of --seeds)."
+            "with and without --replicate (every one of --seeds and --cache-mb)."
         ),
     ] = False,
+    cache_mb: Annotated[
+        str,
+        typer.Option(
+            help="--real: each worker's cache in MB, comma-separated (1000 holds one of the "
+            "two models, 2000 both)."
+        ),
+    ] = "1000,2000",
 ) -> None:
     """Hot models replicated ahead of need, elasticity off: with against without."""
     from compass._bench import elastic_replicas
@@ -558,8 +565,12 @@ def bench_replicas(
     if real:
         from compass._bench import replicas_real
 
-        first = parse_seeds(seeds)[0]
-        replicas_real.run_real(replicas_real.ReplicasRealConfig(seed=first), json_path=json_path)
+        caches = tuple(int(c) for c in cache_mb.split(",") if c.strip())
+        if not caches or min(caches) < 1:
+            raise typer.BadParameter(f"need cache sizes in MB, got {cache_mb!r}")
+        replicas_real.run_sweep(
+            replicas_real.ReplicasRealConfig(), parse_seeds(seeds), caches, json_path=json_path
+        )
         return
     config = elastic_replicas.ReplicasConfig(
         generated=tuple(range(1, generated + 1)), seeds=parse_seeds(seeds)

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeAlias
 from compass.core.causes import Cause, Caused
 from compass.core.messages import PeerMessage, PlanRequest, TaskMsg
 from compass.core.queue import QueuedTask
+from compass.core.replica import COLD_S
 from compass.errors import CompassError, JobFailed
 from compass.objective import NO_OBJECTIVE, Objective
 from compass.records import record
@@ -284,6 +285,10 @@ class Tick(Named):
     #: a hot model the cluster wants another copy of here, ahead of need (empty: none;
     #: :mod:`compass.elastic.replicate`)
     hot: str = ""
+    #: ``hot``'s copy evicts only models unused here for this long (:mod:`compass.core.replica`)
+    cold_s: float = COLD_S
+    #: models ``hot``'s copy may evict though used lately (:mod:`compass.core.replica`)
+    spare: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

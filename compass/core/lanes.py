@@ -47,7 +47,7 @@ The rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -59,6 +59,7 @@ from compass.core.events import JoinRun, LoadModel, RunTask, StopTask, SuspendTa
 from compass.core.options import CoreOptions
 from compass.core.preempt import left_s, past_saving
 from compass.core.queue import QueuedTask, TaskQueue
+from compass.core.replica import COLD_S, replica_plan
 from compass.core.shed import queued_too_late, starts_too_late
 from compass.core.stepbatch import StepBatch, closed, with_open
 from compass.core.suspend import Suspensions, past_saving_error
@@ -178,6 +179,9 @@ class Lanes:
         #: runs waiting for pinned or loading slabs to be released
         self._blocked: list[_Run] = []
         self._sizes = {m: cache.size_bytes(m) for m in self.demand}
+        #: model -> when a task here last began with it or a hot copy was warmed (bounded by
+        #: the cache's models; :mod:`compass.core.replica`)
+        self.used: dict[str, float] = {}
         self._smallest = min(self._sizes.values(), default=0)
         #: models worth warming, most wanted first (a query; none without one)
         self.wanted: Callable[[float], Sequence[str]] = wanted or _nothing_wanted
@@ -537,6 +541,7 @@ class Lanes:
                 self._start(run, now)
             else:
                 run.hit = self.cache.record_request(model)
+                self.used[model] = now
                 run.upcoming = self.queue.upcoming_models()
                 self._ensure(run, now)
         self._fill_host(now)
@@ -727,31 +732,26 @@ class Lanes:
         if candidate is not None:
             self._begin_load(*candidate, prefetch=True)
 
-    def tick(self, now: float, cause: Cause = "", hot: str = "") -> list[Step]:
+    def tick(
+        self, now: float, cause: Cause = "", hot: str = "", cold_s: float = COLD_S,
+        spare: Collection[str] = (),
+    ) -> list[Step]:  # fmt: skip
         """A periodic check (the real worker's heartbeat): warm the cache if idle; ``hot``: a
-        model to load ahead of need (:meth:`_replicate`)."""
+        model to load ahead of need, over models colder than it (:meth:`_replicate`)."""
         if hot:
-            return self._decide(cause, self._replicate, hot, now)
+            return self._decide(cause, self._replicate, hot, now, cold_s, spare)
         return self._decide(cause, self._warm, now)
 
-    def _replicate(self, model: str, now: float) -> None:
-        """Load ``model``, which the cluster wants another copy of, before a task needs it: a
-        speculative load that evicts by the cache's own order only models the queue does not
-        need (never a pinned or queued one), and nothing while another load is under way.
+    def _replicate(self, model: str, now: float, cold_s: float, spare: Collection[str]) -> None:
+        """Load ``model``, which the cluster wants another copy of, before a task needs it, never
+        while another load is under way, and only over colder models (:mod:`compass.core.replica`).
         Nothing pins the copy: the cache evicts it like any other once unused."""
-        cache = self.cache
-        if (
-            self._loading
-            or model not in cache.models()
-            or cache.is_resident(model)
-            or cache.is_loading(model)
-        ):
+        if self._loading:
             return
-        try:
-            plan = cache.plan_load(model, self.queue.upcoming_models(), allow_evict_needed=False)
-        except CompassError:  # ModelTooLarge: it can never fit here
-            return
+        upcoming = self.queue.upcoming_models()
+        plan = replica_plan(self.cache, model, upcoming, self.used, now, cold_s, spare)
         if plan is not None:
+            self.used[model] = now
             self._begin_load(model, plan, prefetch=True)
 
     def _warm(self, now: float) -> None:

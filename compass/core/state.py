@@ -168,7 +168,8 @@ class WorkerCore:
                 case Submit():
                     self.ingress.submit(event)
                 case Tick():
-                    self._take(self.lanes.tick(event.now, cause=cause, hot=event.hot), event.now)
+                    ticked = self.lanes.tick(event.now, cause, event.hot, event.cold_s, event.spare)
+                    self._take(ticked, event.now)
                     for (job, attempt, task), entry in self.inbox.expire(event.now):
                         waited = f"{task}'s inputs waited {self.inbox.keep_s:g} s for the rest"
                         self.report_failure(job, attempt, task, entry.ingress, event.now,

@@ -35,7 +35,7 @@ from typing import Any
 from compass.core.events import Tick
 from compass.core.lanes import Lanes
 from compass.elastic.live import LiveDesired, Seen
-from compass.elastic.replicate import Holding, ReplicaConfig, replicas_wanted
+from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, spare_models
 from compass.elastic.rule import (
     RayServeConfig,
     RayServeRule,
@@ -206,6 +206,7 @@ class _Elastic:
         ray = options.ray or RayServeConfig(minimum=options.minimum, maximum=options.maximum)
         self.ray = RayServeRule(ray, start=options.initial)
         self.live = LiveDesired(options.rule)
+        self.replicator = Replicator(options.replicate)
         for i in range(n):
             sim.set_open(i, False)
         for i in range(options.initial):
@@ -375,7 +376,7 @@ class _Elastic:
         elif desired < current:
             self._shrink(current - desired, serving, starting, o.controller == "autoscale")
         if o.replicate is not None:
-            self._replicate(o.replicate)
+            self._replicate()
         self.sizes.append(
             (
                 now,
@@ -388,8 +389,8 @@ class _Elastic:
         if now < self._last_arrival or (active and now < self._last_arrival + 3600.0):
             self.sim.schedule(now + o.control_s, self._control, None)
 
-    def _replicate(self, config: ReplicaConfig) -> None:
-        """Warm hot models on serving workers with headroom (:func:`replicas_wanted`)."""
+    def _replicate(self) -> None:
+        """Warm hot models on serving workers with headroom (:class:`Replicator`)."""
         now = self.now
         holdings = []
         for i, p in enumerate(self.phase):
@@ -398,9 +399,11 @@ class _Elastic:
                 resident, loading = lanes.cache.residency()
                 holdings.append(Holding(self.sim.workers[i].name, lanes.wait_s(now),
                                         resident | loading, bool(loading)))  # fmt: skip
-        for name, model in replicas_wanted(holdings, self._hot_models(), self.slack_s, config):
+        rule = self.replicator
+        for name, model in rule.step(now, holdings, self._hot_models(), self.slack_s):
             i = self.sim.positions[name]
-            self.sim.apply(i, Tick(now, hot=model))
+            spare = spare_models(holdings, name, model)
+            self.sim.apply(i, Tick(now, hot=model, cold_s=rule.config.cold_s, spare=spare))
             self.replicas += self._lanes(i).cache.is_loading(model)
 
     def _grow(self, count: int) -> None:

@@ -7,10 +7,12 @@ from what its view holds, as the desired worker count does (:mod:`compass.elasti
 own state as its next heartbeat would say it, and each peer's last heartbeat (its queue wait,
 the models it holds or loads). It asks :func:`~compass.elastic.replicate.replicas_wanted` which
 ``(worker, model)`` pairs to warm, and acts only on those that name itself: it feeds its own
-core ``Tick(now, hot=model)``, a speculative load that evicts nothing its queue needs. Every
-worker runs the same deterministic rule over the same gossiped view, so they agree on who
-warms what without a controller; where two views differ for a round, at worst two workers warm
-the same model, and the copy nobody uses is evicted later by the cache's LRU order.
+core ``Tick(now, hot=model)``, a speculative load that evicts only models colder than the one
+warmed (:mod:`compass.core.replica`). Every worker runs the same deterministic rule, with the
+same memory of cool-downs (:class:`~compass.elastic.replicate.Replicator`), over the same
+gossiped view, so they agree on who warms what without a controller; where two views differ
+for a round, at worst two workers warm the same model, and the copy nobody uses is evicted
+later by the cache's LRU order.
 
 The hot set is every model some worker holds or loads: no worker knows the cluster's recent
 jobs (the simulator's hot set), and a model is only warmed where its holders' mean wait is
@@ -35,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from compass.app import App
 from compass.core.events import Event, Tick
-from compass.elastic.replicate import Holding, ReplicaConfig, replicas_wanted
+from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, spare_models
 from compass.gossip.spread import Watching
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
@@ -77,12 +79,14 @@ def warm_here(
     name: str,
     workers: Sequence[Holding],
     slack_s: float,
-    config: ReplicaConfig,
+    rule: Replicator,
+    now: float,
 ) -> list[str]:
-    """The models the rule picks worker ``name`` to warm now (at most one), over ``workers``'
-    every held model: the pairs that name another worker are theirs to act on."""
+    """The models ``rule`` picks worker ``name`` to warm at ``now`` (at most one), over
+    ``workers``' every held model: the pairs that name another worker are theirs to act on
+    (the rule remembers them too, as theirs do: every worker's cool-downs agree)."""
     hot = {m for w in workers for m in w.models}
-    return [m for w, m in replicas_wanted(workers, hot, slack_s, config) if w == name]
+    return [m for w, m in rule.step(now, workers, hot, slack_s) if w == name]
 
 
 def objective_slack_s(workflows: Iterable[Workflow], profiles: Profiles) -> float:
@@ -131,6 +135,8 @@ class HotReplicas(Collector):
     ) -> None:
         self.name = name
         self.config = config
+        #: the rule and its memory (cool-downs), over this worker's view
+        self.rule = Replicator(config)
         self._own_state = own_state
         self._view = view
         self._apply = apply
@@ -154,10 +160,11 @@ class HotReplicas(Collector):
         if self._watch is not None:
             self._renew(workers, slack, now if real_s is None else real_s)
         started = []
-        for model in warm_here(self.name, workers, slack, self.config):
-            self._apply(Tick(now, hot=model))
-            # the core may decline (a load under way, no room without evicting a queued
-            # model): only a load begun counts
+        for model in warm_here(self.name, workers, slack, self.rule, now):
+            spare = spare_models(workers, self.name, model)
+            self._apply(Tick(now, hot=model, cold_s=self.config.cold_s, spare=spare))
+            # the core may decline (a load under way, no room without evicting a model queued
+            # or used lately): only a load begun counts, and the rule asks another next round
             if model in self._own_state(now).loading:
                 self.warmed[model] = self.warmed.get(model, 0) + 1
                 started.append(model)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from compass.core.lanes import LoadModel
-from compass.elastic.replicate import Holding, ReplicaConfig, replicas_wanted
+from compass.elastic.replicate import (
+    Holding,
+    ReplicaConfig,
+    Replicator,
+    replicas_wanted,
+    spare_models,
+)
 from compass.errors import ConfigError
 from tests.unit.worker.test_lanes import Harness, entry, loaded
 
@@ -74,3 +80,98 @@ def test_a_hot_tick_loads_the_model_evicting_only_what_the_queue_does_not_need()
     idle.take()
     idle.record(idle.lanes.submit(entry("t4", "a"), 0.5))
     assert idle.take()[0] == LoadModel("a", ("c",), False)
+
+
+def test_a_copy_that_would_evict_a_model_used_lately_is_refused() -> None:
+    """Worker w1 serves ``a`` (one task just ended, none queued) and its cache is full: a
+    copy of the hot ``c`` would evict ``a``, still in use, so the lanes refuse it; over a
+    model unused for ``cold_s`` (``b``), or into free slabs, it loads."""
+    busy = Harness(capacity_gb=1)
+    loaded(busy.cache, "a")
+    ran = entry("t1", "a")
+    busy.record(busy.lanes.submit(ran, 0.0))
+    busy.record(busy.lanes.ended(ran, 1.0))
+    busy.take()
+    busy.record(busy.lanes.tick(5.0, hot="c", cold_s=10.0))
+    assert busy.take() == [] and busy.cache.resident() == {"a"}  # a ran 5 s ago: warmer
+    busy.record(busy.lanes.tick(10.5, hot="c", cold_s=10.0))
+    assert busy.take() == [LoadModel("c", ("a",), True)]  # unused for 10.5 s: colder
+
+    mixed = Harness(capacity_gb=2)
+    loaded(mixed.cache, "b", "a")
+    for at, model in ((0.0, "b"), (20.0, "a")):
+        task = entry(f"t{at:g}", model)
+        mixed.record(mixed.lanes.submit(task, at))
+        mixed.record(mixed.lanes.ended(task, at + 0.5))
+    mixed.take()
+    mixed.record(mixed.lanes.tick(21.0, hot="c"))  # the default cold_s
+    assert mixed.take() == [LoadModel("c", ("b",), True)]  # b, unused for 21 s, goes; a stays
+
+    roomy = Harness(capacity_gb=2)
+    loaded(roomy.cache, "a")
+    task = entry("t1", "a")
+    roomy.record(roomy.lanes.submit(task, 0.0))
+    roomy.record(roomy.lanes.tick(0.1, hot="c"))
+    assert roomy.take()[-1] == LoadModel("c", (), True)  # free room: no eviction at all
+
+
+def test_a_model_used_lately_but_spare_makes_room_and_the_rule_names_the_spare_ones() -> None:
+    busy = Harness(capacity_gb=1)
+    loaded(busy.cache, "a")
+    ran = entry("t1", "a")
+    busy.record(busy.lanes.submit(ran, 0.0))
+    busy.record(busy.lanes.ended(ran, 1.0))
+    busy.take()
+    busy.record(busy.lanes.tick(2.0, hot="c", spare={"a"}))
+    assert busy.take() == [LoadModel("c", ("a",), True)]  # another copy of a takes its work
+    # spare: held by another worker too, whose holders queue less than the hot model's
+    workers = [h("x", 0.8, "m", "k"), h("y", 0.0, "k", "n", "j"), h("z", 1.8, "j")]
+    assert spare_models(workers, "y", "m") == {"k"}  # n: the only copy; j: pressed more
+    assert spare_models(workers, "nobody", "m") == frozenset()
+
+
+def test_a_fresh_copy_is_not_evicted_by_the_next_one() -> None:
+    idle = Harness(capacity_gb=1)
+    idle.record(idle.lanes.tick(0.0, hot="a"))
+    idle.record(idle.lanes.loaded("a", 1.0, 1.0))
+    idle.take()
+    idle.record(idle.lanes.tick(2.0, hot="b"))
+    assert idle.take() == []  # a was warmed 2 s ago: it has not had its chance yet
+
+
+def test_the_rule_does_not_ask_a_worker_again_for_a_model_within_its_cool_down() -> None:
+    rule = Replicator(ReplicaConfig(warm_fraction=0.15, headroom_fraction=0.05, cooldown_s=30.0))
+    workers = [h("a", 0.5, "m"), h("b", 0.0, "n"), h("c", 0.01, "k")]
+    assert rule.step(0.0, workers, ["m"], 1.0) == [("b", "m")]
+    # b's core declined (nothing loading there): the next worker with headroom is asked
+    assert rule.step(2.0, workers, ["m"], 1.0) == [("c", "m")]
+    assert rule.step(4.0, workers, ["m"], 1.0) == []  # both cooling: nobody is asked
+    assert rule.step(30.0, workers, ["m"], 1.0) == [("b", "m")]  # b's window is over
+    assert set(rule.cooling) == {("b", "m"), ("c", "m")}
+
+
+def test_a_model_a_worker_dropped_is_not_warmed_back_there_within_the_cool_down() -> None:
+    """The thrash of two models short of room: b's copy of m evicted n; n's holder queues
+    then, but b, which dropped n a round ago, is not asked to warm it back."""
+    rule = Replicator(ReplicaConfig(warm_fraction=0.15, headroom_fraction=0.05, cooldown_s=30.0))
+    assert rule.step(0.0, [h("a", 0.0, "n"), h("b", 0.0, "n")], ["n"], 1.0) == []
+    # m copied onto b over n (the planner's or a copy's load): b dropped n
+    after = [h("a", 0.5, "n"), h("b", 0.0, "m")]
+    assert rule.step(2.0, after, ["n"], 1.0) == []
+    assert rule.cooling == {("b", "n"): 2.0}
+    assert rule.step(31.9, after, ["n"], 1.0) == []
+    assert rule.step(32.0, after, ["n"], 1.0) == [("b", "n")]
+    # bounded: windows that ended are forgotten, and so are workers no longer serving
+    assert rule.step(70.0, [h("a", 0.0, "n")], ["n"], 1.0) == []
+    assert rule.cooling == {} and set(rule._held) == {"a"}
+
+
+def test_cool_down_and_cold_thresholds_are_checked() -> None:
+    with pytest.raises(ConfigError, match="cooldown_s >= 0"):
+        ReplicaConfig(cooldown_s=-1.0)
+    with pytest.raises(ConfigError, match="cold_s >= 0"):
+        ReplicaConfig(cold_s=-1.0)
+    # zero: no memory at all, every round as the one before
+    rule = Replicator(ReplicaConfig(cooldown_s=0.0))
+    workers = [h("a", 0.9, "m"), h("b", 0.0)]
+    assert rule.step(0.0, workers, ["m"], 1.0) == rule.step(0.0, workers, ["m"], 1.0)

@@ -11,7 +11,7 @@ import pytest
 from cli.format import status_lines
 from compass.config import WorkerConfig
 from compass.core.events import Heard, Tick
-from compass.elastic.replicate import Holding, ReplicaConfig
+from compass.elastic.replicate import Holding, ReplicaConfig, Replicator
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
 from compass.worker.process import build_worker
@@ -83,12 +83,17 @@ def test_holdings_read_each_workers_wait_and_the_models_it_holds_or_loads() -> N
 
 def test_every_worker_computes_the_same_pairs_and_only_the_one_named_acts() -> None:
     workers = holdings(state("w0", 0.8, "m"), [state("w1", 0.6, "m"), state("w2", 0.0, "n")])
-    assert warm_here("w2", workers, SLACK_S, ReplicaConfig()) == ["m"]
-    assert warm_here("w0", workers, SLACK_S, ReplicaConfig()) == []
-    assert warm_here("w1", workers, SLACK_S, ReplicaConfig()) == []
+    rules = {name: Replicator() for name in ("w0", "w1", "w2")}
+    assert warm_here("w2", workers, SLACK_S, rules["w2"], 1.0) == ["m"]
+    assert warm_here("w0", workers, SLACK_S, rules["w0"], 1.0) == []
+    assert warm_here("w1", workers, SLACK_S, rules["w1"], 1.0) == []
+    # and every worker remembers the same pair asked for
+    assert {name: dict(rule.cooling) for name, rule in rules.items()} == {
+        name: {("w2", "m"): 1.0} for name in rules
+    }
     # the holders' mean wait under half the slack: nothing is hot enough
     calm = holdings(state("w0", 0.5, "m"), [state("w1", 0.4, "m"), state("w2", 0.0, "n")])
-    assert warm_here("w2", calm, SLACK_S, ReplicaConfig()) == []
+    assert warm_here("w2", calm, SLACK_S, Replicator(), 1.0) == []
 
 
 def test_the_worker_picked_feeds_its_own_core_a_hot_tick_and_counts_the_copy() -> None:
@@ -126,6 +131,21 @@ def test_a_load_the_core_declines_is_not_counted() -> None:
     )
     assert replicas.step(1.0) == []
     assert core.fed == [Tick(1.0, hot="m")] and replicas.warmed == {}
+
+
+def test_a_worker_whose_core_declined_is_not_asked_again_in_its_cool_down() -> None:
+    """w2's core declines (its cache is full of models used lately): every worker's rule asks
+    w3 next round, and w2 only once the cool-down has passed."""
+    pressed = [state("w0", 0.9, "m"), state("w1", 0.7, "m"), state("w3", 0.05, "k")]
+    w2, core2 = replicas_of(state("w2", 0.0, "n"), pressed, declines=True)
+    w3, core3 = replicas_of(state("w3", 0.05, "k"), [*pressed[:2], state("w2", 0.0, "n")])
+    assert w2.step(1.0) == [] and w3.step(1.0) == []
+    assert core2.fed == [Tick(1.0, hot="m")] and core3.fed == []
+    assert w2.step(3.0) == [] and w3.step(3.0) == ["m"]  # w2 cools down: w3 is asked
+    assert core2.fed == [Tick(1.0, hot="m")]
+    cooldown = ReplicaConfig().cooldown_s
+    w2.step(1.0 + cooldown)
+    assert core2.fed[1:] == [Tick(1.0 + cooldown, hot="m")]  # asked again once it passed
 
 
 def test_a_bounded_view_watches_the_holders_while_it_has_headroom() -> None:
