@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -183,12 +183,18 @@ class Clock:
         self.steps: asyncio.Queue[TaskStep] = asyncio.Queue()
         self.name = "w"
         self.config = WorkerConfig(name="w", sched=SchedConfig(preempt=True))
+        #: the core's word on a step, given as the core gives it: while the step is handled,
+        #: before its thread is let go on (a test that waited for the step first would race
+        #: the thread through its next steps)
+        self.decide: Callable[[TaskStep], None] | None = None
 
     def clock(self) -> float:
         return self.now
 
     def apply(self, event: Event) -> None:
         assert isinstance(event, TaskStep)
+        if self.decide is not None:
+            self.decide(event)
         self.steps.put_nowait(event)
 
 
@@ -211,13 +217,18 @@ async def test_a_real_task_suspended_at_its_gate_counts_its_wait_apart_from_its_
     runner.workflows = app.get_workflow
     entry = QueuedTask("j1", 0, "flow", "t", None, 0.003, {"x": 3}, {"t": "w"}, "w", 0.0,
                        steps=3)  # fmt: skip
+
+    def suspend_after_its_first_step(step: TaskStep) -> None:
+        if step.seq == 0:
+            clock.now = entry.suspended_at = 1.5  # as the core does
+            runner.between_steps(SuspendTask(entry))
+
+    clock.decide = suspend_after_its_first_step
     clock.now = 1.0
     entry.begin(1.0)
     runner.start(RunTask(entry, 0, False, 0.0, None))
     first = await asyncio.wait_for(clock.steps.get(), 50)  # its thread imports torch first
     assert first.seq == 0
-    clock.now = entry.suspended_at = 1.5  # as the core does
-    runner.between_steps(SuspendTask(entry))
     await asyncio.sleep(0.05)
     assert outcomes.empty()  # parked at its gate
     clock.now = 4.5
