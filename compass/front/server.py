@@ -350,7 +350,12 @@ class FrontDoor:
                     return await read_body(request, length)
                 chunks: list[bytes] = []
                 size = 0
-                while chunk := (await request.content.readchunk())[0]:
+                while True:
+                    chunk, chunk_ended = await request.content.readchunk()
+                    if not chunk:
+                        if chunk_ended:  # an HTTP chunk's end heard after its bytes were read
+                            continue
+                        break  # the body's end
                     size += len(chunk)
                     if size > limit:
                         raise HttpError(413, f"the request body is over the limit of {limit}")
