@@ -703,7 +703,7 @@ def _outcomes(run: RunTask) -> list[TaskOutcome]:
     return [
         TaskOutcome(
             entry,
-            queue_s=entry.first_started_at - entry.enqueued_at,  # before its first step
+            queue_s=entry.queued_s,  # before its first step
             fetch_s=run.fetch_s,
             cache_hit=run.hit is not False,
             batch=len(entries),
