@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -45,14 +46,22 @@ def _fmt(value: Any) -> str:
 def write_json(path: str | None, data: Mapping[str, Any], *, announce: bool = True) -> None:
     """Write ``data`` to ``path`` as indented JSON with sorted keys, creating the folder, and
     say so (``announce``); nothing when ``path`` is empty. The one writer of every
-    benchmark's and ``compass sim``'s JSON."""
+    benchmark's and ``compass sim``'s JSON. Written whole beside it, then renamed over it: a
+    run stopped meanwhile leaves the last whole file, never half of one."""
     if not path:
         return
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
+    part = f"{path}.tmp"
+    try:
+        with open(part, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(part)
+        raise
+    os.replace(part, path)
     if announce:
         print(f"wrote {path}")
 

@@ -241,7 +241,7 @@ class _Soak:
     ) -> None:
         self.config = config
         self.cluster = cluster
-        #: where the results so far are kept at each sample (None: nowhere)
+        #: where the results so far are kept with each progress line (None: nowhere)
         self.checkpoint = checkpoint
         self._told = 0.0  # when the last progress line was printed
         self.counts = JobCounts()
@@ -441,11 +441,9 @@ class _Soak:
         )
 
     def _keep_so_far(self, t: float, path: Path) -> None:
-        """The results so far, at ``path`` (written whole, then renamed over the last)."""
+        """The results so far, at ``path`` (:func:`write_json`: whole, or the last ones)."""
         so_far = {"complete": False, "t": t, "jobs": asdict(self.counts), "samples": self.samples}
-        part = path.with_name(path.name + ".tmp")
-        part.write_text(json.dumps(so_far), encoding="utf-8")
-        os.replace(part, path)
+        write_json(str(path), so_far, announce=False)
 
     def _keep(self, name: str, sample: dict[str, Any]) -> None:
         self.samples.setdefault(name, []).append(sample)
