@@ -82,16 +82,22 @@ def test_a_hot_tick_loads_the_model_evicting_only_what_the_queue_does_not_need()
     assert idle.take()[0] == LoadModel("a", ("c",), False)
 
 
-def test_a_copy_that_would_evict_a_model_used_lately_is_refused() -> None:
-    """Worker w1 serves ``a`` (one task just ended, none queued) and its cache is full: a
-    copy of the hot ``c`` would evict ``a``, still in use, so the lanes refuse it; over a
-    model unused for ``cold_s`` (``b``), or into free slabs, it loads."""
+def _ran_a_until(ended: float) -> Harness:
+    """A full 1 GB cache holding ``a``, whose one task ran from 0 to ``ended``: none queued."""
     busy = Harness(capacity_gb=1)
     loaded(busy.cache, "a")
     ran = entry("t1", "a")
     busy.record(busy.lanes.submit(ran, 0.0))
-    busy.record(busy.lanes.ended(ran, 1.0))
+    busy.record(busy.lanes.ended(ran, ended))
     busy.take()
+    return busy
+
+
+def test_a_copy_that_would_evict_a_model_used_lately_is_refused() -> None:
+    """Worker w1 serves ``a`` (one task just ended, none queued) and its cache is full: a
+    copy of the hot ``c`` would evict ``a``, still in use, so the lanes refuse it; over a
+    model unused for ``cold_s`` (``b``), or into free slabs, it loads."""
+    busy = _ran_a_until(1.0)
     busy.record(busy.lanes.tick(5.0, hot="c", cold_s=10.0))
     assert busy.take() == [] and busy.cache.resident() == {"a"}  # a ran 5 s ago: warmer
     busy.record(busy.lanes.tick(10.5, hot="c", cold_s=10.0))
@@ -116,12 +122,7 @@ def test_a_copy_that_would_evict_a_model_used_lately_is_refused() -> None:
 
 
 def test_a_model_used_lately_but_spare_makes_room_and_the_rule_names_the_spare_ones() -> None:
-    busy = Harness(capacity_gb=1)
-    loaded(busy.cache, "a")
-    ran = entry("t1", "a")
-    busy.record(busy.lanes.submit(ran, 0.0))
-    busy.record(busy.lanes.ended(ran, 1.0))
-    busy.take()
+    busy = _ran_a_until(1.0)
     busy.record(busy.lanes.tick(2.0, hot="c", spare={"a"}))
     assert busy.take() == [LoadModel("c", ("a",), True)]  # another copy of a takes its work
     # spare: held by another worker too, whose holders queue less than the hot model's

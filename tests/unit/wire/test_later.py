@@ -36,6 +36,13 @@ class LaterPeer(Peer):
         self.router.add_request("later", later)
 
 
+async def _asked(near: Channel, b: LaterPeer, body: str) -> asyncio.Future[Any]:
+    """``near`` asks ``b`` for ``later``, until the request reached b's handler."""
+    asking = asyncio.ensure_future(near.request("later", body))
+    await until(lambda: body in b.futures, "the request reached its handler")
+    return asking
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", PAIRS)
 async def test_a_later_answer_is_the_future_s_value_or_error_with_no_task(kind: str) -> None:
@@ -43,8 +50,7 @@ async def test_a_later_answer_is_the_future_s_value_or_error_with_no_task(kind: 
     async with opened(kind) as net:
         near, far = await net.pair(Peer("a"), b)
         tasks = len(asyncio.all_tasks())
-        asking = asyncio.ensure_future(near.request("later", "one"))
-        await until(lambda: "one" in b.futures, "the request reached its handler")
+        asking = await _asked(near, b, "one")
         # held as the request's future, no task started for it (the caller's own aside)
         assert list(far._handler_tasks.values()) == [b.futures["one"]]
         assert len(asyncio.all_tasks()) == tasks + 1
@@ -52,8 +58,7 @@ async def test_a_later_answer_is_the_future_s_value_or_error_with_no_task(kind: 
         assert await asking == {"x": 1}
         assert far._handler_tasks == {}
 
-        asking = asyncio.ensure_future(near.request("later", "two"))
-        await until(lambda: "two" in b.futures, "the request reached its handler")
+        asking = await _asked(near, b, "two")
         b.futures["two"].set_exception(InvalidInputs("no such input", detail={"job_id": "j2"}))
         with pytest.raises(InvalidInputs, match="no such input") as refused:
             await asking
@@ -72,8 +77,7 @@ async def test_a_later_answer_given_up_on_or_cut_off_cancels_its_future(kind: st
         await until(lambda: b.futures["late"].cancelled(), "the caller's give-up cancels it")
         assert far._handler_tasks == {}
 
-        asking = asyncio.ensure_future(near.request("later", "cut"))
-        await until(lambda: "cut" in b.futures, "the request reached its handler")
+        asking = await _asked(near, b, "cut")
         await far.aclose()
         await until(lambda: b.futures["cut"].cancelled(), "the channel's close cancels it")
         with pytest.raises((ConnectionClosed, ConnectionLost, WorkerUnavailable)):
