@@ -30,7 +30,8 @@ the task's stop flag (:meth:`TaskRunner.stop`, the core's :class:`~compass.core.
 set, the generator is closed (its ``finally`` runs) and the task ends there, its lane free. Its
 final output is what it returns, or its last item if it returns nothing; an async generator runs
 on an event loop of its thread's own. An emulated step-wise task sleeps its profile and, stopped,
-ends at its next step boundary.
+ends at its next step boundary. A task function declared ``async def`` is run to its end on an
+event loop of its thread's own too (:mod:`compass.worker.calling`), never on the worker's.
 
 **Streamed inputs.** A task fed by a streamed edge gets, for each such input, the
 :class:`~compass.worker.feeds.FeedReader` the core's :class:`~compass.core.events.Feed`
@@ -52,17 +53,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
 import math
 import queue
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,10 +72,18 @@ from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout
 from compass.worker.batchsteps import StepBatches
-from compass.worker.devices import device_of, moved, to_host
+from compass.worker.calling import (
+    Steps,
+    TaskAborted,
+    TaskStopped,
+    call_scoped,
+    call_task,
+    run_steps,
+)
+from compass.worker.devices import to_host
 from compass.worker.feeds import Feeds
 from compass.worker.stepgate import StepGate
-from compass.worker.windows import StepWindow, StreamedSteps
+from compass.worker.windows import StreamedSteps
 from compass.workflow.dag import Task, Workflow, emulated_run_s
 
 __all__ = [
@@ -90,15 +96,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("compass.worker")
-
-
-class TaskAborted(Exception):
-    """A task's code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``
-    from ``sys.exit()``, ``KeyboardInterrupt``...): it fails that task's job, nothing more."""
-
-
-class TaskStopped(Exception):
-    """A step-wise task was stopped between two steps (its job ended elsewhere)."""
 
 
 _payloads: dict[int, np.ndarray] = {}
@@ -233,13 +230,13 @@ class TaskRunner:
                 report = _reporter(loop, self._on_step, run.entry)
             if run.entry.stream and self._streamed is not None:  # its caller's reads pace it
                 window = self._streamed.open(run.entry)
-            steps = _Steps(stop, outcomes[0], report, window)
-            method = functools.partial(_run_steps, task, steps)
+            steps = Steps(stop, outcomes[0], report, window)
+            method = functools.partial(run_steps, task, steps)
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
         then = functools.partial(self._thread_done, outcomes, task, t0)
-        work = self._threads.run(loop, _call, task, method, module, payload, scope, then=then)
+        work = self._threads.run(loop, call_task, task, method, module, payload, scope, then=then)
         deadline = loop.time() + timeout_s
         self._deadlines[work] = (deadline, run.entry)
         watchdog = self._watchdog
@@ -372,7 +369,7 @@ class TaskRunner:
         :meth:`refresh` starts again at each step."""
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
-        work = self._threads.run(asyncio.get_running_loop(), _scoped, fn, module, scope)
+        work = self._threads.run(asyncio.get_running_loop(), call_scoped, fn, module, scope)
         self.refresh(entry, work)
         return work
 
@@ -663,38 +660,13 @@ class TaskThreads:
             loop, future, fn, args = self._work.get()
             try:
                 result, error = fn(*args), None
-            except BaseException as exc:  # _call turns user code's into Exceptions already
+            except BaseException as exc:  # call_task turns user code's into Exceptions already
                 result, error = None, exc
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(self._settle, future, result, error)
             del loop, future, fn, args, result, error
             with self._lock:
                 self._idle += 1
-
-
-def _call(
-    task: Task,
-    method: Callable[..., Any],
-    module: Any,
-    payload: Any,
-    scope: AbstractContextManager[Any],
-) -> Any:
-    """``method(module, payload)`` (the task's ``call`` or ``call_batch``) under inference mode
-    (where torch is imported: an app that never imports it has no tensors) inside ``scope``
-    (the compute stream and fence): inputs moved to the module's device, the output to the
-    host. A ``BaseException`` from user code becomes the task's error, not the worker's."""
-    torch = sys.modules.get("torch")
-    assert task.fn is not None
-    try:
-        with scope, nullcontext() if torch is None else torch.inference_mode():
-            device = device_of(module)
-            if device is None or device.type == "cpu":
-                return method(module, payload)
-            return to_host(method(module, moved(payload, device)))
-    except Exception:
-        raise
-    except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
-        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _outcomes(run: RunTask) -> list[TaskOutcome]:
@@ -714,72 +686,6 @@ def _outcomes(run: RunTask) -> list[TaskOutcome]:
         )
         for entry in entries
     ]
-
-
-def _scoped(fn: Callable[[Any], Any], module: Any, scope: AbstractContextManager[Any]) -> Any:
-    """``fn(module)`` under inference mode inside ``scope`` (a step batch's thread)."""
-    import torch
-
-    with scope, torch.inference_mode():
-        return fn(module)
-
-
-@dataclass(slots=True)
-class _Steps:
-    """What drives a step-wise task in its thread: the stop flag it looks at between two
-    steps, the outcome it counts them in, where each partial output is reported (None: its job
-    does not stream) and the window its caller's reads open (None: no caller reads here)."""
-
-    stop: threading.Event
-    outcome: TaskOutcome
-    report: Callable[[int, Any], Any] | None
-    window: StepWindow | None
-
-
-def _run_steps(task: Task, steps: _Steps, module: Any, payload: Any) -> Any:
-    """Drive step-wise ``task``'s generator (its ``call``), a step at a time: each item ends a
-    step (counted in the outcome, the first's time kept; reported, on the host, for a job that
-    streams); before each step, the caller's window must have room (the wait is counted as
-    ``waited_s``); the stop flag set, the generator is closed between two steps and
-    :class:`TaskStopped` raised. The final output: the value returned, or the last item when
-    it returns nothing (an async generator cannot return one)."""
-    outcome, stop, report, window = steps.outcome, steps.stop, steps.report, steps.window
-    started = time.perf_counter()
-    made = task.call(module, payload)
-    items = _async_items(made) if inspect.isasyncgen(made) else made
-    last: Any = None
-    try:
-        while True:
-            if window is not None:  # a slow caller holds the next step here
-                outcome.waited_s += window.before_step(outcome.steps)
-            if stop.is_set():
-                outcome.stopped = True
-                raise TaskStopped(f"task {task.name!r} stopped after {outcome.steps} steps")
-            try:
-                last = next(items)
-            except StopIteration as end:
-                return last if end.value is None else end.value
-            if report is not None:
-                report(outcome.steps, to_host(last))
-            outcome.steps += 1
-            if outcome.steps == 1:
-                outcome.first_step_s = time.perf_counter() - started
-    finally:
-        items.close()  # a stopped or failed generator's finally clauses run here
-
-
-def _async_items(agen: Any) -> Generator[Any, None, None]:
-    """The items of async generator ``agen``, driven on an event loop of this thread's own."""
-    loop = asyncio.new_event_loop()
-    try:
-        while True:
-            try:
-                yield loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
-    finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
 
 
 def _step_output(task: Task) -> np.ndarray:

@@ -14,6 +14,9 @@ from compass.cluster import LocalCluster
 from .conftest import app_environment, cluster_on_its_own_loop
 
 SURFACE_APP = """
+import asyncio
+import threading
+
 import compass
 
 app = compass.App("surface")
@@ -23,6 +26,15 @@ wf = app.workflow("echo", inputs=["x", "priority", "timeout", "trace"])
 @wf.task
 def echo(model, x, priority, timeout, trace):
     return {"x": x, "priority": priority, "timeout": timeout, "trace": trace}
+
+
+later = app.workflow("later", inputs=["x"])
+
+
+@later.task
+async def awaits(model, x):
+    await asyncio.sleep(0.01)
+    return {"x": x + 1, "thread": threading.current_thread().name}
 """
 
 #: a job's inputs whose names are also options of the submission methods
@@ -73,7 +85,7 @@ async def test_status_records_and_timeline_come_back_typed(surface_worker: Local
         status = await client.status()
         assert isinstance(status, WorkerStatus)
         assert status.name == "w0" and status.address == surface_worker.addresses[0]
-        assert status.workflows == ("echo",) and status.peers == () and not status.draining
+        assert status.workflows == ("echo", "later") and status.peers == () and not status.draining
         assert status.to_json()["queue"] == status.queue
         with pytest.warns(DeprecationWarning, match=r"status\.name"):
             assert status["name"] == "w0"
@@ -104,3 +116,11 @@ def test_the_sync_client_has_the_same_typed_surface(surface_worker: LocalCluster
         assert [r.priority for r in client.records()] == [4, 0]
         assert client.status().name == "w0"
         assert any(s.task == "echo" for s in client.timeline().spans)
+
+
+@pytest.mark.asyncio
+async def test_an_async_task_is_awaited_in_its_task_thread(surface_worker: LocalCluster) -> None:
+    async with surface_worker.client() as client:
+        answer = await client.submit("later", x=1)
+    assert answer["x"] == 2
+    assert answer["thread"].startswith("compass-task-"), answer  # not the worker's loop

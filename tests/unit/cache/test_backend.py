@@ -220,10 +220,10 @@ def test_a_worker_without_a_gpu_starts_without_importing_torch_or_the_simulator(
         assert "torch" not in sys.modules, "torch was imported"
         assert "compass.sim" not in sys.modules, "the simulator was imported"
         from contextlib import nullcontext
-        from compass.worker.executor import _call
+        from compass.worker.calling import call_task
 
         task = worker.app.workflows["noop"].tasks["nothing"]
-        assert _call(task, task.call, None, {"x": 21}, nullcontext()) == 21
+        assert call_task(task, task.call, None, {"x": 21}, nullcontext()) == 21
         assert "torch" not in sys.modules, "running a task imported torch"
         """
     )

@@ -3,13 +3,14 @@ without importing torch where the app never did: tests/unit/cache/test_backend.p
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import nullcontext
 
 import pytest
 import torch
 
 import compass
-from compass.worker.executor import TaskAborted, _call
+from compass.worker.calling import TaskAborted, call_task
 
 app = compass.App("calls")
 probe = app.workflow("probe", inputs=["x"])
@@ -22,7 +23,7 @@ def modes(model: None, x: int) -> tuple[int, bool, bool]:
 
 def test_a_task_runs_under_inference_mode_where_torch_is_imported() -> None:
     task = app.workflows["probe"].tasks["modes"]
-    assert _call(task, task.call, None, {"x": 1}, nullcontext()) == (2, True, False)
+    assert call_task(task, task.call, None, {"x": 1}, nullcontext()) == (2, True, False)
 
 
 def test_a_task_that_exits_fails_the_task_not_the_worker() -> None:
@@ -35,4 +36,30 @@ def test_a_task_that_exits_fails_the_task_not_the_worker() -> None:
 
     task = crash.workflows["w"].tasks["bye"]
     with pytest.raises(TaskAborted, match="raised SystemExit: 3"):
-        _call(task, task.call, None, {"x": 1}, nullcontext())
+        call_task(task, task.call, None, {"x": 1}, nullcontext())
+
+
+def test_an_async_task_is_run_to_its_end_on_a_loop_of_its_thread() -> None:
+    aio = compass.App("aio")
+    wf = aio.workflow("w", inputs=["x"])
+
+    @wf.task(expected_ms=0.01)
+    async def later(model: None, x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+    @wf.task(expected_ms=0.01, after=["later"])
+    async def fails(model: None, later: int) -> None:
+        await asyncio.sleep(0)
+        raise ValueError(f"no {later}")
+
+    @wf.task(expected_ms=0.01, after=["later"])
+    async def exits(model: None, later: int) -> None:
+        raise SystemExit(4)
+
+    tasks = aio.workflows["w"].tasks
+    assert call_task(tasks["later"], tasks["later"].call, None, {"x": 1}, nullcontext()) == 2
+    with pytest.raises(ValueError, match="no 2"):
+        call_task(tasks["fails"], tasks["fails"].call, None, {"later": 2}, nullcontext())
+    with pytest.raises(TaskAborted, match="raised SystemExit: 4"):
+        call_task(tasks["exits"], tasks["exits"].call, None, {"later": 2}, nullcontext())

@@ -1,0 +1,141 @@
+"""How a task thread calls user code: a task's function (:func:`call_task`), a step batch's
+step function (:func:`call_scoped`), a step-wise task's generator a step at a time
+(:func:`run_steps`).
+
+Each runs in a task thread (:class:`~compass.worker.executor.TaskThreads`), never on the
+worker's event loop, so user code that computes or blocks cannot stall the worker's heartbeats.
+That holds for coroutines too: a task function declared ``async def`` is run to its end on an
+event loop of its thread's own, as an async generator's steps are, so an ``await`` in a task
+(a call to another service, an ``asyncio.sleep``) works as it reads.
+
+Torch's inference mode is entered only where torch is imported already: an app that never
+imports it has no tensors, and a worker need not pay the import (issue 32).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Generator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from compass.core.outcome import TaskOutcome
+from compass.worker.devices import device_of, moved, to_host
+from compass.worker.windows import StepWindow
+from compass.workflow.dag import Task
+
+__all__ = ["Steps", "TaskAborted", "TaskStopped", "call_scoped", "call_task", "run_steps"]
+
+
+class TaskAborted(Exception):
+    """A task's code raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``
+    from ``sys.exit()``, ``KeyboardInterrupt``...): it fails that task's job, nothing more."""
+
+
+class TaskStopped(Exception):
+    """A step-wise task was stopped between two steps (its job ended elsewhere)."""
+
+
+def call_task(
+    task: Task,
+    method: Callable[..., Any],
+    module: Any,
+    payload: Any,
+    scope: AbstractContextManager[Any],
+) -> Any:
+    """``method(module, payload)`` (the task's ``call`` or ``call_batch``) under inference mode
+    (where torch is imported) inside ``scope`` (the compute stream and fence): inputs moved to
+    the module's device, the output to the host; a coroutine (an ``async def`` task) run to its
+    end first. A ``BaseException`` from user code becomes the task's error, not the worker's."""
+    torch = sys.modules.get("torch")
+    assert task.fn is not None
+    try:
+        with scope, nullcontext() if torch is None else torch.inference_mode():
+            device = device_of(module)
+            if device is None or device.type == "cpu":
+                return _awaited(method(module, payload))
+            return to_host(_awaited(method(module, moved(payload, device))))
+    except Exception:
+        raise
+    except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
+        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+def call_scoped(fn: Callable[[Any], Any], module: Any, scope: AbstractContextManager[Any]) -> Any:
+    """``fn(module)`` under inference mode (where torch is imported) inside ``scope`` (a step
+    batch's thread)."""
+    torch = sys.modules.get("torch")
+    with scope, nullcontext() if torch is None else torch.inference_mode():
+        return fn(module)
+
+
+def _awaited(made: Any) -> Any:
+    """``made``, or what it returns when it is a coroutine: run on an event loop of this
+    thread's own (never the worker's), closed after it."""
+    if not inspect.iscoroutine(made):
+        return made
+    coroutine: Coroutine[Any, Any, Any] = made
+    return asyncio.run(coroutine)
+
+
+@dataclass(slots=True)
+class Steps:
+    """What drives a step-wise task in its thread: the stop flag it looks at between two
+    steps, the outcome it counts them in, where each partial output is reported (None: its job
+    does not stream) and the window its caller's reads open (None: no caller reads here)."""
+
+    stop: threading.Event
+    outcome: TaskOutcome
+    report: Callable[[int, Any], Any] | None
+    window: StepWindow | None
+
+
+def run_steps(task: Task, steps: Steps, module: Any, payload: Any) -> Any:
+    """Drive step-wise ``task``'s generator (its ``call``), a step at a time: each item ends a
+    step (counted in the outcome, the first's time kept; reported, on the host, for a job that
+    streams); before each step, the caller's window must have room (the wait is counted as
+    ``waited_s``); the stop flag set, the generator is closed between two steps and
+    :class:`TaskStopped` raised. The final output: the value returned, or the last item when
+    it returns nothing (an async generator cannot return one)."""
+    outcome, stop, report, window = steps.outcome, steps.stop, steps.report, steps.window
+    started = time.perf_counter()
+    made = task.call(module, payload)
+    items = _async_items(made) if inspect.isasyncgen(made) else made
+    last: Any = None
+    try:
+        while True:
+            if window is not None:  # a slow caller holds the next step here
+                outcome.waited_s += window.before_step(outcome.steps)
+            if stop.is_set():
+                outcome.stopped = True
+                raise TaskStopped(f"task {task.name!r} stopped after {outcome.steps} steps")
+            try:
+                last = next(items)
+            except StopIteration as end:
+                return last if end.value is None else end.value
+            if report is not None:
+                report(outcome.steps, to_host(last))
+            outcome.steps += 1
+            if outcome.steps == 1:
+                outcome.first_step_s = time.perf_counter() - started
+    finally:
+        items.close()  # a stopped or failed generator's finally clauses run here
+
+
+def _async_items(agen: Any) -> Generator[Any, None, None]:
+    """The items of async generator ``agen``, driven on an event loop of this thread's own."""
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
