@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from compass.core.events import JoinRun, RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
+from compass.worker.calling import ThreadLoop
 from compass.worker.devices import device_of, moved, to_host
 from compass.workflow.dag import Task, batch_scale
 from compass.workflow.seats import Done, Seat, is_step_batch
@@ -326,6 +327,20 @@ class StepBatches:
         self, batch: _Batch, task: Task, module: Any, loop: asyncio.AbstractEventLoop
     ) -> None:
         """Call the step function once a step on the seats taken now, until none is left."""
+        thread_loop = ThreadLoop()  # an async step function's, kept from step to step
+        try:
+            self._steps(batch, task, module, loop, thread_loop)
+        finally:
+            thread_loop.close()
+
+    def _steps(
+        self,
+        batch: _Batch,
+        task: Task,
+        module: Any,
+        loop: asyncio.AbstractEventLoop,
+        thread_loop: ThreadLoop,
+    ) -> None:
         runner = self._runner
         device = device_of(module)
         members: list[_Member] = []
@@ -363,7 +378,7 @@ class StepBatches:
                 assert all(seat is not None for seat in seats)
                 loop.call_soon_threadsafe(runner.refresh, batch.run.entry)  # its timeout
                 try:
-                    items = task.call_steps(module, seats)  # type: ignore[arg-type]
+                    items = task.call_steps(module, seats, thread_loop.awaited)  # type: ignore[arg-type]
                 except Exception as exc:
                     text = "".join(traceback.format_exception(exc))
                     for member in members:

@@ -5,7 +5,8 @@ step function (:func:`call_scoped`), a step-wise task's generator a step at a ti
 Each runs in a task thread (:class:`~compass.worker.executor.TaskThreads`), never on the
 worker's event loop, so user code that computes or blocks cannot stall the worker's heartbeats.
 That holds for coroutines too: a task function declared ``async def`` is run to its end on an
-event loop of its thread's own, as an async generator's steps are, so an ``await`` in a task
+event loop of its thread's own, as an async generator's steps are, and so is a step batch's
+``async def`` step function (one loop a batch, :class:`ThreadLoop`), so an ``await`` in a task
 (a call to another service, an ``asyncio.sleep``) works as it reads.
 
 Torch's inference mode is entered only where torch is imported already: an app that never
@@ -29,7 +30,16 @@ from compass.worker.devices import device_of, moved, to_host
 from compass.worker.windows import StepWindow
 from compass.workflow.dag import Task
 
-__all__ = ["Steps", "TaskAborted", "TaskStopped", "call_scoped", "call_task", "run_steps"]
+__all__ = [
+    "Steps",
+    "TaskAborted",
+    "TaskStopped",
+    "ThreadLoop",
+    "awaited",
+    "call_scoped",
+    "call_task",
+    "run_steps",
+]
 
 
 class TaskAborted(Exception):
@@ -58,8 +68,8 @@ def call_task(
         with scope, nullcontext() if torch is None else torch.inference_mode():
             device = device_of(module)
             if device is None or device.type == "cpu":
-                return _awaited(method(module, payload))
-            return to_host(_awaited(method(module, moved(payload, device))))
+                return awaited(method(module, payload))
+            return to_host(awaited(method(module, moved(payload, device))))
     except Exception:
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
@@ -74,13 +84,37 @@ def call_scoped(fn: Callable[[Any], Any], module: Any, scope: AbstractContextMan
         return fn(module)
 
 
-def _awaited(made: Any) -> Any:
+def awaited(made: Any) -> Any:
     """``made``, or what it returns when it is a coroutine: run on an event loop of this
-    thread's own (never the worker's), closed after it."""
+    thread's own (never the worker's), closed after it (a batched task's call passes it to
+    :meth:`Task.call_batch <compass.workflow.dag.Task.call_batch>`, which checks the outputs)."""
     if not inspect.iscoroutine(made):
         return made
     coroutine: Coroutine[Any, Any, Any] = made
     return asyncio.run(coroutine)
+
+
+class ThreadLoop:
+    """An event loop of a task thread's own for a function called many times in it (a step
+    batch's step function, once a step): made the first time a call returns a coroutine, and
+    kept, so what one step opens on it (a client session) the next can use; :meth:`close`
+    when the thread is done with it."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def awaited(self, made: Any) -> Any:
+        """``made``, or what it returns when it is a coroutine, run on this loop."""
+        if not inspect.iscoroutine(made):
+            return made
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(made)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
 
 @dataclass(slots=True)

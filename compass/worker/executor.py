@@ -76,6 +76,7 @@ from compass.worker.calling import (
     Steps,
     TaskAborted,
     TaskStopped,
+    awaited,
     call_scoped,
     call_task,
     run_steps,
@@ -217,7 +218,7 @@ class TaskRunner:
         method: Callable[[Any, Any], Any] = task.call
         if task.batch > 1:  # a batchable function takes lists, even for one item
             payload = [self._lookup(e.workflow, e.task).arguments(e.inputs) for e in entries]
-            method = task.call_batch
+            method = functools.partial(task.call_batch, awaited=awaited)
         elif task.stepwise:
             tells = self._tells_steps(run.entry)
             stop = self._stops[run.entry] = threading.Event()

@@ -145,6 +145,10 @@ class TaskProfile:
         return self.exec_ms / 1000.0
 
 
+def _as_is(made: Any) -> Any:
+    return made
+
+
 def is_stepwise(fn: Callable[..., Any] | None) -> bool:
     """Whether ``fn`` runs in steps: a generator function, sync or async (a
     ``functools.partial`` of one too). Its final output is what it returns; one that returns
@@ -370,9 +374,13 @@ class Task:
                 kwargs[name] = self.provider(name)
         return self.fn(module, **kwargs)
 
-    def call_steps(self, module: Any, seats: Sequence[Seat]) -> list[Any]:
+    def call_steps(
+        self, module: Any, seats: Sequence[Seat], awaited: Callable[[Any], Any] = _as_is
+    ) -> list[Any]:
         """One step of a step function (:func:`~compass.workflow.seats.step_batch`) over a
-        batch's ``seats``, resources as keywords; one item per seat."""
+        batch's ``seats``, resources as keywords; one item per seat. ``awaited``: what the
+        function returned, run to its end where it is a coroutine (an ``async def`` step
+        function; the caller's thread knows how)."""
         if self.fn is None:
             raise WorkflowError(f"task {self.name!r} is emulated and has no function to call")
         kwargs: dict[str, Any] = {}
@@ -380,7 +388,7 @@ class Task:
             assert self.provider is not None
             for name in self.resources:
                 kwargs[name] = self.provider(name)
-        items = self.fn(module, list(seats), **kwargs)
+        items = awaited(self.fn(module, list(seats), **kwargs))
         if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
             raise WorkflowError(
                 f"step function {self.name!r} must return one item per seat (a list), got "
@@ -393,10 +401,16 @@ class Task:
             )
         return items
 
-    def call_batch(self, module: Any, arguments: Sequence[Mapping[str, Any]]) -> list[Any]:
+    def call_batch(
+        self,
+        module: Any,
+        arguments: Sequence[Mapping[str, Any]],
+        awaited: Callable[[Any], Any] = _as_is,
+    ) -> list[Any]:
         """Run ``fn`` once on several jobs' arguments (each item's :meth:`arguments`): each
         keyword is passed as a list with one value per item, resources once; returns one output
-        per item. An output that is an ``Exception`` instance fails its item alone."""
+        per item. An output that is an ``Exception`` instance fails its item alone.
+        ``awaited``: as :meth:`call_steps`'."""
         if self.fn is None:
             raise WorkflowError(f"task {self.name!r} is emulated and has no function to call")
         names = list(arguments[0])
@@ -409,7 +423,7 @@ class Task:
             assert self.provider is not None
             for name in self.resources:
                 kwargs[name] = self.provider(name)
-        outputs = self.fn(module, **kwargs)
+        outputs = awaited(self.fn(module, **kwargs))
         if isinstance(outputs, str | bytes | Mapping) or not isinstance(outputs, Iterable):
             raise WorkflowError(
                 f"batched task {self.name!r} must return one output per item (a list), "

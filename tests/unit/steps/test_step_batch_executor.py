@@ -91,6 +91,27 @@ async def test_a_job_joins_a_running_step_batch_between_two_calls_and_each_leave
 
 
 @pytest.mark.asyncio
+async def test_an_async_step_function_is_awaited_on_one_loop_of_its_batch_thread() -> None:
+    loops: set[int] = set()
+
+    async def counts(model: Any, seats: list[compass.Seat]) -> list[Any]:
+        await asyncio.sleep(0)
+        loops.add(id(asyncio.get_running_loop()))
+        for seat in seats:
+            seat.state = (seat.state or 0) + 1
+        return [compass.Done(s.state) if s.state >= s.inputs["x"] else s.state for s in seats]
+
+    run = Runner(make_task(counts))
+    a, b = run.entry("a", 2), run.entry("b", 4)
+    run.runner.start(RunTask(a, 0, False, 0.0, True, (b,)))
+    done = {(o := await run.outcome()).entry.job_id: o for _ in range(2)}
+    assert (done["a"].error, done["b"].error) == (None, None)
+    assert (done["a"].output, done["b"].output) == (2, 4)
+    assert (done["a"].steps, done["b"].steps) == (2, 4)
+    assert len(loops) == 1  # the batch's own loop, kept from step to step
+
+
+@pytest.mark.asyncio
 async def test_an_exception_item_fails_its_seat_alone_and_a_stopped_member_leaves() -> None:
     counter = Counter()
     run = Runner(make_task(counter))

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 import compass
+from compass.config import WorkerConfig
+from compass.core.events import RunTask
+from compass.core.outcome import TaskOutcome
+from compass.core.queue import QueuedTask
 from compass.worker.calling import TaskAborted, call_task
+from compass.worker.executor import TaskRunner
+from compass.workflow.dag import Task, TaskProfile
 
 app = compass.App("calls")
 probe = app.workflow("probe", inputs=["x"])
@@ -63,3 +69,28 @@ def test_an_async_task_is_run_to_its_end_on_a_loop_of_its_thread() -> None:
         call_task(tasks["fails"], tasks["fails"].call, None, {"later": 2}, nullcontext())
     with pytest.raises(TaskAborted, match="raised SystemExit: 4"):
         call_task(tasks["exits"], tasks["exits"].call, None, {"later": 2}, nullcontext())
+
+
+@pytest.mark.asyncio
+async def test_an_async_batched_task_is_awaited_before_its_outputs_are_counted() -> None:
+    async def doubles(model: None, x: list[int]) -> list[int]:
+        await asyncio.sleep(0)
+        return [2 * v for v in x]
+
+    task = Task("t", "m", (), TaskProfile(exec_ms=1, output_bytes=8), fn=doubles, batch=4)
+    outcomes: asyncio.Queue[TaskOutcome] = asyncio.Queue()
+    runner = TaskRunner(
+        lookup=lambda wf, name: task,
+        module_of=lambda model: None,
+        config=WorkerConfig(name="w"),
+        on_outcome=outcomes.put_nowait,
+        on_returned=lambda entry: None,
+    )
+    a, b = (
+        QueuedTask(job, 0, "flow", "t", "m", 0.001, {"x": x}, {"t": "w"}, "w", 0.0)
+        for job, x in (("a", 1), ("b", 5))
+    )
+    runner.start(RunTask(a, 0, False, 0.0, True, (b,)))
+    done = {(o := await asyncio.wait_for(outcomes.get(), 30)).entry.job_id: o for _ in range(2)}
+    assert (done["a"].error, done["b"].error) == (None, None)
+    assert (done["a"].output, done["b"].output, done["a"].batch) == (2, 10, 2)
