@@ -161,7 +161,7 @@ class TaskRunner:
         self.feeds = Feeds()
         self._clock = clock
         self._task_timeout_s = config.task_timeout_s
-        self._threads = TaskThreads()
+        self._threads = TaskThreads(clock)
         #: emulated tasks under way: their timers
         self._timers: dict[QueuedTask, asyncio.TimerHandle] = {}
         #: real tasks under way: their thread's future -> (deadline on the loop's clock, entry)
@@ -236,7 +236,7 @@ class TaskRunner:
         # taken last: from here the model's slabs count as read until the thread's fence
         module = None if model is None else self._module_of(model)
         scope = nullcontext() if self._compute is None else self._compute(model)
-        then = functools.partial(self._thread_done, outcomes, task, t0)
+        then = functools.partial(self._thread_done, outcomes, task)
         work = self._threads.run(loop, call_task, task, method, module, payload, scope, then=then)
         deadline = loop.time() + timeout_s
         self._deadlines[work] = (deadline, run.entry)
@@ -518,7 +518,11 @@ class TaskRunner:
         return self.feeds.when_ended(entry, ended)
 
     def _thread_done(
-        self, outcomes: list[TaskOutcome], task: Task, t0: float, work: asyncio.Future[Any]
+        self,
+        outcomes: list[TaskOutcome],
+        task: Task,
+        work: asyncio.Future[Any],
+        took: float | None,
     ) -> None:
         if self._stops.pop(outcomes[0].entry, None) is not None and self._streamed is not None:
             self._streamed.close(outcomes[0].entry)
@@ -527,8 +531,10 @@ class TaskRunner:
             return  # the worker is stopping
         error = work.exception()
         if error is None:
-            # a step-wise task suspended at its gate waited there: not its run's time
-            exec_s = self._clock() - t0 - outcomes[0].entry.suspended_s
+            # its call's own time in its thread, not the loop's turns before it heard of it;
+            # a step-wise task suspended at its gate waited there: not its run's time either
+            assert took is not None  # a call that returned
+            exec_s = took - outcomes[0].entry.suspended_s
             result = work.result()
             if task.batch <= 1:
                 outcomes[0].output = result
@@ -584,11 +590,22 @@ class TaskRunner:
             self._arm(min(deadline for deadline, _ in self._deadlines.values()))
 
 
+#: called on the loop once work settles: its future, and its call's own time in its thread
+#: (None where the call did not return: given up on, or cancelled)
+Then = Callable[[asyncio.Future[Any], float | None], None]
+
+
 class TaskThreads:
     """Daemon threads that run task functions, reused when idle. A thread stuck in a task is
-    never joined, so it cannot hold up the worker's exit; the next task gets another."""
+    never joined, so it cannot hold up the worker's exit; the next task gets another.
 
-    def __init__(self) -> None:
+    Each call is timed in its thread, by ``clock``: a task's measured time is its own, not the
+    wait for the GIL before it nor for the loop's turn after it, which grow with the worker's
+    load (a no-op's learned time measured on the loop moved past the planner's tolerance about
+    every ten jobs on a loaded machine, each rebuilding its workflow's cost table)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._work: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
@@ -596,7 +613,7 @@ class TaskThreads:
         #: work given up on (timed out) -> what to call when its thread returns after all
         self.abandoned: dict[asyncio.Future[Any], Callable[[], None]] = {}
         #: work under way -> what :meth:`run` was told to call once it settles
-        self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None]] = {}
+        self._then: dict[asyncio.Future[Any], Then] = {}
 
     def abandon(self, work: asyncio.Future[Any], returned: Callable[[], None]) -> None:
         """Stop waiting for ``work`` (it fails with TimeoutError now, ``then`` on the next turn);
@@ -606,26 +623,26 @@ class TaskThreads:
         work.exception()  # retrieved: its awaiter may be gone
         then = self._then.pop(work, None)
         if then is not None:
-            work.get_loop().call_soon(then, work)
+            work.get_loop().call_soon(then, work, None)
 
     def cancel(self, work: asyncio.Future[Any]) -> None:
         """Stop waiting for ``work`` (the worker stops): cancelled, ``then`` on the next turn."""
         if work.cancel():
             then = self._then.pop(work, None)
             if then is not None:
-                work.get_loop().call_soon(then, work)
+                work.get_loop().call_soon(then, work, None)
 
     def run(
         self,
         loop: asyncio.AbstractEventLoop,
         fn: Callable[..., Any],
         *args: Any,
-        then: Callable[[asyncio.Future[Any]], None] | None = None,
+        then: Then | None = None,
     ) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` in a task thread; the future settles on ``loop``, the running
         one (passed in: asking for it is a system call on Python 3.11, getpid). ``then``:
-        called with the future as soon as it settles (a done callback would wait for the
-        loop's next turn), unless it is cancelled (the worker stops)."""
+        called with the future and the call's time as soon as it settles (a done callback
+        would wait for the loop's next turn), unless it is cancelled (the worker stops)."""
         future: asyncio.Future[Any] = loop.create_future()
         if then is not None:
             self._then[future] = then
@@ -642,7 +659,7 @@ class TaskThreads:
         return future
 
     def _settle(
-        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+        self, future: asyncio.Future[Any], result: Any, error: BaseException | None, took: float
     ) -> None:
         returned = self.abandoned.pop(future, None)
         then = self._then.pop(future, None)
@@ -654,17 +671,19 @@ class TaskThreads:
             else:
                 future.set_result(result)
             if then is not None:
-                then(future)
+                then(future, took)
 
     def _serve(self) -> None:
         while True:
             loop, future, fn, args = self._work.get()
+            began = self._clock()
             try:
                 result, error = fn(*args), None
             except BaseException as exc:  # call_task turns user code's into Exceptions already
                 result, error = None, exc
+            took = self._clock() - began
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(self._settle, future, result, error)
+                loop.call_soon_threadsafe(self._settle, future, result, error, took)
             del loop, future, fn, args, result, error
             with self._lock:
                 self._idle += 1
