@@ -567,6 +567,13 @@ def bench_replicas(
             "two models, 2000 both)."
         ),
     ] = "1000,2000",
+    many_small: Annotated[
+        bool,
+        typer.Option(
+            help="--real: also 8 small models on 4 workers whose caches hold 3 (a copy evicts "
+            "a model in use); with --cache-mb '' only that."
+        ),
+    ] = False,
 ) -> None:
     """Hot models replicated ahead of need, elasticity off: with against without."""
     from compass._bench import elastic_replicas
@@ -577,11 +584,12 @@ def bench_replicas(
         from compass._bench import replicas_real
 
         caches = tuple(int(c) for c in cache_mb.split(",") if c.strip())
-        if not caches or min(caches) < 1:
+        if (not caches and not many_small) or min(caches, default=1) < 1:
             raise typer.BadParameter(f"need cache sizes in MB, got {cache_mb!r}")
         replicas_real.run_sweep(
-            replicas_real.ReplicasRealConfig(), parse_seeds(seeds), caches, json_path=json_path
-        )
+            replicas_real.ReplicasRealConfig(), parse_seeds(seeds), caches,
+            json_path=json_path, many_small=many_small,
+        )  # fmt: skip
         return
     config = elastic_replicas.ReplicasConfig(
         generated=tuple(range(1, generated + 1)),
