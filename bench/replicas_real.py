@@ -1,22 +1,24 @@
 """``compass bench replicas --real``: hot models replicated ahead of need on real worker
 processes, with against without ``--replicate``, on the same arrivals.
 
-A small emulated workload of two one-task workflows, ``hot`` on model ``m`` and ``cool`` on
-model ``n``, each model filling most of a worker's cache (a worker holds one of them), a
-load taking many times a task; ``workers`` worker processes on this host (one lane each, no
-idle warming, so that where the models are is the same on both sides: a first ``hot`` job
-through the first worker loads ``m`` there, a first ``cool`` job through the second ``n``;
-the others start empty). Traffic: both workflows at ``base_rate`` jobs/s (Poisson,
-seeded), then a burst of ``hot`` at ``burst_rate`` for ``burst_s``, then quiet again; each job
-submitted at its time to the workers in turn, in real time. The same arrivals run on a
+A small emulated workload of ``models`` one-task workflows, ``hot`` on model ``m``, ``cool``
+on model ``n`` (and ``cool2`` on ``n2``, ... beyond two), a load taking many times a task;
+by default two models, each filling most of a worker's cache (a worker holds one of them);
+:meth:`ReplicasRealConfig.many_small` is eight small ones on four workers, three to a
+cache. ``workers`` worker processes on this host (one lane each, no idle warming, so that
+where the models are is the same on both sides: a first job of the i-th workflow through
+worker ``i % workers`` loads its model there; with two models on three workers, the third
+starts empty). Traffic: every workflow at ``base_rate`` jobs/s (Poisson, seeded), then a
+burst of ``hot`` at ``burst_rate`` for ``burst_s``, then quiet again; each job submitted at
+its time to the workers in turn, in real time. The same arrivals run on a
 cluster without ``--replicate`` and on one with it (fresh processes each).
 
 Per side: attainment (share of jobs within ``max_slowdown`` of their best time) and the p95
 slowdown, over every job and over the burst's ``hot`` jobs; the copies the rule warmed
 (``compass status``'s ``replicas``). ``ratios``: on over off.
 
-:func:`run_sweep` runs it for every seed and cache size (``--seeds``, ``--cache-mb``): per
-cache, the on/off ratios of every seed and their geometric mean.
+:func:`run_sweep` runs it for every seed and setup (``--seeds``; ``--cache-mb``, and
+``--many-small``): per setup, the on/off ratios of every seed and their geometric mean.
 """
 
 from __future__ import annotations
@@ -60,18 +62,33 @@ class ReplicasRealConfig:
     after_s: float = 10.0
     seed: int = 0
     max_slowdown: float = 3.0
+    #: one-task workflows, each on a model of its own (:func:`workflow_models`)
+    models: int = 2
+
+    @classmethod
+    def many_small(cls) -> ReplicasRealConfig:
+        """Eight 200 MB models (a load of 1 s, five tasks) on four workers whose caches hold
+        three: every worker starts with two, and a copy evicts a model some workflow uses."""
+        return cls(workers=4, models=8, exec_ms=200, model_mb=200, gpu_memory_mb=700,
+                   base_rate=0.5, burst_rate=6.0)  # fmt: skip
+
+
+def workflow_models(models: int) -> list[tuple[str, str]]:
+    """``(workflow, model)``: ``hot`` on ``m``, ``cool`` on ``n``, then ``cool2`` on ``n2``..."""
+    names = [("hot", "m"), ("cool", "n")]
+    return (names + [(f"cool{i}", f"n{i}") for i in range(2, models)])[:models]
 
 
 def _spec(config: ReplicasRealConfig, folder: Path) -> Path:
     task = {"exec_ms": config.exec_ms, "input_kb": 1, "output_kb": 1, "after": []}
+    pairs = workflow_models(config.models)
     spec = {
         "name": "replicas-real",
         "cluster": {"workers": config.workers, "gpu_memory_mb": config.gpu_memory_mb,
                     "h2d_gbps": config.h2d_gbps, "d2h_gbps": config.h2d_gbps, "net_gbps": 10,
                     "net_fixed_us": 2},
-        "models": {"m": {"size_mb": config.model_mb}, "n": {"size_mb": config.model_mb}},
-        "workflows": {"hot": {"tasks": {"t": {"model": "m", **task}}},
-                      "cool": {"tasks": {"t": {"model": "n", **task}}}},
+        "models": {m: {"size_mb": config.model_mb} for _, m in pairs},
+        "workflows": {w: {"tasks": {"t": {"model": m, **task}}} for w, m in pairs},
     }  # fmt: skip
     path = folder / "replicas-real.json"
     path.write_text(json.dumps(spec))
@@ -84,7 +101,7 @@ def arrivals(config: ReplicasRealConfig) -> list[tuple[float, str]]:
     horizon = config.before_s + config.burst_s + config.after_s
     burst = (config.before_s, config.before_s + config.burst_s)
     out: list[tuple[float, str]] = []
-    for workflow in ("hot", "cool"):
+    for workflow, _ in workflow_models(config.models):
         t = 0.0
         while True:
             in_burst = workflow == "hot" and burst[0] <= t < burst[1]
@@ -99,15 +116,15 @@ async def _side(
     config: ReplicasRealConfig, spec: Path, jobs: list[tuple[float, str]], replicate: bool
 ) -> dict[str, Any]:
     args = ["--workload", str(spec), "--lanes", "1", "--host-lanes", "0", "--no-warm"]
-    if replicate:
-        args.append("--replicate")
+    args.append("--replicate" if replicate else "--no-replicate")  # on by default
     async with LocalCluster(config.workers, args=args) as cluster:
         clients = [cluster.client(i) for i in range(config.workers)]
         for c in clients:
             await c.connect()
         try:
-            for workflow, client in zip(("hot", "cool"), clients, strict=False):
-                await client.submit(workflow, x=1, timeout=120)  # its model loaded there
+            for i, (workflow, _) in enumerate(workflow_models(config.models)):
+                # its model loaded there
+                await clients[i % len(clients)].submit(workflow, x=1, timeout=120)
             before = [sorted((await c.status()).cache["resident"]) for c in clients]
             loop = asyncio.get_running_loop()
             start = loop.time()
@@ -216,14 +233,18 @@ def run_sweep(
     seeds: tuple[int, ...],
     caches_mb: tuple[int, ...],
     json_path: str | None = None,
+    many_small: bool = False,
 ) -> dict[str, Any]:
-    """:func:`run_real` for every cache size and seed; a table of every run's sides and, per
-    cache, the geometric mean of each on/off ratio over the seeds; JSON."""
+    """:func:`run_real` for every cache size and seed (and :meth:`~ReplicasRealConfig.
+    many_small`'s setup, as ``many-small``); a table of every run's sides and, per setup, the
+    geometric mean of each on/off ratio over the seeds; JSON."""
+    setups = {str(mb): replace(config, gpu_memory_mb=mb) for mb in caches_mb}
+    if many_small:
+        setups["many-small"] = replace(ReplicasRealConfig.many_small(), seed=config.seed)
     runs: dict[str, list[dict[str, Any]]] = {}
-    for mb in caches_mb:
+    for name, setup in setups.items():
         for seed in seeds:
-            one = run_real(replace(config, gpu_memory_mb=mb, seed=seed))
-            runs.setdefault(str(mb), []).append(one)
+            runs.setdefault(name, []).append(run_real(replace(setup, seed=seed)))
     rows: list[list[Any]] = []
     means: dict[str, dict[str, float]] = {}
     for cache, done in runs.items():
@@ -239,13 +260,13 @@ def run_sweep(
         }
     print_table(
         f"replicas --real, seeds {', '.join(map(str, seeds))}: every run",
-        ["cache MB", "seed", "side", "attainment", "p95 slowdown", "burst attainment",
+        ["setup", "seed", "side", "attainment", "p95 slowdown", "burst attainment",
          "burst p95 slowdown", "copies warmed"],
         rows,
     )  # fmt: skip
     print_table(
         "replicas --real: on over off, per seed (geometric mean last)",
-        ["cache MB", "seed", "attainment", "p95 slowdown", "burst attainment",
+        ["setup", "seed", "attainment", "p95 slowdown", "burst attainment",
          "burst p95 slowdown"],
         [[cache, o["config"]["seed"], *(o["ratios"].get(k, math.nan) for k in SWEEP_RATIOS)]
          for cache, done in runs.items() for o in done]
@@ -254,7 +275,7 @@ def run_sweep(
     )  # fmt: skip
     out = {
         "config": {**asdict(config), "seeds": list(seeds), "caches_mb": list(caches_mb),
-                   "machine": machine()},
+                   "many_small": many_small, "machine": machine()},
         "runs": runs,
         "geomean_ratios": means,
     }  # fmt: skip

@@ -541,6 +541,17 @@ def bench_replicas(
     generated: Annotated[
         int, typer.Option(min=0, help="Generated workloads beside the paper's: seeds 1..N.")
     ] = 2,
+    small: Annotated[
+        int, typer.Option(min=0, help="Generated workloads of 16-24 small models: seeds 1..N.")
+    ] = 0,
+    cold_s: Annotated[
+        str | None,
+        typer.Option(help="Sweep the rule's cold_s: seconds, comma-separated (with --cooldown-s)."),
+    ] = None,
+    cooldown_s: Annotated[
+        str | None,
+        typer.Option(help="Sweep the rule's cooldown_s: seconds, comma-separated."),
+    ] = None,
     json_path: JsonPath = None,
     real: Annotated[
         bool,
@@ -556,6 +567,13 @@ def bench_replicas(
             "two models, 2000 both)."
         ),
     ] = "1000,2000",
+    many_small: Annotated[
+        bool,
+        typer.Option(
+            help="--real: also 8 small models on 4 workers whose caches hold 3 (a copy evicts "
+            "a model in use); with --cache-mb '' only that."
+        ),
+    ] = False,
 ) -> None:
     """Hot models replicated ahead of need, elasticity off: with against without."""
     from compass._bench import elastic_replicas
@@ -566,16 +584,37 @@ def bench_replicas(
         from compass._bench import replicas_real
 
         caches = tuple(int(c) for c in cache_mb.split(",") if c.strip())
-        if not caches or min(caches) < 1:
+        if (not caches and not many_small) or min(caches, default=1) < 1:
             raise typer.BadParameter(f"need cache sizes in MB, got {cache_mb!r}")
         replicas_real.run_sweep(
-            replicas_real.ReplicasRealConfig(), parse_seeds(seeds), caches, json_path=json_path
-        )
+            replicas_real.ReplicasRealConfig(), parse_seeds(seeds), caches,
+            json_path=json_path, many_small=many_small,
+        )  # fmt: skip
         return
     config = elastic_replicas.ReplicasConfig(
-        generated=tuple(range(1, generated + 1)), seeds=parse_seeds(seeds)
+        generated=tuple(range(1, generated + 1)),
+        small=tuple(range(1, small + 1)),
+        seeds=parse_seeds(seeds),
     )
-    elastic_replicas.run(config, json_path=json_path)
+    if cold_s is None and cooldown_s is None:
+        elastic_replicas.run(config, json_path=json_path)
+        return
+    colds, cooldowns = (
+        _seconds(cold_s or "", "--cold-s"),
+        _seconds(cooldown_s or "", "--cooldown-s"),
+    )
+    elastic_replicas.sweep(config, colds, cooldowns, json_path=json_path)
+
+
+def _seconds(text: str, option: str) -> tuple[float, ...]:
+    """Comma-separated seconds >= 0; a bad one is a one-line error naming ``option``."""
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = (-1.0,)
+    if any(not 0 <= v < float("inf") for v in values):
+        raise typer.BadParameter(f"{option} needs seconds >= 0, comma-separated, got {text!r}")
+    return values
 
 
 @bench_app.command("defaults")

@@ -29,12 +29,32 @@ from collections.abc import Collection, Mapping, Sequence
 from compass.cache.policy import CacheCore, LoadPlan
 from compass.errors import CompassError
 
-__all__ = ["COLD_S", "replica_plan"]
+__all__ = ["COLD_S", "recent_models", "replica_plan"]
 
 #: seconds without a use after which a resident model may make room for a hot copy (the
 #: rule's :attr:`~compass.elastic.replicate.ReplicaConfig.cold_s` default)
 COLD_S = 10.0
 _NEVER = float("-inf")
+
+
+def recent_models(
+    used: Mapping[str, float], upcoming: Sequence[str], now: float, window_s: float, limit: int
+) -> frozenset[str]:
+    """The models this worker is using: those its running and queued tasks need
+    (``upcoming``), and those ``used`` (model -> when a task here last began with it, or it
+    was last warmed here) shows used within ``window_s`` of ``now``; at most ``limit``, the
+    queued first, then the most recently used. What it gossips as its ``recent`` models: the
+    cluster's hot set is their union (:func:`compass.elastic.replicate.hot_models`)."""
+    chosen: dict[str, None] = {}
+    for model in upcoming:
+        if len(chosen) == limit:
+            return frozenset(chosen)
+        chosen[model] = None
+    lately = sorted(
+        ((t, m) for m, t in used.items() if now - t < window_s and m not in chosen), reverse=True
+    )
+    chosen.update(dict.fromkeys(m for _, m in lately[: limit - len(chosen)]))
+    return frozenset(chosen)
 
 
 def replica_plan(

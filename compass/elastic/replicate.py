@@ -7,7 +7,8 @@ already bending then, and each such task still waits for its model. Vortex's ant
 preloading warms the model before that point; :func:`replicas_wanted` is that rule, fed what
 every worker's view already holds (each worker's queue wait and the models it holds or loads):
 
-1. **Hot**: a model that recent jobs used, whose holders' mean queue wait is above
+1. **Hot**: a model some worker uses (:func:`hot_models`: its running or queued tasks need
+   it, or a task began with it there within ``cold_s``), whose holders' mean queue wait is above
    ``warm_fraction`` of the slack a job has within its objective. The elastic rule's pressure
    is the mean over *every* worker: a wave on one model raises its holders' waits well before
    the cluster's mean, so a copy is warmed before the cluster asks for another worker.
@@ -46,7 +47,14 @@ from dataclasses import dataclass
 from compass.core.replica import COLD_S
 from compass.errors import ConfigError
 
-__all__ = ["Holding", "ReplicaConfig", "Replicator", "replicas_wanted", "spare_models"]
+__all__ = [
+    "Holding",
+    "ReplicaConfig",
+    "Replicator",
+    "hot_models",
+    "replicas_wanted",
+    "spare_models",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +68,8 @@ class ReplicaConfig:
     #: seconds a worker is not asked again to warm a model it was asked to warm, or dropped
     #: (:class:`Replicator`)
     cooldown_s: float = 30.0
-    #: a copy evicts only models unused on its worker for this long (:mod:`compass.core.replica`)
+    #: a copy evicts only models unused on its worker for this long (:mod:`compass.core.replica`);
+    #: a model some worker used within it is hot (:func:`hot_models`)
     cold_s: float = COLD_S
 
     def __post_init__(self) -> None:
@@ -78,12 +87,21 @@ class ReplicaConfig:
 @dataclass(frozen=True, slots=True)
 class Holding:
     """A serving worker as the view shows it: its queue wait, the models it holds (resident
-    or loading), and whether a load is under way there."""
+    or loading), whether a load is under way there, and the models it uses (``recent``: its
+    running and queued tasks need them, or a task began with one there within ``cold_s``)."""
 
     name: str
     wait_s: float
     models: frozenset[str]
     loading: bool = False
+    recent: frozenset[str] = frozenset()
+
+
+def hot_models(workers: Iterable[Holding]) -> frozenset[str]:
+    """The models the cluster uses now: every worker's ``recent`` models. A model held but
+    unused is not hot, however long its holders queue for other models: a copy of it would
+    take no work off them. The simulator and a real worker read the hot set this way."""
+    return frozenset().union(*(w.recent for w in workers))
 
 
 def replicas_wanted(
@@ -94,8 +112,8 @@ def replicas_wanted(
     skip: Collection[tuple[str, str]] = (),
 ) -> list[tuple[str, str]]:
     """``(worker, model)`` pairs to warm now, the most pressed model first (module doc).
-    ``hot``: the models recent jobs used; ``slack_s``: the queueing a job can take; ``skip``:
-    pairs not to ask for (cooling down: :class:`Replicator`)."""
+    ``hot``: the models in use (:func:`hot_models`); ``slack_s``: the queueing a job can
+    take; ``skip``: pairs not to ask for (cooling down: :class:`Replicator`)."""
     c = config or ReplicaConfig()
     pressed: list[tuple[float, str]] = []
     for model in sorted(set(hot)):

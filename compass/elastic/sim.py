@@ -34,8 +34,15 @@ from typing import Any
 
 from compass.core.events import Tick
 from compass.core.lanes import Lanes
+from compass.core.replica import recent_models
 from compass.elastic.live import LiveDesired, Seen
-from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, spare_models
+from compass.elastic.replicate import (
+    Holding,
+    ReplicaConfig,
+    Replicator,
+    hot_models,
+    spare_models,
+)
 from compass.elastic.rule import (
     RayServeConfig,
     RayServeRule,
@@ -46,6 +53,7 @@ from compass.elastic.rule import (
     pick_drain,
 )
 from compass.errors import ConfigError
+from compass.sched.heartbeat import MAX_RECENT
 from compass.sim.arrivals import Arrival
 from compass.sim.engine import Simulation
 from compass.sim.modes import ingress_spread
@@ -392,15 +400,18 @@ class _Elastic:
     def _replicate(self) -> None:
         """Warm hot models on serving workers with headroom (:class:`Replicator`)."""
         now = self.now
+        rule = self.replicator
         holdings = []
         for i, p in enumerate(self.phase):
             if p == "serving":
                 lanes = self._lanes(i)
                 resident, loading = lanes.cache.residency()
+                recent = recent_models(
+                    lanes.used, lanes.queue.upcoming_models(), now, rule.config.cold_s, MAX_RECENT
+                )  # as its heartbeat says
                 holdings.append(Holding(self.sim.workers[i].name, lanes.wait_s(now),
-                                        resident | loading, bool(loading)))  # fmt: skip
-        rule = self.replicator
-        for name, model in rule.step(now, holdings, self._hot_models(), self.slack_s):
+                                        resident | loading, bool(loading), recent))  # fmt: skip
+        for name, model in rule.step(now, holdings, hot_models(holdings), self.slack_s):
             i = self.sim.positions[name]
             spare = spare_models(holdings, name, model)
             self.sim.apply(i, Tick(now, hot=model, cold_s=rule.config.cold_s, spare=spare))

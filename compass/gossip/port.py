@@ -29,10 +29,12 @@ from typing import Protocol
 
 from compass.config import WorkerConfig
 from compass.core.lanes import Lanes
+from compass.core.replica import COLD_S, recent_models
 from compass.gossip.spread import Rumors, Watchers, Watching, gossip_gap_s
 from compass.sched.candidates import CandidateRule, PlanScope, candidates
 from compass.sched.heartbeat import (
     DEGRADED_WAIT_S,
+    MAX_RECENT,
     NO_BATCHES,
     CacheHeld,
     Heartbeat,
@@ -96,6 +98,9 @@ class GossipPort:
         #: the view, so no job planned here runs a task there (a rolling upgrade's two sides)
         self.version = ""
         self.apart: dict[str, str] = {}
+        #: a model a task began with here within this many seconds is one it gossips as
+        #: ``recent`` (the hot-model rule's ``cold_s``: hot is what is not cold somewhere)
+        self.recent_s = COLD_S if config.replicate is None else config.replicate.cold_s
         #: the peers the core was told of, and their instances (the heartbeat gap, and so the
         #: settle time, grows with them in the mesh; a new instance holds no watch)
         self._peers: dict[str, str] = {}
@@ -197,8 +202,10 @@ class GossipPort:
         self.view.settle_s = self._settle_s(self.gap_s(len(self._peers)))
 
     # -- this worker's state -------------------------------------------------------------------
-    def own_state(self, now: float) -> Heartbeat:
-        """This worker's state at ``now``, as its next heartbeat would say it."""
+    def own_state(self, now: float, recent: bool = False) -> Heartbeat:
+        """This worker's state at ``now``, as its next heartbeat would say it; ``recent``: with
+        the models it uses (the heartbeat's, and the hot-model rule's; a job's plan does not
+        read them, so a snapshot's state leaves out their walk of the queue)."""
         core = self._core
         assert core is not None, "attach the core first"
         lanes, cache = core.lanes, core.lanes.cache
@@ -215,12 +222,17 @@ class GossipPort:
             batches = lanes.batchable(now)
         # built once per change of the cache, not per job (a walk of every cached model)
         models, loading = cache.residency()
+        used = (
+            recent_models(lanes.used, lanes.queue.upcoming_models(), now, self.recent_s, MAX_RECENT)
+            if recent
+            else frozenset()
+        )
         return Heartbeat.own(
             self.name,
             self.seq,
             self.incarnation,
             LaneLoad(wait_s, lifted_s, lanes.lanes, lanes.busy, batches),
-            CacheHeld(models, loading, cache.free_bytes(), cache.capacity_bytes(), h2d),
+            CacheHeld(models, loading, cache.free_bytes(), cache.capacity_bytes(), h2d, used),
             Serving(
                 self.version, self._profiles.learned_of(self.name), self._profiles.choices.spread()
             ),
@@ -230,7 +242,7 @@ class GossipPort:
         """This worker's state at ``now`` under the next sequence number (each one sent is
         newer)."""
         self.seq += 1
-        state = self.own_state(now)
+        state = self.own_state(now, recent=True)
         self.view.update_self(state)
         return state
 

@@ -23,6 +23,7 @@ from compass.workflow.profile import Learned
 __all__ = [
     "DEGRADED_WAIT_S",
     "MAX_LEARNED",
+    "MAX_RECENT",
     "NO_BATCHES",
     "CacheHeld",
     "Heartbeat",
@@ -37,6 +38,11 @@ DEGRADED_WAIT_S = 1e6
 #: the most learned task times one state may carry (more is a malformed message); a worker
 #: sends at most :data:`~compass.workflow.profile.LEARNED_SPREAD`
 MAX_LEARNED = 64
+
+#: the most models a state may name as recently used (more is a malformed message): a worker
+#: sends the ones its queue needs first, then the most recently used
+#: (:func:`~compass.core.replica.recent_models`)
+MAX_RECENT = 64
 
 #: a heartbeat without batches (shared: most heartbeats have none)
 NO_BATCHES: Mapping[str, tuple[int, float]] = MappingProxyType({})
@@ -64,6 +70,7 @@ class CacheHeld:
     free_bytes: int
     capacity_bytes: int
     h2d_bytes_per_s: float
+    recent: frozenset[str] = frozenset()
 
 
 @record(eq=False)
@@ -99,6 +106,9 @@ class Heartbeat:
     weights (:mod:`compass.workflow.versions`; "" where unknown), planners keep workers of
     another version apart; ``learned``: the task times it learned itself, at most
     :data:`MAX_LEARNED` (``Profiles.learned_of``), which its peers' planners take in.
+    ``recent``: the models its running and queued tasks need and those a task began with there
+    lately (at most :data:`MAX_RECENT`; empty where the sender predates it, or said nothing):
+    the cluster's hot models are their union (:func:`compass.elastic.replicate.hot_models`).
     """
 
     name: str
@@ -120,6 +130,7 @@ class Heartbeat:
     #: the choices it learned as an ingress that move a workflow's likely path
     #: (:meth:`ChoiceFrequencies.spread <compass.workflow.frequencies.ChoiceFrequencies.spread>`)
     choices: tuple[Likely, ...] = ()
+    recent: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -185,6 +196,7 @@ class Heartbeat:
         state.seq = seq
         state.loading = held.loading
         state.h2d_bytes_per_s = held.h2d_bytes_per_s
+        state.recent = held.recent
         state.incarnation = incarnation
         batches = load.batches
         state.batches = state._checked_batches(batches) if batches else NO_BATCHES
@@ -253,6 +265,7 @@ class Heartbeat:
             **({"v": self.version} if self.version else {}),
             **({"p": [list(e) for e in self.learned]} if self.learned else {}),
             **({"lc": [list(e) for e in self.choices]} if self.choices else {}),
+            **({"r": sorted(self.recent)} if self.recent else {}),
         }
 
     @classmethod
@@ -284,7 +297,12 @@ class Heartbeat:
         for key, number in (("w", wait), ("h", h2d)):
             if not isinstance(number, int | float) or isinstance(number, bool):
                 raise ProtocolError(f"worker state: field {key!r} must be a number")
-        for key, names in (("m", models), ("ld", loading)):
+        recent = data.get("r", ())  # absent from a worker that predates it, or says nothing
+        if not isinstance(recent, list | tuple) or len(recent) > MAX_RECENT:
+            raise ProtocolError(
+                f"worker state: field 'r' must be a list of at most {MAX_RECENT} model names"
+            )
+        for key, names in (("m", models), ("ld", loading), ("r", recent)):
             if not isinstance(names, list | tuple) or not all(isinstance(m, str) for m in names):
                 raise ProtocolError(f"worker state: field {key!r} must be a list of model names")
         try:
@@ -305,6 +323,7 @@ class Heartbeat:
                 version=version,
                 learned=_learned(data.get("p", ())),
                 choices=_choices(data.get("lc", ())),
+                recent=frozenset(recent),
             )
         except ConfigError as exc:
             raise ProtocolError(f"worker state: {exc.message}") from None

@@ -14,9 +14,11 @@ gossiped view, so they agree on who warms what without a controller; where two v
 for a round, at worst two workers warm the same model, and the copy nobody uses is evicted
 later by the cache's LRU order.
 
-The hot set is every model some worker holds or loads: no worker knows the cluster's recent
-jobs (the simulator's hot set), and a model is only warmed where its holders' mean wait is
-high, which an unused model's holders show only while another model's work queues there.
+The hot set is the models the cluster uses (:func:`~compass.elastic.replicate.hot_models`):
+every worker's heartbeat names the models its running and queued tasks need and those a task
+began with there within ``cold_s`` (``recent``), so a model held but unused is never warmed,
+however long its holders queue for another one. A peer that predates the field names none:
+the models only it uses are not hot (the rule warms less, never a wrong model).
 
 In a bounded view (the default) a worker hears a peer's load only if it watches it, and a
 worker with headroom plans nothing the holders run: while it could be picked, it watches the
@@ -37,7 +39,13 @@ from prometheus_client.registry import Collector
 
 from compass.app import App
 from compass.core.events import Event, Tick
-from compass.elastic.replicate import Holding, ReplicaConfig, Replicator, spare_models
+from compass.elastic.replicate import (
+    Holding,
+    ReplicaConfig,
+    Replicator,
+    hot_models,
+    spare_models,
+)
 from compass.gossip.spread import Watching
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
@@ -69,10 +77,12 @@ MAX_SLOWDOWN = 3.0
 
 def holdings(own: Heartbeat, peers: Iterable[Heartbeat]) -> list[Holding]:
     """The rule's workers: this one (``own``, its state now) and each peer by its last
-    heartbeat; a worker holds the models resident or loading there, and is loading while any
-    load is under way."""
+    heartbeat; a worker holds the models resident or loading there, is loading while any
+    load is under way, and uses the models its state names as recent."""
     states = [own, *(p for p in peers if p.name != own.name)]
-    return [Holding(s.name, s.wait_s, s.models | s.loading, bool(s.loading)) for s in states]
+    return [
+        Holding(s.name, s.wait_s, s.models | s.loading, bool(s.loading), s.recent) for s in states
+    ]
 
 
 def warm_here(
@@ -82,11 +92,11 @@ def warm_here(
     rule: Replicator,
     now: float,
 ) -> list[str]:
-    """The models ``rule`` picks worker ``name`` to warm at ``now`` (at most one), over
-    ``workers``' every held model: the pairs that name another worker are theirs to act on
-    (the rule remembers them too, as theirs do: every worker's cool-downs agree)."""
-    hot = {m for w in workers for m in w.models}
-    return [m for w, m in rule.step(now, workers, hot, slack_s) if w == name]
+    """The models ``rule`` picks worker ``name`` to warm at ``now`` (at most one), of the
+    models ``workers`` use (:func:`~compass.elastic.replicate.hot_models`): the pairs that
+    name another worker are theirs to act on (the rule remembers them too, as theirs do:
+    every worker's cool-downs agree)."""
+    return [m for w, m in rule.step(now, workers, hot_models(workers), slack_s) if w == name]
 
 
 def objective_slack_s(workflows: Iterable[Workflow], profiles: Profiles) -> float:
@@ -239,7 +249,7 @@ class HotReplicas(Collector):
         return cls(
             worker.name,
             config,
-            own_state=port.own_state,
+            own_state=lambda now: port.own_state(now, recent=True),
             view=port.view,
             apply=worker.apply,
             slack_s=lambda: objective_slack_s(workflows.values(), worker.profiles),

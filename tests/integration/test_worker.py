@@ -246,7 +246,7 @@ async def test_a_worker_whose_heartbeat_loop_dies_stops_instead_of_lingering() -
     async with worker:
         assert worker.failure is None
 
-        def broken(now: float) -> object:
+        def broken(now: float, recent: bool = False) -> object:
             raise RuntimeError("injected: state unavailable")
 
         worker.gossip.port.own_state = broken  # type: ignore[method-assign,assignment]

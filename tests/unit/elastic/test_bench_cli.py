@@ -58,3 +58,20 @@ def test_a_capacity_table_is_for_traffic_and_must_be_readable(
     assert done.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("compass: cannot read the capacity table")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--cold-s", "5,ten"], "--cold-s needs seconds >= 0, comma-separated, got '5,ten'"),
+        (["--cooldown-s", "-1"], "--cooldown-s needs seconds >= 0, comma-separated, got '-1'"),
+    ],
+)
+def test_a_bad_replicas_sweep_is_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], error: str
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "replicas", "--generated", "0", *args])
+    assert done.value.code != 0
+    err = capsys.readouterr().err
+    assert error in err and len(err.splitlines()) == 1

@@ -3,17 +3,21 @@ lanes' side of it (a hot tick loads the model, evicting only what the queue does
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from compass.core.lanes import LoadModel
+from compass.core.replica import recent_models
 from compass.elastic.replicate import (
     Holding,
     ReplicaConfig,
     Replicator,
+    hot_models,
     replicas_wanted,
     spare_models,
 )
-from compass.errors import ConfigError
+from compass.errors import ConfigError, ProtocolError
+from compass.sched.heartbeat import MAX_RECENT, Heartbeat
 from tests.unit.worker.test_lanes import Harness, entry, loaded
 
 #: the thresholds the tests are written for (slack 1 s: hot past 0.15 s of mean wait at the
@@ -176,3 +180,36 @@ def test_cool_down_and_cold_thresholds_are_checked() -> None:
     rule = Replicator(ReplicaConfig(cooldown_s=0.0))
     workers = [h("a", 0.9, "m"), h("b", 0.0)]
     assert rule.step(0.0, workers, ["m"], 1.0) == rule.step(0.0, workers, ["m"], 1.0)
+
+
+def test_the_models_a_worker_uses_are_those_queued_and_those_begun_within_cold_s() -> None:
+    """b began 12 s ago (cold), a 3 s ago, c is queued behind a: the worker uses a and c; the
+    cluster's hot set is every worker's, and a model held but used nowhere is not in it."""
+    lanes = Harness(capacity_gb=3)
+    loaded(lanes.cache, "a", "b", "c")
+    for at, model in ((0.0, "b"), (9.0, "a")):
+        task = entry(f"t{at:g}", model)
+        lanes.record(lanes.lanes.submit(task, at))
+        lanes.record(lanes.lanes.ended(task, at + 0.5))
+    lanes.record(lanes.lanes.submit(entry("long", "a"), 11.0))
+    lanes.record(lanes.lanes.submit(entry("queued", "c"), 11.0))
+    used, upcoming = lanes.lanes.used, lanes.lanes.queue.upcoming_models()
+    assert recent_models(used, upcoming, 12.0, 10.0, MAX_RECENT) == {"a", "c"}
+    assert recent_models(used, upcoming, 12.0, 13.0, MAX_RECENT) == {"a", "b", "c"}
+    assert recent_models(used, [], 12.0, 13.0, 1) == {"a"}  # bounded: the latest first
+    assert recent_models(used, ["c", "c", "b"], 12.0, 13.0, 2) == {"c", "b"}  # queued first
+    workers = [Holding("x", 0.5, frozenset("ab"), recent=frozenset("a")), h("y", 0.0, "b")]
+    assert hot_models(workers) == {"a"}
+
+
+def test_recent_models_ride_the_heartbeat_bounded_and_optional() -> None:
+    state = Heartbeat("w1", 0.5, frozenset("ab"), 5, 10, recent=frozenset("a"))
+    wire = msgpack.unpackb(msgpack.packb(state.to_wire()))
+    assert wire["r"] == ["a"] and Heartbeat.from_wire(wire) == state
+    plain = Heartbeat("w1", 0.5, frozenset("ab"), 5, 10)
+    assert "r" not in plain.to_wire()  # nothing used: no bytes, as a peer that predates it
+    assert Heartbeat.from_wire(plain.to_wire()).recent == frozenset()
+    with pytest.raises(ProtocolError, match="at most 64 model names"):
+        Heartbeat.from_wire(plain.to_wire() | {"r": [f"m{i}" for i in range(MAX_RECENT + 1)]})
+    with pytest.raises(ProtocolError, match="'r' must be a list of model names"):
+        Heartbeat.from_wire(plain.to_wire() | {"r": [1]})

@@ -28,10 +28,19 @@ GB = 10**9
 SLACK_S = 1.0  # the rule warms past 0.5 s of holders' mean wait; headroom is under 0.1 s
 
 
-def state(name: str, wait_s: float, models: str = "", loading: str = "", seq: int = 1) -> Heartbeat:
+def state(
+    name: str,
+    wait_s: float,
+    models: str = "",
+    loading: str = "",
+    seq: int = 1,
+    recent: str | None = None,
+) -> Heartbeat:
+    """A worker's heartbeat; it uses every model it holds unless ``recent`` says which."""
     return Heartbeat(
         name, wait_s, frozenset(models.split()), GB, 2 * GB, seq=seq,
         loading=frozenset(loading.split()),
+        recent=frozenset((models if recent is None else recent).split()),
     )  # fmt: skip
 
 
@@ -74,10 +83,11 @@ def test_holdings_read_each_workers_wait_and_the_models_it_holds_or_loads() -> N
     own = state("w2", 0.0, "n")
     peers = [state("w0", 0.8, "m", "k"), state("w1", 0.6, "m"), state("w2", 9.0, "x")]
     got = holdings(own, peers)
+    m, n = frozenset({"m"}), frozenset({"n"})
     assert got == [
-        Holding("w2", 0.0, frozenset({"n"}), False),
-        Holding("w0", 0.8, frozenset({"m", "k"}), True),  # loading k: held, and busy loading
-        Holding("w1", 0.6, frozenset({"m"}), False),
+        Holding("w2", 0.0, n, False, n),
+        Holding("w0", 0.8, frozenset({"m", "k"}), True, m),  # loading k: held, and busy loading
+        Holding("w1", 0.6, m, False, m),
     ]  # a stale state of itself among the peers is not read: its own state is
 
 
@@ -211,8 +221,20 @@ async def test_a_failed_round_is_counted_and_the_next_one_runs() -> None:
     assert core.fed == [Tick(2.0, hot="m")]
 
 
-def test_off_by_default() -> None:
-    assert WorkerConfig().replicate is None
+def test_a_model_its_holders_hold_but_do_not_use_is_never_hot() -> None:
+    """w0 and w1 hold a and k but run only k: their queues are k's work, so a copy of a would
+    take none of it off them. Only k is warmed, however long a's holders queue (a, first by
+    name, would be warmed first were every held model hot)."""
+    peers = [state("w0", 0.9, "a k", recent="k"), state("w1", 0.9, "a k", recent="k")]
+    workers = holdings(state("w2", 0.0, "n", recent=""), peers)
+    assert warm_here("w2", workers, SLACK_S, Replicator(), 1.0) == ["k"]
+    # nobody uses a or k now (their last tasks began longer than cold_s ago): nothing is hot
+    idle = [state("w0", 0.9, "a k", recent=""), state("w1", 0.9, "a k", recent="")]
+    assert warm_here("w2", holdings(state("w2", 0.0, "n"), idle), SLACK_S, Replicator(), 1.0) == []
+
+
+def test_on_by_default_with_the_measured_rule() -> None:
+    assert WorkerConfig().replicate == ReplicaConfig()
 
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
@@ -243,5 +265,41 @@ async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() 
         assert "hot models warmed here ahead of need: 1 (marian x1); still held: marian" in (
             status_lines(status)
         )
+    finally:
+        await worker.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_real_worker_warms_only_a_model_its_peers_heartbeats_say_they_use() -> None:
+    """Off the wire: w0 and w1 hold marian and opt and queue past the rule's threshold, but
+    their heartbeats say they run only opt: the worker warms opt, in every round, never
+    marian (first by name: the rule's pick were every held model hot)."""
+    worker = build_worker(WorkerConfig(name="w2", workload=PAPER, time_scale=0.01))
+    try:
+        replicas = HotReplicas.of_worker(worker, ReplicaConfig())
+        slack = objective_slack_s(worker.app.workflows.values(), worker.profiles)
+        now = worker.clock()
+        for name in ("w0", "w1"):
+            wire = state(name, slack, "opt marian").to_wire() | {"r": ["opt"]}
+            worker.apply(Heard(now, Heartbeat.from_wire(wire)))
+        warmed = [replicas.step(now + 2.0 * i) for i in range(3)]
+        assert warmed == [["opt"], [], []]  # then loading opt, and marian never
+        assert worker.lanes.cache.residency()[1] == {"opt"}
+    finally:
+        await worker.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_gossips_the_models_it_used_within_cold_s() -> None:
+    """Its heartbeat names the models a task began with there within the rule's ``cold_s``
+    (``--replicate``'s, else the default); a job's plan reads its state without them."""
+    config = WorkerConfig(name="w0", workload=PAPER, replicate=ReplicaConfig(cold_s=5.0))
+    worker = build_worker(config)
+    try:
+        port, now = worker.gossip.port, worker.clock()
+        worker.lanes.used.update({"opt": now - 4.0, "marian": now - 6.0})
+        assert port.next_state(now).recent == {"opt"}
+        assert Heartbeat.from_wire(port.next_state(now).to_wire()).recent == {"opt"}
+        assert port.own_state(now).recent == frozenset()
     finally:
         await worker.aclose()
