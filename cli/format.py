@@ -43,7 +43,7 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             f"{', under pressure' if desired.get('pressure') else ''})"
         )
     replicas = info.get("replicas")
-    if replicas and replicas.get("warmed"):  # on by default: a line once it warmed a copy
+    if replicas:
         held = ", ".join(replicas.get("held", [])) or "none"
         lines.append(
             f"hot models warmed here ahead of need: {replicas.get('warmed', 0)} "

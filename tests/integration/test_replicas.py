@@ -1,6 +1,6 @@
 """``compass worker start --replicate`` on three real worker processes: a wave of one model's
 jobs into the two workers holding it makes the third load that model before any of its tasks
-is placed there; with --no-replicate, the third never loads it."""
+is placed there; without the flag, the third never loads it."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ async def run_wave(
 ) -> dict[str, object]:
     """The wave on a fresh cluster; what the third worker holds and says after it."""
     args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm"]
-    args.append("--replicate" if replicate else "--no-replicate")
+    if replicate:
+        args.append("--replicate")
     async with LocalCluster(3, args=args, env=env, log_dir=logs) as cluster:
         clients = [cluster.client(i) for i in range(3)]
         try:

@@ -233,8 +233,8 @@ def test_a_model_its_holders_hold_but_do_not_use_is_never_hot() -> None:
     assert warm_here("w2", holdings(state("w2", 0.0, "n"), idle), SLACK_S, Replicator(), 1.0) == []
 
 
-def test_on_by_default_with_the_measured_rule() -> None:
-    assert WorkerConfig().replicate == ReplicaConfig()
+def test_off_by_default() -> None:
+    assert WorkerConfig().replicate is None
 
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
