@@ -311,6 +311,32 @@ def test_capacity_for_workload_json_layout() -> None:
         )
 
 
+def test_busy_share_at_each_capacity_says_whether_the_lanes_saturated() -> None:
+    jobs = 30
+    out = capacity_for_workload(
+        one_task(),
+        ["compass"],
+        SimRuns(workers=1, jobs=jobs, arrival="uniform"),
+        CapacitySearch(seeds=(0, 1), max_load=16),
+    )
+    json.dumps(out, allow_nan=False)
+    for seed in ("0", "1"):
+        by_load = out["busy"]["compass"][seed]
+        assert set(by_load) == set(out["attainment_by_seed"]["compass"][seed])
+        for load, share in by_load.items():
+            # a 0.1 s task every 1/L s: busy L/10 of the time, the drain's 0.1 s aside,
+            # and always, from the bound on
+            expected = min(1.0, float(load) / 10.0)
+            assert expected * (jobs - 1) / jobs <= share <= expected * jobs / (jobs - 1), load
+    # 30 jobs pass a load past the bound: the queue grows, but not enough to show in so
+    # few jobs; the busy share at that capacity says the lanes never idled
+    for slo in BUILTIN_SLOS:
+        capacities = out["capacity"][slo.name]["compass"]["seeds"]
+        assert all(c > 10.0 for c in capacities)
+        at = out["busy_at_capacity"][slo.name]["compass"]
+        assert at == {"mean": 1.0, "seeds": [1.0, 1.0]}
+
+
 def test_physical_bound_counts_gpu_seconds_per_second() -> None:
     spec = one_task_spec(exec_ms=50.0, interval_ms=500.0)
     spec["workflows"]["g"] = {
@@ -390,6 +416,8 @@ def test_cli_sim_capacity_writes_the_json_layout(tmp_path: Path) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "physical bound 10.00" in done.stdout
     assert "compass / policy capacity" in done.stdout
+    assert set(written["busy_at_capacity"]) == slos
+    assert "lanes busy at each capacity" in done.stdout
 
 
 @pytest.mark.parametrize(
