@@ -404,10 +404,17 @@ class SimRuns:
     ``heartbeat_ms`` and at least ``staleness_ms`` old (default: ``heartbeat_ms``), model-less
     tasks on ``host_lanes`` host lanes; ``options`` go to
     :class:`~compass.sim.settings.SimSettings` as they are (``prefetch_evicts``,
-    ``policy_options``...)."""
+    ``policy_options``...).
+
+    ``warmup``: the first that many jobs of each run (by arrival) run but are not counted.
+    A run starts on empty queues and cold caches, so its first jobs see a lighter load than
+    the rest; and past the load the lanes can sustain, the queue grows from nothing, so a
+    short run counts mostly jobs that met it small. Leaving the start out measures the
+    steady state with fewer jobs (docs/RESULTS.md, "Capacity in steady state")."""
 
     workers: int
     jobs: int = 1000
+    warmup: int = 0
     arrival: str = "poisson"
     cv: float = 1.0
     heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
@@ -422,6 +429,11 @@ class SimRuns:
             )
         if self.jobs < 1:
             raise ConfigError(f"capacity needs at least one job per run, got {self.jobs}")
+        if not 0 <= self.warmup < self.jobs:
+            raise ConfigError(
+                f"warm-up must be 0 or more jobs and fewer than the run's {self.jobs}, "
+                f"got {self.warmup}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,7 +478,7 @@ def simulator_run(workload: Workload, runs: SimRuns, busy: BusyShares | None = N
         )
         if busy is not None:
             busy[(policy, seed, load)] = float(np.mean(list(result.utilization().values())))
-        return [job.slowdown for job in result.jobs]
+        return [job.slowdown for job in result.jobs[runs.warmup :]]  # in arrival order
 
     return run
 
@@ -505,6 +517,7 @@ def capacity_for_workload(
         "seeds": list(search.seeds),
         "slos": slo_config(search.slos),
         "jobs": runs.jobs,
+        "warmup": runs.warmup,
         "arrival": runs.arrival,
         "cv": runs.cv,
         "heartbeat_ms": runs.heartbeat_ms,
