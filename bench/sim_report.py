@@ -182,6 +182,16 @@ def print_capacity(out: Mapping[str, Any], *, title: str) -> None:
             cells = [escape(_ratio_cell(out["ratios"][slo][policy])) for slo in slos]
             ratios.add_row(policy, *cells)
         console.print(ratios)
+    busy = out.get("busy_at_capacity")
+    if busy:
+        shares = Table(title="lanes busy at each capacity (share of the run): mean over seeds")
+        shares.add_column("policy")
+        for slo in slos:
+            shares.add_column(slo, justify="right")
+        for policy in config["policies"]:
+            cells = [_share_cell(busy[slo][policy]) for slo in slos]
+            shares.add_row(policy, *cells)
+        console.print(shares)
 
 
 def _seed_text(seeds: Sequence[int]) -> str:
@@ -199,6 +209,10 @@ def _capacity_cell(entry: Mapping[str, Any] | None, max_load: float | None) -> s
     if max_load is not None and entry["max"] >= max_load:
         text += " (cap)"  # met at the top of the grid: the true capacity may be higher
     return text
+
+
+def _share_cell(entry: Mapping[str, Any] | None) -> str:
+    return "-" if entry is None else f"{entry['mean']:.0%}"
 
 
 def _ratio_cell(values: Sequence[float | None]) -> str:

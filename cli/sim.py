@@ -132,6 +132,14 @@ def sim(
     seeds: Annotated[str, typer.Option(help="--capacity: arrival seeds, 0-4 or 0,1,2.")] = "0-4",
     slo: SloFlag = None,
     max_load: MaxLoad = 8.0,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="--capacity: each run's first that many jobs run but are not counted (they "
+            "meet empty queues and cold caches; leaving them out measures the steady state).",
+        ),
+    ] = 0,
     prefetch: Annotated[
         str,
         typer.Option(help="evict: prefetch may evict models needed later; free: free slabs only."),
@@ -221,6 +229,10 @@ def sim(
 
         workers = load_workload(spec).cluster.workers
     sweep = sweep_range(servers_sweep)
+    if warmup and not capacity:
+        fail("--warmup is for --capacity", 2)
+    if warmup >= jobs:
+        fail(f"--warmup {warmup} must be fewer than --jobs {jobs}", 2)
     check_output(json_path, "--json")
     check_plot(plot)
     if prefetch not in ("evict", "free"):
@@ -328,6 +340,7 @@ def sim(
                 **seen,
                 **batch,
                 preempt=preempting,
+                warmup=warmup,
             ),
             CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
             json_path,

@@ -51,6 +51,7 @@ __all__ = [
     "SimRuns",
     "Slo",
     "attainment",
+    "busy_at_capacity",
     "capacity_at",
     "capacity_for_workload",
     "load_grid",
@@ -66,6 +67,10 @@ __all__ = [
 
 #: per-job slowdowns (None: the job did not finish) of one run of ``policy`` at ``load``
 RunFn = Callable[[str, int, float], Sequence[float | None]]
+
+#: the share of the run its workers' lanes were busy (mean over the workers), per
+#: (policy, seed, load) run: what :func:`simulator_run` records beside the slowdowns
+BusyShares = dict[tuple[str, int, float], float]
 
 #: the policy every other is compared with in ``ratios``
 REFERENCE = "compass"
@@ -399,10 +404,17 @@ class SimRuns:
     ``heartbeat_ms`` and at least ``staleness_ms`` old (default: ``heartbeat_ms``), model-less
     tasks on ``host_lanes`` host lanes; ``options`` go to
     :class:`~compass.sim.settings.SimSettings` as they are (``prefetch_evicts``,
-    ``policy_options``...)."""
+    ``policy_options``...).
+
+    ``warmup``: the first that many jobs of each run (by arrival) run but are not counted.
+    A run starts on empty queues and cold caches, so its first jobs see a lighter load than
+    the rest; and past the load the lanes can sustain, the queue grows from nothing, so a
+    short run counts mostly jobs that met it small. Leaving the start out measures the
+    steady state with fewer jobs (docs/RESULTS.md, "Capacity in steady state")."""
 
     workers: int
     jobs: int = 1000
+    warmup: int = 0
     arrival: str = "poisson"
     cv: float = 1.0
     heartbeat_ms: float = SIM_WORKER.sched.heartbeat_ms
@@ -417,6 +429,11 @@ class SimRuns:
             )
         if self.jobs < 1:
             raise ConfigError(f"capacity needs at least one job per run, got {self.jobs}")
+        if not 0 <= self.warmup < self.jobs:
+            raise ConfigError(
+                f"warm-up must be 0 or more jobs and fewer than the run's {self.jobs}, "
+                f"got {self.warmup}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,9 +449,12 @@ class CapacitySearch:
     max_steps: int = 8
 
 
-def simulator_run(workload: Workload, runs: SimRuns) -> RunFn:
+def simulator_run(workload: Workload, runs: SimRuns, busy: BusyShares | None = None) -> RunFn:
     """A :data:`RunFn` that simulates ``workload`` as ``runs`` says; the seed picks the
-    arrivals (and seeds the ``random`` policy), so every run is deterministic."""
+    arrivals (and seeds the ``random`` policy), so every run is deterministic. ``busy``, when
+    given, gets each run's lanes' busy share (:meth:`SimResult.utilization
+    <compass.sim.result.SimResult.utilization>`, mean over the workers): how near the
+    workers were to saturation at that load."""
     extra = dict(runs.options)
     heartbeat_s = runs.heartbeat_ms / 1000.0
     staleness_s = None if runs.staleness_ms is None else runs.staleness_ms / 1000.0
@@ -456,7 +476,9 @@ def simulator_run(workload: Workload, runs: SimRuns) -> RunFn:
             ),
             arrivals,
         )
-        return [job.slowdown for job in result.jobs]
+        if busy is not None:
+            busy[(policy, seed, load)] = float(np.mean(list(result.utilization().values())))
+        return [job.slowdown for job in result.jobs[runs.warmup :]]  # in arrival order
 
     return run
 
@@ -476,8 +498,9 @@ def capacity_for_workload(
             f"unknown policy {unknown[0]!r}; valid policies: {', '.join(POLICY_NAMES)}"
         )
     grid = load_grid(search.max_load)
+    busy: BusyShares = {}
     found = search_capacity(
-        simulator_run(workload, runs),
+        simulator_run(workload, runs, busy),
         policies=policies,
         seeds=search.seeds,
         slos=search.slos,
@@ -494,6 +517,7 @@ def capacity_for_workload(
         "seeds": list(search.seeds),
         "slos": slo_config(search.slos),
         "jobs": runs.jobs,
+        "warmup": runs.warmup,
         "arrival": runs.arrival,
         "cv": runs.cv,
         "heartbeat_ms": runs.heartbeat_ms,
@@ -508,7 +532,45 @@ def capacity_for_workload(
         "physical_bound": physical_bound(workload, runs.workers, host_lanes=runs.host_lanes),
         "options": dict(runs.options),
     }
-    return {"config": config, **found}
+    return {
+        "config": config,
+        **found,
+        "busy": _busy_by_seed(busy),
+        "busy_at_capacity": busy_at_capacity(found["capacity"], busy, search.seeds),
+    }
+
+
+def _busy_by_seed(busy: BusyShares) -> dict[str, dict[str, dict[str, float]]]:
+    """{policy: {seed: {load: lanes' busy share}}}, as ``attainment_by_seed`` is keyed."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (policy, seed, load), share in sorted(busy.items()):
+        out.setdefault(policy, {}).setdefault(str(seed), {})[_key(load)] = share
+    return out
+
+
+def busy_at_capacity(
+    capacity: Mapping[str, Mapping[str, Mapping[str, Any] | None]],
+    busy: BusyShares,
+    seeds: Sequence[int],
+) -> dict[str, dict[str, dict[str, Any] | None]]:
+    """For each SLO and policy, the lanes' busy share of the run at each seed's capacity
+    (``seeds``, in the search's order, None where the seed has none) and their ``mean``:
+    whether a capacity is where the lanes saturate or below it. The search ran every load
+    it returns, so each share is a run's."""
+    out: dict[str, dict[str, dict[str, Any] | None]] = {}
+    for name, by_policy in capacity.items():
+        out[name] = {}
+        for policy, entry in by_policy.items():
+            if entry is None:
+                out[name][policy] = None
+                continue
+            shares = [
+                None if load is None else busy[(policy, seed, load)]
+                for seed, load in zip(seeds, entry["seeds"], strict=True)
+            ]
+            known = [s for s in shares if s is not None]
+            out[name][policy] = {"mean": float(np.mean(known)), "seeds": shares}
+    return out
 
 
 def slo_config(slos: Sequence[Slo]) -> dict[str, dict[str, float]]:

@@ -84,6 +84,9 @@ class SimConfig:
     holders: int | None = DEFAULT_HOLDERS
     #: scheduling at step boundaries, for every policy not named "NAME (no preemption)"
     preempt: bool = False
+    #: a capacity search's runs leave their first that many jobs uncounted
+    #: (:class:`~compass.sim.capacity.SimRuns`)
+    warmup: int = 0
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -117,6 +120,7 @@ class SimConfig:
         return SimRuns(
             workers=self.workers,
             jobs=self.jobs,
+            warmup=self.warmup,
             arrival=self.arrival,
             cv=self.cv,
             heartbeat_ms=self.heartbeat_ms,

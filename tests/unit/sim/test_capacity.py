@@ -62,12 +62,14 @@ def one_task() -> Workload:
     return parse_workload(one_task_spec())
 
 
-def breaking_load(slo: Slo, jobs: int) -> float:
+def breaking_load(slo: Slo, jobs: int, warmup: int = 0) -> float:
     """Jobs every 1/L s on a 0.1 s task: below L = 10 nobody waits; above it job k (from 0)
     waits k (0.1 - 1/L) s, so its slowdown is 1 + k (1 - 10/L). The SLO needs the first
-    ceil(q n) jobs within S: L <= 10 / (1 - (S - 1) / (ceil(q n) - 1))."""
-    needed = math.ceil(slo.quantile * jobs)
-    return 10.0 / (1.0 - (slo.max_slowdown - 1.0) / (needed - 1))
+    ceil(q n) jobs within S: L <= 10 / (1 - (S - 1) / (ceil(q n) - 1)). With the first
+    ``warmup`` jobs not counted, the ceil(q (n - w)) counted ones from job w must be: job
+    w + ceil(q (n - w)) - 1 is the last, and the load falls towards the bound, 10."""
+    needed = math.ceil(slo.quantile * (jobs - warmup))
+    return 10.0 / (1.0 - (slo.max_slowdown - 1.0) / (warmup + needed - 1))
 
 
 # --- SLOs and attainment ---------------------------------------------------------------
@@ -173,6 +175,43 @@ def test_capacity_in_the_simulator_matches_the_hand_computed_breaking_load() -> 
     # below the physical bound every job runs alone
     assert out["attainment"]["compass"]["8"] == {s.name: 1.0 for s in BUILTIN_SLOS}
     assert out["attainment"]["compass"]["12"]["median2"] < 0.5
+
+
+def test_a_warm_up_leaves_the_first_jobs_out_and_the_capacity_falls_to_the_bound() -> None:
+    from compass.sim.capacity import simulator_run
+
+    jobs, warmup = 100, 60
+    fine = 0.002  # median2 moves 10.20 -> 10.13: finer than the default 2%
+    workload = one_task()
+    found = {}
+    for left_out in (0, warmup):
+        run = simulator_run(
+            workload, SimRuns(workers=1, jobs=jobs, warmup=left_out, arrival="uniform")
+        )
+        assert len(run("compass", 0, 12.0)) == jobs - left_out
+        out = search_capacity(
+            run,
+            policies=["compass"],
+            seeds=[0],
+            slos=BUILTIN_SLOS,
+            grid=load_grid(16),
+            rel_tol=fine,
+            max_steps=12,
+        )
+        found[left_out] = {
+            s.name: out["capacity"][s.name]["compass"]["seeds"][0] for s in BUILTIN_SLOS
+        }
+    for slo in BUILTIN_SLOS:
+        exact = breaking_load(slo, jobs, warmup)
+        assert exact / (1 + fine) <= found[warmup][slo.name] <= exact, (slo.name, exact)
+        # the jobs that met a short queue are out: nearer the bound (10) than without
+        assert 10.0 <= found[warmup][slo.name] <= found[0][slo.name]
+    # the median's counted jobs are the later ones: 10.20 without, 10.13 with
+    assert found[warmup]["median2"] < found[0]["median2"] / (1 + fine)
+    with pytest.raises(ConfigError, match="fewer than the run's 100"):
+        SimRuns(workers=1, jobs=jobs, warmup=jobs)
+    with pytest.raises(ConfigError, match="warm-up"):
+        SimRuns(workers=1, jobs=jobs, warmup=-1)
 
 
 def fixed(value: float, jobs: int = 20) -> list[float | None]:
@@ -311,6 +350,32 @@ def test_capacity_for_workload_json_layout() -> None:
         )
 
 
+def test_busy_share_at_each_capacity_says_whether_the_lanes_saturated() -> None:
+    jobs = 30
+    out = capacity_for_workload(
+        one_task(),
+        ["compass"],
+        SimRuns(workers=1, jobs=jobs, arrival="uniform"),
+        CapacitySearch(seeds=(0, 1), max_load=16),
+    )
+    json.dumps(out, allow_nan=False)
+    for seed in ("0", "1"):
+        by_load = out["busy"]["compass"][seed]
+        assert set(by_load) == set(out["attainment_by_seed"]["compass"][seed])
+        for load, share in by_load.items():
+            # a 0.1 s task every 1/L s: busy L/10 of the time, the drain's 0.1 s aside,
+            # and always, from the bound on
+            expected = min(1.0, float(load) / 10.0)
+            assert expected * (jobs - 1) / jobs <= share <= expected * jobs / (jobs - 1), load
+    # 30 jobs pass a load past the bound: the queue grows, but not enough to show in so
+    # few jobs; the busy share at that capacity says the lanes never idled
+    for slo in BUILTIN_SLOS:
+        capacities = out["capacity"][slo.name]["compass"]["seeds"]
+        assert all(c > 10.0 for c in capacities)
+        at = out["busy_at_capacity"][slo.name]["compass"]
+        assert at == {"mean": 1.0, "seeds": [1.0, 1.0]}
+
+
 def test_physical_bound_counts_gpu_seconds_per_second() -> None:
     spec = one_task_spec(exec_ms=50.0, interval_ms=500.0)
     spec["workflows"]["g"] = {
@@ -390,11 +455,18 @@ def test_cli_sim_capacity_writes_the_json_layout(tmp_path: Path) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "physical bound 10.00" in done.stdout
     assert "compass / policy capacity" in done.stdout
+    assert set(written["busy_at_capacity"]) == slos
+    assert "lanes busy at each capacity" in done.stdout
 
 
 @pytest.mark.parametrize(
     ("flag", "value", "says"),
-    [("--slo", "p95", "'p95'"), ("--seeds", "3-1", "'3-1'"), ("--max-load", "0", "--max-load")],
+    [
+        ("--slo", "p95", "'p95'"),
+        ("--seeds", "3-1", "'3-1'"),
+        ("--max-load", "0", "--max-load"),
+        ("--warmup", "5", "--warmup 5 must be fewer than --jobs 5"),
+    ],
 )
 def test_cli_sim_capacity_bad_flag_is_one_line(
     tmp_path: Path, flag: str, value: str, says: str
@@ -404,6 +476,13 @@ def test_cli_sim_capacity_bad_flag_is_one_line(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
     assert done.stdout == ""
+
+
+def test_cli_warmup_is_for_capacity_only(tmp_path: Path) -> None:
+    done = compass("sim", "--jobs", "5", "--warmup", "2", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--warmup is for --capacity" in lines[0], done.stderr
 
 
 def test_physical_bound_agrees_with_the_generator_utilization() -> None:
