@@ -65,11 +65,23 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+def _name_the_group_in_the_id(item: pytest.Item, group: str) -> None:
+    """``item``'s id ends in ``@group``: how xdist's controller tells a group (``--dist
+    loadgroup``). xdist (3.8) appends it itself as ``item._nodeid``, which pytest 9.2 no longer
+    reads: it keeps an id in ``item._id``. Unnamed, every group was spread over both processes:
+    each module-scoped fixture was built in both, and the NETNS modules ran at once."""
+    if not item.nodeid.endswith(f"@{group}") and hasattr(item, "_id"):
+        item._id = type(item._id).parse(f"{item.nodeid}@{group}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    in_a_worker = getattr(config.option, "loadgroup", False)  # set in xdist's worker processes
     for item in items:
         group = _group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            if in_a_worker:
+                _name_the_group_in_the_id(item, group)
