@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -50,7 +51,20 @@ def stop_cleanly() -> None:
     """A benchmark (or the demo) stopped with SIGTERM stops as with Ctrl-C: its event loop's
     tasks are cancelled, so the local clusters it started end their worker processes (by
     default SIGTERM ends the process at once and leaves them running)."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _as_ctrl_c)
+
+
+def _as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM handled by the SIGINT handler of the moment: under :class:`asyncio.Runner`, its
+    own, which cancels the main task and raises nothing. Raising ``KeyboardInterrupt`` at
+    once (``signal.default_int_handler``) lands wherever the main thread is; inside logging's
+    release after a fork (uvloop runs the at-fork hooks around each spawn) it was ignored,
+    with logging's lock left held: the benchmark ran on, deaf to the signal."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:  # SIG_IGN or SIG_DFL: no Python handler to share
+        raise KeyboardInterrupt
 
 
 bench_app.callback()(stop_cleanly)
