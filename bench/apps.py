@@ -1,5 +1,5 @@
-"""Apps used by the benchmarks: a no-op job, long chains of trivial tasks, and a generating
-task that runs in steps."""
+"""Apps used by the benchmarks: a no-op job (in a task thread, and on the worker's loop), long
+chains of trivial tasks, and a generating task that runs in steps."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ noop = app.workflow("noop", inputs=["x"])
 
 @noop.task(expected_ms=0.001, output_bytes=8)
 def nothing(model: None, x: Any) -> Any:
+    return x
+
+
+#: the same no-op, declared to run on the worker's event loop (no task thread)
+noop_on_loop = app.workflow("noop_on_loop", inputs=["x"])
+
+
+@noop_on_loop.task(expected_ms=0.001, output_bytes=8, on_loop=True)
+async def nothing_on_loop(model: None, x: Any) -> Any:
     return x
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "TaskStopped",
     "ThreadLoop",
     "awaited",
+    "call_on_loop",
     "call_scoped",
     "call_task",
     "run_steps",
@@ -74,6 +75,21 @@ def call_task(
         raise
     except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
         raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+async def call_on_loop(task: Task, payload: Any, clock: Callable[[], float]) -> tuple[Any, float]:
+    """Task ``task`` (declared ``on_loop``) awaited on the worker's own loop: its output and
+    its time. A ``BaseException`` from its code becomes the task's error (a ``SystemExit``
+    must not end the worker's loop); a cancellation (its timeout, the worker stopping) is
+    not its code's and goes on."""
+    began = clock()
+    try:
+        output = await task.call(None, payload)
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+    return output, clock() - began
 
 
 def call_scoped(fn: Callable[[Any], Any], module: Any, scope: AbstractContextManager[Any]) -> Any:

@@ -77,6 +77,7 @@ from compass.worker.calling import (
     TaskAborted,
     TaskStopped,
     awaited,
+    call_on_loop,
     call_scoped,
     call_task,
     run_steps,
@@ -167,6 +168,9 @@ class TaskRunner:
         #: real tasks under way: their thread's future -> (deadline on the loop's clock, entry)
         self._deadlines: dict[asyncio.Future[Any], tuple[float, QueuedTask]] = {}
         self._watchdog: asyncio.TimerHandle | None = None
+        #: tasks declared ``on_loop`` under way, each with its timeout's timer; those past it
+        self._on_loop: dict[asyncio.Task[tuple[Any, float]], asyncio.TimerHandle] = {}
+        self._timed_out: set[asyncio.Task[tuple[Any, float]]] = set()
         self._closed = False
         #: step-wise tasks under way: the flag their thread looks at between two steps (real),
         #: or their run's start and step time (emulated)
@@ -210,6 +214,9 @@ class TaskRunner:
                 tells = self._tells_steps(run.entry)
                 if (tells or self._preempt) and self._on_step is not None:
                     loop.call_later(step_s, self._emulated_step, run.entry, 0)  # each step
+            return
+        if task.on_loop:
+            self._start_on_loop(outcomes, task, timeout_s, loop)
             return
         model = run.entry.model
         payload: Any = run.entry.inputs
@@ -295,8 +302,47 @@ class TaskRunner:
         for work in list(self._deadlines):
             self._threads.cancel(work)
         self._deadlines.clear()
+        for work in list(self._on_loop):
+            work.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
+
+    def _start_on_loop(
+        self,
+        outcomes: list[TaskOutcome],
+        task: Task,
+        timeout_s: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Run ``task`` (declared ``on_loop``: model-less, ``async def``) as a task of this event
+        loop: no thread, so no hand-off to one and back. Past its timeout it is cancelled, and
+        its lane is free at once: nothing of it keeps running, unlike an abandoned thread."""
+        work = loop.create_task(call_on_loop(task, outcomes[0].entry.inputs, self._clock))
+        self._on_loop[work] = loop.call_later(timeout_s, self._on_loop_timeout, work)
+        work.add_done_callback(functools.partial(self._on_loop_done, outcomes, task))
+
+    def _on_loop_timeout(self, work: asyncio.Task[tuple[Any, float]]) -> None:
+        self._timed_out.add(work)
+        work.cancel()
+
+    def _on_loop_done(
+        self, outcomes: list[TaskOutcome], task: Task, work: asyncio.Task[tuple[Any, float]]
+    ) -> None:
+        timer = self._on_loop.pop(work, None)
+        if timer is not None:
+            timer.cancel()
+        outcome = outcomes[0]
+        if work in self._timed_out:
+            self._timed_out.discard(work)
+            outcome.error = self._timeout_error(task)  # cancelled: nothing left running
+        elif work.cancelled():
+            return  # the worker is stopping
+        elif (error := work.exception()) is not None:
+            outcome.error = error
+            outcome.error_text = "".join(traceback.format_exception(error))
+        else:
+            outcome.output, outcome.exec_s = work.result()
+        self._report(outcomes)
 
     def _emulated_step(self, entry: QueuedTask, seq: int) -> None:
         """Step ``seq`` of an emulated step-wise task of a streaming job ended: its partial

@@ -196,6 +196,9 @@ class Task:
     #: the predecessors (of ``after``) whose partial outputs it takes as they come, each as an
     #: iterator argument: it starts at their first step, not at their end (a streamed edge)
     streamed: frozenset[str] = frozenset()
+    #: a model-less ``async def`` task run on the worker's event loop, not in a thread
+    #: (:meth:`WorkflowBuilder.task <compass.app.WorkflowBuilder.task>`)
+    on_loop: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -245,6 +248,26 @@ class Task:
             )
         self._check_sources()
         self._check_streamed()
+        if self.on_loop:
+            self._check_on_loop()
+
+    def _check_on_loop(self) -> None:
+        fn = self.fn
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        plain = fn is not None and not inspect.iscoroutinefunction(fn)
+        why = (
+            "it runs in steps" if self.stepwise
+            else "its function is not 'async def'" if plain
+            else f"it has a model ({self.model!r}), whose compute blocks" if self.model is not None
+            else "it reads a stream, whose reads block" if self.streamed
+            else None
+        )  # fmt: skip
+        if why is not None:
+            raise WorkflowError(
+                f"task {self.name!r} cannot run on the worker's event loop (on_loop=True): {why}; "
+                "only a model-less async def task that awaits can"
+            )
 
     def _check_streamed(self) -> None:
         streamed = self.streamed

@@ -35,6 +35,15 @@ later = app.workflow("later", inputs=["x"])
 async def awaits(model, x):
     await asyncio.sleep(0.01)
     return {"x": x + 1, "thread": threading.current_thread().name}
+
+
+looped = app.workflow("looped", inputs=["x"])
+
+
+@looped.task(on_loop=True)
+async def on_the_loop(model, x):
+    await asyncio.sleep(0.01)
+    return {"x": x + 1, "thread": threading.current_thread().name}
 """
 
 #: a job's inputs whose names are also options of the submission methods
@@ -85,7 +94,8 @@ async def test_status_records_and_timeline_come_back_typed(surface_worker: Local
         status = await client.status()
         assert isinstance(status, WorkerStatus)
         assert status.name == "w0" and status.address == surface_worker.addresses[0]
-        assert status.workflows == ("echo", "later") and status.peers == () and not status.draining
+        assert status.workflows == ("echo", "later", "looped")
+        assert status.peers == () and not status.draining
         assert status.to_json()["queue"] == status.queue
         with pytest.warns(DeprecationWarning, match=r"status\.name"):
             assert status["name"] == "w0"
@@ -124,3 +134,12 @@ async def test_an_async_task_is_awaited_in_its_task_thread(surface_worker: Local
         answer = await client.submit("later", x=1)
     assert answer["x"] == 2
     assert answer["thread"].startswith("compass-task-"), answer  # not the worker's loop
+
+
+@pytest.mark.asyncio
+async def test_an_on_loop_task_is_awaited_on_the_workers_own_loop(
+    surface_worker: LocalCluster,
+) -> None:
+    async with surface_worker.client() as client:
+        answer = await client.submit("looped", x=1)
+    assert answer == {"x": 2, "thread": "MainThread"}  # the worker's loop, no task thread
