@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 import compass
-from compass.config import WorkerConfig
 from compass.core.events import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.errors import CompassTimeout, WorkflowError
 from compass.worker.calling import TaskAborted
-from compass.worker.executor import TaskRunner
 from compass.workflow.dag import Task
+
+from .running import runner_of
 
 
 def declared(fn: Any, **options: Any) -> Task:
@@ -30,13 +30,7 @@ def declared(fn: Any, **options: Any) -> Task:
 
 async def run_one(task: Task, x: Any) -> TaskOutcome:
     outcomes: asyncio.Queue[TaskOutcome] = asyncio.Queue()
-    runner = TaskRunner(
-        lookup=lambda wf, name: task,
-        module_of=lambda model: None,
-        config=WorkerConfig(name="w"),
-        on_outcome=outcomes.put_nowait,
-        on_returned=lambda entry: None,
-    )
+    runner = runner_of(task, outcomes)
     entry = QueuedTask("j", 0, "w", task.name, None, 0.001, {"x": x}, {task.name: "w"}, "w", 0.0)
     runner.start(RunTask(entry, 0, False, 0.0, True))
     try:

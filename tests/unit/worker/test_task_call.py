@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import compass
-from compass.config import WorkerConfig
 from compass.core.events import RunTask
 from compass.core.outcome import TaskOutcome
 from compass.core.queue import QueuedTask
 from compass.worker.calling import TaskAborted, call_task
-from compass.worker.executor import TaskRunner
 from compass.workflow.dag import Task, TaskProfile
+
+from .running import runner_of
 
 app = compass.App("calls")
 probe = app.workflow("probe", inputs=["x"])
@@ -79,13 +79,7 @@ async def test_an_async_batched_task_is_awaited_before_its_outputs_are_counted()
 
     task = Task("t", "m", (), TaskProfile(exec_ms=1, output_bytes=8), fn=doubles, batch=4)
     outcomes: asyncio.Queue[TaskOutcome] = asyncio.Queue()
-    runner = TaskRunner(
-        lookup=lambda wf, name: task,
-        module_of=lambda model: None,
-        config=WorkerConfig(name="w"),
-        on_outcome=outcomes.put_nowait,
-        on_returned=lambda entry: None,
-    )
+    runner = runner_of(task, outcomes)
     a, b = (
         QueuedTask(job, 0, "flow", "t", "m", 0.001, {"x": x}, {"t": "w"}, "w", 0.0)
         for job, x in (("a", 1), ("b", 5))
