@@ -4,7 +4,9 @@ failed job leaves nothing behind. Real worker processes, MB-sized data, RSS meas
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,32 +92,25 @@ async def test_mb_sized_jobs_ok_or_failed_leave_the_ingress_flat(
     assert status.jobs_in_flight == 0
 
 
-@pytest.mark.asyncio
-@pytest.mark.parametrize("workflow", ["echo", "fails"])
-async def test_a_job_makes_no_cyclic_garbage_on_either_side(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workflow: str
-) -> None:
-    """A failed job's error held the frames it was raised through in its traceback, and a
-    future in one of those frames held the error: a cycle per job, with the job's inputs in
-    it, that only the cyclic collector frees (seldom, over a heap the size of torch's). The
-    worker and the client run in this process over a loopback socket; with the collector
-    off, jobs must leave nothing for it."""
-    import gc
+CYCLES_PROBE = """
+import asyncio, contextlib, gc, sys
 
-    from compass import Client
-    from compass.config import WorkerConfig
-    from compass.worker.process import build_worker
+import numpy as np
 
-    (tmp_path / "memory_app.py").write_text(MEMORY_APP)
-    monkeypatch.syspath_prepend(str(tmp_path))
+from compass import Client
+from compass.config import WorkerConfig
+from compass.errors import JobFailed
+from compass.worker.process import build_worker
+
+async def main(workflow):
     token = "t" * 32
     worker = build_worker(WorkerConfig(app="memory_app", token=token))
     await worker.start()
     try:
         async with Client(worker.address, token=token) as client:
-            x = np.ones(MiB, dtype=np.uint8)
+            x = np.ones(1 << 20, dtype=np.uint8)
 
-            async def one() -> None:
+            async def one():
                 with contextlib.suppress(JobFailed):
                     await client.submit(workflow, x=x, timeout=30)
 
@@ -130,4 +125,30 @@ async def test_a_job_makes_no_cyclic_garbage_on_either_side(
                 gc.enable()
     finally:
         await worker.aclose()
+    print(found)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("workflow", ["echo", "fails"])
+def test_a_job_makes_no_cyclic_garbage_on_either_side(tmp_path: Path, workflow: str) -> None:
+    """A failed job's error held the frames it was raised through in its traceback, and a
+    future in one of those frames held the error: a cycle per job, with the job's inputs in
+    it, that only the cyclic collector frees (seldom, over a heap the size of torch's). The
+    worker and the client run in one process of their own (the collector sees a whole
+    process: an earlier test's leftovers in the test process would count) over a loopback
+    socket; with the collector off, jobs must leave nothing for it."""
+    (tmp_path / "memory_app.py").write_text(MEMORY_APP)
+    probe = tmp_path / "cycles_probe.py"
+    probe.write_text(CYCLES_PROBE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, str(probe), workflow], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = int(done.stdout.split()[-1])
     assert found == 0, f"{found} objects in reference cycles after 20 {workflow} jobs"
