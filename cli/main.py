@@ -11,14 +11,9 @@ maps usage errors, :class:`CompassError` and ``OSError`` to that line.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
-from importlib.abc import Loader
-from importlib.machinery import ModuleSpec
-from types import ModuleType
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
@@ -73,56 +68,17 @@ PIPED_HELP_WIDTH = 100
 def _help_width() -> None:
     """Wrap ``--help`` at :data:`PIPED_HELP_WIDTH` when piped, unless ``COLUMNS`` or typer's
     ``TERMINAL_WIDTH`` says otherwise; a terminal's own width is rich's to read. typer's rich
-    help reads no ``context_settings`` width, only ``rich_utils.MAX_WIDTH`` (set from
-    ``TERMINAL_WIDTH``). That is set as typer imports ``rich_utils``, which it does to print
-    help: imported here, it and rich would cost every command 70 ms of CPU (a tenth of a
-    worker's start) that prints no help."""
+    help reads no ``context_settings`` width, only ``rich_utils.MAX_WIDTH``, which
+    ``rich_utils`` sets from ``TERMINAL_WIDTH`` as typer imports it to print help. So the
+    environment says it, and nothing imports ``rich_utils`` here: with rich it would cost every
+    command 70 ms of CPU (a tenth of a worker's start) that prints no help."""
     if "COLUMNS" in os.environ or sys.stdout.isatty():
         return
     loaded = sys.modules.get("typer.rich_utils")
-    if loaded is not None:
-        _piped_width(loaded)
-    elif not any(isinstance(f, _OnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _OnImport("typer.rich_utils", _piped_width))
-
-
-def _piped_width(rich_utils: ModuleType) -> None:
-    if getattr(rich_utils, "MAX_WIDTH", None) is None:
-        rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH  # type: ignore[attr-defined]
-
-
-class _OnImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` once the module ``name`` has been imported; then steps aside."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name = name
-        self.then = then
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenLoader(spec.loader, self.then)
-        return spec
-
-
-class _ThenLoader(importlib.abc.Loader):
-    """``loader``, and ``then(module)`` once it has run the module."""
-
-    def __init__(self, loader: Loader, then: Callable[[ModuleType], None]) -> None:
-        self.loader = loader
-        self.then = then
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        self.then(module)
+    if loaded is None:
+        os.environ.setdefault("TERMINAL_WIDTH", str(PIPED_HELP_WIDTH))
+    elif getattr(loaded, "MAX_WIDTH", None) is None:  # imported already (a test's process)
+        loaded.MAX_WIDTH = PIPED_HELP_WIDTH  # type: ignore[attr-defined]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
