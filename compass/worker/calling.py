@@ -20,8 +20,8 @@ import inspect
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "TaskAborted",
     "TaskStopped",
     "ThreadLoop",
+    "TimedOut",
     "awaited",
     "call_on_loop",
     "call_scoped",
@@ -52,6 +53,23 @@ class TaskStopped(Exception):
     """A step-wise task was stopped between two steps (its job ended elsewhere)."""
 
 
+class TimedOut(Exception):
+    """A task on the worker's loop (``on_loop``) ran past its timeout, and was cancelled."""
+
+
+@contextmanager
+def _user_code(task: Task) -> Iterator[None]:
+    """A ``BaseException`` from ``task``'s code (``SystemExit`` from ``sys.exit()``,
+    ``KeyboardInterrupt``...) becomes its error, :class:`TaskAborted`, never the worker's; an
+    ``Exception`` goes on as it is, and so does a cancellation (not its code's)."""
+    try:
+        yield
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+
+
 def call_task(
     task: Task,
     method: Callable[..., Any],
@@ -65,30 +83,30 @@ def call_task(
     end first. A ``BaseException`` from user code becomes the task's error, not the worker's."""
     torch = sys.modules.get("torch")
     assert task.fn is not None
-    try:
-        with scope, nullcontext() if torch is None else torch.inference_mode():
-            device = device_of(module)
-            if device is None or device.type == "cpu":
-                return awaited(method(module, payload))
-            return to_host(awaited(method(module, moved(payload, device))))
-    except Exception:
-        raise
-    except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
-        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
+    with _user_code(task), scope, nullcontext() if torch is None else torch.inference_mode():
+        device = device_of(module)
+        if device is None or device.type == "cpu":
+            return awaited(method(module, payload))
+        return to_host(awaited(method(module, moved(payload, device))))
 
 
-async def call_on_loop(task: Task, payload: Any, clock: Callable[[], float]) -> tuple[Any, float]:
+async def call_on_loop(
+    task: Task, payload: Any, clock: Callable[[], float], timeout_s: float
+) -> tuple[Any, float]:
     """Task ``task`` (declared ``on_loop``) awaited on the worker's own loop: its output and
-    its time. A ``BaseException`` from its code becomes the task's error (a ``SystemExit``
-    must not end the worker's loop); a cancellation (its timeout, the worker stopping) is
-    not its code's and goes on."""
+    its time. Past ``timeout_s`` it is cancelled and :class:`TimedOut` raised (a
+    ``TimeoutError`` of its own code's is its error like any other); a ``BaseException`` from
+    its code becomes the task's error (a ``SystemExit`` must not end the worker's loop)."""
     began = clock()
+    limit = asyncio.timeout(timeout_s)
     try:
-        output = await task.call(None, payload)
-    except (Exception, asyncio.CancelledError):
+        async with limit:
+            with _user_code(task):
+                output = await task.call(None, payload)
+    except TimeoutError:
+        if limit.expired():
+            raise TimedOut from None
         raise
-    except BaseException as exc:
-        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
     return output, clock() - began
 
 
@@ -121,11 +139,13 @@ class ThreadLoop:
 
     def awaited(self, made: Any) -> Any:
         """``made``, or what it returns when it is a coroutine, run on this loop."""
-        if not inspect.iscoroutine(made):
-            return made
+        return self.run(made) if inspect.iscoroutine(made) else made
+
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        """What ``awaitable`` gives, run to its end on this loop."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(made)
+        return self._loop.run_until_complete(awaitable)
 
     def close(self) -> None:
         if self._loop is not None:
@@ -179,13 +199,13 @@ def run_steps(task: Task, steps: Steps, module: Any, payload: Any) -> Any:
 
 def _async_items(agen: Any) -> Generator[Any, None, None]:
     """The items of async generator ``agen``, driven on an event loop of this thread's own."""
-    loop = asyncio.new_event_loop()
+    loop = ThreadLoop()
     try:
         while True:
             try:
-                yield loop.run_until_complete(agen.__anext__())
+                yield loop.run(agen.__anext__())
             except StopAsyncIteration:
                 return
     finally:
-        loop.run_until_complete(agen.aclose())
+        loop.run(agen.aclose())
         loop.close()

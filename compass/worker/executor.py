@@ -76,6 +76,7 @@ from compass.worker.calling import (
     Steps,
     TaskAborted,
     TaskStopped,
+    TimedOut,
     awaited,
     call_on_loop,
     call_scoped,
@@ -168,9 +169,8 @@ class TaskRunner:
         #: real tasks under way: their thread's future -> (deadline on the loop's clock, entry)
         self._deadlines: dict[asyncio.Future[Any], tuple[float, QueuedTask]] = {}
         self._watchdog: asyncio.TimerHandle | None = None
-        #: tasks declared ``on_loop`` under way, each with its timeout's timer; those past it
-        self._on_loop: dict[asyncio.Task[tuple[Any, float]], asyncio.TimerHandle] = {}
-        self._timed_out: set[asyncio.Task[tuple[Any, float]]] = set()
+        #: tasks declared ``on_loop`` under way (each under its timeout: :func:`call_on_loop`)
+        self._on_loop: set[asyncio.Task[tuple[Any, float]]] = set()
         self._closed = False
         #: step-wise tasks under way: the flag their thread looks at between two steps (real),
         #: or their run's start and step time (emulated)
@@ -201,8 +201,8 @@ class TaskRunner:
             self.batches.start(run, outcomes)
             return
         timeout_s = self._limit_s(task)
-        t0 = self._clock()
         if self._emulate or task.fn is None:
+            t0 = self._clock()
             members = [self._lookup(e.workflow, e.task).profile for e in entries]
             delay = emulated_run_s(task.profile, members) * self._time_scale
             self._timers[run.entry] = loop.call_later(
@@ -317,27 +317,22 @@ class TaskRunner:
         """Run ``task`` (declared ``on_loop``: model-less, ``async def``) as a task of this event
         loop: no thread, so no hand-off to one and back. Past its timeout it is cancelled, and
         its lane is free at once: nothing of it keeps running, unlike an abandoned thread."""
-        work = loop.create_task(call_on_loop(task, outcomes[0].entry.inputs, self._clock))
-        self._on_loop[work] = loop.call_later(timeout_s, self._on_loop_timeout, work)
+        inputs = outcomes[0].entry.inputs
+        work = loop.create_task(call_on_loop(task, inputs, self._clock, timeout_s))
+        self._on_loop.add(work)
         work.add_done_callback(functools.partial(self._on_loop_done, outcomes, task))
-
-    def _on_loop_timeout(self, work: asyncio.Task[tuple[Any, float]]) -> None:
-        self._timed_out.add(work)
-        work.cancel()
 
     def _on_loop_done(
         self, outcomes: list[TaskOutcome], task: Task, work: asyncio.Task[tuple[Any, float]]
     ) -> None:
-        timer = self._on_loop.pop(work, None)
-        if timer is not None:
-            timer.cancel()
-        outcome = outcomes[0]
-        if work in self._timed_out:
-            self._timed_out.discard(work)
-            outcome.error = self._timeout_error(task)  # cancelled: nothing left running
-        elif work.cancelled():
+        self._on_loop.discard(work)
+        if work.cancelled():
             return  # the worker is stopping
-        elif (error := work.exception()) is not None:
+        outcome = outcomes[0]
+        error = work.exception()
+        if isinstance(error, TimedOut):
+            outcome.error = self._timeout_error(task)  # cancelled: nothing left running
+        elif error is not None:
             outcome.error = error
             outcome.error_text = "".join(traceback.format_exception(error))
         else:

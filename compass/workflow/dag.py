@@ -252,9 +252,7 @@ class Task:
             self._check_on_loop()
 
     def _check_on_loop(self) -> None:
-        fn = self.fn
-        while isinstance(fn, functools.partial):
-            fn = fn.func
+        fn = self.fn  # (inspect sees through a functools.partial)
         plain = fn is not None and not inspect.iscoroutinefunction(fn)
         why = (
             "it runs in steps" if self.stepwise

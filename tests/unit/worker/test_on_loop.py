@@ -75,7 +75,12 @@ async def test_an_on_loop_tasks_errors_fail_its_job_and_not_the_loop() -> None:
     async def exits(model: None, x: int) -> None:
         raise SystemExit(3)
 
+    async def times_out_itself(model: None, x: int) -> None:
+        raise TimeoutError("the service it called did not answer")
+
     failed = await run_one(declared(fails), 7)
+    own = await run_one(declared(times_out_itself, timeout_ms=5000), 7)
+    assert isinstance(own.error, TimeoutError) and not isinstance(own.error, CompassTimeout)
     assert isinstance(failed.error, ValueError) and "no 7" in failed.error_text
     aborted = await run_one(declared(exits), 7)
     assert isinstance(aborted.error, TaskAborted) and "SystemExit: 3" in str(aborted.error)
