@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from types import FrameType
 from typing import Annotated
@@ -597,9 +598,12 @@ def bench_replicas(
     if real:
         from compass._bench import replicas_real
 
-        caches = tuple(int(c) for c in cache_mb.split(",") if c.strip())
-        if (not caches and not many_small) or min(caches, default=1) < 1:
-            raise typer.BadParameter(f"need cache sizes in MB, got {cache_mb!r}")
+        sizes = _numbers(cache_mb, "--cache-mb", "whole MB", 1)
+        if (not sizes and not many_small) or any(mb % 1 for mb in sizes):
+            raise typer.BadParameter(
+                f"--cache-mb needs whole MB, comma-separated, got {cache_mb!r}"
+            )
+        caches = tuple(int(mb) for mb in sizes)
         replicas_real.run_sweep(
             replicas_real.ReplicasRealConfig(), parse_seeds(seeds), caches,
             json_path=json_path, many_small=many_small,
@@ -614,20 +618,23 @@ def bench_replicas(
         elastic_replicas.run(config, json_path=json_path)
         return
     colds, cooldowns = (
-        _seconds(cold_s or "", "--cold-s"),
-        _seconds(cooldown_s or "", "--cooldown-s"),
+        _numbers(cold_s or "", "--cold-s", "seconds", 0),
+        _numbers(cooldown_s or "", "--cooldown-s", "seconds", 0),
     )
     elastic_replicas.sweep(config, colds, cooldowns, json_path=json_path)
 
 
-def _seconds(text: str, option: str) -> tuple[float, ...]:
-    """Comma-separated seconds >= 0; a bad one is a one-line error naming ``option``."""
+def _numbers(text: str, option: str, what: str, least: float) -> tuple[float, ...]:
+    """Comma-separated finite numbers of at least ``least`` (``what`` they are); a bad one is a
+    one-line error naming ``option``."""
     try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
+        values = tuple(float(v) for v in comma_list(text))
     except ValueError:
-        values = (-1.0,)
-    if any(not 0 <= v < float("inf") for v in values):
-        raise typer.BadParameter(f"{option} needs seconds >= 0, comma-separated, got {text!r}")
+        values = (-math.inf,)
+    if any(not least <= v < math.inf for v in values):
+        raise typer.BadParameter(
+            f"{option} needs {what} of at least {least:g}, comma-separated, got {text!r}"
+        )
     return values
 
 

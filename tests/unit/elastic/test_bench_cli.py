@@ -22,11 +22,17 @@ from compass.errors import ConfigError
 def test_an_unknown_subset_is_one_line(
     capsys: pytest.CaptureFixture[str], args: list[str], error: str
 ) -> None:
+    assert_one_line(capsys, ["bench", "elastic", "--generated", "1", *args], error)
+
+
+def assert_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], error: str) -> None:
+    """``compass ARGV`` exits non-zero with ``error`` in a one-line message, having run
+    nothing."""
     with pytest.raises(SystemExit) as done:
-        main(["bench", "elastic", "--generated", "1", *args])
+        main(argv)
     assert done.value.code != 0
     err = capsys.readouterr().err
-    assert error in err and len(err.splitlines()) == 1
+    assert error in err and len(err.splitlines()) == 1, err
 
 
 def test_a_calibration_is_reused_from_an_earlier_run(tmp_path: Path) -> None:
@@ -63,15 +69,20 @@ def test_a_capacity_table_is_for_traffic_and_must_be_readable(
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["--cold-s", "5,ten"], "--cold-s needs seconds >= 0, comma-separated, got '5,ten'"),
-        (["--cooldown-s", "-1"], "--cooldown-s needs seconds >= 0, comma-separated, got '-1'"),
+        (
+            ["--cold-s", "5,ten"],
+            "--cold-s needs seconds of at least 0, comma-separated, got '5,ten'",
+        ),
+        (
+            ["--cooldown-s", "-1"],
+            "--cooldown-s needs seconds of at least 0, comma-separated, got '-1'",
+        ),
+        (["--real", "--cache-mb", "1000,big"], "--cache-mb needs whole MB"),
+        (["--real", "--cache-mb", "1.5"], "--cache-mb needs whole MB"),
+        (["--real", "--cache-mb", "0"], "--cache-mb needs whole MB"),
     ],
 )
-def test_a_bad_replicas_sweep_is_one_line(
+def test_a_bad_replicas_option_is_one_line(
     capsys: pytest.CaptureFixture[str], args: list[str], error: str
 ) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["bench", "replicas", "--generated", "0", *args])
-    assert done.value.code != 0
-    err = capsys.readouterr().err
-    assert error in err and len(err.splitlines()) == 1
+    assert_one_line(capsys, ["bench", "replicas", "--generated", "0", *args], error)
