@@ -155,7 +155,7 @@ def sweep(
             gain = [ons[s]["attainment"] - offs[s]["attainment"] for s in config.seeds]
             loads = [ons[s]["loads"] / max(1, offs[s]["loads"]) for s in config.seeds]
             summary = {
-                "p95_on_over_off": math.exp(statistics.fmean(math.log(r) for r in p95)),
+                "p95_on_over_off": statistics.geometric_mean(p95),
                 "p95_on_over_off_worst": max(p95),
                 "attainment_on_minus_off": statistics.fmean(gain),
                 "attainment_on_minus_off_worst": min(gain),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -255,7 +256,7 @@ def run_sweep(
                              v["all"]["p95_slowdown"], v["burst_hot"]["attainment"],
                              v["burst_hot"]["p95_slowdown"], v["warmed"]])  # fmt: skip
         means[cache] = {
-            key: math.exp(sum(math.log(o["ratios"][key]) for o in done) / len(done))
+            key: statistics.geometric_mean(o["ratios"][key] for o in done)
             for key in SWEEP_RATIOS
             if all(o["ratios"].get(key, 0) > 0 for o in done)
         }
