@@ -77,7 +77,15 @@ from compass.wire.transport import new_event_loop
 from .report import machine, print_table, write_json
 from .soak_logs import false_deaths
 
-__all__ = ["DEFAULT_DURATION_S", "JobCounts", "SoakConfig", "rss_growth_mb", "run", "soak"]
+__all__ = [
+    "DEFAULT_DURATION_S",
+    "JobCounts",
+    "SoakConfig",
+    "finish",
+    "rss_growth_mb",
+    "run",
+    "soak",
+]
 
 PAPER = str(Path(__file__).resolve().parent / "workloads" / "paper.json")
 FLOWS = ("translation", "question_answer", "img_to_sound", "object_detection")
@@ -656,14 +664,22 @@ def run(
             )
         )
     out["config"]["worker_pythonpath"] = worker_pythonpath
+    finish(out, json_path, checkpoint, plot_path)
+    return out
+
+
+def finish(
+    out: dict[str, Any], json_path: str | None, checkpoint: Path | None, plot_path: str | None
+) -> None:
+    """A soak's end: its table and verdict printed, the whole JSON written and the results so
+    far (``checkpoint``) removed, which it replaces; the RSS plot drawn."""
     print_soak(out)
     write_json(json_path, out)
     if checkpoint is not None:
-        checkpoint.unlink(missing_ok=True)  # the whole JSON replaces it
+        checkpoint.unlink(missing_ok=True)
     if plot_path:
         plot_soak(plot_path, out)
         print(f"wrote {plot_path}")
-    return out
 
 
 def _at_or_before(series: Sequence[dict[str, Any]], t: float) -> dict[str, Any] | None:

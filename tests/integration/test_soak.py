@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from compass._bench import soak as soak_module
-from compass._bench.soak import SoakConfig, plot_soak, print_soak, soak
+from compass._bench.soak import SoakConfig, finish, soak
 from compass.cluster import LocalCluster
 
 from .conftest import PAPER
@@ -61,10 +61,11 @@ async def test_a_short_soak_answers_every_job_once(
             assert sample["rss_mb"] > 10 and sample["open_fds"] > 3, sample
             assert sample["asyncio_tasks"] >= 1 and sample["threads"] >= 1, sample
             assert "answered_keys" in sample["tables"], sample
-    json.dumps(out)  # the JSON as written
-    print_soak(out)
+    # its end: the whole JSON replaces the results so far, the table, the plot
+    finish(out, str(tmp_path / "soak.json"), so_far, str(tmp_path / "rss.png"))
+    assert not so_far.exists()
+    assert json.loads((tmp_path / "soak.json").read_text())["jobs"] == jobs
     assert "jobs: submitted 200" in capsys.readouterr().out
-    plot_soak(str(tmp_path / "rss.png"), out)
     assert (tmp_path / "rss.png").stat().st_size > 10_000
 
 
