@@ -117,9 +117,9 @@ def replicas_wanted(
     c = config or ReplicaConfig()
     pressed: list[tuple[float, str]] = []
     for model in sorted(set(hot)):
-        waits = [w.wait_s for w in workers if model in w.models]
-        if waits and sum(waits) / len(waits) > c.warm_fraction * slack_s:
-            pressed.append((sum(waits) / len(waits), model))
+        wait_s = _holders_wait_s(workers, model)
+        if wait_s is not None and wait_s > c.warm_fraction * slack_s:
+            pressed.append((wait_s, model))
     pressed.sort(key=lambda pair: (-pair[0], pair[1]))
     free = sorted(
         (w for w in workers if not w.loading and w.wait_s < c.headroom_fraction * slack_s),
@@ -142,8 +142,8 @@ def spare_models(workers: Sequence[Holding], worker: str, model: str) -> frozens
     ``model``'s holders' (colder by the view: their work has another copy and queues less)."""
 
     def pressure(name: str) -> float:
-        waits = [w.wait_s for w in workers if name in w.models]
-        return sum(waits) / len(waits) if waits else 0.0
+        wait_s = _holders_wait_s(workers, name)
+        return 0.0 if wait_s is None else wait_s
 
     target = next((w for w in workers if w.name == worker), None)
     if target is None:
@@ -156,6 +156,13 @@ def spare_models(workers: Sequence[Holding], worker: str, model: str) -> frozens
         and any(m in w.models for w in workers if w.name != worker)
         and pressure(m) < hot
     )
+
+
+def _holders_wait_s(workers: Sequence[Holding], model: str) -> float | None:
+    """The mean queue wait of the workers that hold ``model`` (None: none holds it): the
+    pressure on it."""
+    waits = [w.wait_s for w in workers if model in w.models]
+    return sum(waits) / len(waits) if waits else None
 
 
 class Replicator:

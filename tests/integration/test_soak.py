@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from compass._bench import soak as soak_module
-from compass._bench.soak import SoakConfig, finish, soak
+from compass._bench.soak import SoakConfig, soak
+from compass._bench.soak_report import finish
 from compass.cluster import LocalCluster
 
 from .conftest import PAPER
