@@ -20,8 +20,8 @@ import inspect
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,19 +57,6 @@ class TimedOut(Exception):
     """A task on the worker's loop (``on_loop``) ran past its timeout, and was cancelled."""
 
 
-@contextmanager
-def _user_code(task: Task) -> Iterator[None]:
-    """A ``BaseException`` from ``task``'s code (``SystemExit`` from ``sys.exit()``,
-    ``KeyboardInterrupt``...) becomes its error, :class:`TaskAborted`, never the worker's; an
-    ``Exception`` goes on as it is, and so does a cancellation (not its code's)."""
-    try:
-        yield
-    except (Exception, asyncio.CancelledError):
-        raise
-    except BaseException as exc:
-        raise TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}") from exc
-
-
 def call_task(
     task: Task,
     method: Callable[..., Any],
@@ -83,11 +70,16 @@ def call_task(
     end first. A ``BaseException`` from user code becomes the task's error, not the worker's."""
     torch = sys.modules.get("torch")
     assert task.fn is not None
-    with _user_code(task), scope, nullcontext() if torch is None else torch.inference_mode():
-        device = device_of(module)
-        if device is None or device.type == "cpu":
-            return awaited(method(module, payload))
-        return to_host(awaited(method(module, moved(payload, device))))
+    try:
+        with scope, nullcontext() if torch is None else torch.inference_mode():
+            device = device_of(module)
+            if device is None or device.type == "cpu":
+                return awaited(method(module, payload))
+            return to_host(awaited(method(module, moved(payload, device))))
+    except Exception:
+        raise
+    except BaseException as exc:  # sys.exit() and the like fail the task, not the worker
+        raise _aborted(task, exc) from exc
 
 
 async def call_on_loop(
@@ -96,18 +88,39 @@ async def call_on_loop(
     """Task ``task`` (declared ``on_loop``) awaited on the worker's own loop: its output and
     its time. Past ``timeout_s`` it is cancelled and :class:`TimedOut` raised (a
     ``TimeoutError`` of its own code's is its error like any other); a ``BaseException`` from
-    its code becomes the task's error (a ``SystemExit`` must not end the worker's loop)."""
+    its code becomes the task's error (a ``SystemExit`` must not end the worker's loop). (A
+    timer of its own, not ``asyncio.timeout``: that, a class of Python code, doubled what the
+    loop spends on a no-op task.)"""
     began = clock()
-    limit = asyncio.timeout(timeout_s)
+    this = asyncio.current_task()
+    assert this is not None
+    expired: list[bool] = []
+
+    def expire() -> None:
+        expired.append(True)
+        this.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
     try:
-        async with limit:
-            with _user_code(task):
-                output = await task.call(None, payload)
-    except TimeoutError:
-        if limit.expired():
+        output = await task.call(None, payload)
+    except asyncio.CancelledError:
+        if expired:
             raise TimedOut from None
+        raise  # the worker stops
+    except Exception:
         raise
+    except BaseException as exc:
+        raise _aborted(task, exc) from exc
+    finally:
+        timer.cancel()
     return output, clock() - began
+
+
+def _aborted(task: Task, exc: BaseException) -> TaskAborted:
+    """``task``'s code raised ``exc``, a ``BaseException`` that is not an ``Exception``
+    (``SystemExit`` from ``sys.exit()``, ``KeyboardInterrupt``...): its error, never the
+    worker's."""
+    return TaskAborted(f"task {task.name!r} raised {type(exc).__name__}: {exc}")
 
 
 def call_scoped(fn: Callable[[Any], Any], module: Any, scope: AbstractContextManager[Any]) -> Any:
