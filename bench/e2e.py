@@ -34,9 +34,9 @@ from compass.errors import CompassError, ConfigError
 from compass.objective import outcome_of
 from compass.sim.arrivals import Arrival, workload_arrivals
 from compass.sim.goodput import priorities
-from compass.sim.settings import NO_PREEMPTION
+from compass.sim.settings import NO_PREEMPTION, NO_STEP_BATCHING
 from compass.wire.transport import new_event_loop
-from compass.workflow.batching import BATCH_GAINS, apply_batching
+from compass.workflow.batching import BATCH_GAINS, apply_batching, without_step_batches
 from compass.workflow.best import best_time_s
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload, load_workload, write_workload
@@ -256,7 +256,12 @@ async def _cluster(
     """A fresh cluster of ``workers`` running ``policy`` on exactly ``workload``: the workers
     read it from a spec file written here, since it may not be ``config.workload`` as the file
     has it (batching transforms it). They preempt with ``config.preempt``, unless ``policy`` is
-    named ``"NAME (no preemption)"`` (then they run NAME without)."""
+    named ``"NAME (no preemption)"`` (then they run NAME without); a policy named ``"NAME (no
+    step batching)"`` runs NAME on ``workload`` with its step-wise tasks one job each
+    (``--step-batch``, as ``compass sim`` names them)."""
+    if policy.endswith(NO_STEP_BATCHING):
+        policy = policy.removesuffix(NO_STEP_BATCHING)
+        workload = without_step_batches(workload)
     preempt = config.preempt and not policy.endswith(NO_PREEMPTION)
     policy = policy.removesuffix(NO_PREEMPTION)
     with tempfile.TemporaryDirectory(prefix="compass-e2e-") as folder:

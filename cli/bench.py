@@ -287,14 +287,22 @@ def bench_e2e(
             "on, off, or both (each policy also as 'NAME (no preemption)')."
         ),
     ] = Preempt.off,
+    step_batch: Annotated[
+        Preempt,
+        typer.Option(
+            help="Step-wise tasks that declare a batch run their steps as one batch: on, off "
+            "(each runs one job), or both (each policy also as 'NAME (no step batching)')."
+        ),
+    ] = Preempt.on,
 ) -> None:
     """The paper's workload on a real local cluster: every policy on the same arrivals."""
     from compass._bench import e2e
-    from compass.sim.settings import with_preemption
+    from compass.sim.settings import with_preemption, with_step_batching
 
     names = comma_list(policies)
     check_policies(names)
-    runs, preempting = with_preemption(tuple(names), preempt.value)
+    preempted, preempting = with_preemption(tuple(names), preempt.value)
+    runs = with_step_batching(preempted, step_batch.value)
     if workload is not None:
         check_workload(workload)
     sweep = sweep_range(servers_sweep)

@@ -253,8 +253,9 @@ def sim(
     if (preempting and traffic is not None) or (preempt == Preempt.both and compare_real):
         fail("--preempt is for the plain simulation, --capacity, --goodput and (on, not both) "
              "--compare-real", 2)  # fmt: skip
-    if step_batch != Preempt.on and (compare_real or traffic is not None):
-        fail("--step-batch is for the plain simulation, --capacity and --goodput", 2)
+    if step_batch != Preempt.on and traffic is not None:
+        fail("--step-batch is for the plain simulation, --capacity, --goodput and "
+             "--compare-real", 2)  # fmt: skip
     if view == View.auto:
         from compass.sim.modes import auto_view
 

@@ -1,10 +1,12 @@
 """``compass bench e2e --preempt on|off|both`` on real worker processes: the workers it starts
 schedule at step boundaries (their status says so, and counts the suspensions they made), the
 runs without it are named "NAME (no preemption)" as ``compass sim`` names them, in the same
-JSON layout, and a bad value is refused in one line."""
+JSON layout, and a bad value is refused in one line. ``--step-batch`` likewise: the runs named
+"NAME (no step batching)" run their generations one job each."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 
 from compass._bench import e2e
+from compass.sim.settings import NO_STEP_BATCHING
 
 from ..unit.test_batching_cli import compass
 
@@ -74,15 +77,53 @@ async def test_by_default_the_workers_do_not_preempt(tmp_path: Path) -> None:
     assert "suspensions" not in summary  # their status said they do not preempt
 
 
+@pytest.mark.parametrize("flag", ["--preempt", "--step-batch"])
 @pytest.mark.parametrize("value", ["sometimes", "ON", ""])
 def test_a_bad_preempt_value_is_one_line_and_exit_2(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, value: str
 ) -> None:
     json_path = tmp_path / "never.json"
     code, _, err = compass(
-        capsys, "bench", "e2e", "--preempt", value, "--jobs", "5", "--json", str(json_path)
+        capsys, "bench", "e2e", flag, value, "--jobs", "5", "--json", str(json_path)
     )
     assert code == 2
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "--preempt" in lines[0], err
+    assert len(lines) == 1 and flag in lines[0], err
     assert not json_path.exists()
+
+
+def batched_step_spec(folder: Path) -> str:
+    """:func:`step_spec`, its generation a step batch: up to 8 jobs a step, +10% each."""
+    spec = json.loads(Path(step_spec(folder)).read_text())
+    spec["workflows"]["long"]["tasks"]["gen"].update(batch=8, batch_item=0.1)
+    path = folder / "batched.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def overlapping_generations(summary: dict[str, Any]) -> int:
+    """How many of the run's generations began while another was running (on one lane, only
+    a step batch runs two at once)."""
+    (worker,) = summary["timeline"]
+    spans = sorted((s["start"], s["end"]) for s in worker["spans"] if s["task"] == "gen")
+    return sum(1 for (_, end), (start, _) in itertools.pairwise(spans) if start < end)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_no_step_batching_runs_each_generation_alone_on_the_workers(
+    tmp_path: Path,
+) -> None:
+    config = e2e.E2EConfig(
+        workload=batched_step_spec(tmp_path), workers=1, jobs=8, time_scale=0.5, load=4.0,
+        arrival="uniform", host_lanes=0,
+    )  # fmt: skip
+    workload = e2e.workload_for(config)
+    arrivals = e2e.arrivals_for(config, workload)
+    overlaps = {}
+    for policy in ("compass", "compass" + NO_STEP_BATCHING):
+        summary = await e2e.run_policy(config, workload, policy, arrivals, timeline=True)
+        assert summary["completed"] == 8
+        overlaps[policy] = overlapping_generations(summary)
+    assert overlaps["compass"] > 0  # generations queued together shared their steps
+    assert overlaps["compass" + NO_STEP_BATCHING] == 0  # one at a time on the one lane
