@@ -12,13 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from compass.config import SIM_WORKER
-from compass.errors import ConfigError
 from compass.sim.capacity import physical_bound
 from compass.sim.goodput import goodput_for_workload, simulator_goodput_run
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import load_workload
 
-from .report import write_json
+from .report import pyplot, write_json
 
 __all__ = ["GoodputConfig", "plot_goodput", "print_goodput", "run_cli"]
 
@@ -126,13 +125,7 @@ def print_goodput(out: Mapping[str, Any], console: Console, *, title: str) -> No
 def plot_goodput(path: str, out: Mapping[str, Any]) -> None:
     """Goodput against offered load, one line per policy (dashed: without shedding), the
     offered load itself as the guide."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -13,7 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["best_cpu_us", "machine", "print_table", "write_json"]
+from compass.errors import ConfigError
+
+__all__ = ["best_cpu_us", "machine", "print_table", "pyplot", "write_json"]
 
 
 def machine() -> dict[str, Any]:
@@ -22,6 +24,20 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
     }
+
+
+def pyplot(path: str) -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files, no display), for a plot to ``path``;
+    a :class:`~compass.errors.ConfigError` that says how to get it where it is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

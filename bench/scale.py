@@ -101,7 +101,7 @@ from compass.workflow.spec import Workload, load_workload
 
 from .e2e import DEFAULT_WORKLOAD, replay, settled
 from .fuzz import rss_bytes
-from .report import machine, print_table, write_json
+from .report import machine, print_table, pyplot, write_json
 
 __all__ = [
     "PROBE",
@@ -733,13 +733,7 @@ def print_scale(sizes: Sequence[Mapping[str, Any]], config: ScaleConfig) -> None
 
 def plot_scale(path: str, out: Mapping[str, Any]) -> None:
     """Each figure of :class:`SizeResult` against the cluster size."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
 
     sizes = out["sizes"]
     x = [s["workers"] for s in sizes]

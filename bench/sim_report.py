@@ -23,14 +23,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from compass.errors import ConfigError
 from compass.sim.capacity import REFERENCE, CapacitySearch, capacity_for_workload
 from compass.sim.compare import SimConfig, compare_policies, sim_workload
 from compass.workflow.best import declared_disagreements
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-from .report import write_json
+from .report import pyplot, write_json
 
 __all__ = [
     "plot_attainment",
@@ -229,13 +228,7 @@ def plot_attainment(path: str, out: Mapping[str, Any]) -> None:
     """SLO attainment against load: one panel per SLO, one line per policy and seed (seeds
     bisect at different loads, so their mean would zigzag), the SLO's quantile and the
     physical bound as guides."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
     from matplotlib import ticker
 
     slos = out["config"]["slos"]
@@ -365,13 +358,7 @@ def plot_results(
     sweep: Mapping[str, Mapping[int, float | None]],
     target: float,
 ) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
     from matplotlib import ticker
 
     panels = 3 if sweep else 2

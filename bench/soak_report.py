@@ -8,9 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compass.errors import ConfigError
-
-from .report import print_table, write_json
+from .report import print_table, pyplot, write_json
 
 __all__ = ["SLOW_S", "finish", "plot_soak", "print_soak"]
 
@@ -124,13 +122,7 @@ def _grown_tables(samples: dict[str, list[dict[str, Any]]], end_s: float) -> lis
 
 def plot_soak(path: str, out: dict[str, Any]) -> None:
     """RSS per worker (and the driver's) against time, and each worker's kept answers."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"{path}: plots need matplotlib: pip install 'compass[bench]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
 
     samples = out["samples"]
     end_s = max((s["t"] for s in samples.get("driver", [])), default=0.0)

@@ -23,6 +23,8 @@ from typing import Any
 from compass.client import Client
 from compass.cluster import LocalCluster
 
+from .report import pyplot
+
 __all__ = ["LOADS_TID", "chrome_trace", "collect", "plot_timeline", "write_chrome_trace"]
 
 #: the thread id of a worker's model loads in the Chrome trace
@@ -162,10 +164,7 @@ def write_chrome_trace(path: str, runs: Mapping[str, Sequence[Mapping[str, Any]]
 def plot_timeline(path: str, runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
     """A Gantt chart per run: a row per worker lane and one for its model loads, tasks
     coloured by workflow (a batch hatched), loads grey (prefetches lighter)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
     from matplotlib.patches import Patch
 
     names = list(runs)
