@@ -453,11 +453,18 @@ def join_row(
     (``arrive``) by then and the batch has room (fewer than ``costs.batch_limits[t]``); then
     it finishes with it, at ``start + exec * scale(count + 1)``, with no model fetch (the
     queued batch brings the model). A step batch takes the task whenever its input arrives
-    while it has room: it finishes at ``max(arrive, start) + exec * scale(count + 1)``. The
-    row ranks the join by that finish plus what it costs the batch's other members,
-    ``count * exec * (scale(count + 1) - scale(count))``: each of them now ends that much
-    later, so a join is chosen only where it saves more than it costs (at low load an idle
-    worker usually beats a join that delays a whole batch)."""
+    while it has room: it finishes at ``max(arrive, start) + exec * scale(count + 1)``.
+
+    A queued batch's join is ranked by that finish plus what it costs the batch's other
+    members, ``count * exec * (scale(count + 1) - scale(count))``: each of them now ends that
+    much later, so a join is chosen only where it saves more than it costs (at low load an
+    idle worker usually beats a join that delays a whole batch). A step batch's join is
+    ranked by its own finish alone. Its members are partway through their steps, so that term
+    overstates what they lose, and it kept generations apart in small batches on every worker
+    where one fuller batch serves more of them on the same lane time: with it, on the paper's
+    workload with steps, capacity 4.17 / 3.31 / 4.12 (median2 / p95x3 / p99x5) and goodput at
+    4x 3.36; without, 4.46 / 3.65 / 4.08 and 3.57, and level or ahead on six generated
+    step-wise workloads (docs/RESULTS.md, "A step batch's join")."""
     limits = costs.batch_limits[t]
     table = costs.batch_scales[t]
     if limits is None or table is None:
@@ -476,7 +483,7 @@ def join_row(
     scale: FloatArray = table[rows, size]
     added = scale - table[rows, np.minimum(counts, table.shape[1] - 1)]
     exec_s = costs.exec_rows[t]
-    joined: FloatArray = start + exec_s * (scale + counts * added)
+    joined: FloatArray = start + exec_s * (scale if steps else scale + counts * added)
     joined[~ok] = np.inf
     return joined
 

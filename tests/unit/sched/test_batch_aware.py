@@ -281,3 +281,28 @@ def test_the_fanout_view_counts_a_sibling_that_joined_a_batch_as_busy_until_its_
         make_policy("compass"), JobInfo("j", wf, "a", 0), "r", planned, view, profiles(wf), NOW
     )
     assert (found["s1"], found["s2"]) == ("a", "b")
+
+
+def stepwise(**kw: Any) -> Workflow:
+    """One step-wise task x of m: 10 steps of 100 ms, whose steps batch (up to 8 jobs)."""
+    profile = TaskProfile(exec_ms=1000.0, output_bytes=0, input_bytes=0, batch_scale=MILD, steps=10)
+    return Workflow("one", [Task("x", "m", (), profile, batch=8, **kw)])
+
+
+def running(count: int) -> ViewSnapshot:
+    """a: 3 s of queue, but a step batch of m with ``count`` members runs there (it takes a
+    task at its next step); b: 1.6 s of queue, no batch."""
+    return ViewSnapshot.build([state("a", 3.0, ("m",), {"m/steps": (count, 0.0)}), state("b", 1.6)])
+
+
+def test_a_step_batch_is_joined_where_the_task_itself_ends_first() -> None:
+    wf = stepwise()
+    # joining 5 members: its own finish, 0.1001 s (its input's way to a) + 1.0 x 1.75 s,
+    # beats b's 1.6 + 1.0 s; a queued batch of 5 would not be joined (what the join costs
+    # the five others, 5 x 0.15 s, tips it), but a running batch's members are partway through
+    assert plan(running(5), wf) == "a"
+    policy = make_policy("compass")
+    view = running(5)
+    eft = policy.finish_times(JobInfo("j", wf, "b", 10 * MB), "x", {}, view, profiles(wf), NOW)
+    assert eft[view.index("a")] == exact(NOW + 0.1001 + 1.0 * 1.75)
+    assert plan(running(8), wf) == "b"  # a batch of 8 has no room
