@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from compass.sim.capacity import BUILTIN_SLOS, attainment
 from compass.sim.engine import simulate
 from compass.sim.settings import SimSettings
 from compass.wire.transport import new_event_loop
@@ -18,7 +20,8 @@ __all__ = ["run"]
 
 def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
     """Run ``config`` on a real cluster and in the simulator, policy by policy; print the
-    relative differences of p50 and p99 and write them (with both summaries) as JSON."""
+    relative differences of p50 and p99 and write them (with both summaries, and each side's
+    share of jobs within the slowdowns of median2, p95x3 and p99x5, ``within``) as JSON."""
     spec = e2e.workload_for(config)
     arrivals = e2e.arrivals_for(config, spec)
     # the real workers gossip every change within heartbeat_min_ms of real time, which is
@@ -30,7 +33,7 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
     try:
         for policy in config.policies:
             real = runner.run(e2e.run_policy(config, spec, policy, arrivals))
-            simulated = simulate(
+            run = simulate(
                 spec,
                 SimSettings(
                     workers=config.workers,
@@ -41,12 +44,22 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
                     preempt=config.preempt,
                 ),
                 arrivals,
-            ).summary()
+            )
+            simulated = run.summary()
             diff = {
                 key: _rel(simulated[key], real[key])
                 for key in ("p50_ms", "p99_ms", "median_slowdown")
             }
-            results[policy] = {"real": real, "sim": simulated, "relative_difference": diff}
+            within = {
+                "real": _within(real["slowdowns"]),
+                "sim": _within([job.slowdown for job in run.jobs]),
+            }
+            results[policy] = {
+                "real": real,
+                "sim": simulated,
+                "relative_difference": diff,
+                "within": within,
+            }
             rows.append(
                 [
                     policy,
@@ -56,6 +69,8 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
                     real["p99_ms"],
                     simulated["p99_ms"],
                     diff["p99_ms"],
+                    within["real"]["p95x3"],
+                    within["sim"]["p95x3"],
                 ]
             )
     finally:
@@ -71,12 +86,20 @@ def run(config: e2e.E2EConfig, json_path: str | None = None) -> dict[str, Any]:
             "real p99 ms",
             "sim p99 ms",
             "p99 diff",
+            "real within 3x",
+            "sim within 3x",
         ],
         rows,
     )
     out = {"config": {**asdict(config), "machine": machine()}, "results": results}
     write_json(json_path, out)
     return out
+
+
+def _within(slowdowns: Sequence[float | None]) -> dict[str, float]:
+    """The share of jobs within each of the capacity search's SLOs' slowdowns (``"p95x3"``:
+    within 3x their best time, whatever the quantile), an unfinished job outside."""
+    return {slo.name: attainment(slowdowns, slo) for slo in BUILTIN_SLOS}
 
 
 def _rel(simulated: float | None, real: float | None) -> float | None:

@@ -130,6 +130,13 @@ def test_compare_real_reports_the_relative_difference_of_both_runs(tmp_path) -> 
         for key in ("p50_ms", "p99_ms", "median_slowdown"):
             expected = (sim[key] - real[key]) / real[key]
             assert result["relative_difference"][key] == pytest.approx(expected), (policy, key)
+        # each side's share of jobs within each SLO's slowdown, from its own jobs
+        within = sum(1 for s in real["slowdowns"] if s is not None and s <= 3) / 12
+        assert result["within"]["real"]["p95x3"] == within
+        for side in ("real", "sim"):
+            shares = result["within"][side]
+            assert shares.keys() == {"median2", "p95x3", "p99x5"}
+            assert shares["median2"] <= shares["p95x3"] <= shares["p99x5"] <= 1.0
 
 
 def test_e2e_capacity_searches_real_clusters_and_writes_the_capacity_layout(tmp_path) -> None:
