@@ -20,18 +20,28 @@ began with there within ``cold_s`` (``recent``), so a model held but unused is n
 however long its holders queue for another one. A peer that predates the field names none:
 the models only it uses are not hot (the rule warms less, never a wrong model).
 
+A peer's ``recent`` models count only as heard within ``cold_s`` (of this worker's clock): they
+say what it used within ``cold_s`` before it sent them, so an older state says nothing of
+now. In the mesh every state is a heartbeat old; in a bounded view a peer this worker does not
+watch is heard only through rumors and syncs, and its word of a model in use would otherwise
+stand however long ago the use.
+
 In a bounded view (the default) a worker hears a peer's load only if it watches it, and a
-worker with headroom plans nothing the holders run: while it could be picked, it watches the
-holders of the models it does not hold (at most :data:`MAX_WATCHED`, by name, so workers
-watch the same ones), through a lease of its own that the planner's candidate sampling does
-not read. In the mesh every worker hears every load anyway.
+worker with headroom plans nothing the holders run: while it could be picked, and while the
+cluster uses a model it does not hold, it watches the holders of the models it does not hold
+(at most :data:`MAX_WATCHED`, by name, so workers watch the same ones), through a lease of its
+own that the planner's candidate sampling does not read. With nothing in use that it lacks,
+it renews no lease and those it holds run out (``lease_s``), so an idle cluster is as silent
+with the rule as without it; it watches again once it hears a model in use: a job of its
+own, a holder's state it watches, or a peer's rumor (a load) or sync. In the mesh every worker
+hears every load anyway, and watches nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -75,14 +85,21 @@ MAX_WATCHED = 8
 MAX_SLOWDOWN = 3.0
 
 
-def holdings(own: Heartbeat, peers: Iterable[Heartbeat]) -> list[Holding]:
+def holdings(
+    own: Heartbeat, peers: Iterable[Heartbeat], stale: Collection[str] = ()
+) -> list[Holding]:
     """The rule's workers: this one (``own``, its state now) and each peer by its last
     heartbeat; a worker holds the models resident or loading there, is loading while any
-    load is under way, and uses the models its state names as recent."""
+    load is under way, and uses the models its state names as recent, unless it is ``stale``
+    (heard too long ago to say what it uses now: it uses none)."""
     states = [own, *(p for p in peers if p.name != own.name)]
     return [
-        Holding(s.name, s.wait_s, s.models | s.loading, bool(s.loading), s.recent) for s in states
-    ]
+        Holding(
+            s.name, s.wait_s, s.models | s.loading, bool(s.loading),
+            frozenset() if s.name in stale else s.recent,
+        )
+        for s in states
+    ]  # fmt: skip
 
 
 def warm_here(
@@ -165,7 +182,9 @@ class HotReplicas(Collector):
         own = self._own_state(now)
         view = self._view
         peers = [s for n in view.names() if n != self.name and (s := view.get(n)) is not None]
-        workers = holdings(own, peers)
+        cold_s = self.config.cold_s
+        stale = {s.name for s in peers if view.age_s(s.name, now) > cold_s}
+        workers = holdings(own, peers, stale)
         slack = self._slack_s()
         if self._watch is not None:
             self._renew(workers, slack, now if real_s is None else real_s)
@@ -182,10 +201,13 @@ class HotReplicas(Collector):
         return started
 
     def _renew(self, workers: Sequence[Holding], slack_s: float, real_s: float) -> None:
-        """Watch the holders of the models this worker could be picked for, while it could."""
+        """Watch the holders of the models this worker could be picked for, while it could
+        and the cluster uses a model it lacks; otherwise renew nothing (the leases run out)."""
         me = workers[0]
         if me.loading or not me.wait_s < self.config.headroom_fraction * slack_s:
             return
+        if not hot_models(workers) - me.models:
+            return  # nothing in use that a copy here could take: an idle cluster is silent
         for gone in self._asked - {w.name for w in workers}:
             self._watching.drop(gone)
             self._asked.discard(gone)
@@ -219,15 +241,21 @@ class HotReplicas(Collector):
                 failed()
                 log.exception("%s: a round of hot-model replication failed", self.name)
 
-    def describe(self, held: Iterable[str] = ()) -> dict[str, Any]:
+    def watching(self, real_s: float) -> list[str]:
+        """The peers whose load this rule watches at ``real_s`` (real seconds): a lease it
+        asked for holds (none in the mesh)."""
+        return sorted(self._watching.watched(real_s))
+
+    def describe(self, held: Iterable[str] = (), real_s: float = 0.0) -> dict[str, Any]:
         """What ``compass status`` shows: the copies warmed here, by model, and those of them
-        still ``held`` (resident or loading)."""
+        still ``held`` (resident or loading); the peers it watches at ``real_s``."""
         kept = set(held)
         return {
             "warmed": sum(self.warmed.values()),
             "models": dict(sorted(self.warmed.items())),
             "held": sorted(m for m in self.warmed if m in kept),
             "failures": self.failures,
+            "watching": self.watching(real_s),
         }
 
     def collect(self) -> Iterator[Metric]:
