@@ -50,12 +50,14 @@ from prometheus_client.registry import Collector
 from compass.app import App
 from compass.core.events import Event, Tick
 from compass.elastic.replicate import (
+    REPLICATE_EVERY_S,
     Holding,
     ReplicaConfig,
     Replicator,
     hot_models,
     spare_models,
 )
+from compass.elastic.replicate import objective_slack_s as slack_of
 from compass.gossip.spread import Watching
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
@@ -76,13 +78,8 @@ __all__ = [
 
 log = logging.getLogger("compass.worker")
 
-#: seconds of the worker's clock between two rounds of the rule (the simulator's ``control_s``)
-REPLICATE_EVERY_S = 2.0
 #: peers a worker with headroom watches at most for their load (a bounded view)
 MAX_WATCHED = 8
-#: the objective the slack is counted against: p95 within 3x a job's best time (the elastic
-#: rule's and the benchmarks')
-MAX_SLOWDOWN = 3.0
 
 
 def holdings(
@@ -117,10 +114,9 @@ def warm_here(
 
 
 def objective_slack_s(workflows: Iterable[Workflow], profiles: Profiles) -> float:
-    """The queueing a job can take within its objective (:data:`MAX_SLOWDOWN` times its best
-    time), averaged over ``workflows`` (as the simulator's, every workflow weighed alike)."""
-    best = [best_time_s(wf, profiles) for wf in workflows]
-    return (MAX_SLOWDOWN - 1.0) * sum(best) / max(1, len(best))
+    """The queueing a job of ``workflows`` can take within its objective, by their best times
+    here (:func:`compass.elastic.replicate.objective_slack_s`)."""
+    return slack_of([best_time_s(wf, profiles) for wf in workflows])
 
 
 class Replicated(Protocol):

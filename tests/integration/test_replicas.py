@@ -1,15 +1,16 @@
-"""``compass worker start --replicate`` on three real worker processes: a wave of one model's
-jobs into the two workers holding it makes the third load that model before any of its tasks
-is placed there; without the flag, the third never loads it. In a bounded view the third
-watches the holders' load while the cluster uses a model it lacks, and its leases run out
-once the cluster idles."""
+"""``compass worker start --replicate`` (on by default) on three real worker processes: a wave
+of one model's jobs into the two workers holding it makes the third load that model before any
+of its tasks is placed there; with --no-replicate, the third never loads it. In a bounded view
+the third watches the holders' load while the cluster uses a model it lacks, and its leases
+run out once the cluster idles."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,28 +75,36 @@ async def run_wave(
 ) -> dict[str, object]:
     """The wave on a fresh cluster; what the third worker holds and says after it."""
     args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm"]
-    if replicate:
-        args.append("--replicate")
-    async with LocalCluster(3, args=args, env=env, log_dir=logs) as cluster:
-        clients = [cluster.client(i) for i in range(3)]
-        try:
-            for c in clients:
-                await c.connect()
-            # the holders: a job at each of w0 and w1 runs where it came in, loading m there
-            for c in clients[:2]:
-                await c.submit("hot", data=DATA, timeout=JOB_TIMEOUT_S)
-            assert [("m" in await held(c)) for c in clients] == [True, True, False]
-            answered = await wave(clients[:2], seconds=6.0, per_worker=4)
-            third = await clients[2].status()
-            return {
-                "answered": answered,
-                "held": set(third.cache["resident"]) | set(third.cache["loading"]),
-                "replicas": third.to_json().get("replicas", {}),
-                "tasks_run": third.stats["tasks_run"],
-            }
-        finally:
-            for c in clients:
-                await c.aclose()
+    args.append("--replicate" if replicate else "--no-replicate")  # on by default
+    async with (
+        LocalCluster(3, args=args, env=env, log_dir=logs) as cluster,
+        holders_of_m(cluster) as clients,
+    ):
+        assert [("m" in await held(c)) for c in clients] == [True, True, False]
+        answered = await wave(clients[:2], seconds=6.0, per_worker=4)
+        third = await clients[2].status()
+        return {
+            "answered": answered,
+            "held": set(third.cache["resident"]) | set(third.cache["loading"]),
+            "replicas": third.to_json().get("replicas", {}),
+            "tasks_run": third.stats["tasks_run"],
+        }
+
+
+@contextlib.asynccontextmanager
+async def holders_of_m(cluster: LocalCluster) -> AsyncIterator[list[Client]]:
+    """A client of each worker, once w0 and w1 hold ``m``: a job at each runs where it came
+    in, loading m there."""
+    clients = [cluster.client(i) for i in range(3)]
+    try:
+        for c in clients:
+            await c.connect()
+        for c in clients[:2]:
+            await c.submit("hot", data=DATA, timeout=JOB_TIMEOUT_S)
+        yield clients
+    finally:
+        for c in clients:
+            await c.aclose()
 
 
 @pytest.mark.asyncio
@@ -151,42 +160,35 @@ def idle(seen: dict[str, Any]) -> bool:
 async def test_replication_watches_the_holders_under_load_and_an_idle_cluster_none(
     view: str, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The wave of test above with --replicate: in a bounded view w2 watches m's holders while
-    they run it (and warms m); idle, every lease runs out. Then one job of ``cool`` at w0 loads
-    k there: w2, which lacks k, watches w0 again while k is in use, and none once it idles
-    (it used to watch the holder of a model it lacked for as long as it had headroom). The
-    mesh watches nobody, and warms m from the heartbeats."""
+    """The wave of the test above (replication on by default): in a bounded view w2 watches
+    m's holders while they run it (and warms m); idle, every lease runs out. Then one job of
+    ``cool`` at w0 loads k there: w2, which lacks k, watches w0 again while k is in use, and
+    none once it idles (it used to watch the holder of a model it lacked for as long as it
+    had headroom). The mesh watches nobody, and warms m from the heartbeats."""
     spec = wave_workload(tmp_path)
-    args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm", "--replicate",
-            "--view", view]  # fmt: skip
-    async with LocalCluster(3, args=args, env=worker_env, log_dir=tmp_path / "logs") as cluster:
-        clients = [cluster.client(i) for i in range(3)]
+    args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm", "--view", view]
+    async with (
+        LocalCluster(3, args=args, env=worker_env, log_dir=tmp_path / "logs") as cluster,
+        holders_of_m(cluster) as clients,
+    ):
+        seen: list[dict[str, Any]] = []
+
+        async def watch_the_wave() -> None:
+            while True:
+                seen.append(await watches(cluster))
+                await asyncio.sleep(0.2)
+
+        poll = asyncio.ensure_future(watch_the_wave())
         try:
-            for c in clients:
-                await c.connect()
-            for c in clients[:2]:
-                await c.submit("hot", data=DATA, timeout=JOB_TIMEOUT_S)
-            seen: list[dict[str, Any]] = []
-
-            async def watch_the_wave() -> None:
-                while True:
-                    seen.append(await watches(cluster))
-                    await asyncio.sleep(0.2)
-
-            poll = asyncio.ensure_future(watch_the_wave())
-            try:
-                await wave(clients[:2], seconds=6.0, per_worker=4)
-            finally:
-                poll.cancel()
-            assert "m" in await held(clients[2])
-            wave_watches = {p for s in seen for p in s["w2"]["replicas"]}
-            calm = await until(cluster, idle)
-            await clients[0].submit("cool", data=DATA, timeout=JOB_TIMEOUT_S)
-            again = await until(cluster, lambda s: bool(s["w2"]["replicas"]) or view == "mesh")
-            after = await until(cluster, idle)
+            await wave(clients[:2], seconds=6.0, per_worker=4)
         finally:
-            for c in clients:
-                await c.aclose()
+            poll.cancel()
+        assert "m" in await held(clients[2])
+        wave_watches = {p for s in seen for p in s["w2"]["replicas"]}
+        calm = await until(cluster, idle)
+        await clients[0].submit("cool", data=DATA, timeout=JOB_TIMEOUT_S)
+        again = await until(cluster, lambda s: bool(s["w2"]["replicas"]) or view == "mesh")
+        after = await until(cluster, idle)
     print(f"{view}: wave {wave_watches}, calm {calm}, again {again}, after {after}")
     if view == "bounded":
         assert wave_watches == {"w0", "w1"}

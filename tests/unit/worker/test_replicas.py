@@ -15,6 +15,7 @@ from compass.core.events import Heard, Tick
 from compass.elastic.replicate import Holding, ReplicaConfig, Replicator
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
+from compass.sim.settings import SimSettings
 from compass.worker.process import build_worker
 from compass.worker.replicas import (
     MAX_WATCHED,
@@ -286,8 +287,9 @@ def test_a_model_its_holders_hold_but_do_not_use_is_never_hot() -> None:
     assert warm_here("w2", holdings(state("w2", 0.0, "n"), idle), SLACK_S, Replicator(), 1.0) == []
 
 
-def test_off_by_default() -> None:
-    assert WorkerConfig().replicate is None
+def test_on_by_default_with_the_measured_rule_as_in_the_simulator() -> None:
+    assert WorkerConfig().replicate == ReplicaConfig()
+    assert SimSettings(workers=2, policy="compass").replicate == ReplicaConfig()
 
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
