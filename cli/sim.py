@@ -185,7 +185,7 @@ def sim(
         typer.Option(
             help="Hot models warmed ahead of need (a worker with headroom loads a model whose "
             "holders' queues rise, as compass worker start does by default); "
-            "--no-replicate: off (the plain simulation)."
+            "--no-replicate: off (the plain simulation and --capacity)."
         ),
     ] = True,
     learned_admission: Annotated[
@@ -261,8 +261,8 @@ def sim(
     if (preempting and traffic is not None) or (preempt == Preempt.both and compare_real):
         fail("--preempt is for the plain simulation, --capacity, --goodput and (on, not both) "
              "--compare-real", 2)  # fmt: skip
-    if not replicate and (capacity or goodput or compare_real or traffic is not None):
-        fail("--no-replicate is for the plain simulation", 2)
+    if not replicate and (goodput or compare_real or traffic is not None):
+        fail("--no-replicate is for the plain simulation and --capacity", 2)
     if step_batch != Preempt.on and (compare_real or traffic is not None):
         fail("--step-batch is for the plain simulation, --capacity and --goodput", 2)
     if view == View.auto:
@@ -351,6 +351,7 @@ def sim(
                 **batch,
                 preempt=preempting,
                 warmup=warmup,
+                replicate=replicate,
             ),
             CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
             json_path,

@@ -132,6 +132,7 @@ class SimConfig:
                 "prefetch_evicts": self.prefetch_evicts,
                 **self.view_options(),
                 **({"preempt": True} if self.preempt else {}),
+                **({} if self.replicate else {"replicate": None}),
             },
         )
 

@@ -12,6 +12,7 @@ from compass._cli.main import main
 from compass.elastic.replicate import REPLICATE_EVERY_S
 from compass.sim import SimSettings, simulate
 from compass.sim.arrivals import Arrival
+from compass.sim.compare import SimConfig
 from compass.workflow.spec import Workload, parse_workload
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
@@ -52,14 +53,16 @@ def test_a_wave_on_two_holders_warms_a_copy_on_the_third_unless_off() -> None:
     assert last % REPLICATE_EVERY_S != 0.0  # (not on a round's time)
 
 
-@pytest.mark.parametrize("mode", ["--capacity", "--goodput", "--compare-real"])
+@pytest.mark.parametrize("mode", ["--goodput", "--compare-real", "--traffic=daily"])
 def test_no_replicate_is_for_the_plain_simulation(
     mode: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as done:
         main(["sim", mode, "--no-replicate"])
     assert done.value.code == 2
-    assert capsys.readouterr().err.strip() == "compass: --no-replicate is for the plain simulation"
+    assert capsys.readouterr().err.strip() == (
+        "compass: --no-replicate is for the plain simulation and --capacity"
+    )
 
 
 def test_compass_sim_replicates_unless_no_replicate(tmp_path: Path) -> None:
@@ -76,3 +79,9 @@ def test_compass_sim_replicates_unless_no_replicate(tmp_path: Path) -> None:
     assert runs[False]["runs"]["compass"]["replicas"] >= 1
     assert runs[True]["runs"]["compass"]["replicas"] == 0
     assert (runs[False]["config"]["replicate"], runs[True]["config"]["replicate"]) == (True, False)
+
+
+def test_a_capacity_search_without_replication_runs_its_simulations_without_it() -> None:
+    on = SimConfig(workload=PAPER, workers=5, policies=("compass",)).runs()
+    off = SimConfig(workload=PAPER, workers=5, policies=("compass",), replicate=False).runs()
+    assert "replicate" not in on.options and off.options["replicate"] is None
