@@ -304,6 +304,8 @@ async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() 
         assert describe(worker)["replicas"] == {}  # off: nothing to show
         replicas = HotReplicas.of_worker(worker, ReplicaConfig())
         worker.replicas = replicas
+        # on by default: status says nothing of it until it warmed a copy or watches
+        assert not any(line.startswith("hot models") for line in status_lines(describe(worker)))
         # the paper's slack: 2x its workflows' best times, on average
         slack = objective_slack_s(worker.app.workflows.values(), worker.profiles)
         assert 0.5 < slack < 2.0
