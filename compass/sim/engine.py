@@ -138,12 +138,12 @@ def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arriv
         workload = without_step_batches(workload)
     spread = ingress_spread(settings.ingress, settings.workers)
     rule = view_rule(settings.view, settings.candidates, settings.holders)
-    hot = None if settings.replicate is None else Replication(settings.replicate)
-    simulation = Simulation(workload, settings, spread=spread, rule=rule, hooks=hot)
-    if hot is not None:
-        hot.attach(simulation)
+    replicas = None if settings.replicate is None else Replication(settings.replicate)
+    simulation = Simulation(workload, settings, spread=spread, rule=rule, hooks=replicas)
+    if replicas is not None:
+        replicas.attach(simulation)
     result = simulation.run(arrivals, warm_start=settings.warm_start)
-    result.replicas = hot.copies if hot else 0
+    result.replicas = replicas.copies if replicas else 0
     return result
 
 

@@ -1,5 +1,6 @@
-"""Hot models replicated ahead of need on a running worker (``compass worker start
---replicate``): the rule of :mod:`compass.elastic.replicate`, fed from this worker's view.
+"""Hot models replicated ahead of need on a running worker (on by default; ``compass worker
+start --no-replicate`` turns it off): the rule of :mod:`compass.elastic.replicate`, fed from
+this worker's view.
 
 Every :data:`REPLICATE_EVERY_S` of the worker's clock (the simulator's control period) the
 worker builds the rule's :class:`~compass.elastic.replicate.Holding` of every serving worker
