@@ -43,11 +43,13 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             f"{', under pressure' if desired.get('pressure') else ''})"
         )
     replicas = info.get("replicas")
-    if replicas:
+    if replicas and (replicas.get("warmed") or replicas.get("watching")):  # on by default
         held = ", ".join(replicas.get("held", [])) or "none"
+        watching = ", ".join(replicas.get("watching", [])) or "none"
         lines.append(
             f"hot models warmed here ahead of need: {replicas.get('warmed', 0)} "
-            f"({_counts(replicas.get('models', {}))}); still held: {held}"
+            f"({_counts(replicas.get('models', {}))}); still held: {held}; "
+            f"holders watched: {watching}"
         )
     if cache.get("fallback"):
         lines.append(f"cache fallback: {cache['fallback']}")

@@ -180,6 +180,14 @@ def sim(
             "policy also as 'NAME (no step batching)')."
         ),
     ] = Preempt.on,
+    replicate: Annotated[
+        bool,
+        typer.Option(
+            help="Hot models warmed ahead of need (a worker with headroom loads a model whose "
+            "holders' queues rise, as compass worker start does by default); "
+            "--no-replicate: off (the plain simulation and --capacity)."
+        ),
+    ] = True,
     learned_admission: Annotated[
         Preempt,
         typer.Option(
@@ -253,6 +261,8 @@ def sim(
     if (preempting and traffic is not None) or (preempt == Preempt.both and compare_real):
         fail("--preempt is for the plain simulation, --capacity, --goodput and (on, not both) "
              "--compare-real", 2)  # fmt: skip
+    if not replicate and (goodput or compare_real or traffic is not None):
+        fail("--no-replicate is for the plain simulation and --capacity", 2)
     if step_batch != Preempt.on and traffic is not None:
         fail("--step-batch is for the plain simulation, --capacity, --goodput and "
              "--compare-real", 2)  # fmt: skip
@@ -342,6 +352,7 @@ def sim(
                 **batch,
                 preempt=preempting,
                 warmup=warmup,
+                replicate=replicate,
             ),
             CapacitySearch(seeds=seed_list, slos=tuple(slos), max_load=max_load),
             json_path,
@@ -386,6 +397,7 @@ def sim(
         **seen,
         **batch,
         preempt=preempting,
+        replicate=replicate,
     )
     sim_report.run_cli(config, json_path, plot)
 

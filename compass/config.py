@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
+from compass.elastic.replicate import ReplicaConfig
 from compass.errors import ConfigError
 
 if TYPE_CHECKING:
     import ssl
-
-    from compass.elastic.replicate import ReplicaConfig
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -479,8 +478,9 @@ class WorkerConfig:
     capacity: tuple[tuple[int, float], ...] = ()
     capacity_margin: float = 1.0
     #: hot models replicated ahead of need: this worker warms a model when the cluster's rule
-    #: (:mod:`compass.elastic.replicate`, over its view) picks it (``--replicate``); None: off
-    replicate: ReplicaConfig | None = None
+    #: (:mod:`compass.elastic.replicate`, over its view) picks it; on by default, as in the
+    #: simulator (measured: docs/RESULTS.md); None: off (``--no-replicate``)
+    replicate: ReplicaConfig | None = field(default_factory=ReplicaConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -48,13 +48,23 @@ from compass.core.replica import COLD_S
 from compass.errors import ConfigError
 
 __all__ = [
+    "MAX_SLOWDOWN",
+    "REPLICATE_EVERY_S",
     "Holding",
     "ReplicaConfig",
     "Replicator",
     "hot_models",
+    "objective_slack_s",
     "replicas_wanted",
     "spare_models",
 ]
+
+#: seconds of a worker's clock between two rounds of the rule, on a real worker and in the
+#: simulator (``compass sim``; the elastic simulator's ``control_s``)
+REPLICATE_EVERY_S = 2.0
+#: the objective a job's slack is counted against: p95 within 3x a job's best time (the
+#: elastic rule's and the benchmarks')
+MAX_SLOWDOWN = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,13 @@ def hot_models(workers: Iterable[Holding]) -> frozenset[str]:
     unused is not hot, however long its holders queue for other models: a copy of it would
     take no work off them. The simulator and a real worker read the hot set this way."""
     return frozenset().union(*(w.recent for w in workers))
+
+
+def objective_slack_s(best_times_s: Sequence[float]) -> float:
+    """The queueing a job can take within its objective (:data:`MAX_SLOWDOWN` times its best
+    time), averaged over workflows of ``best_times_s``, every workflow weighed alike (a real
+    worker and ``compass sim``; the elastic simulator weighs them by the workload's mix)."""
+    return (MAX_SLOWDOWN - 1.0) * sum(best_times_s) / max(1, len(best_times_s))
 
 
 def replicas_wanted(

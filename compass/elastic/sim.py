@@ -34,15 +34,8 @@ from typing import Any
 
 from compass.core.events import Tick
 from compass.core.lanes import Lanes
-from compass.core.replica import recent_models
 from compass.elastic.live import LiveDesired, Seen
-from compass.elastic.replicate import (
-    Holding,
-    ReplicaConfig,
-    Replicator,
-    hot_models,
-    spare_models,
-)
+from compass.elastic.replicate import ReplicaConfig, Replicator
 from compass.elastic.rule import (
     RayServeConfig,
     RayServeRule,
@@ -53,10 +46,10 @@ from compass.elastic.rule import (
     pick_drain,
 )
 from compass.errors import ConfigError
-from compass.sched.heartbeat import MAX_RECENT
 from compass.sim.arrivals import Arrival
 from compass.sim.engine import Simulation
 from compass.sim.modes import ingress_spread
+from compass.sim.replicas import replicate_round
 from compass.sim.result import JobRecord, SimResult
 from compass.sim.settings import SimSettings
 from compass.workflow.spec import Workload
@@ -399,23 +392,8 @@ class _Elastic:
 
     def _replicate(self) -> None:
         """Warm hot models on serving workers with headroom (:class:`Replicator`)."""
-        now = self.now
-        rule = self.replicator
-        holdings = []
-        for i, p in enumerate(self.phase):
-            if p == "serving":
-                lanes = self._lanes(i)
-                resident, loading = lanes.cache.residency()
-                recent = recent_models(
-                    lanes.used, lanes.queue.upcoming_models(), now, rule.config.cold_s, MAX_RECENT
-                )  # as its heartbeat says
-                holdings.append(Holding(self.sim.workers[i].name, lanes.wait_s(now),
-                                        resident | loading, bool(loading), recent))  # fmt: skip
-        for name, model in rule.step(now, holdings, hot_models(holdings), self.slack_s):
-            i = self.sim.positions[name]
-            spare = spare_models(holdings, name, model)
-            self.sim.apply(i, Tick(now, hot=model, cold_s=rule.config.cold_s, spare=spare))
-            self.replicas += self._lanes(i).cache.is_loading(model)
+        serving = [i for i, p in enumerate(self.phase) if p == "serving"]
+        self.replicas += replicate_round(self.sim, self.replicator, self.slack_s, serving)
 
     def _grow(self, count: int) -> None:
         # a draining worker is still warm: it serves again at once

@@ -87,6 +87,8 @@ class SimConfig:
     #: a capacity search's runs leave their first that many jobs uncounted
     #: (:class:`~compass.sim.capacity.SimRuns`)
     warmup: int = 0
+    #: hot models replicated ahead of need (:mod:`compass.sim.replicas`), as on a real worker
+    replicate: bool = SIM_WORKER.replicate is not None
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -130,6 +132,7 @@ class SimConfig:
                 "prefetch_evicts": self.prefetch_evicts,
                 **self.view_options(),
                 **({"preempt": True} if self.preempt else {}),
+                **({} if self.replicate else {"replicate": None}),
             },
         )
 
@@ -179,6 +182,7 @@ def compare_policies(
                 prefetch_evicts=config.prefetch_evicts,
                 ingress=config.ingress,
                 preempt=config.preempt,
+                replicate=SIM_WORKER.replicate if config.replicate else None,
                 **config.view_options(),
             ),
             arrivals,
@@ -198,6 +202,7 @@ def compare_policies(
             "loads": result.loads,
             "prefetches": result.prefetches,
             "evictions": result.evictions,
+            "replicas": result.replicas,
             "horizon_s": result.horizon_s,
             "batch_sizes": batch_sizes(result),
         }
@@ -257,6 +262,7 @@ def _config_record(config: SimConfig, workload: Workload) -> dict[str, Any]:
         "cache_bytes": workload.cluster.gpu_memory_bytes,
         "servers_sweep": list(config.servers_sweep) if config.servers_sweep else None,
         "target_slowdown": config.target_slowdown,
+        "replicate": config.replicate,
         **config.view_options(),
     }
 

@@ -91,11 +91,12 @@ from compass.sim.collector import collector_eased
 from compass.sim.heard import LINK_S
 from compass.sim.hooks import SimHooks
 from compass.sim.modes import ingress_spread, view_rule
+from compass.sim.replicas import Replication
 from compass.sim.result import JobRecord, SimResult, TaskRecord
 from compass.sim.settings import SimSettings
 from compass.sim.state import ClusterState
 from compass.sim.stepping import RunEnd, Stepping
-from compass.sim.streams import SimStreams, stream_bytes
+from compass.sim.streams import SimStreams, ends_stream, stream_bytes
 from compass.sim.traffic import view_traffic
 from compass.sim.unfold import RanBest
 from compass.sim.view import SimView
@@ -137,8 +138,13 @@ def simulate(workload: Workload, settings: SimSettings, arrivals: Sequence[Arriv
         workload = without_step_batches(workload)
     spread = ingress_spread(settings.ingress, settings.workers)
     rule = view_rule(settings.view, settings.candidates, settings.holders)
-    simulation = Simulation(workload, settings, spread=spread, rule=rule)
-    return simulation.run(arrivals, warm_start=settings.warm_start)
+    replicas = None if settings.replicate is None else Replication(settings.replicate)
+    simulation = Simulation(workload, settings, spread=spread, rule=rule, hooks=replicas)
+    if replicas is not None:
+        replicas.attach(simulation)
+    result = simulation.run(arrivals, warm_start=settings.warm_start)
+    result.replicas = replicas.copies if replicas else 0
+    return result
 
 
 @dataclass(slots=True, eq=False)
@@ -190,6 +196,7 @@ class Simulation:
         hooks: SimHooks | None = None,
     ) -> None:
         self.hooks = hooks
+        self._background = 0  # background events in the heap
         #: deal jobs over every worker (else client i enters at worker i)
         self.spread = spread
         self._arrived = 0  # jobs dealt so far (``spread``)
@@ -353,7 +360,7 @@ class Simulation:
             if offset == math.inf and not heap:
                 offset = self.now
                 ordered = [replace(a, t_s=a.t_s + offset) for a in ordered]
-            if heap and (
+            if len(heap) > (0 if next_arrival < n else self._background) and (
                 offset == math.inf or next_arrival >= n or heap[0][0] < ordered[next_arrival].t_s
             ):
                 t, _, handler, arg = pop(heap)
@@ -427,8 +434,10 @@ class Simulation:
 
     def _entry(self, arrival: Arrival) -> int:
         """The number of the worker ``arrival`` enters at (or the hooks')."""
-        if self.hooks is not None:
-            return self.hooks.entry(arrival)
+        return self.entry_of(arrival) if self.hooks is None else self.hooks.entry(arrival)
+
+    def entry_of(self, arrival: Arrival) -> int:
+        """The number of the worker ``arrival`` enters at by the ingress setting."""
         n = len(self.names)
         if self.spread:
             self._arrived += 1
@@ -587,7 +596,7 @@ class Simulation:
         seconds = self.profiles.transfer_s(src.name, dst, nbytes)
         target = self.workers[self.positions[dst]]
         at = self.now + seconds
-        if job is not None and (step_bytes is not None or _ends_stream(job.workflow, msg)):
+        if job is not None and (step_bytes is not None or ends_stream(job.workflow, msg)):
             at = self._streams.arrival(src.name, dst, at, streamed=True)
         self._at(at, self._deliver, (target, src.name, msg, seconds))
 
@@ -719,9 +728,17 @@ class Simulation:
 
     # -- what a simulation built on this one does (:class:`~compass.sim.hooks.SimHooks`) ------
 
-    def schedule(self, t: float, handler: Handler, arg: Any) -> None:
-        """Call ``handler(arg)`` at virtual time ``t``."""
+    def schedule(self, t: float, handler: Handler, arg: Any, *, background: bool = False) -> None:
+        """Call ``handler(arg)`` at virtual time ``t``; ``background``: only if the run goes on
+        until then (a timer of its own: the run ends when nothing else is left to happen)."""
+        if background:
+            self._background += 1
+            handler, arg = self._in_background, (handler, arg)
         self._at(t, handler, arg)
+
+    def _in_background(self, call: tuple[Handler, Any]) -> None:
+        self._background -= 1
+        call[0](call[1])
 
     def apply(self, index: int, event: Event) -> None:
         """Feed ``event`` to worker ``index``'s core, now, and carry out what it decides."""
@@ -773,15 +790,6 @@ def _central(policy: Policy) -> bool:
 def _rules(worker: _Worker) -> WorkerCore:
     assert worker.rules is not None
     return worker.rules
-
-
-def _ends_stream(workflow: Workflow, msg: PeerMessage) -> bool:
-    """Whether ``msg`` is the end of a streamed edge (the final output it streamed)."""
-    return (
-        isinstance(msg, TaskMsg)
-        and msg.source != JOB_INPUTS
-        and msg.source in workflow.tasks[msg.task].streamed
-    )
 
 
 def _first_output_s(job: _Job, latency_s: float) -> float:

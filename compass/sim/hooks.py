@@ -4,7 +4,9 @@
 simulation that is more than that (:mod:`compass.elastic.sim`: a cluster that starts and
 drains workers) passes a :class:`SimHooks` and acts through the engine's public methods
 (``schedule``, ``apply``, ``set_open``, ``restart``, ``has_jobs``), never its internals. The
-engine calls the hooks at four points; with none (``compass sim``) nothing changes.
+engine calls the hooks at four points; with none nothing changes. A plain ``compass sim``
+passes the hot-model rule's (:class:`~compass.sim.replicas.Replication`) unless
+``SimSettings.replicate`` is None.
 """
 
 from __future__ import annotations

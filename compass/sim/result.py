@@ -111,6 +111,8 @@ class SimResult:
     view_asks: int = 0
     view_pushes: int = 0
     cache_changes: int = 0
+    #: copies of hot models begun ahead of need (``SimSettings.replicate``)
+    replicas: int = 0
 
     def utilization(self) -> dict[str, float]:
         """Fraction of the run each worker's lanes were busy."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from compass.config import SIM_WORKER, WorkerConfig
 
 if TYPE_CHECKING:
+    from compass.elastic.replicate import ReplicaConfig
     from compass.workflow.spec import Workload
 
 __all__ = [
@@ -102,6 +103,7 @@ class SimSettings:
     ``step_batch``: step-wise tasks that declare a batch batch their steps (continuous
     batching, :mod:`compass.core.lanes`); off, each runs one job. ``admission``: how an
     ingress admits a job with a deadline (:attr:`~compass.config.SchedConfig.admission`).
+    ``replicate``: hot models warmed ahead of need (:mod:`compass.sim.replicas`; None: off).
     """
 
     workers: int
@@ -125,6 +127,7 @@ class SimSettings:
     preempt: bool = SIM_WORKER.sched.preempt
     step_batch: bool = True
     admission: str = SIM_WORKER.sched.admission
+    replicate: ReplicaConfig | None = SIM_WORKER.replicate
 
     def __post_init__(self) -> None:
         policy = self.policy
@@ -158,5 +161,6 @@ class SimSettings:
             admission=self.admission,
         )
         return replace(
-            SIM_WORKER, lanes=self.lanes, host_lanes=self.host_lanes, cache=cache, sched=sched
-        )
+            SIM_WORKER, lanes=self.lanes, host_lanes=self.host_lanes, cache=cache, sched=sched,
+            replicate=self.replicate,
+        )  # fmt: skip

@@ -16,14 +16,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from compass.core.events import Feed
-from compass.core.messages import ChunkMsg, PeerMessage, TaskMsg
+from compass.core.messages import JOB_INPUTS, ChunkMsg, PeerMessage, TaskMsg
 from compass.core.queue import QueuedTask
 from compass.workflow.dag import Task, Workflow
 
-__all__ = ["SimStreams", "stream_bytes"]
+__all__ = ["SimStreams", "ends_stream", "stream_bytes"]
 
 #: a fed task's key: job, attempt, task
 Key = tuple[str, int, str]
+
+
+def ends_stream(workflow: Workflow, msg: PeerMessage) -> bool:
+    """Whether ``msg`` is the end of a streamed edge (the final output it streamed)."""
+    return (
+        isinstance(msg, TaskMsg)
+        and msg.source != JOB_INPUTS
+        and msg.source in workflow.tasks[msg.task].streamed
+    )
 
 
 def stream_bytes(workflow: Workflow, msg: PeerMessage) -> int | None:

@@ -1,5 +1,6 @@
-"""Hot models replicated ahead of need on a running worker (``compass worker start
---replicate``): the rule of :mod:`compass.elastic.replicate`, fed from this worker's view.
+"""Hot models replicated ahead of need on a running worker (on by default; ``compass worker
+start --no-replicate`` turns it off): the rule of :mod:`compass.elastic.replicate`, fed from
+this worker's view.
 
 Every :data:`REPLICATE_EVERY_S` of the worker's clock (the simulator's control period) the
 worker builds the rule's :class:`~compass.elastic.replicate.Holding` of every serving worker
@@ -20,18 +21,28 @@ began with there within ``cold_s`` (``recent``), so a model held but unused is n
 however long its holders queue for another one. A peer that predates the field names none:
 the models only it uses are not hot (the rule warms less, never a wrong model).
 
+A peer's ``recent`` models count only as heard within ``cold_s`` (of this worker's clock): they
+say what it used within ``cold_s`` before it sent them, so an older state says nothing of
+now. In the mesh every state is a heartbeat old; in a bounded view a peer this worker does not
+watch is heard only through rumors and syncs, and its word of a model in use would otherwise
+stand however long ago the use.
+
 In a bounded view (the default) a worker hears a peer's load only if it watches it, and a
-worker with headroom plans nothing the holders run: while it could be picked, it watches the
-holders of the models it does not hold (at most :data:`MAX_WATCHED`, by name, so workers
-watch the same ones), through a lease of its own that the planner's candidate sampling does
-not read. In the mesh every worker hears every load anyway.
+worker with headroom plans nothing the holders run: while it could be picked, and while the
+cluster uses a model it does not hold, it watches the holders of the models it does not hold
+(at most :data:`MAX_WATCHED`, by name, so workers watch the same ones), through a lease of its
+own that the planner's candidate sampling does not read. With nothing in use that it lacks,
+it renews no lease and those it holds run out (``lease_s``), so an idle cluster is as silent
+with the rule as without it; it watches again once it hears a model in use: a job of its
+own, a holder's state it watches, or a peer's rumor (a load) or sync. In the mesh every worker
+hears every load anyway, and watches nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -40,12 +51,14 @@ from prometheus_client.registry import Collector
 from compass.app import App
 from compass.core.events import Event, Tick
 from compass.elastic.replicate import (
+    REPLICATE_EVERY_S,
     Holding,
     ReplicaConfig,
     Replicator,
     hot_models,
     spare_models,
 )
+from compass.elastic.replicate import objective_slack_s as slack_of
 from compass.gossip.spread import Watching
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
@@ -66,23 +79,25 @@ __all__ = [
 
 log = logging.getLogger("compass.worker")
 
-#: seconds of the worker's clock between two rounds of the rule (the simulator's ``control_s``)
-REPLICATE_EVERY_S = 2.0
 #: peers a worker with headroom watches at most for their load (a bounded view)
 MAX_WATCHED = 8
-#: the objective the slack is counted against: p95 within 3x a job's best time (the elastic
-#: rule's and the benchmarks')
-MAX_SLOWDOWN = 3.0
 
 
-def holdings(own: Heartbeat, peers: Iterable[Heartbeat]) -> list[Holding]:
+def holdings(
+    own: Heartbeat, peers: Iterable[Heartbeat], stale: Collection[str] = ()
+) -> list[Holding]:
     """The rule's workers: this one (``own``, its state now) and each peer by its last
     heartbeat; a worker holds the models resident or loading there, is loading while any
-    load is under way, and uses the models its state names as recent."""
+    load is under way, and uses the models its state names as recent, unless it is ``stale``
+    (heard too long ago to say what it uses now: it uses none)."""
     states = [own, *(p for p in peers if p.name != own.name)]
     return [
-        Holding(s.name, s.wait_s, s.models | s.loading, bool(s.loading), s.recent) for s in states
-    ]
+        Holding(
+            s.name, s.wait_s, s.models | s.loading, bool(s.loading),
+            frozenset() if s.name in stale else s.recent,
+        )
+        for s in states
+    ]  # fmt: skip
 
 
 def warm_here(
@@ -100,10 +115,9 @@ def warm_here(
 
 
 def objective_slack_s(workflows: Iterable[Workflow], profiles: Profiles) -> float:
-    """The queueing a job can take within its objective (:data:`MAX_SLOWDOWN` times its best
-    time), averaged over ``workflows`` (as the simulator's, every workflow weighed alike)."""
-    best = [best_time_s(wf, profiles) for wf in workflows]
-    return (MAX_SLOWDOWN - 1.0) * sum(best) / max(1, len(best))
+    """The queueing a job of ``workflows`` can take within its objective, by their best times
+    here (:func:`compass.elastic.replicate.objective_slack_s`)."""
+    return slack_of([best_time_s(wf, profiles) for wf in workflows])
 
 
 class Replicated(Protocol):
@@ -165,7 +179,9 @@ class HotReplicas(Collector):
         own = self._own_state(now)
         view = self._view
         peers = [s for n in view.names() if n != self.name and (s := view.get(n)) is not None]
-        workers = holdings(own, peers)
+        cold_s = self.config.cold_s
+        stale = {s.name for s in peers if view.age_s(s.name, now) > cold_s}
+        workers = holdings(own, peers, stale)
         slack = self._slack_s()
         if self._watch is not None:
             self._renew(workers, slack, now if real_s is None else real_s)
@@ -182,10 +198,13 @@ class HotReplicas(Collector):
         return started
 
     def _renew(self, workers: Sequence[Holding], slack_s: float, real_s: float) -> None:
-        """Watch the holders of the models this worker could be picked for, while it could."""
+        """Watch the holders of the models this worker could be picked for, while it could
+        and the cluster uses a model it lacks; otherwise renew nothing (the leases run out)."""
         me = workers[0]
         if me.loading or not me.wait_s < self.config.headroom_fraction * slack_s:
             return
+        if not hot_models(workers) - me.models:
+            return  # nothing in use that a copy here could take: an idle cluster is silent
         for gone in self._asked - {w.name for w in workers}:
             self._watching.drop(gone)
             self._asked.discard(gone)
@@ -219,15 +238,21 @@ class HotReplicas(Collector):
                 failed()
                 log.exception("%s: a round of hot-model replication failed", self.name)
 
-    def describe(self, held: Iterable[str] = ()) -> dict[str, Any]:
+    def watching(self, real_s: float) -> list[str]:
+        """The peers whose load this rule watches at ``real_s`` (real seconds): a lease it
+        asked for holds (none in the mesh)."""
+        return sorted(self._watching.watched(real_s))
+
+    def describe(self, held: Iterable[str] = (), real_s: float = 0.0) -> dict[str, Any]:
         """What ``compass status`` shows: the copies warmed here, by model, and those of them
-        still ``held`` (resident or loading)."""
+        still ``held`` (resident or loading); the peers it watches at ``real_s``."""
         kept = set(held)
         return {
             "warmed": sum(self.warmed.values()),
             "models": dict(sorted(self.warmed.items())),
             "held": sorted(m for m in self.warmed if m in kept),
             "failures": self.failures,
+            "watching": self.watching(real_s),
         }
 
     def collect(self) -> Iterator[Metric]:

@@ -200,7 +200,7 @@ def _replicas(worker: Described) -> dict[str, Any]:
     if worker.replicas is None:
         return {}
     resident, loading = worker.lanes.cache.residency()
-    return worker.replicas.describe(resident | loading)
+    return worker.replicas.describe(resident | loading, time.monotonic())
 
 
 def describe(worker: Described) -> dict[str, Any]:

@@ -4,6 +4,7 @@ view feed the rule, and a worker acts only where the rule names it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from compass.core.events import Heard, Tick
 from compass.elastic.replicate import Holding, ReplicaConfig, Replicator
 from compass.sched.heartbeat import Heartbeat
 from compass.sched.view import ClusterView
+from compass.sim.settings import SimSettings
 from compass.worker.process import build_worker
 from compass.worker.replicas import (
     MAX_WATCHED,
@@ -46,10 +48,11 @@ def state(
 
 class Core:
     """A worker's core as the rule sees it: the Ticks fed, and its state, which shows a hot
-    model loading once fed one (unless it declines)."""
+    model loading once fed one (unless it declines); ``view``: the peers it heard."""
 
-    def __init__(self, own: Heartbeat, *, declines: bool = False) -> None:
+    def __init__(self, own: Heartbeat, view: ClusterView, *, declines: bool = False) -> None:
         self.own = own
+        self.view = view
         self.declines = declines
         self.fed: list[Tick] = []
         self.was_fed = asyncio.Event()
@@ -65,13 +68,19 @@ class Core:
 
 
 def replicas_of(
-    own: Heartbeat, peers: list[Heartbeat], *, declines: bool = False, watch: object = None
+    own: Heartbeat,
+    peers: list[Heartbeat],
+    *,
+    declines: bool = False,
+    watch: object = None,
+    heard_at: float = 0.0,
 ) -> tuple[HotReplicas, Core]:
+    """The rule on ``own``'s worker, whose view heard ``peers`` at ``heard_at``."""
     view = ClusterView(own.name)
     view.update_self(own)
     for peer in peers:
-        assert view.apply_heartbeat(peer, 0.0)
-    core = Core(own, declines=declines)
+        assert view.apply_heartbeat(peer, heard_at)
+    core = Core(own, view, declines=declines)
     replicas = HotReplicas(
         own.name, ReplicaConfig(), own_state=core.own_state, view=view, apply=core.apply,
         slack_s=lambda: SLACK_S, watch=watch,  # type: ignore[arg-type]
@@ -108,13 +117,13 @@ def test_every_worker_computes_the_same_pairs_and_only_the_one_named_acts() -> N
 
 def test_the_worker_picked_feeds_its_own_core_a_hot_tick_and_counts_the_copy() -> None:
     replicas, core = replicas_of(
-        state("w2", 0.0, "n"), [state("w0", 0.9, "m"), state("w1", 0.7, "m")]
+        state("w2", 0.0, "n"), [state("w0", 0.9, "m"), state("w1", 0.7, "m")], heard_at=12.0
     )
     assert replicas.step(12.5) == ["m"]
     assert core.fed == [Tick(12.5, hot="m")]
     assert replicas.warmed == {"m": 1}
     assert replicas.describe({"m", "n"}) == {
-        "warmed": 1, "models": {"m": 1}, "held": ["m"], "failures": 0,
+        "warmed": 1, "models": {"m": 1}, "held": ["m"], "failures": 0, "watching": [],
     }  # fmt: skip
     assert replicas.describe({"n"})["held"] == []  # evicted since
     (family,) = replicas.collect()
@@ -154,6 +163,10 @@ def test_a_worker_whose_core_declined_is_not_asked_again_in_its_cool_down() -> N
     assert w2.step(3.0) == [] and w3.step(3.0) == ["m"]  # w2 cools down: w3 is asked
     assert core2.fed == [Tick(1.0, hot="m")]
     cooldown = ReplicaConfig().cooldown_s
+    for peer in pressed:  # heard again: what they said at 0 no longer says what they use
+        assert core2.view.apply_heartbeat(
+            state(peer.name, peer.wait_s, " ".join(peer.models), seq=2), cooldown
+        )
     w2.step(1.0 + cooldown)
     assert core2.fed[1:] == [Tick(1.0 + cooldown, hot="m")]  # asked again once it passed
 
@@ -176,6 +189,47 @@ def test_a_bounded_view_watches_the_holders_while_it_has_headroom() -> None:
     replicas.step(4.0, real_s=104.0)
     replicas.step(6.0, real_s=106.0)  # w0's lease (10 s) is renewed past its half
     assert asked[2:] == [["w1"], ["w0"]]
+
+
+def test_a_bounded_view_watches_only_while_the_cluster_uses_a_model_it_lacks() -> None:
+    """Idle (nobody used a model within cold_s), a worker with headroom asks no watch; once it
+    hears a holder run a model it lacks it watches that model's holders; once that word is
+    older than cold_s it renews nothing, and its leases run out; a new word of use (a rumor,
+    a sync) and it watches again. A model in use that it holds itself is no reason."""
+    asked: list[list[str]] = []
+
+    def watch(peers: list[str]) -> list[str]:
+        asked.append(list(peers))
+        return []
+
+    idle = [state("w0", 0.0, "m", recent=""), state("w1", 0.0, "m", recent="")]
+    replicas, core = replicas_of(state("w2", 0.0, "n", recent=""), idle, watch=watch)
+    replicas.step(0.0, real_s=100.0)
+    assert asked == [] and replicas.watching(100.0) == []
+    assert core.view.apply_heartbeat(state("w0", 0.1, "m", seq=2), 2.0)  # w0 runs m
+    replicas.step(2.0, real_s=102.0)
+    assert asked == [["w0", "w1"]] and replicas.watching(102.0) == ["w0", "w1"]
+    # w0's word is 11 s old (cold_s is 10), nobody said more: the leases (10 s) run out
+    replicas.step(13.0, real_s=113.0)
+    assert asked == [["w0", "w1"]] and replicas.watching(113.0) == []
+    assert core.view.apply_heartbeat(state("w1", 0.0, "m", seq=2), 14.0)  # traffic again
+    replicas.step(14.0, real_s=114.0)
+    assert asked[1:] == [["w0", "w1"]] and replicas.watching(114.0) == ["w0", "w1"]
+    # m in use, but w3 holds it: w3 watches nobody for it (it lacks only k, which idles)
+    peers = [state("w0", 0.1, "m k", recent="m"), state("w1", 0.0, "m")]
+    holder, _ = replicas_of(state("w3", 0.0, "m", recent=""), peers, watch=watch)
+    holder.step(0.0, real_s=100.0)
+    assert asked[2:] == []
+
+
+def test_a_peers_word_of_use_older_than_cold_s_makes_no_model_hot() -> None:
+    """w0 and w1 said they ran m, queueing past the threshold, 11 s ago (cold_s: 10) and nothing
+    since (a bounded view's unwatched peers): m is not hot, so nothing is warmed."""
+    pressed = [state("w0", 0.9, "m"), state("w1", 0.7, "m")]
+    stale, core = replicas_of(state("w2", 0.0, "n"), pressed, heard_at=0.0)
+    assert stale.step(11.0) == [] and core.fed == []
+    fresh, core = replicas_of(state("w2", 0.0, "n"), pressed, heard_at=9.0)
+    assert fresh.step(11.0) == ["m"] and core.fed == [Tick(11.0, hot="m")]
 
 
 def test_a_worker_without_headroom_watches_nobody_and_at_most_max_watched() -> None:
@@ -233,8 +287,9 @@ def test_a_model_its_holders_hold_but_do_not_use_is_never_hot() -> None:
     assert warm_here("w2", holdings(state("w2", 0.0, "n"), idle), SLACK_S, Replicator(), 1.0) == []
 
 
-def test_off_by_default() -> None:
-    assert WorkerConfig().replicate is None
+def test_on_by_default_with_the_measured_rule_as_in_the_simulator() -> None:
+    assert WorkerConfig().replicate == ReplicaConfig()
+    assert SimSettings(workers=2, policy="compass").replicate == ReplicaConfig()
 
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
@@ -249,22 +304,26 @@ async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() 
         assert describe(worker)["replicas"] == {}  # off: nothing to show
         replicas = HotReplicas.of_worker(worker, ReplicaConfig())
         worker.replicas = replicas
+        # on by default: status says nothing of it until it warmed a copy or watches
+        assert not any(line.startswith("hot models") for line in status_lines(describe(worker)))
         # the paper's slack: 2x its workflows' best times, on average
         slack = objective_slack_s(worker.app.workflows.values(), worker.profiles)
         assert 0.5 < slack < 2.0
         now = worker.clock()
         for name, wait in (("w0", slack), ("w1", 0.8 * slack)):
             worker.apply(Heard(now, state(name, wait, "opt marian")))
-        # both equally pressed: by name, and one model per worker a round
-        assert replicas.step(now) == ["marian"]
+        # both equally pressed: by name, and one model per worker a round; a bounded view
+        # (the default) watches the holders of what it lacks, while they use it
+        assert replicas.step(now, time.monotonic()) == ["marian"]
         resident, loading = worker.lanes.cache.residency()
         assert loading == {"marian"} and not resident
         status = describe(worker)
         assert status["replicas"]["models"] == {"marian": 1}
         assert status["replicas"]["held"] == ["marian"]
-        assert "hot models warmed here ahead of need: 1 (marian x1); still held: marian" in (
-            status_lines(status)
-        )
+        assert (
+            "hot models warmed here ahead of need: 1 (marian x1); still held: marian; "
+            "holders watched: w0, w1"
+        ) in status_lines(status)
     finally:
         await worker.aclose()
 
