@@ -21,7 +21,16 @@ import typer
 import compass
 from compass.errors import CompassError, ConfigError, WorkflowError
 
-from . import bench, bench_long, bench_unfold, demo, jobs, sim, worker  # noqa: F401 - bench_long, bench_unfold register on bench
+from . import (  # noqa: F401 - bench_long, bench_startup, bench_unfold register on bench
+    bench,
+    bench_long,
+    bench_startup,
+    bench_unfold,
+    demo,
+    jobs,
+    sim,
+    worker,
+)
 from .checks import one_line, usage_error
 
 app = typer.Typer(
