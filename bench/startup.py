@@ -11,11 +11,11 @@ workers run ``--workload`` emulated on loopback:
 - *at once*: ``together`` workers joining the seed, started together (they share the CPUs).
 
 Per start: the wall seconds from spawning the process to its line, and the CPU seconds the
-process had used by then (user plus system, from ``/proc``; steadier than wall time on a shared
-machine, and what a start costs the host). Then one more worker per round and tree starts with
-``PYTHONPROFILEIMPORTTIME``, and its stderr says what the imports cost (the least of the
-rounds): in all, per package, and the costliest modules that compass code (or the top level:
-the interpreter's start, ``-m``) imports.
+process had used by then (its threads' time on a CPU, from ``/proc``; steadier than wall time
+on a shared machine, and what a start costs the host). Then one more worker per round and
+tree starts with ``PYTHONPROFILEIMPORTTIME``, and its stderr says what the imports cost (the
+least of the rounds): in all, per package, and the costliest modules that compass code (or
+the top level: the interpreter's start, ``-m``) imports.
 
 Trees: this checkout's workers, and with ``worker_pythonpath`` another checkout's (the same
 flags; a before/after), round by round in turn so that both meet the same background load.
@@ -46,7 +46,7 @@ from compass.wire.transport import new_event_loop
 
 from .report import machine, print_table, write_json
 
-__all__ = ["ImportLine", "import_profile", "parse_importtime", "run"]
+__all__ = ["ImportLine", "cpu_seconds", "import_profile", "parse_importtime", "run"]
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = str(ROOT / "bench" / "workloads" / "paper.json")
@@ -128,11 +128,20 @@ def import_profile(lines: Sequence[ImportLine]) -> dict[str, Any]:
     }
 
 
-def _cpu_s(pid: int) -> float | None:
-    """User plus system CPU seconds process ``pid`` has used (None off Linux)."""
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used: the scheduler's own count for each of its threads
+    (``se.sum_exec_runtime``, milliseconds to the nanosecond, where the kernel keeps it),
+    else user plus system time in clock ticks (10 ms each); None off Linux."""
     try:
+        runtime_ms = 0.0
+        for sched in Path(f"/proc/{pid}/task").glob("*/sched"):
+            for line in sched.read_text().splitlines():
+                if line.startswith("se.sum_exec_runtime"):
+                    runtime_ms += float(line.split(":", 1)[1])
+        if runtime_ms > 0:
+            return runtime_ms / 1e3
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    except (OSError, ValueError):
         return None
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
@@ -150,8 +159,8 @@ class _Side:
         if bytecode == "cached":
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             env["PYTHONPYCACHEPREFIX"] = str(cache)
-        else:  # an empty prefix is none, and tells LocalCluster to leave it so
-            env["PYTHONPYCACHEPREFIX"] = ""
+        else:
+            env.pop("PYTHONPYCACHEPREFIX", None)
             env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.env = env
 
@@ -167,7 +176,7 @@ async def _timed(
     start = time.perf_counter()
     worker = await cluster.spawn(name, join=join)
     wall = time.perf_counter() - start
-    return worker, wall, _cpu_s(worker.process.pid)
+    return worker, wall, cpu_seconds(worker.process.pid)
 
 
 async def _round(side: _Side, index: int, settings: dict[str, Any], log_dir: Path) -> list[Start]:

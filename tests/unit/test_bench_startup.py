@@ -3,9 +3,13 @@ run itself starts workers: `compass bench startup --rounds 1` by hand)."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import pytest
 
-from compass._bench.startup import import_profile, parse_importtime
+from compass._bench.startup import cpu_seconds, import_profile, parse_importtime
 from compass._cli.main import main
 
 # what `python -X importtime -m compass ...` writes: each module after those it imported
@@ -69,3 +73,13 @@ def test_a_bad_flag_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="read from /proc")
+def test_a_process_cpu_reading_agrees_with_its_own_count() -> None:
+    spent = time.process_time()
+    while time.process_time() - spent < 0.1:  # a tenth of a second of CPU at least
+        pass
+    reading, own = cpu_seconds(os.getpid()), time.process_time()
+    assert reading is not None
+    assert reading == pytest.approx(own, abs=0.03)  # a clock tick where the kernel counts so
