@@ -25,7 +25,7 @@ import typer
 import typer.core
 import typer.main
 
-from compass._cli.main import app as cli_app
+from compass._cli.main import build_app
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -46,7 +46,7 @@ K8S_SAMPLE = {"POD_NAME": "compass-1", "POD_NAMESPACE": "default"}
 
 
 def _worker_start() -> typer.core.TyperCommand:
-    group = typer.main.get_command(cli_app)
+    group = typer.main.get_command(build_app())
     assert isinstance(group, typer.core.TyperGroup)
     worker = group.commands["worker"]
     assert isinstance(worker, typer.core.TyperGroup)
