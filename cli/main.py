@@ -2,7 +2,8 @@
 
 This module is the root of it: the ``compass`` group with ``--version``, the commands of each
 area (one module each: :mod:`.worker`, :mod:`.jobs`, :mod:`.sim`, :mod:`.bench`, :mod:`.demo`)
-registered under it, and :func:`main`.
+registered under it, and :func:`main`. Only the area a command line names is imported and
+built (:func:`app_for`): a worker's start pays for ``worker``'s commands, not for all of them.
 
 Every mistake a user can make on the command line (a bad flag value, a missing or broken
 workload file, an unknown policy) ends as one line on stderr and a non-zero exit: :func:`main`
