@@ -19,9 +19,10 @@ the top level: the interpreter's start, ``-m``) imports.
 
 Trees: this checkout's workers, and with ``worker_pythonpath`` another checkout's (the same
 flags; a before/after), round by round in turn so that both meet the same background load.
-Bytecode: ``cached`` (``PYTHONPYCACHEPREFIX`` is a folder of the run's, filled by a start
-that is not counted), or ``none`` (``PYTHONDONTWRITEBYTECODE=1`` and no prefix: every start
-compiles compass's sources anew, as where the environment sets it and nothing redirects it).
+Bytecode: ``cached`` (``PYTHONPYCACHEPREFIX``: the environment's where it names one, else a
+folder of the run's; a start that is not counted fills it), or ``none``
+(``PYTHONDONTWRITEBYTECODE=1`` and no prefix: every start compiles compass's sources anew, as
+where the environment sets it and nothing redirects it).
 
 Run: ``compass bench startup [--workers 5] [--together 3] [--rounds 3] [--bytecode both]
 [--worker-pythonpath TREE] [--json results/startup.json]``.
@@ -147,10 +148,13 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 class _Side:
-    """One tree under one bytecode setting: its environment and its worker flags."""
+    """One tree under one bytecode setting: its environment, and a folder of its own for its
+    workers' logs (one start's stderr is its import profile: no other side's may join it)."""
 
-    def __init__(self, tree: str, bytecode: str, pythonpath: str | None, cache: Path) -> None:
-        self.tree, self.bytecode = tree, bytecode
+    def __init__(
+        self, tree: str, bytecode: str, pythonpath: str | None, cache: Path, log_dir: Path
+    ) -> None:
+        self.tree, self.bytecode, self.log_dir = tree, bytecode, log_dir
         env = dict(os.environ)
         env.pop("PYTHONPROFILEIMPORTTIME", None)
         if pythonpath:
@@ -164,10 +168,10 @@ class _Side:
             env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.env = env
 
-    def cluster(
-        self, log_dir: Path, workload: str, env: dict[str, str] | None = None
-    ) -> LocalCluster:
-        return LocalCluster(1, env=env or self.env, args=["--workload", workload], log_dir=log_dir)
+    def cluster(self, workload: str, env: dict[str, str] | None = None) -> LocalCluster:
+        return LocalCluster(
+            1, env=env or self.env, args=["--workload", workload], log_dir=self.log_dir
+        )
 
 
 async def _timed(
@@ -179,9 +183,9 @@ async def _timed(
     return worker, wall, cpu_seconds(worker.process.pid)
 
 
-async def _round(side: _Side, index: int, settings: dict[str, Any], log_dir: Path) -> list[Start]:
+async def _round(side: _Side, index: int, settings: dict[str, Any]) -> list[Start]:
     """One round of the three modes for ``side``; every worker is stopped before it returns."""
-    cluster = side.cluster(log_dir, settings["workload"])
+    cluster = side.cluster(settings["workload"])
     starts: list[Start] = []
 
     def record(mode: str, wall: float, cpu: float | None) -> None:
@@ -203,9 +207,9 @@ async def _round(side: _Side, index: int, settings: dict[str, Any], log_dir: Pat
     return starts
 
 
-async def _imports(side: _Side, index: int, workload: str, log_dir: Path) -> dict[str, Any]:
+async def _imports(side: _Side, index: int, workload: str) -> dict[str, Any]:
     """One start with ``PYTHONPROFILEIMPORTTIME``: its import profile."""
-    cluster = side.cluster(log_dir, workload, env={**side.env, "PYTHONPROFILEIMPORTTIME": "1"})
+    cluster = side.cluster(workload, env={**side.env, "PYTHONPROFILEIMPORTTIME": "1"})
     try:
         worker = await cluster.spawn(f"r{index}-imports")
         await worker.stop()
@@ -238,16 +242,16 @@ def _least_profile(profiles: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def _run(settings: dict[str, Any], sides: list[_Side], log_dir: Path) -> dict[str, Any]:
+async def _run(settings: dict[str, Any], sides: list[_Side]) -> dict[str, Any]:
     for side in sides:  # the bytecode cache's first filling is no start to count
-        await _round(side, -1, {**settings, "workers": 0, "together": 0}, log_dir)
+        await _round(side, -1, {**settings, "workers": 0, "together": 0})
     starts: list[Start] = []
     profiles: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for index in range(settings["rounds"]):
         for side in sides:
-            starts += await _round(side, index, settings, log_dir)
+            starts += await _round(side, index, settings)
             if side.bytecode == settings["bytecode"][0]:  # compiling would swell them
-                profile = await _imports(side, index, settings["workload"], log_dir)
+                profile = await _imports(side, index, settings["workload"])
                 profiles[side.tree].append(profile)
             print(
                 f"round {index + 1}/{settings['rounds']}: {side.tree}, bytecode {side.bytecode}",
@@ -321,11 +325,16 @@ def run(
     if worker_pythonpath:
         trees[worker_pythonpath] = worker_pythonpath
     with tempfile.TemporaryDirectory(prefix="compass-startup-") as tmp:
-        cache, log_dir = Path(tmp) / "pycache", Path(tmp) / "logs"
-        sides = [_Side(tree, b, path, cache) for b in bytecode for tree, path in trees.items()]
+        # a fresh folder would have each run compile the standard library too (2.5 s of CPU)
+        cache = Path(os.environ.get("PYTHONPYCACHEPREFIX") or Path(tmp) / "pycache")
+        pairs = [(b, tree, path) for b in bytecode for tree, path in trees.items()]
+        sides = [
+            _Side(tree, b, path, cache, Path(tmp) / f"logs-{n}")
+            for n, (b, tree, path) in enumerate(pairs)
+        ]
         loop = new_event_loop()
         try:
-            measured = loop.run_until_complete(_run(settings, sides, log_dir))
+            measured = loop.run_until_complete(_run(settings, sides))
         finally:
             loop.close()
     rows = _start_rows(measured["starts"])

@@ -2,7 +2,8 @@
 
 This module is the root of it: the ``compass`` group with ``--version``, the commands of each
 area (one module each: :mod:`.worker`, :mod:`.jobs`, :mod:`.sim`, :mod:`.bench`, :mod:`.demo`)
-registered under it, and :func:`main`.
+registered under it, and :func:`main`. Only the area a command line names is imported and
+built (:func:`app_for`): a worker's start pays for ``worker``'s commands, not for all of them.
 
 Every mistake a user can make on the command line (a bad flag value, a missing or broken
 workload file, an unknown policy) ends as one line on stderr and a non-zero exit: :func:`main`
@@ -75,8 +76,8 @@ def app_for(args: Sequence[str]) -> typer.Typer:
     """The command line that ``args`` need: the parts that answer its first word, or all of
     them (no word, an option such as ``--version`` first, or a word none answers, which the
     whole command line then reports). Typer reads the signature of every command it builds,
-    so building only ``worker`` cut each ``compass worker start`` by about 60 ms of CPU, a
-    tenth of a worker's start, and every other command alike."""
+    so building only ``worker`` cut each ``compass worker start`` by 30-45 ms of CPU, 5-8% of
+    a worker's start (docs/RESULTS.md), and other commands alike."""
     word = args[0] if args else ""
     parts = [part for part in PARTS if word in part.words]
     return build_app(parts or PARTS)
