@@ -117,7 +117,7 @@ async def _side(
     config: ReplicasRealConfig, spec: Path, jobs: list[tuple[float, str]], replicate: bool
 ) -> dict[str, Any]:
     args = ["--workload", str(spec), "--lanes", "1", "--host-lanes", "0", "--no-warm"]
-    args.append("--replicate" if replicate else "--no-replicate")  # on by default
+    args.append("--replicate" if replicate else "--no-replicate")
     async with LocalCluster(config.workers, args=args) as cluster:
         clients = [cluster.client(i) for i in range(config.workers)]
         for c in clients:

@@ -43,7 +43,7 @@ def status_lines(info: dict[str, Any]) -> list[str]:
             f"{', under pressure' if desired.get('pressure') else ''})"
         )
     replicas = info.get("replicas")
-    if replicas and (replicas.get("warmed") or replicas.get("watching")):  # on by default
+    if replicas and (replicas.get("warmed") or replicas.get("watching")):
         held = ", ".join(replicas.get("held", [])) or "none"
         watching = ", ".join(replicas.get("watching", [])) or "none"
         lines.append(

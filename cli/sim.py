@@ -184,10 +184,10 @@ def sim(
         bool,
         typer.Option(
             help="Hot models warmed ahead of need (a worker with headroom loads a model whose "
-            "holders' queues rise, as compass worker start does by default); "
-            "--no-replicate: off (the plain simulation and --capacity)."
+            "holders' queues rise, as compass worker start --replicate does); for the plain "
+            "simulation and --capacity."
         ),
-    ] = True,
+    ] = False,
     learned_admission: Annotated[
         Preempt,
         typer.Option(
@@ -261,8 +261,8 @@ def sim(
     if (preempting and traffic is not None) or (preempt == Preempt.both and compare_real):
         fail("--preempt is for the plain simulation, --capacity, --goodput and (on, not both) "
              "--compare-real", 2)  # fmt: skip
-    if not replicate and (goodput or compare_real or traffic is not None):
-        fail("--no-replicate is for the plain simulation and --capacity", 2)
+    if replicate and (goodput or compare_real or traffic is not None):
+        fail("--replicate is for the plain simulation and --capacity", 2)
     if step_batch != Preempt.on and traffic is not None:
         fail("--step-batch is for the plain simulation, --capacity, --goodput and "
              "--compare-real", 2)  # fmt: skip

@@ -471,7 +471,7 @@ def worker_start(
             envvar=env("replicate"),
             help="Warm a hot model here ahead of need when the cluster's rule picks this "
             "worker: its holders' queue waits rise and this one has headroom "
-            "(compass.elastic.replicate, over this worker's view). On by default, as in "
+            "(compass.elastic.replicate, over this worker's view). Off by default, as in "
             "compass sim.",
         ),
     ] = WORKER.replicate is not None,

@@ -478,9 +478,10 @@ class WorkerConfig:
     capacity: tuple[tuple[int, float], ...] = ()
     capacity_margin: float = 1.0
     #: hot models replicated ahead of need: this worker warms a model when the cluster's rule
-    #: (:mod:`compass.elastic.replicate`, over its view) picks it; on by default, as in the
-    #: simulator (measured: docs/RESULTS.md); None: off (``--no-replicate``)
-    replicate: ReplicaConfig | None = field(default_factory=ReplicaConfig)
+    #: (:mod:`compass.elastic.replicate`, over its view) picks it (``--replicate``); None: off,
+    #: the default, as in the simulator (measured: docs/RESULTS.md, "Hot-model replication on
+    #: by default", and why it is off again after it)
+    replicate: ReplicaConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from compass.config import SIM_WORKER
+from compass.elastic.replicate import ReplicaConfig
 from compass.errors import ConfigError
 from compass.sched import POLICY_NAMES
 from compass.sim.arrivals import PROCESSES, workload_arrivals
@@ -132,7 +133,7 @@ class SimConfig:
                 "prefetch_evicts": self.prefetch_evicts,
                 **self.view_options(),
                 **({"preempt": True} if self.preempt else {}),
-                **({} if self.replicate else {"replicate": None}),
+                "replicate": ReplicaConfig() if self.replicate else None,
             },
         )
 
@@ -182,7 +183,7 @@ def compare_policies(
                 prefetch_evicts=config.prefetch_evicts,
                 ingress=config.ingress,
                 preempt=config.preempt,
-                replicate=SIM_WORKER.replicate if config.replicate else None,
+                replicate=ReplicaConfig() if config.replicate else None,
                 **config.view_options(),
             ),
             arrivals,

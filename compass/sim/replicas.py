@@ -2,8 +2,8 @@
 
 :func:`replicate_round` is one round of the rule over simulated workers, as the elastic
 simulator runs it at each of its control steps and :class:`Replication` every
-:data:`~compass.elastic.replicate.REPLICATE_EVERY_S` of a plain ``compass sim`` (on by default,
-as on a real worker: ``SimSettings.replicate``, ``compass sim --no-replicate``). The rule reads
+:data:`~compass.elastic.replicate.REPLICATE_EVERY_S` of a plain ``compass sim`` (off by default,
+as on a real worker: ``SimSettings.replicate``, ``compass sim --replicate``). The rule reads
 each worker's state as its next heartbeat would say it (its queue wait, the models resident or
 loading there, those it uses), exact: the simulator does not model the view's watches for it,
 only their result. The copy is the worker core's own speculative load (``Tick.hot``).

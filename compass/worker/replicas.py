@@ -1,5 +1,5 @@
-"""Hot models replicated ahead of need on a running worker (on by default; ``compass worker
-start --no-replicate`` turns it off): the rule of :mod:`compass.elastic.replicate`, fed from
+"""Hot models replicated ahead of need on a running worker (off by default; ``compass worker
+start --replicate`` turns it on): the rule of :mod:`compass.elastic.replicate`, fed from
 this worker's view.
 
 Every :data:`REPLICATE_EVERY_S` of the worker's clock (the simulator's control period) the

@@ -43,9 +43,9 @@ async def _all_in_view(cluster: LocalCluster, tries: int = 300) -> list[WorkerSt
 async def test_an_idle_bounded_cluster_heartbeats_nobody(view: str, worker_env: dict[str, str]):
     """Idle, a bounded view sends no state to anyone (its rows age), the mesh sends its state
     to every peer every 10 ms (its rows stay young); either way every view holds every
-    worker, joined at once. With hot-model replication (on by default): with nothing in use, a
-    worker with headroom watches no holder (test_replicas.py)."""
-    args = ["--workload", PAPER, "--time-scale", "0.05", "--view", view]
+    worker, joined at once. With hot-model replication on (``--replicate``): with nothing in
+    use, a worker with headroom watches no holder (test_replicas.py)."""
+    args = ["--workload", PAPER, "--time-scale", "0.05", "--view", view, "--replicate"]
     async with LocalCluster(4, args=args, env=worker_env) as cluster:
         statuses = await _all_in_view(cluster)
         whole = time.monotonic()

@@ -1,4 +1,4 @@
-"""``compass worker start --replicate`` (on by default) on three real worker processes: a wave
+"""``compass worker start --replicate`` on three real worker processes: a wave
 of one model's jobs into the two workers holding it makes the third load that model before any
 of its tasks is placed there; with --no-replicate, the third never loads it. In a bounded view
 the third watches the holders' load while the cluster uses a model it lacks, and its leases
@@ -75,7 +75,7 @@ async def run_wave(
 ) -> dict[str, object]:
     """The wave on a fresh cluster; what the third worker holds and says after it."""
     args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm"]
-    args.append("--replicate" if replicate else "--no-replicate")  # on by default
+    args.append("--replicate" if replicate else "--no-replicate")
     async with (
         LocalCluster(3, args=args, env=env, log_dir=logs) as cluster,
         holders_of_m(cluster) as clients,
@@ -160,13 +160,14 @@ def idle(seen: dict[str, Any]) -> bool:
 async def test_replication_watches_the_holders_under_load_and_an_idle_cluster_none(
     view: str, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The wave of the test above (replication on by default): in a bounded view w2 watches
+    """The wave of the test above (replication on): in a bounded view w2 watches
     m's holders while they run it (and warms m); idle, every lease runs out. Then one job of
     ``cool`` at w0 loads k there: w2, which lacks k, watches w0 again while k is in use, and
     none once it idles (it used to watch the holder of a model it lacked for as long as it
     had headroom). The mesh watches nobody, and warms m from the heartbeats."""
     spec = wave_workload(tmp_path)
-    args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm", "--view", view]
+    args = ["--workload", spec, "--time-scale", str(TIME_SCALE), "--no-warm", "--view", view,
+            "--replicate"]  # fmt: skip
     async with (
         LocalCluster(3, args=args, env=worker_env, log_dir=tmp_path / "logs") as cluster,
         holders_of_m(cluster) as clients,

@@ -1,5 +1,5 @@
-"""Hot-model replication in a plain simulation (compass/sim/replicas.py): on by default, as on
-a real worker, and the run still ends."""
+"""Hot-model replication in a plain simulation (compass/sim/replicas.py): off by default, as on
+a real worker, on with ``--replicate``, and the run still ends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from compass._cli.main import main
-from compass.elastic.replicate import REPLICATE_EVERY_S
+from compass.elastic.replicate import REPLICATE_EVERY_S, ReplicaConfig
 from compass.sim import SimSettings, simulate
 from compass.sim.arrivals import Arrival
 from compass.sim.compare import SimConfig
@@ -37,12 +37,14 @@ def test_a_wave_on_two_holders_warms_a_copy_on_the_third_unless_off() -> None:
     arrivals += [Arrival(5.0 + i / 12, "hot", i % 2) for i in range(120)]
     workload = wave()
     on = simulate(
-        workload, SimSettings(workers=3, policy="compass", ingress="client", warm=False), arrivals
+        workload,
+        SimSettings(
+            workers=3, policy="compass", ingress="client", warm=False, replicate=ReplicaConfig()
+        ),
+        arrivals,
     )
     off = simulate(
-        workload,
-        SimSettings(workers=3, policy="compass", ingress="client", warm=False, replicate=None),
-        arrivals,
+        workload, SimSettings(workers=3, policy="compass", ingress="client", warm=False), arrivals
     )
     assert on.replicas == 1 and off.replicas == 0
     assert on.loads == off.loads + 1  # w2's copy, where off never loads m
@@ -54,34 +56,34 @@ def test_a_wave_on_two_holders_warms_a_copy_on_the_third_unless_off() -> None:
 
 
 @pytest.mark.parametrize("mode", ["--goodput", "--compare-real", "--traffic=daily"])
-def test_no_replicate_is_for_the_plain_simulation(
+def test_replicate_is_for_the_plain_simulation(
     mode: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["sim", mode, "--no-replicate"])
+        main(["sim", mode, "--replicate"])
     assert done.value.code == 2
     assert capsys.readouterr().err.strip() == (
-        "compass: --no-replicate is for the plain simulation and --capacity"
+        "compass: --replicate is for the plain simulation and --capacity"
     )
 
 
-def test_compass_sim_replicates_unless_no_replicate(tmp_path: Path) -> None:
-    """The paper's workload, 300 jobs: a copy is warmed on default settings; none with
-    --no-replicate, and the config says which."""
+def test_compass_sim_replicates_only_with_replicate(tmp_path: Path) -> None:
+    """The paper's workload, 300 jobs: a copy is warmed with --replicate; none on default
+    settings, and the config says which."""
     runs = {}
-    for flags in ([], ["--no-replicate"]):
+    for flags in (["--replicate"], []):
         out = tmp_path / f"run{len(flags)}.json"
         with pytest.raises(SystemExit) as done:
             main(["sim", "--workload", PAPER, "--policies", "compass", "--jobs", "300", "--json",
                   str(out), *flags])  # fmt: skip
         assert done.value.code == 0
         runs[bool(flags)] = json.loads(out.read_text())
-    assert runs[False]["runs"]["compass"]["replicas"] >= 1
-    assert runs[True]["runs"]["compass"]["replicas"] == 0
-    assert (runs[False]["config"]["replicate"], runs[True]["config"]["replicate"]) == (True, False)
+    assert runs[True]["runs"]["compass"]["replicas"] >= 1
+    assert runs[False]["runs"]["compass"]["replicas"] == 0
+    assert (runs[True]["config"]["replicate"], runs[False]["config"]["replicate"]) == (True, False)
 
 
-def test_a_capacity_search_without_replication_runs_its_simulations_without_it() -> None:
-    on = SimConfig(workload=PAPER, workers=5, policies=("compass",)).runs()
-    off = SimConfig(workload=PAPER, workers=5, policies=("compass",), replicate=False).runs()
-    assert "replicate" not in on.options and off.options["replicate"] is None
+def test_a_capacity_search_replicates_in_its_simulations_only_when_told() -> None:
+    on = SimConfig(workload=PAPER, workers=5, policies=("compass",), replicate=True).runs()
+    off = SimConfig(workload=PAPER, workers=5, policies=("compass",)).runs()
+    assert on.options["replicate"] == ReplicaConfig() and off.options["replicate"] is None

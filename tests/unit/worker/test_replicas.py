@@ -287,9 +287,9 @@ def test_a_model_its_holders_hold_but_do_not_use_is_never_hot() -> None:
     assert warm_here("w2", holdings(state("w2", 0.0, "n"), idle), SLACK_S, Replicator(), 1.0) == []
 
 
-def test_on_by_default_with_the_measured_rule_as_in_the_simulator() -> None:
-    assert WorkerConfig().replicate == ReplicaConfig()
-    assert SimSettings(workers=2, policy="compass").replicate == ReplicaConfig()
+def test_off_by_default_as_in_the_simulator() -> None:
+    assert WorkerConfig().replicate is None
+    assert SimSettings(workers=2, policy="compass").replicate is None
 
 
 PAPER = str(Path(__file__).resolve().parents[3] / "bench" / "workloads" / "paper.json")
@@ -304,7 +304,7 @@ async def test_a_worker_reads_its_peers_heartbeats_and_loads_in_its_own_cache() 
         assert describe(worker)["replicas"] == {}  # off: nothing to show
         replicas = HotReplicas.of_worker(worker, ReplicaConfig())
         worker.replicas = replicas
-        # on by default: status says nothing of it until it warmed a copy or watches
+        # on: status says nothing of it until it warmed a copy or watches
         assert not any(line.startswith("hot models") for line in status_lines(describe(worker)))
         # the paper's slack: 2x its workflows' best times, on average
         slack = objective_slack_s(worker.app.workflows.values(), worker.profiles)
