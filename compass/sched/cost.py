@@ -463,8 +463,8 @@ def join_row(
     overstates what they lose, and it kept generations apart in small batches on every worker
     where one fuller batch serves more of them on the same lane time: with it, on the paper's
     workload with steps, capacity 4.17 / 3.31 / 4.12 (median2 / p95x3 / p99x5) and goodput at
-    4x 3.36; without, 4.46 / 3.65 / 4.08 and 3.57, and level or ahead on six generated
-    step-wise workloads (docs/RESULTS.md, "A step batch's join")."""
+    4x 3.36; without, 4.46 / 3.65 / 4.08 and 3.57; on ten generated step-wise workloads,
+    1.015 / 1.010 / 1.000 in the median (docs/RESULTS.md, "A step batch's join")."""
     limits = costs.batch_limits[t]
     table = costs.batch_scales[t]
     if limits is None or table is None:
