@@ -17,7 +17,7 @@ from compass.sim.goodput import goodput_for_workload, simulator_goodput_run
 from compass.workflow.batching import apply_batching
 from compass.workflow.spec import load_workload
 
-from .report import pyplot, write_json
+from .report import pyplot, save_figure, write_json
 
 __all__ = ["GoodputConfig", "plot_goodput", "print_goodput", "run_cli"]
 
@@ -146,6 +146,4 @@ def plot_goodput(path: str, out: Mapping[str, Any]) -> None:
     ax.set_ylabel("goodput (x the workload's rate)")
     ax.set_title(f"deadlines {out['config']['deadline_x']:g}x best time")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from compass.errors import ConfigError
 
-__all__ = ["best_cpu_us", "machine", "print_table", "pyplot", "write_json"]
+__all__ = ["best_cpu_us", "machine", "print_table", "pyplot", "save_figure", "write_json"]
 
 
 def machine() -> dict[str, Any]:
@@ -38,6 +38,18 @@ def pyplot(path: str) -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: str) -> None:
+    """Lay ``fig`` out, write it to ``path`` (creating the folder), and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

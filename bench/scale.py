@@ -101,7 +101,7 @@ from compass.workflow.spec import Workload, load_workload
 
 from .e2e import DEFAULT_WORKLOAD, replay, settled
 from .fuzz import rss_bytes
-from .report import machine, print_table, pyplot, write_json
+from .report import machine, print_table, pyplot, save_figure, write_json
 
 __all__ = [
     "PROBE",
@@ -778,6 +778,4 @@ def plot_scale(path: str, out: Mapping[str, Any]) -> None:
         f"compass bench scale: local clusters on {cfg['machine']['cpus']} cores, "
         f"{cfg['seconds']:g} s windows"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

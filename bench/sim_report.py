@@ -7,7 +7,6 @@ The numbers come from the simulator (:mod:`compass.sim.compare`, :mod:`compass.s
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,7 +28,7 @@ from compass.workflow.best import declared_disagreements
 from compass.workflow.profile import Profiles
 from compass.workflow.spec import Workload
 
-from .report import pyplot, write_json
+from .report import pyplot, save_figure, write_json
 
 __all__ = [
     "plot_attainment",
@@ -40,7 +39,6 @@ __all__ = [
     "progress_bar",
     "run_capacity_cli",
     "run_cli",
-    "save_figure",
     "warn_declared_best",
 ]
 
@@ -404,15 +402,3 @@ def plot_results(
         line.set_title("median slowdown vs workers")
         line.legend(fontsize="small")
     save_figure(fig, path)
-
-
-def save_figure(fig: Any, path: str) -> None:
-    """Lay ``fig`` out, write it to ``path`` (creating the folder), and close it."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .report import print_table, pyplot, write_json
+from .report import print_table, pyplot, save_figure, write_json
 
 __all__ = ["SLOW_S", "finish", "plot_soak", "print_soak"]
 
@@ -150,6 +150,4 @@ def plot_soak(path: str, out: dict[str, Any]) -> None:
         f"compass bench soak: {out['config']['workers']} workers, {jobs['submitted']} jobs, "
         f"{out['duration_s']:g} s"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
