@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
-from compass.elastic.replicate import ReplicaConfig
 from compass.errors import ConfigError
 
 if TYPE_CHECKING:
     import ssl
+
+    from compass.elastic.replicate import ReplicaConfig
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",

@@ -481,9 +481,9 @@ def join_row(
     rows = np.arange(len(counts))
     size = np.minimum(counts + 1, table.shape[1] - 1)
     scale: FloatArray = table[rows, size]
-    added = scale - table[rows, np.minimum(counts, table.shape[1] - 1)]
-    exec_s = costs.exec_rows[t]
-    joined: FloatArray = start + exec_s * (scale if steps else scale + counts * added)
+    if not steps:  # what the join costs a queued batch's members
+        scale = scale + counts * (scale - table[rows, np.minimum(counts, table.shape[1] - 1)])
+    joined: FloatArray = start + costs.exec_rows[t] * scale
     joined[~ok] = np.inf
     return joined
 

@@ -118,6 +118,10 @@ class SimConfig:
             return {}
         return {"view": self.view, "candidates": self.candidates, "holders": self.holders}
 
+    def replica_config(self) -> ReplicaConfig | None:
+        """The replication rule its simulations run (None: off)."""
+        return ReplicaConfig() if self.replicate else None
+
     def runs(self) -> SimRuns:
         """How each simulated run of a capacity search is made with these settings."""
         return SimRuns(
@@ -133,7 +137,7 @@ class SimConfig:
                 "prefetch_evicts": self.prefetch_evicts,
                 **self.view_options(),
                 **({"preempt": True} if self.preempt else {}),
-                "replicate": ReplicaConfig() if self.replicate else None,
+                "replicate": self.replica_config(),
             },
         )
 
@@ -183,7 +187,7 @@ def compare_policies(
                 prefetch_evicts=config.prefetch_evicts,
                 ingress=config.ingress,
                 preempt=config.preempt,
-                replicate=ReplicaConfig() if config.replicate else None,
+                replicate=config.replica_config(),
                 **config.view_options(),
             ),
             arrivals,
