@@ -17,6 +17,7 @@ from compass._bench import e2e
 from compass.sim.settings import NO_STEP_BATCHING
 
 from ..unit.test_batching_cli import compass
+from .test_preempt import step_batched
 
 
 def step_spec(folder: Path) -> str:
@@ -92,15 +93,6 @@ def test_a_bad_preempt_value_is_one_line_and_exit_2(
     assert not json_path.exists()
 
 
-def batched_step_spec(folder: Path) -> str:
-    """:func:`step_spec`, its generation a step batch: up to 8 jobs a step, +10% each."""
-    spec = json.loads(Path(step_spec(folder)).read_text())
-    spec["workflows"]["long"]["tasks"]["gen"].update(batch=8, batch_item=0.1)
-    path = folder / "batched.json"
-    path.write_text(json.dumps(spec))
-    return str(path)
-
-
 def overlapping_generations(summary: dict[str, Any]) -> int:
     """How many of the run's generations began while another was running (on one lane, only
     a step batch runs two at once)."""
@@ -115,7 +107,7 @@ async def test_no_step_batching_runs_each_generation_alone_on_the_workers(
     tmp_path: Path,
 ) -> None:
     config = e2e.E2EConfig(
-        workload=batched_step_spec(tmp_path), workers=1, jobs=8, time_scale=0.5, load=4.0,
+        workload=step_batched(step_spec(tmp_path)), workers=1, jobs=8, time_scale=0.5, load=4.0,
         arrival="uniform", host_lanes=0,
     )  # fmt: skip
     workload = e2e.workload_for(config)

@@ -119,13 +119,20 @@ async def test_an_emulated_generation_is_suspended_and_resumed(
         assert status.stats["tasks_run"] == 3
 
 
-def batch_spec(tmp_path: Path) -> str:
-    """:func:`spec`, its generation a step batch: up to 8 jobs a step, each extra one +10%."""
-    workload = json.loads(Path(spec(tmp_path)).read_text())
+def step_batched(spec_path: str) -> str:
+    """The spec at ``spec_path`` (a ``long`` workflow whose ``gen`` is a generation), its
+    generation a step batch: up to 8 jobs a step, each extra one +10%; written beside it."""
+    path = Path(spec_path)
+    workload = json.loads(path.read_text())
     workload["workflows"]["long"]["tasks"]["gen"].update(batch=8, batch_item=0.1)
-    path = tmp_path / "preempt-batch.json"
-    path.write_text(json.dumps(workload))
-    return str(path)
+    batched = path.with_name(f"{path.stem}-batch.json")
+    batched.write_text(json.dumps(workload))
+    return str(batched)
+
+
+def batch_spec(tmp_path: Path) -> str:
+    """:func:`spec`, its generation a step batch (:func:`step_batched`)."""
+    return step_batched(spec(tmp_path))
 
 
 @pytest.mark.asyncio
